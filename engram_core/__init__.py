@@ -1,0 +1,3 @@
+"""Engram core: governed long-term memory for AI agents."""
+
+__version__ = "0.1.0"
