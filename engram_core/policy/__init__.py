@@ -1,0 +1,1 @@
+"""Policy decisions: the PolicyEngine port and its backends (embedded OPA, OPA REST)."""

@@ -1,0 +1,66 @@
+"""The PolicyEngine port (SPEC §9).
+
+Core asks; Rego in ``policies/`` answers. Every decision is one rule returning
+an object. A backend raises ``EngramError(POLICY_UNAVAILABLE)`` for anything
+that is not a well-formed answer (undefined, malformed, failed, too slow, no
+active bundle): callers fail closed and change nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+# Decision paths under data. (slash form, as in OPA's REST Data API)
+AUTHZ = "engram/authz/decision"
+TOOLS = "engram/authz/tools"
+CAPTURE = "engram/capture/decision"
+ADMISSION = "engram/admission/decision"
+REDACTION = "engram/redaction/decision"
+RETENTION = "engram/retention/decision"
+
+DECISION_PATHS: tuple[str, ...] = (AUTHZ, TOOLS, CAPTURE, ADMISSION, REDACTION, RETENTION)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One answered decision, as recorded in receipts and the audit log."""
+
+    path: str
+    result: Mapping[str, Any]
+    decision_id: str
+    revision: str
+    input_digest: str
+
+    def summary(self) -> dict[str, Any]:
+        """What the audit log keeps of a decision: never the input, only its digest."""
+        keys = ("allow", "decision", "tools", "action")
+        return {
+            "path": self.path,
+            "decision_id": self.decision_id,
+            "revision": self.revision,
+            "input_digest": self.input_digest,
+            "result": {k: self.result[k] for k in keys if k in self.result},
+            "reason_codes": sorted({r.get("code", "") for r in self.result.get("reasons", [])}),
+        }
+
+
+class PolicyEngine(Protocol):
+    def decide(self, path: str, input: Mapping[str, Any], *, timeout_s: float | None = None) -> Decision:
+        """Evaluate ``data.<path>`` with ``input``; raise POLICY_UNAVAILABLE on anything but a valid answer."""
+        ...
+
+    def revision(self) -> str:
+        """The active bundle revision ("" when none is active)."""
+        ...
+
+    def active(self) -> bool:
+        """True once the expected bundle is loaded and answering."""
+        ...
+
+    def reload(self) -> str:
+        """Atomically load the bundle again; returns the new revision."""
+        ...
+
+    def close(self) -> None: ...
