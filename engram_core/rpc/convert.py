@@ -1,0 +1,47 @@
+"""Protobuf messages <-> contract JSON values, with exact field presence.
+
+``json_format`` renders int64 as strings and drops unset presence info in ways
+the contract does not want, so this walks descriptors directly: a field is in
+the dict exactly when it is present in the message (repeated fields when
+non-empty), and integers stay integers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+
+# Repeated fields the contract requires even when empty (SPEC §5 outputs).
+_ALWAYS_PRESENT_LISTS = frozenset({"records", "redacted_fields"})
+
+
+def message_to_value(msg: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for field, value in msg.ListFields():
+        out[field.name] = _convert(field, value)
+    for name in _ALWAYS_PRESENT_LISTS:
+        field = msg.DESCRIPTOR.fields_by_name.get(name)
+        if field is not None and field.is_repeated and name not in out:
+            out[name] = []
+    return out
+
+
+def _convert(field: FieldDescriptor, value: Any) -> Any:
+    if field.is_repeated:
+        return [_scalar(field, v) for v in value]
+    return _scalar(field, value)
+
+
+def _scalar(field: FieldDescriptor, value: Any) -> Any:
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        return message_to_value(value)
+    return value
+
+
+def value_to_message(value: dict[str, Any], message: Message) -> Message:
+    """Fill ``message`` from a contract value (unknown keys are an error)."""
+    return json_format.ParseDict(value, message, ignore_unknown_fields=False)

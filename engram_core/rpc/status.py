@@ -1,0 +1,89 @@
+"""The one mapping between EngramError and gRPC status (SPEC §3).
+
+Codes travel as ``google.rpc.Status`` with an ``ErrorInfo`` detail
+(``reason`` = the contract code, ``domain`` = ``engram``) and the contract's
+constant message, mapped to the nearest gRPC status code.
+"""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from engram_core.errors import MESSAGES, Code, EngramError
+
+DOMAIN = "engram"
+
+_GRPC_CODE: dict[Code, int] = {
+    Code.INVALID_SCHEMA: code_pb2.INVALID_ARGUMENT,
+    Code.INVALID_DIGEST: code_pb2.INVALID_ARGUMENT,
+    Code.UNAUTHORIZED: code_pb2.PERMISSION_DENIED,
+    Code.AUTHORIZATION_EXPIRED: code_pb2.PERMISSION_DENIED,
+    Code.AUTHORIZATION_REVOKED: code_pb2.PERMISSION_DENIED,
+    Code.NOT_FOUND: code_pb2.NOT_FOUND,
+    Code.DIGEST_CONFLICT: code_pb2.ALREADY_EXISTS,
+    Code.ILLEGAL_TRANSITION: code_pb2.FAILED_PRECONDITION,
+    Code.ALREADY_TERMINAL: code_pb2.FAILED_PRECONDITION,
+    Code.GATE_FAILED: code_pb2.FAILED_PRECONDITION,
+    Code.STALE_PAGE: code_pb2.FAILED_PRECONDITION,
+    Code.RESULT_TOO_LARGE: code_pb2.OUT_OF_RANGE,
+    Code.PROJECTION_OVERSIZED: code_pb2.OUT_OF_RANGE,
+    Code.MUTATION_OUTCOME_UNKNOWN: code_pb2.UNAVAILABLE,
+    Code.RATE_LIMITED: code_pb2.RESOURCE_EXHAUSTED,
+    Code.DEADLINE_EXCEEDED: code_pb2.DEADLINE_EXCEEDED,
+    Code.CANCELLED: code_pb2.CANCELLED,
+    Code.STORE_UNAVAILABLE: code_pb2.UNAVAILABLE,
+    Code.FENCE_LOST: code_pb2.UNAVAILABLE,
+    Code.CURSOR_GAP: code_pb2.UNAVAILABLE,
+    Code.POLICY_UNAVAILABLE: code_pb2.UNAVAILABLE,
+    Code.POLICY_STALE: code_pb2.ABORTED,
+    Code.PROJECTION_STALE: code_pb2.UNAVAILABLE,
+    Code.RANKING_UNAVAILABLE: code_pb2.UNAVAILABLE,
+    Code.CAPABILITY_UNAVAILABLE: code_pb2.UNIMPLEMENTED,
+    Code.JOURNAL_CORRUPT: code_pb2.DATA_LOSS,
+    Code.BLOB_MISSING: code_pb2.DATA_LOSS,
+    Code.REGISTRY_VERSION_UNAVAILABLE: code_pb2.FAILED_PRECONDITION,
+    Code.BACKUP_INVALID: code_pb2.INVALID_ARGUMENT,
+    Code.RESTORE_REFUSED: code_pb2.FAILED_PRECONDITION,
+    Code.MIGRATION_LEDGER_INVALID: code_pb2.FAILED_PRECONDITION,
+    Code.TRUSTED_CONTEXT_UNAVAILABLE: code_pb2.UNAUTHENTICATED,
+}
+
+
+def to_status(error: EngramError) -> grpc.Status:
+    info = error_details_pb2.ErrorInfo(reason=error.code.value, domain=DOMAIN)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(code=_GRPC_CODE[error.code], message=MESSAGES[error.code], details=[detail])
+    return rpc_status.to_status(status)
+
+
+def abort(context: grpc.ServicerContext, error: EngramError) -> None:
+    context.abort_with_status(to_status(error))
+
+
+def code_from_rpc_error(err: grpc.RpcError) -> Code:
+    """Recover the contract code from a failed call (client side).
+
+    Transport failures without an Engram ErrorInfo map to the nearest
+    transient code, so infrastructure failure never looks like success.
+    """
+    status = rpc_status.from_call(err) if hasattr(err, "trailing_metadata") else None
+    if status is not None:
+        for detail in status.details:
+            info = error_details_pb2.ErrorInfo()
+            if detail.Is(info.DESCRIPTOR) and detail.Unpack(info) and info.domain == DOMAIN:
+                try:
+                    return Code(info.reason)
+                except ValueError:
+                    break
+    code = err.code() if hasattr(err, "code") else None
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return Code.DEADLINE_EXCEEDED
+    if code == grpc.StatusCode.CANCELLED:
+        return Code.CANCELLED
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return Code.TRUSTED_CONTEXT_UNAVAILABLE
+    return Code.STORE_UNAVAILABLE
