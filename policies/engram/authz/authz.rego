@@ -1,0 +1,144 @@
+# Authorization per operation and the agent tool list (SPEC §2, §8, §9, §12).
+# Agent tools need memory enabled, an activated scope and a grant; maintenance
+# operations need a host principal holding the operation's maintenance scope.
+package engram.authz
+
+import data.engram.lib
+
+_config := data.engram.config
+
+# METADATA
+# title: Authorization decision
+# description: >-
+#   Whether input.operation may run for the bound context, with the reasons
+#   and obligations. Agent tools are allowed only when memory is enabled, the
+#   scope is activated and the tool is granted; admin.<op> only for a host
+#   principal holding the maintenance scope data.engram.config.maintenance_scopes
+#   names; host.issue_confirmation whenever memory is enabled.
+decision := {
+	"allow": allow,
+	"reasons": sort([r | some r in deny]),
+	"obligations": {"confirmation_required": _confirmation_required},
+}
+
+# METADATA
+# title: Allow
+# description: True only when no deny reason applies.
+default allow := false
+
+allow if count(deny) == 0
+
+# METADATA
+# title: Tool list
+# description: >-
+#   The agent tools the bound context may see (tools/list): the granted tools of
+#   an activated scope with memory enabled, otherwise none.
+tools := {
+	"tools": _listed_tools,
+	"reasons": sort([r | some r in _agent_gate]),
+}
+
+_listed_tools := sort([t | some t in _granted_tools]) if count(_agent_gate) == 0
+
+_listed_tools := [] if count(_agent_gate) > 0
+
+_granted_tools contains t if {
+	some t in input.scope.tools
+	t in _config.agent_tools
+}
+
+# --- classification of the operation ---
+
+_is_agent_tool if input.operation in _config.agent_tools
+
+_is_host_confirmation if input.operation == "host.issue_confirmation"
+
+_admin_name := trim_prefix(input.operation, "admin.") if startswith(input.operation, "admin.")
+
+_required_scope := _config.maintenance_scopes[_admin_name]
+
+_is_admin if _required_scope
+
+_known if _is_agent_tool
+
+_known if _is_host_confirmation
+
+_known if _is_admin
+
+# --- reasons; each rule both enforces and explains ---
+
+# Gates shared by every agent tool and by the tool list.
+_agent_gate contains lib.reason("CONTEXT_INCOMPLETE", "The bound context lacks a tenant, workspace or principal.") if {
+	not _context_complete
+}
+
+_agent_gate contains lib.reason("MEMORY_DISABLED", "Memory is not enabled for this host.") if {
+	not input.context.memory_enabled == true
+}
+
+_agent_gate contains lib.reason("SCOPE_NOT_ACTIVATED", "Memory is not activated for this tenant and workspace.") if {
+	not input.scope.activated == true
+}
+
+# METADATA
+# title: Deny reasons
+# description: Every reason the operation is refused; empty means allowed.
+deny contains lib.reason("UNKNOWN_OPERATION", "The operation is not known to the policy.") if {
+	not _known
+}
+
+deny contains r if {
+	_is_agent_tool
+	some r in _agent_gate
+}
+
+deny contains lib.reason("TOOL_NOT_GRANTED", "The tool is not granted in this scope.") if {
+	_is_agent_tool
+	not _granted
+}
+
+deny contains lib.reason("CONTEXT_INCOMPLETE", "The bound context lacks a tenant, workspace or principal.") if {
+	not _is_agent_tool
+	_known
+	not _context_complete
+}
+
+deny contains lib.reason("MEMORY_DISABLED", "Memory is not enabled for this host.") if {
+	_is_host_confirmation
+	not input.context.memory_enabled == true
+}
+
+deny contains lib.reason("HOST_PRINCIPAL_REQUIRED", "Maintenance operations are for host principals only.") if {
+	_is_admin
+	not input.context.host_principal == true
+}
+
+deny contains lib.reason("MAINTENANCE_SCOPE_REQUIRED", sprintf("The operation requires the %q maintenance scope.", [_required_scope])) if {
+	_is_admin
+	not _holds_required_scope
+}
+
+# A held scope may imply others (maintain implies read), per data.engram.config.scope_implies.
+_held_scopes contains implied if {
+	some held in input.context.maintenance_scopes
+	some implied in _config.scope_implies[held]
+}
+
+# Negations go through helper rules: OPA lifts a call's arguments out of `not`,
+# so `not f(input.missing)` would be undefined instead of true (fail open).
+_context_complete if lib.context_complete(input.context)
+
+_granted if input.operation in _granted_tools
+
+_holds_required_scope if _required_scope in _held_scopes
+
+# --- obligations (SPEC §8) ---
+
+_confirmation_required if input.operation in _config.always_confirm_tools
+
+_confirmation_required if {
+	_is_agent_tool
+	input.operation in lib.tenant_setting(input.context.tenant, "confirmation_required_tools")
+}
+
+default _confirmation_required := false
