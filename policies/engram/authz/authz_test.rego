@@ -1,0 +1,152 @@
+package engram.authz_test
+
+import data.engram.authz
+
+# Tiny constructors keep each case to what it changes.
+_ctx(overrides) := object.union(
+	{
+		"tenant": "acme", "workspace": "main", "principal": "user:ada", "agent_id": "agent-1",
+		"session": "sess-1", "purpose_ref": "purpose:notes", "host_key_id": "hk-1",
+		"memory_enabled": true, "host_principal": false, "maintenance_scopes": [],
+		"authorization_epoch": 1,
+	},
+	overrides,
+)
+
+_all_tools := [
+	"engram_memory_capture", "engram_memory_forget", "engram_memory_get",
+	"engram_memory_request_admission", "engram_memory_search", "engram_memory_withdraw",
+]
+
+_in(operation, ctx, scope) := {"operation": operation, "context": ctx, "scope": scope, "now_ms": 1700000000000}
+
+_active := {"activated": true, "tools": _all_tools}
+
+_allowed(confirm) := {"allow": true, "reasons": [], "obligations": {"confirmation_required": confirm}}
+
+_denied(reasons, confirm) := {"allow": false, "reasons": reasons, "obligations": {"confirmation_required": confirm}}
+
+_r(code, message) := {"code": code, "message": message}
+
+_host := _ctx({"host_principal": true, "memory_enabled": false})
+
+# --- golden cases (mirrored by tests/policy/fixtures/authz/*.json) ---
+
+test_golden_agent_search_allowed if {
+	authz.decision == _allowed(false) with input as _in("engram_memory_search", _ctx({}), _active)
+}
+
+test_golden_forget_requires_confirmation if {
+	authz.decision == _allowed(true) with input as _in("engram_memory_forget", _ctx({}), _active)
+}
+
+test_golden_memory_disabled_denied if {
+	authz.decision == _denied(
+		[_r("MEMORY_DISABLED", "Memory is not enabled for this host.")],
+		false,
+	) with input as _in("engram_memory_get", _ctx({"memory_enabled": false}), _active)
+}
+
+test_golden_scope_not_activated_denied if {
+	authz.decision == _denied(
+		[_r("SCOPE_NOT_ACTIVATED", "Memory is not activated for this tenant and workspace.")],
+		true,
+	) with input as _in("engram_memory_withdraw", _ctx({}), {"activated": false, "tools": _all_tools})
+}
+
+test_golden_tool_not_granted_denied if {
+	authz.decision == _denied(
+		[_r("TOOL_NOT_GRANTED", "The tool is not granted in this scope.")],
+		false,
+	) with input as _in("engram_memory_capture", _ctx({}), {"activated": true, "tools": ["engram_memory_search"]})
+}
+
+test_golden_admin_read_with_read_scope_allowed if {
+	authz.decision == _allowed(false) with input as _in("admin.history", object.union(_host, {"maintenance_scopes": ["read"]}), {"activated": false, "tools": []})
+}
+
+test_golden_admin_requires_host_principal if {
+	authz.decision == _denied(
+		[_r("HOST_PRINCIPAL_REQUIRED", "Maintenance operations are for host principals only.")],
+		false,
+	) with input as _in("admin.export", _ctx({"maintenance_scopes": ["maintain"]}), _active)
+}
+
+test_golden_admin_maintain_requires_maintain_scope if {
+	authz.decision == _denied(
+		[_r("MAINTENANCE_SCOPE_REQUIRED", "The operation requires the \"maintain\" maintenance scope.")],
+		false,
+	) with input as _in("admin.activate", object.union(_host, {"maintenance_scopes": ["read"]}), {"activated": false, "tools": []})
+}
+
+test_golden_host_issue_confirmation_allowed if {
+	authz.decision == _allowed(false) with input as _in("host.issue_confirmation", _ctx({}), {"activated": false, "tools": []})
+}
+
+test_golden_unknown_operation_denied if {
+	authz.decision == _denied(
+		[_r("UNKNOWN_OPERATION", "The operation is not known to the policy.")],
+		false,
+	) with input as _in("admin.drop_everything", _host, _active)
+}
+
+test_golden_tools_listed if {
+	authz.tools == {"tools": ["engram_memory_get", "engram_memory_search"], "reasons": []} with input as {
+		"context": _ctx({}),
+		"scope": {"activated": true, "tools": ["engram_memory_search", "engram_memory_get", "not_a_tool"]},
+		"now_ms": 1700000000000,
+	}
+}
+
+test_golden_tools_empty_when_disabled if {
+	authz.tools == {"tools": [], "reasons": [
+		_r("MEMORY_DISABLED", "Memory is not enabled for this host."),
+		_r("SCOPE_NOT_ACTIVATED", "Memory is not activated for this tenant and workspace."),
+	]} with input as {"context": _ctx({"memory_enabled": false}), "scope": {"activated": false, "tools": _all_tools}, "now_ms": 1}
+}
+
+# --- further behaviour ---
+
+test_maintain_scope_implies_read if {
+	authz.decision == _allowed(false) with input as _in("admin.verify", object.union(_host, {"maintenance_scopes": ["maintain"]}), _active)
+}
+
+test_admin_never_needs_memory_or_activation if {
+	authz.decision == _allowed(false) with input as _in("admin.activate", object.union(_host, {"maintenance_scopes": ["maintain"]}), {"activated": false, "tools": []})
+}
+
+test_host_issue_confirmation_needs_memory_enabled if {
+	authz.decision == _denied(
+		[_r("MEMORY_DISABLED", "Memory is not enabled for this host.")],
+		false,
+	) with input as _in("host.issue_confirmation", _ctx({"memory_enabled": false}), _active)
+}
+
+test_incomplete_context_denied_everywhere if {
+	reason := _r("CONTEXT_INCOMPLETE", "The bound context lacks a tenant, workspace or principal.")
+	authz.decision == _denied([reason], false) with input as _in("engram_memory_search", _ctx({"tenant": ""}), _active)
+	authz.decision == _denied([reason], false) with input as _in("host.issue_confirmation", _ctx({"principal": ""}), _active)
+}
+
+test_empty_input_denied if {
+	authz.decision == _denied([_r("UNKNOWN_OPERATION", "The operation is not known to the policy.")], false) with input as {}
+	authz.tools.tools == [] with input as {}
+}
+
+test_capture_confirmation_from_tenant_config if {
+	authz.decision == _allowed(true) with input as _in("engram_memory_capture", _ctx({}), _active)
+		with data.engram.config.tenants.acme as {"confirmation_required_tools": ["engram_memory_capture"]}
+	authz.decision == _allowed(false) with input as _in("engram_memory_capture", _ctx({"tenant": "other"}), _active)
+		with data.engram.config.tenants.acme as {"confirmation_required_tools": ["engram_memory_capture"]}
+}
+
+test_agent_tool_denials_accumulate if {
+	authz.decision == _denied(
+		[
+			_r("MEMORY_DISABLED", "Memory is not enabled for this host."),
+			_r("SCOPE_NOT_ACTIVATED", "Memory is not activated for this tenant and workspace."),
+			_r("TOOL_NOT_GRANTED", "The tool is not granted in this scope."),
+		],
+		false,
+	) with input as _in("engram_memory_search", _ctx({"memory_enabled": false}), {"activated": false, "tools": []})
+}
