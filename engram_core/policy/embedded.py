@@ -1,0 +1,110 @@
+"""The embedded backend: Rego evaluated in-process over the ``policies/`` bundle (SPEC §9).
+
+Uses the OPA Go library through ``opa_bindings``. The active bundle (engine and
+revision together) is one immutable object swapped under a lock on reload, so a
+decision is always made wholly under one revision. Evaluations are serialized
+by the engine; a call cannot be interrupted, so ``timeout_s`` is checked after
+the fact and a late answer is discarded (fail closed).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from opa_bindings.engine import OpaEngine, OpaError
+
+from engram_core.canonical import digest
+from engram_core.errors import Code, EngramError
+from engram_core.policy.bundle import BundleError, build_engine, read_bundle
+from engram_core.policy.port import Decision
+from engram_core.policy.shapes import shape_error
+
+
+@dataclass(frozen=True)
+class _Active:
+    engine: OpaEngine
+    revision: str
+
+
+def _unavailable(detail: str) -> EngramError:
+    return EngramError(Code.POLICY_UNAVAILABLE, detail)
+
+
+class EmbeddedPolicyEngine:
+    """PolicyEngine over a bundle directory, evaluated in this process.
+
+    Not guaranteed: bounding a runaway evaluation (OPA cannot be interrupted
+    from here; the answer is only discarded once late).
+    """
+
+    def __init__(self, bundle_dir: Path, *, expected_revision: str | None = None) -> None:
+        self._bundle_dir = Path(bundle_dir)
+        self._expected_revision = expected_revision
+        self._lock = threading.Lock()
+        self._active: _Active | None = None
+        self._closed = False
+
+    def decide(self, path: str, input: Mapping[str, Any], *, timeout_s: float | None = None) -> Decision:
+        started = time.monotonic()
+        active = self._active  # one reference for the whole decision: one engine, one revision
+        if self._closed or active is None:
+            raise _unavailable("no active policy bundle")
+        try:
+            input_digest = digest("policy-input", input)
+        except (TypeError, ValueError) as exc:
+            raise _unavailable(f"policy input is not canonical JSON: {exc}") from exc
+        try:
+            result = active.engine.eval_document(path.strip("/").replace("/", "."), dict(input))
+        except OpaError as exc:  # includes OpaUndefinedError
+            raise _unavailable(f"{path}: {exc}") from exc
+        if timeout_s is not None and time.monotonic() - started > timeout_s:
+            raise _unavailable(f"{path}: decision took longer than {timeout_s}s")
+        problem = shape_error(path, result)
+        if problem is not None:
+            raise _unavailable(f"{path}: {problem}")
+        return Decision(
+            path=path,
+            result=result,
+            decision_id=f"embedded-{uuid.uuid4()}",
+            revision=active.revision,
+            input_digest=input_digest,
+        )
+
+    def revision(self) -> str:
+        active = self._active
+        return active.revision if active is not None and not self._closed else ""
+
+    def active(self) -> bool:
+        return not self._closed and self._active is not None
+
+    def reload(self) -> str:
+        """Build a new engine from disk and swap it in; on failure the old one stays active."""
+        with self._lock:
+            if self._closed:
+                raise _unavailable("policy engine is closed")
+            try:
+                bundle = read_bundle(self._bundle_dir)
+                if self._expected_revision is not None and bundle.revision != self._expected_revision:
+                    raise BundleError(
+                        f"bundle revision {bundle.revision!r} is not the expected {self._expected_revision!r}"
+                    )
+                engine = build_engine(bundle)
+            except BundleError as exc:
+                raise _unavailable(f"policy bundle not loaded: {exc}") from exc
+            # The previous engine is not closed here: a decision in flight may
+            # still hold it; it is released when the last reference goes.
+            self._active = _Active(engine, bundle.revision)
+            return bundle.revision
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            active, self._active = self._active, None
+        if active is not None:
+            active.engine.close()
