@@ -1,0 +1,178 @@
+"""The host configuration file of `engram mcp --host-config FILE` (SPEC §14).
+
+TOML with these sections (names are a public interface):
+
+    [core]     address = "HOST:PORT"  |  embedded = true + data_dir = "DIR"
+               deadline_ms = 10000               # per-call gRPC deadline (SPEC §2)
+    [host]     signing_key = "PATH"              # Ed25519 PEM the core trusts
+               memory_enabled = false            # host opt-in, default off
+               confirmation_timeout_ms = 120000  # how long a human has to answer
+    [binding]  tenant, workspace, principal, agent_id, session, purpose_ref
+
+Over HTTP a file without ``[binding]`` binds each request from the
+``X-Engram-Host-Context`` header instead (see ``adapters.mcp.binding``).
+Anything unreadable fails at startup with a :class:`ConfigError` whose message
+names the problem but never prints key material.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from engram_core.hostkeys import load_private_key_file
+
+DEFAULT_DEADLINE_MS = 10_000
+DEFAULT_CONFIRMATION_TIMEOUT_MS = 120_000
+_MAX_DEADLINE_MS = 300_000
+
+BINDING_FIELDS = ("tenant", "workspace", "principal", "agent_id", "session", "purpose_ref")
+
+
+class ConfigError(Exception):
+    """The host configuration cannot be used; the message is safe to print."""
+
+
+@dataclass(frozen=True)
+class Binding:
+    """The host-bound identity of one agent (SPEC §2). Never taken from arguments."""
+
+    tenant: str
+    workspace: str
+    principal: str
+    agent_id: str = ""
+    session: str = ""
+    purpose_ref: str = ""
+
+    @property
+    def complete(self) -> bool:
+        """A context with an empty tenant, workspace or principal is refused (SPEC §2)."""
+        return bool(self.tenant and self.workspace and self.principal)
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """Everything the adapter needs to bind and forward calls."""
+
+    core_address: str | None
+    embedded_data_dir: Path | None
+    deadline_ms: int
+    signing_key: Ed25519PrivateKey | None
+    signing_key_path: Path | None
+    memory_enabled: bool
+    confirmation_timeout_ms: int
+    binding: Binding | None  # None: bind per request from the HTTP header
+
+
+def _table(doc: dict[str, Any], name: str, *, required: bool) -> dict[str, Any]:
+    value = doc.get(name)
+    if value is None:
+        if required:
+            raise ConfigError(f"missing [{name}] section")
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"[{name}] must be a table")
+    return value
+
+
+def _string(table: dict[str, Any], section: str, key: str, *, default: str | None = None) -> str:
+    value = table.get(key, default)
+    if value is None:
+        raise ConfigError(f"missing {key} in [{section}]")
+    if not isinstance(value, str):
+        raise ConfigError(f"{key} in [{section}] must be a string")
+    return value
+
+
+def _int(table: dict[str, Any], section: str, key: str, default: int, *, low: int, high: int) -> int:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{key} in [{section}] must be an integer in {low}..{high}")
+    return value
+
+
+def _bool(table: dict[str, Any], section: str, key: str, default: bool) -> bool:
+    value = table.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key} in [{section}] must be true or false")
+    return value
+
+
+def _resolve(base: Path, raw: str) -> Path:
+    path = Path(raw).expanduser()
+    return path if path.is_absolute() else (base / path)
+
+
+def load_host_config(path: Path | str) -> HostConfig:
+    """Read and check the TOML host configuration, or raise :class:`ConfigError`."""
+    path = Path(path)
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"host config not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"host config unreadable: {path} ({type(exc).__name__})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"host config is not valid TOML: {path} ({exc})") from None
+    base = path.parent
+
+    core = _table(doc, "core", required=True)
+    embedded = _bool(core, "core", "embedded", False)
+    address: str | None = None
+    data_dir: Path | None = None
+    if embedded:
+        data_dir = _resolve(base, _string(core, "core", "data_dir"))
+        if "address" in core:
+            raise ConfigError("[core] takes either address or embedded = true, not both")
+    else:
+        address = _string(core, "core", "address")
+        if ":" not in address:
+            raise ConfigError("address in [core] must be HOST:PORT")
+    deadline_ms = _int(core, "core", "deadline_ms", DEFAULT_DEADLINE_MS, low=1, high=_MAX_DEADLINE_MS)
+
+    host = _table(doc, "host", required=True)
+    memory_enabled = _bool(host, "host", "memory_enabled", False)
+    confirmation_timeout_ms = _int(
+        host, "host", "confirmation_timeout_ms", DEFAULT_CONFIRMATION_TIMEOUT_MS, low=1_000, high=300_000
+    )
+    key_path: Path | None
+    if "signing_key" in host:
+        key_path = _resolve(base, _string(host, "host", "signing_key"))
+    elif embedded:
+        # The embedded core creates DIR/host.key on first run and trusts it.
+        key_path = None
+    else:
+        raise ConfigError("missing signing_key in [host]")
+    key = _load_key(key_path) if key_path is not None else None
+
+    binding: Binding | None = None
+    if "binding" in doc:
+        table = _table(doc, "binding", required=True)
+        unknown = sorted(set(table) - set(BINDING_FIELDS))
+        if unknown:
+            raise ConfigError(f"unknown keys in [binding]: {', '.join(unknown)}")
+        binding = Binding(**{name: _string(table, "binding", name, default="") for name in BINDING_FIELDS})
+
+    return HostConfig(
+        core_address=address,
+        embedded_data_dir=data_dir,
+        deadline_ms=deadline_ms,
+        signing_key=key,
+        signing_key_path=key_path,
+        memory_enabled=memory_enabled,
+        confirmation_timeout_ms=confirmation_timeout_ms,
+        binding=binding,
+    )
+
+
+def _load_key(path: Path) -> Ed25519PrivateKey:
+    try:
+        return load_private_key_file(path)
+    except FileNotFoundError:
+        raise ConfigError(f"signing key not found: {path}") from None
+    except (OSError, ValueError, TypeError) as exc:
+        raise ConfigError(f"signing key unusable: {path} ({type(exc).__name__})") from None

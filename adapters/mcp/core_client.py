@@ -1,0 +1,92 @@
+"""gRPC client of the core for the adapter (SPEC §1–2).
+
+Every call carries the signed host context in binary metadata, the
+confirmation grant when there is one, and the configured deadline. Awaiting a
+``grpc.aio`` call inside the MCP request task means an MCP cancellation
+cancels the RPC. Failures come back as :class:`EngramError` with the contract
+code the core put in its ``ErrorInfo``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+
+from engram_core.api import host_pb2, host_pb2_grpc, memory_pb2, memory_pb2_grpc
+from engram_core.errors import Code, EngramError
+from engram_core.hostctx import CONFIRMATION_METADATA_KEY, CONTEXT_METADATA_KEY
+from engram_core.rpc.convert import message_to_value, value_to_message
+from engram_core.rpc.status import code_from_rpc_error
+
+# tool -> (MemoryService method, request message)
+_TOOL_RPC: dict[str, tuple[str, type[Message]]] = {
+    "engram_memory_search": ("Search", memory_pb2.SearchRequest),
+    "engram_memory_get": ("Get", memory_pb2.GetRequest),
+    "engram_memory_capture": ("Capture", memory_pb2.CaptureRequest),
+    "engram_memory_request_admission": ("RequestAdmission", memory_pb2.RequestAdmissionRequest),
+    "engram_memory_withdraw": ("Withdraw", memory_pb2.WithdrawRequest),
+    "engram_memory_forget": ("Forget", memory_pb2.ForgetRequest),
+}
+
+
+def _metadata(context: bytes, grant: bytes | None) -> tuple[tuple[str, bytes], ...]:
+    entries = [(CONTEXT_METADATA_KEY, context)]
+    if grant is not None:
+        entries.append((CONFIRMATION_METADATA_KEY, grant))
+    return tuple(entries)
+
+
+def _code(err: grpc.RpcError) -> Code:
+    try:
+        return code_from_rpc_error(err)
+    except Exception:  # a malformed status detail is still a failure, never a success
+        return Code.STORE_UNAVAILABLE
+
+
+class CoreClient:
+    """Async MemoryService + HostService client bound to one core address."""
+
+    def __init__(self, address: str, *, deadline_ms: int) -> None:
+        self._address = address
+        self._timeout = deadline_ms / 1000
+        self._channel: grpc.aio.Channel | None = None
+
+    def _stubs(self) -> tuple[memory_pb2_grpc.MemoryServiceStub, host_pb2_grpc.HostServiceStub]:
+        # Created lazily inside the running event loop that will use it.
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(self._address)
+        return memory_pb2_grpc.MemoryServiceStub(self._channel), host_pb2_grpc.HostServiceStub(self._channel)
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    async def granted_tools(self, context: bytes) -> list[str]:
+        """The tools the policy grants this binding (drives tools/list)."""
+        _, host = self._stubs()
+        try:
+            reply = await host.ListCapabilities(
+                host_pb2.ListCapabilitiesRequest(), metadata=_metadata(context, None), timeout=self._timeout
+            )
+        except grpc.RpcError as err:
+            raise EngramError(_code(err), "ListCapabilities failed") from None
+        return list(reply.tools)
+
+    async def invoke(self, tool: str, arguments: dict[str, Any], *, context: bytes,
+                     grant: bytes | None = None) -> dict[str, Any]:
+        """Send one validated tool call; returns the contract value of the reply."""
+        method, request_type = _TOOL_RPC[tool]
+        memory, _ = self._stubs()
+        try:
+            request = value_to_message(arguments, request_type())
+        except Exception:
+            # Validated arguments always convert; anything else is our schema drifting.
+            raise EngramError(Code.INVALID_SCHEMA, "arguments do not convert") from None
+        try:
+            reply = await getattr(memory, method)(request, metadata=_metadata(context, grant), timeout=self._timeout)
+        except grpc.RpcError as err:
+            raise EngramError(_code(err), f"{method} failed") from None
+        return message_to_value(reply)

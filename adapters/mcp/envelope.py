@@ -1,0 +1,64 @@
+"""The one mapping from Engram outcomes to MCP results and errors (SPEC §3).
+
+Tool outcomes are envelopes in ``structuredContent`` with an identical JSON
+copy as the only text item and ``isError = not ok``. The two protocol refusals
+are JSON-RPC errors with fixed messages; nothing else ever becomes one.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+import mcp_types as types
+from mcp.shared.exceptions import MCPError
+
+from engram_core.errors import Code, error_body
+
+REDACTION_CLASS = "high"
+OUTPUT_SCHEMA_VERSION = 1
+
+TRUSTED_CONTEXT_UNAVAILABLE = "Trusted invocation context unavailable"
+UNKNOWN_TOOL = "Unknown tool"
+
+
+def new_audit_id() -> str:
+    """A fresh audit id for one call; it is signed into that call's host context."""
+    return "aud_" + secrets.token_hex(12)
+
+
+def _result(envelope: dict[str, Any]) -> types.CallToolResult:
+    text = json.dumps(envelope, ensure_ascii=False, separators=(",", ":"))
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)],
+        structured_content=envelope,
+        is_error=not envelope["ok"],
+    )
+
+
+def success(value: dict[str, Any], *, audit_id: str) -> types.CallToolResult:
+    return _result(
+        {
+            "ok": True,
+            "output": {"schema_version": OUTPUT_SCHEMA_VERSION, "value": value},
+            "auditId": audit_id,
+            "redactionClass": REDACTION_CLASS,
+        }
+    )
+
+
+def failure(code: Code, *, audit_id: str) -> types.CallToolResult:
+    if code is Code.TRUSTED_CONTEXT_UNAVAILABLE:
+        # SPEC §2: a protocol refusal, never an envelope.
+        raise trusted_context_unavailable()
+    return _result({"ok": False, "auditId": audit_id, "redactionClass": REDACTION_CLASS, "error": error_body(code)})
+
+
+def trusted_context_unavailable() -> MCPError:
+    return MCPError(code=types.INTERNAL_ERROR, message=TRUSTED_CONTEXT_UNAVAILABLE)
+
+
+def unknown_tool() -> MCPError:
+    # Identical for a tool that does not exist and one that is not granted (SPEC §2).
+    return MCPError(code=types.INVALID_PARAMS, message=UNKNOWN_TOOL)

@@ -1,0 +1,1 @@
+"""Storage: the Store port and its DuckDB implementation."""

@@ -1,0 +1,601 @@
+"""DuckDB implementation of the Store port (SPEC §10).
+
+One process writes (an exclusive ``flock`` on ``DIR/engram.lock`` is the
+fence; DuckDB's own file lock backs it up). Writes are serialized by a lock
+and run in one DuckDB transaction each; reads use per-thread cursors, which
+see a consistent snapshot. Commit is the durability point: DuckDB's WAL is
+flushed before ``COMMIT`` returns, and nothing is acknowledged before that.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from engram_core.canonical import digest
+from engram_core.errors import Code, EngramError
+from engram_core.store.migrations import LEDGER_DDL, MIGRATIONS
+from engram_core.store.port import (
+    AuditRow,
+    CandidateRow,
+    Event,
+    IdempotencyRow,
+    RecordRow,
+    ScopeRow,
+)
+
+GENESIS = "sha256:" + "0" * 64
+_RECORD_COLS = (
+    "record_id, tenant, workspace, candidate_id, record_digest, payload_digest, state, trust_class, principal, "
+    "agent_id, valid_t, valid_t_end, expires_at_ms, derivative_rule, accepted_at_ms, accepted_cursor, "
+    "state_cursor, successor_id, sealed_body"
+)
+_CANDIDATE_COLS = (
+    "candidate_id, tenant, workspace, principal, agent_id, session, state, payload_digest, record_digest, "
+    "trust_class, facts, sealed_envelope, captured_at_ms, cursor, decision"
+)
+
+
+def _record(row: tuple) -> RecordRow:
+    r = list(row)
+    r[18] = bytes(r[18]) if r[18] is not None else None
+    return RecordRow(*r)
+
+
+def _candidate(row: tuple) -> CandidateRow:
+    r = list(row)
+    r[10] = json.loads(r[10])
+    r[11] = bytes(r[11]) if r[11] is not None else None
+    r[14] = json.loads(r[14]) if r[14] else None
+    return CandidateRow(*r)
+
+
+def event_digest_of(e: dict[str, Any]) -> str:
+    return digest("event", {k: v for k, v in e.items() if k != "event_digest"})
+
+
+def audit_digest_of(row: dict[str, Any]) -> str:
+    return digest("audit", {k: v for k, v in row.items() if k != "row_digest"})
+
+
+class DuckDBTx:
+    """Domain operations over one DuckDB connection inside a transaction."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, store: DuckDBStore) -> None:
+        self._con = con
+        self._store = store
+        self.audit_head: tuple[int, str] | None = None  # set by append_audit
+        # Slots of data keys destroyed in this transaction: the caller zeroes
+        # them in the KeyVault after commit (SPEC §10 crypto-shredding).
+        self.destroyed_slots: list[int] = []
+
+    def _one(self, sql: str, params: list[Any] | tuple = ()) -> tuple | None:
+        return self._con.execute(sql, params).fetchone()
+
+    def _all(self, sql: str, params: list[Any] | tuple = ()) -> list[tuple]:
+        return self._con.execute(sql, params).fetchall()
+
+    # -- scopes, cursors, journal ------------------------------------------
+    def scope(self, tenant: str, workspace: str) -> ScopeRow | None:
+        row = self._one(
+            "SELECT tenant, workspace, activated, tools, authorization_epoch, last_cursor, last_event_digest "
+            "FROM scopes WHERE tenant = ? AND workspace = ?",
+            [tenant, workspace],
+        )
+        if row is None:
+            return None
+        return ScopeRow(row[0], row[1], row[2], tuple(json.loads(row[3])), row[4], int(row[5]), row[6])
+
+    def _ensure_scope(self, tenant: str, workspace: str) -> ScopeRow:
+        row = self.scope(tenant, workspace)
+        if row is None:
+            self._con.execute(
+                "INSERT INTO scopes VALUES (?, ?, false, '[]', 0, 0, ?)", [tenant, workspace, GENESIS]
+            )
+            row = ScopeRow(tenant, workspace, False, (), 0, 0, GENESIS)
+        return row
+
+    def set_activation(self, tenant: str, workspace: str, *, activated: bool, tools: tuple[str, ...]) -> ScopeRow:
+        self._ensure_scope(tenant, workspace)
+        self._con.execute(
+            "UPDATE scopes SET activated = ?, tools = ? WHERE tenant = ? AND workspace = ?",
+            [activated, json.dumps(sorted(tools)), tenant, workspace],
+        )
+        return self.scope(tenant, workspace)  # type: ignore[return-value]
+
+    def bump_epoch(self, tenant: str, workspace: str) -> int:
+        self._ensure_scope(tenant, workspace)
+        self._con.execute(
+            "UPDATE scopes SET authorization_epoch = authorization_epoch + 1 WHERE tenant = ? AND workspace = ?",
+            [tenant, workspace],
+        )
+        return self.scope(tenant, workspace).authorization_epoch  # type: ignore[union-attr]
+
+    def append_event(
+        self, tenant: str, workspace: str, *, event_id: str, operation: str, target: str,
+        from_state: str, to_state: str, at_ms: int, body: dict[str, Any],
+    ) -> Event:
+        scope = self._ensure_scope(tenant, workspace)
+        cursor = scope.last_cursor + 1
+        e = {
+            "tenant": tenant, "workspace": workspace, "cursor": str(cursor), "event_id": event_id,
+            "operation": operation, "target": target, "from_state": from_state, "to_state": to_state,
+            "at_ms": at_ms, "body": body, "prev_digest": scope.last_event_digest,
+        }
+        ed = event_digest_of(e)
+        self._con.execute(
+            "INSERT INTO journal VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [tenant, workspace, cursor, event_id, operation, target, from_state, to_state, at_ms,
+             json.dumps(body, sort_keys=True), scope.last_event_digest, ed],
+        )
+        self._con.execute(
+            "UPDATE scopes SET last_cursor = ?, last_event_digest = ? WHERE tenant = ? AND workspace = ?",
+            [cursor, ed, tenant, workspace],
+        )
+        return Event(tenant, workspace, cursor, event_id, operation, target, from_state, to_state, at_ms, body,
+                     scope.last_event_digest, ed)
+
+    def events(self, tenant: str, workspace: str, from_cursor: int, to_cursor: int | None) -> list[Event]:
+        rows = self._all(
+            "SELECT tenant, workspace, cursor, event_id, operation, target, from_state, to_state, at_ms, body, "
+            "prev_digest, event_digest FROM journal WHERE tenant = ? AND workspace = ? AND cursor >= ? "
+            "AND cursor <= ? ORDER BY cursor",
+            [tenant, workspace, from_cursor, to_cursor if to_cursor is not None else 2**63],
+        )
+        return [Event(r[0], r[1], int(r[2]), r[3], r[4], r[5], r[6], r[7], r[8], json.loads(r[9]), r[10], r[11])
+                for r in rows]
+
+    def event_by_id(self, tenant: str, workspace: str, event_id: str) -> Event | None:
+        row = self._one(
+            "SELECT cursor FROM journal WHERE tenant = ? AND workspace = ? AND event_id = ?",
+            [tenant, workspace, event_id],
+        )
+        if row is None:
+            return None
+        return self.events(tenant, workspace, int(row[0]), int(row[0]))[0]
+
+    def scopes(self) -> list[ScopeRow]:
+        rows = self._all("SELECT tenant, workspace FROM scopes ORDER BY tenant, workspace")
+        return [self.scope(t, w) for t, w in rows]  # type: ignore[misc]
+
+    # -- idempotency and confirmations ---------------------------------------
+    def idempotency_get(self, tenant: str, workspace: str, principal: str, key: str) -> IdempotencyRow | None:
+        row = self._one(
+            "SELECT tool, target, request_digest, outcome FROM idempotency "
+            "WHERE tenant = ? AND workspace = ? AND principal = ? AND key = ?",
+            [tenant, workspace, principal, key],
+        )
+        return IdempotencyRow(row[0], row[1], row[2], json.loads(row[3])) if row else None
+
+    def idempotency_put(self, tenant: str, workspace: str, principal: str, key: str, row: IdempotencyRow, at_ms: int) -> None:
+        self._con.execute(
+            "INSERT INTO idempotency VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [tenant, workspace, principal, key, row.tool, row.target, row.request_digest,
+             json.dumps(row.outcome, sort_keys=True), at_ms],
+        )
+
+    def use_confirmation(self, grant_id: str, tenant: str, workspace: str, at_ms: int) -> bool:
+        if self._one("SELECT 1 FROM used_confirmations WHERE grant_id = ?", [grant_id]):
+            return False
+        self._con.execute("INSERT INTO used_confirmations VALUES (?, ?, ?, ?)", [grant_id, tenant, workspace, at_ms])
+        return True
+
+    # -- candidates ------------------------------------------------------------
+    def insert_candidate(self, row: CandidateRow) -> None:
+        self._con.execute(
+            f"INSERT INTO candidates ({_CANDIDATE_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [row.candidate_id, row.tenant, row.workspace, row.principal, row.agent_id, row.session, row.state,
+             row.payload_digest, row.record_digest, row.trust_class, json.dumps(row.facts, sort_keys=True),
+             row.sealed_envelope, row.captured_at_ms, row.cursor,
+             json.dumps(row.decision, sort_keys=True) if row.decision else None],
+        )
+
+    def candidate(self, tenant: str, workspace: str, candidate_id: str) -> CandidateRow | None:
+        row = self._one(
+            f"SELECT {_CANDIDATE_COLS} FROM candidates WHERE candidate_id = ? AND tenant = ? AND workspace = ?",
+            [candidate_id, tenant, workspace],
+        )
+        return _candidate(row) if row else None
+
+    def candidates_in_state(self, tenant: str, workspace: str, state: str) -> list[CandidateRow]:
+        rows = self._all(
+            f"SELECT {_CANDIDATE_COLS} FROM candidates WHERE tenant = ? AND workspace = ? AND state = ? "
+            "ORDER BY cursor",
+            [tenant, workspace, state],
+        )
+        return [_candidate(r) for r in rows]
+
+    def set_candidate_state(self, candidate_id: str, state: str, *, decision: dict[str, Any] | None = None,
+                            drop_envelope: bool = False) -> None:
+        self._con.execute(
+            "UPDATE candidates SET state = ?, decision = coalesce(?, decision), "
+            "sealed_envelope = CASE WHEN ? THEN NULL ELSE sealed_envelope END WHERE candidate_id = ?",
+            [state, json.dumps(decision, sort_keys=True) if decision else None, drop_envelope, candidate_id],
+        )
+
+    # -- data keys ---------------------------------------------------------------
+    def put_data_key(self, owner: str, slot: int, at_ms: int) -> None:
+        self._con.execute("INSERT INTO data_keys VALUES (?, ?, ?)", [owner, slot, at_ms])
+
+    def data_key_slot(self, owner: str) -> int | None:
+        row = self._one("SELECT slot FROM data_keys WHERE owner = ?", [owner])
+        return int(row[0]) if row else None
+
+    def drop_data_key(self, owner: str, at_ms: int, reason: str) -> int | None:
+        slot = self.data_key_slot(owner)
+        if slot is None:
+            return None
+        self._con.execute("DELETE FROM data_keys WHERE owner = ?", [owner])
+        self._con.execute("INSERT INTO key_destructions VALUES (?, ?, ?)", [owner, at_ms, reason])
+        self.destroyed_slots.append(slot)
+        return slot
+
+    def live_key_slots(self) -> dict[int, str]:
+        return {int(s): o for o, s in self._all("SELECT owner, slot FROM data_keys")}
+
+    def key_destruction(self, owner: str) -> int | None:
+        row = self._one("SELECT destroyed_at_ms FROM key_destructions WHERE owner = ?", [owner])
+        return int(row[0]) if row else None
+
+    # -- records -----------------------------------------------------------------
+    def insert_record(self, row: RecordRow) -> None:
+        self._con.execute(
+            f"INSERT INTO records ({_RECORD_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [row.record_id, row.tenant, row.workspace, row.candidate_id, row.record_digest, row.payload_digest,
+             row.state, row.trust_class, row.principal, row.agent_id, row.valid_t, row.valid_t_end,
+             row.expires_at_ms, row.derivative_rule, row.accepted_at_ms, row.accepted_cursor, row.state_cursor,
+             row.successor_id, row.sealed_body],
+        )
+
+    def record(self, tenant: str, workspace: str, record_id: str) -> RecordRow | None:
+        row = self._one(
+            f"SELECT {_RECORD_COLS} FROM records WHERE record_id = ? AND tenant = ? AND workspace = ?",
+            [record_id, tenant, workspace],
+        )
+        return _record(row) if row else None
+
+    def records(self, tenant: str, workspace: str, record_ids: list[str]) -> dict[str, RecordRow]:
+        if not record_ids:
+            return {}
+        rows = self._all(
+            f"SELECT {_RECORD_COLS} FROM records WHERE tenant = ? AND workspace = ? AND record_id IN "
+            "(SELECT unnest(?::VARCHAR[]))",
+            [tenant, workspace, record_ids],
+        )
+        return {r[0]: _record(r) for r in rows}
+
+    def scope_records(self, tenant: str, workspace: str, states: tuple[str, ...] | None = None) -> list[RecordRow]:
+        sql = f"SELECT {_RECORD_COLS} FROM records WHERE tenant = ? AND workspace = ?"
+        params: list[Any] = [tenant, workspace]
+        if states is not None:
+            sql += " AND state IN (SELECT unnest(?::VARCHAR[]))"
+            params.append(list(states))
+        return [_record(r) for r in self._all(sql + " ORDER BY accepted_cursor", params)]
+
+    def set_record_state(self, record_id: str, state: str, *, state_cursor: int, successor_id: str | None = None) -> None:
+        self._con.execute(
+            "UPDATE records SET state = ?, state_cursor = ?, successor_id = coalesce(?, successor_id) "
+            "WHERE record_id = ?",
+            [state, state_cursor, successor_id, record_id],
+        )
+
+    def drop_record_body(self, record_id: str) -> None:
+        self._con.execute("UPDATE records SET sealed_body = NULL WHERE record_id = ?", [record_id])
+
+    def current_with_payload(self, tenant: str, workspace: str, payload_digest: str) -> bool:
+        return self._one(
+            "SELECT 1 FROM records WHERE tenant = ? AND workspace = ? AND payload_digest = ? "
+            "AND state = 'accepted_current' LIMIT 1",
+            [tenant, workspace, payload_digest],
+        ) is not None
+
+    # -- tombstone ledger ---------------------------------------------------------
+    def add_tombstone(self, tenant: str, workspace: str, payload_digest: str, record_id: str, cursor: int, at_ms: int) -> None:
+        self._con.execute("INSERT INTO tombstones VALUES (?, ?, ?, ?, ?, ?)",
+                          [tenant, workspace, payload_digest, record_id, cursor, at_ms])
+
+    def tombstoned(self, tenant: str, workspace: str, payload_digest: str) -> bool:
+        return self._one(
+            "SELECT 1 FROM tombstones WHERE tenant = ? AND workspace = ? AND payload_digest = ? LIMIT 1",
+            [tenant, workspace, payload_digest],
+        ) is not None
+
+    # -- projections ----------------------------------------------------------------
+    def index_record(self, tenant: str, workspace: str, record_id: str, fields: dict[str, Counter[int]]) -> None:
+        rows = []
+        for field_name, counts in fields.items():
+            length = sum(counts.values())
+            for term, tf in counts.items():
+                rows.append((tenant, workspace, term, record_id, field_name, tf, length))
+        if rows:
+            self._con.executemany("INSERT INTO postings VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+        stats = [(f, sum(c.values())) for f, c in fields.items() if c] + [("_docs", 0)]
+        for field_name, length in stats:
+            self._con.execute(
+                "INSERT INTO field_stats VALUES (?, ?, ?, 1, ?) ON CONFLICT (tenant, workspace, field) "
+                "DO UPDATE SET doc_count = doc_count + 1, total_len = total_len + excluded.total_len",
+                [tenant, workspace, field_name, length],
+            )
+
+    def unindex_record(self, tenant: str, workspace: str, record_id: str) -> int:
+        stats = self._all(
+            "SELECT field, max(field_len) FROM postings WHERE record_id = ? AND tenant = ? AND workspace = ? "
+            "GROUP BY field",
+            [record_id, tenant, workspace],
+        )
+        if not stats:
+            return 0
+        for field_name, length in [*stats, ("_docs", 0)]:
+            self._con.execute(
+                "UPDATE field_stats SET doc_count = doc_count - 1, total_len = total_len - ? "
+                "WHERE tenant = ? AND workspace = ? AND field = ?",
+                [length, tenant, workspace, field_name],
+            )
+        n = self._one("SELECT count(*) FROM postings WHERE record_id = ?", [record_id])[0]  # type: ignore[index]
+        self._con.execute("DELETE FROM postings WHERE record_id = ?", [record_id])
+        self._con.execute("DELETE FROM vectors WHERE record_id = ?", [record_id])
+        return int(n)
+
+    def postings_count(self, record_id: str) -> int:
+        return int(self._one("SELECT count(*) FROM postings WHERE record_id = ?", [record_id])[0])  # type: ignore[index]
+
+    def rank_lexical(
+        self, tenant: str, workspace: str, terms: list[int], weights: dict[str, float], *, k1: float, b: float,
+        now_ms: int, half_life_ms: int, lexical_weight: float, max_accepted_cursor: int,
+        after: tuple[float, int, str] | None, limit: int,
+    ) -> tuple[int, list[tuple[str, float, int]]]:
+        """BM25F-style ranking (SPEC §11) of eligible records; returns (candidate count, page).
+
+        Page rows are (record_id, score, valid_t) ordered by score desc, valid_t
+        desc, record_id asc, strictly after ``after`` when paging.
+        """
+        if not terms:
+            return 0, []
+        weight_rows = list(weights.items())
+        sql = """
+        WITH q AS (SELECT DISTINCT unnest(?::BIGINT[]) AS term),
+        w AS (SELECT * FROM (VALUES {values}) AS t(field, weight)),
+        n AS (SELECT doc_count AS n FROM field_stats WHERE tenant = ? AND workspace = ? AND field = '_docs'),
+        fs AS (SELECT field, total_len::DOUBLE / greatest(doc_count, 1) AS avg_len FROM field_stats
+               WHERE tenant = ? AND workspace = ?),
+        hits AS (SELECT p.record_id, p.field, p.term, p.tf, p.field_len FROM postings p JOIN q ON p.term = q.term
+                 WHERE p.tenant = ? AND p.workspace = ?),
+        df AS (SELECT term, count(DISTINCT record_id) AS df FROM hits GROUP BY term),
+        scored AS (
+          SELECT h.record_id,
+                 sum(w.weight * ln(1 + ((SELECT n FROM n) - df.df + 0.5) / (df.df + 0.5))
+                     * (h.tf * (? + 1)) / (h.tf + ? * (1 - ? + ? * h.field_len / greatest(fs.avg_len, 1e-9)))) AS bm25
+          FROM hits h JOIN df USING (term) JOIN w USING (field) JOIN fs USING (field)
+          GROUP BY h.record_id),
+        eligible AS (
+          SELECT s.record_id, s.bm25, r.valid_t FROM scored s JOIN records r USING (record_id)
+          WHERE r.tenant = ? AND r.workspace = ? AND r.state = 'accepted_current' AND r.accepted_cursor <= ?
+            AND r.valid_t <= ? AND (r.valid_t_end IS NULL OR r.valid_t_end >= ?)
+            AND (r.expires_at_ms IS NULL OR r.expires_at_ms > ?)),
+        final AS (
+          SELECT record_id, valid_t,
+                 ? * bm25 / greatest(max(bm25) OVER (), 1e-12)
+                 + (1 - ?) * pow(0.5, greatest(? - valid_t, 0)::DOUBLE / ?) AS score,
+                 count(*) OVER () AS total
+          FROM eligible)
+        SELECT record_id, score, valid_t, total FROM final
+        {after}
+        ORDER BY score DESC, valid_t DESC, record_id ASC
+        LIMIT ?
+        """
+        values = ", ".join("(?, ?)" for _ in weight_rows)
+        after_sql = ""
+        params: list[Any] = [terms]
+        for f, wt in weight_rows:
+            params += [f, wt]
+        params += [tenant, workspace, tenant, workspace, tenant, workspace, k1, k1, b, b,
+                   tenant, workspace, max_accepted_cursor, now_ms, now_ms, now_ms,
+                   lexical_weight, lexical_weight, now_ms, float(half_life_ms)]
+        if after is not None:
+            after_sql = ("WHERE score < ? OR (score = ? AND (valid_t < ? OR (valid_t = ? AND record_id > ?)))")
+            params += [after[0], after[0], after[1], after[1], after[2]]
+        params.append(limit)
+        rows = self._all(sql.format(values=values, after=after_sql), params)
+        total = int(rows[0][3]) if rows else 0
+        return total, [(r[0], float(r[1]), int(r[2])) for r in rows]
+
+    def put_vector(self, tenant: str, workspace: str, record_id: str, model: str, vector: list[float]) -> None:
+        self._con.execute("INSERT INTO vectors VALUES (?, ?, ?, ?, ?)", [record_id, tenant, workspace, model, vector])
+
+    # -- audit -------------------------------------------------------------------------
+    def append_audit(self, row: AuditRow) -> str:
+        seq, prev = self.audit_head or self._store.audit_head
+        seq += 1
+        doc = {
+            "seq": seq, "at_ms": row.at_ms, "audit_id": row.audit_id, "tenant": row.tenant,
+            "workspace": row.workspace, "principal": row.principal, "agent_id": row.agent_id,
+            "operation": row.operation, "outcome": row.outcome, "target_digest": row.target_digest,
+            "decisions": row.decisions, "prev_digest": prev,
+        }
+        rd = audit_digest_of(doc)
+        self._con.execute(
+            "INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [seq, row.at_ms, row.audit_id, row.tenant, row.workspace, row.principal, row.agent_id, row.operation,
+             row.outcome, row.target_digest, json.dumps(row.decisions, sort_keys=True), prev, rd],
+        )
+        self.audit_head = (seq, rd)
+        return rd
+
+    def audit_rows(self, tenant: str | None, workspace: str | None, from_seq: int, to_seq: int | None) -> list[dict[str, Any]]:
+        sql = ("SELECT seq, at_ms, audit_id, tenant, workspace, principal, agent_id, operation, outcome, "
+               "target_digest, decisions, prev_digest, row_digest FROM audit WHERE seq >= ? AND seq <= ?")
+        params: list[Any] = [from_seq, to_seq if to_seq is not None else 2**63]
+        if tenant is not None:
+            sql += " AND tenant = ? AND workspace = ?"
+            params += [tenant, workspace]
+        keys = ("seq", "at_ms", "audit_id", "tenant", "workspace", "principal", "agent_id", "operation", "outcome",
+                "target_digest", "decisions", "prev_digest", "row_digest")
+        out = []
+        for r in self._all(sql + " ORDER BY seq", params):
+            d = dict(zip(keys, r, strict=True))
+            d["seq"] = int(d["seq"])
+            d["decisions"] = json.loads(d["decisions"])
+            out.append(d)
+        return out
+
+    # -- trusted host keys ------------------------------------------------------------
+    def trusted_host_keys(self) -> list[tuple[str, str]]:
+        return [(r[0], r[1]) for r in self._all("SELECT key_id, public_key_pem FROM trusted_host_keys ORDER BY key_id")]
+
+    def add_trusted_host_key(self, key_id: str, pem: str, at_ms: int) -> None:
+        self._con.execute("INSERT INTO trusted_host_keys VALUES (?, ?, ?) ON CONFLICT DO NOTHING", [key_id, pem, at_ms])
+
+    def remove_trusted_host_key(self, key_id: str) -> bool:
+        n = self._one("SELECT count(*) FROM trusted_host_keys WHERE key_id = ?", [key_id])[0]  # type: ignore[index]
+        self._con.execute("DELETE FROM trusted_host_keys WHERE key_id = ?", [key_id])
+        return bool(n)
+
+    def meta(self, key: str) -> str | None:
+        row = self._one("SELECT v FROM store_meta WHERE k = ?", [key])
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._con.execute("INSERT INTO store_meta VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v",
+                          [key, value])
+
+
+class DuckDBStore:
+    """The DuckDB file store. ``open`` fences, migrates and loads the audit head."""
+
+    def __init__(self, data_dir: Path, *, migrate: bool = True) -> None:
+        self.data_dir = data_dir
+        self.path = data_dir / "engram.duckdb"
+        self._lock_file = open(data_dir / "engram.lock", "a+")  # noqa: SIM115 - held for the process lifetime
+        try:
+            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock_file.close()
+            raise EngramError(Code.FENCE_LOST, "another process holds the store") from None
+        try:
+            self._con = duckdb.connect(str(self.path))
+        except duckdb.Error as exc:
+            raise EngramError(Code.STORE_UNAVAILABLE, f"open failed: {type(exc).__name__}") from None
+        self._write_lock = threading.RLock()
+        self._local = threading.local()
+        self._open = True
+        self.check_migrations(apply=migrate)
+        row = self._con.execute("SELECT seq, row_digest FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+        self.audit_head: tuple[int, str] = (int(row[0]), row[1]) if row else (0, GENESIS)
+
+    # -- migrations ------------------------------------------------------------------
+    def check_migrations(self, *, apply: bool) -> list[int]:
+        """Verify the ledger against the code; apply missing migrations when ``apply``."""
+        con = self._con
+        con.execute(LEDGER_DDL)
+        ledger = {int(v): (n, c) for v, n, c in con.execute(
+            "SELECT version, name, checksum FROM schema_migrations ORDER BY version").fetchall()}
+        known = {m.version: m for m in MIGRATIONS}
+        for version, (_name, checksum) in ledger.items():
+            if version not in known or known[version].checksum != checksum:
+                raise EngramError(Code.MIGRATION_LEDGER_INVALID, f"ledger version {version} does not match code")
+        if ledger and sorted(ledger) != list(range(1, max(ledger) + 1)):
+            raise EngramError(Code.MIGRATION_LEDGER_INVALID, "ledger has gaps")
+        pending = [m for m in MIGRATIONS if m.version not in ledger]
+        if pending and not apply:
+            raise EngramError(Code.MIGRATION_LEDGER_INVALID, "migrations pending")
+        applied = []
+        for m in pending:
+            con.execute("BEGIN TRANSACTION")
+            try:
+                con.execute(m.sql)
+                con.execute("INSERT INTO schema_migrations VALUES (?, ?, ?, ?)",
+                            [m.version, m.name, m.checksum, time.time_ns() // 1_000_000])
+                con.execute("COMMIT")
+            except Exception:
+                con.execute("ROLLBACK")
+                raise
+            applied.append(m.version)
+        return applied
+
+    def migration_ledger(self) -> list[dict[str, Any]]:
+        rows = self._con.execute(
+            "SELECT version, name, checksum, applied_at_ms FROM schema_migrations ORDER BY version").fetchall()
+        return [{"version": r[0], "name": r[1], "checksum": r[2], "applied_at_ms": r[3]} for r in rows]
+
+    # -- transactions ----------------------------------------------------------------
+    def _require_open(self) -> None:
+        if not self._open:
+            raise EngramError(Code.STORE_UNAVAILABLE, "store closed")
+
+    @contextmanager
+    def write(self) -> Iterator[DuckDBTx]:
+        self._require_open()
+        with self._write_lock:
+            con = self._con
+            tx = DuckDBTx(con, self)
+            con.execute("BEGIN TRANSACTION")
+            try:
+                yield tx
+            except BaseException:
+                try:
+                    con.execute("ROLLBACK")
+                except duckdb.Error:
+                    pass
+                raise
+            try:
+                con.execute("COMMIT")
+            except duckdb.Error as exc:
+                # The commit may or may not have reached the WAL.
+                raise EngramError(Code.MUTATION_OUTCOME_UNKNOWN, f"commit failed: {type(exc).__name__}") from None
+            if tx.audit_head is not None:
+                self.audit_head = tx.audit_head
+
+    @contextmanager
+    def read(self) -> Iterator[DuckDBTx]:
+        self._require_open()
+        cur = getattr(self._local, "cursor", None)
+        if cur is None:
+            cur = self._con.cursor()
+            self._local.cursor = cur
+        cur.execute("BEGIN TRANSACTION")
+        try:
+            yield DuckDBTx(cur, self)
+        finally:
+            try:
+                cur.execute("ROLLBACK")
+            except duckdb.Error:
+                pass
+
+    def is_open(self) -> bool:
+        return self._open
+
+    def checkpoint(self) -> None:
+        with self._write_lock:
+            self._con.execute("CHECKPOINT")
+
+    def close(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        with self._write_lock:
+            try:
+                self._con.execute("CHECKPOINT")
+            except duckdb.Error:
+                pass
+            self._con.close()
+        try:
+            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
+        finally:
+            self._lock_file.close()
+
+
+def remove_store_files(data_dir: Path) -> None:
+    for name in ("engram.duckdb", "engram.duckdb.wal"):
+        p = data_dir / name
+        if p.exists():
+            os.remove(p)

@@ -1,0 +1,99 @@
+"""Versioned schema migrations (SPEC §10) with a ledger.
+
+Each migration has a version, a name and its SQL; the ledger records the
+checksum of what was applied. A ledger that disagrees with this code (unknown
+version, different checksum, gap) is MIGRATION_LEDGER_INVALID: the store will
+not open rather than guess.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return "sha256:" + hashlib.sha256(self.sql.encode()).hexdigest()
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "initial schema",
+        """
+CREATE TABLE scopes (
+  tenant VARCHAR NOT NULL, workspace VARCHAR NOT NULL,
+  activated BOOLEAN NOT NULL, tools VARCHAR NOT NULL,
+  authorization_epoch BIGINT NOT NULL,
+  last_cursor UBIGINT NOT NULL, last_event_digest VARCHAR NOT NULL,
+  PRIMARY KEY (tenant, workspace));
+CREATE TABLE journal (
+  tenant VARCHAR NOT NULL, workspace VARCHAR NOT NULL, cursor UBIGINT NOT NULL,
+  event_id VARCHAR NOT NULL, operation VARCHAR NOT NULL, target VARCHAR NOT NULL,
+  from_state VARCHAR NOT NULL, to_state VARCHAR NOT NULL, at_ms BIGINT NOT NULL,
+  body VARCHAR NOT NULL, prev_digest VARCHAR NOT NULL, event_digest VARCHAR NOT NULL,
+  PRIMARY KEY (tenant, workspace, cursor));
+CREATE TABLE candidates (
+  candidate_id VARCHAR PRIMARY KEY, tenant VARCHAR NOT NULL, workspace VARCHAR NOT NULL,
+  principal VARCHAR NOT NULL, agent_id VARCHAR NOT NULL, session VARCHAR NOT NULL,
+  state VARCHAR NOT NULL, payload_digest VARCHAR NOT NULL, record_digest VARCHAR NOT NULL,
+  trust_class VARCHAR NOT NULL, facts VARCHAR NOT NULL, sealed_envelope BLOB,
+  captured_at_ms BIGINT NOT NULL, cursor UBIGINT NOT NULL, decision VARCHAR);
+CREATE TABLE data_keys (
+  owner VARCHAR PRIMARY KEY, slot BIGINT NOT NULL, created_at_ms BIGINT NOT NULL);
+CREATE TABLE key_destructions (
+  owner VARCHAR PRIMARY KEY, destroyed_at_ms BIGINT NOT NULL, reason VARCHAR NOT NULL);
+CREATE TABLE records (
+  record_id VARCHAR PRIMARY KEY, tenant VARCHAR NOT NULL, workspace VARCHAR NOT NULL,
+  candidate_id VARCHAR NOT NULL, record_digest VARCHAR NOT NULL, payload_digest VARCHAR NOT NULL,
+  state VARCHAR NOT NULL, trust_class VARCHAR NOT NULL, principal VARCHAR NOT NULL, agent_id VARCHAR NOT NULL,
+  valid_t BIGINT NOT NULL, valid_t_end BIGINT, expires_at_ms BIGINT, derivative_rule VARCHAR NOT NULL,
+  accepted_at_ms BIGINT NOT NULL, accepted_cursor UBIGINT NOT NULL, state_cursor UBIGINT NOT NULL,
+  successor_id VARCHAR, sealed_body BLOB);
+CREATE INDEX records_scope ON records (tenant, workspace);
+CREATE TABLE tombstones (
+  tenant VARCHAR NOT NULL, workspace VARCHAR NOT NULL, payload_digest VARCHAR NOT NULL,
+  record_id VARCHAR NOT NULL, cursor UBIGINT NOT NULL, at_ms BIGINT NOT NULL,
+  PRIMARY KEY (tenant, workspace, payload_digest, record_id));
+CREATE TABLE idempotency (
+  tenant VARCHAR NOT NULL, workspace VARCHAR NOT NULL, principal VARCHAR NOT NULL, key VARCHAR NOT NULL,
+  tool VARCHAR NOT NULL, target VARCHAR NOT NULL, request_digest VARCHAR NOT NULL,
+  outcome VARCHAR NOT NULL, created_at_ms BIGINT NOT NULL,
+  PRIMARY KEY (tenant, workspace, principal, key));
+CREATE TABLE used_confirmations (
+  grant_id VARCHAR PRIMARY KEY, tenant VARCHAR NOT NULL, workspace VARCHAR NOT NULL, used_at_ms BIGINT NOT NULL);
+CREATE TABLE audit (
+  seq UBIGINT PRIMARY KEY, at_ms BIGINT NOT NULL, audit_id VARCHAR NOT NULL,
+  tenant VARCHAR NOT NULL, workspace VARCHAR NOT NULL, principal VARCHAR NOT NULL, agent_id VARCHAR NOT NULL,
+  operation VARCHAR NOT NULL, outcome VARCHAR NOT NULL, target_digest VARCHAR NOT NULL,
+  decisions VARCHAR NOT NULL, prev_digest VARCHAR NOT NULL, row_digest VARCHAR NOT NULL);
+CREATE TABLE postings (
+  tenant VARCHAR NOT NULL, workspace VARCHAR NOT NULL, term BIGINT NOT NULL,
+  record_id VARCHAR NOT NULL, field VARCHAR NOT NULL, tf INTEGER NOT NULL, field_len INTEGER NOT NULL);
+CREATE INDEX postings_term ON postings (tenant, workspace, term);
+CREATE INDEX postings_record ON postings (record_id);
+CREATE TABLE field_stats (
+  tenant VARCHAR NOT NULL, workspace VARCHAR NOT NULL, field VARCHAR NOT NULL,
+  doc_count BIGINT NOT NULL, total_len BIGINT NOT NULL,
+  PRIMARY KEY (tenant, workspace, field));
+CREATE TABLE vectors (
+  record_id VARCHAR PRIMARY KEY, tenant VARCHAR NOT NULL, workspace VARCHAR NOT NULL,
+  model VARCHAR NOT NULL, embedding FLOAT[]);
+CREATE TABLE trusted_host_keys (
+  key_id VARCHAR PRIMARY KEY, public_key_pem VARCHAR NOT NULL, added_at_ms BIGINT NOT NULL);
+CREATE TABLE store_meta (k VARCHAR PRIMARY KEY, v VARCHAR NOT NULL);
+""",
+    ),
+)
+
+LEDGER_DDL = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+  version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, checksum VARCHAR NOT NULL, applied_at_ms BIGINT NOT NULL)
+"""

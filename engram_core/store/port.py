@@ -1,0 +1,188 @@
+"""The Store port: what core services need from storage, nothing DuckDB-specific.
+
+Services open a transaction (``store.write()`` / ``store.read()``) and call
+domain methods on it. Everything in one ``write()`` block commits atomically
+or not at all (SPEC §7: effect, journal event, idempotency outcome, audit row
+and projections in one transaction). A PostgreSQL implementation must offer
+the same methods with the same meaning.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class ScopeRow:
+    tenant: str
+    workspace: str
+    activated: bool
+    tools: tuple[str, ...]
+    authorization_epoch: int
+    last_cursor: int
+    last_event_digest: str
+
+
+@dataclass(frozen=True)
+class Event:
+    tenant: str
+    workspace: str
+    cursor: int
+    event_id: str
+    operation: str
+    target: str
+    from_state: str
+    to_state: str
+    at_ms: int
+    body: dict[str, Any]
+    prev_digest: str
+    event_digest: str
+
+
+@dataclass(frozen=True)
+class CandidateRow:
+    candidate_id: str
+    tenant: str
+    workspace: str
+    principal: str
+    agent_id: str
+    session: str
+    state: str
+    payload_digest: str
+    record_digest: str
+    trust_class: str
+    facts: dict[str, Any]
+    sealed_envelope: bytes | None
+    captured_at_ms: int
+    cursor: int
+    decision: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class RecordRow:
+    record_id: str
+    tenant: str
+    workspace: str
+    candidate_id: str
+    record_digest: str
+    payload_digest: str
+    state: str
+    trust_class: str
+    principal: str
+    agent_id: str
+    valid_t: int
+    valid_t_end: int | None
+    expires_at_ms: int | None
+    derivative_rule: str
+    accepted_at_ms: int
+    accepted_cursor: int
+    state_cursor: int
+    successor_id: str | None
+    sealed_body: bytes | None
+
+
+@dataclass(frozen=True)
+class IdempotencyRow:
+    tool: str
+    target: str
+    request_digest: str
+    outcome: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class LexicalHit:
+    record_id: str
+    lexical: float
+    valid_t: int
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    at_ms: int
+    audit_id: str
+    tenant: str
+    workspace: str
+    principal: str
+    agent_id: str
+    operation: str
+    outcome: str
+    target_digest: str
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Tx(Protocol):
+    # scopes and cursors
+    def scope(self, tenant: str, workspace: str) -> ScopeRow | None: ...
+    def set_activation(self, tenant: str, workspace: str, *, activated: bool, tools: tuple[str, ...]) -> ScopeRow: ...
+    def bump_epoch(self, tenant: str, workspace: str) -> int: ...
+    def append_event(
+        self, tenant: str, workspace: str, *, event_id: str, operation: str, target: str,
+        from_state: str, to_state: str, at_ms: int, body: dict[str, Any],
+    ) -> Event: ...
+    def events(self, tenant: str, workspace: str, from_cursor: int, to_cursor: int | None) -> list[Event]: ...
+    def event_by_id(self, tenant: str, workspace: str, event_id: str) -> Event | None: ...
+    # idempotency and confirmations
+    def idempotency_get(self, tenant: str, workspace: str, principal: str, key: str) -> IdempotencyRow | None: ...
+    def idempotency_put(self, tenant: str, workspace: str, principal: str, key: str, row: IdempotencyRow, at_ms: int) -> None: ...
+    def use_confirmation(self, grant_id: str, tenant: str, workspace: str, at_ms: int) -> bool: ...
+    # candidates
+    def insert_candidate(self, row: CandidateRow) -> None: ...
+    def candidate(self, tenant: str, workspace: str, candidate_id: str) -> CandidateRow | None: ...
+    def candidates_in_state(self, tenant: str, workspace: str, state: str) -> list[CandidateRow]: ...
+    def set_candidate_state(self, candidate_id: str, state: str, *, decision: dict[str, Any] | None = None, drop_envelope: bool = False) -> None: ...
+    # data keys (slots live in the KeyVault; the store maps owners to slots)
+    def put_data_key(self, owner: str, slot: int, at_ms: int) -> None: ...
+    def data_key_slot(self, owner: str) -> int | None: ...
+    def drop_data_key(self, owner: str, at_ms: int, reason: str) -> int | None: ...
+    def live_key_slots(self) -> dict[int, str]: ...
+    def key_destruction(self, owner: str) -> int | None: ...
+    # records
+    def insert_record(self, row: RecordRow) -> None: ...
+    def record(self, tenant: str, workspace: str, record_id: str) -> RecordRow | None: ...
+    def records(self, tenant: str, workspace: str, record_ids: list[str]) -> dict[str, RecordRow]: ...
+    def scope_records(self, tenant: str, workspace: str, states: tuple[str, ...] | None = None) -> list[RecordRow]: ...
+    def set_record_state(self, record_id: str, state: str, *, state_cursor: int, successor_id: str | None = None) -> None: ...
+    def drop_record_body(self, record_id: str) -> None: ...
+    def current_with_payload(self, tenant: str, workspace: str, payload_digest: str) -> bool: ...
+    # tombstone ledger
+    def add_tombstone(self, tenant: str, workspace: str, payload_digest: str, record_id: str, cursor: int, at_ms: int) -> None: ...
+    def tombstoned(self, tenant: str, workspace: str, payload_digest: str) -> bool: ...
+    # projections
+    def index_record(self, tenant: str, workspace: str, record_id: str, fields: dict[str, Counter[int]]) -> None: ...
+    def unindex_record(self, tenant: str, workspace: str, record_id: str) -> int: ...
+    def lexical_hits(
+        self, tenant: str, workspace: str, terms: list[int], weights: dict[str, float], *, k1: float, b: float,
+        max_accepted_cursor: int, limit: int,
+    ) -> list[LexicalHit]: ...
+    def put_vector(self, tenant: str, workspace: str, record_id: str, model: str, vector: list[float]) -> None: ...
+    def vector_hits(self, tenant: str, workspace: str, model: str, vector: list[float], *, max_accepted_cursor: int, limit: int) -> list[tuple[str, float]]: ...
+    # audit log
+    def append_audit(self, row: AuditRow) -> str: ...
+    def audit_rows(self, tenant: str | None, workspace: str | None, from_seq: int, to_seq: int | None) -> list[dict[str, Any]]: ...
+
+
+class Store(Protocol):
+    def write(self) -> AbstractContextManager[Tx]:
+        """A serialized read-write transaction; commits on normal exit."""
+        ...
+
+    def read(self) -> AbstractContextManager[Tx]:
+        """A consistent read-only snapshot."""
+        ...
+
+    def is_open(self) -> bool: ...
+
+    def checkpoint(self) -> None:
+        """Make freed pages durable-and-reused (after forget, SPEC §10)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def iter_chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
