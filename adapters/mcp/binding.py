@@ -92,8 +92,9 @@ class ContextSource:
             ttl_ms=CONTEXT_TTL_MS,
             memory_enabled=self._config.memory_enabled,
         )
-        return CallContext(signed=signed, binding=binding, audit_id=audit_id,
-                           memory_enabled=self._config.memory_enabled)
+        return CallContext(
+            signed=signed, binding=binding, audit_id=audit_id, memory_enabled=self._config.memory_enabled
+        )
 
     def _from_header(self, headers: Mapping[str, str] | None) -> CallContext:
         raw = (headers or {}).get(CONTEXT_HEADER)
@@ -120,8 +121,12 @@ class ContextSource:
         # Host principals are for maintenance and never on the agent path (SPEC §1).
         if ctx.host_principal or ctx.maintenance_scopes:
             raise ContextUnavailable("host principal on the agent path")
-        return CallContext(signed=signed, binding=binding, audit_id=ctx.audit_id,
-                           memory_enabled=ctx.memory_enabled and self._config.memory_enabled)
+        return CallContext(
+            signed=signed,
+            binding=binding,
+            audit_id=ctx.audit_id,
+            memory_enabled=ctx.memory_enabled and self._config.memory_enabled,
+        )
 
 
 def encode_context_header(signed: bytes) -> str:

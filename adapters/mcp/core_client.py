@@ -75,8 +75,9 @@ class CoreClient:
             raise EngramError(_code(err), "ListCapabilities failed") from None
         return list(reply.tools)
 
-    async def invoke(self, tool: str, arguments: dict[str, Any], *, context: bytes,
-                     grant: bytes | None = None) -> dict[str, Any]:
+    async def invoke(
+        self, tool: str, arguments: dict[str, Any], *, context: bytes, grant: bytes | None = None
+    ) -> dict[str, Any]:
         """Send one validated tool call; returns the contract value of the reply."""
         method, request_type = _TOOL_RPC[tool]
         memory, _ = self._stubs()
@@ -86,7 +87,9 @@ class CoreClient:
             # Validated arguments always convert; anything else is our schema drifting.
             raise EngramError(Code.INVALID_SCHEMA, "arguments do not convert") from None
         try:
-            reply = await getattr(memory, method)(request, metadata=_metadata(context, grant), timeout=self._timeout)
+            reply = await getattr(memory, method)(
+                request, metadata=_metadata(context, grant), timeout=self._timeout
+            )
         except grpc.RpcError as err:
             raise EngramError(_code(err), f"{method} failed") from None
         return message_to_value(reply)

@@ -52,7 +52,9 @@ def failure(code: Code, *, audit_id: str) -> types.CallToolResult:
     if code is Code.TRUSTED_CONTEXT_UNAVAILABLE:
         # SPEC §2: a protocol refusal, never an envelope.
         raise trusted_context_unavailable()
-    return _result({"ok": False, "auditId": audit_id, "redactionClass": REDACTION_CLASS, "error": error_body(code)})
+    return _result(
+        {"ok": False, "auditId": audit_id, "redactionClass": REDACTION_CLASS, "error": error_body(code)}
+    )
 
 
 def trusted_context_unavailable() -> MCPError:

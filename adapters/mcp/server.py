@@ -1,0 +1,435 @@
+"""The MCP server agents talk to (SPEC §1–§3, §5, §8).
+
+A translator and host-side guard on the low-level SDK server: it lists the
+tools the policy grants the binding, validates arguments against the closed
+schemas, checks the bound purpose, runs the confirmation flow, forwards each
+call to the core over gRPC with the signed host context, and wraps the answer
+in the envelope. It stores nothing and decides nothing a policy decides.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import mcp_types as types
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from adapters.mcp import envelope
+from adapters.mcp.binding import CallContext, ContextSource, ContextUnavailable, now_ms
+from adapters.mcp.confirmation import (
+    CONFIRM_KEY,
+    REQUESTED_SCHEMA,
+    ConfirmationLedger,
+    InMemoryConfirmationLedger,
+    PendingConfirmation,
+    approved,
+    confirmation_message,
+    decode_state,
+    encode_state,
+)
+from adapters.mcp.core_client import CoreClient
+from adapters.mcp.guidance import GUIDE_PROMPT_NAME, GUIDE_RESOURCE_URI, TOOL_DESCRIPTIONS, TOOL_TITLES, guide
+from engram_core.errors import Code, EngramError
+from engram_core.hostctx import make_grant
+from engram_core.operation import operation_digest, target_of
+from engram_core.schemas import INPUT_SCHEMAS, TOOL_NAMES, output_schema
+from engram_core.validation import validate_arguments
+
+logger = logging.getLogger("engram.mcp")
+
+SERVER_NAME = "engram"
+SERVER_VERSION = "0.1.0"
+
+# SPEC §8: withdraw and forget always need a human confirmation; capture and
+# admission only when the core answers gate_failed because policy asks for one.
+ALWAYS_CONFIRMED = frozenset({"engram_memory_withdraw", "engram_memory_forget"})
+CONFIRMED_ON_POLICY = frozenset({"engram_memory_capture", "engram_memory_request_admission"})
+_PURPOSE_TOOLS = frozenset({"engram_memory_search", "engram_memory_get"})
+
+# The SDK's wire errors that collide with the contract's protocol errors
+# (MCP_NOTES.md): both mean a confirmation did not complete.
+_INVALID_REQUEST_STATE = "Invalid or expired requestState"
+_INVALID_RESULT = "Handler returned an invalid result"
+_STATE_TTL_S = 300.0  # SPEC §8: a confirmation lives at most 300 s
+
+_ANNOTATIONS = {
+    "engram_memory_search": types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
+    "engram_memory_get": types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
+    "engram_memory_capture": types.ToolAnnotations(
+        read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
+    ),
+    "engram_memory_request_admission": types.ToolAnnotations(
+        read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
+    ),
+    "engram_memory_withdraw": types.ToolAnnotations(
+        read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
+    ),
+    "engram_memory_forget": types.ToolAnnotations(
+        read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
+    ),
+}
+
+
+def tool_definition(name: str) -> types.Tool:
+    return types.Tool(
+        name=name,
+        title=TOOL_TITLES[name],
+        description=TOOL_DESCRIPTIONS[name],
+        input_schema=INPUT_SCHEMAS[name],
+        output_schema=output_schema(name),
+        annotations=_ANNOTATIONS[name],
+    )
+
+
+def _headers(ctx: ServerRequestContext[Any, Any]) -> Mapping[str, str] | None:
+    request = ctx.request
+    return getattr(request, "headers", None) if request is not None else None
+
+
+def _can_elicit_form(ctx: ServerRequestContext[Any, Any]) -> bool:
+    """Client declared form elicitation (an empty elicitation object means form)."""
+    caps = ctx.session.client_capabilities
+    elicitation = caps.elicitation if caps is not None else None
+    if elicitation is None:
+        return False
+    return elicitation.form is not None or elicitation.url is None
+
+
+def _purpose_mismatch(tool: str, arguments: dict[str, Any], bound: str) -> bool:
+    """SPEC §2: purpose_ref (search, get) and payload.purpose_ref (capture) must equal the bound one."""
+    if tool in _PURPOSE_TOOLS:
+        return arguments["purpose_ref"] != bound
+    if tool == "engram_memory_capture":
+        return arguments["payload"]["purpose_ref"] != bound
+    return False
+
+
+@dataclass
+class _CallState:
+    """Per tools/call facts the error-mapping middleware needs."""
+
+    audit_id: str | None = None
+    asked_confirmation: bool = False
+
+
+# Set by the middleware, read by the handler: both run in the request's task.
+_CALL_STATE: ContextVar[_CallState | None] = ContextVar("engram_mcp_call_state", default=None)
+
+
+class EngramMcp:
+    """Handlers of the adapter; one instance serves every connection of a process."""
+
+    def __init__(
+        self,
+        *,
+        core: CoreClient,
+        contexts: ContextSource,
+        signing_key: Ed25519PrivateKey,
+        confirmation_timeout_ms: int,
+        ledger: ConfirmationLedger | None = None,
+    ) -> None:
+        self._core = core
+        self._contexts = contexts
+        self._key = signing_key
+        self._confirmation_timeout_ms = confirmation_timeout_ms
+        self._ledger = ledger or InMemoryConfirmationLedger()
+
+    async def close(self) -> None:
+        await self._core.close()
+
+    # ---- server assembly ---------------------------------------------------
+
+    def build(self) -> Server[Any]:
+        server: Server[Any] = Server(
+            SERVER_NAME,
+            version=SERVER_VERSION,
+            title="Engram memory",
+            instructions=guide(self._contexts.bound_purpose),
+            # Header validation of Mcp-Param-* on HTTP must not run a caller-scoped
+            # tools/list (a gRPC round trip) for every call; the schemas are static.
+            get_tool_input_schema=lambda name: INPUT_SCHEMAS.get(name),
+            on_list_tools=self.list_tools,
+            on_call_tool=self.call_tool,
+            on_list_prompts=self.list_prompts,
+            on_get_prompt=self.get_prompt,
+            on_list_resources=self.list_resources,
+            on_read_resource=self.read_resource,
+        )
+        # Outermost first: our mapping must see the boundary's rejections.
+        server.middleware.append(self.map_confirmation_errors)
+        server.middleware.append(
+            RequestStateBoundary(
+                RequestStateSecurity.ephemeral(ttl=_STATE_TTL_S), default_audience=SERVER_NAME
+            )
+        )
+        return server
+
+    # ---- context and grants --------------------------------------------------
+
+    def _context(self, ctx: ServerRequestContext[Any, Any]) -> CallContext:
+        try:
+            return self._contexts.for_request(_headers(ctx))
+        except ContextUnavailable as exc:
+            logger.info("host context unavailable: %s", exc)
+            raise envelope.trusted_context_unavailable() from None
+
+    async def _granted(self, call: CallContext) -> frozenset[str]:
+        if not call.memory_enabled:
+            return frozenset()  # SPEC §2: memory is off unless the host opted in
+        names = await self._core.granted_tools(call.signed)
+        return frozenset(names) & frozenset(TOOL_NAMES)
+
+    # ---- tools ---------------------------------------------------------------
+
+    async def list_tools(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        call = self._context(ctx)
+        try:
+            granted = await self._granted(call)
+        except EngramError as exc:
+            logger.info("tools/list refused: %s", exc)
+            raise envelope.trusted_context_unavailable() from None
+        return types.ListToolsResult(tools=[tool_definition(name) for name in TOOL_NAMES if name in granted])
+
+    async def call_tool(
+        self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        name = params.name
+        if name not in INPUT_SCHEMAS:
+            raise envelope.unknown_tool()
+        call = self._context(ctx)
+        state = _CALL_STATE.get()
+        if state is not None:
+            state.audit_id = call.audit_id
+        try:
+            granted = await self._granted(call)
+        except EngramError as exc:
+            return envelope.failure(exc.code, audit_id=call.audit_id)
+        if name not in granted:
+            raise envelope.unknown_tool()
+
+        arguments: Any = params.arguments if params.arguments is not None else {}
+        try:
+            validate_arguments(name, arguments)
+        except EngramError as exc:
+            return envelope.failure(exc.code, audit_id=call.audit_id)  # nothing sent to core
+        if _purpose_mismatch(name, arguments, call.binding.purpose_ref):
+            raise envelope.trusted_context_unavailable()
+
+        if name in ALWAYS_CONFIRMED or params.request_state is not None:
+            return await self._confirm_then_invoke(ctx, params, name, arguments, call, state)
+        try:
+            value = await self._core.invoke(name, arguments, context=call.signed)
+        except EngramError as exc:
+            if exc.code is Code.GATE_FAILED and name in CONFIRMED_ON_POLICY:
+                return await self._confirm_then_invoke(ctx, params, name, arguments, call, state)
+            return envelope.failure(exc.code, audit_id=call.audit_id)
+        return envelope.success(value, audit_id=call.audit_id)
+
+    async def _confirm_then_invoke(
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        params: types.CallToolRequestParams,
+        name: str,
+        arguments: dict[str, Any],
+        call: CallContext,
+        state: _CallState | None,
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        b = call.binding
+        digest = operation_digest(
+            tool=name, tenant=b.tenant, workspace=b.workspace, principal=b.principal, arguments=arguments
+        )
+        target = target_of(name, arguments)
+        gate_failed = envelope.failure(Code.GATE_FAILED, audit_id=call.audit_id)
+
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            if params.request_state is None:
+                if not _can_elicit_form(ctx):
+                    return gate_failed
+                nonce = self._ledger.open(
+                    PendingConfirmation(
+                        tool=name,
+                        operation_digest=digest,
+                        scope_principal=(b.tenant, b.workspace, b.principal),
+                        expires_at_ms=now_ms() + self._confirmation_timeout_ms,
+                    )
+                )
+                if state is not None:
+                    state.asked_confirmation = True
+                request = types.ElicitRequest(
+                    params=types.ElicitRequestFormParams(
+                        message=confirmation_message(name, target, arguments, b),
+                        requested_schema=REQUESTED_SCHEMA,
+                    )
+                )
+                return types.InputRequiredResult(
+                    input_requests={CONFIRM_KEY: request}, request_state=encode_state(nonce, digest)
+                )
+            if not self._round_trip_approved(params, name, digest, call):
+                return gate_failed
+        else:
+            if not _can_elicit_form(ctx):
+                return gate_failed
+            try:
+                with anyio.fail_after(self._confirmation_timeout_ms / 1000):
+                    answer = await ctx.session.elicit_form(
+                        confirmation_message(name, target, arguments, b),
+                        REQUESTED_SCHEMA,
+                        related_request_id=ctx.request_id,
+                    )
+            except (TimeoutError, MCPError) as exc:
+                logger.info("confirmation not obtained: %s", type(exc).__name__)
+                return gate_failed
+            if not approved(answer.action, answer.content):
+                return gate_failed
+
+        grant = make_grant(
+            self._key,
+            tenant=b.tenant,
+            workspace=b.workspace,
+            principal=b.principal,
+            tool=name,
+            target=target,
+            operation_digest=digest,
+            approved_at_ms=now_ms(),
+        )
+        try:
+            value = await self._core.invoke(name, arguments, context=call.signed, grant=grant)
+        except EngramError as exc:
+            return envelope.failure(exc.code, audit_id=call.audit_id)
+        return envelope.success(value, audit_id=call.audit_id)
+
+    def _round_trip_approved(
+        self, params: types.CallToolRequestParams, name: str, digest: str, call: CallContext
+    ) -> bool:
+        """2026-07-28 retry: the state names a live, unused nonce for this exact operation."""
+        decoded = decode_state(params.request_state or "")
+        if decoded is None:
+            return False
+        nonce, state_digest = decoded
+        pending = self._ledger.consume(nonce, now_ms=now_ms())
+        b = call.binding
+        if (
+            pending is None
+            or pending.tool != name
+            or pending.operation_digest != digest
+            or state_digest != digest
+            or pending.scope_principal != (b.tenant, b.workspace, b.principal)
+        ):
+            return False
+        response = (params.input_responses or {}).get(CONFIRM_KEY)
+        action = getattr(response, "action", None)
+        content = getattr(response, "content", None)
+        return isinstance(action, str) and approved(action, content)
+
+    # ---- error mapping middleware ----------------------------------------------
+
+    async def map_confirmation_errors(
+        self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        """Turn the SDK's confirmation failures into gate_failed envelopes (MCP_NOTES.md).
+
+        A tampered, expired or replayed requestState is rejected by the SDK
+        boundary as -32602, and an input-required answer on a 2025-11-25
+        connection as -32603; on the wire both would impersonate the
+        contract's protocol errors.
+        """
+        if ctx.method != "tools/call" or ctx.request_id is None:
+            return await call_next(ctx)
+        state = _CallState()
+        token = _CALL_STATE.set(state)
+        try:
+            return await call_next(ctx)
+        except MCPError as exc:
+            boundary_rejection = exc.code == types.INVALID_PARAMS and exc.message == _INVALID_REQUEST_STATE
+            legacy_input_required = (
+                exc.code == types.INTERNAL_ERROR
+                and exc.message == _INVALID_RESULT
+                and state.asked_confirmation
+            )
+            if not (boundary_rejection or legacy_input_required):
+                raise
+            result = envelope.failure(Code.GATE_FAILED, audit_id=state.audit_id or envelope.new_audit_id())
+            dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+            if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+                dumped.pop("resultType", None)
+            return dumped
+        finally:
+            _CALL_STATE.reset(token)
+
+    # ---- guide as prompt and resource ------------------------------------------
+
+    async def list_prompts(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListPromptsResult:
+        return types.ListPromptsResult(
+            prompts=[
+                types.Prompt(
+                    name=GUIDE_PROMPT_NAME,
+                    title="How to use Engram memory",
+                    description="When to use memory, the discipline, and how to read results and errors.",
+                )
+            ]
+        )
+
+    async def get_prompt(
+        self, ctx: ServerRequestContext[Any, Any], params: types.GetPromptRequestParams
+    ) -> types.GetPromptResult:
+        if params.name != GUIDE_PROMPT_NAME:
+            raise MCPError(code=types.INVALID_PARAMS, message="Unknown prompt")
+        return types.GetPromptResult(
+            description="How to use Engram memory",
+            messages=[
+                types.PromptMessage(
+                    role="user", content=types.TextContent(type="text", text=self._guide_for(ctx))
+                )
+            ],
+        )
+
+    async def list_resources(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        return types.ListResourcesResult(
+            resources=[
+                types.Resource(
+                    uri=GUIDE_RESOURCE_URI,
+                    name="engram-guide",
+                    title="How to use Engram memory",
+                    mime_type="text/markdown",
+                )
+            ]
+        )
+
+    async def read_resource(
+        self, ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        if str(params.uri) != GUIDE_RESOURCE_URI:
+            raise MCPError(code=types.INVALID_PARAMS, message="Unknown resource")
+        return types.ReadResourceResult(
+            contents=[
+                types.TextResourceContents(
+                    uri=GUIDE_RESOURCE_URI, mime_type="text/markdown", text=self._guide_for(ctx)
+                )
+            ]
+        )
+
+    def _guide_for(self, ctx: ServerRequestContext[Any, Any]) -> str:
+        """The guide naming the purpose bound to this request, when one can be read."""
+        purpose = self._contexts.bound_purpose
+        if purpose is None:
+            try:
+                purpose = self._contexts.for_request(_headers(ctx)).binding.purpose_ref
+            except ContextUnavailable:
+                purpose = None
+        return guide(purpose)
