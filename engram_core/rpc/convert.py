@@ -14,7 +14,6 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-
 # Repeated fields the contract requires even when empty (SPEC §5 outputs).
 _ALWAYS_PRESENT_LISTS = frozenset({"records", "redacted_fields"})
 

@@ -1,0 +1,293 @@
+"""The gRPC server: servicers, health checking, reflection, and start-up wiring.
+
+``start_core`` is separate from ``serve_main`` so tests and the MCP adapter's
+embedded mode bind port 0 on loopback and talk to a real server.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from engram_core.api import admin_pb2, admin_pb2_grpc, host_pb2, host_pb2_grpc, memory_pb2, memory_pb2_grpc
+from engram_core.canonical import canonical_json
+from engram_core.crypto.keyvault import FileKeyVault
+from engram_core.errors import Code, EngramError
+from engram_core.hostctx import CONFIRMATION_METADATA_KEY, CONTEXT_METADATA_KEY, BoundContext, verify_context
+from engram_core.hostkeys import (
+    TrustedHostKeys,
+    key_id,
+    load_or_create_private_key,
+    load_public_pem,
+    public_pem,
+)
+from engram_core.rpc.convert import message_to_value, value_to_message
+from engram_core.rpc.status import abort
+from engram_core.services.admin import AdminServiceCore
+from engram_core.services.core import Core
+from engram_core.services.host import HostServiceCore
+from engram_core.services.memory import MemoryService
+from engram_core.store.duckdb_store import DuckDBStore
+
+log = logging.getLogger("engram.core")
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+
+
+def default_policies_dir() -> Path:
+    return Path(__file__).resolve().parent.parent.parent / "policies"
+
+
+def _metadata(context: grpc.ServicerContext, key: str) -> bytes | None:
+    for k, v in context.invocation_metadata() or ():
+        if k == key:
+            return v if isinstance(v, bytes) else None
+    return None
+
+
+class _Handler:
+    """Shared per-call plumbing: verify context, check deadline, map errors once."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+
+    def bind(self, context: grpc.ServicerContext) -> BoundContext:
+        return verify_context(_metadata(context, CONTEXT_METADATA_KEY), self.core.trusted, now_ms=self.core.now_ms())
+
+    def run(self, context: grpc.ServicerContext, fn: Callable[[], Any]) -> Any:
+        try:
+            remaining = context.time_remaining()
+            if remaining is not None and remaining <= 0:
+                raise EngramError(Code.DEADLINE_EXCEEDED, "deadline passed before start")
+            return fn()
+        except EngramError as exc:
+            if exc.code not in (Code.NOT_FOUND, Code.INVALID_SCHEMA):
+                log.info("call failed: %s", exc.code.value)
+            abort(context, exc)
+        except grpc.RpcError:
+            raise
+        except Exception:
+            if not context.is_active():
+                abort(context, EngramError(Code.CANCELLED, "client went away"))
+            log.exception("internal error")
+            # Unknown failure inside a call: the mutation may or may not have
+            # committed, so the contract's answer is "retry with the same key".
+            abort(context, EngramError(Code.MUTATION_OUTCOME_UNKNOWN, "unexpected failure"))
+
+
+class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer, _Handler):
+    def __init__(self, core: Core, memory: MemoryService) -> None:
+        _Handler.__init__(self, core)
+        self.memory = memory
+
+    def _call(self, request, context, op: str, response_cls, gated: bool):
+        def go():
+            ctx = self.bind(context)
+            if not context.is_active():
+                raise EngramError(Code.CANCELLED, "cancelled")
+            args = message_to_value(request)
+            fn = getattr(self.memory, op)
+            result = fn(ctx, args, _metadata(context, CONFIRMATION_METADATA_KEY)) if gated else fn(ctx, args)
+            return value_to_message(result, response_cls())
+
+        return self.run(context, go)
+
+    def Search(self, request, context):
+        return self._call(request, context, "search", memory_pb2.SearchResponse, False)
+
+    def Get(self, request, context):
+        return self._call(request, context, "get", memory_pb2.GetResponse, False)
+
+    def Capture(self, request, context):
+        return self._call(request, context, "capture", memory_pb2.CaptureResponse, True)
+
+    def RequestAdmission(self, request, context):
+        return self._call(request, context, "request_admission", memory_pb2.RequestAdmissionResponse, True)
+
+    def Withdraw(self, request, context):
+        return self._call(request, context, "withdraw", memory_pb2.WithdrawResponse, True)
+
+    def Forget(self, request, context):
+        return self._call(request, context, "forget", memory_pb2.ForgetResponse, True)
+
+
+class HostServicer(host_pb2_grpc.HostServiceServicer, _Handler):
+    def __init__(self, core: Core, host: HostServiceCore) -> None:
+        _Handler.__init__(self, core)
+        self.host = host
+
+    def Health(self, request, context):
+        return host_pb2.HealthResponse(**self.host.health())
+
+    def ListCapabilities(self, request, context):
+        return self.run(context, lambda: host_pb2.ListCapabilitiesResponse(**self.host.list_capabilities(self.bind(context))))
+
+    def IssueConfirmation(self, request, context):
+        def go():
+            ctx = self.bind(context)
+            return host_pb2.IssueConfirmationResponse(**self.host.issue_confirmation(
+                ctx, tool=request.tool, target=request.target, operation_digest=request.operation_digest,
+                approved_at_ms=request.approved_at_ms))
+
+        return self.run(context, go)
+
+
+def _json_result(value: Any) -> admin_pb2.AdminResult:
+    return admin_pb2.AdminResult(json=canonical_json(value).decode())
+
+
+class AdminServicer(admin_pb2_grpc.AdminServiceServicer, _Handler):
+    """Maintenance endpoints. Operations beyond activation live in ``services.maintenance``."""
+
+    def __init__(self, core: Core, admin: AdminServiceCore) -> None:
+        _Handler.__init__(self, core)
+        self.admin = admin
+
+    def Activate(self, request, context):
+        return self.run(context, lambda: _json_result(self.admin.activate(
+            self.bind(context), request.tenant, request.workspace, list(request.tools), activated=True)))
+
+    def Deactivate(self, request, context):
+        return self.run(context, lambda: _json_result(self.admin.activate(
+            self.bind(context), request.tenant, request.workspace, list(request.tools), activated=False)))
+
+    def __getattr__(self, name: str):
+        # Any maintenance RPC the core does not implement yet answers with the
+        # contract's CAPABILITY_UNAVAILABLE after authenticating the caller.
+        if name[:1].isupper():
+            def unavailable(request, context):
+                def go():
+                    self.bind(context)
+                    raise EngramError(Code.CAPABILITY_UNAVAILABLE, name)
+
+                return self.run(context, go)
+
+            return unavailable
+        raise AttributeError(name)
+
+
+@dataclass
+class RunningCore:
+    server: grpc.Server
+    core: Core
+    port: int
+    address: str
+    host_key_path: Path
+    health: health.HealthServicer
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        self.server.stop(grace).wait()
+        self.core.close()
+
+
+def build_policy(policies_dir: Path | None, opa_url: str | None):
+    """The policy backend, loaded. A bundle that fails to load leaves the core
+    up but NOT_SERVING, every decision failing closed (SPEC §9, §12)."""
+    if opa_url:
+        from engram_core.policy.opa_rest import OpaRestPolicyEngine
+
+        engine = OpaRestPolicyEngine(opa_url)
+    else:
+        from engram_core.policy.embedded import EmbeddedPolicyEngine
+
+        engine = EmbeddedPolicyEngine(policies_dir or default_policies_dir())
+    try:
+        engine.reload()
+    except EngramError as exc:
+        log.error("policy bundle not active: %s", exc.detail)
+    return engine
+
+
+def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str | None = None,
+              extra_trusted_pems: list[str] | None = None, clock=None) -> tuple[Core, Path, Any]:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    host_key_path = data_dir / "host.key"
+    host_key = load_or_create_private_key(host_key_path)
+    confirmation_key = load_or_create_private_key(data_dir / "confirmation.key")
+    trusted = TrustedHostKeys([host_key.public_key(), confirmation_key.public_key()])
+    for pem in extra_trusted_pems or []:
+        trusted.add(load_public_pem(pem))
+    store = DuckDBStore(data_dir)
+    with store.write() as tx:
+        for _kid, pem in tx.trusted_host_keys():
+            trusted.add(load_public_pem(pem))
+        tx.add_trusted_host_key(key_id(host_key.public_key()), public_pem(host_key.public_key()), 0)
+    vault = FileKeyVault(data_dir)
+    policy = build_policy(policies_dir, opa_url)
+    core = Core(data_dir=data_dir, store=store, vault=vault, policy=policy, trusted=trusted, clock=clock)
+    return core, host_key_path, confirmation_key
+
+
+def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Path | None = None,
+               opa_url: str | None = None, extra_trusted_pems: list[str] | None = None, clock=None,
+               max_workers: int = 16) -> RunningCore:
+    core, host_key_path, confirmation_key = open_core(
+        data_dir, policies_dir=policies_dir, opa_url=opa_url, extra_trusted_pems=extra_trusted_pems, clock=clock)
+    memory = MemoryService(core)
+    host = HostServiceCore(core, confirmation_key)
+    admin = AdminServiceCore(core)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="engram-rpc"),
+        options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                 ("grpc.so_reuseport", 0)],
+    )
+    memory_pb2_grpc.add_MemoryServiceServicer_to_server(MemoryServicer(core, memory), server)
+    host_pb2_grpc.add_HostServiceServicer_to_server(HostServicer(core, host), server)
+    admin_servicer = _maintenance_servicer(core, admin, memory)
+    admin_pb2_grpc.add_AdminServiceServicer_to_server(admin_servicer, server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [
+        memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name,
+        host_pb2.DESCRIPTOR.services_by_name["HostService"].full_name,
+        admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
+        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+        reflection.SERVICE_NAME,
+    ]
+    reflection.enable_server_reflection(names, server)
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        core.close()
+        raise OSError(f"cannot listen on {listen}")
+    server.start()
+    running = RunningCore(server=server, core=core, port=port, address=f"{listen.rsplit(':', 1)[0]}:{port}",
+                          host_key_path=host_key_path, health=health_servicer)
+    _watch_health(running, host)
+    return running
+
+
+def _maintenance_servicer(core: Core, admin: AdminServiceCore, memory: MemoryService):
+    try:
+        from engram_core.rpc.maintenance import MaintenanceServicer
+    except ImportError:
+        return AdminServicer(core, admin)
+    return MaintenanceServicer(core, admin, memory)
+
+
+def _watch_health(running: RunningCore, host: HostServiceCore) -> None:
+    """Standard gRPC health: SERVING only while the store is open and the bundle active."""
+
+    def update() -> None:
+        status = host.health()["status"]
+        value = health_pb2.HealthCheckResponse.SERVING if status == "SERVING" else health_pb2.HealthCheckResponse.NOT_SERVING
+        running.health.set("", value)
+        for svc in ("engram.v1.MemoryService", "engram.v1.HostService", "engram.v1.AdminService"):
+            running.health.set(svc, value)
+
+    update()
+
+    def loop() -> None:
+        while running.core.store.is_open():
+            update()
+            threading.Event().wait(1.0)
+
+    threading.Thread(target=loop, name="engram-health", daemon=True).start()

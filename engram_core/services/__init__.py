@@ -1,0 +1,1 @@
+"""Core services: the six agent operations, host services and maintenance."""

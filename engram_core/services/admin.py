@@ -1,0 +1,38 @@
+"""AdminService (SPEC §12): host-only maintenance, authorized by policy and audited."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engram_core.errors import Code, EngramError
+from engram_core.hostctx import BoundContext
+from engram_core.schemas import TOOL_NAMES
+from engram_core.services.core import CallRecord, Core
+
+
+class AdminServiceCore:
+    def __init__(self, core: Core) -> None:
+        self.core = core
+
+    def _authorize(self, ctx: BoundContext, op: str) -> CallRecord:
+        call = CallRecord()
+        self.core.authorize(ctx, f"admin.{op}", call)
+        return call
+
+    def activate(self, ctx: BoundContext, tenant: str, workspace: str, tools: list[str], *, activated: bool) -> dict[str, Any]:
+        op = "activate" if activated else "deactivate"
+        call = self._authorize(ctx, op)
+        if not tenant or not workspace or any(t not in TOOL_NAMES for t in tools):
+            raise EngramError(Code.INVALID_SCHEMA, "activation target")
+        with self.core.store.write() as tx:
+            current = tx.scope(tenant, workspace)
+            enabled = set(current.tools) if current else set()
+            if activated:
+                enabled = set(tools or TOOL_NAMES) | (enabled if tools else set())
+                now_active = True
+            else:
+                enabled = enabled - set(tools) if tools else set()
+                now_active = bool(enabled) if tools else False
+            row = tx.set_activation(tenant, workspace, activated=now_active, tools=tuple(sorted(enabled)))
+            tx.append_audit(self.core.audit_row(ctx, f"admin.{op}", "ok", f"{tenant}/{workspace}", call))
+        return {"tenant": tenant, "workspace": workspace, "activated": row.activated, "tools": list(row.tools)}

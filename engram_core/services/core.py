@@ -1,0 +1,187 @@
+"""Wiring of the core: store, key vault, policy engine, trusted keys, clock.
+
+Also the steps every operation shares: authorization by policy (with the
+revocation epoch), recording decisions, and audit rows.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engram_core.canonical import digest, with_receipt_digest
+from engram_core.clock import Clock, SystemClock
+from engram_core.crypto.keyvault import FileKeyVault
+from engram_core.errors import Code, EngramError
+from engram_core.hostctx import BoundContext
+from engram_core.hostkeys import TrustedHostKeys
+from engram_core.policy.port import AUTHZ, Decision, PolicyEngine
+from engram_core.services.lexical import TermHasher
+from engram_core.store.duckdb_store import DuckDBStore, DuckDBTx
+from engram_core.store.port import AuditRow
+from engram_core.validation import format_instant
+
+POLICY_TIMEOUT_S = 0.5
+
+
+def b32(data: bytes) -> str:
+    return base64.b32encode(data).decode().rstrip("=").lower()
+
+
+def new_id(prefix: str) -> str:
+    return prefix + b32(secrets.token_bytes(16))
+
+
+def record_id_of(record_digest: str) -> str:
+    """SPEC §4: ``mem_`` + unpadded lowercase base32 of the 32 digest bytes."""
+    return "mem_" + b32(bytes.fromhex(record_digest.removeprefix("sha256:")))
+
+
+def context_facts(ctx: BoundContext) -> dict[str, Any]:
+    """What policies see of the caller: identifiers and flags, never content."""
+    return {
+        "tenant": ctx.tenant,
+        "workspace": ctx.workspace,
+        "principal": ctx.principal,
+        "agent_id": ctx.agent_id,
+        "session": ctx.session,
+        "purpose_ref": ctx.purpose_ref,
+        "host_key_id": ctx.host_key_id,
+        "memory_enabled": ctx.memory_enabled,
+        "host_principal": ctx.host_principal,
+        "maintenance_scopes": list(ctx.maintenance_scopes),
+        "authorization_epoch": ctx.authorization_epoch,
+    }
+
+
+@dataclass
+class CallRecord:
+    """Decisions taken during one call, for receipts and the audit row."""
+
+    decisions: list[Decision] = field(default_factory=list)
+
+    def add(self, d: Decision) -> Decision:
+        self.decisions.append(d)
+        return d
+
+    def summaries(self) -> list[dict[str, Any]]:
+        return [d.summary() for d in self.decisions]
+
+
+class Core:
+    def __init__(
+        self,
+        *,
+        data_dir: Path,
+        store: DuckDBStore,
+        vault: FileKeyVault,
+        policy: PolicyEngine,
+        trusted: TrustedHostKeys,
+        clock: Clock | None = None,
+    ) -> None:
+        self.data_dir = data_dir
+        self.store = store
+        self.vault = vault
+        self.policy = policy
+        self.trusted = trusted
+        self.clock: Clock = clock or SystemClock()
+        self.hasher = TermHasher.from_dir(data_dir)
+        self.page_key = _load_or_create_secret(data_dir / "page.key")
+        # Finish crypto-shredding interrupted by a crash and clear key slots of
+        # transactions that never committed (SPEC §10).
+        with store.read() as tx:
+            live = tx.live_key_slots()
+        vault.reconcile(set(live))
+
+    def now_ms(self) -> int:
+        return self.clock.now_ms()
+
+    def instant(self, ms: int | None = None) -> str:
+        return format_instant(self.now_ms() if ms is None else ms)
+
+    # -- policy --------------------------------------------------------------------
+    def decide(self, path: str, input: dict[str, Any], call: CallRecord) -> Decision:
+        return call.add(self.policy.decide(path, input, timeout_s=POLICY_TIMEOUT_S))
+
+    def authorize(self, ctx: BoundContext, operation: str, call: CallRecord, tx: DuckDBTx | None = None) -> Decision:
+        """Ask the authz policy; enforce the revocation epoch (a mechanism, not a policy choice)."""
+        if tx is None:
+            with self.store.read() as rtx:
+                scope = rtx.scope(ctx.tenant, ctx.workspace)
+        else:
+            scope = tx.scope(ctx.tenant, ctx.workspace)
+        if scope is not None and ctx.authorization_epoch < scope.authorization_epoch:
+            raise EngramError(Code.AUTHORIZATION_REVOKED, "context epoch older than scope epoch")
+        d = self.decide(
+            AUTHZ,
+            {
+                "operation": operation,
+                "context": context_facts(ctx),
+                "scope": {
+                    "activated": bool(scope and scope.activated),
+                    "tools": list(scope.tools) if scope else [],
+                },
+                "now_ms": self.now_ms(),
+            },
+            call,
+        )
+        if not d.result["allow"]:
+            raise EngramError(Code.UNAUTHORIZED, f"authz denied {operation}")
+        return d
+
+    def check_revision(self, call: CallRecord) -> None:
+        """SPEC §5: a decision made under another bundle revision than the active one is stale."""
+        active = self.policy.revision()
+        if any(d.revision != active for d in call.decisions):
+            raise EngramError(Code.POLICY_STALE, "policy revision changed")
+
+    def decision_receipt(self, d: Decision) -> dict[str, Any]:
+        return with_receipt_digest(
+            {
+                "kind": "decision",
+                "path": d.path,
+                "decision_id": d.decision_id,
+                "revision": d.revision,
+                "input_digest": d.input_digest,
+                "result": d.summary()["result"],
+                "reason_codes": d.summary()["reason_codes"],
+            }
+        )
+
+    # -- audit ---------------------------------------------------------------------
+    def audit_row(self, ctx: BoundContext, operation: str, outcome: str, target: str, call: CallRecord) -> AuditRow:
+        return AuditRow(
+            at_ms=self.now_ms(),
+            audit_id=ctx.audit_id,
+            tenant=ctx.tenant,
+            workspace=ctx.workspace,
+            principal=ctx.principal,
+            agent_id=ctx.agent_id,
+            operation=operation,
+            outcome=outcome,
+            target_digest=digest("request", {"target": target}) if target else "",
+            decisions=call.summaries(),
+        )
+
+    def audit_standalone(self, ctx: BoundContext, operation: str, outcome: str, target: str, call: CallRecord) -> None:
+        """Audit a call that changed nothing (reads, refusals) in its own transaction."""
+        with self.store.write() as tx:
+            tx.append_audit(self.audit_row(ctx, operation, outcome, target, call))
+
+    def close(self) -> None:
+        self.policy.close()
+        self.store.close()
+        self.vault.close()
+
+
+def _load_or_create_secret(path: Path) -> bytes:
+    import os
+
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(32))
+    return path.read_bytes()

@@ -1,0 +1,69 @@
+"""HostService (SPEC §12): health, capabilities (the tool list), confirmations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engram_core import __version__
+from engram_core.errors import Code, EngramError
+from engram_core.hostctx import GRANT_EXECUTION_WINDOW_MS, BoundContext, make_grant
+from engram_core.policy.port import TOOLS
+from engram_core.services.core import CallRecord, Core, context_facts
+
+MAX_APPROVAL_AGE_MS = GRANT_EXECUTION_WINDOW_MS
+
+
+class HostServiceCore:
+    def __init__(self, core: Core, confirmation_key) -> None:
+        self.core = core
+        self._confirmation_key = confirmation_key
+
+    def health(self) -> dict[str, Any]:
+        store_open = self.core.store.is_open()
+        active = self.core.policy.active()
+        return {
+            "status": "SERVING" if store_open and active else "NOT_SERVING",
+            "store_open": store_open,
+            "policy_active": active,
+            "policy_revision": self.core.policy.revision() if active else "",
+            "version": __version__,
+        }
+
+    def list_capabilities(self, ctx: BoundContext) -> dict[str, Any]:
+        call = CallRecord()
+        with self.core.store.read() as tx:
+            scope = tx.scope(ctx.tenant, ctx.workspace)
+        if scope is not None and ctx.authorization_epoch < scope.authorization_epoch:
+            raise EngramError(Code.AUTHORIZATION_REVOKED, "context epoch older than scope epoch")
+        d = self.core.decide(
+            TOOLS,
+            {"context": context_facts(ctx),
+             "scope": {"activated": bool(scope and scope.activated), "tools": list(scope.tools) if scope else []},
+             "now_ms": self.core.now_ms()},
+            call,
+        )
+        return {"tools": sorted(d.result["tools"]), "policy_revision": d.revision, "decision_id": d.decision_id}
+
+    def issue_confirmation(self, ctx: BoundContext, *, tool: str, target: str, operation_digest: str,
+                           approved_at_ms: int) -> dict[str, Any]:
+        """Sign a single-use grant for a human approval the host obtained (SPEC §8)."""
+        call = CallRecord()
+        self.core.authorize(ctx, "host.issue_confirmation", call)
+        now = self.core.now_ms()
+        if not tool or not operation_digest or approved_at_ms > now + 5_000 or now - approved_at_ms > MAX_APPROVAL_AGE_MS:
+            raise EngramError(Code.GATE_FAILED, "approval not recent")
+        with self.core.store.read() as tx:
+            scope = tx.scope(ctx.tenant, ctx.workspace)
+        raw = make_grant(
+            self._confirmation_key, tenant=ctx.tenant, workspace=ctx.workspace, principal=ctx.principal,
+            tool=tool, target=target, operation_digest=operation_digest, approved_at_ms=approved_at_ms,
+            authorization_epoch=scope.authorization_epoch if scope else 0,
+        )
+        from engram_core.api import context_pb2
+
+        env = context_pb2.SignedEnvelope()
+        env.ParseFromString(raw)
+        grant = context_pb2.ConfirmationGrant()
+        grant.ParseFromString(env.body)
+        self.core.audit_standalone(ctx, "host.issue_confirmation", "issued", target, call)
+        return {"signed_grant": raw, "grant_id": grant.grant_id, "expires_at_ms": grant.expires_at_ms}

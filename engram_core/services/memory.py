@@ -1,0 +1,546 @@
+"""The six agent operations (SPEC §5–8) over the core's ports.
+
+Each operation: validate (closed schema) → bind purpose → authorize (policy)
+→ idempotency guard → lifecycle check → policy decisions → one write
+transaction holding the effect, journal event, idempotency outcome and audit
+row → post-commit key-slot zeroing. Errors are EngramError only.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from engram_core.canonical import canonical_json, digest, with_receipt_digest
+from engram_core.crypto.sealing import seal, unseal
+from engram_core.errors import Code, EngramError
+from engram_core.hostctx import BoundContext, verify_grant
+from engram_core.operation import operation_digest, target_of
+from engram_core.policy.port import ADMISSION, CAPTURE
+from engram_core.secrets_scan import scan
+from engram_core.services import lifecycle
+from engram_core.services.core import CallRecord, Core, context_facts, new_id, record_id_of
+from engram_core.services.lexical import record_fields
+from engram_core.services.reading import ReadService
+from engram_core.store.duckdb_store import DuckDBTx
+from engram_core.store.port import CandidateRow, IdempotencyRow, RecordRow
+from engram_core.validation import parse_instant, validate_arguments
+
+CAPTURE_TOOL = "engram_memory_capture"
+ADMISSION_TOOL = "engram_memory_request_admission"
+WITHDRAW_TOOL = "engram_memory_withdraw"
+FORGET_TOOL = "engram_memory_forget"
+
+
+def _string_fields(value: Any, skip: frozenset[str] = frozenset()) -> list[str]:
+    """Every string in a payload/evidence tree except digests (scanned for secrets)."""
+    out: list[str] = []
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if k not in skip:
+                out.extend(_string_fields(v, skip))
+    elif isinstance(value, list):
+        for v in value:
+            out.extend(_string_fields(v, skip))
+    return out
+
+
+_DIGEST_KEYS = frozenset({"content_digest", "evidence_digest"})
+
+
+def _shape_facts(payload: dict[str, Any], evidence: dict[str, Any]) -> dict[str, Any]:
+    kinds = {"context": 0, "decision": 0, "evidence": 0}
+    for comp in payload["components"]:
+        kinds[comp["kind"]] += 1
+    return {
+        "components": {
+            "count": len(payload["components"]),
+            "kinds": kinds,
+            "text_bytes": sum(len(c["text"].encode()) for c in payload["components"]),
+        },
+        "citations": {"count": len(payload["citations"])},
+        "evidence": {"citation_count": len(evidence["citation_ids"]), "has_attestation": "attestation" in evidence},
+        "payload_bytes": len(canonical_json(payload)),
+    }
+
+
+class MemoryService(ReadService):
+    def __init__(self, core: Core) -> None:
+        super().__init__(core)
+
+    # -- shared steps ------------------------------------------------------------------
+    def _request_digest(self, tool: str, args: dict[str, Any]) -> str:
+        return digest(
+            "request",
+            {"tool": tool, "target": target_of(tool, args),
+             "arguments": {k: v for k, v in args.items() if k != "idempotency_key"}},
+        )
+
+    def _replay(self, tx: DuckDBTx, ctx: BoundContext, tool: str, args: dict[str, Any], request_digest: str) -> dict[str, Any] | None:
+        row = tx.idempotency_get(ctx.tenant, ctx.workspace, ctx.principal, args["idempotency_key"])
+        if row is None:
+            return None
+        if row.tool != tool or row.target != target_of(tool, args) or row.request_digest != request_digest:
+            raise EngramError(Code.DIGEST_CONFLICT, "idempotency key reused")
+        return row.outcome
+
+    def _remember(self, tx: DuckDBTx, ctx: BoundContext, tool: str, args: dict[str, Any], request_digest: str, outcome: dict[str, Any]) -> None:
+        tx.idempotency_put(
+            ctx.tenant, ctx.workspace, ctx.principal, args["idempotency_key"],
+            IdempotencyRow(tool, target_of(tool, args), request_digest, outcome), self.core.now_ms(),
+        )
+
+    def _grant_present(self, grant: bytes | None) -> bytes:
+        if not grant:
+            # SPEC §8: a gated call with no confirmation at all is a protocol refusal.
+            raise EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, "confirmation missing")
+        return grant
+
+    def _verify_grant(self, ctx: BoundContext, tool: str, args: dict[str, Any], grant: bytes):
+        parsed = verify_grant(
+            grant, self.core.trusted, ctx=ctx, tool=tool, target=target_of(tool, args),
+            operation_digest=operation_digest(tool=tool, tenant=ctx.tenant, workspace=ctx.workspace,
+                                              principal=ctx.principal, arguments=args),
+            now_ms=self.core.now_ms(),
+        )
+        with self.core.store.read() as tx:
+            scope = tx.scope(ctx.tenant, ctx.workspace)
+        if scope is not None and parsed.authorization_epoch < scope.authorization_epoch:
+            raise EngramError(Code.GATE_FAILED, "grant issued before revocation")
+        return parsed
+
+    def _consume_grant(self, tx: DuckDBTx, ctx: BoundContext, grant_id: str) -> None:
+        if not tx.use_confirmation(grant_id, ctx.tenant, ctx.workspace, self.core.now_ms()):
+            raise EngramError(Code.GATE_FAILED, "confirmation already used")
+
+    def _tx_receipt(self, operation: str, event_digest: str, cursor: int, call: CallRecord, audit_id: str) -> str:
+        return with_receipt_digest(
+            {
+                "kind": "transaction",
+                "operation": operation,
+                "cursor": str(cursor),
+                "event_digest": event_digest,
+                "audit_id": audit_id,
+                "decisions": [d.decision_id for d in call.decisions],
+                "policy_revision": self.core.policy.revision(),
+                "committed_at": self.core.instant(),
+            }
+        )["receipt_digest"]
+
+    def _finish_destruction(self, tx: DuckDBTx) -> str:
+        """Zero destroyed key slots after commit; 'complete' once durable."""
+        if not tx.destroyed_slots:
+            return "complete"
+        try:
+            self.core.vault.destroy_many(tx.destroyed_slots)
+        except OSError:
+            return "pending"  # reconcile at next start completes it
+        return "complete"
+
+    # -- capture ---------------------------------------------------------------------------
+    def capture(self, ctx: BoundContext, args: dict[str, Any], grant: bytes | None) -> dict[str, Any]:
+        call = CallRecord()
+        validate_arguments(CAPTURE_TOOL, args)
+        payload, evidence = args["payload"], args["evidence"]
+        self.bind_purpose(ctx, payload["purpose_ref"])
+        authz = self.core.authorize(ctx, CAPTURE_TOOL, call)
+        request_digest = self._request_digest(CAPTURE_TOOL, args)
+        with self.core.store.read() as tx:
+            prior = self._replay(tx, ctx, CAPTURE_TOOL, args, request_digest)
+        if prior is not None:
+            return {**prior, "status": "duplicate_exact"}
+        now = self.core.now_ms()
+        retention = payload.get("retention", {})
+        expires_at_ms = parse_instant(retention["expires_at"]) if "expires_at" in retention else None
+        if expires_at_ms is not None and expires_at_ms <= now:
+            raise EngramError(Code.INVALID_SCHEMA, "expires_at not after capture time")
+        findings = scan(_string_fields(payload, _DIGEST_KEYS) + _string_fields(evidence, _DIGEST_KEYS))
+        facts = _shape_facts(payload, evidence)
+        requested: dict[str, Any] = {}
+        if "derivative_rule" in retention:
+            requested["derivative_rule"] = retention["derivative_rule"]
+        if expires_at_ms is not None:
+            requested["expires_at_ms"] = expires_at_ms
+        family_refs = payload.get("reconciliation", {}).get("family_refs", [])
+        decision = self.core.decide(
+            CAPTURE,
+            {"context": context_facts(ctx), "now_ms": now, "retention": requested, "family_refs": family_refs,
+             "findings": findings, **facts},
+            call,
+        )
+        if not decision.result["allow"]:
+            raise EngramError(Code.UNAUTHORIZED, "capture policy denied")
+        if decision.result.get("confirmation_required") or authz.result.get("obligations", {}).get("confirmation_required"):
+            grant_obj = self._verify_grant(ctx, CAPTURE_TOOL, args, self._grant_present(grant))
+        else:
+            grant_obj = None
+        resolved = decision.result["retention"]
+        effective_retention: dict[str, Any] = {"derivative_rule": resolved["derivative_rule"]}
+        if "expires_at_ms" in resolved:
+            effective_retention["expires_at"] = self.core.instant(resolved["expires_at_ms"])
+        effective = {**payload, "retention": effective_retention,
+                     "scope_ref": {"tenant": ctx.tenant, "workspace": ctx.workspace}}
+        payload_digest = digest("payload", effective)
+        candidate_id = new_id("cand_")
+        trust_class = "asserted"  # SPEC §5: earned/signed only from a host verifier
+        record_digest = digest("record", self._record_core(candidate_id, effective, payload_digest, trust_class, ctx))
+        slot, key = self.core.vault.new_data_key(f"candidate:{candidate_id}")
+        envelope = seal(key, canonical_json({"payload": effective, "evidence": evidence}), kind="candidate",
+                        owner=candidate_id)
+        try:
+            with self.core.store.write() as tx:
+                prior = self._replay(tx, ctx, CAPTURE_TOOL, args, request_digest)
+                if prior is not None:
+                    raise _Replayed(prior)
+                self.core.check_revision(call)
+                if grant_obj is not None:
+                    self._consume_grant(tx, ctx, grant_obj.grant_id)
+                event = tx.append_event(
+                    ctx.tenant, ctx.workspace, event_id=new_id("evt_"), operation="capture", target=candidate_id,
+                    from_state="", to_state="pending", at_ms=now,
+                    body={"payload_digest": payload_digest, "record_digest": record_digest,
+                          "decisions": call.summaries(), "audit_id": ctx.audit_id},
+                )
+                tx.insert_candidate(CandidateRow(
+                    candidate_id=candidate_id, tenant=ctx.tenant, workspace=ctx.workspace, principal=ctx.principal,
+                    agent_id=ctx.agent_id, session=ctx.session, state="pending", payload_digest=payload_digest,
+                    record_digest=record_digest, trust_class=trust_class,
+                    facts={**facts, "findings": findings, "retention": resolved, "family_refs": family_refs,
+                           "all_components_cited": True},
+                    sealed_envelope=envelope, captured_at_ms=now, cursor=event.cursor,
+                ))
+                tx.put_data_key(f"candidate:{candidate_id}", slot, now)
+                outcome = {
+                    "status": "committed_pending", "candidate_id": candidate_id, "record_digest": record_digest,
+                    "cursor": str(event.cursor),
+                    "transaction_receipt_digest": self._tx_receipt("capture", event.event_digest, event.cursor, call, ctx.audit_id),
+                }
+                self._remember(tx, ctx, CAPTURE_TOOL, args, request_digest, outcome)
+                tx.append_audit(self.core.audit_row(ctx, CAPTURE_TOOL, "committed_pending", candidate_id, call))
+        except _Replayed as r:
+            self.core.vault.destroy(slot)
+            return {**r.outcome, "status": "duplicate_exact"}
+        except BaseException:
+            self.core.vault.destroy(slot)
+            raise
+        return outcome
+
+    @staticmethod
+    def _record_core(candidate_id: str, effective: dict[str, Any], payload_digest: str, trust_class: str, ctx: BoundContext) -> dict[str, Any]:
+        """What record_digest covers: the record's immutable content (docs/digests.md)."""
+        return {
+            "candidate_id": candidate_id, "payload": effective, "payload_digest": payload_digest,
+            "trust_class": trust_class, "principal": ctx.principal, "agent_id": ctx.agent_id,
+        }
+
+    # -- request_admission ------------------------------------------------------------------
+    def request_admission(self, ctx: BoundContext, args: dict[str, Any], grant: bytes | None) -> dict[str, Any]:
+        call = CallRecord()
+        validate_arguments(ADMISSION_TOOL, args)
+        authz = self.core.authorize(ctx, ADMISSION_TOOL, call)
+        request_digest = self._request_digest(ADMISSION_TOOL, args)
+        with self.core.store.read() as tx:
+            prior = self._replay(tx, ctx, ADMISSION_TOOL, args, request_digest)
+            cand = tx.candidate(ctx.tenant, ctx.workspace, args["candidate_id"])
+        if prior is not None:
+            return {**prior, "replayed": True}
+        if cand is None:
+            raise EngramError(Code.NOT_FOUND, "candidate")
+        grant_obj = None
+        if authz.result.get("obligations", {}).get("confirmation_required"):
+            grant_obj = self._verify_grant(ctx, ADMISSION_TOOL, args, self._grant_present(grant))
+        return self.admit(ctx, cand, call, args=args, request_digest=request_digest, grant_id=grant_obj.grant_id if grant_obj else None)
+
+    def admit(
+        self, ctx: BoundContext, cand: CandidateRow, call: CallRecord, *, args: dict[str, Any] | None,
+        request_digest: str | None, grant_id: str | None = None, forced: str | None = None, reason_ref: str = "",
+    ) -> dict[str, Any]:
+        """Decide and apply admission. ``forced`` is a host adjudication (accept/reject)."""
+        now = self.core.now_ms()
+        if cand.state == "accepted":
+            # Admission of an already-admitted candidate: report it, change nothing.
+            return self._already_admitted(ctx, cand, call, args, request_digest)
+        lifecycle.check_candidate("accept", cand.state)
+        if forced is None and cand.state == "pending_adjudication":
+            return self._outcome_only(ctx, cand, "pending_adjudication", call, args, request_digest)
+        key = self._key(f"candidate:{cand.candidate_id}")
+        envelope = json.loads(unseal(key, cand.sealed_envelope or b"", kind="candidate", owner=cand.candidate_id))
+        effective = envelope["payload"]
+        with self.core.store.read() as tx:
+            duplicate = tx.current_with_payload(ctx.tenant, ctx.workspace, cand.payload_digest)
+            tombstoned = tx.tombstoned(ctx.tenant, ctx.workspace, cand.payload_digest)
+        if forced is None:
+            decision = self.core.decide(
+                ADMISSION,
+                {"context": context_facts(ctx), "now_ms": now,
+                 "candidate": {**cand.facts, "trust_class": cand.trust_class, "duplicate_of_current": duplicate}},
+                call,
+            )
+            verdict = decision.result["decision"]
+            receipt_src = decision
+        else:
+            verdict = forced
+            receipt_src = None
+        # SPEC §5 forgotten-content protection: a core invariant, not a policy choice.
+        if verdict == "accept" and tombstoned and forced is None:
+            verdict = "adjudication_required"
+        status = {"accept": "accepted", "reject": "rejected", "adjudication_required": "pending_adjudication"}[verdict]
+        decision_receipt = (self.core.decision_receipt(receipt_src)["receipt_digest"] if receipt_src is not None
+                            else with_receipt_digest({"kind": "adjudication", "decision": verdict,
+                                                      "reason_ref": reason_ref, "principal": ctx.principal,
+                                                      "at": self.core.instant(now)})["receipt_digest"])
+        record_slot: int | None = None
+        record_id = record_id_of(cand.record_digest)
+        if status == "accepted":
+            record_slot, record_key = self.core.vault.new_data_key(f"record:{record_id}")
+            body = seal(record_key, canonical_json(effective), kind="record", owner=record_id)
+            fields = record_fields(effective, self.core.hasher)
+        try:
+            with self.core.store.write() as tx:
+                if args is not None and request_digest is not None:
+                    prior = self._replay(tx, ctx, ADMISSION_TOOL, args, request_digest)
+                    if prior is not None:
+                        raise _Replayed(prior)
+                self.core.check_revision(call)
+                current = tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id)
+                if current is None:
+                    raise EngramError(Code.NOT_FOUND, "candidate")
+                lifecycle.check_candidate("accept", current.state)
+                if grant_id is not None:
+                    self._consume_grant(tx, ctx, grant_id)
+                to_state = {"accepted": "accepted", "rejected": "rejected", "pending_adjudication": "pending_adjudication"}[status]
+                event = tx.append_event(
+                    ctx.tenant, ctx.workspace, event_id=new_id("evt_"),
+                    operation={"accepted": "accept", "rejected": "reject", "pending_adjudication": "adjudication_required"}[status],
+                    target=cand.candidate_id, from_state=current.state,
+                    to_state="accepted_current" if status == "accepted" else to_state, at_ms=now,
+                    body={"decision_receipt_digest": decision_receipt, "record_id": record_id if status == "accepted" else "",
+                          "decisions": call.summaries(), "audit_id": ctx.audit_id, "reason_ref": reason_ref},
+                )
+                outcome: dict[str, Any] = {"status": status, "candidate_id": cand.candidate_id}
+                if status == "accepted":
+                    vt = effective["valid_time"]
+                    retention = effective.get("retention", {})
+                    expires = retention.get("expires_at")
+                    tx.insert_record(RecordRow(
+                        record_id=record_id, tenant=ctx.tenant, workspace=ctx.workspace, candidate_id=cand.candidate_id,
+                        record_digest=cand.record_digest, payload_digest=cand.payload_digest, state="accepted_current",
+                        trust_class=cand.trust_class, principal=cand.principal, agent_id=cand.agent_id,
+                        valid_t=vt["t"], valid_t_end=vt.get("t_end"),
+                        expires_at_ms=parse_instant(expires) if expires else None,
+                        derivative_rule=retention.get("derivative_rule", "make-ineligible"),
+                        accepted_at_ms=now, accepted_cursor=event.cursor, state_cursor=event.cursor,
+                        successor_id=None, sealed_body=body,
+                    ))
+                    tx.put_data_key(f"record:{record_id}", record_slot, now)  # type: ignore[arg-type]
+                    tx.index_record(ctx.tenant, ctx.workspace, record_id, fields)
+                    self.index_vector(tx, ctx, record_id, effective)
+                    outcome["record_id"] = record_id
+                terminal = status in ("accepted", "rejected")
+                tx.set_candidate_state(cand.candidate_id, to_state, decision={"status": status, "receipt": decision_receipt},
+                                       drop_envelope=terminal)
+                if terminal:
+                    tx.drop_data_key(f"candidate:{cand.candidate_id}", now, status)
+                outcome.update({
+                    "cursor": str(event.cursor), "decision_receipt_digest": decision_receipt,
+                    "transaction_receipt_digest": self._tx_receipt(event.operation, event.event_digest, event.cursor, call, ctx.audit_id),
+                })
+                result = {"outcome": outcome, "replayed": False}
+                if args is not None and request_digest is not None:
+                    self._remember(tx, ctx, ADMISSION_TOOL, args, request_digest, {"outcome": outcome})
+                tx.append_audit(self.core.audit_row(ctx, ADMISSION_TOOL if args is not None else "admin.adjudicate",
+                                                    status, cand.candidate_id, call))
+        except _Replayed as r:
+            if record_slot is not None:
+                self.core.vault.destroy(record_slot)
+            return {**r.outcome, "replayed": True}
+        except BaseException:
+            if record_slot is not None:
+                self.core.vault.destroy(record_slot)
+            raise
+        self._finish_destruction(tx)
+        return result
+
+    def _already_admitted(self, ctx, cand, call, args, request_digest) -> dict[str, Any]:
+        return self._outcome_only(ctx, cand, "duplicate_exact", call, args, request_digest)
+
+    def _outcome_only(self, ctx: BoundContext, cand: CandidateRow, status: str, call: CallRecord,
+                      args: dict[str, Any] | None, request_digest: str | None) -> dict[str, Any]:
+        """Report a candidate's standing admission outcome without a new effect."""
+        decision = cand.decision or {}
+        outcome: dict[str, Any] = {"status": status, "candidate_id": cand.candidate_id}
+        if cand.state == "accepted":
+            outcome["record_id"] = record_id_of(cand.record_digest)
+        with self.core.store.write() as tx:
+            if args is not None and request_digest is not None:
+                prior = self._replay(tx, ctx, ADMISSION_TOOL, args, request_digest)
+                if prior is not None:
+                    return {**prior, "replayed": True}
+            scope = tx.scope(ctx.tenant, ctx.workspace)
+            outcome.update({
+                "cursor": str(scope.last_cursor if scope else 0),
+                "decision_receipt_digest": decision.get("receipt", digest("receipt", {"candidate_id": cand.candidate_id})),
+                "transaction_receipt_digest": with_receipt_digest({"kind": "no-op", "status": status,
+                                                                   "candidate_id": cand.candidate_id})["receipt_digest"],
+            })
+            if args is not None and request_digest is not None:
+                self._remember(tx, ctx, ADMISSION_TOOL, args, request_digest, {"outcome": outcome})
+            tx.append_audit(self.core.audit_row(ctx, ADMISSION_TOOL, status, cand.candidate_id, call))
+        return {"outcome": outcome, "replayed": False}
+
+    def index_vector(self, tx: DuckDBTx, ctx: BoundContext, record_id: str, effective: dict[str, Any]) -> None:
+        """Hook for the semantic channel (vectors stored with the record)."""
+        embedder = getattr(self.core, "embedder", None)
+        if embedder is None:
+            return
+        text = "\n".join(c["text"] for c in effective["components"])
+        tx.put_vector(ctx.tenant, ctx.workspace, record_id, embedder.model_id, embedder.embed(text))
+
+    def _key(self, owner: str) -> bytes:
+        with self.core.store.read() as tx:
+            slot = tx.data_key_slot(owner)
+        key = self.core.vault.data_key(slot, owner) if slot is not None else None
+        if key is None:
+            raise EngramError(Code.BLOB_MISSING, "data key missing")
+        return key
+
+    # -- withdraw ------------------------------------------------------------------------------
+    def withdraw(self, ctx: BoundContext, args: dict[str, Any], grant: bytes | None) -> dict[str, Any]:
+        call = CallRecord()
+        validate_arguments(WITHDRAW_TOOL, args)
+        self.core.authorize(ctx, WITHDRAW_TOOL, call)
+        grant = self._grant_present(grant)
+        request_digest = self._request_digest(WITHDRAW_TOOL, args)
+        with self.core.store.read() as tx:
+            prior = self._replay(tx, ctx, WITHDRAW_TOOL, args, request_digest)
+            cand = tx.candidate(ctx.tenant, ctx.workspace, args["candidate_id"])
+        if prior is not None:
+            return {**prior, "replayed": True}
+        if cand is None:
+            raise EngramError(Code.NOT_FOUND, "candidate")
+        lifecycle.check_candidate("withdraw", cand.state)
+        grant_obj = self._verify_grant(ctx, WITHDRAW_TOOL, args, grant)
+        return self.withdraw_candidate(ctx, cand, call, args=args, request_digest=request_digest,
+                                       grant_id=grant_obj.grant_id, reason_ref=args["reason_ref"])
+
+    def withdraw_candidate(self, ctx: BoundContext, cand: CandidateRow, call: CallRecord, *, args: dict[str, Any] | None,
+                           request_digest: str | None, grant_id: str | None, reason_ref: str,
+                           operation: str = "withdraw", to_state: str = "withdrawn") -> dict[str, Any]:
+        now = self.core.now_ms()
+        authz_digest = self.core.decision_receipt(call.decisions[0])["receipt_digest"]
+        try:
+            with self.core.store.write() as tx:
+                if args is not None and request_digest is not None:
+                    prior = self._replay(tx, ctx, WITHDRAW_TOOL, args, request_digest)
+                    if prior is not None:
+                        raise _Replayed(prior)
+                self.core.check_revision(call)
+                current = tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id)
+                if current is None:
+                    raise EngramError(Code.NOT_FOUND, "candidate")
+                lifecycle.check_candidate(operation, current.state)
+                if grant_id is not None:
+                    self._consume_grant(tx, ctx, grant_id)
+                event = tx.append_event(
+                    ctx.tenant, ctx.workspace, event_id=new_id("evt_"), operation=operation, target=cand.candidate_id,
+                    from_state=current.state, to_state=to_state, at_ms=now,
+                    body={"reason_ref": reason_ref, "decisions": call.summaries(), "audit_id": ctx.audit_id},
+                )
+                tx.set_candidate_state(cand.candidate_id, to_state, drop_envelope=True)
+                tx.drop_data_key(f"candidate:{cand.candidate_id}", now, operation)
+                receipt = {
+                    "event_id": event.event_id, "operation": operation, "from_state": "pending", "to_state": to_state,
+                    "cursor": str(event.cursor), "event_digest": event.event_digest,
+                    "authorization_receipt_digest": authz_digest,
+                    "transaction_receipt_digest": self._tx_receipt(operation, event.event_digest, event.cursor, call, ctx.audit_id),
+                }
+                stored = {"receipt": receipt, "key_destruction": "complete"}
+                if args is not None and request_digest is not None:
+                    self._remember(tx, ctx, WITHDRAW_TOOL, args, request_digest, stored)
+                tx.append_audit(self.core.audit_row(ctx, WITHDRAW_TOOL if args is not None else f"admin.{operation}",
+                                                    to_state, cand.candidate_id, call))
+        except _Replayed as r:
+            return {**r.outcome, "replayed": True}
+        state = self._finish_destruction(tx)
+        return {"receipt": receipt, "replayed": False, "key_destruction": state}
+
+    # -- forget ----------------------------------------------------------------------------------
+    def forget(self, ctx: BoundContext, args: dict[str, Any], grant: bytes | None) -> dict[str, Any]:
+        call = CallRecord()
+        validate_arguments(FORGET_TOOL, args)
+        self.core.authorize(ctx, FORGET_TOOL, call)
+        grant = self._grant_present(grant)
+        request_digest = self._request_digest(FORGET_TOOL, args)
+        with self.core.store.read() as tx:
+            prior = self._replay(tx, ctx, FORGET_TOOL, args, request_digest)
+            rec = tx.record(ctx.tenant, ctx.workspace, args["record_id"])
+        if prior is not None:
+            return {**prior, "replayed": True}
+        if rec is None:
+            raise EngramError(Code.NOT_FOUND, "record")
+        lifecycle.check_record("tombstone", rec.state)
+        grant_obj = self._verify_grant(ctx, FORGET_TOOL, args, grant)
+        return self.tombstone(ctx, rec.record_id, call, args=args, request_digest=request_digest,
+                              grant_id=grant_obj.grant_id, reason_ref=args["reason_ref"])
+
+    def tombstone(self, ctx: BoundContext, record_id: str, call: CallRecord, *, args: dict[str, Any] | None,
+                  request_digest: str | None, grant_id: str | None, reason_ref: str) -> dict[str, Any]:
+        """SPEC §5 forget: shred the body key, drop every projection, ledger the payload digest — one transaction."""
+        now = self.core.now_ms()
+        authz_digest = self.core.decision_receipt(call.decisions[0])["receipt_digest"]
+        try:
+            with self.core.store.write() as tx:
+                if args is not None and request_digest is not None:
+                    prior = self._replay(tx, ctx, FORGET_TOOL, args, request_digest)
+                    if prior is not None:
+                        raise _Replayed(prior)
+                self.core.check_revision(call)
+                rec = tx.record(ctx.tenant, ctx.workspace, record_id)
+                if rec is None:
+                    raise EngramError(Code.NOT_FOUND, "record")
+                lifecycle.check_record("tombstone", rec.state)
+                if grant_id is not None:
+                    self._consume_grant(tx, ctx, grant_id)
+                event = tx.append_event(
+                    ctx.tenant, ctx.workspace, event_id=new_id("evt_"), operation="tombstone", target=record_id,
+                    from_state=rec.state, to_state="tombstoned", at_ms=now,
+                    body={"reason_ref": reason_ref, "decisions": call.summaries(), "audit_id": ctx.audit_id},
+                )
+                tx.set_record_state(record_id, "tombstoned", state_cursor=event.cursor)
+                tx.drop_record_body(record_id)
+                removed = tx.unindex_record(ctx.tenant, ctx.workspace, record_id)
+                tx.add_tombstone(ctx.tenant, ctx.workspace, rec.payload_digest, record_id, event.cursor, now)
+                tx.drop_data_key(f"record:{record_id}", now, "tombstone")
+                receipt = {
+                    "event_id": event.event_id, "operation": "tombstone", "from_state": rec.state,
+                    "to_state": "tombstoned", "cursor": str(event.cursor), "event_digest": event.event_digest,
+                    "authorization_receipt_digest": authz_digest,
+                    "transaction_receipt_digest": self._tx_receipt("tombstone", event.event_digest, event.cursor, call, ctx.audit_id),
+                }
+                coverage = with_receipt_digest({
+                    "kind": "coverage", "record_id": record_id, "postings_removed": removed, "vectors_removed": True,
+                    "body_dropped": True, "key_destroyed": True, "tombstone_ledgered": True, "cursor": str(event.cursor),
+                })["receipt_digest"]
+                stored = {"receipt": receipt, "projection_invalidation": "complete", "coverage_receipt_digest": coverage}
+                if args is not None and request_digest is not None:
+                    self._remember(tx, ctx, FORGET_TOOL, args, request_digest, stored)
+                tx.append_audit(self.core.audit_row(ctx, FORGET_TOOL if args is not None else "admin.tombstone",
+                                                    "tombstoned", record_id, call))
+        except _Replayed as r:
+            return {**r.outcome, "replayed": True}
+        state = self._finish_destruction(tx)
+        try:
+            self.core.store.checkpoint()  # SPEC §10: freed pages do not linger
+        except Exception:
+            state = "pending"
+        return {**stored, "replayed": False, "projection_invalidation": state if state == "complete" else "pending"}
+
+
+class _Replayed(Exception):
+    """Raised inside a write transaction when a concurrent identical request won the race."""
+
+    def __init__(self, outcome: dict[str, Any]) -> None:
+        super().__init__("replayed")
+        self.outcome = outcome

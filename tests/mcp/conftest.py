@@ -1,0 +1,33 @@
+"""Fixtures for the MCP adapter tests: one real core per module, real adapter
+processes (`engram mcp` over stdio and streamable HTTP), the SDK's own client.
+
+Nothing of ours is mocked: the core is `engram_core.rpc.server.start_core`, the
+adapter is the installed console script, and scopes are activated through
+AdminService exactly as `engram admin activate` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mcp_helpers import WORKSPACE, Core, activate
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Core]:
+    server = pytest.importorskip("engram_core.rpc.server", reason="core not landed yet")
+    running = server.start_core(tmp_path_factory.mktemp("core-data"))
+    try:
+        found = Core(address=running.address, host_key_path=Path(running.host_key_path))
+        activate(found, "acme", WORKSPACE)
+        activate(found, "globex", WORKSPACE)
+        yield found
+    finally:
+        running.stop()

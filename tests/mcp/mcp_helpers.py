@@ -1,0 +1,230 @@
+"""Helpers shared by the MCP adapter tests (configs, processes, clients, arguments)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx2
+import mcp_types as types
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+from engram_core.api import admin_pb2, admin_pb2_grpc
+from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
+from engram_core.hostkeys import load_private_key_file
+
+REPO = Path(__file__).resolve().parents[2]
+# ENGRAM_MCP_TEST_COMMAND runs the suite against another `engram` executable.
+ENGRAM = os.environ.get("ENGRAM_MCP_TEST_COMMAND") or str(Path(sys.executable).with_name("engram"))
+PURPOSE = "purpose:engineering-notes"
+WORKSPACE = "ws-main"
+
+
+@dataclass(frozen=True)
+class Core:
+    address: str
+    host_key_path: Path
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def activate(core: Core, tenant: str, workspace: str) -> None:
+    """Turn memory on for one scope, as a host maintenance principal (SPEC §12)."""
+    key = load_private_key_file(core.host_key_path)
+    ctx = make_context(
+        key,
+        tenant=tenant,
+        workspace=workspace,
+        principal="host-operator",
+        now_ms=_now_ms(),
+        host_principal=True,
+        maintenance_scopes=("maintain",),
+        memory_enabled=True,
+    )
+    with grpc.insecure_channel(core.address) as channel:
+        admin_pb2_grpc.AdminServiceStub(channel).Activate(
+            admin_pb2.ActivateRequest(tenant=tenant, workspace=workspace),
+            metadata=((CONTEXT_METADATA_KEY, ctx),),
+            timeout=10,
+        )
+
+
+def write_config(
+    path: Path,
+    *,
+    address: str,
+    signing_key: Path,
+    memory_enabled: bool = True,
+    binding: dict[str, str] | None = None,
+    deadline_ms: int | None = None,
+    confirmation_timeout_ms: int | None = None,
+) -> Path:
+    lines = ["[core]", f'address = "{address}"']
+    if deadline_ms is not None:
+        lines.append(f"deadline_ms = {deadline_ms}")
+    lines += [
+        "",
+        "[host]",
+        f'signing_key = "{signing_key}"',
+        f"memory_enabled = {str(memory_enabled).lower()}",
+    ]
+    if confirmation_timeout_ms is not None:
+        lines.append(f"confirmation_timeout_ms = {confirmation_timeout_ms}")
+    if binding is not None:
+        lines += ["", "[binding]"] + [f'{k} = "{v}"' for k, v in binding.items()]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def binding_for(tenant: str, *, purpose: str = PURPOSE, principal: str = "agent-alice") -> dict[str, str]:
+    return {
+        "tenant": tenant,
+        "workspace": WORKSPACE,
+        "principal": principal,
+        "agent_id": "agent-1",
+        "session": "sess-1",
+        "purpose_ref": purpose,
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class HttpAdapter:
+    url: str
+    process: subprocess.Popen[bytes]
+
+
+def start_http_adapter(config: Path) -> HttpAdapter:
+    port = free_port()
+    process = subprocess.Popen(
+        [ENGRAM, "mcp", "--host-config", str(config), "--http", f"127.0.0.1:{port}"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"adapter exited: {process.stderr.read().decode() if process.stderr else ''}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return HttpAdapter(url=f"http://127.0.0.1:{port}/mcp", process=process)
+        except OSError:
+            time.sleep(0.05)
+    process.kill()
+    raise RuntimeError("adapter did not start listening")
+
+
+def stop(adapter: HttpAdapter) -> None:
+    adapter.process.terminate()
+    try:
+        adapter.process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        adapter.process.kill()
+
+
+# ---- clients -------------------------------------------------------------------
+
+
+def stdio_client(config: Path, *, mode: str = "auto", elicitation: Any = None) -> Client:
+    """The SDK's own client talking to `engram mcp` as a subprocess over stdio."""
+    params = StdioServerParameters(command=ENGRAM, args=["mcp", "--host-config", str(config)], cwd=str(REPO))
+    return Client(params, mode=mode, elicitation_callback=elicitation)
+
+
+def http_client(
+    url: str, *, headers: dict[str, str] | None = None, mode: str = "auto", elicitation: Any = None
+) -> Client:
+    transport = streamable_http_client(url, http_client=httpx2.AsyncClient(headers=headers or {}, timeout=30))
+    return Client(transport, mode=mode, elicitation_callback=elicitation)
+
+
+async def approve(context: Any, params: Any) -> types.ElicitResult:
+    return types.ElicitResult(action="accept", content={"approve": True})
+
+
+async def decline(context: Any, params: Any) -> types.ElicitResult:
+    return types.ElicitResult(action="decline")
+
+
+async def cancel(context: Any, params: Any) -> types.ElicitResult:
+    return types.ElicitResult(action="cancel")
+
+
+def envelope_of(result: types.CallToolResult) -> dict[str, Any]:
+    """The envelope, after checking the text copy and isError agree with it (SPEC §3)."""
+    env = result.structured_content
+    assert isinstance(env, dict)
+    assert len(result.content) == 1 and result.content[0].type == "text"
+    assert json.loads(result.content[0].text) == env
+    assert result.is_error is (not env["ok"])
+    assert env["redactionClass"] == "high" and env["auditId"]
+    return env
+
+
+def value_of(result: types.CallToolResult) -> dict[str, Any]:
+    env = envelope_of(result)
+    assert env["ok"] is True, env
+    assert env["output"]["schema_version"] == 1
+    return env["output"]["value"]
+
+
+def error_code(result: types.CallToolResult) -> str:
+    env = envelope_of(result)
+    assert env["ok"] is False, env
+    return env["error"]["code"]
+
+
+# ---- arguments ---------------------------------------------------------------------
+
+
+def capture_args(key: str, text: str, *, purpose: str = PURPOSE) -> dict[str, Any]:
+    return {
+        "idempotency_key": key,
+        "payload": {
+            "schema_version": 2,
+            "purpose_ref": purpose,
+            "valid_time": {"t": 1764460800000},
+            "components": [
+                {"component_id": "c1", "kind": "decision", "text": text, "citation_ids": ["cit1"]}
+            ],
+            "primary_component_id": "c1",
+            "primary_event": {"at": 1764460800000, "type_ref": "event:decision", "citation_id": "cit1"},
+            "citations": [
+                {
+                    "citation_id": "cit1",
+                    "source_ref": "doc:adr-7",
+                    "locator": {"scheme": "path", "value": "docs/adr/7.md"},
+                    "content_digest": "sha256:" + "a" * 64,
+                }
+            ],
+        },
+        "evidence": {
+            "evidence_ref": "ev:1",
+            "evidence_digest": "sha256:" + "b" * 64,
+            "citation_ids": ["cit1"],
+        },
+    }
+
+
+def unique(prefix: str) -> str:
+    """A fresh idempotency key / distinguishing word (≥ 16 bytes)."""
+    return f"{prefix}-{uuid.uuid4().hex}"

@@ -1,0 +1,404 @@
+"""The adapter over stdio (`engram mcp --host-config FILE`) against a real core,
+driven by the SDK's own client in both protocol versions (SPEC §2, §3, §5, §8)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mcp_types as types
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from mcp.shared.exceptions import MCPError
+from mcp_helpers import (
+    PURPOSE,
+    approve,
+    binding_for,
+    cancel,
+    capture_args,
+    decline,
+    envelope_of,
+    error_code,
+    free_port,
+    stdio_client,
+    unique,
+    value_of,
+    write_config,
+)
+
+from engram_core.schemas import INPUT_SCHEMAS, TOOL_NAMES, output_schema
+
+pytestmark = pytest.mark.anyio
+
+MODES = ["auto", "legacy"]  # auto negotiates 2026-07-28; legacy is 2025-11-25
+
+
+@pytest.fixture(scope="module")
+def cfg_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cfg")
+
+
+@pytest.fixture(scope="module")
+def acme(core, cfg_dir) -> Path:
+    return write_config(
+        cfg_dir / "acme.toml",
+        address=core.address,
+        signing_key=core.host_key_path,
+        binding=binding_for("acme"),
+    )
+
+
+@pytest.fixture(scope="module")
+def globex(core, cfg_dir) -> Path:
+    return write_config(
+        cfg_dir / "globex.toml",
+        address=core.address,
+        signing_key=core.host_key_path,
+        binding=binding_for("globex"),
+    )
+
+
+async def _admitted_record(client, text: str) -> str:
+    cap = value_of(await client.call_tool("engram_memory_capture", capture_args(unique("cap-key"), text)))
+    adm = value_of(
+        await client.call_tool(
+            "engram_memory_request_admission",
+            {"candidate_id": cap["candidate_id"], "idempotency_key": unique("adm")},
+        )
+    )
+    assert adm["outcome"]["status"] == "accepted"
+    return adm["outcome"]["record_id"]
+
+
+def _forget(record_id: str) -> dict:
+    return {"record_id": record_id, "idempotency_key": unique("fgt"), "reason_ref": "reason:obsolete"}
+
+
+async def _search_ids(client, word: str) -> list[str]:
+    found = value_of(await client.call_tool("engram_memory_search", {"query": word, "purpose_ref": PURPOSE}))
+    return [r["record"]["record_id"] for r in found["records"]]
+
+
+# ---- discovery ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_tools_list_shows_the_six_granted_tools_with_closed_schemas(acme, mode):
+    async with stdio_client(acme, mode=mode) as client:
+        listed = await client.list_tools()
+        assert [t.name for t in listed.tools] == list(TOOL_NAMES)
+        for tool in listed.tools:
+            assert tool.input_schema == INPUT_SCHEMAS[tool.name]
+            assert tool.input_schema["additionalProperties"] is False
+            assert tool.output_schema == output_schema(tool.name)
+            assert tool.description
+        assert PURPOSE in (client.instructions or "")
+
+
+async def test_guide_is_served_as_prompt_and_resource(acme):
+    async with stdio_client(acme) as client:
+        prompts = await client.list_prompts()
+        assert [p.name for p in prompts.prompts] == ["engram_memory_guide"]
+        prompt = await client.get_prompt("engram_memory_guide")
+        text = prompt.messages[0].content.text
+        assert PURPOSE in text and "Search before capture" in text
+        resource = await client.read_resource("engram://guide")
+        assert resource.contents[0].text == text
+
+
+async def test_memory_not_enabled_by_host_lists_nothing_and_calls_are_unknown_tools(core, cfg_dir):
+    config = write_config(
+        cfg_dir / "off.toml",
+        address=core.address,
+        signing_key=core.host_key_path,
+        memory_enabled=False,
+        binding=binding_for("acme"),
+    )
+    async with stdio_client(config) as client:
+        assert (await client.list_tools()).tools == []
+        with pytest.raises(MCPError) as err:
+            await client.call_tool("engram_memory_search", {"query": "x", "purpose_ref": PURPOSE})
+        assert (err.value.code, err.value.message) == (-32602, "Unknown tool")
+
+
+async def test_scope_not_activated_lists_nothing_and_calls_are_unknown_tools(core, cfg_dir):
+    config = write_config(
+        cfg_dir / "initech.toml",
+        address=core.address,
+        signing_key=core.host_key_path,
+        binding=binding_for("initech"),
+    )
+    async with stdio_client(config) as client:
+        assert (await client.list_tools()).tools == []
+        with pytest.raises(MCPError) as err:
+            await client.call_tool(
+                "engram_memory_get", {"record_id": "mem_" + "a" * 52, "purpose_ref": PURPOSE}
+            )
+        assert (err.value.code, err.value.message) == (-32602, "Unknown tool")
+
+
+# ---- protocol errors ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_unknown_tool_is_32602(acme, mode):
+    async with stdio_client(acme, mode=mode) as client:
+        with pytest.raises(MCPError) as err:
+            await client.call_tool("engram_memory_admin_activate", {})
+        assert (err.value.code, err.value.message) == (-32602, "Unknown tool")
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_purpose_mismatch_is_32603_in_search_get_and_capture(acme, mode):
+    async with stdio_client(acme, mode=mode) as client:
+        calls = [
+            ("engram_memory_search", {"query": "x", "purpose_ref": "purpose:other"}),
+            ("engram_memory_get", {"record_id": "mem_" + "a" * 52, "purpose_ref": "purpose:other"}),
+            ("engram_memory_capture", capture_args(unique("key"), "text", purpose="purpose:other")),
+        ]
+        for name, args in calls:
+            with pytest.raises(MCPError) as err:
+                await client.call_tool(name, args)
+            assert (err.value.code, err.value.message) == (-32603, "Trusted invocation context unavailable")
+
+
+async def test_incomplete_binding_is_32603(core, cfg_dir):
+    config = write_config(
+        cfg_dir / "empty-tenant.toml",
+        address=core.address,
+        signing_key=core.host_key_path,
+        binding={**binding_for("acme"), "tenant": ""},
+    )
+    async with stdio_client(config) as client:
+        for call in (
+            client.list_tools(),
+            client.call_tool("engram_memory_search", {"query": "x", "purpose_ref": PURPOSE}),
+        ):
+            with pytest.raises(MCPError) as err:
+                await call
+            assert (err.value.code, err.value.message) == (-32603, "Trusted invocation context unavailable")
+
+
+async def test_context_signed_by_an_untrusted_key_is_32603(core, cfg_dir):
+    rogue = cfg_dir / "rogue.key"
+    rogue.write_bytes(
+        Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    config = write_config(
+        cfg_dir / "rogue.toml", address=core.address, signing_key=rogue, binding=binding_for("acme")
+    )
+    async with stdio_client(config) as client:
+        for call in (
+            client.list_tools(),
+            client.call_tool("engram_memory_search", {"query": "x", "purpose_ref": PURPOSE}),
+        ):
+            with pytest.raises(MCPError) as err:
+                await call
+            assert (err.value.code, err.value.message) == (-32603, "Trusted invocation context unavailable")
+
+
+async def test_unreachable_core_is_an_error_envelope_never_an_empty_success(cfg_dir, core):
+    config = write_config(
+        cfg_dir / "nowhere.toml",
+        address=f"127.0.0.1:{free_port()}",
+        signing_key=core.host_key_path,
+        binding=binding_for("acme"),
+        deadline_ms=2000,
+    )
+    async with stdio_client(config) as client:
+        with pytest.raises(MCPError) as err:
+            await client.list_tools()
+        assert err.value.code == -32603
+        result = await client.call_tool("engram_memory_search", {"query": "x", "purpose_ref": PURPOSE})
+        env = envelope_of(result)
+        assert env["ok"] is False and env["error"]["retriable"] is True
+
+
+# ---- malformed arguments are envelopes --------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_extra_field_and_null_are_invalid_schema_and_reach_nothing(acme, mode):
+    word = unique("never-stored")
+    async with stdio_client(acme, mode=mode, elicitation=approve) as client:
+        bad = [
+            ("engram_memory_search", {"query": "x", "purpose_ref": PURPOSE, "tenant": "globex"}),
+            ("engram_memory_search", {"query": "x", "purpose_ref": PURPOSE, "limit": None}),
+            ("engram_memory_capture", {**capture_args(unique("key"), word), "confirmed": True}),
+            ("engram_memory_forget", {**_forget("mem_" + "a" * 52), "confirmed": True}),
+            ("engram_memory_capture", {**capture_args(unique("key"), word), "evidence": None}),
+        ]
+        for name, args in bad:
+            env = envelope_of(await client.call_tool(name, args))
+            assert env["ok"] is False
+            assert env["error"] == {
+                "code": "INVALID_SCHEMA",
+                "message": "Arguments do not match the tool's schema.",
+                "retriable": False,
+            }
+        assert await _search_ids(client, word) == []
+
+
+# ---- lifecycle through the adapter --------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_every_tool_happy_path_and_forget_with_approval(acme, mode):
+    word = unique("okapi")
+    async with stdio_client(acme, mode=mode, elicitation=approve) as client:
+        record_id = await _admitted_record(client, f"We chose {word} for the store because it is embedded")
+        assert await _search_ids(client, word) == [record_id]
+        got = value_of(
+            await client.call_tool("engram_memory_get", {"record_id": record_id, "purpose_ref": PURPOSE})
+        )
+        assert got["record"]["record_id"] == record_id
+
+        pending = value_of(
+            await client.call_tool("engram_memory_capture", capture_args(unique("key"), f"draft {word}"))
+        )
+        withdrawn = value_of(
+            await client.call_tool(
+                "engram_memory_withdraw",
+                {
+                    "candidate_id": pending["candidate_id"],
+                    "idempotency_key": unique("wd"),
+                    "reason_ref": "reason:draft",
+                },
+            )
+        )
+        assert withdrawn["receipt"]["to_state"] == "withdrawn"
+
+        forgot = value_of(await client.call_tool("engram_memory_forget", _forget(record_id)))
+        assert forgot["receipt"]["operation"] == "tombstone" and forgot["receipt"]["to_state"] == "tombstoned"
+        assert (
+            error_code(
+                await client.call_tool("engram_memory_get", {"record_id": record_id, "purpose_ref": PURPOSE})
+            )
+            == "NOT_FOUND"
+        )
+        assert await _search_ids(client, word) == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("answer", [decline, cancel], ids=["decline", "cancel"])
+async def test_forget_declined_or_cancelled_is_gate_failed_and_record_stays(acme, mode, answer):
+    word = unique("quokka")
+    async with stdio_client(acme, mode=mode, elicitation=answer) as client:
+        record_id = await _admitted_record(client, f"Keep {word}")
+        assert error_code(await client.call_tool("engram_memory_forget", _forget(record_id))) == "gate_failed"
+        assert await _search_ids(client, word) == [record_id]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_client_without_elicitation_gets_gate_failed(acme, mode):
+    word = unique("tapir")
+    async with stdio_client(acme, mode=mode) as client:  # declares no elicitation capability
+        record_id = await _admitted_record(client, f"Keep {word}")
+        assert error_code(await client.call_tool("engram_memory_forget", _forget(record_id))) == "gate_failed"
+        assert await _search_ids(client, word) == [record_id]
+
+
+async def test_idempotency_replay_conflict_and_forgotten_content(acme):
+    word = unique("narwhal")
+    text = f"The narwhal decision {word}"
+    async with stdio_client(acme, elicitation=approve) as client:
+        key = unique("cap-key")
+        first = value_of(await client.call_tool("engram_memory_capture", capture_args(key, text)))
+        replay = value_of(await client.call_tool("engram_memory_capture", capture_args(key, text)))
+        assert first["status"] == "committed_pending" and replay["status"] == "duplicate_exact"
+        assert replay["candidate_id"] == first["candidate_id"]
+        assert (
+            error_code(
+                await client.call_tool("engram_memory_capture", capture_args(key, text + " but different"))
+            )
+            == "DIGEST_CONFLICT"
+        )
+
+        adm = value_of(
+            await client.call_tool(
+                "engram_memory_request_admission",
+                {"candidate_id": first["candidate_id"], "idempotency_key": unique("adm")},
+            )
+        )
+        record_id = adm["outcome"]["record_id"]
+        value_of(await client.call_tool("engram_memory_forget", _forget(record_id)))
+
+        again = value_of(
+            await client.call_tool("engram_memory_capture", capture_args(unique("cap-key"), text))
+        )
+        assert again["status"] == "committed_pending"
+        readmitted = value_of(
+            await client.call_tool(
+                "engram_memory_request_admission",
+                {"candidate_id": again["candidate_id"], "idempotency_key": unique("adm")},
+            )
+        )
+        assert readmitted["outcome"]["status"] == "pending_adjudication"
+        assert await _search_ids(client, word) == []
+
+
+async def test_two_tenants_sharing_a_core_cannot_see_each_other(acme, globex):
+    word = unique("axolotl")
+    async with stdio_client(acme) as a:
+        record_id = await _admitted_record(a, f"Acme only {word}")
+    async with stdio_client(globex) as g:
+        assert await _search_ids(g, word) == []
+        assert (
+            error_code(
+                await g.call_tool("engram_memory_get", {"record_id": record_id, "purpose_ref": PURPOSE})
+            )
+            == "NOT_FOUND"
+        )
+
+
+# ---- the 2026-07-28 round trip cannot be replayed or forged ----------------------------------
+
+
+async def test_request_state_is_single_use_and_tamper_proof(acme):
+    word = unique("pangolin")
+    async with stdio_client(acme, elicitation=approve) as client:
+        record_id = await _admitted_record(client, f"Keep {word}")
+        args = _forget(record_id)
+        first = await client.session.call_tool("engram_memory_forget", args, allow_input_required=True)
+        assert isinstance(first, types.InputRequiredResult) and first.request_state
+        (key,) = first.input_requests
+        yes = {key: types.ElicitResult(action="accept", content={"approve": True})}
+
+        forged = await client.session.call_tool(
+            "engram_memory_forget",
+            args,
+            input_responses=yes,
+            request_state=first.request_state[:-4] + "AAAA",
+            allow_input_required=True,
+        )
+        assert error_code(forged) == "gate_failed"
+
+        other = await client.session.call_tool(
+            "engram_memory_forget",
+            {**args, "reason_ref": "reason:other"},
+            input_responses=yes,
+            request_state=first.request_state,
+            allow_input_required=True,
+        )
+        assert error_code(other) == "gate_failed"  # state is bound to the exact arguments
+        assert await _search_ids(client, word) == [record_id]
+
+        second = await client.session.call_tool("engram_memory_forget", args, allow_input_required=True)
+        done = await client.session.call_tool(
+            "engram_memory_forget",
+            args,
+            input_responses=yes,
+            request_state=second.request_state,
+            allow_input_required=True,
+        )
+        assert value_of(done)["receipt"]["to_state"] == "tombstoned"
+        replayed = await client.session.call_tool(
+            "engram_memory_forget",
+            args,
+            input_responses=yes,
+            request_state=second.request_state,
+            allow_input_required=True,
+        )
+        assert error_code(replayed) == "gate_failed"
