@@ -9,10 +9,10 @@ and exactly one maps them to MCP (``adapters.mcp.envelope``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class Code(str, Enum):
+class Code(StrEnum):
     """Contract error codes. Values are the wire strings, exactly."""
 
     INVALID_SCHEMA = "INVALID_SCHEMA"
