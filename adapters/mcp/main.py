@@ -61,9 +61,8 @@ def mcp_main(args: argparse.Namespace) -> int:
     signing_key = config.signing_key
     address = config.core_address
     if config.embedded_data_dir is not None:
-        from engram_core.rpc.server import start_core
-
         from engram_core.hostkeys import load_private_key_file
+        from engram_core.rpc.server import start_core
 
         try:
             running = start_core(Path(config.embedded_data_dir))

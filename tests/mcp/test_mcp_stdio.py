@@ -141,22 +141,17 @@ async def test_scope_not_activated_lists_nothing_and_calls_are_unknown_tools(cor
 
 
 @pytest.mark.parametrize("mode", MODES)
-async def test_unknown_tool_is_32602(acme, mode):
+async def test_unknown_tool_is_32602_and_purpose_mismatch_is_32603(acme, mode):
     async with stdio_client(acme, mode=mode) as client:
         with pytest.raises(MCPError) as err:
             await client.call_tool("engram_memory_admin_activate", {})
         assert (err.value.code, err.value.message) == (-32602, "Unknown tool")
-
-
-@pytest.mark.parametrize("mode", MODES)
-async def test_purpose_mismatch_is_32603_in_search_get_and_capture(acme, mode):
-    async with stdio_client(acme, mode=mode) as client:
-        calls = [
+        mismatched = [
             ("engram_memory_search", {"query": "x", "purpose_ref": "purpose:other"}),
             ("engram_memory_get", {"record_id": "mem_" + "a" * 52, "purpose_ref": "purpose:other"}),
             ("engram_memory_capture", capture_args(unique("key"), "text", purpose="purpose:other")),
         ]
-        for name, args in calls:
+        for name, args in mismatched:
             with pytest.raises(MCPError) as err:
                 await client.call_tool(name, args)
             assert (err.value.code, err.value.message) == (-32603, "Trusted invocation context unavailable")
