@@ -228,3 +228,8 @@ def capture_args(key: str, text: str, *, purpose: str = PURPOSE) -> dict[str, An
 def unique(prefix: str) -> str:
     """A fresh idempotency key / distinguishing word (≥ 16 bytes)."""
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def token(prefix: str) -> str:
+    """A word no other test writes (one lexical token: letters and digits only)."""
+    return f"{prefix}{uuid.uuid4().hex}"

@@ -21,6 +21,7 @@ from mcp_helpers import (
     error_code,
     free_port,
     stdio_client,
+    token,
     unique,
     value_of,
     write_config,
@@ -216,7 +217,7 @@ async def test_unreachable_core_is_an_error_envelope_never_an_empty_success(cfg_
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_extra_field_and_null_are_invalid_schema_and_reach_nothing(acme, mode):
-    word = unique("never-stored")
+    word = token("never-stored")
     async with stdio_client(acme, mode=mode, elicitation=approve) as client:
         bad = [
             ("engram_memory_search", {"query": "x", "purpose_ref": PURPOSE, "tenant": "globex"}),
@@ -241,7 +242,7 @@ async def test_extra_field_and_null_are_invalid_schema_and_reach_nothing(acme, m
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_every_tool_happy_path_and_forget_with_approval(acme, mode):
-    word = unique("okapi")
+    word = token("okapi")
     async with stdio_client(acme, mode=mode, elicitation=approve) as client:
         record_id = await _admitted_record(client, f"We chose {word} for the store because it is embedded")
         assert await _search_ids(client, word) == [record_id]
@@ -279,7 +280,7 @@ async def test_every_tool_happy_path_and_forget_with_approval(acme, mode):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("answer", [decline, cancel], ids=["decline", "cancel"])
 async def test_forget_declined_or_cancelled_is_gate_failed_and_record_stays(acme, mode, answer):
-    word = unique("quokka")
+    word = token("quokka")
     async with stdio_client(acme, mode=mode, elicitation=answer) as client:
         record_id = await _admitted_record(client, f"Keep {word}")
         assert error_code(await client.call_tool("engram_memory_forget", _forget(record_id))) == "gate_failed"
@@ -288,7 +289,7 @@ async def test_forget_declined_or_cancelled_is_gate_failed_and_record_stays(acme
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_client_without_elicitation_gets_gate_failed(acme, mode):
-    word = unique("tapir")
+    word = token("tapir")
     async with stdio_client(acme, mode=mode) as client:  # declares no elicitation capability
         record_id = await _admitted_record(client, f"Keep {word}")
         assert error_code(await client.call_tool("engram_memory_forget", _forget(record_id))) == "gate_failed"
@@ -296,7 +297,7 @@ async def test_client_without_elicitation_gets_gate_failed(acme, mode):
 
 
 async def test_idempotency_replay_conflict_and_forgotten_content(acme):
-    word = unique("narwhal")
+    word = token("narwhal")
     text = f"The narwhal decision {word}"
     async with stdio_client(acme, elicitation=approve) as client:
         key = unique("cap-key")
@@ -335,7 +336,7 @@ async def test_idempotency_replay_conflict_and_forgotten_content(acme):
 
 
 async def test_two_tenants_sharing_a_core_cannot_see_each_other(acme, globex):
-    word = unique("axolotl")
+    word = token("axolotl")
     async with stdio_client(acme) as a:
         record_id = await _admitted_record(a, f"Acme only {word}")
     async with stdio_client(globex) as g:
@@ -352,7 +353,7 @@ async def test_two_tenants_sharing_a_core_cannot_see_each_other(acme, globex):
 
 
 async def test_request_state_is_single_use_and_tamper_proof(acme):
-    word = unique("pangolin")
+    word = token("pangolin")
     async with stdio_client(acme, elicitation=approve) as client:
         record_id = await _admitted_record(client, f"Keep {word}")
         args = _forget(record_id)
