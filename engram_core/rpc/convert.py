@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from google.protobuf import json_format
+from google.protobuf import json_format, unknown_fields
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
@@ -39,6 +39,22 @@ def _scalar(field: FieldDescriptor, value: Any) -> Any:
     if field.type == FieldDescriptor.TYPE_MESSAGE:
         return message_to_value(value)
     return value
+
+
+def has_unknown_fields(msg: Message) -> bool:
+    """True if the message (or any nested one) carries fields this contract does not know.
+
+    Closed schemas (SPEC §4): a field the core does not know is an extra
+    property, not something to drop silently.
+    """
+    if len(unknown_fields.UnknownFieldSet(msg)):
+        return True
+    for field, value in msg.ListFields():
+        if field.type == FieldDescriptor.TYPE_MESSAGE:
+            items = value if field.is_repeated else [value]
+            if any(has_unknown_fields(v) for v in items):
+                return True
+    return False
 
 
 def value_to_message(value: dict[str, Any], message: Message) -> Message:

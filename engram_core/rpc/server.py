@@ -30,7 +30,7 @@ from engram_core.hostkeys import (
     load_public_pem,
     public_pem,
 )
-from engram_core.rpc.convert import message_to_value, value_to_message
+from engram_core.rpc.convert import has_unknown_fields, message_to_value, value_to_message
 from engram_core.rpc.status import abort
 from engram_core.services.admin import AdminServiceCore
 from engram_core.services.core import Core
@@ -93,6 +93,8 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer, _Handler):
             ctx = self.bind(context)
             if not context.is_active():
                 raise EngramError(Code.CANCELLED, "cancelled")
+            if has_unknown_fields(request):
+                raise EngramError(Code.INVALID_SCHEMA, "unknown field")
             args = message_to_value(request)
             fn = getattr(self.memory, op)
             result = fn(ctx, args, _metadata(context, CONFIRMATION_METADATA_KEY)) if gated else fn(ctx, args)

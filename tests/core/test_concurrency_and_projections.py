@@ -1,0 +1,73 @@
+"""Concurrency of the idempotency guard and forget's same-transaction projection removal."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from conftest import Client, capture_args
+
+from engram_core.errors import Code
+
+
+def test_sixteen_concurrent_identical_captures_make_one_candidate(ana: Client) -> None:
+    args = capture_args("Concurrency: sixteen identical captures of the tern note.", key="concurrent-capture-key-01")
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda _: ana.call("capture", args), range(16)))
+    assert len({r["candidate_id"] for r in results}) == 1
+    assert sum(r["status"] == "committed_pending" for r in results) == 1
+    with ana.core.core.store.read() as tx:
+        n = tx._one("SELECT count(*) FROM candidates WHERE candidate_id = ?", [results[0]["candidate_id"]])[0]
+        events = tx._one("SELECT count(*) FROM journal WHERE target = ?", [results[0]["candidate_id"]])[0]
+    assert n == 1 and events == 1
+
+
+def test_admit_races_withdraw_exactly_one_effect(ana: Client) -> None:
+    for i in range(3):
+        cap = ana.capture(f"Race {i}: admit versus withdraw of the plover note.")
+        cid = cap["candidate_id"]
+        w = {"candidate_id": cid, "idempotency_key": f"race-withdraw-{i:04d}", "reason_ref": "r:x"}
+        grant = ana.grant("withdraw", w)
+
+        def admit() -> str:
+            try:
+                return ana.admit(cid, key=f"race-admit-{i:06d}")["outcome"]["status"]
+            except Exception as f:
+                return f.code.value  # type: ignore[attr-defined]
+
+        def withdraw() -> str:
+            try:
+                ana.call("withdraw", w, grant=grant)
+                return "withdrawn"
+            except Exception as f:
+                return f.code.value  # type: ignore[attr-defined]
+
+        with ThreadPoolExecutor(2) as pool:
+            a, b = pool.submit(admit), pool.submit(withdraw)
+            outcomes = {a.result(), b.result()}
+        assert outcomes in ({"accepted", Code.ILLEGAL_TRANSITION.value}, {"withdrawn", Code.ALREADY_TERMINAL.value}), outcomes
+
+
+def test_forget_removes_postings_in_same_transaction(ana: Client) -> None:
+    rid = ana.remember("Projection: the cormorant index has 12 shards.")
+    store = ana.core.core.store
+    with store.read() as tx:
+        assert tx.postings_count(rid) > 0
+        journal_before = tx._one("SELECT count(*) FROM journal")[0]
+    ana.call("forget", {"record_id": rid, "idempotency_key": "proj-forget-00001", "reason_ref": "r:x"}, grant=True)
+    with store.read() as tx:
+        assert tx.postings_count(rid) == 0
+        row = tx._one("SELECT state, sealed_body FROM records WHERE record_id = ?", [rid])
+        assert row == ("tombstoned", None)
+        assert tx.data_key_slot(f"record:{rid}") is None
+        # exactly one journal event carried the state change, postings and key together
+        assert tx._one("SELECT count(*) FROM journal")[0] == journal_before + 1
+
+
+def test_forgotten_body_key_is_zeroed(ana: Client) -> None:
+    rid = ana.remember("Shredding: the gannet token rotation is weekly.")
+    core = ana.core.core
+    with core.store.read() as tx:
+        slot = tx.data_key_slot(f"record:{rid}")
+    assert core.vault.data_key(slot, f"record:{rid}") is not None
+    ana.call("forget", {"record_id": rid, "idempotency_key": "shred-forget-0001", "reason_ref": "r:x"}, grant=True)
+    assert core.vault.data_key(slot, f"record:{rid}") is None
