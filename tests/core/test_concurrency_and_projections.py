@@ -28,13 +28,13 @@ def test_admit_races_withdraw_exactly_one_effect(ana: Client) -> None:
         w = {"candidate_id": cid, "idempotency_key": f"race-withdraw-{i:04d}", "reason_ref": "r:x"}
         grant = ana.grant("withdraw", w)
 
-        def admit() -> str:
+        def admit(cid: str = cid, i: int = i) -> str:
             try:
                 return ana.admit(cid, key=f"race-admit-{i:06d}")["outcome"]["status"]
             except Exception as f:
                 return f.code.value  # type: ignore[attr-defined]
 
-        def withdraw() -> str:
+        def withdraw(w: dict = w, grant: bytes = grant) -> str:
             try:
                 ana.call("withdraw", w, grant=grant)
                 return "withdrawn"
