@@ -398,3 +398,29 @@ async def test_request_state_is_single_use_and_tamper_proof(acme):
             allow_input_required=True,
         )
         assert error_code(replayed) == "gate_failed"
+
+
+async def test_core_deadline_comes_back_as_a_retriable_envelope(core, cfg_dir):
+    config = write_config(
+        cfg_dir / "tight.toml",
+        address=core.address,
+        signing_key=core.host_key_path,
+        binding=binding_for("acme"),
+        deadline_ms=1,
+    )
+    async with stdio_client(config) as client:
+        env = envelope_of(
+            await client.call_tool("engram_memory_search", {"query": "x", "purpose_ref": PURPOSE})
+        )
+        assert env["error"]["code"] == "DEADLINE_EXCEEDED" and env["error"]["retriable"] is True
+
+
+async def test_embedded_core_starts_in_process_and_memory_stays_off_until_activated(tmp_path):
+    config = tmp_path / "embedded.toml"
+    body = "\n".join(f'{k} = "{v}"' for k, v in binding_for("acme").items())
+    config.write_text(
+        f'[core]\nembedded = true\ndata_dir = "{tmp_path / "data"}"\n\n[host]\nmemory_enabled = true\n\n[binding]\n{body}\n'
+    )
+    async with stdio_client(config) as client:
+        assert (await client.list_tools()).tools == []
+    assert (tmp_path / "data" / "host.key").exists()
