@@ -1,0 +1,111 @@
+"""Crash-safety harness: run `engram serve` as a subprocess under a mixed
+workload, SIGKILL it at a random point, restart, and check that every
+acknowledged mutation survived and nothing is half-applied (SPEC §7).
+
+Used by tests/core/test_crash_safety.py (a few kill points) and by the
+reliability suite with more points.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from engram_core.api import host_pb2, host_pb2_grpc
+
+ENGRAM = str(Path(sys.executable).parent / "engram")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class CoreProcess:
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30) -> None:
+        self.proc = subprocess.Popen(
+            [ENGRAM, "serve", "--data", str(self.data_dir), "--listen", self.address],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        deadline = time.monotonic() + timeout
+        with grpc.insecure_channel(self.address) as ch:
+            stub = host_pb2_grpc.HostServiceStub(ch)
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"core exited with {self.proc.returncode}")
+                try:
+                    if stub.Health(host_pb2.HealthRequest(), timeout=1).status == "SERVING":
+                        return
+                except grpc.RpcError:
+                    time.sleep(0.05)
+        raise RuntimeError("core did not become healthy")
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@dataclass
+class Acked:
+    """Mutations the server acknowledged, with their arguments for retry."""
+
+    captures: list[tuple[dict, dict]] = field(default_factory=list)       # (args, result)
+    admissions: list[tuple[dict, dict]] = field(default_factory=list)
+    forgets: list[tuple[dict, dict]] = field(default_factory=list)
+    withdrawals: list[tuple[dict, dict]] = field(default_factory=list)
+
+
+def run_workload(client, acked: Acked, stop: threading.Event, rng: random.Random, capture_args) -> None:
+    """Mixed mutations until the server dies (any transport failure ends the loop)."""
+    n = 0
+    while not stop.is_set():
+        n += 1
+        try:
+            args = capture_args(f"Crash workload item {rng.random()} about the heron {n}.",
+                                key=f"crash-cap-{rng.getrandbits(64):016x}")
+            cap = client.call("capture", args, timeout=5)
+            acked.captures.append((args, cap))
+            choice = rng.random()
+            if choice < 0.15:
+                w = {"candidate_id": cap["candidate_id"], "idempotency_key": f"crash-wd-{rng.getrandbits(64):016x}",
+                     "reason_ref": "reason:crash-test"}
+                acked.withdrawals.append((w, client.call("withdraw", w, grant=True, timeout=5)))
+                continue
+            a = {"candidate_id": cap["candidate_id"], "idempotency_key": f"crash-adm-{rng.getrandbits(64):016x}"}
+            out = client.call("request_admission", a, timeout=5)
+            acked.admissions.append((a, out))
+            if choice > 0.8 and out["outcome"]["status"] == "accepted":
+                f = {"record_id": out["outcome"]["record_id"], "idempotency_key": f"crash-fg-{rng.getrandbits(64):016x}",
+                     "reason_ref": "reason:crash-test"}
+                acked.forgets.append((f, client.call("forget", f, grant=True, timeout=5)))
+        except Exception:
+            return
