@@ -227,7 +227,7 @@ class EngramMcp:
         if _purpose_mismatch(name, arguments, call.binding.purpose_ref):
             raise envelope.trusted_context_unavailable()
 
-        if name in ALWAYS_CONFIRMED or params.request_state is not None:
+        if name in ALWAYS_CONFIRMED or (params.request_state is not None and name in CONFIRMED_ON_POLICY):
             return await self._confirm_then_invoke(ctx, params, name, arguments, call, state)
         try:
             value = await self._core.invoke(name, arguments, context=call.signed)
