@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from conftest import PURPOSE, Client, capture_args
+from core_support import PURPOSE, Client, capture_args
 from google.protobuf import json_format
 
 from engram_core.errors import Code

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import Client, capture_args
+from core_support import Client, capture_args
 
 from engram_core.errors import Code
 

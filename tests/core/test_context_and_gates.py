@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import PURPOSE, Client, capture_args, now_ms
+from core_support import PURPOSE, Client, capture_args, now_ms
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from engram_core.errors import Code

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import PURPOSE, Client, capture_args, now_ms
+from core_support import PURPOSE, Client, capture_args, now_ms
 
 from engram_core.errors import Code
 

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from conftest import Client, activate, capture_args
+from core_support import Client, activate, capture_args
 from crash_harness import Acked, CoreProcess, run_workload
 
 from engram_core.errors import Code

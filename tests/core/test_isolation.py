@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import grpc
-from conftest import PURPOSE, Client
+from core_support import PURPOSE, Client
 
 
 def _detail(c: Client, op: str, args: dict, **kw) -> tuple:

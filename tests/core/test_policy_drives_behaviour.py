@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Client, activate, capture_args, now_ms
+from core_support import Client, activate, capture_args, now_ms
 
 from engram_core.errors import Code
 from engram_core.rpc.server import RunningCore, default_policies_dir, start_core
