@@ -468,6 +468,63 @@ class DuckDBTx:
         self._con.execute("INSERT INTO store_meta VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v",
                           [key, value])
 
+    # -- maintenance (SPEC §12): projections, backup and restore -------------------------
+    def drop_projections(self, tenant: str, workspace: str) -> dict[str, int]:
+        """Delete the lexical and vector projections of one scope; returns row counts removed."""
+        counts = {}
+        for table in ("postings", "vectors", "field_stats"):
+            counts[table] = int(self._one(f"SELECT count(*) FROM {table} WHERE tenant = ? AND workspace = ?",  # type: ignore[index]
+                                          [tenant, workspace])[0])
+            self._con.execute(f"DELETE FROM {table} WHERE tenant = ? AND workspace = ?", [tenant, workspace])
+        return counts
+
+    def projection_counts(self, tenant: str, workspace: str) -> dict[str, int]:
+        return {table: int(self._one(f"SELECT count(*) FROM {table} WHERE tenant = ? AND workspace = ?",  # type: ignore[index]
+                                     [tenant, workspace])[0])
+                for table in ("postings", "vectors", "field_stats")}
+
+    def is_empty(self) -> bool:
+        """True when nothing but trusted host keys and metadata was ever written (a restore target)."""
+        for table in ("scopes", "journal", "records", "candidates", "audit", "tombstones", "data_keys"):
+            if self._one(f"SELECT 1 FROM {table} LIMIT 1") is not None:
+                return False
+        return True
+
+    def tombstone_rows(self) -> list[dict[str, Any]]:
+        keys = ("tenant", "workspace", "payload_digest", "record_id", "cursor", "at_ms")
+        rows = self._all(f"SELECT {', '.join(keys)} FROM tombstones ORDER BY tenant, workspace, cursor, record_id")
+        return [{**dict(zip(keys, r, strict=True)), "cursor": int(r[4])} for r in rows]
+
+    def key_destructions(self) -> list[tuple[str, int, str]]:
+        return [(r[0], int(r[1]), r[2]) for r in
+                self._all("SELECT owner, destroyed_at_ms, reason FROM key_destructions ORDER BY owner")]
+
+    def restore_scope(self, row: ScopeRow) -> None:
+        self._con.execute("INSERT INTO scopes VALUES (?, ?, ?, ?, ?, ?, ?)",
+                          [row.tenant, row.workspace, row.activated, json.dumps(sorted(row.tools)),
+                           row.authorization_epoch, row.last_cursor, row.last_event_digest])
+
+    def restore_event(self, e: Event) -> None:
+        """Insert a verified journal event verbatim (restore); the scope row carries the chain head."""
+        self._con.execute(
+            "INSERT INTO journal VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [e.tenant, e.workspace, e.cursor, e.event_id, e.operation, e.target, e.from_state, e.to_state, e.at_ms,
+             json.dumps(e.body, sort_keys=True), e.prev_digest, e.event_digest],
+        )
+
+    def restore_audit_row(self, doc: dict[str, Any]) -> None:
+        """Insert a verified audit row verbatim (restore) and move the chain head past it."""
+        self._con.execute(
+            "INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [doc["seq"], doc["at_ms"], doc["audit_id"], doc["tenant"], doc["workspace"], doc["principal"],
+             doc["agent_id"], doc["operation"], doc["outcome"], doc["target_digest"],
+             json.dumps(doc["decisions"], sort_keys=True), doc["prev_digest"], doc["row_digest"]],
+        )
+        self.audit_head = (int(doc["seq"]), doc["row_digest"])
+
+    def restore_key_destruction(self, owner: str, at_ms: int, reason: str) -> None:
+        self._con.execute("INSERT INTO key_destructions VALUES (?, ?, ?) ON CONFLICT DO NOTHING", [owner, at_ms, reason])
+
 
 class DuckDBStore:
     """The DuckDB file store. ``open`` fences, migrates and loads the audit head."""
@@ -521,6 +578,11 @@ class DuckDBStore:
                 raise
             applied.append(m.version)
         return applied
+
+    def migrate(self) -> list[int]:
+        """Re-verify the ledger and apply pending migrations, serialized with writers."""
+        with self._write_lock:
+            return self.check_migrations(apply=True)
 
     def migration_ledger(self) -> list[dict[str, Any]]:
         rows = self._con.execute(

@@ -1,0 +1,314 @@
+"""Logical backup and restore (SPEC §10, §12).
+
+A backup is JSON lines (RFC 8785 per line) taken from one read snapshot, so it
+is pinned at each scope's cursor and at the audit head. It holds scopes, the
+journal, admitted records (control row + *sealed* body), the tombstone ledger,
+key-destruction ledger, trusted host keys and the audit log, then a manifest
+with counts, a digest over every preceding byte, and ``manifest_digest``
+(``backup-manifest`` domain). Candidates — pending, rejected or withdrawn
+content — are never included, and neither is the idempotency ledger.
+
+Key material never enters a backup. A record line names its data key by
+``(owner, slot)`` in the key vault it came from; restore takes each key from a
+key-vault directory (the source's ``store.kek`` + ``datakeys.bin``), unseals,
+checks the payload digest, and re-seals under a fresh key of the target vault.
+So crypto-shredding reaches backups: a record forgotten after the backup has a
+zeroed slot, its key is gone, and restore journals it as tombstoned instead of
+bringing it back (docs/admin.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from engram_core.canonical import canonical_json, digest
+from engram_core.crypto.keyvault import _SLOT as SLOT_BYTES  # the vault's on-disk slot size
+from engram_core.crypto.keyvault import FileKeyVault
+from engram_core.crypto.sealing import seal, unseal
+from engram_core.errors import Code, EngramError
+from engram_core.hostctx import BoundContext
+from engram_core.hostkeys import load_public_pem
+from engram_core.services.core import CallRecord, Core, new_id, record_id_of
+from engram_core.services.lexical import record_fields
+from engram_core.services.maintenance import check_audit, check_journal, event_doc
+from engram_core.services.memory import MemoryService
+from engram_core.store.duckdb_store import DuckDBTx
+from engram_core.store.migrations import MIGRATIONS
+from engram_core.store.port import Event, RecordRow, ScopeRow
+
+FORMAT = "engram-backup/v1"
+CHUNK_BYTES = 1 << 20
+MAX_BACKUP_BYTES = 1 << 31
+SCHEMA_VERSION = max(m.version for m in MIGRATIONS)
+
+
+def _invalid(detail: str) -> EngramError:
+    return EngramError(Code.BACKUP_INVALID, detail)
+
+
+# -- taking a backup ------------------------------------------------------------------------
+def build_backup(tx: DuckDBTx, *, created_at: str) -> bytes:
+    """Serialize one consistent snapshot of the store (the caller holds the read transaction)."""
+    lines: list[bytes] = []
+    counts: dict[str, int] = {}
+
+    def put(kind: str, item: dict[str, Any]) -> None:
+        counts[kind] = counts.get(kind, 0) + 1
+        lines.append(canonical_json({"kind": kind, **item}) + b"\n")
+
+    audit = tx.audit_rows(None, None, 0, None)
+    head = {"seq": audit[-1]["seq"], "digest": audit[-1]["row_digest"]} if audit else {"seq": 0, "digest": ""}
+    put("header", {"format": FORMAT, "created_at": created_at, "schema_version": SCHEMA_VERSION, "audit_head": head})
+    pins = []
+    for s in tx.scopes():
+        put("scope", {"tenant": s.tenant, "workspace": s.workspace, "activated": s.activated, "tools": list(s.tools),
+                      "authorization_epoch": s.authorization_epoch, "last_cursor": str(s.last_cursor),
+                      "last_event_digest": s.last_event_digest})
+        pins.append({"tenant": s.tenant, "workspace": s.workspace, "cursor": str(s.last_cursor)})
+        for e in tx.events(s.tenant, s.workspace, 0, None):
+            put("event", event_doc(e))
+        for rec in tx.scope_records(s.tenant, s.workspace):
+            item = asdict(rec)
+            item["sealed_body"] = base64.b64encode(rec.sealed_body).decode() if rec.sealed_body is not None else ""
+            if rec.state != "tombstoned":
+                owner = f"record:{rec.record_id}"
+                slot = tx.data_key_slot(owner)
+                item["key_ref"] = {"owner": owner, "slot": slot if slot is not None else -1}
+            put("record", {k: v for k, v in item.items() if v is not None})
+    for row in tx.tombstone_rows():
+        put("tombstone", row)
+    for owner, at_ms, reason in tx.key_destructions():
+        put("key_destruction", {"owner": owner, "at_ms": at_ms, "reason": reason})
+    for kid, pem in tx.trusted_host_keys():
+        put("trusted_host_key", {"key_id": kid, "public_key_pem": pem})
+    for row in audit:
+        put("audit", row)
+    body = b"".join(lines)
+    manifest = {"format": FORMAT, "counts": counts, "pins": pins, "audit_head": head,
+                "items_sha256": hashlib.sha256(body).hexdigest(), "bytes": len(body)}
+    manifest["manifest_digest"] = digest("backup-manifest", manifest)
+    return body + canonical_json({"kind": "manifest", **manifest}) + b"\n"
+
+
+def chunks(data: bytes) -> Iterable[tuple[bytes, int]]:
+    for i in range(0, len(data), CHUNK_BYTES):
+        yield data[i:i + CHUNK_BYTES], len(data)
+
+
+# -- reading one back -------------------------------------------------------------------------
+class ParsedBackup:
+    """A backup whose manifest, counts, digests and hash chains all verified."""
+
+    def __init__(self, data: bytes) -> None:
+        if not data.endswith(b"\n"):
+            raise _invalid("truncated")
+        body_end = data.rstrip(b"\n").rfind(b"\n") + 1
+        body, last = data[:body_end], data[body_end:]
+        try:
+            manifest = json.loads(last)
+            items = [json.loads(line) for line in body.splitlines()]
+        except ValueError:
+            raise _invalid("not JSON lines") from None
+        if not isinstance(manifest, dict) or manifest.pop("kind", None) != "manifest":
+            raise _invalid("no manifest")
+        claimed = manifest.pop("manifest_digest", None)
+        if claimed != digest("backup-manifest", manifest) or manifest.get("format") != FORMAT:
+            raise _invalid("manifest digest")
+        if hashlib.sha256(body).hexdigest() != manifest.get("items_sha256") or len(body) != manifest.get("bytes"):
+            raise _invalid("items digest")
+        by_kind: dict[str, list[dict[str, Any]]] = {}
+        for item in items:
+            if not isinstance(item, dict) or not isinstance(item.get("kind"), str):
+                raise _invalid("item")
+            by_kind.setdefault(item.pop("kind"), []).append(item)
+        if {k: len(v) for k, v in by_kind.items()} != manifest.get("counts"):
+            raise _invalid("counts")
+        header = by_kind.get("header", [{}])[0]
+        if header.get("format") != FORMAT:
+            raise _invalid("header")
+        self.schema_version = header.get("schema_version")
+        try:
+            self.scopes = [ScopeRow(s["tenant"], s["workspace"], bool(s["activated"]), tuple(s["tools"]),
+                                    int(s["authorization_epoch"]), int(s["last_cursor"]), s["last_event_digest"])
+                           for s in by_kind.get("scope", [])]
+            self.events = [Event(e["tenant"], e["workspace"], int(e["cursor"]), e["event_id"], e["operation"],
+                                 e["target"], e["from_state"], e["to_state"], int(e["at_ms"]), e["body"],
+                                 e["prev_digest"], e["event_digest"]) for e in by_kind.get("event", [])]
+            self.records = [_record_row(r) for r in by_kind.get("record", [])]
+            self.key_refs = {r["record_id"]: (r["key_ref"]["owner"], int(r["key_ref"]["slot"]))
+                             for r in by_kind.get("record", []) if "key_ref" in r}
+            self.tombstones = by_kind.get("tombstone", [])
+            self.key_destructions = by_kind.get("key_destruction", [])
+            self.trusted_keys = by_kind.get("trusted_host_key", [])
+            self.audit = by_kind.get("audit", [])
+            head = manifest["audit_head"]
+            if head != header["audit_head"]:
+                raise _invalid("audit head")
+        except (KeyError, TypeError, ValueError):
+            raise _invalid("item fields") from None
+        self._verify_chains(head)
+
+    def _verify_chains(self, head: dict[str, Any]) -> None:
+        known = {(s.tenant, s.workspace): s for s in self.scopes}
+        per_scope: dict[tuple[str, str], list[Event]] = {k: [] for k in known}
+        for e in self.events:
+            if (e.tenant, e.workspace) not in known:
+                raise _invalid("event outside any scope")
+            per_scope[(e.tenant, e.workspace)].append(e)
+        for k, events in per_scope.items():
+            if check_journal(known[k], sorted(events, key=lambda e: e.cursor)):
+                raise _invalid("journal chain")
+        for row in self.audit:
+            row["seq"] = int(row["seq"])
+        if check_audit(self.audit, (int(head["seq"]), head["digest"]) if self.audit else None):
+            raise _invalid("audit chain")
+        for rec in self.records:
+            scope = known.get((rec.tenant, rec.workspace))
+            if scope is None or rec.accepted_cursor > scope.last_cursor or rec.record_id != record_id_of(rec.record_digest):
+                raise _invalid("record row")
+            if rec.state != "tombstoned" and (rec.sealed_body is None or rec.record_id not in self.key_refs):
+                raise _invalid("record body")
+
+
+def _record_row(r: dict[str, Any]) -> RecordRow:
+    fields = {k: r.get(k) for k in RecordRow.__dataclass_fields__}
+    fields["sealed_body"] = base64.b64decode(r["sealed_body"], validate=True) if r.get("sealed_body") else None
+    return RecordRow(**fields)
+
+
+def _slot_zeroed(key_dir: Path, slot: int) -> bool:
+    """True when the vault slot holds no key at all (destroyed), as opposed to a key we cannot unwrap."""
+    try:
+        with open(key_dir / "datakeys.bin", "rb") as f:
+            raw = os.pread(f.fileno(), SLOT_BYTES, slot * SLOT_BYTES)
+    except OSError:
+        return False
+    return len(raw) == SLOT_BYTES and not any(raw)
+
+
+# -- restore ------------------------------------------------------------------------------------
+class BackupService:
+    def __init__(self, core: Core, memory: MemoryService) -> None:
+        self.core = core
+        self.memory = memory
+
+    def backup(self, ctx: BoundContext, tenant: str) -> bytes:
+        call = CallRecord()
+        self.core.authorize(ctx, "admin.backup", call)
+        if tenant:
+            # The audit chain is global; a partial backup could not be verified.
+            raise EngramError(Code.INVALID_SCHEMA, "backups cover the whole store")
+        with self.core.store.read() as tx:
+            data = build_backup(tx, created_at=self.core.instant())
+        manifest = json.loads(data.rstrip(b"\n").rsplit(b"\n", 1)[-1])
+        self.core.audit_standalone(ctx, "admin.backup", "ok", manifest["manifest_digest"], call)
+        return data
+
+    def restore(self, ctx: BoundContext, data: bytes, key_dir: str) -> dict[str, Any]:
+        call = CallRecord()
+        self.core.authorize(ctx, "admin.restore", call)
+        parsed = ParsedBackup(data)
+        if parsed.schema_version != SCHEMA_VERSION:
+            raise EngramError(Code.RESTORE_REFUSED, "backup schema version differs from this store")
+        with self.core.store.read() as tx:
+            if not tx.is_empty():
+                raise EngramError(Code.RESTORE_REFUSED, "target store is not empty")
+        source_dir = Path(key_dir) if key_dir else self.core.data_dir
+        if not (source_dir / "store.kek").is_file() or not (source_dir / "datakeys.bin").is_file():
+            raise EngramError(Code.RESTORE_REFUSED, "key directory has no key vault")
+        created: list[int] = []
+        try:
+            bodies, lost = self._rekey(parsed, source_dir, created)
+            summary = self._write(ctx, call, parsed, bodies, lost)
+        except BaseException:
+            if created:
+                self.core.vault.destroy_many(created)
+            raise
+        for k in parsed.trusted_keys:
+            self.core.trusted.add(load_public_pem(k["public_key_pem"]))
+        return summary
+
+    def _rekey(self, parsed: ParsedBackup, source_dir: Path, created: list[int]):
+        """Take each data key from the source vault, verify the body, re-seal under a new target key."""
+        source = self.core.vault if source_dir == self.core.data_dir else FileKeyVault(source_dir)
+        bodies: dict[str, tuple[int, bytes, dict[str, Any]]] = {}
+        lost: list[RecordRow] = []
+        try:
+            for rec in parsed.records:
+                if rec.state == "tombstoned":
+                    continue
+                owner, slot = parsed.key_refs[rec.record_id]
+                key = source.data_key(slot, owner) if slot >= 0 else None
+                if key is None:
+                    if slot >= 0 and not _slot_zeroed(source_dir, slot):
+                        raise EngramError(Code.RESTORE_REFUSED, "key vault does not match the backup")
+                    lost.append(rec)  # crypto-shredded since the backup: stays unreadable
+                    continue
+                try:
+                    plaintext = unseal(key, rec.sealed_body or b"", kind="record", owner=rec.record_id)
+                    payload = json.loads(plaintext)
+                except Exception:
+                    raise _invalid("sealed body") from None
+                if digest("payload", payload) != rec.payload_digest:
+                    raise _invalid("payload digest")
+                new_slot, new_key = self.core.vault.new_data_key(owner)
+                created.append(new_slot)
+                bodies[rec.record_id] = (new_slot, seal(new_key, plaintext, kind="record", owner=rec.record_id), payload)
+        finally:
+            if source is not self.core.vault:
+                source.close()
+        return bodies, lost
+
+    def _write(self, ctx: BoundContext, call: CallRecord, parsed: ParsedBackup,
+               bodies: dict[str, tuple[int, bytes, dict[str, Any]]], lost: list[RecordRow]) -> dict[str, Any]:
+        now = self.core.now_ms()
+        with self.core.store.write() as tx:
+            if not tx.is_empty():
+                raise EngramError(Code.RESTORE_REFUSED, "target store is not empty")
+            for s in parsed.scopes:
+                tx.restore_scope(s)
+            for e in parsed.events:
+                tx.restore_event(e)
+            for row in parsed.audit:
+                tx.restore_audit_row(row)
+            for rec in parsed.records:
+                if rec.record_id in bodies:
+                    slot, sealed, payload = bodies[rec.record_id]
+                    tx.insert_record(RecordRow(**{**asdict(rec), "sealed_body": sealed}))
+                    tx.put_data_key(f"record:{rec.record_id}", slot, now)
+                    tx.index_record(rec.tenant, rec.workspace, rec.record_id, record_fields(payload, self.core.hasher))
+                    self.memory.index_vector(tx, replace(ctx, tenant=rec.tenant, workspace=rec.workspace),
+                                             rec.record_id, payload)
+                else:
+                    tx.insert_record(rec)
+            for t in parsed.tombstones:
+                tx.add_tombstone(t["tenant"], t["workspace"], t["payload_digest"], t["record_id"], int(t["cursor"]),
+                                 int(t["at_ms"]))
+            for d in parsed.key_destructions:
+                tx.restore_key_destruction(d["owner"], int(d["at_ms"]), d["reason"])
+            for k in parsed.trusted_keys:
+                tx.add_trusted_host_key(k["key_id"], k["public_key_pem"], now)
+            shredded = []
+            for rec in lost:
+                # The key was destroyed after the backup (forget): record that fact, never the body.
+                event = tx.append_event(
+                    rec.tenant, rec.workspace, event_id=new_id("evt_"), operation="tombstone", target=rec.record_id,
+                    from_state=rec.state, to_state="tombstoned", at_ms=now,
+                    body={"reason_ref": "restore:data-key-destroyed", "decisions": call.summaries(),
+                          "audit_id": ctx.audit_id})
+                tx.set_record_state(rec.record_id, "tombstoned", state_cursor=event.cursor)
+                tx.drop_record_body(rec.record_id)
+                tx.add_tombstone(rec.tenant, rec.workspace, rec.payload_digest, rec.record_id, event.cursor, now)
+                tx.restore_key_destruction(f"record:{rec.record_id}", now, "destroyed before restore")
+                shredded.append(rec.record_id)
+            tx.append_audit(self.core.audit_row(ctx, "admin.restore", "ok", "", call))
+        return {"scopes": len(parsed.scopes), "events": len(parsed.events), "records_restored": len(bodies),
+                "records_unrecoverable": sorted(shredded), "audit_rows": len(parsed.audit),
+                "tombstones": len(parsed.tombstones) + len(shredded)}

@@ -1,0 +1,123 @@
+"""AdminService over gRPC (SPEC §12): every maintenance RPC, mapped once to the services.
+
+Context binding and error mapping come from the shared ``_Handler``; results
+are canonical JSON documents (``AdminResult.json``); backups stream as chunks.
+"""
+
+from __future__ import annotations
+
+from engram_core.api import admin_pb2, admin_pb2_grpc
+from engram_core.backup import MAX_BACKUP_BYTES, BackupService, chunks
+from engram_core.errors import Code, EngramError
+from engram_core.rpc.server import _Handler, _json_result
+from engram_core.services.admin import AdminServiceCore
+from engram_core.services.core import CallRecord, Core
+from engram_core.services.maintenance import MaintenanceService
+from engram_core.services.memory import MemoryService
+
+
+class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, _Handler):
+    def __init__(self, core: Core, admin: AdminServiceCore, memory: MemoryService) -> None:
+        _Handler.__init__(self, core)
+        self.admin = admin
+        self.svc = MaintenanceService(core, memory)
+        self.backups = BackupService(core, memory)
+
+    def _json(self, context, fn):
+        return self.run(context, lambda: _json_result(fn(self.bind(context))))
+
+    # -- activation (SPEC §2: memory off by default) ---------------------------------------
+    def Activate(self, request, context):
+        return self._json(context, lambda ctx: self.admin.activate(
+            ctx, request.tenant, request.workspace, list(request.tools), activated=True))
+
+    def Deactivate(self, request, context):
+        return self._json(context, lambda ctx: self.admin.activate(
+            ctx, request.tenant, request.workspace, list(request.tools), activated=False))
+
+    # -- lifecycle and adjudication ---------------------------------------------------------
+    def Transition(self, request, context):
+        return self._json(context, lambda ctx: self.svc.transition(ctx, {
+            "tenant": request.tenant, "workspace": request.workspace, "operation": request.operation,
+            "target": request.target, "successor": request.successor, "to_state": request.to_state,
+            "reason_ref": request.reason_ref, "event_id": request.event_id}))
+
+    def ExpireSweep(self, request, context):
+        return self._json(context, lambda ctx: self.svc.expire_sweep(ctx, request.tenant, request.workspace))
+
+    def ListAdjudication(self, request, context):
+        return self._json(context, lambda ctx: self.svc.list_adjudication(ctx, request.tenant, request.workspace))
+
+    def Adjudicate(self, request, context):
+        return self._json(context, lambda ctx: self.svc.adjudicate(ctx, {
+            "tenant": request.tenant, "workspace": request.workspace, "candidate_id": request.candidate_id,
+            "decision": request.decision, "reason_ref": request.reason_ref, "event_id": request.event_id}))
+
+    # -- reads ------------------------------------------------------------------------------
+    def History(self, request, context):
+        return self._json(context, lambda ctx: self.svc.history(
+            ctx, request.tenant, request.workspace, request.record_id, request.disputed_only))
+
+    def InspectCandidate(self, request, context):
+        return self._json(context, lambda ctx: self.svc.inspect_candidate(
+            ctx, request.tenant, request.workspace, request.candidate_id))
+
+    def Export(self, request, context):
+        return self._json(context, lambda ctx: self.svc.export(
+            ctx, request.tenant, request.workspace, request.what, request.from_cursor, request.to_cursor))
+
+    def Verify(self, request, context):
+        return self._json(context, lambda ctx: self.svc.verify(
+            ctx, request.tenant, request.workspace, report_only=request.report_only))
+
+    # -- keys and authorization -------------------------------------------------------------
+    def RotateKeys(self, request, context):
+        return self._json(context, self.svc.rotate_keys)
+
+    def KeyStatus(self, request, context):
+        return self._json(context, lambda ctx: self.svc.key_status(ctx, request.tenant, request.workspace))
+
+    def Revoke(self, request, context):
+        return self._json(context, lambda ctx: self.svc.revoke(ctx, request.tenant, request.workspace))
+
+    def TrustHostKey(self, request, context):
+        return self._json(context, lambda ctx: self.svc.trust_host_key(ctx, request.public_key_pem, request.key_id))
+
+    def UntrustHostKey(self, request, context):
+        return self._json(context, lambda ctx: self.svc.untrust_host_key(ctx, request.public_key_pem, request.key_id))
+
+    # -- backup and restore -----------------------------------------------------------------
+    def Backup(self, request, context):
+        data = self.run(context, lambda: self.backups.backup(self.bind(context), request.tenant))
+        for piece, total in chunks(data):
+            yield admin_pb2.BackupChunk(data=piece, total_bytes=total)
+
+    def Restore(self, request_iterator, context):
+        def go():
+            ctx = self.bind(context)
+            # Authorize before reading a byte of the stream.
+            self.core.authorize(ctx, "admin.restore", CallRecord())
+            parts, size, key_dir = [], 0, ""
+            for i, chunk in enumerate(request_iterator):
+                if i == 0:
+                    key_dir = chunk.key_dir
+                size += len(chunk.data)
+                if size > MAX_BACKUP_BYTES:
+                    raise EngramError(Code.BACKUP_INVALID, "backup too large")
+                parts.append(chunk.data)
+            return _json_result(self.backups.restore(ctx, b"".join(parts), key_dir))
+
+        return self.run(context, go)
+
+    # -- schema, projections, policies ------------------------------------------------------
+    def Migrate(self, request, context):
+        return self._json(context, self.svc.migrate)
+
+    def InvalidateProjections(self, request, context):
+        return self._json(context, lambda ctx: self.svc.invalidate_projections(ctx, request.tenant, request.workspace))
+
+    def RebuildProjections(self, request, context):
+        return self._json(context, lambda ctx: self.svc.rebuild_projections(ctx, request.tenant, request.workspace))
+
+    def ReloadPolicies(self, request, context):
+        return self._json(context, self.svc.reload_policies)

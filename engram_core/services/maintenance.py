@@ -1,0 +1,598 @@
+"""Host maintenance (SPEC §12): lifecycle transitions, adjudication, reads, keys, projections.
+
+Every operation authorizes the *host* context for ``admin.<op>`` (policy asks
+for a host principal holding the ``read`` or ``maintain`` scope), then acts on
+the target scope named in the request through a derived context, so journal
+events, idempotency rows and audit rows land in the scope they concern while
+keeping the host's principal and audit id.
+
+Host mutations are idempotent by the request's ``event_id``: it is the key of
+an idempotency row in the target scope under the host principal, written in
+the same transaction as the effect (SPEC §7). Backup and restore live in
+``engram_core.backup``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+from typing import Any
+
+from engram_core.canonical import digest, with_receipt_digest
+from engram_core.crypto.sealing import unseal
+from engram_core.errors import Code, EngramError
+from engram_core.hostctx import BoundContext
+from engram_core.hostkeys import key_id, load_public_pem, public_pem
+from engram_core.policy.port import RETENTION
+from engram_core.services import lifecycle
+from engram_core.services.core import CallRecord, Core, context_facts, new_id
+from engram_core.services.lexical import record_fields
+from engram_core.services.memory import ADMISSION_TOOL, FORGET_TOOL, WITHDRAW_TOOL, MemoryService
+from engram_core.store.duckdb_store import GENESIS, DuckDBTx, audit_digest_of, event_digest_of
+from engram_core.store.migrations import MIGRATIONS
+from engram_core.store.port import Event, IdempotencyRow, RecordRow, ScopeRow
+
+log = logging.getLogger("engram.maintenance")
+
+TRANSITION_TOOL = "admin.transition"
+RECORD_OPS = frozenset({"dispute", "resolve_dispute", "supersede", "mark_non_current", "rewind", "trust_invalidate"})
+CANDIDATE_OPS = {"reject": "rejected", "withdraw": "withdrawn"}
+TRANSITION_OPS = RECORD_OPS | {"tombstone"} | set(CANDIDATE_OPS)
+EXPIRABLE = ("accepted_current", "accepted_disputed", "historical")
+INDEXED_STATES = ("accepted_current", "accepted_disputed", "historical", "expired", "trust_invalid")
+_CURSOR = re.compile(r"^(0|[1-9][0-9]{0,19})$")
+_EVENT_ID = re.compile(r"^[A-Za-z0-9_.:/-]{16,256}$")
+
+
+def _ref(value: str, what: str) -> str:
+    if not value or len(value.encode()) > 512:
+        raise EngramError(Code.INVALID_SCHEMA, f"{what} must be 1-512 bytes")
+    return value
+
+
+def parse_cursor(value: str, default: int | None) -> int | None:
+    """SPEC §4 cursor: decimal, no leading zeros, ≤ 2^64−1; empty means ``default``."""
+    if not value:
+        return default
+    if not _CURSOR.match(value) or int(value) > 2**64 - 1:
+        raise EngramError(Code.INVALID_SCHEMA, "cursor")
+    return int(value)
+
+
+def event_doc(e: Event) -> dict[str, Any]:
+    """A journal event as exported and as its digest covers it (plus the digest)."""
+    return {"tenant": e.tenant, "workspace": e.workspace, "cursor": str(e.cursor), "event_id": e.event_id,
+            "operation": e.operation, "target": e.target, "from_state": e.from_state, "to_state": e.to_state,
+            "at_ms": e.at_ms, "body": e.body, "prev_digest": e.prev_digest, "event_digest": e.event_digest}
+
+
+def check_journal(scope: ScopeRow, events: list[Event]) -> list[dict[str, Any]]:
+    """Problems in one scope's hash chain: dense cursors, prev links, recomputed digests, head."""
+    problems: list[dict[str, Any]] = []
+    prev, expected = GENESIS, 1
+    for e in events:
+        if e.cursor != expected:
+            problems.append({"cursor": str(e.cursor), "problem": "cursor_gap"})
+        if e.prev_digest != prev:
+            problems.append({"cursor": str(e.cursor), "problem": "prev_link"})
+        if event_digest_of(event_doc(e)) != e.event_digest:
+            problems.append({"cursor": str(e.cursor), "problem": "event_digest"})
+        prev, expected = e.event_digest, e.cursor + 1
+    if scope.last_cursor != expected - 1 or scope.last_event_digest != prev:
+        problems.append({"cursor": str(scope.last_cursor), "problem": "head"})
+    return problems
+
+
+def check_audit(rows: list[dict[str, Any]], head: tuple[int, str] | None = None) -> list[dict[str, Any]]:
+    """Problems in the global audit hash chain (dense seq from 1, prev links, row digests, head)."""
+    problems: list[dict[str, Any]] = []
+    prev, expected = GENESIS, 1
+    for r in rows:
+        if r["seq"] != expected:
+            problems.append({"seq": r["seq"], "problem": "seq_gap"})
+        if r["prev_digest"] != prev:
+            problems.append({"seq": r["seq"], "problem": "prev_link"})
+        if audit_digest_of(r) != r["row_digest"]:
+            problems.append({"seq": r["seq"], "problem": "row_digest"})
+        prev, expected = r["row_digest"], r["seq"] + 1
+    if head is not None and head != (expected - 1, prev):
+        problems.append({"seq": head[0], "problem": "head"})
+    return problems
+
+
+def record_meta(core: Core, rec: RecordRow) -> dict[str, Any]:
+    """A record's control view for hosts: identifiers, states, times — never the body."""
+    view: dict[str, Any] = {
+        "record_id": rec.record_id, "record_digest": rec.record_digest, "payload_digest": rec.payload_digest,
+        "candidate_id": rec.candidate_id, "state": rec.state, "trust_class": rec.trust_class,
+        "principal": rec.principal, "agent_id": rec.agent_id, "valid_t": rec.valid_t,
+        "derivative_rule": rec.derivative_rule, "accepted_at": core.instant(rec.accepted_at_ms),
+        "accepted_cursor": str(rec.accepted_cursor), "state_cursor": str(rec.state_cursor),
+        "body_present": rec.sealed_body is not None,
+    }
+    if rec.valid_t_end is not None:
+        view["valid_t_end"] = rec.valid_t_end
+    if rec.expires_at_ms is not None:
+        view["expires_at"] = core.instant(rec.expires_at_ms)
+    if rec.successor_id:
+        view["successor_id"] = rec.successor_id
+    return view
+
+
+def _event_summary(e: Event) -> dict[str, Any]:
+    out = {"cursor": str(e.cursor), "event_id": e.event_id, "operation": e.operation, "target": e.target,
+           "from_state": e.from_state, "to_state": e.to_state, "at_ms": e.at_ms, "event_digest": e.event_digest}
+    if e.body.get("reason_ref"):
+        out["reason_ref"] = e.body["reason_ref"]
+    if e.body.get("successor"):
+        out["successor"] = e.body["successor"]
+    return out
+
+
+class MaintenanceService:
+    def __init__(self, core: Core, memory: MemoryService) -> None:
+        self.core = core
+        self.memory = memory
+
+    # -- shared steps ----------------------------------------------------------------------
+    def authorize(self, ctx: BoundContext, op: str) -> CallRecord:
+        call = CallRecord()
+        self.core.authorize(ctx, f"admin.{op}", call)
+        return call
+
+    @staticmethod
+    def target_ctx(ctx: BoundContext, tenant: str, workspace: str) -> BoundContext:
+        """The host context re-bound to the scope it acts on (identity and audit id unchanged)."""
+        _ref(tenant, "tenant")
+        _ref(workspace, "workspace")
+        return dataclasses.replace(ctx, tenant=tenant, workspace=workspace)
+
+    def _audit(self, ctx: BoundContext, op: str, outcome: str, target: str, call: CallRecord) -> None:
+        self.core.audit_standalone(ctx, f"admin.{op}", outcome, target, call)
+
+    @staticmethod
+    def _prior(tx: DuckDBTx, ctx: BoundContext, tool: str, target: str, event_id: str,
+               request_digest: str) -> dict[str, Any] | None:
+        """The stored outcome of this event id, or DIGEST_CONFLICT if it was used for something else."""
+        row = tx.idempotency_get(ctx.tenant, ctx.workspace, ctx.principal, event_id)
+        if row is None:
+            return None
+        if row.tool != tool or row.target != target or row.request_digest != request_digest:
+            raise EngramError(Code.DIGEST_CONFLICT, "event id reused")
+        return row.outcome
+
+    # -- lifecycle (SPEC §6) ------------------------------------------------------------------
+    def transition(self, ctx: BoundContext, req: dict[str, Any]) -> dict[str, Any]:
+        call = self.authorize(ctx, "transition")
+        op = req.get("operation", "")
+        if op not in TRANSITION_OPS:
+            raise EngramError(Code.INVALID_SCHEMA, "unknown operation")
+        tctx = self.target_ctx(ctx, req.get("tenant", ""), req.get("workspace", ""))
+        target = _ref(req.get("target", ""), "target")
+        event_id = req.get("event_id", "")
+        if not _EVENT_ID.match(event_id):
+            raise EngramError(Code.INVALID_SCHEMA, "event_id")
+        reason = _ref(req.get("reason_ref", ""), "reason_ref")
+        successor, to_state = req.get("successor", ""), req.get("to_state", "")
+        if (successor and op not in ("supersede", "rewind")) or (to_state and op != "resolve_dispute"):
+            raise EngramError(Code.INVALID_SCHEMA, "argument not valid for this operation")
+        if op == "tombstone":
+            return self._tombstone(tctx, call, target, event_id, reason)
+        if op in CANDIDATE_OPS:
+            return self._candidate_end(tctx, call, op, target, event_id, reason)
+        return self._record_transition(tctx, call, op, target, successor, to_state, reason, event_id)
+
+    def _tombstone(self, tctx: BoundContext, call: CallRecord, record_id: str, event_id: str, reason: str) -> dict[str, Any]:
+        args = {"record_id": record_id, "idempotency_key": event_id, "reason_ref": reason, "by": "host"}
+        rd = self.memory._request_digest(FORGET_TOOL, args)
+        with self.core.store.read() as tx:
+            prior = self._prior(tx, tctx, FORGET_TOOL, record_id, event_id, rd)
+            rec = tx.record(tctx.tenant, tctx.workspace, record_id)
+        if prior is not None:
+            return {**prior, "replayed": True}
+        if rec is None:
+            raise EngramError(Code.NOT_FOUND, "record")
+        lifecycle.check_record("tombstone", rec.state)
+        # MemoryService.tombstone: body key shredded, projections dropped, ledger, journal, audit — one transaction.
+        return self.memory.tombstone(tctx, record_id, call, args=args, request_digest=rd, grant_id=None, reason_ref=reason)
+
+    def _candidate_end(self, tctx: BoundContext, call: CallRecord, op: str, candidate_id: str, event_id: str,
+                       reason: str) -> dict[str, Any]:
+        args = {"candidate_id": candidate_id, "idempotency_key": event_id, "reason_ref": reason, "operation": op}
+        rd = self.memory._request_digest(WITHDRAW_TOOL, args)
+        with self.core.store.read() as tx:
+            prior = self._prior(tx, tctx, WITHDRAW_TOOL, candidate_id, event_id, rd)
+            cand = tx.candidate(tctx.tenant, tctx.workspace, candidate_id)
+        if prior is not None:
+            return {**prior, "replayed": True}
+        if cand is None:
+            raise EngramError(Code.NOT_FOUND, "candidate")
+        lifecycle.check_candidate(op, cand.state)
+        return self.memory.withdraw_candidate(tctx, cand, call, args=args, request_digest=rd, grant_id=None,
+                                              reason_ref=reason, operation=op, to_state=CANDIDATE_OPS[op])
+
+    def _record_transition(self, tctx: BoundContext, call: CallRecord, op: str, target: str, successor: str,
+                           to_state: str, reason: str, event_id: str) -> dict[str, Any]:
+        rd = digest("request", {"tool": TRANSITION_TOOL, "target": target,
+                                "arguments": {"operation": op, "successor": successor, "to_state": to_state,
+                                              "reason_ref": reason}})
+        now = self.core.now_ms()
+        authz_digest = self.core.decision_receipt(call.decisions[0])["receipt_digest"]
+        t, w = tctx.tenant, tctx.workspace
+        with self.core.store.write() as tx:
+            prior = self._prior(tx, tctx, TRANSITION_TOOL, target, event_id, rd)
+            if prior is not None:
+                return {**prior, "replayed": True}
+            self.core.check_revision(call)
+            rec = tx.record(t, w, target)
+            if rec is None:
+                raise EngramError(Code.NOT_FOUND, "record")
+            # Every check happens before the first cursor is allocated (SPEC §6).
+            new_state = lifecycle.check_record(op, rec.state, to_state or None)
+            succ = None
+            if op in ("supersede", "rewind"):
+                if not successor or successor == target:
+                    raise EngramError(Code.INVALID_SCHEMA, f"{op} names a successor other than the target")
+                succ = tx.record(t, w, successor)
+                if succ is None:
+                    raise EngramError(Code.NOT_FOUND, "successor")
+                if succ.state != "accepted_current":
+                    raise EngramError(Code.ILLEGAL_TRANSITION, "successor is not accepted_current")
+            body = {"reason_ref": reason, "decisions": call.summaries(), "audit_id": tctx.audit_id}
+            if successor:
+                body["successor"] = successor
+            event = tx.append_event(t, w, event_id=event_id, operation=op, target=target, from_state=rec.state,
+                                    to_state=new_state, at_ms=now, body=body)
+            tx.set_record_state(target, new_state, state_cursor=event.cursor,
+                                successor_id=successor if op == "supersede" else None)
+            receipt: dict[str, Any] = {
+                "event_id": event.event_id, "operation": op, "target": target, "from_state": rec.state,
+                "to_state": new_state, "cursor": str(event.cursor), "event_digest": event.event_digest,
+                "authorization_receipt_digest": authz_digest,
+                "transaction_receipt_digest": self.memory._tx_receipt(op, event.event_digest, event.cursor, call,
+                                                                      tctx.audit_id),
+            }
+            if successor:
+                receipt["successor"] = successor
+            if op == "rewind" and succ is not None:
+                # The successor steps back in the same transaction: never two current versions.
+                demoted = tx.append_event(
+                    t, w, event_id=f"{event_id}/successor", operation="mark_non_current", target=successor,
+                    from_state=succ.state, to_state="historical", at_ms=now,
+                    body={**body, "rewound": target},
+                )
+                tx.set_record_state(successor, "historical", state_cursor=demoted.cursor, successor_id=target)
+                receipt["successor_event"] = {"cursor": str(demoted.cursor), "event_digest": demoted.event_digest,
+                                              "from_state": succ.state, "to_state": "historical"}
+            outcome = {"receipt": receipt}
+            tx.idempotency_put(t, w, tctx.principal, event_id, IdempotencyRow(TRANSITION_TOOL, target, rd, outcome), now)
+            tx.append_audit(self.core.audit_row(tctx, f"admin.{op}", new_state, target, call))
+        return {**outcome, "replayed": False}
+
+    def expire_sweep(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
+        """Expire records whose ``expires_at`` passed, as the retention policy decides (SPEC §6)."""
+        authz = self.authorize(ctx, "expire_sweep")
+        now = self.core.now_ms()
+        with self.core.store.read() as tx:
+            scopes = [(tenant, workspace)] if tenant else [(s.tenant, s.workspace) for s in tx.scopes()]
+        report = []
+        for t, w in scopes:
+            tctx = self.target_ctx(ctx, t, w)
+            with self.core.store.read() as tx:
+                recs = [r for r in tx.scope_records(t, w, EXPIRABLE) if r.expires_at_ms is not None]
+            due: list[tuple[RecordRow, CallRecord]] = []
+            for rec in recs:
+                call = CallRecord([*authz.decisions])
+                d = self.core.decide(RETENTION, {
+                    "context": context_facts(tctx), "now_ms": now,
+                    "record": {"state": rec.state, "expires_at_ms": rec.expires_at_ms,
+                               "derivative_rule": rec.derivative_rule}}, call)
+                if d.result.get("allow") and d.result.get("action") == "expire":
+                    due.append((rec, call))
+            expired = []
+            for rec, call in due:
+                with self.core.store.write() as tx:
+                    self.core.check_revision(call)
+                    current = tx.record(t, w, rec.record_id)
+                    if current is None or current.state not in EXPIRABLE:
+                        continue  # moved on since the decision; nothing to do
+                    event = tx.append_event(t, w, event_id=new_id("evt_"), operation="expire", target=rec.record_id,
+                                            from_state=current.state, to_state="expired", at_ms=now,
+                                            body={"reason_ref": "retention:expires_at", "decisions": call.summaries(),
+                                                  "audit_id": tctx.audit_id})
+                    tx.set_record_state(rec.record_id, "expired", state_cursor=event.cursor)
+                    tx.append_audit(self.core.audit_row(tctx, "admin.expire", "expired", rec.record_id, call))
+                expired.append({"record_id": rec.record_id, "from_state": current.state, "cursor": str(event.cursor),
+                                "event_digest": event.event_digest})
+            report.append({"tenant": t, "workspace": w, "examined": len(recs), "expired": expired})
+        self._audit(ctx, "expire_sweep", "ok", tenant and f"{tenant}/{workspace}", authz)
+        return {"now": self.core.instant(now), "scopes": report}
+
+    # -- adjudication ------------------------------------------------------------------------
+    def list_adjudication(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
+        call = self.authorize(ctx, "list_adjudication")
+        tctx = self.target_ctx(ctx, tenant, workspace)
+        with self.core.store.read() as tx:
+            cands = tx.candidates_in_state(tenant, workspace, "pending_adjudication")
+            reasons: dict[str, set[str]] = {}
+            for e in tx.events(tenant, workspace, 0, None):
+                if e.operation == "adjudication_required":
+                    codes = reasons.setdefault(e.target, set())
+                    for d in e.body.get("decisions", []):
+                        codes.update(c for c in d.get("reason_codes", []) if c)
+            items = []
+            for c in cands:
+                codes = reasons.get(c.candidate_id, set())
+                if tx.tombstoned(tenant, workspace, c.payload_digest):
+                    codes = codes | {"FORGOTTEN_CONTENT"}  # SPEC §5 core invariant, not a policy reason
+                items.append({"candidate_id": c.candidate_id, "payload_digest": c.payload_digest,
+                              "record_digest": c.record_digest, "trust_class": c.trust_class,
+                              "captured_at": self.core.instant(c.captured_at_ms), "cursor": str(c.cursor),
+                              "sizes": _sizes(c.facts), "reasons": sorted(codes)})
+        self._audit(tctx, "list_adjudication", "ok", "", call)
+        return {"tenant": tenant, "workspace": workspace, "candidates": items}
+
+    def adjudicate(self, ctx: BoundContext, req: dict[str, Any]) -> dict[str, Any]:
+        call = self.authorize(ctx, "adjudicate")
+        tctx = self.target_ctx(ctx, req.get("tenant", ""), req.get("workspace", ""))
+        decision = req.get("decision", "")
+        if decision not in ("accept", "reject"):
+            raise EngramError(Code.INVALID_SCHEMA, "decision")
+        candidate_id = _ref(req.get("candidate_id", ""), "candidate_id")
+        reason = _ref(req.get("reason_ref", ""), "reason_ref")
+        event_id = req.get("event_id", "")
+        if not _EVENT_ID.match(event_id):
+            raise EngramError(Code.INVALID_SCHEMA, "event_id")
+        args = {"candidate_id": candidate_id, "idempotency_key": event_id, "decision": decision, "reason_ref": reason}
+        rd = self.memory._request_digest(ADMISSION_TOOL, args)
+        with self.core.store.read() as tx:
+            prior = self._prior(tx, tctx, ADMISSION_TOOL, candidate_id, event_id, rd)
+            cand = tx.candidate(tctx.tenant, tctx.workspace, candidate_id)
+        if prior is not None:
+            return {**prior, "replayed": True}
+        if cand is None:
+            raise EngramError(Code.NOT_FOUND, "candidate")
+        lifecycle.check_candidate(decision, cand.state)
+        if cand.state != "pending_adjudication":
+            raise EngramError(Code.ILLEGAL_TRANSITION, "candidate is not pending adjudication")
+        return self.memory.admit(tctx, cand, call, args=args, request_digest=rd, forced=decision, reason_ref=reason)
+
+    # -- reads -----------------------------------------------------------------------------------
+    def history(self, ctx: BoundContext, tenant: str, workspace: str, record_id: str, disputed_only: bool) -> dict[str, Any]:
+        call = self.authorize(ctx, "history")
+        tctx = self.target_ctx(ctx, tenant, workspace)
+        with self.core.store.read() as tx:
+            if record_id:
+                rec = tx.record(tenant, workspace, record_id)
+                if rec is None:
+                    raise EngramError(Code.NOT_FOUND, "record")
+                recs = [rec]
+                targets = {rec.record_id, rec.candidate_id}
+                events = [_event_summary(e) for e in tx.events(tenant, workspace, 0, None) if e.target in targets]
+            else:
+                recs = tx.scope_records(tenant, workspace, ("accepted_disputed",) if disputed_only else None)
+                events = None
+        out: dict[str, Any] = {"tenant": tenant, "workspace": workspace,
+                               "records": [record_meta(self.core, r) for r in recs]}
+        if events is not None:
+            out["events"] = events
+        self._audit(tctx, "history", "ok", record_id, call)
+        return out
+
+    def inspect_candidate(self, ctx: BoundContext, tenant: str, workspace: str, candidate_id: str) -> dict[str, Any]:
+        """A candidate's structure for hosts: control fields, sizes, findings — structurally no body."""
+        call = self.authorize(ctx, "inspect_candidate")
+        tctx = self.target_ctx(ctx, tenant, workspace)
+        with self.core.store.read() as tx:
+            c = tx.candidate(tenant, workspace, _ref(candidate_id, "candidate_id"))
+            events = [_event_summary(e) for e in tx.events(tenant, workspace, 0, None) if e.target == candidate_id] if c else []
+        if c is None:
+            raise EngramError(Code.NOT_FOUND, "candidate")
+        facts = c.facts
+        view = {
+            "candidate_id": c.candidate_id, "state": c.state, "payload_digest": c.payload_digest,
+            "record_digest": c.record_digest, "trust_class": c.trust_class, "principal": c.principal,
+            "agent_id": c.agent_id, "session": c.session, "captured_at": self.core.instant(c.captured_at_ms),
+            "cursor": str(c.cursor), "sizes": _sizes(facts), "findings": facts.get("findings", {}),
+            "retention": facts.get("retention", {}), "family_refs": facts.get("family_refs", []),
+            "sealed_envelope_present": c.sealed_envelope is not None, "events": events,
+        }
+        if c.decision:
+            view["decision"] = c.decision
+        self._audit(tctx, "inspect_candidate", "ok", candidate_id, call)
+        return view
+
+    def export(self, ctx: BoundContext, tenant: str, workspace: str, what: str, from_cursor: str,
+               to_cursor: str) -> dict[str, Any]:
+        call = self.authorize(ctx, "export")
+        lo, hi = parse_cursor(from_cursor, 0), parse_cursor(to_cursor, None)
+        if what == "journal":
+            tctx = self.target_ctx(ctx, tenant, workspace)
+            with self.core.store.read() as tx:
+                items: list[dict[str, Any]] = [event_doc(e) for e in tx.events(tenant, workspace, lo or 0, hi)]
+        elif what == "audit":
+            tctx = self.target_ctx(ctx, tenant, workspace) if tenant else ctx
+            with self.core.store.read() as tx:
+                items = tx.audit_rows(tenant or None, workspace or None, lo or 0, hi)
+            for row in items:
+                row["seq"] = str(row["seq"])
+        else:
+            raise EngramError(Code.INVALID_SCHEMA, "what must be journal or audit")
+        self._audit(tctx, "export", "ok", what, call)
+        return {"what": what, "tenant": tenant, "workspace": workspace, "count": len(items), "items": items}
+
+    def verify(self, ctx: BoundContext, tenant: str, workspace: str, *, report_only: bool) -> dict[str, Any]:
+        """Recompute every journal and audit digest and link (SPEC §6, §10); JOURNAL_CORRUPT if any differ."""
+        call = self.authorize(ctx, "verify")
+        with self.core.store.read() as tx:
+            scopes = [tx.scope(tenant, workspace)] if tenant else tx.scopes()
+            if tenant and scopes[0] is None:
+                raise EngramError(Code.NOT_FOUND, "scope")
+            scope_reports = []
+            for s in scopes:
+                problems = check_journal(s, tx.events(s.tenant, s.workspace, 0, None))  # type: ignore[union-attr]
+                scope_reports.append({"tenant": s.tenant, "workspace": s.workspace,  # type: ignore[union-attr]
+                                      "head_cursor": str(s.last_cursor), "ok": not problems,  # type: ignore[union-attr]
+                                      "problems": problems})
+            rows = tx.audit_rows(None, None, 0, None)
+        audit_problems = check_audit(rows)
+        ok = not audit_problems and all(r["ok"] for r in scope_reports)
+        report = {"ok": ok, "scopes": scope_reports,
+                  "audit": {"rows": len(rows), "ok": not audit_problems, "problems": audit_problems}}
+        outcome = "ok" if ok else Code.JOURNAL_CORRUPT.value
+        self._audit(ctx, "verify", outcome, tenant and f"{tenant}/{workspace}", call)
+        if not ok:
+            log.warning("verification failed: %s", json.dumps(report, sort_keys=True))
+            if not report_only:
+                raise EngramError(Code.JOURNAL_CORRUPT, "hash chain does not verify")
+        return report
+
+    # -- keys and authorization ------------------------------------------------------------------
+    def rotate_keys(self, ctx: BoundContext) -> dict[str, Any]:
+        """SPEC §10: a new KEK re-wraps every live data key; no sealed body is touched."""
+        call = self.authorize(ctx, "rotate_keys")
+        vault = self.core.vault
+        # Under the writer lock no destruction can commit, so no slot zeroed
+        # meanwhile is re-written with its old key.
+        with self.core.store.write() as tx:
+            live = tx.live_key_slots()
+            active = vault.rotate()
+            rewrapped = sum(1 for slot, owner in live.items() if vault.rewrap(slot, owner))
+            vault.sync()
+            # Every slot counts as in use, so a key created by an in-flight
+            # transaction under the previous KEK keeps that KEK alive.
+            retired = vault.retire_unused_keks(set(range(int(vault.status()["slots"]))))
+            tx.append_audit(self.core.audit_row(ctx, "admin.rotate_keys", "ok", "", call))
+        return {"active_kek": active, "live_data_keys": len(live), "rewrapped": rewrapped, "retired_keks": retired,
+                "bodies_rewritten": 0, "vault": vault.status()}
+
+    def key_status(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
+        call = self.authorize(ctx, "key_status")
+        out: dict[str, Any] = {"vault": self.core.vault.status()}
+        with self.core.store.read() as tx:
+            out["live_data_keys"] = len(tx.live_key_slots())
+            out["destroyed_data_keys"] = len(tx.key_destructions())
+            if tenant:
+                self.target_ctx(ctx, tenant, workspace)
+                records = []
+                for rec in tx.scope_records(tenant, workspace):
+                    owner = f"record:{rec.record_id}"
+                    slot = tx.data_key_slot(owner)
+                    destroyed = tx.key_destruction(owner)
+                    if slot is not None:
+                        status = "live" if self.core.vault.data_key(slot, owner) is not None else "unreadable"
+                    else:
+                        status = "destroyed" if destroyed is not None else "missing"
+                    entry = {"record_id": rec.record_id, "state": rec.state, "key": status}
+                    if destroyed is not None:
+                        entry["destroyed_at"] = self.core.instant(destroyed)
+                    records.append(entry)
+                out["scope"] = {"tenant": tenant, "workspace": workspace, "records": records}
+        self._audit(ctx, "key_status", "ok", tenant and f"{tenant}/{workspace}", call)
+        return out
+
+    def revoke(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
+        """Bump the scope's authorization epoch: older contexts and grants are refused from now on."""
+        call = self.authorize(ctx, "revoke")
+        tctx = self.target_ctx(ctx, tenant, workspace)
+        with self.core.store.write() as tx:
+            epoch = tx.bump_epoch(tenant, workspace)
+            tx.append_audit(self.core.audit_row(tctx, "admin.revoke", "ok", f"{tenant}/{workspace}", call))
+        return {"tenant": tenant, "workspace": workspace, "authorization_epoch": epoch}
+
+    def trust_host_key(self, ctx: BoundContext, pem: str, kid: str) -> dict[str, Any]:
+        call = self.authorize(ctx, "trust_host_key")
+        try:
+            pub = load_public_pem(pem)
+        except Exception:
+            raise EngramError(Code.INVALID_SCHEMA, "public key") from None
+        found = key_id(pub)
+        if kid and kid != found:
+            raise EngramError(Code.INVALID_SCHEMA, "key id does not match key")
+        with self.core.store.write() as tx:
+            tx.add_trusted_host_key(found, public_pem(pub), self.core.now_ms())
+            tx.append_audit(self.core.audit_row(ctx, "admin.trust_host_key", "ok", found, call))
+        self.core.trusted.add(pub)
+        return {"key_id": found, "trusted": True}
+
+    def untrust_host_key(self, ctx: BoundContext, pem: str, kid: str) -> dict[str, Any]:
+        call = self.authorize(ctx, "untrust_host_key")
+        if not kid:
+            try:
+                kid = key_id(load_public_pem(pem))
+            except Exception:
+                raise EngramError(Code.INVALID_SCHEMA, "public key") from None
+        if kid == ctx.host_key_id:
+            # Removing the key that signs this very call would lock the operator out mid-flight.
+            raise EngramError(Code.INVALID_SCHEMA, "cannot untrust the calling host key")
+        with self.core.store.write() as tx:
+            removed = tx.remove_trusted_host_key(kid)
+            tx.append_audit(self.core.audit_row(ctx, "admin.untrust_host_key", "ok" if removed else "absent", kid, call))
+        live = self.core.trusted.remove(kid)
+        return {"key_id": kid, "trusted": False, "removed": removed or live}
+
+    # -- schema, projections, policies ------------------------------------------------------------
+    def migrate(self, ctx: BoundContext) -> dict[str, Any]:
+        call = self.authorize(ctx, "migrate")
+        applied = self.core.store.migrate()  # MIGRATION_LEDGER_INVALID if the ledger disagrees
+        self._audit(ctx, "migrate", "ok", "", call)
+        return {"applied": applied, "ledger": self.core.store.migration_ledger(),
+                "code": [{"version": m.version, "name": m.name, "checksum": m.checksum} for m in MIGRATIONS]}
+
+    def invalidate_projections(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
+        call = self.authorize(ctx, "invalidate_projections")
+        tctx = self.target_ctx(ctx, tenant, workspace)
+        with self.core.store.write() as tx:
+            removed = tx.drop_projections(tenant, workspace)
+            scope = tx.scope(tenant, workspace)
+            tx.append_audit(self.core.audit_row(tctx, "admin.invalidate_projections", "ok", f"{tenant}/{workspace}", call))
+        return with_receipt_digest({"kind": "projection-invalidation", "tenant": tenant, "workspace": workspace,
+                                    "removed": removed, "cursor": str(scope.last_cursor if scope else 0),
+                                    "at": self.core.instant()})
+
+    def rebuild_projections(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
+        """Re-derive postings (and vectors) from the sealed bodies of every non-tombstoned record."""
+        call = self.authorize(ctx, "rebuild_projections")
+        tctx = self.target_ctx(ctx, tenant, workspace)
+        indexed, unreadable = [], []
+        with self.core.store.write() as tx:  # writer lock: no admission slips between drop and re-index
+            removed = tx.drop_projections(tenant, workspace)
+            for rec in tx.scope_records(tenant, workspace, INDEXED_STATES):
+                payload = _open_body(self.core, tx, rec)
+                if payload is None:
+                    unreadable.append(rec.record_id)
+                    continue
+                tx.index_record(tenant, workspace, rec.record_id, record_fields(payload, self.core.hasher))
+                self.memory.index_vector(tx, tctx, rec.record_id, payload)
+                indexed.append(rec.record_id)
+            counts = tx.projection_counts(tenant, workspace)
+            scope = tx.scope(tenant, workspace)
+            tx.append_audit(self.core.audit_row(tctx, "admin.rebuild_projections", "ok", f"{tenant}/{workspace}", call))
+        return with_receipt_digest({
+            "kind": "projection-rebuild", "tenant": tenant, "workspace": workspace, "removed": removed,
+            "records_indexed": len(indexed), "unreadable": unreadable, "counts": counts,
+            "ordered_ids_digest": digest("ordered-ids", indexed), "cursor": str(scope.last_cursor if scope else 0),
+            "at": self.core.instant(),
+        })
+
+    def reload_policies(self, ctx: BoundContext) -> dict[str, Any]:
+        call = self.authorize(ctx, "reload_policies")
+        previous = self.core.policy.revision()
+        revision = self.core.policy.reload()  # on failure the active bundle stays (POLICY_UNAVAILABLE)
+        self._audit(ctx, "reload_policies", "ok", revision, CallRecord([*call.decisions]))
+        return {"previous_revision": previous, "revision": revision}
+
+
+def _sizes(facts: dict[str, Any]) -> dict[str, Any]:
+    return {k: facts[k] for k in ("components", "citations", "evidence", "payload_bytes") if k in facts}
+
+
+def _open_body(core: Core, tx: DuckDBTx, rec: RecordRow) -> dict[str, Any] | None:
+    owner = f"record:{rec.record_id}"
+    slot = tx.data_key_slot(owner)
+    key = core.vault.data_key(slot, owner) if slot is not None else None
+    if key is None or rec.sealed_body is None:
+        return None
+    return json.loads(unseal(key, rec.sealed_body, kind="record", owner=rec.record_id))
