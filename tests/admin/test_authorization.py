@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from conftest import TENANT, WORKSPACE, code_of, new_event_id
+from admin_support import TENANT, WORKSPACE, code_of, new_event_id
 
 from engram_core.api import admin_pb2
 
