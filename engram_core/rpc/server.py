@@ -31,6 +31,7 @@ from engram_core.hostkeys import (
     public_pem,
 )
 from engram_core.rpc.convert import has_unknown_fields, message_to_value, value_to_message
+from engram_core.rpc.handlers import add_servicer
 from engram_core.rpc.status import abort
 from engram_core.services.admin import AdminServiceCore
 from engram_core.services.core import Core
@@ -242,10 +243,10 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                  ("grpc.so_reuseport", 0)],
     )
-    memory_pb2_grpc.add_MemoryServiceServicer_to_server(MemoryServicer(core, memory), server)
-    host_pb2_grpc.add_HostServiceServicer_to_server(HostServicer(core, host), server)
-    admin_servicer = _maintenance_servicer(core, admin, memory)
-    admin_pb2_grpc.add_AdminServiceServicer_to_server(admin_servicer, server)
+    add_servicer(server, MemoryServicer(core, memory), memory_pb2.DESCRIPTOR.services_by_name["MemoryService"])
+    add_servicer(server, HostServicer(core, host), host_pb2.DESCRIPTOR.services_by_name["HostService"])
+    add_servicer(server, _maintenance_servicer(core, admin, memory),
+                 admin_pb2.DESCRIPTOR.services_by_name["AdminService"])
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [
