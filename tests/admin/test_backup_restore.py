@@ -1,0 +1,107 @@
+"""Backup and restore (SPEC §10, §12): cursor-pinned, sealed, verified; forgotten stays forgotten."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+from admin_support import TENANT, WORKSPACE, code_of, start_env
+
+from engram_core.api import admin_pb2
+
+
+def _backup(env) -> bytes:
+    chunks = list(env.admin_stub.Backup(admin_pb2.ScopeRequest(), metadata=env.host_md(), timeout=30))
+    data = b"".join(c.data for c in chunks)
+    assert all(c.total_bytes == len(data) for c in chunks)
+    return data
+
+
+def _restore(env, data: bytes, key_dir: str = "") -> dict:
+    def stream():
+        for i in range(0, max(len(data), 1), 4096):
+            yield admin_pb2.BackupChunk(data=data[i:i + 4096], key_dir=key_dir if i == 0 else "")
+
+    return json.loads(env.admin_stub.Restore(stream(), metadata=env.host_md(), timeout=60).json)
+
+
+def test_backup_holds_no_candidate_content_and_no_key_material(env):
+    env.record("admitted content alpha")
+    env.capture("pending content that must never be backed up")
+    data = _backup(env)
+    lines = [json.loads(line) for line in data.splitlines()]
+    kinds = {line["kind"] for line in lines}
+    assert kinds >= {"header", "scope", "event", "record", "audit", "manifest"}
+    assert "candidate" not in kinds and b"pending content" not in data and b"admitted content" not in data
+    assert (env.data_dir / "datakeys.bin").read_bytes()[:64] not in data
+    manifest = lines[-1]
+    assert manifest["counts"]["record"] == 1 and manifest["manifest_digest"].startswith("sha256:")
+    assert manifest["pins"] == [{"tenant": TENANT, "workspace": WORKSPACE, "cursor": "3"}]
+
+
+def test_restore_gives_identical_answers_and_forgotten_stays_unreadable(tmp_path, clock, env):
+    kept = [env.record(f"service mesh decision number {i}") for i in range(3)]
+    doomed = env.record("service mesh secret roadmap to forget")
+    env.transition("dispute", kept[2])
+    data = _backup(env)
+    env.transition("tombstone", doomed)  # after the backup: its key is destroyed in the vault
+    # The source's answers for every record that survives (same corpus on both sides).
+    before_get = {rid: env.get(rid)["record"] for rid in kept[:2]}
+    before_search = env.search("service mesh decision")["records"]
+
+    target = start_env(tmp_path / "restored", clock, activate=False)
+    try:
+        out = _restore(target, data, key_dir=str(env.data_dir))
+        assert out["records_restored"] == 3 and out["records_unrecoverable"] == [doomed]
+        assert {rid: target.get(rid)["record"] for rid in kept[:2]} == before_get
+        after_search = target.search("service mesh decision")["records"]
+        assert [(r["record"], r["score"], r["rank"]) for r in after_search] == \
+               [(r["record"], r["score"], r["rank"]) for r in before_search]
+        with pytest.raises(grpc.RpcError) as err:
+            target.get(doomed)
+        assert code_of(err.value) == "NOT_FOUND"
+        assert doomed not in target.search_ids("secret roadmap")
+        hist = target.admin("History", admin_pb2.HistoryRequest(tenant=TENANT, workspace=WORKSPACE, record_id=doomed))
+        assert hist["records"][0]["state"] == "tombstoned" and hist["events"][-1]["reason_ref"] == "restore:data-key-destroyed"
+        disputed = target.admin("History", admin_pb2.HistoryRequest(tenant=TENANT, workspace=WORKSPACE, disputed_only=True))
+        assert [r["record_id"] for r in disputed["records"]] == [kept[2]]
+        assert target.admin("Verify", admin_pb2.ScopeRequest())["ok"] is True
+        # Re-capturing the forgotten content is caught by the restored tombstone ledger.
+        assert target.admit(target.capture("service mesh secret roadmap to forget"))["status"] == "pending_adjudication"
+        with pytest.raises(grpc.RpcError) as err:
+            _restore(target, data, key_dir=str(env.data_dir))
+        assert code_of(err.value) == "RESTORE_REFUSED"  # target no longer empty
+    finally:
+        target.stop()
+
+
+def test_restore_verifies_everything(tmp_path, clock, env):
+    rid = env.record("integrity matters")
+    data = _backup(env)
+    target = start_env(tmp_path / "restored", clock, activate=False)
+    try:
+        tampered = data.replace(b'"to_state":"accepted_current"', b'"to_state":"historical"', 1)
+        assert tampered != data
+        with pytest.raises(grpc.RpcError) as err:
+            _restore(target, tampered, key_dir=str(env.data_dir))
+        assert code_of(err.value) == "BACKUP_INVALID"
+        for bad in (data[:-20], b"not a backup\n", b""):
+            with pytest.raises(grpc.RpcError) as err:
+                _restore(target, bad, key_dir=str(env.data_dir))
+            assert code_of(err.value) == "BACKUP_INVALID"
+        # The target's own vault never held these keys: a mismatched store.
+        with pytest.raises(grpc.RpcError) as err:
+            _restore(target, data)
+        assert code_of(err.value) == "RESTORE_REFUSED"
+        with pytest.raises(grpc.RpcError) as err:
+            _restore(target, data, key_dir=str(tmp_path / "nowhere"))
+        assert code_of(err.value) == "RESTORE_REFUSED"
+        # Nothing was written by the refused attempts: a valid restore still works.
+        assert _restore(target, data, key_dir=str(env.data_dir))["records_restored"] == 1
+        assert target.get(rid)["record"]["record_id"] == rid
+    finally:
+        target.stop()
+    with pytest.raises(grpc.RpcError) as err:
+        _restore(env, data, key_dir=str(env.data_dir))
+    assert code_of(err.value) == "RESTORE_REFUSED"
