@@ -210,7 +210,8 @@ def build_policy(policies_dir: Path | None, opa_url: str | None):
 
 
 def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str | None = None,
-              extra_trusted_pems: list[str] | None = None, clock=None) -> tuple[Core, Path, Any]:
+              extra_trusted_pems: list[str] | None = None, clock=None,
+              semantic: bool | None = None) -> tuple[Core, Path, Any]:
     data_dir.mkdir(parents=True, exist_ok=True)
     host_key_path = data_dir / "host.key"
     host_key = load_or_create_private_key(host_key_path)
@@ -225,15 +226,31 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
         tx.add_trusted_host_key(key_id(host_key.public_key()), public_pem(host_key.public_key()), 0)
     vault = FileKeyVault(data_dir)
     policy = build_policy(policies_dir, opa_url)
-    core = Core(data_dir=data_dir, store=store, vault=vault, policy=policy, trusted=trusted, clock=clock)
+    core = Core(data_dir=data_dir, store=store, vault=vault, policy=policy, trusted=trusted, clock=clock,
+                embedder=build_embedder(semantic))
     return core, host_key_path, confirmation_key
+
+
+def build_embedder(semantic: bool | None):
+    """The local embedding model when the semantic channel is enabled and installed.
+
+    ``semantic`` None means: on if installed, unless ENGRAM_SEMANTIC=off.
+    """
+    import os
+
+    from engram_core.services.embedding import try_load_local_embedder
+
+    if semantic is False or (semantic is None and os.environ.get("ENGRAM_SEMANTIC", "").lower() in ("off", "0")):
+        return None
+    return try_load_local_embedder()
 
 
 def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Path | None = None,
                opa_url: str | None = None, extra_trusted_pems: list[str] | None = None, clock=None,
-               max_workers: int = 16) -> RunningCore:
+               max_workers: int = 16, semantic: bool | None = None) -> RunningCore:
     core, host_key_path, confirmation_key = open_core(
-        data_dir, policies_dir=policies_dir, opa_url=opa_url, extra_trusted_pems=extra_trusted_pems, clock=clock)
+        data_dir, policies_dir=policies_dir, opa_url=opa_url, extra_trusted_pems=extra_trusted_pems, clock=clock,
+        semantic=semantic)
     memory = MemoryService(core)
     host = HostServiceCore(core, confirmation_key)
     admin = AdminServiceCore(core)

@@ -19,6 +19,7 @@ from engram_core.errors import Code, EngramError
 from engram_core.hostctx import BoundContext
 from engram_core.hostkeys import TrustedHostKeys
 from engram_core.policy.port import AUTHZ, Decision, PolicyEngine
+from engram_core.services.embedding import Embedder
 from engram_core.services.lexical import TermHasher
 from engram_core.store.duckdb_store import DuckDBStore, DuckDBTx
 from engram_core.store.port import AuditRow
@@ -81,8 +82,12 @@ class Core:
         policy: PolicyEngine,
         trusted: TrustedHostKeys,
         clock: Clock | None = None,
+        embedder: Embedder | None = None,
     ) -> None:
         self.data_dir = data_dir
+        # The semantic channel's local model (SPEC §11), or None: then lexical_and_semantic
+        # searches are RANKING_UNAVAILABLE and admission stores no vectors.
+        self.embedder = embedder
         self.store = store
         self.vault = vault
         self.policy = policy

@@ -2,13 +2,36 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engram_core.canonical import digest
 from engram_core.services.lexical import TOKENIZER_ID
 
 DAY_MS = 86_400_000
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """How ``semantic_v1`` fuses the lexical and vector lists (SPEC §11: reciprocal rank, k = 60).
+
+    Each list contributes ``weight / (k + rank)``. Only the top ``depth`` of each list
+    take part, and a vector hit counts only at cosine similarity ``min_similarity`` or
+    more: a dense model always returns *something*, and unrelated neighbours must not
+    crowd out lexical hits. The weights and threshold were chosen on the retrieval
+    harness (docs/retrieval-quality.md), not guessed.
+    """
+
+    k: int = 60
+    lexical_weight: float = 1.0
+    vector_weight: float = 1.0
+    depth: int = 100
+    min_similarity: float = 0.3
+
+    def config(self) -> dict[str, Any]:
+        return {"fusion": "weighted_rrf", "k": self.k, "lexical_list_weight": str(self.lexical_weight),
+                "vector_list_weight": str(self.vector_weight), "depth": self.depth,
+                "min_similarity": str(self.min_similarity)}
 
 
 @dataclass(frozen=True)
@@ -22,8 +45,13 @@ class Profile:
     )
     half_life_ms: int = 30 * DAY_MS
     lexical_weight: float = 0.85
-    rrf_k: int = 60
     model_id: str | None = None
+    fusion: Fusion | None = None
+    needs_network: bool = False
+
+    @property
+    def semantic(self) -> bool:
+        return self.model_id is not None
 
     def config(self) -> dict[str, Any]:
         cfg: dict[str, Any] = {
@@ -32,8 +60,8 @@ class Profile:
             "field_weights": {k: str(v) for k, v in sorted(self.weights.items())},
             "recency": {"half_life_ms": self.half_life_ms, "weight": str(round(1 - self.lexical_weight, 4))},
         }
-        if self.model_id is not None:
-            cfg["semantic"] = {"model_id": self.model_id, "fusion": "rrf", "k": self.rrf_k}
+        if self.model_id is not None and self.fusion is not None:
+            cfg["semantic"] = {"model_id": self.model_id, **self.fusion.config()}
         return cfg
 
     def config_digest(self) -> str:
@@ -41,3 +69,10 @@ class Profile:
 
 
 OFFLINE_LEXICAL_V1 = Profile(name="offline_lexical_v1", version="1")
+DEFAULT_FUSION = Fusion()
+
+
+def semantic_v1(model_id: str, *, needs_network: bool = False, fusion: Fusion = DEFAULT_FUSION) -> Profile:
+    """The ``semantic_v1`` profile for one embedding model (its id is part of the config digest)."""
+    return replace(OFFLINE_LEXICAL_V1, name="semantic_v1", model_id=model_id, fusion=fusion,
+                   needs_network=needs_network)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import json
 from typing import Any
 
@@ -14,16 +11,15 @@ from engram_core.errors import Code, EngramError
 from engram_core.hostctx import BoundContext
 from engram_core.policy.port import REDACTION
 from engram_core.services.core import CallRecord, Core, context_facts
-from engram_core.services.ranking import OFFLINE_LEXICAL_V1, Profile
-from engram_core.store.duckdb_store import DuckDBTx
-from engram_core.store.port import RecordRow
+from engram_core.services.paging import Binding, CursorCodec, Pin, PinStore
+from engram_core.services.ranking import OFFLINE_LEXICAL_V1, Profile, semantic_v1
+from engram_core.store.port import RecordRow, Tx
 from engram_core.validation import validate_arguments
 
 SEARCH_TOOL = "engram_memory_search"
 GET_TOOL = "engram_memory_get"
 DEFAULT_LIMIT = 10
 DEFAULT_PACKET = 65_536
-PAGE_PIN_TTL_MS = 15 * 60_000
 
 
 def eligible(rec: RecordRow, now_ms: int) -> bool:
@@ -43,6 +39,13 @@ class ReadService:
     def __init__(self, core: Core) -> None:
         self.core = core
         self.profiles: dict[str, Profile] = {"lexical": OFFLINE_LEXICAL_V1}
+        embedder = getattr(core, "embedder", None)
+        if embedder is not None:
+            # SPEC §11: the model id is pinned in the profile config digest.
+            self.profiles["semantic"] = semantic_v1(embedder.model_id,
+                                                    needs_network=getattr(embedder, "needs_network", True))
+        self.pins = PinStore(now_ms=core.now_ms)
+        self.cursors = CursorCodec(core.page_key)
 
     def bind_purpose(self, ctx: BoundContext, purpose_ref: str) -> None:
         if purpose_ref != ctx.purpose_ref:
@@ -50,10 +53,15 @@ class ReadService:
             raise EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, "purpose mismatch")
 
     # -- record views -----------------------------------------------------------------
-    def _record_view(self, rec: RecordRow) -> dict[str, Any]:
+    @staticmethod
+    def _slots(tx: Tx, record_ids: list[str]) -> dict[str, int | None]:
+        return {rid: tx.data_key_slot(f"record:{rid}") for rid in record_ids}
+
+    def _record_view(self, rec: RecordRow, slot: int | None = None) -> dict[str, Any]:
         owner = f"record:{rec.record_id}"
-        with self.core.store.read() as tx:
-            slot = tx.data_key_slot(owner)
+        if slot is None:
+            with self.core.store.read() as tx:
+                slot = tx.data_key_slot(owner)
         key = self.core.vault.data_key(slot, owner) if slot is not None else None
         if key is None or rec.sealed_body is None:
             raise EngramError(Code.BLOB_MISSING, "record body unreadable")
@@ -125,26 +133,13 @@ class ReadService:
         self.core.audit_standalone(ctx, op, outcome, target, call)
 
     # -- search ---------------------------------------------------------------------------
-    def _page_token(self, body: dict[str, Any]) -> str:
-        raw = canonical_json(body)
-        mac = hmac.new(self.core.page_key, raw, hashlib.sha256).digest()[:16]
-        return base64.urlsafe_b64encode(raw + mac).decode().rstrip("=")
-
-    def _open_page_token(self, token: str) -> dict[str, Any]:
-        try:
-            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-            body, mac = raw[:-16], raw[-16:]
-            if not hmac.compare_digest(hmac.new(self.core.page_key, body, hashlib.sha256).digest()[:16], mac):
-                raise ValueError("mac")
-            return json.loads(body)
-        except Exception:
-            raise EngramError(Code.STALE_PAGE, "cursor does not verify") from None
-
     def _profile_for(self, args: dict[str, Any]) -> Profile:
+        """SPEC §5 channel selection: lexical_and_semantic needs a semantic channel usable under
+        the network policy; otherwise RANKING_UNAVAILABLE, never a silent lexical fallback."""
         policy = args.get("capability_policy", {})
         if policy.get("minimum_channels", "lexical") == "lexical_and_semantic":
             profile = self.profiles.get("semantic")
-            if profile is None or (policy.get("network", "forbid") == "forbid" and getattr(profile, "needs_network", False)):
+            if profile is None or (policy.get("network", "forbid") == "forbid" and profile.needs_network):
                 raise EngramError(Code.RANKING_UNAVAILABLE, "semantic channel unavailable")
             return profile
         return self.profiles["lexical"]
@@ -157,72 +152,145 @@ class ReadService:
         profile = self._profile_for(args)
         limit = args.get("limit", DEFAULT_LIMIT)
         params = {k: args[k] for k in ("limit", "max_packet_bytes", "capability_policy") if k in args}
-        query_digest = digest("query", {"query": args["query"], "params": params})
+        request_digest = digest("query", {"query": args["query"], "params": params})
+        binding = Binding(ctx.principal, ctx.tenant, ctx.workspace, request_digest, profile.config_digest())
+        if "page_cursor" in args:
+            pin, pin_id, offset, after = self._resume(args["page_cursor"], binding)
+            with self.core.store.read() as tx:
+                rows = self._next_rows(tx, ctx, profile, pin, after=after, offset=offset, limit=limit + 1)
+                recs = tx.records(ctx.tenant, ctx.workspace, [r[0] for r in rows[:limit]])
+                slots = self._slots(tx, list(recs))
+        else:
+            offset = 0
+            query_vector = self.core.embedder.embed(args["query"]) if profile.semantic else None
+            with self.core.store.read() as tx:
+                scope = tx.scope(ctx.tenant, ctx.workspace)
+                pin = Pin(binding=binding, system_as_of=scope.last_cursor if scope else 0,
+                          valid_as_of=self.core.now_ms(), candidate_count=0, created_ms=self.core.now_ms())
+                rows = self._first_rows(tx, ctx, profile, pin, args["query"], query_vector, limit=limit + 1)
+                recs = tx.records(ctx.tenant, ctx.workspace, [r[0] for r in rows[:limit]])
+                slots = self._slots(tx, list(recs))
+            pin_id = self.pins.put(pin)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        # Final revalidation at read time (SPEC §11): anything no longer eligible is dropped,
+        # and its slot is never refilled from an unvalidated list.
         now = self.core.now_ms()
-        after: tuple[float, int, str] | None = None
-        with self.core.store.read() as tx:
-            scope = tx.scope(ctx.tenant, ctx.workspace)
-            if "page_cursor" in args:
-                pin = self._open_page_token(args["page_cursor"])
-                expected = {"principal": ctx.principal, "tenant": ctx.tenant, "workspace": ctx.workspace,
-                            "query_digest": query_digest, "profile": profile.config_digest()}
-                if any(pin.get(k) != v for k, v in expected.items()) or now - pin["valid_as_of"] > PAGE_PIN_TTL_MS:
-                    raise EngramError(Code.STALE_PAGE, "cursor bound to another search")
-                system_as_of, valid_as_of, rank_base = int(pin["system_as_of"]), int(pin["valid_as_of"]), pin["rank"]
-                after = (float(pin["after"][0]), int(pin["after"][1]), str(pin["after"][2]))
-            else:
-                system_as_of, valid_as_of, rank_base = (scope.last_cursor if scope else 0), now, 0
-            total, rows = self.rank(tx, ctx, profile, args["query"], valid_as_of=valid_as_of,
-                                    system_as_of=system_as_of, after=after, limit=limit + 1)
-            more = len(rows) > limit
-            rows = rows[:limit]
-            recs = tx.records(ctx.tenant, ctx.workspace, [r[0] for r in rows])
-        # Final revalidation: anything no longer eligible is dropped, never refilled (SPEC §11).
-        kept_rows = [r for r in rows if r[0] in recs and eligible(recs[r[0]], now)]
+        kept = [(i, r) for i, r in enumerate(rows) if r[0] in recs and eligible(recs[r[0]], now)]
         allow, cap, redaction_policy = self._redaction(ctx, SEARCH_TOOL, call)
         max_bytes = min(args.get("max_packet_bytes", DEFAULT_PACKET), cap)
         packets = []
-        for i, (rid, score, _vt) in enumerate(kept_rows):
-            record, omitted, redaction_receipt = self._redact(self._record_view(recs[rid]), allow, redaction_policy)
-            packet = {"record": record, "redacted_fields": omitted, "redaction_receipt_digest": redaction_receipt,
-                      "score": round(score, 9), "rank": rank_base + i + 1}
-            if len(canonical_json(packet)) > max_bytes:
-                self._audit_read(ctx, SEARCH_TOOL, "PROJECTION_OVERSIZED", "", call)
-                raise EngramError(Code.PROJECTION_OVERSIZED, "one record exceeds packet")
-            packets.append(packet)
+        for i, (rid, score, _vt) in kept:
+            record, omitted, redaction_receipt = self._redact(self._record_view(recs[rid], slots.get(rid)), allow,
+                                                              redaction_policy)
+            packets.append({"record": record, "redacted_fields": omitted, "redaction_receipt_digest": redaction_receipt,
+                            "score": score, "rank": offset + i + 1})
         issued = self.core.instant(now)
         ordered = [p["record"]["record_id"] for p in packets]
         rank_receipt = with_receipt_digest({
-            "request_digest": query_digest,
+            "request_digest": request_digest,
             "authorization_receipt_digest": self.core.decision_receipt(authz)["receipt_digest"],
             "profile": profile.name, "profile_version": profile.version, "profile_config_digest": profile.config_digest(),
-            "valid_as_of": self.core.instant(valid_as_of), "system_as_of": str(system_as_of),
-            "candidate_count": total, "ordered_ids_digest": digest("ordered-ids", ordered),
+            "valid_as_of": self.core.instant(pin.valid_as_of), "system_as_of": str(pin.system_as_of),
+            "candidate_count": pin.candidate_count, "ordered_ids_digest": digest("ordered-ids", ordered),
             "revalidation_receipt_digest": with_receipt_digest({
                 "kind": "revalidation", "checked_at": issued, "kept": ordered,
-                "dropped": len(rows) - len(kept_rows)})["receipt_digest"],
+                "dropped": len(rows) - len(kept)})["receipt_digest"],
             "issued_at": issued,
         })
         response: dict[str, Any] = {"records": packets, "rank_receipt": rank_receipt}
-        if more and rows:
+        if more:
             last = rows[-1]
-            response["next_page_cursor"] = self._page_token({
-                "principal": ctx.principal, "tenant": ctx.tenant, "workspace": ctx.workspace,
-                "query_digest": query_digest, "profile": profile.config_digest(), "system_as_of": str(system_as_of),
-                "valid_as_of": valid_as_of, "after": [repr(last[1]), last[2], last[0]], "rank": rank_base + len(packets),
+            response["next_page_cursor"] = self.cursors.seal({
+                "v": 1, "pin": pin_id, "offset": offset + len(rows),
+                "after": [repr(last[1]), last[2], last[0]],
             })
         response["response_digest"] = digest("response", response)
-        if len(canonical_json(response)) > max_bytes:
-            self._audit_read(ctx, SEARCH_TOOL, "RESULT_TOO_LARGE", "", call)
-            raise EngramError(Code.RESULT_TOO_LARGE, "page exceeds packet")
+        self._check_packet(ctx, call, response, max_bytes)
         self._audit_read(ctx, SEARCH_TOOL, "ok", "", call)
         return response
 
-    def rank(self, tx: DuckDBTx, ctx: BoundContext, profile: Profile, query: str, *, valid_as_of: int,
-             system_as_of: int, after: tuple[float, int, str] | None, limit: int) -> tuple[int, list[tuple[str, float, int]]]:
-        terms = sorted(set(self.core.hasher.terms(query)))
+    def _check_packet(self, ctx: BoundContext, call: CallRecord, response: dict[str, Any], max_bytes: int) -> None:
+        """SPEC §5: PROJECTION_OVERSIZED if one record alone cannot fit, else RESULT_TOO_LARGE; never drop."""
+        if len(canonical_json(response)) <= max_bytes:
+            return
+        frame = len(canonical_json({**response, "records": []}))
+        if any(frame + len(canonical_json(p)) > max_bytes for p in response["records"]):
+            self._audit_read(ctx, SEARCH_TOOL, "PROJECTION_OVERSIZED", "", call)
+            raise EngramError(Code.PROJECTION_OVERSIZED, "one record exceeds packet")
+        self._audit_read(ctx, SEARCH_TOOL, "RESULT_TOO_LARGE", "", call)
+        raise EngramError(Code.RESULT_TOO_LARGE, "page exceeds packet")
+
+    def _resume(self, token: str, binding: Binding) -> tuple[Pin, str, int, tuple[float, int, str]]:
+        body = self.cursors.open(token)
+        try:
+            pin_id, offset = str(body["pin"]), int(body["offset"])
+            after = (float(body["after"][0]), int(body["after"][1]), str(body["after"][2]))
+        except (KeyError, TypeError, ValueError, IndexError):
+            raise EngramError(Code.STALE_PAGE, "cursor shape") from None
+        pin = self.pins.get(pin_id)
+        if pin is None or pin.binding != binding:
+            raise EngramError(Code.STALE_PAGE, "pin expired or bound to another search")
+        return pin, pin_id, offset, after
+
+    def _first_rows(self, tx: Tx, ctx: BoundContext, profile: Profile, pin: Pin, query: str,
+                    query_vector: list[float] | None, *, limit: int) -> list[tuple[str, float, int]]:
+        """Rank the snapshot and fill ``pin`` with what later pages need to continue it exactly."""
+        pin.lexical_stats = tx.lexical_stats(ctx.tenant, ctx.workspace, self.core.hasher.terms(query))
+        if not profile.semantic:
+            page = self._lexical(tx, ctx, profile, pin, best_bm25=None, after=None, limit=limit)
+            pin.best_bm25, pin.candidate_count = page.best_bm25, page.total
+            return page.rows
+        assert profile.fusion is not None and query_vector is not None and profile.model_id is not None
+        lexical = self._lexical(tx, ctx, profile, pin, best_bm25=None, after=None, limit=profile.fusion.depth,
+                                lexical_weight=1.0)
+        vector = tx.rank_vectors(ctx.tenant, ctx.workspace, profile.model_id, query_vector, now_ms=pin.valid_as_of,
+                                 max_accepted_cursor=pin.system_as_of,
+                                 min_similarity=profile.fusion.min_similarity, limit=profile.fusion.depth)
+        pin.ordered = fuse(profile, [(r[0], r[2]) for r in lexical.rows], [(r[0], r[2]) for r in vector],
+                           now_ms=pin.valid_as_of)
+        pin.candidate_count = len(pin.ordered)
+        return pin.ordered[:limit]
+
+    def _next_rows(self, tx: Tx, ctx: BoundContext, profile: Profile, pin: Pin, *, after: tuple[float, int, str],
+                   offset: int, limit: int) -> list[tuple[str, float, int]]:
+        if profile.semantic:
+            return pin.ordered[offset: offset + limit]
+        return self._lexical(tx, ctx, profile, pin, best_bm25=pin.best_bm25, after=after, limit=limit).rows
+
+    def _lexical(self, tx: Tx, ctx: BoundContext, profile: Profile, pin: Pin, *, best_bm25: float | None,
+                 after: tuple[float, int, str] | None, limit: int, lexical_weight: float | None = None):
+        assert pin.lexical_stats is not None
         return tx.rank_lexical(
-            ctx.tenant, ctx.workspace, terms, profile.weights, k1=profile.k1, b=profile.b, now_ms=valid_as_of,
-            half_life_ms=profile.half_life_ms, lexical_weight=profile.lexical_weight,
-            max_accepted_cursor=system_as_of, after=after, limit=limit,
+            ctx.tenant, ctx.workspace, pin.lexical_stats, profile.weights, k1=profile.k1, b=profile.b,
+            now_ms=pin.valid_as_of, half_life_ms=profile.half_life_ms,
+            lexical_weight=profile.lexical_weight if lexical_weight is None else lexical_weight,
+            max_accepted_cursor=pin.system_as_of, best_bm25=best_bm25, after=after, limit=limit,
         )
+
+
+def fuse(profile: Profile, lexical: list[tuple[str, int]], vector: list[tuple[str, int]], *,
+         now_ms: int) -> list[tuple[str, float, int]]:
+    """SPEC §11 semantic_v1: reciprocal-rank fusion (k = 60) of the two ranked lists, normalized
+    to the best fused hit, then 0.85 fused + 0.15 recency; ties by valid_t desc, record_id asc."""
+    fusion = profile.fusion
+    assert fusion is not None
+    fused: dict[str, float] = {}
+    valid_t: dict[str, int] = {}
+    for weight, ranked in ((fusion.lexical_weight, lexical), (fusion.vector_weight, vector)):
+        for rank, (rid, vt) in enumerate(ranked, start=1):
+            fused[rid] = fused.get(rid, 0.0) + weight / (fusion.k + rank)
+            valid_t[rid] = vt
+    if not fused:
+        return []
+    best = max(fused.values())
+    scored = [(rid, round(profile.lexical_weight * f / best
+                          + (1 - profile.lexical_weight) * recency(now_ms, valid_t[rid], profile.half_life_ms), 9),
+               valid_t[rid]) for rid, f in fused.items()]
+    scored.sort(key=lambda r: (-r[1], -r[2], r[0]))
+    return scored
+
+
+def recency(now_ms: int, valid_t: int, half_life_ms: int) -> float:
+    """SPEC §11: 0.5 ** (age / half-life) over valid time; future anchors count as age 0."""
+    return 0.5 ** (max(now_ms - valid_t, 0) / half_life_ms)

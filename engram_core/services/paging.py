@@ -1,0 +1,126 @@
+"""Search page cursors and pinned snapshots (SPEC §5 paging).
+
+The first page pins ``system_as_of`` (the scope cursor), ``valid_as_of`` and the
+profile, plus what later pages need to order the *same* snapshot the same way:
+
+- ``offline_lexical_v1``: the BM25 statistics of the query terms (document count,
+  average field lengths, document frequencies) and the best score the page was
+  normalized to. Scores are then a pure function of each record's own postings,
+  so a keyset ``(score, valid_t, record_id)`` pages exactly, whatever is admitted
+  or forgotten in between (forgotten records just vanish; nothing shifts).
+- ``semantic_v1``: the fused, ordered candidate list (bounded by the fusion depth),
+  because reciprocal ranks depend on the whole list; later pages slice it.
+
+Pins live in memory, bounded in number and age. A cursor whose pin is gone
+(expired, evicted, server restarted) is STALE_PAGE, which the contract allows:
+the client restarts the search. The cursor itself is opaque: canonical JSON and
+an HMAC-SHA256 tag (truncated to 128 bits) under ``DIR/page.key``; it binds the
+principal, scope, request digest and profile digest, and carries no content.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engram_core.canonical import canonical_json
+from engram_core.errors import Code, EngramError
+from engram_core.store.port import LexicalStats
+
+PAGE_PIN_TTL_MS = 15 * 60_000
+MAX_PINS = 4_096
+_TAG_BYTES = 16
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What a cursor is bound to; any difference on a later page is STALE_PAGE."""
+
+    principal: str
+    tenant: str
+    workspace: str
+    request_digest: str
+    profile_digest: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"principal": self.principal, "tenant": self.tenant, "workspace": self.workspace,
+                "request_digest": self.request_digest, "profile_digest": self.profile_digest}
+
+
+@dataclass
+class Pin:
+    """The snapshot a paged search orders: fixed at the first page."""
+
+    binding: Binding
+    system_as_of: int
+    valid_as_of: int
+    candidate_count: int
+    created_ms: int
+    lexical_stats: LexicalStats | None = None
+    best_bm25: float | None = None
+    ordered: list[tuple[str, float, int]] = field(default_factory=list)  # semantic: (record_id, score, valid_t)
+
+
+class PinStore:
+    """In-memory pins, least recently used evicted beyond ``capacity``; not durable by design."""
+
+    def __init__(self, *, now_ms: Callable[[], int], ttl_ms: int = PAGE_PIN_TTL_MS, capacity: int = MAX_PINS) -> None:
+        self._now_ms = now_ms
+        self._ttl_ms = ttl_ms
+        self._capacity = capacity
+        self._pins: OrderedDict[str, Pin] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, pin: Pin) -> str:
+        pin_id = secrets.token_urlsafe(12)
+        with self._lock:
+            self._pins[pin_id] = pin
+            while len(self._pins) > self._capacity:
+                self._pins.popitem(last=False)
+        return pin_id
+
+    def get(self, pin_id: str) -> Pin | None:
+        with self._lock:
+            pin = self._pins.get(pin_id)
+            if pin is None:
+                return None
+            if self._now_ms() - pin.created_ms > self._ttl_ms:
+                del self._pins[pin_id]
+                return None
+            self._pins.move_to_end(pin_id)
+            return pin
+
+
+class CursorCodec:
+    """Seals and opens page cursors: canonical JSON + truncated HMAC-SHA256, base64url."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    def _tag(self, body: bytes) -> bytes:
+        return hmac.new(self._key, b"engram/page-cursor/v1\x00" + body, hashlib.sha256).digest()[:_TAG_BYTES]
+
+    def seal(self, body: dict[str, Any]) -> str:
+        raw = canonical_json(body)
+        return base64.urlsafe_b64encode(raw + self._tag(raw)).decode().rstrip("=")
+
+    def open(self, token: str) -> dict[str, Any]:
+        try:
+            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+            body, tag = raw[:-_TAG_BYTES], raw[-_TAG_BYTES:]
+            if len(raw) <= _TAG_BYTES or not hmac.compare_digest(self._tag(body), tag):
+                raise ValueError("tag")
+            value = json.loads(body)
+            if not isinstance(value, dict):
+                raise ValueError("shape")
+            return value
+        except Exception:
+            raise EngramError(Code.STALE_PAGE, "cursor does not verify") from None
