@@ -1,0 +1,302 @@
+"""`engram admin …` maintenance commands beyond activation (SPEC §12, §14).
+
+Command names and flags are a public interface. Output is a short human
+summary by default and the server's JSON document with ``--json``; progress
+of long operations goes to stderr so stdout stays scriptable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from engram_core.admin_cli import admin_metadata
+
+READ_SCOPES = ("read",)
+ALL_SCOPES = ("read", "maintain")
+
+# command -> (lifecycle operation, needs successor, needs to_state, target kind)
+TRANSITIONS: dict[str, tuple[str, bool, bool, str]] = {
+    "dispute": ("dispute", False, False, "record"),
+    "resolve": ("resolve_dispute", False, True, "record"),
+    "supersede": ("supersede", True, False, "record"),
+    "mark-non-current": ("mark_non_current", False, False, "record"),
+    "rewind": ("rewind", True, False, "record"),
+    "trust-invalidate": ("trust_invalidate", False, False, "record"),
+    "tombstone": ("tombstone", False, False, "record"),
+    "reject": ("reject", False, False, "candidate"),
+    "withdraw": ("withdraw", False, False, "candidate"),
+}
+
+
+def _progress(message: str) -> None:
+    print(f"engram admin: {message}", file=sys.stderr, flush=True)
+
+
+def _stub(channel: grpc.Channel):
+    from engram_core.api import admin_pb2_grpc
+
+    return admin_pb2_grpc.AdminServiceStub(channel)
+
+
+def _call(args: argparse.Namespace, rpc: str, request: Any, scopes: tuple[str, ...] = ALL_SCOPES) -> dict[str, Any]:
+    with grpc.insecure_channel(args.core) as channel:
+        result = getattr(_stub(channel), rpc)(request, metadata=admin_metadata(args.host_key, scopes=scopes),
+                                              timeout=args.timeout)
+    return json.loads(result.json)
+
+
+def _emit(args: argparse.Namespace, value: dict[str, Any], human: str) -> int:
+    print(json.dumps(value, sort_keys=True) if args.json else human)
+    return 0
+
+
+def _scope_flags(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    p.add_argument("--tenant", required=required, default="")
+    p.add_argument("--workspace", required=required, default="")
+
+
+def _scope_req(args: argparse.Namespace, **kw: Any):
+    from engram_core.api import admin_pb2
+
+    return admin_pb2.ScopeRequest(tenant=getattr(args, "tenant", ""), workspace=getattr(args, "workspace", ""), **kw)
+
+
+# -- commands ------------------------------------------------------------------------------
+def _transition(args: argparse.Namespace, op: str) -> int:
+    from engram_core.api import admin_pb2
+
+    event_id = args.event_id or "evt_host_" + secrets.token_hex(12)
+    req = admin_pb2.TransitionRequest(tenant=args.tenant, workspace=args.workspace, operation=op, target=args.target,
+                                      successor=getattr(args, "successor", "") or "",
+                                      to_state=getattr(args, "to", "") or "", reason_ref=args.reason,
+                                      event_id=event_id)
+    value = _call(args, "Transition", req)
+    r = value["receipt"]
+    note = " (replayed)" if value.get("replayed") else ""
+    return _emit(args, value, f"{op} {args.target}: {r['from_state']} -> {r['to_state']} at cursor {r['cursor']}"
+                              f"{note}; event id {event_id}")
+
+
+def _adjudicate(args: argparse.Namespace) -> int:
+    from engram_core.api import admin_pb2
+
+    event_id = args.event_id or "evt_host_" + secrets.token_hex(12)
+    value = _call(args, "Adjudicate", admin_pb2.AdjudicateRequest(
+        tenant=args.tenant, workspace=args.workspace, candidate_id=args.candidate, decision=args.decision,
+        reason_ref=args.reason, event_id=event_id))
+    o = value["outcome"]
+    return _emit(args, value, f"{o['candidate_id']}: {o['status']}" + (f" as {o['record_id']}" if "record_id" in o else "")
+                 + f"; event id {event_id}")
+
+
+def _adjudication_list(args: argparse.Namespace) -> int:
+    value = _call(args, "ListAdjudication", _scope_req(args), READ_SCOPES)
+    lines = [f"{c['candidate_id']}  {c['payload_digest']}  {c['sizes'].get('payload_bytes', '?')} B  "
+             f"{','.join(c['reasons']) or '-'}" for c in value["candidates"]]
+    return _emit(args, value, "\n".join(lines) or "no candidates pending adjudication")
+
+
+def _expire(args: argparse.Namespace) -> int:
+    value = _call(args, "ExpireSweep", _scope_req(args))
+    n = sum(len(s["expired"]) for s in value["scopes"])
+    return _emit(args, value, f"expired {n} record(s) in {len(value['scopes'])} scope(s)")
+
+
+def _history(args: argparse.Namespace) -> int:
+    from engram_core.api import admin_pb2
+
+    value = _call(args, "History", admin_pb2.HistoryRequest(tenant=args.tenant, workspace=args.workspace,
+                                                            record_id=args.record or "", disputed_only=args.disputed),
+                  READ_SCOPES)
+    lines = [f"{r['record_id']}  {r['state']}  accepted@{r['accepted_cursor']}" for r in value["records"]]
+    lines += [f"  {e['cursor']:>6}  {e['operation']}  {e['from_state'] or '-'} -> {e['to_state']}"
+              for e in value.get("events", [])]
+    return _emit(args, value, "\n".join(lines) or "no records")
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from engram_core.api import admin_pb2
+
+    value = _call(args, "InspectCandidate", admin_pb2.InspectRequest(
+        tenant=args.tenant, workspace=args.workspace, candidate_id=args.candidate), READ_SCOPES)
+    return _emit(args, value, json.dumps(value, indent=2, sort_keys=True))
+
+
+def _export(args: argparse.Namespace) -> int:
+    from engram_core.api import admin_pb2
+
+    value = _call(args, "Export", admin_pb2.ExportRequest(
+        tenant=args.tenant, workspace=args.workspace, what=args.what, from_cursor=args.from_cursor or "",
+        to_cursor=args.to_cursor or ""), READ_SCOPES)
+    if args.out:
+        Path(args.out).write_text("".join(json.dumps(i, sort_keys=True) + "\n" for i in value["items"]))
+        return _emit(args, {"count": value["count"], "out": args.out}, f"wrote {value['count']} {args.what} rows to {args.out}")
+    return _emit(args, value, "\n".join(json.dumps(i, sort_keys=True) for i in value["items"]))
+
+
+def _verify(args: argparse.Namespace) -> int:
+    value = _call(args, "Verify", _scope_req(args, report_only=args.report), READ_SCOPES)
+    bad = [f"{s['tenant']}/{s['workspace']}: {p['problem']} at cursor {p['cursor']}" for s in value["scopes"] for p in s["problems"]]
+    bad += [f"audit: {p['problem']} at seq {p['seq']}" for p in value["audit"]["problems"]]
+    human = ("verified: " + f"{len(value['scopes'])} journal(s), {value['audit']['rows']} audit rows, all chains intact"
+             if value["ok"] else "JOURNAL_CORRUPT\n" + "\n".join(bad))
+    _emit(args, value, human)
+    return 0 if value["ok"] else 1
+
+
+def _rotate(args: argparse.Namespace) -> int:
+    _progress("rotating the store key and re-wrapping data keys …")
+    value = _call(args, "RotateKeys", _scope_req(args))
+    _progress("rotation complete")
+    return _emit(args, value, f"active KEK {value['active_kek']}; re-wrapped {value['rewrapped']} data key(s); "
+                              f"retired KEKs {value['retired_keks'] or 'none'}; bodies rewritten: 0")
+
+
+def _key_status(args: argparse.Namespace) -> int:
+    value = _call(args, "KeyStatus", _scope_req(args), READ_SCOPES)
+    v = value["vault"]
+    human = (f"active KEK {v['active_kek']} ({v['keks']} held); {value['live_data_keys']} live data keys, "
+             f"{value['destroyed_data_keys']} destroyed")
+    for r in value.get("scope", {}).get("records", []):
+        human += f"\n{r['record_id']}  {r['state']}  key {r['key']}"
+    return _emit(args, value, human)
+
+
+def _revoke(args: argparse.Namespace) -> int:
+    value = _call(args, "Revoke", _scope_req(args))
+    return _emit(args, value, f"{args.tenant}/{args.workspace}: authorization epoch now {value['authorization_epoch']}; "
+                              "older contexts and grants are refused")
+
+
+def _host_key(args: argparse.Namespace, trust: bool) -> int:
+    from engram_core.api import admin_pb2
+
+    pem = Path(args.public_key).read_text() if args.public_key else ""
+    value = _call(args, "TrustHostKey" if trust else "UntrustHostKey",
+                  admin_pb2.HostKeyRequest(public_key_pem=pem, key_id=args.key_id or ""))
+    return _emit(args, value, f"host key {value['key_id']}: {'trusted' if trust else 'no longer trusted'}")
+
+
+def _backup(args: argparse.Namespace) -> int:
+    from engram_core.api import admin_pb2
+
+    received = 0
+    out = Path(args.out)
+    tmp = out.with_name(out.name + ".partial")
+    with grpc.insecure_channel(args.core) as channel, open(tmp, "wb") as f:
+        for chunk in _stub(channel).Backup(admin_pb2.ScopeRequest(), metadata=admin_metadata(args.host_key),
+                                           timeout=args.timeout):
+            f.write(chunk.data)
+            received += len(chunk.data)
+            _progress(f"backup {received}/{chunk.total_bytes} bytes")
+    tmp.replace(out)  # never leave a truncated file under the final name
+    manifest = json.loads(out.read_bytes().rstrip(b"\n").rsplit(b"\n", 1)[-1])
+    value = {"out": str(out), "bytes": received, "manifest_digest": manifest["manifest_digest"],
+             "counts": manifest["counts"]}
+    return _emit(args, value, f"wrote {received} bytes to {out}; manifest {manifest['manifest_digest']}")
+
+
+def _restore(args: argparse.Namespace) -> int:
+    from engram_core.api import admin_pb2
+
+    data = Path(args.in_file).read_bytes()
+    step = 1 << 20
+
+    def stream() -> Iterator[Any]:
+        for i in range(0, max(len(data), 1), step):
+            _progress(f"restore sent {min(i + step, len(data))}/{len(data)} bytes")
+            yield admin_pb2.BackupChunk(data=data[i:i + step], total_bytes=len(data),
+                                        key_dir=(args.key_dir or "") if i == 0 else "")
+
+    with grpc.insecure_channel(args.core) as channel:
+        result = _stub(channel).Restore(stream(), metadata=admin_metadata(args.host_key), timeout=args.timeout)
+    _progress("restore verified and committed")
+    value = json.loads(result.json)
+    return _emit(args, value, f"restored {value['records_restored']} record(s) in {value['scopes']} scope(s); "
+                              f"unrecoverable (key destroyed): {len(value['records_unrecoverable'])}")
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    value = _call(args, "Migrate", _scope_req(args))
+    head = value["ledger"][-1]["version"] if value["ledger"] else 0
+    return _emit(args, value, f"schema at version {head}; applied now: {value['applied'] or 'none'}")
+
+
+def _projections(args: argparse.Namespace, rebuild: bool) -> int:
+    if rebuild:
+        _progress(f"rebuilding projections of {args.tenant}/{args.workspace} …")
+    value = _call(args, "RebuildProjections" if rebuild else "InvalidateProjections", _scope_req(args))
+    if rebuild:
+        human = f"re-indexed {value['records_indexed']} record(s); receipt {value['receipt_digest']}"
+    else:
+        human = f"removed {value['removed']['postings']} postings, {value['removed']['vectors']} vectors; receipt {value['receipt_digest']}"
+    return _emit(args, value, human)
+
+
+def _reload(args: argparse.Namespace) -> int:
+    value = _call(args, "ReloadPolicies", _scope_req(args))
+    return _emit(args, value, f"policy revision {value['revision']} (was {value['previous_revision']})")
+
+
+# -- registration --------------------------------------------------------------------------
+def register_more(sub: argparse._SubParsersAction, run: Callable[[argparse.Namespace, Callable[[], int]], int]) -> None:
+    def add(name: str, fn: Callable[[argparse.Namespace], int], help: str, *, scope: str | None = "required"):
+        p = sub.add_parser(name, help=help)
+        if scope is not None:
+            _scope_flags(p, required=scope == "required")
+        p.set_defaults(func=lambda a: run(a, lambda: fn(a)))
+        return p
+
+    for name, (op, successor, to_state, kind) in TRANSITIONS.items():
+        p = add(name, lambda a, op=op: _transition(a, op), f"{op} a {kind} (host lifecycle, SPEC §6)")
+        p.add_argument("target", metavar="RECORD_ID" if kind == "record" else "CANDIDATE_ID")
+        if successor:
+            p.add_argument("--successor", required=True, help="record id of the successor")
+        if to_state:
+            p.add_argument("--to", required=True, choices=("accepted_current", "historical"))
+        p.add_argument("--reason", default="reason:operator", help="reason_ref recorded in the journal")
+        p.add_argument("--event-id", default="", help="idempotency id; reuse it to retry (default: new)")
+
+    p = add("adjudicate", _adjudicate, "accept or reject a candidate pending adjudication")
+    p.add_argument("candidate")
+    p.add_argument("--decision", required=True, choices=("accept", "reject"))
+    p.add_argument("--reason", default="reason:operator")
+    p.add_argument("--event-id", default="")
+    add("adjudication-list", _adjudication_list, "list candidates pending adjudication (redacted)")
+    add("expire", _expire, "expire records whose expires_at passed (all scopes without --tenant)", scope="optional")
+    p = add("history", _history, "records of a scope with states; one record's journal with --record")
+    p.add_argument("--record", default="")
+    p.add_argument("--disputed", action="store_true", help="only accepted_disputed records")
+    p = add("inspect", _inspect, "a candidate's structure (no body)")
+    p.add_argument("candidate")
+    p = add("export", _export, "journal or audit rows for a scope and cursor range", scope="optional")
+    p.add_argument("what", choices=("journal", "audit"))
+    p.add_argument("--from", dest="from_cursor", default="")
+    p.add_argument("--to", dest="to_cursor", default="")
+    p.add_argument("--out", default="", help="write JSON lines here instead of stdout")
+    p = add("verify", _verify, "verify journal and audit hash chains (exit 1 on JOURNAL_CORRUPT)", scope="optional")
+    p.add_argument("--report", action="store_true", help="print the report even when a chain is broken")
+    add("rotate-keys", _rotate, "rotate the store KEK and re-wrap every data key", scope=None)
+    add("key-status", _key_status, "KEK and data-key destruction status", scope="optional")
+    add("revoke", _revoke, "bump the authorization epoch of a scope")
+    for name, trust in (("trust-host-key", True), ("untrust-host-key", False)):
+        p = add(name, lambda a, t=trust: _host_key(a, t), f"{'add' if trust else 'remove'} a trusted host key", scope=None)
+        p.add_argument("--public-key", default="", help="PEM file of the host public key")
+        p.add_argument("--key-id", default="")
+    p = add("backup", _backup, "stream a verified logical backup of the whole store to a file", scope=None)
+    p.add_argument("--out", required=True)
+    p = add("restore", _restore, "restore a backup into an empty store", scope=None)
+    p.add_argument("--in", dest="in_file", required=True)
+    p.add_argument("--key-dir", default="", help="key-vault directory (store.kek, datakeys.bin) on the core's host")
+    add("migrate", _migrate, "verify the migration ledger and apply pending migrations", scope=None)
+    add("invalidate-projections", lambda a: _projections(a, False), "drop the lexical and vector projections of a scope")
+    add("rebuild-projections", lambda a: _projections(a, True), "rebuild the projections of a scope from sealed bodies")
+    add("reload-policies", _reload, "reload the policy bundle", scope=None)

@@ -1,0 +1,76 @@
+"""`engram admin …` as operators run it: the console script against a real core."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from admin_support import TENANT, WORKSPACE, start_env
+
+from engram_core.clock import SystemClock
+
+ENGRAM = str(Path(sys.executable).with_name("engram"))
+
+
+@pytest.fixture
+def live(tmp_path):
+    env = start_env(tmp_path / "core", SystemClock(), activate=False)  # type: ignore[arg-type]
+    try:
+        yield env
+    finally:
+        env.stop()
+
+
+def admin(env, *argv: str, json_out: bool = True) -> subprocess.CompletedProcess:
+    cmd = [ENGRAM, "admin", "--core", env.running.address, "--host-key", str(env.running.host_key_path)]
+    if json_out:
+        cmd.append("--json")
+    return subprocess.run([*cmd, *argv], capture_output=True, text=True, timeout=60)
+
+
+def test_cli_lifecycle_history_verify_and_errors(live):
+    scope = ["--tenant", TENANT, "--workspace", WORKSPACE]
+    assert admin(live, "activate", *scope).returncode == 0
+    rid = live.record("cli managed record")
+    out = admin(live, "dispute", rid, *scope, "--event-id", "evt_cli_dispute_0001")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["receipt"]["to_state"] == "accepted_disputed"
+    again = admin(live, "dispute", rid, *scope, "--event-id", "evt_cli_dispute_0001")
+    assert json.loads(again.stdout)["replayed"] is True
+    human = admin(live, "history", *scope, "--record", rid, json_out=False)
+    assert human.returncode == 0 and "accepted_disputed" in human.stdout and "dispute" in human.stdout
+    bad = admin(live, "mark-non-current", rid, *scope, "--event-id", "short")
+    assert bad.returncode == 1 and json.loads(bad.stdout)["code"] == "INVALID_SCHEMA"
+    illegal = admin(live, "dispute", rid, *scope, json_out=False)
+    assert illegal.returncode == 1 and "ILLEGAL_TRANSITION" in illegal.stderr
+    verify = admin(live, "verify", json_out=False)
+    assert verify.returncode == 0 and "all chains intact" in verify.stdout
+    assert json.loads(admin(live, "key-status", *scope).stdout)["scope"]["records"][0]["key"] == "live"
+    assert json.loads(admin(live, "adjudication-list", *scope).stdout)["candidates"] == []
+    assert json.loads(admin(live, "migrate").stdout)["applied"] == []
+
+
+def test_cli_backup_restore_with_progress(live, tmp_path):
+    scope = ["--tenant", TENANT, "--workspace", WORKSPACE]
+    admin(live, "activate", *scope)
+    rid = live.record("cli backed up record")
+    out = admin(live, "backup", "--out", str(tmp_path / "b.jsonl"), json_out=False)
+    assert out.returncode == 0, out.stderr
+    assert "backup" in out.stderr and "manifest sha256:" in out.stdout
+    rotated = admin(live, "rotate-keys", json_out=False)
+    assert rotated.returncode == 0 and "rotating" in rotated.stderr
+    target = start_env(tmp_path / "target", SystemClock(), activate=False)  # type: ignore[arg-type]
+    try:
+        res = admin(target, "restore", "--in", str(tmp_path / "b.jsonl"), "--key-dir", str(live.data_dir))
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout)["records_restored"] == 1 and "restore sent" in res.stderr
+        assert target.get(rid)["record"]["record_id"] == rid
+        again = admin(target, "restore", "--in", str(tmp_path / "b.jsonl"), "--key-dir", str(live.data_dir))
+        assert again.returncode == 1 and json.loads(again.stdout)["code"] == "RESTORE_REFUSED"
+    finally:
+        target.stop()
+    rebuilt = admin(live, "rebuild-projections", *scope)
+    assert json.loads(rebuilt.stdout)["records_indexed"] == 1
