@@ -96,10 +96,14 @@ class Core:
         self.hasher = TermHasher.from_dir(data_dir)
         self.page_key = _load_or_create_secret(data_dir / "page.key")
         # Finish crypto-shredding interrupted by a crash and clear key slots of
-        # transactions that never committed (SPEC §10).
+        # transactions that never committed (SPEC §10). Never on a store that
+        # holds nothing: a lost or replaced database must not zero every key
+        # (restore reads them from the key directory).
         with store.read() as tx:
             live = tx.live_key_slots()
-        vault.reconcile(set(live))
+            empty = tx.is_empty()
+        if not empty:
+            vault.reconcile(set(live))
 
     def now_ms(self) -> int:
         return self.clock.now_ms()

@@ -108,7 +108,7 @@ class MemoryService(ReadService):
         with self.core.store.read() as tx:
             scope = tx.scope(ctx.tenant, ctx.workspace)
         if scope is not None and parsed.authorization_epoch < scope.authorization_epoch:
-            raise EngramError(Code.GATE_FAILED, "grant issued before revocation")
+            raise EngramError(Code.AUTHORIZATION_REVOKED, "grant issued before revocation")
         return parsed
 
     def _consume_grant(self, tx: DuckDBTx, ctx: BoundContext, grant_id: str) -> None:
