@@ -196,7 +196,8 @@ class MaintenanceService:
             raise EngramError(Code.NOT_FOUND, "record")
         lifecycle.check_record("tombstone", rec.state)
         # MemoryService.tombstone: body key shredded, projections dropped, ledger, journal, audit — one transaction.
-        return self.memory.tombstone(tctx, record_id, call, args=args, request_digest=rd, grant_id=None, reason_ref=reason)
+        return self.memory.tombstone(tctx, record_id, call, args=args, request_digest=rd, grant_id=None, reason_ref=reason,
+                                     event_id=event_id, audit_operation="admin.tombstone")
 
     def _candidate_end(self, tctx: BoundContext, call: CallRecord, op: str, candidate_id: str, event_id: str,
                        reason: str) -> dict[str, Any]:
@@ -211,7 +212,8 @@ class MaintenanceService:
             raise EngramError(Code.NOT_FOUND, "candidate")
         lifecycle.check_candidate(op, cand.state)
         return self.memory.withdraw_candidate(tctx, cand, call, args=args, request_digest=rd, grant_id=None,
-                                              reason_ref=reason, operation=op, to_state=CANDIDATE_OPS[op])
+                                              reason_ref=reason, operation=op, to_state=CANDIDATE_OPS[op],
+                                              event_id=event_id, audit_operation=f"admin.{op}")
 
     def _record_transition(self, tctx: BoundContext, call: CallRecord, op: str, target: str, successor: str,
                            to_state: str, reason: str, event_id: str) -> dict[str, Any]:
@@ -357,7 +359,8 @@ class MaintenanceService:
         lifecycle.check_candidate(decision, cand.state)
         if cand.state != "pending_adjudication":
             raise EngramError(Code.ILLEGAL_TRANSITION, "candidate is not pending adjudication")
-        return self.memory.admit(tctx, cand, call, args=args, request_digest=rd, forced=decision, reason_ref=reason)
+        return self.memory.admit(tctx, cand, call, args=args, request_digest=rd, forced=decision, reason_ref=reason,
+                                 event_id=event_id, audit_operation="admin.adjudicate")
 
     # -- reads -----------------------------------------------------------------------------------
     def history(self, ctx: BoundContext, tenant: str, workspace: str, record_id: str, disputed_only: bool) -> dict[str, Any]:

@@ -256,8 +256,10 @@ class MemoryService(ReadService):
     def admit(
         self, ctx: BoundContext, cand: CandidateRow, call: CallRecord, *, args: dict[str, Any] | None,
         request_digest: str | None, grant_id: str | None = None, forced: str | None = None, reason_ref: str = "",
+        event_id: str | None = None, audit_operation: str | None = None,
     ) -> dict[str, Any]:
-        """Decide and apply admission. ``forced`` is a host adjudication (accept/reject)."""
+        """Decide and apply admission. ``forced`` is a host adjudication (accept/reject);
+        host calls name their own journal ``event_id`` and audit operation."""
         now = self.core.now_ms()
         if cand.state == "accepted":
             # Admission of an already-admitted candidate: report it, change nothing.
@@ -312,7 +314,7 @@ class MemoryService(ReadService):
                     self._consume_grant(tx, ctx, grant_id)
                 to_state = {"accepted": "accepted", "rejected": "rejected", "pending_adjudication": "pending_adjudication"}[status]
                 event = tx.append_event(
-                    ctx.tenant, ctx.workspace, event_id=new_id("evt_"),
+                    ctx.tenant, ctx.workspace, event_id=event_id or new_id("evt_"),
                     operation={"accepted": "accept", "rejected": "reject", "pending_adjudication": "adjudication_required"}[status],
                     target=cand.candidate_id, from_state=current.state,
                     to_state="accepted_current" if status == "accepted" else to_state, at_ms=now,
@@ -350,8 +352,7 @@ class MemoryService(ReadService):
                 result = {"outcome": outcome, "replayed": False}
                 if args is not None and request_digest is not None:
                     self._remember(tx, ctx, ADMISSION_TOOL, args, request_digest, {"outcome": outcome})
-                tx.append_audit(self.core.audit_row(ctx, ADMISSION_TOOL if args is not None else "admin.adjudicate",
-                                                    status, cand.candidate_id, call))
+                tx.append_audit(self.core.audit_row(ctx, audit_operation or ADMISSION_TOOL, status, cand.candidate_id, call))
         except _Replayed as r:
             if record_slot is not None:
                 self.core.vault.destroy(record_slot)
@@ -427,7 +428,8 @@ class MemoryService(ReadService):
 
     def withdraw_candidate(self, ctx: BoundContext, cand: CandidateRow, call: CallRecord, *, args: dict[str, Any] | None,
                            request_digest: str | None, grant_id: str | None, reason_ref: str,
-                           operation: str = "withdraw", to_state: str = "withdrawn") -> dict[str, Any]:
+                           operation: str = "withdraw", to_state: str = "withdrawn", event_id: str | None = None,
+                           audit_operation: str | None = None) -> dict[str, Any]:
         now = self.core.now_ms()
         authz_digest = self.core.decision_receipt(call.decisions[0])["receipt_digest"]
         try:
@@ -444,7 +446,8 @@ class MemoryService(ReadService):
                 if grant_id is not None:
                     self._consume_grant(tx, ctx, grant_id)
                 event = tx.append_event(
-                    ctx.tenant, ctx.workspace, event_id=new_id("evt_"), operation=operation, target=cand.candidate_id,
+                    ctx.tenant, ctx.workspace, event_id=event_id or new_id("evt_"), operation=operation,
+                    target=cand.candidate_id,
                     from_state=current.state, to_state=to_state, at_ms=now,
                     body={"reason_ref": reason_ref, "decisions": call.summaries(), "audit_id": ctx.audit_id},
                 )
@@ -459,8 +462,7 @@ class MemoryService(ReadService):
                 stored = {"receipt": receipt, "key_destruction": "complete"}
                 if args is not None and request_digest is not None:
                     self._remember(tx, ctx, WITHDRAW_TOOL, args, request_digest, stored)
-                tx.append_audit(self.core.audit_row(ctx, WITHDRAW_TOOL if args is not None else f"admin.{operation}",
-                                                    to_state, cand.candidate_id, call))
+                tx.append_audit(self.core.audit_row(ctx, audit_operation or WITHDRAW_TOOL, to_state, cand.candidate_id, call))
         except _Replayed as r:
             return {**r.outcome, "replayed": True}
         state = self._finish_destruction(tx)
@@ -486,7 +488,8 @@ class MemoryService(ReadService):
                               grant_id=grant_obj.grant_id, reason_ref=args["reason_ref"])
 
     def tombstone(self, ctx: BoundContext, record_id: str, call: CallRecord, *, args: dict[str, Any] | None,
-                  request_digest: str | None, grant_id: str | None, reason_ref: str) -> dict[str, Any]:
+                  request_digest: str | None, grant_id: str | None, reason_ref: str, event_id: str | None = None,
+                  audit_operation: str | None = None) -> dict[str, Any]:
         """SPEC §5 forget: shred the body key, drop every projection, ledger the payload digest — one transaction."""
         now = self.core.now_ms()
         authz_digest = self.core.decision_receipt(call.decisions[0])["receipt_digest"]
@@ -504,7 +507,8 @@ class MemoryService(ReadService):
                 if grant_id is not None:
                     self._consume_grant(tx, ctx, grant_id)
                 event = tx.append_event(
-                    ctx.tenant, ctx.workspace, event_id=new_id("evt_"), operation="tombstone", target=record_id,
+                    ctx.tenant, ctx.workspace, event_id=event_id or new_id("evt_"), operation="tombstone",
+                    target=record_id,
                     from_state=rec.state, to_state="tombstoned", at_ms=now,
                     body={"reason_ref": reason_ref, "decisions": call.summaries(), "audit_id": ctx.audit_id},
                 )
@@ -526,8 +530,7 @@ class MemoryService(ReadService):
                 stored = {"receipt": receipt, "projection_invalidation": "complete", "coverage_receipt_digest": coverage}
                 if args is not None and request_digest is not None:
                     self._remember(tx, ctx, FORGET_TOOL, args, request_digest, stored)
-                tx.append_audit(self.core.audit_row(ctx, FORGET_TOOL if args is not None else "admin.tombstone",
-                                                    "tombstoned", record_id, call))
+                tx.append_audit(self.core.audit_row(ctx, audit_operation or FORGET_TOOL, "tombstoned", record_id, call))
         except _Replayed as r:
             return {**r.outcome, "replayed": True}
         state = self._finish_destruction(tx)
