@@ -248,7 +248,7 @@ class MaintenanceService:
             event = tx.append_event(t, w, event_id=event_id, operation=op, target=target, from_state=rec.state,
                                     to_state=new_state, at_ms=now, body=body)
             tx.set_record_state(target, new_state, state_cursor=event.cursor,
-                                successor_id=successor if op == "supersede" else None)
+                                successor_id=successor if op == "supersede" else ("" if op == "rewind" else None))
             receipt: dict[str, Any] = {
                 "event_id": event.event_id, "operation": op, "target": target, "from_state": rec.state,
                 "to_state": new_state, "cursor": str(event.cursor), "event_digest": event.event_digest,

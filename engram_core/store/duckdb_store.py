@@ -286,10 +286,11 @@ class DuckDBTx:
         return [_record(r) for r in self._all(sql + " ORDER BY accepted_cursor", params)]
 
     def set_record_state(self, record_id: str, state: str, *, state_cursor: int, successor_id: str | None = None) -> None:
+        # successor_id: None keeps the current pointer, "" clears it (rewind), a value sets it.
         self._con.execute(
-            "UPDATE records SET state = ?, state_cursor = ?, successor_id = coalesce(?, successor_id) "
-            "WHERE record_id = ?",
-            [state, state_cursor, successor_id, record_id],
+            "UPDATE records SET state = ?, state_cursor = ?, "
+            "successor_id = CASE WHEN ? = '' THEN NULL ELSE coalesce(?, successor_id) END WHERE record_id = ?",
+            [state, state_cursor, successor_id, successor_id, record_id],
         )
 
     def drop_record_body(self, record_id: str) -> None:
