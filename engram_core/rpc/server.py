@@ -211,8 +211,11 @@ def build_policy(policies_dir: Path | None, opa_url: str | None):
 
 def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str | None = None,
               extra_trusted_pems: list[str] | None = None, clock=None,
-              semantic: bool | None = None) -> tuple[Core, Path, Any]:
-    data_dir.mkdir(parents=True, exist_ok=True)
+              semantic: bool | None = None, policy: Any = None) -> tuple[Core, Path, Any]:
+    """Open (creating on first run) the data directory; ``policy`` overrides the backend (tests, embedding)."""
+    if not data_dir.exists():
+        data_dir.mkdir(parents=True)
+        data_dir.chmod(0o700)  # keys and the store: owner only
     host_key_path = data_dir / "host.key"
     host_key = load_or_create_private_key(host_key_path)
     confirmation_key = load_or_create_private_key(data_dir / "confirmation.key")
@@ -225,7 +228,7 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
             trusted.add(load_public_pem(pem))
         tx.add_trusted_host_key(key_id(host_key.public_key()), public_pem(host_key.public_key()), 0)
     vault = FileKeyVault(data_dir)
-    policy = build_policy(policies_dir, opa_url)
+    policy = policy or build_policy(policies_dir, opa_url)
     core = Core(data_dir=data_dir, store=store, vault=vault, policy=policy, trusted=trusted, clock=clock,
                 embedder=build_embedder(semantic))
     return core, host_key_path, confirmation_key
@@ -247,10 +250,10 @@ def build_embedder(semantic: bool | None):
 
 def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Path | None = None,
                opa_url: str | None = None, extra_trusted_pems: list[str] | None = None, clock=None,
-               max_workers: int = 16, semantic: bool | None = None) -> RunningCore:
+               max_workers: int = 16, semantic: bool | None = None, policy: Any = None) -> RunningCore:
     core, host_key_path, confirmation_key = open_core(
         data_dir, policies_dir=policies_dir, opa_url=opa_url, extra_trusted_pems=extra_trusted_pems, clock=clock,
-        semantic=semantic)
+        semantic=semantic, policy=policy)
     memory = MemoryService(core)
     host = HostServiceCore(core, confirmation_key)
     admin = AdminServiceCore(core)
