@@ -1,0 +1,59 @@
+"""Fixtures for search tests: real gRPC servers over real DuckDB files and the bundled
+Rego policies; one with the semantic channel (the local ONNX model) and one without."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from search_support import Client, activate
+
+from engram_core.clock import FixedClock
+from engram_core.rpc.server import RunningCore, start_core
+from engram_core.services.embedding import try_load_local_embedder
+
+
+@pytest.fixture(scope="session")
+def semantic_installed() -> bool:
+    return try_load_local_embedder() is not None
+
+
+@pytest.fixture(scope="module")
+def core(tmp_path_factory: pytest.TempPathFactory, semantic_installed: bool) -> Iterator[RunningCore]:
+    if not semantic_installed:
+        pytest.skip("the 'semantic' extra is not installed")
+    running = start_core(tmp_path_factory.mktemp("search"), semantic=True)
+    activate(running)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def lexical_core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCore]:
+    running = start_core(tmp_path_factory.mktemp("lexical"), semantic=False)
+    activate(running)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def ana(core: RunningCore) -> Client:
+    return Client(core)
+
+
+class TestClock(FixedClock):
+    """A settable clock starting at the real time (host contexts are signed with it too)."""
+
+    __test__ = False
+
+
+@pytest.fixture
+def clocked(tmp_path: Path) -> Iterator[tuple[RunningCore, TestClock]]:
+    import time
+
+    clock = TestClock(time.time_ns() // 1_000_000)
+    running = start_core(tmp_path / "data", clock=clock)
+    activate(running, clock=clock)
+    yield running, clock
+    running.stop()
