@@ -1,0 +1,63 @@
+"""The lexical and vector projections (SPEC §5, §10, §11): maintained in the admission and forget
+transactions, hashed terms only, nothing for candidates that were never accepted."""
+
+from __future__ import annotations
+
+from search_support import Client
+
+from engram_core.rpc.server import RunningCore
+from engram_core.services.lexical import tokenize
+
+
+def _rows(core: RunningCore, sql: str, params: list) -> list[tuple]:
+    with core.core.store.read() as tx:
+        return tx._all(sql, params)
+
+
+def test_admission_indexes_postings_stats_and_vector_in_one_go(core: RunningCore) -> None:
+    ana = Client(core)
+    before = dict(_rows(core, "SELECT field, doc_count FROM field_stats WHERE tenant='acme' AND workspace='alpha'", []))
+    rid = ana.remember("Smew ingestion uses batched writes.")
+    with core.core.store.read() as tx:
+        assert tx.postings_count(rid) > 0 and tx.vector_count(rid) == 1
+    after = dict(_rows(core, "SELECT field, doc_count FROM field_stats WHERE tenant='acme' AND workspace='alpha'", []))
+    assert after["_docs"] == before.get("_docs", 0) + 1
+
+
+def test_forget_removes_postings_and_vector_in_same_transaction(core: RunningCore) -> None:
+    ana = Client(core)
+    rid = ana.remember("Eider rollback procedure.")
+    docs = _rows(core, "SELECT doc_count FROM field_stats WHERE tenant='acme' AND workspace='alpha' "
+                       "AND field='_docs'", [])[0][0]
+    out = ana.forget(rid)
+    assert out["projection_invalidation"] == "complete"
+    with core.core.store.read() as tx:
+        assert tx.postings_count(rid) == 0 and tx.vector_count(rid) == 0
+    assert _rows(core, "SELECT doc_count FROM field_stats WHERE tenant='acme' AND workspace='alpha' "
+                       "AND field='_docs'", [])[0][0] == docs - 1
+
+
+def test_postings_hold_keyed_hashes_never_words(core: RunningCore) -> None:
+    ana = Client(core)
+    ana.remember("Loon quokka zebrafish marker words.")
+    hasher = core.core.hasher
+    columns = _rows(core, "SELECT column_name, data_type FROM information_schema.columns "
+                          "WHERE table_name = 'postings'", [])
+    assert ("term", "BIGINT") in columns
+    fields = {r[0] for r in _rows(core, "SELECT DISTINCT field FROM postings", [])}
+    assert fields <= {"primary", "decision", "evidence", "context", "citations"}
+    terms = {hasher.term(t) for t in tokenize("quokka zebrafish")}
+    assert len(_rows(core, "SELECT DISTINCT term FROM postings WHERE term IN (SELECT unnest(?::BIGINT[]))",
+                     [sorted(terms)])) == 2
+    import hashlib
+    unkeyed = int.from_bytes(hashlib.blake2b(b"quokka", digest_size=8).digest(), "big", signed=True)
+    assert not _rows(core, "SELECT 1 FROM postings WHERE term = ?", [unkeyed])
+
+
+def test_pending_candidates_have_no_projection(core: RunningCore) -> None:
+    ana = Client(core)
+    ana.capture_only("Merganser unadmitted text.")
+    with core.core.store.read() as tx:
+        n = tx._one("SELECT count(*) FROM postings p LEFT JOIN records r USING (record_id) WHERE r.record_id IS NULL")
+        v = tx._one("SELECT count(*) FROM vectors v LEFT JOIN records r USING (record_id) WHERE r.record_id IS NULL")
+    assert n[0] == 0 and v[0] == 0
