@@ -1,0 +1,59 @@
+"""The benchmark at a tiny size, so tools/bench cannot rot (issue 8). No npm: the peer is skipped."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from tools.bench.__main__ import main
+from tools.bench.corpus import Corpus
+from tools.bench.peer import preload
+from tools.bench.report import latency_table, profile_table, targets
+from tools.bench.stats import combine, percentile, run_summary
+
+
+def test_percentiles_and_medians_across_runs() -> None:
+    values = [float(i) for i in range(1, 101)]
+    assert percentile(values, 50) == 50 and percentile(values, 99) == 99 and percentile(values, 100) == 100
+    runs = [run_summary([0.001] * 10, 1.0), run_summary([0.003] * 10, 1.0), run_summary([0.002] * 10, 2.0)]
+    c = combine(runs)
+    assert c["p50_ms"] == 2.0 and c["p50_ms_min"] == 1.0 and c["p50_ms_max"] == 3.0 and c["n"] == 30
+
+
+def test_corpus_is_deterministic_and_valid_for_capture() -> None:
+    from engram_core.services.memory import CAPTURE_TOOL
+    from engram_core.validation import validate_arguments
+
+    a, b = Corpus(), Corpus()
+    assert a.capture_args("s", 3) == b.capture_args("s", 3) and a.queries(5) == b.queries(5)
+    validate_arguments(CAPTURE_TOOL, a.capture_args("s", 3))
+
+
+def test_peer_preload_is_the_servers_jsonl_format(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    preload(path, Corpus(), 3)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["type"] for r in rows] == ["entity"] * 3 and all(r["observations"] for r in rows)
+
+
+def test_tiny_benchmark_end_to_end(tmp_path: Path) -> None:
+    started = time.monotonic()
+    out = tmp_path / "results"
+    assert main(["--sizes", "40", "--clients", "1,2", "--runs", "1", "--duration", "0.2", "--other-scopes", "1",
+                 "--semantic-max", "0", "--profile-calls", "3", "--no-peer", "--no-progress",
+                 "--out", str(out)]) == 0
+    doc = json.loads((out / "summary.json").read_text())
+    size = doc["sizes"]["40"]
+    assert doc["machine"]["logical_cores"] >= 1 and size["load"]["records_total"] == 60
+    for surface in ("grpc", "mcp"):
+        for op in ("capture", "request_admission", "pair", "search_lexical", "get", "forget"):
+            for clients in ("1", "2"):
+                point = size[surface][op][clients]
+                assert point["n"] > 0 and point["errors"] == 0, (surface, op, clients, point)
+                assert 0 < point["p50_ms"] <= point["p99_ms"]
+    assert set(size["profile"]) >= {"capture", "request_admission", "search_lexical", "get", "forget"}
+    assert abs(sum(size["profile"]["search_lexical"]["share"].values()) - 1) < 0.01
+    assert doc["targets"] == targets(doc) and doc["targets"]
+    assert "search_lexical" in latency_table(doc, "grpc") and "forget" in profile_table(doc)
+    assert time.monotonic() - started < 60
