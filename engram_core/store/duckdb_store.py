@@ -688,9 +688,19 @@ class DuckDBStore:
     def is_open(self) -> bool:
         return self._open
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, *, attempts: int = 20, pause_s: float = 0.01) -> None:
+        """CHECKPOINT under the writer lock. DuckDB refuses while it still counts another
+        transaction as writing (seen under concurrent reads right after a commit), so a
+        refusal is retried briefly; a forget reports ``pending`` only if it never succeeds."""
         with self._write_lock:
-            self._con.execute("CHECKPOINT")
+            for attempt in range(attempts):
+                try:
+                    self._con.execute("CHECKPOINT")
+                    return
+                except duckdb.TransactionException:
+                    if attempt == attempts - 1:
+                        raise
+                    time.sleep(pause_s * (attempt + 1))
 
     def close(self) -> None:
         if not self._open:
