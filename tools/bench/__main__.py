@@ -298,6 +298,17 @@ def bench_size(a: argparse.Namespace, size: int, corpus: Corpus, queries: list[s
     return result
 
 
+def _git_describe() -> str | None:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return f"{head}{'+dirty' if dirty else ''}" if head else None
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     out = Path(a.out) if a.out else REPO / "tools" / "bench" / "results" / time.strftime("%Y%m%d-%H%M%S")
@@ -309,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine.facts(),
         "config": {k: v for k, v in vars(a).items() if k != "out"},
         "command": "python -m tools.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "git": _git_describe(),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "sizes": {},
     }
@@ -322,11 +334,15 @@ def main(argv: list[str] | None = None) -> int:
             from tools.bench.peer import bench_peer, install
 
             log("peer: installing/starting @modelcontextprotocol/server-memory")
-            entry, version = install()
-            doc["peer"] = {"package": "@modelcontextprotocol/server-memory", "version": version,
-                           "sizes": asyncio.run(bench_peer(entry, work_root, corpus, a.peer_sizes, runs=a.runs,
-                                                           duration_s=a.duration, min_ops=3, max_ops=10_000,
-                                                           queries=queries))}
+            try:
+                entry, version = install()
+                doc["peer"] = {"package": "@modelcontextprotocol/server-memory", "version": version,
+                               "sizes": asyncio.run(bench_peer(entry, work_root, corpus, a.peer_sizes, runs=a.runs,
+                                                               duration_s=a.duration, min_ops=3, max_ops=10_000,
+                                                               queries=queries))}
+            except Exception as exc:  # the Engram results still get written
+                log(f"peer failed: {exc!r}")
+                doc["peer"] = {"error": repr(exc)}
     finally:
         shutil.rmtree(work_root, ignore_errors=True)
     doc["machine"]["loadavg_at_end"] = machine.loadavg()
