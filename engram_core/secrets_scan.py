@@ -21,9 +21,15 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("stripe_key", re.compile(r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}")),
     ("google_api_key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}\b")),
     ("openai_key", re.compile(r"\bsk-(?:proj-)?[A-Za-z0-9_-]{20,}")),
+    ("gitlab_token", re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}")),
+    ("npm_token", re.compile(r"\bnpm_[A-Za-z0-9]{36}\b")),
+    ("huggingface_token", re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")),
+    ("sendgrid_key", re.compile(r"\bSG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}")),
+    # Azure storage / service bus connection strings and SAS (no scheme://user:pass@ shape)
+    ("azure_key", re.compile(r"(?i)\b(?:AccountKey|SharedAccessKey|SharedAccessSignature)\s*=\s*[A-Za-z0-9+/%=]{20,}")),
     (
         "connection_string",
-        re.compile(r"(?i)\b[a-z][a-z0-9+.-]{1,20}://[^\s:/@]+:[^\s@/]{3,}@[^\s/]+"),
+        re.compile(r"(?i)\b[a-z][a-z0-9+.-]{1,20}://[^\s:/@]*:[^\s@/]{3,}@[^\s/]+"),  # user may be empty
     ),
     ("bearer_token", re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/-]{20,}=*")),
     ("basic_auth_header", re.compile(r"(?i)\bauthorization:\s*basic\s+[A-Za-z0-9+/]{12,}=*")),
@@ -38,7 +44,8 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "dotenv_secret",
         re.compile(
-            r"(?im)^\s*(?:export\s+)?[A-Z0-9_]*(?:SECRET|TOKEN|API_KEY|APIKEY|PRIVATE_KEY|ACCESS_KEY|PASSWORD|CREDENTIALS?)[A-Z0-9_]*\s*=\s*['\"]?[^\s'\"]{8,}"
+            r"(?im)(?:^|[\s;:,(])(?:export\s+)?[A-Z0-9_]*(?:SECRET|TOKEN|API_KEY|APIKEY|PRIVATE_KEY|ACCESS_KEY|PASSWORD|PASSWD|"
+            r"_PASS|_PWD|CREDENTIALS?)[A-Z0-9_]*\s*=\s*['\"]?[^\s'\"]{8,}"
         ),
     ),
     (
