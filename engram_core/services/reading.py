@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engram_core.canonical import canonical_json, digest, with_receipt_digest
+from engram_core.canonical import canonical_json, digest, digest_bytes, with_receipt_digest
 from engram_core.crypto.sealing import unseal
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import BoundContext
@@ -54,8 +54,9 @@ class ReadService:
 
     # -- record views -----------------------------------------------------------------
     @staticmethod
-    def _slots(tx: Tx, record_ids: list[str]) -> dict[str, int | None]:
-        return {rid: tx.data_key_slot(f"record:{rid}") for rid in record_ids}
+    def _slots(tx: Tx, record_ids: list[str]) -> dict[str, int]:
+        slots = tx.data_key_slots([f"record:{rid}" for rid in record_ids])
+        return {owner.removeprefix("record:"): slot for owner, slot in slots.items()}
 
     def _record_view(self, rec: RecordRow, slot: int | None = None) -> dict[str, Any]:
         owner = f"record:{rec.record_id}"
@@ -205,15 +206,16 @@ class ReadService:
                 "v": 1, "pin": pin_id, "offset": offset + len(rows),
                 "after": [repr(last[1]), last[2], last[0]],
             })
-        response["response_digest"] = digest("response", response)
-        self._check_packet(ctx, call, response, max_bytes)
+        raw = canonical_json(response)  # canonicalized once: digest and packet size (JCS puts the digest last)
+        response["response_digest"] = digest_bytes("response", raw)
+        size = len(raw) + len(b',"response_digest":""') + len(response["response_digest"])
+        if size > max_bytes:
+            self._refuse_packet(ctx, call, response, max_bytes)
         self._audit_read(ctx, SEARCH_TOOL, "ok", "", call)
         return response
 
-    def _check_packet(self, ctx: BoundContext, call: CallRecord, response: dict[str, Any], max_bytes: int) -> None:
+    def _refuse_packet(self, ctx: BoundContext, call: CallRecord, response: dict[str, Any], max_bytes: int) -> None:
         """SPEC §5: PROJECTION_OVERSIZED if one record alone cannot fit, else RESULT_TOO_LARGE; never drop."""
-        if len(canonical_json(response)) <= max_bytes:
-            return
         frame = len(canonical_json({**response, "records": []}))
         if any(frame + len(canonical_json(p)) > max_bytes for p in response["records"]):
             self._audit_read(ctx, SEARCH_TOOL, "PROJECTION_OVERSIZED", "", call)

@@ -234,6 +234,12 @@ class DuckDBTx:
         row = self._one("SELECT slot FROM data_keys WHERE owner = ?", [owner])
         return int(row[0]) if row else None
 
+    def data_key_slots(self, owners: list[str]) -> dict[str, int]:
+        if not owners:
+            return {}
+        rows = self._all("SELECT owner, slot FROM data_keys WHERE owner IN (SELECT unnest(?::VARCHAR[]))", [owners])
+        return {o: int(s) for o, s in rows}
+
     def drop_data_key(self, owner: str, at_ms: int, reason: str) -> int | None:
         slot = self.data_key_slot(owner)
         if slot is None:

@@ -1,0 +1,194 @@
+"""Search benchmark: latency of engram_memory_search through gRPC at N accepted records in one scope.
+
+Loading N records through capture + admission would take hours, so the store is
+bulk-loaded in-process through the same code the admission transaction uses for
+each record (``vault.new_data_key``, ``seal`` of the effective payload,
+``record_fields`` with the core's term hasher, ``tx.insert_record``,
+``tx.put_data_key``, ``tx.put_vector``), in transactions of ``--batch`` records;
+postings rows (exactly what ``index_record`` writes) go in through a CSV copy and
+``field_stats`` is set from their totals. Journal and audit rows per record are
+not written; the scope cursor is moved past the loaded records. Texts vary from
+templates; vectors come from embedding ``--distinct-texts`` distinct texts with
+the real model (each record gets its template's vector: the search cost does not
+depend on the values). Searches then go through a real gRPC server with signed
+host contexts, exactly as an agent's would.
+
+Run: ``.venv/bin/python tools/bench_search.py --records 100000 [--json OUT]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "retrieval"))
+
+from agent import DAY_MS, PURPOSE, Agent, now_ms  # noqa: E402
+
+from engram_core.canonical import canonical_json  # noqa: E402
+from engram_core.crypto.sealing import seal  # noqa: E402
+from engram_core.rpc.server import RunningCore, start_core  # noqa: E402
+from engram_core.services.core import record_id_of  # noqa: E402
+from engram_core.services.lexical import record_fields  # noqa: E402
+from engram_core.store.port import RecordRow  # noqa: E402
+
+TENANT, WORKSPACE = "bench", "main"
+QUERIES = [
+    "which database does the ledger service use", "deploy canary rollout", "memory leak cache fix",
+    "timeouts connection pool", "who owns the migration to kubernetes", "authentication tokens gateway",
+    "on-call runbook latency alert", "branch naming convention", "kafka events", "contract tests before review",
+    "why was the sync engine hanging", "warehouse loader backfill", "push gateway certificates",
+    "feature store retention", "secrets vault rotation policy", "dns failover",
+]
+
+
+def texts(n_distinct: int, rng: random.Random) -> list[str]:
+    corpus = json.loads((Path(__file__).parent / "retrieval" / "corpus.json").read_text())
+    base = [m["text"] for m in corpus["memories"]]
+    words = sorted({w.strip(".,;:") for t in base for w in t.split() if len(w) > 3})
+    out = []
+    for i in range(n_distinct):
+        extra = " ".join(rng.sample(words, 6))
+        out.append(f"{rng.choice(base)} Also noted: {extra} (item {i}).")
+    return out
+
+
+def payload(text: str, t: int, i: int) -> dict[str, Any]:
+    return {
+        "schema_version": 2, "purpose_ref": PURPOSE, "valid_time": {"t": t},
+        "components": [{"component_id": "c1", "kind": "decision", "text": text, "citation_ids": ["cit1"]},
+                       {"component_id": "c2", "kind": "context", "text": f"Context for bench record {i}.",
+                        "citation_ids": ["cit1"]}],
+        "primary_component_id": "c1",
+        "primary_event": {"at": t, "type_ref": "event:decision", "citation_id": "cit1"},
+        "citations": [{"citation_id": "cit1", "source_ref": f"ticket:BEN-{i % 997}",
+                       "locator": {"scheme": "ticket", "value": f"BEN-{i}"}, "content_digest": "sha256:" + "a" * 64}],
+        "scope_ref": f"{TENANT}/{WORKSPACE}",
+    }
+
+
+def bulk_load(running: RunningCore, n: int, *, distinct: int, batch: int, seed: int) -> float:
+    core = running.core
+    rng = random.Random(seed)
+    pool = texts(distinct, rng)
+    vectors = None
+    if core.embedder is not None:
+        vectors = []
+        for i in range(0, len(pool), 64):
+            vectors += core.embedder.embed_batch(pool[i:i + 64])
+    t0 = time.perf_counter()
+    with core.store.read() as tx:
+        cursor = tx.scope(TENANT, WORKSPACE).last_cursor  # type: ignore[union-attr]
+    now = now_ms()
+    totals: Counter[str] = Counter()
+    lengths: Counter[str] = Counter()
+    tmp = Path(tempfile.mkdtemp(prefix="engram-bench-"))
+    for start in range(0, n, batch):
+        postings = tmp / "postings.csv"
+        with open(postings, "w", newline="") as f:
+            w = csv.writer(f)
+            rows = []
+            for i in range(start, min(n, start + batch)):
+                k = rng.randrange(len(pool))
+                eff = payload(pool[k] + f" #{i}", now - rng.randrange(400) * DAY_MS, i)
+                rdigest = "sha256:" + os.urandom(32).hex()
+                rid = record_id_of(rdigest)
+                slot, key = core.vault.new_data_key(f"record:{rid}")
+                body = seal(key, canonical_json(eff), kind="record", owner=rid)
+                fields = record_fields(eff, core.hasher)
+                for name, counts in fields.items():
+                    length = sum(counts.values())
+                    totals[name] += 1
+                    lengths[name] += length
+                    for term, tf in counts.items():
+                        w.writerow((TENANT, WORKSPACE, term, rid, name, tf, length))
+                cursor += 1
+                rows.append((rid, rdigest, eff, slot, body, cursor, k))
+        with core.store.write() as tx:
+            for rid, rdigest, eff, slot, body, cur, k in rows:
+                tx.insert_record(RecordRow(
+                    record_id=rid, tenant=TENANT, workspace=WORKSPACE, candidate_id=f"cand_bench{cur}",
+                    record_digest=rdigest, payload_digest="sha256:" + os.urandom(32).hex(), state="accepted_current",
+                    trust_class="asserted", principal="user:bench", agent_id="agent-bench",
+                    valid_t=eff["valid_time"]["t"], valid_t_end=None, expires_at_ms=None,
+                    derivative_rule="make-ineligible", accepted_at_ms=now, accepted_cursor=cur, state_cursor=cur,
+                    successor_id=None, sealed_body=body))
+                tx.put_data_key(f"record:{rid}", slot, now)
+                if vectors is not None:
+                    tx.put_vector(TENANT, WORKSPACE, rid, core.embedder.model_id, vectors[k])  # type: ignore[union-attr]
+            tx._con.execute(f"INSERT INTO postings SELECT * FROM read_csv('{postings}', header=false, columns="
+                            "{'a':'VARCHAR','b':'VARCHAR','c':'BIGINT','d':'VARCHAR','e':'VARCHAR','f':'INTEGER',"
+                            "'g':'INTEGER'})")
+            tx._con.execute("UPDATE scopes SET last_cursor = ? WHERE tenant = ? AND workspace = ?",
+                            [cursor, TENANT, WORKSPACE])
+        print(f"  loaded {min(n, start + batch)}/{n} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    with core.store.write() as tx:
+        for name in [*totals, "_docs"]:
+            docs = n if name == "_docs" else totals[name]
+            tx._con.execute("INSERT INTO field_stats VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, workspace, field) "
+                            "DO UPDATE SET doc_count = doc_count + excluded.doc_count, "
+                            "total_len = total_len + excluded.total_len",
+                            [TENANT, WORKSPACE, name, docs, lengths.get(name, 0)])
+    core.store.checkpoint()
+    return time.perf_counter() - t0
+
+
+def measure(agent: Agent, *, semantic: bool, rounds: int) -> dict[str, float]:
+    for q in QUERIES:  # warm-up
+        agent.search(q, semantic=semantic)
+    lat = []
+    for _ in range(rounds):
+        for q in QUERIES:
+            t = time.perf_counter()
+            agent.search(q, semantic=semantic)
+            lat.append((time.perf_counter() - t) * 1000)
+    lat.sort()
+    return {"p50_ms": round(lat[len(lat) // 2], 2), "p90_ms": round(lat[int(len(lat) * 0.9)], 2),
+            "p99_ms": round(lat[int(len(lat) * 0.99)], 2), "searches": len(lat)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=100_000)
+    ap.add_argument("--distinct-texts", type=int, default=2_000)
+    ap.add_argument("--batch", type=int, default=5_000)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--no-semantic", action="store_true")
+    ap.add_argument("--data", type=Path, help="reuse this data dir (loaded once)")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    data = args.data or Path(tempfile.mkdtemp(prefix="engram-bench-")) / "data"
+    fresh = not (data / "engram.duckdb").exists()
+    running = start_core(data, semantic=not args.no_semantic)
+    try:
+        agent = Agent(running, TENANT, WORKSPACE)
+        agent.activate()
+        load_s = bulk_load(running, args.records, distinct=args.distinct_texts, batch=args.batch,
+                           seed=args.seed) if fresh else 0.0
+        report: dict[str, Any] = {
+            "records": args.records, "load_seconds": round(load_s, 1), "cpus": os.cpu_count(),
+            "machine": platform.machine(), "python": platform.python_version(), "rounds": args.rounds,
+            "queries": len(QUERIES), "offline_lexical_v1": measure(agent, semantic=False, rounds=args.rounds)}
+        if running.core.embedder is not None:
+            report["semantic_v1"] = measure(agent, semantic=True, rounds=args.rounds)
+    finally:
+        running.stop()
+    print(json.dumps(report, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
