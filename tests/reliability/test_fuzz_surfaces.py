@@ -1,5 +1,7 @@
 """Property-based fuzzing of the closed schemas against the validator, the gRPC
-surface and the MCP surface (issue 7 item 3). ENGRAM_SOAK=1 runs ≥100k cases."""
+surface and the MCP surface (`engram mcp` over stdio, SDK client, envelopes or the
+contract's protocol errors only; bounded memory and latency) (issue 7 item 3).
+ENGRAM_SOAK=1 runs ≥100k cases per surface."""
 
 from __future__ import annotations
 
@@ -140,3 +142,72 @@ def test_raw_garbage_bytes_never_internal(fuzz_core) -> None:
 
     run()
     channel.close()
+
+
+# -- MCP surface: `engram mcp` over stdio, driven by the SDK's client ---------------------------------
+MCP_PROTOCOL_ERRORS = {-32602, -32603, -32600}
+
+
+@pytest.fixture(scope="module")
+def mcp_session(fuzz_core, tmp_path_factory):
+    from anyio.from_thread import start_blocking_portal
+    from core_support_fuzz import activate_scope
+    from mcp_helpers import Core, binding_for, stdio_client, write_config
+
+    activate_scope(fuzz_core, "fuzzmcp", "ws-main")
+    config = write_config(tmp_path_factory.mktemp("mcpcfg") / "fuzz.toml", address=fuzz_core.address,
+                          signing_key=Core(fuzz_core.address, fuzz_core.host_key_path).host_key_path,
+                          binding=binding_for("fuzzmcp", purpose=PURPOSE))
+    with start_blocking_portal() as portal, portal.wrap_async_context_manager(stdio_client(config)) as client:
+        yield portal, client
+
+
+def test_mcp_surface_answers_envelopes_or_protocol_errors(fuzz_core, mcp_session) -> None:
+    import tracemalloc
+
+    from mcp.shared.exceptions import MCPError
+    from mcp_helpers import envelope_of
+
+    portal, client = mcp_session
+    seen: dict[str, int] = {}
+    tracemalloc.start()
+    baseline = None
+
+    @settings(FUZZ, max_examples=scaled(25, 100_000))
+    @given(requests())
+    def run(case: tuple[str, Any]) -> None:
+        nonlocal baseline
+        tool, args = case
+        try:
+            validate_arguments(tool, args)
+            valid = True
+        except EngramError:
+            valid = False
+        before = None if valid else _counts(fuzz_core)
+        started = time.perf_counter()
+        try:
+            result = portal.call(client.call_tool, tool, args)
+        except MCPError as err:
+            assert err.code in MCP_PROTOCOL_ERRORS, (err.code, err.message)
+            code = f"jsonrpc{err.code}"
+        except (TypeError, ValueError):
+            return  # not JSON-expressible (NaN/inf, lone surrogates): the client cannot send it
+        else:
+            env = envelope_of(result)
+            code = "ok" if env["ok"] else env["error"]["code"]
+            assert code not in (Code.MUTATION_OUTCOME_UNKNOWN.value, Code.STORE_UNAVAILABLE.value), env
+            if not valid:
+                assert code in {c.value for c in SCHEMA_CODES}, (tool, env)
+        assert time.perf_counter() - started < 10
+        if not valid:
+            assert _counts(fuzz_core) == before
+        seen[code] = seen.get(code, 0) + 1
+        current = tracemalloc.get_traced_memory()[0]
+        baseline = baseline or current
+        assert current - baseline < 64 * 1024 * 1024  # bounded memory in the core under fuzzing
+
+    try:
+        run()
+    finally:
+        tracemalloc.stop()
+    assert seen.get("INVALID_SCHEMA", 0) > 0, seen
