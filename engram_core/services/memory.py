@@ -294,11 +294,15 @@ class MemoryService(ReadService):
                                                       "reason_ref": reason_ref, "principal": ctx.principal,
                                                       "at": self.core.instant(now)})["receipt_digest"])
         record_slot: int | None = None
+        vector: list[float] | None = None
         record_id = record_id_of(cand.record_digest)
         if status == "accepted":
             record_slot, record_key = self.core.vault.new_data_key(f"record:{record_id}")
             body = seal(record_key, canonical_json(effective), kind="record", owner=record_id)
             fields = record_fields(effective, self.core.hasher)
+            # Embed before taking the write lock: the local model takes milliseconds per record,
+            # and inside the transaction it would serialize every other write behind it.
+            vector = self.embed_record(effective)
         try:
             with self.core.store.write() as tx:
                 if args is not None and request_digest is not None:
@@ -338,7 +342,7 @@ class MemoryService(ReadService):
                     ))
                     tx.put_data_key(f"record:{record_id}", record_slot, now)  # type: ignore[arg-type]
                     tx.index_record(ctx.tenant, ctx.workspace, record_id, fields)
-                    self.index_vector(tx, ctx, record_id, effective)
+                    self.index_vector(tx, ctx, record_id, effective, vector)
                     outcome["record_id"] = record_id
                 terminal = status in ("accepted", "rejected")
                 tx.set_candidate_state(cand.candidate_id, to_state, decision={"status": status, "receipt": decision_receipt},
@@ -391,13 +395,22 @@ class MemoryService(ReadService):
             tx.append_audit(self.core.audit_row(ctx, ADMISSION_TOOL, status, cand.candidate_id, call))
         return {"outcome": outcome, "replayed": False}
 
-    def index_vector(self, tx: DuckDBTx, ctx: BoundContext, record_id: str, effective: dict[str, Any]) -> None:
+    def embed_record(self, effective: dict[str, Any]) -> list[float] | None:
+        """The record's vector for the semantic channel, or None when the channel is off."""
+        embedder = getattr(self.core, "embedder", None)
+        if embedder is None:
+            return None
+        return embedder.embed("\n".join(c["text"] for c in effective["components"]))
+
+    def index_vector(self, tx: DuckDBTx, ctx: BoundContext, record_id: str, effective: dict[str, Any],
+                     vector: list[float] | None = None) -> None:
         """Hook for the semantic channel (vectors stored with the record)."""
         embedder = getattr(self.core, "embedder", None)
         if embedder is None:
             return
-        text = "\n".join(c["text"] for c in effective["components"])
-        tx.put_vector(ctx.tenant, ctx.workspace, record_id, embedder.model_id, embedder.embed(text))
+        if vector is None:
+            vector = self.embed_record(effective)
+        tx.put_vector(ctx.tenant, ctx.workspace, record_id, embedder.model_id, vector)
 
     def _key(self, owner: str) -> bytes:
         with self.core.store.read() as tx:
