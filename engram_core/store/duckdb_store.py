@@ -328,7 +328,14 @@ class DuckDBTx:
             for term, tf in counts.items():
                 rows.append((tenant, workspace, term, record_id, field_name, tf, length))
         if rows:
-            self._con.executemany("INSERT INTO postings VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            # One statement for all of the record's postings: executemany runs one INSERT per row
+            # (tens per record), which profiling showed as a fifth of admission time.
+            cols = [list(c) for c in zip(*rows, strict=True)]
+            self._con.execute(
+                "INSERT INTO postings SELECT unnest($1::VARCHAR[]), unnest($2::VARCHAR[]), unnest($3::BIGINT[]), "
+                "unnest($4::VARCHAR[]), unnest($5::VARCHAR[]), unnest($6::INTEGER[]), unnest($7::INTEGER[])",
+                cols,
+            )
         stats = [(f, sum(c.values())) for f, c in fields.items() if c] + [("_docs", 0)]
         for field_name, length in stats:
             self._con.execute(
