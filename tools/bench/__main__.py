@@ -64,6 +64,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile-calls", type=int, default=40)
     p.add_argument("--out", default=None, help="results directory")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--merge", action="store_true",
+                   help="update the sizes (and peer) measured now in an existing --out/summary.json, keep the rest")
     a = p.parse_args(argv)
     a.sizes = [int(x) for x in (a.sizes or ("1000,10000" if a.quick else "1000,10000,100000")).split(",")]
     a.clients = [int(x) for x in a.clients.split(",")]
@@ -324,11 +326,19 @@ def main(argv: list[str] | None = None) -> int:
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "sizes": {},
     }
+    previous = out / "summary.json"
+    if a.merge and previous.exists():
+        kept = json.loads(previous.read_text())
+        doc["sizes"] = kept.get("sizes", {})
+        if "peer" in kept:
+            doc["peer"] = kept["peer"]
+        doc["merged_from"] = kept.get("merged_from", []) + [{k: kept.get(k) for k in ("command", "git", "started_at")}]
     work_root = Path(tempfile.mkdtemp(prefix="engram-bench-"))
     try:
         for size in a.sizes:
             log(f"size {size:,}")
-            doc["sizes"][str(size)] = bench_size(a, size, corpus, queries, work_root)
+            doc["sizes"][str(size)] = {**bench_size(a, size, corpus, queries, work_root), "git": doc["git"],
+                                       "loadavg_after": machine.loadavg()}
             (out / "summary.json").write_text(json.dumps(doc, indent=1))
         if not a.no_peer:
             from tools.bench.peer import bench_peer, install
