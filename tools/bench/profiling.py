@@ -68,7 +68,9 @@ def breakdown(stats: pstats.Stats, calls: int) -> dict[str, Any]:
 
 def profile(data_dir: Path, *, tenant: str, workspace: str, record_ids: list[str], calls: int,
             semantic: bool, queries: list[str]) -> dict[str, Any]:
-    core, host_key_path, _ = open_core(data_dir, semantic=None if semantic else False)
+    # The channel as served (on when installed: admission embeds); ``semantic`` says whether
+    # the loaded records have vectors, i.e. whether semantic search is profiled too.
+    core, host_key_path, _ = open_core(data_dir)
     memory = MemoryService(core)
     agent = GrpcAgent("127.0.0.1:1", host_key_path, tenant=tenant, workspace=workspace, principal="agent:bench-prof")
     corpus = Corpus()
