@@ -119,10 +119,27 @@ def targets_table(doc: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def machine_table(doc: dict[str, Any]) -> str:
+    m = doc.get("machine", {})
+    rows = ["| fact | value |", "|---|---|"]
+    for k in ("cpu_model", "logical_cores", "usable_cores", "memory_gib", "os", "python", "duckdb", "grpcio", "node",
+              "loadavg_at_start", "loadavg_at_end"):
+        rows.append(f"| {k} | {m.get(k)} |")
+    for size, res in doc.get("sizes", {}).items():
+        ld = res.get("load", {})
+        rows.append(f"| {int(size):,} records: git, load avg after, loaded in | {res.get('git', doc.get('git'))}, "
+                    f"{res.get('loadavg_after')}, {ld.get('seconds')} s ({ld.get('records_total'):,} records in "
+                    f"{ld.get('scopes')} scopes, vectors: {ld.get('vectors')}) |")
+    if "peer" in doc:
+        rows.append(f"| peer | {doc['peer'].get('package')} {doc['peer'].get('version')} |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str]) -> int:
     doc = json.loads(open(argv[0], encoding="utf-8").read())
     doc.setdefault("targets", targets(doc))
-    print("## Targets\n\n" + targets_table(doc))
+    print("## Machine\n\n" + machine_table(doc))
+    print("\n## Targets\n\n" + targets_table(doc))
     print("\n## gRPC\n\n" + latency_table(doc, "grpc"))
     print("\n## MCP (stdio)\n\n" + latency_table(doc, "mcp"))
     print("\n## Peer\n\n" + peer_table(doc))
