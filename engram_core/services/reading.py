@@ -171,8 +171,10 @@ class ReadService:
                 rows = self._first_rows(tx, ctx, profile, pin, args["query"], query_vector, limit=limit + 1)
                 recs = tx.records(ctx.tenant, ctx.workspace, [r[0] for r in rows[:limit]])
                 slots = self._slots(tx, list(recs))
-            pin_id = self.pins.put(pin)
+            pin_id = ""
         more = len(rows) > limit
+        if more and not pin_id:
+            pin_id = self.pins.put(pin)  # only searches with a next page keep a pin
         rows = rows[:limit]
         # Final revalidation at read time (SPEC §11): anything no longer eligible is dropped,
         # and its slot is never refilled from an unvalidated list.
