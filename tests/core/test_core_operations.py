@@ -185,10 +185,23 @@ def test_search_is_deterministic(ana: Client) -> None:
     assert a["rank_receipt"]["ordered_ids_digest"] == b["rank_receipt"]["ordered_ids_digest"]
 
 
-def test_semantic_channel_unavailable_is_an_error_not_a_fallback(ana: Client) -> None:
-    code = ana.fails("search", {"query": "anything", "purpose_ref": PURPOSE,
-                                "capability_policy": {"minimum_channels": "lexical_and_semantic", "network": "forbid"}})
-    assert code == Code.RANKING_UNAVAILABLE
+def test_semantic_channel_unavailable_is_an_error_not_a_fallback(tmp_path) -> None:
+    from core_support import activate
+
+    from engram_core.rpc.server import start_core
+
+    running = start_core(tmp_path / "lexical-only", semantic=False)
+    try:
+        activate(running)
+        c = Client(running)
+        c.remember("Channel selection: the grebe cache is warm.")
+        code = c.fails("search", {"query": "grebe cache", "purpose_ref": PURPOSE,
+                                  "capability_policy": {"minimum_channels": "lexical_and_semantic",
+                                                        "network": "forbid"}})
+        assert code == Code.RANKING_UNAVAILABLE
+        assert c.search("grebe cache")["rank_receipt"]["profile"] == "offline_lexical_v1"
+    finally:
+        running.stop()
 
 
 def test_packet_limits(ana: Client) -> None:
