@@ -111,6 +111,19 @@ class MemoryService(ReadService):
             raise EngramError(Code.AUTHORIZATION_REVOKED, "grant issued before revocation")
         return parsed
 
+    def _gated_start(self, ctx: BoundContext, tool: str, args: dict[str, Any], grant: bytes | None, call: CallRecord,
+                     lookup: Any) -> tuple[bytes, str, dict[str, Any] | None, Any]:
+        """The shared start of withdraw and forget: schema, authorization, grant presence,
+        then the stored outcome (replay) and the target, read in one snapshot."""
+        validate_arguments(tool, args)
+        self.core.authorize(ctx, tool, call)
+        present = self._grant_present(grant)
+        request_digest = self._request_digest(tool, args)
+        with self.core.store.read() as tx:
+            prior = self._replay(tx, ctx, tool, args, request_digest)
+            target = lookup(tx)
+        return present, request_digest, prior, target
+
     def _consume_grant(self, tx: DuckDBTx, ctx: BoundContext, grant_id: str) -> None:
         if not tx.use_confirmation(grant_id, ctx.tenant, ctx.workspace, self.core.now_ms()):
             raise EngramError(Code.GATE_FAILED, "confirmation already used")
@@ -423,13 +436,8 @@ class MemoryService(ReadService):
     # -- withdraw ------------------------------------------------------------------------------
     def withdraw(self, ctx: BoundContext, args: dict[str, Any], grant: bytes | None) -> dict[str, Any]:
         call = CallRecord()
-        validate_arguments(WITHDRAW_TOOL, args)
-        self.core.authorize(ctx, WITHDRAW_TOOL, call)
-        grant = self._grant_present(grant)
-        request_digest = self._request_digest(WITHDRAW_TOOL, args)
-        with self.core.store.read() as tx:
-            prior = self._replay(tx, ctx, WITHDRAW_TOOL, args, request_digest)
-            cand = tx.candidate(ctx.tenant, ctx.workspace, args["candidate_id"])
+        grant, request_digest, prior, cand = self._gated_start(
+            ctx, WITHDRAW_TOOL, args, grant, call, lambda tx: tx.candidate(ctx.tenant, ctx.workspace, args["candidate_id"]))
         if prior is not None:
             return {**prior, "replayed": True}
         if cand is None:
@@ -484,13 +492,8 @@ class MemoryService(ReadService):
     # -- forget ----------------------------------------------------------------------------------
     def forget(self, ctx: BoundContext, args: dict[str, Any], grant: bytes | None) -> dict[str, Any]:
         call = CallRecord()
-        validate_arguments(FORGET_TOOL, args)
-        self.core.authorize(ctx, FORGET_TOOL, call)
-        grant = self._grant_present(grant)
-        request_digest = self._request_digest(FORGET_TOOL, args)
-        with self.core.store.read() as tx:
-            prior = self._replay(tx, ctx, FORGET_TOOL, args, request_digest)
-            rec = tx.record(ctx.tenant, ctx.workspace, args["record_id"])
+        grant, request_digest, prior, rec = self._gated_start(
+            ctx, FORGET_TOOL, args, grant, call, lambda tx: tx.record(ctx.tenant, ctx.workspace, args["record_id"]))
         if prior is not None:
             return {**prior, "replayed": True}
         if rec is None:
