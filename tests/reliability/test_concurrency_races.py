@@ -66,6 +66,7 @@ def test_same_idempotency_key_on_every_mutation_makes_one_effect(core) -> None:
         cid = caps[0]["candidate_id"]
         adm = {"candidate_id": cid, "idempotency_key": f"race-adm-key-{n:04d}-xxxxxxxx"}
         outs = race([lambda c=c: c.call("request_admission", adm) for c in clients])
+        assert all(isinstance(o, dict) for o in outs), outs
         assert Counter(o["replayed"] for o in outs) == {False: 1, True: RACERS - 1}
         assert len({repr(o["outcome"]) for o in outs}) == 1
         rid = outs[0]["outcome"]["record_id"]
