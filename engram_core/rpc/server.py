@@ -206,6 +206,16 @@ def build_policy(policies_dir: Path | None, opa_url: str | None):
         engine.reload()
     except EngramError as exc:
         log.error("policy bundle not active: %s", exc.detail)
+        return engine
+    # Warm every decision path once (OPA prepares each query on first use) so the
+    # first real call does not pay for it; every path answers {} with a denial.
+    from engram_core.policy.port import DECISION_PATHS
+
+    for path in DECISION_PATHS:
+        try:
+            engine.decide(path, {}, timeout_s=30)
+        except EngramError:
+            pass
     return engine
 
 

@@ -79,7 +79,7 @@ def every_operation_fails_closed(c: Client, cid: str, rid: str) -> None:
 
 @pytest.fixture
 def opa_core(tmp_path):
-    server = KnobServer(default_policies_dir(), delay_s=1.2)
+    server = KnobServer(default_policies_dir(), delay_s=2.5)
     server.__enter__()
     running = start_core(tmp_path / "data", opa_url=server.url, semantic=False)
     from reliability_crash import activate_scope
