@@ -5,8 +5,8 @@ bulk-loaded in-process through the same code the admission transaction uses for
 each record (``vault.new_data_key``, ``seal`` of the effective payload,
 ``record_fields`` with the core's term hasher, ``tx.insert_record``,
 ``tx.put_data_key``, ``tx.put_vector``), in transactions of ``--batch`` records;
-postings rows (exactly what ``index_record`` writes) go in through a CSV copy and
-``field_stats`` is set from their totals. Journal and audit rows per record are
+postings rows (exactly what ``index_record`` writes) go in through a CSV copy, and
+``field_stats`` and ``term_stats`` are set from their totals. Journal and audit rows per record are
 not written; the scope cursor is moved past the loaded records. Texts vary from
 templates; vectors come from embedding ``--distinct-texts`` distinct texts with
 the real model (each record gets its template's vector: the search cost does not
@@ -126,9 +126,10 @@ def bulk_load(running: RunningCore, n: int, *, distinct: int, batch: int, seed: 
                 tx.put_data_key(f"record:{rid}", slot, now)
                 if vectors is not None:
                     tx.put_vector(TENANT, WORKSPACE, rid, core.embedder.model_id, vectors[k])  # type: ignore[union-attr]
-            tx._con.execute(f"INSERT INTO postings SELECT * FROM read_csv('{postings}', header=false, columns="
+            tx._con.execute("INSERT INTO postings (tenant, workspace, term, record_id, field, tf, field_len, doc) "
+                            f"SELECT p.*, r.doc FROM read_csv('{postings}', header=false, columns="
                             "{'a':'VARCHAR','b':'VARCHAR','c':'BIGINT','d':'VARCHAR','e':'VARCHAR','f':'INTEGER',"
-                            "'g':'INTEGER'})")
+                            "'g':'INTEGER'}) p JOIN records r ON r.record_id = p.d")
             tx._con.execute("UPDATE scopes SET last_cursor = ? WHERE tenant = ? AND workspace = ?",
                             [cursor, TENANT, WORKSPACE])
         print(f"  loaded {min(n, start + batch)}/{n} ({time.perf_counter() - t0:.0f} s)", flush=True)
@@ -139,6 +140,10 @@ def bulk_load(running: RunningCore, n: int, *, distinct: int, batch: int, seed: 
                             "DO UPDATE SET doc_count = doc_count + excluded.doc_count, "
                             "total_len = total_len + excluded.total_len",
                             [TENANT, WORKSPACE, name, docs, lengths.get(name, 0)])
+        # term_stats as index_record keeps it: documents per term in the scope.
+        tx._con.execute("INSERT INTO term_stats SELECT tenant, workspace, term, count(DISTINCT doc) FROM postings "
+                        "WHERE tenant = ? AND workspace = ? GROUP BY ALL "
+                        "ON CONFLICT (tenant, workspace, term) DO UPDATE SET df = excluded.df", [TENANT, WORKSPACE])
     core.store.checkpoint()
     return time.perf_counter() - t0
 

@@ -322,19 +322,31 @@ class DuckDBTx:
 
     # -- projections ----------------------------------------------------------------
     def index_record(self, tenant: str, workspace: str, record_id: str, fields: dict[str, Counter[int]]) -> None:
+        """Postings, field statistics and term document frequencies of one accepted record (after
+        ``insert_record``, in the same transaction): one statement each, not one per term."""
         rows = []
         for field_name, counts in fields.items():
             length = sum(counts.values())
             for term, tf in counts.items():
                 rows.append((tenant, workspace, term, record_id, field_name, tf, length))
         if rows:
+            doc = self._one("SELECT doc FROM records WHERE record_id = ?", [record_id])
+            if doc is None:
+                raise EngramError(Code.STORE_UNAVAILABLE, "index_record before insert_record")
             # One statement for all of the record's postings: executemany runs one INSERT per row
             # (tens per record), which profiling showed as a fifth of admission time.
             cols = [list(c) for c in zip(*rows, strict=True)]
             self._con.execute(
-                "INSERT INTO postings SELECT unnest($1::VARCHAR[]), unnest($2::VARCHAR[]), unnest($3::BIGINT[]), "
-                "unnest($4::VARCHAR[]), unnest($5::VARCHAR[]), unnest($6::INTEGER[]), unnest($7::INTEGER[])",
-                cols,
+                "INSERT INTO postings (tenant, workspace, term, record_id, field, tf, field_len, doc) "
+                "SELECT unnest($1::VARCHAR[]), unnest($2::VARCHAR[]), unnest($3::BIGINT[]), unnest($4::VARCHAR[]), "
+                "unnest($5::VARCHAR[]), unnest($6::INTEGER[]), unnest($7::INTEGER[]), $8::BIGINT",
+                [*cols, doc[0]],
+            )
+            terms = sorted({t for counts in fields.values() for t in counts})
+            self._con.execute(
+                "INSERT INTO term_stats SELECT $1, $2, unnest($3::BIGINT[]), 1 "
+                "ON CONFLICT (tenant, workspace, term) DO UPDATE SET df = df + 1",
+                [tenant, workspace, terms],
             )
         stats = [(f, sum(c.values())) for f, c in fields.items() if c] + [("_docs", 0)]
         for field_name, length in stats:
@@ -358,6 +370,13 @@ class DuckDBTx:
                 "WHERE tenant = ? AND workspace = ? AND field = ?",
                 [length, tenant, workspace, field_name],
             )
+        # Rows at df 0 stay (lexical_stats skips them): deleting and re-inserting a primary key
+        # in one DuckDB transaction is where its constraint checks have been fragile.
+        self._con.execute(
+            "UPDATE term_stats SET df = df - 1 WHERE tenant = ? AND workspace = ? AND term IN "
+            "(SELECT DISTINCT term FROM postings WHERE record_id = ? AND tenant = ? AND workspace = ?)",
+            [tenant, workspace, record_id, tenant, workspace],
+        )
         n = self._one("SELECT count(*) FROM postings WHERE record_id = ?", [record_id])[0]  # type: ignore[index]
         self._con.execute("DELETE FROM postings WHERE record_id = ?", [record_id])
         self._con.execute("DELETE FROM vectors WHERE record_id = ?", [record_id])
@@ -377,8 +396,8 @@ class DuckDBTx:
             [tenant, workspace])}
         docs = fields.pop("_docs", (0, 0))[0]
         df = {int(t): int(n) for t, n in self._all(
-            "SELECT term, count(DISTINCT record_id) FROM postings WHERE tenant = ? AND workspace = ? "
-            "AND term IN (SELECT unnest(?::BIGINT[])) GROUP BY term",
+            "SELECT term, df FROM term_stats WHERE tenant = ? AND workspace = ? AND df > 0 "
+            "AND term IN (SELECT unnest(?::BIGINT[]))",
             [tenant, workspace, sorted(set(terms))])} if terms else {}
         avg = {f: total / max(n, 1) for f, (n, total) in fields.items()}
         return LexicalStats(docs=docs, avg_len=avg, df=df)
@@ -405,13 +424,13 @@ class DuckDBTx:
         WITH q AS (SELECT unnest(?::BIGINT[]) AS term, unnest(?::DOUBLE[]) AS idf),
         w AS (SELECT unnest(?::VARCHAR[]) AS field, unnest(?::DOUBLE[]) AS weight, unnest(?::DOUBLE[]) AS avg_len),
         scored AS (
-          SELECT p.record_id,
+          SELECT p.doc,
                  sum(w.weight * q.idf * (p.tf * (? + 1)) / (p.tf + ? * (1 - ? + ? * p.field_len / w.avg_len))) AS bm25
           FROM postings p JOIN q ON p.term = q.term JOIN w ON p.field = w.field
           WHERE p.tenant = ? AND p.workspace = ?
-          GROUP BY p.record_id),
+          GROUP BY p.doc),
         eligible AS (
-          SELECT s.record_id, s.bm25, r.valid_t FROM scored s JOIN records r ON r.record_id = s.record_id
+          SELECT r.record_id, s.bm25, r.valid_t FROM scored s JOIN records r ON r.doc = s.doc
           WHERE r.tenant = ? AND r.workspace = ? AND r.state = 'accepted_current'
             AND r.accepted_cursor <= ? AND r.state_cursor <= ?
             AND r.valid_t <= ? AND (r.valid_t_end IS NULL OR r.valid_t_end >= ?)
@@ -541,6 +560,7 @@ class DuckDBTx:
             counts[table] = int(self._one(f"SELECT count(*) FROM {table} WHERE tenant = ? AND workspace = ?",  # type: ignore[index]
                                           [tenant, workspace])[0])
             self._con.execute(f"DELETE FROM {table} WHERE tenant = ? AND workspace = ?", [tenant, workspace])
+        self._con.execute("DELETE FROM term_stats WHERE tenant = ? AND workspace = ?", [tenant, workspace])
         return counts
 
     def projection_counts(self, tenant: str, workspace: str) -> dict[str, int]:

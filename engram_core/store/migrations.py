@@ -91,6 +91,34 @@ CREATE TABLE trusted_host_keys (
 CREATE TABLE store_meta (k VARCHAR PRIMARY KEY, v VARCHAR NOT NULL);
 """,
     ),
+    Migration(
+        2,
+        "lexical document numbers, term document frequencies, term-ordered postings",
+        # Search at 100k records spent most of its time counting document frequencies over
+        # postings and joining/grouping on VARCHAR record ids over an unordered table
+        # (docs/search.md, Performance). Records get an integer document number from a
+        # sequence (filled by the column default, so inserts need not name it); postings
+        # carry it and are rewritten in term order so DuckDB's zone maps skip row groups;
+        # term_stats keeps each scope's per-term document frequency, maintained by
+        # index_record/unindex_record in the admission and forget transactions.
+        """
+CREATE SEQUENCE record_doc_seq START 1;
+ALTER TABLE records ADD COLUMN doc BIGINT DEFAULT nextval('record_doc_seq');
+CREATE TABLE postings_by_term AS
+  SELECT p.tenant, p.workspace, p.term, p.record_id, p.field, p.tf, p.field_len, r.doc
+  FROM postings p JOIN records r ON r.record_id = p.record_id
+  ORDER BY p.tenant, p.workspace, p.term, r.doc;
+DROP INDEX postings_term;
+DROP INDEX postings_record;
+DROP TABLE postings;
+ALTER TABLE postings_by_term RENAME TO postings;
+CREATE INDEX postings_record ON postings (record_id);
+CREATE TABLE term_stats (
+  tenant VARCHAR NOT NULL, workspace VARCHAR NOT NULL, term BIGINT NOT NULL, df BIGINT NOT NULL,
+  PRIMARY KEY (tenant, workspace, term));
+INSERT INTO term_stats SELECT tenant, workspace, term, count(DISTINCT record_id) FROM postings GROUP BY ALL;
+""",
+    ),
 )
 
 LEDGER_DDL = """
