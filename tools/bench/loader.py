@@ -187,10 +187,29 @@ def load_scope(core: Core, corpus: Corpus, tenant: str, workspace: str, n: int, 
                                                         "BLOB"])), records)
             con.execute("INSERT INTO data_keys SELECT unnest($1::VARCHAR[]), unnest($2::BIGINT[]), $3",
                         [[f"record:{r['id']}" for r in recs], slots, now])
-            con.execute(
-                "INSERT INTO postings SELECT unnest($1::VARCHAR[]), unnest($2::VARCHAR[]), unnest($3::BIGINT[]), "
-                "unnest($4::VARCHAR[]), unnest($5::VARCHAR[]), unnest($6::INTEGER[]), unnest($7::INTEGER[])",
-                postings)
+            cols = {r[0] for r in con.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = 'postings'").fetchall()}
+            names = "tenant, workspace, term, record_id, field, tf, field_len"
+            select = ("unnest($1::VARCHAR[]), unnest($2::VARCHAR[]), unnest($3::BIGINT[]), unnest($4::VARCHAR[]), "
+                      "unnest($5::VARCHAR[]), unnest($6::INTEGER[]), unnest($7::INTEGER[])")
+            if "doc" in cols:  # migration 2: postings carry the record's integer document number
+                docs = dict(con.execute("SELECT record_id, doc FROM records WHERE record_id IN "
+                                        "(SELECT unnest($1::VARCHAR[]))", [[r["id"] for r in recs]]).fetchall())
+                postings.append([docs[rid] for rid in postings[3]])
+                names += ", doc"
+                select += ", unnest($8::BIGINT[])"
+            con.execute(f"INSERT INTO postings ({names}) SELECT {select}", postings)
+            has_term_stats = con.execute(
+                "SELECT count(*) FROM information_schema.tables WHERE table_name = 'term_stats'").fetchone()[0]
+            if has_term_stats:  # per-scope term document frequencies, as index_record keeps them
+                df: dict[int, int] = defaultdict(int)
+                for r in recs:
+                    for t in {t for counts in r["fields"].values() for t in counts}:
+                        df[t] += 1
+                con.execute(
+                    "INSERT INTO term_stats SELECT $1, $2, unnest($3::BIGINT[]), unnest($4::BIGINT[]) "
+                    "ON CONFLICT (tenant, workspace, term) DO UPDATE SET df = df + excluded.df",
+                    [tenant, workspace, list(df), list(df.values())])
             for field_name, (docs, total) in stats.items():
                 con.execute(
                     "INSERT INTO field_stats VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, workspace, field) "
