@@ -38,6 +38,7 @@ from engram_core.store.port import (
 )
 
 GENESIS = "sha256:" + "0" * 64
+CLUSTER_MIN_TAIL = 500_000  # postings appended since the last term-order rewrite before the next one
 _RECORD_COLS = (
     "record_id, tenant, workspace, candidate_id, record_digest, payload_digest, state, trust_class, principal, "
     "agent_id, valid_t, valid_t_end, expires_at_ms, derivative_rule, accepted_at_ms, accepted_cursor, "
@@ -631,6 +632,8 @@ class DuckDBStore:
         self._local = threading.local()
         self._open = True
         self.check_migrations(apply=migrate)
+        if migrate:
+            self.cluster_postings()
         row = self._con.execute("SELECT seq, row_digest FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
         self.audit_head: tuple[int, str] = (int(row[0]), row[1]) if row else (0, GENESIS)
 
@@ -663,6 +666,39 @@ class DuckDBStore:
                 raise
             applied.append(m.version)
         return applied
+
+    def cluster_postings(self, *, force: bool = False) -> bool:
+        """Rewrite postings in (scope, term, doc) order when the part appended since the last
+        rewrite has grown past ``max(CLUSTER_MIN_TAIL, clustered / 4)`` rows (or ``force``).
+
+        Admissions append postings in admission order, where every row group spans every
+        term and a query term reads them all; in term order DuckDB's zone maps skip all but
+        the row groups holding the query's terms (at 100k records, the BM25 query took half
+        the time). One transaction: a crash leaves the old table. Run at open (no readers
+        yet); returns whether it rewrote.
+        """
+        with self._write_lock:
+            con = self._con
+            rows = int(con.execute("SELECT count(*) FROM postings").fetchone()[0])  # type: ignore[index]
+            meta = con.execute("SELECT v FROM store_meta WHERE k = 'postings_clustered_rows'").fetchone()
+            clustered = int(meta[0]) if meta else 0
+            if not force and rows - clustered <= max(CLUSTER_MIN_TAIL, clustered // 4):
+                return False
+            con.execute("BEGIN TRANSACTION")
+            try:
+                con.execute("CREATE TABLE postings_by_term AS SELECT * FROM postings "
+                            "ORDER BY tenant, workspace, term, doc")
+                con.execute("DROP INDEX postings_record")
+                con.execute("DROP TABLE postings")
+                con.execute("ALTER TABLE postings_by_term RENAME TO postings")
+                con.execute("CREATE INDEX postings_record ON postings (record_id)")
+                con.execute("INSERT INTO store_meta VALUES ('postings_clustered_rows', ?) "
+                            "ON CONFLICT (k) DO UPDATE SET v = excluded.v", [str(rows)])
+                con.execute("COMMIT")
+            except Exception:
+                con.execute("ROLLBACK")
+                raise
+            return True
 
     def migrate(self) -> list[int]:
         """Re-verify the ledger and apply pending migrations, serialized with writers."""
