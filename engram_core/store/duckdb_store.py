@@ -371,11 +371,15 @@ class DuckDBTx:
                 "WHERE tenant = ? AND workspace = ? AND field = ?",
                 [length, tenant, workspace, field_name],
             )
-        # Rows at df 0 stay (lexical_stats skips them): deleting and re-inserting a primary key
-        # in one DuckDB transaction is where its constraint checks have been fragile.
+        # A term no other record of the scope has leaves no row behind (SPEC §5: forget removes
+        # every projection; even a keyed hash would say the word once occurred here).
+        terms = "(SELECT DISTINCT term FROM postings WHERE record_id = ? AND tenant = ? AND workspace = ?)"
         self._con.execute(
-            "UPDATE term_stats SET df = df - 1 WHERE tenant = ? AND workspace = ? AND term IN "
-            "(SELECT DISTINCT term FROM postings WHERE record_id = ? AND tenant = ? AND workspace = ?)",
+            f"UPDATE term_stats SET df = df - 1 WHERE tenant = ? AND workspace = ? AND term IN {terms}",
+            [tenant, workspace, record_id, tenant, workspace],
+        )
+        self._con.execute(
+            f"DELETE FROM term_stats WHERE tenant = ? AND workspace = ? AND df <= 0 AND term IN {terms}",
             [tenant, workspace, record_id, tenant, workspace],
         )
         n = self._one("SELECT count(*) FROM postings WHERE record_id = ?", [record_id])[0]  # type: ignore[index]

@@ -61,3 +61,22 @@ def test_pending_candidates_have_no_projection(core: RunningCore) -> None:
         n = tx._one("SELECT count(*) FROM postings p LEFT JOIN records r USING (record_id) WHERE r.record_id IS NULL")
         v = tx._one("SELECT count(*) FROM vectors v LEFT JOIN records r USING (record_id) WHERE r.record_id IS NULL")
     assert n[0] == 0 and v[0] == 0
+
+
+def test_term_stats_track_postings_through_admission_and_forget(core: RunningCore) -> None:
+    """term_stats (per-term document frequencies, SPEC §11 IDF) equals a count over postings, and
+    a forgotten record's unique terms leave no row behind."""
+    ana = Client(core)
+    keep = ana.remember("Gadwall shoveler pintail notes.")
+    gone = ana.remember("Gadwall garganey unique marker.")
+    hasher = core.core.hasher
+    drift = ("SELECT count(*) FROM term_stats t FULL JOIN (SELECT tenant, workspace, term, count(DISTINCT record_id) AS n "
+             "FROM postings GROUP BY ALL) p USING (tenant, workspace, term) WHERE t.df IS DISTINCT FROM p.n")
+    assert _rows(core, drift, [])[0][0] == 0
+    gadwall, garganey = hasher.term("gadwall"), hasher.term("garganey")
+    df = "SELECT df FROM term_stats WHERE tenant = 'acme' AND workspace = 'alpha' AND term = ?"
+    assert _rows(core, df, [gadwall]) == [(2,)] and _rows(core, df, [garganey]) == [(1,)]
+    ana.forget(gone)
+    assert _rows(core, drift, [])[0][0] == 0
+    assert _rows(core, df, [gadwall]) == [(1,)] and _rows(core, df, [garganey]) == []
+    assert keep
