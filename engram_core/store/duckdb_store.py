@@ -637,7 +637,10 @@ class DuckDBStore:
         self._open = True
         self.check_migrations(apply=migrate)
         if migrate:
-            self.cluster_postings()
+            try:
+                self.cluster_postings()
+            except duckdb.Error:
+                pass  # an optimization: the store opens in admission order rather than not at all
         row = self._con.execute("SELECT seq, row_digest FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
         self.audit_head: tuple[int, str] = (int(row[0]), row[1]) if row else (0, GENESIS)
 
