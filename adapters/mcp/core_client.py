@@ -64,8 +64,9 @@ class CoreClient:
             await self._channel.close()
             self._channel = None
 
-    async def granted_tools(self, context: bytes) -> list[str]:
-        """The tools the policy grants this binding (drives tools/list)."""
+    async def granted_tools(self, context: bytes) -> tuple[list[str], list[str]]:
+        """The tools the policy grants this binding (drives tools/list), and those of them
+        the policy gates behind a human confirmation."""
         _, host = self._stubs()
         try:
             reply = await host.ListCapabilities(
@@ -73,7 +74,7 @@ class CoreClient:
             )
         except grpc.RpcError as err:
             raise EngramError(_code(err), "ListCapabilities failed") from None
-        return list(reply.tools)
+        return list(reply.tools), list(reply.confirmation_required)
 
     async def invoke(
         self, tool: str, arguments: dict[str, Any], *, context: bytes, grant: bytes | None = None

@@ -51,7 +51,9 @@ SERVER_NAME = "engram"
 SERVER_VERSION = "0.1.0"
 
 # SPEC §8: withdraw and forget always need a human confirmation; capture and
-# admission only when the core answers gate_failed because policy asks for one.
+# admission when the policy gates them for this binding (ListCapabilities says
+# which), or, should the policy change between the two calls, when the core
+# answers gate_failed.
 ALWAYS_CONFIRMED = frozenset({"engram_memory_withdraw", "engram_memory_forget"})
 CONFIRMED_ON_POLICY = frozenset({"engram_memory_capture", "engram_memory_request_admission"})
 _PURPOSE_TOOLS = frozenset({"engram_memory_search", "engram_memory_get"})
@@ -183,11 +185,12 @@ class EngramMcp:
             logger.info("host context unavailable: %s", exc)
             raise envelope.trusted_context_unavailable() from None
 
-    async def _granted(self, call: CallContext) -> frozenset[str]:
+    async def _granted(self, call: CallContext) -> tuple[frozenset[str], frozenset[str]]:
+        """(granted tools, granted tools the policy gates behind a confirmation)."""
         if not call.memory_enabled:
-            return frozenset()  # SPEC §2: memory is off unless the host opted in
-        names = await self._core.granted_tools(call.signed)
-        return frozenset(names) & frozenset(TOOL_NAMES)
+            return frozenset(), frozenset()  # SPEC §2: memory is off unless the host opted in
+        names, gated = await self._core.granted_tools(call.signed)
+        return frozenset(names) & frozenset(TOOL_NAMES), frozenset(gated) & frozenset(TOOL_NAMES)
 
     # ---- tools ---------------------------------------------------------------
 
@@ -196,7 +199,7 @@ class EngramMcp:
     ) -> types.ListToolsResult:
         call = self._context(ctx)
         try:
-            granted = await self._granted(call)
+            granted, _ = await self._granted(call)
         except EngramError as exc:
             logger.info("tools/list refused: %s", exc)
             raise envelope.trusted_context_unavailable() from None
@@ -213,7 +216,7 @@ class EngramMcp:
         if state is not None:
             state.audit_id = call.audit_id
         try:
-            granted = await self._granted(call)
+            granted, gated = await self._granted(call)
         except EngramError as exc:
             return envelope.failure(exc.code, audit_id=call.audit_id)
         if name not in granted:
@@ -227,7 +230,7 @@ class EngramMcp:
         if _purpose_mismatch(name, arguments, call.binding.purpose_ref):
             raise envelope.trusted_context_unavailable()
 
-        if name in ALWAYS_CONFIRMED or (params.request_state is not None and name in CONFIRMED_ON_POLICY):
+        if name in ALWAYS_CONFIRMED or (name in CONFIRMED_ON_POLICY and (name in gated or params.request_state is not None)):
             return await self._confirm_then_invoke(ctx, params, name, arguments, call, state)
         try:
             value = await self._core.invoke(name, arguments, context=call.signed)

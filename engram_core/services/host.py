@@ -7,7 +7,7 @@ from typing import Any
 from engram_core import __version__
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import GRANT_EXECUTION_WINDOW_MS, BoundContext, make_grant
-from engram_core.policy.port import TOOLS
+from engram_core.policy.port import AUTHZ, TOOLS
 from engram_core.services.core import CallRecord, Core, context_facts
 
 MAX_APPROVAL_AGE_MS = GRANT_EXECUTION_WINDOW_MS
@@ -42,7 +42,20 @@ class HostServiceCore:
              "now_ms": self.core.now_ms()},
             call,
         )
-        return {"tools": sorted(d.result["tools"]), "policy_revision": d.revision, "decision_id": d.decision_id}
+        tools = sorted(d.result["tools"])
+        gated = []
+        for tool in tools:
+            authz = self.core.decide(
+                AUTHZ,
+                {"operation": tool, "context": context_facts(ctx),
+                 "scope": {"activated": bool(scope and scope.activated), "tools": list(scope.tools) if scope else []},
+                 "now_ms": self.core.now_ms()},
+                call,
+            )
+            if authz.result["allow"] and authz.result.get("obligations", {}).get("confirmation_required"):
+                gated.append(tool)
+        return {"tools": tools, "policy_revision": d.revision, "decision_id": d.decision_id,
+                "confirmation_required": gated}
 
     def issue_confirmation(self, ctx: BoundContext, *, tool: str, target: str, operation_digest: str,
                            approved_at_ms: int) -> dict[str, Any]:
