@@ -54,8 +54,14 @@ def _invalid(detail: str) -> EngramError:
 
 
 # -- taking a backup ------------------------------------------------------------------------
-def build_backup(tx: DuckDBTx, *, created_at: str) -> bytes:
-    """Serialize one consistent snapshot of the store (the caller holds the read transaction)."""
+def build_backup(tx: DuckDBTx, *, created_at: str, scope: tuple[str, str] | None = None) -> bytes:
+    """Serialize one consistent snapshot (the caller holds the read transaction).
+
+    The whole store, or one ``(tenant, workspace)`` scope. A scope backup carries
+    that scope's journal, records, tombstone ledger and key destructions but no
+    audit rows: the audit chain is global, so a subset could not be verified;
+    the restored store starts its own audit chain with the restore.
+    """
     lines: list[bytes] = []
     counts: dict[str, int] = {}
 
@@ -63,11 +69,14 @@ def build_backup(tx: DuckDBTx, *, created_at: str) -> bytes:
         counts[kind] = counts.get(kind, 0) + 1
         lines.append(canonical_json({"kind": kind, **item}) + b"\n")
 
-    audit = tx.audit_rows(None, None, 0, None)
+    audit = tx.audit_rows(None, None, 0, None) if scope is None else []
     head = {"seq": audit[-1]["seq"], "digest": audit[-1]["row_digest"]} if audit else {"seq": 0, "digest": ""}
     put("header", {"format": FORMAT, "created_at": created_at, "schema_version": SCHEMA_VERSION, "audit_head": head})
     pins = []
+    owners: set[str] = set()
     for s in tx.scopes():
+        if scope is not None and (s.tenant, s.workspace) != scope:
+            continue
         put("scope", {"tenant": s.tenant, "workspace": s.workspace, "activated": s.activated, "tools": list(s.tools),
                       "authorization_epoch": s.authorization_epoch, "last_cursor": str(s.last_cursor),
                       "last_event_digest": s.last_event_digest})
@@ -75,6 +84,7 @@ def build_backup(tx: DuckDBTx, *, created_at: str) -> bytes:
         for e in tx.events(s.tenant, s.workspace, 0, None):
             put("event", event_doc(e))
         for rec in tx.scope_records(s.tenant, s.workspace):
+            owners.add(f"record:{rec.record_id}")
             item = asdict(rec)
             item["sealed_body"] = base64.b64encode(rec.sealed_body).decode() if rec.sealed_body is not None else ""
             if rec.state != "tombstoned":
@@ -83,9 +93,11 @@ def build_backup(tx: DuckDBTx, *, created_at: str) -> bytes:
                 item["key_ref"] = {"owner": owner, "slot": slot if slot is not None else -1}
             put("record", {k: v for k, v in item.items() if v is not None})
     for row in tx.tombstone_rows():
-        put("tombstone", row)
+        if scope is None or (row["tenant"], row["workspace"]) == scope:
+            put("tombstone", row)
     for owner, at_ms, reason in tx.key_destructions():
-        put("key_destruction", {"owner": owner, "at_ms": at_ms, "reason": reason})
+        if scope is None or owner in owners:
+            put("key_destruction", {"owner": owner, "at_ms": at_ms, "reason": reason})
     for kid, pem in tx.trusted_host_keys():
         put("trusted_host_key", {"key_id": kid, "public_key_pem": pem})
     for row in audit:
@@ -93,6 +105,8 @@ def build_backup(tx: DuckDBTx, *, created_at: str) -> bytes:
     body = b"".join(lines)
     manifest = {"format": FORMAT, "counts": counts, "pins": pins, "audit_head": head,
                 "items_sha256": hashlib.sha256(body).hexdigest(), "bytes": len(body)}
+    if scope is not None:
+        manifest["scope"] = {"tenant": scope[0], "workspace": scope[1]}
     manifest["manifest_digest"] = digest("backup-manifest", manifest)
     return body + canonical_json({"kind": "manifest", **manifest}) + b"\n"
 
@@ -199,14 +213,16 @@ class BackupService:
         self.core = core
         self.memory = memory
 
-    def backup(self, ctx: BoundContext, tenant: str) -> bytes:
+    def backup(self, ctx: BoundContext, tenant: str, workspace: str = "") -> bytes:
         call = CallRecord()
         self.core.authorize(ctx, "admin.backup", call)
-        if tenant:
-            # The audit chain is global; a partial backup could not be verified.
-            raise EngramError(Code.INVALID_SCHEMA, "backups cover the whole store")
+        if bool(tenant) != bool(workspace):
+            raise EngramError(Code.INVALID_SCHEMA, "a scope backup names both tenant and workspace")
+        scope = (tenant, workspace) if tenant else None
         with self.core.store.read() as tx:
-            data = build_backup(tx, created_at=self.core.instant())
+            if scope is not None and tx.scope(*scope) is None:
+                raise EngramError(Code.NOT_FOUND, "scope")
+            data = build_backup(tx, created_at=self.core.instant(), scope=scope)
         manifest = json.loads(data.rstrip(b"\n").rsplit(b"\n", 1)[-1])
         self.core.audit_standalone(ctx, "admin.backup", "ok", manifest["manifest_digest"], call)
         return data

@@ -192,8 +192,8 @@ def _backup(args: argparse.Namespace) -> int:
     out = Path(args.out)
     tmp = out.with_name(out.name + ".partial")
     with grpc.insecure_channel(args.core) as channel, open(tmp, "wb") as f:
-        for chunk in _stub(channel).Backup(admin_pb2.ScopeRequest(), metadata=admin_metadata(args.host_key),
-                                           timeout=args.timeout):
+        request = admin_pb2.ScopeRequest(tenant=args.tenant or "", workspace=args.workspace or "")
+        for chunk in _stub(channel).Backup(request, metadata=admin_metadata(args.host_key), timeout=args.timeout):
             f.write(chunk.data)
             received += len(chunk.data)
             _progress(f"backup {received}/{chunk.total_bytes} bytes")
@@ -291,7 +291,8 @@ def register_more(sub: argparse._SubParsersAction, run: Callable[[argparse.Names
         p = add(name, lambda a, t=trust: _host_key(a, t), f"{'add' if trust else 'remove'} a trusted host key", scope=None)
         p.add_argument("--public-key", default="", help="PEM file of the host public key")
         p.add_argument("--key-id", default="")
-    p = add("backup", _backup, "stream a verified logical backup of the whole store to a file", scope=None)
+    p = add("backup", _backup, "stream a verified logical backup of the whole store (or of one scope) to a file",
+            scope="optional")
     p.add_argument("--out", required=True)
     p = add("restore", _restore, "restore a backup into an empty store", scope=None)
     p.add_argument("--in", dest="in_file", required=True)

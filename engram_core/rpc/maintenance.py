@@ -88,7 +88,7 @@ class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, _Handler):
 
     # -- backup and restore -----------------------------------------------------------------
     def Backup(self, request, context):
-        data = self.run(context, lambda: self.backups.backup(self.bind(context), request.tenant))
+        data = self.run(context, lambda: self.backups.backup(self.bind(context), request.tenant, request.workspace))
         for piece, total in chunks(data):
             yield admin_pb2.BackupChunk(data=piece, total_bytes=total)
 

@@ -6,9 +6,9 @@ import json
 
 import grpc
 import pytest
-from admin_support import TENANT, WORKSPACE, code_of, start_env
+from admin_support import TENANT, WORKSPACE, capture_args, code_of, start_env
 
-from engram_core.api import admin_pb2
+from engram_core.api import admin_pb2, memory_pb2
 
 
 def _backup(env) -> bytes:
@@ -105,3 +105,37 @@ def test_restore_verifies_everything(tmp_path, clock, env):
     with pytest.raises(grpc.RpcError) as err:
         _restore(env, data, key_dir=str(env.data_dir))
     assert code_of(err.value) == "RESTORE_REFUSED"
+
+
+def test_scope_backup_holds_one_scope_and_restores_it_identically(tmp_path, clock, env):
+    kept = [env.record(f"scope backup decision number {i}") for i in range(2)]
+    env.activate(TENANT, "other-ws")
+    other_md = env.agent_md(workspace="other-ws")
+    cid = env._mem("Capture", capture_args("another workspace's ledger entry", env.clock.now_ms()),
+                   memory_pb2.CaptureRequest, other_md)["candidate_id"]
+    other = env._mem("RequestAdmission", {"candidate_id": cid, "idempotency_key": "adm-other-ws-000001"},
+                     memory_pb2.RequestAdmissionRequest, other_md)["outcome"]["record_id"]
+    chunks = list(env.admin_stub.Backup(admin_pb2.ScopeRequest(tenant=TENANT, workspace=WORKSPACE),
+                                        metadata=env.host_md(), timeout=30))
+    data = b"".join(c.data for c in chunks)
+    lines = [json.loads(line) for line in data.splitlines()]
+    manifest = lines[-1]
+    assert manifest["scope"] == {"tenant": TENANT, "workspace": WORKSPACE}
+    assert {(s["tenant"], s["workspace"]) for s in lines if s["kind"] == "scope"} == {(TENANT, WORKSPACE)}
+    assert not [line for line in lines if line["kind"] == "audit"]
+    before = {rid: env.get(rid)["record"] for rid in kept}
+    target = start_env(tmp_path / "scope-restored", clock, activate=False)
+    try:
+        out = _restore(target, data, key_dir=str(env.data_dir))
+        assert out["records_restored"] == 2
+        assert {rid: target.get(rid)["record"] for rid in kept} == before
+        assert target.admin("Verify", admin_pb2.ScopeRequest())["ok"] is True
+        target.activate(TENANT, "other-ws")
+        with pytest.raises(grpc.RpcError) as missing:
+            target.get(other, md=target.agent_md(workspace="other-ws"))
+        assert code_of(missing.value) == "NOT_FOUND"
+    finally:
+        target.stop()
+    with pytest.raises(grpc.RpcError) as err:
+        list(env.admin_stub.Backup(admin_pb2.ScopeRequest(tenant=TENANT), metadata=env.host_md(), timeout=30))
+    assert code_of(err.value) == "INVALID_SCHEMA"
