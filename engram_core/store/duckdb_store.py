@@ -350,12 +350,12 @@ class DuckDBTx:
                 [tenant, workspace, terms],
             )
         stats = [(f, sum(c.values())) for f, c in fields.items() if c] + [("_docs", 0)]
-        for field_name, length in stats:
-            self._con.execute(
-                "INSERT INTO field_stats VALUES (?, ?, ?, 1, ?) ON CONFLICT (tenant, workspace, field) "
-                "DO UPDATE SET doc_count = doc_count + 1, total_len = total_len + excluded.total_len",
-                [tenant, workspace, field_name, length],
-            )
+        self._con.execute(
+            "INSERT INTO field_stats SELECT $1, $2, unnest($3::VARCHAR[]), 1, unnest($4::BIGINT[]) "
+            "ON CONFLICT (tenant, workspace, field) "
+            "DO UPDATE SET doc_count = doc_count + 1, total_len = total_len + excluded.total_len",
+            [tenant, workspace, [f for f, _ in stats], [n for _, n in stats]],
+        )
 
     def unindex_record(self, tenant: str, workspace: str, record_id: str) -> int:
         stats = self._all(
