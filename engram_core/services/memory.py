@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from cryptography.exceptions import InvalidTag
+
 from engram_core.canonical import canonical_json, digest, with_receipt_digest
 from engram_core.crypto.sealing import seal, unseal
 from engram_core.errors import Code, EngramError
@@ -280,9 +282,7 @@ class MemoryService(ReadService):
         lifecycle.check_candidate("accept", cand.state)
         if forced is None and cand.state == "pending_adjudication":
             return self._outcome_only(ctx, cand, "pending_adjudication", call, args, request_digest)
-        key = self._key(f"candidate:{cand.candidate_id}")
-        envelope = json.loads(unseal(key, cand.sealed_envelope or b"", kind="candidate", owner=cand.candidate_id))
-        effective = envelope["payload"]
+        effective = self._open_envelope(ctx, cand)["payload"]
         with self.core.store.read() as tx:
             duplicate = tx.current_with_payload(ctx.tenant, ctx.workspace, cand.payload_digest)
             tombstoned = tx.tombstoned(ctx.tenant, ctx.workspace, cand.payload_digest)
@@ -424,6 +424,22 @@ class MemoryService(ReadService):
         if vector is None:
             vector = self.embed_record(effective)
         tx.put_vector(ctx.tenant, ctx.workspace, record_id, embedder.model_id, vector)
+
+    def _open_envelope(self, ctx: BoundContext, cand: CandidateRow) -> dict[str, Any]:
+        """Unseal a pending candidate. A concurrent withdraw/reject may have destroyed its key
+        since it was read: then the answer is the lifecycle's (ALREADY_TERMINAL), not BLOB_MISSING."""
+        try:
+            key = self._key(f"candidate:{cand.candidate_id}")
+            return json.loads(unseal(key, cand.sealed_envelope or b"", kind="candidate", owner=cand.candidate_id))
+        except (EngramError, InvalidTag):
+            with self.core.store.read() as tx:
+                fresh = tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id)
+            if fresh is None:
+                raise EngramError(Code.NOT_FOUND, "candidate") from None
+            lifecycle.check_candidate("accept", fresh.state)
+            if fresh.state == "accepted":
+                raise EngramError(Code.ILLEGAL_TRANSITION, "candidate admitted concurrently") from None
+            raise
 
     def _key(self, owner: str) -> bytes:
         with self.core.store.read() as tx:

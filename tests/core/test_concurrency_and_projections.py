@@ -71,3 +71,26 @@ def test_forgotten_body_key_is_zeroed(ana: Client) -> None:
     assert core.vault.data_key(slot, f"record:{rid}") is not None
     ana.call("forget", {"record_id": rid, "idempotency_key": "shred-forget-0001", "reason_ref": "r:x"}, grant=True)
     assert core.vault.data_key(slot, f"record:{rid}") is None
+
+
+def test_admission_that_lost_the_race_to_withdraw_is_already_terminal_not_blob_missing(ana: Client) -> None:
+    """Admission read the candidate as pending, then a withdraw destroyed its key before the
+    envelope was unsealed: the answer is the lifecycle's, deterministically."""
+    import pytest
+
+    from engram_core.errors import EngramError
+    from engram_core.hostctx import verify_context
+    from engram_core.services.core import CallRecord
+    from engram_core.services.memory import MemoryService
+
+    cap = ana.capture("Race, made deterministic: the stale plover candidate.")
+    core = ana.core.core
+    with core.store.read() as tx:
+        stale = tx.candidate("acme", "alpha", cap["candidate_id"])
+    assert stale is not None and stale.state == "pending"
+    w = {"candidate_id": cap["candidate_id"], "idempotency_key": "stale-withdraw-0001", "reason_ref": "r:x"}
+    ana.call("withdraw", w, grant=True)
+    ctx = verify_context(ana.context(), core.trusted, now_ms=core.now_ms())
+    with pytest.raises(EngramError) as err:
+        MemoryService(core).admit(ctx, stale, CallRecord(), args=None, request_digest=None)
+    assert err.value.code == Code.ALREADY_TERMINAL
