@@ -126,6 +126,25 @@ class MemoryService(ReadService):
             target = lookup(tx)
         return present, request_digest, prior, target
 
+    def _recheck(self, tx: DuckDBTx, ctx: BoundContext, tool: str, args: dict[str, Any] | None,
+                 request_digest: str | None, call: CallRecord, grant_id: str | None, target: Any,
+                 check_state: Any) -> Any:
+        """Inside the serialized write transaction, everything checked before may have moved:
+        a concurrent identical request may have won (replay), the bundle may have been reloaded
+        (POLICY_STALE), the target may have changed state (lifecycle). The grant is consumed
+        here, in the same transaction as the effect (SPEC §7, §8)."""
+        if args is not None and request_digest is not None:
+            prior = self._replay(tx, ctx, tool, args, request_digest)
+            if prior is not None:
+                raise _Replayed(prior)
+        self.core.check_revision(call)
+        if target is None:
+            raise EngramError(Code.NOT_FOUND, "target")
+        check_state(target.state)
+        if grant_id is not None:
+            self._consume_grant(tx, ctx, grant_id)
+        return target
+
     def _consume_grant(self, tx: DuckDBTx, ctx: BoundContext, grant_id: str) -> None:
         if not tx.use_confirmation(grant_id, ctx.tenant, ctx.workspace, self.core.now_ms()):
             raise EngramError(Code.GATE_FAILED, "confirmation already used")
@@ -318,17 +337,9 @@ class MemoryService(ReadService):
             vector = self.embed_record(effective)
         try:
             with self.core.store.write() as tx:
-                if args is not None and request_digest is not None:
-                    prior = self._replay(tx, ctx, ADMISSION_TOOL, args, request_digest)
-                    if prior is not None:
-                        raise _Replayed(prior)
-                self.core.check_revision(call)
-                current = tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id)
-                if current is None:
-                    raise EngramError(Code.NOT_FOUND, "candidate")
-                lifecycle.check_candidate("accept", current.state)
-                if grant_id is not None:
-                    self._consume_grant(tx, ctx, grant_id)
+                current = self._recheck(tx, ctx, ADMISSION_TOOL, args, request_digest, call, grant_id,
+                                        tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id),
+                                        lambda state: lifecycle.check_candidate("accept", state))
                 to_state = {"accepted": "accepted", "rejected": "rejected", "pending_adjudication": "pending_adjudication"}[status]
                 event = tx.append_event(
                     ctx.tenant, ctx.workspace, event_id=event_id or new_id("evt_"),
@@ -471,17 +482,9 @@ class MemoryService(ReadService):
         authz_digest = self.core.decision_receipt(call.decisions[0])["receipt_digest"]
         try:
             with self.core.store.write() as tx:
-                if args is not None and request_digest is not None:
-                    prior = self._replay(tx, ctx, WITHDRAW_TOOL, args, request_digest)
-                    if prior is not None:
-                        raise _Replayed(prior)
-                self.core.check_revision(call)
-                current = tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id)
-                if current is None:
-                    raise EngramError(Code.NOT_FOUND, "candidate")
-                lifecycle.check_candidate(operation, current.state)
-                if grant_id is not None:
-                    self._consume_grant(tx, ctx, grant_id)
+                current = self._recheck(tx, ctx, WITHDRAW_TOOL, args, request_digest, call, grant_id,
+                                        tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id),
+                                        lambda state: lifecycle.check_candidate(operation, state))
                 event = tx.append_event(
                     ctx.tenant, ctx.workspace, event_id=event_id or new_id("evt_"), operation=operation,
                     target=cand.candidate_id,
@@ -527,17 +530,9 @@ class MemoryService(ReadService):
         authz_digest = self.core.decision_receipt(call.decisions[0])["receipt_digest"]
         try:
             with self.core.store.write() as tx:
-                if args is not None and request_digest is not None:
-                    prior = self._replay(tx, ctx, FORGET_TOOL, args, request_digest)
-                    if prior is not None:
-                        raise _Replayed(prior)
-                self.core.check_revision(call)
-                rec = tx.record(ctx.tenant, ctx.workspace, record_id)
-                if rec is None:
-                    raise EngramError(Code.NOT_FOUND, "record")
-                lifecycle.check_record("tombstone", rec.state)
-                if grant_id is not None:
-                    self._consume_grant(tx, ctx, grant_id)
+                rec = self._recheck(tx, ctx, FORGET_TOOL, args, request_digest, call, grant_id,
+                                    tx.record(ctx.tenant, ctx.workspace, record_id),
+                                    lambda state: lifecycle.check_record("tombstone", state))
                 event = tx.append_event(
                     ctx.tenant, ctx.workspace, event_id=event_id or new_id("evt_"), operation="tombstone",
                     target=record_id,
