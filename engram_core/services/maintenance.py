@@ -29,7 +29,13 @@ from engram_core.policy.port import RETENTION
 from engram_core.services import lifecycle
 from engram_core.services.core import CallRecord, Core, context_facts, new_id
 from engram_core.services.lexical import record_fields
-from engram_core.services.memory import ADMISSION_TOOL, FORGET_TOOL, WITHDRAW_TOOL, MemoryService
+from engram_core.services.memory import (
+    ADMISSION_TOOL,
+    FORGET_TOOL,
+    WITHDRAW_TOOL,
+    MemoryService,
+    stored_outcome,
+)
 from engram_core.store.duckdb_store import GENESIS, DuckDBTx, audit_digest_of, event_digest_of
 from engram_core.store.migrations import MIGRATIONS
 from engram_core.store.port import Event, IdempotencyRow, RecordRow, ScopeRow
@@ -152,17 +158,6 @@ class MaintenanceService:
     def _audit(self, ctx: BoundContext, op: str, outcome: str, target: str, call: CallRecord) -> None:
         self.core.audit_standalone(ctx, f"admin.{op}", outcome, target, call)
 
-    @staticmethod
-    def _prior(tx: DuckDBTx, ctx: BoundContext, tool: str, target: str, event_id: str,
-               request_digest: str) -> dict[str, Any] | None:
-        """The stored outcome of this event id, or DIGEST_CONFLICT if it was used for something else."""
-        row = tx.idempotency_get(ctx.tenant, ctx.workspace, ctx.principal, event_id)
-        if row is None:
-            return None
-        if row.tool != tool or row.target != target or row.request_digest != request_digest:
-            raise EngramError(Code.DIGEST_CONFLICT, "event id reused")
-        return row.outcome
-
     # -- lifecycle (SPEC §6) ------------------------------------------------------------------
     def transition(self, ctx: BoundContext, req: dict[str, Any]) -> dict[str, Any]:
         call = self.authorize(ctx, "transition")
@@ -188,7 +183,7 @@ class MaintenanceService:
         args = {"record_id": record_id, "idempotency_key": event_id, "reason_ref": reason, "by": "host"}
         rd = self.memory._request_digest(FORGET_TOOL, args)
         with self.core.store.read() as tx:
-            prior = self._prior(tx, tctx, FORGET_TOOL, record_id, event_id, rd)
+            prior = stored_outcome(tx, tctx, tool=FORGET_TOOL, target=record_id, key=event_id, request_digest=rd)
             rec = tx.record(tctx.tenant, tctx.workspace, record_id)
         if prior is not None:
             return {**prior, "replayed": True}
@@ -204,7 +199,7 @@ class MaintenanceService:
         args = {"candidate_id": candidate_id, "idempotency_key": event_id, "reason_ref": reason, "operation": op}
         rd = self.memory._request_digest(WITHDRAW_TOOL, args)
         with self.core.store.read() as tx:
-            prior = self._prior(tx, tctx, WITHDRAW_TOOL, candidate_id, event_id, rd)
+            prior = stored_outcome(tx, tctx, tool=WITHDRAW_TOOL, target=candidate_id, key=event_id, request_digest=rd)
             cand = tx.candidate(tctx.tenant, tctx.workspace, candidate_id)
         if prior is not None:
             return {**prior, "replayed": True}
@@ -224,7 +219,7 @@ class MaintenanceService:
         authz_digest = self.core.decision_receipt(call.decisions[0])["receipt_digest"]
         t, w = tctx.tenant, tctx.workspace
         with self.core.store.write() as tx:
-            prior = self._prior(tx, tctx, TRANSITION_TOOL, target, event_id, rd)
+            prior = stored_outcome(tx, tctx, tool=TRANSITION_TOOL, target=target, key=event_id, request_digest=rd)
             if prior is not None:
                 return {**prior, "replayed": True}
             self.core.check_revision(call)
@@ -350,7 +345,7 @@ class MaintenanceService:
         args = {"candidate_id": candidate_id, "idempotency_key": event_id, "decision": decision, "reason_ref": reason}
         rd = self.memory._request_digest(ADMISSION_TOOL, args)
         with self.core.store.read() as tx:
-            prior = self._prior(tx, tctx, ADMISSION_TOOL, candidate_id, event_id, rd)
+            prior = stored_outcome(tx, tctx, tool=ADMISSION_TOOL, target=candidate_id, key=event_id, request_digest=rd)
             cand = tx.candidate(tctx.tenant, tctx.workspace, candidate_id)
         if prior is not None:
             return {**prior, "replayed": True}

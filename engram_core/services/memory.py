@@ -68,6 +68,19 @@ def _shape_facts(payload: dict[str, Any], evidence: dict[str, Any]) -> dict[str,
     }
 
 
+def stored_outcome(tx: DuckDBTx, ctx: BoundContext, *, tool: str, target: str, key: str,
+                   request_digest: str) -> dict[str, Any] | None:
+    """The mutation guard (SPEC §7): the stored outcome for this key of this principal, None
+    when the key is new, DIGEST_CONFLICT when it was used for another tool, target or content.
+    Agent idempotency keys and host event ids share it."""
+    row = tx.idempotency_get(ctx.tenant, ctx.workspace, ctx.principal, key)
+    if row is None:
+        return None
+    if row.tool != tool or row.target != target or row.request_digest != request_digest:
+        raise EngramError(Code.DIGEST_CONFLICT, "idempotency key reused")
+    return row.outcome
+
+
 class MemoryService(ReadService):
     def __init__(self, core: Core) -> None:
         super().__init__(core)
@@ -81,12 +94,8 @@ class MemoryService(ReadService):
         )
 
     def _replay(self, tx: DuckDBTx, ctx: BoundContext, tool: str, args: dict[str, Any], request_digest: str) -> dict[str, Any] | None:
-        row = tx.idempotency_get(ctx.tenant, ctx.workspace, ctx.principal, args["idempotency_key"])
-        if row is None:
-            return None
-        if row.tool != tool or row.target != target_of(tool, args) or row.request_digest != request_digest:
-            raise EngramError(Code.DIGEST_CONFLICT, "idempotency key reused")
-        return row.outcome
+        return stored_outcome(tx, ctx, tool=tool, target=target_of(tool, args), key=args["idempotency_key"],
+                              request_digest=request_digest)
 
     def _remember(self, tx: DuckDBTx, ctx: BoundContext, tool: str, args: dict[str, Any], request_digest: str, outcome: dict[str, Any]) -> None:
         tx.idempotency_put(
