@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 import rfc8785
@@ -33,9 +34,78 @@ DIGEST_KINDS: tuple[str, ...] = (
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
+_INT_MAX = 2**53 - 1  # RFC 8785 / I-JSON: integers beyond this are not exact in a double
+
+
+class _Unusual(Exception):
+    """A value the fast path does not handle itself; ``rfc8785`` decides (and raises)."""
+
+
 def canonical_json(value: Any) -> bytes:
-    """RFC 8785 canonical bytes of a JSON value."""
-    return rfc8785.dumps(value)
+    """RFC 8785 canonical bytes of a JSON value.
+
+    Every receipt and digest canonicalizes, and ``rfc8785.dumps`` walks values one
+    ``BytesIO.write`` at a time (a third of a search's time at 100k records). The fast
+    path produces the same bytes for plain dicts, lists, strings, booleans, null and
+    safe integers, with strings escaped by the json module's C encoder (the same escape
+    set as RFC 8785: quote, backslash, control characters) and floats formatted by
+    ``rfc8785`` itself. Anything else (other types, unsafe integers, non-string keys,
+    lone surrogates) goes to ``rfc8785``, which either serializes it or raises its
+    error. tests/unit/test_canonical_fast.py checks the equivalence property-based.
+    """
+    out: list[str] = []
+    try:
+        _walk(value, out)
+        return "".join(out).encode("utf-8")
+    except (_Unusual, UnicodeEncodeError, TypeError):
+        return rfc8785.dumps(value)
+
+
+def _utf16(key: str) -> bytes:
+    return key.encode("utf-16-be")
+
+
+def _walk(v: Any, out: list[str]) -> None:
+    t = type(v)
+    if t is str:
+        out.append(encode_basestring(v))
+    elif t is dict:
+        if not v:
+            out.append("{}")
+            return
+        # RFC 8785 orders keys by UTF-16 code units; for ASCII keys that is plain order.
+        keys = sorted(v) if "".join(v).isascii() else sorted(v, key=_utf16)
+        sep = "{"
+        for k in keys:
+            out.append(sep)
+            out.append(encode_basestring(k))
+            out.append(":")
+            _walk(v[k], out)
+            sep = ","
+        out.append("}")
+    elif t is list or t is tuple:
+        if not v:
+            out.append("[]")
+            return
+        sep = "["
+        for item in v:
+            out.append(sep)
+            _walk(item, out)
+            sep = ","
+        out.append("]")
+    elif t is int:
+        if -_INT_MAX <= v <= _INT_MAX:
+            out.append(str(v))
+        else:
+            raise _Unusual
+    elif t is bool:
+        out.append("true" if v else "false")
+    elif v is None:
+        out.append("null")
+    elif t is float:
+        out.append(rfc8785.dumps(v).decode())
+    else:
+        raise _Unusual
 
 
 def digest(kind: str, value: Any) -> str:
