@@ -1,0 +1,57 @@
+"""value_to_message's direct fill gives the same message as json_format.ParseDict, and
+leaves every value it does not handle to ParseDict (same result or same error)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from google.protobuf import json_format
+from hypothesis import given, settings
+from hypothesis_jsonschema import from_schema
+
+from engram_core.api import memory_pb2
+from engram_core.rpc.convert import value_to_message
+from engram_core.schemas import INPUT_SCHEMAS
+
+
+def _reference(value: Any, cls: Any) -> Any:
+    try:
+        return json_format.ParseDict(value, cls(), ignore_unknown_fields=False).SerializeToString(deterministic=True)
+    except Exception as exc:  # noqa: BLE001 - the error class is what is compared
+        return type(exc)
+
+
+def _fast(value: Any, cls: Any) -> Any:
+    try:
+        return value_to_message(value, cls()).SerializeToString(deterministic=True)
+    except Exception as exc:  # noqa: BLE001
+        return type(exc)
+
+
+@settings(max_examples=40, deadline=None)
+@given(from_schema(INPUT_SCHEMAS["engram_memory_capture"]))
+def test_capture_requests_match_parsedict(value: Any) -> None:
+    assert _fast(value, memory_pb2.CaptureRequest) == _reference(value, memory_pb2.CaptureRequest)
+
+
+@pytest.mark.parametrize("value", [
+    {"query": "q", "limit": True},  # bool for int64
+    {"query": "q", "limit": "7"},  # int64 spelled as a JSON string
+    {"query": "q", "limit": 2**70},  # out of range
+    {"query": "q", "pageCursor": "x"},  # JSON name
+    {"query": None},  # null
+    {"query": "q", "extra": 1},  # unknown key
+    {"query": "q", "capability_policy": {}},  # empty sub-message keeps presence
+    {"query": "q", "capability_policy": {"network": 3}},  # wrong scalar type
+    {"query": 5},
+])
+def test_edges_match_parsedict(value: dict[str, Any]) -> None:
+    assert _fast(value, memory_pb2.SearchRequest) == _reference(value, memory_pb2.SearchRequest)
+
+
+def test_response_with_scores_and_records() -> None:
+    value = {"records": [{"record": {"record_id": "rec_1", "payload": {"schema_version": 2, "components": [
+        {"component_id": "c1", "text": "t", "citation_ids": ["a", "b"]}]}}, "redacted_fields": [],
+        "score": 0.5, "rank": 1}, {"score": 1}], "rank_receipt": {"candidate_count": 0}, "response_digest": "d"}
+    assert _fast(value, memory_pb2.SearchResponse) == _reference(value, memory_pb2.SearchResponse)
