@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import math
 import os
 import threading
 import time
@@ -25,6 +24,7 @@ import duckdb
 
 from engram_core.canonical import digest
 from engram_core.errors import Code, EngramError
+from engram_core.store.lexical_index import LexicalIndex, Posting, RecordMeta
 from engram_core.store.migrations import LEDGER_DDL, MIGRATIONS
 from engram_core.store.port import (
     AuditRow,
@@ -38,7 +38,6 @@ from engram_core.store.port import (
 )
 
 GENESIS = "sha256:" + "0" * 64
-CLUSTER_MIN_TAIL = 500_000  # postings appended since the last term-order rewrite before the next one
 _RECORD_COLS = (
     "record_id, tenant, workspace, candidate_id, record_digest, payload_digest, state, trust_class, principal, "
     "agent_id, valid_t, valid_t_end, expires_at_ms, derivative_rule, accepted_at_ms, accepted_cursor, "
@@ -82,6 +81,8 @@ class DuckDBTx:
         # Slots of data keys destroyed in this transaction: the caller zeroes
         # them in the KeyVault after commit (SPEC §10 crypto-shredding).
         self.destroyed_slots: list[int] = []
+        # Changes to the in-memory lexical index, applied by the store once this commits.
+        self.lexical_ops: list[tuple[Any, ...]] = []
 
     def _one(self, sql: str, params: list[Any] | tuple = ()) -> tuple | None:
         return self._con.execute(sql, params).fetchone()
@@ -90,6 +91,12 @@ class DuckDBTx:
         return self._con.execute(sql, params).fetchall()
 
     # -- scopes, cursors, journal ------------------------------------------
+    def pin_scope(self, tenant: str, workspace: str) -> ScopeRow | None:
+        """The scope row, read so that the lexical index is at least as new as it: its
+        ``last_cursor`` can pin a search (``DuckDBStore`` publishes index changes with commits)."""
+        with self._store._publish:
+            return self.scope(tenant, workspace)
+
     def scope(self, tenant: str, workspace: str) -> ScopeRow | None:
         row = self._one(
             "SELECT tenant, workspace, activated, tools, authorization_epoch, last_cursor, last_event_digest "
@@ -299,6 +306,7 @@ class DuckDBTx:
             "successor_id = CASE WHEN ? = '' THEN NULL ELSE coalesce(?, successor_id) END WHERE record_id = ?",
             [state, state_cursor, successor_id, successor_id, record_id],
         )
+        self.lexical_ops.append(("state", record_id, state == "accepted_current", state_cursor))
 
     def drop_record_body(self, record_id: str) -> None:
         self._con.execute("UPDATE records SET sealed_body = NULL WHERE record_id = ?", [record_id])
@@ -330,10 +338,14 @@ class DuckDBTx:
             length = sum(counts.values())
             for term, tf in counts.items():
                 rows.append((tenant, workspace, term, record_id, field_name, tf, length))
+        doc = self._one("SELECT doc, state, accepted_cursor, state_cursor, valid_t, valid_t_end, expires_at_ms "
+                        "FROM records WHERE record_id = ?", [record_id])
+        if doc is None:
+            raise EngramError(Code.STORE_UNAVAILABLE, "index_record before insert_record")
+        meta = RecordMeta(record_id, doc[1] == "accepted_current", int(doc[2]), int(doc[3]), int(doc[4]), doc[5], doc[6])
+        self.lexical_ops.append(("index", tenant, workspace, meta,
+                                 [Posting(r[2], r[4], r[5], r[6]) for r in rows]))
         if rows:
-            doc = self._one("SELECT doc FROM records WHERE record_id = ?", [record_id])
-            if doc is None:
-                raise EngramError(Code.STORE_UNAVAILABLE, "index_record before insert_record")
             # One statement for all of the record's postings: executemany runs one INSERT per row
             # (tens per record), which profiling showed as a fifth of admission time.
             cols = [list(c) for c in zip(*rows, strict=True)]
@@ -363,6 +375,7 @@ class DuckDBTx:
             "GROUP BY field",
             [record_id, tenant, workspace],
         )
+        self.lexical_ops.append(("unindex", tenant, workspace, record_id))
         if not stats:
             return 0
         for field_name, length in [*stats, ("_docs", 0)]:
@@ -391,86 +404,22 @@ class DuckDBTx:
         return int(self._one("SELECT count(*) FROM postings WHERE record_id = ?", [record_id])[0])  # type: ignore[index]
 
     def lexical_stats(self, tenant: str, workspace: str, terms: list[int]) -> LexicalStats:
-        """Corpus statistics BM25 needs for ``terms`` in one scope, as of this snapshot.
-
-        Search pins them with the first page, so later pages score every record
-        exactly as the first page did (SPEC §5 paging).
-        """
-        fields = {f: (int(n), int(total)) for f, n, total in self._all(
-            "SELECT field, doc_count, total_len FROM field_stats WHERE tenant = ? AND workspace = ?",
-            [tenant, workspace])}
-        docs = fields.pop("_docs", (0, 0))[0]
-        df = {int(t): int(n) for t, n in self._all(
-            "SELECT term, df FROM term_stats WHERE tenant = ? AND workspace = ? AND df > 0 "
-            "AND term IN (SELECT unnest(?::BIGINT[]))",
-            [tenant, workspace, sorted(set(terms))])} if terms else {}
-        avg = {f: total / max(n, 1) for f, (n, total) in fields.items()}
-        return LexicalStats(docs=docs, avg_len=avg, df=df)
+        """Corpus statistics BM25 needs for ``terms`` in one scope (the in-memory index's copy of
+        ``field_stats`` and ``term_stats``). Search pins them with the first page, so later pages
+        score every record exactly as the first page did (SPEC §5 paging)."""
+        with self._store.lexical() as index:
+            return index.stats(tenant, workspace, terms)
 
     def rank_lexical(
         self, tenant: str, workspace: str, stats: LexicalStats, weights: dict[str, float], *, k1: float, b: float,
         now_ms: int, half_life_ms: int, lexical_weight: float, max_accepted_cursor: int,
         best_bm25: float | None, after: tuple[float, int, str] | None, limit: int,
     ) -> LexicalPage:
-        """BM25F-style ranking (SPEC §11) of records eligible at ``now_ms`` with pinned statistics.
-
-        Scores are ``lexical_weight * bm25 / best_bm25 + (1 - lexical_weight) * recency``,
-        rounded to 1e-9 so that the same inputs give the same order on every page;
-        rows are ordered by score desc, valid_t desc, record_id asc, strictly after
-        ``after`` when paging. ``best_bm25`` None means: normalize to this snapshot's
-        best eligible hit and report it (first page); later pages pass the pinned value.
-        Records accepted, or changed state, after ``max_accepted_cursor`` are not candidates.
-        """
-        idf = [(t, math.log(1 + (stats.docs - n + 0.5) / (n + 0.5))) for t, n in sorted(stats.df.items()) if n > 0]
-        fields = [(f, w, stats.avg_len.get(f, 0.0)) for f, w in sorted(weights.items()) if stats.avg_len.get(f)]
-        if not idf or not fields:
-            return LexicalPage(0, [], 0.0)
-        sql = """
-        WITH q AS (SELECT unnest(?::BIGINT[]) AS term, unnest(?::DOUBLE[]) AS idf),
-        w AS (SELECT unnest(?::VARCHAR[]) AS field, unnest(?::DOUBLE[]) AS weight, unnest(?::DOUBLE[]) AS avg_len),
-        scored AS (
-          SELECT p.doc,
-                 sum(w.weight * q.idf * (p.tf * (? + 1)) / (p.tf + ? * (1 - ? + ? * p.field_len / w.avg_len))) AS bm25
-          FROM postings p JOIN q ON p.term = q.term JOIN w ON p.field = w.field
-          WHERE p.tenant = ? AND p.workspace = ?
-          GROUP BY p.doc),
-        eligible AS (
-          SELECT r.record_id, s.bm25, r.valid_t FROM scored s JOIN records r ON r.doc = s.doc
-          WHERE r.tenant = ? AND r.workspace = ? AND r.state = 'accepted_current'
-            AND r.accepted_cursor <= ? AND r.state_cursor <= ?
-            AND r.valid_t <= ? AND (r.valid_t_end IS NULL OR r.valid_t_end >= ?)
-            AND (r.expires_at_ms IS NULL OR r.expires_at_ms > ?)),
-        final AS (
-          SELECT record_id, valid_t, bm25,
-                 round(? * bm25 / {best} + (1 - ?) * pow(0.5, greatest(? - valid_t, 0)::DOUBLE / ?), 9) AS score,
-                 count(*) OVER () AS total, max(bm25) OVER () AS best
-          FROM eligible)
-        SELECT record_id, score, valid_t, total, best FROM final
-        {after}
-        ORDER BY score DESC, valid_t DESC, record_id ASC
-        LIMIT ?
-        """
-        params: list[Any] = [[t for t, _ in idf], [v for _, v in idf],
-                             [f for f, _, _ in fields], [w for _, w, _ in fields], [a for _, _, a in fields],
-                             k1, k1, b, b, tenant, workspace,
-                             tenant, workspace, max_accepted_cursor, max_accepted_cursor, now_ms, now_ms, now_ms]
-        params.append(lexical_weight)
-        if best_bm25 is None:
-            best_sql = "greatest(max(bm25) OVER (), 1e-12)"
-        else:
-            best_sql = "?"
-            params.append(max(best_bm25, 1e-12))
-        params += [lexical_weight, now_ms, float(half_life_ms)]
-        after_sql = ""
-        if after is not None:
-            after_sql = "WHERE score < ? OR (score = ? AND (valid_t < ? OR (valid_t = ? AND record_id > ?)))"
-            params += [after[0], after[0], after[1], after[1], after[2]]
-        params.append(limit)
-        rows = self._all(sql.format(best=best_sql, after=after_sql), params)
-        if not rows:
-            return LexicalPage(0, [], best_bm25 or 0.0)
-        return LexicalPage(int(rows[0][3]), [(r[0], float(r[1]), int(r[2])) for r in rows],
-                           float(rows[0][4]) if best_bm25 is None else best_bm25)
+        """BM25F ranking of the scope's eligible records (see ``LexicalIndex.rank``)."""
+        with self._store.lexical() as index:
+            return index.rank(tenant, workspace, stats, weights, k1=k1, b=b, now_ms=now_ms, half_life_ms=half_life_ms,
+                              lexical_weight=lexical_weight, max_accepted_cursor=max_accepted_cursor,
+                              best_bm25=best_bm25, after=after, limit=limit)
 
     def put_vector(self, tenant: str, workspace: str, record_id: str, model: str, vector: list[float]) -> None:
         self._con.execute("INSERT INTO vectors VALUES (?, ?, ?, ?, ?)", [record_id, tenant, workspace, model, vector])
@@ -566,6 +515,7 @@ class DuckDBTx:
                                           [tenant, workspace])[0])
             self._con.execute(f"DELETE FROM {table} WHERE tenant = ? AND workspace = ?", [tenant, workspace])
         self._con.execute("DELETE FROM term_stats WHERE tenant = ? AND workspace = ?", [tenant, workspace])
+        self.lexical_ops.append(("drop_scope", tenant, workspace))
         return counts
 
     def projection_counts(self, tenant: str, workspace: str) -> dict[str, int]:
@@ -636,13 +586,15 @@ class DuckDBStore:
         self._local = threading.local()
         self._open = True
         self.check_migrations(apply=migrate)
-        if migrate:
-            try:
-                self.cluster_postings()
-            except duckdb.Error:
-                pass  # an optimization: the store opens in admission order rather than not at all
         row = self._con.execute("SELECT seq, row_digest FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
         self.audit_head: tuple[int, str] = (int(row[0]), row[1]) if row else (0, GENESIS)
+        # The lexical index is published together with commits: a reader never starts a snapshot
+        # that sees a commit whose index changes are not applied yet (lexical_index.py).
+        self._publish = threading.Lock()
+        self._index = LexicalIndex()
+        self._index_stale = True
+        if migrate:
+            self._reload_index()
 
     # -- migrations ------------------------------------------------------------------
     def check_migrations(self, *, apply: bool) -> list[int]:
@@ -674,39 +626,6 @@ class DuckDBStore:
             applied.append(m.version)
         return applied
 
-    def cluster_postings(self, *, force: bool = False) -> bool:
-        """Rewrite postings in (scope, term, doc) order when the part appended since the last
-        rewrite has grown past ``max(CLUSTER_MIN_TAIL, clustered / 4)`` rows (or ``force``).
-
-        Admissions append postings in admission order, where every row group spans every
-        term and a query term reads them all; in term order DuckDB's zone maps skip all but
-        the row groups holding the query's terms (at 100k records, the BM25 query took half
-        the time). One transaction: a crash leaves the old table. Run at open (no readers
-        yet); returns whether it rewrote.
-        """
-        with self._write_lock:
-            con = self._con
-            rows = int(con.execute("SELECT count(*) FROM postings").fetchone()[0])  # type: ignore[index]
-            meta = con.execute("SELECT v FROM store_meta WHERE k = 'postings_clustered_rows'").fetchone()
-            clustered = int(meta[0]) if meta else 0
-            if not force and rows - clustered <= max(CLUSTER_MIN_TAIL, clustered // 4):
-                return False
-            con.execute("BEGIN TRANSACTION")
-            try:
-                con.execute("CREATE TABLE postings_by_term AS SELECT * FROM postings "
-                            "ORDER BY tenant, workspace, term, doc")
-                con.execute("DROP INDEX postings_record")
-                con.execute("DROP TABLE postings")
-                con.execute("ALTER TABLE postings_by_term RENAME TO postings")
-                con.execute("CREATE INDEX postings_record ON postings (record_id)")
-                con.execute("INSERT INTO store_meta VALUES ('postings_clustered_rows', ?) "
-                            "ON CONFLICT (k) DO UPDATE SET v = excluded.v", [str(rows)])
-                con.execute("COMMIT")
-            except Exception:
-                con.execute("ROLLBACK")
-                raise
-            return True
-
     def migrate(self) -> list[int]:
         """Re-verify the ledger and apply pending migrations, serialized with writers."""
         with self._write_lock:
@@ -737,21 +656,63 @@ class DuckDBStore:
                 except duckdb.Error:
                     pass
                 raise
-            try:
-                con.execute("COMMIT")
-            except duckdb.Error as exc:
-                # The commit may or may not have reached the WAL.
-                raise EngramError(Code.MUTATION_OUTCOME_UNKNOWN, f"commit failed: {type(exc).__name__}") from None
+            if tx.lexical_ops:
+                with self._publish:
+                    self._commit(con)
+                    try:
+                        self._index.apply(tx.lexical_ops)
+                    except Exception:
+                        self._index_stale = True  # rebuilt from the database before the next search
+            else:
+                self._commit(con)
             if tx.audit_head is not None:
                 self.audit_head = tx.audit_head
 
+    def _commit(self, con: duckdb.DuckDBPyConnection) -> None:
+        try:
+            con.execute("COMMIT")
+        except duckdb.Error as exc:
+            # The commit may or may not have reached the WAL; the index cannot know either.
+            self._index_stale = True
+            raise EngramError(Code.MUTATION_OUTCOME_UNKNOWN, f"commit failed: {type(exc).__name__}") from None
+
     @contextmanager
-    def read(self) -> Iterator[DuckDBTx]:
+    def lexical(self) -> Iterator[LexicalIndex]:
+        """The in-memory lexical index, rebuilt from the database first if it may be behind."""
+        with self._publish:
+            if self._index_stale:
+                self._reload_index()
+            yield self._index
+
+    def reload_lexical(self) -> None:
+        """Rebuild the lexical index from the database (after writes that bypass ``DuckDBTx``)."""
+        with self._publish:
+            self._reload_index()
+
+    def _reload_index(self) -> None:
+        cur = self._con.cursor()
+        try:
+            cur.execute("BEGIN TRANSACTION")
+            index = LexicalIndex()
+            index.load(cur)
+            cur.execute("ROLLBACK")
+        finally:
+            cur.close()
+        self._index, self._index_stale = index, False
+
+    @contextmanager
+    def read(self, *, snapshot: bool = True) -> Iterator[DuckDBTx]:
+        """A reader on this thread's cursor: one consistent snapshot, or (``snapshot=False``)
+        each statement on its own latest committed state, which saves the transaction's
+        statements where the caller revalidates what it reads (search)."""
         self._require_open()
         cur = getattr(self._local, "cursor", None)
         if cur is None:
             cur = self._con.cursor()
             self._local.cursor = cur
+        if not snapshot:
+            yield DuckDBTx(cur, self)
+            return
         cur.execute("BEGIN TRANSACTION")
         try:
             yield DuckDBTx(cur, self)
@@ -760,6 +721,19 @@ class DuckDBStore:
                 cur.execute("ROLLBACK")
             except duckdb.Error:
                 pass
+
+    def append_audit(self, row: AuditRow) -> str:
+        """Append one audit row in its own (autocommitted) transaction: a call that changed nothing."""
+        self._require_open()
+        with self._write_lock:
+            tx = DuckDBTx(self._con, self)
+            try:
+                row_digest = tx.append_audit(row)
+            except duckdb.Error as exc:
+                raise EngramError(Code.STORE_UNAVAILABLE, f"audit write failed: {type(exc).__name__}") from None
+            if tx.audit_head is not None:
+                self.audit_head = tx.audit_head
+            return row_digest
 
     def is_open(self) -> bool:
         return self._open

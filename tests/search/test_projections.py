@@ -80,3 +80,27 @@ def test_term_stats_track_postings_through_admission_and_forget(core: RunningCor
     assert _rows(core, drift, [])[0][0] == 0
     assert _rows(core, df, [gadwall]) == [(1,)] and _rows(core, df, [garganey]) == []
     assert keep
+
+
+def test_index_kept_by_commits_ranks_as_one_rebuilt_from_the_database(core: RunningCore) -> None:
+    """The in-memory lexical index is a cache of the durable projection: after admissions and a
+    forget it scores exactly as one loaded from the database (as at open)."""
+    ana = Client(core)
+    ids = [ana.remember(f"Merganser {word} rollout checklist {i}.") for i, word in
+           enumerate(["canary", "blue-green", "canary staged", "rolling", "canary rollback"])]
+    ana.forget(ids[1])
+    query = core.core.hasher.terms("merganser canary rollout checklist")
+    now = core.core.now_ms()
+
+    def ranked() -> tuple:
+        with core.core.store.read() as tx:
+            stats = tx.lexical_stats("acme", "alpha", query)
+            page = tx.rank_lexical("acme", "alpha", stats, {"primary": 3.0, "context": 1.0}, k1=1.2, b=0.75,
+                                   now_ms=now, half_life_ms=86_400_000, lexical_weight=0.85,
+                                   max_accepted_cursor=2**62, best_bm25=None, after=None, limit=50)
+        return stats, page.total, [(rid, score) for rid, score, _ in page.rows], page.best_bm25
+
+    kept = ranked()
+    assert {rid for rid, _ in kept[2]} >= {ids[0], ids[2], ids[4]} and ids[1] not in {rid for rid, _ in kept[2]}
+    core.core.store.reload_lexical()
+    assert ranked() == kept

@@ -1,0 +1,393 @@
+"""The lexical projection's read side, held in memory (SPEC §11 ``offline_lexical_v1``).
+
+DuckDB holds the durable projection (``postings``, ``field_stats``, ``term_stats``),
+written in the admission and forget transactions. Scoring it with SQL meant reading
+and grouping every posting of every query term on each search: at 100k records that
+alone took about 20 ms. This index keeps the same postings as numpy arrays, so BM25
+over all matching records is a handful of vector operations, exact (no approximate
+top-k: every eligible match is scored, as the rank receipt's ``candidate_count`` says).
+
+Consistency: the index is built from the database when the store opens and after
+bulk changes, and the writer applies each committed transaction's projection changes
+(collected by ``DuckDBTx``) before readers may start a snapshot that sees the commit
+(``DuckDBStore`` holds one publish lock over both). A reader's index is therefore
+never older than its database snapshot; it may be newer, which the pinned cursors
+absorb (records accepted or changed after ``system_as_of`` are not candidates, and a
+record forgotten after the pin is gone from the index, as SPEC §5 paging requires).
+
+Per scope: postings in CSR form (sorted term keys, offsets) plus a small append
+buffer merged once it grows; per-record metadata columns for read-time eligibility;
+forgotten records are masked until the next merge drops their postings. No plaintext:
+terms are the keyed hashes the postings table stores.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engram_core.store.port import LexicalPage, LexicalStats
+
+FIELDS = ("primary", "decision", "evidence", "context", "citations")
+FIELD_CODE = {name: i for i, name in enumerate(FIELDS)}
+NEVER = np.iinfo(np.int64).max  # no valid_time end / no expiry
+MERGE_AT = 65_536  # buffered postings of a scope before they are merged into its arrays
+
+
+@dataclass
+class RecordMeta:
+    """What read-time eligibility needs of one indexed record (SPEC §5)."""
+
+    record_id: str
+    current: bool  # state == accepted_current
+    accepted_cursor: int
+    state_cursor: int
+    valid_t: int
+    valid_t_end: int | None
+    expires_at_ms: int | None
+
+
+@dataclass
+class Posting:
+    term: int
+    field: str
+    tf: int
+    field_len: int
+
+
+class _Columns:
+    """Growable per-record columns of one scope, indexed by the scope's local document number."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.record_ids: list[str] = []
+        cap = 1024
+        self.live = np.zeros(cap, dtype=bool)
+        self.current = np.zeros(cap, dtype=bool)
+        self.accepted = np.zeros(cap, dtype=np.int64)
+        self.changed = np.zeros(cap, dtype=np.int64)
+        self.valid_t = np.zeros(cap, dtype=np.int64)
+        self.valid_end = np.zeros(cap, dtype=np.int64)
+        self.expires = np.zeros(cap, dtype=np.int64)
+
+    _ARRAYS = ("live", "current", "accepted", "changed", "valid_t", "valid_end", "expires")
+
+    def add(self, meta: RecordMeta) -> int:
+        if self.n == len(self.live):
+            for name in self._ARRAYS:
+                old = getattr(self, name)
+                grown = np.zeros(len(old) * 2, dtype=old.dtype)
+                grown[: self.n] = old[: self.n]
+                setattr(self, name, grown)
+        doc = self.n
+        self.n += 1
+        self.record_ids.append(meta.record_id)
+        self.live[doc] = True
+        self.set(doc, meta)
+        return doc
+
+    def set(self, doc: int, meta: RecordMeta) -> None:
+        self.current[doc] = meta.current
+        self.accepted[doc] = meta.accepted_cursor
+        self.changed[doc] = meta.state_cursor
+        self.valid_t[doc] = meta.valid_t
+        self.valid_end[doc] = NEVER if meta.valid_t_end is None else meta.valid_t_end
+        self.expires[doc] = NEVER if meta.expires_at_ms is None else meta.expires_at_ms
+
+    def eligible(self, *, now_ms: int, max_cursor: int) -> np.ndarray:
+        """SPEC §5 eligibility as of the pin, over every local document."""
+        n = self.n
+        return (self.live[:n] & self.current[:n] & (self.accepted[:n] <= max_cursor) & (self.changed[:n] <= max_cursor)
+                & (self.valid_t[:n] <= now_ms) & (self.valid_end[:n] >= now_ms) & (self.expires[:n] > now_ms))
+
+
+@dataclass
+class _Postings:
+    """Postings of one scope sorted by term: ``terms[i]`` owns rows ``starts[i]:starts[i + 1]``."""
+
+    terms: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    starts: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
+    df: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    doc: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    fld: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int8))
+    tf: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
+    flen: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
+
+    @classmethod
+    def build(cls, term: np.ndarray, doc: np.ndarray, fld: np.ndarray, tf: np.ndarray, flen: np.ndarray) -> _Postings:
+        order = np.lexsort((doc, term))
+        term, doc, fld, tf, flen = term[order], doc[order], fld[order], tf[order], flen[order]
+        if len(term) == 0:
+            return cls()
+        boundary = np.flatnonzero(np.diff(term)) + 1
+        starts = np.concatenate(([0], boundary, [len(term)])).astype(np.int64)
+        # Document frequency: distinct documents per term (a document has one row per field).
+        new_doc = np.ones(len(term), dtype=bool)
+        new_doc[1:] = (term[1:] != term[:-1]) | (doc[1:] != doc[:-1])
+        df = np.add.reduceat(new_doc.astype(np.int64), starts[:-1])
+        return cls(terms=term[starts[:-1]], starts=starts, df=df, doc=doc.astype(np.int32), fld=fld.astype(np.int8),
+                   tf=tf.astype(np.float64), flen=flen.astype(np.float64))
+
+    def slice_of(self, term: int) -> slice | None:
+        i = int(np.searchsorted(self.terms, term))
+        if i < len(self.terms) and self.terms[i] == term:
+            return slice(int(self.starts[i]), int(self.starts[i + 1]))
+        return None
+
+    def df_of(self, term: int) -> int:
+        i = int(np.searchsorted(self.terms, term))
+        return int(self.df[i]) if i < len(self.terms) and self.terms[i] == term else 0
+
+
+class _Scope:
+    def __init__(self) -> None:
+        self.columns = _Columns()
+        self.local: dict[str, int] = {}
+        self.base = _Postings()
+        self.buffer: dict[int, list[tuple[int, int, int, int]]] = {}  # term -> [(doc, field, tf, field_len)]
+        self.buffered = 0
+        self.df_delta: dict[int, int] = {}
+        self.field_docs = [0] * len(FIELDS)
+        self.field_len = [0] * len(FIELDS)
+        self.docs = 0
+        self.terms_of: dict[int, list[tuple[int, int, int]]] = {}  # doc -> [(term, field, field_len)] for removal
+
+    def df(self, term: int) -> int:
+        return self.base.df_of(term) + self.df_delta.get(term, 0)
+
+    def add(self, meta: RecordMeta, postings: list[Posting]) -> None:
+        if meta.record_id in self.local:
+            self.remove(meta.record_id)
+        doc = self.columns.add(meta)
+        self.local[meta.record_id] = doc
+        lengths: dict[int, int] = {}
+        for p in postings:
+            code = FIELD_CODE[p.field]
+            self.buffer.setdefault(p.term, []).append((doc, code, p.tf, p.field_len))
+            lengths[code] = p.field_len
+        for term in {p.term for p in postings}:
+            self.df_delta[term] = self.df_delta.get(term, 0) + 1
+        for code, length in lengths.items():
+            self.field_docs[code] += 1
+            self.field_len[code] += length
+        self.docs += 1
+        self.buffered += len(postings)
+        self.terms_of[doc] = [(p.term, FIELD_CODE[p.field], p.field_len) for p in postings]
+        if self.buffered >= MERGE_AT:
+            self.merge()
+
+    def remove(self, record_id: str) -> None:
+        doc = self.local.pop(record_id, None)
+        if doc is None or not self.columns.live[doc]:
+            return
+        self.columns.live[doc] = False
+        rows = self.terms_of.pop(doc, None)
+        if rows is None:
+            rows = self._rows_of(doc)
+        if not rows:
+            return  # as the database's unindex: a record without postings leaves the statistics alone
+        for term in {t for t, _, _ in rows}:
+            self.df_delta[term] = self.df_delta.get(term, 0) - 1
+        for code, length in {(c, n) for _, c, n in rows}:
+            self.field_docs[code] -= 1
+            self.field_len[code] -= length
+        self.docs -= 1
+
+    def _rows_of(self, doc: int) -> list[tuple[int, int, int]]:
+        """The (term, field, field_len) rows of a merged document (rare: forget of an older record)."""
+        hits = np.flatnonzero(self.base.doc == doc)
+        owner = np.searchsorted(self.base.starts, hits, side="right") - 1
+        return [(int(self.base.terms[o]), int(self.base.fld[h]), int(self.base.flen[h])) for h, o in zip(hits, owner, strict=True)]
+
+    def set_state(self, record_id: str, current: bool, state_cursor: int) -> None:
+        doc = self.local.get(record_id)
+        if doc is not None:
+            self.columns.current[doc] = current
+            self.columns.changed[doc] = state_cursor
+
+    def merge(self) -> None:
+        """Fold the buffer into the sorted arrays and drop postings of removed documents."""
+        b = self.base
+        parts = [(b.terms.repeat(np.diff(b.starts)), b.doc, b.fld, b.tf, b.flen)]
+        if self.buffer:
+            rows = [(t, *r) for t, rs in self.buffer.items() for r in rs]
+            arr = np.array(rows, dtype=np.int64)
+            parts.append((arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], arr[:, 4]))
+        term, doc, fld, tf, flen = (np.concatenate([p[i] for p in parts]) for i in range(5))
+        keep = self.columns.live[doc.astype(np.int64)]
+        self.base = _Postings.build(term[keep], doc[keep], fld[keep], tf[keep], flen[keep])
+        self.buffer, self.buffered, self.df_delta, self.terms_of = {}, 0, {}, {}
+
+    def term_rows(self, term: int) -> tuple[np.ndarray, ...] | None:
+        parts = []
+        s = self.base.slice_of(term)
+        if s is not None:
+            b = self.base
+            parts.append((b.doc[s], b.fld[s], b.tf[s], b.flen[s]))
+        extra = self.buffer.get(term)
+        if extra:
+            arr = np.array(extra, dtype=np.int64)
+            parts.append((arr[:, 0], arr[:, 1], arr[:, 2].astype(np.float64), arr[:, 3].astype(np.float64)))
+        if not parts:
+            return None
+        if len(parts) == 1:
+            return parts[0]
+        return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))
+
+
+class LexicalIndex:
+    """All scopes' lexical projections in memory. Not thread-safe by itself: ``DuckDBStore``
+    serializes changes with its publish lock; searches read arrays that changes replace
+    rather than mutate in place, except per-record columns, whose single-element updates
+    the pinned cursors make harmless."""
+
+    def __init__(self) -> None:
+        self._scopes: dict[tuple[str, str], _Scope] = {}
+        self._scope_of: dict[str, tuple[str, str]] = {}
+
+    # -- changes (applied by the writer after commit) -----------------------------
+    def apply(self, ops: Iterable[tuple[Any, ...]]) -> None:
+        for op in ops:
+            kind = op[0]
+            if kind == "index":
+                _, tenant, workspace, meta, postings = op
+                self._scopes.setdefault((tenant, workspace), _Scope()).add(meta, postings)
+                self._scope_of[meta.record_id] = (tenant, workspace)
+            elif kind == "unindex":
+                scope = self._scopes.get((op[1], op[2]))
+                if scope is not None:
+                    scope.remove(op[3])
+                self._scope_of.pop(op[3], None)
+            elif kind == "state":
+                _, record_id, current, state_cursor = op
+                key = self._scope_of.get(record_id)
+                if key is not None:
+                    self._scopes[key].set_state(record_id, current, state_cursor)
+            elif kind == "drop_scope":
+                dropped = self._scopes.pop((op[1], op[2]), None)
+                for record_id in dropped.local if dropped else ():
+                    self._scope_of.pop(record_id, None)
+            else:
+                raise ValueError(f"unknown lexical change {kind!r}")
+
+    def load(self, con: Any) -> None:
+        """(Re)build every scope from the database's committed projection."""
+        self._scopes, self._scope_of = {}, {}
+        scopes = con.execute("SELECT DISTINCT tenant, workspace FROM postings").fetchall()
+        for tenant, workspace in scopes:
+            scope = _Scope()
+            recs = con.execute(
+                "SELECT r.record_id, r.state, r.accepted_cursor, r.state_cursor, r.valid_t, r.valid_t_end, "
+                "r.expires_at_ms, r.doc FROM records r WHERE r.tenant = ? AND r.workspace = ? "
+                "AND r.doc IN (SELECT DISTINCT doc FROM postings WHERE tenant = ? AND workspace = ?) ORDER BY r.doc",
+                [tenant, workspace, tenant, workspace]).fetchall()
+            db_docs = np.array([r[7] for r in recs], dtype=np.int64)
+            for r in recs:
+                doc = scope.columns.add(RecordMeta(r[0], r[1] == "accepted_current", int(r[2]), int(r[3]), int(r[4]),
+                                                   r[5], r[6]))
+                scope.local[r[0]] = doc
+                self._scope_of[r[0]] = (tenant, workspace)
+            cols = con.execute(
+                "SELECT term, doc, list_position(?, field) - 1 AS f, tf, field_len FROM postings "
+                "WHERE tenant = ? AND workspace = ?", [list(FIELDS), tenant, workspace]).fetchnumpy()
+            local = np.searchsorted(db_docs, cols["doc"])
+            scope.base = _Postings.build(np.asarray(cols["term"], dtype=np.int64), local, np.asarray(cols["f"]),
+                                         np.asarray(cols["tf"]), np.asarray(cols["field_len"]))
+            stats = dict(((f, (int(n), int(t))) for f, n, t in con.execute(
+                "SELECT field, doc_count, total_len FROM field_stats WHERE tenant = ? AND workspace = ?",
+                [tenant, workspace]).fetchall()))
+            scope.docs = stats.pop("_docs", (0, 0))[0]
+            for name, (n, total) in stats.items():
+                if name in FIELD_CODE:
+                    scope.field_docs[FIELD_CODE[name]], scope.field_len[FIELD_CODE[name]] = n, total
+            self._scopes[(tenant, workspace)] = scope
+
+    # -- reads ----------------------------------------------------------------------
+    def stats(self, tenant: str, workspace: str, terms: list[int]) -> LexicalStats:
+        scope = self._scopes.get((tenant, workspace))
+        if scope is None:
+            return LexicalStats(docs=0, avg_len={}, df={})
+        avg = {FIELDS[c]: scope.field_len[c] / max(scope.field_docs[c], 1)
+               for c in range(len(FIELDS)) if scope.field_docs[c] > 0}
+        df = {t: n for t in sorted(set(terms)) if (n := scope.df(t)) > 0}
+        return LexicalStats(docs=scope.docs, avg_len=avg, df=df)
+
+    def rank(
+        self, tenant: str, workspace: str, stats: LexicalStats, weights: dict[str, float], *, k1: float, b: float,
+        now_ms: int, half_life_ms: int, lexical_weight: float, max_accepted_cursor: int,
+        best_bm25: float | None, after: tuple[float, int, str] | None, limit: int,
+    ) -> LexicalPage:
+        """BM25F-style ranking (SPEC §11) of records eligible at ``now_ms``, with pinned statistics.
+
+        Scores are ``lexical_weight * bm25 / best_bm25 + (1 - lexical_weight) * recency``,
+        rounded to 1e-9 so that the same inputs give the same order on every page; rows are
+        ordered by score desc, valid_t desc, record_id asc, strictly after ``after`` when
+        paging. ``best_bm25`` None means: normalize to this snapshot's best eligible hit and
+        report it (first page); later pages pass the pinned value. Records accepted, or
+        changed state, after ``max_accepted_cursor`` are not candidates.
+        """
+        scope = self._scopes.get((tenant, workspace))
+        idf = [(t, math.log(1 + (stats.docs - n + 0.5) / (n + 0.5))) for t, n in sorted(stats.df.items()) if n > 0]
+        weight = np.zeros(len(FIELDS))
+        inv_avg = np.zeros(len(FIELDS))
+        for name, w in weights.items():
+            avg = stats.avg_len.get(name)
+            if avg and name in FIELD_CODE:
+                weight[FIELD_CODE[name]], inv_avg[FIELD_CODE[name]] = w, 1.0 / avg
+        if scope is None or not idf or not weight.any():
+            return LexicalPage(0, [], best_bm25 or 0.0)
+        cols = scope.columns
+        bm25 = np.zeros(cols.n)
+        for term, term_idf in idf:
+            rows = scope.term_rows(term)
+            if rows is None:
+                continue
+            doc, fld, tf, flen = rows
+            fld = fld.astype(np.intp)
+            contrib = (weight[fld] * (term_idf * (k1 + 1))) * tf / (tf + k1 * (1 - b + b * flen * inv_avg[fld]))
+            bm25 += np.bincount(doc, weights=contrib, minlength=cols.n)
+        hit = np.flatnonzero((bm25 > 0) & cols.eligible(now_ms=now_ms, max_cursor=max_accepted_cursor))
+        if len(hit) == 0:
+            return LexicalPage(0, [], best_bm25 or 0.0)
+        raw = bm25[hit]
+        best = float(raw.max()) if best_bm25 is None else best_bm25
+        vt = cols.valid_t[hit]
+        recency = np.power(0.5, np.maximum(now_ms - vt, 0) / float(half_life_ms))
+        score = np.round(lexical_weight * raw / max(best, 1e-12) + (1 - lexical_weight) * recency, 9)
+        total = len(hit)
+        if after is not None:
+            a_score, a_vt, a_rid = after
+            later = (score < a_score) | ((score == a_score) & (vt < a_vt))
+            tie = np.flatnonzero((score == a_score) & (vt == a_vt))
+            for i in tie:
+                later[i] = cols.record_ids[hit[i]] > a_rid
+            hit, score, vt = hit[later], score[later], vt[later]
+        rows_out = _top(hit, score, vt, cols.record_ids, limit)
+        return LexicalPage(total, rows_out, best)
+
+
+def _top(hit: np.ndarray, score: np.ndarray, vt: np.ndarray, record_ids: list[str],
+         limit: int) -> list[tuple[str, float, int]]:
+    """The first ``limit`` rows by (score desc, valid_t desc, record_id asc), ties included exactly."""
+    if limit <= 0 or len(hit) == 0:
+        return []
+    if len(hit) > limit:
+        # Everything scoring at least the limit-th best score: a superset of the page.
+        kth = np.partition(score, len(score) - limit)[len(score) - limit]
+        sel = np.flatnonzero(score >= kth)
+        hit, score, vt = hit[sel], score[sel], vt[sel]
+    order = np.lexsort((-vt, -score))
+    if len(order) > limit:
+        # Keep whole (score, valid_t) tie groups at the edge: record_id decides among them.
+        end, edge = limit, order[limit - 1]
+        while end < len(order) and score[order[end]] == score[edge] and vt[order[end]] == vt[edge]:
+            end += 1
+        order = order[:end]
+    rows = [(record_ids[d], float(s), int(v))
+            for d, s, v in zip(hit[order].tolist(), score[order].tolist(), vt[order].tolist(), strict=True)]
+    rows.sort(key=lambda r: (-r[1], -r[2], r[0]))
+    return rows[:limit]
