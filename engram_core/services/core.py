@@ -10,6 +10,7 @@ import base64
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import EllipsisType
 from typing import Any
 
 from engram_core.canonical import digest, with_receipt_digest
@@ -22,7 +23,7 @@ from engram_core.policy.port import AUTHZ, Decision, PolicyEngine
 from engram_core.services.embedding import Embedder
 from engram_core.services.lexical import TermHasher
 from engram_core.store.duckdb_store import DuckDBStore, DuckDBTx
-from engram_core.store.port import AuditRow
+from engram_core.store.port import AuditRow, ScopeRow
 from engram_core.validation import format_instant
 
 # Longer than a loaded 2-core machine needs for an embedded decision (~0.5 ms idle),
@@ -117,13 +118,16 @@ class Core:
     def decide(self, path: str, input: dict[str, Any], call: CallRecord) -> Decision:
         return call.add(self.policy.decide(path, input, timeout_s=POLICY_TIMEOUT_S))
 
-    def authorize(self, ctx: BoundContext, operation: str, call: CallRecord, tx: DuckDBTx | None = None) -> Decision:
-        """Ask the authz policy; enforce the revocation epoch (a mechanism, not a policy choice)."""
-        if tx is None:
-            with self.store.read() as rtx:
-                scope = rtx.scope(ctx.tenant, ctx.workspace)
-        else:
-            scope = tx.scope(ctx.tenant, ctx.workspace)
+    def authorize(self, ctx: BoundContext, operation: str, call: CallRecord, tx: DuckDBTx | None = None, *,
+                  scope: ScopeRow | None | EllipsisType = ...) -> Decision:
+        """Ask the authz policy; enforce the revocation epoch (a mechanism, not a policy choice).
+        ``scope``: the scope row if the caller has just read it (search pins it anyway)."""
+        if scope is ...:
+            if tx is None:
+                with self.store.read() as rtx:
+                    scope = rtx.scope(ctx.tenant, ctx.workspace)
+            else:
+                scope = tx.scope(ctx.tenant, ctx.workspace)
         if scope is not None and ctx.authorization_epoch < scope.authorization_epoch:
             raise EngramError(Code.AUTHORIZATION_REVOKED, "context epoch older than scope epoch")
         d = self.decide(
@@ -179,8 +183,7 @@ class Core:
 
     def audit_standalone(self, ctx: BoundContext, operation: str, outcome: str, target: str, call: CallRecord) -> None:
         """Audit a call that changed nothing (reads, refusals) in its own transaction."""
-        with self.store.write() as tx:
-            tx.append_audit(self.audit_row(ctx, operation, outcome, target, call))
+        self.store.append_audit(self.audit_row(ctx, operation, outcome, target, call))
 
     def close(self) -> None:
         self.policy.close()

@@ -65,7 +65,12 @@ class Profile:
         return cfg
 
     def config_digest(self) -> str:
-        return digest("profile-config", self.config())
+        # Frozen: computed once per profile, not twice per search.
+        cached = self.__dict__.get("_config_digest")
+        if cached is None:
+            cached = digest("profile-config", self.config())
+            object.__setattr__(self, "_config_digest", cached)
+        return cached
 
 
 OFFLINE_LEXICAL_V1 = Profile(name="offline_lexical_v1", version="1")

@@ -75,6 +75,22 @@ class ReadService:
             "payload": payload, "principal": rec.principal, "agent_id": rec.agent_id,
         }
 
+    def _view_unless_forgotten(self, tx: Tx, rec: RecordRow, slot: int | None, now: int) -> dict[str, Any] | None:
+        """The record's view, or None if it was forgotten after it was read: its data key is
+        destroyed by the forget's commit, which can land between two of search's statements.
+        A key missing from a record that is still eligible is a real BLOB_MISSING."""
+        try:
+            if slot is None:
+                raise EngramError(Code.BLOB_MISSING, "record body unreadable")
+            return self._record_view(rec, slot)
+        except EngramError as exc:
+            if exc.code is not Code.BLOB_MISSING:
+                raise
+            again = tx.record(rec.tenant, rec.workspace, rec.record_id)
+            if again is not None and eligible(again, now):
+                raise
+            return None
+
     def _redaction(self, ctx: BoundContext, operation: str, call: CallRecord) -> tuple[set[str], int, str]:
         d = self.core.decide(
             REDACTION,
@@ -149,45 +165,47 @@ class ReadService:
         call = CallRecord()
         validate_arguments(SEARCH_TOOL, args)
         self.bind_purpose(ctx, args["purpose_ref"])
-        authz = self.core.authorize(ctx, SEARCH_TOOL, call)
-        profile = self._profile_for(args)
-        limit = args.get("limit", DEFAULT_LIMIT)
-        params = {k: args[k] for k in ("limit", "max_packet_bytes", "capability_policy") if k in args}
-        request_digest = digest("query", {"query": args["query"], "params": params})
-        binding = Binding(ctx.principal, ctx.tenant, ctx.workspace, request_digest, profile.config_digest())
-        if "page_cursor" in args:
-            pin, pin_id, offset, after = self._resume(args["page_cursor"], binding)
-            with self.core.store.read() as tx:
+        # No snapshot transaction: every statement reads the latest committed state. The scope
+        # row pins the search (system_as_of), ranking only admits records accepted and unchanged
+        # as of the pin, and the final revalidation re-checks every returned record, so a
+        # transaction would only add statements (SPEC §11: revalidate after ranking).
+        with self.core.store.read(snapshot=False) as tx:
+            scope = tx.pin_scope(ctx.tenant, ctx.workspace)
+            authz = self.core.authorize(ctx, SEARCH_TOOL, call, scope=scope)
+            profile = self._profile_for(args)
+            limit = args.get("limit", DEFAULT_LIMIT)
+            params = {k: args[k] for k in ("limit", "max_packet_bytes", "capability_policy") if k in args}
+            request_digest = digest("query", {"query": args["query"], "params": params})
+            binding = Binding(ctx.principal, ctx.tenant, ctx.workspace, request_digest, profile.config_digest())
+            if "page_cursor" in args:
+                pin, pin_id, offset, after = self._resume(args["page_cursor"], binding)
                 rows = self._next_rows(tx, ctx, profile, pin, after=after, offset=offset, limit=limit + 1)
-                recs = tx.records(ctx.tenant, ctx.workspace, [r[0] for r in rows[:limit]])
-                slots = self._slots(tx, list(recs))
-        else:
-            offset = 0
-            query_vector = self.core.embedder.embed(args["query"]) if profile.semantic else None
-            with self.core.store.read() as tx:
-                scope = tx.scope(ctx.tenant, ctx.workspace)
+            else:
+                offset, pin_id = 0, ""
+                query_vector = self.core.embedder.embed(args["query"]) if profile.semantic else None
                 pin = Pin(binding=binding, system_as_of=scope.last_cursor if scope else 0,
                           valid_as_of=self.core.now_ms(), candidate_count=0, created_ms=self.core.now_ms())
                 rows = self._first_rows(tx, ctx, profile, pin, args["query"], query_vector, limit=limit + 1)
-                recs = tx.records(ctx.tenant, ctx.workspace, [r[0] for r in rows[:limit]])
-                slots = self._slots(tx, list(recs))
-            pin_id = ""
-        more = len(rows) > limit
-        if more and not pin_id:
-            pin_id = self.pins.put(pin)  # only searches with a next page keep a pin
-        rows = rows[:limit]
-        # Final revalidation at read time (SPEC §11): anything no longer eligible is dropped,
-        # and its slot is never refilled from an unvalidated list.
-        now = self.core.now_ms()
-        kept = [(i, r) for i, r in enumerate(rows) if r[0] in recs and eligible(recs[r[0]], now)]
-        allow, cap, redaction_policy = self._redaction(ctx, SEARCH_TOOL, call)
-        max_bytes = min(args.get("max_packet_bytes", DEFAULT_PACKET), cap)
-        packets = []
-        for i, (rid, score, _vt) in kept:
-            record, omitted, redaction_receipt = self._redact(self._record_view(recs[rid], slots.get(rid)), allow,
-                                                              redaction_policy)
-            packets.append({"record": record, "redacted_fields": omitted, "redaction_receipt_digest": redaction_receipt,
-                            "score": score, "rank": offset + i + 1})
+            recs = tx.records(ctx.tenant, ctx.workspace, [r[0] for r in rows[:limit]])
+            slots = self._slots(tx, list(recs))
+            more = len(rows) > limit
+            if more and not pin_id:
+                pin_id = self.pins.put(pin)  # only searches with a next page keep a pin
+            rows = rows[:limit]
+            # Final revalidation at read time (SPEC §11): anything no longer eligible is dropped,
+            # and its slot is never refilled from an unvalidated list.
+            now = self.core.now_ms()
+            kept = [(i, r) for i, r in enumerate(rows) if r[0] in recs and eligible(recs[r[0]], now)]
+            allow, cap, redaction_policy = self._redaction(ctx, SEARCH_TOOL, call)
+            max_bytes = min(args.get("max_packet_bytes", DEFAULT_PACKET), cap)
+            packets = []
+            for i, (rid, score, _vt) in kept:
+                view = self._view_unless_forgotten(tx, recs[rid], slots.get(rid), now)
+                if view is not None:
+                    record, omitted, redaction_receipt = self._redact(view, allow, redaction_policy)
+                    packets.append({"record": record, "redacted_fields": omitted,
+                                    "redaction_receipt_digest": redaction_receipt, "score": score,
+                                    "rank": offset + i + 1})
         issued = self.core.instant(now)
         ordered = [p["record"]["record_id"] for p in packets]
         rank_receipt = with_receipt_digest({
@@ -198,7 +216,7 @@ class ReadService:
             "candidate_count": pin.candidate_count, "ordered_ids_digest": digest("ordered-ids", ordered),
             "revalidation_receipt_digest": with_receipt_digest({
                 "kind": "revalidation", "checked_at": issued, "kept": ordered,
-                "dropped": len(rows) - len(kept)})["receipt_digest"],
+                "dropped": len(rows) - len(packets)})["receipt_digest"],
             "issued_at": issued,
         })
         response: dict[str, Any] = {"records": packets, "rank_receipt": rank_receipt}
