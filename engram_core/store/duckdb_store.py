@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -74,9 +75,13 @@ def audit_digest_of(row: dict[str, Any]) -> str:
 class DuckDBTx:
     """Domain operations over one DuckDB connection inside a transaction."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, store: DuckDBStore) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, store: DuckDBStore, *, writing: bool = False) -> None:
         self._con = con
         self._store = store
+        # A writer (the only one: the store's write lock) reads scope rows from the store's
+        # committed copy plus its own changes, which the store publishes after COMMIT.
+        self._writing = writing
+        self.scope_changes: dict[tuple[str, str], ScopeRow] = {}
         self.audit_head: tuple[int, str] | None = None  # set by append_audit
         # Slots of data keys destroyed in this transaction: the caller zeroes
         # them in the KeyVault after commit (SPEC §10 crypto-shredding).
@@ -92,12 +97,21 @@ class DuckDBTx:
 
     # -- scopes, cursors, journal ------------------------------------------
     def pin_scope(self, tenant: str, workspace: str) -> ScopeRow | None:
-        """The scope row, read so that the lexical index is at least as new as it: its
-        ``last_cursor`` can pin a search (``DuckDBStore`` publishes index changes with commits)."""
-        with self._store._publish:
-            return self.scope(tenant, workspace)
+        """The committed scope row, published together with the lexical index: the index is at
+        least as new as this row, so its ``last_cursor`` can pin a search."""
+        return self._store.committed_scope(tenant, workspace)
 
     def scope(self, tenant: str, workspace: str) -> ScopeRow | None:
+        key = (tenant, workspace)
+        if self._writing:
+            if key in self.scope_changes:
+                return self.scope_changes[key]
+            committed = self._store.committed_scopes()
+            if committed is not None:
+                return committed.get(key)
+        return self._scope_from_db(tenant, workspace)
+
+    def _scope_from_db(self, tenant: str, workspace: str) -> ScopeRow | None:
         row = self._one(
             "SELECT tenant, workspace, activated, tools, authorization_epoch, last_cursor, last_event_digest "
             "FROM scopes WHERE tenant = ? AND workspace = ?",
@@ -107,30 +121,34 @@ class DuckDBTx:
             return None
         return ScopeRow(row[0], row[1], row[2], tuple(json.loads(row[3])), row[4], int(row[5]), row[6])
 
+    def _changed(self, row: ScopeRow) -> ScopeRow:
+        self.scope_changes[(row.tenant, row.workspace)] = row
+        return row
+
     def _ensure_scope(self, tenant: str, workspace: str) -> ScopeRow:
         row = self.scope(tenant, workspace)
         if row is None:
             self._con.execute(
                 "INSERT INTO scopes VALUES (?, ?, false, '[]', 0, 0, ?)", [tenant, workspace, GENESIS]
             )
-            row = ScopeRow(tenant, workspace, False, (), 0, 0, GENESIS)
+            row = self._changed(ScopeRow(tenant, workspace, False, (), 0, 0, GENESIS))
         return row
 
     def set_activation(self, tenant: str, workspace: str, *, activated: bool, tools: tuple[str, ...]) -> ScopeRow:
-        self._ensure_scope(tenant, workspace)
+        row = self._ensure_scope(tenant, workspace)
         self._con.execute(
             "UPDATE scopes SET activated = ?, tools = ? WHERE tenant = ? AND workspace = ?",
             [activated, json.dumps(sorted(tools)), tenant, workspace],
         )
-        return self.scope(tenant, workspace)  # type: ignore[return-value]
+        return self._changed(replace(row, activated=activated, tools=tuple(sorted(tools))))
 
     def bump_epoch(self, tenant: str, workspace: str) -> int:
-        self._ensure_scope(tenant, workspace)
+        row = self._ensure_scope(tenant, workspace)
         self._con.execute(
             "UPDATE scopes SET authorization_epoch = authorization_epoch + 1 WHERE tenant = ? AND workspace = ?",
             [tenant, workspace],
         )
-        return self.scope(tenant, workspace).authorization_epoch  # type: ignore[union-attr]
+        return self._changed(replace(row, authorization_epoch=row.authorization_epoch + 1)).authorization_epoch
 
     def append_event(
         self, tenant: str, workspace: str, *, event_id: str, operation: str, target: str,
@@ -153,6 +171,7 @@ class DuckDBTx:
             "UPDATE scopes SET last_cursor = ?, last_event_digest = ? WHERE tenant = ? AND workspace = ?",
             [cursor, ed, tenant, workspace],
         )
+        self._changed(replace(scope, last_cursor=cursor, last_event_digest=ed))
         return Event(tenant, workspace, cursor, event_id, operation, target, from_state, to_state, at_ms, body,
                      scope.last_event_digest, ed)
 
@@ -543,6 +562,7 @@ class DuckDBTx:
         self._con.execute("INSERT INTO scopes VALUES (?, ?, ?, ?, ?, ?, ?)",
                           [row.tenant, row.workspace, row.activated, json.dumps(sorted(row.tools)),
                            row.authorization_epoch, row.last_cursor, row.last_event_digest])
+        self._changed(replace(row, tools=tuple(sorted(row.tools))))
 
     def restore_event(self, e: Event) -> None:
         """Insert a verified journal event verbatim (restore); the scope row carries the chain head."""
@@ -588,13 +608,17 @@ class DuckDBStore:
         self.check_migrations(apply=migrate)
         row = self._con.execute("SELECT seq, row_digest FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
         self.audit_head: tuple[int, str] = (int(row[0]), row[1]) if row else (0, GENESIS)
-        # The lexical index is published together with commits: a reader never starts a snapshot
-        # that sees a commit whose index changes are not applied yet (lexical_index.py).
+        # What searches and the writer read instead of the database: the lexical index and the
+        # scope rows as of the last commit, published together after each COMMIT under one lock
+        # (lexical_index.py). Stale (None / True) after a commit of unknown outcome or a failed
+        # apply: then both are rebuilt from one database snapshot before they are used again.
         self._publish = threading.Lock()
         self._index = LexicalIndex()
-        self._index_stale = True
+        self._scopes: dict[tuple[str, str], ScopeRow] | None = None
+        self._stale = True
         if migrate:
-            self._reload_index()
+            with self._publish:
+                self._reload()
 
     # -- migrations ------------------------------------------------------------------
     def check_migrations(self, *, apply: bool) -> list[int]:
@@ -646,7 +670,7 @@ class DuckDBStore:
         self._require_open()
         with self._write_lock:
             con = self._con
-            tx = DuckDBTx(con, self)
+            tx = DuckDBTx(con, self, writing=True)
             con.execute("BEGIN TRANSACTION")
             try:
                 yield tx
@@ -656,15 +680,15 @@ class DuckDBStore:
                 except duckdb.Error:
                     pass
                 raise
-            if tx.lexical_ops:
+            self._commit(con)
+            if tx.lexical_ops or tx.scope_changes:
                 with self._publish:
-                    self._commit(con)
                     try:
                         self._index.apply(tx.lexical_ops)
+                        if self._scopes is not None:
+                            self._scopes.update(tx.scope_changes)
                     except Exception:
-                        self._index_stale = True  # rebuilt from the database before the next search
-            else:
-                self._commit(con)
+                        self._stale = True
             if tx.audit_head is not None:
                 self.audit_head = tx.audit_head
 
@@ -672,33 +696,48 @@ class DuckDBStore:
         try:
             con.execute("COMMIT")
         except duckdb.Error as exc:
-            # The commit may or may not have reached the WAL; the index cannot know either.
-            self._index_stale = True
+            # The commit may or may not have reached the WAL; the committed copies cannot know either.
+            with self._publish:
+                self._stale, self._scopes = True, None
             raise EngramError(Code.MUTATION_OUTCOME_UNKNOWN, f"commit failed: {type(exc).__name__}") from None
 
     @contextmanager
     def lexical(self) -> Iterator[LexicalIndex]:
-        """The in-memory lexical index, rebuilt from the database first if it may be behind."""
+        """The in-memory lexical index (rebuilt from the database first if it may be behind)."""
         with self._publish:
-            if self._index_stale:
-                self._reload_index()
+            if self._stale:
+                self._reload()
             yield self._index
 
-    def reload_lexical(self) -> None:
-        """Rebuild the lexical index from the database (after writes that bypass ``DuckDBTx``)."""
+    def committed_scope(self, tenant: str, workspace: str) -> ScopeRow | None:
+        """The scope row as of the last commit whose changes the lexical index holds."""
         with self._publish:
-            self._reload_index()
+            if self._stale:
+                self._reload()
+            return self._scopes.get((tenant, workspace)) if self._scopes is not None else None
 
-    def _reload_index(self) -> None:
+    def committed_scopes(self) -> dict[tuple[str, str], ScopeRow] | None:
+        """The writer's view of committed scope rows; None (read the database) when stale."""
+        return None if self._stale else self._scopes
+
+    def reload_lexical(self) -> None:
+        """Rebuild the committed copies from the database (after writes that bypass ``DuckDBTx``)."""
+        with self._publish:
+            self._reload()
+
+    def _reload(self) -> None:
         cur = self._con.cursor()
         try:
             cur.execute("BEGIN TRANSACTION")
             index = LexicalIndex()
             index.load(cur)
+            scopes = {(r[0], r[1]): ScopeRow(r[0], r[1], r[2], tuple(json.loads(r[3])), r[4], int(r[5]), r[6])
+                      for r in cur.execute("SELECT tenant, workspace, activated, tools, authorization_epoch, "
+                                           "last_cursor, last_event_digest FROM scopes").fetchall()}
             cur.execute("ROLLBACK")
         finally:
             cur.close()
-        self._index, self._index_stale = index, False
+        self._index, self._scopes, self._stale = index, scopes, False
 
     @contextmanager
     def read(self, *, snapshot: bool = True) -> Iterator[DuckDBTx]:
