@@ -86,6 +86,7 @@ def build_backup(tx: DuckDBTx, *, created_at: str, scope: tuple[str, str] | None
         for rec in tx.scope_records(s.tenant, s.workspace):
             owners.add(f"record:{rec.record_id}")
             item = asdict(rec)
+            item.pop("key_slot")  # a slot of this store's vault: restore seals under new keys
             item["sealed_body"] = base64.b64encode(rec.sealed_body).decode() if rec.sealed_body is not None else ""
             if rec.state != "tombstoned":
                 owner = f"record:{rec.record_id}"
@@ -192,7 +193,7 @@ class ParsedBackup:
 
 
 def _record_row(r: dict[str, Any]) -> RecordRow:
-    fields = {k: r.get(k) for k in RecordRow.__dataclass_fields__}
+    fields = {k: r.get(k) for k in RecordRow.__dataclass_fields__ if k != "key_slot"}
     fields["sealed_body"] = base64.b64decode(r["sealed_body"], validate=True) if r.get("sealed_body") else None
     return RecordRow(**fields)
 
@@ -297,7 +298,7 @@ class BackupService:
             for rec in parsed.records:
                 if rec.record_id in bodies:
                     slot, sealed, payload = bodies[rec.record_id]
-                    tx.insert_record(RecordRow(**{**asdict(rec), "sealed_body": sealed}))
+                    tx.insert_record(RecordRow(**{**asdict(rec), "sealed_body": sealed, "key_slot": slot}))
                     tx.put_data_key(f"record:{rec.record_id}", slot, now)
                     tx.index_record(rec.tenant, rec.workspace, rec.record_id, record_fields(payload, self.core.hasher))
                     self.memory.index_vector(tx, replace(ctx, tenant=rec.tenant, workspace=rec.workspace),

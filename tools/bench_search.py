@@ -122,7 +122,7 @@ def bulk_load(running: RunningCore, n: int, *, distinct: int, batch: int, seed: 
                     trust_class="asserted", principal="user:bench", agent_id="agent-bench",
                     valid_t=eff["valid_time"]["t"], valid_t_end=None, expires_at_ms=None,
                     derivative_rule="make-ineligible", accepted_at_ms=now, accepted_cursor=cur, state_cursor=cur,
-                    successor_id=None, sealed_body=body))
+                    successor_id=None, sealed_body=body, key_slot=slot))
                 tx.put_data_key(f"record:{rid}", slot, now)
                 if vectors is not None:
                     tx.put_vector(TENANT, WORKSPACE, rid, core.embedder.model_id, vectors[k])  # type: ignore[union-attr]
@@ -130,8 +130,7 @@ def bulk_load(running: RunningCore, n: int, *, distinct: int, batch: int, seed: 
                             f"SELECT p.*, r.doc FROM read_csv('{postings}', header=false, columns="
                             "{'a':'VARCHAR','b':'VARCHAR','c':'BIGINT','d':'VARCHAR','e':'VARCHAR','f':'INTEGER',"
                             "'g':'INTEGER'}) p JOIN records r ON r.record_id = p.d")
-            tx._con.execute("UPDATE scopes SET last_cursor = ? WHERE tenant = ? AND workspace = ?",
-                            [cursor, TENANT, WORKSPACE])
+            tx.set_scope_head(TENANT, WORKSPACE, cursor, tx.scope(TENANT, WORKSPACE).last_event_digest)  # type: ignore[union-attr]
         print(f"  loaded {min(n, start + batch)}/{n} ({time.perf_counter() - t0:.0f} s)", flush=True)
     with core.store.write() as tx:
         for name in [*totals, "_docs"]:

@@ -371,7 +371,7 @@ class MemoryService(ReadService):
                         expires_at_ms=parse_instant(expires) if expires else None,
                         derivative_rule=retention.get("derivative_rule", "make-ineligible"),
                         accepted_at_ms=now, accepted_cursor=event.cursor, state_cursor=event.cursor,
-                        successor_id=None, sealed_body=body,
+                        successor_id=None, sealed_body=body, key_slot=record_slot,
                     ))
                     tx.put_data_key(f"record:{record_id}", record_slot, now)  # type: ignore[arg-type]
                     tx.index_record(ctx.tenant, ctx.workspace, record_id, fields)

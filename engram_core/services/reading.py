@@ -54,12 +54,18 @@ class ReadService:
 
     # -- record views -----------------------------------------------------------------
     @staticmethod
-    def _slots(tx: Tx, record_ids: list[str]) -> dict[str, int]:
-        slots = tx.data_key_slots([f"record:{rid}" for rid in record_ids])
-        return {owner.removeprefix("record:"): slot for owner, slot in slots.items()}
+    def _slots(tx: Tx, recs: dict[str, RecordRow]) -> dict[str, int]:
+        """Data key slots of the records: from their rows, or data_keys for rows without one."""
+        slots = {rid: rec.key_slot for rid, rec in recs.items() if rec.key_slot is not None}
+        missing = [f"record:{rid}" for rid in recs if rid not in slots]
+        if missing:
+            slots.update({owner.removeprefix("record:"): slot for owner, slot in tx.data_key_slots(missing).items()})
+        return slots
 
     def _record_view(self, rec: RecordRow, slot: int | None = None) -> dict[str, Any]:
         owner = f"record:{rec.record_id}"
+        if slot is None:
+            slot = rec.key_slot
         if slot is None:
             with self.core.store.read() as tx:
                 slot = tx.data_key_slot(owner)
@@ -187,7 +193,7 @@ class ReadService:
                           valid_as_of=self.core.now_ms(), candidate_count=0, created_ms=self.core.now_ms())
                 rows = self._first_rows(tx, ctx, profile, pin, args["query"], query_vector, limit=limit + 1)
             recs = tx.records(ctx.tenant, ctx.workspace, [r[0] for r in rows[:limit]])
-            slots = self._slots(tx, list(recs))
+            slots = self._slots(tx, recs)
             more = len(rows) > limit
             if more and not pin_id:
                 pin_id = self.pins.put(pin)  # only searches with a next page keep a pin

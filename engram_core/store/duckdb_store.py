@@ -42,7 +42,7 @@ GENESIS = "sha256:" + "0" * 64
 _RECORD_COLS = (
     "record_id, tenant, workspace, candidate_id, record_digest, payload_digest, state, trust_class, principal, "
     "agent_id, valid_t, valid_t_end, expires_at_ms, derivative_rule, accepted_at_ms, accepted_cursor, "
-    "state_cursor, successor_id, sealed_body"
+    "state_cursor, successor_id, sealed_body, key_slot"
 )
 _CANDIDATE_COLS = (
     "candidate_id, tenant, workspace, principal, agent_id, session, state, payload_digest, record_digest, "
@@ -175,6 +175,13 @@ class DuckDBTx:
         return Event(tenant, workspace, cursor, event_id, operation, target, from_state, to_state, at_ms, body,
                      scope.last_event_digest, ed)
 
+    def set_scope_head(self, tenant: str, workspace: str, cursor: int, event_digest: str) -> None:
+        """Move the scope's journal head past events a bulk loader inserted itself (tools/bench)."""
+        row = self._ensure_scope(tenant, workspace)
+        self._con.execute("UPDATE scopes SET last_cursor = ?, last_event_digest = ? WHERE tenant = ? AND workspace = ?",
+                          [cursor, event_digest, tenant, workspace])
+        self._changed(replace(row, last_cursor=cursor, last_event_digest=event_digest))
+
     def events(self, tenant: str, workspace: str, from_cursor: int, to_cursor: int | None) -> list[Event]:
         rows = self._all(
             "SELECT tenant, workspace, cursor, event_id, operation, target, from_state, to_state, at_ms, body, "
@@ -286,11 +293,11 @@ class DuckDBTx:
     # -- records -----------------------------------------------------------------
     def insert_record(self, row: RecordRow) -> None:
         self._con.execute(
-            f"INSERT INTO records ({_RECORD_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO records ({_RECORD_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [row.record_id, row.tenant, row.workspace, row.candidate_id, row.record_digest, row.payload_digest,
              row.state, row.trust_class, row.principal, row.agent_id, row.valid_t, row.valid_t_end,
              row.expires_at_ms, row.derivative_rule, row.accepted_at_ms, row.accepted_cursor, row.state_cursor,
-             row.successor_id, row.sealed_body],
+             row.successor_id, row.sealed_body, row.key_slot],
         )
 
     def record(self, tenant: str, workspace: str, record_id: str) -> RecordRow | None:

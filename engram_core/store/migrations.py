@@ -119,6 +119,18 @@ CREATE TABLE term_stats (
 INSERT INTO term_stats SELECT tenant, workspace, term, count(DISTINCT record_id) FROM postings GROUP BY ALL;
 """,
     ),
+    Migration(
+        3,
+        "records carry their data key's slot",
+        # Reading a record body needed a second lookup (data_keys by owner) per read; a record's
+        # slot never changes (slots are never reused, and unwrapping is bound to the owner), so
+        # the record row can name it. data_keys stays the ledger of live keys: a forgotten
+        # record's slot is zeroed in the vault and its data_keys row deleted as before.
+        """
+ALTER TABLE records ADD COLUMN key_slot BIGINT;
+UPDATE records SET key_slot = k.slot FROM data_keys k WHERE k.owner = 'record:' || records.record_id;
+""",
+    ),
 )
 
 LEDGER_DDL = """

@@ -83,6 +83,7 @@ class RecordRow:
     state_cursor: int
     successor_id: str | None
     sealed_body: bytes | None
+    key_slot: int | None = None  # the vault slot of the record's data key (None: look it up in data_keys)
 
 
 @dataclass(frozen=True)

@@ -138,10 +138,11 @@ def load_scope(core: Core, corpus: Corpus, tenant: str, workspace: str, n: int, 
             scope = tx.scope(tenant, workspace)
             cursor, prev = scope.last_cursor, scope.last_event_digest
             journal: list[list[Any]] = [[] for _ in range(12)]
-            records: list[list[Any]] = [[] for _ in range(19)]
+            records: list[list[Any]] = [[] for _ in range(20)]
             postings: list[list[Any]] = [[] for _ in range(7)]
             stats: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-            for r in recs:
+            for r, slot in zip(recs, slots, strict=True):
+                r["slot"] = slot
                 cursor += 1
                 event_id = new_id("evt_")
                 body = {"bulk_load": True, "record_id": r["id"], "payload_digest": r["pd"]}
@@ -160,7 +161,7 @@ def load_scope(core: Core, corpus: Corpus, tenant: str, workspace: str, n: int, 
                 for col, v in zip(records, [r["id"], tenant, workspace, r["cand"], r["rd"], r["pd"],
                                             "accepted_current", "asserted", PRINCIPAL, AGENT_ID, vt["t"],
                                             vt.get("t_end"), None, "make-ineligible", now, cursor, cursor, None,
-                                            r["body"]], strict=True):
+                                            r["body"], r["slot"]], strict=True):
                     col.append(v)
                 for field_name, counts in r["fields"].items():
                     length = sum(counts.values())
@@ -176,15 +177,14 @@ def load_scope(core: Core, corpus: Corpus, tenant: str, workspace: str, n: int, 
                 "unnest($4::VARCHAR[]), unnest($5::VARCHAR[]), unnest($6::VARCHAR[]), unnest($7::VARCHAR[]), "
                 "unnest($8::VARCHAR[]), unnest($9::BIGINT[]), unnest($10::VARCHAR[]), unnest($11::VARCHAR[]), "
                 "unnest($12::VARCHAR[])", journal)
-            con.execute("UPDATE scopes SET last_cursor = ?, last_event_digest = ? WHERE tenant = ? AND workspace = ?",
-                        [cursor, prev, tenant, workspace])
+            tx.set_scope_head(tenant, workspace, cursor, prev)
             con.execute(
                 "INSERT INTO records (record_id, tenant, workspace, candidate_id, record_digest, payload_digest, "
                 "state, trust_class, principal, agent_id, valid_t, valid_t_end, expires_at_ms, derivative_rule, "
-                "accepted_at_ms, accepted_cursor, state_cursor, successor_id, sealed_body) SELECT "
+                "accepted_at_ms, accepted_cursor, state_cursor, successor_id, sealed_body, key_slot) SELECT "
                 + ", ".join(f"unnest(${k + 1}::{t}[])" for k, t in enumerate(
                     ["VARCHAR"] * 10 + ["BIGINT"] * 3 + ["VARCHAR", "BIGINT", "UBIGINT", "UBIGINT", "VARCHAR",
-                                                        "BLOB"])), records)
+                                                        "BLOB", "BIGINT"])), records)
             con.execute("INSERT INTO data_keys SELECT unnest($1::VARCHAR[]), unnest($2::BIGINT[]), $3",
                         [[f"record:{r['id']}" for r in recs], slots, now])
             cols = {r[0] for r in con.execute(
@@ -222,4 +222,5 @@ def load_scope(core: Core, corpus: Corpus, tenant: str, workspace: str, n: int, 
         ids.extend(r["id"] for r in recs)
         if progress is not None:
             progress.update(len(recs))
+    core.store.reload_lexical()  # the postings went in as raw rows, past DuckDBTx's index changes
     return ids
