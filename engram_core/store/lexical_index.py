@@ -114,8 +114,8 @@ class _Postings:
     df: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     doc: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     fld: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int8))
-    tf: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
-    flen: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
+    tf: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
+    flen: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
 
     @classmethod
     def build(cls, term: np.ndarray, doc: np.ndarray, fld: np.ndarray, tf: np.ndarray, flen: np.ndarray) -> _Postings:
@@ -129,8 +129,9 @@ class _Postings:
         new_doc = np.ones(len(term), dtype=bool)
         new_doc[1:] = (term[1:] != term[:-1]) | (doc[1:] != doc[:-1])
         df = np.add.reduceat(new_doc.astype(np.int64), starts[:-1])
+        # float32 holds any term frequency / field length exactly; scoring promotes to float64.
         return cls(terms=term[starts[:-1]], starts=starts, df=df, doc=doc.astype(np.int32), fld=fld.astype(np.int8),
-                   tf=tf.astype(np.float64), flen=flen.astype(np.float64))
+                   tf=tf.astype(np.float32), flen=flen.astype(np.float32))
 
     def slice_of(self, term: int) -> slice | None:
         i = int(np.searchsorted(self.terms, term))
@@ -348,7 +349,9 @@ class LexicalIndex:
                 continue
             doc, fld, tf, flen = rows
             fld = fld.astype(np.intp)
-            contrib = (weight[fld] * (term_idf * (k1 + 1))) * tf / (tf + k1 * (1 - b + b * flen * inv_avg[fld]))
+            # float64 arrays first: a Python scalar times a float32 array would stay float32 (NEP 50).
+            norm = k1 * (1 - b + (inv_avg[fld] * flen) * b)
+            contrib = (weight[fld] * (term_idf * (k1 + 1))) * tf / (norm + tf)
             bm25 += np.bincount(doc, weights=contrib, minlength=cols.n)
         hit = np.flatnonzero((bm25 > 0) & cols.eligible(now_ms=now_ms, max_cursor=max_accepted_cursor))
         if len(hit) == 0:
@@ -356,7 +359,7 @@ class LexicalIndex:
         raw = bm25[hit]
         best = float(raw.max()) if best_bm25 is None else best_bm25
         vt = cols.valid_t[hit]
-        recency = np.power(0.5, np.maximum(now_ms - vt, 0) / float(half_life_ms))
+        recency = np.exp2(np.maximum(now_ms - vt, 0) / -float(half_life_ms))  # 0.5 ** age; np.power is 5x slower
         score = np.round(lexical_weight * raw / max(best, 1e-12) + (1 - lexical_weight) * recency, 9)
         total = len(hit)
         if after is not None:
