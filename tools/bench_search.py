@@ -6,7 +6,7 @@ each record (``vault.new_data_key``, ``seal`` of the effective payload,
 ``record_fields`` with the core's term hasher, ``tx.insert_record``,
 ``tx.put_data_key``, ``tx.put_vector``), in transactions of ``--batch`` records;
 postings rows (exactly what ``index_record`` writes) go in through a CSV copy, and
-``field_stats`` and ``term_stats`` are set from their totals. Journal and audit rows per record are
+``field_stats`` is set from its totals. Journal and audit rows per record are
 not written; the scope cursor is moved past the loaded records. Texts vary from
 templates; vectors come from embedding ``--distinct-texts`` distinct texts with
 the real model (each record gets its template's vector: the search cost does not
@@ -139,10 +139,6 @@ def bulk_load(running: RunningCore, n: int, *, distinct: int, batch: int, seed: 
                             "DO UPDATE SET doc_count = doc_count + excluded.doc_count, "
                             "total_len = total_len + excluded.total_len",
                             [TENANT, WORKSPACE, name, docs, lengths.get(name, 0)])
-        # term_stats as index_record keeps it: documents per term in the scope.
-        tx._con.execute("INSERT INTO term_stats SELECT tenant, workspace, term, count(DISTINCT doc) FROM postings "
-                        "WHERE tenant = ? AND workspace = ? GROUP BY ALL "
-                        "ON CONFLICT (tenant, workspace, term) DO UPDATE SET df = excluded.df", [TENANT, WORKSPACE])
     core.store.reload_lexical()  # the postings above bypassed DuckDBTx, so the index rebuilds from them
     core.store.checkpoint()
     return time.perf_counter() - t0

@@ -381,12 +381,6 @@ class DuckDBTx:
                 "unnest($5::VARCHAR[]), unnest($6::INTEGER[]), unnest($7::INTEGER[]), $8::BIGINT",
                 [*cols, doc[0]],
             )
-            terms = sorted({t for counts in fields.values() for t in counts})
-            self._con.execute(
-                "INSERT INTO term_stats SELECT $1, $2, unnest($3::BIGINT[]), 1 "
-                "ON CONFLICT (tenant, workspace, term) DO UPDATE SET df = df + 1",
-                [tenant, workspace, terms],
-            )
         stats = [(f, sum(c.values())) for f, c in fields.items() if c] + [("_docs", 0)]
         self._con.execute(
             "INSERT INTO field_stats SELECT $1, $2, unnest($3::VARCHAR[]), 1, unnest($4::BIGINT[]) "
@@ -397,41 +391,29 @@ class DuckDBTx:
 
     def unindex_record(self, tenant: str, workspace: str, record_id: str) -> int:
         stats = self._all(
-            "SELECT field, max(field_len) FROM postings WHERE record_id = ? AND tenant = ? AND workspace = ? "
+            "SELECT field, max(field_len), count(*) FROM postings WHERE record_id = ? AND tenant = ? AND workspace = ? "
             "GROUP BY field",
             [record_id, tenant, workspace],
         )
         self.lexical_ops.append(("unindex", tenant, workspace, record_id))
         if not stats:
             return 0
-        for field_name, length in [*stats, ("_docs", 0)]:
-            self._con.execute(
-                "UPDATE field_stats SET doc_count = doc_count - 1, total_len = total_len - ? "
-                "WHERE tenant = ? AND workspace = ? AND field = ?",
-                [length, tenant, workspace, field_name],
-            )
-        # A term no other record of the scope has leaves no row behind (SPEC §5: forget removes
-        # every projection; even a keyed hash would say the word once occurred here).
-        terms = "(SELECT DISTINCT term FROM postings WHERE record_id = ? AND tenant = ? AND workspace = ?)"
         self._con.execute(
-            f"UPDATE term_stats SET df = df - 1 WHERE tenant = ? AND workspace = ? AND term IN {terms}",
-            [tenant, workspace, record_id, tenant, workspace],
+            "UPDATE field_stats SET doc_count = doc_count - 1, total_len = total_len - u.len "
+            "FROM (SELECT unnest($1::VARCHAR[]) AS field, unnest($2::BIGINT[]) AS len) u "
+            "WHERE field_stats.tenant = $3 AND field_stats.workspace = $4 AND field_stats.field = u.field",
+            [[f for f, _, _ in stats] + ["_docs"], [int(n) for _, n, _ in stats] + [0], tenant, workspace],
         )
-        self._con.execute(
-            f"DELETE FROM term_stats WHERE tenant = ? AND workspace = ? AND df <= 0 AND term IN {terms}",
-            [tenant, workspace, record_id, tenant, workspace],
-        )
-        n = self._one("SELECT count(*) FROM postings WHERE record_id = ?", [record_id])[0]  # type: ignore[index]
         self._con.execute("DELETE FROM postings WHERE record_id = ?", [record_id])
         self._con.execute("DELETE FROM vectors WHERE record_id = ?", [record_id])
-        return int(n)
+        return sum(int(c) for _, _, c in stats)
 
     def postings_count(self, record_id: str) -> int:
         return int(self._one("SELECT count(*) FROM postings WHERE record_id = ?", [record_id])[0])  # type: ignore[index]
 
     def lexical_stats(self, tenant: str, workspace: str, terms: list[int]) -> LexicalStats:
         """Corpus statistics BM25 needs for ``terms`` in one scope (the in-memory index's copy of
-        ``field_stats`` and ``term_stats``). Search pins them with the first page, so later pages
+        ``field_stats``, and document frequencies counted from the postings). Search pins them with the first page, so later pages
         score every record exactly as the first page did (SPEC §5 paging)."""
         with self._store.lexical() as index:
             return index.stats(tenant, workspace, terms)
@@ -540,7 +522,6 @@ class DuckDBTx:
             counts[table] = int(self._one(f"SELECT count(*) FROM {table} WHERE tenant = ? AND workspace = ?",  # type: ignore[index]
                                           [tenant, workspace])[0])
             self._con.execute(f"DELETE FROM {table} WHERE tenant = ? AND workspace = ?", [tenant, workspace])
-        self._con.execute("DELETE FROM term_stats WHERE tenant = ? AND workspace = ?", [tenant, workspace])
         self.lexical_ops.append(("drop_scope", tenant, workspace))
         return counts
 

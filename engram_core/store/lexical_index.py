@@ -1,6 +1,6 @@
 """The lexical projection's read side, held in memory (SPEC §11 ``offline_lexical_v1``).
 
-DuckDB holds the durable projection (``postings``, ``field_stats``, ``term_stats``),
+DuckDB holds the durable projection (``postings``, ``field_stats``),
 written in the admission and forget transactions. Scoring it with SQL meant reading
 and grouping every posting of every query term on each search: at 100k records that
 alone took about 20 ms. This index keeps the same postings as numpy arrays, so BM25

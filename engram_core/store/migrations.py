@@ -131,6 +131,16 @@ ALTER TABLE records ADD COLUMN key_slot BIGINT;
 UPDATE records SET key_slot = k.slot FROM data_keys k WHERE k.owner = 'record:' || records.record_id;
 """,
     ),
+    Migration(
+        4,
+        "no term_stats table",
+        # Document frequencies served the SQL BM25 query; ranking now reads the in-memory index,
+        # which counts them from the postings when it loads. Keeping the table meant an upsert of
+        # every term on each admission and two statements on each forget for nothing.
+        """
+DROP TABLE term_stats;
+""",
+    ),
 )
 
 LEDGER_DDL = """

@@ -63,22 +63,30 @@ def test_pending_candidates_have_no_projection(core: RunningCore) -> None:
     assert n[0] == 0 and v[0] == 0
 
 
-def test_term_stats_track_postings_through_admission_and_forget(core: RunningCore) -> None:
-    """term_stats (per-term document frequencies, SPEC §11 IDF) equals a count over postings, and
-    a forgotten record's unique terms leave no row behind."""
+def test_document_frequencies_track_postings_through_admission_and_forget(core: RunningCore) -> None:
+    """Per-term document frequencies (SPEC §11 IDF) and field statistics equal counts over the
+    postings, and a forgotten record's unique terms leave no posting behind."""
     ana = Client(core)
     keep = ana.remember("Gadwall shoveler pintail notes.")
     gone = ana.remember("Gadwall garganey unique marker.")
     hasher = core.core.hasher
-    drift = ("SELECT count(*) FROM term_stats t FULL JOIN (SELECT tenant, workspace, term, count(DISTINCT record_id) AS n "
-             "FROM postings GROUP BY ALL) p USING (tenant, workspace, term) WHERE t.df IS DISTINCT FROM p.n")
-    assert _rows(core, drift, [])[0][0] == 0
     gadwall, garganey = hasher.term("gadwall"), hasher.term("garganey")
-    df = "SELECT df FROM term_stats WHERE tenant = 'acme' AND workspace = 'alpha' AND term = ?"
-    assert _rows(core, df, [gadwall]) == [(2,)] and _rows(core, df, [garganey]) == [(1,)]
-    ana.forget(gone)
+
+    def df() -> dict[int, int]:
+        with core.core.store.read() as tx:
+            return tx.lexical_stats("acme", "alpha", [gadwall, garganey]).df
+
+    count = "SELECT count(DISTINCT record_id) FROM postings WHERE tenant = 'acme' AND workspace = 'alpha' AND term = ?"
+    drift = ("SELECT count(*) FROM field_stats f FULL JOIN (SELECT tenant, workspace, field, count(*) AS n, "
+             "sum(field_len) AS total FROM (SELECT DISTINCT tenant, workspace, record_id, field, field_len FROM postings) "
+             "GROUP BY ALL) p USING (tenant, workspace, field) WHERE f.field <> '_docs' "
+             "AND (f.doc_count IS DISTINCT FROM p.n OR f.total_len IS DISTINCT FROM p.total)")
+    assert df() == {gadwall: 2, garganey: 1} == {gadwall: _rows(core, count, [gadwall])[0][0],
+                                                 garganey: _rows(core, count, [garganey])[0][0]}
     assert _rows(core, drift, [])[0][0] == 0
-    assert _rows(core, df, [gadwall]) == [(1,)] and _rows(core, df, [garganey]) == []
+    ana.forget(gone)
+    assert df() == {gadwall: 1} and _rows(core, count, [garganey])[0][0] == 0
+    assert _rows(core, drift, [])[0][0] == 0
     assert keep
 
 
