@@ -123,11 +123,8 @@ class Core:
         """Ask the authz policy; enforce the revocation epoch (a mechanism, not a policy choice).
         ``scope``: the scope row if the caller has just read it (search pins it anyway)."""
         if scope is ...:
-            if tx is None:
-                with self.store.read() as rtx:
-                    scope = rtx.scope(ctx.tenant, ctx.workspace)
-            else:
-                scope = tx.scope(ctx.tenant, ctx.workspace)
+            scope = (self.store.committed_scope(ctx.tenant, ctx.workspace) if tx is None
+                     else tx.scope(ctx.tenant, ctx.workspace))
         if scope is not None and ctx.authorization_epoch < scope.authorization_epoch:
             raise EngramError(Code.AUTHORIZATION_REVOKED, "context epoch older than scope epoch")
         d = self.decide(

@@ -116,8 +116,7 @@ class MemoryService(ReadService):
                                               principal=ctx.principal, arguments=args),
             now_ms=self.core.now_ms(),
         )
-        with self.core.store.read() as tx:
-            scope = tx.scope(ctx.tenant, ctx.workspace)
+        scope = self.core.store.committed_scope(ctx.tenant, ctx.workspace)
         if scope is not None and parsed.authorization_epoch < scope.authorization_epoch:
             raise EngramError(Code.AUTHORIZATION_REVOKED, "grant issued before revocation")
         return parsed
@@ -125,12 +124,13 @@ class MemoryService(ReadService):
     def _gated_start(self, ctx: BoundContext, tool: str, args: dict[str, Any], grant: bytes | None, call: CallRecord,
                      lookup: Any) -> tuple[bytes, str, dict[str, Any] | None, Any]:
         """The shared start of withdraw and forget: schema, authorization, grant presence,
-        then the stored outcome (replay) and the target, read in one snapshot."""
+        then the stored outcome (replay) and the target. Both are checked again in the write
+        transaction, so these reads need no snapshot transaction of their own."""
         validate_arguments(tool, args)
         self.core.authorize(ctx, tool, call)
         present = self._grant_present(grant)
         request_digest = self._request_digest(tool, args)
-        with self.core.store.read() as tx:
+        with self.core.store.read(snapshot=False) as tx:
             prior = self._replay(tx, ctx, tool, args, request_digest)
             target = lookup(tx)
         return present, request_digest, prior, target
@@ -190,7 +190,7 @@ class MemoryService(ReadService):
         self.bind_purpose(ctx, payload["purpose_ref"])
         authz = self.core.authorize(ctx, CAPTURE_TOOL, call)
         request_digest = self._request_digest(CAPTURE_TOOL, args)
-        with self.core.store.read() as tx:
+        with self.core.store.read(snapshot=False) as tx:  # checked again in the write transaction
             prior = self._replay(tx, ctx, CAPTURE_TOOL, args, request_digest)
         if prior is not None:
             return {**prior, "status": "duplicate_exact"}
@@ -284,7 +284,7 @@ class MemoryService(ReadService):
         validate_arguments(ADMISSION_TOOL, args)
         authz = self.core.authorize(ctx, ADMISSION_TOOL, call)
         request_digest = self._request_digest(ADMISSION_TOOL, args)
-        with self.core.store.read() as tx:
+        with self.core.store.read(snapshot=False) as tx:  # both checked again in the write transaction
             prior = self._replay(tx, ctx, ADMISSION_TOOL, args, request_digest)
             cand = tx.candidate(ctx.tenant, ctx.workspace, args["candidate_id"])
         if prior is not None:
@@ -311,9 +311,8 @@ class MemoryService(ReadService):
         if forced is None and cand.state == "pending_adjudication":
             return self._outcome_only(ctx, cand, "pending_adjudication", call, args, request_digest)
         effective = self._open_envelope(ctx, cand)["payload"]
-        with self.core.store.read() as tx:
-            duplicate = tx.current_with_payload(ctx.tenant, ctx.workspace, cand.payload_digest)
-            tombstoned = tx.tombstoned(ctx.tenant, ctx.workspace, cand.payload_digest)
+        with self.core.store.read(snapshot=False) as tx:
+            duplicate, tombstoned = tx.payload_standing(ctx.tenant, ctx.workspace, cand.payload_digest)
         if forced is None:
             decision = self.core.decide(
                 ADMISSION,
@@ -462,7 +461,7 @@ class MemoryService(ReadService):
             raise
 
     def _key(self, owner: str) -> bytes:
-        with self.core.store.read() as tx:
+        with self.core.store.read(snapshot=False) as tx:
             slot = tx.data_key_slot(owner)
         key = self.core.vault.data_key(slot, owner) if slot is not None else None
         if key is None:

@@ -124,22 +124,29 @@ class ReadService:
         self.bind_purpose(ctx, args["purpose_ref"])
         authz = self.core.authorize(ctx, GET_TOOL, call)
         now = self.core.now_ms()
-        with self.core.store.read() as tx:
+        with self.core.store.read(snapshot=False) as tx:  # one statement: no snapshot to hold
             rec = tx.record(ctx.tenant, ctx.workspace, args["record_id"])
-            scope = tx.scope(ctx.tenant, ctx.workspace)
         if rec is None or not eligible(rec, now):
             self._audit_read(ctx, GET_TOOL, "NOT_FOUND", args["record_id"], call)
             raise EngramError(Code.NOT_FOUND, "record")
         allow, cap, redaction_policy = self._redaction(ctx, GET_TOOL, call)
-        record, omitted, redaction_receipt = self._redact(self._record_view(rec), allow, redaction_policy)
+        with self.core.store.read(snapshot=False) as tx:
+            view = self._view_unless_forgotten(tx, rec, rec.key_slot, now)
+        if view is None:  # forgotten since it was read
+            self._audit_read(ctx, GET_TOOL, "NOT_FOUND", args["record_id"], call)
+            raise EngramError(Code.NOT_FOUND, "record")
+        record, omitted, redaction_receipt = self._redact(view, allow, redaction_policy)
         max_bytes = min(args.get("max_packet_bytes", DEFAULT_PACKET), cap)
         instant = self.core.instant(now)
+        # The record was read on its own, not in a snapshot with the scope row: the cursor the
+        # receipt names covers at least what the record row shows.
+        scope = self.core.store.committed_scope(ctx.tenant, ctx.workspace)
+        as_of = max(scope.last_cursor if scope else 0, rec.accepted_cursor, rec.state_cursor)
         revalidation = with_receipt_digest({"kind": "revalidation", "record_ids": [rec.record_id], "checked_at": instant,
                                             "eligible": True})["receipt_digest"]
         read_receipt = with_receipt_digest({
             "record_id": rec.record_id, "record_digest": rec.record_digest, "valid_as_of": instant,
-            "system_as_of": str(scope.last_cursor if scope else 0),
-            "validated_through_cursor": str(scope.last_cursor if scope else 0),
+            "system_as_of": str(as_of), "validated_through_cursor": str(as_of),
             "authorization_receipt_digest": self.core.decision_receipt(authz)["receipt_digest"],
             "revalidation_receipt_digest": revalidation, "checked_at": instant,
         })

@@ -82,6 +82,7 @@ class DuckDBTx:
         # committed copy plus its own changes, which the store publishes after COMMIT.
         self._writing = writing
         self.scope_changes: dict[tuple[str, str], ScopeRow] = {}
+        self._inserted: dict[str, tuple[int, RecordRow]] = {}
         self.audit_head: tuple[int, str] | None = None  # set by append_audit
         # Slots of data keys destroyed in this transaction: the caller zeroes
         # them in the KeyVault after commit (SPEC §10 crypto-shredding).
@@ -90,7 +91,10 @@ class DuckDBTx:
         self.lexical_ops: list[tuple[Any, ...]] = []
 
     def _one(self, sql: str, params: list[Any] | tuple = ()) -> tuple | None:
-        return self._con.execute(sql, params).fetchone()
+        # fetchall, not fetchone: outside a transaction an unexhausted result keeps its statement's
+        # transaction open, and DuckDB then refuses CHECKPOINT ("other write transactions active").
+        rows = self._con.execute(sql, params).fetchall()
+        return rows[0] if rows else None
 
     def _all(self, sql: str, params: list[Any] | tuple = ()) -> list[tuple]:
         return self._con.execute(sql, params).fetchall()
@@ -275,10 +279,10 @@ class DuckDBTx:
         return {o: int(s) for o, s in rows}
 
     def drop_data_key(self, owner: str, at_ms: int, reason: str) -> int | None:
-        slot = self.data_key_slot(owner)
-        if slot is None:
+        row = self._one("DELETE FROM data_keys WHERE owner = ? RETURNING slot", [owner])
+        if row is None:
             return None
-        self._con.execute("DELETE FROM data_keys WHERE owner = ?", [owner])
+        slot = int(row[0])
         self._con.execute("INSERT INTO key_destructions VALUES (?, ?, ?)", [owner, at_ms, reason])
         self.destroyed_slots.append(slot)
         return slot
@@ -292,13 +296,16 @@ class DuckDBTx:
 
     # -- records -----------------------------------------------------------------
     def insert_record(self, row: RecordRow) -> None:
-        self._con.execute(
-            f"INSERT INTO records ({_RECORD_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        doc = self._one(
+            f"INSERT INTO records ({_RECORD_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "RETURNING doc",
             [row.record_id, row.tenant, row.workspace, row.candidate_id, row.record_digest, row.payload_digest,
              row.state, row.trust_class, row.principal, row.agent_id, row.valid_t, row.valid_t_end,
              row.expires_at_ms, row.derivative_rule, row.accepted_at_ms, row.accepted_cursor, row.state_cursor,
              row.successor_id, row.sealed_body, row.key_slot],
         )
+        # index_record (same transaction) needs the document number and the eligibility facts.
+        self._inserted[row.record_id] = (int(doc[0]), row)  # type: ignore[index]
 
     def record(self, tenant: str, workspace: str, record_id: str) -> RecordRow | None:
         row = self._one(
@@ -333,16 +340,20 @@ class DuckDBTx:
             [state, state_cursor, successor_id, successor_id, record_id],
         )
         self.lexical_ops.append(("state", record_id, state == "accepted_current", state_cursor))
+        self._inserted.pop(record_id, None)
 
     def drop_record_body(self, record_id: str) -> None:
         self._con.execute("UPDATE records SET sealed_body = NULL WHERE record_id = ?", [record_id])
 
-    def current_with_payload(self, tenant: str, workspace: str, payload_digest: str) -> bool:
-        return self._one(
-            "SELECT 1 FROM records WHERE tenant = ? AND workspace = ? AND payload_digest = ? "
-            "AND state = 'accepted_current' LIMIT 1",
+    def payload_standing(self, tenant: str, workspace: str, payload_digest: str) -> tuple[bool, bool]:
+        """(a current record has this payload, the payload was forgotten here): one statement."""
+        row = self._one(
+            "SELECT EXISTS (SELECT 1 FROM records WHERE tenant = $1 AND workspace = $2 AND payload_digest = $3 "
+            "AND state = 'accepted_current'), "
+            "EXISTS (SELECT 1 FROM tombstones WHERE tenant = $1 AND workspace = $2 AND payload_digest = $3)",
             [tenant, workspace, payload_digest],
-        ) is not None
+        )
+        return bool(row[0]), bool(row[1])  # type: ignore[index]
 
     # -- tombstone ledger ---------------------------------------------------------
     def add_tombstone(self, tenant: str, workspace: str, payload_digest: str, record_id: str, cursor: int, at_ms: int) -> None:
@@ -364,8 +375,13 @@ class DuckDBTx:
             length = sum(counts.values())
             for term, tf in counts.items():
                 rows.append((tenant, workspace, term, record_id, field_name, tf, length))
-        doc = self._one("SELECT doc, state, accepted_cursor, state_cursor, valid_t, valid_t_end, expires_at_ms "
-                        "FROM records WHERE record_id = ?", [record_id])
+        inserted = self._inserted.get(record_id)
+        if inserted is not None and inserted[1].state == "accepted_current":
+            r = inserted[1]
+            doc = (inserted[0], r.state, r.accepted_cursor, r.state_cursor, r.valid_t, r.valid_t_end, r.expires_at_ms)
+        else:  # a record inserted earlier (rebuild), or whose state changed since
+            doc = self._one("SELECT doc, state, accepted_cursor, state_cursor, valid_t, valid_t_end, expires_at_ms "
+                            "FROM records WHERE record_id = ?", [record_id])
         if doc is None:
             raise EngramError(Code.STORE_UNAVAILABLE, "index_record before insert_record")
         meta = RecordMeta(record_id, doc[1] == "accepted_current", int(doc[2]), int(doc[3]), int(doc[4]), doc[5], doc[6])
