@@ -139,7 +139,7 @@ def bulk_load(running: RunningCore, n: int, *, distinct: int, batch: int, seed: 
                             "DO UPDATE SET doc_count = doc_count + excluded.doc_count, "
                             "total_len = total_len + excluded.total_len",
                             [TENANT, WORKSPACE, name, docs, lengths.get(name, 0)])
-    core.store.reload_lexical()  # the postings above bypassed DuckDBTx, so the index rebuilds from them
+    core.store.reload_indexes()  # the postings above bypassed DuckDBTx, so the index rebuilds from them
     core.store.checkpoint()
     return time.perf_counter() - t0
 

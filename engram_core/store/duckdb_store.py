@@ -25,7 +25,6 @@ import duckdb
 
 from engram_core.canonical import digest
 from engram_core.errors import Code, EngramError
-from engram_core.store.lexical_index import LexicalIndex, Posting, RecordMeta
 from engram_core.store.migrations import LEDGER_DDL, MIGRATIONS
 from engram_core.store.port import (
     AuditRow,
@@ -37,6 +36,7 @@ from engram_core.store.port import (
     RecordRow,
     ScopeRow,
 )
+from engram_core.store.search_index import Posting, RecordMeta, SearchIndex
 
 GENESIS = "sha256:" + "0" * 64
 _RECORD_COLS = (
@@ -87,8 +87,8 @@ class DuckDBTx:
         # Slots of data keys destroyed in this transaction: the caller zeroes
         # them in the KeyVault after commit (SPEC §10 crypto-shredding).
         self.destroyed_slots: list[int] = []
-        # Changes to the in-memory lexical index, applied by the store once this commits.
-        self.lexical_ops: list[tuple[Any, ...]] = []
+        # Changes to the in-memory search index, applied by the store once this commits.
+        self.index_ops: list[tuple[Any, ...]] = []
 
     def _one(self, sql: str, params: list[Any] | tuple = ()) -> tuple | None:
         # fetchall, not fetchone: outside a transaction an unexhausted result keeps its statement's
@@ -339,7 +339,7 @@ class DuckDBTx:
             "successor_id = CASE WHEN ? = '' THEN NULL ELSE coalesce(?, successor_id) END WHERE record_id = ?",
             [state, state_cursor, successor_id, successor_id, record_id],
         )
-        self.lexical_ops.append(("state", record_id, state == "accepted_current", state_cursor))
+        self.index_ops.append(("state", record_id, state == "accepted_current", state_cursor))
         self._inserted.pop(record_id, None)
 
     def drop_record_body(self, record_id: str) -> None:
@@ -385,7 +385,7 @@ class DuckDBTx:
         if doc is None:
             raise EngramError(Code.STORE_UNAVAILABLE, "index_record before insert_record")
         meta = RecordMeta(record_id, doc[1] == "accepted_current", int(doc[2]), int(doc[3]), int(doc[4]), doc[5], doc[6])
-        self.lexical_ops.append(("index", tenant, workspace, meta,
+        self.index_ops.append(("index", tenant, workspace, meta,
                                  [Posting(r[2], r[4], r[5], r[6]) for r in rows]))
         if rows:
             # One statement for all of the record's postings: executemany runs one INSERT per row
@@ -411,7 +411,7 @@ class DuckDBTx:
             "GROUP BY field",
             [record_id, tenant, workspace],
         )
-        self.lexical_ops.append(("unindex", tenant, workspace, record_id))
+        self.index_ops.append(("unindex", tenant, workspace, record_id))
         if not stats:
             return 0
         self._con.execute(
@@ -431,7 +431,7 @@ class DuckDBTx:
         """Corpus statistics BM25 needs for ``terms`` in one scope (the in-memory index's copy of
         ``field_stats``, and document frequencies counted from the postings). Search pins them with the first page, so later pages
         score every record exactly as the first page did (SPEC §5 paging)."""
-        with self._store.lexical() as index:
+        with self._store.search_index() as index:
             return index.stats(tenant, workspace, terms)
 
     def rank_lexical(
@@ -439,37 +439,24 @@ class DuckDBTx:
         now_ms: int, half_life_ms: int, lexical_weight: float, max_accepted_cursor: int,
         best_bm25: float | None, after: tuple[float, int, str] | None, limit: int,
     ) -> LexicalPage:
-        """BM25F ranking of the scope's eligible records (see ``LexicalIndex.rank``)."""
-        with self._store.lexical() as index:
+        """BM25F ranking of the scope's eligible records (see ``SearchIndex.rank``)."""
+        with self._store.search_index() as index:
             return index.rank(tenant, workspace, stats, weights, k1=k1, b=b, now_ms=now_ms, half_life_ms=half_life_ms,
                               lexical_weight=lexical_weight, max_accepted_cursor=max_accepted_cursor,
                               best_bm25=best_bm25, after=after, limit=limit)
 
     def put_vector(self, tenant: str, workspace: str, record_id: str, model: str, vector: list[float]) -> None:
         self._con.execute("INSERT INTO vectors VALUES (?, ?, ?, ?, ?)", [record_id, tenant, workspace, model, vector])
+        self.index_ops.append(("vector", tenant, workspace, record_id, model, vector))
 
     def rank_vectors(
         self, tenant: str, workspace: str, model: str, vector: list[float], *, now_ms: int,
         max_accepted_cursor: int, min_similarity: float, limit: int,
     ) -> list[tuple[str, float, int]]:
-        """Nearest eligible records by cosine similarity (vectors are unit length): (record_id, similarity, valid_t)."""
-        rows = self._all(
-            """
-            WITH sims AS (
-              SELECT record_id, list_inner_product(embedding, ?::FLOAT[]) AS sim FROM vectors
-              WHERE tenant = ? AND workspace = ? AND model = ?)
-            SELECT s.record_id, s.sim, r.valid_t FROM sims s JOIN records r ON r.record_id = s.record_id
-            WHERE s.sim >= ? AND r.tenant = ? AND r.workspace = ? AND r.state = 'accepted_current'
-              AND r.accepted_cursor <= ? AND r.state_cursor <= ?
-              AND r.valid_t <= ? AND (r.valid_t_end IS NULL OR r.valid_t_end >= ?)
-              AND (r.expires_at_ms IS NULL OR r.expires_at_ms > ?)
-            ORDER BY s.sim DESC, s.record_id ASC
-            LIMIT ?
-            """,
-            [vector, tenant, workspace, model, min_similarity, tenant, workspace, max_accepted_cursor,
-             max_accepted_cursor, now_ms, now_ms, now_ms, limit],
-        )
-        return [(r[0], float(r[1]), int(r[2])) for r in rows]
+        """Nearest eligible records by cosine similarity (see ``SearchIndex.nearest``)."""
+        with self._store.search_index() as index:
+            return index.nearest(tenant, workspace, model, vector, now_ms=now_ms,
+                                 max_accepted_cursor=max_accepted_cursor, min_similarity=min_similarity, limit=limit)
 
     def vector_count(self, record_id: str) -> int:
         return int(self._one("SELECT count(*) FROM vectors WHERE record_id = ?", [record_id])[0])  # type: ignore[index]
@@ -538,7 +525,7 @@ class DuckDBTx:
             counts[table] = int(self._one(f"SELECT count(*) FROM {table} WHERE tenant = ? AND workspace = ?",  # type: ignore[index]
                                           [tenant, workspace])[0])
             self._con.execute(f"DELETE FROM {table} WHERE tenant = ? AND workspace = ?", [tenant, workspace])
-        self.lexical_ops.append(("drop_scope", tenant, workspace))
+        self.index_ops.append(("drop_scope", tenant, workspace))
         return counts
 
     def projection_counts(self, tenant: str, workspace: str) -> dict[str, int]:
@@ -614,10 +601,10 @@ class DuckDBStore:
         self.audit_head: tuple[int, str] = (int(row[0]), row[1]) if row else (0, GENESIS)
         # What searches and the writer read instead of the database: the lexical index and the
         # scope rows as of the last commit, published together after each COMMIT under one lock
-        # (lexical_index.py). Stale (None / True) after a commit of unknown outcome or a failed
+        # (search_index.py). Stale (None / True) after a commit of unknown outcome or a failed
         # apply: then both are rebuilt from one database snapshot before they are used again.
         self._publish = threading.Lock()
-        self._index = LexicalIndex()
+        self._index = SearchIndex()
         self._scopes: dict[tuple[str, str], ScopeRow] | None = None
         self._stale = True
         if migrate:
@@ -685,10 +672,10 @@ class DuckDBStore:
                     pass
                 raise
             self._commit(con)
-            if tx.lexical_ops or tx.scope_changes:
+            if tx.index_ops or tx.scope_changes:
                 with self._publish:
                     try:
-                        self._index.apply(tx.lexical_ops)
+                        self._index.apply(tx.index_ops)
                         if self._scopes is not None:
                             self._scopes.update(tx.scope_changes)
                     except Exception:
@@ -706,7 +693,7 @@ class DuckDBStore:
             raise EngramError(Code.MUTATION_OUTCOME_UNKNOWN, f"commit failed: {type(exc).__name__}") from None
 
     @contextmanager
-    def lexical(self) -> Iterator[LexicalIndex]:
+    def search_index(self) -> Iterator[SearchIndex]:
         """The in-memory lexical index (rebuilt from the database first if it may be behind)."""
         with self._publish:
             if self._stale:
@@ -724,7 +711,7 @@ class DuckDBStore:
         """The writer's view of committed scope rows; None (read the database) when stale."""
         return None if self._stale else self._scopes
 
-    def reload_lexical(self) -> None:
+    def reload_indexes(self) -> None:
         """Rebuild the committed copies from the database (after writes that bypass ``DuckDBTx``)."""
         with self._publish:
             self._reload()
@@ -733,7 +720,7 @@ class DuckDBStore:
         cur = self._con.cursor()
         try:
             cur.execute("BEGIN TRANSACTION")
-            index = LexicalIndex()
+            index = SearchIndex()
             index.load(cur)
             scopes = {(r[0], r[1]): ScopeRow(r[0], r[1], r[2], tuple(json.loads(r[3])), r[4], int(r[5]), r[6])
                       for r in cur.execute("SELECT tenant, workspace, activated, tools, authorization_epoch, "

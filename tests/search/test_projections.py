@@ -91,8 +91,9 @@ def test_document_frequencies_track_postings_through_admission_and_forget(core: 
 
 
 def test_index_kept_by_commits_ranks_as_one_rebuilt_from_the_database(core: RunningCore) -> None:
-    """The in-memory lexical index is a cache of the durable projection: after admissions and a
-    forget it scores exactly as one loaded from the database (as at open)."""
+    """The in-memory search index is a cache of the durable projections: after admissions and a
+    forget it scores (lexical and, when installed, vector) exactly as one loaded from the database
+    (as at open)."""
     ana = Client(core)
     ids = [ana.remember(f"Merganser {word} rollout checklist {i}.") for i, word in
            enumerate(["canary", "blue-green", "canary staged", "rolling", "canary rollback"])]
@@ -106,9 +107,14 @@ def test_index_kept_by_commits_ranks_as_one_rebuilt_from_the_database(core: Runn
             page = tx.rank_lexical("acme", "alpha", stats, {"primary": 3.0, "context": 1.0}, k1=1.2, b=0.75,
                                    now_ms=now, half_life_ms=86_400_000, lexical_weight=0.85,
                                    max_accepted_cursor=2**62, best_bm25=None, after=None, limit=50)
-        return stats, page.total, [(rid, score) for rid, score, _ in page.rows], page.best_bm25
+            near = []
+            if core.core.embedder is not None:
+                near = tx.rank_vectors("acme", "alpha", core.core.embedder.model_id,
+                                       core.core.embedder.embed("merganser canary checklist"), now_ms=now,
+                                       max_accepted_cursor=2**62, min_similarity=-1.0, limit=50)
+        return stats, page.total, [(rid, score) for rid, score, _ in page.rows], page.best_bm25, near
 
     kept = ranked()
     assert {rid for rid, _ in kept[2]} >= {ids[0], ids[2], ids[4]} and ids[1] not in {rid for rid, _ in kept[2]}
-    core.core.store.reload_lexical()
+    core.core.store.reload_indexes()
     assert ranked() == kept

@@ -222,5 +222,5 @@ def load_scope(core: Core, corpus: Corpus, tenant: str, workspace: str, n: int, 
         ids.extend(r["id"] for r in recs)
         if progress is not None:
             progress.update(len(recs))
-    core.store.reload_lexical()  # the postings went in as raw rows, past DuckDBTx's index changes
+    core.store.reload_indexes()  # the postings went in as raw rows, past DuckDBTx's index changes
     return ids

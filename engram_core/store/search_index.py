@@ -1,4 +1,4 @@
-"""The lexical projection's read side, held in memory (SPEC §11 ``offline_lexical_v1``).
+"""The search projections' read side, held in memory (SPEC §11 ``offline_lexical_v1``, ``semantic_v1``).
 
 DuckDB holds the durable projection (``postings``, ``field_stats``),
 written in the admission and forget transactions. Scoring it with SQL meant reading
@@ -19,6 +19,11 @@ Per scope: postings in CSR form (sorted term keys, offsets) plus a small append
 buffer merged once it grows; per-record metadata columns for read-time eligibility;
 forgotten records are masked until the next merge drops their postings. No plaintext:
 terms are the keyed hashes the postings table stores.
+
+Vectors (the semantic channel) are a matrix per scope and model, one row per record
+(float32 values held as float64: 3 KB per 384-dimension record), so the nearest neighbours are one matrix-vector product (the SQL scan over
+``list_inner_product`` took ~80 ms at 100k records). Rows of forgotten records stay
+allocated but masked until the store reopens.
 """
 
 from __future__ import annotations
@@ -156,6 +161,28 @@ class _Scope:
         self.field_len = [0] * len(FIELDS)
         self.docs = 0
         self.terms_of: dict[int, list[tuple[int, int, int]]] = {}  # doc -> [(term, field, field_len)] for removal
+        self.vectors: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # model -> (rows by doc, row present)
+
+    def put_vector(self, record_id: str, model: str, vector: Any) -> None:
+        doc = self.local.get(record_id)
+        if doc is None:
+            return  # not indexed (never happens in admission: index_record comes first)
+        # The stored values are float32 (the vectors table's FLOAT); held as float64 so that a
+        # similarity does not depend on how BLAS blocks the product (which varies with the matrix's
+        # size and alignment, i.e. between a running core and one that reloaded): float32 sums
+        # differed in the last bit, enough to reorder exact ties across a restart.
+        v = np.asarray(vector, dtype=np.float32).astype(np.float64)
+        matrix, present = self.vectors.get(model, (np.zeros((0, len(v))), np.zeros(0, dtype=bool)))
+        if doc >= len(matrix):
+            cap = max(1024, 2 * len(matrix), doc + 1)
+            grown = np.zeros((cap, len(v)))
+            grown[: len(matrix)] = matrix
+            flags = np.zeros(cap, dtype=bool)
+            flags[: len(present)] = present
+            matrix, present = grown, flags
+        matrix[doc] = v
+        present[doc] = True
+        self.vectors[model] = (matrix, present)
 
     def df(self, term: int) -> int:
         return self.base.df_of(term) + self.df_delta.get(term, 0)
@@ -240,7 +267,7 @@ class _Scope:
         return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))
 
 
-class LexicalIndex:
+class SearchIndex:
     """All scopes' lexical projections in memory. Not thread-safe by itself: ``DuckDBStore``
     serializes changes with its publish lock; searches read arrays that changes replace
     rather than mutate in place, except per-record columns, whose single-element updates
@@ -268,6 +295,11 @@ class LexicalIndex:
                 key = self._scope_of.get(record_id)
                 if key is not None:
                     self._scopes[key].set_state(record_id, current, state_cursor)
+            elif kind == "vector":
+                _, tenant, workspace, record_id, model, vector = op
+                scope = self._scopes.get((tenant, workspace))
+                if scope is not None:
+                    scope.put_vector(record_id, model, vector)
             elif kind == "drop_scope":
                 dropped = self._scopes.pop((op[1], op[2]), None)
                 for record_id in dropped.local if dropped else ():
@@ -278,14 +310,16 @@ class LexicalIndex:
     def load(self, con: Any) -> None:
         """(Re)build every scope from the database's committed projection."""
         self._scopes, self._scope_of = {}, {}
-        scopes = con.execute("SELECT DISTINCT tenant, workspace FROM postings").fetchall()
+        scopes = con.execute("SELECT DISTINCT tenant, workspace FROM postings UNION "
+                             "SELECT DISTINCT tenant, workspace FROM vectors").fetchall()
         for tenant, workspace in scopes:
             scope = _Scope()
             recs = con.execute(
                 "SELECT r.record_id, r.state, r.accepted_cursor, r.state_cursor, r.valid_t, r.valid_t_end, "
                 "r.expires_at_ms, r.doc FROM records r WHERE r.tenant = ? AND r.workspace = ? "
-                "AND r.doc IN (SELECT DISTINCT doc FROM postings WHERE tenant = ? AND workspace = ?) ORDER BY r.doc",
-                [tenant, workspace, tenant, workspace]).fetchall()
+                "AND (r.doc IN (SELECT DISTINCT doc FROM postings WHERE tenant = ? AND workspace = ?) "
+                "OR r.record_id IN (SELECT record_id FROM vectors WHERE tenant = ? AND workspace = ?)) ORDER BY r.doc",
+                [tenant, workspace, tenant, workspace, tenant, workspace]).fetchall()
             db_docs = np.array([r[7] for r in recs], dtype=np.int64)
             for r in recs:
                 doc = scope.columns.add(RecordMeta(r[0], r[1] == "accepted_current", int(r[2]), int(r[3]), int(r[4]),
@@ -305,6 +339,18 @@ class LexicalIndex:
             for name, (n, total) in stats.items():
                 if name in FIELD_CODE:
                     scope.field_docs[FIELD_CODE[name]], scope.field_len[FIELD_CODE[name]] = n, total
+            vecs = con.execute("SELECT record_id, model, embedding FROM vectors WHERE tenant = ? AND workspace = ?",
+                               [tenant, workspace]).fetchnumpy()
+            for model in sorted(set(vecs["model"].tolist())):
+                rows = np.flatnonzero(vecs["model"] == model)
+                docs = np.array([scope.local.get(rid, -1) for rid in vecs["record_id"][rows].tolist()])
+                keep = docs >= 0
+                stacked = np.stack(vecs["embedding"][rows][keep]).astype(np.float64)
+                matrix = np.zeros((max(scope.columns.n, 1), stacked.shape[1]))
+                present = np.zeros(len(matrix), dtype=bool)
+                matrix[docs[keep]] = stacked
+                present[docs[keep]] = True
+                scope.vectors[model] = (matrix, present)
             self._scopes[(tenant, workspace)] = scope
 
     # -- reads ----------------------------------------------------------------------
@@ -371,6 +417,31 @@ class LexicalIndex:
             hit, score, vt = hit[later], score[later], vt[later]
         rows_out = _top(hit, score, vt, cols.record_ids, limit)
         return LexicalPage(total, rows_out, best)
+
+
+    def nearest(self, tenant: str, workspace: str, model: str, vector: list[float], *, now_ms: int,
+                max_accepted_cursor: int, min_similarity: float, limit: int) -> list[tuple[str, float, int]]:
+        """Eligible records by cosine similarity (vectors are unit length), at least
+        ``min_similarity``, best first, ties by record_id: (record_id, similarity, valid_t)."""
+        scope = self._scopes.get((tenant, workspace))
+        if scope is None or model not in scope.vectors:
+            return []
+        matrix, present = scope.vectors[model]
+        n = min(scope.columns.n, len(matrix))
+        sims = np.round(matrix[:n] @ np.asarray(vector, dtype=np.float64), 9)
+        ok = present[:n] & scope.columns.eligible(now_ms=now_ms, max_cursor=max_accepted_cursor)[:n]
+        hit = np.flatnonzero(ok & (sims >= min_similarity))
+        if len(hit) == 0 or limit <= 0:
+            return []
+        sim = sims[hit]
+        if len(hit) > limit:
+            kth = np.partition(sim, len(sim) - limit)[len(sim) - limit]
+            keep = sim >= kth
+            hit, sim = hit[keep], sim[keep]
+        ids = scope.columns.record_ids
+        rows = [(ids[d], float(x), int(scope.columns.valid_t[d])) for d, x in zip(hit.tolist(), sim.tolist(), strict=True)]
+        rows.sort(key=lambda r: (-r[1], r[0]))
+        return rows[:limit]
 
 
 def _top(hit: np.ndarray, score: np.ndarray, vt: np.ndarray, record_ids: list[str],

@@ -9,8 +9,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engram_core.store import lexical_index
-from engram_core.store.lexical_index import FIELDS, LexicalIndex, Posting, RecordMeta
+from engram_core.store import search_index
+from engram_core.store.search_index import FIELDS, Posting, RecordMeta, SearchIndex
 
 WEIGHTS = {"primary": 3.0, "decision": 2.0, "evidence": 1.5, "context": 1.0, "citations": 0.5}
 K1, B, HALF_LIFE, LW = 1.2, 0.75, 30 * 86_400_000, 0.85
@@ -62,7 +62,7 @@ def _reference(records: dict[str, tuple[RecordMeta, list[Posting]]], query: list
     return len(rows), rows, best
 
 
-def _rank(index: LexicalIndex, query: list[int], max_cursor: int, *, after=None, best=None, limit=1000):
+def _rank(index: SearchIndex, query: list[int], max_cursor: int, *, after=None, best=None, limit=1000):
     stats = index.stats("t", "w", query)
     return index.rank("t", "w", stats, WEIGHTS, k1=K1, b=B, now_ms=NOW, half_life_ms=HALF_LIFE, lexical_weight=LW,
                       max_accepted_cursor=max_cursor, best_bm25=best, after=after, limit=limit)
@@ -73,10 +73,10 @@ def _rank(index: LexicalIndex, query: list[int], max_cursor: int, *, after=None,
        st.sampled_from([4, 1_000_000]))
 def test_rank_matches_direct_bm25f(seed: int, n: int, query: list[int], merge_at: int) -> None:
     rnd = random.Random(seed)
-    saved = lexical_index.MERGE_AT
-    lexical_index.MERGE_AT = merge_at  # small: most records pass through a merge
+    saved = search_index.MERGE_AT
+    search_index.MERGE_AT = merge_at  # small: most records pass through a merge
     try:
-        index = LexicalIndex()
+        index = SearchIndex()
         records = {}
         for meta, ps in _corpus(rnd, n):
             index.apply([("index", "t", "w", meta, ps)])
@@ -89,7 +89,7 @@ def test_rank_matches_direct_bm25f(seed: int, n: int, query: list[int], merge_at
             meta.current, meta.state_cursor = not meta.current, meta.state_cursor + 1
             index.apply([("state", rid, meta.current, meta.state_cursor)])
     finally:
-        lexical_index.MERGE_AT = saved
+        search_index.MERGE_AT = saved
     max_cursor = n + 25
     total, rows, best = _reference(records, query, max_cursor)
     page = _rank(index, query, max_cursor)
@@ -110,7 +110,7 @@ def test_rank_matches_direct_bm25f(seed: int, n: int, query: list[int], merge_at
 
 
 def test_stats_track_adds_and_removals_like_the_database() -> None:
-    index = LexicalIndex()
+    index = SearchIndex()
     a = RecordMeta("rec_a", True, 1, 1, NOW, None, None)
     b = RecordMeta("rec_b", True, 2, 2, NOW, None, None)
     index.apply([("index", "t", "w", a, [Posting(1, "primary", 2, 3), Posting(2, "primary", 1, 3)]),
@@ -122,3 +122,39 @@ def test_stats_track_adds_and_removals_like_the_database() -> None:
     assert (stats.docs, stats.df, stats.avg_len) == (1, {1: 1}, {"context": 1.0})
     index.apply([("drop_scope", "t", "w")])
     assert index.stats("t", "w", [1]).docs == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32), st.integers(1, 60), st.floats(-0.5, 0.9))
+def test_nearest_matches_a_direct_scan(seed: int, n: int, min_similarity: float) -> None:
+    import numpy as np
+
+    rnd = random.Random(seed)
+    index = SearchIndex()
+    rows = {}
+    for meta, ps in _corpus(rnd, n):
+        v = np.array([rnd.gauss(0, 1) for _ in range(8)], dtype=np.float32)
+        v /= np.linalg.norm(v)
+        index.apply([("index", "t", "w", meta, ps), ("vector", "t", "w", meta.record_id, "m", v.tolist())])
+        rows[meta.record_id] = (meta, v)
+    for rid in rnd.sample(sorted(rows), n // 5):
+        index.apply([("unindex", "t", "w", rid)])
+        del rows[rid]
+    q = np.array([rnd.gauss(0, 1) for _ in range(8)], dtype=np.float32)
+    q /= np.linalg.norm(q)
+    max_cursor = n + 25
+    expected = []
+    for rid, (meta, v) in rows.items():
+        sim = float((v[None, :] @ q)[0])
+        ok = (meta.current and meta.accepted_cursor <= max_cursor and meta.state_cursor <= max_cursor
+              and meta.valid_t <= NOW and (meta.valid_t_end is None or meta.valid_t_end >= NOW)
+              and (meta.expires_at_ms is None or meta.expires_at_ms > NOW))
+        if ok and sim >= min_similarity:
+            expected.append((rid, sim, meta.valid_t))
+    expected.sort(key=lambda r: (-r[1], r[0]))
+    got = index.nearest("t", "w", "m", q.tolist(), now_ms=NOW, max_accepted_cursor=max_cursor,
+                        min_similarity=min_similarity, limit=7)
+    assert [r[0] for r in got] == [r[0] for r in expected[:7]]
+    assert all(math.isclose(a[1], b[1], abs_tol=1e-6) for a, b in zip(got, expected, strict=False))
+    assert index.nearest("t", "w", "other-model", q.tolist(), now_ms=NOW, max_accepted_cursor=max_cursor,
+                         min_similarity=-1.0, limit=7) == []
