@@ -88,13 +88,68 @@ def mcp_main(args: argparse.Namespace) -> int:
     return 0
 
 
+class _DeepLines:
+    """The SDK's stdio transport parses each line with pydantic's JSON parser, which gives up
+    past 200 levels of nesting; the SDK then drops the line without an answer and the client
+    waits forever. Such a line is still JSON: parse it again with the standard library so the
+    call reaches the adapter and gets its envelope (INVALID_SCHEMA: malformed arguments are
+    envelopes, SPEC §3). Everything else passes through untouched."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self._inner, "last_context", None)
+
+    @staticmethod
+    def _reparsed(item: Any) -> Any:
+        import json
+
+        import mcp_types as types
+        from mcp.shared.message import SessionMessage
+        from pydantic import ValidationError
+
+        if not isinstance(item, ValidationError):
+            return item
+        errors = item.errors()
+        line = errors[0].get("input") if len(errors) == 1 and errors[0].get("type") == "json_invalid" else None
+        if not isinstance(line, str) or "recursion limit" not in errors[0].get("msg", ""):
+            return item
+        try:
+            return SessionMessage(types.jsonrpc_message_adapter.validate_python(json.loads(line), by_name=False))
+        except (ValueError, RecursionError):
+            return item
+
+    async def receive(self) -> Any:
+        return self._reparsed(await self._inner.receive())
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> _DeepLines:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> _DeepLines:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
 async def _serve_stdio(adapter: EngramMcp) -> None:
     from mcp.server.stdio import stdio_server
 
     server = adapter.build()
     try:
         async with stdio_server() as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
+            await server.run(_DeepLines(read_stream), write_stream, server.create_initialization_options())
     finally:
         await adapter.close()
 

@@ -211,3 +211,17 @@ def test_mcp_surface_answers_envelopes_or_protocol_errors(fuzz_core, mcp_session
     finally:
         tracemalloc.stop()
     assert seen.get("INVALID_SCHEMA", 0) > 0, seen
+
+
+def test_mcp_deeply_nested_arguments_get_an_envelope(mcp_session) -> None:
+    """Regression (found by this fuzzing): arguments nested past the SDK stdio transport's JSON
+    parser limit (200 levels; the SDK client sends up to ~254) were dropped without an answer, so
+    the client waited forever. They are malformed arguments: an INVALID_SCHEMA envelope (SPEC §3)."""
+    from mcp_helpers import envelope_of
+    from reliability_support import deep
+
+    portal, client = mcp_session
+    for depth in (150, 199, 200, 250):
+        args = {"query": "x", "purpose_ref": PURPOSE, "unexpected_field": deep(depth)}
+        result = portal.call(client.call_tool, "engram_memory_search", args, 20)
+        assert envelope_of(result)["error"]["code"] == "INVALID_SCHEMA", depth
