@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -32,11 +31,11 @@ from typing import Any
 from tools.bench import machine
 from tools.bench.corpus import PURPOSE, Corpus
 from tools.bench.loader import Progress, activate_scope, load_scope
+from tools.bench.serving import Served
 from tools.bench.stats import combine
 from tools.bench.workload import run_tasks, run_threads
 
 REPO = Path(__file__).resolve().parents[2]
-ENGRAM = str(Path(sys.executable).with_name("engram"))
 TENANT, WORKSPACE = "bench", "main"
 SEMANTIC = {"minimum_channels": "lexical_and_semantic", "network": "forbid"}
 
@@ -76,30 +75,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 # ---- serving -------------------------------------------------------------------------------
-
-
-class Served:
-    """``engram serve`` on a data directory, in its own process (the clients do not share its GIL)."""
-
-    def __init__(self, data_dir: Path, semantic: bool) -> None:
-        env = {**os.environ, "ENGRAM_SEMANTIC": "on" if semantic else "off"}
-        self.proc = subprocess.Popen([ENGRAM, "serve", "--data", str(data_dir), "--listen", "127.0.0.1:0"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO)
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if "listening on" not in line:
-            self.stop()
-            raise RuntimeError(f"engram serve did not start: {line!r}")
-        self.address = line.split("listening on ", 1)[1].split()[0]
-        self.key_path = data_dir / "host.key"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 # ---- measured operations ---------------------------------------------------------------------
