@@ -14,8 +14,10 @@ from google.protobuf import json_format, unknown_fields
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-# Repeated fields the contract requires even when empty (SPEC §5 outputs).
-_ALWAYS_PRESENT_LISTS = frozenset({"records", "redacted_fields"})
+# Repeated fields the contract requires even when empty (SPEC §5 outputs; in the capture
+# input, reconciliation.family_refs: proto3 cannot tell an empty list from an absent one, and
+# without it a schema-valid `"reconciliation": {"family_refs": []}` became INVALID_SCHEMA).
+_ALWAYS_PRESENT_LISTS = frozenset({"records", "redacted_fields", "family_refs"})
 
 
 def message_to_value(msg: Message) -> dict[str, Any]:

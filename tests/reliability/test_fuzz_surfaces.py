@@ -225,3 +225,20 @@ def test_mcp_deeply_nested_arguments_get_an_envelope(mcp_session) -> None:
         args = {"query": "x", "purpose_ref": PURPOSE, "unexpected_field": deep(depth)}
         result = portal.call(client.call_tool, "engram_memory_search", args, 20)
         assert envelope_of(result)["error"]["code"] == "INVALID_SCHEMA", depth
+
+
+def test_empty_family_refs_are_not_malformed(fuzz_core, mcp_session) -> None:
+    """Regression (found by this fuzzing): `"reconciliation": {"family_refs": []}` is schema-valid,
+    but the empty list did not survive protobuf (proto3 cannot tell it from an absent field), so
+    the core answered INVALID_SCHEMA on both surfaces."""
+    from core_support import Client, capture_args
+    from mcp_helpers import envelope_of
+
+    args = capture_args("Empty family refs are a valid reconciliation.", purpose_ref=PURPOSE,
+                        reconciliation={"family_refs": []})
+    validate_arguments("engram_memory_capture", args)
+    client = Client(fuzz_core, tenant="fuzz", workspace="w", purpose_ref=PURPOSE)
+    assert client.call("capture", args)["status"] == "committed_pending"
+    portal, mcp = mcp_session
+    result = portal.call(mcp.call_tool, "engram_memory_capture", args, 20)
+    assert envelope_of(result)["output"]["value"]["status"] == "committed_pending"
