@@ -310,7 +310,17 @@ class MemoryService(ReadService):
         lifecycle.check_candidate("accept", cand.state)
         if forced is None and cand.state == "pending_adjudication":
             return self._outcome_only(ctx, cand, "pending_adjudication", call, args, request_digest)
-        effective = self._open_envelope(ctx, cand)["payload"]
+        try:
+            effective = self._open_envelope(ctx, cand)["payload"]
+        except EngramError:
+            # The candidate's key went after it was read: if a concurrent request with this same
+            # idempotency key decided it, that outcome is this request's answer (SPEC §7).
+            if args is not None and request_digest is not None:
+                with self.core.store.read(snapshot=False) as tx:
+                    prior = self._replay(tx, ctx, ADMISSION_TOOL, args, request_digest)
+                if prior is not None:
+                    return {**prior, "replayed": True}
+            raise
         with self.core.store.read(snapshot=False) as tx:
             duplicate, tombstoned = tx.payload_standing(ctx.tenant, ctx.workspace, cand.payload_digest)
         if forced is None:

@@ -163,3 +163,26 @@ def test_one_grant_used_twice_at_once_has_one_effect(core) -> None:
         assert sum(isinstance(r, dict) for r in results) == 1
         assert [r for r in results if isinstance(r, Code)][0] in (Code.GATE_FAILED, Code.ALREADY_TERMINAL)
         assert journal_ops(core, cid) == ["capture", "withdraw"]
+
+
+def test_same_key_admission_that_finds_the_key_destroyed_replays(core) -> None:
+    """The same-key admission race, made deterministic: a racer read the candidate as pending,
+    then another racer with the same idempotency key admitted it and destroyed the candidate's
+    key before this one unsealed the envelope. Its answer is the replay of the winner's outcome
+    (SPEC §7), not ILLEGAL_TRANSITION."""
+    from engram_core.hostctx import verify_context
+    from engram_core.services.core import CallRecord
+    from engram_core.services.memory import ADMISSION_TOOL, MemoryService
+
+    ana = Client(core)
+    cid = ana.capture("Race, made deterministic: the same-key puffin admission.")["candidate_id"]
+    with core.core.store.read() as tx:
+        stale = tx.candidate(ana.tenant, ana.workspace, cid)
+    assert stale is not None and stale.state == "pending"
+    adm = {"candidate_id": cid, "idempotency_key": "same-key-stale-admission-0001"}
+    won = ana.call("request_admission", adm)
+    assert won["replayed"] is False and won["outcome"]["status"] == "accepted"
+    memory = MemoryService(core.core)
+    ctx = verify_context(ana.context(), core.core.trusted, now_ms=core.core.now_ms())
+    late = memory.admit(ctx, stale, CallRecord(), args=adm, request_digest=memory._request_digest(ADMISSION_TOOL, adm))
+    assert late == {**won, "replayed": True}
