@@ -35,6 +35,7 @@ from engram_core.store.port import (
     LexicalStats,
     RecordRow,
     ScopeRow,
+    iter_chunks,
 )
 from engram_core.store.search_index import Posting, RecordMeta, SearchIndex
 
@@ -242,11 +243,8 @@ class DuckDBTx:
         )
 
     def candidate(self, tenant: str, workspace: str, candidate_id: str) -> CandidateRow | None:
-        row = self._one(
-            f"SELECT {_CANDIDATE_COLS} FROM candidates WHERE candidate_id = ? AND tenant = ? AND workspace = ?",
-            [candidate_id, tenant, workspace],
-        )
-        return _candidate(row) if row else None
+        row = self._one(f"SELECT {_CANDIDATE_COLS} FROM candidates WHERE candidate_id = ?", [candidate_id])
+        return _candidate(row) if row and row[1] == tenant and row[2] == workspace else None  # see ``record``
 
     def candidates_in_state(self, tenant: str, workspace: str, state: str) -> list[CandidateRow]:
         rows = self._all(
@@ -275,7 +273,8 @@ class DuckDBTx:
     def data_key_slots(self, owners: list[str]) -> dict[str, int]:
         if not owners:
             return {}
-        rows = self._all("SELECT owner, slot FROM data_keys WHERE owner IN (SELECT unnest(?::VARCHAR[]))", [owners])
+        rows = [r for chunk in iter_chunks(owners, 1000) for r in self._all(
+            f"SELECT owner, slot FROM data_keys WHERE owner IN ({', '.join('?' * len(chunk))})", chunk)]
         return {o: int(s) for o, s in rows}
 
     def drop_data_key(self, owner: str, at_ms: int, reason: str) -> int | None:
@@ -308,21 +307,20 @@ class DuckDBTx:
         self._inserted[row.record_id] = (int(doc[0]), row)  # type: ignore[index]
 
     def record(self, tenant: str, workspace: str, record_id: str) -> RecordRow | None:
-        row = self._one(
-            f"SELECT {_RECORD_COLS} FROM records WHERE record_id = ? AND tenant = ? AND workspace = ?",
-            [record_id, tenant, workspace],
-        )
-        return _record(row) if row else None
+        row = self._one(f"SELECT {_RECORD_COLS} FROM records WHERE record_id = ?", [record_id])
+        # The scope is checked here, not in SQL: with several scopes in the table, DuckDB plans
+        # `record_id = ? AND tenant = ? AND workspace = ?` an order of magnitude slower (11 vs
+        # 1.4 ms at 100k records) than the id alone.
+        return _record(row) if row and row[1] == tenant and row[2] == workspace else None
 
     def records(self, tenant: str, workspace: str, record_ids: list[str]) -> dict[str, RecordRow]:
         if not record_ids:
             return {}
-        rows = self._all(
-            f"SELECT {_RECORD_COLS} FROM records WHERE tenant = ? AND workspace = ? AND record_id IN "
-            "(SELECT unnest(?::VARCHAR[]))",
-            [tenant, workspace, record_ids],
-        )
-        return {r[0]: _record(r) for r in rows}
+        # Ids only in SQL, the scope checked here (see ``record``): with several scopes in the
+        # table, adding `tenant = ? AND workspace = ?` made fetching 10 records 31 ms instead of 2.7.
+        rows = [r for chunk in iter_chunks(record_ids, 1000) for r in self._all(
+            f"SELECT {_RECORD_COLS} FROM records WHERE record_id IN ({', '.join('?' * len(chunk))})", chunk)]
+        return {r[0]: _record(r) for r in rows if r[1] == tenant and r[2] == workspace}
 
     def scope_records(self, tenant: str, workspace: str, states: tuple[str, ...] | None = None) -> list[RecordRow]:
         sql = f"SELECT {_RECORD_COLS} FROM records WHERE tenant = ? AND workspace = ?"
