@@ -124,15 +124,17 @@ class MemoryService(ReadService):
     def _gated_start(self, ctx: BoundContext, tool: str, args: dict[str, Any], grant: bytes | None, call: CallRecord,
                      lookup: Any) -> tuple[bytes, str, dict[str, Any] | None, Any]:
         """The shared start of withdraw and forget: schema, authorization, grant presence,
-        then the stored outcome (replay) and the target. Both are checked again in the write
-        transaction, so these reads need no snapshot transaction of their own."""
+        then the target and the stored outcome (replay). Both are checked again in the write
+        transaction, so these reads need no snapshot transaction of their own; the target is
+        read first so that a same-key winner committing between the two reads is seen as a
+        stored outcome (replay), never as a terminal target only (ALREADY_TERMINAL)."""
         validate_arguments(tool, args)
         self.core.authorize(ctx, tool, call)
         present = self._grant_present(grant)
         request_digest = self._request_digest(tool, args)
         with self.core.store.read(snapshot=False) as tx:
-            prior = self._replay(tx, ctx, tool, args, request_digest)
             target = lookup(tx)
+            prior = self._replay(tx, ctx, tool, args, request_digest)
         return present, request_digest, prior, target
 
     def _recheck(self, tx: DuckDBTx, ctx: BoundContext, tool: str, args: dict[str, Any] | None,
@@ -285,8 +287,8 @@ class MemoryService(ReadService):
         authz = self.core.authorize(ctx, ADMISSION_TOOL, call)
         request_digest = self._request_digest(ADMISSION_TOOL, args)
         with self.core.store.read(snapshot=False) as tx:  # both checked again in the write transaction
+            cand = tx.candidate(ctx.tenant, ctx.workspace, args["candidate_id"])  # first: see _gated_start
             prior = self._replay(tx, ctx, ADMISSION_TOOL, args, request_digest)
-            cand = tx.candidate(ctx.tenant, ctx.workspace, args["candidate_id"])
         if prior is not None:
             return {**prior, "replayed": True}
         if cand is None:

@@ -61,12 +61,13 @@ def test_same_idempotency_key_on_every_mutation_makes_one_effect(core) -> None:
     for n in range(ROUNDS):
         args = capture_args(f"Race on one capture key {n} puffin.", key=f"race-cap-key-{n:04d}-xxxxxxxx")
         caps = race([lambda c=c: c.call("capture", args) for c in clients])
+        assert all(isinstance(c, dict) for c in caps), (n, caps)
         assert Counter(c["status"] for c in caps) == {"committed_pending": 1, "duplicate_exact": RACERS - 1}
         assert len({(c["candidate_id"], c["cursor"], c["transaction_receipt_digest"]) for c in caps}) == 1
         cid = caps[0]["candidate_id"]
         adm = {"candidate_id": cid, "idempotency_key": f"race-adm-key-{n:04d}-xxxxxxxx"}
         outs = race([lambda c=c: c.call("request_admission", adm) for c in clients])
-        assert all(isinstance(o, dict) for o in outs), outs
+        assert all(isinstance(o, dict) for o in outs), (n, outs)
         assert Counter(o["replayed"] for o in outs) == {False: 1, True: RACERS - 1}
         assert len({repr(o["outcome"]) for o in outs}) == 1
         rid = outs[0]["outcome"]["record_id"]
@@ -74,6 +75,7 @@ def test_same_idempotency_key_on_every_mutation_makes_one_effect(core) -> None:
         # each racer brings its own fresh grant (a host approving each retry)
         grants = [c.grant("forget", fg) for c in clients]
         outs = race([lambda c=c, g=g: c.call("forget", fg, grant=g) for c, g in zip(clients, grants, strict=True)])
+        assert all(isinstance(o, dict) for o in outs), (n, outs)
         assert Counter(o["replayed"] for o in outs) == {False: 1, True: RACERS - 1}
         assert len({repr(o["receipt"]) for o in outs}) == 1
         assert journal_ops(core, cid) == ["capture", "accept"] and journal_ops(core, rid) == ["tombstone"]
@@ -186,3 +188,32 @@ def test_same_key_admission_that_finds_the_key_destroyed_replays(core) -> None:
     ctx = verify_context(ana.context(), core.core.trusted, now_ms=core.core.now_ms())
     late = memory.admit(ctx, stale, CallRecord(), args=adm, request_digest=memory._request_digest(ADMISSION_TOOL, adm))
     assert late == {**won, "replayed": True}
+
+
+@pytest.mark.parametrize("tool", ["forget", "withdraw"])
+def test_same_key_winner_committing_between_the_pre_checks_replays(core, tool) -> None:
+    """The same-key forget race of the soak (one of 8 racers answered ALREADY_TERMINAL), made
+    deterministic: the winner, with the same idempotency key, commits while the loser runs its
+    pre-checks (stored outcome, then target, each on the latest committed state). The loser's
+    answer is the winner's outcome replayed (SPEC §7), never the lifecycle's refusal of it."""
+    from engram_core.hostctx import verify_context
+    from engram_core.services.memory import MemoryService
+
+    ana = Client(core)
+    if tool == "forget":
+        target = {"record_id": ana.remember(f"Race, made deterministic: the pre-checked {tool} tern.")}
+    else:
+        target = {"candidate_id": ana.capture(f"Race, made deterministic: the pre-checked {tool} tern.")["candidate_id"]}
+    args = {**target, "idempotency_key": f"same-key-pre-check-{tool}-0001", "reason_ref": "reason:race"}
+    won: list[dict[str, Any]] = []
+
+    class WinnerCommitsMeanwhile(MemoryService):
+        def _replay(self, tx, ctx, tool_name, replay_args, request_digest):
+            prior = super()._replay(tx, ctx, tool_name, replay_args, request_digest)
+            if not won:  # the first pre-check read: the winner commits right after it
+                won.append(ana.call(tool, args, grant=True))
+            return prior
+
+    ctx = verify_context(ana.context(), core.core.trusted, now_ms=core.core.now_ms())
+    late = getattr(WinnerCommitsMeanwhile(core.core), tool)(ctx, args, ana.grant(tool, args))
+    assert won[0]["replayed"] is False and late == {**won[0], "replayed": True}
