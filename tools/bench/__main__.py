@@ -48,7 +48,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="sizes 1k,10k; 2 runs of 1.5 s; peer at 1k,10k")
-    p.add_argument("--sizes", default=None, help="comma-separated record counts (default 1000,10000,100000)")
+    p.add_argument("--sizes", default=None,
+                   help="comma-separated record counts (default 1000,10000,100000; 'none' with --merge re-measures only the peer)")
     p.add_argument("--clients", default="1,4,16", help="concurrent clients (default 1,4,16)")
     p.add_argument("--runs", type=int, default=None, help="measured runs per point (default 3; quick 2)")
     p.add_argument("--duration", type=float, default=None, help="seconds per run per point (default 3; quick 1.5)")
@@ -66,7 +67,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--merge", action="store_true",
                    help="update the sizes (and peer) measured now in an existing --out/summary.json, keep the rest")
     a = p.parse_args(argv)
-    a.sizes = [int(x) for x in (a.sizes or ("1000,10000" if a.quick else "1000,10000,100000")).split(",")]
+    sizes = a.sizes or ("1000,10000" if a.quick else "1000,10000,100000")
+    a.sizes = [] if sizes == "none" else [int(x) for x in sizes.split(",")]  # none: the peer only (with --merge)
     a.clients = [int(x) for x in a.clients.split(",")]
     a.runs = a.runs or (2 if a.quick else 3)
     a.duration = a.duration if a.duration is not None else (1.5 if a.quick else 3.0)
