@@ -53,22 +53,10 @@ class ReadService:
             raise EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, "purpose mismatch")
 
     # -- record views -----------------------------------------------------------------
-    @staticmethod
-    def _slots(tx: Tx, recs: dict[str, RecordRow]) -> dict[str, int]:
-        """Data key slots of the records: from their rows, or data_keys for rows without one."""
-        slots = {rid: rec.key_slot for rid, rec in recs.items() if rec.key_slot is not None}
-        missing = [f"record:{rid}" for rid in recs if rid not in slots]
-        if missing:
-            slots.update({owner.removeprefix("record:"): slot for owner, slot in tx.data_key_slots(missing).items()})
-        return slots
-
-    def _record_view(self, rec: RecordRow, slot: int | None = None) -> dict[str, Any]:
+    def _record_view(self, tx: Tx, rec: RecordRow) -> dict[str, Any]:
         owner = f"record:{rec.record_id}"
-        if slot is None:
-            slot = rec.key_slot
-        if slot is None:
-            with self.core.store.read() as tx:
-                slot = tx.data_key_slot(owner)
+        # Rows carry their key slot (migration 3); data_keys answers for a row without one.
+        slot = rec.key_slot if rec.key_slot is not None else tx.data_key_slot(owner)
         key = self.core.vault.data_key(slot, owner) if slot is not None else None
         if key is None or rec.sealed_body is None:
             raise EngramError(Code.BLOB_MISSING, "record body unreadable")
@@ -81,14 +69,12 @@ class ReadService:
             "payload": payload, "principal": rec.principal, "agent_id": rec.agent_id,
         }
 
-    def _view_unless_forgotten(self, tx: Tx, rec: RecordRow, slot: int | None, now: int) -> dict[str, Any] | None:
+    def _view_unless_forgotten(self, tx: Tx, rec: RecordRow, now: int) -> dict[str, Any] | None:
         """The record's view, or None if it was forgotten after it was read: its data key is
         destroyed by the forget's commit, which can land between two of search's statements.
         A key missing from a record that is still eligible is a real BLOB_MISSING."""
         try:
-            if slot is None:
-                raise EngramError(Code.BLOB_MISSING, "record body unreadable")
-            return self._record_view(rec, slot)
+            return self._record_view(tx, rec)
         except EngramError as exc:
             if exc.code is not Code.BLOB_MISSING:
                 raise
@@ -131,7 +117,7 @@ class ReadService:
             raise EngramError(Code.NOT_FOUND, "record")
         allow, cap, redaction_policy = self._redaction(ctx, GET_TOOL, call)
         with self.core.store.read(snapshot=False) as tx:
-            view = self._view_unless_forgotten(tx, rec, rec.key_slot, now)
+            view = self._view_unless_forgotten(tx, rec, now)
         if view is None:  # forgotten since it was read
             self._audit_read(ctx, GET_TOOL, "NOT_FOUND", args["record_id"], call)
             raise EngramError(Code.NOT_FOUND, "record")
@@ -183,7 +169,7 @@ class ReadService:
         # as of the pin, and the final revalidation re-checks every returned record, so a
         # transaction would only add statements (SPEC §11: revalidate after ranking).
         with self.core.store.read(snapshot=False) as tx:
-            scope = tx.pin_scope(ctx.tenant, ctx.workspace)
+            scope = self.core.store.committed_scope(ctx.tenant, ctx.workspace)  # pins the search
             authz = self.core.authorize(ctx, SEARCH_TOOL, call, scope=scope)
             profile = self._profile_for(args)
             limit = args.get("limit", DEFAULT_LIMIT)
@@ -200,7 +186,6 @@ class ReadService:
                           valid_as_of=self.core.now_ms(), candidate_count=0, created_ms=self.core.now_ms())
                 rows = self._first_rows(tx, ctx, profile, pin, args["query"], query_vector, limit=limit + 1)
             recs = tx.records(ctx.tenant, ctx.workspace, [r[0] for r in rows[:limit]])
-            slots = self._slots(tx, recs)
             more = len(rows) > limit
             if more and not pin_id:
                 pin_id = self.pins.put(pin)  # only searches with a next page keep a pin
@@ -213,7 +198,7 @@ class ReadService:
             max_bytes = min(args.get("max_packet_bytes", DEFAULT_PACKET), cap)
             packets = []
             for i, (rid, score, _vt) in kept:
-                view = self._view_unless_forgotten(tx, recs[rid], slots.get(rid), now)
+                view = self._view_unless_forgotten(tx, recs[rid], now)
                 if view is not None:
                     record, omitted, redaction_receipt = self._redact(view, allow, redaction_policy)
                     packets.append({"record": record, "redacted_fields": omitted,

@@ -101,11 +101,6 @@ class DuckDBTx:
         return self._con.execute(sql, params).fetchall()
 
     # -- scopes, cursors, journal ------------------------------------------
-    def pin_scope(self, tenant: str, workspace: str) -> ScopeRow | None:
-        """The committed scope row, published together with the lexical index: the index is at
-        least as new as this row, so its ``last_cursor`` can pin a search."""
-        return self._store.committed_scope(tenant, workspace)
-
     def scope(self, tenant: str, workspace: str) -> ScopeRow | None:
         key = (tenant, workspace)
         if self._writing:
@@ -270,13 +265,6 @@ class DuckDBTx:
         row = self._one("SELECT slot FROM data_keys WHERE owner = ?", [owner])
         return int(row[0]) if row else None
 
-    def data_key_slots(self, owners: list[str]) -> dict[str, int]:
-        if not owners:
-            return {}
-        rows = [r for chunk in iter_chunks(owners, 1000) for r in self._all(
-            f"SELECT owner, slot FROM data_keys WHERE owner IN ({', '.join('?' * len(chunk))})", chunk)]
-        return {o: int(s) for o, s in rows}
-
     def drop_data_key(self, owner: str, at_ms: int, reason: str) -> int | None:
         row = self._one("DELETE FROM data_keys WHERE owner = ? RETURNING slot", [owner])
         if row is None:
@@ -427,8 +415,8 @@ class DuckDBTx:
 
     def lexical_stats(self, tenant: str, workspace: str, terms: list[int]) -> LexicalStats:
         """Corpus statistics BM25 needs for ``terms`` in one scope (the in-memory index's copy of
-        ``field_stats``, and document frequencies counted from the postings). Search pins them with the first page, so later pages
-        score every record exactly as the first page did (SPEC §5 paging)."""
+        ``field_stats``, and document frequencies counted from the postings). Search pins them
+        with the first page, so later pages score every record as the first page did (SPEC §5)."""
         with self._store.search_index() as index:
             return index.stats(tenant, workspace, terms)
 
@@ -597,7 +585,7 @@ class DuckDBStore:
         self.check_migrations(apply=migrate)
         row = self._con.execute("SELECT seq, row_digest FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
         self.audit_head: tuple[int, str] = (int(row[0]), row[1]) if row else (0, GENESIS)
-        # What searches and the writer read instead of the database: the lexical index and the
+        # What searches and the writer read instead of the database: the search index and the
         # scope rows as of the last commit, published together after each COMMIT under one lock
         # (search_index.py). Stale (None / True) after a commit of unknown outcome or a failed
         # apply: then both are rebuilt from one database snapshot before they are used again.
@@ -692,14 +680,15 @@ class DuckDBStore:
 
     @contextmanager
     def search_index(self) -> Iterator[SearchIndex]:
-        """The in-memory lexical index (rebuilt from the database first if it may be behind)."""
+        """The in-memory search index (rebuilt from the database first if it may be behind)."""
         with self._publish:
             if self._stale:
                 self._reload()
             yield self._index
 
     def committed_scope(self, tenant: str, workspace: str) -> ScopeRow | None:
-        """The scope row as of the last commit whose changes the lexical index holds."""
+        """The scope row as of the last commit whose changes the search index holds: the index is
+        at least as new as this row, so its ``last_cursor`` can pin a search."""
         with self._publish:
             if self._stale:
                 self._reload()

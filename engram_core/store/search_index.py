@@ -268,10 +268,8 @@ class _Scope:
 
 
 class SearchIndex:
-    """All scopes' lexical projections in memory. Not thread-safe by itself: ``DuckDBStore``
-    serializes changes with its publish lock; searches read arrays that changes replace
-    rather than mutate in place, except per-record columns, whose single-element updates
-    the pinned cursors make harmless."""
+    """All scopes' lexical and vector projections in memory. Not thread-safe by itself:
+    ``DuckDBStore`` holds its publish lock around every change and every read."""
 
     def __init__(self) -> None:
         self._scopes: dict[tuple[str, str], _Scope] = {}
