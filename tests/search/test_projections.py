@@ -118,3 +118,32 @@ def test_index_kept_by_commits_ranks_as_one_rebuilt_from_the_database(core: Runn
     assert {rid for rid, _ in kept[2]} >= {ids[0], ids[2], ids[4]} and ids[1] not in {rid for rid, _ in kept[2]}
     core.core.store.reload_indexes()
     assert ranked() == kept
+
+
+def test_search_reads_a_record_from_the_index_copy_only_while_it_equals_the_database_row(core: RunningCore) -> None:
+    """Searches read their page's rows from the index's copy; a forget, a state change or a
+    dropped body takes the copy away, so the row is then read from the database."""
+    ana = Client(core)
+    ids = [ana.remember(f"Goldeneye copy check {word}.") for word in ("north", "south", "east")]
+    store = core.core.store
+
+    def held() -> dict:
+        with store.search_index() as index:
+            return index.rows("acme", "alpha", ids)
+
+    def from_db() -> dict:
+        with store.read(snapshot=False) as tx:
+            return tx._records_from_db("acme", "alpha", ids)
+
+    assert held() == from_db() and set(held()) == set(ids)
+    ana.forget(ids[1])
+    with store.write() as tx:
+        tx.set_record_state(ids[2], "disputed", state_cursor=2**40)
+    assert set(held()) == {ids[0]} and held()[ids[0]] == from_db()[ids[0]]
+    with store.read(snapshot=False) as tx:
+        rows = tx.records("acme", "alpha", ids)
+        assert rows == from_db()
+        assert rows[ids[2]].state == "disputed" and rows[ids[1]].sealed_body is None
+        assert tx.records("acme", "beta", ids) == {}  # another scope's ids are unknown here
+    store.reload_indexes()  # as at open: the copy is loaded with the postings, from the same rows
+    assert set(held()) == {ids[0], ids[2]} and held() == {k: v for k, v in from_db().items() if k in held()}

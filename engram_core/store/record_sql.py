@@ -1,0 +1,18 @@
+"""The ``records`` table's columns as ``RecordRow`` reads them, shared by the store and the search index."""
+
+from __future__ import annotations
+
+from engram_core.store.port import RecordRow
+
+RECORD_COLS = (
+    "record_id, tenant, workspace, candidate_id, record_digest, payload_digest, state, trust_class, principal, "
+    "agent_id, valid_t, valid_t_end, expires_at_ms, derivative_rule, accepted_at_ms, accepted_cursor, "
+    "state_cursor, successor_id, sealed_body, key_slot"
+)
+
+
+def record_of(row: tuple) -> RecordRow:
+    """A ``RecordRow`` from a ``SELECT {RECORD_COLS}`` row (extra trailing columns are ignored)."""
+    r = list(row[:20])
+    r[18] = bytes(r[18]) if r[18] is not None else None
+    return RecordRow(*r)
