@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import threading
 import time
@@ -25,6 +26,7 @@ import duckdb
 
 from engram_core.canonical import digest
 from engram_core.errors import Code, EngramError
+from engram_core.store.audit_spool import SPOOL_NAME, AuditSpool
 from engram_core.store.migrations import LEDGER_DDL, MIGRATIONS
 from engram_core.store.port import (
     AuditRow,
@@ -41,6 +43,8 @@ from engram_core.store.record_sql import RECORD_COLS, record_of
 from engram_core.store.search_index import Posting, RecordMeta, SearchIndex
 
 GENESIS = "sha256:" + "0" * 64
+SPOOL_BATCH = 512  # spooled audit rows moved into the table in one transaction
+log = logging.getLogger(__name__)
 _CANDIDATE_COLS = (
     "candidate_id, tenant, workspace, principal, agent_id, session, state, payload_digest, record_digest, "
     "trust_class, facts, sealed_envelope, captured_at_ms, cursor, decision"
@@ -61,6 +65,26 @@ def event_digest_of(e: dict[str, Any]) -> str:
 
 def audit_digest_of(row: dict[str, Any]) -> str:
     return digest("audit", {k: v for k, v in row.items() if k != "row_digest"})
+
+
+def audit_doc(row: AuditRow, head: tuple[int, str]) -> dict[str, Any]:
+    """The audit row document that follows ``head`` (seq, row digest) in the chain."""
+    doc = {
+        "seq": head[0] + 1, "at_ms": row.at_ms, "audit_id": row.audit_id, "tenant": row.tenant,
+        "workspace": row.workspace, "principal": row.principal, "agent_id": row.agent_id,
+        "operation": row.operation, "outcome": row.outcome, "target_digest": row.target_digest,
+        "decisions": row.decisions, "prev_digest": head[1],
+    }
+    doc["row_digest"] = audit_digest_of(doc)
+    return doc
+
+
+_AUDIT_KEYS = ("seq", "at_ms", "audit_id", "tenant", "workspace", "principal", "agent_id", "operation", "outcome",
+               "target_digest", "decisions", "prev_digest", "row_digest")
+
+
+def _audit_values(doc: dict[str, Any]) -> list[Any]:
+    return [json.dumps(doc[k], sort_keys=True) if k == "decisions" else doc[k] for k in _AUDIT_KEYS]
 
 
 class DuckDBTx:
@@ -450,22 +474,10 @@ class DuckDBTx:
 
     # -- audit -------------------------------------------------------------------------
     def append_audit(self, row: AuditRow) -> str:
-        seq, prev = self.audit_head or self._store.audit_head
-        seq += 1
-        doc = {
-            "seq": seq, "at_ms": row.at_ms, "audit_id": row.audit_id, "tenant": row.tenant,
-            "workspace": row.workspace, "principal": row.principal, "agent_id": row.agent_id,
-            "operation": row.operation, "outcome": row.outcome, "target_digest": row.target_digest,
-            "decisions": row.decisions, "prev_digest": prev,
-        }
-        rd = audit_digest_of(doc)
-        self._con.execute(
-            "INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [seq, row.at_ms, row.audit_id, row.tenant, row.workspace, row.principal, row.agent_id, row.operation,
-             row.outcome, row.target_digest, json.dumps(row.decisions, sort_keys=True), prev, rd],
-        )
-        self.audit_head = (seq, rd)
-        return rd
+        doc = audit_doc(row, self.audit_head or self._store.audit_head)
+        self._con.execute("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _audit_values(doc))
+        self.audit_head = (doc["seq"], doc["row_digest"])
+        return doc["row_digest"]
 
     def audit_rows(self, tenant: str | None, workspace: str | None, from_seq: int, to_seq: int | None) -> list[dict[str, Any]]:
         sql = ("SELECT seq, at_ms, audit_id, tenant, workspace, principal, agent_id, operation, outcome, "
@@ -474,11 +486,9 @@ class DuckDBTx:
         if tenant is not None:
             sql += " AND tenant = ? AND workspace = ?"
             params += [tenant, workspace]
-        keys = ("seq", "at_ms", "audit_id", "tenant", "workspace", "principal", "agent_id", "operation", "outcome",
-                "target_digest", "decisions", "prev_digest", "row_digest")
         out = []
         for r in self._all(sql + " ORDER BY seq", params):
-            d = dict(zip(keys, r, strict=True))
+            d = dict(zip(_AUDIT_KEYS, r, strict=True))
             d["seq"] = int(d["seq"])
             d["decisions"] = json.loads(d["decisions"])
             out.append(d)
@@ -552,12 +562,7 @@ class DuckDBTx:
 
     def restore_audit_row(self, doc: dict[str, Any]) -> None:
         """Insert a verified audit row verbatim (restore) and move the chain head past it."""
-        self._con.execute(
-            "INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [doc["seq"], doc["at_ms"], doc["audit_id"], doc["tenant"], doc["workspace"], doc["principal"],
-             doc["agent_id"], doc["operation"], doc["outcome"], doc["target_digest"],
-             json.dumps(doc["decisions"], sort_keys=True), doc["prev_digest"], doc["row_digest"]],
-        )
+        self._con.execute("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _audit_values(doc))
         self.audit_head = (int(doc["seq"]), doc["row_digest"])
 
     def restore_key_destruction(self, owner: str, at_ms: int, reason: str) -> None:
@@ -584,8 +589,14 @@ class DuckDBStore:
         self._local = threading.local()
         self._open = True
         self.check_migrations(apply=migrate)
+        # Audit rows of reads acknowledged before a crash, not yet moved into the table.
+        self._spool = AuditSpool(data_dir)
+        if migrate and self._spool.pending:
+            self._move_spool()
         row = self._con.execute("SELECT seq, row_digest FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
         self.audit_head: tuple[int, str] = (int(row[0]), row[1]) if row else (0, GENESIS)
+        if self._spool.pending and self._spool.pending[-1]["seq"] > self.audit_head[0]:
+            self.audit_head = (int(self._spool.pending[-1]["seq"]), self._spool.pending[-1]["row_digest"])
         # What searches and the writer read instead of the database: the search index and the
         # scope rows as of the last commit, published together after each COMMIT under one lock
         # (search_index.py). Stale (None / True) after a commit of unknown outcome or a failed
@@ -731,6 +742,12 @@ class DuckDBStore:
         if not snapshot:
             yield DuckDBTx(cur, self)
             return
+        if self._spool.pending:
+            # A snapshot sees every audit row acknowledged before it began (audit export,
+            # verification and backup read the table).
+            with self._write_lock:
+                if self._spool.pending:
+                    self._move_spool()
         cur.execute("BEGIN TRANSACTION")
         try:
             yield DuckDBTx(cur, self)
@@ -741,17 +758,41 @@ class DuckDBStore:
                 pass
 
     def append_audit(self, row: AuditRow) -> str:
-        """Append one audit row in its own (autocommitted) transaction: a call that changed nothing."""
+        """Append the audit row of a call that changed nothing, durably, to the audit spool
+        (audit_spool.py); the spool moves into the table once a batch has built up."""
         self._require_open()
         with self._write_lock:
-            tx = DuckDBTx(self._con, self)
+            doc = audit_doc(row, self.audit_head)
+            self._spool.append(doc)
+            self.audit_head = (doc["seq"], doc["row_digest"])
+            if len(self._spool.pending) >= SPOOL_BATCH:
+                try:
+                    self._move_spool()
+                except EngramError as exc:  # the rows stay durable in the spool; moved later
+                    log.warning("audit spool not moved: %s", exc.detail)
+            return doc["row_digest"]
+
+    def _move_spool(self) -> None:
+        """Move the spooled audit rows into the table in one transaction (under the write lock).
+        Rows already there (moved before a crash cut the spool's truncation) are skipped."""
+        rows = self._spool.pending
+        con = self._con
+        try:
+            con.execute("BEGIN TRANSACTION")
+            con.execute(
+                "INSERT INTO audit SELECT unnest($1::UBIGINT[]), unnest($2::BIGINT[]), unnest($3::VARCHAR[]), "
+                "unnest($4::VARCHAR[]), unnest($5::VARCHAR[]), unnest($6::VARCHAR[]), unnest($7::VARCHAR[]), "
+                "unnest($8::VARCHAR[]), unnest($9::VARCHAR[]), unnest($10::VARCHAR[]), unnest($11::VARCHAR[]), "
+                "unnest($12::VARCHAR[]), unnest($13::VARCHAR[]) ON CONFLICT (seq) DO NOTHING",
+                [list(c) for c in zip(*(_audit_values(d) for d in rows), strict=True)])
+            con.execute("COMMIT")
+        except duckdb.Error as exc:
             try:
-                row_digest = tx.append_audit(row)
-            except duckdb.Error as exc:
-                raise EngramError(Code.STORE_UNAVAILABLE, f"audit write failed: {type(exc).__name__}") from None
-            if tx.audit_head is not None:
-                self.audit_head = tx.audit_head
-            return row_digest
+                con.execute("ROLLBACK")
+            except duckdb.Error:
+                pass
+            raise EngramError(Code.STORE_UNAVAILABLE, f"audit spool move failed: {type(exc).__name__}") from None
+        self._spool.clear()
 
     def is_open(self) -> bool:
         return self._open
@@ -776,6 +817,12 @@ class DuckDBStore:
         self._open = False
         with self._write_lock:
             try:
+                if self._spool.pending:
+                    self._move_spool()
+            except EngramError:
+                pass  # still durable in the spool: moved at the next open
+            self._spool.close()
+            try:
                 self._con.execute("CHECKPOINT")
             except duckdb.Error:
                 pass
@@ -787,7 +834,7 @@ class DuckDBStore:
 
 
 def remove_store_files(data_dir: Path) -> None:
-    for name in ("engram.duckdb", "engram.duckdb.wal"):
+    for name in ("engram.duckdb", "engram.duckdb.wal", SPOOL_NAME):
         p = data_dir / name
         if p.exists():
             os.remove(p)
