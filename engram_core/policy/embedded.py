@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,26 @@ def _unavailable(detail: str) -> EngramError:
     return EngramError(Code.POLICY_UNAVAILABLE, detail)
 
 
+def _input_digest(input: Mapping[str, Any]) -> str:
+    try:
+        return digest("policy-input", input)
+    except (TypeError, ValueError) as exc:
+        raise _unavailable(f"policy input is not canonical JSON: {exc}") from exc
+
+
+def _check_time(what: str, started: float, timeout_s: float | None) -> None:
+    if timeout_s is not None and time.monotonic() - started > timeout_s:
+        raise _unavailable(f"{what}: decision took longer than {timeout_s}s")
+
+
+def _decision(path: str, result: Any, active: _Active, input_digest: str) -> Decision:
+    problem = shape_error(path, result)
+    if problem is not None:
+        raise _unavailable(f"{path}: {problem}")
+    return Decision(path=path, result=result, decision_id=f"embedded-{uuid.uuid4()}", revision=active.revision,
+                    input_digest=input_digest)
+
+
 class EmbeddedPolicyEngine:
     """PolicyEngine over a bundle directory, evaluated in this process.
 
@@ -52,29 +72,45 @@ class EmbeddedPolicyEngine:
 
     def decide(self, path: str, input: Mapping[str, Any], *, timeout_s: float | None = None) -> Decision:
         started = time.monotonic()
-        active = self._active  # one reference for the whole decision: one engine, one revision
-        if self._closed or active is None:
-            raise _unavailable("no active policy bundle")
-        try:
-            input_digest = digest("policy-input", input)
-        except (TypeError, ValueError) as exc:
-            raise _unavailable(f"policy input is not canonical JSON: {exc}") from exc
+        active = self._active_bundle()  # one reference for the whole decision: one engine, one revision
+        input_digest = _input_digest(input)
         try:
             result = active.engine.eval_document(path.strip("/").replace("/", "."), dict(input))
         except OpaError as exc:  # includes OpaUndefinedError
             raise _unavailable(f"{path}: {exc}") from exc
-        if timeout_s is not None and time.monotonic() - started > timeout_s:
-            raise _unavailable(f"{path}: decision took longer than {timeout_s}s")
-        problem = shape_error(path, result)
-        if problem is not None:
-            raise _unavailable(f"{path}: {problem}")
-        return Decision(
-            path=path,
-            result=result,
-            decision_id=f"embedded-{uuid.uuid4()}",
-            revision=active.revision,
-            input_digest=input_digest,
-        )
+        _check_time(path, started, timeout_s)
+        return _decision(path, result, active, input_digest)
+
+    def decide_all(self, requests: Sequence[tuple[str, Mapping[str, Any]]], *,
+                   timeout_s: float | None = None) -> list[Decision]:
+        """One engine call for all: ``d0 := data.<path0> with input as input[0]; ...``. Each
+        engine call costs a fixed ~0.1 ms and, inside a busy server, its caches are cold: a
+        search asks for authorization and redaction together (~1 ms less per search)."""
+        if len(requests) == 1:
+            return [self.decide(*requests[0], timeout_s=timeout_s)]
+        started = time.monotonic()
+        active = self._active_bundle()
+        digests = [_input_digest(input) for _, input in requests]
+        # The query text depends only on the paths, a fixed set: the engine's prepared-query
+        # cache stays bounded.
+        query = "; ".join(f"d{i} := data.{path.strip('/').replace('/', '.')} with input as input[{i}]"
+                          for i, (path, _) in enumerate(requests))
+        names = ", ".join(path for path, _ in requests)
+        try:
+            bindings = active.engine.eval_query(query, [dict(input) for _, input in requests])
+        except OpaError as exc:
+            raise _unavailable(f"{names}: {exc}") from exc
+        if len(bindings) != 1:  # a decision undefined (no binding), or not single-valued
+            raise _unavailable(f"{names}: undefined decision")
+        _check_time(names, started, timeout_s)
+        return [_decision(path, bindings[0].get(f"d{i}"), active, d)
+                for i, ((path, _), d) in enumerate(zip(requests, digests, strict=True))]
+
+    def _active_bundle(self) -> _Active:
+        active = self._active
+        if self._closed or active is None:
+            raise _unavailable("no active policy bundle")
+        return active
 
     def revision(self) -> str:
         active = self._active

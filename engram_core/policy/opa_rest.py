@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -117,6 +117,15 @@ class OpaRestPolicyEngine:
             revision=revision,
             input_digest=input_digest,
         )
+
+    def decide_all(self, requests: Sequence[tuple[str, Mapping[str, Any]]], *,
+                   timeout_s: float | None = None) -> list[Decision]:
+        """One Data API request per decision (the Data API answers one document per request);
+        all must come from one bundle revision."""
+        decisions = [self.decide(path, input, timeout_s=timeout_s) for path, input in requests]
+        if len({d.revision for d in decisions}) > 1:
+            raise _unavailable("decisions answered by different bundle revisions")
+        return decisions
 
     def _query(self, path: str, input: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         started = time.monotonic()

@@ -8,7 +8,7 @@ active bundle): callers fail closed and change nothing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -49,6 +49,13 @@ class Decision:
 class PolicyEngine(Protocol):
     def decide(self, path: str, input: Mapping[str, Any], *, timeout_s: float | None = None) -> Decision:
         """Evaluate ``data.<path>`` with ``input``; raise POLICY_UNAVAILABLE on anything but a valid answer."""
+        ...
+
+    def decide_all(self, requests: Sequence[tuple[str, Mapping[str, Any]]], *,
+                   timeout_s: float | None = None) -> list[Decision]:
+        """Several decisions, each as ``decide`` would make it, all under one revision; raise
+        POLICY_UNAVAILABLE unless every one is a valid answer. A backend may evaluate them
+        together (the embedded one does: one engine call instead of one each)."""
         ...
 
     def revision(self) -> str:

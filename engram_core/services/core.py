@@ -125,21 +125,29 @@ class Core:
         if scope is ...:
             scope = (self.store.committed_scope(ctx.tenant, ctx.workspace) if tx is None
                      else tx.scope(ctx.tenant, ctx.workspace))
+        return self._allowed(self.decide(AUTHZ, self._authz_input(ctx, operation, scope), call), operation)
+
+    def authorize_with(self, ctx: BoundContext, operation: str, call: CallRecord, scope: ScopeRow | None,
+                       path: str, input: dict[str, Any]) -> tuple[Decision, Decision]:
+        """``authorize`` and one more decision the call will need, asked together (one engine
+        call in the embedded backend). Only the authorization is recorded on ``call``; the caller
+        records the other (``call.add``) if it uses it."""
+        authz, other = self.policy.decide_all([(AUTHZ, self._authz_input(ctx, operation, scope)), (path, input)],
+                                              timeout_s=POLICY_TIMEOUT_S)
+        return self._allowed(call.add(authz), operation), other
+
+    def _authz_input(self, ctx: BoundContext, operation: str, scope: ScopeRow | None) -> dict[str, Any]:
         if scope is not None and ctx.authorization_epoch < scope.authorization_epoch:
             raise EngramError(Code.AUTHORIZATION_REVOKED, "context epoch older than scope epoch")
-        d = self.decide(
-            AUTHZ,
-            {
-                "operation": operation,
-                "context": context_facts(ctx),
-                "scope": {
-                    "activated": bool(scope and scope.activated),
-                    "tools": list(scope.tools) if scope else [],
-                },
-                "now_ms": self.now_ms(),
-            },
-            call,
-        )
+        return {
+            "operation": operation,
+            "context": context_facts(ctx),
+            "scope": {"activated": bool(scope and scope.activated), "tools": list(scope.tools) if scope else []},
+            "now_ms": self.now_ms(),
+        }
+
+    @staticmethod
+    def _allowed(d: Decision, operation: str) -> Decision:
         if not d.result["allow"]:
             raise EngramError(Code.UNAUTHORIZED, f"authz denied {operation}")
         return d

@@ -9,11 +9,11 @@ from engram_core.canonical import canonical_json, digest, digest_bytes, with_rec
 from engram_core.crypto.sealing import unseal
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import BoundContext
-from engram_core.policy.port import REDACTION
+from engram_core.policy.port import REDACTION, Decision
 from engram_core.services.core import CallRecord, Core, context_facts
 from engram_core.services.paging import Binding, CursorCodec, Pin, PinStore
 from engram_core.services.ranking import OFFLINE_LEXICAL_V1, Profile, semantic_v1
-from engram_core.store.port import RecordRow, Tx
+from engram_core.store.port import RecordRow, ScopeRow, Tx
 from engram_core.validation import validate_arguments
 
 SEARCH_TOOL = "engram_memory_search"
@@ -83,13 +83,18 @@ class ReadService:
                 raise
             return None
 
-    def _redaction(self, ctx: BoundContext, operation: str, call: CallRecord) -> tuple[set[str], int, str]:
-        d = self.core.decide(
-            REDACTION,
-            {"context": context_facts(ctx), "operation": operation, "purpose_ref": ctx.purpose_ref,
-             "now_ms": self.core.now_ms()},
-            call,
-        )
+    def _redaction_input(self, ctx: BoundContext, operation: str) -> dict[str, Any]:
+        return {"context": context_facts(ctx), "operation": operation, "purpose_ref": ctx.purpose_ref,
+                "now_ms": self.core.now_ms()}
+
+    def _authorize_and_redaction(self, ctx: BoundContext, operation: str, call: CallRecord,
+                                 scope: ScopeRow | None) -> tuple[Decision, Decision]:
+        """The authorization and redaction decisions of a read, asked together; the redaction
+        decision is recorded on ``call`` by ``_redaction`` once the read uses it."""
+        return self.core.authorize_with(ctx, operation, call, scope, REDACTION, self._redaction_input(ctx, operation))
+
+    def _redaction(self, d: Decision, call: CallRecord) -> tuple[set[str], int, str]:
+        call.add(d)
         allow = set(d.result["allow_fields"]) | {"/record_id"}  # record_id always present (SPEC §5)
         return allow, int(d.result["max_packet_bytes"]), self.core.decision_receipt(d)["receipt_digest"]
 
@@ -108,14 +113,15 @@ class ReadService:
         call = CallRecord()
         validate_arguments(GET_TOOL, args)
         self.bind_purpose(ctx, args["purpose_ref"])
-        authz = self.core.authorize(ctx, GET_TOOL, call)
+        authz, redaction = self._authorize_and_redaction(
+            ctx, GET_TOOL, call, self.core.store.committed_scope(ctx.tenant, ctx.workspace))
         now = self.core.now_ms()
         with self.core.store.read(snapshot=False) as tx:  # one statement: no snapshot to hold
             rec = tx.record(ctx.tenant, ctx.workspace, args["record_id"])
         if rec is None or not eligible(rec, now):
             self._audit_read(ctx, GET_TOOL, "NOT_FOUND", args["record_id"], call)
             raise EngramError(Code.NOT_FOUND, "record")
-        allow, cap, redaction_policy = self._redaction(ctx, GET_TOOL, call)
+        allow, cap, redaction_policy = self._redaction(redaction, call)
         with self.core.store.read(snapshot=False) as tx:
             view = self._view_unless_forgotten(tx, rec, now)
         if view is None:  # forgotten since it was read
@@ -170,7 +176,7 @@ class ReadService:
         # transaction would only add statements (SPEC §11: revalidate after ranking).
         with self.core.store.read(snapshot=False) as tx:
             scope = self.core.store.committed_scope(ctx.tenant, ctx.workspace)  # pins the search
-            authz = self.core.authorize(ctx, SEARCH_TOOL, call, scope=scope)
+            authz, redaction = self._authorize_and_redaction(ctx, SEARCH_TOOL, call, scope)
             profile = self._profile_for(args)
             limit = args.get("limit", DEFAULT_LIMIT)
             params = {k: args[k] for k in ("limit", "max_packet_bytes", "capability_policy") if k in args}
@@ -194,7 +200,7 @@ class ReadService:
             # and its slot is never refilled from an unvalidated list.
             now = self.core.now_ms()
             kept = [(i, r) for i, r in enumerate(rows) if r[0] in recs and eligible(recs[r[0]], now)]
-            allow, cap, redaction_policy = self._redaction(ctx, SEARCH_TOOL, call)
+            allow, cap, redaction_policy = self._redaction(redaction, call)
             max_bytes = min(args.get("max_packet_bytes", DEFAULT_PACKET), cap)
             packets = []
             for i, (rid, score, _vt) in kept:

@@ -11,7 +11,7 @@ import pytest
 
 from engram_core.errors import Code, EngramError
 from engram_core.policy.embedded import EmbeddedPolicyEngine
-from engram_core.policy.port import AUTHZ, DECISION_PATHS, RETENTION
+from engram_core.policy.port import AUTHZ, DECISION_PATHS, REDACTION, RETENTION
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
 REVISION = json.loads((POLICIES / ".manifest").read_text())["revision"]
@@ -78,6 +78,30 @@ def test_malformed_decision_is_policy_unavailable(tmp_path, body):
     (bundle / "engram" / "authz" / "authz_test.rego").unlink()
     engine = _loaded(bundle)
     _unavailable(lambda: engine.decide(AUTHZ, {}))
+    _unavailable(lambda: engine.decide_all([(REDACTION, {}), (AUTHZ, {})]))
+
+
+FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("*/*.json"))
+
+
+def test_decisions_asked_together_answer_as_each_alone():
+    engine = _loaded(POLICIES)
+    cases = [json.loads(f.read_text()) for f in FIXTURES]
+    assert len({c["path"] for c in cases}) >= 4
+    for i in range(0, len(cases) - 2, 3):  # mixed paths and inputs, three at a time
+        group = cases[i:i + 3]
+        together = engine.decide_all([(c["path"], c["input"]) for c in group])
+        for case, d in zip(group, together, strict=True):
+            alone = engine.decide(case["path"], case["input"])
+            assert d.result == alone.result == case["expected"]
+            assert (d.path, d.revision, d.input_digest) == (alone.path, alone.revision, alone.input_digest)
+        assert len({d.decision_id for d in together}) == 3
+
+
+def test_one_undefined_decision_among_several_is_policy_unavailable():
+    engine = _loaded(POLICIES)
+    _unavailable(lambda: engine.decide_all([(AUTHZ, {}), ("engram/authz/no_such_rule", {})]))
+    _unavailable(lambda: engine.decide_all([("engram/authz/no_such_rule", {}), (REDACTION, {})]))
 
 
 def test_runtime_error_is_policy_unavailable(tmp_path):

@@ -49,6 +49,18 @@ def test_rest_backend_answers_every_golden_fixture_like_embedded(server):
     rest.close()
 
 
+def test_rest_backend_asks_several_decisions_like_embedded(server):
+    embedded = EmbeddedPolicyEngine(POLICIES)
+    embedded.reload()
+    rest = OpaRestPolicyEngine(server.url, expected_revision=REVISION)
+    cases = [json.loads(f.read_text()) for f in FIXTURES[:6]]
+    requests = [(c["path"], c["input"]) for c in cases]
+    assert [d.result for d in rest.decide_all(requests)] == [d.result for d in embedded.decide_all(requests)] \
+        == [c["expected"] for c in cases]
+    _unavailable(lambda: rest.decide_all([(AUTHZ, {}), ("engram/authz/no_such_rule", {})]))
+    rest.close()
+
+
 def test_rest_backend_uses_server_decision_id(server):
     rest = OpaRestPolicyEngine(server.url)
     assert rest.decide(AUTHZ, {}).decision_id != rest.decide(AUTHZ, {}).decision_id
