@@ -90,6 +90,12 @@ class _Columns:
         self.valid_t = np.zeros(cap, dtype=np.int64)
         self.valid_end = np.zeros(cap, dtype=np.int64)
         self.expires = np.zeros(cap, dtype=np.int64)
+        self.cursor_bound = 0  # at least every document's accepted and state cursor
+        # The last eligibility mask computed for a pin at or past ``cursor_bound`` (where the
+        # cursors no longer matter), and the instants [from, until) over which no document's
+        # valid time or expiry changes it. Any change to a column drops it.
+        self._mask: np.ndarray | None = None
+        self._mask_from = self._mask_until = 0
 
     _ARRAYS = ("live", "current", "accepted", "changed", "valid_t", "valid_end", "expires")
 
@@ -109,6 +115,8 @@ class _Columns:
         return doc
 
     def set(self, doc: int, meta: RecordMeta) -> None:
+        self._mask = None
+        self.cursor_bound = max(self.cursor_bound, meta.accepted_cursor, meta.state_cursor)
         self.current[doc] = meta.current
         self.accepted[doc] = meta.accepted_cursor
         self.changed[doc] = meta.state_cursor
@@ -116,11 +124,39 @@ class _Columns:
         self.valid_end[doc] = NEVER if meta.valid_t_end is None else meta.valid_t_end
         self.expires[doc] = NEVER if meta.expires_at_ms is None else meta.expires_at_ms
 
+    def set_state(self, doc: int, current: bool, state_cursor: int) -> None:
+        self._mask = None
+        self.cursor_bound = max(self.cursor_bound, state_cursor)
+        self.current[doc] = current
+        self.changed[doc] = state_cursor
+
+    def kill(self, doc: int) -> None:
+        self._mask = None
+        self.live[doc] = False
+        self.rows[doc] = None
+
     def eligible(self, *, now_ms: int, max_cursor: int) -> np.ndarray:
-        """SPEC §5 eligibility as of the pin, over every local document."""
+        """SPEC §5 eligibility as of the pin, over every local document.
+
+        Reading seven columns of every document was a fifth of ranking at 100k records, and the
+        answer rarely changes between searches: a first page pins the latest cursor, and the
+        time conditions flip only at the documents' own instants. So the mask is kept until the
+        next instant any of them flips or until a column changes. Read-only for callers."""
         n = self.n
-        return (self.live[:n] & self.current[:n] & (self.accepted[:n] <= max_cursor) & (self.changed[:n] <= max_cursor)
-                & (self.valid_t[:n] <= now_ms) & (self.valid_end[:n] >= now_ms) & (self.expires[:n] > now_ms))
+        if max_cursor >= self.cursor_bound and self._mask is not None and self._mask_from <= now_ms < self._mask_until:
+            return self._mask
+        valid_t, valid_end, expires = self.valid_t[:n], self.valid_end[:n], self.expires[:n]
+        mask = (self.live[:n] & self.current[:n] & (self.accepted[:n] <= max_cursor) & (self.changed[:n] <= max_cursor)
+                & (valid_t <= now_ms) & (valid_end >= now_ms) & (expires > now_ms))
+        if max_cursor >= self.cursor_bound:
+            # The next instant at which valid_t <= now, valid_end >= now or expires > now flips.
+            later = [int(a.min()) for a in (valid_t[valid_t > now_ms], expires[expires > now_ms]) if len(a)]
+            ending = valid_end[(valid_end >= now_ms) & (valid_end < NEVER)]
+            if len(ending):
+                later.append(int(ending.min()) + 1)
+            mask.flags.writeable = False
+            self._mask, self._mask_from, self._mask_until = mask, now_ms, min(later, default=NEVER)
+        return mask
 
 
 @dataclass
@@ -225,8 +261,7 @@ class _Scope:
         doc = self.local.pop(record_id, None)
         if doc is None or not self.columns.live[doc]:
             return
-        self.columns.live[doc] = False
-        self.columns.rows[doc] = None
+        self.columns.kill(doc)
         rows = self.terms_of.pop(doc, None)
         if rows is None:
             rows = self._rows_of(doc)
@@ -248,8 +283,7 @@ class _Scope:
     def set_state(self, record_id: str, current: bool, state_cursor: int) -> None:
         doc = self.local.get(record_id)
         if doc is not None:
-            self.columns.current[doc] = current
-            self.columns.changed[doc] = state_cursor
+            self.columns.set_state(doc, current, state_cursor)
             self.columns.rows[doc] = None  # the row changed: readers go to the database
 
     def evict_row(self, record_id: str) -> None:
@@ -424,7 +458,7 @@ class SearchIndex:
         if scope is None or not idf or not weight.any():
             return LexicalPage(0, [], best_bm25 or 0.0)
         cols = scope.columns
-        bm25 = np.zeros(cols.n)
+        docs, contribs = [], []
         for term, term_idf in idf:
             rows = scope.term_rows(term)
             if rows is None:
@@ -433,8 +467,12 @@ class SearchIndex:
             fld = fld.astype(np.intp)
             # float64 arrays first: a Python scalar times a float32 array would stay float32 (NEP 50).
             norm = k1 * (1 - b + (inv_avg[fld] * flen) * b)
-            contrib = (weight[fld] * (term_idf * (k1 + 1))) * tf / (norm + tf)
-            bm25 += np.bincount(doc, weights=contrib, minlength=cols.n)
+            contribs.append((weight[fld] * (term_idf * (k1 + 1))) * tf / (norm + tf))
+            docs.append(doc)
+        if not docs:
+            return LexicalPage(0, [], best_bm25 or 0.0)
+        # One pass over every document for all terms (a bincount per term was a pass per term).
+        bm25 = np.bincount(np.concatenate(docs), weights=np.concatenate(contribs), minlength=cols.n)
         hit = np.flatnonzero((bm25 > 0) & cols.eligible(now_ms=now_ms, max_cursor=max_accepted_cursor))
         if len(hit) == 0:
             return LexicalPage(0, [], best_bm25 or 0.0)

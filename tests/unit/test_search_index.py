@@ -158,3 +158,42 @@ def test_nearest_matches_a_direct_scan(seed: int, n: int, min_similarity: float)
     assert all(math.isclose(a[1], b[1], abs_tol=1e-6) for a, b in zip(got, expected, strict=False))
     assert index.nearest("t", "w", "other-model", q.tolist(), now_ms=NOW, max_accepted_cursor=max_cursor,
                          min_similarity=-1.0, limit=7) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32))
+def test_eligibility_kept_between_searches_is_always_the_direct_answer(seed: int) -> None:
+    """The eligibility mask is reused between searches until a document's valid time or expiry
+    flips it or a column changes; at every instant it equals the direct computation."""
+    rnd = random.Random(seed)
+    index = SearchIndex()
+    t0 = NOW
+    metas = []
+    for i in range(rnd.randint(1, 40)):
+        meta = RecordMeta(f"rec_{i:03d}", rnd.random() < 0.9, i + 1, i + 1, t0 + rnd.randrange(-5, 20),
+                          rnd.choice([None, t0 + rnd.randrange(0, 25)]), rnd.choice([None, t0 + rnd.randrange(0, 25)]))
+        index.apply([("index", "t", "w", meta, [Posting(1, "primary", 1, 1)])])
+        metas.append(meta)
+    cols = index._scopes[("t", "w")].columns
+    now = t0 - 6
+    for _ in range(60):
+        now += rnd.choice([0, 0, 1, 1, 2, 5])
+        if rnd.random() < 0.1:  # a host transition or a forget in between
+            meta = rnd.choice(metas)
+            if rnd.random() < 0.5:
+                meta.current, meta.state_cursor = not meta.current, len(metas) + rnd.randrange(3)
+                index.apply([("state", meta.record_id, meta.current, meta.state_cursor)])
+            else:
+                index.apply([("unindex", "t", "w", meta.record_id)])
+                metas.remove(meta)
+                if not metas:
+                    return
+        cursor = rnd.choice([len(metas) + 5, 2**62, rnd.randrange(1, 45)])
+        got = cols.eligible(now_ms=now, max_cursor=cursor)
+        live = {m.record_id for m in metas}
+        expected = [rid in live and (m := next(x for x in metas if x.record_id == rid)).current
+                    and m.accepted_cursor <= cursor and m.state_cursor <= cursor and m.valid_t <= now
+                    and (m.valid_t_end is None or m.valid_t_end >= now)
+                    and (m.expires_at_ms is None or m.expires_at_ms > now)
+                    for rid in cols.record_ids]
+        assert got.tolist() == expected, (now, cursor)
