@@ -661,6 +661,7 @@ class DuckDBStore:
             con = self._con
             tx = DuckDBTx(con, self, writing=True)
             con.execute("BEGIN TRANSACTION")
+            self._local.writing = True
             try:
                 yield tx
             except BaseException:
@@ -669,6 +670,8 @@ class DuckDBStore:
                 except duckdb.Error:
                     pass
                 raise
+            finally:
+                self._local.writing = False
             self._commit(con)
             if tx.index_ops or tx.scope_changes:
                 with self._publish:
@@ -742,9 +745,10 @@ class DuckDBStore:
         if not snapshot:
             yield DuckDBTx(cur, self)
             return
-        if self._spool.pending:
+        if self._spool.pending and not self._in_write():
             # A snapshot sees every audit row acknowledged before it began (audit export,
-            # verification and backup read the table).
+            # verification and backup read the table). Not from inside this thread's write
+            # transaction: the move is a transaction of its own on the same connection.
             with self._write_lock:
                 if self._spool.pending:
                     self._move_spool()
@@ -761,6 +765,9 @@ class DuckDBStore:
         """Append the audit row of a call that changed nothing, durably, to the audit spool
         (audit_spool.py); the spool moves into the table once a batch has built up."""
         self._require_open()
+        if self._in_write():
+            # The row's place in the chain would collide with the open transaction's own rows.
+            raise EngramError(Code.STORE_UNAVAILABLE, "standalone audit row inside a write transaction")
         with self._write_lock:
             doc = audit_doc(row, self.audit_head)
             self._spool.append(doc)
@@ -771,6 +778,9 @@ class DuckDBStore:
                 except EngramError as exc:  # the rows stay durable in the spool; moved later
                     log.warning("audit spool not moved: %s", exc.detail)
             return doc["row_digest"]
+
+    def _in_write(self) -> bool:
+        return getattr(self._local, "writing", False)
 
     def _move_spool(self) -> None:
         """Move the spooled audit rows into the table in one transaction (under the write lock).

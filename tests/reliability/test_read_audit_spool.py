@@ -185,3 +185,24 @@ def test_a_read_through_the_service_is_audited_before_it_answers(tmp_path) -> No
         assert b'"audit_id":"aud_answered_search"' in spooled and spooled.endswith(b"\n")
     finally:
         running.stop()
+
+
+def test_inside_a_write_transaction_the_spool_neither_moves_nor_takes_rows(tmp_path) -> None:
+    """Moving the spool is a transaction of its own on the writer's connection: never from inside
+    a write transaction (it would end it), and a standalone row there would collide in the chain."""
+    store = DuckDBStore(tmp_path)
+    try:
+        store.append_audit(_row(0))
+        with store.write() as tx:
+            tx.append_audit(_row(100))
+            with store.read() as snap:  # a snapshot read on the same thread
+                snap.scopes()
+            assert len(store._spool.pending) == 1
+            with pytest.raises(EngramError) as err:
+                store.append_audit(_row(1))
+            assert err.value.code is Code.STORE_UNAVAILABLE
+        rows = _table(store)
+        assert [r["audit_id"] for r in rows] == ["aud_spool_0", "aud_spool_100"]
+        assert not check_audit(rows, store.audit_head)
+    finally:
+        store.close()
