@@ -56,6 +56,7 @@ SERVER_VERSION = "0.1.0"
 # answers gate_failed.
 ALWAYS_CONFIRMED = frozenset({"engram_memory_withdraw", "engram_memory_forget"})
 CONFIRMED_ON_POLICY = frozenset({"engram_memory_capture", "engram_memory_request_admission"})
+READ_TOOLS = frozenset({"engram_memory_search", "engram_memory_get"})
 _PURPOSE_TOOLS = frozenset({"engram_memory_search", "engram_memory_get"})
 
 # The SDK's wire errors that collide with the contract's protocol errors
@@ -215,6 +216,9 @@ class EngramMcp:
         state = _CALL_STATE.get()
         if state is not None:
             state.audit_id = call.audit_id
+        arguments: Any = params.arguments if params.arguments is not None else {}
+        if name in READ_TOOLS and call.memory_enabled:
+            return await self._read(name, arguments, call)
         try:
             granted, gated = await self._granted(call)
         except EngramError as exc:
@@ -222,7 +226,6 @@ class EngramMcp:
         if name not in granted:
             raise envelope.unknown_tool()
 
-        arguments: Any = params.arguments if params.arguments is not None else {}
         try:
             validate_arguments(name, arguments)
         except EngramError as exc:
@@ -239,6 +242,37 @@ class EngramMcp:
                 return await self._confirm_then_invoke(ctx, params, name, arguments, call, state)
             return envelope.failure(exc.code, audit_id=call.audit_id)
         return envelope.success(value, audit_id=call.audit_id)
+
+    async def _read(self, name: str, arguments: Any, call: CallContext) -> types.CallToolResult:
+        """search and get without asking for the tool list first: the core authorizes the call
+        with the same policy, so the list (a second gRPC round trip, ~2.5 ms of an MCP search)
+        only tells a refusal from a tool that must look unknown, and is asked only on failure.
+        Every answer is the one the list-first order gives."""
+        try:
+            validate_arguments(name, arguments)
+        except EngramError as exc:
+            return await self._unless_ungranted(name, call) or envelope.failure(exc.code, audit_id=call.audit_id)
+        if _purpose_mismatch(name, arguments, call.binding.purpose_ref):
+            refused = await self._unless_ungranted(name, call)
+            if refused is not None:
+                return refused
+            raise envelope.trusted_context_unavailable()
+        try:
+            value = await self._core.invoke(name, arguments, context=call.signed)
+        except EngramError as exc:
+            return await self._unless_ungranted(name, call) or envelope.failure(exc.code, audit_id=call.audit_id)
+        return envelope.success(value, audit_id=call.audit_id)
+
+    async def _unless_ungranted(self, name: str, call: CallContext) -> types.CallToolResult | None:
+        """Raise unknown tool if ``name`` is not granted; the failure envelope if the tool list
+        itself was refused; None if the tool is granted."""
+        try:
+            granted, _ = await self._granted(call)
+        except EngramError as exc:
+            return envelope.failure(exc.code, audit_id=call.audit_id)
+        if name not in granted:
+            raise envelope.unknown_tool()
+        return None
 
     async def _confirm_then_invoke(
         self,

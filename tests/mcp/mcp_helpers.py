@@ -41,8 +41,9 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def activate(core: Core, tenant: str, workspace: str) -> None:
-    """Turn memory on for one scope, as a host maintenance principal (SPEC §12)."""
+def activate(core: Core, tenant: str, workspace: str, tools: list[str] | None = None) -> None:
+    """Turn memory on for one scope, as a host maintenance principal (SPEC §12); ``tools``:
+    the granted tools (default: all six)."""
     key = load_private_key_file(core.host_key_path)
     ctx = make_context(
         key,
@@ -56,7 +57,7 @@ def activate(core: Core, tenant: str, workspace: str) -> None:
     )
     with grpc.insecure_channel(core.address) as channel:
         admin_pb2_grpc.AdminServiceStub(channel).Activate(
-            admin_pb2.ActivateRequest(tenant=tenant, workspace=workspace),
+            admin_pb2.ActivateRequest(tenant=tenant, workspace=workspace, tools=tools or []),
             metadata=((CONTEXT_METADATA_KEY, ctx),),
             timeout=10,
         )

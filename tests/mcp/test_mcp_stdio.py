@@ -12,6 +12,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mcp.shared.exceptions import MCPError
 from mcp_helpers import (
     PURPOSE,
+    WORKSPACE,
+    activate,
     approve,
     binding_for,
     cancel,
@@ -136,6 +138,28 @@ async def test_scope_not_activated_lists_nothing_and_calls_are_unknown_tools(cor
                 "engram_memory_get", {"record_id": "mem_" + "a" * 52, "purpose_ref": PURPOSE}
             )
         assert (err.value.code, err.value.message) == (-32602, "Unknown tool")
+
+
+async def test_a_read_tool_not_granted_is_unknown_whatever_its_arguments(core, cfg_dir):
+    """search and get go to the core without asking for the tool list first; a refusal still
+    answers exactly as the list would: a tool not granted is unknown, bad arguments or a
+    purpose mismatch included."""
+    activate(core, "umbrella", WORKSPACE, tools=["engram_memory_capture", "engram_memory_search"])
+    config = write_config(cfg_dir / "umbrella.toml", address=core.address, signing_key=core.host_key_path,
+                          binding=binding_for("umbrella"))
+    async with stdio_client(config) as client:
+        listed = {t.name for t in (await client.list_tools()).tools}
+        assert listed == {"engram_memory_capture", "engram_memory_search"}
+        for args in ({"record_id": "mem_" + "a" * 52, "purpose_ref": PURPOSE},
+                     {"record_id": "not-an-id", "purpose_ref": PURPOSE},
+                     {"record_id": "mem_" + "a" * 52, "purpose_ref": "purpose:other"}):
+            with pytest.raises(MCPError) as err:
+                await client.call_tool("engram_memory_get", args)
+            assert (err.value.code, err.value.message) == (-32602, "Unknown tool")
+        found = value_of(await client.call_tool("engram_memory_search", {"query": "x", "purpose_ref": PURPOSE}))
+        assert found["records"] == []
+        bad = envelope_of(await client.call_tool("engram_memory_search", {"query": "", "purpose_ref": PURPOSE}))
+        assert bad["ok"] is False and bad["error"]["code"] == "INVALID_SCHEMA"
 
 
 # ---- protocol errors ---------------------------------------------------------------
