@@ -20,27 +20,37 @@ from google.protobuf.message import Message
 _ALWAYS_PRESENT_LISTS = frozenset({"records", "redacted_fields", "family_refs"})
 
 
+# Descriptor attributes are C calls in upb; a search response reads them thousands of times.
+_FIELD_FACTS: dict[FieldDescriptor, tuple[str, bool, bool]] = {}
+_ALWAYS_EMPTY: dict[Any, tuple[str, ...]] = {}
+
+
+def _facts(field: FieldDescriptor) -> tuple[str, bool, bool]:
+    """(name, repeated, message-typed) of a field, looked up once."""
+    facts = _FIELD_FACTS.get(field)
+    if facts is None:
+        facts = _FIELD_FACTS[field] = (field.name, field.is_repeated, field.type == FieldDescriptor.TYPE_MESSAGE)
+    return facts
+
+
 def message_to_value(msg: Message) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for field, value in msg.ListFields():
-        out[field.name] = _convert(field, value)
-    for name in _ALWAYS_PRESENT_LISTS:
-        field = msg.DESCRIPTOR.fields_by_name.get(name)
-        if field is not None and field.is_repeated and name not in out:
+        name, repeated, nested = _facts(field)
+        if nested:
+            out[name] = [message_to_value(v) for v in value] if repeated else message_to_value(value)
+        else:
+            out[name] = list(value) if repeated else value
+    descriptor = msg.DESCRIPTOR
+    lists = _ALWAYS_EMPTY.get(descriptor)
+    if lists is None:
+        lists = _ALWAYS_EMPTY[descriptor] = tuple(
+            name for name in _ALWAYS_PRESENT_LISTS
+            if (f := descriptor.fields_by_name.get(name)) is not None and f.is_repeated)
+    for name in lists:
+        if name not in out:
             out[name] = []
     return out
-
-
-def _convert(field: FieldDescriptor, value: Any) -> Any:
-    if field.is_repeated:
-        return [_scalar(field, v) for v in value]
-    return _scalar(field, value)
-
-
-def _scalar(field: FieldDescriptor, value: Any) -> Any:
-    if field.type == FieldDescriptor.TYPE_MESSAGE:
-        return message_to_value(value)
-    return value
 
 
 def has_unknown_fields(msg: Message) -> bool:
@@ -90,16 +100,30 @@ _SCALAR_TYPES: dict[int, tuple[type, ...]] = {
 }
 
 
+# Per message type: field name -> (message-typed, repeated, allowed Python types or None).
+_FILL_FACTS: dict[Any, dict[str, tuple[bool, bool, tuple[type, ...] | None]]] = {}
+
+
+def _fill_facts(descriptor: Any) -> dict[str, tuple[bool, bool, tuple[type, ...] | None]]:
+    facts = _FILL_FACTS.get(descriptor)
+    if facts is None:
+        facts = _FILL_FACTS[descriptor] = {
+            f.name: (f.type == FieldDescriptor.TYPE_MESSAGE, f.is_repeated, _SCALAR_TYPES.get(f.type))
+            for f in descriptor.fields}
+    return facts
+
+
 def _fill(message: Message, value: Any) -> None:
     if type(value) is not dict:
         raise _Slow
-    fields = message.DESCRIPTOR.fields_by_name
+    fields = _fill_facts(message.DESCRIPTOR)
     for name, v in value.items():
-        field = fields.get(name)
-        if field is None:
+        facts = fields.get(name)
+        if facts is None:
             raise _Slow
-        if field.type == FieldDescriptor.TYPE_MESSAGE:
-            if field.is_repeated:
+        nested, repeated, allowed = facts
+        if nested:
+            if repeated:
                 if type(v) is not list:
                     raise _Slow
                 items = getattr(message, name)
@@ -110,10 +134,9 @@ def _fill(message: Message, value: Any) -> None:
                 sub.SetInParent()
                 _fill(sub, v)
             continue
-        allowed = _SCALAR_TYPES.get(field.type)
         if allowed is None:
             raise _Slow
-        if field.is_repeated:
+        if repeated:
             if type(v) is not list or any(type(x) not in allowed for x in v):
                 raise _Slow
             getattr(message, name).extend(v)
