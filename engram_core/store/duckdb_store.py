@@ -90,9 +90,13 @@ def _audit_values(doc: dict[str, Any]) -> list[Any]:
 class DuckDBTx:
     """Domain operations over one DuckDB connection inside a transaction."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, store: DuckDBStore, *, writing: bool = False) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, store: DuckDBStore, *, writing: bool = False,
+                 latest: bool = False) -> None:
         self._con = con
         self._store = store
+        # A reader without a snapshot (each statement reads the latest commit) may also read the
+        # committed copies published with each commit; a snapshot or a writer may not.
+        self._latest = latest
         # A writer (the only one: the store's write lock) reads scope rows from the store's
         # committed copy plus its own changes, which the store publishes after COMMIT.
         self._writing = writing
@@ -316,10 +320,12 @@ class DuckDBTx:
         return record_of(row) if row and row[1] == tenant and row[2] == workspace else None
 
     def records(self, tenant: str, workspace: str, record_ids: list[str]) -> dict[str, RecordRow]:
-        """The latest committed rows of these records in the scope (for readers without a snapshot:
-        the search index's copy, published with each commit, may be newer than a snapshot)."""
+        """These records' rows in the scope. A reader without a snapshot gets the latest committed
+        rows, from the search index's copy where it holds one (published with each commit)."""
         if not record_ids:
             return {}
+        if not self._latest:
+            return self._records_from_db(tenant, workspace, record_ids)
         with self._store.search_index() as index:
             found = index.rows(tenant, workspace, record_ids)
         missing = [rid for rid in record_ids if rid not in found]
@@ -743,7 +749,7 @@ class DuckDBStore:
             cur = self._con.cursor()
             self._local.cursor = cur
         if not snapshot:
-            yield DuckDBTx(cur, self)
+            yield DuckDBTx(cur, self, latest=True)
             return
         if self._spool.pending and not self._in_write():
             # A snapshot sees every audit row acknowledged before it began (audit export,

@@ -49,6 +49,7 @@ FIELDS = ("primary", "decision", "evidence", "context", "citations")
 FIELD_CODE = {name: i for i, name in enumerate(FIELDS)}
 NEVER = np.iinfo(np.int64).max  # no valid_time end / no expiry
 MERGE_AT = 65_536  # buffered postings of a scope before they are merged into its arrays
+CONTRIBUTION_BYTES = 32 << 20  # per scope: cached term contributions (a common term: ~1 MB at 100k)
 
 
 @dataclass
@@ -211,6 +212,11 @@ class _Scope:
         self.docs = 0
         self.terms_of: dict[int, list[tuple[int, int, int]]] = {}  # doc -> [(term, field, field_len)] for removal
         self.vectors: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # model -> (rows by doc, row present)
+        # Per query term and scoring parameters: (documents, BM25F contribution before the IDF) of
+        # its postings. Common terms recur across searches and their arithmetic was most of
+        # ranking; any change to the scope's postings or statistics empties it.
+        self.contributions: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self.contribution_bytes = 0
 
     def put_vector(self, record_id: str, model: str, vector: Any) -> None:
         doc = self.local.get(record_id)
@@ -239,6 +245,7 @@ class _Scope:
     def add(self, meta: RecordMeta, postings: list[Posting]) -> None:
         if meta.record_id in self.local:
             self.remove(meta.record_id)
+        self.forget_contributions()
         doc = self.columns.add(meta)
         self.local[meta.record_id] = doc
         lengths: dict[int, int] = {}
@@ -262,6 +269,7 @@ class _Scope:
         if doc is None or not self.columns.live[doc]:
             return
         self.columns.kill(doc)
+        self.forget_contributions()
         rows = self.terms_of.pop(doc, None)
         if rows is None:
             rows = self._rows_of(doc)
@@ -291,8 +299,36 @@ class _Scope:
         if doc is not None:
             self.columns.rows[doc] = None
 
+    def forget_contributions(self) -> None:
+        self.contributions, self.contribution_bytes = {}, 0
+
+    def contribution(self, term: int, weight: np.ndarray, inv_avg: np.ndarray, k1: float,
+                     b: float) -> tuple[np.ndarray, np.ndarray] | None:
+        """(documents, weight * (k1 + 1) * tf / (tf + k1 * (1 - b + b * len / avg))) of the
+        term's postings, kept while the scope does not change (bounded by CONTRIBUTION_BYTES)."""
+        key = (term, k1, b, weight.tobytes(), inv_avg.tobytes())
+        hit = self.contributions.get(key)
+        if hit is not None:
+            return hit
+        rows = self.term_rows(term)
+        if rows is None:
+            return None
+        doc, fld, tf, flen = rows
+        fld = fld.astype(np.intp)
+        # float64 arrays first: a Python scalar times a float32 array would stay float32 (NEP 50).
+        norm = k1 * (1 - b + (inv_avg[fld] * flen) * b)
+        value = (doc, (weight[fld] * (k1 + 1)) * tf / (norm + tf))
+        size = value[0].nbytes + value[1].nbytes
+        if self.contribution_bytes + size > CONTRIBUTION_BYTES:
+            self.forget_contributions()
+        if size <= CONTRIBUTION_BYTES:
+            self.contributions[key] = value
+            self.contribution_bytes += size
+        return value
+
     def merge(self) -> None:
         """Fold the buffer into the sorted arrays and drop postings of removed documents."""
+        self.forget_contributions()
         b = self.base
         parts = [(b.terms.repeat(np.diff(b.starts)), b.doc, b.fld, b.tf, b.flen)]
         if self.buffer:
@@ -460,15 +496,11 @@ class SearchIndex:
         cols = scope.columns
         docs, contribs = [], []
         for term, term_idf in idf:
-            rows = scope.term_rows(term)
-            if rows is None:
+            found = scope.contribution(term, weight, inv_avg, k1, b)
+            if found is None:
                 continue
-            doc, fld, tf, flen = rows
-            fld = fld.astype(np.intp)
-            # float64 arrays first: a Python scalar times a float32 array would stay float32 (NEP 50).
-            norm = k1 * (1 - b + (inv_avg[fld] * flen) * b)
-            contribs.append((weight[fld] * (term_idf * (k1 + 1))) * tf / (norm + tf))
-            docs.append(doc)
+            docs.append(found[0])
+            contribs.append(found[1] * term_idf)
         if not docs:
             return LexicalPage(0, [], best_bm25 or 0.0)
         # One pass over every document for all terms (a bincount per term was a pass per term).

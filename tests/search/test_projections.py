@@ -3,6 +3,7 @@ transactions, hashed terms only, nothing for candidates that were never accepted
 
 from __future__ import annotations
 
+import pytest
 from search_support import Client
 
 from engram_core.rpc.server import RunningCore
@@ -147,3 +148,9 @@ def test_search_reads_a_record_from_the_index_copy_only_while_it_equals_the_data
         assert tx.records("acme", "beta", ids) == {}  # another scope's ids are unknown here
     store.reload_indexes()  # as at open: the copy is loaded with the postings, from the same rows
     assert set(held()) == {ids[0], ids[2]} and held() == {k: v for k, v in from_db().items() if k in held()}
+    # A writer reads its own transaction, never the committed copy.
+    with pytest.raises(RuntimeError), store.write() as tx:
+        tx.set_record_state(ids[0], "disputed", state_cursor=2**41)
+        assert tx.records("acme", "alpha", [ids[0]])[ids[0]].state == "disputed"
+        raise RuntimeError("roll back")
+    assert held()[ids[0]].state == "accepted_current"
