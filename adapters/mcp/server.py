@@ -219,12 +219,9 @@ class EngramMcp:
         arguments: Any = params.arguments if params.arguments is not None else {}
         if name in READ_TOOLS and call.memory_enabled:
             return await self._read(name, arguments, call)
-        try:
-            granted, gated = await self._granted(call)
-        except EngramError as exc:
-            return envelope.failure(exc.code, audit_id=call.audit_id)
-        if name not in granted:
-            raise envelope.unknown_tool()
+        refused, gated = await self._check_granted(name, call)
+        if refused is not None:
+            return refused
 
         try:
             validate_arguments(name, arguments)
@@ -264,15 +261,18 @@ class EngramMcp:
         return envelope.success(value, audit_id=call.audit_id)
 
     async def _unless_ungranted(self, name: str, call: CallContext) -> types.CallToolResult | None:
-        """Raise unknown tool if ``name`` is not granted; the failure envelope if the tool list
-        itself was refused; None if the tool is granted."""
+        return (await self._check_granted(name, call))[0]
+
+    async def _check_granted(self, name: str, call: CallContext) -> tuple[types.CallToolResult | None, frozenset[str]]:
+        """(the failure envelope if the tool list itself was refused, else None; the gated tools).
+        Raises unknown tool if ``name`` is not granted: an ungranted tool looks like no tool."""
         try:
-            granted, _ = await self._granted(call)
+            granted, gated = await self._granted(call)
         except EngramError as exc:
-            return envelope.failure(exc.code, audit_id=call.audit_id)
+            return envelope.failure(exc.code, audit_id=call.audit_id), frozenset()
         if name not in granted:
             raise envelope.unknown_tool()
-        return None
+        return None, gated
 
     async def _confirm_then_invoke(
         self,
