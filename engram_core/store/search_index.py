@@ -27,6 +27,10 @@ for an IN list). A state change or a dropped body evicts the copy (readers then 
 database), and a forget unindexes the record. At 100k records this adds ~2 s to the open and
 ~150 MB.
 
+Between searches a scope keeps its eligibility mask (until a record's valid time or expiry
+flips it, or a column changes) and each query term's BM25F contributions before the IDF (until
+any admission, forget or merge in the scope; at most ``CONTRIBUTION_BYTES``).
+
 Vectors (the semantic channel) are a matrix per scope and model, one row per record
 (float32 values held as float64: 3 KB per 384-dimension record), so the nearest neighbours are one matrix-vector product (the SQL scan over
 ``list_inner_product`` took ~80 ms at 100k records). Rows of forgotten records stay
