@@ -4,7 +4,8 @@ was acknowledged and what was in flight, and checks read straight from the file.
 The workload runs in a few threads, each on its own records (so lifecycle
 errors between workers cannot happen and any non-transport error is a bug):
 captures, agent admissions, confirmed withdrawals and forgets, host
-transitions (dispute → resolve, supersede) and a migration call per cycle.
+transitions (dispute → resolve, supersede) and a migration call per cycle, plus
+searches and gets whose audit rows must survive every kill.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class Ledger:
 
     acked: list[tuple[str, dict[str, Any], dict[str, Any]]] = field(default_factory=list)
     in_flight: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    reads: list[str] = field(default_factory=list)  # audit ids of acknowledged searches and gets
     unexpected: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -125,6 +127,20 @@ def workload(client: Client, admin: HostAdmin, ledger: Ledger, rng: random.Rando
         ledger.ack(kind, args, out)
         return out
 
+    def read(op: str, args: dict[str, Any]) -> None:
+        """A search or get; its audit row (audit spool) must survive any later kill."""
+        audit_id = "aud_soak_" + secrets.token_hex(10)
+        try:
+            client.call(op, {**args, "purpose_ref": client.purpose_ref}, context=client.context(audit_id=audit_id),
+                        timeout=5)
+        except Failed as f:
+            if f.code not in TRANSPORT:
+                with ledger.lock:
+                    ledger.unexpected.append(f"{op}: {f.code.value}")
+            raise
+        with ledger.lock:
+            ledger.reads.append(audit_id)
+
     try:
         while True:
             n += 1
@@ -144,6 +160,11 @@ def workload(client: Client, admin: HostAdmin, ledger: Ledger, rng: random.Rando
             if out["outcome"]["status"] != "accepted":
                 continue
             rid = out["outcome"]["record_id"]
+            r = rng.random()
+            if r < 0.5:  # this worker's own record, just accepted: found
+                read("get", {"record_id": rid})
+            elif r < 0.7:
+                read("search", {"query": f"kestrel worker {worker}"})
             r = rng.random()
             if r < 0.2:
                 do("forget", {"record_id": rid, "idempotency_key": _key("soak-fg", rng), "reason_ref": "reason:soak"})
@@ -216,12 +237,17 @@ def verify_file(data_dir: Path, ledger: Ledger) -> dict[str, int]:
                 assert prev == scope.last_event_digest and last == scope.last_cursor
             prev = GENESIS
             audited: set[tuple[str, str]] = set()
+            audit_ids: set[str] = set()
             n_audit = 0
             for row in tx.audit_rows(None, None, 0, None):
                 assert row["prev_digest"] == prev and audit_digest_of(row) == row["row_digest"]
                 prev = row["row_digest"]
                 audited.add((row["operation"], row["target_digest"]))
+                audit_ids.add(row["audit_id"])
                 n_audit += 1
+            # every acknowledged read: its audit row (spooled before the answer)
+            missing = [a for a in ledger.reads if a not in audit_ids]
+            assert not missing, ("acknowledged reads without an audit row", missing[:5])
             owners = set(tx.live_key_slots().values())
             for cid, state, env in tx._all("SELECT candidate_id, state, sealed_envelope IS NOT NULL FROM candidates"):
                 live = state in ("pending", "pending_adjudication")
@@ -252,7 +278,7 @@ def verify_file(data_dir: Path, ledger: Ledger) -> dict[str, int]:
                     op, audit_op = journal_op[kind], TOOL_OF[kind]
                 assert target in targets_by_op.get(op, set()), ("no journal event", kind, args)
                 assert (audit_op, digest("request", {"target": target})) in audited, ("no audit row", kind, args)
-            return {"events": n_events, "audit_rows": n_audit}
+            return {"events": n_events, "audit_rows": n_audit, "reads": len(ledger.reads)}
     finally:
         store.close()
 

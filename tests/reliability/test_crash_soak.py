@@ -88,6 +88,7 @@ def test_random_sigkills_lose_nothing_acknowledged_and_leave_nothing_half_applie
         assert admin.verify()["ok"] is True
         kinds = {k for k, _, _ in ledger.acked}
         assert {"capture", "admit", "withdraw", "forget", "host"} <= kinds, kinds
+        assert ledger.reads, "no search or get was acknowledged"
         client.channel.close()
         admin.close()
         summary = {"kill_points": KILL_POINTS, "acknowledged": len(ledger.acked), "retried_in_flight": retried,
