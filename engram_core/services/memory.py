@@ -313,15 +313,11 @@ class MemoryService(ReadService):
         if forced is None and cand.state == "pending_adjudication":
             return self._outcome_only(ctx, cand, "pending_adjudication", call, args, request_digest)
         try:
-            effective = self._open_envelope(ctx, cand)["payload"]
-        except EngramError:
-            # The candidate's key went after it was read: if a concurrent request with this same
-            # idempotency key decided it, that outcome is this request's answer (SPEC §7).
-            if args is not None and request_digest is not None:
-                with self.core.store.read(snapshot=False) as tx:
-                    prior = self._replay(tx, ctx, ADMISSION_TOOL, args, request_digest)
-                if prior is not None:
-                    return {**prior, "replayed": True}
+            effective = self._open_envelope(cand)["payload"]
+        except (EngramError, InvalidTag):
+            replay = self._after_lost_key(ctx, cand, args, request_digest)
+            if replay is not None:
+                return replay
             raise
         with self.core.store.read(snapshot=False) as tx:
             duplicate, tombstoned = tx.payload_standing(ctx.tenant, ctx.workspace, cand.payload_digest)
@@ -456,21 +452,28 @@ class MemoryService(ReadService):
             vector = self.embed_record(effective)
         tx.put_vector(ctx.tenant, ctx.workspace, record_id, embedder.model_id, vector)
 
-    def _open_envelope(self, ctx: BoundContext, cand: CandidateRow) -> dict[str, Any]:
-        """Unseal a pending candidate. A concurrent withdraw/reject may have destroyed its key
-        since it was read: then the answer is the lifecycle's (ALREADY_TERMINAL), not BLOB_MISSING."""
-        try:
-            key = self._key(f"candidate:{cand.candidate_id}")
-            return json.loads(unseal(key, cand.sealed_envelope or b"", kind="candidate", owner=cand.candidate_id))
-        except (EngramError, InvalidTag):
-            with self.core.store.read() as tx:
-                fresh = tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id)
-            if fresh is None:
-                raise EngramError(Code.NOT_FOUND, "candidate") from None
-            lifecycle.check_candidate("accept", fresh.state)
-            if fresh.state == "accepted":
-                raise EngramError(Code.ILLEGAL_TRANSITION, "candidate admitted concurrently") from None
-            raise
+    def _open_envelope(self, cand: CandidateRow) -> dict[str, Any]:
+        key = self._key(f"candidate:{cand.candidate_id}")
+        return json.loads(unseal(key, cand.sealed_envelope or b"", kind="candidate", owner=cand.candidate_id))
+
+    def _after_lost_key(self, ctx: BoundContext, cand: CandidateRow, args: dict[str, Any] | None,
+                        request_digest: str | None) -> dict[str, Any] | None:
+        """A pending candidate's key went after it was read: a concurrent request decided it. If
+        that request had this idempotency key, its outcome is this request's answer (SPEC §7);
+        otherwise the lifecycle's refusal (ALREADY_TERMINAL, ...), not BLOB_MISSING. None: neither
+        applies (the caller re-raises). The candidate is read first: see ``_gated_start``."""
+        with self.core.store.read(snapshot=False) as tx:
+            fresh = tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id)
+            prior = (self._replay(tx, ctx, ADMISSION_TOOL, args, request_digest)
+                     if args is not None and request_digest is not None else None)
+        if prior is not None:
+            return {**prior, "replayed": True}
+        if fresh is None:
+            raise EngramError(Code.NOT_FOUND, "candidate")
+        lifecycle.check_candidate("accept", fresh.state)
+        if fresh.state == "accepted":
+            raise EngramError(Code.ILLEGAL_TRANSITION, "candidate admitted concurrently")
+        return None
 
     def _key(self, owner: str) -> bytes:
         with self.core.store.read(snapshot=False) as tx:
