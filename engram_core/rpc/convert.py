@@ -8,6 +8,7 @@ non-empty), and integers stay integers.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format, unknown_fields
@@ -20,34 +21,42 @@ from google.protobuf.message import Message
 _ALWAYS_PRESENT_LISTS = frozenset({"records", "redacted_fields", "family_refs"})
 
 
-# Descriptor attributes are C calls in upb; a search response reads them thousands of times.
-_FIELD_FACTS: dict[FieldDescriptor, tuple[str, bool, bool]] = {}
-_ALWAYS_EMPTY: dict[Any, tuple[str, ...]] = {}
+@dataclass(frozen=True)
+class _Shape:
+    """What conversion needs of one message type, read once: descriptor attributes are C calls
+    in upb, and a search response reads them thousands of times."""
+
+    by_field: dict[FieldDescriptor, tuple[str, bool, bool]]  # field -> (name, repeated, message-typed)
+    by_name: dict[str, tuple[bool, bool, tuple[type, ...] | None]]  # name -> (message-typed, repeated, types)
+    empty_lists: tuple[str, ...]  # _ALWAYS_PRESENT_LISTS this type has
 
 
-def _facts(field: FieldDescriptor) -> tuple[str, bool, bool]:
-    """(name, repeated, message-typed) of a field, looked up once."""
-    facts = _FIELD_FACTS.get(field)
-    if facts is None:
-        facts = _FIELD_FACTS[field] = (field.name, field.is_repeated, field.type == FieldDescriptor.TYPE_MESSAGE)
-    return facts
+_SHAPES: dict[Any, _Shape] = {}
+
+
+def _shape(descriptor: Any) -> _Shape:
+    shape = _SHAPES.get(descriptor)
+    if shape is None:
+        fields = descriptor.fields
+        nested = {f: f.type == FieldDescriptor.TYPE_MESSAGE for f in fields}
+        shape = _SHAPES[descriptor] = _Shape(
+            by_field={f: (f.name, f.is_repeated, nested[f]) for f in fields},
+            by_name={f.name: (nested[f], f.is_repeated, _SCALAR_TYPES.get(f.type)) for f in fields},
+            empty_lists=tuple(f.name for f in fields if f.name in _ALWAYS_PRESENT_LISTS and f.is_repeated),
+        )
+    return shape
 
 
 def message_to_value(msg: Message) -> dict[str, Any]:
+    shape = _shape(msg.DESCRIPTOR)
     out: dict[str, Any] = {}
     for field, value in msg.ListFields():
-        name, repeated, nested = _facts(field)
+        name, repeated, nested = shape.by_field[field]
         if nested:
             out[name] = [message_to_value(v) for v in value] if repeated else message_to_value(value)
         else:
             out[name] = list(value) if repeated else value
-    descriptor = msg.DESCRIPTOR
-    lists = _ALWAYS_EMPTY.get(descriptor)
-    if lists is None:
-        lists = _ALWAYS_EMPTY[descriptor] = tuple(
-            name for name in _ALWAYS_PRESENT_LISTS
-            if (f := descriptor.fields_by_name.get(name)) is not None and f.is_repeated)
-    for name in lists:
+    for name in shape.empty_lists:
         if name not in out:
             out[name] = []
     return out
@@ -100,23 +109,10 @@ _SCALAR_TYPES: dict[int, tuple[type, ...]] = {
 }
 
 
-# Per message type: field name -> (message-typed, repeated, allowed Python types or None).
-_FILL_FACTS: dict[Any, dict[str, tuple[bool, bool, tuple[type, ...] | None]]] = {}
-
-
-def _fill_facts(descriptor: Any) -> dict[str, tuple[bool, bool, tuple[type, ...] | None]]:
-    facts = _FILL_FACTS.get(descriptor)
-    if facts is None:
-        facts = _FILL_FACTS[descriptor] = {
-            f.name: (f.type == FieldDescriptor.TYPE_MESSAGE, f.is_repeated, _SCALAR_TYPES.get(f.type))
-            for f in descriptor.fields}
-    return facts
-
-
 def _fill(message: Message, value: Any) -> None:
     if type(value) is not dict:
         raise _Slow
-    fields = _fill_facts(message.DESCRIPTOR)
+    fields = _shape(message.DESCRIPTOR).by_name
     for name, v in value.items():
         facts = fields.get(name)
         if facts is None:
