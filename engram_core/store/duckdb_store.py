@@ -400,10 +400,8 @@ class DuckDBTx:
             if found is None:
                 raise EngramError(Code.STORE_UNAVAILABLE, "index_record before insert_record")
             doc_no, r = int(found[-1]), record_of(found)
-        meta = RecordMeta(record_id, r.state == "accepted_current", r.accepted_cursor, r.state_cursor, r.valid_t,
-                          r.valid_t_end, r.expires_at_ms, row=r)
-        self.index_ops.append(("index", tenant, workspace, meta,
-                                 [Posting(r[2], r[4], r[5], r[6]) for r in rows]))
+        self.index_ops.append(("index", tenant, workspace, RecordMeta.of(r),
+                                 [Posting(p[2], p[4], p[5], p[6]) for p in rows]))
         if rows:
             # One statement for all of the record's postings: executemany runs one INSERT per row
             # (tens per record), which profiling showed as a fifth of admission time.

@@ -71,6 +71,11 @@ class RecordMeta:
     # point read of ten rows by id costs ~3 ms at 100k records); None: read it from the database.
     row: RecordRow | None = None
 
+    @classmethod
+    def of(cls, row: RecordRow) -> RecordMeta:
+        return cls(row.record_id, row.state == "accepted_current", row.accepted_cursor, row.state_cursor,
+                   row.valid_t, row.valid_t_end, row.expires_at_ms, row=row)
+
 
 @dataclass
 class Posting:
@@ -134,6 +139,7 @@ class _Columns:
         self.cursor_bound = max(self.cursor_bound, state_cursor)
         self.current[doc] = current
         self.changed[doc] = state_cursor
+        self.rows[doc] = None  # the row changed: readers go to the database
 
     def kill(self, doc: int) -> None:
         self._mask = None
@@ -296,7 +302,6 @@ class _Scope:
         doc = self.local.get(record_id)
         if doc is not None:
             self.columns.set_state(doc, current, state_cursor)
-            self.columns.rows[doc] = None  # the row changed: readers go to the database
 
     def evict_row(self, record_id: str) -> None:
         doc = self.local.get(record_id)
@@ -417,11 +422,9 @@ class SearchIndex:
                 [tenant, workspace, tenant, workspace, tenant, workspace]).fetchall()
             db_docs = np.array([r[-1] for r in recs], dtype=np.int64)
             for found in recs:
-                r = record_of(found)
-                doc = scope.columns.add(RecordMeta(r.record_id, r.state == "accepted_current", r.accepted_cursor,
-                                                   r.state_cursor, r.valid_t, r.valid_t_end, r.expires_at_ms, row=r))
-                scope.local[r.record_id] = doc
-                self._scope_of[r.record_id] = (tenant, workspace)
+                meta = RecordMeta.of(record_of(found))
+                scope.local[meta.record_id] = scope.columns.add(meta)
+                self._scope_of[meta.record_id] = (tenant, workspace)
             cols = con.execute(
                 "SELECT term, doc, list_position(?, field) - 1 AS f, tf, field_len FROM postings "
                 "WHERE tenant = ? AND workspace = ?", [list(FIELDS), tenant, workspace]).fetchnumpy()

@@ -34,15 +34,20 @@ def _table(store: DuckDBStore) -> list[dict]:
         return tx.audit_rows(None, None, 0, None)
 
 
+def _abandon(store: DuckDBStore) -> None:
+    """Let go of a store the way a killed process does: no close, no spool move, no checkpoint."""
+    store._spool.close()
+    store._con.close()
+    store._lock_file.close()
+
+
 def _table_raw(data) -> list[int]:
     """Sequence numbers in the table without moving the spool (a store that does not migrate)."""
     store = DuckDBStore(data, migrate=False)
     try:
         return [r[0] for r in store._con.execute("SELECT seq FROM audit ORDER BY seq").fetchall()]
     finally:
-        store._spool.close()
-        store._con.close()
-        store._lock_file.close()
+        _abandon(store)
 
 
 @pytest.mark.timeout(300)
@@ -118,9 +123,7 @@ def _died_after_two_reads(data) -> bytes:
     store = DuckDBStore(data)
     store.append_audit(_row(0))
     store.append_audit(_row(1))
-    store._spool.close()
-    store._con.close()
-    store._lock_file.close()
+    _abandon(store)
     return (data / audit_spool.SPOOL_NAME).read_bytes()
 
 
