@@ -9,7 +9,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from engram_core.policy.cli import register
+from engram_core.cli.policy import register
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
 

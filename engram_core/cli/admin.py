@@ -1,5 +1,7 @@
-"""`engram admin …` maintenance commands beyond activation (SPEC §12, §14).
+"""`engram admin --core HOST:PORT --host-key FILE <command>`: maintenance over AdminService.
 
+Each call is signed with the host key as a host principal holding the
+maintenance scopes; the core's policy decides whether that is enough.
 Command names and flags are a public interface. Output is a short human
 summary by default and the server's JSON document with ``--json``; progress
 of long operations goes to stderr so stdout stays scriptable.
@@ -17,8 +19,61 @@ from typing import Any
 
 import grpc
 
-from engram_core.admin_cli import admin_metadata
+from engram_core.cli.channel import admin_metadata, core_channel
 
+
+def _print(args: argparse.Namespace, value: dict[str, Any], human: str) -> None:
+    if args.json:
+        print(json.dumps(value, sort_keys=True))
+    else:
+        print(human)
+
+
+def _activation(args: argparse.Namespace, *, activated: bool) -> int:
+    from engram_core.api import admin_pb2, admin_pb2_grpc
+
+    with core_channel(args) as channel:
+        stub = admin_pb2_grpc.AdminServiceStub(channel)
+        rpc = stub.Activate if activated else stub.Deactivate
+        result = rpc(admin_pb2.ActivateRequest(tenant=args.tenant, workspace=args.workspace, tools=args.tool or []),
+                     metadata=admin_metadata(args.host_key), timeout=args.timeout)
+    value = json.loads(result.json)
+    state = "active" if value["activated"] else "inactive"
+    _print(args, value, f"{value['tenant']}/{value['workspace']}: memory {state}; tools: {', '.join(value['tools']) or '(none)'}")
+    return 0
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--timeout", type=float, default=30.0, help="per-call deadline in seconds")
+    sub = parser.add_subparsers(dest="admin_command", required=True)
+    for name, activated in (("activate", True), ("deactivate", False)):
+        p = sub.add_parser(name, help=f"{name} memory (or single tools) for a tenant+workspace")
+        p.add_argument("--tenant", required=True)
+        p.add_argument("--workspace", required=True)
+        p.add_argument("--tool", action="append", help="only this tool (repeatable); default all six")
+        p.set_defaults(func=lambda a, act=activated: _run(a, lambda: _activation(a, activated=act)))
+    register_more(sub, _run)
+
+
+def _run(args: argparse.Namespace, fn) -> int:
+    from engram_core.errors import MESSAGES
+    from engram_core.rpc.status import code_from_rpc_error
+
+    if not Path(args.host_key).exists():
+        print(f"engram admin: host key {args.host_key} not found", file=sys.stderr)
+        return 2
+    try:
+        return fn()
+    except grpc.RpcError as err:
+        code = code_from_rpc_error(err)
+        if args.json:
+            print(json.dumps({"ok": False, "code": code.value, "message": MESSAGES[code]}))
+        else:
+            print(f"engram admin: {code.value}: {MESSAGES[code]}", file=sys.stderr)
+        return 1
+
+
+# -- maintenance commands beyond activation (SPEC §12, §14) ---------------------------------
 READ_SCOPES = ("read",)
 ALL_SCOPES = ("read", "maintain")
 
@@ -47,7 +102,7 @@ def _stub(channel: grpc.Channel):
 
 
 def _call(args: argparse.Namespace, rpc: str, request: Any, scopes: tuple[str, ...] = ALL_SCOPES) -> dict[str, Any]:
-    with grpc.insecure_channel(args.core) as channel:
+    with core_channel(args) as channel:
         result = getattr(_stub(channel), rpc)(request, metadata=admin_metadata(args.host_key, scopes=scopes),
                                               timeout=args.timeout)
     return json.loads(result.json)
@@ -191,7 +246,7 @@ def _backup(args: argparse.Namespace) -> int:
     received = 0
     out = Path(args.out)
     tmp = out.with_name(out.name + ".partial")
-    with grpc.insecure_channel(args.core) as channel, open(tmp, "wb") as f:
+    with core_channel(args) as channel, open(tmp, "wb") as f:
         request = admin_pb2.ScopeRequest(tenant=args.tenant or "", workspace=args.workspace or "")
         for chunk in _stub(channel).Backup(request, metadata=admin_metadata(args.host_key), timeout=args.timeout):
             f.write(chunk.data)
@@ -216,7 +271,7 @@ def _restore(args: argparse.Namespace) -> int:
             yield admin_pb2.BackupChunk(data=data[i:i + step], total_bytes=len(data),
                                         key_dir=(args.key_dir or "") if i == 0 else "")
 
-    with grpc.insecure_channel(args.core) as channel:
+    with core_channel(args) as channel:
         result = _stub(channel).Restore(stream(), metadata=admin_metadata(args.host_key), timeout=args.timeout)
     _progress("restore verified and committed")
     value = json.loads(result.json)

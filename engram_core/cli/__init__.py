@@ -1,0 +1,42 @@
+"""The `engram` console script: one module per command group (serve, mcp, admin,
+policy). Command groups import their machinery lazily so that `engram policy
+test` does not start gRPC and `engram serve` does not load the MCP SDK."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _admin(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("admin", help="host maintenance through AdminService")
+    p.add_argument("--core", default="127.0.0.1:50051", help="core address HOST:PORT (default: %(default)s)")
+    p.add_argument("--host-key", required=True, help="host signing key (PEM)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    from engram_core.cli.admin import register
+
+    register(p)
+
+
+def _policy(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("policy", help="policy bundle tooling")
+    from engram_core.cli.policy import register
+
+    register(p)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engram_core.cli import mcp, serve
+
+    parser = argparse.ArgumentParser(prog="engram", description="Engram: governed long-term memory for agents")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve.register(sub)
+    mcp.register(sub)
+    _admin(sub)
+    _policy(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

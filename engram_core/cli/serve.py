@@ -1,0 +1,23 @@
+"""`engram serve`: the core gRPC service on a data directory."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the core gRPC service")
+    p.add_argument("--data", required=True, help="data directory (database, store key, host.key)")
+    p.add_argument("--listen", default="127.0.0.1:50051", help="HOST:PORT (default: %(default)s)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--policies", default=None, help="policy bundle directory (default: bundled policies/)")
+    group.add_argument("--opa-url", default=None, help="ask an OPA server over its REST Data API instead")
+    p.add_argument("--trust-host-key", action="append", default=[], metavar="PEM_FILE",
+                   help="also trust this host public key (repeatable)")
+
+    def run(args: argparse.Namespace) -> int:
+        from engram_core.rpc.serve import serve_main
+
+        return serve_main(args)
+
+    p.set_defaults(func=run)
