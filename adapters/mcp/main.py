@@ -74,6 +74,9 @@ def mcp_main(args: argparse.Namespace) -> int:
     if signing_key is None or address is None:
         return _fail("no signing key or core address")
 
+    from adapters.mcp.diagnosis import startup_line
+
+    print(startup_line(config, args.host_config, address, signing_key), file=sys.stderr, flush=True)
     adapter = build_adapter(config, address, signing_key)
     try:
         if listen is None:

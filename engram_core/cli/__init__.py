@@ -1,5 +1,5 @@
-"""The `engram` console script: one module per command group (serve, mcp, admin,
-policy). Command groups import their machinery lazily so that `engram policy
+"""The `engram` console script: one module per command group (init, serve,
+mcp, doctor, admin, policy). Command groups import their machinery lazily so that `engram policy
 test` does not start gRPC and `engram serve` does not load the MCP SDK."""
 
 from __future__ import annotations
@@ -26,12 +26,14 @@ def _policy(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engram_core.cli import mcp, serve
+    from engram_core.cli import doctor, init, mcp, serve
 
     parser = argparse.ArgumentParser(prog="engram", description="Engram: governed long-term memory for agents")
     sub = parser.add_subparsers(dest="command", required=True)
+    init.register(sub)
     serve.register(sub)
     mcp.register(sub)
+    doctor.register(sub)
     _admin(sub)
     _policy(sub)
     args = parser.parse_args(argv)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -12,11 +14,45 @@ from pathlib import Path
 from engram_core.errors import EngramError
 
 
+def _fail(message: str) -> int:
+    print(f"engram serve: {message}", file=sys.stderr)
+    return 2
+
+
+def _listen_problem(listen: str) -> str | None:
+    """Why ``listen`` cannot be bound, checked before the data directory is touched."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        return f"--listen must be HOST:PORT, got {listen!r}"
+    host = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return f"cannot resolve the listen host {host!r}"
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(addr)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"{listen} is already in use (another engram serve?); pick another with --listen HOST:PORT"
+            return f"cannot listen on {listen}: {exc.strerror}"
+    return None
+
+
 def serve_main(args: argparse.Namespace) -> int:
+    from engram_core.rpc.first_serve import activate_first_scope
     from engram_core.rpc.server import start_core
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    pems = [Path(p).read_text() for p in args.trust_host_key]
+    problem = _listen_problem(args.listen)
+    if problem:
+        return _fail(problem)
+    try:
+        pems = [Path(p).read_text() for p in args.trust_host_key]
+    except OSError as exc:
+        return _fail(f"--trust-host-key: cannot read {exc.filename} ({exc.strerror})")
     try:
         running = start_core(
             Path(args.data), listen=args.listen,
@@ -24,8 +60,17 @@ def serve_main(args: argparse.Namespace) -> int:
             opa_url=args.opa_url, extra_trusted_pems=pems,
         )
     except EngramError as exc:
-        print(f"engram serve: {exc.code.value}: {exc.detail}", file=sys.stderr)
-        return 2
+        return _fail(f"{exc.code.value}: {exc.detail}")
+    except (OSError, ValueError) as exc:  # the message names paths or addresses, never key material
+        return _fail(f"cannot start: {exc}")
+    try:
+        activated = activate_first_scope(running.core, Path(args.data), running.host_key_path)
+    except (EngramError, ValueError) as exc:  # serve anyway: the operator can still activate by hand
+        detail = f"{exc.code.value}: {exc.detail}" if isinstance(exc, EngramError) else str(exc)
+        print(f"engram serve: could not activate the scope named by engram init ({detail}); "
+              "use `engram admin activate`", file=sys.stderr, flush=True)
+    if activated:
+        logging.getLogger("engram.core").info("activated %s (first serve after engram init)", activated)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

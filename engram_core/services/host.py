@@ -27,6 +27,7 @@ class HostServiceCore:
             "policy_active": active,
             "policy_revision": self.core.policy.revision() if active else "",
             "version": __version__,
+            "semantic_available": self.core.embedder is not None,
         }
 
     def list_capabilities(self, ctx: BoundContext) -> dict[str, Any]:

@@ -82,6 +82,9 @@ class Acked:
     admissions: list[tuple[dict, dict]] = field(default_factory=list)
     forgets: list[tuple[dict, dict]] = field(default_factory=list)
     withdrawals: list[tuple[dict, dict]] = field(default_factory=list)
+    # Records whose forget was sent, acknowledged or not: a forget in flight at the kill may
+    # have committed with its reply lost, so such a record may rightly be gone.
+    forget_sent: set[str] = field(default_factory=set)
 
 
 def run_workload(client, acked: Acked, stop: threading.Event, rng: random.Random, capture_args) -> None:
@@ -106,6 +109,7 @@ def run_workload(client, acked: Acked, stop: threading.Event, rng: random.Random
             if choice > 0.8 and out["outcome"]["status"] == "accepted":
                 f = {"record_id": out["outcome"]["record_id"], "idempotency_key": f"crash-fg-{rng.getrandbits(64):016x}",
                      "reason_ref": "reason:crash-test"}
+                acked.forget_sent.add(f["record_id"])
                 acked.forgets.append((f, client.call("forget", f, grant=True, timeout=5)))
         except Exception:
             return

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from core_support import Client, activate, capture_args
+from core_support import Client, Failed, activate, capture_args
 from crash_harness import Acked, CoreProcess, run_workload
 
 from engram_core.errors import Code
@@ -97,9 +97,16 @@ def test_sigkill_mid_workload_loses_nothing_acknowledged(tmp_path) -> None:
             assert client.fails("get", {"record_id": args["record_id"], "purpose_ref": client.purpose_ref}) == Code.NOT_FOUND
         for args, result in acked.withdrawals:
             assert client.call("withdraw", args, grant=True)["receipt"] == result["receipt"]
-        accepted = [r["outcome"]["record_id"] for _, r in acked.admissions
-                    if r["outcome"]["status"] == "accepted" and r["outcome"]["record_id"] not in forgotten]
+        accepted = [r["outcome"]["record_id"] for _, r in acked.admissions if r["outcome"]["status"] == "accepted"]
         for rid in accepted:
+            if rid in forgotten:
+                continue
+            if rid in acked.forget_sent:  # forget in flight at a kill: done or not, never half-done
+                try:
+                    assert client.get(rid)["record"]["record_id"] == rid
+                except Failed as gone:
+                    assert gone.code == Code.NOT_FOUND, (rid, gone.code)
+                continue
             assert client.get(rid)["record"]["record_id"] == rid
         client.channel.close()
     finally:

@@ -1,0 +1,172 @@
+"""`engram init [DIR]`: a data directory, a host TOML beside it, and the exact next steps.
+
+The first five minutes of a new user: after `engram init` and `engram serve --data DIR`,
+an MCP client registered with the printed command can capture and search. The scope the
+host TOML binds is written to ``DIR/init.toml``; the first `engram serve` on DIR activates it
+(once: a scope the operator later deactivates stays deactivated).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import re
+import shlex
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+INIT_FILE = "init.toml"
+DEFAULT_DATA_DIR = "engram-data"
+DEFAULT_TENANT = "local"
+DEFAULT_WORKSPACE = "default"
+DEFAULT_PURPOSE = "purpose:default"
+_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True)
+class FirstServeScope:
+    """The scope `engram serve` activates on its first start on a data directory."""
+
+    tenant: str
+    workspace: str
+
+
+def read_first_serve_scope(data_dir: Path) -> FirstServeScope | None:
+    """The scope named by ``DIR/init.toml``, or None when DIR was not made by `engram init`."""
+    path = data_dir / INIT_FILE
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"{path} is unreadable ({type(exc).__name__})") from None
+    table = doc.get("first_serve")
+    if not isinstance(table, dict):
+        return None
+    tenant, workspace = table.get("activate_tenant"), table.get("activate_workspace")
+    if not (isinstance(tenant, str) and tenant and isinstance(workspace, str) and workspace):
+        raise ValueError(f"{path}: [first_serve] needs activate_tenant and activate_workspace")
+    return FirstServeScope(tenant, workspace)
+
+
+def _quote(value: str) -> str:
+    return json.dumps(value)  # a TOML basic string is a JSON string for these characters
+
+
+def host_toml(*, core: str, signing_key: str, tenant: str, workspace: str, principal: str) -> str:
+    return f"""# Engram host configuration for `engram mcp --host-config FILE` (written by `engram init`).
+# The adapter binds every tool call to the identity below; the agent never chooses it.
+# Relative paths are resolved against this file's directory. See docs/mcp-clients.md.
+
+[core]
+address = {_quote(core)}          # the `engram serve` to talk to
+deadline_ms = 10000                  # per-call deadline
+
+[host]
+signing_key = {_quote(signing_key)}   # Ed25519 key the core trusts (the core's own DIR/host.key)
+memory_enabled = true                # host opt-in; false hides every tool
+confirmation_timeout_ms = 120000     # how long a human has to answer a confirmation
+
+[binding]
+tenant = {_quote(tenant)}
+workspace = {_quote(workspace)}
+principal = {_quote(principal)}
+agent_id = "agent-1"
+session = "default"
+purpose_ref = {_quote(DEFAULT_PURPOSE)}
+"""
+
+
+def _engram_command() -> str:
+    beside = Path(sys.executable).with_name("engram")
+    return str(beside.resolve()) if beside.exists() else "engram"
+
+
+def client_instructions(engram: str, host_config: Path) -> str:
+    """Copy-paste registrations of the stdio adapter for the common MCP clients."""
+    args = ["mcp", "--host-config", str(host_config)]
+    stdio = {"command": engram, "args": args}
+    claude = json.dumps({"mcpServers": {"engram": stdio}}, indent=2)
+    vscode = json.dumps({"servers": {"engram": {"type": "stdio", **stdio}}}, indent=2)
+    indent = lambda text: "\n".join("      " + line for line in text.splitlines())  # noqa: E731
+    return "\n".join([
+        "  Register the adapter with your MCP client:",
+        "    Claude Code:",
+        f"      claude mcp add engram -- {shlex.join([engram, *args])}",
+        "    Claude Desktop (claude_desktop_config.json) and Cursor (~/.cursor/mcp.json):",
+        indent(claude),
+        "    VS Code (.vscode/mcp.json):",
+        indent(vscode),
+        "    Any other stdio client: run",
+        f"      {shlex.join([engram, *args])}",
+    ])
+
+
+def run_init(args: argparse.Namespace) -> int:
+    from engram_core.hostkeys import load_or_create_private_key
+
+    data_dir = Path(args.dir).expanduser().resolve()
+    host_config = Path(args.host_config).expanduser().resolve() if args.host_config else \
+        data_dir.parent / "host.toml"
+    if data_dir.exists() and not data_dir.is_dir():
+        print(f"engram init: {data_dir} exists and is not a directory", file=sys.stderr)
+        return 2
+    data_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(data_dir, 0o700)
+    host_key = data_dir / "host.key"
+    load_or_create_private_key(host_key)  # the same key the core creates and trusts on first serve
+
+    init_file = data_dir / INIT_FILE
+    scope = read_first_serve_scope(data_dir)
+    if scope is None:
+        scope = FirstServeScope(args.tenant, args.workspace)
+        init_file.write_text(
+            "# Written by `engram init`: the scope the first `engram serve` on this directory activates.\n"
+            "[first_serve]\n"
+            f"activate_tenant = {_quote(scope.tenant)}\nactivate_workspace = {_quote(scope.workspace)}\n",
+            encoding="utf-8")
+        os.chmod(init_file, 0o600)
+
+    if host_config.exists() and not args.force:
+        wrote = f"kept the existing {host_config} (--force rewrites it)"
+    else:
+        principal = "agent:" + (_NAME.sub("-", getpass.getuser()) or "local")
+        try:
+            key_ref = str(host_key.relative_to(host_config.parent))
+        except ValueError:
+            key_ref = str(host_key)
+        host_config.parent.mkdir(parents=True, exist_ok=True)
+        host_config.write_text(host_toml(core=args.core, signing_key=key_ref, tenant=scope.tenant,
+                                         workspace=scope.workspace, principal=principal), encoding="utf-8")
+        os.chmod(host_config, 0o600)
+        wrote = f"wrote {host_config} (binds {scope.tenant}/{scope.workspace} as {principal})"
+
+    engram = _engram_command()
+    print("\n".join([
+        f"engram init: data directory {data_dir}",
+        f"engram init: {wrote}",
+        f"engram init: the first `engram serve` on it activates {scope.tenant}/{scope.workspace}",
+        "",
+        "Next:",
+        f"  1. Start the core:     {shlex.join([engram, 'serve', '--data', str(data_dir), '--listen', args.core])}",
+        f"  2. Check the chain:    {shlex.join([engram, 'doctor', '--host-config', str(host_config)])}",
+        client_instructions(engram, host_config),
+        "  Clients that can ask a human (MCP elicitation) can confirm forget and withdraw; see docs/mcp-clients.md.",
+    ]))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("init", help="create a data directory and a host config, and print how to connect clients")
+    p.add_argument("dir", nargs="?", default=DEFAULT_DATA_DIR, help="data directory (default: %(default)s)")
+    p.add_argument("--host-config", default=None,
+                   help="where to write the host TOML (default: host.toml beside the data directory)")
+    p.add_argument("--core", default="127.0.0.1:50051", help="core address the host TOML names (default: %(default)s)")
+    p.add_argument("--tenant", default=DEFAULT_TENANT, help="tenant of the first scope (default: %(default)s)")
+    p.add_argument("--workspace", default=DEFAULT_WORKSPACE, help="workspace of the first scope (default: %(default)s)")
+    p.add_argument("--force", action="store_true", help="rewrite an existing host TOML")
+    p.set_defaults(func=run_init)

@@ -1,0 +1,162 @@
+"""A new user's first five minutes, as the README and `engram init` tell them: init, serve,
+doctor, register the adapter, capture, admit, search; and each misconfiguration a newcomer
+hits explains itself in one line (issue: from clone to a first remembered fact)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from mcp_helpers import ENGRAM, REPO, capture_args, free_port, stdio_client, unique, value_of
+
+
+@dataclass
+class FirstRun:
+    workdir: Path
+    data: Path
+    host_config: Path
+    address: str
+    serve: subprocess.Popen[str]
+
+
+def _engram(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([ENGRAM, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def _start_serve(data: Path, address: str, cwd: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([ENGRAM, "serve", "--data", str(data), "--listen", address], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if "listening on" in line:
+            return proc
+        if proc.poll() is not None:
+            raise AssertionError(f"serve exited: {proc.stderr.read() if proc.stderr else ''}")
+    raise AssertionError("serve did not print its ready line")
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FirstRun]:
+    workdir = tmp_path_factory.mktemp("newcomer")
+    address = f"127.0.0.1:{free_port()}"
+    init = _engram("init", "--core", address, cwd=workdir)
+    assert init.returncode == 0, init.stderr
+    # what init prints is what a newcomer copies: the serve line, doctor, and each client's registration
+    for needle in ("engram serve --data", "engram doctor --host-config", "claude mcp add engram",
+                   '"mcpServers"', "VS Code", "Cursor"):
+        assert needle in init.stdout, needle
+    serve = _start_serve(workdir / "engram-data", address, workdir)
+    try:
+        yield FirstRun(workdir, workdir / "engram-data", workdir / "host.toml", address, serve)
+    finally:
+        serve.terminate()
+        serve.wait(timeout=30)
+
+
+def test_init_writes_a_private_data_directory_and_a_host_config_beside_it(first_run: FirstRun) -> None:
+    assert first_run.host_config.exists()
+    assert first_run.data.stat().st_mode & 0o777 == 0o700
+    assert first_run.host_config.stat().st_mode & 0o777 == 0o600
+    text = first_run.host_config.read_text()
+    assert first_run.address in text and "memory_enabled = true" in text and "[binding]" in text
+
+
+def test_doctor_is_green_after_init_and_serve(first_run: FirstRun) -> None:
+    result = _engram("doctor", "--host-config", str(first_run.host_config), cwd=first_run.workdir)
+    assert result.returncode == 0, result.stdout
+    assert "tools granted: " in result.stdout and "engram doctor: all good" in result.stdout
+
+
+@pytest.mark.anyio
+async def test_first_capture_admission_and_search_through_the_registered_adapter(first_run: FirstRun) -> None:
+    word = unique("heronfirst").replace("-", "")
+    async with stdio_client(first_run.host_config) as client:
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        assert "engram_memory_capture" in names
+        args = capture_args(unique("first-capture"), f"We keep {word} notes in the team wiki.",
+                            purpose="purpose:default")
+        captured = value_of(await client.call_tool("engram_memory_capture", args))
+        admitted = value_of(await client.call_tool("engram_memory_request_admission", {
+            "candidate_id": captured["candidate_id"], "idempotency_key": unique("first-admit")}))
+        assert admitted["outcome"]["status"] == "accepted"
+        found = value_of(await client.call_tool("engram_memory_search",
+                                                {"query": word, "purpose_ref": "purpose:default"}))
+        assert [hit["record"]["record_id"] for hit in found["records"]] == [admitted["outcome"]["record_id"]]
+
+
+def test_second_init_keeps_the_host_config(first_run: FirstRun) -> None:
+    before = first_run.host_config.read_text()
+    again = _engram("init", "--core", first_run.address, cwd=first_run.workdir)
+    assert again.returncode == 0 and "kept the existing" in again.stdout
+    assert first_run.host_config.read_text() == before
+
+
+def test_a_scope_the_operator_deactivated_stays_deactivated_at_the_next_serve(tmp_path: Path) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    assert _engram("init", "--core", address, cwd=tmp_path).returncode == 0
+    serve = _start_serve(tmp_path / "engram-data", address, tmp_path)
+    try:
+        off = _engram("admin", "--core", address, "--host-key", "engram-data/host.key", "deactivate",
+                      "--tenant", "local", "--workspace", "default", cwd=tmp_path)
+        assert off.returncode == 0, off.stderr
+    finally:
+        serve.terminate()
+        serve.wait(timeout=30)
+    serve = _start_serve(tmp_path / "engram-data", address, tmp_path)
+    try:
+        doctor = _engram("doctor", "--host-config", "host.toml", cwd=tmp_path)
+        assert doctor.returncode == 1 and "the scope is not active" in doctor.stdout
+    finally:
+        serve.terminate()
+        serve.wait(timeout=30)
+
+
+def _adapter_startup_line(config: Path) -> str:
+    proc = subprocess.run([ENGRAM, "mcp", "--host-config", str(config)], cwd=REPO, input="", capture_output=True,
+                          text=True, timeout=60)
+    return proc.stderr
+
+
+def test_adapter_says_at_start_why_it_lists_no_tools(first_run: FirstRun, tmp_path: Path) -> None:
+    base = first_run.host_config.read_text().replace(
+        'signing_key = "engram-data/host.key"', f'signing_key = "{first_run.data / "host.key"}"')
+    off = tmp_path / "off.toml"
+    off.write_text(base.replace("memory_enabled = true", "memory_enabled = false"))
+    assert "memory_enabled = false in [host]" in _adapter_startup_line(off)
+
+    inactive = tmp_path / "inactive.toml"
+    inactive.write_text(base.replace('workspace = "default"', 'workspace = "alpha"'))
+    line = _adapter_startup_line(inactive)
+    assert "the scope is not active" in line and "activate --tenant local --workspace alpha" in line
+
+    down = tmp_path / "down.toml"
+    down.write_text(base.replace(first_run.address, f"127.0.0.1:{free_port()}"))
+    assert "no core answers at" in _adapter_startup_line(down)
+
+    ok = _adapter_startup_line(first_run.host_config)
+    assert "local/default as agent:" in ok and "engram_memory_capture" in ok
+
+
+def test_doctor_names_the_fix_for_an_inactive_scope(first_run: FirstRun, tmp_path: Path) -> None:
+    inactive = tmp_path / "inactive.toml"
+    inactive.write_text(first_run.host_config.read_text()
+                        .replace('signing_key = "engram-data/host.key"', f'signing_key = "{first_run.data / "host.key"}"')
+                        .replace('workspace = "default"', 'workspace = "beta"'))
+    result = _engram("doctor", "--host-config", str(inactive), cwd=tmp_path)
+    assert result.returncode == 1
+    assert "FAIL" in result.stdout and "activate --tenant local --workspace beta" in result.stdout
+
+
+def test_serve_on_a_busy_port_says_so_in_one_line_and_creates_nothing(first_run: FirstRun, tmp_path: Path) -> None:
+    result = _engram("serve", "--data", str(tmp_path / "other"), "--listen", first_run.address, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "already in use" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "other").exists()
