@@ -110,7 +110,8 @@ def make_context(
 def _open(domain: bytes, raw: bytes, trusted: TrustedHostKeys) -> tuple[bytes, str]:
     env = context_pb2.SignedEnvelope()
     env.ParseFromString(raw)
-    pub = trusted.get(env.key_id)
+    # Key separation (SPEC §2): the core's confirmation key signs grants and nothing else.
+    pub = trusted.context_key(env.key_id) if domain == _CONTEXT_DOMAIN else trusted.grant_key(env.key_id)
     if pub is None:
         raise ValueError("unknown host key")
     pub.verify(env.signature, domain + env.body)

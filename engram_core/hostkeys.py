@@ -1,8 +1,11 @@
 """Ed25519 host keys: creation, loading, key ids, and the trusted-key set.
 
-A host key signs host contexts and confirmation grants (SPEC §2, §8). The core
-trusts a set of public keys; ``engram serve`` creates ``DIR/host.key`` on first
-run and trusts it. Private key bytes are never logged.
+Two roles (SPEC §2, §8). A *host key* belongs to a host: it signs host contexts,
+and confirmation grants for approvals its human gave (the MCP adapter is such a
+host). The core's own ``confirmation.key`` is a *grant signer*: it signs the
+grants ``HostService.IssueConfirmation`` issues and nothing else, so a context
+signed with it is refused, whoever holds the file. ``engram serve`` creates
+``DIR/host.key`` on first run and trusts it. Private key bytes are never logged.
 """
 
 from __future__ import annotations
@@ -59,29 +62,64 @@ def load_or_create_private_key(path: Path) -> Ed25519PrivateKey:
     return create_private_key_file(path)
 
 
-class TrustedHostKeys:
-    """The set of host public keys the core trusts, by key id. Thread-safe."""
+class KeyRoleConflict(ValueError):
+    """A key offered as a host key is the core's grant signer (or the reverse)."""
 
-    def __init__(self, keys: list[Ed25519PublicKey] | None = None) -> None:
+
+class TrustedHostKeys:
+    """The public keys the core trusts, by key id, each in one role. Thread-safe.
+
+    Host keys verify contexts and grants; grant signers verify grants only. A key
+    never holds both roles: adding one in the other role raises KeyRoleConflict.
+    """
+
+    def __init__(self, keys: list[Ed25519PublicKey] | None = None, *,
+                 grant_signers: list[Ed25519PublicKey] | None = None) -> None:
         self._lock = threading.Lock()
         self._keys: dict[str, Ed25519PublicKey] = {}
+        self._grant_signers: dict[str, Ed25519PublicKey] = {}
+        for g in grant_signers or []:
+            self.add_grant_signer(g)
         for k in keys or []:
             self.add(k)
 
     def add(self, key: Ed25519PublicKey) -> str:
+        """Trust a host key (contexts and grants)."""
         kid = key_id(key)
         with self._lock:
+            if kid in self._grant_signers:
+                raise KeyRoleConflict("the core's confirmation key cannot be trusted as a host key")
             self._keys[kid] = key
+        return kid
+
+    def add_grant_signer(self, key: Ed25519PublicKey) -> str:
+        """Trust a key for confirmation grants only (the core's confirmation.key)."""
+        kid = key_id(key)
+        with self._lock:
+            if kid in self._keys:
+                raise KeyRoleConflict("a host key cannot be the core's confirmation key")
+            self._grant_signers[kid] = key
         return kid
 
     def remove(self, kid: str) -> bool:
         with self._lock:
             return self._keys.pop(kid, None) is not None
 
-    def get(self, kid: str) -> Ed25519PublicKey | None:
+    def is_grant_signer(self, kid: str) -> bool:
+        with self._lock:
+            return kid in self._grant_signers
+
+    def context_key(self, kid: str) -> Ed25519PublicKey | None:
+        """The key that may have signed a host context: host keys only."""
         with self._lock:
             return self._keys.get(kid)
 
+    def grant_key(self, kid: str) -> Ed25519PublicKey | None:
+        """The key that may have signed a confirmation grant: host keys and grant signers."""
+        with self._lock:
+            return self._keys.get(kid) or self._grant_signers.get(kid)
+
     def ids(self) -> list[str]:
+        """The trusted host keys (grant signers are not host keys)."""
         with self._lock:
             return sorted(self._keys)

@@ -229,12 +229,16 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
     host_key_path = data_dir / "host.key"
     host_key = load_or_create_private_key(host_key_path)
     confirmation_key = load_or_create_private_key(data_dir / "confirmation.key")
-    trusted = TrustedHostKeys([host_key.public_key(), confirmation_key.public_key()])
+    # The confirmation key signs grants only (SPEC §2): never trusted for contexts.
+    trusted = TrustedHostKeys([host_key.public_key()], grant_signers=[confirmation_key.public_key()])
     for pem in extra_trusted_pems or []:
-        trusted.add(load_public_pem(pem))
+        trusted.add(load_public_pem(pem))  # KeyRoleConflict: refuse to start, an operator error
     store = DuckDBStore(data_dir)
     with store.write() as tx:
-        for _kid, pem in tx.trusted_host_keys():
+        for kid, pem in tx.trusted_host_keys():
+            if trusted.is_grant_signer(kid):
+                log.warning("stored trusted host key %s is the confirmation key; not trusted for contexts", kid)
+                continue
             trusted.add(load_public_pem(pem))
         tx.add_trusted_host_key(key_id(host_key.public_key()), public_pem(host_key.public_key()), 0)
     vault = FileKeyVault(data_dir)

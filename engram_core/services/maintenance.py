@@ -509,6 +509,9 @@ class MaintenanceService:
         found = key_id(pub)
         if kid and kid != found:
             raise EngramError(Code.INVALID_SCHEMA, "key id does not match key")
+        if self.core.trusted.is_grant_signer(found):
+            # Key separation (SPEC §2): the core's confirmation key signs grants only.
+            raise EngramError(Code.INVALID_SCHEMA, "the confirmation key cannot be a host key")
         with self.core.store.write() as tx:
             tx.add_trusted_host_key(found, public_pem(pub), self.core.now_ms())
             tx.append_audit(self.core.audit_row(ctx, "admin.trust_host_key", "ok", found, call))

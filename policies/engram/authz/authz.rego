@@ -14,7 +14,9 @@ _config := data.engram.config
 #   and obligations. Agent tools are allowed only when memory is enabled, the
 #   scope is activated and the tool is granted; admin.<op> only for a host
 #   principal holding the maintenance scope data.engram.config.maintenance_scopes
-#   names; host.issue_confirmation whenever memory is enabled.
+#   names; host.issue_confirmation (a confirmation grant for a human approval
+#   the host obtained) and host.authorization_epoch (the scope's revocation
+#   epoch) only for a host principal, never for an agent context.
 decision := {
 	"allow": allow,
 	"reasons": sort([r | some r in deny]),
@@ -53,6 +55,12 @@ _is_agent_tool if input.operation in _config.agent_tools
 
 _is_host_confirmation if input.operation == "host.issue_confirmation"
 
+_is_host_epoch if input.operation == "host.authorization_epoch"
+
+_is_host_call if _is_host_confirmation
+
+_is_host_call if _is_host_epoch
+
 _admin_name := trim_prefix(input.operation, "admin.") if startswith(input.operation, "admin.")
 
 _required_scope := _config.maintenance_scopes[_admin_name]
@@ -61,7 +69,7 @@ _is_admin if _required_scope
 
 _known if _is_agent_tool
 
-_known if _is_host_confirmation
+_known if _is_host_call
 
 _known if _is_admin
 
@@ -106,6 +114,14 @@ deny contains lib.reason("CONTEXT_INCOMPLETE", "The bound context lacks a tenant
 deny contains lib.reason("MEMORY_DISABLED", "Memory is not enabled for this host.") if {
 	_is_host_confirmation
 	not input.context.memory_enabled == true
+}
+
+# SPEC §8: only the host obtains a confirmation; an agent's only path to one is
+# the human answering the host (MCP elicitation). An agent context that could
+# ask for a grant would approve its own forget.
+deny contains lib.reason("HOST_PRINCIPAL_REQUIRED", "Host operations are for host principals only.") if {
+	_is_host_call
+	not input.context.host_principal == true
 }
 
 deny contains lib.reason("HOST_PRINCIPAL_REQUIRED", "Maintenance operations are for host principals only.") if {

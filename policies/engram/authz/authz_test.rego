@@ -79,8 +79,17 @@ test_golden_admin_maintain_requires_maintain_scope if {
 	) with input as _in("admin.activate", object.union(_host, {"maintenance_scopes": ["read"]}), {"activated": false, "tools": []})
 }
 
+_confirming_host := _ctx({"host_principal": true})
+
 test_golden_host_issue_confirmation_allowed if {
-	authz.decision == _allowed(false) with input as _in("host.issue_confirmation", _ctx({}), {"activated": false, "tools": []})
+	authz.decision == _allowed(false) with input as _in("host.issue_confirmation", _confirming_host, {"activated": false, "tools": []})
+}
+
+test_golden_host_issue_confirmation_agent_denied if {
+	authz.decision == _denied(
+		[_r("HOST_PRINCIPAL_REQUIRED", "Host operations are for host principals only.")],
+		false,
+	) with input as _in("host.issue_confirmation", _ctx({}), _active)
 }
 
 test_golden_unknown_operation_denied if {
@@ -119,13 +128,48 @@ test_host_issue_confirmation_needs_memory_enabled if {
 	authz.decision == _denied(
 		[_r("MEMORY_DISABLED", "Memory is not enabled for this host.")],
 		false,
+	) with input as _in("host.issue_confirmation", object.union(_confirming_host, {"memory_enabled": false}), _active)
+}
+
+test_agent_with_maintenance_scopes_still_cannot_issue_confirmation if {
+	authz.decision == _denied(
+		[_r("HOST_PRINCIPAL_REQUIRED", "Host operations are for host principals only.")],
+		false,
+	) with input as _in("host.issue_confirmation", _ctx({"maintenance_scopes": ["read", "maintain"]}), _active)
+}
+
+test_agent_without_memory_gets_both_reasons_for_issue_confirmation if {
+	authz.decision == _denied(
+		[
+			_r("HOST_PRINCIPAL_REQUIRED", "Host operations are for host principals only."),
+			_r("MEMORY_DISABLED", "Memory is not enabled for this host."),
+		],
+		false,
 	) with input as _in("host.issue_confirmation", _ctx({"memory_enabled": false}), _active)
+}
+
+test_host_reads_authorization_epoch_without_memory_or_activation if {
+	authz.decision == _allowed(false) with input as _in("host.authorization_epoch", _host, {"activated": false, "tools": []})
+}
+
+test_agent_cannot_read_authorization_epoch if {
+	authz.decision == _denied(
+		[_r("HOST_PRINCIPAL_REQUIRED", "Host operations are for host principals only.")],
+		false,
+	) with input as _in("host.authorization_epoch", _ctx({}), _active)
+}
+
+test_authorization_epoch_needs_complete_context if {
+	authz.decision == _denied(
+		[_r("CONTEXT_INCOMPLETE", "The bound context lacks a tenant, workspace or principal.")],
+		false,
+	) with input as _in("host.authorization_epoch", object.union(_host, {"workspace": ""}), _active)
 }
 
 test_incomplete_context_denied_everywhere if {
 	reason := _r("CONTEXT_INCOMPLETE", "The bound context lacks a tenant, workspace or principal.")
 	authz.decision == _denied([reason], false) with input as _in("engram_memory_search", _ctx({"tenant": ""}), _active)
-	authz.decision == _denied([reason], false) with input as _in("host.issue_confirmation", _ctx({"principal": ""}), _active)
+	authz.decision == _denied([reason], false) with input as _in("host.issue_confirmation", object.union(_confirming_host, {"principal": ""}), _active)
 }
 
 test_empty_input_denied if {
