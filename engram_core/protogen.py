@@ -43,14 +43,17 @@ def stubs_current() -> bool:
     return STAMP.exists() and STAMP.read_text().strip() == proto_digest(root)
 
 
-def generate() -> None:
+def generate(root: Path | None = None, gen_dir: Path | None = None) -> None:
+    """Generate stubs from ``root`` (default: the repository's proto/) into ``gen_dir``
+    (default: engram_core/_gen; setup.py passes the wheel's build directory)."""
     from grpc_tools import protoc  # build-time tool, imported only when needed
 
-    root = proto_root()
-    GEN_DIR.mkdir(exist_ok=True)
+    root = root or proto_root()
+    gen_dir = gen_dir or GEN_DIR
+    gen_dir.mkdir(parents=True, exist_ok=True)
     # Generate into a fresh directory and swap, so a concurrent importer never
     # sees half-written stubs.
-    with tempfile.TemporaryDirectory(dir=PACKAGE_DIR) as tmp:
+    with tempfile.TemporaryDirectory(dir=gen_dir.parent) as tmp:
         files = [str(p.relative_to(root)) for p in _proto_files(root)]
         include = str(Path(protoc.__file__).parent / "_proto")
         args = ["protoc", f"-I{root}", f"-I{include}", f"--python_out={tmp}", f"--grpc_python_out={tmp}", f"--pyi_out={tmp}", *files]
@@ -68,10 +71,10 @@ def generate() -> None:
             py.write_text(text)
         for py in Path(tmp).rglob("*"):
             if py.is_file():
-                dest = GEN_DIR / py.relative_to(tmp)
+                dest = gen_dir / py.relative_to(tmp)
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(py, dest)
-    STAMP.write_text(proto_digest(root) + "\n")
+    (gen_dir / STAMP.name).write_text(proto_digest(root) + "\n")
 
 
 def ensure() -> None:

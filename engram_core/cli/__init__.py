@@ -37,7 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     _admin(sub)
     _policy(sub)
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except ModuleNotFoundError as exc:
+        if exc.name != "opa_bindings":
+            raise
+        from engram_core.policy import OPA_BINDINGS_HINT
+
+        print(f"engram: {OPA_BINDINGS_HINT}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

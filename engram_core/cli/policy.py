@@ -11,9 +11,8 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from opa_bindings.engine import OpaError
-
 import engram_core
+from engram_core.policy import default_bundle_dir
 from engram_core.policy.bundle import Bundle, BundleError, build_engine, package_of, read_bundle
 from engram_core.policy.port import DECISION_PATHS
 from engram_core.policy.shapes import shape_error
@@ -22,14 +21,10 @@ DEFAULT_COVERAGE_FLOOR = 80.0
 _TEST_RULE = re.compile(r"^(test_\w+)\b", re.MULTILINE)
 
 
-def default_bundle_dir() -> Path:
-    """The bundled ``policies/`` directory next to the package."""
-    return Path(engram_core.__file__).resolve().parent.parent / "policies"
-
-
-def fixtures_dir() -> Path:
-    """Golden decision fixtures (used by ``check`` as sample inputs)."""
-    return Path(engram_core.__file__).resolve().parent.parent / "tests" / "policy" / "fixtures"
+def fixtures_dir() -> Path | None:
+    """Golden decision fixtures (used by ``check`` as sample inputs); absent from a wheel install."""
+    path = Path(engram_core.__file__).resolve().parent.parent / "tests" / "policy" / "fixtures"
+    return path if path.is_dir() else None
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +54,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run_tests(bundle: Bundle) -> dict[str, Any]:
+    from opa_bindings.engine import OpaError
+
     """Evaluate every ``test_*`` rule; return results and aggregated coverage."""
     engine = build_engine(bundle, include_tests=True)
     results: list[dict[str, Any]] = []
@@ -134,6 +131,8 @@ def run_test(args: argparse.Namespace) -> int:
 
 
 def check_bundle(bundle: Bundle, fixtures: Path | None) -> list[str]:
+    from opa_bindings.engine import OpaError
+
     """Problems found compiling the bundle and evaluating each decision path."""
     problems: list[str] = []
     if "engram" not in bundle.roots:

@@ -12,9 +12,10 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from opa_bindings.engine import OpaEngine
+if TYPE_CHECKING:
+    from opa_bindings.engine import OpaEngine
 
 _PACKAGE = re.compile(r"^package\s+([A-Za-z_][\w.]*)\s*$", re.MULTILINE)
 
@@ -106,7 +107,7 @@ def _check_roots(bundle: Bundle) -> None:
 
 def build_engine(bundle: Bundle, *, include_tests: bool = False) -> OpaEngine:
     """A new, compiled engine over the bundle; raises BundleError on any problem."""
-    from opa_bindings.engine import OpaError
+    from opa_bindings.engine import OpaEngine, OpaError
 
     engine = OpaEngine()
     modules = bundle.modules if include_tests else bundle.policy_modules()

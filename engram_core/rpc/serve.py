@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib.util
 import logging
 import signal
 import socket
@@ -49,6 +50,10 @@ def serve_main(args: argparse.Namespace) -> int:
     problem = _listen_problem(args.listen)
     if problem:
         return _fail(problem)
+    if not args.opa_url and importlib.util.find_spec("opa_bindings") is None:
+        from engram_core.policy import OPA_BINDINGS_HINT
+
+        return _fail(OPA_BINDINGS_HINT)  # before the data directory is created
     try:
         pems = [Path(p).read_text() for p in args.trust_host_key]
     except OSError as exc:

@@ -30,6 +30,8 @@ from engram_core.hostkeys import (
     load_public_pem,
     public_pem,
 )
+from engram_core.policy import OPA_BINDINGS_HINT
+from engram_core.policy import default_bundle_dir as default_policies_dir
 from engram_core.rpc.convert import has_unknown_fields, message_to_value, value_to_message
 from engram_core.rpc.handlers import add_servicer
 from engram_core.rpc.status import abort
@@ -41,10 +43,6 @@ from engram_core.store.duckdb_store import DuckDBStore
 
 log = logging.getLogger("engram.core")
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
-
-
-def default_policies_dir() -> Path:
-    return Path(__file__).resolve().parent.parent.parent / "policies"
 
 
 def _metadata(context: grpc.ServicerContext, key: str) -> bytes | None:
@@ -199,7 +197,12 @@ def build_policy(policies_dir: Path | None, opa_url: str | None):
 
         engine = OpaRestPolicyEngine(opa_url)
     else:
-        from engram_core.policy.embedded import EmbeddedPolicyEngine
+        try:
+            from engram_core.policy.embedded import EmbeddedPolicyEngine
+        except ModuleNotFoundError as exc:
+            if exc.name != "opa_bindings":
+                raise
+            raise EngramError(Code.POLICY_UNAVAILABLE, OPA_BINDINGS_HINT) from None
 
         engine = EmbeddedPolicyEngine(policies_dir or default_policies_dir())
     try:
