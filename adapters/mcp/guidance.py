@@ -7,6 +7,10 @@ usage guide. The same guide is served as the ``instructions``, as the prompt
 
 from __future__ import annotations
 
+import json
+
+from engram_core.schema_examples import CAPTURE_EXAMPLES, EXAMPLE_PURPOSE
+
 GUIDE_PROMPT_NAME = "engram_memory_guide"
 GUIDE_RESOURCE_URI = "engram://guide"
 
@@ -67,6 +71,24 @@ TOOL_TITLES: dict[str, str] = {
 }
 
 
+def worked_captures(purpose_ref: str | None) -> str:
+    """One complete engram_memory_capture per kind of memory agents keep, mapped onto
+    components and citations (the same examples the capture schema publishes)."""
+    parts = [
+        "Worked captures. One per kind of memory; each is a complete, valid engram_memory_capture call "
+        "(the same examples the tool's inputSchema lists). Use a fresh idempotency_key of your own, "
+        "your own text, sources and times (valid_time.t and primary_event.at are epoch milliseconds), "
+        "and your bound purpose_ref. content_digest and evidence_digest are sha256: + 64 lowercase hex "
+        "of the cited content. Then call engram_memory_request_admission with the candidate_id."
+    ]
+    for number, (kind, (mapping, example)) in enumerate(CAPTURE_EXAMPLES.items(), start=1):
+        text = json.dumps(example, ensure_ascii=False, separators=(",", ":"))
+        if purpose_ref:
+            text = text.replace(json.dumps(EXAMPLE_PURPOSE), json.dumps(purpose_ref, ensure_ascii=False))
+        parts.append(f"{number}. A {kind}: {mapping}.\n{text}")
+    return "\n\n".join(parts)
+
+
 def guide(purpose_ref: str | None) -> str:
     """The agent guide; names the bound purpose when the binding is fixed."""
     if purpose_ref:
@@ -106,6 +128,8 @@ and error.retriable only, never on the message. retriable true: back off and ret
 key and arguments). MUTATION_OUTCOME_UNKNOWN: it may have committed; retry with the same key until you get a
 definitive answer. UNAUTHORIZED and the like: stop and report to the host; never retry as someone else.
 NOT_FOUND: treat the target as unavailable. ILLEGAL_TRANSITION / ALREADY_TERMINAL: re-check with search or get.
+
+{worked_captures(purpose_ref)}
 
 Protocol errors are not memory answers. JSON-RPC -32603 "Trusted invocation context unavailable" and -32602
 "Unknown tool" mean stop: report to the host operator and do not retry with changed arguments.

@@ -1,0 +1,130 @@
+"""The published schemas teach a first capture (issue 15): every property says what it is,
+every tool carries complete examples that validate, and each example succeeds through a real
+adapter (`engram mcp` over stdio, the SDK's own client) and a real core."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from mcp_helpers import approve, binding_for, stdio_client, value_of, write_config
+
+from adapters.mcp.guidance import guide
+from engram_core.schema_examples import CAPTURE_EXAMPLES, EXAMPLE_PURPOSE, TOOL_EXAMPLES
+from engram_core.schemas import INPUT_SCHEMAS, TOOL_NAMES, output_schema
+from engram_core.validation import validate_arguments
+
+pytestmark = pytest.mark.anyio
+
+
+def _properties(schema: dict[str, Any], pointer: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every property schema reachable through properties / items, with its pointer."""
+    for name, sub in schema.get("properties", {}).items():
+        yield f"{pointer}/{name}", sub
+        yield from _properties(sub, f"{pointer}/{name}")
+    items = schema.get("items")
+    if isinstance(items, dict):
+        yield from _properties(items, f"{pointer}/*")
+
+
+@pytest.mark.parametrize("tool", TOOL_NAMES)
+def test_every_input_and_output_property_has_a_description(tool: str) -> None:
+    for name, schema in (("input", INPUT_SCHEMAS[tool]), ("output", output_schema(tool))):
+        assert schema.get("description"), (tool, name)
+        missing = [p for p, sub in _properties(schema) if not sub.get("description")]
+        assert missing == [], (tool, name, missing)
+
+
+def test_times_and_sizes_state_their_units() -> None:
+    payload = INPUT_SCHEMAS["engram_memory_capture"]["properties"]["payload"]["properties"]
+    assert "Epoch milliseconds" in payload["valid_time"]["properties"]["t"]["description"]
+    assert "Epoch milliseconds" in payload["primary_event"]["properties"]["at"]["description"]
+    text = payload["components"]["items"]["properties"]["text"]["description"]
+    assert "UTF-8 bytes" in text and "NFC" in text
+    key = INPUT_SCHEMAS["engram_memory_capture"]["properties"]["idempotency_key"]["description"]
+    assert "16-256 UTF-8 bytes" in key
+
+
+@pytest.mark.parametrize("tool", TOOL_NAMES)
+def test_every_example_is_complete_and_valid_for_schema_and_core(tool: str) -> None:
+    examples = INPUT_SCHEMAS[tool]["examples"]
+    assert examples, tool
+    validator = jsonschema.Draft202012Validator(INPUT_SCHEMAS[tool])
+    jsonschema.Draft202012Validator.check_schema(INPUT_SCHEMAS[tool])
+    for example in examples:
+        assert list(validator.iter_errors(example)) == []
+        validate_arguments(tool, copy.deepcopy(example))  # the core's own check, bytes and cross-refs
+    covered = {key for example in examples for key in example}
+    assert set(INPUT_SCHEMAS[tool]["required"]) <= covered
+
+
+def test_capture_examples_cover_every_kind_of_memory_and_every_component_kind() -> None:
+    assert list(CAPTURE_EXAMPLES) == [
+        "decision with its reason", "verified fact", "known problem and its fix", "convention", "hand-off",
+    ]
+    kinds = {c["kind"] for _, ex in CAPTURE_EXAMPLES.values() for c in ex["payload"]["components"]}
+    assert kinds == {"context", "decision", "evidence"}
+
+
+def test_guide_shows_one_worked_capture_per_kind_with_the_bound_purpose() -> None:
+    text = guide("purpose:other-team")
+    for number, kind in enumerate(CAPTURE_EXAMPLES, start=1):
+        assert f"{number}. A {kind}:" in text
+    assert '"purpose_ref":"purpose:other-team"' in text and EXAMPLE_PURPOSE not in text
+
+
+@pytest.fixture
+def example_config(core, tmp_path: Path) -> Path:
+    binding = {**binding_for("acme"), "purpose_ref": EXAMPLE_PURPOSE}
+    return write_config(tmp_path / "examples.toml", address=core.address, signing_key=core.host_key_path,
+                        binding=binding)
+
+
+async def test_every_example_succeeds_through_mcp(example_config: Path) -> None:
+    """Each tool's examples, as published in tools/list, run through the adapter in the flow an
+    agent follows: capture every kind, admit each, search, get, then withdraw a fresh candidate
+    and forget a record (both confirmed by the human through elicitation)."""
+    async with stdio_client(example_config, elicitation=approve) as client:
+        listed = {tool.name: tool for tool in (await client.list_tools()).tools}
+        assert set(listed) == set(TOOL_NAMES)
+        for name, tool in listed.items():
+            assert tool.input_schema["examples"] == TOOL_EXAMPLES[name]
+            assert tool.input_schema == INPUT_SCHEMAS[name]
+
+        records = []
+        for example in listed["engram_memory_capture"].input_schema["examples"]:
+            captured = value_of(await client.call_tool("engram_memory_capture", example))
+            assert captured["status"] == "committed_pending"
+            admission = {**TOOL_EXAMPLES["engram_memory_request_admission"][0],
+                         "candidate_id": captured["candidate_id"],
+                         "idempotency_key": "admit-" + example["idempotency_key"]}
+            outcome = value_of(await client.call_tool("engram_memory_request_admission", admission))["outcome"]
+            assert outcome["status"] == "accepted", outcome
+            records.append(outcome["record_id"])
+
+        for example in TOOL_EXAMPLES["engram_memory_search"]:
+            found = value_of(await client.call_tool("engram_memory_search", example))
+            assert found["records"], example
+            assert {hit["record"]["record_id"] for hit in found["records"]} <= set(records)
+
+        got = value_of(await client.call_tool("engram_memory_get",
+                                              {**TOOL_EXAMPLES["engram_memory_get"][0], "record_id": records[0]}))
+        assert got["record"]["record_id"] == records[0]
+
+        fresh = copy.deepcopy(TOOL_EXAMPLES["engram_memory_capture"][0])
+        fresh["idempotency_key"] = "capture-to-withdraw-0001"
+        fresh["payload"]["components"][0]["text"] += " (draft to withdraw)"
+        pending = value_of(await client.call_tool("engram_memory_capture", fresh))["candidate_id"]
+        withdrawn = value_of(await client.call_tool("engram_memory_withdraw",
+                                                    {**TOOL_EXAMPLES["engram_memory_withdraw"][0],
+                                                     "candidate_id": pending}))
+        assert withdrawn["receipt"]["to_state"] == "withdrawn"
+
+        forgotten = value_of(await client.call_tool("engram_memory_forget",
+                                                    {**TOOL_EXAMPLES["engram_memory_forget"][0],
+                                                     "record_id": records[0]}))
+        assert forgotten["receipt"]["to_state"] == "tombstoned"
