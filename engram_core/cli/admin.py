@@ -180,6 +180,11 @@ def _history(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     from engram_core.api import admin_pb2
 
+    if args.candidate.startswith("mem_"):  # record ids never name candidates (docs/contract.md §4)
+        print(f"engram admin: {args.candidate} is a record id; inspect takes a candidate id. For a record: "
+              f"engram admin history --tenant {args.tenant} --workspace {args.workspace} --record {args.candidate}",
+              file=sys.stderr)
+        return 2
     value = _call(args, "InspectCandidate", admin_pb2.InspectRequest(
         tenant=args.tenant, workspace=args.workspace, candidate_id=args.candidate), READ_SCOPES)
     return _emit(args, value, json.dumps(value, indent=2, sort_keys=True))

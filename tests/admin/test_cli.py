@@ -74,3 +74,11 @@ def test_cli_backup_restore_with_progress(live, tmp_path):
         target.stop()
     rebuilt = admin(live, "rebuild-projections", *scope)
     assert json.loads(rebuilt.stdout)["records_indexed"] == 1
+
+
+def test_inspect_with_a_record_id_says_which_command_reads_records(live):
+    scope = ["--tenant", TENANT, "--workspace", WORKSPACE]
+    assert admin(live, "activate", *scope).returncode == 0
+    rid = live.record("a record an operator tries to inspect")
+    out = admin(live, "inspect", rid, *scope, json_out=False)
+    assert out.returncode == 2 and "is a record id" in out.stderr and "--record" in out.stderr

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from mcp_helpers import WORKSPACE, Core, activate
 
+from engram_core.rpc.server import start_core
+
 
 @pytest.fixture
 def anyio_backend() -> str:
@@ -22,8 +24,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 def core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Core]:
-    server = pytest.importorskip("engram_core.rpc.server", reason="core not landed yet")
-    running = server.start_core(tmp_path_factory.mktemp("core-data"))
+    running = start_core(tmp_path_factory.mktemp("core-data"))
     try:
         found = Core(address=running.address, host_key_path=Path(running.host_key_path))
         activate(found, "acme", WORKSPACE)
