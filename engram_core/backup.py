@@ -39,6 +39,7 @@ from engram_core.services.core import CallRecord, Core, new_id, record_id_of
 from engram_core.services.lexical import record_fields
 from engram_core.services.maintenance import check_audit, check_journal, event_doc
 from engram_core.services.memory import MemoryService
+from engram_core.services.reconciliation import payload_links, write_links
 from engram_core.store.duckdb_store import DuckDBTx
 from engram_core.store.migrations import MIGRATIONS
 from engram_core.store.port import Event, RecordRow, ScopeRow
@@ -303,6 +304,7 @@ class BackupService:
                     tx.index_record(rec.tenant, rec.workspace, rec.record_id, record_fields(payload, self.core.hasher))
                     self.memory.index_vector(tx, replace(ctx, tenant=rec.tenant, workspace=rec.workspace),
                                              rec.record_id, payload)
+                    write_links(tx, rec.tenant, rec.workspace, rec.record_id, payload_links(payload))
                 else:
                     tx.insert_record(rec)
             for t in parsed.tombstones:

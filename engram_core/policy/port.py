@@ -19,8 +19,9 @@ CAPTURE = "engram/capture/decision"
 ADMISSION = "engram/admission/decision"
 REDACTION = "engram/redaction/decision"
 RETENTION = "engram/retention/decision"
+RECONCILIATION = "engram/reconciliation/decision"
 
-DECISION_PATHS: tuple[str, ...] = (AUTHZ, TOOLS, CAPTURE, ADMISSION, REDACTION, RETENTION)
+DECISION_PATHS: tuple[str, ...] = (AUTHZ, TOOLS, CAPTURE, ADMISSION, REDACTION, RETENTION, RECONCILIATION)
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class Decision:
 
     def summary(self) -> dict[str, Any]:
         """What the audit log keeps of a decision: never the input, only its digest."""
-        keys = ("allow", "decision", "tools", "action")
+        keys = ("allow", "decision", "tools", "action", "admission")
         return {
             "path": self.path,
             "decision_id": self.decision_id,

@@ -82,6 +82,17 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     port.RETENTION: _closed(
         {"allow": {"type": "boolean"}, "action": {"enum": ["expire", "none"]}, "reasons": _REASONS}
     ),
+    port.RECONCILIATION: _closed(
+        {
+            "admission": {"enum": ["proceed", "adjudication_required"]},
+            "members": {
+                "type": "array",
+                "items": _closed({"record_id": {"type": "string", "minLength": 1},
+                                  "action": {"enum": ["keep", "supersede", "dispute"]}}),
+            },
+            "reasons": _REASONS,
+        }
+    ),
 }
 
 _VALIDATORS: dict[str, Callable[[Any], Any]] = {

@@ -28,6 +28,7 @@ from engram_core.hostkeys import key_id, load_public_pem, public_pem
 from engram_core.policy.port import RETENTION
 from engram_core.services import lifecycle
 from engram_core.services.core import CallRecord, Core, context_facts, new_id
+from engram_core.services.derivatives import apply_derivative_rule
 from engram_core.services.lexical import record_fields
 from engram_core.services.memory import (
     ADMISSION_TOOL,
@@ -36,6 +37,7 @@ from engram_core.services.memory import (
     MemoryService,
     stored_outcome,
 )
+from engram_core.services.reconciliation import payload_links, write_links
 from engram_core.store.duckdb_store import GENESIS, DuckDBTx, audit_digest_of, event_digest_of
 from engram_core.store.migrations import MIGRATIONS
 from engram_core.store.port import Event, IdempotencyRow, RecordRow, ScopeRow
@@ -132,8 +134,9 @@ def _event_summary(e: Event) -> dict[str, Any]:
            "from_state": e.from_state, "to_state": e.to_state, "at_ms": e.at_ms, "event_digest": e.event_digest}
     if e.body.get("reason_ref"):
         out["reason_ref"] = e.body["reason_ref"]
-    if e.body.get("successor"):
-        out["successor"] = e.body["successor"]
+    for key in ("successor", "source", "disputed_by"):
+        if e.body.get(key):
+            out[key] = e.body[key]
     return out
 
 
@@ -253,6 +256,10 @@ class MaintenanceService:
             }
             if successor:
                 receipt["successor"] = successor
+            if op == "trust_invalidate":
+                # SPEC §5 derivative_rule: the source's rule decides what happens to its derivatives.
+                receipt["derivatives"] = apply_derivative_rule(tx, tctx, rec, cause="trust_invalidate",
+                                                               cause_event_id=event_id, now=now, call=call)
             if op == "rewind" and succ is not None:
                 # The successor steps back in the same transaction: never two current versions.
                 demoted = tx.append_event(
@@ -300,9 +307,11 @@ class MaintenanceService:
                                             body={"reason_ref": "retention:expires_at", "decisions": call.summaries(),
                                                   "audit_id": tctx.audit_id})
                     tx.set_record_state(rec.record_id, "expired", state_cursor=event.cursor)
+                    derivatives = apply_derivative_rule(tx, tctx, current, cause="expire",
+                                                        cause_event_id=event.event_id, now=now, call=call)
                     tx.append_audit(self.core.audit_row(tctx, "admin.expire", "expired", rec.record_id, call))
                 expired.append({"record_id": rec.record_id, "from_state": current.state, "cursor": str(event.cursor),
-                                "event_digest": event.event_digest})
+                                "event_digest": event.event_digest, "derivatives": derivatives})
             report.append({"tenant": t, "workspace": w, "examined": len(recs), "expired": expired})
         self._audit(ctx, "expire_sweep", "ok", tenant and f"{tenant}/{workspace}", authz)
         return {"now": self.core.instant(now), "scopes": report}
@@ -368,7 +377,10 @@ class MaintenanceService:
                     raise EngramError(Code.NOT_FOUND, "record")
                 recs = [rec]
                 targets = {rec.record_id, rec.candidate_id}
-                events = [_event_summary(e) for e in tx.events(tenant, workspace, 0, None) if e.target in targets]
+                # A record's history includes what it caused elsewhere (derivative rule, reconciliation).
+                events = [_event_summary(e) for e in tx.events(tenant, workspace, 0, None)
+                          if e.target in targets or rec.record_id in (e.body.get("source"), e.body.get("successor"),
+                                                                      e.body.get("disputed_by"))]
             else:
                 recs = tx.scope_records(tenant, workspace, ("accepted_disputed",) if disputed_only else None)
                 events = None
@@ -567,6 +579,7 @@ class MaintenanceService:
                     continue
                 tx.index_record(tenant, workspace, rec.record_id, record_fields(payload, self.core.hasher))
                 self.memory.index_vector(tx, tctx, rec.record_id, payload)
+                write_links(tx, tenant, workspace, rec.record_id, payload_links(payload))  # records admitted before links
                 indexed.append(rec.record_id)
             counts = tx.projection_counts(tenant, workspace)
             scope = tx.scope(tenant, workspace)

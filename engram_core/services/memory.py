@@ -22,8 +22,10 @@ from engram_core.policy.port import ADMISSION, CAPTURE
 from engram_core.secrets_scan import scan
 from engram_core.services import lifecycle
 from engram_core.services.core import CallRecord, Core, context_facts, new_id, record_id_of
+from engram_core.services.derivatives import apply_derivative_rule
 from engram_core.services.lexical import record_fields
 from engram_core.services.reading import ReadService
+from engram_core.services.reconciliation import Reconciler, payload_links, write_links
 from engram_core.store.duckdb_store import DuckDBTx
 from engram_core.store.port import CandidateRow, IdempotencyRow, RecordRow
 from engram_core.validation import parse_instant, validate_arguments
@@ -84,6 +86,7 @@ def stored_outcome(tx: DuckDBTx, ctx: BoundContext, *, tool: str, target: str, k
 class MemoryService(ReadService):
     def __init__(self, core: Core) -> None:
         super().__init__(core)
+        self.reconciler = Reconciler(core)
 
     # -- shared steps ------------------------------------------------------------------
     def _request_digest(self, tool: str, args: dict[str, Any]) -> str:
@@ -160,9 +163,11 @@ class MemoryService(ReadService):
         if not tx.use_confirmation(grant_id, ctx.tenant, ctx.workspace, self.core.now_ms()):
             raise EngramError(Code.GATE_FAILED, "confirmation already used")
 
-    def _tx_receipt(self, operation: str, event_digest: str, cursor: int, call: CallRecord, audit_id: str) -> str:
+    def _tx_receipt(self, operation: str, event_digest: str, cursor: int, call: CallRecord, audit_id: str,
+                    extra: dict[str, Any] | None = None) -> str:
         return with_receipt_digest(
             {
+                **(extra or {}),
                 "kind": "transaction",
                 "operation": operation,
                 "cursor": str(cursor),
@@ -336,6 +341,18 @@ class MemoryService(ReadService):
         # SPEC §5 forgotten-content protection: a core invariant, not a policy choice.
         if verdict == "accept" and tombstoned and forced is None:
             verdict = "adjudication_required"
+        record_id = record_id_of(cand.record_digest)
+        plan = None
+        if verdict == "accept":
+            # Reconciliation families (SPEC §9): the policy answers for each current member.
+            plan = self.reconciler.decide(
+                ctx, record_id=record_id, record_digest=cand.record_digest, payload_digest=cand.payload_digest,
+                trust_class=cand.trust_class, principal=cand.principal, agent_id=cand.agent_id, effective=effective,
+                call=call, now=now, adjudicated=forced is not None)
+            if plan is not None and plan.admission == "adjudication_required":
+                if forced is None:
+                    verdict, receipt_src = "adjudication_required", plan.decision
+                plan = None  # a host's accept stands; the members stay as they are
         status = {"accept": "accepted", "reject": "rejected", "adjudication_required": "pending_adjudication"}[verdict]
         decision_receipt = (self.core.decision_receipt(receipt_src)["receipt_digest"] if receipt_src is not None
                             else with_receipt_digest({"kind": "adjudication", "decision": verdict,
@@ -343,7 +360,7 @@ class MemoryService(ReadService):
                                                       "at": self.core.instant(now)})["receipt_digest"])
         record_slot: int | None = None
         vector: list[float] | None = None
-        record_id = record_id_of(cand.record_digest)
+        reconciled: list[dict[str, Any]] = []
         if status == "accepted":
             record_slot, record_key = self.core.vault.new_data_key(f"record:{record_id}")
             body = seal(record_key, canonical_json(effective), kind="record", owner=record_id)
@@ -383,6 +400,12 @@ class MemoryService(ReadService):
                     tx.put_data_key(f"record:{record_id}", record_slot, now)  # type: ignore[arg-type]
                     tx.index_record(ctx.tenant, ctx.workspace, record_id, fields)
                     self.index_vector(tx, ctx, record_id, effective, vector)
+                    links = payload_links(effective)
+                    write_links(tx, ctx.tenant, ctx.workspace, record_id, links)
+                    if plan is not None:
+                        reconciled = self.reconciler.apply(tx, ctx, plan, record_id=record_id,
+                                                           family_refs=links.family_refs, event_id=event.event_id,
+                                                           now=now, call=call)
                     outcome["record_id"] = record_id
                 terminal = status in ("accepted", "rejected")
                 tx.set_candidate_state(cand.candidate_id, to_state, decision={"status": status, "receipt": decision_receipt},
@@ -391,7 +414,9 @@ class MemoryService(ReadService):
                     tx.drop_data_key(f"candidate:{cand.candidate_id}", now, status)
                 outcome.update({
                     "cursor": str(event.cursor), "decision_receipt_digest": decision_receipt,
-                    "transaction_receipt_digest": self._tx_receipt(event.operation, event.event_digest, event.cursor, call, ctx.audit_id),
+                    "transaction_receipt_digest": self._tx_receipt(
+                        event.operation, event.event_digest, event.cursor, call, ctx.audit_id,
+                        {"reconciled": reconciled} if reconciled else None),
                 })
                 result = {"outcome": outcome, "replayed": False}
                 if args is not None and request_digest is not None:
@@ -567,6 +592,9 @@ class MemoryService(ReadService):
                 removed = tx.unindex_record(ctx.tenant, ctx.workspace, record_id)
                 tx.add_tombstone(ctx.tenant, ctx.workspace, rec.payload_digest, record_id, event.cursor, now)
                 tx.drop_data_key(f"record:{record_id}", now, "tombstone")
+                derivatives = apply_derivative_rule(tx, ctx, rec, cause="tombstone", cause_event_id=event.event_id,
+                                                    now=now, call=call)
+                tx.drop_record_links(record_id)
                 receipt = {
                     "event_id": event.event_id, "operation": "tombstone", "from_state": rec.state,
                     "to_state": "tombstoned", "cursor": str(event.cursor), "event_digest": event.event_digest,
@@ -576,6 +604,7 @@ class MemoryService(ReadService):
                 coverage = with_receipt_digest({
                     "kind": "coverage", "record_id": record_id, "postings_removed": removed, "vectors_removed": True,
                     "body_dropped": True, "key_destroyed": True, "tombstone_ledgered": True, "cursor": str(event.cursor),
+                    "derivative_rule": rec.derivative_rule, "derivatives": derivatives,
                 })["receipt_digest"]
                 stored = {"receipt": receipt, "projection_invalidation": "complete", "coverage_receipt_digest": coverage}
                 if args is not None and request_digest is not None:

@@ -39,6 +39,7 @@ from engram_core.store.port import (
     ScopeRow,
     iter_chunks,
 )
+from engram_core.store.record_links import RecordLinks
 from engram_core.store.record_sql import RECORD_COLS, record_of
 from engram_core.store.search_index import Posting, RecordMeta, SearchIndex
 
@@ -87,7 +88,7 @@ def _audit_values(doc: dict[str, Any]) -> list[Any]:
     return [json.dumps(doc[k], sort_keys=True) if k == "decisions" else doc[k] for k in _AUDIT_KEYS]
 
 
-class DuckDBTx:
+class DuckDBTx(RecordLinks):
     """Domain operations over one DuckDB connection inside a transaction."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, store: DuckDBStore, *, writing: bool = False,

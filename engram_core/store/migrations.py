@@ -141,6 +141,25 @@ UPDATE records SET key_slot = k.slot FROM data_keys k WHERE k.owner = 'record:' 
 DROP TABLE term_stats;
 """,
     ),
+    Migration(
+        5,
+        "record links: reconciliation families and derivative sources",
+        # Reconciliation (which current records share a family with a newcomer) and derivative
+        # rules (which records cite a record that leaves eligibility) must not open sealed bodies.
+        # Identifiers and labels only; records admitted before this migration gain their links
+        # from rebuild_projections, which re-derives them from the bodies.
+        """
+CREATE TABLE record_families (
+  tenant VARCHAR NOT NULL, workspace VARCHAR NOT NULL, family_ref VARCHAR NOT NULL,
+  record_id VARCHAR NOT NULL, primary_kind VARCHAR NOT NULL,
+  PRIMARY KEY (tenant, workspace, family_ref, record_id));
+CREATE INDEX record_families_record ON record_families (record_id);
+CREATE TABLE record_sources (
+  tenant VARCHAR NOT NULL, workspace VARCHAR NOT NULL, source_id VARCHAR NOT NULL, record_id VARCHAR NOT NULL,
+  PRIMARY KEY (tenant, workspace, source_id, record_id));
+CREATE INDEX record_sources_record ON record_sources (record_id);
+""",
+    ),
 )
 
 LEDGER_DDL = """

@@ -1,0 +1,64 @@
+"""Record links: reconciliation-family membership and derivative sources (SPEC §5, §9).
+
+Both are facts of a record's payload that governance needs without opening
+sealed bodies: which families a record names (with the kind of its primary
+component), and which records of the same scope its citations name as their
+source. They hold identifiers and labels only, never text. They are written in
+the admission transaction, re-derived from the sealed bodies by
+``rebuild_projections`` and restore, and dropped when the record is tombstoned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engram_core.store.port import RecordRow
+from engram_core.store.record_sql import RECORD_COLS, record_of
+
+
+class RecordLinks:
+    """Mixin of ``DuckDBTx`` (uses its ``_con``, ``_all``)."""
+
+    _con: Any
+
+    def _all(self, sql: str, params: list[Any] | tuple = ()) -> list[tuple]: ...  # provided by DuckDBTx
+
+    def add_record_links(self, tenant: str, workspace: str, record_id: str, *, family_refs: list[str],
+                         primary_kind: str, source_ids: list[str]) -> None:
+        for ref in family_refs:
+            self._con.execute("INSERT OR IGNORE INTO record_families VALUES (?, ?, ?, ?, ?)",
+                              [tenant, workspace, ref, record_id, primary_kind])
+        for source in source_ids:
+            self._con.execute("INSERT OR IGNORE INTO record_sources VALUES (?, ?, ?, ?)",
+                              [tenant, workspace, source, record_id])
+
+    def drop_record_links(self, record_id: str) -> None:
+        """A tombstoned record names no family and derives from nothing any more."""
+        self._con.execute("DELETE FROM record_families WHERE record_id = ?", [record_id])
+        self._con.execute("DELETE FROM record_sources WHERE record_id = ? OR source_id = ?", [record_id, record_id])
+
+    def family_members(self, tenant: str, workspace: str, family_refs: list[str],
+                       states: tuple[str, ...]) -> list[tuple[RecordRow, str, list[str]]]:
+        """Records in ``states`` sharing a family with ``family_refs``: (row, primary kind, shared
+        family refs sorted), ordered by record id."""
+        if not family_refs:
+            return []
+        rows = self._all(
+            f"SELECT {', '.join('r.' + c.strip() for c in RECORD_COLS.split(','))}, f.primary_kind, "
+            "list_sort(list(f.family_ref)) FROM record_families f JOIN records r ON r.record_id = f.record_id "
+            "WHERE f.tenant = ? AND f.workspace = ? AND f.family_ref IN (SELECT unnest(?::VARCHAR[])) "
+            "AND r.state IN (SELECT unnest(?::VARCHAR[])) "
+            "GROUP BY ALL ORDER BY r.record_id",
+            [tenant, workspace, list(family_refs), list(states)],
+        )
+        return [(record_of(r), r[20], list(r[21])) for r in rows if r[1] == tenant and r[2] == workspace]
+
+    def derivatives(self, tenant: str, workspace: str, source_id: str) -> list[RecordRow]:
+        """Records of the scope whose citations name ``source_id`` as their source, by record id."""
+        rows = self._all(
+            f"SELECT {', '.join('r.' + c.strip() for c in RECORD_COLS.split(','))} FROM record_sources s "
+            "JOIN records r ON r.record_id = s.record_id "
+            "WHERE s.tenant = ? AND s.workspace = ? AND s.source_id = ? ORDER BY r.record_id",
+            [tenant, workspace, source_id],
+        )
+        return [record_of(r) for r in rows if r[1] == tenant and r[2] == workspace]

@@ -1,0 +1,80 @@
+"""Derivative rules when a source expires or loses trust, over gRPC (SPEC §5, §6; issue 18).
+(Forget is proven through MCP in tests/mcp/test_mcp_derivatives.py.)"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from core_support import Client, capture_args, now_ms
+from governance_support import Host, consent, start_with_bundle
+
+from engram_core.api import admin_pb2
+from engram_core.rpc.server import RunningCore
+from engram_core.validation import format_instant
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[tuple[RunningCore, Client, Host]]:
+    core = start_with_bundle(tmp_path, edit=consent(retain=True), scopes=(("acme", "alpha"), ("globex", "alpha")))
+    try:
+        yield core, Client(core), Host(core)
+    finally:
+        core.stop()
+
+
+def _remember(c: Client, text: str, *, source: str | None = None, **retention: str) -> str:
+    args = capture_args(text)
+    if source:
+        args["payload"]["citations"][0]["source_ref"] = source
+    if retention:
+        args["payload"]["retention"] = retention
+    out = c.admit(c.call("capture", args)["candidate_id"])["outcome"]
+    assert out["status"] == "accepted", out
+    return out["record_id"]
+
+
+def test_trust_invalidating_a_source_invalidates_make_ineligible_derivatives(env) -> None:
+    core, c, host = env
+    source = _remember(c, "The build uses Bazel remote caching.")
+    derived = _remember(c, "CI builds take four minutes because of remote caching.", source=source)
+    retained_source = _remember(c, "Staging mirrors production weekly.", derivative_rule="retain")
+    kept = _remember(c, "Load tests run on staging.", source=retained_source)
+
+    out = host.transition("trust_invalidate", source)["receipt"]
+    assert [(d["record_id"], d["to_state"]) for d in out["derivatives"]] == [(derived, "trust_invalid")]
+    assert int(out["derivatives"][0]["cursor"]) == int(out["cursor"]) + 1
+    assert host.state(derived) == "trust_invalid"
+    assert [r["record"]["record_id"] for r in c.search("remote caching")["records"]] == []
+    # The source's history shows what it caused.
+    assert [e["target"] for e in host.history(source)["events"] if e.get("source") == source] == [derived]
+
+    assert host.transition("trust_invalidate", retained_source)["receipt"]["derivatives"] == []
+    assert host.state(kept) == "accepted_current"
+
+
+def test_expiring_a_source_makes_its_derivatives_ineligible(env) -> None:
+    core, c, host = env
+    source = _remember(c, "The feature flag service is LaunchDarkly.",
+                       expires_at=format_instant(now_ms() + 1500))
+    derived = _remember(c, "Flags are evaluated server side via LaunchDarkly.", source=source)
+    time.sleep(1.6)
+    swept = host.call("ExpireSweep", admin_pb2.ScopeRequest(tenant="acme", workspace="alpha"))
+    expired = swept["scopes"][0]["expired"]
+    assert [e["record_id"] for e in expired] == [source]
+    assert [d["record_id"] for d in expired[0]["derivatives"]] == [derived]
+    assert host.state(derived) == "trust_invalid"
+
+
+def test_a_citation_naming_a_record_of_another_tenant_links_nothing(env) -> None:
+    core, c, host = env
+    other = Client(core, tenant="globex")
+    foreign = _remember(other, "Globex uses Kafka for events.")
+    mine = _remember(c, "Acme cites an id it cannot see.", source=foreign)
+    with core.core.store.read() as tx:
+        assert tx.derivatives("globex", "alpha", foreign) == []
+        assert tx.derivatives("acme", "alpha", foreign) == []
+    host.transition("trust_invalidate", foreign, tenant="globex")
+    assert host.state(mine) == "accepted_current"
