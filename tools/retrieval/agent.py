@@ -72,6 +72,26 @@ class Agent:
         assert out["outcome"]["status"] == "accepted", out
         return out["outcome"]["record_id"]
 
+    def remember_turn(self, key: str, text: str, source_ref: str, *, t: int) -> str:
+        """One conversation turn as one memory: a single ``context`` component, one citation,
+        ``valid_time`` the session's date (how a chat log is captured turn by turn)."""
+        payload = {
+            "schema_version": 2, "purpose_ref": PURPOSE, "valid_time": {"t": t},
+            "components": [{"component_id": "c1", "kind": "context", "text": text, "citation_ids": ["cit1"]}],
+            "primary_component_id": "c1",
+            "primary_event": {"at": t, "type_ref": "event:turn", "citation_id": "cit1"},
+            "citations": [{"citation_id": "cit1", "source_ref": source_ref,
+                           "locator": {"scheme": "chat", "value": source_ref},
+                           "content_digest": "sha256:" + "a" * 64}],
+        }
+        cap = self.call("Capture", memory_pb2.CaptureRequest, {
+            "idempotency_key": f"harness-turn-{key}", "payload": payload,
+            "evidence": {"evidence_ref": "ev:harness", "evidence_digest": "sha256:" + "b" * 64, "citation_ids": ["cit1"]}})
+        out = self.call("RequestAdmission", memory_pb2.RequestAdmissionRequest,
+                        {"candidate_id": cap["candidate_id"], "idempotency_key": f"harness-turn-adm-{key}"})
+        assert out["outcome"]["status"] == "accepted", out
+        return out["outcome"]["record_id"]
+
     def supersede(self, old: str, new: str) -> None:
         self.admin.Transition(admin_pb2.TransitionRequest(
             tenant=self.tenant, workspace=self.workspace, operation="supersede", target=old, successor=new,
