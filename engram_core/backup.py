@@ -4,8 +4,12 @@ A backup is JSON lines (RFC 8785 per line) taken from one read snapshot, so it
 is pinned at each scope's cursor and at the audit head. It holds scopes, the
 journal, admitted records (control row + *sealed* body), the tombstone ledger,
 key-destruction ledger, trusted host keys and the audit log, then a manifest
-with counts, a digest over every preceding byte, and ``manifest_digest``
-(``backup-manifest`` domain). Candidates — pending, rejected or withdrawn
+with counts, a digest over every preceding byte, ``manifest_digest``
+(``backup-manifest`` domain) and the signature of the core that made it over
+that digest (its ``DIR/backup.key``, engram_core/signing.py). Restore verifies
+everything, then the signature against the backup keys the operator names (and
+the restoring core's own); trusted host keys in a backup are restored only when
+the operator asks. Candidates — pending, rejected or withdrawn
 content — are never included, and neither is the idempotency ledger.
 
 Key material never enters a backup. A record line names its data key by
@@ -34,17 +38,18 @@ from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.crypto.sealing import seal, unseal
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import BoundContext
-from engram_core.hostkeys import load_public_pem
+from engram_core.hostkeys import key_id, load_public_pem, public_pem
 from engram_core.services.core import CallRecord, Core, new_id, record_id_of
 from engram_core.services.lexical import record_fields
 from engram_core.services.maintenance import check_audit, check_journal, event_doc
 from engram_core.services.memory import MemoryService
 from engram_core.services.reconciliation import payload_links, write_links
+from engram_core.signing import BACKUP_DOMAIN, CoreSigner, public_keys_from_pems, verify_signature
 from engram_core.store.duckdb_store import DuckDBTx
 from engram_core.store.migrations import MIGRATIONS
 from engram_core.store.port import Event, RecordRow, ScopeRow
 
-FORMAT = "engram-backup/v1"
+FORMAT = "engram-backup/v2"  # v2: signed manifests
 CHUNK_BYTES = 1 << 20
 MAX_BACKUP_BYTES = 1 << 31
 SCHEMA_VERSION = max(m.version for m in MIGRATIONS)
@@ -55,7 +60,8 @@ def _invalid(detail: str) -> EngramError:
 
 
 # -- taking a backup ------------------------------------------------------------------------
-def build_backup(tx: DuckDBTx, *, created_at: str, scope: tuple[str, str] | None = None) -> bytes:
+def build_backup(tx: DuckDBTx, *, created_at: str, signer: CoreSigner,
+                 scope: tuple[str, str] | None = None) -> bytes:
     """Serialize one consistent snapshot (the caller holds the read transaction).
 
     The whole store, or one ``(tenant, workspace)`` scope. A scope backup carries
@@ -110,6 +116,7 @@ def build_backup(tx: DuckDBTx, *, created_at: str, scope: tuple[str, str] | None
     if scope is not None:
         manifest["scope"] = {"tenant": scope[0], "workspace": scope[1]}
     manifest["manifest_digest"] = digest("backup-manifest", manifest)
+    manifest["signature"] = signer.sign(manifest["manifest_digest"])
     return body + canonical_json({"kind": "manifest", **manifest}) + b"\n"
 
 
@@ -134,9 +141,12 @@ class ParsedBackup:
             raise _invalid("not JSON lines") from None
         if not isinstance(manifest, dict) or manifest.pop("kind", None) != "manifest":
             raise _invalid("no manifest")
+        self.signature = manifest.pop("signature", None)
         claimed = manifest.pop("manifest_digest", None)
         if claimed != digest("backup-manifest", manifest) or manifest.get("format") != FORMAT:
             raise _invalid("manifest digest")
+        self.manifest_digest: str = claimed
+        self.signed_by: str | None = None  # the trusted backup key that verified the signature
         if hashlib.sha256(body).hexdigest() != manifest.get("items_sha256") or len(body) != manifest.get("bytes"):
             raise _invalid("items digest")
         by_kind: dict[str, list[dict[str, Any]]] = {}
@@ -169,6 +179,11 @@ class ParsedBackup:
                 raise _invalid("audit head")
         except (KeyError, TypeError, ValueError):
             raise _invalid("item fields") from None
+        for k in self.trusted_keys:
+            try:
+                load_public_pem(k["public_key_pem"])
+            except Exception:
+                raise _invalid("trusted host key") from None
         self._verify_chains(head)
 
     def _verify_chains(self, head: dict[str, Any]) -> None:
@@ -211,9 +226,10 @@ def _slot_zeroed(key_dir: Path, slot: int) -> bool:
 
 # -- restore ------------------------------------------------------------------------------------
 class BackupService:
-    def __init__(self, core: Core, memory: MemoryService) -> None:
+    def __init__(self, core: Core, memory: MemoryService, signer: CoreSigner) -> None:
         self.core = core
         self.memory = memory
+        self.signer = signer
 
     def backup(self, ctx: BoundContext, tenant: str, workspace: str = "") -> bytes:
         call = CallRecord()
@@ -224,15 +240,24 @@ class BackupService:
         with self.core.store.read() as tx:
             if scope is not None and tx.scope(*scope) is None:
                 raise EngramError(Code.NOT_FOUND, "scope")
-            data = build_backup(tx, created_at=self.core.instant(), scope=scope)
+            data = build_backup(tx, created_at=self.core.instant(), signer=self.signer, scope=scope)
         manifest = json.loads(data.rstrip(b"\n").rsplit(b"\n", 1)[-1])
         self.core.audit_standalone(ctx, "admin.backup", "ok", manifest["manifest_digest"], call)
         return data
 
-    def restore(self, ctx: BoundContext, data: bytes, key_dir: str) -> dict[str, Any]:
+    def restore(self, ctx: BoundContext, data: bytes, key_dir: str, *, trusted_backup_key_pems: tuple[str, ...] = (),
+                restore_trusted_host_keys: bool = False) -> dict[str, Any]:
+        """Restore into an empty store. The backup must verify (BACKUP_INVALID) and be signed by one
+        of the backup keys the operator names or this core's own (RESTORE_REFUSED otherwise).
+        Trusted host keys in it are restored only with ``restore_trusted_host_keys``."""
         call = CallRecord()
         self.core.authorize(ctx, "admin.restore", call)
+        try:
+            named = public_keys_from_pems(list(trusted_backup_key_pems))
+        except ValueError:
+            raise EngramError(Code.INVALID_SCHEMA, "trusted backup key is not an Ed25519 public key PEM") from None
         parsed = ParsedBackup(data)
+        self._check_signature(parsed, named)
         if parsed.schema_version != SCHEMA_VERSION:
             raise EngramError(Code.RESTORE_REFUSED, "backup schema version differs from this store")
         with self.core.store.read() as tx:
@@ -244,14 +269,27 @@ class BackupService:
         created: list[int] = []
         try:
             bodies, lost = self._rekey(parsed, source_dir, created)
-            summary = self._write(ctx, call, parsed, bodies, lost)
+            summary = self._write(ctx, call, parsed, bodies, lost, restore_trusted_host_keys)
         except BaseException:
             if created:
                 self.core.vault.destroy_many(created)
             raise
-        for k in parsed.trusted_keys:
-            self.core.trusted.add(load_public_pem(k["public_key_pem"]))
+        if restore_trusted_host_keys:
+            for k in parsed.trusted_keys:
+                self.core.trusted.add(load_public_pem(k["public_key_pem"]))
         return summary
+
+    def _check_signature(self, parsed: ParsedBackup, named: list) -> None:
+        keys = [self.signer.public_key, *named]
+        if not isinstance(parsed.signature, dict):
+            raise EngramError(Code.RESTORE_REFUSED, "backup is not signed")
+        parsed.signed_by = verify_signature(BACKUP_DOMAIN, parsed.manifest_digest, parsed.signature, keys)
+        if parsed.signed_by is None:
+            claimed = parsed.signature.get("key_id", "?")
+            trusted = ", ".join(sorted({key_id(k) for k in keys}))
+            raise EngramError(Code.RESTORE_REFUSED, f"backup signature by {claimed} does not verify under any "
+                                                    f"trusted backup key ({trusted}); name the source core's "
+                                                    "backup public key with --trust-backup-key")
 
     def _rekey(self, parsed: ParsedBackup, source_dir: Path, created: list[int]):
         """Take each data key from the source vault, verify the body, re-seal under a new target key."""
@@ -285,7 +323,8 @@ class BackupService:
         return bodies, lost
 
     def _write(self, ctx: BoundContext, call: CallRecord, parsed: ParsedBackup,
-               bodies: dict[str, tuple[int, bytes, dict[str, Any]]], lost: list[RecordRow]) -> dict[str, Any]:
+               bodies: dict[str, tuple[int, bytes, dict[str, Any]]], lost: list[RecordRow],
+               restore_trusted_host_keys: bool) -> dict[str, Any]:
         now = self.core.now_ms()
         with self.core.store.write() as tx:
             if not tx.is_empty():
@@ -312,8 +351,11 @@ class BackupService:
                                  int(t["at_ms"]))
             for d in parsed.key_destructions:
                 tx.restore_key_destruction(d["owner"], int(d["at_ms"]), d["reason"])
-            for k in parsed.trusted_keys:
-                tx.add_trusted_host_key(k["key_id"], k["public_key_pem"], now)
+            if restore_trusted_host_keys:
+                for k in parsed.trusted_keys:
+                    # The id is recomputed from the key: a line cannot name one key and carry another.
+                    pub = load_public_pem(k["public_key_pem"])
+                    tx.add_trusted_host_key(key_id(pub), public_pem(pub), now)
             shredded = []
             for rec in lost:
                 # The key was destroyed after the backup (forget): record that fact, never the body.
@@ -330,4 +372,7 @@ class BackupService:
             tx.append_audit(self.core.audit_row(ctx, "admin.restore", "ok", "", call))
         return {"scopes": len(parsed.scopes), "events": len(parsed.events), "records_restored": len(bodies),
                 "records_unrecoverable": sorted(shredded), "audit_rows": len(parsed.audit),
+                "trusted_host_keys_restored": len(parsed.trusted_keys) if restore_trusted_host_keys else 0,
+                "trusted_host_keys_skipped": 0 if restore_trusted_host_keys else len(parsed.trusted_keys),
+                "signed_by": parsed.signed_by,
                 "tombstones": len(parsed.tombstones) + len(shredded)}

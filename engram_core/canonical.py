@@ -29,6 +29,7 @@ DIGEST_KINDS: tuple[str, ...] = (
     "profile-config",   # a ranking profile's pinned configuration
     "query",            # a search query and its parameters
     "backup-manifest",  # a backup manifest without its digest
+    "anchor",           # a signed chain-head anchor without its digest and signature
 )
 
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
 import sys
 from collections.abc import Callable, Iterator
@@ -57,7 +58,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace, fn) -> int:
     from engram_core.errors import MESSAGES
-    from engram_core.rpc.status import code_from_rpc_error
+    from engram_core.rpc.status import code_from_rpc_error, operator_detail
 
     if not Path(args.host_key).exists():
         print(f"engram admin: host key {args.host_key} not found", file=sys.stderr)
@@ -66,11 +67,17 @@ def _run(args: argparse.Namespace, fn) -> int:
         return fn()
     except grpc.RpcError as err:
         code = code_from_rpc_error(err)
+        detail = operator_detail(err)
         if args.json:
-            print(json.dumps({"ok": False, "code": code.value, "message": MESSAGES[code]}))
+            print(json.dumps({"ok": False, "code": code.value, "message": MESSAGES[code], "detail": detail}))
         else:
             print(f"engram admin: {code.value}: {MESSAGES[code]}", file=sys.stderr)
+        if detail:
+            print(f"engram admin: reason: {detail}", file=sys.stderr)
         return 1
+    except CliInputError as err:
+        print(f"engram admin: {err}", file=sys.stderr)
+        return 2
 
 
 # -- maintenance commands beyond activation (SPEC §12, §14) ---------------------------------
@@ -197,19 +204,67 @@ def _export(args: argparse.Namespace) -> int:
         tenant=args.tenant, workspace=args.workspace, what=args.what, from_cursor=args.from_cursor or "",
         to_cursor=args.to_cursor or ""), READ_SCOPES)
     if args.out:
-        Path(args.out).write_text("".join(json.dumps(i, sort_keys=True) + "\n" for i in value["items"]))
+        with _open_private(Path(args.out)) as f:
+            f.write("".join(json.dumps(i, sort_keys=True) + "\n" for i in value["items"]).encode())
         return _emit(args, {"count": value["count"], "out": args.out}, f"wrote {value['count']} {args.what} rows to {args.out}")
     return _emit(args, value, "\n".join(json.dumps(i, sort_keys=True) for i in value["items"]))
 
 
 def _verify(args: argparse.Namespace) -> int:
-    value = _call(args, "Verify", _scope_req(args, report_only=args.report), READ_SCOPES)
+    anchor = _read_inputs([args.anchor], "anchor")[0] if args.anchor else ""
+    keys = _read_inputs(args.anchor_key, "anchor public key")
+    value = _call(args, "Verify", _scope_req(args, report_only=args.report or bool(args.device), anchor_json=anchor,
+                                             anchor_key_pem=keys), READ_SCOPES)
     bad = [f"{s['tenant']}/{s['workspace']}: {p['problem']} at cursor {p['cursor']}" for s in value["scopes"] for p in s["problems"]]
     bad += [f"audit: {p['problem']} at seq {p['seq']}" for p in value["audit"]["problems"]]
-    human = ("verified: " + f"{len(value['scopes'])} journal(s), {value['audit']['rows']} audit rows, all chains intact"
-             if value["ok"] else "JOURNAL_CORRUPT\n" + "\n".join(bad))
+    bad += [f"anchor: {p['problem']}" + (f" ({p['chain']} at {p.get('seq') or p.get('cursor')})" if "chain" in p else "")
+            for p in value.get("anchor", {}).get("problems", [])]
+    if args.device:
+        from engram_core.store.audit_device import check_device_file
+
+        rows = _call(args, "Export", _export_req("audit"), READ_SCOPES)["items"]
+        value["device"] = check_device_file(Path(args.device), rows)
+        bad += [f"device: {p['problem']} at seq {p['seq']}" for p in value["device"]["problems"]]
+        value["ok"] = value["ok"] and value["device"]["ok"]
+    checked = f"{len(value['scopes'])} journal(s), {value['audit']['rows']} audit rows"
+    if "anchor" in value:
+        checked += f", anchor of {value['anchor']['created_at']} (key {value['anchor']['key_id']})"
+    if "device" in value:
+        checked += f", {value['device']['lines']} device lines"
+    human = "verified: " + checked + ", all chains intact" if value["ok"] else "JOURNAL_CORRUPT\n" + "\n".join(bad)
     _emit(args, value, human)
     return 0 if value["ok"] else 1
+
+
+def _export_req(what: str):
+    from engram_core.api import admin_pb2
+
+    return admin_pb2.ExportRequest(what=what)
+
+
+def _anchor(args: argparse.Namespace) -> int:
+    value = _call(args, "Anchor", _scope_req(args), READ_SCOPES)
+    with _open_private(Path(args.out)) as f:
+        f.write((json.dumps(value, sort_keys=True, indent=1) + "\n").encode())
+    a = value["audit"]
+    return _emit(args, {"out": args.out, **value},
+                 f"anchored audit seq {a['seq']} and {len(value['journals'])} journal head(s) in {args.out}; "
+                 f"signed by anchor key {value['signature']['key_id']}")
+
+
+def _signing_keys(args: argparse.Namespace) -> int:
+    value = _call(args, "SigningKeys", _scope_req(args), READ_SCOPES)
+    lines = []
+    for role in ("backup", "anchor"):
+        if args.out_dir:
+            path = Path(args.out_dir) / f"{role}.pub"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(value[role]["public_key_pem"])
+            value[role]["file"] = str(path)
+        lines.append(f"{role}: {value[role]['key_id']}" + (f" -> {value[role]['file']}" if args.out_dir else ""))
+    if not args.out_dir:
+        lines += [value[r]["public_key_pem"].rstrip() for r in ("backup", "anchor")]
+    return _emit(args, value, "\n".join(lines))
 
 
 def _rotate(args: argparse.Namespace) -> int:
@@ -245,13 +300,32 @@ def _host_key(args: argparse.Namespace, trust: bool) -> int:
     return _emit(args, value, f"host key {value['key_id']}: {'trusted' if trust else 'no longer trusted'}")
 
 
+class CliInputError(Exception):
+    """A local input the command cannot use (unreadable key or anchor file): exit 2."""
+
+
+def _read_inputs(paths: list[str], what: str) -> list[str]:
+    try:
+        return [Path(p).read_text() for p in paths]
+    except OSError as exc:
+        raise CliInputError(f"cannot read {what} {exc.filename}: {exc.strerror}") from None
+
+
+def _open_private(path: Path):
+    """A file only the owner can read (0600), even if one was already there with a wider mode."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "wb")
+
+
 def _backup(args: argparse.Namespace) -> int:
     from engram_core.api import admin_pb2
 
     received = 0
     out = Path(args.out)
     tmp = out.with_name(out.name + ".partial")
-    with core_channel(args) as channel, open(tmp, "wb") as f:
+    # Backups hold sealed bodies, the journal and the audit log: owner-only from the first byte.
+    with core_channel(args) as channel, _open_private(tmp) as f:
         request = admin_pb2.ScopeRequest(tenant=args.tenant or "", workspace=args.workspace or "")
         for chunk in _stub(channel).Backup(request, metadata=admin_metadata(args.host_key), timeout=args.timeout):
             f.write(chunk.data)
@@ -260,28 +334,36 @@ def _backup(args: argparse.Namespace) -> int:
     tmp.replace(out)  # never leave a truncated file under the final name
     manifest = json.loads(out.read_bytes().rstrip(b"\n").rsplit(b"\n", 1)[-1])
     value = {"out": str(out), "bytes": received, "manifest_digest": manifest["manifest_digest"],
-             "counts": manifest["counts"]}
-    return _emit(args, value, f"wrote {received} bytes to {out}; manifest {manifest['manifest_digest']}")
+             "counts": manifest["counts"], "signed_by": manifest["signature"]["key_id"]}
+    return _emit(args, value, f"wrote {received} bytes to {out}; manifest {manifest['manifest_digest']}; "
+                              f"signed by backup key {manifest['signature']['key_id']}")
 
 
 def _restore(args: argparse.Namespace) -> int:
     from engram_core.api import admin_pb2
 
     data = Path(args.in_file).read_bytes()
+    pems = _read_inputs(args.trust_backup_key, "backup public key")
     step = 1 << 20
 
     def stream() -> Iterator[Any]:
         for i in range(0, max(len(data), 1), step):
             _progress(f"restore sent {min(i + step, len(data))}/{len(data)} bytes")
-            yield admin_pb2.BackupChunk(data=data[i:i + step], total_bytes=len(data),
-                                        key_dir=(args.key_dir or "") if i == 0 else "")
+            if i == 0:
+                yield admin_pb2.BackupChunk(data=data[i:i + step], total_bytes=len(data), key_dir=args.key_dir or "",
+                                            trusted_backup_key_pem=pems,
+                                            restore_trusted_host_keys=args.restore_trusted_host_keys)
+            else:
+                yield admin_pb2.BackupChunk(data=data[i:i + step], total_bytes=len(data))
 
     with core_channel(args) as channel:
         result = _stub(channel).Restore(stream(), metadata=admin_metadata(args.host_key), timeout=args.timeout)
     _progress("restore verified and committed")
     value = json.loads(result.json)
     return _emit(args, value, f"restored {value['records_restored']} record(s) in {value['scopes']} scope(s); "
-                              f"unrecoverable (key destroyed): {len(value['records_unrecoverable'])}")
+                              f"unrecoverable (key destroyed): {len(value['records_unrecoverable'])}; "
+                              f"signed by {value['signed_by']}; trusted host keys restored: "
+                              f"{value['trusted_host_keys_restored']}, skipped: {value['trusted_host_keys_skipped']}")
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -344,6 +426,17 @@ def register_more(sub: argparse._SubParsersAction, run: Callable[[argparse.Names
     p.add_argument("--out", default="", help="write JSON lines here instead of stdout")
     p = add("verify", _verify, "verify journal and audit hash chains (exit 1 on JOURNAL_CORRUPT)", scope="optional")
     p.add_argument("--report", action="store_true", help="print the report even when a chain is broken")
+    p.add_argument("--anchor", default="", metavar="FILE",
+                   help="an anchor from `engram admin anchor`: the chains must still reach its heads")
+    p.add_argument("--anchor-key", action="append", default=[], metavar="PEM",
+                   help="anchor public key the anchor must be signed by (repeatable; default: the core's own)")
+    p.add_argument("--device", default="", metavar="FILE",
+                   help="an audit device file (`engram serve --audit-device file:…`): every audit row must be on it")
+    p = add("anchor", _anchor, "write the signed heads of every journal (or one scope's) and the audit chain",
+            scope="optional")
+    p.add_argument("--out", required=True, help="anchor file (keep it outside the data directory)")
+    p = add("signing-keys", _signing_keys, "the core's backup and anchor public keys", scope=None)
+    p.add_argument("--out-dir", default="", help="write backup.pub and anchor.pub here")
     add("rotate-keys", _rotate, "rotate the store KEK and re-wrap every data key", scope=None)
     add("key-status", _key_status, "KEK and data-key destruction status", scope="optional")
     add("revoke", _revoke, "bump the authorization epoch of a scope")
@@ -357,6 +450,11 @@ def register_more(sub: argparse._SubParsersAction, run: Callable[[argparse.Names
     p = add("restore", _restore, "restore a backup into an empty store", scope=None)
     p.add_argument("--in", dest="in_file", required=True)
     p.add_argument("--key-dir", default="", help="key-vault directory (store.kek, datakeys.bin) on the core's host")
+    p.add_argument("--trust-backup-key", action="append", default=[], metavar="PEM",
+                   help="backup public key of the core that made the backup (repeatable; the restoring core's "
+                        "own is always trusted); see `engram admin signing-keys`")
+    p.add_argument("--restore-trusted-host-keys", action="store_true",
+                   help="also trust the host keys the backup lists (default: they are skipped)")
     add("migrate", _migrate, "verify the migration ledger and apply pending migrations", scope=None)
     add("invalidate-projections", lambda a: _projections(a, False), "drop the lexical and vector projections of a scope")
     add("rebuild-projections", lambda a: _projections(a, True), "rebuild the projections of a scope from sealed bodies")

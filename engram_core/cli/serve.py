@@ -14,6 +14,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     group.add_argument("--opa-url", default=None, help="ask an OPA server over its REST Data API instead")
     p.add_argument("--trust-host-key", action="append", default=[], metavar="PEM_FILE",
                    help="also trust this host public key (repeatable)")
+    p.add_argument("--audit-device", action="append", default=[], metavar="SPEC",
+                   help="also stream every audit row here before the call answers, outside the data directory: "
+                        "file:/path[?fsync=1] or unix:/socket (repeatable; a call fails closed when no device "
+                        "accepts its row)")
 
     def run(args: argparse.Namespace) -> int:
         from engram_core.rpc.serve import serve_main

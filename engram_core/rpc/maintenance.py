@@ -14,14 +14,16 @@ from engram_core.services.admin import AdminServiceCore
 from engram_core.services.core import CallRecord, Core
 from engram_core.services.maintenance import MaintenanceService
 from engram_core.services.memory import MemoryService
+from engram_core.signing import CoreSigners
 
 
 class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, _Handler):
     def __init__(self, core: Core, admin: AdminServiceCore, memory: MemoryService) -> None:
         _Handler.__init__(self, core)
         self.admin = admin
-        self.svc = MaintenanceService(core, memory)
-        self.backups = BackupService(core, memory)
+        self.signers = CoreSigners.load(core.data_dir)
+        self.svc = MaintenanceService(core, memory, self.signers)
+        self.backups = BackupService(core, memory, self.signers.backup)
 
     def _json(self, context, fn):
         return self.run(context, lambda: _json_result(fn(self.bind(context))))
@@ -68,7 +70,8 @@ class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, _Handler):
 
     def Verify(self, request, context):
         return self._json(context, lambda ctx: self.svc.verify(
-            ctx, request.tenant, request.workspace, report_only=request.report_only))
+            ctx, request.tenant, request.workspace, report_only=request.report_only,
+            anchor_json=request.anchor_json, anchor_key_pems=tuple(request.anchor_key_pem)))
 
     # -- keys and authorization -------------------------------------------------------------
     def RotateKeys(self, request, context):
@@ -97,15 +100,17 @@ class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, _Handler):
             ctx = self.bind(context)
             # Authorize before reading a byte of the stream.
             self.core.authorize(ctx, "admin.restore", CallRecord())
-            parts, size, key_dir = [], 0, ""
+            parts, size, first = [], 0, admin_pb2.BackupChunk()
             for i, chunk in enumerate(request_iterator):
                 if i == 0:
-                    key_dir = chunk.key_dir
+                    first = chunk
                 size += len(chunk.data)
                 if size > MAX_BACKUP_BYTES:
                     raise EngramError(Code.BACKUP_INVALID, "backup too large")
                 parts.append(chunk.data)
-            return _json_result(self.backups.restore(ctx, b"".join(parts), key_dir))
+            return _json_result(self.backups.restore(
+                ctx, b"".join(parts), first.key_dir, trusted_backup_key_pems=tuple(first.trusted_backup_key_pem),
+                restore_trusted_host_keys=first.restore_trusted_host_keys))
 
         return self.run(context, go)
 
@@ -121,3 +126,10 @@ class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, _Handler):
 
     def ReloadPolicies(self, request, context):
         return self._json(context, self.svc.reload_policies)
+
+    # -- signing keys and anchors (docs/security.md) -----------------------------------------
+    def SigningKeys(self, request, context):
+        return self._json(context, self.svc.signing_keys)
+
+    def Anchor(self, request, context):
+        return self._json(context, lambda ctx: self.svc.anchor(ctx, request.tenant, request.workspace))

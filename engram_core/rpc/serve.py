@@ -62,7 +62,7 @@ def serve_main(args: argparse.Namespace) -> int:
         running = start_core(
             Path(args.data), listen=args.listen,
             policies_dir=Path(args.policies) if args.policies else None,
-            opa_url=args.opa_url, extra_trusted_pems=pems,
+            opa_url=args.opa_url, extra_trusted_pems=pems, audit_devices=args.audit_device,
         )
     except EngramError as exc:
         return _fail(f"{exc.code.value}: {exc.detail}")

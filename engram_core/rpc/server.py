@@ -34,7 +34,7 @@ from engram_core.policy import OPA_BINDINGS_HINT
 from engram_core.policy import default_bundle_dir as default_policies_dir
 from engram_core.rpc.convert import has_unknown_fields, message_to_value, value_to_message
 from engram_core.rpc.handlers import add_servicer
-from engram_core.rpc.status import abort
+from engram_core.rpc.status import OPERATOR_DETAIL_CODES, abort
 from engram_core.services.admin import AdminServiceCore
 from engram_core.services.core import Core
 from engram_core.services.host import HostServiceCore
@@ -68,7 +68,9 @@ class _Handler:
                 raise EngramError(Code.DEADLINE_EXCEEDED, "deadline passed before start")
             return fn()
         except EngramError as exc:
-            if exc.code not in (Code.NOT_FOUND, Code.INVALID_SCHEMA):
+            if exc.code in OPERATOR_DETAIL_CODES:
+                log.warning("call refused: %s: %s", exc.code.value, exc.detail)
+            elif exc.code not in (Code.NOT_FOUND, Code.INVALID_SCHEMA):
                 log.info("call failed: %s", exc.code.value)
             abort(context, exc)
         except grpc.RpcError:
@@ -224,11 +226,14 @@ def build_policy(policies_dir: Path | None, opa_url: str | None):
 
 def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str | None = None,
               extra_trusted_pems: list[str] | None = None, clock=None,
-              semantic: bool | None = None, policy: Any = None) -> tuple[Core, Path, Any]:
-    """Open (creating on first run) the data directory; ``policy`` overrides the backend (tests, embedding)."""
+              semantic: bool | None = None, policy: Any = None,
+              audit_devices: list[str] | None = None) -> tuple[Core, Path, Any]:
+    """Open (creating on first run) the data directory; ``policy`` overrides the backend (tests, embedding).
+    ``audit_devices`` are ``--audit-device`` specs (engram_core/store/audit_device.py)."""
     if not data_dir.exists():
         data_dir.mkdir(parents=True)
         data_dir.chmod(0o700)  # keys and the store: owner only
+    devices = _open_audit_devices(data_dir, audit_devices or [])
     host_key_path = data_dir / "host.key"
     host_key = load_or_create_private_key(host_key_path)
     confirmation_key = load_or_create_private_key(data_dir / "confirmation.key")
@@ -237,6 +242,8 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
     for pem in extra_trusted_pems or []:
         trusted.add(load_public_pem(pem))  # KeyRoleConflict: refuse to start, an operator error
     store = DuckDBStore(data_dir)
+    if devices:
+        store.attach_audit_devices(devices)
     with store.write() as tx:
         for kid, pem in tx.trusted_host_keys():
             if trusted.is_grant_signer(kid):
@@ -249,6 +256,25 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
     core = Core(data_dir=data_dir, store=store, vault=vault, policy=policy, trusted=trusted, clock=clock,
                 embedder=build_embedder(semantic))
     return core, host_key_path, confirmation_key
+
+
+def _open_audit_devices(data_dir: Path, specs: list[str]):
+    from engram_core.store.audit_device import AuditDevices, open_device
+
+    devices = []
+    for spec in specs:
+        try:
+            dev = open_device(spec)
+        except ValueError as exc:
+            for d in devices:
+                d.close()
+            raise EngramError(Code.STORE_UNAVAILABLE, str(exc)) from None
+        target = Path(spec.partition(":")[2].partition("?")[0]).resolve()
+        if target.is_relative_to(data_dir.resolve()):
+            log.warning("audit device %s is inside the data directory: whoever can rewrite the store "
+                        "can rewrite it too", dev.name)
+        devices.append(dev)
+    return AuditDevices(devices) if devices else None
 
 
 def build_embedder(semantic: bool | None):
@@ -267,10 +293,11 @@ def build_embedder(semantic: bool | None):
 
 def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Path | None = None,
                opa_url: str | None = None, extra_trusted_pems: list[str] | None = None, clock=None,
-               max_workers: int = 16, semantic: bool | None = None, policy: Any = None) -> RunningCore:
+               max_workers: int = 16, semantic: bool | None = None, policy: Any = None,
+               audit_devices: list[str] | None = None) -> RunningCore:
     core, host_key_path, confirmation_key = open_core(
         data_dir, policies_dir=policies_dir, opa_url=opa_url, extra_trusted_pems=extra_trusted_pems, clock=clock,
-        semantic=semantic, policy=policy)
+        semantic=semantic, policy=policy, audit_devices=audit_devices)
     memory = MemoryService(core)
     host = HostServiceCore(core, confirmation_key)
     admin = AdminServiceCore(core)

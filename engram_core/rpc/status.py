@@ -52,8 +52,16 @@ _GRPC_CODE: dict[Code, int] = {
 }
 
 
+# Codes only the maintenance API (host principals) can receive, whose reason an operator needs
+# to act on (which key did not verify, which chain broke where). Their detail travels in
+# ErrorInfo.metadata["detail"]; it names keys by id and positions, never content or secrets.
+OPERATOR_DETAIL_CODES = frozenset({Code.BACKUP_INVALID, Code.RESTORE_REFUSED})
+
+
 def to_status(error: EngramError) -> grpc.Status:
     info = error_details_pb2.ErrorInfo(reason=error.code.value, domain=DOMAIN)
+    if error.code in OPERATOR_DETAIL_CODES and error.detail:
+        info.metadata["detail"] = error.detail
     detail = any_pb2.Any()
     detail.Pack(info)
     status = status_pb2.Status(code=_GRPC_CODE[error.code], message=MESSAGES[error.code], details=[detail])
@@ -87,3 +95,13 @@ def code_from_rpc_error(err: grpc.RpcError) -> Code:
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return Code.TRUSTED_CONTEXT_UNAVAILABLE
     return Code.STORE_UNAVAILABLE
+
+
+def operator_detail(err: grpc.RpcError) -> str:
+    """The operator-readable reason of a maintenance refusal (OPERATOR_DETAIL_CODES), or ""."""
+    status = rpc_status.from_call(err) if hasattr(err, "trailing_metadata") else None
+    for detail in status.details if status is not None else ():
+        info = error_details_pb2.ErrorInfo()
+        if detail.Is(info.DESCRIPTOR) and detail.Unpack(info) and info.domain == DOMAIN:
+            return info.metadata.get("detail", "")
+    return ""

@@ -38,6 +38,7 @@ from engram_core.services.memory import (
     stored_outcome,
 )
 from engram_core.services.reconciliation import payload_links, write_links
+from engram_core.signing import ANCHOR_DOMAIN, CoreSigners, public_keys_from_pems, verify_signature
 from engram_core.store.duckdb_store import GENESIS, DuckDBTx, audit_digest_of, event_digest_of
 from engram_core.store.migrations import MIGRATIONS
 from engram_core.store.port import Event, IdempotencyRow, RecordRow, ScopeRow
@@ -50,6 +51,7 @@ CANDIDATE_OPS = {"reject": "rejected", "withdraw": "withdrawn"}
 TRANSITION_OPS = RECORD_OPS | {"tombstone"} | set(CANDIDATE_OPS)
 EXPIRABLE = ("accepted_current", "accepted_disputed", "historical")
 INDEXED_STATES = ("accepted_current", "accepted_disputed", "historical", "expired", "trust_invalid")
+ANCHOR_FORMAT = "engram-anchor/v1"
 _CURSOR = re.compile(r"^(0|[1-9][0-9]{0,19})$")
 _EVENT_ID = re.compile(r"^[A-Za-z0-9_.:/-]{16,256}$")
 
@@ -110,6 +112,34 @@ def check_audit(rows: list[dict[str, Any]], head: tuple[int, str] | None = None)
     return problems
 
 
+def check_anchor(anchor: dict[str, Any], journals: dict[tuple[str, str], dict[int, str]], audit: dict[int, str],
+                 scope: tuple[str, str] | None) -> dict[str, Any]:
+    """Whether the chains still reach the heads an anchor signed.
+
+    ``journals`` maps each verified scope to its events' digests by cursor, ``audit`` the audit
+    rows' digests by seq (both already checked as chains, so a matching digest at the anchored
+    position vouches for everything before it). A head no longer there is ``anchor_truncated``,
+    a different digest there ``anchor_rewritten``. With ``scope``, only that journal is compared.
+    """
+    problems: list[dict[str, Any]] = []
+    if anchor.get("verified_by") is None:
+        problems.append({"problem": "anchor_signature"})
+    seq, want = int(anchor["audit"]["seq"]), anchor["audit"]["digest"]
+    if seq > 0 and audit.get(seq) != want:
+        problems.append({"chain": "audit", "seq": str(seq),
+                         "problem": "anchor_truncated" if seq not in audit else "anchor_rewritten"})
+    for j in anchor["journals"]:
+        key, cursor = (j["tenant"], j["workspace"]), int(j["cursor"])
+        if scope is not None and key != scope:
+            continue
+        events = journals.get(key, {})
+        if cursor > 0 and events.get(cursor) != j["digest"]:
+            problems.append({"chain": f"{key[0]}/{key[1]}", "cursor": str(cursor),
+                             "problem": "anchor_truncated" if cursor not in events else "anchor_rewritten"})
+    return {"ok": not problems, "created_at": anchor.get("created_at"), "key_id": anchor.get("verified_by"),
+            "audit_seq": str(seq), "journals": len(anchor["journals"]), "problems": problems}
+
+
 def record_meta(core: Core, rec: RecordRow) -> dict[str, Any]:
     """A record's control view for hosts: identifiers, states, times — never the body."""
     view: dict[str, Any] = {
@@ -141,9 +171,10 @@ def _event_summary(e: Event) -> dict[str, Any]:
 
 
 class MaintenanceService:
-    def __init__(self, core: Core, memory: MemoryService) -> None:
+    def __init__(self, core: Core, memory: MemoryService, signers: CoreSigners) -> None:
         self.core = core
         self.memory = memory
+        self.signers = signers
 
     # -- shared steps ----------------------------------------------------------------------
     def authorize(self, ctx: BoundContext, op: str) -> CallRecord:
@@ -433,24 +464,38 @@ class MaintenanceService:
         self._audit(tctx, "export", "ok", what, call)
         return {"what": what, "tenant": tenant, "workspace": workspace, "count": len(items), "items": items}
 
-    def verify(self, ctx: BoundContext, tenant: str, workspace: str, *, report_only: bool) -> dict[str, Any]:
-        """Recompute every journal and audit digest and link (SPEC §6, §10); JOURNAL_CORRUPT if any differ."""
+    def verify(self, ctx: BoundContext, tenant: str, workspace: str, *, report_only: bool, anchor_json: str = "",
+               anchor_key_pems: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Recompute every journal and audit digest and link (SPEC §6, §10); JOURNAL_CORRUPT if any differ.
+
+        With an anchor (``anchor``), the chains must also still reach the heads it signed: a chain
+        shorter than an anchored head was truncated, a different digest there was rewritten. The
+        anchor's signature must verify under ``anchor_key_pems`` (the operator's copy of the anchor
+        public key) or, when none is named, the core's own anchor key."""
         call = self.authorize(ctx, "verify")
+        anchor = self._parse_anchor(anchor_json, anchor_key_pems) if anchor_json else None
         with self.core.store.read() as tx:
             scopes = [tx.scope(tenant, workspace)] if tenant else tx.scopes()
             if tenant and scopes[0] is None:
                 raise EngramError(Code.NOT_FOUND, "scope")
             scope_reports = []
+            heads: dict[tuple[str, str], dict[int, str]] = {}
             for s in scopes:
-                problems = check_journal(s, tx.events(s.tenant, s.workspace, 0, None))  # type: ignore[union-attr]
+                events = tx.events(s.tenant, s.workspace, 0, None)  # type: ignore[union-attr]
+                problems = check_journal(s, events)  # type: ignore[arg-type]
+                heads[(s.tenant, s.workspace)] = {e.cursor: e.event_digest for e in events}  # type: ignore[union-attr]
                 scope_reports.append({"tenant": s.tenant, "workspace": s.workspace,  # type: ignore[union-attr]
                                       "head_cursor": str(s.last_cursor), "ok": not problems,  # type: ignore[union-attr]
                                       "problems": problems})
             rows = tx.audit_rows(None, None, 0, None)
         audit_problems = check_audit(rows)
         ok = not audit_problems and all(r["ok"] for r in scope_reports)
-        report = {"ok": ok, "scopes": scope_reports,
-                  "audit": {"rows": len(rows), "ok": not audit_problems, "problems": audit_problems}}
+        report: dict[str, Any] = {"ok": ok, "scopes": scope_reports,
+                                  "audit": {"rows": len(rows), "ok": not audit_problems, "problems": audit_problems}}
+        if anchor is not None:
+            scope = (tenant, workspace) if tenant else None
+            report["anchor"] = check_anchor(anchor, heads, {r["seq"]: r["row_digest"] for r in rows}, scope)
+            report["ok"] = ok = ok and report["anchor"]["ok"]
         outcome = "ok" if ok else Code.JOURNAL_CORRUPT.value
         self._audit(ctx, "verify", outcome, tenant and f"{tenant}/{workspace}", call)
         if not ok:
@@ -458,6 +503,56 @@ class MaintenanceService:
             if not report_only:
                 raise EngramError(Code.JOURNAL_CORRUPT, "hash chain does not verify")
         return report
+
+    def _parse_anchor(self, anchor_json: str, key_pems: tuple[str, ...]) -> dict[str, Any]:
+        """The anchor document with ``key_id`` set to the key that verified it (None: no key did)."""
+        try:
+            keys = public_keys_from_pems(list(key_pems)) or [self.signers.anchor.public_key]
+        except ValueError:
+            raise EngramError(Code.INVALID_SCHEMA, "anchor key is not an Ed25519 public key PEM") from None
+        try:
+            doc = json.loads(anchor_json)
+            body = {k: v for k, v in doc.items() if k not in ("anchor_digest", "signature")}
+            if doc["format"] != ANCHOR_FORMAT or not isinstance(doc["journals"], list):
+                raise ValueError("format")
+            int(doc["audit"]["seq"]), str(doc["audit"]["digest"])
+            for j in doc["journals"]:
+                int(j["cursor"]), str(j["tenant"]), str(j["workspace"]), str(j["digest"])
+        except (ValueError, TypeError, KeyError, AttributeError):
+            raise EngramError(Code.INVALID_SCHEMA, "not an anchor document") from None
+        claimed = doc.get("anchor_digest")
+        verified = claimed == digest("anchor", body) and verify_signature(
+            ANCHOR_DOMAIN, claimed, doc.get("signature"), keys)
+        return {**doc, "verified_by": verified or None}
+
+    def anchor(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
+        """The current journal heads (all scopes, or the named one) and audit head, signed."""
+        call = self.authorize(ctx, "anchor")
+        if bool(tenant) != bool(workspace):
+            raise EngramError(Code.INVALID_SCHEMA, "a scope anchor names both tenant and workspace")
+        with self.core.store.read() as tx:
+            scopes = [tx.scope(tenant, workspace)] if tenant else tx.scopes()
+            if tenant and scopes[0] is None:
+                raise EngramError(Code.NOT_FOUND, "scope")
+            seq, head = tx.audit_chain_head()
+        body: dict[str, Any] = {
+            "format": ANCHOR_FORMAT, "created_at": self.core.instant(),
+            "audit": {"seq": str(seq), "digest": head},
+            "journals": [{"tenant": s.tenant, "workspace": s.workspace, "cursor": str(s.last_cursor),  # type: ignore[union-attr]
+                          "digest": s.last_event_digest} for s in scopes],  # type: ignore[union-attr]
+        }
+        if tenant:
+            body["scope"] = {"tenant": tenant, "workspace": workspace}
+        anchor_digest = digest("anchor", body)
+        doc = {**body, "anchor_digest": anchor_digest, "signature": self.signers.anchor.sign(anchor_digest)}
+        self._audit(ctx, "anchor", "ok", anchor_digest, call)
+        return doc
+
+    def signing_keys(self, ctx: BoundContext) -> dict[str, Any]:
+        call = self.authorize(ctx, "signing_keys")
+        out = {"backup": self.signers.backup.public(), "anchor": self.signers.anchor.public()}
+        self._audit(ctx, "signing_keys", "ok", "", call)
+        return out
 
     # -- keys and authorization ------------------------------------------------------------------
     def rotate_keys(self, ctx: BoundContext) -> dict[str, Any]:

@@ -104,6 +104,7 @@ class DuckDBTx(RecordLinks):
         self.scope_changes: dict[tuple[str, str], ScopeRow] = {}
         self._inserted: dict[str, tuple[int, RecordRow]] = {}
         self.audit_head: tuple[int, str] | None = None  # set by append_audit
+        self.audit_docs: list[dict[str, Any]] = []  # this transaction's audit rows, for the audit devices
         # Slots of data keys destroyed in this transaction: the caller zeroes
         # them in the KeyVault after commit (SPEC §10 crypto-shredding).
         self.destroyed_slots: list[int] = []
@@ -482,7 +483,13 @@ class DuckDBTx(RecordLinks):
         doc = audit_doc(row, self.audit_head or self._store.audit_head)
         self._con.execute("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _audit_values(doc))
         self.audit_head = (doc["seq"], doc["row_digest"])
+        self.audit_docs.append(doc)
         return doc["row_digest"]
+
+    def audit_chain_head(self) -> tuple[int, str]:
+        """The last audit row's (seq, row digest) in this snapshot; (0, "") when there is none."""
+        row = self._con.execute("SELECT seq, row_digest FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+        return (int(row[0]), row[1]) if row else (0, "")
 
     def audit_rows(self, tenant: str | None, workspace: str | None, from_seq: int, to_seq: int | None) -> list[dict[str, Any]]:
         sql = ("SELECT seq, at_ms, audit_id, tenant, workspace, principal, agent_id, operation, outcome, "
@@ -569,6 +576,7 @@ class DuckDBTx(RecordLinks):
         """Insert a verified audit row verbatim (restore) and move the chain head past it."""
         self._con.execute("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _audit_values(doc))
         self.audit_head = (int(doc["seq"]), doc["row_digest"])
+        self.audit_docs.append(doc)
 
     def restore_key_destruction(self, owner: str, at_ms: int, reason: str) -> None:
         self._con.execute("INSERT INTO key_destructions VALUES (?, ?, ?) ON CONFLICT DO NOTHING", [owner, at_ms, reason])
@@ -596,6 +604,8 @@ class DuckDBStore:
         self.check_migrations(apply=migrate)
         # Audit rows of reads acknowledged before a crash, not yet moved into the table.
         self._spool = AuditSpool(data_dir)
+        # Sinks outside the data directory every new audit row goes to first (audit_device.py).
+        self._devices: Any = None
         if migrate and self._spool.pending:
             self._move_spool()
         row = self._con.execute("SELECT seq, row_digest FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
@@ -677,6 +687,16 @@ class DuckDBStore:
                 raise
             finally:
                 self._local.writing = False
+            if self._devices and tx.audit_docs:
+                # Before COMMIT: a row no device accepted must not become a mutation (fail closed).
+                try:
+                    self._devices.write_rows(tx.audit_docs)
+                except BaseException:
+                    try:
+                        con.execute("ROLLBACK")
+                    except duckdb.Error:
+                        pass
+                    raise
             self._commit(con)
             if tx.index_ops or tx.scope_changes:
                 with self._publish:
@@ -775,7 +795,14 @@ class DuckDBStore:
             raise EngramError(Code.STORE_UNAVAILABLE, "standalone audit row inside a write transaction")
         with self._write_lock:
             doc = audit_doc(row, self.audit_head)
-            self._spool.append(doc)
+            if self._devices:
+                self._devices.write_rows([doc])  # STORE_UNAVAILABLE when no device took it: nothing spooled
+            try:
+                self._spool.append(doc)
+            except EngramError:
+                if self._devices:
+                    self._devices.abort([doc["seq"]])
+                raise
             self.audit_head = (doc["seq"], doc["row_digest"])
             if len(self._spool.pending) >= SPOOL_BATCH:
                 try:
@@ -809,6 +836,11 @@ class DuckDBStore:
             raise EngramError(Code.STORE_UNAVAILABLE, f"audit spool move failed: {type(exc).__name__}") from None
         self._spool.clear()
 
+    def attach_audit_devices(self, devices: Any) -> None:
+        """Stream every audit row written from now on to ``devices`` (``AuditDevices``), fail closed."""
+        with self._write_lock:
+            self._devices = devices
+
     def is_open(self) -> bool:
         return self._open
 
@@ -837,6 +869,8 @@ class DuckDBStore:
             except EngramError:
                 pass  # still durable in the spool: moved at the next open
             self._spool.close()
+            if self._devices:
+                self._devices.close()
             try:
                 self._con.execute("CHECKPOINT")
             except duckdb.Error:

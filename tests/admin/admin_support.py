@@ -43,10 +43,10 @@ def capture_args(text: str, now_ms: int, *, key: str | None = None, expires_at: 
 class Env:
     """One running core and typed helpers for agents and hosts."""
 
-    def __init__(self, data_dir: Path, clock: FixedClock) -> None:
+    def __init__(self, data_dir: Path, clock: FixedClock, *, audit_devices: list[str] | None = None) -> None:
         self.data_dir = data_dir
         self.clock = clock
-        self.running: RunningCore = start_core(data_dir, clock=clock)
+        self.running: RunningCore = start_core(data_dir, clock=clock, audit_devices=audit_devices)
         self.key = load_private_key_file(self.running.host_key_path)
         self.channel = grpc.insecure_channel(self.running.address)
         self.admin_stub = admin_pb2_grpc.AdminServiceStub(self.channel)
@@ -115,6 +115,11 @@ class Env:
 
     def search_ids(self, query: str) -> list[str]:
         return [r["record"]["record_id"] for r in self.search(query)["records"]]
+
+
+def signing_public_pem(env: Env, role: str = "backup") -> str:
+    """The core's backup (or anchor) public key, as an operator exports it (`engram admin signing-keys`)."""
+    return env.admin("SigningKeys", admin_pb2.ScopeRequest(), scopes=("read",))[role]["public_key_pem"]
 
 
 def new_event_id() -> str:

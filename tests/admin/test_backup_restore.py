@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import grpc
 import pytest
 from admin_support import TENANT, WORKSPACE, capture_args, code_of, start_env
 
 from engram_core.api import admin_pb2, memory_pb2
+from engram_core.hostkeys import load_private_key_file, public_pem
+
+
+def signing_public_pem_of(data_dir: str) -> str:
+    """The backup public key of the core on ``data_dir`` (what the operator exported earlier)."""
+    return public_pem(load_private_key_file(Path(data_dir) / "backup.key").public_key())
 
 
 def _backup(env) -> bytes:
@@ -18,10 +25,19 @@ def _backup(env) -> bytes:
     return data
 
 
-def _restore(env, data: bytes, key_dir: str = "") -> dict:
+def _restore(env, data: bytes, key_dir: str = "", *, trust: tuple[str, ...] | None = None,
+             host_keys: bool = False) -> dict:
+    """Restore into ``env``, trusting the backup key of the core whose ``key_dir`` is named (the source)."""
+    if trust is None:
+        trust = (signing_public_pem_of(key_dir),) if key_dir else ()
+
     def stream():
         for i in range(0, max(len(data), 1), 4096):
-            yield admin_pb2.BackupChunk(data=data[i:i + 4096], key_dir=key_dir if i == 0 else "")
+            if i == 0:
+                yield admin_pb2.BackupChunk(data=data[i:i + 4096], key_dir=key_dir, trusted_backup_key_pem=trust,
+                                            restore_trusted_host_keys=host_keys)
+            else:
+                yield admin_pb2.BackupChunk(data=data[i:i + 4096])
 
     return json.loads(env.admin_stub.Restore(stream(), metadata=env.host_md(), timeout=60).json)
 
@@ -91,11 +107,12 @@ def test_restore_verifies_everything(tmp_path, clock, env):
                 _restore(target, bad, key_dir=str(env.data_dir))
             assert code_of(err.value) == "BACKUP_INVALID"
         # The target's own vault never held these keys: a mismatched store.
+        source_key = (signing_public_pem_of(str(env.data_dir)),)
         with pytest.raises(grpc.RpcError) as err:
-            _restore(target, data)
+            _restore(target, data, trust=source_key)
         assert code_of(err.value) == "RESTORE_REFUSED"
         with pytest.raises(grpc.RpcError) as err:
-            _restore(target, data, key_dir=str(tmp_path / "nowhere"))
+            _restore(target, data, key_dir=str(tmp_path / "nowhere"), trust=source_key)
         assert code_of(err.value) == "RESTORE_REFUSED"
         # Nothing was written by the refused attempts: a valid restore still works.
         assert _restore(target, data, key_dir=str(env.data_dir))["records_restored"] == 1

@@ -62,9 +62,11 @@ def test_cli_backup_restore_with_progress(live, tmp_path):
     assert "backup" in out.stderr and "manifest sha256:" in out.stdout
     rotated = admin(live, "rotate-keys", json_out=False)
     assert rotated.returncode == 0 and "rotating" in rotated.stderr
+    assert admin(live, "signing-keys", "--out-dir", str(tmp_path / "keys")).returncode == 0
     target = start_env(tmp_path / "target", SystemClock(), activate=False)  # type: ignore[arg-type]
     try:
-        res = admin(target, "restore", "--in", str(tmp_path / "b.jsonl"), "--key-dir", str(live.data_dir))
+        res = admin(target, "restore", "--in", str(tmp_path / "b.jsonl"), "--key-dir", str(live.data_dir),
+                    "--trust-backup-key", str(tmp_path / "keys" / "backup.pub"))
         assert res.returncode == 0, res.stderr
         assert json.loads(res.stdout)["records_restored"] == 1 and "restore sent" in res.stderr
         assert target.get(rid)["record"]["record_id"] == rid

@@ -28,6 +28,7 @@ VECTORS = [
     ("profile-config", "sha256:3ac86f4b3490c4c4d19acf92c2e25fe389577cb3b7fe2b89e72f73b92e972686"),
     ("query", "sha256:12c1a4ec96ce9de305e77364791ffb57ea31cf4e363af8c04b6c9df26c39b8fe"),
     ("backup-manifest", "sha256:3b037a1ea763d9bf2d2deb787679c5cd9041ea93a3118dfcca3c4eea19968160"),
+    ("anchor", "sha256:72dda20748dbde89276e0368b3830e089526e655c39c570bca1d57b8dd6ef0bf"),
 ]
 
 

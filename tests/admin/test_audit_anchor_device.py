@@ -1,0 +1,248 @@
+"""A rewritten audit log is detected (issue 13, finding 5), attacked as someone who can write the data directory.
+
+The attack: stop the core, open ``engram.duckdb`` with duckdb, delete the forget's audit row and
+everything after it, rename the principal, recompute the chain (or cut the journal back and move
+the scope head). Plain ``engram admin verify`` cannot see that: every link recomputes. What sees
+it: an anchor the operator exported earlier (signed heads, kept outside the data directory) and
+an audit device that received every row before its call answered.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import grpc
+import pytest
+from admin_support import TENANT, WORKSPACE, Env, code_of
+
+from engram_core.api import admin_pb2
+from engram_core.clock import SystemClock
+from engram_core.hostkeys import create_private_key_file
+from engram_core.signing import ANCHOR_DOMAIN, CoreSigner
+from engram_core.store.audit_device import check_device_file
+from engram_core.store.duckdb_store import GENESIS, audit_digest_of
+
+ENGRAM = str(Path(sys.executable).with_name("engram"))
+AUDIT_COLUMNS = ("seq", "at_ms", "audit_id", "tenant", "workspace", "principal", "agent_id", "operation", "outcome",
+                 "target_digest", "decisions", "prev_digest", "row_digest")
+
+
+def admin(env: Env, *argv: str, json_out: bool = True) -> subprocess.CompletedProcess:
+    cmd = [ENGRAM, "admin", "--core", env.running.address, "--host-key", str(env.running.host_key_path)]
+    return subprocess.run([*cmd, *(["--json"] if json_out else []), *argv], capture_output=True, text=True, timeout=60)
+
+
+def _start(data_dir: Path, devices: list[str] | None = None, *, activate: bool = False) -> Env:
+    env = Env(data_dir, SystemClock(), audit_devices=devices)  # type: ignore[arg-type]
+    if activate:
+        env.activate()
+    return env
+
+
+def rewrite_audit(db: Path, *, drop_from_operation: str | None = None, rename: tuple[str, str] | None = None) -> None:
+    """Delete rows from the first row of ``drop_from_operation`` on, rename a principal, re-chain."""
+    con = duckdb.connect(str(db))
+    try:
+        if drop_from_operation:
+            first = con.execute("SELECT min(seq) FROM audit WHERE operation = ?", [drop_from_operation]).fetchone()[0]
+            assert first is not None
+            con.execute("DELETE FROM audit WHERE seq >= ?", [first])
+        if rename:
+            con.execute("UPDATE audit SET principal = ? WHERE principal = ?", [rename[1], rename[0]])
+        prev = GENESIS
+        for row in con.execute(f"SELECT {', '.join(AUDIT_COLUMNS)} FROM audit ORDER BY seq").fetchall():
+            doc = dict(zip(AUDIT_COLUMNS, row, strict=True))
+            doc["seq"], doc["decisions"], doc["prev_digest"] = int(doc["seq"]), json.loads(doc["decisions"]), prev
+            doc["row_digest"] = audit_digest_of(doc)
+            con.execute("UPDATE audit SET prev_digest = ?, row_digest = ? WHERE seq = ?",
+                        [prev, doc["row_digest"], doc["seq"]])
+            prev = doc["row_digest"]
+    finally:
+        con.close()
+
+
+def cut_journal(db: Path, tenant: str, workspace: str) -> None:
+    """Drop the scope's last journal event and move the scope head back onto the one before."""
+    con = duckdb.connect(str(db))
+    try:
+        last = con.execute("SELECT max(cursor) FROM journal WHERE tenant = ? AND workspace = ?",
+                           [tenant, workspace]).fetchone()[0]
+        con.execute("DELETE FROM journal WHERE tenant = ? AND workspace = ? AND cursor = ?", [tenant, workspace, last])
+        prev = con.execute("SELECT event_digest FROM journal WHERE tenant = ? AND workspace = ? AND cursor = ?",
+                           [tenant, workspace, last - 1]).fetchone()[0]
+        con.execute("UPDATE scopes SET last_cursor = ?, last_event_digest = ? WHERE tenant = ? AND workspace = ?",
+                    [last - 1, prev, tenant, workspace])
+    finally:
+        con.close()
+
+
+def _forget_scenario(env: Env) -> str:
+    keep = env.record("the retention policy for build logs is thirty days")
+    doomed = env.record("a decision someone wants to have never forgotten")
+    env.search("retention policy")  # a spooled read row between the mutations
+    env.transition("tombstone", doomed)
+    return keep
+
+
+def test_rewritten_audit_log_fails_verify_against_anchor(tmp_path):
+    data = tmp_path / "core"
+    env = _start(data, activate=True)
+    try:
+        _forget_scenario(env)
+        keys = tmp_path / "operator"
+        assert admin(env, "signing-keys", "--out-dir", str(keys)).returncode == 0
+        made = admin(env, "anchor", "--out", str(keys / "anchor.json"), json_out=False)
+        assert made.returncode == 0, made.stderr
+        assert "signed by anchor key" in made.stdout
+        ok = admin(env, "verify", "--anchor", str(keys / "anchor.json"), "--anchor-key", str(keys / "anchor.pub"),
+                   json_out=False)
+        assert ok.returncode == 0 and "all chains intact" in ok.stdout, ok.stdout + ok.stderr
+    finally:
+        env.stop()
+
+    rewrite_audit(data / "engram.duckdb", drop_from_operation="admin.tombstone", rename=("host:operator", "host:someone"))
+    env = _start(data)
+    try:
+        plain = admin(env, "verify", json_out=False)
+        assert plain.returncode == 0 and "all chains intact" in plain.stdout  # the rewrite recomputes
+        anchored = ["--anchor", str(keys / "anchor.json"), "--anchor-key", str(keys / "anchor.pub")]
+        res = admin(env, "verify", *anchored)
+        assert res.returncode == 1 and json.loads(res.stdout)["code"] == "JOURNAL_CORRUPT"
+        report = json.loads(admin(env, "verify", "--report", *anchored).stdout)
+        assert report["ok"] is False
+        # Truncated; once later calls (this verify's own audit rows) refill the anchored seq, rewritten.
+        [problem] = report["anchor"]["problems"]
+        assert problem["chain"] == "audit" and problem["problem"] in ("anchor_truncated", "anchor_rewritten")
+        human = admin(env, "verify", "--report", *anchored, json_out=False)
+        assert human.returncode == 1 and human.stdout.startswith("JOURNAL_CORRUPT")
+        assert "anchor: anchor_" in human.stdout and "(audit at" in human.stdout
+        # Over gRPC the verification itself fails closed with JOURNAL_CORRUPT.
+        with pytest.raises(grpc.RpcError) as err:
+            env.admin("Verify", admin_pb2.ScopeRequest(anchor_json=(keys / "anchor.json").read_text(),
+                                                       anchor_key_pem=[(keys / "anchor.pub").read_text()]))
+        assert code_of(err.value) == "JOURNAL_CORRUPT"
+    finally:
+        env.stop()
+
+
+def test_rewrite_without_truncation_and_cut_journal_are_detected(tmp_path):
+    data = tmp_path / "core"
+    env = _start(data, activate=True)
+    try:
+        _forget_scenario(env)
+        anchor = env.admin("Anchor", admin_pb2.ScopeRequest(), scopes=("read",))
+        anchor_pub = env.admin("SigningKeys", admin_pb2.ScopeRequest(), scopes=("read",))["anchor"]["public_key_pem"]
+    finally:
+        env.stop()
+    rewrite_audit(data / "engram.duckdb", rename=("host:operator", "host:someone"))  # every row kept, renamed
+    cut_journal(data / "engram.duckdb", TENANT, WORKSPACE)  # the tombstone event gone
+    # The attacker also replaces the core's anchor key: the operator's copy of the public key still decides.
+    (data / "anchor.key").unlink()
+    create_private_key_file(data / "anchor.key")
+    env = _start(data)
+    try:
+        report = env.admin("Verify", admin_pb2.ScopeRequest(report_only=True))
+        assert report["ok"] is True  # without an anchor both rewrites verify
+        report = env.admin("Verify", admin_pb2.ScopeRequest(report_only=True, anchor_json=json.dumps(anchor),
+                                                            anchor_key_pem=[anchor_pub]))
+        problems = {(p.get("chain"), p["problem"]) for p in report["anchor"]["problems"]}
+        assert ("audit", "anchor_rewritten") in problems
+        assert (f"{TENANT}/{WORKSPACE}", "anchor_truncated") in problems
+        assert report["anchor"]["key_id"] is not None  # the genuine anchor still verifies under the operator's key
+        # An anchor forged with the replacement key does not verify under the operator's key.
+        forged = env.admin("Anchor", admin_pb2.ScopeRequest(), scopes=("read",))
+        report = env.admin("Verify", admin_pb2.ScopeRequest(report_only=True, anchor_json=json.dumps(forged),
+                                                            anchor_key_pem=[anchor_pub]))
+        assert {"problem": "anchor_signature"} in report["anchor"]["problems"]
+    finally:
+        env.stop()
+
+
+def test_every_acknowledged_call_is_on_the_device_and_a_rewrite_shows(tmp_path):
+    device = tmp_path / "elsewhere" / "audit.log"
+    device.parent.mkdir()
+    data = tmp_path / "core"
+    env = _start(data, [f"file:{device}"], activate=True)
+    try:
+        keep = _forget_scenario(env)
+        env.get(keep)
+        with pytest.raises(grpc.RpcError):
+            env.get("mem_" + "a" * 52)  # a refusal is audited too
+        rows = env.admin("Export", admin_pb2.ExportRequest(what="audit"), scopes=("read",))["items"]
+        on_device = [json.loads(line) for line in device.read_text().splitlines()]
+        # Every row the store holds was on the device, with its chain position and digest, in order
+        # (the Export itself is audited after its answer was built: it is the device's last line).
+        assert [(str(d["seq"]), d["row_digest"]) for d in on_device[:len(rows)]] == \
+               [(r["seq"], r["row_digest"]) for r in rows]
+        assert {d["operation"] for d in on_device} >= {"admin.activate", "engram_memory_capture", "engram_memory_search",
+                                                  "engram_memory_get", "admin.tombstone"}
+        assert oct(device.stat().st_mode & 0o777) == "0o600"
+        ok = admin(env, "verify", "--device", str(device), json_out=False)
+        assert ok.returncode == 0 and "device lines" in ok.stdout, ok.stdout + ok.stderr
+    finally:
+        env.stop()
+    rewrite_audit(data / "engram.duckdb", drop_from_operation="admin.tombstone", rename=("host:operator", "host:x"))
+    env = _start(data, [f"file:{device}"])
+    try:
+        res = admin(env, "verify", "--device", str(device))
+        assert res.returncode == 1
+        problems = {p["problem"] for p in json.loads(res.stdout)["device"]["problems"]}
+        # Renamed rows differ from the device's; the rows the core wrote after the cut fork its chain.
+        assert {"device_mismatch", "device_fork"} <= problems
+        rows = env.admin("Export", admin_pb2.ExportRequest(what="audit"), scopes=("read",))["items"]
+        assert not check_device_file(device, rows)["ok"]
+    finally:
+        env.stop()
+
+
+def test_calls_fail_closed_when_no_device_accepts(tmp_path):
+    data = tmp_path / "core"
+    env = _start(data, ["file:/dev/full"])  # every write: ENOSPC
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            env.activate()
+        assert code_of(err.value) == "STORE_UNAVAILABLE"
+        with pytest.raises(grpc.RpcError) as err:
+            env.admin("KeyStatus", admin_pb2.ScopeRequest(), scopes=("read",))  # a read: spooled row
+        assert code_of(err.value) == "STORE_UNAVAILABLE"
+        with env.core.store.read() as tx:
+            assert tx.scope(TENANT, WORKSPACE) is None and tx.audit_chain_head() == (0, "")
+    finally:
+        env.stop()
+    # One device failing of two: the other one takes the rows and calls go through.
+    good = tmp_path / "good.log"
+    env = _start(data, ["file:/dev/full", f"file:{good}"], activate=True)
+    try:
+        env.record("recorded while one device is down")
+        assert check_device_file(good, [])["lines"] >= 3  # activate, capture, admission
+    finally:
+        env.stop()
+
+
+def test_serve_refuses_a_device_it_cannot_open(tmp_path):
+    res = subprocess.run([ENGRAM, "serve", "--data", str(tmp_path / "core"), "--listen", "127.0.0.1:0",
+                          "--audit-device", f"file:{tmp_path / 'missing-dir' / 'audit.log'}"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "audit device" in res.stderr
+
+
+def test_forged_anchor_signature_is_reported(tmp_path):
+    data = tmp_path / "core"
+    env = _start(data, activate=True)
+    try:
+        env.record("anchored")
+        anchor = env.admin("Anchor", admin_pb2.ScopeRequest(), scopes=("read",))
+        intruder = CoreSigner(create_private_key_file(tmp_path / "intruder.key"), ANCHOR_DOMAIN)
+        anchor["signature"] = intruder.sign(anchor["anchor_digest"])
+        with pytest.raises(grpc.RpcError) as err:
+            env.admin("Verify", admin_pb2.ScopeRequest(anchor_json=json.dumps(anchor)))
+        assert code_of(err.value) == "JOURNAL_CORRUPT"
+        with pytest.raises(grpc.RpcError) as err:
+            env.admin("Verify", admin_pb2.ScopeRequest(anchor_json="{not an anchor"))
+        assert code_of(err.value) == "INVALID_SCHEMA"
+    finally:
+        env.stop()
