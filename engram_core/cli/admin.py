@@ -388,6 +388,48 @@ def _reload(args: argparse.Namespace) -> int:
     return _emit(args, value, f"policy revision {value['revision']} (was {value['previous_revision']})")
 
 
+def _record_digest_of(args: argparse.Namespace) -> str:
+    """The digest the verifier signs: a record id encodes it; a candidate's comes from inspect."""
+    import base64
+
+    target = args.target
+    if target.startswith("mem_"):
+        raw = target.removeprefix("mem_").upper()
+        return "sha256:" + base64.b32decode(raw + "=" * (-len(raw) % 8)).hex()
+    from engram_core.api import admin_pb2
+
+    view = _call(args, "InspectCandidate", admin_pb2.InspectRequest(
+        tenant=args.tenant, workspace=args.workspace, candidate_id=target), READ_SCOPES)
+    return view["record_digest"]
+
+
+def _attest(args: argparse.Namespace) -> int:
+    """Host verifier attestation (HostService.Attest): signed with --verifier-key, or earned."""
+    from engram_core.api import host_pb2, host_pb2_grpc
+    from engram_core.hostkeys import load_private_key_file, public_pem
+    from engram_core.services.attestation import sign_attestation
+
+    pem, signature = "", b""
+    if args.trust_class == "signed":
+        if not args.verifier_key:
+            print("engram admin: attest --trust-class signed needs --verifier-key", file=sys.stderr)
+            return 2
+        key = load_private_key_file(Path(args.verifier_key))
+        pem, signature = public_pem(key.public_key()), sign_attestation(key, _record_digest_of(args))
+    event_id = args.event_id or "evt_host_" + secrets.token_hex(12)
+    with core_channel(args) as channel:
+        result = host_pb2_grpc.HostServiceStub(channel).Attest(host_pb2.AttestRequest(
+            tenant=args.tenant, workspace=args.workspace, target=args.target, trust_class=args.trust_class,
+            event_id=event_id, reason_ref=args.reason, verifier_public_key_pem=pem, signature=signature),
+            metadata=admin_metadata(args.host_key, scopes=ALL_SCOPES), timeout=args.timeout)
+    value = json.loads(result.json)
+    r = value["receipt"]
+    note = " (replayed)" if value.get("replayed") else ""
+    by = f" by {r['verifier_key_id']}" if r["verifier_key_id"] else ""
+    return _emit(args, value, f"{args.target}: {r['previous_trust_class']} -> {r['trust_class']}{by} at cursor "
+                              f"{r['cursor']}{note}; event id {event_id}")
+
+
 # -- registration --------------------------------------------------------------------------
 def register_more(sub: argparse._SubParsersAction, run: Callable[[argparse.Namespace, Callable[[], int]], int]) -> None:
     def add(name: str, fn: Callable[[argparse.Namespace], int], help: str, *, scope: str | None = "required"):
@@ -407,6 +449,12 @@ def register_more(sub: argparse._SubParsersAction, run: Callable[[argparse.Names
         p.add_argument("--reason", default="reason:operator", help="reason_ref recorded in the journal")
         p.add_argument("--event-id", default="", help="idempotency id; reuse it to retry (default: new)")
 
+    p = add("attest", _attest, "attest a candidate or record as signed (verifier key) or earned (host verifier)")
+    p.add_argument("target", metavar="RECORD_OR_CANDIDATE_ID")
+    p.add_argument("--trust-class", required=True, choices=("signed", "earned"))
+    p.add_argument("--verifier-key", default="", help="signed: the verifier's Ed25519 private key (PEM file)")
+    p.add_argument("--reason", default="reason:operator", help="reason_ref recorded in the journal")
+    p.add_argument("--event-id", default="", help="idempotency id; reuse it to retry (default: new)")
     p = add("adjudicate", _adjudicate, "accept or reject a candidate pending adjudication")
     p.add_argument("candidate")
     p.add_argument("--decision", required=True, choices=("accept", "reject"))

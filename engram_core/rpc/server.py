@@ -36,6 +36,7 @@ from engram_core.rpc.convert import has_unknown_fields, message_to_value, value_
 from engram_core.rpc.handlers import add_servicer
 from engram_core.rpc.status import OPERATOR_DETAIL_CODES, abort
 from engram_core.services.admin import AdminServiceCore
+from engram_core.services.attestation import AttestationService
 from engram_core.services.core import Core
 from engram_core.services.host import HostServiceCore
 from engram_core.services.memory import MemoryService
@@ -126,6 +127,7 @@ class HostServicer(host_pb2_grpc.HostServiceServicer, _Handler):
     def __init__(self, core: Core, host: HostServiceCore) -> None:
         _Handler.__init__(self, core)
         self.host = host
+        self.attestation = AttestationService(core)
 
     def Health(self, request, context):
         return host_pb2.HealthResponse(**self.host.health())
@@ -139,6 +141,16 @@ class HostServicer(host_pb2_grpc.HostServiceServicer, _Handler):
             return host_pb2.IssueConfirmationResponse(**self.host.issue_confirmation(
                 ctx, tool=request.tool, target=request.target, operation_digest=request.operation_digest,
                 approved_at_ms=request.approved_at_ms))
+
+        return self.run(context, go)
+
+
+    def Attest(self, request, context):
+        def go():
+            req = {f: getattr(request, f) for f in ("tenant", "workspace", "target", "trust_class", "event_id",
+                                                    "reason_ref", "verifier_public_key_pem", "signature")}
+            out = self.attestation.attest(self.bind(context), req)
+            return host_pb2.AttestResponse(json=canonical_json(out).decode())
 
         return self.run(context, go)
 

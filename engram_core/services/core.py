@@ -119,13 +119,15 @@ class Core:
         return call.add(self.policy.decide(path, input, timeout_s=POLICY_TIMEOUT_S))
 
     def authorize(self, ctx: BoundContext, operation: str, call: CallRecord, tx: DuckDBTx | None = None, *,
-                  scope: ScopeRow | None | EllipsisType = ...) -> Decision:
+                  scope: ScopeRow | None | EllipsisType = ..., facts: dict[str, Any] | None = None) -> Decision:
         """Ask the authz policy; enforce the revocation epoch (a mechanism, not a policy choice).
-        ``scope``: the scope row if the caller has just read it (search pins it anyway)."""
+        ``scope``: the scope row if the caller has just read it (search pins it anyway);
+        ``facts``: further input keys the operation's rule reads (e.g. ``attestation``)."""
         if scope is ...:
             scope = (self.store.committed_scope(ctx.tenant, ctx.workspace) if tx is None
                      else tx.scope(ctx.tenant, ctx.workspace))
-        return self._allowed(self.decide(AUTHZ, self._authz_input(ctx, operation, scope), call), operation)
+        return self._allowed(self.decide(AUTHZ, {**self._authz_input(ctx, operation, scope), **(facts or {})}, call),
+                             operation)
 
     def authorize_with(self, ctx: BoundContext, operation: str, call: CallRecord, scope: ScopeRow | None,
                        path: str, input: dict[str, Any]) -> tuple[Decision, Decision]:

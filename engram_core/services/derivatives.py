@@ -41,9 +41,12 @@ def apply_derivative_rule(tx: DuckDBTx, ctx: BoundContext, source: RecordRow, *,
                 ctx.tenant, ctx.workspace, event_id=f"{cause_event_id}/derivative/{len(changed) + 1}",
                 operation="trust_invalidate", target=d.record_id, from_state=d.state, to_state="trust_invalid",
                 at_ms=now, body={"reason_ref": "derivative_rule:make-ineligible", "source": src.record_id,
-                                 "cause": cause, "decisions": call.summaries(), "audit_id": ctx.audit_id},
+                                 "cause": cause, "decisions": call.summaries(), "audit_id": ctx.audit_id,
+                                 **({"trust_class_revoked": d.trust_class} if d.trust_class != "asserted" else {})},
             )
             tx.set_record_state(d.record_id, "trust_invalid", state_cursor=event.cursor)
+            if d.trust_class != "asserted":
+                tx.set_record_trust_class(d.record_id, "asserted")  # trust invalidation undoes attestations
             changed.append({"record_id": d.record_id, "source": src.record_id, "from_state": d.state,
                             "to_state": "trust_invalid", "cursor": str(event.cursor),
                             "event_digest": event.event_digest})

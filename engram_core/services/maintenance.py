@@ -274,6 +274,9 @@ class MaintenanceService:
             body = {"reason_ref": reason, "decisions": call.summaries(), "audit_id": tctx.audit_id}
             if successor:
                 body["successor"] = successor
+            revoked = op == "trust_invalidate" and rec.trust_class != "asserted"
+            if revoked:
+                body["trust_class_revoked"] = rec.trust_class  # a host attestation is taken back
             event = tx.append_event(t, w, event_id=event_id, operation=op, target=target, from_state=rec.state,
                                     to_state=new_state, at_ms=now, body=body)
             tx.set_record_state(target, new_state, state_cursor=event.cursor,
@@ -287,6 +290,9 @@ class MaintenanceService:
             }
             if successor:
                 receipt["successor"] = successor
+            if revoked:
+                tx.set_record_trust_class(target, "asserted")
+                receipt["trust_class_revoked"] = rec.trust_class
             if op == "trust_invalidate":
                 # SPEC §5 derivative_rule: the source's rule decides what happens to its derivatives.
                 receipt["derivatives"] = apply_derivative_rule(tx, tctx, rec, cause="trust_invalidate",
@@ -323,7 +329,7 @@ class MaintenanceService:
                 d = self.core.decide(RETENTION, {
                     "context": context_facts(tctx), "now_ms": now,
                     "record": {"state": rec.state, "expires_at_ms": rec.expires_at_ms,
-                               "derivative_rule": rec.derivative_rule}}, call)
+                               "derivative_rule": rec.derivative_rule, "trust_class": rec.trust_class}}, call)
                 if d.result.get("allow") and d.result.get("action") == "expire":
                     due.append((rec, call))
             expired = []

@@ -42,6 +42,7 @@ from engram_core.store.port import (
 from engram_core.store.record_links import RecordLinks
 from engram_core.store.record_sql import RECORD_COLS, record_of
 from engram_core.store.search_index import Posting, RecordMeta, SearchIndex
+from engram_core.store.trust import TrustClasses
 
 GENESIS = "sha256:" + "0" * 64
 SPOOL_BATCH = 512  # spooled audit rows moved into the table in one transaction
@@ -88,7 +89,7 @@ def _audit_values(doc: dict[str, Any]) -> list[Any]:
     return [json.dumps(doc[k], sort_keys=True) if k == "decisions" else doc[k] for k in _AUDIT_KEYS]
 
 
-class DuckDBTx(RecordLinks):
+class DuckDBTx(RecordLinks, TrustClasses):
     """Domain operations over one DuckDB connection inside a transaction."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, store: DuckDBStore, *, writing: bool = False,

@@ -158,3 +158,35 @@ _confirmation_required if {
 }
 
 default _confirmation_required := false
+
+# --- host.attest: a host verifier raises a trust class (SPEC §5 Trust; issue 18) ---
+# Input carries attestation: {tenant, workspace, trust_class: "signed"|"earned", verifier_key_id,
+# target_kind}; the context is the host's own (as for admin.<op>).
+# A host principal holding "maintain" may attest; a signed attestation must come from a
+# verifier key the tenant names in verifier_key_ids (none by default: fail closed).
+
+_is_host_attest if input.operation == "host.attest"
+
+_is_host_call if _is_host_attest
+
+deny contains lib.reason("MAINTENANCE_SCOPE_REQUIRED", "The operation requires the \"maintain\" maintenance scope.") if {
+	_is_host_attest
+	not _holds_maintain
+}
+
+deny contains lib.reason("VERIFIER_NOT_TRUSTED", "The verifier key is not trusted for signed attestations.") if {
+	_is_host_attest
+	input.attestation.trust_class == "signed"
+	not _verifier_trusted
+}
+
+deny contains lib.reason("INVALID_INPUT", "The attestation names no known trust class.") if {
+	_is_host_attest
+	not _attested_class_known
+}
+
+_holds_maintain if "maintain" in _held_scopes
+
+_attested_class_known if input.attestation.trust_class in {"signed", "earned"}
+
+_verifier_trusted if input.attestation.verifier_key_id in lib.tenant_setting(input.attestation.tenant, "verifier_key_ids")

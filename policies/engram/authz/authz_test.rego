@@ -194,3 +194,43 @@ test_agent_tool_denials_accumulate if {
 		false,
 	) with input as _in("engram_memory_search", _ctx({"memory_enabled": false}), {"activated": false, "tools": []})
 }
+
+# --- host.attest ---
+
+_attest_ctx := {
+	"tenant": "_host", "workspace": "_admin", "principal": "host:ops", "agent_id": "", "session": "s",
+	"purpose_ref": "", "host_key_id": "hk-1", "memory_enabled": false, "host_principal": true,
+	"maintenance_scopes": ["maintain"], "authorization_epoch": 0,
+}
+
+_attest(ctx, class, kid) := {
+	"operation": "host.attest", "context": ctx, "scope": {"activated": true, "tools": []}, "now_ms": 1,
+	"attestation": {"tenant": "acme", "workspace": "main", "trust_class": class, "verifier_key_id": kid, "target_kind": "record"},
+}
+
+_no_obligations := {"confirmation_required": false}
+
+test_host_attest_earned_allowed_for_a_maintaining_host if {
+	authz.decision == {"allow": true, "reasons": [], "obligations": _no_obligations} with input as _attest(_attest_ctx, "earned", "")
+}
+
+test_host_attest_signed_needs_a_trusted_verifier_key if {
+	authz.decision == {"allow": false, "reasons": [{"code": "VERIFIER_NOT_TRUSTED", "message": "The verifier key is not trusted for signed attestations."}], "obligations": _no_obligations} with input as _attest(_attest_ctx, "signed", "ed25519:abc")
+	authz.decision == {"allow": true, "reasons": [], "obligations": _no_obligations} with input as _attest(_attest_ctx, "signed", "ed25519:abc")
+		with data.engram.config.tenants.acme.verifier_key_ids as ["ed25519:abc"]
+}
+
+test_host_attest_refused_to_agents_and_readers if {
+	agent := object.union(_attest_ctx, {"host_principal": false, "maintenance_scopes": []})
+	authz.decision == {"allow": false, "reasons": [
+		{"code": "HOST_PRINCIPAL_REQUIRED", "message": "Host operations are for host principals only."},
+		{"code": "MAINTENANCE_SCOPE_REQUIRED", "message": "The operation requires the \"maintain\" maintenance scope."},
+	], "obligations": _no_obligations} with input as _attest(agent, "earned", "")
+	reader := object.union(_attest_ctx, {"maintenance_scopes": ["read"]})
+	authz.decision.reasons == [{"code": "MAINTENANCE_SCOPE_REQUIRED", "message": "The operation requires the \"maintain\" maintenance scope."}] with input as _attest(reader, "earned", "")
+}
+
+test_host_attest_unknown_trust_class_denied if {
+	authz.decision.reasons == [{"code": "INVALID_INPUT", "message": "The attestation names no known trust class."}] with input as _attest(_attest_ctx, "asserted", "")
+	authz.decision.allow == false with input as {"operation": "host.attest", "context": _attest_ctx}
+}
