@@ -18,6 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also stream every audit row here before the call answers, outside the data directory: "
                         "file:/path[?fsync=1] or unix:/socket (repeatable; a call fails closed when no device "
                         "accepts its row)")
+    from engram_core.cli.observability import add_observability_flags
+
+    add_observability_flags(p, drain=True)
 
     def run(args: argparse.Namespace) -> int:
         from engram_core.rpc.serve import serve_main

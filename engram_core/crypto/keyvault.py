@@ -187,6 +187,14 @@ class FileKeyVault:
                 os.fdatasync(self._fd)
         return zeroed
 
+    def slot_counts(self) -> tuple[int, int]:
+        """(live, destroyed) data-key slots, from one read of the slot file (metrics)."""
+        with self._lock:
+            n = self._next
+            raw = os.pread(self._fd, n * _SLOT, 0) if n else b""
+        live = sum(1 for s in range(len(raw) // _SLOT) if any(raw[s * _SLOT:(s + 1) * _SLOT]))
+        return live, n - live
+
     def status(self) -> dict[str, int | str]:
         live = sum(1 for s in range(self._next) if any(self._read(s)))
         return {"active_kek": self._active, "keks": len(self._keks), "slots": self._next, "live_slots": live}

@@ -1,4 +1,9 @@
-"""`engram serve`: run the core until SIGINT/SIGTERM; SIGHUP reloads policies."""
+"""`engram serve`: run the core until SIGINT/SIGTERM; SIGHUP reloads policies.
+
+SIGTERM drains: the health services turn NOT_SERVING, calls in flight get up to
+``--drain-seconds`` to finish (gRPC cancels the rest, none of which was acknowledged), then
+the store closes cleanly, so the next start has no audit spool to replay (docs/operations.md).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import socket
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from engram_core.errors import EngramError
 
@@ -43,10 +49,13 @@ def _listen_problem(listen: str) -> str | None:
 
 
 def serve_main(args: argparse.Namespace) -> int:
+    from engram_core.observability import tracing
+    from engram_core.observability.logs import configure_logging, log_event
+    from engram_core.observability.metrics import CoreMetrics, serve_metrics
     from engram_core.rpc.first_serve import activate_first_scope
     from engram_core.rpc.server import start_core
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(getattr(args, "log_format", "text"))
     problem = _listen_problem(args.listen)
     if problem:
         return _fail(problem)
@@ -58,16 +67,30 @@ def serve_main(args: argparse.Namespace) -> int:
         pems = [Path(p).read_text() for p in args.trust_host_key]
     except OSError as exc:
         return _fail(f"--trust-host-key: cannot read {exc.filename} ({exc.strerror})")
+    if tracing.wanted(getattr(args, "otel", False)):
+        try:
+            tracing.configure("engram-core")
+        except ValueError as exc:
+            return _fail(str(exc))
+    metrics = CoreMetrics(tenant_labels=args.metrics_tenant_labels) if getattr(args, "metrics", None) else None
     try:
         running = start_core(
             Path(args.data), listen=args.listen,
             policies_dir=Path(args.policies) if args.policies else None,
-            opa_url=args.opa_url, extra_trusted_pems=pems, audit_devices=args.audit_device,
+            opa_url=args.opa_url, extra_trusted_pems=pems, audit_devices=args.audit_device, metrics=metrics,
         )
     except EngramError as exc:
         return _fail(f"{exc.code.value}: {exc.detail}")
     except (OSError, ValueError) as exc:  # the message names paths or addresses, never key material
         return _fail(f"cannot start: {exc}")
+    metrics_server, metrics_address = None, ""
+    if metrics is not None:
+        try:
+            metrics_server, metrics_address = serve_metrics(args.metrics, metrics.registry)
+        except (OSError, ValueError) as exc:
+            running.stop(0)
+            return _fail(f"cannot serve metrics on {args.metrics}: {exc}")
+    activated = None
     try:
         activated = activate_first_scope(running.core, Path(args.data), running.host_key_path)
     except (EngramError, ValueError) as exc:  # serve anyway: the operator can still activate by hand
@@ -82,14 +105,59 @@ def serve_main(args: argparse.Namespace) -> int:
 
     def reload(*_: object) -> None:
         try:
-            rev = running.core.policy.reload()
-            logging.getLogger("engram.core").info("policies reloaded, revision %s", rev)
-        except EngramError as exc:
-            logging.getLogger("engram.core").error("policy reload failed: %s", exc.code.value)
+            running.core.policy.reload()  # logged (policy_reload event) by the observed engine
+        except EngramError:
+            pass
 
     signal.signal(signal.SIGHUP, reload)
-    # Machine-readable ready line: tests and scripts wait for it.
+    # Machine-readable ready line, always the first line on stdout: tests and scripts wait for it.
     print(f"engram core listening on {running.address} (data {args.data}, host key {running.host_key_path})", flush=True)
+    opened = opened_summary(running, args, metrics_address)
+    print("engram core opened: " + ", ".join(f"{k} {v}" for k, v in opened.items()), flush=True)
+    log_event("started", **opened)
+    if running.core.store.migrations_applied_at_open:
+        log_event("migration", applied=running.core.store.migrations_applied_at_open, trigger="open")
+    if running.core.store.spool_replayed_rows:
+        log_event("audit_spool_replayed", logging.WARNING, rows=running.core.store.spool_replayed_rows)
     stop.wait()
-    running.stop()
+    drain = getattr(args, "drain_seconds", 10.0)
+    log_event("draining", grace_s=drain)
+    running.stop(drain)
+    log_event("stopped", store_closed=not running.core.store.is_open())
+    if metrics_server is not None:
+        metrics_server.shutdown()
+    tracing.shutdown()
     return 0
+
+
+def tls_enabled(args: argparse.Namespace) -> bool:
+    """Hook for transport security: any ``--tls*`` option given turns it on. (TLS flags are added
+    to `engram serve` separately; until then this answers False and start-up says "tls off".)"""
+    return any(value for name, value in vars(args).items() if name.startswith("tls"))
+
+
+def opened_summary(running: Any, args: argparse.Namespace, metrics_address: str) -> dict[str, Any]:
+    """What start-up opened, as identifiers and counts (also the ``started`` log event)."""
+    from engram_core.observability import tracing
+
+    core, store = running.core, running.core.store
+    with store.read() as tx:
+        counts = tx.counts()
+    revision = core.policy.revision()
+    return {
+        "store": str(store.path),
+        "schema_version": max((m["version"] for m in store.migration_ledger()), default=0),
+        "migrations_applied": store.migrations_applied_at_open or "none",
+        "audit_spool_replayed_rows": store.spool_replayed_rows,
+        "scopes": counts["scopes"],
+        "records": sum(counts["records"].values()),
+        "records_by_state": counts["records"] or "none",
+        "candidates_by_state": counts["candidates"] or "none",
+        "audit_rows": counts["audit_rows"],
+        "policy_revision": revision or "NONE (not serving: bundle not active)",
+        "semantic": "on" if core.embedder is not None else "off",
+        "listen": running.address,
+        "tls": "on" if tls_enabled(args) else "off",
+        "metrics": f"http://{metrics_address}/metrics" if metrics_address else "off",
+        "tracing": "on" if tracing.enabled() else "off",
+    }

@@ -30,6 +30,8 @@ from engram_core.hostkeys import (
     load_public_pem,
     public_pem,
 )
+from engram_core.observability import calls as observed_calls
+from engram_core.observability.metrics import CoreMetrics
 from engram_core.policy import OPA_BINDINGS_HINT
 from engram_core.policy import default_bundle_dir as default_policies_dir
 from engram_core.rpc.convert import has_unknown_fields, message_to_value, value_to_message
@@ -60,7 +62,9 @@ class _Handler:
         self.core = core
 
     def bind(self, context: grpc.ServicerContext) -> BoundContext:
-        return verify_context(_metadata(context, CONTEXT_METADATA_KEY), self.core.trusted, now_ms=self.core.now_ms())
+        ctx = verify_context(_metadata(context, CONTEXT_METADATA_KEY), self.core.trusted, now_ms=self.core.now_ms())
+        observed_calls.note_context(ctx)  # the call's log line and metrics name who called
+        return ctx
 
     def run(self, context: grpc.ServicerContext, fn: Callable[[], Any]) -> Any:
         try:
@@ -71,9 +75,7 @@ class _Handler:
         except EngramError as exc:
             if exc.code in OPERATOR_DETAIL_CODES:
                 log.warning("call refused: %s: %s", exc.code.value, exc.detail)
-            elif exc.code not in (Code.NOT_FOUND, Code.INVALID_SCHEMA):
-                log.info("call failed: %s", exc.code.value)
-            abort(context, exc)
+            abort(context, exc)  # every call is logged once by engram_core.observability.interceptor
         except grpc.RpcError:
             raise
         except Exception:
@@ -197,8 +199,15 @@ class RunningCore:
     address: str
     host_key_path: Path
     health: health.HealthServicer
+    stopping: bool = False
 
     def stop(self, grace: float | None = 1.0) -> None:
+        """Drain: refuse new calls, let calls in flight finish within ``grace`` seconds (gRPC
+        cancels the rest: none of those was acknowledged), then close the store cleanly (the
+        audit spool moved into the table, a CHECKPOINT, the fence released)."""
+        self.stopping = True
+        for name in (*HEALTH_SERVICES, "", LIVENESS_SERVICE):
+            self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.server.stop(grace).wait()
         self.core.close()
 
@@ -239,7 +248,7 @@ def build_policy(policies_dir: Path | None, opa_url: str | None):
 def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str | None = None,
               extra_trusted_pems: list[str] | None = None, clock=None,
               semantic: bool | None = None, policy: Any = None,
-              audit_devices: list[str] | None = None) -> tuple[Core, Path, Any]:
+              audit_devices: list[str] | None = None, load_index: bool = True) -> tuple[Core, Path, Any]:
     """Open (creating on first run) the data directory; ``policy`` overrides the backend (tests, embedding).
     ``audit_devices`` are ``--audit-device`` specs (engram_core/store/audit_device.py)."""
     if not data_dir.exists():
@@ -253,7 +262,7 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
     trusted = TrustedHostKeys([host_key.public_key()], grant_signers=[confirmation_key.public_key()])
     for pem in extra_trusted_pems or []:
         trusted.add(load_public_pem(pem))  # KeyRoleConflict: refuse to start, an operator error
-    store = DuckDBStore(data_dir)
+    store = DuckDBStore(data_dir, load_index=load_index)
     if devices:
         store.attach_audit_devices(devices)
     with store.write() as tx:
@@ -306,11 +315,17 @@ def build_embedder(semantic: bool | None):
 def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Path | None = None,
                opa_url: str | None = None, extra_trusted_pems: list[str] | None = None, clock=None,
                max_workers: int = 16, semantic: bool | None = None, policy: Any = None,
-               audit_devices: list[str] | None = None) -> RunningCore:
+               audit_devices: list[str] | None = None, metrics: CoreMetrics | None = None) -> RunningCore:
+    """Open the core and serve it. The search index is built after the server listens: until
+    it is, the health of the engram services is NOT_SERVING (readiness) while ``liveness``
+    is SERVING; a call that comes early waits for the index instead of failing."""
+    from engram_core.observability.wiring import observe_core, server_interceptors
+
     core, host_key_path, confirmation_key = open_core(
         data_dir, policies_dir=policies_dir, opa_url=opa_url, extra_trusted_pems=extra_trusted_pems, clock=clock,
-        semantic=semantic, policy=policy, audit_devices=audit_devices)
+        semantic=semantic, policy=policy, audit_devices=audit_devices, load_index=False)
     memory = MemoryService(core)
+    observe_core(core, memory, metrics)
     host = HostServiceCore(core, confirmation_key)
     admin = AdminServiceCore(core)
     server = grpc.server(
@@ -318,6 +333,7 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                  ("grpc.so_reuseport", 0)],
+        interceptors=server_interceptors(metrics),
     )
     add_servicer(server, MemoryServicer(core, memory), memory_pb2.DESCRIPTOR.services_by_name["MemoryService"])
     add_servicer(server, HostServicer(core, host), host_pb2.DESCRIPTOR.services_by_name["HostService"])
@@ -341,7 +357,18 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
     running = RunningCore(server=server, core=core, port=port, address=f"{listen.rsplit(':', 1)[0]}:{port}",
                           host_key_path=host_key_path, health=health_servicer)
     _watch_health(running, host)
+    threading.Thread(target=_build_index, args=(running, host), name="engram-index", daemon=True).start()
     return running
+
+
+def _build_index(running: RunningCore, host: HostServiceCore) -> None:
+    try:
+        running.core.store.reload_indexes()
+    except EngramError as exc:  # store closed meanwhile; a later call rebuilds it or fails
+        log.warning("search index not built at start: %s", exc.code.value)
+    except Exception:
+        log.exception("search index not built at start")
+    _health_update(running, host)
 
 
 def _maintenance_servicer(core: Core, admin: AdminServiceCore, memory: MemoryService):
@@ -352,21 +379,30 @@ def _maintenance_servicer(core: Core, admin: AdminServiceCore, memory: MemorySer
     return MaintenanceServicer(core, admin, memory)
 
 
+HEALTH_SERVICES = ("engram.v1.MemoryService", "engram.v1.HostService", "engram.v1.AdminService")
+# Liveness: SERVING while the process runs with its store open (restart it if not). Readiness
+# is "" and each engram service: the store open, the bundle active and the search index built.
+LIVENESS_SERVICE = "liveness"
+
+
+def _health_update(running: RunningCore, host: HostServiceCore) -> None:
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    store = running.core.store
+    if running.stopping or not store.is_open():
+        return  # stopping: RunningCore.stop set everything NOT_SERVING
+    ready = host.health()["status"] == "SERVING" and store.index_ready()
+    running.health.set(LIVENESS_SERVICE, serving)
+    for svc in ("", *HEALTH_SERVICES):
+        running.health.set(svc, serving if ready else not_serving)
+
+
 def _watch_health(running: RunningCore, host: HostServiceCore) -> None:
-    """Standard gRPC health: SERVING only while the store is open and the bundle active."""
-
-    def update() -> None:
-        status = host.health()["status"]
-        value = health_pb2.HealthCheckResponse.SERVING if status == "SERVING" else health_pb2.HealthCheckResponse.NOT_SERVING
-        running.health.set("", value)
-        for svc in ("engram.v1.MemoryService", "engram.v1.HostService", "engram.v1.AdminService"):
-            running.health.set(svc, value)
-
-    update()
+    """Standard gRPC health, readiness and liveness (see LIVENESS_SERVICE), checked every second."""
+    _health_update(running, host)
 
     def loop() -> None:
         while running.core.store.is_open():
-            update()
+            _health_update(running, host)
             threading.Event().wait(1.0)
 
     threading.Thread(target=loop, name="engram-health", daemon=True).start()

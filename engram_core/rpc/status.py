@@ -13,6 +13,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from engram_core.errors import MESSAGES, Code, EngramError
+from engram_core.observability.calls import note_error
 
 DOMAIN = "engram"
 
@@ -69,6 +70,7 @@ def to_status(error: EngramError) -> grpc.Status:
 
 
 def abort(context: grpc.ServicerContext, error: EngramError) -> None:
+    note_error(error)  # the call's log line and metrics carry the contract code
     context.abort_with_status(to_status(error))
 
 

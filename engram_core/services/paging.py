@@ -87,6 +87,10 @@ class PinStore:
                 self._pins.popitem(last=False)
         return pin_id
 
+    def __len__(self) -> int:
+        """Pins held (open page cursors), expired ones included until they are next touched."""
+        return len(self._pins)
+
     def get(self, pin_id: str) -> Pin | None:
         with self._lock:
             pin = self._pins.get(pin_id)

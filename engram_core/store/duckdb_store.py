@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -550,6 +550,15 @@ class DuckDBTx(RecordLinks, TrustClasses):
                 return False
         return True
 
+    def counts(self) -> dict[str, Any]:
+        """What the store holds, for the start-up summary: scopes, records and candidates by state."""
+        return {
+            "scopes": int(self._one("SELECT count(*) FROM scopes")[0]),
+            "records": dict(self._all("SELECT state, count(*) FROM records GROUP BY state ORDER BY state")),
+            "candidates": dict(self._all("SELECT state, count(*) FROM candidates GROUP BY state ORDER BY state")),
+            "audit_rows": int(self._one("SELECT count(*) FROM audit")[0]),
+        }
+
     def tombstone_rows(self) -> list[dict[str, Any]]:
         keys = ("tenant", "workspace", "payload_digest", "record_id", "cursor", "at_ms")
         rows = self._all(f"SELECT {', '.join(keys)} FROM tombstones ORDER BY tenant, workspace, cursor, record_id")
@@ -586,8 +595,14 @@ class DuckDBTx(RecordLinks, TrustClasses):
 class DuckDBStore:
     """The DuckDB file store. ``open`` fences, migrates and loads the audit head."""
 
-    def __init__(self, data_dir: Path, *, migrate: bool = True) -> None:
+    def __init__(self, data_dir: Path, *, migrate: bool = True, load_index: bool = True) -> None:
+        """``load_index=False`` leaves the search index to be built by ``reload_indexes`` (the
+        server does so after it starts listening, NOT_SERVING until then) or on first use."""
         self.data_dir = data_dir
+        # Observability hooks (engram_core/observability/ports.py sets them): seconds per COMMIT,
+        # and seconds and documents per search index rebuild.
+        self.on_commit: Callable[[float], None] | None = None
+        self.on_index_rebuild: Callable[[float, int], None] | None = None
         self.path = data_dir / "engram.duckdb"
         self._lock_file = open(data_dir / "engram.lock", "a+")  # noqa: SIM115 - held for the process lifetime
         try:
@@ -602,11 +617,13 @@ class DuckDBStore:
         self._write_lock = threading.RLock()
         self._local = threading.local()
         self._open = True
-        self.check_migrations(apply=migrate)
+        self.migrations_applied_at_open = self.check_migrations(apply=migrate)
         # Audit rows of reads acknowledged before a crash, not yet moved into the table.
         self._spool = AuditSpool(data_dir)
         # Sinks outside the data directory every new audit row goes to first (audit_device.py).
         self._devices: Any = None
+        # Rows a previous process acknowledged but did not move in (it did not close cleanly).
+        self.spool_replayed_rows = len(self._spool.pending)
         if migrate and self._spool.pending:
             self._move_spool()
         row = self._con.execute("SELECT seq, row_digest FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
@@ -621,7 +638,7 @@ class DuckDBStore:
         self._index = SearchIndex()
         self._scopes: dict[tuple[str, str], ScopeRow] | None = None
         self._stale = True
-        if migrate:
+        if migrate and load_index:
             with self._publish:
                 self._reload()
 
@@ -711,8 +728,11 @@ class DuckDBStore:
                 self.audit_head = tx.audit_head
 
     def _commit(self, con: duckdb.DuckDBPyConnection) -> None:
+        started = time.perf_counter()
         try:
             con.execute("COMMIT")
+            if self.on_commit is not None:
+                self.on_commit(time.perf_counter() - started)
         except duckdb.Error as exc:
             # The commit may or may not have reached the WAL; the committed copies cannot know either.
             with self._publish:
@@ -745,6 +765,7 @@ class DuckDBStore:
             self._reload()
 
     def _reload(self) -> None:
+        started = time.perf_counter()
         cur = self._con.cursor()
         try:
             cur.execute("BEGIN TRANSACTION")
@@ -757,6 +778,17 @@ class DuckDBStore:
         finally:
             cur.close()
         self._index, self._scopes, self._stale = index, scopes, False
+        if self.on_index_rebuild is not None:
+            self.on_index_rebuild(time.perf_counter() - started, index.document_count())
+
+    def index_ready(self) -> bool:
+        """The search index is built and current (readiness)."""
+        return not self._stale
+
+    def audit_spool_state(self) -> tuple[int, int | None]:
+        """(audit rows spooled but not yet in the table, ``at_ms`` of the oldest of them)."""
+        pending = self._spool.pending
+        return len(pending), (int(pending[0]["at_ms"]) if pending else None)
 
     @contextmanager
     def read(self, *, snapshot: bool = True) -> Iterator[DuckDBTx]:

@@ -374,6 +374,10 @@ class SearchIndex:
         self._scopes: dict[tuple[str, str], _Scope] = {}
         self._scope_of: dict[str, tuple[str, str]] = {}
 
+    def document_count(self) -> int:
+        """Records indexed across all scopes (the metrics' index size)."""
+        return sum(scope.docs for scope in self._scopes.values())
+
     # -- changes (applied by the writer after commit) -----------------------------
     def apply(self, ops: Iterable[tuple[Any, ...]]) -> None:
         for op in ops:
