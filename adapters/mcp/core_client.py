@@ -17,6 +17,7 @@ from google.protobuf.message import Message
 from engram_core.api import host_pb2, host_pb2_grpc, memory_pb2, memory_pb2_grpc
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import CONFIRMATION_METADATA_KEY, CONTEXT_METADATA_KEY
+from engram_core.observability import tracing
 from engram_core.rpc.convert import message_to_value, value_to_message
 from engram_core.rpc.status import code_from_rpc_error
 
@@ -56,7 +57,8 @@ class CoreClient:
     def _stubs(self) -> tuple[memory_pb2_grpc.MemoryServiceStub, host_pb2_grpc.HostServiceStub]:
         # Created lazily inside the running event loop that will use it.
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self._address)
+            # With tracing on, the interceptors send the tool call's trace context to the core.
+            self._channel = grpc.aio.insecure_channel(self._address, interceptors=tracing.client_interceptors() or None)
         return memory_pb2_grpc.MemoryServiceStub(self._channel), host_pb2_grpc.HostServiceStub(self._channel)
 
     async def close(self) -> None:

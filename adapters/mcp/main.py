@@ -14,11 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from prometheus_client import CollectorRegistry
 
 from adapters.mcp.binding import ContextSource
 from adapters.mcp.config import ConfigError, HostConfig, load_host_config
 from adapters.mcp.core_client import CoreClient
+from adapters.mcp.observability import ToolCallObserver
 from adapters.mcp.server import EngramMcp
+from engram_core.observability import tracing
+from engram_core.observability.logs import configure_logging, log_event
+from engram_core.observability.metrics import AdapterMetrics, CoreMetrics, serve_metrics
 
 HTTP_PATH = "/mcp"
 
@@ -35,8 +40,9 @@ def _parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def build_adapter(config: HostConfig, address: str, signing_key: Any) -> EngramMcp:
+def build_adapter(config: HostConfig, address: str, signing_key: Any, *, metrics: Any = None) -> EngramMcp:
     return EngramMcp(
+        observer=ToolCallObserver(metrics),
         core=CoreClient(address, deadline_ms=config.deadline_ms),
         contexts=ContextSource(config, signing_key),
         signing_key=signing_key,
@@ -45,10 +51,19 @@ def build_adapter(config: HostConfig, address: str, signing_key: Any) -> EngramM
 
 
 def mcp_main(args: argparse.Namespace) -> int:
-    # stdout is the MCP wire on stdio: diagnostics go to stderr only.
-    logging.basicConfig(
-        stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
-    )
+    # stdout is the MCP wire on stdio: diagnostics go to stderr only. Text logs stay at
+    # warnings; JSON logs (an operator's choice) add one line per tool call.
+    log_format = getattr(args, "log_format", "text")
+    if log_format == "json":
+        configure_logging("json", stream=sys.stderr)
+    else:
+        logging.basicConfig(
+            stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+        )
+    if tracing.wanted(getattr(args, "otel", False)):
+        tracing.configure("engram-mcp")
+    registry = CollectorRegistry() if getattr(args, "metrics", None) else None
+    adapter_metrics = AdapterMetrics(registry) if registry is not None else None
     try:
         config = load_host_config(args.host_config)
         listen = _parse_listen(args.http) if getattr(args, "http", None) else None
@@ -65,7 +80,9 @@ def mcp_main(args: argparse.Namespace) -> int:
         from engram_core.rpc.server import start_core
 
         try:
-            running = start_core(Path(config.embedded_data_dir))
+            # The embedded core's series join the adapter's on the same /metrics.
+            core_metrics = CoreMetrics(registry=registry) if registry is not None else None
+            running = start_core(Path(config.embedded_data_dir), metrics=core_metrics)
         except Exception as exc:  # the message may name paths, never key material
             return _fail(f"embedded core failed to start: {type(exc).__name__}: {exc}")
         address = running.address
@@ -76,8 +93,24 @@ def mcp_main(args: argparse.Namespace) -> int:
 
     from adapters.mcp.diagnosis import startup_line
 
-    print(startup_line(config, args.host_config, address, signing_key), file=sys.stderr, flush=True)
-    adapter = build_adapter(config, address, signing_key)
+    started = startup_line(config, args.host_config, address, signing_key)
+    if log_format == "json":
+        log_event("started", summary=started)  # every stderr line stays one JSON object
+    else:
+        print(started, file=sys.stderr, flush=True)
+    adapter = build_adapter(config, address, signing_key, metrics=adapter_metrics)
+    metrics_server = None
+    if registry is not None:
+        try:
+            metrics_server, metrics_address = serve_metrics(args.metrics, registry)
+        except (OSError, ValueError) as exc:
+            if running is not None:
+                running.stop()
+            return _fail(f"cannot serve metrics on {args.metrics}: {exc}")
+        if log_format == "json":
+            log_event("metrics_listening", url=f"http://{metrics_address}/metrics")
+        else:
+            print(f"engram mcp: metrics on http://{metrics_address}/metrics", file=sys.stderr, flush=True)
     try:
         if listen is None:
             anyio.run(_serve_stdio, adapter)
@@ -88,6 +121,9 @@ def mcp_main(args: argparse.Namespace) -> int:
     finally:
         if running is not None:
             running.stop()
+        if metrics_server is not None:
+            metrics_server.shutdown()
+        tracing.shutdown()
     return 0
 
 

@@ -140,7 +140,9 @@ class EngramMcp:
         signing_key: Ed25519PrivateKey,
         confirmation_timeout_ms: int,
         ledger: ConfirmationLedger | None = None,
+        observer: Any = None,
     ) -> None:
+        self._observer = observer  # adapters.mcp.observability.ToolCallObserver: logs, metrics, trace root
         self._core = core
         self._contexts = contexts
         self._key = signing_key
@@ -168,7 +170,9 @@ class EngramMcp:
             on_list_resources=self.list_resources,
             on_read_resource=self.read_resource,
         )
-        # Outermost first: our mapping must see the boundary's rejections.
+        # Outermost first: the observer sees final answers, our mapping the boundary's rejections.
+        if self._observer is not None:
+            server.middleware.append(self._observer)
         server.middleware.append(self.map_confirmation_errors)
         server.middleware.append(
             RequestStateBoundary(

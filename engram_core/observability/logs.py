@@ -86,6 +86,11 @@ def log_call(obs: CallObservation, seconds: float) -> None:
     CALL_LOGGER.log(level, text, extra={_FIELDS: f})
 
 
+def log_with_fields(logger: logging.Logger, level: int, text: str, fields: dict[str, Any]) -> None:
+    """``text`` for text logs; ``fields`` as top-level keys of the JSON line."""
+    logger.log(level, text, extra={_FIELDS: fields})
+
+
 def log_event(name: str, level: int = logging.INFO, **fields: Any) -> None:
     """An operational event (``name``) with identifier/count fields, never content."""
     if not EVENT_LOGGER.isEnabledFor(level):

@@ -33,8 +33,9 @@ KEY_SLOT_CACHE_S = 30.0  # counting key slots reads the whole slot file: at most
 class CoreMetrics:
     """The core's series. ``tenant_labels`` adds tenant and workspace to the call counter."""
 
-    def __init__(self, *, tenant_labels: bool = False, prefix: str = "engram") -> None:
-        self.registry = CollectorRegistry()
+    def __init__(self, *, tenant_labels: bool = False, prefix: str = "engram",
+                 registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
         self.tenant_labels = tenant_labels
         r = self.registry
         labels = ["operation", "code", "scope_class"] + (["tenant", "workspace"] if tenant_labels else [])
@@ -172,8 +173,8 @@ def _gauge(name: str, doc: str, value: float | bool) -> GaugeMetricFamily:
 class AdapterMetrics:
     """The MCP adapter's series: tool calls by tool and outcome code, latency per tool."""
 
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
         self.calls = Counter("engram_mcp_tool_calls", "MCP tools/call answered, by tool and outcome code",
                              ["tool", "code"], registry=self.registry)
         self.call_seconds = Histogram("engram_mcp_tool_call_duration_seconds", "MCP tools/call latency by tool",

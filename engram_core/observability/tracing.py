@@ -94,6 +94,26 @@ def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[Any]
     return tracer.start_as_current_span(name, attributes=attributes or None)
 
 
+def server_span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[Any]:
+    """A span of kind SERVER (the root of a trace begun by an incoming request)."""
+    tracer = _tracer
+    if tracer is None:
+        return _NULL
+    from opentelemetry.trace import SpanKind
+
+    return tracer.start_as_current_span(name, kind=SpanKind.SERVER, attributes=attributes or None)
+
+
+def client_interceptors() -> list[Any]:
+    """gRPC aio client interceptors that start a CLIENT span per call and send its context as
+    W3C ``traceparent`` metadata; none while tracing is off."""
+    if _tracer is None:
+        return []
+    from opentelemetry.instrumentation.grpc import aio_client_interceptors
+
+    return list(aio_client_interceptors(tracer_provider=_provider))
+
+
 def traced(name: str) -> Callable[[F], F]:
     """Decorator form of ``span`` for a whole function."""
 
