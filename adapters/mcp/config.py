@@ -8,6 +8,11 @@ TOML with these sections (names are a public interface):
                memory_enabled = false            # host opt-in, default off
                confirmation_timeout_ms = 120000  # how long a human has to answer
     [binding]  tenant, workspace, principal, agent_id, session, purpose_ref
+    [http]     allowed_hosts = ["mcp.example.com:*"]   # Host values accepted besides the bind address
+               allowed_origins = ["https://app.example.com"]  # browser Origins accepted
+               token_digests_file = "PATH"       # bearer tokens: one sha256 hex digest a line
+               token_env = "ENGRAM_MCP_TOKENS"   # or/and: tokens in an environment variable
+    [core]     tls_ca, tls_cert, tls_key, tls_server_name   # gRPC over TLS (mTLS with cert+key)
 
 Over HTTP a file without ``[binding]`` binds each request from the
 ``X-Engram-Host-Context`` header instead (see ``adapters.mcp.binding``).
@@ -17,8 +22,11 @@ names the problem but never prints key material.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +39,9 @@ DEFAULT_CONFIRMATION_TIMEOUT_MS = 120_000
 _MAX_DEADLINE_MS = 300_000
 
 BINDING_FIELDS = ("tenant", "workspace", "principal", "agent_id", "session", "purpose_ref")
+HTTP_FIELDS = ("allowed_hosts", "allowed_origins", "token_digests_file", "token_env")
+MIN_TOKEN_CHARS = 16  # a bearer token shorter than this is guessable; refuse it at startup
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class ConfigError(Exception):
@@ -55,6 +66,32 @@ class Binding:
 
 
 @dataclass(frozen=True)
+class HttpSettings:
+    """What `engram mcp --http` accepts: Host/Origin values and bearer tokens.
+
+    Tokens are held only as SHA-256 digests (from a digest file, or hashed at load
+    from the environment), so neither the config nor a log line ever holds one."""
+
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    token_digests: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def auth_required(self) -> bool:
+        return bool(self.token_digests)
+
+
+@dataclass(frozen=True)
+class CoreTls:
+    """TLS towards the core (`[core] tls_*`); cert + key also make it mutual TLS."""
+
+    ca: bytes
+    cert: bytes | None
+    key: bytes | None
+    server_name: str | None
+
+
+@dataclass(frozen=True)
 class HostConfig:
     """Everything the adapter needs to bind and forward calls."""
 
@@ -66,6 +103,8 @@ class HostConfig:
     memory_enabled: bool
     confirmation_timeout_ms: int
     binding: Binding | None  # None: bind per request from the HTTP header
+    http: HttpSettings = HttpSettings()
+    core_tls: CoreTls | None = None
 
 
 def _table(doc: dict[str, Any], name: str, *, required: bool) -> dict[str, Any]:
@@ -133,6 +172,9 @@ def load_host_config(path: Path | str) -> HostConfig:
         if ":" not in address:
             raise ConfigError("address in [core] must be HOST:PORT")
     deadline_ms = _int(core, "core", "deadline_ms", DEFAULT_DEADLINE_MS, low=1, high=_MAX_DEADLINE_MS)
+    core_tls = _core_tls(core, base)
+    if core_tls is not None and embedded:
+        raise ConfigError("[core] tls_* settings apply to a core address, not to embedded = true")
 
     host = _table(doc, "host", required=True)
     memory_enabled = _bool(host, "host", "memory_enabled", False)
@@ -166,6 +208,81 @@ def load_host_config(path: Path | str) -> HostConfig:
         memory_enabled=memory_enabled,
         confirmation_timeout_ms=confirmation_timeout_ms,
         binding=binding,
+        http=_http_settings(_table(doc, "http", required=False), base),
+        core_tls=core_tls,
+    )
+
+
+def _strings(table: dict[str, Any], section: str, key: str) -> tuple[str, ...]:
+    value = table.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{key} in [{section}] must be a list of non-empty strings")
+    return tuple(value)
+
+
+def _read_bytes(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{what} not found: {path}") from None
+    except OSError as exc:
+        raise ConfigError(f"{what} unreadable: {path} ({type(exc).__name__})") from None
+
+
+def _http_settings(table: dict[str, Any], base: Path) -> HttpSettings:
+    unknown = sorted(set(table) - set(HTTP_FIELDS))
+    if unknown:
+        raise ConfigError(f"unknown keys in [http]: {', '.join(unknown)}")
+    digests: set[str] = set()
+    if "token_digests_file" in table:
+        path = _resolve(base, _string(table, "http", "token_digests_file"))
+        text = _read_bytes(path, "token digests file").decode("utf-8", errors="replace")
+        for number, line in enumerate(text.splitlines(), 1):
+            line = line.split("#", 1)[0].strip().lower()
+            if not line:
+                continue
+            if not _SHA256_HEX.fullmatch(line):
+                raise ConfigError(f"{path}:{number}: not a sha256 hex digest")
+            digests.add(line)
+        if not digests:
+            raise ConfigError(f"token digests file has no digest: {path}")
+    if "token_env" in table:
+        name = _string(table, "http", "token_env")
+        tokens = os.environ.get(name, "").split()
+        if not tokens:
+            # Fail closed: a missing variable must not silently turn authentication off.
+            raise ConfigError(f"environment variable {name} (token_env in [http]) holds no token")
+        if any(len(t) < MIN_TOKEN_CHARS for t in tokens):
+            raise ConfigError(f"a token in {name} is shorter than {MIN_TOKEN_CHARS} characters")
+        digests.update(token_digest(t) for t in tokens)
+    return HttpSettings(
+        allowed_hosts=_strings(table, "http", "allowed_hosts"),
+        allowed_origins=_strings(table, "http", "allowed_origins"),
+        token_digests=frozenset(digests),
+    )
+
+
+def token_digest(token: str) -> str:
+    """The SHA-256 hex digest a bearer token is stored and compared as."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def _core_tls(core: dict[str, Any], base: Path) -> CoreTls | None:
+    names = ("tls_ca", "tls_cert", "tls_key", "tls_server_name")
+    if not any(n in core for n in names):
+        return None
+    if "tls_ca" not in core:
+        raise ConfigError("[core] tls_* settings need tls_ca (the CA that signed the core's certificate)")
+    if ("tls_cert" in core) != ("tls_key" in core):
+        raise ConfigError("[core] tls_cert and tls_key go together")
+    def read(name: str, what: str) -> bytes | None:
+        return _read_bytes(_resolve(base, _string(core, "core", name)), what) if name in core else None
+
+    return CoreTls(
+        ca=read("tls_ca", "core CA certificate") or b"",
+        cert=read("tls_cert", "client certificate"),
+        key=read("tls_key", "client key"),
+        server_name=_string(core, "core", "tls_server_name") if "tls_server_name" in core else None,
     )
 
 

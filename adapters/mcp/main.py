@@ -71,6 +71,13 @@ def mcp_main(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if listen is None and config.binding is None:
         return _fail("stdio needs a [binding] section in the host config")
+    if listen is not None:
+        from adapters.mcp.http_security import check_bind
+
+        try:
+            check_bind(listen[0], config.http)
+        except ConfigError as exc:
+            return _fail(str(exc))
 
     running = None
     signing_key = config.signing_key
@@ -115,7 +122,7 @@ def mcp_main(args: argparse.Namespace) -> int:
         if listen is None:
             anyio.run(_serve_stdio, adapter)
         else:
-            _serve_http(adapter, *listen)
+            _serve_http(adapter, config, *listen)
     except KeyboardInterrupt:
         pass
     finally:
@@ -193,9 +200,24 @@ async def _serve_stdio(adapter: EngramMcp) -> None:
         await adapter.close()
 
 
-def _serve_http(adapter: EngramMcp, host: str, port: int) -> None:
+def _serve_http(adapter: EngramMcp, config: HostConfig, host: str, port: int) -> None:
     import uvicorn
 
+    from adapters.mcp.http_security import DigestTokenVerifier, auth_settings, is_loopback, transport_security
+
     server = adapter.build()
-    app = server.streamable_http_app(streamable_http_path=HTTP_PATH, host=host)
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    url = f"http://{authority}{HTTP_PATH}"
+    http = config.http
+    auth = {}
+    if http.auth_required:
+        auth = {"auth": auth_settings(f"http://{authority}"),
+                "token_verifier": DigestTokenVerifier(http.token_digests)}
+    app = server.streamable_http_app(
+        streamable_http_path=HTTP_PATH, host=host, transport_security=transport_security(host, port, http), **auth
+    )
+    access = (f"bearer token required ({len(http.token_digests)} configured)" if http.auth_required
+              else "no authentication (loopback only)" if is_loopback(host) else "")
+    # stderr: stdout is kept clean on every transport.
+    print(f"engram mcp: serving streamable HTTP on {url}; {access}", file=sys.stderr, flush=True)
     uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")).run()

@@ -72,8 +72,11 @@ def write_config(
     binding: dict[str, str] | None = None,
     deadline_ms: int | None = None,
     confirmation_timeout_ms: int | None = None,
+    core_extra: str = "",
+    extra: str = "",
 ) -> Path:
-    lines = ["[core]", f'address = "{address}"']
+    """A host TOML; ``core_extra``: more ``[core]`` lines; ``extra``: more sections, verbatim."""
+    lines = ["[core]", f'address = "{address}"'] + ([core_extra] if core_extra else [])
     if deadline_ms is not None:
         lines.append(f"deadline_ms = {deadline_ms}")
     lines += [
@@ -86,6 +89,8 @@ def write_config(
         lines.append(f"confirmation_timeout_ms = {confirmation_timeout_ms}")
     if binding is not None:
         lines += ["", "[binding]"] + [f'{k} = "{v}"' for k, v in binding.items()]
+    if extra:
+        lines += ["", extra]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
@@ -111,27 +116,55 @@ def free_port() -> int:
 class HttpAdapter:
     url: str
     process: subprocess.Popen[bytes]
+    banner: str = ""  # what the adapter printed on stderr when it started
 
 
-def start_http_adapter(config: Path) -> HttpAdapter:
+def start_http_adapter(
+    config: Path, *, host: str = "127.0.0.1", env: dict[str, str] | None = None, connect: str | None = None
+) -> HttpAdapter:
+    """`engram mcp --http HOST:PORT` as a subprocess; ``connect``: the address clients use
+    (default ``host``; a wildcard bind is reached on 127.0.0.1)."""
     port = free_port()
+    connect = connect or ("127.0.0.1" if host in ("0.0.0.0", "::") else host)
     process = subprocess.Popen(
-        [ENGRAM, "mcp", "--host-config", str(config), "--http", f"127.0.0.1:{port}"],
+        [ENGRAM, "mcp", "--host-config", str(config), "--http", f"{host}:{port}"],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {})},
     )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"adapter exited: {process.stderr.read().decode() if process.stderr else ''}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return HttpAdapter(url=f"http://127.0.0.1:{port}/mcp", process=process)
+            with socket.create_connection((connect, port), timeout=0.2):
+                return HttpAdapter(url=f"http://{connect}:{port}/mcp", process=process, banner=_first_line(process))
         except OSError:
             time.sleep(0.05)
     process.kill()
     raise RuntimeError("adapter did not start listening")
+
+
+def _first_line(process: subprocess.Popen[bytes], timeout: float = 10.0) -> str:
+    """What the adapter wrote on stderr up to the line naming the URL it serves, read as it
+    arrives (unbuffered, so it never blocks on a silent process)."""
+    import select
+
+    if process.stderr is None:
+        return ""
+    fd = process.stderr.fileno()
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while b"serving" not in seen or not seen.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        seen += chunk
+    return seen.decode(errors="replace")
 
 
 def stop(adapter: HttpAdapter) -> None:
