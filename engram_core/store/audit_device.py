@@ -10,13 +10,15 @@ be written does not happen).
 - Transactional rows (mutations) are written when the transaction is about to commit; a
   device failure rolls it back. Should the COMMIT itself then fail (MUTATION_OUTCOME_UNKNOWN),
   the device keeps the rows; if they did not commit, the next rows reuse their positions and
-  ``check_device`` reports a fork there for the operator to look at.
+  ``check_device`` reports a fork there for the operator to look at. Rows written just before a
+  crash that never reached the store show at the next open as ``device_lost_at_restart``.
 - Spooled rows (reads, refusals; audit_spool.py) are written before they are appended to the
   spool; if that append fails, an ``abort`` line follows.
 
 Line format (one canonical-JSON document per line, ``engram-audit-device/v1``):
 ``{"kind": "audit", ...the audit row: seq, prev_digest, row_digest, ...}`` or
-``{"kind": "abort", "seqs": [...]}``. Rows carry their chain position and digest, so
+``{"kind": "abort", "seqs": [...]}`` or, when the store opens, ``{"kind": "open", "seq": …,
+"row_digest": …}`` (its audit head then). Rows carry their chain position and digest, so
 ``check_device`` can compare the database against the device (``engram admin verify --device``).
 
 Devices (``engram serve --audit-device SPEC``, repeatable):
@@ -43,7 +45,7 @@ from urllib.parse import parse_qs
 
 from engram_core.canonical import canonical_json
 from engram_core.errors import Code, EngramError
-from engram_core.store.duckdb_store import audit_digest_of
+from engram_core.store.duckdb_store import GENESIS, audit_digest_of
 
 log = logging.getLogger("engram.audit_device")
 
@@ -143,6 +145,15 @@ class AuditDevices:
         """Write the rows to every device; STORE_UNAVAILABLE when none accepted them."""
         self._write(b"".join(canonical_json({"kind": "audit", **d}) + b"\n" for d in docs), fail_closed=True)
 
+    def opened(self, head: tuple[int, str]) -> None:
+        """Best effort: the store (re)opened at this audit head. Rows on the device past it never
+        reached the store (a crash between the device write and COMMIT, or a truncation)."""
+        try:
+            self._write(canonical_json({"kind": "open", "seq": head[0], "row_digest": head[1]}) + b"\n",
+                        fail_closed=True)
+        except EngramError:
+            log.error("no audit device took the open line")
+
     def abort(self, seqs: list[int]) -> None:
         """Best effort: these rows were written but never became durable in the store."""
         try:
@@ -196,6 +207,8 @@ def check_device(rows: list[dict[str, Any]], lines: list[bytes]) -> dict[str, An
             kind = doc.pop("kind")
             if kind == "abort":
                 seqs = sorted(int(x) for x in doc["seqs"])
+            elif kind == "open":
+                seq, digest = int(doc["seq"]), str(doc["row_digest"])
             else:
                 seq, prev, digest = int(doc["seq"]), str(doc["prev_digest"]), str(doc["row_digest"])
         except (ValueError, KeyError, TypeError, AttributeError):
@@ -207,6 +220,18 @@ def check_device(rows: list[dict[str, Any]], lines: list[bytes]) -> dict[str, An
                 for x in seqs:
                     chain.pop(x, None)
                 heads = {before}
+            continue
+        if kind == "open":
+            if first is None:
+                first = seq + 1  # rows up to the head at the first open predate the device
+            elif seq > 0 and chain.get(seq, ("", ""))[1] != digest:
+                problems.append({"seq": str(seq), "problem": "device_fork"})  # the store's head is not ours
+            lost = sorted(x for x in chain if x > seq)
+            if lost:
+                problems.append({"seq": str(lost[0]), "problem": "device_lost_at_restart", "count": len(lost)})
+                for x in lost:
+                    chain.pop(x)
+            heads = {(seq, digest if seq > 0 else GENESIS)}
             continue
         if audit_digest_of(doc) != digest:
             problems.append({"seq": str(seq), "problem": "device_line_digest"})

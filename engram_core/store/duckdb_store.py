@@ -873,6 +873,7 @@ class DuckDBStore:
         """Stream every audit row written from now on to ``devices`` (``AuditDevices``), fail closed."""
         with self._write_lock:
             self._devices = devices
+            devices.opened(self.audit_head)
 
     def is_open(self) -> bool:
         return self._open

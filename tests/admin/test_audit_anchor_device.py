@@ -173,7 +173,9 @@ def test_every_acknowledged_call_is_on_the_device_and_a_rewrite_shows(tmp_path):
         with pytest.raises(grpc.RpcError):
             env.get("mem_" + "a" * 52)  # a refusal is audited too
         rows = env.admin("Export", admin_pb2.ExportRequest(what="audit"), scopes=("read",))["items"]
-        on_device = [json.loads(line) for line in device.read_text().splitlines()]
+        lines = [json.loads(line) for line in device.read_text().splitlines()]
+        assert lines[0] == {"kind": "open", "seq": 0, "row_digest": GENESIS}  # the store opened empty
+        on_device = [d for d in lines if d["kind"] == "audit"]
         # Every row the store holds was on the device, with its chain position and digest, in order
         # (the Export itself is audited after its answer was built: it is the device's last line).
         assert [(str(d["seq"]), d["row_digest"]) for d in on_device[:len(rows)]] == \
@@ -244,5 +246,54 @@ def test_forged_anchor_signature_is_reported(tmp_path):
         with pytest.raises(grpc.RpcError) as err:
             env.admin("Verify", admin_pb2.ScopeRequest(anchor_json="{not an anchor"))
         assert code_of(err.value) == "INVALID_SCHEMA"
+    finally:
+        env.stop()
+
+
+def test_unix_socket_device_receives_every_row_and_its_loss_fails_closed(tmp_path):
+    import socket
+    import threading
+
+    path = tmp_path / "dev.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(4)
+    received: list[bytes] = []
+    conns: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conns.append(conn)
+            try:
+                while chunk := conn.recv(65536):
+                    received.append(chunk)
+            except OSError:
+                return
+
+    threading.Thread(target=serve, daemon=True).start()
+    env = _start(tmp_path / "core", [f"unix:{path}"], activate=True)
+    try:
+        env.record("streamed to a log shipper")
+        rows = env.admin("Export", admin_pb2.ExportRequest(what="audit"), scopes=("read",))["items"]
+        lines = b"".join(received).split(b"\n")
+        device = tmp_path / "copy.log"
+        device.write_bytes(b"\n".join(lines))
+        report = check_device_file(device, rows)
+        assert report["ok"] and int(report["first_seq"]) == 1 and report["lines"] >= len(rows)
+        # The shipper goes away: no device accepts the next row, so the call fails and nothing changes.
+        listener.close()
+        path.unlink()
+        for c in conns:
+            c.shutdown(socket.SHUT_RDWR)  # a blocked recv keeps a merely closed socket alive
+            c.close()
+        with pytest.raises(grpc.RpcError) as err:
+            env.activate(workspace="other")
+        assert code_of(err.value) == "STORE_UNAVAILABLE"
+        with env.core.store.read() as tx:
+            assert tx.scope(TENANT, "other") is None
     finally:
         env.stop()

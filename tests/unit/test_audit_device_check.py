@@ -56,3 +56,17 @@ def test_rows_before_the_device_existed_are_not_required() -> None:
     report = check_device(rows, _lines(*rows[2:3], *rows[4:]))
     assert {"seq": "5", "problem": "device_fork"} in report["problems"]
     assert {"seq": "4", "problem": "device_missing"} in report["problems"]
+
+
+def test_rows_lost_at_a_restart_are_reported_and_the_chain_goes_on() -> None:
+    rows = _chain(4)
+    # Rows 3-4 reached the device, then a crash before COMMIT: the store reopened at row 2.
+    after = _chain(2, who="user:bob", start=(2, rows[1]["row_digest"]))
+    lines = [canonical_json({"kind": "open", "seq": 0, "row_digest": GENESIS}), *_lines(*rows),
+             canonical_json({"kind": "open", "seq": 2, "row_digest": rows[1]["row_digest"]}), *_lines(*after)]
+    report = check_device(rows[:2] + after, lines)
+    assert report["problems"] == [{"seq": "3", "problem": "device_lost_at_restart", "count": 2}]
+    # A store reopened at a head that is not on the device was rewritten while stopped.
+    renamed = _chain(2, who="user:someone")
+    lines = [*_lines(*rows), canonical_json({"kind": "open", "seq": 2, "row_digest": renamed[1]["row_digest"]})]
+    assert {"seq": "2", "problem": "device_fork"} in check_device(renamed, lines)["problems"]
