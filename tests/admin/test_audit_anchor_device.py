@@ -246,6 +246,16 @@ def test_forged_anchor_signature_is_reported(tmp_path):
         with pytest.raises(grpc.RpcError) as err:
             env.admin("Verify", admin_pb2.ScopeRequest(anchor_json="{not an anchor"))
         assert code_of(err.value) == "INVALID_SCHEMA"
+        with pytest.raises(grpc.RpcError) as err:
+            env.admin("Anchor", admin_pb2.ScopeRequest(tenant=TENANT), scopes=("read",))
+        assert code_of(err.value) == "INVALID_SCHEMA"
+        # A scope's anchor holds that journal only and verifies for that scope.
+        env.activate(workspace="other")
+        scoped = env.admin("Anchor", admin_pb2.ScopeRequest(tenant=TENANT, workspace=WORKSPACE), scopes=("read",))
+        assert [(j["tenant"], j["workspace"]) for j in scoped["journals"]] == [(TENANT, WORKSPACE)]
+        report = env.admin("Verify", admin_pb2.ScopeRequest(tenant=TENANT, workspace=WORKSPACE,
+                                                            anchor_json=json.dumps(scoped)), scopes=("read",))
+        assert report["ok"] and report["anchor"]["journals"] == 1
     finally:
         env.stop()
 
@@ -297,3 +307,38 @@ def test_unix_socket_device_receives_every_row_and_its_loss_fails_closed(tmp_pat
             assert tx.scope(TENANT, "other") is None
     finally:
         env.stop()
+
+
+def _serve(data: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    import os
+
+    proc = subprocess.Popen([ENGRAM, "serve", "--data", str(data), "--listen", "127.0.0.1:0", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "ENGRAM_SEMANTIC": "off"})
+    first = proc.stdout.readline() if proc.stdout else ""
+    if "listening on" not in first:
+        proc.kill()
+        raise AssertionError(f"engram serve did not start: {first!r}")
+    return proc, first.split("listening on ", 1)[1].split()[0]
+
+
+def _cli(address: str, data: Path, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([ENGRAM, "admin", "--core", address, "--host-key", str(data / "host.key"), *argv],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_engram_serve_audit_device_across_restarts(tmp_path):
+    data, device = tmp_path / "core", tmp_path / "outside" / "audit.log"
+    device.parent.mkdir()
+    for run in range(2):
+        proc, address = _serve(data, "--audit-device", f"file:{device}")
+        try:
+            done = _cli(address, data, "activate", "--tenant", TENANT, "--workspace", f"w{run}")
+            assert done.returncode == 0, done.stderr
+            res = _cli(address, data, "verify", "--device", str(device))
+            assert res.returncode == 0 and "device lines" in res.stdout, res.stdout + res.stderr
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    kinds = [json.loads(line)["kind"] for line in device.read_text().splitlines()]
+    assert kinds.count("open") == 2 and kinds.count("audit") >= 4  # two activations, two verifies
