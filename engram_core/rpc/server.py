@@ -18,6 +18,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from engram_core import secrets_scan
 from engram_core.api import admin_pb2, admin_pb2_grpc, host_pb2, host_pb2_grpc, memory_pb2, memory_pb2_grpc
 from engram_core.canonical import canonical_json
 from engram_core.crypto.keyvault import FileKeyVault
@@ -324,6 +325,7 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
     core, host_key_path, confirmation_key = open_core(
         data_dir, policies_dir=policies_dir, opa_url=opa_url, extra_trusted_pems=extra_trusted_pems, clock=clock,
         semantic=semantic, policy=policy, audit_devices=audit_devices, load_index=False)
+    secrets_scan.module_ready()  # the scanner's fold table, before the first capture needs it
     memory = MemoryService(core)
     observe_core(core, memory, metrics)
     host = HostServiceCore(core, confirmation_key)

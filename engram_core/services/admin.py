@@ -14,14 +14,14 @@ class AdminServiceCore:
     def __init__(self, core: Core) -> None:
         self.core = core
 
-    def _authorize(self, ctx: BoundContext, op: str) -> CallRecord:
+    def _authorize(self, ctx: BoundContext, op: str, stored: list[str]) -> CallRecord:
         call = CallRecord()
-        self.core.authorize(ctx, f"admin.{op}", call)
+        self.core.authorize(ctx, f"admin.{op}", call, stored_strings=stored)
         return call
 
     def activate(self, ctx: BoundContext, tenant: str, workspace: str, tools: list[str], *, activated: bool) -> dict[str, Any]:
         op = "activate" if activated else "deactivate"
-        call = self._authorize(ctx, op)
+        call = self._authorize(ctx, op, [tenant, workspace])  # scope names are stored
         if not tenant or not workspace or any(t not in TOOL_NAMES for t in tools):
             raise EngramError(Code.INVALID_SCHEMA, "activation target")
         with self.core.store.write() as tx:

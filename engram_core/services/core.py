@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import EllipsisType
@@ -20,6 +21,7 @@ from engram_core.errors import Code, EngramError
 from engram_core.hostctx import BoundContext
 from engram_core.hostkeys import TrustedHostKeys
 from engram_core.policy.port import AUTHZ, Decision, PolicyEngine
+from engram_core.secrets_scan import scan
 from engram_core.services.embedding import Embedder
 from engram_core.services.lexical import TermHasher
 from engram_core.store.duckdb_store import DuckDBStore, DuckDBTx
@@ -119,14 +121,19 @@ class Core:
         return call.add(self.policy.decide(path, input, timeout_s=POLICY_TIMEOUT_S))
 
     def authorize(self, ctx: BoundContext, operation: str, call: CallRecord, tx: DuckDBTx | None = None, *,
-                  scope: ScopeRow | None | EllipsisType = ..., facts: dict[str, Any] | None = None) -> Decision:
+                  scope: ScopeRow | None | EllipsisType = ..., facts: dict[str, Any] | None = None,
+                  stored_strings: Iterable[str] = ()) -> Decision:
         """Ask the authz policy; enforce the revocation epoch (a mechanism, not a policy choice).
         ``scope``: the scope row if the caller has just read it (search pins it anyway);
-        ``facts``: further input keys the operation's rule reads (e.g. ``attestation``)."""
+        ``facts``: further input keys the operation's rule reads (e.g. ``attestation``);
+        ``stored_strings``: the request's free strings that the operation would store
+        (idempotency keys, reason refs, event ids, names); the policy sees the secret
+        scanner's findings over them (SPEC §13) and decides."""
         if scope is ...:
             scope = (self.store.committed_scope(ctx.tenant, ctx.workspace) if tx is None
                      else tx.scope(ctx.tenant, ctx.workspace))
-        return self._allowed(self.decide(AUTHZ, {**self._authz_input(ctx, operation, scope), **(facts or {})}, call),
+        return self._allowed(self.decide(AUTHZ, {**self._authz_input(ctx, operation, scope, stored_strings),
+                                                 **(facts or {})}, call),
                              operation)
 
     def authorize_with(self, ctx: BoundContext, operation: str, call: CallRecord, scope: ScopeRow | None,
@@ -138,7 +145,8 @@ class Core:
                                               timeout_s=POLICY_TIMEOUT_S)
         return self._allowed(call.add(authz), operation), other
 
-    def _authz_input(self, ctx: BoundContext, operation: str, scope: ScopeRow | None) -> dict[str, Any]:
+    def _authz_input(self, ctx: BoundContext, operation: str, scope: ScopeRow | None,
+                     stored_strings: Iterable[str] = ()) -> dict[str, Any]:
         if scope is not None and ctx.authorization_epoch < scope.authorization_epoch:
             raise EngramError(Code.AUTHORIZATION_REVOKED, "context epoch older than scope epoch")
         return {
@@ -146,6 +154,7 @@ class Core:
             "context": context_facts(ctx),
             "scope": {"activated": bool(scope and scope.activated), "tools": list(scope.tools) if scope else []},
             "now_ms": self.now_ms(),
+            "findings": scan(stored_strings),
         }
 
     @staticmethod

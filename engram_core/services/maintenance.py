@@ -18,6 +18,7 @@ import dataclasses
 import json
 import logging
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from engram_core.canonical import digest, with_receipt_digest
@@ -177,9 +178,11 @@ class MaintenanceService:
         self.signers = signers
 
     # -- shared steps ----------------------------------------------------------------------
-    def authorize(self, ctx: BoundContext, op: str) -> CallRecord:
+    def authorize(self, ctx: BoundContext, op: str, stored: Iterable[str] = ()) -> CallRecord:
+        """``stored``: the request's free strings the operation may store (event ids, reason
+        refs, scope names); the authz policy sees the secret scanner's findings over them."""
         call = CallRecord()
-        self.core.authorize(ctx, f"admin.{op}", call)
+        self.core.authorize(ctx, f"admin.{op}", call, stored_strings=stored)
         return call
 
     @staticmethod
@@ -194,7 +197,7 @@ class MaintenanceService:
 
     # -- lifecycle (SPEC §6) ------------------------------------------------------------------
     def transition(self, ctx: BoundContext, req: dict[str, Any]) -> dict[str, Any]:
-        call = self.authorize(ctx, "transition")
+        call = self.authorize(ctx, "transition", [v for v in req.values() if isinstance(v, str)])
         op = req.get("operation", "")
         if op not in TRANSITION_OPS:
             raise EngramError(Code.INVALID_SCHEMA, "unknown operation")
@@ -378,7 +381,7 @@ class MaintenanceService:
         return {"tenant": tenant, "workspace": workspace, "candidates": items}
 
     def adjudicate(self, ctx: BoundContext, req: dict[str, Any]) -> dict[str, Any]:
-        call = self.authorize(ctx, "adjudicate")
+        call = self.authorize(ctx, "adjudicate", [v for v in req.values() if isinstance(v, str)])
         tctx = self.target_ctx(ctx, req.get("tenant", ""), req.get("workspace", ""))
         decision = req.get("decision", "")
         if decision not in ("accept", "reject"):
@@ -606,7 +609,7 @@ class MaintenanceService:
 
     def revoke(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
         """Bump the scope's authorization epoch: older contexts and grants are refused from now on."""
-        call = self.authorize(ctx, "revoke")
+        call = self.authorize(ctx, "revoke", [tenant, workspace])
         tctx = self.target_ctx(ctx, tenant, workspace)
         with self.core.store.write() as tx:
             epoch = tx.bump_epoch(tenant, workspace)

@@ -54,6 +54,14 @@ def _string_fields(value: Any, skip: frozenset[str] = frozenset()) -> list[str]:
 _DIGEST_KEYS = frozenset({"content_digest", "evidence_digest"})
 
 
+def stored_strings(args: dict[str, Any]) -> list[str]:
+    """A mutation's top-level free strings (idempotency key, reason ref, target): each may be
+    stored (idempotency ledger, journal), so each goes through the secret scanner before the
+    authorization decision (SPEC §13). Memory content (payload, evidence) is the capture
+    policy's."""
+    return [v for v in args.values() if isinstance(v, str)]
+
+
 def _shape_facts(payload: dict[str, Any], evidence: dict[str, Any]) -> dict[str, Any]:
     kinds = {"context": 0, "decision": 0, "evidence": 0}
     for comp in payload["components"]:
@@ -132,7 +140,7 @@ class MemoryService(ReadService):
         read first so that a same-key winner committing between the two reads is seen as a
         stored outcome (replay), never as a terminal target only (ALREADY_TERMINAL)."""
         validate_arguments(tool, args)
-        self.core.authorize(ctx, tool, call)
+        self.core.authorize(ctx, tool, call, stored_strings=stored_strings(args))
         present = self._grant_present(grant)
         request_digest = self._request_digest(tool, args)
         with self.core.store.read(snapshot=False) as tx:
@@ -195,7 +203,7 @@ class MemoryService(ReadService):
         validate_arguments(CAPTURE_TOOL, args)
         payload, evidence = args["payload"], args["evidence"]
         self.bind_purpose(ctx, payload["purpose_ref"])
-        authz = self.core.authorize(ctx, CAPTURE_TOOL, call)
+        authz = self.core.authorize(ctx, CAPTURE_TOOL, call, stored_strings=stored_strings(args))
         request_digest = self._request_digest(CAPTURE_TOOL, args)
         with self.core.store.read(snapshot=False) as tx:  # checked again in the write transaction
             prior = self._replay(tx, ctx, CAPTURE_TOOL, args, request_digest)
@@ -289,7 +297,7 @@ class MemoryService(ReadService):
     def request_admission(self, ctx: BoundContext, args: dict[str, Any], grant: bytes | None) -> dict[str, Any]:
         call = CallRecord()
         validate_arguments(ADMISSION_TOOL, args)
-        authz = self.core.authorize(ctx, ADMISSION_TOOL, call)
+        authz = self.core.authorize(ctx, ADMISSION_TOOL, call, stored_strings=stored_strings(args))
         request_digest = self._request_digest(ADMISSION_TOOL, args)
         with self.core.store.read(snapshot=False) as tx:  # both checked again in the write transaction
             cand = tx.candidate(ctx.tenant, ctx.workspace, args["candidate_id"])  # first: see _gated_start

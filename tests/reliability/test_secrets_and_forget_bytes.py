@@ -1,5 +1,5 @@
 """Nothing secret is ever stored, and forget is real, checked on the bytes (issue 7
-items 8 and 9, SPEC §5, §10, §13).
+items 8 and 9, issue 13 finding 6, SPEC §5, §10, §13).
 
 Secrets: a corpus of realistic credentials is put into every free-text and ref
 field of a capture (and the search query); each capture is refused with
@@ -72,6 +72,15 @@ SECRETS: dict[str, str] = {
     "basic_auth": "Authorization: Basic " + base64.b64encode(f"deploy:{_r(12)}".encode()).decode(),
     "password_assignment": f"password: {_r(14)}",
     "api_key_assignment": f"api_key={_r(32)}",
+    # Issue 13 finding 6: shapes the scanner missed.
+    "pgp_private_key_block": f"-----BEGIN PGP PRIVATE KEY BLOCK-----\n\nlQOYBF{_r(60, B64)}",
+    "slack_webhook": f"https://hooks.slack.com/services/T0{_r(8, UP)}/B0{_r(8, UP)}/{_r(24)}",
+    "discord_bot_token": f"MT{_r(24)}.G{_r(5)}.{_r(38)}",
+    "google_oauth_client_secret": f"GOCSPX-{_r(28)}",
+    "twilio_api_key": f"SK{_r(32, '0123456789abcdef')}",
+    "aws_secret_bare": base64.b64encode(_rng.randbytes(27)).decode() + "Q1x/",
+    "token_glued_to_word": f"mytokenghp_{_r(36)}",
+    "token_split_by_zero_width_space": f"gh\u200bp_{_r(36)}",
 }
 
 PROSE = [

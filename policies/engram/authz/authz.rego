@@ -16,7 +16,8 @@ _config := data.engram.config
 #   principal holding the maintenance scope data.engram.config.maintenance_scopes
 #   names; host.issue_confirmation (a confirmation grant for a human approval
 #   the host obtained) and host.authorization_epoch (the scope's revocation
-#   epoch) only for a host principal, never for an agent context.
+#   epoch) only for a host principal, never for an agent context. Any secret
+#   scanner finding in input.findings (the request's stored strings) denies.
 decision := {
 	"allow": allow,
 	"reasons": sort([r | some r in deny]),
@@ -132,6 +133,13 @@ deny contains lib.reason("HOST_PRINCIPAL_REQUIRED", "Maintenance operations are 
 deny contains lib.reason("MAINTENANCE_SCOPE_REQUIRED", sprintf("The operation requires the %q maintenance scope.", [_required_scope])) if {
 	_is_admin
 	not _holds_required_scope
+}
+
+# SPEC §13: the request's free strings that the operation would store (idempotency keys,
+# reason refs, event ids, scope names) went through the secret scanner; any finding
+# refuses the request, whatever the operation and whoever asks.
+deny contains lib.reason("SECRET_FINDINGS", sprintf("The secret scanner reported %s in the request.", [finding.kind])) if {
+	some finding in object.get(input, "findings", [])
 }
 
 # A held scope may imply others (maintain implies read), per data.engram.config.scope_implies.

@@ -234,3 +234,32 @@ test_host_attest_unknown_trust_class_denied if {
 	authz.decision.reasons == [{"code": "INVALID_INPUT", "message": "The attestation names no known trust class."}] with input as _attest(_attest_ctx, "asserted", "")
 	authz.decision.allow == false with input as {"operation": "host.attest", "context": _attest_ctx}
 }
+
+test_golden_secret_in_request_denied if {
+	authz.decision == _denied(
+		[
+			_r("SECRET_FINDINGS", "The secret scanner reported aws_access_key in the request."),
+			_r("SECRET_FINDINGS", "The secret scanner reported github_token in the request."),
+		],
+		true,
+	) with input as object.union(_in("engram_memory_forget", _ctx({}), _active), {"findings": [
+		{"kind": "github_token", "rule": "github-token", "count": 1},
+		{"kind": "aws_access_key", "rule": "aws-access-token", "count": 1},
+	]})
+}
+
+test_secret_in_admin_request_denied_even_for_a_host if {
+	authz.decision == _denied(
+		[_r("SECRET_FINDINGS", "The secret scanner reported slack_webhook in the request.")],
+		false,
+	) with input as object.union(
+		_in("admin.transition", _ctx({"host_principal": true, "maintenance_scopes": ["maintain"]}), _active),
+		{"findings": [{"kind": "slack_webhook", "rule": "slack-webhook-url", "count": 1}]},
+	)
+}
+
+test_no_findings_change_nothing if {
+	authz.decision == _allowed(true) with input as object.union(
+		_in("engram_memory_forget", _ctx({}), _active), {"findings": []},
+	)
+}
