@@ -9,6 +9,7 @@ For each size: load N accepted records into one scope (plus other scopes) in-pro
 then measure capture, request_admission, search (lexical, semantic), get and forget
 through gRPC and through MCP (``engram mcp`` over stdio, the official SDK client) with
 1, 4 and 16 concurrent clients; warm-up first, several runs, medians with min/max.
+The secret scanner's case (tools/bench/scanner.py) runs in-process after the sizes.
 Then profile the same operations in-process. Results: JSON in --out
 (default tools/bench/results/<timestamp>/), summary.json plus raw.json.
 """
@@ -62,6 +63,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-peer", action="store_true")
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--profile-calls", type=int, default=40)
+    p.add_argument("--no-scanner", action="store_true", help="skip the secret scanner case (tools/bench/scanner.py)")
+    p.add_argument("--scanner-sizes", default="1024,65536,1048576", help="UTF-8 bytes per scanned text")
+    p.add_argument("--scanner-reps", type=int, default=30)
     p.add_argument("--out", default=None, help="results directory")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--merge", action="store_true",
@@ -316,6 +320,12 @@ def main(argv: list[str] | None = None) -> int:
             log(f"size {size:,}")
             doc["sizes"][str(size)] = {**bench_size(a, size, corpus, queries, work_root), "git": doc["git"],
                                        "loadavg_after": machine.loadavg()}
+            (out / "summary.json").write_text(json.dumps(doc, indent=1))
+        if not a.no_scanner:
+            from tools.bench.scanner import measure
+
+            log("secret scanner: pathological and ordinary shapes")
+            doc["scanner"] = measure([int(x) for x in a.scanner_sizes.split(",")], a.scanner_reps)
             (out / "summary.json").write_text(json.dumps(doc, indent=1))
         if not a.no_peer:
             from tools.bench.peer import bench_peer, install

@@ -144,6 +144,10 @@ def main(argv: list[str]) -> int:
     print("\n## MCP (stdio)\n\n" + latency_table(doc, "mcp"))
     print("\n## Peer\n\n" + peer_table(doc))
     print("\n## Profile (share of self time)\n\n" + profile_table(doc))
+    if "scanner" in doc:
+        from tools.bench.scanner import table
+
+        print("\n## Secret scanner (one text per shape; wall and CPU ms)\n\n" + table(doc["scanner"]))
     return 0
 
 
