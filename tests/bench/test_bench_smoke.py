@@ -42,7 +42,7 @@ def test_tiny_benchmark_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "results"
     assert main(["--sizes", "40", "--clients", "1,2", "--runs", "1", "--duration", "0.2", "--other-scopes", "1",
                  "--semantic-max", "0", "--profile-calls", "3", "--no-peer", "--no-progress",
-                 "--out", str(out)]) == 0
+                 "--scanner-sizes", "1024,4096", "--scanner-reps", "2", "--out", str(out)]) == 0
     doc = json.loads((out / "summary.json").read_text())
     size = doc["sizes"]["40"]
     assert doc["machine"]["logical_cores"] >= 1 and size["load"]["records_total"] == 60
@@ -56,4 +56,16 @@ def test_tiny_benchmark_end_to_end(tmp_path: Path) -> None:
     assert abs(sum(size["profile"]["search_lexical"]["share"].values()) - 1) < 0.01
     assert doc["targets"] == targets(doc) and doc["targets"]
     assert "search_lexical" in latency_table(doc, "grpc") and "forget" in profile_table(doc)
+    assert set(doc["scanner"]) >= {"dotenv_TOKEN", "cookie_sid", "every_keyword", "prose"}
+    point = doc["scanner"]["dotenv_TOKEN"]["4096"]
+    assert point["n"] == 2 and point["bytes"] == 4096 and 0 < point["p50_ms"] <= point["p99_ms"]
     assert time.monotonic() - started < 60
+
+
+def test_scanner_shapes_have_their_sizes() -> None:
+    from tools.bench.scanner import shapes, table
+
+    for name, text in shapes(4096).items():
+        assert 3000 <= len(text.encode()) <= 4096, (name, len(text.encode()))
+    assert "dotenv_TOKEN" in table({"dotenv_TOKEN": {"1024": {"p50_ms": 1, "p99_ms": 2, "cpu_p50_ms": 1,
+                                                               "cpu_p99_ms": 2}}})
