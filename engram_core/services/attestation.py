@@ -90,7 +90,8 @@ class AttestationService:
         authz = self.core.authorize(ctx, ATTEST_OPERATION, call, facts={
             "attestation": {"tenant": tenant, "workspace": workspace, "trust_class": trust_class,
                             "verifier_key_id": verifier_key_id,
-                            "target_kind": "record" if target.startswith("mem_") else "candidate"}})
+                            "target_kind": "record" if target.startswith("mem_") else "candidate"}},
+            stored_strings=[tenant, workspace, target, reason, event_id])  # SPEC §13: secret findings
         tctx = dataclasses.replace(ctx, tenant=tenant, workspace=workspace)
         request_digest = digest("request", {"tool": ATTEST_OPERATION, "target": target, "arguments": {
             "trust_class": trust_class, "verifier_key_id": verifier_key_id,
