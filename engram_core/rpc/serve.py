@@ -119,7 +119,11 @@ def serve_main(args: argparse.Namespace) -> int:
         log_event("migration", applied=running.core.store.migrations_applied_at_open, trigger="open")
     if running.core.store.spool_replayed_rows:
         log_event("audit_spool_replayed", logging.WARNING, rows=running.core.store.spool_replayed_rows)
-    stop.wait()
+    # Never a bare stop.wait(): the kernel may deliver SIGTERM to any thread (gRPC's, the policy
+    # engine's Go runtime), and Python runs handlers only in the main thread once it wakes up; a
+    # wait without a timeout may never wake, and the signal is never handled.
+    while not stop.wait(0.5):
+        pass
     drain = getattr(args, "drain_seconds", 10.0)
     log_event("draining", grace_s=drain)
     running.stop(drain)

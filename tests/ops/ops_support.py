@@ -52,8 +52,12 @@ class Served:
             try:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                self.proc.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack to the log
+                try:
+                    self.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
         return self.proc.returncode
 
     def log_text(self) -> str:
@@ -69,7 +73,7 @@ def serve(data_dir: Path, *extra: str, env: dict[str, str] | None = None, log_na
     with open(log_path, "w") as log:
         proc = subprocess.Popen([ENGRAM, "serve", "--data", str(data_dir), "--listen", "127.0.0.1:0", *extra],
                                 stdout=subprocess.PIPE, stderr=log, text=True,
-                                env={**os.environ, "ENGRAM_SEMANTIC": "off", **(env or {})})
+                                env={**os.environ, "ENGRAM_SEMANTIC": "off", "PYTHONFAULTHANDLER": "1", **(env or {})})
     assert proc.stdout is not None
     first = proc.stdout.readline()
     if "listening on" not in first:
