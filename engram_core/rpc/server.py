@@ -42,6 +42,7 @@ from engram_core.services.admin import AdminServiceCore
 from engram_core.services.attestation import AttestationService
 from engram_core.services.core import Core
 from engram_core.services.host import HostServiceCore
+from engram_core.services.maintenance import reanalyze_lexical
 from engram_core.services.memory import MemoryService
 from engram_core.store.duckdb_store import DuckDBStore
 
@@ -277,6 +278,7 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
     policy = policy or build_policy(policies_dir, opa_url)
     core = Core(data_dir=data_dir, store=store, vault=vault, policy=policy, trusted=trusted, clock=clock,
                 embedder=build_embedder(semantic))
+    reanalyze_lexical(core)  # postings of an older analyzer are re-derived before anything is served
     return core, host_key_path, confirmation_key
 
 

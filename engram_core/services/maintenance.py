@@ -30,7 +30,7 @@ from engram_core.policy.port import RETENTION
 from engram_core.services import lifecycle
 from engram_core.services.core import CallRecord, Core, context_facts, new_id
 from engram_core.services.derivatives import apply_derivative_rule
-from engram_core.services.lexical import record_fields
+from engram_core.services.lexical import ANALYZER_ID, record_fields
 from engram_core.services.memory import (
     ADMISSION_TOOL,
     FORGET_TOOL,
@@ -701,6 +701,38 @@ class MaintenanceService:
         revision = self.core.policy.reload()  # on failure the active bundle stays (POLICY_UNAVAILABLE)
         self._audit(ctx, "reload_policies", "ok", revision, CallRecord([*call.decisions]))
         return {"previous_revision": previous, "revision": revision}
+
+
+ANALYZER_META = "lexical_analyzer"
+
+
+def reanalyze_lexical(core: Core) -> int | None:
+    """Re-derive every scope's postings when they were made by another analyzer than this code's
+    (``lexical.ANALYZER_ID``, recorded in ``store_meta``): a query analyzed one way must never be
+    matched against postings analyzed another way. Runs at start-up, before the core serves, in
+    one write transaction (all or nothing: a crash leaves the old postings and the old id, and the
+    next start does it again). Vectors are kept. Returns the records re-indexed, or None when the
+    postings were already current. A store without the id and without postings is new: it is
+    only stamped (0)."""
+    with core.store.read() as tx:
+        current = tx.meta(ANALYZER_META)
+    if current == ANALYZER_ID:
+        return None
+    indexed = 0
+    with core.store.write() as tx:
+        for scope in tx.scopes():
+            if not tx.drop_lexical(scope.tenant, scope.workspace):
+                continue
+            for rec in tx.scope_records(scope.tenant, scope.workspace, INDEXED_STATES):
+                payload = _open_body(core, tx, rec)
+                if payload is not None:  # a shredded body has no postings to make
+                    tx.index_record(scope.tenant, scope.workspace, rec.record_id, record_fields(payload, core.hasher))
+                    indexed += 1
+        tx.set_meta(ANALYZER_META, ANALYZER_ID)
+    core.store.reload_indexes()  # the in-memory copy still held the old postings
+    if indexed:
+        log.info("lexical postings re-analyzed: %d records (%s -> %s)", indexed, current or "v1", ANALYZER_ID)
+    return indexed
 
 
 def _sizes(facts: dict[str, Any]) -> dict[str, Any]:

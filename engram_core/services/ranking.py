@@ -6,14 +6,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engram_core.canonical import digest
-from engram_core.services.lexical import TOKENIZER_ID
+from engram_core.services.lexical import ANALYZER_ID
 
 DAY_MS = 86_400_000
 
 
 @dataclass(frozen=True)
 class Fusion:
-    """How ``semantic_v1`` fuses the lexical and vector lists (SPEC §11: reciprocal rank, k = 60).
+    """How ``semantic_v2`` fuses the lexical and vector lists (SPEC §11: reciprocal rank, k = 60).
 
     Each list contributes ``weight / (k + rank)``. Only the top ``depth`` of each list
     take part, and a vector hit counts only at cosine similarity ``min_similarity`` or
@@ -39,7 +39,7 @@ class Profile:
     name: str
     version: str
     k1: float = 1.2
-    b: float = 0.75
+    b: float = 0.5
     weights: dict[str, float] = field(
         default_factory=lambda: {"primary": 3.0, "decision": 2.0, "evidence": 1.5, "context": 1.0, "citations": 0.5}
     )
@@ -55,7 +55,7 @@ class Profile:
 
     def config(self) -> dict[str, Any]:
         cfg: dict[str, Any] = {
-            "profile": self.name, "version": self.version, "tokenizer": TOKENIZER_ID,
+            "profile": self.name, "version": self.version, "analyzer": ANALYZER_ID,
             "bm25": {"k1": str(self.k1), "b": str(self.b)},
             "field_weights": {k: str(v) for k, v in sorted(self.weights.items())},
             "recency": {"half_life_ms": self.half_life_ms, "weight": str(round(1 - self.lexical_weight, 4))},
@@ -73,11 +73,15 @@ class Profile:
         return cached
 
 
-OFFLINE_LEXICAL_V1 = Profile(name="offline_lexical_v1", version="1")
+# Version 2 (SPEC §11's v1 with a new analyzer and b): English stop words and Snowball stems
+# (lexical.ANALYZER_ID), question words dropped from queries, b 0.5 instead of 0.75 (single
+# conversation turns are short: full length normalization let a name match in "Caroline: ok!"
+# outrank the turn that answers). Chosen on both retrieval harnesses (docs/retrieval-quality.md).
+OFFLINE_LEXICAL_V2 = Profile(name="offline_lexical_v2", version="2")
 DEFAULT_FUSION = Fusion()
 
 
-def semantic_v1(model_id: str, *, needs_network: bool = False, fusion: Fusion = DEFAULT_FUSION) -> Profile:
-    """The ``semantic_v1`` profile for one embedding model (its id is part of the config digest)."""
-    return replace(OFFLINE_LEXICAL_V1, name="semantic_v1", model_id=model_id, fusion=fusion,
+def semantic_v2(model_id: str, *, needs_network: bool = False, fusion: Fusion = DEFAULT_FUSION) -> Profile:
+    """The ``semantic_v2`` profile for one embedding model (its id is part of the config digest)."""
+    return replace(OFFLINE_LEXICAL_V2, name="semantic_v2", model_id=model_id, fusion=fusion,
                    needs_network=needs_network)

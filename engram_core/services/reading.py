@@ -12,7 +12,7 @@ from engram_core.hostctx import BoundContext
 from engram_core.policy.port import REDACTION, Decision
 from engram_core.services.core import CallRecord, Core, context_facts
 from engram_core.services.paging import Binding, CursorCodec, Pin, PinStore
-from engram_core.services.ranking import OFFLINE_LEXICAL_V1, Profile, semantic_v1
+from engram_core.services.ranking import OFFLINE_LEXICAL_V2, Profile, semantic_v2
 from engram_core.store.port import RecordRow, ScopeRow, Tx
 from engram_core.validation import validate_arguments
 
@@ -38,11 +38,11 @@ def _pointer(key: str) -> str:
 class ReadService:
     def __init__(self, core: Core) -> None:
         self.core = core
-        self.profiles: dict[str, Profile] = {"lexical": OFFLINE_LEXICAL_V1}
+        self.profiles: dict[str, Profile] = {"lexical": OFFLINE_LEXICAL_V2}
         embedder = getattr(core, "embedder", None)
         if embedder is not None:
             # SPEC §11: the model id is pinned in the profile config digest.
-            self.profiles["semantic"] = semantic_v1(embedder.model_id,
+            self.profiles["semantic"] = semantic_v2(embedder.model_id,
                                                     needs_network=getattr(embedder, "needs_network", True))
         self.pins = PinStore(now_ms=core.now_ms)
         self.cursors = CursorCodec(core.page_key)
@@ -262,7 +262,7 @@ class ReadService:
     def _first_rows(self, tx: Tx, ctx: BoundContext, profile: Profile, pin: Pin, query: str,
                     query_vector: list[float] | None, *, limit: int) -> list[tuple[str, float, int]]:
         """Rank the snapshot and fill ``pin`` with what later pages need to continue it exactly."""
-        pin.lexical_stats = tx.lexical_stats(ctx.tenant, ctx.workspace, self.core.hasher.terms(query))
+        pin.lexical_stats = tx.lexical_stats(ctx.tenant, ctx.workspace, self.core.hasher.query_terms(query))
         if not profile.semantic:
             page = self._lexical(tx, ctx, profile, pin, best_bm25=None, after=None, limit=limit)
             pin.best_bm25, pin.candidate_count = page.best_bm25, page.total
@@ -297,7 +297,7 @@ class ReadService:
 
 def fuse(profile: Profile, lexical: list[tuple[str, int]], vector: list[tuple[str, int]], *,
          now_ms: int) -> list[tuple[str, float, int]]:
-    """SPEC §11 semantic_v1: reciprocal-rank fusion (k = 60) of the two ranked lists, normalized
+    """SPEC §11 semantic_v2: reciprocal-rank fusion (k = 60) of the two ranked lists, normalized
     to the best fused hit, then 0.85 fused + 0.15 recency; ties by valid_t desc, record_id asc."""
     fusion = profile.fusion
     assert fusion is not None

@@ -538,6 +538,15 @@ class DuckDBTx(RecordLinks, TrustClasses):
         self.index_ops.append(("drop_scope", tenant, workspace))
         return counts
 
+    def drop_lexical(self, tenant: str, workspace: str) -> int:
+        """Delete one scope's postings and field statistics (not its vectors); returns the postings
+        removed. The caller re-indexes and then reloads the search index from the database."""
+        n = int(self._one("SELECT count(*) FROM postings WHERE tenant = ? AND workspace = ?",  # type: ignore[index]
+                          [tenant, workspace])[0])
+        for table in ("postings", "field_stats"):
+            self._con.execute(f"DELETE FROM {table} WHERE tenant = ? AND workspace = ?", [tenant, workspace])
+        return n
+
     def projection_counts(self, tenant: str, workspace: str) -> dict[str, int]:
         return {table: int(self._one(f"SELECT count(*) FROM {table} WHERE tenant = ? AND workspace = ?",  # type: ignore[index]
                                      [tenant, workspace])[0])

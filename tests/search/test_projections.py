@@ -7,7 +7,7 @@ import pytest
 from search_support import Client
 
 from engram_core.rpc.server import RunningCore
-from engram_core.services.lexical import tokenize
+from engram_core.services.lexical import analyze
 
 
 def _rows(core: RunningCore, sql: str, params: list) -> list[tuple]:
@@ -47,7 +47,7 @@ def test_postings_hold_keyed_hashes_never_words(core: RunningCore) -> None:
     assert ("term", "BIGINT") in columns
     fields = {r[0] for r in _rows(core, "SELECT DISTINCT field FROM postings", [])}
     assert fields <= {"primary", "decision", "evidence", "context", "citations"}
-    terms = {hasher.term(t) for t in tokenize("quokka zebrafish")}
+    terms = {hasher.term(t) for t in analyze("quokka zebrafish")}
     assert len(_rows(core, "SELECT DISTINCT term FROM postings WHERE term IN (SELECT unnest(?::BIGINT[]))",
                      [sorted(terms)])) == 2
     import hashlib
@@ -71,7 +71,7 @@ def test_document_frequencies_track_postings_through_admission_and_forget(core: 
     keep = ana.remember("Gadwall shoveler pintail notes.")
     gone = ana.remember("Gadwall garganey unique marker.")
     hasher = core.core.hasher
-    gadwall, garganey = hasher.term("gadwall"), hasher.term("garganey")
+    gadwall, garganey = hasher.terms("gadwall garganey")  # the analyzer stems them
 
     def df() -> dict[int, int]:
         with core.core.store.read() as tx:

@@ -1,5 +1,5 @@
 """The in-memory lexical index ranks exactly as a direct BM25F computation over its postings
-(SPEC §11 offline_lexical_v1), through appends, merges, removals, state changes and paging."""
+(SPEC §11 offline_lexical_v2), through appends, merges, removals, state changes and paging."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Retrieval-quality harness: loads tools/retrieval/corpus.json through the real service
 (gRPC, start_core: capture, admission, host supersession, confirmed forget) and reports
-recall@5, recall@10 and MRR@10 per ranking profile, beside a BM25 baseline computed by
-``rank_bm25`` (BM25Okapi, same tokenizer) over the same eligible documents.
+recall@5, recall@10 and MRR@10 per channel (labelled with the profile the rank receipt names),
+beside BM25 baselines over the same eligible documents: ``rank_bm25`` (BM25Okapi, plain Unicode
+word tokens) and ``bm25s`` (its English stop words, Snowball stemmer).
 
 Run: ``.venv/bin/python tools/retrieval/harness.py [--json OUT]``. Also checks that no
 superseded or forgotten memory is ever returned ("leaks", must be 0).
@@ -59,6 +60,27 @@ def bm25_baseline(corpus: dict[str, Any], excluded: set[str]) -> list[list[str]]
     return out
 
 
+def bm25s_baseline(corpus: dict[str, Any], excluded: set[str]) -> list[list[str]]:
+    import bm25s
+    import Stemmer
+
+    stemmer = Stemmer.Stemmer("english")
+    by_ws: dict[str, tuple[list[str], Any]] = {}
+    for ws in corpus["workspaces"]:
+        docs = [m for m in corpus["memories"] if m["workspace"] == ws and m["id"] not in excluded]
+        r = bm25s.BM25()
+        r.index(bm25s.tokenize([" ".join((m["text"], m["context"], m["source_ref"])) for m in docs],
+                               stopwords="en", stemmer=stemmer, show_progress=False), show_progress=False)
+        by_ws[ws] = ([m["id"] for m in docs], r)
+    out = []
+    for q in corpus["queries"]:
+        ids, r = by_ws[q["workspace"]]
+        docs_, scores = r.retrieve(bm25s.tokenize([q["text"]], stopwords="en", stemmer=stemmer, show_progress=False),
+                                   k=min(10, len(ids)), show_progress=False)
+        out.append([ids[d] for d, s in zip(docs_[0], scores[0], strict=True) if s > 0])
+    return out
+
+
 def run(data_dir: Path) -> dict[str, Any]:
     corpus = json.loads(CORPUS.read_text())
     running = start_core(data_dir, semantic=True)
@@ -82,12 +104,14 @@ def run(data_dir: Path) -> dict[str, Any]:
         relevant = [q["relevant"] for q in corpus["queries"]]
         report: dict[str, Any] = {"memories": len(corpus["memories"]), "queries": len(corpus["queries"]),
                                   "load_seconds": round(load_s, 1), "profiles": {}}
-        for name, semantic in (("offline_lexical_v1", False), ("semantic_v1", True)):
+        for channel, semantic in (("lexical", False), ("lexical_and_semantic", True)):
             ranked, leaks, latencies = [], 0, []
             for q in corpus["queries"]:
                 t = time.perf_counter()
                 res = agents[q["workspace"]].search(q["text"], semantic=semantic)
                 latencies.append(time.perf_counter() - t)
+                receipt = res["rank_receipt"]
+                name = f"{channel} ({receipt['profile']} v{receipt['profile_version']})"
                 got = [back[p["record"]["record_id"]] for p in res["records"]]
                 leaks += len(set(got) & set(q["must_not"]))
                 ranked.append(got)
@@ -96,6 +120,8 @@ def run(data_dir: Path) -> dict[str, Any]:
                                         "p50_ms": round(latencies[len(latencies) // 2] * 1000, 1)}
         excluded = {s["old"] for s in corpus["supersessions"]} | set(corpus["forgotten"])
         report["profiles"]["rank_bm25 BM25Okapi (baseline)"] = metrics(bm25_baseline(corpus, excluded), relevant)
+        report["profiles"]["bm25s, stop words + Snowball (baseline)"] = metrics(bm25s_baseline(corpus, excluded),
+                                                                                relevant)
         return report
     finally:
         running.stop()

@@ -1,0 +1,82 @@
+"""The lexical analyzer v2 (docs/search.md): stop words and question words are not evidence,
+Snowball stems match word forms, and postings made by an older analyzer are re-derived when the
+core starts, never matched against queries analyzed the new way."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import duckdb
+from search_support import Client, activate
+
+from engram_core.rpc.server import RunningCore, start_core
+from engram_core.services.lexical import ANALYZER_ID, analyze, query_terms, tokenize
+from engram_core.services.maintenance import ANALYZER_META
+
+
+def test_analyzer_drops_stop_and_question_words_and_stems() -> None:
+    assert analyze("The puppies were adopted by Melanie") == ["puppi", "adopt", "melani"]
+    assert query_terms("is there anything about kubernetes?") == ["kubernet"]
+    assert query_terms("Do you remember what Caroline said about the adoption?") == ["carolin", "adopt"]
+    # a memory keeps words a query drops: "said" can be content there
+    assert "said" in analyze("she said yes")
+
+
+def test_a_stop_word_is_not_evidence(lexical_core: RunningCore) -> None:
+    # Issue 17: "is there anything about kubernetes" put a Kafka record at the top for "about".
+    bob = Client(lexical_core, workspace="stopwords")
+    activate(lexical_core, workspace="stopwords")
+    kafka = bob.remember("We chose Kafka for the events pipeline; it is about throughput.")
+    assert bob.ids("is there anything about kubernetes") == []
+    assert bob.ids("what about the events pipeline?") == [kafka]
+
+
+def test_word_forms_match_through_stems(lexical_core: RunningCore) -> None:
+    bob = Client(lexical_core, workspace="stems")
+    activate(lexical_core, workspace="stems")
+    rid = bob.remember("Melanie: we finally adopted two puppies last weekend")
+    other = bob.remember("Melanie: the weekend was rainy")
+    assert bob.ids("when did Melanie adopt a puppy?")[0] == rid
+    assert other not in bob.ids("adopting puppy")
+
+
+def test_postings_of_an_older_analyzer_are_rederived_at_start(tmp_path: Path) -> None:
+    data = tmp_path / "old-store"
+    running = start_core(data, semantic=False)
+    try:
+        activate(running)
+        ana = Client(running)
+        rid = ana.remember("Melanie adopted puppies; the shelter called them the twins.")
+        forgotten = ana.remember("Melanie adopted kittens before the puppies.")
+        ana.forget(forgotten)
+        hasher = running.core.hasher
+    finally:
+        running.stop()
+    # Make it a store written by the v1 analyzer: postings of unstemmed tokens, stop words
+    # included, no analyzer id (stores before v2 had none).
+    con = duckdb.connect(str(data / "engram.duckdb"))
+    con.execute("DELETE FROM postings WHERE record_id = ?", [rid])
+    v1 = Counter(hasher.term(t) for t in tokenize("Melanie adopted puppies; the shelter called them the twins."))
+    doc = con.execute("SELECT doc FROM records WHERE record_id = ?", [rid]).fetchone()[0]
+    for term, tf in v1.items():
+        con.execute("INSERT INTO postings (tenant, workspace, term, record_id, field, tf, field_len, doc) "
+                    "VALUES ('acme', 'alpha', ?, ?, 'primary', ?, ?, ?)", [term, rid, tf, sum(v1.values()), doc])
+    con.execute("DELETE FROM store_meta WHERE k = ?", [ANALYZER_META])
+    con.close()
+
+    running = start_core(data, semantic=False)
+    try:
+        ana = Client(running)
+        # "adopting a puppy" analyzes to adopt + puppi: only re-derived postings can match it.
+        assert ana.ids("adopting a puppy") == [rid]
+        assert ana.ids("them") == []  # no stop-word posting survived
+        with running.core.store.read() as tx:
+            assert tx.meta(ANALYZER_META) == ANALYZER_ID
+            the = running.core.hasher.term("the")
+            assert tx._all("SELECT count(*) FROM postings WHERE term = ?", [the])[0][0] == 0
+            # the forgotten record stays without postings
+            assert tx.postings_count(forgotten) == 0
+    finally:
+        running.stop()
+
