@@ -33,6 +33,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from engram_core.hostkeys import load_private_key_file
+from engram_core.rpc.tls import ClientTls
 
 DEFAULT_DEADLINE_MS = 10_000
 DEFAULT_CONFIRMATION_TIMEOUT_MS = 120_000
@@ -82,16 +83,6 @@ class HttpSettings:
 
 
 @dataclass(frozen=True)
-class CoreTls:
-    """TLS towards the core (`[core] tls_*`); cert + key also make it mutual TLS."""
-
-    ca: bytes
-    cert: bytes | None
-    key: bytes | None
-    server_name: str | None
-
-
-@dataclass(frozen=True)
 class HostConfig:
     """Everything the adapter needs to bind and forward calls."""
 
@@ -104,7 +95,7 @@ class HostConfig:
     confirmation_timeout_ms: int
     binding: Binding | None  # None: bind per request from the HTTP header
     http: HttpSettings = HttpSettings()
-    core_tls: CoreTls | None = None
+    core_tls: ClientTls | None = None  # [core] tls_*: reach the core over TLS
 
 
 def _table(doc: dict[str, Any], name: str, *, required: bool) -> dict[str, Any]:
@@ -267,7 +258,7 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
-def _core_tls(core: dict[str, Any], base: Path) -> CoreTls | None:
+def _core_tls(core: dict[str, Any], base: Path) -> ClientTls | None:
     names = ("tls_ca", "tls_cert", "tls_key", "tls_server_name")
     if not any(n in core for n in names):
         return None
@@ -278,7 +269,7 @@ def _core_tls(core: dict[str, Any], base: Path) -> CoreTls | None:
     def read(name: str, what: str) -> bytes | None:
         return _read_bytes(_resolve(base, _string(core, "core", name)), what) if name in core else None
 
-    return CoreTls(
+    return ClientTls(
         ca=read("tls_ca", "core CA certificate") or b"",
         cert=read("tls_cert", "client certificate"),
         key=read("tls_key", "client key"),

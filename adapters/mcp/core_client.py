@@ -20,6 +20,7 @@ from engram_core.hostctx import CONFIRMATION_METADATA_KEY, CONTEXT_METADATA_KEY
 from engram_core.observability import tracing
 from engram_core.rpc.convert import message_to_value, value_to_message
 from engram_core.rpc.status import code_from_rpc_error
+from engram_core.rpc.tls import ClientTls, aio_channel
 
 # tool -> (MemoryService method, request message)
 _TOOL_RPC: dict[str, tuple[str, type[Message]]] = {
@@ -49,8 +50,9 @@ def _code(err: grpc.RpcError) -> Code:
 class CoreClient:
     """Async MemoryService + HostService client bound to one core address."""
 
-    def __init__(self, address: str, *, deadline_ms: int) -> None:
+    def __init__(self, address: str, *, deadline_ms: int, tls: ClientTls | None = None) -> None:
         self._address = address
+        self._tls = tls
         self._timeout = deadline_ms / 1000
         self._channel: grpc.aio.Channel | None = None
 
@@ -58,7 +60,7 @@ class CoreClient:
         # Created lazily inside the running event loop that will use it.
         if self._channel is None:
             # With tracing on, the interceptors send the tool call's trace context to the core.
-            self._channel = grpc.aio.insecure_channel(self._address, interceptors=tracing.client_interceptors() or None)
+            self._channel = aio_channel(self._address, self._tls, interceptors=tracing.client_interceptors() or None)
         return memory_pb2_grpc.MemoryServiceStub(self._channel), host_pb2_grpc.HostServiceStub(self._channel)
 
     async def close(self) -> None:

@@ -25,6 +25,7 @@ from engram_core.errors import Code
 from engram_core.hostctx import CONTEXT_METADATA_KEY
 from engram_core.hostkeys import key_id
 from engram_core.rpc.status import code_from_rpc_error
+from engram_core.rpc.tls import channel as core_channel
 
 PROBE_TIMEOUT_S = 3.0
 
@@ -77,7 +78,7 @@ def check(config: HostConfig, config_path: str, *, address: str | None = None,
     where = f"binds {b.tenant}/{b.workspace} as {b.principal}" if b else "binds each HTTP request from its header"
     report.ok(f"host config loads; core {address}; {where}")
     kid = key_id(signing_key.public_key()) if signing_key else "?"
-    channel = grpc.insecure_channel(address)
+    channel = core_channel(address, config.core_tls if address == config.core_address else None)
     try:
         host = host_pb2_grpc.HostServiceStub(channel)
         try:

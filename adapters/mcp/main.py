@@ -43,7 +43,8 @@ def _parse_listen(value: str) -> tuple[str, int]:
 def build_adapter(config: HostConfig, address: str, signing_key: Any, *, metrics: Any = None) -> EngramMcp:
     return EngramMcp(
         observer=ToolCallObserver(metrics),
-        core=CoreClient(address, deadline_ms=config.deadline_ms),
+        core=CoreClient(address, deadline_ms=config.deadline_ms,
+                        tls=config.core_tls if config.embedded_data_dir is None else None),
         contexts=ContextSource(config, signing_key),
         signing_key=signing_key,
         confirmation_timeout_ms=config.confirmation_timeout_ms,

@@ -14,7 +14,9 @@ def _admin(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host-key", required=True, help="host signing key (PEM)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     from engram_core.cli.admin import register
+    from engram_core.cli.channel import add_tls_flags
 
+    add_tls_flags(p)
     register(p)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from engram_core.cli.channel import admin_metadata, core_channel
+from engram_core.cli.channel import admin_metadata, client_tls, core_channel
 
 
 def _print(args: argparse.Namespace, value: dict[str, Any], human: str) -> None:
@@ -62,6 +62,11 @@ def _run(args: argparse.Namespace, fn) -> int:
 
     if not Path(args.host_key).exists():
         print(f"engram admin: host key {args.host_key} not found", file=sys.stderr)
+        return 2
+    try:
+        client_tls(args)  # unreadable TLS files: one line, before any call
+    except ValueError as exc:
+        print(f"engram admin: {exc}", file=sys.stderr)
         return 2
     try:
         return fn()

@@ -18,6 +18,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also stream every audit row here before the call answers, outside the data directory: "
                         "file:/path[?fsync=1] or unix:/socket (repeatable; a call fails closed when no device "
                         "accepts its row)")
+    tls = p.add_argument_group("transport security (docs/security.md)")
+    tls.add_argument("--tls-cert", default=None, metavar="PEM_FILE", help="serve TLS with this certificate chain")
+    tls.add_argument("--tls-key", default=None, metavar="PEM_FILE", help="the private key of --tls-cert")
+    tls.add_argument("--client-ca", default=None, metavar="PEM_FILE",
+                     help="mutual TLS: accept only clients with a certificate signed by this CA")
+    tls.add_argument("--insecure", action="store_true",
+                     help="serve plaintext on an address other hosts can reach (refused without this)")
     from engram_core.cli.observability import add_observability_flags
 
     add_observability_flags(p, drain=True)

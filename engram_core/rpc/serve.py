@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engram_core.errors import EngramError
+from engram_core.rpc.tls import ServerTls, plaintext_refusal
 
 
 def _fail(message: str) -> int:
@@ -59,6 +60,13 @@ def serve_main(args: argparse.Namespace) -> int:
     problem = _listen_problem(args.listen)
     if problem:
         return _fail(problem)
+    try:
+        tls = _server_tls(args)
+    except (OSError, ValueError) as exc:
+        return _fail(str(exc))
+    refusal = plaintext_refusal(args.listen, tls, getattr(args, "insecure", False))
+    if refusal:
+        return _fail(refusal)
     if not args.opa_url and importlib.util.find_spec("opa_bindings") is None:
         from engram_core.policy import OPA_BINDINGS_HINT
 
@@ -78,6 +86,7 @@ def serve_main(args: argparse.Namespace) -> int:
             Path(args.data), listen=args.listen,
             policies_dir=Path(args.policies) if args.policies else None,
             opa_url=args.opa_url, extra_trusted_pems=pems, audit_devices=args.audit_device, metrics=metrics,
+            tls=tls,
         )
     except EngramError as exc:
         return _fail(f"{exc.code.value}: {exc.detail}")
@@ -134,10 +143,30 @@ def serve_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _server_tls(args: argparse.Namespace) -> ServerTls | None:
+    """The TLS settings of `engram serve`, read before the data directory is touched."""
+    cert, key, client_ca = (getattr(args, name, None) for name in ("tls_cert", "tls_key", "client_ca"))
+    if not cert and not key:
+        if client_ca:
+            raise ValueError("--client-ca needs --tls-cert and --tls-key")
+        return None
+    if not cert or not key:
+        raise ValueError("--tls-cert and --tls-key go together")
+    try:
+        return ServerTls.from_files(cert, key, client_ca)
+    except OSError as exc:
+        raise ValueError(f"cannot read {exc.filename} ({exc.strerror})") from None
+
+
 def tls_enabled(args: argparse.Namespace) -> bool:
-    """Hook for transport security: any ``--tls*`` option given turns it on. (TLS flags are added
-    to `engram serve` separately; until then this answers False and start-up says "tls off".)"""
-    return any(value for name, value in vars(args).items() if name.startswith("tls"))
+    """Whether `engram serve` serves TLS (``--tls-cert``/``--tls-key``)."""
+    return bool(getattr(args, "tls_cert", None) and getattr(args, "tls_key", None))
+
+
+def tls_mode(args: argparse.Namespace) -> str:
+    if not tls_enabled(args):
+        return "off"
+    return "on (mutual: client certificates required)" if getattr(args, "client_ca", None) else "on"
 
 
 def opened_summary(running: Any, args: argparse.Namespace, metrics_address: str) -> dict[str, Any]:
@@ -161,7 +190,7 @@ def opened_summary(running: Any, args: argparse.Namespace, metrics_address: str)
         "policy_revision": revision or "NONE (not serving: bundle not active)",
         "semantic": "on" if core.embedder is not None else "off",
         "listen": running.address,
-        "tls": "on" if tls_enabled(args) else "off",
+        "tls": tls_mode(args),
         "metrics": f"http://{metrics_address}/metrics" if metrics_address else "off",
         "tracing": "on" if tracing.enabled() else "off",
     }

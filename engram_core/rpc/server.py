@@ -38,6 +38,7 @@ from engram_core.policy import default_bundle_dir as default_policies_dir
 from engram_core.rpc.convert import has_unknown_fields, message_to_value, value_to_message
 from engram_core.rpc.handlers import add_servicer
 from engram_core.rpc.status import OPERATOR_DETAIL_CODES, abort
+from engram_core.rpc.tls import ServerTls
 from engram_core.services.admin import AdminServiceCore
 from engram_core.services.attestation import AttestationService
 from engram_core.services.core import Core
@@ -318,10 +319,15 @@ def build_embedder(semantic: bool | None):
 def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Path | None = None,
                opa_url: str | None = None, extra_trusted_pems: list[str] | None = None, clock=None,
                max_workers: int = 16, semantic: bool | None = None, policy: Any = None,
-               audit_devices: list[str] | None = None, metrics: CoreMetrics | None = None) -> RunningCore:
+               audit_devices: list[str] | None = None, metrics: CoreMetrics | None = None,
+               tls: ServerTls | None = None) -> RunningCore:
     """Open the core and serve it. The search index is built after the server listens: until
     it is, the health of the engram services is NOT_SERVING (readiness) while ``liveness``
-    is SERVING; a call that comes early waits for the index instead of failing."""
+    is SERVING; a call that comes early waits for the index instead of failing.
+
+    ``tls``: serve over TLS (mutual with a client CA). Whether plaintext may listen on
+    ``listen`` is the caller's rule (``engram serve`` refuses a non-loopback address without
+    TLS unless told ``--insecure``)."""
     from engram_core.observability.wiring import observe_core, server_interceptors
 
     core, host_key_path, confirmation_key = open_core(
@@ -353,7 +359,7 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
         reflection.SERVICE_NAME,
     ]
     reflection.enable_server_reflection(names, server)
-    port = server.add_insecure_port(listen)
+    port = server.add_secure_port(listen, tls.credentials()) if tls else server.add_insecure_port(listen)
     if port == 0:
         core.close()
         raise OSError(f"cannot listen on {listen}")
