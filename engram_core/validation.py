@@ -17,6 +17,7 @@ from typing import Any
 import fastjsonschema
 
 from engram_core.errors import Code, EngramError
+from engram_core.observability.tracing import traced
 from engram_core.schemas import INPUT_SCHEMAS, MAX_ARGUMENT_BYTES
 
 _VALIDATORS = {name: fastjsonschema.compile(schema) for name, schema in INPUT_SCHEMAS.items()}
@@ -131,6 +132,7 @@ def _check_capture(args: dict[str, Any]) -> None:
         raise _fail("family_refs not sorted")
 
 
+@traced("engram.validate")
 def validate_arguments(tool: str, args: Any) -> dict[str, Any]:
     """Validate one tool's arguments; returns them unchanged (never normalized)."""
     validator = _VALIDATORS.get(tool)

@@ -22,7 +22,7 @@ from adapters.mcp.core_client import CoreClient
 from adapters.mcp.observability import ToolCallObserver
 from adapters.mcp.server import EngramMcp
 from engram_core.observability import tracing
-from engram_core.observability.logs import configure_logging, log_event
+from engram_core.observability.logs import configure_logging, notice
 from engram_core.observability.metrics import AdapterMetrics, CoreMetrics, serve_metrics
 
 HTTP_PATH = "/mcp"
@@ -102,10 +102,7 @@ def mcp_main(args: argparse.Namespace) -> int:
     from adapters.mcp.diagnosis import startup_line
 
     started = startup_line(config, args.host_config, address, signing_key)
-    if log_format == "json":
-        log_event("started", summary=started)  # every stderr line stays one JSON object
-    else:
-        print(started, file=sys.stderr, flush=True)
+    notice(started, "started")
     adapter = build_adapter(config, address, signing_key, metrics=adapter_metrics)
     metrics_server = None
     if registry is not None:
@@ -115,10 +112,8 @@ def mcp_main(args: argparse.Namespace) -> int:
             if running is not None:
                 running.stop()
             return _fail(f"cannot serve metrics on {args.metrics}: {exc}")
-        if log_format == "json":
-            log_event("metrics_listening", url=f"http://{metrics_address}/metrics")
-        else:
-            print(f"engram mcp: metrics on http://{metrics_address}/metrics", file=sys.stderr, flush=True)
+        notice(f"engram mcp: metrics on http://{metrics_address}/metrics", "metrics_listening",
+               url=f"http://{metrics_address}/metrics")
     try:
         if listen is None:
             anyio.run(_serve_stdio, adapter)
@@ -220,5 +215,5 @@ def _serve_http(adapter: EngramMcp, config: HostConfig, host: str, port: int) ->
     access = (f"bearer token required ({len(http.token_digests)} configured)" if http.auth_required
               else "no authentication (loopback only)" if is_loopback(host) else "")
     # stderr: stdout is kept clean on every transport.
-    print(f"engram mcp: serving streamable HTTP on {url}; {access}", file=sys.stderr, flush=True)
+    notice(f"engram mcp: serving streamable HTTP on {url}; {access}", "http_listening", url=url)
     uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")).run()

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from engram_core.observability import calls
+from engram_core.observability import calls, tracing
 from engram_core.observability.logs import log_call, log_event
 from engram_core.observability.metrics import CoreMetrics
 
@@ -100,6 +100,9 @@ class ObservingInterceptor(grpc.ServerInterceptor):
 
     def _finish(self, obs: calls.CallObservation, response: Any) -> None:
         seconds = obs.seconds()
+        # On the call's server span (OpenTelemetry's interceptor runs outside this one).
+        tracing.set_attributes(**{"engram.operation": obs.operation, "engram.outcome": obs.outcome,
+                                  "engram.audit_id": obs.audit_id})
         log_call(obs, seconds)
         if self._metrics is not None:
             self._metrics.observe_call(obs, seconds)

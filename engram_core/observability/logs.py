@@ -21,6 +21,7 @@ CALL_LOGGER = logging.getLogger("engram.call")
 EVENT_LOGGER = logging.getLogger("engram.event")
 LOG_FORMATS = ("text", "json")
 _FIELDS = "engram_fields"  # LogRecord attribute carrying the structured fields
+_json = False
 
 
 class JsonFormatter(logging.Formatter):
@@ -49,11 +50,26 @@ def configure_logging(fmt: str = "text", *, level: int = logging.INFO, stream: T
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    global _json
+    _json = fmt == "json"
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+
+
+def json_enabled() -> bool:
+    """True once ``configure_logging("json")`` ran: then stderr must carry JSON lines only."""
+    return _json
+
+
+def notice(text: str, event: str, **fields: Any) -> None:
+    """A start-up notice for the operator: the plain line on stderr, or a JSON event line."""
+    if _json:
+        log_event(event, summary=text, **fields)
+    else:
+        print(text, file=sys.stderr, flush=True)
 
 
 def call_fields(obs: CallObservation, seconds: float) -> dict[str, Any]:

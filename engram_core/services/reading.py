@@ -9,6 +9,7 @@ from engram_core.canonical import canonical_json, digest, digest_bytes, with_rec
 from engram_core.crypto.sealing import unseal
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import BoundContext
+from engram_core.observability.tracing import traced
 from engram_core.policy.port import REDACTION, Decision
 from engram_core.services.core import CallRecord, Core, context_facts
 from engram_core.services.paging import Binding, CursorCodec, Pin, PinStore
@@ -259,6 +260,7 @@ class ReadService:
             raise EngramError(Code.STALE_PAGE, "pin expired or bound to another search")
         return pin, pin_id, offset, after
 
+    @traced("engram.search.rank")
     def _first_rows(self, tx: Tx, ctx: BoundContext, profile: Profile, pin: Pin, query: str,
                     query_vector: list[float] | None, *, limit: int) -> list[tuple[str, float, int]]:
         """Rank the snapshot and fill ``pin`` with what later pages need to continue it exactly."""
@@ -278,6 +280,7 @@ class ReadService:
         pin.candidate_count = len(pin.ordered)
         return pin.ordered[:limit]
 
+    @traced("engram.search.rank")
     def _next_rows(self, tx: Tx, ctx: BoundContext, profile: Profile, pin: Pin, *, after: tuple[float, int, str],
                    offset: int, limit: int) -> list[tuple[str, float, int]]:
         if profile.semantic:

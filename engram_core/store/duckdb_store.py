@@ -26,6 +26,7 @@ import duckdb
 
 from engram_core.canonical import digest
 from engram_core.errors import Code, EngramError
+from engram_core.observability import tracing
 from engram_core.store.audit_spool import SPOOL_NAME, AuditSpool
 from engram_core.store.migrations import LEDGER_DDL, MIGRATIONS
 from engram_core.store.port import (
@@ -699,7 +700,7 @@ class DuckDBStore:
     @contextmanager
     def write(self) -> Iterator[DuckDBTx]:
         self._require_open()
-        with self._write_lock:
+        with tracing.span("engram.store.transaction"), self._write_lock:
             con = self._con
             tx = DuckDBTx(con, self, writing=True)
             con.execute("BEGIN TRANSACTION")
