@@ -227,8 +227,7 @@ def _verify(args: argparse.Namespace) -> int:
     if args.device:
         from engram_core.store.audit_device import check_device_file
 
-        rows = _call(args, "Export", _export_req("audit"), READ_SCOPES)["items"]
-        value["device"] = check_device_file(Path(args.device), rows)
+        value["device"] = check_device_file(Path(args.device), _audit_rows(args))
         bad += [f"device: {p['problem']} at seq {p['seq']}" for p in value["device"]["problems"]]
         value["ok"] = value["ok"] and value["device"]["ok"]
     checked = f"{len(value['scopes'])} journal(s), {value['audit']['rows']} audit rows"
@@ -241,10 +240,25 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if value["ok"] else 1
 
 
-def _export_req(what: str):
+# Rows per Export call: well inside the gRPC message limit (~300 B a row). ENGRAM_AUDIT_PAGE_ROWS
+# overrides it (tests use a tiny page to cross page boundaries).
+AUDIT_PAGE = 10_000
+
+
+def _audit_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every audit row of the store, fetched in seq ranges until a range comes back empty."""
     from engram_core.api import admin_pb2
 
-    return admin_pb2.ExportRequest(what=what)
+    size = int(os.environ.get("ENGRAM_AUDIT_PAGE_ROWS", AUDIT_PAGE))
+    rows: list[dict[str, Any]] = []
+    start = 1
+    while True:
+        page = _call(args, "Export", admin_pb2.ExportRequest(what="audit", from_cursor=str(start),
+                                                             to_cursor=str(start + size - 1)), READ_SCOPES)
+        if not page["items"]:
+            return rows
+        rows += page["items"]
+        start += size
 
 
 def _anchor(args: argparse.Namespace) -> int:

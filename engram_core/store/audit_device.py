@@ -251,7 +251,8 @@ def check_device(rows: list[dict[str, Any]], lines: list[bytes]) -> dict[str, An
             problems.append({"seq": str(seq), "problem": "device_missing"})
         elif chain[seq][1] != r["row_digest"]:
             problems.append({"seq": str(seq), "problem": "device_mismatch"})
-    return {"ok": not problems, "lines": len(chain), "first_seq": str(first or 0), "problems": problems}
+    return {"ok": not problems, "rows": len(rows), "lines": len(chain), "first_seq": str(first or 0),
+            "problems": problems}
 
 
 def check_device_file(path: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:

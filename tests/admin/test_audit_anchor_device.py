@@ -323,8 +323,11 @@ def _serve(data: Path, *extra: str) -> tuple[subprocess.Popen, str]:
 
 
 def _cli(address: str, data: Path, *argv: str) -> subprocess.CompletedProcess:
+    import os
+
     return subprocess.run([ENGRAM, "admin", "--core", address, "--host-key", str(data / "host.key"), *argv],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "ENGRAM_AUDIT_PAGE_ROWS": "2"})  # rows fetched over many pages
 
 
 def test_engram_serve_audit_device_across_restarts(tmp_path):
@@ -337,8 +340,21 @@ def test_engram_serve_audit_device_across_restarts(tmp_path):
             assert done.returncode == 0, done.stderr
             res = _cli(address, data, "verify", "--device", str(device))
             assert res.returncode == 0 and "device lines" in res.stdout, res.stdout + res.stderr
+            report = json.loads(_cli(address, data, "--json", "verify", "--device", str(device)).stdout)
+            assert report["device"]["rows"] >= report["audit"]["rows"] >= 3  # every row, over many pages
         finally:
             proc.terminate()
             proc.wait(timeout=60)
     kinds = [json.loads(line)["kind"] for line in device.read_text().splitlines()]
     assert kinds.count("open") == 2 and kinds.count("audit") >= 4  # two activations, two verifies
+    # Rows cut from the store while it was stopped: seen across pages on the next start.
+    rewrite_audit(data / "engram.duckdb", drop_from_operation="admin.activate")
+    proc, address = _serve(data, "--audit-device", f"file:{device}")
+    try:
+        res = _cli(address, data, "--json", "verify", "--device", str(device))
+        assert res.returncode == 1, res.stdout
+        [lost] = [p for p in json.loads(res.stdout)["device"]["problems"] if p["problem"] == "device_lost_at_restart"]
+        assert lost["seq"] == "1" and lost["count"] >= 4  # every row cut, named at the reopen
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
