@@ -217,7 +217,7 @@ def test_calls_fail_closed_when_no_device_accepts(tmp_path):
         env.stop()
     # One device failing of two: the other one takes the rows and calls go through.
     good = tmp_path / "good.log"
-    env = _start(data, ["file:/dev/full", f"file:{good}"], activate=True)
+    env = _start(data, ["file:/dev/full", f"file:{good}?fsync=1"], activate=True)  # the good one fdatasyncs
     try:
         env.record("recorded while one device is down")
         assert check_device_file(good, [])["lines"] >= 3  # activate, capture, admission
