@@ -47,7 +47,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "required": ["confirmation_required"],
                 "additionalProperties": True,
             },
-        }
+            # Present only on a denial that is a quota: RATE_LIMITED, retry after this long.
+            "retry_after_ms": {"type": "integer", "minimum": 0},
+        },
+        required=["allow", "reasons", "obligations"],
     ),
     port.TOOLS: _closed({"tools": _TOOL_NAMES, "reasons": _REASONS}),
     port.CAPTURE: _closed(

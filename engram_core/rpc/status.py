@@ -8,7 +8,7 @@ constant message, mapped to the nearest gRPC status code.
 from __future__ import annotations
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -65,7 +65,14 @@ def to_status(error: EngramError) -> grpc.Status:
         info.metadata["detail"] = error.detail
     detail = any_pb2.Any()
     detail.Pack(info)
-    status = status_pb2.Status(code=_GRPC_CODE[error.code], message=MESSAGES[error.code], details=[detail])
+    details = [detail]
+    retry_after_ms = getattr(error, "retry_after_ms", None)  # RATE_LIMITED: the policy's retry-after
+    if retry_after_ms is not None:
+        retry = any_pb2.Any()
+        retry.Pack(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(
+            seconds=retry_after_ms // 1000, nanos=(retry_after_ms % 1000) * 1_000_000)))
+        details.append(retry)
+    status = status_pb2.Status(code=_GRPC_CODE[error.code], message=MESSAGES[error.code], details=details)
     return rpc_status.to_status(status)
 
 

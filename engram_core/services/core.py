@@ -24,6 +24,8 @@ from engram_core.policy.port import AUTHZ, Decision, PolicyEngine
 from engram_core.secrets_scan import scan
 from engram_core.services.embedding import Embedder
 from engram_core.services.lexical import TermHasher
+from engram_core.services.projection_status import ProjectionStatus
+from engram_core.services.quotas import TOOL_METRIC, QuotaCounters, RateLimited
 from engram_core.store.duckdb_store import DuckDBStore, DuckDBTx
 from engram_core.store.port import AuditRow, ScopeRow
 from engram_core.validation import format_instant
@@ -98,8 +100,12 @@ class Core:
         self.policy = policy
         self.trusted = trusted
         self.clock: Clock = clock or SystemClock()
+        # Usage the authz policy decides quotas on (in memory; see services.quotas).
+        self.quotas = QuotaCounters(self.clock.now_ms)
         self.hasher = TermHasher.from_dir(data_dir)
         self.page_key = _load_or_create_secret(data_dir / "page.key")
+        # Scopes whose projections an operator invalidated and has not rebuilt (PROJECTION_STALE).
+        self.projections = ProjectionStatus(store)
         # Finish crypto-shredding interrupted by a crash and clear key slots of
         # transactions that never committed (SPEC §10). Never on a store that
         # holds nothing: a lost or replaced database must not zero every key
@@ -132,9 +138,8 @@ class Core:
         if scope is ...:
             scope = (self.store.committed_scope(ctx.tenant, ctx.workspace) if tx is None
                      else tx.scope(ctx.tenant, ctx.workspace))
-        return self._allowed(self.decide(AUTHZ, {**self._authz_input(ctx, operation, scope, stored_strings),
-                                                 **(facts or {})}, call),
-                             operation)
+        return self._admitted(ctx, self.decide(AUTHZ, {**self._authz_input(ctx, operation, scope, stored_strings),
+                                                       **(facts or {})}, call), operation)
 
     def authorize_with(self, ctx: BoundContext, operation: str, call: CallRecord, scope: ScopeRow | None,
                        path: str, input: dict[str, Any]) -> tuple[Decision, Decision]:
@@ -143,19 +148,32 @@ class Core:
         records the other (``call.add``) if it uses it."""
         authz, other = self.policy.decide_all([(AUTHZ, self._authz_input(ctx, operation, scope)), (path, input)],
                                               timeout_s=POLICY_TIMEOUT_S)
-        return self._allowed(call.add(authz), operation), other
+        return self._admitted(ctx, call.add(authz), operation), other
 
     def _authz_input(self, ctx: BoundContext, operation: str, scope: ScopeRow | None,
                      stored_strings: Iterable[str] = ()) -> dict[str, Any]:
         if scope is not None and ctx.authorization_epoch < scope.authorization_epoch:
             raise EngramError(Code.AUTHORIZATION_REVOKED, "context epoch older than scope epoch")
-        return {
+        out: dict[str, Any] = {
             "operation": operation,
             "context": context_facts(ctx),
             "scope": {"activated": bool(scope and scope.activated), "tools": list(scope.tools) if scope else []},
             "now_ms": self.now_ms(),
             "findings": scan(stored_strings),
         }
+        if operation in TOOL_METRIC:
+            out["usage"] = self.quotas.usage(ctx.tenant, ctx.workspace, ctx.principal)
+        return out
+
+    def _admitted(self, ctx: BoundContext, d: Decision, operation: str) -> Decision:
+        """``_allowed``, then count the call against the quotas (only calls that go ahead count).
+        A denial carrying ``retry_after_ms`` is the policy saying "not now": RATE_LIMITED."""
+        if not d.result["allow"] and "retry_after_ms" in d.result:
+            raise RateLimited(d.result["retry_after_ms"], f"quota for {operation}")
+        self._allowed(d, operation)
+        if operation in TOOL_METRIC:
+            self.quotas.add(ctx.tenant, ctx.workspace, ctx.principal, TOOL_METRIC[operation])
+        return d
 
     @staticmethod
     def _allowed(d: Decision, operation: str) -> Decision:

@@ -663,8 +663,10 @@ class MaintenanceService:
         tctx = self.target_ctx(ctx, tenant, workspace)
         with self.core.store.write() as tx:
             removed = tx.drop_projections(tenant, workspace)
+            self.core.projections.mark(tx, tenant, workspace, stale=True)  # searches: PROJECTION_STALE
             scope = tx.scope(tenant, workspace)
             tx.append_audit(self.core.audit_row(tctx, "admin.invalidate_projections", "ok", f"{tenant}/{workspace}", call))
+        self.core.projections.published(tenant, workspace, stale=True)
         return with_receipt_digest({"kind": "projection-invalidation", "tenant": tenant, "workspace": workspace,
                                     "removed": removed, "cursor": str(scope.last_cursor if scope else 0),
                                     "at": self.core.instant()})
@@ -686,8 +688,10 @@ class MaintenanceService:
                 write_links(tx, tenant, workspace, rec.record_id, payload_links(payload))  # records admitted before links
                 indexed.append(rec.record_id)
             counts = tx.projection_counts(tenant, workspace)
+            self.core.projections.mark(tx, tenant, workspace, stale=False)
             scope = tx.scope(tenant, workspace)
             tx.append_audit(self.core.audit_row(tctx, "admin.rebuild_projections", "ok", f"{tenant}/{workspace}", call))
+        self.core.projections.published(tenant, workspace, stale=False)
         return with_receipt_digest({
             "kind": "projection-rebuild", "tenant": tenant, "workspace": workspace, "removed": removed,
             "records_indexed": len(indexed), "unreadable": unreadable, "counts": counts,

@@ -283,6 +283,7 @@ class MemoryService(ReadService):
         except BaseException:
             self.core.vault.destroy(slot)
             raise
+        self.core.quotas.add(ctx.tenant, ctx.workspace, ctx.principal, "bytes_stored", facts["payload_bytes"])
         return outcome
 
     @staticmethod

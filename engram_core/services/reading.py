@@ -178,6 +178,7 @@ class ReadService:
         with self.core.store.read(snapshot=False) as tx:
             scope = self.core.store.committed_scope(ctx.tenant, ctx.workspace)  # pins the search
             authz, redaction = self._authorize_and_redaction(ctx, SEARCH_TOOL, call, scope)
+            self.core.projections.check(ctx.tenant, ctx.workspace)  # never an empty page for dropped ones
             profile = self._profile_for(args)
             limit = args.get("limit", DEFAULT_LIMIT)
             params = {k: args[k] for k in ("limit", "max_packet_bytes", "capability_policy") if k in args}

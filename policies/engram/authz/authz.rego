@@ -18,11 +18,15 @@ _config := data.engram.config
 #   the host obtained) and host.authorization_epoch (the scope's revocation
 #   epoch) only for a host principal, never for an agent context. Any secret
 #   scanner finding in input.findings (the request's stored strings) denies.
-decision := {
-	"allow": allow,
-	"reasons": sort([r | some r in deny]),
-	"obligations": {"confirmation_required": _confirmation_required},
-}
+#   A denial by quotas alone carries retry_after_ms (RATE_LIMITED).
+decision := object.union(
+	{
+		"allow": allow,
+		"reasons": sort([r | some r in deny]),
+		"obligations": {"confirmation_required": _confirmation_required},
+	},
+	_rate_limit,
+)
 
 # METADATA
 # title: Allow
@@ -198,3 +202,34 @@ _holds_maintain if "maintain" in _held_scopes
 _attested_class_known if input.attestation.trust_class in {"signed", "earned"}
 
 _verifier_trusted if input.attestation.verifier_key_id in lib.tenant_setting(input.attestation.tenant, "verifier_key_ids")
+
+# --- quotas (issue 18): input.usage holds the core's counters per principal and per scope ---
+# usage: {windows: {minute: {ms}, hour: {ms}},
+#         principal|scope: {minute|hour: {captures, admissions, searches, gets, bytes_stored, retry_after_ms}}}
+# A tool is refused once a counter it adds to (data.engram.config.quota_metrics) has reached the
+# tenant's limit (tenant setting quotas[subject][window][metric]). When quotas are the only
+# reasons, the answer carries retry_after_ms and the core answers RATE_LIMITED (retriable).
+
+_quota_hits contains [subject, window, metric] if {
+	_is_agent_tool
+	some metric in _config.quota_metrics[input.operation]
+	some subject, windows in lib.tenant_setting(input.context.tenant, "quotas")
+	some window, limits in windows
+	input.usage[subject][window][metric] >= limits[metric]
+}
+
+_quota_reasons contains lib.reason("QUOTA_EXCEEDED", sprintf("The %s quota of %s per %s is used up.", [subject, metric, window])) if {
+	some [subject, window, metric] in _quota_hits
+}
+
+deny contains r if some r in _quota_reasons
+
+default _rate_limit := {}
+
+_rate_limit := {"retry_after_ms": max({_retry_after(s, w) | some [s, w, _] in _quota_hits})} if {
+	count(_quota_hits) > 0
+	count(deny - _quota_reasons) == 0
+}
+
+# At least a millisecond: a refusal never says "retry now".
+_retry_after(subject, window) := max({1, input.usage[subject][window].retry_after_ms})

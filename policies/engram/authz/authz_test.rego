@@ -263,3 +263,61 @@ test_no_findings_change_nothing if {
 		_in("engram_memory_forget", _ctx({}), _active), {"findings": []},
 	)
 }
+
+# --- quotas ---
+
+_counts(n) := {"captures": n, "admissions": n, "searches": n, "gets": n, "bytes_stored": n, "retry_after_ms": 0}
+
+_usage(principal_minute, retry) := {
+	"windows": {"minute": {"ms": 60000}, "hour": {"ms": 3600000}},
+	"principal": {"minute": object.union(principal_minute, {"retry_after_ms": retry}), "hour": _counts(0)},
+	"scope": {"minute": _counts(0), "hour": _counts(0)},
+}
+
+_with_usage(operation, usage) := object.union(_in(operation, _ctx({}), _active), {"usage": usage})
+
+_tiny := {"principal": {"minute": {"captures": 3, "bytes_stored": 100}}}
+
+_quota_reason(metric) := _r("QUOTA_EXCEEDED", sprintf("The principal quota of %s per minute is used up.", [metric]))
+
+test_under_quota_allowed if {
+	authz.decision == _allowed(false) with input as _with_usage("engram_memory_capture", _usage(_counts(2), 0))
+		with data.engram.config.tenants.acme.quotas as _tiny
+}
+
+test_quota_used_up_is_rate_limited_with_retry_after if {
+	authz.decision == object.union(_denied([_quota_reason("captures")], false), {"retry_after_ms": 41000}) with input as _with_usage("engram_memory_capture", _usage(_counts(3), 41000))
+		with data.engram.config.tenants.acme.quotas as _tiny
+	authz.decision.retry_after_ms == 1 with input as _with_usage("engram_memory_capture", _usage(_counts(3), 0))
+		with data.engram.config.tenants.acme.quotas as _tiny
+}
+
+test_quota_counts_only_the_operations_metric if {
+	# searches are not limited by _tiny; bytes are, for captures only.
+	authz.decision == _allowed(false) with input as _with_usage("engram_memory_search", _usage(_counts(1000), 5))
+		with data.engram.config.tenants.acme.quotas as _tiny
+	authz.decision.reasons == [_quota_reason("bytes_stored")] with input as _with_usage("engram_memory_capture", _usage(object.union(_counts(0), {"bytes_stored": 100}), 5))
+		with data.engram.config.tenants.acme.quotas as _tiny
+}
+
+test_quota_with_another_denial_is_not_retriable if {
+	d := authz.decision with input as object.union(_in("engram_memory_capture", _ctx({}), {"activated": true, "tools": []}), {"usage": _usage(_counts(3), 5)})
+		with data.engram.config.tenants.acme.quotas as _tiny
+	d.allow == false
+	not "retry_after_ms" in object.keys(d)
+	d.reasons == [_quota_reason("captures"), _r("TOOL_NOT_GRANTED", "The tool is not granted in this scope.")]
+}
+
+test_default_quotas_are_generous if {
+	authz.decision == _allowed(false) with input as _with_usage("engram_memory_search", _usage(_counts(100), 5))
+}
+
+# Mirrors tests/policy/fixtures/authz/search_rate_limited.json: the default quotas, used up.
+test_golden_search_rate_limited if {
+	used := object.union(_counts(0), {"searches": 60000, "retry_after_ms": 12345})
+	usage := {
+		"windows": {"minute": {"ms": 60000}, "hour": {"ms": 3600000}},
+		"principal": {"minute": used, "hour": used}, "scope": {"minute": used, "hour": used},
+	}
+	authz.decision == object.union(_denied([_r("QUOTA_EXCEEDED", "The principal quota of searches per minute is used up.")], false), {"retry_after_ms": 12345}) with input as _with_usage("engram_memory_search", usage)
+}

@@ -1,0 +1,48 @@
+"""Which scopes' search projections an operator invalidated and has not rebuilt yet (SPEC §3
+PROJECTION_STALE; issue 18).
+
+``admin invalidate-projections`` drops a scope's postings and vectors; until
+``rebuild-projections`` re-derives them, a search there would rank nothing and
+answer an empty page — an infrastructure state looking like "no match", which
+the contract forbids. So the invalidation marks the scope (a ``store_meta`` row,
+in the same transaction), searches there answer PROJECTION_STALE (retriable:
+the rebuild is an operator's next step), and the rebuild clears the mark in its
+transaction. ``get`` does not read projections and is unaffected. The marks are
+loaded at open and mirrored in memory after each commit, so a search pays a set
+lookup, not a statement.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from engram_core.errors import Code, EngramError
+from engram_core.store.duckdb_store import DuckDBStore, DuckDBTx
+
+_PREFIX = "projections_stale:"
+
+
+def _key(tenant: str, workspace: str) -> str:
+    return _PREFIX + json.dumps([tenant, workspace])
+
+
+class ProjectionStatus:
+    def __init__(self, store: DuckDBStore) -> None:
+        self._lock = threading.Lock()
+        with store.read() as tx:
+            rows = tx._all("SELECT k FROM store_meta WHERE starts_with(k, ?) AND v = '1'", [_PREFIX])
+        self._stale = {tuple(json.loads(k[len(_PREFIX):])) for (k,) in rows}
+
+    def check(self, tenant: str, workspace: str) -> None:
+        """PROJECTION_STALE when the scope's projections were invalidated and not rebuilt."""
+        if (tenant, workspace) in self._stale:
+            raise EngramError(Code.PROJECTION_STALE, "projections invalidated, not rebuilt")
+
+    def mark(self, tx: DuckDBTx, tenant: str, workspace: str, *, stale: bool) -> None:
+        """Record the scope's status in the caller's transaction; ``published`` after it commits."""
+        tx.set_meta(_key(tenant, workspace), "1" if stale else "0")
+
+    def published(self, tenant: str, workspace: str, *, stale: bool) -> None:
+        with self._lock:
+            (self._stale.add if stale else self._stale.discard)((tenant, workspace))
