@@ -86,7 +86,9 @@ def mcp_main(args: argparse.Namespace) -> int:
     if config.embedded_data_dir is not None:
         from engram_core.hostkeys import load_private_key_file
         from engram_core.rpc.server import start_core
+        from engram_core.store.file_modes import private_umask
 
+        private_umask()  # the embedded core's data directory: owner-only files
         try:
             # The embedded core's series join the adapter's on the same /metrics.
             core_metrics = CoreMetrics(registry=registry) if registry is not None else None

@@ -20,6 +20,7 @@ from typing import Any
 
 from engram_core.errors import EngramError
 from engram_core.rpc.tls import ServerTls, plaintext_refusal
+from engram_core.store.file_modes import private_umask
 
 
 def _fail(message: str) -> int:
@@ -67,6 +68,7 @@ def serve_main(args: argparse.Namespace) -> int:
     refusal = plaintext_refusal(args.listen, tls, getattr(args, "insecure", False))
     if refusal:
         return _fail(refusal)
+    private_umask()  # every file this process creates in the data directory is owner-only (0600)
     if not args.opa_url and importlib.util.find_spec("opa_bindings") is None:
         from engram_core.policy import OPA_BINDINGS_HINT
 

@@ -46,6 +46,7 @@ from engram_core.services.host import HostServiceCore
 from engram_core.services.maintenance import reanalyze_lexical
 from engram_core.services.memory import MemoryService
 from engram_core.store.duckdb_store import DuckDBStore
+from engram_core.store.file_modes import make_private
 
 log = logging.getLogger("engram.core")
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
@@ -254,9 +255,7 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
               audit_devices: list[str] | None = None, load_index: bool = True) -> tuple[Core, Path, Any]:
     """Open (creating on first run) the data directory; ``policy`` overrides the backend (tests, embedding).
     ``audit_devices`` are ``--audit-device`` specs (engram_core/store/audit_device.py)."""
-    if not data_dir.exists():
-        data_dir.mkdir(parents=True)
-        data_dir.chmod(0o700)  # keys and the store: owner only
+    make_private(data_dir)  # keys and the store: owner only, also in a directory that already existed
     devices = _open_audit_devices(data_dir, audit_devices or [])
     host_key_path = data_dir / "host.key"
     host_key = load_or_create_private_key(host_key_path)
@@ -280,6 +279,7 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
     core = Core(data_dir=data_dir, store=store, vault=vault, policy=policy, trusted=trusted, clock=clock,
                 embedder=build_embedder(semantic))
     reanalyze_lexical(core)  # postings of an older analyzer are re-derived before anything is served
+    make_private(data_dir)  # what opening created (the DuckDB file, key slots) in a process without umask 077
     return core, host_key_path, confirmation_key
 
 

@@ -81,6 +81,16 @@ def abort(context: grpc.ServicerContext, error: EngramError) -> None:
     context.abort_with_status(to_status(error))
 
 
+_MESSAGE_TOO_LARGE = "message larger than max"  # gRPC core: "Received/Sent message larger than max (N vs. M)"
+
+
+def _details(err: grpc.RpcError) -> str:
+    try:
+        return (err.details() if hasattr(err, "details") else "") or ""
+    except Exception:  # a details() that fails says nothing about the size
+        return ""
+
+
 def code_from_rpc_error(err: grpc.RpcError) -> Code:
     """Recover the contract code from a failed call (client side).
 
@@ -97,6 +107,11 @@ def code_from_rpc_error(err: grpc.RpcError) -> Code:
                 except ValueError:
                     break
     code = err.code() if hasattr(err, "code") else None
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _MESSAGE_TOO_LARGE in _details(err):
+        # gRPC itself refused a message over MAX_MESSAGE_BYTES (either side) before any handler
+        # could answer with an ErrorInfo. The request is beyond the contract's bounds and
+        # resending it cannot succeed: INVALID_SCHEMA, not a retriable transport failure.
+        return Code.INVALID_SCHEMA
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return Code.DEADLINE_EXCEEDED
     if code == grpc.StatusCode.CANCELLED:

@@ -614,7 +614,9 @@ class DuckDBStore:
         self.on_commit: Callable[[float], None] | None = None
         self.on_index_rebuild: Callable[[float, int], None] | None = None
         self.path = data_dir / "engram.duckdb"
-        self._lock_file = open(data_dir / "engram.lock", "a+")  # noqa: SIM115 - held for the process lifetime
+        # Held for the process lifetime; created owner-only whatever the process umask.
+        self._lock_file = os.fdopen(os.open(data_dir / "engram.lock", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600),
+                                    "a+")
         try:
             fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
