@@ -436,7 +436,10 @@ OUTPUT_VALUES: dict[str, dict[str, Any]] = {
                         "record": RECORD_OUT,
                         "redacted_fields": _REDACTED_FIELDS,
                         "redaction_receipt_digest": _receipt_digest("redaction decision"),
-                        "score": {"type": "number", "description": "Ranking score of this hit."},
+                        "score": {"type": "number", "description": (
+                            "Ranking score of this hit, 0 to 1, comparable across searches: the query's "
+                            "relevance (how much of the query the best hit holds) times the hit's place "
+                            "in this ranking. A top score below about 0.4 means nothing matches well.")},
                         "rank": {"type": "integer", "description": "Position in the whole result, from 1."},
                     },
                     ["record", "redacted_fields", "redaction_receipt_digest", "score", "rank"],

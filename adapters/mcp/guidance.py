@@ -122,6 +122,12 @@ Discipline.
 6. withdraw and forget always need a human confirmation obtained by the host; capture and admission may.
    You cannot confirm for yourself. gate_failed means it was not given: ask the human through the host.
 
+Search scores. Records come best first (rank). score runs from 0 to 1 and means the same in every search:
+the top score says how much of your query the best record holds. About 0.8 or more: a record holds the
+whole query. Below about 0.4: only a small or common part of it; treat that as nothing relevant unless the
+text itself says otherwise. Question and stop words (what, did, anything, remember, the) are not evidence;
+word forms match (adopted, adopting).
+
 Results. Every tool result is an envelope: {{ok: true, output: {{schema_version: 1, value}}, auditId,
 redactionClass}} or {{ok: false, auditId, redactionClass, error: {{code, message, retriable}}}}. Act on error.code
 and error.retriable only, never on the message. retriable true: back off and retry (mutations with the same

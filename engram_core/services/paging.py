@@ -67,6 +67,8 @@ class Pin:
     created_ms: int
     lexical_stats: LexicalStats | None = None
     best_bm25: float | None = None
+    window: tuple[int, int] | None = None  # the valid-time window the query named (timeq)
+    relevance: float = 1.0  # the reported scores' factor (reading.query_relevance), same on every page
     ordered: list[tuple[str, float, int]] = field(default_factory=list)  # semantic: (record_id, score, valid_t)
 
 

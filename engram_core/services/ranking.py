@@ -7,26 +7,29 @@ from typing import Any
 
 from engram_core.canonical import digest
 from engram_core.services.lexical import ANALYZER_ID
+from engram_core.services.timeq import PARSER_ID
 
 DAY_MS = 86_400_000
 
 
 @dataclass(frozen=True)
 class Fusion:
-    """How ``semantic_v2`` fuses the lexical and vector lists (SPEC §11: reciprocal rank, k = 60).
+    """How ``semantic_v2`` fuses the lexical and vector lists (reciprocal rank; SPEC §11's v1 had k = 60).
 
     Each list contributes ``weight / (k + rank)``. Only the top ``depth`` of each list
     take part, and a vector hit counts only at cosine similarity ``min_similarity`` or
     more: a dense model always returns *something*, and unrelated neighbours must not
-    crowd out lexical hits. The weights and threshold were chosen on the retrieval
-    harness (docs/retrieval-quality.md), not guessed.
+    crowd out lexical hits. k 1 (v1: 60) lets each list's own top hits lead, nearly an
+    interleaving: with k 60 a record ranked 30th in both lists outranked the first of
+    one list, and on conversation, where each list finds different answers, fusion lost
+    to lexical alone. Chosen on both retrieval harnesses (docs/retrieval-quality.md).
     """
 
-    k: int = 60
+    k: int = 1
     lexical_weight: float = 1.0
     vector_weight: float = 1.0
     depth: int = 100
-    min_similarity: float = 0.3
+    min_similarity: float = 0.2
 
     def config(self) -> dict[str, Any]:
         return {"fusion": "weighted_rrf", "k": self.k, "lexical_list_weight": str(self.lexical_weight),
@@ -45,6 +48,9 @@ class Profile:
     )
     half_life_ms: int = 30 * DAY_MS
     lexical_weight: float = 0.85
+    # A query that names a time ("last spring", "in March") ranks by closeness to that window
+    # instead of recency, with this weight (services/timeq.py; docs/search.md).
+    time_weight: float = 0.5
     model_id: str | None = None
     fusion: Fusion | None = None
     needs_network: bool = False
@@ -59,6 +65,10 @@ class Profile:
             "bm25": {"k1": str(self.k1), "b": str(self.b)},
             "field_weights": {k: str(v) for k, v in sorted(self.weights.items())},
             "recency": {"half_life_ms": self.half_life_ms, "weight": str(round(1 - self.lexical_weight, 4))},
+            "time_in_query": {"parser": PARSER_ID, "weight": str(self.time_weight),
+                              "outside_window": "halves per window length, at least 7 days"},
+            # Reported scores are multiplied by the query's relevance (reading.query_relevance).
+            "score": "normalized-times-query-relevance",
         }
         if self.model_id is not None and self.fusion is not None:
             cfg["semantic"] = {"model_id": self.model_id, **self.fusion.config()}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from engram_core.canonical import canonical_json, digest, digest_bytes, with_receipt_digest
@@ -14,7 +15,8 @@ from engram_core.policy.port import REDACTION, Decision
 from engram_core.services.core import CallRecord, Core, context_facts
 from engram_core.services.paging import Binding, CursorCodec, Pin, PinStore
 from engram_core.services.ranking import OFFLINE_LEXICAL_V2, Profile, semantic_v2
-from engram_core.store.port import RecordRow, ScopeRow, Tx
+from engram_core.services.timeq import TimeWindow, parse_time, proximity
+from engram_core.store.port import LexicalStats, RecordRow, ScopeRow, Tx
 from engram_core.validation import validate_arguments
 
 SEARCH_TOOL = "engram_memory_search"
@@ -189,10 +191,15 @@ class ReadService:
                 rows = self._next_rows(tx, ctx, profile, pin, after=after, offset=offset, limit=limit + 1)
             else:
                 offset, pin_id = 0, ""
-                query_vector = self.core.embedder.embed(args["query"]) if profile.semantic else None
+                valid_as_of = self.core.now_ms()
+                # A time the query names becomes a valid-time window; its words are not evidence.
+                text, window = parse_time(args["query"], valid_as_of)
+                text = text or args["query"]
+                query_vector = self.core.embedder.embed(text) if profile.semantic else None
                 pin = Pin(binding=binding, system_as_of=scope.last_cursor if scope else 0,
-                          valid_as_of=self.core.now_ms(), candidate_count=0, created_ms=self.core.now_ms())
-                rows = self._first_rows(tx, ctx, profile, pin, args["query"], query_vector, limit=limit + 1)
+                          valid_as_of=valid_as_of, candidate_count=0, created_ms=self.core.now_ms(),
+                          window=(window.start_ms, window.end_ms) if window else None)
+                rows = self._first_rows(tx, ctx, profile, pin, text, query_vector, limit=limit + 1)
             recs = tx.records(ctx.tenant, ctx.workspace, [r[0] for r in rows[:limit]])
             more = len(rows) > limit
             if more and not pin_id:
@@ -210,7 +217,8 @@ class ReadService:
                 if view is not None:
                     record, omitted, redaction_receipt = self._redact(view, allow, redaction_policy)
                     packets.append({"record": record, "redacted_fields": omitted,
-                                    "redaction_receipt_digest": redaction_receipt, "score": score,
+                                    "redaction_receipt_digest": redaction_receipt,
+                                    "score": round(score * pin.relevance, 9),
                                     "rank": offset + i + 1})
         issued = self.core.instant(now)
         ordered = [p["record"]["record_id"] for p in packets]
@@ -265,10 +273,12 @@ class ReadService:
     def _first_rows(self, tx: Tx, ctx: BoundContext, profile: Profile, pin: Pin, query: str,
                     query_vector: list[float] | None, *, limit: int) -> list[tuple[str, float, int]]:
         """Rank the snapshot and fill ``pin`` with what later pages need to continue it exactly."""
-        pin.lexical_stats = tx.lexical_stats(ctx.tenant, ctx.workspace, self.core.hasher.query_terms(query))
+        terms = self.core.hasher.query_terms(query)
+        pin.lexical_stats = tx.lexical_stats(ctx.tenant, ctx.workspace, terms)
         if not profile.semantic:
             page = self._lexical(tx, ctx, profile, pin, best_bm25=None, after=None, limit=limit)
             pin.best_bm25, pin.candidate_count = page.best_bm25, page.total
+            pin.relevance = query_relevance(profile, pin.lexical_stats, terms, page.best_bm25 if page.rows else 0.0)
             return page.rows
         assert profile.fusion is not None and query_vector is not None and profile.model_id is not None
         lexical = self._lexical(tx, ctx, profile, pin, best_bm25=None, after=None, limit=profile.fusion.depth,
@@ -277,7 +287,12 @@ class ReadService:
                                  max_accepted_cursor=pin.system_as_of,
                                  min_similarity=profile.fusion.min_similarity, limit=profile.fusion.depth)
         pin.ordered = fuse(profile, [(r[0], r[2]) for r in lexical.rows], [(r[0], r[2]) for r in vector],
-                           now_ms=pin.valid_as_of)
+                           now_ms=pin.valid_as_of, window=pin.window)
+        # The stronger evidence of the two lists: the lexical relevance of its best hit, or the
+        # best cosine similarity (both 0..1, both absolute).
+        best_cosine = min(max(vector[0][1], 0.0), 1.0) if vector else 0.0
+        pin.relevance = max(query_relevance(profile, pin.lexical_stats, terms,
+                                            lexical.best_bm25 if lexical.rows else 0.0), best_cosine)
         pin.candidate_count = len(pin.ordered)
         return pin.ordered[:limit]
 
@@ -291,16 +306,35 @@ class ReadService:
     def _lexical(self, tx: Tx, ctx: BoundContext, profile: Profile, pin: Pin, *, best_bm25: float | None,
                  after: tuple[float, int, str] | None, limit: int, lexical_weight: float | None = None):
         assert pin.lexical_stats is not None
+        if lexical_weight is None:
+            lexical_weight = profile.lexical_weight if pin.window is None else 1 - profile.time_weight
         return tx.rank_lexical(
             ctx.tenant, ctx.workspace, pin.lexical_stats, profile.weights, k1=profile.k1, b=profile.b,
-            now_ms=pin.valid_as_of, half_life_ms=profile.half_life_ms,
-            lexical_weight=profile.lexical_weight if lexical_weight is None else lexical_weight,
-            max_accepted_cursor=pin.system_as_of, best_bm25=best_bm25, after=after, limit=limit,
+            now_ms=pin.valid_as_of, half_life_ms=profile.half_life_ms, lexical_weight=lexical_weight,
+            max_accepted_cursor=pin.system_as_of, best_bm25=best_bm25, after=after, limit=limit, window=pin.window,
         )
 
 
+def query_relevance(profile: Profile, stats: LexicalStats, terms: list[int], best_bm25: float) -> float:
+    """How well the best hit matches the query, absolutely: its BM25 over the BM25 that a primary
+    text of average length containing every query term once would get, at most 1.
+
+    Reported scores are multiplied by it (one factor per search, so order and paging are
+    unchanged): a top score near 1 means some record holds the whole query; a top score of 0.3
+    means the best record holds only a small, common part of it. A query term found in no record
+    counts with the IDF of a term in none, so "kubernetes pipeline" against records about a
+    pipeline only is a weak match, not a perfect one."""
+    unique = set(terms)
+    if not unique or best_bm25 <= 0:
+        return 0.0
+    n = stats.docs
+    idf = sum(math.log(1 + (n - d + 0.5) / (d + 0.5)) for d in (stats.df.get(t, 0) for t in unique))
+    ideal = profile.weights.get("primary", 1.0) * idf  # tf 1 at average length: (k1+1)·1/(1+k1) = 1
+    return min(1.0, best_bm25 / ideal) if ideal > 0 else 0.0
+
+
 def fuse(profile: Profile, lexical: list[tuple[str, int]], vector: list[tuple[str, int]], *,
-         now_ms: int) -> list[tuple[str, float, int]]:
+         now_ms: int, window: tuple[int, int] | None = None) -> list[tuple[str, float, int]]:
     """SPEC §11 semantic_v2: reciprocal-rank fusion (k = 60) of the two ranked lists, normalized
     to the best fused hit, then 0.85 fused + 0.15 recency; ties by valid_t desc, record_id asc."""
     fusion = profile.fusion
@@ -314,9 +348,14 @@ def fuse(profile: Profile, lexical: list[tuple[str, int]], vector: list[tuple[st
     if not fused:
         return []
     best = max(fused.values())
-    scored = [(rid, round(profile.lexical_weight * f / best
-                          + (1 - profile.lexical_weight) * recency(now_ms, valid_t[rid], profile.half_life_ms), 9),
-               valid_t[rid]) for rid, f in fused.items()]
+    if window is None:
+        weight = profile.lexical_weight
+        when = {rid: recency(now_ms, vt, profile.half_life_ms) for rid, vt in valid_t.items()}
+    else:  # the query named a time: closeness to its window instead of recency (timeq.py)
+        weight = 1 - profile.time_weight
+        span = TimeWindow(*window)
+        when = {rid: proximity(vt, span) for rid, vt in valid_t.items()}
+    scored = [(rid, round(weight * f / best + (1 - weight) * when[rid], 9), valid_t[rid]) for rid, f in fused.items()]
     scored.sort(key=lambda r: (-r[1], -r[2], r[0]))
     return scored
 

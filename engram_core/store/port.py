@@ -179,6 +179,7 @@ class Tx(Protocol):
         self, tenant: str, workspace: str, stats: LexicalStats, weights: dict[str, float], *, k1: float, b: float,
         now_ms: int, half_life_ms: int, lexical_weight: float, max_accepted_cursor: int,
         best_bm25: float | None, after: tuple[float, int, str] | None, limit: int,
+        window: tuple[int, int] | None = None,
     ) -> LexicalPage: ...
     def put_vector(self, tenant: str, workspace: str, record_id: str, model: str, vector: list[float]) -> None: ...
     def rank_vectors(

@@ -484,6 +484,7 @@ class SearchIndex:
         self, tenant: str, workspace: str, stats: LexicalStats, weights: dict[str, float], *, k1: float, b: float,
         now_ms: int, half_life_ms: int, lexical_weight: float, max_accepted_cursor: int,
         best_bm25: float | None, after: tuple[float, int, str] | None, limit: int,
+        window: tuple[int, int] | None = None,
     ) -> LexicalPage:
         """BM25F-style ranking (SPEC §11) of records eligible at ``now_ms``, with pinned statistics.
 
@@ -492,7 +493,8 @@ class SearchIndex:
         ordered by score desc, valid_t desc, record_id asc, strictly after ``after`` when
         paging. ``best_bm25`` None means: normalize to this snapshot's best eligible hit and
         report it (first page); later pages pass the pinned value. Records accepted, or
-        changed state, after ``max_accepted_cursor`` are not candidates.
+        changed state, after ``max_accepted_cursor`` are not candidates. ``window`` (a valid-time
+        window the query named) replaces recency by closeness to it (``timeq.proximity``).
         """
         scope = self._scopes.get((tenant, workspace))
         idf = [(t, math.log(1 + (stats.docs - n + 0.5) / (n + 0.5))) for t, n in sorted(stats.df.items()) if n > 0]
@@ -522,7 +524,12 @@ class SearchIndex:
         raw = bm25[hit]
         best = float(raw.max()) if best_bm25 is None else best_bm25
         vt = cols.valid_t[hit]
-        recency = np.exp2(np.maximum(now_ms - vt, 0) / -float(half_life_ms))  # 0.5 ** age; np.power is 5x slower
+        if window is None:
+            recency = np.exp2(np.maximum(now_ms - vt, 0) / -float(half_life_ms))  # 0.5 ** age; np.power is 5x slower
+        else:  # the query named a time (services/timeq.py): closeness to its window instead of recency
+            start, end = window
+            scale = float(max(end - start, 7 * 86_400_000))
+            recency = np.exp2((np.maximum(start - vt, 0) + np.maximum(vt - end, 0)) / -scale)
         score = np.round(lexical_weight * raw / max(best, 1e-12) + (1 - lexical_weight) * recency, 9)
         total = len(hit)
         if after is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from search_support import SEMANTIC, Client
+from search_support import SEMANTIC, Client, activate
 
 from engram_core.errors import Code
 from engram_core.rpc.server import RunningCore
@@ -113,7 +113,39 @@ def test_profile_config_pins_tokenizer_model_and_fusion(core: RunningCore) -> No
 
     cfg = ReadService(core.core).profiles["semantic"].config()
     assert cfg["analyzer"] == ANALYZER_ID and cfg["semantic"]["model_id"].startswith("all-MiniLM-L6-v2-onnx-int8@sha256:")
-    assert cfg["semantic"]["k"] == 60 and cfg["semantic"]["fusion"] == "weighted_rrf"
+    assert cfg["semantic"]["k"] == 1 and cfg["semantic"]["fusion"] == "weighted_rrf"
     assert cfg["recency"] == {"half_life_ms": 30 * 86_400_000, "weight": "0.15"}
     assert cfg["field_weights"] == {"citations": "0.5", "context": "1.0", "decision": "2.0", "evidence": "1.5",
                                     "primary": "3.0"}
+
+
+def test_score_says_how_much_of_the_query_the_best_hit_holds(lexical_core: RunningCore) -> None:
+    # Issue 17: the best hit always scored 1.000, so "nothing relevant" looked like a match.
+    activate(lexical_core, workspace="relevance")
+    bob = Client(lexical_core, workspace="relevance")
+    heron = bob.remember("The heron pipeline drains the billing queue nightly.")
+    bob.remember("Heron dashboards live in the shared folder.")
+    bob.remember("The billing queue is sharded by tenant.")
+    whole = bob.search("heron pipeline nightly")["records"]
+    assert whole[0]["record"]["record_id"] == heron and whole[0]["score"] > 0.8
+    partial = bob.search("heron kubernetes zeppelin rollout")["records"]
+    assert partial and partial[0]["score"] < 0.5  # found, but most of the query is in no record
+    # one factor per search: order and paging unchanged, later pages scaled alike
+    pages = []
+    page = bob.search("heron billing queue", limit=1)
+    while True:
+        pages += [p["score"] for p in page["records"]]
+        if "next_page_cursor" not in page:
+            break
+        page = bob.search("heron billing queue", limit=1, page_cursor=page["next_page_cursor"])
+    assert len(pages) == 3 and pages == sorted(pages, reverse=True)
+    again = [p["score"] for p in bob.search("heron billing queue")["records"]]  # a later valid_as_of: recency moves
+    assert all(abs(a - b) < 1e-6 for a, b in zip(pages, again, strict=True))
+
+
+def test_semantic_score_is_the_stronger_evidence(ana: Client) -> None:
+    ana.remember("Our quarterly budget for cloud compute was cut by a fifth.")
+    related = ana.search("reduced spending on servers", capability_policy=SEMANTIC)["records"]
+    unrelated = ana.search("zebra migration patterns in the serengeti", capability_policy=SEMANTIC)["records"]
+    top_unrelated = unrelated[0]["score"] if unrelated else 0.0
+    assert related and related[0]["score"] > top_unrelated
