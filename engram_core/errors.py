@@ -104,6 +104,98 @@ MESSAGES: dict[Code, str] = {
 }
 
 
+# Constant messages per (code, reason class): what the agent can act on, never echoing input
+# (no ids, paths, digests, policy text, field values or names the caller made up). A class
+# the catalogue does not hold for a code gives the code's message above. NOT_FOUND has one
+# message only: unknown and out of scope must stay indistinguishable (SPEC §2).
+REFUSALS: dict[Code, dict[str, str]] = {
+    Code.INVALID_SCHEMA: {
+        "unknown_field": "An object has a field its schema does not define: check the spelling against the "
+                         "tool's inputSchema. Every object is closed; host-bound values (tenant, principal, "
+                         "confirmation) are never arguments.",
+        "missing_field": "A required field is missing; see the tool's inputSchema and its examples.",
+        "wrong_shape": "The arguments do not have this tool's shape (none of its required fields is present); "
+                       "see the tool's inputSchema and its examples.",
+        "wrong_type": "A field has the wrong JSON type, e.g. a string where an integer is required (times are "
+                      "epoch-millisecond integers).",
+        "value_not_allowed": "A field has a value its schema does not allow; see the field's enum or const.",
+        "out_of_range": "A number or the length of a list is outside the bounds its schema states.",
+        "length_out_of_range": "A string's length is outside its bounds. Sizes are UTF-8 bytes: "
+                               "idempotency_key 16-256, references 1-512, text up to 65,536.",
+        "format": "A string does not have its required format (an id, an instant or a cursor); see the "
+                  "field's pattern and description.",
+        "duplicate_items": "A list that must hold unique items holds one twice.",
+        "null_value": "null is never valid: omit an optional field instead.",
+        "not_integer": "Numbers must be integers, written without a fraction or exponent.",
+        "not_nfc": "A string is not in Unicode NFC form; normalize it to NFC before sending.",
+        "citation_unresolved": "A citation id does not resolve: every id in citation_ids must equal a "
+                               "citation_id of payload.citations.",
+        "duplicate_id": "Two citations or two components share an id; ids must be unique.",
+        "primary_unresolved": "primary_component_id must name a component, and primary_event.citation_id must "
+                              "be in payload.citations and in the primary component's citation_ids.",
+        "time_order": "valid_time.t_end is before valid_time.t.",
+        "instant_invalid": "An instant is not a real UTC date with exactly milliseconds "
+                           "(YYYY-MM-DDTHH:mm:ss.sssZ).",
+        "expiry_not_future": "retention.expires_at must be after the capture time.",
+        "families_unsorted": "reconciliation.family_refs must be sorted ascending.",
+        "too_large": "The serialized arguments exceed 1,048,576 bytes.",
+        "too_deep": "The arguments are nested deeper than any tool's schema.",
+    },
+    Code.UNAUTHORIZED: {
+        "credential": "The content looks like a credential or secret (a key, token, password, connection "
+                      "string or private key). Secrets are never stored: remove it and capture again.",
+        "retain_not_allowed": "The host does not permit retention.derivative_rule retain; omit retention.",
+        "expiry_beyond_cap": "retention.expires_at is beyond the host's retention cap.",
+        "family_not_consented": "A reconciliation family is not consented to by the host; omit "
+                                "reconciliation unless told otherwise.",
+        "scope_not_active": "Memory is not active for this scope: the host operator must activate it.",
+        "memory_disabled": "Memory is not enabled for this host.",
+        "tool_not_granted": "This tool is not granted to you in this scope.",
+        "host_only": "This operation is for host principals only.",
+    },
+    Code.GATE_FAILED: {
+        "declined": "The human declined or cancelled the confirmation; nothing was changed.",
+        "cannot_elicit": "This client cannot ask a human (it does not support MCP form elicitation), so the "
+                         "confirmation this tool needs cannot be obtained; nothing was changed.",
+        "timed_out": "The human did not answer the confirmation in time; nothing was changed.",
+        "confirmation_invalid": "The confirmation did not verify (expired, already used or for another "
+                                "operation); call the tool again to be asked again.",
+    },
+}
+
+# Policy reason codes (Rego ``reasons[].code``) -> the class the agent is told, first match
+# wins. A reason code not listed (a new deny rule) gives the code's plain message; logs and
+# the audit row always carry the reason codes themselves.
+POLICY_REASON_CLASSES: tuple[tuple[str, str], ...] = (
+    ("SECRET_FINDINGS", "credential"),
+    ("RETAIN_NOT_ALLOWED", "retain_not_allowed"),
+    ("EXPIRY_BEYOND_CAP", "expiry_beyond_cap"),
+    ("FAMILY_NOT_CONSENTED", "family_not_consented"),
+    ("SCOPE_NOT_ACTIVATED", "scope_not_active"),
+    ("MEMORY_DISABLED", "memory_disabled"),
+    ("TOOL_NOT_GRANTED", "tool_not_granted"),
+    ("HOST_PRINCIPAL_REQUIRED", "host_only"),
+)
+
+
+def class_of_reasons(reasons: tuple[str, ...] | list[str]) -> str | None:
+    """The refusal class of a set of policy reason codes (None: the code's plain message)."""
+    for code, cls in POLICY_REASON_CLASSES:
+        if code in reasons:
+            return cls
+    return None
+
+
+def refusal_message(code: Code, reason_class: str | None) -> str:
+    """The constant message for a code and (optional) reason class."""
+    return REFUSALS.get(code, {}).get(reason_class or "", MESSAGES[code])
+
+
+def known_class(code: Code, reason_class: str | None) -> str | None:
+    """``reason_class`` if the catalogue holds it for ``code``, else None (untrusted wire input)."""
+    return reason_class if reason_class and reason_class in REFUSALS.get(code, {}) else None
+
+
 @dataclass(frozen=True)
 class ErrorBody:
     """The `error` object of a failure envelope."""
@@ -114,12 +206,25 @@ class ErrorBody:
 
 
 class EngramError(Exception):
-    """A contract failure. ``detail`` is for logs only and never leaves the process."""
+    """A contract failure.
 
-    def __init__(self, code: Code, detail: str = "") -> None:
+    ``detail`` is for logs only and never leaves the process. ``reason_class`` picks the
+    constant message the caller sees (``REFUSALS``); ``reasons`` (policy or validation reason
+    codes) and ``pointer`` (a JSON pointer into the arguments made of schema names and
+    indices only) are for logs and the audit row. ``audited`` is set once a service wrote the
+    call's audit row itself, so the refusal is not audited twice.
+    """
+
+    def __init__(self, code: Code, detail: str = "", *, reason_class: str | None = None,
+                 reasons: tuple[str, ...] = (), pointer: str = "", audited: bool = False) -> None:
         super().__init__(f"{code.value}: {detail}" if detail else code.value)
         self.code = code
         self.detail = detail
+        self.reason_class = known_class(code, reason_class)
+        self.reasons = tuple(reasons)
+        self.pointer = pointer
+        self.audited = audited
+        self.decisions: list[dict[str, object]] = []  # summaries of the decisions taken before it
 
     @property
     def retriable(self) -> bool:
@@ -127,12 +232,26 @@ class EngramError(Exception):
 
     @property
     def message(self) -> str:
-        return MESSAGES[self.code]
+        return refusal_message(self.code, self.reason_class)
 
     def body(self) -> ErrorBody:
         return ErrorBody(code=self.code.value, message=self.message, retriable=self.retriable)
 
+    def log_fields(self) -> dict[str, object]:
+        """What logs and audit rows record about the refusal (never input values)."""
+        fields: dict[str, object] = {"code": self.code.value}
+        if self.reason_class:
+            fields["reason_class"] = self.reason_class
+        if self.reasons:
+            fields["reason_codes"] = list(self.reasons)
+        if self.pointer:
+            fields["pointer"] = self.pointer
+        if self.detail:
+            fields["detail"] = self.detail
+        return fields
 
-def error_body(code: Code) -> dict[str, object]:
-    """The envelope `error` object for a code, as plain JSON."""
-    return {"code": code.value, "message": MESSAGES[code], "retriable": code in RETRIABLE}
+
+def error_body(code: Code, reason_class: str | None = None) -> dict[str, object]:
+    """The envelope `error` object for a code (and reason class), as plain JSON."""
+    return {"code": code.value, "message": refusal_message(code, known_class(code, reason_class)),
+            "retriable": code in RETRIABLE}

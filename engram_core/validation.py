@@ -4,7 +4,11 @@ Order: size of the serialized arguments, JSON Schema (fastjsonschema, compiled
 once), then what JSON Schema cannot say: exact UTF-8 byte bounds, NFC, real
 instants, t_end ≥ t, sorted family refs, and the capture cross-references.
 Failures raise ``EngramError(INVALID_SCHEMA)`` or ``INVALID_DIGEST`` (a digest
-field with the wrong format).
+field with the wrong format) with a reason class (the constant message the caller
+sees, ``engram_core.errors.REFUSALS``) and a JSON pointer for logs and the audit
+row. The pointer names only properties the schemas define and array indices, never
+a name the caller made up: the parent object of an unknown field, not the field.
+The first failure found is reported; the order above decides which.
 """
 
 from __future__ import annotations
@@ -15,12 +19,32 @@ import unicodedata
 from typing import Any
 
 import fastjsonschema
+import jsonschema
 
 from engram_core.errors import Code, EngramError
 from engram_core.observability.tracing import traced
 from engram_core.schemas import INPUT_SCHEMAS, MAX_ARGUMENT_BYTES
 
 _VALIDATORS = {name: fastjsonschema.compile(schema) for name, schema in INPUT_SCHEMAS.items()}
+# Only on the failure path: every error with its path and keyword, to name the reason.
+_EXPLAINERS = {name: jsonschema.Draft202012Validator(schema) for name, schema in INPUT_SCHEMAS.items()}
+
+
+def _schema_names(schema: Any) -> set[str]:
+    names: set[str] = set()
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            if key == "properties" and isinstance(value, dict):
+                names.update(value)
+            if key != "examples":
+                names |= _schema_names(value)
+    elif isinstance(schema, list):
+        for item in schema:
+            names |= _schema_names(item)
+    return names
+
+
+_KNOWN_NAMES = frozenset(set().union(*(_schema_names(s) for s in INPUT_SCHEMAS.values())))
 
 # Byte bounds by property name (the schema carries code-point bounds only).
 _REF_FIELDS = frozenset(
@@ -47,37 +71,61 @@ _BYTE_BOUNDS: dict[str, tuple[int, int]] = {
 _MAX_DEPTH = 16
 
 
-def _fail(detail: str, code: Code = Code.INVALID_SCHEMA) -> EngramError:
-    return EngramError(code, detail)
+def pointer(path: Any) -> str:
+    """A JSON pointer of ``path`` naming schema properties and indices only ('*' for anything else)."""
+    parts = []
+    for part in path:
+        if isinstance(part, int):
+            parts.append(str(part))
+        elif isinstance(part, str) and part in _KNOWN_NAMES:
+            parts.append(part.replace("~", "~0").replace("/", "~1"))
+        else:
+            parts.append("*")
+    return "".join("/" + p for p in parts)
 
 
-def _check_strings(value: Any, key: str | None, depth: int) -> None:
-    if depth > _MAX_DEPTH:
-        raise _fail("nesting too deep")
+def rebuild_pointer(text: str) -> str:
+    """A pointer received from elsewhere (a host), rebuilt with ``pointer``: unknown names become '*'."""
+    if not text:
+        return ""
+    parts: list[Any] = []
+    for raw in text.split("/")[1:]:
+        part = raw.replace("~1", "/").replace("~0", "~")
+        parts.append(int(part) if part.isdigit() and len(part) < 10 else part)
+    return pointer(parts)
+
+
+def _fail(detail: str, reason_class: str, path: Any = (), code: Code = Code.INVALID_SCHEMA) -> EngramError:
+    return EngramError(code, detail, reason_class=reason_class, reasons=(reason_class,), pointer=pointer(path))
+
+
+def _check_strings(value: Any, key: str | None, path: list[Any]) -> None:
+    if len(path) > _MAX_DEPTH:
+        raise _fail("nesting too deep", "too_deep", path[:_MAX_DEPTH])
     if isinstance(value, str):
         try:
             encoded = value.encode("utf-8")
         except UnicodeEncodeError:
-            raise _fail("not valid UTF-8") from None
+            raise _fail("not valid UTF-8", "not_nfc", path) from None
         if not unicodedata.is_normalized("NFC", value):
-            raise _fail("string is not NFC")
+            raise _fail("string is not NFC", "not_nfc", path)
         bounds = _BYTE_BOUNDS.get(key or "")
         if bounds and not (bounds[0] <= len(encoded) <= bounds[1]):
-            raise _fail(f"{key} byte length out of bounds")
+            raise _fail(f"{key} byte length out of bounds", "length_out_of_range", path)
     elif isinstance(value, dict):
         for k, v in value.items():
             if not isinstance(k, str):
-                raise _fail("non-string key")
-            _check_strings(k, None, depth + 1)
-            _check_strings(v, k, depth + 1)
+                raise _fail("non-string key", "wrong_type", path)
+            _check_strings(k, None, path)
+            _check_strings(v, k, [*path, k])
     elif isinstance(value, list):
-        for item in value:
+        for i, item in enumerate(value):
             # array items inherit the property name (citation_ids, family_refs)
-            _check_strings(item, "citation_id" if key in ("citation_ids", "family_refs") else None, depth + 1)
+            _check_strings(item, "citation_id" if key in ("citation_ids", "family_refs") else None, [*path, i])
     elif isinstance(value, float):
-        raise _fail("numbers must be integers")
+        raise _fail("numbers must be integers", "not_integer", path)
     elif value is None:
-        raise _fail("null is never valid")
+        raise _fail("null is never valid", "null_value", path)
 
 
 def parse_instant(text: str) -> int:
@@ -85,12 +133,12 @@ def parse_instant(text: str) -> int:
     try:
         parsed = _dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=_dt.UTC)
     except ValueError:
-        raise _fail("not a real instant") from None
+        raise _fail("not a real instant", "instant_invalid") from None
     return int(parsed.timestamp() * 1000 + 0.5) if parsed.microsecond % 1000 == 0 else _reject_precision()
 
 
 def _reject_precision() -> int:
-    raise _fail("instant must have exactly milliseconds")
+    raise _fail("instant must have exactly milliseconds", "instant_invalid")
 
 
 def format_instant(ms: int) -> str:
@@ -102,34 +150,82 @@ def _check_capture(args: dict[str, Any]) -> None:
     payload, evidence = args["payload"], args["evidence"]
     vt = payload["valid_time"]
     if "t_end" in vt and vt["t_end"] < vt["t"]:
-        raise _fail("valid_time.t_end before t")
+        raise _fail("valid_time.t_end before t", "time_order", ["payload", "valid_time", "t_end"])
     citation_ids = [c["citation_id"] for c in payload["citations"]]
     if len(set(citation_ids)) != len(citation_ids):
-        raise _fail("duplicate citation_id")
+        raise _fail("duplicate citation_id", "duplicate_id", ["payload", "citations"])
     known = set(citation_ids)
     component_ids = [c["component_id"] for c in payload["components"]]
     if len(set(component_ids)) != len(component_ids):
-        raise _fail("duplicate component_id")
-    for comp in payload["components"]:
+        raise _fail("duplicate component_id", "duplicate_id", ["payload", "components"])
+    for i, comp in enumerate(payload["components"]):
         if not set(comp["citation_ids"]) <= known:
-            raise _fail("component citation does not resolve")
+            raise _fail("component citation does not resolve", "citation_unresolved",
+                        ["payload", "components", i, "citation_ids"])
     primary = next((c for c in payload["components"] if c["component_id"] == payload["primary_component_id"]), None)
     if primary is None:
-        raise _fail("primary_component_id does not resolve")
+        raise _fail("primary_component_id does not resolve", "primary_unresolved", ["payload", "primary_component_id"])
     event_cid = payload["primary_event"]["citation_id"]
     if event_cid not in known or event_cid not in primary["citation_ids"]:
-        raise _fail("primary_event.citation_id does not resolve")
+        raise _fail("primary_event.citation_id does not resolve", "primary_unresolved",
+                    ["payload", "primary_event", "citation_id"])
     if not set(evidence["citation_ids"]) <= known:
-        raise _fail("evidence citation does not resolve")
-    for citation in payload["citations"]:
+        raise _fail("evidence citation does not resolve", "citation_unresolved", ["evidence", "citation_ids"])
+    for i, citation in enumerate(payload["citations"]):
         if "observed_at" in citation:
-            parse_instant(citation["observed_at"])
+            _instant_at(citation["observed_at"], ["payload", "citations", i, "observed_at"])
     retention = payload.get("retention", {})
     if "expires_at" in retention:
-        parse_instant(retention["expires_at"])
+        _instant_at(retention["expires_at"], ["payload", "retention", "expires_at"])
     families = payload.get("reconciliation", {}).get("family_refs", [])
     if families != sorted(families):
-        raise _fail("family_refs not sorted")
+        raise _fail("family_refs not sorted", "families_unsorted", ["payload", "reconciliation", "family_refs"])
+
+
+def _instant_at(text: str, path: list[Any]) -> None:
+    try:
+        parse_instant(text)
+    except EngramError as exc:
+        exc.pointer = pointer(path)
+        raise
+
+
+# jsonschema keyword -> reason class of the failure
+_KEYWORD_CLASS = {
+    "additionalProperties": "unknown_field",
+    "required": "missing_field",
+    "type": "wrong_type",
+    "enum": "value_not_allowed",
+    "const": "value_not_allowed",
+    "minimum": "out_of_range",
+    "maximum": "out_of_range",
+    "minItems": "out_of_range",
+    "maxItems": "out_of_range",
+    "minLength": "length_out_of_range",
+    "maxLength": "length_out_of_range",
+    "anyOf": "length_out_of_range",  # idempotency_key: at least 16 bytes (schemas._idempotency_key)
+    "pattern": "format",
+    "uniqueItems": "duplicate_items",
+}
+# Which error to report when several apply: a misspelt field is both unknown and missing;
+# "check the spelling" helps more than "a field is missing".
+_KEYWORD_RANK = {k: i for i, k in enumerate(_KEYWORD_CLASS)}
+
+
+def _explain(tool: str, args: dict[str, Any]) -> EngramError:
+    """The reason class and pointer of a schema failure (fastjsonschema only says it failed)."""
+    schema = INPUT_SCHEMAS[tool]
+    if not any(name in args for name in schema["required"]):
+        return _fail("no required field present", "wrong_shape")
+    errors = list(_EXPLAINERS[tool].iter_errors(args))
+    if not errors:  # the two engines disagree: still a refusal, just without a class
+        return EngramError(Code.INVALID_SCHEMA, "schema", pointer="")
+    err = min(errors, key=lambda e: (_KEYWORD_RANK.get(str(e.validator), len(_KEYWORD_RANK)), -len(e.absolute_path)))
+    keyword = str(err.validator)
+    path = list(err.absolute_path)
+    if keyword == "pattern" and path and isinstance(path[-1], str) and path[-1].endswith("_digest"):
+        return _fail(f"{path[-1]}: digest format", "format", path, Code.INVALID_DIGEST)
+    return _fail(f"schema keyword {keyword}", _KEYWORD_CLASS.get(keyword, ""), path)
 
 
 @traced("engram.validate")
@@ -137,23 +233,20 @@ def validate_arguments(tool: str, args: Any) -> dict[str, Any]:
     """Validate one tool's arguments; returns them unchanged (never normalized)."""
     validator = _VALIDATORS.get(tool)
     if validator is None:
-        raise _fail("unknown tool")
+        raise _fail("unknown tool", "wrong_shape")
     if not isinstance(args, dict):
-        raise _fail("arguments must be an object")
+        raise _fail("arguments must be an object", "wrong_type")
     try:
         size = len(json.dumps(args, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
     except (UnicodeEncodeError, ValueError, TypeError, RecursionError):
-        raise _fail("arguments are not valid JSON text") from None
+        raise _fail("arguments are not valid JSON text", "wrong_type") from None
     if size > MAX_ARGUMENT_BYTES:
-        raise _fail("arguments too large")
-    _check_strings(args, None, 0)
+        raise _fail("arguments too large", "too_large")
+    _check_strings(args, None, [])
     try:
         validator(args)
-    except fastjsonschema.JsonSchemaValueException as exc:
-        name = exc.name or ""
-        if exc.rule == "pattern" and name.endswith("_digest"):
-            raise _fail(f"{name}: digest format", Code.INVALID_DIGEST) from None
-        raise _fail(f"{name}: {exc.rule}") from None
+    except fastjsonschema.JsonSchemaValueException:
+        raise _explain(tool, args) from None
     if tool == "engram_memory_capture":
         _check_capture(args)
     return args

@@ -19,7 +19,7 @@ from engram_core.errors import Code, EngramError
 from engram_core.hostctx import CONFIRMATION_METADATA_KEY, CONTEXT_METADATA_KEY
 from engram_core.observability import tracing
 from engram_core.rpc.convert import message_to_value, value_to_message
-from engram_core.rpc.status import code_from_rpc_error
+from engram_core.rpc.status import error_from_rpc_error
 from engram_core.rpc.tls import ClientTls, aio_channel
 
 # tool -> (MemoryService method, request message)
@@ -40,11 +40,11 @@ def _metadata(context: bytes, grant: bytes | None) -> tuple[tuple[str, bytes], .
     return tuple(entries)
 
 
-def _code(err: grpc.RpcError) -> Code:
+def _error(err: grpc.RpcError, detail: str) -> EngramError:
     try:
-        return code_from_rpc_error(err)
+        return error_from_rpc_error(err, detail)
     except Exception:  # a malformed status detail is still a failure, never a success
-        return Code.STORE_UNAVAILABLE
+        return EngramError(Code.STORE_UNAVAILABLE, detail)
 
 
 class CoreClient:
@@ -77,7 +77,7 @@ class CoreClient:
                 host_pb2.ListCapabilitiesRequest(), metadata=_metadata(context, None), timeout=self._timeout
             )
         except grpc.RpcError as err:
-            raise EngramError(_code(err), "ListCapabilities failed") from None
+            raise _error(err, "ListCapabilities failed") from None
         return list(reply.tools), list(reply.confirmation_required)
 
     async def invoke(
@@ -96,5 +96,32 @@ class CoreClient:
                 request, metadata=_metadata(context, grant), timeout=self._timeout
             )
         except grpc.RpcError as err:
-            raise EngramError(_code(err), f"{method} failed") from None
+            raise _error(err, f"{method} failed") from None
         return message_to_value(reply)
+
+    async def check_gated(self, tool: str, arguments: dict[str, Any], *, context: bytes) -> str:
+        """Before a human is asked to confirm a withdraw or forget: "ready" when the target
+        exists in the scope and the transition is possible, "replay" when the idempotency key
+        already holds this operation's outcome; else the refusal the tool itself would give
+        (NOT_FOUND, ALREADY_TERMINAL, ILLEGAL_TRANSITION, DIGEST_CONFLICT, ...)."""
+        _, host = self._stubs()
+        request = host_pb2.CheckGatedRequest(
+            tool=tool, target=str(arguments.get("record_id") or arguments.get("candidate_id") or ""),
+            idempotency_key=arguments["idempotency_key"], reason_ref=arguments["reason_ref"])
+        try:
+            reply = await host.CheckGated(request, metadata=_metadata(context, None), timeout=self._timeout)
+        except grpc.RpcError as err:
+            raise _error(err, "CheckGated failed") from None
+        return reply.status
+
+    async def record_refusal(self, *, context: bytes, operation: str, error: EngramError, target: str = "") -> None:
+        """Have the core write the audit row of a refusal the adapter decided (same context,
+        same audit id as the call)."""
+        _, host = self._stubs()
+        request = host_pb2.RecordRefusalRequest(
+            operation=operation, code=error.code.value, reason_class=error.reason_class or "",
+            reason_codes=list(error.reasons), pointer=error.pointer, target=target)
+        try:
+            await host.RecordRefusal(request, metadata=_metadata(context, None), timeout=self._timeout)
+        except grpc.RpcError as err:
+            raise _error(err, "RecordRefusal failed") from None

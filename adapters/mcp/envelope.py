@@ -14,7 +14,7 @@ from typing import Any
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
-from engram_core.errors import Code, error_body
+from engram_core.errors import Code, EngramError, error_body
 
 REDACTION_CLASS = "high"
 OUTPUT_SCHEMA_VERSION = 1
@@ -48,13 +48,20 @@ def success(value: dict[str, Any], *, audit_id: str) -> types.CallToolResult:
     )
 
 
-def failure(code: Code, *, audit_id: str) -> types.CallToolResult:
+def failure(code: Code, *, audit_id: str, reason_class: str | None = None) -> types.CallToolResult:
+    """The failure envelope: the code's constant message, or the catalogue's message for the
+    reason class (``engram_core.errors.REFUSALS``); never anything taken from input."""
     if code is Code.TRUSTED_CONTEXT_UNAVAILABLE:
         # SPEC §2: a protocol refusal, never an envelope.
         raise trusted_context_unavailable()
     return _result(
-        {"ok": False, "auditId": audit_id, "redactionClass": REDACTION_CLASS, "error": error_body(code)}
+        {"ok": False, "auditId": audit_id, "redactionClass": REDACTION_CLASS,
+         "error": error_body(code, reason_class)}
     )
+
+
+def refusal(error: EngramError, *, audit_id: str) -> types.CallToolResult:
+    return failure(error.code, audit_id=audit_id, reason_class=error.reason_class)
 
 
 def trusted_context_unavailable() -> MCPError:

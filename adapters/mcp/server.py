@@ -108,6 +108,14 @@ def _can_elicit_form(ctx: ServerRequestContext[Any, Any]) -> bool:
     return elicitation.form is not None or elicitation.url is None
 
 
+def _log_refusal(decided_by: str, call: CallContext, tool: str, exc: EngramError) -> None:
+    """One line per refusal: tool, scope, audit id and the exact reason (never input values)."""
+    b = call.binding
+    logger.info("call refused: decided_by=%s tool=%s tenant=%s workspace=%s principal=%s audit_id=%s %s",
+                decided_by, tool, b.tenant, b.workspace, b.principal, call.audit_id,
+                " ".join(f"{k}={v}" for k, v in exc.log_fields().items()))
+
+
 def _purpose_mismatch(tool: str, arguments: dict[str, Any], bound: str) -> bool:
     """SPEC §2: purpose_ref (search, get) and payload.purpose_ref (capture) must equal the bound one."""
     if tool in _PURPOSE_TOOLS:
@@ -121,7 +129,8 @@ def _purpose_mismatch(tool: str, arguments: dict[str, Any], bound: str) -> bool:
 class _CallState:
     """Per tools/call facts the error-mapping middleware needs."""
 
-    audit_id: str | None = None
+    call: CallContext | None = None
+    tool: str = ""
     asked_confirmation: bool = False
 
 
@@ -219,7 +228,7 @@ class EngramMcp:
         call = self._context(ctx)
         state = _CALL_STATE.get()
         if state is not None:
-            state.audit_id = call.audit_id
+            state.call, state.tool = call, name
         arguments: Any = params.arguments if params.arguments is not None else {}
         if name in READ_TOOLS and call.memory_enabled:
             return await self._read(name, arguments, call)
@@ -230,9 +239,9 @@ class EngramMcp:
         try:
             validate_arguments(name, arguments)
         except EngramError as exc:
-            return envelope.failure(exc.code, audit_id=call.audit_id)  # nothing sent to core
+            return await self._refuse(call, name, exc)  # nothing sent to core but the audit row
         if _purpose_mismatch(name, arguments, call.binding.purpose_ref):
-            raise envelope.trusted_context_unavailable()
+            raise await self._protocol_refusal(call, name, "PURPOSE_MISMATCH")
 
         if name in ALWAYS_CONFIRMED or (name in CONFIRMED_ON_POLICY and (name in gated or params.request_state is not None)):
             return await self._confirm_then_invoke(ctx, params, name, arguments, call, state)
@@ -241,8 +250,39 @@ class EngramMcp:
         except EngramError as exc:
             if exc.code is Code.GATE_FAILED and name in CONFIRMED_ON_POLICY:
                 return await self._confirm_then_invoke(ctx, params, name, arguments, call, state)
-            return envelope.failure(exc.code, audit_id=call.audit_id)
+            return self._core_refused(call, name, exc)
         return envelope.success(value, audit_id=call.audit_id)
+
+    # ---- refusals: constant messages for the agent, the exact reason in logs and audit -----
+
+    def _core_refused(self, call: CallContext, name: str, exc: EngramError) -> types.CallToolResult:
+        """A refusal the core decided (and audited under this call's audit id)."""
+        _log_refusal("core", call, name, exc)
+        return envelope.refusal(exc, audit_id=call.audit_id)
+
+    async def _refuse(self, call: CallContext, name: str, exc: EngramError, target: str = "") -> types.CallToolResult:
+        """A refusal the adapter decided: logged, then audited by the core under this call's
+        context and audit id (HostService.RecordRefusal), so the envelope's auditId names a real
+        row. If the row cannot be written the answer is STORE_UNAVAILABLE (retriable), never an
+        auditId that points nowhere."""
+        _log_refusal("adapter", call, name, exc)
+        try:
+            await self._core.record_refusal(context=call.signed, operation=name, error=exc, target=target)
+        except EngramError as failed:
+            logger.warning("refusal not audited: tool=%s audit_id=%s code=%s", name, call.audit_id, failed.code.value)
+            return envelope.failure(Code.STORE_UNAVAILABLE, audit_id=call.audit_id)
+        return envelope.refusal(exc, audit_id=call.audit_id)
+
+    async def _protocol_refusal(self, call: CallContext, name: str, reason: str) -> MCPError:
+        """-32603 for a call whose context is valid but not for this request (purpose mismatch):
+        recorded like any refusal; the agent sees only the protocol error (SPEC §2)."""
+        exc = EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, reason.lower(), reasons=(reason,))
+        _log_refusal("adapter", call, name, exc)
+        try:
+            await self._core.record_refusal(context=call.signed, operation=name, error=exc)
+        except EngramError as failed:
+            logger.warning("refusal not audited: tool=%s audit_id=%s code=%s", name, call.audit_id, failed.code.value)
+        return envelope.trusted_context_unavailable()
 
     async def _read(self, name: str, arguments: Any, call: CallContext) -> types.CallToolResult:
         """search and get without asking for the tool list first: the core authorizes the call
@@ -252,16 +292,16 @@ class EngramMcp:
         try:
             validate_arguments(name, arguments)
         except EngramError as exc:
-            return await self._unless_ungranted(name, call) or envelope.failure(exc.code, audit_id=call.audit_id)
+            return await self._unless_ungranted(name, call) or await self._refuse(call, name, exc)
         if _purpose_mismatch(name, arguments, call.binding.purpose_ref):
             refused = await self._unless_ungranted(name, call)
             if refused is not None:
                 return refused
-            raise envelope.trusted_context_unavailable()
+            raise await self._protocol_refusal(call, name, "PURPOSE_MISMATCH")
         try:
             value = await self._core.invoke(name, arguments, context=call.signed)
         except EngramError as exc:
-            return await self._unless_ungranted(name, call) or envelope.failure(exc.code, audit_id=call.audit_id)
+            return await self._unless_ungranted(name, call) or self._core_refused(call, name, exc)
         return envelope.success(value, audit_id=call.audit_id)
 
     async def _unless_ungranted(self, name: str, call: CallContext) -> types.CallToolResult | None:
@@ -273,7 +313,7 @@ class EngramMcp:
         try:
             granted, gated = await self._granted(call)
         except EngramError as exc:
-            return envelope.failure(exc.code, audit_id=call.audit_id), frozenset()
+            return self._core_refused(call, name, exc), frozenset()
         if name not in granted:
             raise envelope.unknown_tool()
         return None, gated
@@ -292,12 +332,24 @@ class EngramMcp:
             tool=name, tenant=b.tenant, workspace=b.workspace, principal=b.principal, arguments=arguments
         )
         target = target_of(name, arguments)
-        gate_failed = envelope.failure(Code.GATE_FAILED, audit_id=call.audit_id)
+
+        def gate_failed(reason_class: str, reason: str) -> Any:
+            return self._refuse(call, name, EngramError(Code.GATE_FAILED, reason.lower(), reason_class=reason_class,
+                                                        reasons=(reason,)), target)
+
+        first_leg = ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS or params.request_state is None
+        if first_leg and name in ALWAYS_CONFIRMED:
+            # Ask nobody about a target that is not there (or cannot make this transition): the
+            # core answers what the tool itself would, audited as that tool's refusal.
+            try:
+                await self._core.check_gated(name, arguments, context=call.signed)
+            except EngramError as exc:
+                return self._core_refused(call, name, exc)
+        if first_leg and not _can_elicit_form(ctx):
+            return await gate_failed("cannot_elicit", "ELICITATION_UNSUPPORTED")
 
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             if params.request_state is None:
-                if not _can_elicit_form(ctx):
-                    return gate_failed
                 nonce = self._ledger.open(
                     PendingConfirmation(
                         tool=name,
@@ -317,11 +369,10 @@ class EngramMcp:
                 return types.InputRequiredResult(
                     input_requests={CONFIRM_KEY: request}, request_state=encode_state(nonce, digest)
                 )
-            if not self._round_trip_approved(params, name, digest, call):
-                return gate_failed
+            refusal = self._round_trip_refusal(params, name, digest, call)
+            if refusal is not None:
+                return await gate_failed(*refusal)
         else:
-            if not _can_elicit_form(ctx):
-                return gate_failed
             try:
                 with anyio.fail_after(self._confirmation_timeout_ms / 1000):
                     answer = await ctx.session.elicit_form(
@@ -329,11 +380,12 @@ class EngramMcp:
                         REQUESTED_SCHEMA,
                         related_request_id=ctx.request_id,
                     )
-            except (TimeoutError, MCPError) as exc:
-                logger.info("confirmation not obtained: %s", type(exc).__name__)
-                return gate_failed
+            except TimeoutError:
+                return await gate_failed("timed_out", "CONFIRMATION_TIMED_OUT")
+            except MCPError:
+                return await gate_failed("cannot_elicit", "ELICITATION_FAILED")
             if not approved(answer.action, answer.content):
-                return gate_failed
+                return await gate_failed("declined", "CONFIRMATION_DECLINED")
 
         grant = make_grant(
             self._key,
@@ -348,16 +400,18 @@ class EngramMcp:
         try:
             value = await self._core.invoke(name, arguments, context=call.signed, grant=grant)
         except EngramError as exc:
-            return envelope.failure(exc.code, audit_id=call.audit_id)
+            return self._core_refused(call, name, exc)
         return envelope.success(value, audit_id=call.audit_id)
 
-    def _round_trip_approved(
+    def _round_trip_refusal(
         self, params: types.CallToolRequestParams, name: str, digest: str, call: CallContext
-    ) -> bool:
-        """2026-07-28 retry: the state names a live, unused nonce for this exact operation."""
+    ) -> tuple[str, str] | None:
+        """2026-07-28 retry: None when the state names a live, unused nonce for this exact
+        operation and the human approved; else the refusal's (class, reason code)."""
+        invalid = ("confirmation_invalid", "CONFIRMATION_STATE_INVALID")
         decoded = decode_state(params.request_state or "")
         if decoded is None:
-            return False
+            return invalid
         nonce, state_digest = decoded
         pending = self._ledger.consume(nonce, now_ms=now_ms())
         b = call.binding
@@ -368,11 +422,13 @@ class EngramMcp:
             or state_digest != digest
             or pending.scope_principal != (b.tenant, b.workspace, b.principal)
         ):
-            return False
+            return invalid
         response = (params.input_responses or {}).get(CONFIRM_KEY)
         action = getattr(response, "action", None)
         content = getattr(response, "content", None)
-        return isinstance(action, str) and approved(action, content)
+        if isinstance(action, str) and approved(action, content):
+            return None
+        return "declined", "CONFIRMATION_DECLINED"
 
     # ---- error mapping middleware ----------------------------------------------
 
@@ -401,7 +457,15 @@ class EngramMcp:
             )
             if not (boundary_rejection or legacy_input_required):
                 raise
-            result = envelope.failure(Code.GATE_FAILED, audit_id=state.audit_id or envelope.new_audit_id())
+            # The boundary rejects before our handler runs: this call's context is made here.
+            call = state.call or self._context(ctx)
+            named = (ctx.params or {}).get("name")
+            tool = state.tool or (named if named in INPUT_SCHEMAS else "")
+            if not tool:
+                raise envelope.unknown_tool() from None
+            result = await self._refuse(call, tool, EngramError(
+                Code.GATE_FAILED, "confirmation state", reason_class="confirmation_invalid",
+                reasons=("CONFIRMATION_STATE_INVALID",)))
             dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
             if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
                 dumped.pop("resultType", None)

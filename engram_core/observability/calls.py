@@ -34,6 +34,8 @@ class CallObservation:
     host_principal: bool = False
     code: str = ""  # "" while the call has not failed
     reasons: set[str] = field(default_factory=set)
+    reason_class: str = ""  # the refusal's class (engram_core.errors.REFUSALS), if any
+    pointer: str = ""  # JSON pointer of a schema failure (schema names and indices only)
     decisions: list[DecisionFact] = field(default_factory=list)
 
     @property
@@ -82,6 +84,8 @@ def note_error(error: Any) -> None:
     if obs is not None:
         obs.code = error.code.value
         obs.reasons.update(getattr(error, "reasons", ()) or ())
+        obs.reason_class = getattr(error, "reason_class", None) or ""
+        obs.pointer = getattr(error, "pointer", "") or ""
 
 
 def note_decision(fact: DecisionFact) -> None:

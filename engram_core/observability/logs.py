@@ -84,6 +84,8 @@ def call_fields(obs: CallObservation, seconds: float) -> dict[str, Any]:
         "audit_id": obs.audit_id,
         "outcome": obs.outcome,
         "reasons": sorted(obs.reasons),
+        "reason_class": obs.reason_class,
+        "pointer": obs.pointer,
         "decisions": [f"{d.family}:{d.outcome}" for d in obs.decisions],
         "policy_revision": revisions[0] if len(revisions) == 1 else revisions,
         "duration_ms": round(seconds * 1000, 3),
@@ -98,7 +100,10 @@ def log_call(obs: CallObservation, seconds: float) -> None:
     f = call_fields(obs, seconds)
     scope = f"{f['tenant']}/{f['workspace']}" if f["tenant"] else "-"
     text = (f"{f['operation']} {scope} principal={f['principal'] or '-'} audit={f['audit_id'] or '-'} "
-            f"outcome={f['outcome']} reasons={','.join(f['reasons']) or '-'} {f['duration_ms']}ms")
+            f"outcome={f['outcome']} reasons={','.join(f['reasons']) or '-'} "
+            + (f"class={f['reason_class']} " if f["reason_class"] else "")
+            + (f"pointer={f['pointer']} " if f["pointer"] else "")
+            + f"{f['duration_ms']}ms")
     CALL_LOGGER.log(level, text, extra={_FIELDS: f})
 
 

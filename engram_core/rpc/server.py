@@ -33,6 +33,7 @@ from engram_core.hostkeys import (
 )
 from engram_core.observability import calls as observed_calls
 from engram_core.observability.metrics import CoreMetrics
+from engram_core.operation import target_of
 from engram_core.policy import OPA_BINDINGS_HINT
 from engram_core.policy import default_bundle_dir as default_policies_dir
 from engram_core.rpc.convert import has_unknown_fields, message_to_value, value_to_message
@@ -49,6 +50,14 @@ from engram_core.store.duckdb_store import DuckDBStore
 from engram_core.store.file_modes import make_private
 
 log = logging.getLogger("engram.core")
+TOOL_OF_METHOD = {
+    "search": "engram_memory_search",
+    "get": "engram_memory_get",
+    "capture": "engram_memory_capture",
+    "request_admission": "engram_memory_request_admission",
+    "withdraw": "engram_memory_withdraw",
+    "forget": "engram_memory_forget",
+}
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
 
@@ -69,6 +78,40 @@ class _Handler:
         ctx = verify_context(_metadata(context, CONTEXT_METADATA_KEY), self.core.trusted, now_ms=self.core.now_ms())
         observed_calls.note_context(ctx)  # the call's log line and metrics name who called
         return ctx
+
+    def refused(self, ctx: BoundContext, operation: str, exc: EngramError, target: str = "") -> EngramError:
+        """Audit a refusal after the context was verified (its audit id is then the host's): the
+        audit row, like the call's log line, names the operation, scope, audit id and the exact
+        reason (class, reason codes, JSON pointer); the caller sees only the constant message.
+        Returns the error to answer with: STORE_UNAVAILABLE if the row could not be written,
+        so an auditId never points nowhere."""
+        # The call's one log line (engram_core.observability) carries the code, reason codes,
+        # class and pointer of the error this answers with.
+        if exc.audited:
+            return exc
+        try:
+            self.core.audit_refusal(ctx, operation, exc, target)
+        except Exception as audit_exc:  # noqa: BLE001 - any failure to write the row
+            log.warning("refusal not audited: audit_id=%s %s", ctx.audit_id, type(audit_exc).__name__)
+            return EngramError(Code.STORE_UNAVAILABLE, "refusal audit row not written")
+        exc.audited = True
+        return exc
+
+    def audited(self, context: grpc.ServicerContext, operation: str, fn: Callable[[BoundContext], Any],
+                target: Callable[[], str] = lambda: "") -> Any:
+        """``fn`` with the verified context; a refusal after verification is logged and audited."""
+        def go() -> Any:
+            ctx = self.bind(context)
+            try:
+                return fn(ctx)
+            except EngramError as exc:
+                try:
+                    where = target() if exc.code not in (Code.INVALID_SCHEMA, Code.INVALID_DIGEST) else ""
+                except Exception:  # noqa: BLE001 - a target that cannot be read is no target
+                    where = ""
+                raise self.refused(ctx, operation, exc, where) from None
+
+        return self.run(context, go)
 
     def run(self, context: grpc.ServicerContext, fn: Callable[[], Any]) -> Any:
         try:
@@ -97,18 +140,21 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer, _Handler):
         self.memory = memory
 
     def _call(self, request, context, op: str, response_cls, gated: bool):
-        def go():
-            ctx = self.bind(context)
+        tool = TOOL_OF_METHOD[op]
+        args: dict[str, Any] = {}
+
+        def go(ctx: BoundContext):
             if not context.is_active():
                 raise EngramError(Code.CANCELLED, "cancelled")
             if has_unknown_fields(request):
-                raise EngramError(Code.INVALID_SCHEMA, "unknown field")
-            args = message_to_value(request)
+                raise EngramError(Code.INVALID_SCHEMA, "unknown field", reason_class="unknown_field",
+                                  reasons=("unknown_field",))
+            args.update(message_to_value(request))
             fn = getattr(self.memory, op)
             result = fn(ctx, args, _metadata(context, CONFIRMATION_METADATA_KEY)) if gated else fn(ctx, args)
             return value_to_message(result, response_cls())
 
-        return self.run(context, go)
+        return self.audited(context, tool, go, lambda: target_of(tool, args))
 
     def Search(self, request, context):
         return self._call(request, context, "search", memory_pb2.SearchResponse, False)
@@ -130,25 +176,40 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer, _Handler):
 
 
 class HostServicer(host_pb2_grpc.HostServiceServicer, _Handler):
-    def __init__(self, core: Core, host: HostServiceCore) -> None:
+    def __init__(self, core: Core, host: HostServiceCore, memory: MemoryService) -> None:
         _Handler.__init__(self, core)
         self.host = host
         self.attestation = AttestationService(core)
+        self.memory = memory
+
+    def CheckGated(self, request, context):
+        # Audited as the refusal of the tool itself: it is that tool call's answer.
+        tool = request.tool if request.tool in ("engram_memory_withdraw", "engram_memory_forget") else "host.check_gated"
+        args = {"tool": request.tool, "target": request.target, "idempotency_key": request.idempotency_key,
+                "reason_ref": request.reason_ref}
+        return self.audited(context, tool, lambda ctx: host_pb2.CheckGatedResponse(
+            **self.memory.check_gated(ctx, args)), lambda: request.target)
 
     def Health(self, request, context):
         return host_pb2.HealthResponse(**self.host.health())
 
     def ListCapabilities(self, request, context):
-        return self.run(context, lambda: host_pb2.ListCapabilitiesResponse(**self.host.list_capabilities(self.bind(context))))
+        return self.audited(context, "host.list_capabilities",
+                            lambda ctx: host_pb2.ListCapabilitiesResponse(**self.host.list_capabilities(ctx)))
 
     def IssueConfirmation(self, request, context):
-        def go():
-            ctx = self.bind(context)
+        def go(ctx: BoundContext):
             return host_pb2.IssueConfirmationResponse(**self.host.issue_confirmation(
                 ctx, tool=request.tool, target=request.target, operation_digest=request.operation_digest,
                 approved_at_ms=request.approved_at_ms))
 
-        return self.run(context, go)
+        return self.audited(context, "host.issue_confirmation", go, lambda: request.target)
+
+    def RecordRefusal(self, request, context):
+        return self.audited(context, "host.record_refusal", lambda ctx: host_pb2.RecordRefusalResponse(
+            **self.host.record_refusal(ctx, operation=request.operation, code=request.code,
+                                       reason_class=request.reason_class, reason_codes=list(request.reason_codes),
+                                       pointer=request.pointer, target=request.target)))
 
 
     def Attest(self, request, context):
@@ -346,7 +407,7 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
         interceptors=server_interceptors(metrics),
     )
     add_servicer(server, MemoryServicer(core, memory), memory_pb2.DESCRIPTOR.services_by_name["MemoryService"])
-    add_servicer(server, HostServicer(core, host), host_pb2.DESCRIPTOR.services_by_name["HostService"])
+    add_servicer(server, HostServicer(core, host, memory), host_pb2.DESCRIPTOR.services_by_name["HostService"])
     add_servicer(server, _maintenance_servicer(core, admin, memory),
                  admin_pb2.DESCRIPTOR.services_by_name["AdminService"])
     health_servicer = health.HealthServicer()

@@ -1,8 +1,9 @@
 """The one mapping between EngramError and gRPC status (SPEC §3).
 
 Codes travel as ``google.rpc.Status`` with an ``ErrorInfo`` detail
-(``reason`` = the contract code, ``domain`` = ``engram``) and the contract's
-constant message, mapped to the nearest gRPC status code.
+(``reason`` = the contract code, ``domain`` = ``engram``, ``metadata["class"]`` = the
+refusal's reason class when it has one) and the constant message of that code and class
+(``engram_core.errors.REFUSALS``), mapped to the nearest gRPC status code.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from engram_core.errors import MESSAGES, Code, EngramError
+from engram_core.errors import Code, EngramError, known_class
 from engram_core.observability.calls import note_error
 
 DOMAIN = "engram"
@@ -58,11 +59,15 @@ _GRPC_CODE: dict[Code, int] = {
 # ErrorInfo.metadata["detail"]; it names keys by id and positions, never content or secrets.
 OPERATOR_DETAIL_CODES = frozenset({Code.BACKUP_INVALID, Code.RESTORE_REFUSED})
 
+CLASS_KEY = "class"  # ErrorInfo.metadata key of the refusal's reason class
+
 
 def to_status(error: EngramError) -> grpc.Status:
     info = error_details_pb2.ErrorInfo(reason=error.code.value, domain=DOMAIN)
     if error.code in OPERATOR_DETAIL_CODES and error.detail:
         info.metadata["detail"] = error.detail
+    if error.reason_class:
+        info.metadata[CLASS_KEY] = error.reason_class
     detail = any_pb2.Any()
     detail.Pack(info)
     details = [detail]
@@ -72,7 +77,7 @@ def to_status(error: EngramError) -> grpc.Status:
         retry.Pack(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(
             seconds=retry_after_ms // 1000, nanos=(retry_after_ms % 1000) * 1_000_000)))
         details.append(retry)
-    status = status_pb2.Status(code=_GRPC_CODE[error.code], message=MESSAGES[error.code], details=details)
+    status = status_pb2.Status(code=_GRPC_CODE[error.code], message=error.message, details=details)
     return rpc_status.to_status(status)
 
 
@@ -97,15 +102,26 @@ def code_from_rpc_error(err: grpc.RpcError) -> Code:
     Transport failures without an Engram ErrorInfo map to the nearest
     transient code, so infrastructure failure never looks like success.
     """
+    return error_from_rpc_error(err).code
+
+
+def error_from_rpc_error(err: grpc.RpcError, detail: str = "") -> EngramError:
+    """The contract error of a failed call: its code and, when the catalogue knows it for that
+    code, its reason class (the wire is not trusted to name a message)."""
     status = rpc_status.from_call(err) if hasattr(err, "trailing_metadata") else None
     if status is not None:
-        for detail in status.details:
+        for detail_any in status.details:
             info = error_details_pb2.ErrorInfo()
-            if detail.Is(info.DESCRIPTOR) and detail.Unpack(info) and info.domain == DOMAIN:
+            if detail_any.Is(info.DESCRIPTOR) and detail_any.Unpack(info) and info.domain == DOMAIN:
                 try:
-                    return Code(info.reason)
+                    code = Code(info.reason)
                 except ValueError:
                     break
+                return EngramError(code, detail, reason_class=known_class(code, info.metadata.get(CLASS_KEY)))
+    return EngramError(_transport_code(err), detail)
+
+
+def _transport_code(err: grpc.RpcError) -> Code:
     code = err.code() if hasattr(err, "code") else None
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _MESSAGE_TOO_LARGE in _details(err):
         # gRPC itself refused a message over MAX_MESSAGE_BYTES (either side) before any handler

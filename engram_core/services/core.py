@@ -7,6 +7,7 @@ revocation epoch), recording decisions, and audit rows.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import Any
 from engram_core.canonical import digest, with_receipt_digest
 from engram_core.clock import Clock, SystemClock
 from engram_core.crypto.keyvault import FileKeyVault
-from engram_core.errors import Code, EngramError
+from engram_core.errors import Code, EngramError, class_of_reasons
 from engram_core.hostctx import BoundContext
 from engram_core.hostkeys import TrustedHostKeys
 from engram_core.policy.port import AUTHZ, Decision, PolicyEngine
@@ -178,7 +179,7 @@ class Core:
     @staticmethod
     def _allowed(d: Decision, operation: str) -> Decision:
         if not d.result["allow"]:
-            raise EngramError(Code.UNAUTHORIZED, f"authz denied {operation}")
+            raise denied(Code.UNAUTHORIZED, f"authz denied {operation}", [d])
         return d
 
     def check_revision(self, call: CallRecord) -> None:
@@ -219,10 +220,34 @@ class Core:
         """Audit a call that changed nothing (reads, refusals) in its own transaction."""
         self.store.append_audit(self.audit_row(ctx, operation, outcome, target, call))
 
+    def audit_refusal(self, ctx: BoundContext, operation: str, error: EngramError, target: str = "", *,
+                      origin: str = "core") -> None:
+        """The audit row of a refused call (SPEC §3: the envelope's auditId names a real row):
+        outcome = the code; the decisions taken before the refusal, then one ``refusal`` entry
+        with the reason class, the policy or validation reason codes and the JSON pointer."""
+        refusal: dict[str, Any] = {"path": "refusal", "origin": origin, "code": error.code.value,
+                                   "reason_codes": sorted(set(error.reasons))}
+        if error.reason_class:
+            refusal["reason_class"] = error.reason_class
+        if error.pointer:
+            refusal["pointer"] = error.pointer
+        row = self.audit_row(ctx, operation, error.code.value, target, CallRecord())
+        self.store.append_audit(dataclasses.replace(row, decisions=[*error.decisions, refusal]))
+
     def close(self) -> None:
         self.policy.close()
         self.store.close()
         self.vault.close()
+
+
+def denied(code: Code, detail: str, decisions: list[Decision]) -> EngramError:
+    """A refusal a policy decided: its reason codes (for logs and audit) pick the class the
+    caller is told (``engram_core.errors.POLICY_REASON_CLASSES``)."""
+    summaries = [d.summary() for d in decisions]
+    reasons = tuple(sorted({r for s in summaries for r in s["reason_codes"] if r}))
+    error = EngramError(code, detail, reason_class=class_of_reasons(reasons), reasons=reasons)
+    error.decisions = summaries
+    return error
 
 
 def _load_or_create_secret(path: Path) -> bytes:

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from engram_core import __version__
-from engram_core.errors import Code, EngramError
+from engram_core.errors import REFUSALS, RETRIABLE, Code, EngramError
 from engram_core.hostctx import GRANT_EXECUTION_WINDOW_MS, BoundContext, make_grant
 from engram_core.policy.port import AUTHZ, TOOLS
+from engram_core.schemas import TOOL_NAMES
 from engram_core.services.core import CallRecord, Core, context_facts
+from engram_core.validation import rebuild_pointer
 
 MAX_APPROVAL_AGE_MS = GRANT_EXECUTION_WINDOW_MS
+_REASON_CODE = re.compile(r"[A-Za-z0-9_]{1,64}")
+_MAX_REASON_CODES = 16
+_MAX_REF_BYTES = 512
 
 
 class HostServiceCore:
@@ -81,3 +87,31 @@ class HostServiceCore:
         grant.ParseFromString(env.body)
         self.core.audit_standalone(ctx, "host.issue_confirmation", "issued", target, call)
         return {"signed_grant": raw, "grant_id": grant.grant_id, "expires_at_ms": grant.expires_at_ms}
+
+    def record_refusal(self, ctx: BoundContext, *, operation: str, code: str, reason_class: str,
+                       reason_codes: list[str], pointer: str, target: str) -> dict[str, Any]:
+        """The audit row of a refusal the host decided (SPEC §3: every auditId names a row).
+
+        Authorized by policy (``host.record_refusal``); written through the audit spool like
+        every row of a call that changed nothing. Only catalogue values are accepted: a tool
+        name, a contract code, a class the catalogue holds for it, short reason codes, a JSON
+        pointer rebuilt from schema names, an id-sized target: never free text."""
+        call = CallRecord()
+        self.core.authorize(ctx, "host.record_refusal", call)
+        try:
+            refused = Code(code)
+        except ValueError:
+            raise EngramError(Code.INVALID_SCHEMA, "unknown refusal code", reason_class="value_not_allowed") from None
+        if operation not in TOOL_NAMES or refused in RETRIABLE:  # refusals, not transient failures
+            raise EngramError(Code.INVALID_SCHEMA, "not a refusal of a tool", reason_class="value_not_allowed")
+        if reason_class and reason_class not in REFUSALS.get(refused, {}):
+            raise EngramError(Code.INVALID_SCHEMA, "unknown reason class", reason_class="value_not_allowed")
+        if len(reason_codes) > _MAX_REASON_CODES or not all(_REASON_CODE.fullmatch(r) for r in reason_codes):
+            raise EngramError(Code.INVALID_SCHEMA, "reason codes", reason_class="format")
+        if len(target.encode()) > _MAX_REF_BYTES or len(pointer.encode()) > _MAX_REF_BYTES:
+            raise EngramError(Code.INVALID_SCHEMA, "target or pointer too long", reason_class="length_out_of_range")
+        error = EngramError(refused, "decided by the host", reason_class=reason_class or None,
+                            reasons=tuple(reason_codes), pointer=rebuild_pointer(pointer))
+        error.decisions = call.summaries()
+        self.core.audit_refusal(ctx, operation, error, target, origin="host")
+        return {"audit_id": ctx.audit_id}

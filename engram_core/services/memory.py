@@ -21,7 +21,7 @@ from engram_core.operation import operation_digest, target_of
 from engram_core.policy.port import ADMISSION, CAPTURE
 from engram_core.secrets_scan import scan
 from engram_core.services import lifecycle
-from engram_core.services.core import CallRecord, Core, context_facts, new_id, record_id_of
+from engram_core.services.core import CallRecord, Core, context_facts, denied, new_id, record_id_of
 from engram_core.services.derivatives import apply_derivative_rule
 from engram_core.services.lexical import record_fields
 from engram_core.services.reading import ReadService
@@ -121,12 +121,16 @@ class MemoryService(ReadService):
         return grant
 
     def _verify_grant(self, ctx: BoundContext, tool: str, args: dict[str, Any], grant: bytes):
-        parsed = verify_grant(
-            grant, self.core.trusted, ctx=ctx, tool=tool, target=target_of(tool, args),
-            operation_digest=operation_digest(tool=tool, tenant=ctx.tenant, workspace=ctx.workspace,
-                                              principal=ctx.principal, arguments=args),
-            now_ms=self.core.now_ms(),
-        )
+        try:
+            parsed = verify_grant(
+                grant, self.core.trusted, ctx=ctx, tool=tool, target=target_of(tool, args),
+                operation_digest=operation_digest(tool=tool, tenant=ctx.tenant, workspace=ctx.workspace,
+                                                  principal=ctx.principal, arguments=args),
+                now_ms=self.core.now_ms(),
+            )
+        except EngramError as exc:
+            raise EngramError(exc.code, exc.detail, reason_class="confirmation_invalid",
+                              reasons=("GRANT_INVALID",)) from None
         scope = self.core.store.committed_scope(ctx.tenant, ctx.workspace)
         if scope is not None and parsed.authorization_epoch < scope.authorization_epoch:
             raise EngramError(Code.AUTHORIZATION_REVOKED, "grant issued before revocation")
@@ -147,6 +151,34 @@ class MemoryService(ReadService):
             target = lookup(tx)
             prior = self._replay(tx, ctx, tool, args, request_digest)
         return present, request_digest, prior, target
+
+    def check_gated(self, ctx: BoundContext, args: dict[str, Any]) -> dict[str, Any]:
+        """What a host asks before a human confirms a withdraw or forget (HostService.CheckGated):
+        the checks of ``_gated_start`` and the lifecycle that need no grant, in the same order,
+        so a target that does not exist in the scope is NOT_FOUND without anyone being asked.
+        ``args``: {tool, target, idempotency_key, reason_ref}. Changes nothing."""
+        tool = args.get("tool")
+        if tool not in (WITHDRAW_TOOL, FORGET_TOOL):
+            raise EngramError(Code.INVALID_SCHEMA, "not a gated tool", reason_class="value_not_allowed")
+        field = "candidate_id" if tool == WITHDRAW_TOOL else "record_id"
+        tool_args = {field: args.get("target", ""), "idempotency_key": args.get("idempotency_key", ""),
+                     "reason_ref": args.get("reason_ref", "")}
+        validate_arguments(tool, tool_args)
+        self.core.authorize(ctx, tool, CallRecord(), stored_strings=stored_strings(tool_args))
+        request_digest = self._request_digest(tool, tool_args)
+        with self.core.store.read(snapshot=False) as tx:
+            target = (tx.candidate(ctx.tenant, ctx.workspace, tool_args[field]) if tool == WITHDRAW_TOOL
+                      else tx.record(ctx.tenant, ctx.workspace, tool_args[field]))
+            prior = self._replay(tx, ctx, tool, tool_args, request_digest)
+        if prior is not None:
+            return {"status": "replay"}
+        if target is None:
+            raise EngramError(Code.NOT_FOUND, "target")
+        if tool == WITHDRAW_TOOL:
+            lifecycle.check_candidate("withdraw", target.state)
+        else:
+            lifecycle.check_record("tombstone", target.state)
+        return {"status": "ready"}
 
     def _recheck(self, tx: DuckDBTx, ctx: BoundContext, tool: str, args: dict[str, Any] | None,
                  request_digest: str | None, call: CallRecord, grant_id: str | None, target: Any,
@@ -169,7 +201,8 @@ class MemoryService(ReadService):
 
     def _consume_grant(self, tx: DuckDBTx, ctx: BoundContext, grant_id: str) -> None:
         if not tx.use_confirmation(grant_id, ctx.tenant, ctx.workspace, self.core.now_ms()):
-            raise EngramError(Code.GATE_FAILED, "confirmation already used")
+            raise EngramError(Code.GATE_FAILED, "confirmation already used", reason_class="confirmation_invalid",
+                              reasons=("GRANT_USED",))
 
     def _tx_receipt(self, operation: str, event_digest: str, cursor: int, call: CallRecord, audit_id: str,
                     extra: dict[str, Any] | None = None) -> str:
@@ -229,7 +262,7 @@ class MemoryService(ReadService):
             call,
         )
         if not decision.result["allow"]:
-            raise EngramError(Code.UNAUTHORIZED, "capture policy denied")
+            raise denied(Code.UNAUTHORIZED, "capture policy denied", call.decisions)
         if decision.result.get("confirmation_required") or authz.result.get("obligations", {}).get("confirmation_required"):
             grant_obj = self._verify_grant(ctx, CAPTURE_TOOL, args, self._grant_present(grant))
         else:

@@ -123,13 +123,13 @@ class ReadService:
             rec = tx.record(ctx.tenant, ctx.workspace, args["record_id"])
         if rec is None or not eligible(rec, now):
             self._audit_read(ctx, GET_TOOL, "NOT_FOUND", args["record_id"], call)
-            raise EngramError(Code.NOT_FOUND, "record")
+            raise EngramError(Code.NOT_FOUND, "record", audited=True)
         allow, cap, redaction_policy = self._redaction(redaction, call)
         with self.core.store.read(snapshot=False) as tx:
             view = self._view_unless_forgotten(tx, rec, now)
         if view is None:  # forgotten since it was read
             self._audit_read(ctx, GET_TOOL, "NOT_FOUND", args["record_id"], call)
-            raise EngramError(Code.NOT_FOUND, "record")
+            raise EngramError(Code.NOT_FOUND, "record", audited=True)
         record, omitted, redaction_receipt = self._redact(view, allow, redaction_policy)
         max_bytes = min(args.get("max_packet_bytes", DEFAULT_PACKET), cap)
         instant = self.core.instant(now)
@@ -150,7 +150,7 @@ class ReadService:
         packet["packet_digest"] = digest("packet", packet)
         if len(canonical_json(packet)) > max_bytes:
             self._audit_read(ctx, GET_TOOL, "PROJECTION_OVERSIZED", rec.record_id, call)
-            raise EngramError(Code.PROJECTION_OVERSIZED, "record exceeds packet")
+            raise EngramError(Code.PROJECTION_OVERSIZED, "record exceeds packet", audited=True)
         self._audit_read(ctx, GET_TOOL, "ok", rec.record_id, call)
         return packet
 
@@ -253,9 +253,9 @@ class ReadService:
         frame = len(canonical_json({**response, "records": []}))
         if any(frame + len(canonical_json(p)) > max_bytes for p in response["records"]):
             self._audit_read(ctx, SEARCH_TOOL, "PROJECTION_OVERSIZED", "", call)
-            raise EngramError(Code.PROJECTION_OVERSIZED, "one record exceeds packet")
+            raise EngramError(Code.PROJECTION_OVERSIZED, "one record exceeds packet", audited=True)
         self._audit_read(ctx, SEARCH_TOOL, "RESULT_TOO_LARGE", "", call)
-        raise EngramError(Code.RESULT_TOO_LARGE, "page exceeds packet")
+        raise EngramError(Code.RESULT_TOO_LARGE, "page exceeds packet", audited=True)
 
     def _resume(self, token: str, binding: Binding) -> tuple[Pin, str, int, tuple[float, int, str]]:
         body = self.cursors.open(token)

@@ -19,6 +19,8 @@ _config := data.engram.config
 #   epoch) only for a host principal, never for an agent context. Any secret
 #   scanner finding in input.findings (the request's stored strings) denies.
 #   A denial by quotas alone carries retry_after_ms (RATE_LIMITED).
+#   host.record_refusal (the audit row of a refusal the host decided for the
+#   call this context was signed for) for any complete context.
 decision := object.union(
 	{
 		"allow": allow,
@@ -66,6 +68,10 @@ _is_host_call if _is_host_confirmation
 
 _is_host_call if _is_host_epoch
 
+# The MCP adapter records its own refusals (schema, confirmation) under the agent
+# context it signed for that call: the row names that call's principal and audit id.
+_is_host_refusal if input.operation == "host.record_refusal"
+
 _admin_name := trim_prefix(input.operation, "admin.") if startswith(input.operation, "admin.")
 
 _required_scope := _config.maintenance_scopes[_admin_name]
@@ -77,6 +83,8 @@ _known if _is_agent_tool
 _known if _is_host_call
 
 _known if _is_admin
+
+_known if _is_host_refusal
 
 # --- reasons; each rule both enforces and explains ---
 

@@ -321,3 +321,20 @@ test_golden_search_rate_limited if {
 	}
 	authz.decision == object.union(_denied([_r("QUOTA_EXCEEDED", "The principal quota of searches per minute is used up.")], false), {"retry_after_ms": 12345}) with input as _with_usage("engram_memory_search", usage)
 }
+
+# --- host.record_refusal: the adapter audits refusals it decided under the call's own context ---
+
+test_record_refusal_allowed_for_an_agent_context if {
+	authz.decision == _allowed(false) with input as _in("host.record_refusal", _ctx({}), _active)
+}
+
+test_record_refusal_allowed_when_the_scope_is_not_active if {
+	authz.decision == _allowed(false) with input as _in("host.record_refusal", _ctx({}), {"activated": false, "tools": []})
+}
+
+test_record_refusal_needs_a_complete_context if {
+	authz.decision == _denied(
+		[_r("CONTEXT_INCOMPLETE", "The bound context lacks a tenant, workspace or principal.")],
+		false,
+	) with input as _in("host.record_refusal", _ctx({"principal": ""}), _active)
+}
