@@ -66,7 +66,7 @@ def mcp_main(args: argparse.Namespace) -> int:
     registry = CollectorRegistry() if getattr(args, "metrics", None) else None
     adapter_metrics = AdapterMetrics(registry) if registry is not None else None
     # One line per refusal (tool, scope, audit id, exact reason) in either log format.
-    logging.getLogger("engram.mcp").setLevel(logging.INFO)
+    logging.getLogger("engram.mcp.refusal").setLevel(logging.INFO)
     try:
         config = load_host_config(args.host_config)
         listen = _parse_listen(args.http) if getattr(args, "http", None) else None

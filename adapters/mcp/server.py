@@ -46,6 +46,7 @@ from engram_core.schemas import INPUT_SCHEMAS, TOOL_NAMES, output_schema
 from engram_core.validation import validate_arguments
 
 logger = logging.getLogger("engram.mcp")
+refusal_log = logging.getLogger("engram.mcp.refusal")  # one line per refusal, visible in every log setup
 
 SERVER_NAME = "engram"
 SERVER_VERSION = "0.1.0"
@@ -111,7 +112,7 @@ def _can_elicit_form(ctx: ServerRequestContext[Any, Any]) -> bool:
 def _log_refusal(decided_by: str, call: CallContext, tool: str, exc: EngramError) -> None:
     """One line per refusal: tool, scope, audit id and the exact reason (never input values)."""
     b = call.binding
-    logger.info("call refused: decided_by=%s tool=%s tenant=%s workspace=%s principal=%s audit_id=%s %s",
+    refusal_log.info("call refused: decided_by=%s tool=%s tenant=%s workspace=%s principal=%s audit_id=%s %s",
                 decided_by, tool, b.tenant, b.workspace, b.principal, call.audit_id,
                 " ".join(f"{k}={v}" for k, v in exc.log_fields().items()))
 

@@ -153,7 +153,7 @@ async def test_nine_mistakes_get_nine_distinct_constant_messages_each_audited(co
 
 
 async def test_a_secret_in_the_text_is_a_credential_refusal_not_a_permissions_one(core, acme, caplog) -> None:
-    caplog.set_level(logging.INFO, logger="engram.core")
+    caplog.set_level(logging.INFO, logger="engram.call")
     async with stdio_client(acme, elicitation=approve) as client:
         env = envelope_of(await client.call_tool(
             "engram_memory_capture", _base(f"The deploy token is {SECRET} for the staging cluster")))
@@ -166,10 +166,10 @@ async def test_a_secret_in_the_text_is_a_credential_refusal_not_a_permissions_on
     assert "SECRET_FINDINGS" in refusal["reason_codes"] and refusal["origin"] == "core"
     assert SECRET not in json.dumps(row)
     # the core's log line names the tool, scope, audit id and the policy's reason code
-    lines = [r.getMessage() for r in caplog.records if r.name == "engram.core" and env["auditId"] in r.getMessage()]
+    lines = [r.getMessage() for r in caplog.records if r.name == "engram.call" and env["auditId"] in r.getMessage()
+             and r.getMessage().startswith("memory.capture")]
     assert len(lines) == 1, lines
-    for part in ("operation=engram_memory_capture", "tenant=acme", "workspace=ws-main", "SECRET_FINDINGS",
-                 "reason_class=credential"):
+    for part in ("memory.capture", "acme/ws-main", "outcome=UNAUTHORIZED", "SECRET_FINDINGS", "class=credential"):
         assert part in lines[0], (part, lines[0])
     assert SECRET not in lines[0]
 
@@ -343,7 +343,7 @@ async def test_the_adapter_log_names_tool_scope_audit_id_and_reason(core, tmp_pa
     finally:
         stop(adapter)
     stderr = adapter.process.stderr.read().decode() if adapter.process.stderr else ""
-    lines = [line for line in stderr.splitlines() if env["auditId"] in line]
+    lines = [line for line in stderr.splitlines() if env["auditId"] in line and "call refused" in line]
     assert len(lines) == 1, stderr
     for part in ("call refused", "decided_by=adapter", "tool=engram_memory_search", "tenant=acme",
                  "workspace=ws-main", "code=INVALID_SCHEMA", "reason_class=out_of_range", "pointer=/limit"):
