@@ -12,6 +12,7 @@ TOML with these sections (names are a public interface):
                allowed_origins = ["https://app.example.com"]  # browser Origins accepted
                token_digests_file = "PATH"       # bearer tokens: one sha256 hex digest a line
                token_env = "ENGRAM_MCP_TOKENS"   # or/and: tokens in an environment variable
+               tls_cert, tls_key = "PATH"        # serve HTTPS (PEM certificate chain and key)
     [core]     tls_ca, tls_cert, tls_key, tls_server_name   # gRPC over TLS (mTLS with cert+key)
 
 Over HTTP a file without ``[binding]`` binds each request from the
@@ -40,7 +41,7 @@ DEFAULT_CONFIRMATION_TIMEOUT_MS = 120_000
 _MAX_DEADLINE_MS = 300_000
 
 BINDING_FIELDS = ("tenant", "workspace", "principal", "agent_id", "session", "purpose_ref")
-HTTP_FIELDS = ("allowed_hosts", "allowed_origins", "token_digests_file", "token_env")
+HTTP_FIELDS = ("allowed_hosts", "allowed_origins", "token_digests_file", "token_env", "tls_cert", "tls_key")
 MIN_TOKEN_CHARS = 16  # a bearer token shorter than this is guessable; refuse it at startup
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -76,6 +77,8 @@ class HttpSettings:
     allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     token_digests: frozenset[str] = field(default_factory=frozenset)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
 
     @property
     def auth_required(self) -> bool:
@@ -246,7 +249,16 @@ def _http_settings(table: dict[str, Any], base: Path) -> HttpSettings:
         if any(len(t) < MIN_TOKEN_CHARS for t in tokens):
             raise ConfigError(f"a token in {name} is shorter than {MIN_TOKEN_CHARS} characters")
         digests.update(token_digest(t) for t in tokens)
+    if ("tls_cert" in table) != ("tls_key" in table):
+        raise ConfigError("tls_cert and tls_key in [http] go together")
+    tls = {}
+    for name in ("tls_cert", "tls_key"):
+        if name in table:
+            path = _resolve(base, _string(table, "http", name))
+            _read_bytes(path, f"{name} in [http]")  # unreadable: fail at startup, not at the first client
+            tls[name] = path
     return HttpSettings(
+        **tls,
         allowed_hosts=_strings(table, "http", "allowed_hosts"),
         allowed_origins=_strings(table, "http", "allowed_origins"),
         token_digests=frozenset(digests),

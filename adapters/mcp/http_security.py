@@ -51,13 +51,14 @@ def transport_security(host: str, port: int, http: HttpSettings) -> TransportSec
     bind are refused (421) until the names they use are listed in ``allowed_hosts``."""
     hosts: list[str] = []
     origins: list[str] = []
+    scheme = "https" if http.tls_cert else "http"
     if host not in _WILDCARDS:
         hosts.append(_authority(host, port))
-        origins.append(f"http://{_authority(host, port)}")
+        origins.append(f"{scheme}://{_authority(host, port)}")
     if is_loopback(host) or host in _WILDCARDS:  # a wildcard bind also listens on loopback
         for name in ("127.0.0.1", "localhost", "::1"):
             hosts.append(_authority(name, port))
-            origins.append(f"http://{_authority(name, port)}")
+            origins.append(f"{scheme}://{_authority(name, port)}")
     hosts += [h for h in http.allowed_hosts if h not in hosts]
     origins += [o for o in http.allowed_origins if o not in origins]
     return TransportSecuritySettings(

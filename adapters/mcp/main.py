@@ -206,12 +206,13 @@ def _serve_http(adapter: EngramMcp, config: HostConfig, host: str, port: int) ->
     from adapters.mcp.http_security import DigestTokenVerifier, auth_settings, is_loopback, transport_security
 
     server = adapter.build()
-    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    url = f"http://{authority}{HTTP_PATH}"
     http = config.http
+    scheme = "https" if http.tls_cert else "http"
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    url = f"{scheme}://{authority}{HTTP_PATH}"
     auth = {}
     if http.auth_required:
-        auth = {"auth": auth_settings(f"http://{authority}"),
+        auth = {"auth": auth_settings(f"{scheme}://{authority}"),
                 "token_verifier": DigestTokenVerifier(http.token_digests)}
     app = server.streamable_http_app(
         streamable_http_path=HTTP_PATH, host=host, transport_security=transport_security(host, port, http), **auth
@@ -220,4 +221,5 @@ def _serve_http(adapter: EngramMcp, config: HostConfig, host: str, port: int) ->
               else "no authentication (loopback only)" if is_loopback(host) else "")
     # stderr: stdout is kept clean on every transport.
     notice(f"engram mcp: serving streamable HTTP on {url}; {access}", "http_listening", url=url)
-    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")).run()
+    tls = {"ssl_certfile": str(http.tls_cert), "ssl_keyfile": str(http.tls_key)} if http.tls_cert else {}
+    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on", **tls)).run()

@@ -3,9 +3,11 @@ TOML (docs/mcp-clients.md); without them it gets nothing from that core."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 from mcp.shared.exceptions import MCPError
-from mcp_helpers import binding_for, stdio_client, write_config
+from mcp_helpers import ENGRAM, REPO, binding_for, stdio_client, write_config
 from serve_support import admin
 
 from engram_core.schemas import TOOL_NAMES
@@ -28,6 +30,9 @@ async def test_adapter_over_mutual_tls(mtls_core, pki, tmp_path):
                           binding=binding_for("acme"), core_extra=core_tls)
     async with stdio_client(config) as mcp:
         assert [t.name for t in (await mcp.list_tools()).tools] == list(TOOL_NAMES)
+    doctor = subprocess.run([ENGRAM, "doctor", "--host-config", str(config)], cwd=REPO, capture_output=True,
+                            text=True, timeout=60)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     plain = write_config(tmp_path / "plain.toml", address=mtls_core.address, signing_key=mtls_core.host_key,
                          binding=binding_for("acme"))
     async with stdio_client(plain) as mcp:
