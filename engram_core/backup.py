@@ -28,7 +28,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -340,9 +340,8 @@ class BackupService:
                     slot, sealed, payload = bodies[rec.record_id]
                     tx.insert_record(RecordRow(**{**asdict(rec), "sealed_body": sealed, "key_slot": slot}))
                     tx.put_data_key(f"record:{rec.record_id}", slot, now)
-                    tx.index_record(rec.tenant, rec.workspace, rec.record_id, record_fields(payload, self.core.hasher))
-                    self.memory.index_vector(tx, replace(ctx, tenant=rec.tenant, workspace=rec.workspace),
-                                             rec.record_id, payload)
+                    tx.index_record(rec.tenant, rec.workspace, rec.record_id, record_fields(payload, self.core.hasher),
+                                    self.memory.embed_record(payload))
                     write_links(tx, rec.tenant, rec.workspace, rec.record_id, payload_links(payload))
                 else:
                     tx.insert_record(rec)

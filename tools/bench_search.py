@@ -4,9 +4,8 @@ Loading N records through capture + admission would take hours, so the store is
 bulk-loaded in-process through the same code the admission transaction uses for
 each record (``vault.new_data_key``, ``seal`` of the effective payload,
 ``record_fields`` with the core's term hasher, ``tx.insert_record``,
-``tx.put_data_key``, ``tx.put_vector``), in transactions of ``--batch`` records;
-postings rows (exactly what ``index_record`` writes) go in through a CSV copy, and
-``field_stats`` is set from its totals. Journal and audit rows per record are
+``tx.put_data_key``, ``tx.index_record`` with the sealed projection), in transactions of
+``--batch`` records. Journal and audit rows per record are
 not written; the scope cursor is moved past the loaded records. Texts vary from
 templates; vectors come from embedding ``--distinct-texts`` distinct texts with
 the real model (each record gets its template's vector: the search cost does not
@@ -19,7 +18,6 @@ Run: ``.venv/bin/python tools/bench_search.py --records 100000 [--json OUT]``.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import platform
@@ -27,7 +25,6 @@ import random
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -92,32 +89,19 @@ def bulk_load(running: RunningCore, n: int, *, distinct: int, batch: int, seed: 
     with core.store.read() as tx:
         cursor = tx.scope(TENANT, WORKSPACE).last_cursor  # type: ignore[union-attr]
     now = now_ms()
-    totals: Counter[str] = Counter()
-    lengths: Counter[str] = Counter()
-    tmp = Path(tempfile.mkdtemp(prefix="engram-bench-"))
     for start in range(0, n, batch):
-        postings = tmp / "postings.csv"
-        with open(postings, "w", newline="") as f:
-            w = csv.writer(f)
-            rows = []
-            for i in range(start, min(n, start + batch)):
-                k = rng.randrange(len(pool))
-                eff = payload(pool[k] + f" #{i}", now - rng.randrange(400) * DAY_MS, i)
-                rdigest = "sha256:" + os.urandom(32).hex()
-                rid = record_id_of(rdigest)
-                slot, key = core.vault.new_data_key(f"record:{rid}")
-                body = seal(key, canonical_json(eff), kind="record", owner=rid)
-                fields = record_fields(eff, core.hasher)
-                for name, counts in fields.items():
-                    length = sum(counts.values())
-                    totals[name] += 1
-                    lengths[name] += length
-                    for term, tf in counts.items():
-                        w.writerow((TENANT, WORKSPACE, term, rid, name, tf, length))
-                cursor += 1
-                rows.append((rid, rdigest, eff, slot, body, cursor, k))
+        rows = []
+        for i in range(start, min(n, start + batch)):
+            k = rng.randrange(len(pool))
+            eff = payload(pool[k] + f" #{i}", now - rng.randrange(400) * DAY_MS, i)
+            rdigest = "sha256:" + os.urandom(32).hex()
+            rid = record_id_of(rdigest)
+            slot, key = core.vault.new_data_key(f"record:{rid}")
+            body = seal(key, canonical_json(eff), kind="record", owner=rid)
+            cursor += 1
+            rows.append((rid, rdigest, eff, slot, body, cursor, k, record_fields(eff, core.hasher)))
         with core.store.write() as tx:
-            for rid, rdigest, eff, slot, body, cur, k in rows:
+            for rid, rdigest, eff, slot, body, cur, k, fields in rows:
                 tx.insert_record(RecordRow(
                     record_id=rid, tenant=TENANT, workspace=WORKSPACE, candidate_id=f"cand_bench{cur}",
                     record_digest=rdigest, payload_digest="sha256:" + os.urandom(32).hex(), state="accepted_current",
@@ -126,22 +110,10 @@ def bulk_load(running: RunningCore, n: int, *, distinct: int, batch: int, seed: 
                     derivative_rule="make-ineligible", accepted_at_ms=now, accepted_cursor=cur, state_cursor=cur,
                     successor_id=None, sealed_body=body, key_slot=slot))
                 tx.put_data_key(f"record:{rid}", slot, now)
-                if vectors is not None:
-                    tx.put_vector(TENANT, WORKSPACE, rid, core.embedder.model_id, vectors[k])  # type: ignore[union-attr]
-            tx._con.execute("INSERT INTO postings (tenant, workspace, term, record_id, field, tf, field_len, doc) "
-                            f"SELECT p.*, r.doc FROM read_csv('{postings}', header=false, columns="
-                            "{'a':'VARCHAR','b':'VARCHAR','c':'BIGINT','d':'VARCHAR','e':'VARCHAR','f':'INTEGER',"
-                            "'g':'INTEGER'}) p JOIN records r ON r.record_id = p.d")
+                vector = (core.embedder.model_id, vectors[k]) if vectors is not None else None  # type: ignore[union-attr]
+                tx.index_record(TENANT, WORKSPACE, rid, fields, vector)
             tx.set_scope_head(TENANT, WORKSPACE, cursor, tx.scope(TENANT, WORKSPACE).last_event_digest)  # type: ignore[union-attr]
         print(f"  loaded {min(n, start + batch)}/{n} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    with core.store.write() as tx:
-        for name in [*totals, "_docs"]:
-            docs = n if name == "_docs" else totals[name]
-            tx._con.execute("INSERT INTO field_stats VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, workspace, field) "
-                            "DO UPDATE SET doc_count = doc_count + excluded.doc_count, "
-                            "total_len = total_len + excluded.total_len",
-                            [TENANT, WORKSPACE, name, docs, lengths.get(name, 0)])
-    core.store.reload_indexes()  # the postings above bypassed DuckDBTx, so the index rebuilds from them
     core.store.checkpoint()
     return time.perf_counter() - t0
 

@@ -325,7 +325,8 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
     trusted = TrustedHostKeys([host_key.public_key()], grant_signers=[confirmation_key.public_key()])
     for pem in extra_trusted_pems or []:
         trusted.add(load_public_pem(pem))  # KeyRoleConflict: refuse to start, an operator error
-    store = DuckDBStore(data_dir, load_index=load_index)
+    vault = FileKeyVault(data_dir)
+    store = DuckDBStore(data_dir, load_index=load_index, keys=vault)  # search projections are sealed under record keys
     if devices:
         store.attach_audit_devices(devices)
     with store.write() as tx:
@@ -335,7 +336,6 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
                 continue
             trusted.add(load_public_pem(pem))
         tx.add_trusted_host_key(key_id(host_key.public_key()), public_pem(host_key.public_key()), 0)
-    vault = FileKeyVault(data_dir)
     policy = policy or build_policy(policies_dir, opa_url)
     core = Core(data_dir=data_dir, store=store, vault=vault, policy=policy, trusted=trusted, clock=clock,
                 embedder=build_embedder(semantic))

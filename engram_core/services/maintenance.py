@@ -683,8 +683,8 @@ class MaintenanceService:
                 if payload is None:
                     unreadable.append(rec.record_id)
                     continue
-                tx.index_record(tenant, workspace, rec.record_id, record_fields(payload, self.core.hasher))
-                self.memory.index_vector(tx, tctx, rec.record_id, payload)
+                tx.index_record(tenant, workspace, rec.record_id, record_fields(payload, self.core.hasher),
+                                self.memory.embed_record(payload))
                 write_links(tx, tenant, workspace, rec.record_id, payload_links(payload))  # records admitted before links
                 indexed.append(rec.record_id)
             counts = tx.projection_counts(tenant, workspace)

@@ -401,7 +401,7 @@ class MemoryService(ReadService):
                                                       "reason_ref": reason_ref, "principal": ctx.principal,
                                                       "at": self.core.instant(now)})["receipt_digest"])
         record_slot: int | None = None
-        vector: list[float] | None = None
+        vector: tuple[str, list[float]] | None = None
         reconciled: list[dict[str, Any]] = []
         if status == "accepted":
             record_slot, record_key = self.core.vault.new_data_key(f"record:{record_id}")
@@ -440,8 +440,7 @@ class MemoryService(ReadService):
                         successor_id=None, sealed_body=body, key_slot=record_slot,
                     ))
                     tx.put_data_key(f"record:{record_id}", record_slot, now)  # type: ignore[arg-type]
-                    tx.index_record(ctx.tenant, ctx.workspace, record_id, fields)
-                    self.index_vector(tx, ctx, record_id, effective, vector)
+                    tx.index_record(ctx.tenant, ctx.workspace, record_id, fields, vector)
                     links = payload_links(effective)
                     write_links(tx, ctx.tenant, ctx.workspace, record_id, links)
                     if plan is not None:
@@ -502,22 +501,12 @@ class MemoryService(ReadService):
             tx.append_audit(self.core.audit_row(ctx, ADMISSION_TOOL, status, cand.candidate_id, call))
         return {"outcome": outcome, "replayed": False}
 
-    def embed_record(self, effective: dict[str, Any]) -> list[float] | None:
-        """The record's vector for the semantic channel, or None when the channel is off."""
+    def embed_record(self, effective: dict[str, Any]) -> tuple[str, list[float]] | None:
+        """The record's vector for the semantic channel (model id, values), or None when it is off."""
         embedder = getattr(self.core, "embedder", None)
         if embedder is None:
             return None
-        return embedder.embed("\n".join(c["text"] for c in effective["components"]))
-
-    def index_vector(self, tx: DuckDBTx, ctx: BoundContext, record_id: str, effective: dict[str, Any],
-                     vector: list[float] | None = None) -> None:
-        """Hook for the semantic channel (vectors stored with the record)."""
-        embedder = getattr(self.core, "embedder", None)
-        if embedder is None:
-            return
-        if vector is None:
-            vector = self.embed_record(effective)
-        tx.put_vector(ctx.tenant, ctx.workspace, record_id, embedder.model_id, vector)
+        return embedder.model_id, embedder.embed("\n".join(c["text"] for c in effective["components"]))
 
     def _open_envelope(self, cand: CandidateRow) -> dict[str, Any]:
         key = self._key(f"candidate:{cand.candidate_id}")

@@ -40,14 +40,16 @@ from engram_core.store.port import (
     ScopeRow,
     iter_chunks,
 )
+from engram_core.store.projection import DataKeys, Projection, open_projection, seal_projection
 from engram_core.store.record_links import RecordLinks
 from engram_core.store.record_sql import RECORD_COLS, record_of
-from engram_core.store.search_index import Posting, RecordMeta, SearchIndex
+from engram_core.store.search_index import FIELD_CODE, Posting, RecordMeta, SearchIndex
 from engram_core.store.trust import TrustClasses
 
 GENESIS = "sha256:" + "0" * 64
 SPOOL_BATCH = 512  # spooled audit rows moved into the table in one transaction
 log = logging.getLogger(__name__)
+_RECORD_COLS_R = ", ".join("r." + c.strip() for c in RECORD_COLS.split(","))  # records joined as r
 _CANDIDATE_COLS = (
     "candidate_id, tenant, workspace, principal, agent_id, session, state, payload_digest, record_digest, "
     "trust_class, facts, sealed_envelope, captured_at_ms, cursor, decision"
@@ -388,63 +390,56 @@ class DuckDBTx(RecordLinks, TrustClasses):
         ) is not None
 
     # -- projections ----------------------------------------------------------------
-    def index_record(self, tenant: str, workspace: str, record_id: str, fields: dict[str, Counter[int]]) -> None:
-        """Postings, field statistics and term document frequencies of one accepted record (after
-        ``insert_record``, in the same transaction): one statement each, not one per term."""
-        rows = []
-        for field_name, counts in fields.items():
-            length = sum(counts.values())
-            for term, tf in counts.items():
-                rows.append((tenant, workspace, term, record_id, field_name, tf, length))
+    def index_record(self, tenant: str, workspace: str, record_id: str, fields: dict[str, Counter[int]],
+                     vector: tuple[str, list[float]] | None = None) -> None:
+        """The search projection of one accepted record (after ``insert_record``, in the same
+        transaction): postings and the vector (model id, values), stored as one blob sealed under
+        the record's own data key (store/projection.py), so a forget shreds them with the body."""
         inserted = self._inserted.get(record_id)
         if inserted is not None and inserted[1].state == "accepted_current":
-            doc_no, r = inserted
-        else:  # a record inserted earlier (rebuild), or whose state changed since
-            found = self._one(f"SELECT {RECORD_COLS}, doc FROM records WHERE record_id = ?", [record_id])
+            r = inserted[1]
+        else:  # a record inserted earlier (rebuild, restore), or whose state changed since
+            found = self._one(f"SELECT {RECORD_COLS} FROM records WHERE record_id = ?", [record_id])
             if found is None:
                 raise EngramError(Code.STORE_UNAVAILABLE, "index_record before insert_record")
-            doc_no, r = int(found[-1]), record_of(found)
-        self.index_ops.append(("index", tenant, workspace, RecordMeta.of(r),
-                                 [Posting(p[2], p[4], p[5], p[6]) for p in rows]))
-        if rows:
-            # One statement for all of the record's postings: executemany runs one INSERT per row
-            # (tens per record), which profiling showed as a fifth of admission time.
-            cols = [list(c) for c in zip(*rows, strict=True)]
-            self._con.execute(
-                "INSERT INTO postings (tenant, workspace, term, record_id, field, tf, field_len, doc) "
-                "SELECT unnest($1::VARCHAR[]), unnest($2::VARCHAR[]), unnest($3::BIGINT[]), unnest($4::VARCHAR[]), "
-                "unnest($5::VARCHAR[]), unnest($6::INTEGER[]), unnest($7::INTEGER[]), $8::BIGINT",
-                [*cols, doc_no],
-            )
-        stats = [(f, sum(c.values())) for f, c in fields.items() if c] + [("_docs", 0)]
-        self._con.execute(
-            "INSERT INTO field_stats SELECT $1, $2, unnest($3::VARCHAR[]), 1, unnest($4::BIGINT[]) "
-            "ON CONFLICT (tenant, workspace, field) "
-            "DO UPDATE SET doc_count = doc_count + 1, total_len = total_len + excluded.total_len",
-            [tenant, workspace, [f for f, _ in stats], [n for _, n in stats]],
-        )
+            r = record_of(found)
+        projection = Projection.of({FIELD_CODE[name]: counts for name, counts in fields.items()},
+                                   *(vector if vector is not None else ("", None)))
+        key = self._store.data_key(r)
+        self._con.execute("INSERT OR REPLACE INTO projections VALUES (?, ?, ?, ?)",
+                          [record_id, tenant, workspace, seal_projection(key, record_id, projection)])
+        postings = [Posting(term, name, tf, sum(counts.values()))
+                    for name, counts in fields.items() for term, tf in counts.items()]
+        self.index_ops.append(("index", tenant, workspace, RecordMeta.of(r), postings))
+        if vector is not None:
+            self.index_ops.append(("vector", tenant, workspace, record_id, vector[0], vector[1]))
 
     def unindex_record(self, tenant: str, workspace: str, record_id: str) -> int:
-        stats = self._all(
-            "SELECT field, max(field_len), count(*) FROM postings WHERE record_id = ? AND tenant = ? AND workspace = ? "
-            "GROUP BY field",
-            [record_id, tenant, workspace],
-        )
+        """Delete the record's sealed projection; returns how many postings it held."""
+        found = self._one("SELECT sealed FROM projections WHERE record_id = ? AND tenant = ? AND workspace = ?",
+                          [record_id, tenant, workspace])
         self.index_ops.append(("unindex", tenant, workspace, record_id))
-        if not stats:
+        if found is None:
             return 0
-        self._con.execute(
-            "UPDATE field_stats SET doc_count = doc_count - 1, total_len = total_len - u.len "
-            "FROM (SELECT unnest($1::VARCHAR[]) AS field, unnest($2::BIGINT[]) AS len) u "
-            "WHERE field_stats.tenant = $3 AND field_stats.workspace = $4 AND field_stats.field = u.field",
-            [[f for f, _, _ in stats] + ["_docs"], [int(n) for _, n, _ in stats] + [0], tenant, workspace],
-        )
-        self._con.execute("DELETE FROM postings WHERE record_id = ?", [record_id])
-        self._con.execute("DELETE FROM vectors WHERE record_id = ?", [record_id])
-        return sum(int(c) for _, _, c in stats)
+        with self._store.search_index() as index:
+            removed = index.postings_of(tenant, workspace, record_id)
+        self._con.execute("DELETE FROM projections WHERE record_id = ?", [record_id])
+        return removed
+
+    def _projection(self, record_id: str) -> Projection | None:
+        found = self._one(f"SELECT p.sealed, {_RECORD_COLS_R} "
+                          "FROM projections p JOIN records r USING (record_id) WHERE p.record_id = ?", [record_id])
+        if found is None:
+            return None
+        return open_projection(self._store.data_key(record_of(found[1:])), record_id, found[0])
 
     def postings_count(self, record_id: str) -> int:
-        return int(self._one("SELECT count(*) FROM postings WHERE record_id = ?", [record_id])[0])  # type: ignore[index]
+        projection = self._projection(record_id)
+        return projection.postings if projection is not None else 0
+
+    def vector_count(self, record_id: str) -> int:
+        projection = self._projection(record_id)
+        return int(projection is not None and projection.vector is not None)
 
     def lexical_stats(self, tenant: str, workspace: str, terms: list[int]) -> LexicalStats:
         """Corpus statistics BM25 needs for ``terms`` in one scope (the in-memory index's copy of
@@ -465,10 +460,6 @@ class DuckDBTx(RecordLinks, TrustClasses):
                               lexical_weight=lexical_weight, max_accepted_cursor=max_accepted_cursor,
                               best_bm25=best_bm25, after=after, limit=limit, window=window)
 
-    def put_vector(self, tenant: str, workspace: str, record_id: str, model: str, vector: list[float]) -> None:
-        self._con.execute("INSERT INTO vectors VALUES (?, ?, ?, ?, ?)", [record_id, tenant, workspace, model, vector])
-        self.index_ops.append(("vector", tenant, workspace, record_id, model, vector))
-
     def rank_vectors(
         self, tenant: str, workspace: str, model: str, vector: list[float], *, now_ms: int,
         max_accepted_cursor: int, min_similarity: float, limit: int,
@@ -477,9 +468,6 @@ class DuckDBTx(RecordLinks, TrustClasses):
         with self._store.search_index() as index:
             return index.nearest(tenant, workspace, model, vector, now_ms=now_ms,
                                  max_accepted_cursor=max_accepted_cursor, min_similarity=min_similarity, limit=limit)
-
-    def vector_count(self, record_id: str) -> int:
-        return int(self._one("SELECT count(*) FROM vectors WHERE record_id = ?", [record_id])[0])  # type: ignore[index]
 
     # -- audit -------------------------------------------------------------------------
     def append_audit(self, row: AuditRow) -> str:
@@ -531,12 +519,9 @@ class DuckDBTx(RecordLinks, TrustClasses):
 
     # -- maintenance (SPEC §12): projections, backup and restore -------------------------
     def drop_projections(self, tenant: str, workspace: str) -> dict[str, int]:
-        """Delete the lexical and vector projections of one scope; returns row counts removed."""
-        counts = {}
-        for table in ("postings", "vectors", "field_stats"):
-            counts[table] = int(self._one(f"SELECT count(*) FROM {table} WHERE tenant = ? AND workspace = ?",  # type: ignore[index]
-                                          [tenant, workspace])[0])
-            self._con.execute(f"DELETE FROM {table} WHERE tenant = ? AND workspace = ?", [tenant, workspace])
+        """Delete the sealed projections of one scope; returns what they held (postings, vectors)."""
+        counts = self.projection_counts(tenant, workspace)
+        self._con.execute("DELETE FROM projections WHERE tenant = ? AND workspace = ?", [tenant, workspace])
         self.index_ops.append(("drop_scope", tenant, workspace))
         return counts
 
@@ -550,9 +535,17 @@ class DuckDBTx(RecordLinks, TrustClasses):
         return n
 
     def projection_counts(self, tenant: str, workspace: str) -> dict[str, int]:
-        return {table: int(self._one(f"SELECT count(*) FROM {table} WHERE tenant = ? AND workspace = ?",  # type: ignore[index]
-                                     [tenant, workspace])[0])
-                for table in ("postings", "vectors", "field_stats")}
+        """Postings and vectors in the scope's sealed projections (opened: maintenance only)."""
+        counts = {"projections": 0, "postings": 0, "vectors": 0}
+        for found in self._all(f"SELECT p.sealed, {_RECORD_COLS_R} "
+                               "FROM projections p JOIN records r USING (record_id) "
+                               "WHERE p.tenant = ? AND p.workspace = ?", [tenant, workspace]):
+            rec = record_of(found[1:])
+            projection = open_projection(self._store.data_key(rec), rec.record_id, found[0])
+            counts["projections"] += 1
+            counts["postings"] += projection.postings
+            counts["vectors"] += int(projection.vector is not None)
+        return counts
 
     def is_empty(self) -> bool:
         """True when nothing but trusted host keys and metadata was ever written (a restore target)."""
@@ -606,10 +599,14 @@ class DuckDBTx(RecordLinks, TrustClasses):
 class DuckDBStore:
     """The DuckDB file store. ``open`` fences, migrates and loads the audit head."""
 
-    def __init__(self, data_dir: Path, *, migrate: bool = True, load_index: bool = True) -> None:
+    def __init__(self, data_dir: Path, *, migrate: bool = True, load_index: bool = True,
+                 keys: DataKeys | None = None) -> None:
         """``load_index=False`` leaves the search index to be built by ``reload_indexes`` (the
         server does so after it starts listening, NOT_SERVING until then) or on first use."""
         self.data_dir = data_dir
+        # The key vault's data keys: search projections are sealed under each record's key
+        # (store/projection.py). A store opened without them (offline tools) has no search index.
+        self._keys = keys
         # Observability hooks (engram_core/observability/ports.py sets them): seconds per COMMIT,
         # and seconds and documents per search index rebuild.
         self.on_commit: Callable[[float], None] | None = None
@@ -631,6 +628,8 @@ class DuckDBStore:
         self._local = threading.local()
         self._open = True
         self.migrations_applied_at_open = self.check_migrations(apply=migrate)
+        if migrate and self._con.execute("SELECT 1 FROM store_meta WHERE k = 'compact_pending'").fetchall():
+            self._compact()
         # Audit rows of reads acknowledged before a crash, not yet moved into the table.
         self._spool = AuditSpool(data_dir)
         # Sinks outside the data directory every new audit row goes to first (audit_device.py).
@@ -676,6 +675,8 @@ class DuckDBStore:
             con.execute("BEGIN TRANSACTION")
             try:
                 con.execute(m.sql)
+                if m.step is not None:
+                    getattr(self, m.step)(con)
                 con.execute("INSERT INTO schema_migrations VALUES (?, ?, ?, ?)",
                             [m.version, m.name, m.checksum, time.time_ns() // 1_000_000])
                 con.execute("COMMIT")
@@ -684,6 +685,76 @@ class DuckDBStore:
                 raise
             applied.append(m.version)
         return applied
+
+    def seal_legacy_projections(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Migration 6: each record's plain postings and vector become one sealed projection,
+        the plain tables go, and the file is rewritten once this commits (``_compact``)."""
+        by_record: dict[str, dict[int, Counter[int]]] = {}
+        for term, record_id, name, tf in con.execute("SELECT term, record_id, field, tf FROM postings").fetchall():
+            by_record.setdefault(record_id, {}).setdefault(FIELD_CODE[name], Counter())[int(term)] = int(tf)
+        vectors = {rid: (model, list(values)) for rid, model, values in
+                   con.execute("SELECT record_id, model, embedding FROM vectors").fetchall()}
+        rows = con.execute(f"SELECT {RECORD_COLS} FROM records WHERE record_id IN "
+                           "(SELECT record_id FROM postings UNION SELECT record_id FROM vectors)").fetchall()
+        sealed = []
+        for found in rows:
+            rec = record_of(found)
+            key = self._record_key(rec)
+            if key is None:
+                continue  # its key is gone: the projection is unreadable anyway, like its body
+            model, vector = vectors.get(rec.record_id, ("", None))
+            projection = Projection.of(by_record.get(rec.record_id, {}), model, vector)
+            sealed.append((rec.record_id, rec.tenant, rec.workspace, seal_projection(key, rec.record_id, projection)))
+        for chunk in iter_chunks(sealed, 2048):
+            con.execute("INSERT INTO projections SELECT unnest($1::VARCHAR[]), unnest($2::VARCHAR[]), "
+                        "unnest($3::VARCHAR[]), unnest($4::BLOB[])", [list(c) for c in zip(*chunk, strict=True)])
+        con.execute("DROP TABLE postings; DROP TABLE vectors; DROP TABLE field_stats")
+        if rows:
+            con.execute("INSERT OR REPLACE INTO store_meta VALUES ('compact_pending', 'migration 6')")
+
+    def _compact(self) -> None:
+        """Rewrite the database into a fresh file and swap it in: DuckDB keeps freed pages (with
+        whatever rows they held) in its file, a copy carries only live data. Crash-safe: the
+        old file stays until the copy is complete and synced, and the pending mark is cleared
+        only in the new file."""
+        con = self._con
+        con.execute("CHECKPOINT")
+        fresh = self.path.with_name(self.path.name + ".compact")
+        fresh.unlink(missing_ok=True)
+        name = con.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
+        con.execute(f"ATTACH '{fresh}' AS engram_compact")
+        con.execute(f'COPY FROM DATABASE "{name}" TO engram_compact')
+        con.execute("DETACH engram_compact")
+        con.close()
+        fd = os.open(fresh, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(fresh, self.path)
+        Path(str(self.path) + ".wal").unlink(missing_ok=True)
+        dir_fd = os.open(self.data_dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        self._con = duckdb.connect(str(self.path))
+        self._con.execute("DELETE FROM store_meta WHERE k = 'compact_pending'")
+        self._con.execute("CHECKPOINT")
+
+    def _record_key(self, rec: RecordRow) -> bytes | None:
+        if self._keys is None:
+            raise EngramError(Code.STORE_UNAVAILABLE, "search projections need the key vault")
+        if rec.key_slot is None:
+            return None
+        return self._keys.data_key(int(rec.key_slot), f"record:{rec.record_id}")
+
+    def data_key(self, rec: RecordRow) -> bytes:
+        """The record's data key, which seals its search projection."""
+        key = self._record_key(rec)
+        if key is None:
+            raise EngramError(Code.BLOB_MISSING, "record data key missing")
+        return key
 
     def migrate(self) -> list[int]:
         """Re-verify the ledger and apply pending migrations, serialized with writers."""
@@ -783,7 +854,7 @@ class DuckDBStore:
         try:
             cur.execute("BEGIN TRANSACTION")
             index = SearchIndex()
-            index.load(cur)
+            index.load(self._opened_projections(cur))
             scopes = {(r[0], r[1]): ScopeRow(r[0], r[1], r[2], tuple(json.loads(r[3])), r[4], int(r[5]), r[6])
                       for r in cur.execute("SELECT tenant, workspace, activated, tools, authorization_epoch, "
                                            "last_cursor, last_event_digest FROM scopes").fetchall()}
@@ -802,6 +873,21 @@ class DuckDBStore:
         """(audit rows spooled but not yet in the table, ``at_ms`` of the oldest of them)."""
         pending = self._spool.pending
         return len(pending), (int(pending[0]["at_ms"]) if pending else None)
+
+    def _opened_projections(self, cur: duckdb.DuckDBPyConnection) -> Iterator[tuple[RecordRow, Projection]]:
+        """Every record's search projection, opened with its data key, in document order (none for
+        a store opened without its key vault: offline tools read rows, they do not search)."""
+        if self._keys is None:
+            return
+        rows = cur.execute(f"SELECT p.sealed, {_RECORD_COLS_R} FROM projections p JOIN records r USING (record_id) "
+                           "ORDER BY r.doc").fetchall()
+        for found in rows:
+            rec = record_of(found[1:])
+            key = self._record_key(rec)
+            if key is None:  # destroyed with a forget whose commit raced a crash: the body is gone too
+                log.warning("record %s has a projection but no data key; not indexed", rec.record_id)
+                continue
+            yield rec, open_projection(key, rec.record_id, found[0])
 
     @contextmanager
     def read(self, *, snapshot: bool = True) -> Iterator[DuckDBTx]:

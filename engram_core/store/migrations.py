@@ -17,10 +17,14 @@ class Migration:
     version: int
     name: str
     sql: str
+    # A data conversion SQL cannot do, run by the store in the migration's transaction after
+    # ``sql``: the name of a store method (it may need the key vault). Part of the checksum.
+    step: str | None = None
 
     @property
     def checksum(self) -> str:
-        return "sha256:" + hashlib.sha256(self.sql.encode()).hexdigest()
+        text = self.sql if self.step is None else f"{self.sql}\0step:{self.step}"
+        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -159,6 +163,21 @@ CREATE TABLE record_sources (
   PRIMARY KEY (tenant, workspace, source_id, record_id));
 CREATE INDEX record_sources_record ON record_sources (record_id);
 """,
+    ),
+    Migration(
+        6,
+        "search projections sealed under each record's data key",
+        # SPEC §10: postings (keyed term hashes) and vectors stored as plain rows outlived a forget
+        # in freed DuckDB pages, and anyone holding DIR/index.key could test words against them.
+        # Each record's projection is now one blob sealed under the record's key, so destroying
+        # the key shreds it everywhere. seal_legacy_projections moves the old rows into sealed
+        # blobs, drops the plain tables, and has the store rewrite its file (freed pages holding
+        # the old rows are not carried over).
+        """
+CREATE TABLE projections (
+  record_id VARCHAR PRIMARY KEY, tenant VARCHAR NOT NULL, workspace VARCHAR NOT NULL, sealed BLOB NOT NULL);
+""",
+        step="seal_legacy_projections",
     ),
 )
 

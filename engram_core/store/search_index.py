@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from engram_core.store.port import LexicalPage, LexicalStats, RecordRow
-from engram_core.store.record_sql import RECORD_COLS, record_of
+from engram_core.store.projection import Projection
 
 FIELDS = ("primary", "decision", "evidence", "context", "citations")
 FIELD_CODE = {name: i for i, name in enumerate(FIELDS)}
@@ -412,49 +412,53 @@ class SearchIndex:
             else:
                 raise ValueError(f"unknown lexical change {kind!r}")
 
-    def load(self, con: Any) -> None:
-        """(Re)build every scope from the database's committed projection."""
+    def load(self, entries: Iterable[tuple[RecordRow, Projection]]) -> None:
+        """(Re)build every scope from the records' opened projections (store/projection.py),
+        given in the database's document order (a scope's local document numbers follow it)."""
         self._scopes, self._scope_of = {}, {}
-        scopes = con.execute("SELECT DISTINCT tenant, workspace FROM postings UNION "
-                             "SELECT DISTINCT tenant, workspace FROM vectors").fetchall()
-        for tenant, workspace in scopes:
+        grouped: dict[tuple[str, str], list[tuple[RecordRow, Projection]]] = {}
+        for row, projection in entries:
+            grouped.setdefault((row.tenant, row.workspace), []).append((row, projection))
+        for key, items in grouped.items():
             scope = _Scope()
-            recs = con.execute(
-                f"SELECT {RECORD_COLS}, doc FROM records WHERE tenant = ? AND workspace = ? "
-                "AND (doc IN (SELECT DISTINCT doc FROM postings WHERE tenant = ? AND workspace = ?) "
-                "OR record_id IN (SELECT record_id FROM vectors WHERE tenant = ? AND workspace = ?)) ORDER BY doc",
-                [tenant, workspace, tenant, workspace, tenant, workspace]).fetchall()
-            db_docs = np.array([r[-1] for r in recs], dtype=np.int64)
-            for found in recs:
-                meta = RecordMeta.of(record_of(found))
-                scope.local[meta.record_id] = scope.columns.add(meta)
-                self._scope_of[meta.record_id] = (tenant, workspace)
-            cols = con.execute(
-                "SELECT term, doc, list_position(?, field) - 1 AS f, tf, field_len FROM postings "
-                "WHERE tenant = ? AND workspace = ?", [list(FIELDS), tenant, workspace]).fetchnumpy()
-            local = np.searchsorted(db_docs, cols["doc"])
-            scope.base = _Postings.build(np.asarray(cols["term"], dtype=np.int64), local, np.asarray(cols["f"]),
-                                         np.asarray(cols["tf"]), np.asarray(cols["field_len"]))
-            stats = dict(((f, (int(n), int(t))) for f, n, t in con.execute(
-                "SELECT field, doc_count, total_len FROM field_stats WHERE tenant = ? AND workspace = ?",
-                [tenant, workspace]).fetchall()))
-            scope.docs = stats.pop("_docs", (0, 0))[0]
-            for name, (n, total) in stats.items():
-                if name in FIELD_CODE:
-                    scope.field_docs[FIELD_CODE[name]], scope.field_len[FIELD_CODE[name]] = n, total
-            vecs = con.execute("SELECT record_id, model, embedding FROM vectors WHERE tenant = ? AND workspace = ?",
-                               [tenant, workspace]).fetchnumpy()
-            for model in sorted(set(vecs["model"].tolist())):
-                rows = np.flatnonzero(vecs["model"] == model)
-                docs = np.array([scope.local.get(rid, -1) for rid in vecs["record_id"][rows].tolist()])
-                keep = docs >= 0
-                stacked = np.stack(vecs["embedding"][rows][keep]).astype(np.float64)
-                matrix = np.zeros((max(scope.columns.n, 1), stacked.shape[1]))
+            terms, docs, flds, tfs, flens = [], [], [], [], []
+            vectors: dict[str, list[tuple[int, np.ndarray]]] = {}
+            for row, projection in items:
+                doc = scope.columns.add(RecordMeta.of(row))
+                scope.local[row.record_id] = doc
+                self._scope_of[row.record_id] = key
+                for code, (term, tf) in projection.fields.items():
+                    length = int(tf.sum())
+                    terms.append(term)
+                    tfs.append(tf)
+                    docs.append(np.full(len(term), doc, dtype=np.int64))
+                    flds.append(np.full(len(term), code, dtype=np.int64))
+                    flens.append(np.full(len(term), length, dtype=np.int64))
+                    scope.field_docs[code] += 1
+                    scope.field_len[code] += length
+                scope.docs += 1
+                if projection.vector is not None:
+                    vectors.setdefault(projection.model, []).append((doc, projection.vector))
+            if terms:
+                scope.base = _Postings.build(*(np.concatenate(part) for part in (terms, docs, flds, tfs, flens)))
+            for model, rows in sorted(vectors.items()):
+                # float64, as put_vector holds them (see there)
+                matrix = np.zeros((max(scope.columns.n, 1), len(rows[0][1])))
                 present = np.zeros(len(matrix), dtype=bool)
-                matrix[docs[keep]] = stacked
-                present[docs[keep]] = True
+                for doc, vector in rows:
+                    matrix[doc] = vector
+                    present[doc] = True
                 scope.vectors[model] = (matrix, present)
-            self._scopes[(tenant, workspace)] = scope
+            self._scopes[key] = scope
+
+    def postings_of(self, tenant: str, workspace: str, record_id: str) -> int:
+        """How many postings the index holds for one record (0 when it holds none)."""
+        scope = self._scopes.get((tenant, workspace))
+        doc = scope.local.get(record_id) if scope is not None else None
+        if scope is None or doc is None:
+            return 0
+        rows = scope.terms_of.get(doc)
+        return len(rows) if rows is not None else len(scope._rows_of(doc))
 
     # -- reads ----------------------------------------------------------------------
     def rows(self, tenant: str, workspace: str, record_ids: list[str]) -> dict[str, RecordRow]:

@@ -10,6 +10,7 @@ import pytest
 from core_support import Client, Failed, activate, capture_args
 from crash_harness import Acked, CoreProcess, run_workload
 
+from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.errors import Code
 from engram_core.store.duckdb_store import GENESIS, DuckDBStore, audit_digest_of, event_digest_of
 
@@ -26,7 +27,7 @@ class _Proc:
 
 def verify_store(data_dir) -> None:
     """Chains verify and no mutation is half-applied, read straight from the file."""
-    store = DuckDBStore(data_dir)
+    store = DuckDBStore(data_dir, keys=FileKeyVault(data_dir))  # postings_count opens sealed projections
     try:
         with store.read() as tx:
             for scope in tx.scopes():

@@ -24,6 +24,7 @@ from core_support import Client, Failed, capture_args
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
 from engram_core.canonical import digest
+from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.errors import Code
 from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
 from engram_core.hostkeys import load_private_key_file
@@ -216,7 +217,7 @@ def check_replays(client: Client, admin: HostAdmin, ledger: Ledger) -> int:
 def verify_file(data_dir: Path, ledger: Ledger) -> dict[str, int]:
     """Read straight from the DuckDB file (core stopped): chains verify, nothing half-applied,
     every acknowledged mutation has its journal event and its audit row."""
-    store = DuckDBStore(data_dir)
+    store = DuckDBStore(data_dir, keys=FileKeyVault(data_dir))  # postings_count opens sealed projections
     try:
         with store.read() as tx:
             targets_by_op: dict[str, set[str]] = {}
@@ -297,8 +298,8 @@ def activate_scope(core: Any, tenant: str = TENANT, workspace: str = WORKSPACE, 
             time.sleep(0.2)
 
 
-DOMAIN_TABLES = ("candidates", "records", "journal", "idempotency", "used_confirmations", "tombstones", "postings",
-                 "vectors", "data_keys", "key_destructions", "scopes")
+DOMAIN_TABLES = ("candidates", "records", "journal", "idempotency", "used_confirmations", "tombstones", "projections",
+                 "data_keys", "key_destructions", "scopes")
 
 
 def domain_state(running: Any) -> dict[str, Any]:

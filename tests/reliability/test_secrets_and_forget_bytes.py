@@ -207,3 +207,41 @@ def test_forgotten_text_is_nowhere_and_an_earlier_backup_cannot_open_it(core) ->
     backup_after = _backup(host)
     assert word.encode() not in backup_after and base64.b64encode(sealed[:48]) not in backup_after
     host.close()
+
+
+def test_forget_leaves_no_term_hash_and_no_embedding_run_in_any_file(tmp_path: Path) -> None:
+    """The attack of issue 14: with DIR/index.key in hand, hash the words one suspects a forgotten
+    record held and grep every file of the data directory for those hashes, and for any 16-byte
+    run of the record's embedding. Postings and vectors are sealed under the record's key
+    (store/projection.py), so after the forget (and closing the store) there is nothing to find;
+    before the change 7 of 7 hashes and 95 of 95 runs were found."""
+    data_dir = tmp_path / "data"
+    running = start_core(data_dir, semantic=True)
+    try:
+        activate_scope(running)
+        c = Client(running)
+        words = ["zq" + _r(12, string.ascii_lowercase) for _ in range(7)]
+        text = "Bridge drill notes: " + " ".join(words) + "."
+        rid = c.remember(text)
+        assert [r["record"]["record_id"] for r in c.search(words[0])["records"]] == [rid]
+        with running.core.store.read() as tx:
+            held = tx._projection(rid)  # what the index holds for the record: the attacker's targets
+        assert held is not None and held.vector is not None
+        terms = sorted({int(t) for codes in held.fields.values() for t in codes[0]})
+        assert len(terms) >= len(words)
+        vector = held.vector
+        running.core.store.checkpoint()
+        c.call("forget", {"record_id": rid, "idempotency_key": f"forget-residue-{_r(10)}", "reason_ref": "r:drill"},
+               grant=True)
+        c.channel.close()
+    finally:
+        running.stop()
+
+    blobs = {p.name: p.read_bytes() for p in data_dir.rglob("*") if p.is_file()}
+    forms = [t.to_bytes(8, order, signed=True) for t in terms for order in ("little", "big")]
+    found = sum(any(form in blob for blob in blobs.values()) for form in forms)
+    assert found == 0, f"{found} keyed term hashes of {len(terms)} still in the files"
+    raw = vector.tobytes()
+    runs = [raw[i:i + 16] for i in range(0, len(raw) - 15, 16)]
+    left = sum(any(run in blob for blob in blobs.values()) for run in runs)
+    assert left == 0, f"{left} of {len(runs)} embedding runs still in the files"

@@ -8,6 +8,9 @@ from search_support import Client
 
 from engram_core.rpc.server import RunningCore
 from engram_core.services.lexical import analyze
+from engram_core.store.projection import Projection, open_projection
+from engram_core.store.record_sql import RECORD_COLS, record_of
+from engram_core.store.search_index import FIELDS
 
 
 def _rows(core: RunningCore, sql: str, params: list) -> list[tuple]:
@@ -15,58 +18,78 @@ def _rows(core: RunningCore, sql: str, params: list) -> list[tuple]:
         return tx._all(sql, params)
 
 
+def _opened(core: RunningCore, tenant: str = "acme", workspace: str = "alpha") -> dict[str, Projection]:
+    """Every sealed projection of the scope, opened with its record's data key."""
+    with core.core.store.read() as tx:
+        found = tx._all(f"SELECT p.sealed, {RECORD_COLS} FROM records JOIN (SELECT record_id, sealed FROM "
+                        "projections WHERE tenant = ? AND workspace = ?) p USING (record_id)", [tenant, workspace])
+    store = core.core.store
+    return {rec.record_id: open_projection(store.data_key(rec), rec.record_id, sealed)
+            for sealed, rec in ((row[0], record_of(row[1:])) for row in found)}
+
+
+def _docs(core: RunningCore) -> int:
+    with core.core.store.read() as tx:
+        return tx.lexical_stats("acme", "alpha", []).docs
+
+
 def test_admission_indexes_postings_stats_and_vector_in_one_go(core: RunningCore) -> None:
     ana = Client(core)
-    before = dict(_rows(core, "SELECT field, doc_count FROM field_stats WHERE tenant='acme' AND workspace='alpha'", []))
+    before = _docs(core)
     rid = ana.remember("Smew ingestion uses batched writes.")
     with core.core.store.read() as tx:
         assert tx.postings_count(rid) > 0 and tx.vector_count(rid) == 1
-    after = dict(_rows(core, "SELECT field, doc_count FROM field_stats WHERE tenant='acme' AND workspace='alpha'", []))
-    assert after["_docs"] == before.get("_docs", 0) + 1
+    assert _docs(core) == before + 1
+    assert _opened(core)[rid].postings == core.core.store._index.postings_of("acme", "alpha", rid)
 
 
 def test_forget_removes_postings_and_vector_in_same_transaction(core: RunningCore) -> None:
     ana = Client(core)
     rid = ana.remember("Eider rollback procedure.")
-    docs = _rows(core, "SELECT doc_count FROM field_stats WHERE tenant='acme' AND workspace='alpha' "
-                       "AND field='_docs'", [])[0][0]
+    docs = _docs(core)
     out = ana.forget(rid)
     assert out["projection_invalidation"] == "complete"
     with core.core.store.read() as tx:
         assert tx.postings_count(rid) == 0 and tx.vector_count(rid) == 0
-    assert _rows(core, "SELECT doc_count FROM field_stats WHERE tenant='acme' AND workspace='alpha' "
-                       "AND field='_docs'", [])[0][0] == docs - 1
+        assert tx._one("SELECT count(*) FROM projections WHERE record_id = ?", [rid])[0] == 0
+    assert _docs(core) == docs - 1
 
 
-def test_postings_hold_keyed_hashes_never_words(core: RunningCore) -> None:
+def test_projections_are_sealed_and_hold_keyed_hashes_never_words(core: RunningCore) -> None:
+    """SPEC §10: the plain columns carry no content; opened with the record's key the projection
+    holds keyed term hashes (never words, never unkeyed hashes)."""
     ana = Client(core)
-    ana.remember("Loon quokka zebrafish marker words.")
+    rid = ana.remember("Loon quokka zebrafish marker words.")
     hasher = core.core.hasher
     columns = _rows(core, "SELECT column_name, data_type FROM information_schema.columns "
-                          "WHERE table_name = 'postings'", [])
-    assert ("term", "BIGINT") in columns
-    fields = {r[0] for r in _rows(core, "SELECT DISTINCT field FROM postings", [])}
-    assert fields <= {"primary", "decision", "evidence", "context", "citations"}
+                          "WHERE table_name = 'projections'", [])
+    assert sorted(columns) == [("record_id", "VARCHAR"), ("sealed", "BLOB"), ("tenant", "VARCHAR"),
+                               ("workspace", "VARCHAR")]
+    for table in ("postings", "vectors", "field_stats"):
+        assert not _rows(core, "SELECT 1 FROM information_schema.tables WHERE table_name = ?", [table])
+    sealed = _rows(core, "SELECT sealed FROM projections WHERE record_id = ?", [rid])[0][0]
     terms = {hasher.term(t) for t in analyze("quokka zebrafish")}
-    assert len(_rows(core, "SELECT DISTINCT term FROM postings WHERE term IN (SELECT unnest(?::BIGINT[]))",
-                     [sorted(terms)])) == 2
+    for term in terms:
+        assert term.to_bytes(8, "little", signed=True) not in sealed
+    projection = _opened(core)[rid]
+    held = {int(t) for codes in projection.fields.values() for t in codes[0]}
+    assert terms <= held
     import hashlib
     unkeyed = int.from_bytes(hashlib.blake2b(b"quokka", digest_size=8).digest(), "big", signed=True)
-    assert not _rows(core, "SELECT 1 FROM postings WHERE term = ?", [unkeyed])
+    assert unkeyed not in held
 
 
 def test_pending_candidates_have_no_projection(core: RunningCore) -> None:
     ana = Client(core)
     ana.capture_only("Merganser unadmitted text.")
     with core.core.store.read() as tx:
-        n = tx._one("SELECT count(*) FROM postings p LEFT JOIN records r USING (record_id) WHERE r.record_id IS NULL")
-        v = tx._one("SELECT count(*) FROM vectors v LEFT JOIN records r USING (record_id) WHERE r.record_id IS NULL")
-    assert n[0] == 0 and v[0] == 0
+        n = tx._one("SELECT count(*) FROM projections p LEFT JOIN records r USING (record_id) WHERE r.record_id IS NULL")
+    assert n[0] == 0
 
 
 def test_document_frequencies_track_postings_through_admission_and_forget(core: RunningCore) -> None:
     """Per-term document frequencies (SPEC §11 IDF) and field statistics equal counts over the
-    postings, and a forgotten record's unique terms leave no posting behind."""
+    sealed projections, and a forgotten record's unique terms leave no posting behind."""
     ana = Client(core)
     keep = ana.remember("Gadwall shoveler pintail notes.")
     gone = ana.remember("Gadwall garganey unique marker.")
@@ -77,17 +100,26 @@ def test_document_frequencies_track_postings_through_admission_and_forget(core: 
         with core.core.store.read() as tx:
             return tx.lexical_stats("acme", "alpha", [gadwall, garganey]).df
 
-    count = "SELECT count(DISTINCT record_id) FROM postings WHERE tenant = 'acme' AND workspace = 'alpha' AND term = ?"
-    drift = ("SELECT count(*) FROM field_stats f FULL JOIN (SELECT tenant, workspace, field, count(*) AS n, "
-             "sum(field_len) AS total FROM (SELECT DISTINCT tenant, workspace, record_id, field, field_len FROM postings) "
-             "GROUP BY ALL) p USING (tenant, workspace, field) WHERE f.field <> '_docs' "
-             "AND (f.doc_count IS DISTINCT FROM p.n OR f.total_len IS DISTINCT FROM p.total)")
-    assert df() == {gadwall: 2, garganey: 1} == {gadwall: _rows(core, count, [gadwall])[0][0],
-                                                 garganey: _rows(core, count, [garganey])[0][0]}
-    assert _rows(core, drift, [])[0][0] == 0
+    def counted(term: int) -> int:
+        return sum(any(term in codes[0] for codes in p.fields.values()) for p in _opened(core).values())
+
+    def drift() -> list[str]:
+        """Fields whose average length in the index differs from the one the projections give."""
+        projections = _opened(core).values()
+        with core.core.store.read() as tx:
+            avg = tx.lexical_stats("acme", "alpha", []).avg_len
+        wrong = []
+        for code, name in enumerate(FIELDS):
+            lengths = [int(p.fields[code][1].sum()) for p in projections if code in p.fields]
+            if lengths and abs(avg.get(name, 0.0) - sum(lengths) / len(lengths)) > 1e-9:
+                wrong.append(name)
+        return wrong
+
+    assert df() == {gadwall: 2, garganey: 1} == {gadwall: counted(gadwall), garganey: counted(garganey)}
+    assert drift() == []
     ana.forget(gone)
-    assert df() == {gadwall: 1} and _rows(core, count, [garganey])[0][0] == 0
-    assert _rows(core, drift, [])[0][0] == 0
+    assert df() == {gadwall: 1} and counted(garganey) == 0
+    assert drift() == []
     assert keep
 
 

@@ -7,8 +7,8 @@ through gRPC and MCP. Each record is built by the same code the admission path
 uses: closed-schema validation of the capture arguments, the effective payload
 (host default retention, bound scope), ``payload_digest``/``record_digest``,
 ``record_id``, a per-record data key wrapped by the store KEK in its key slot,
-the sealed body (AES-256-GCM), keyed lexical postings and field statistics,
-the local embedding (when the semantic channel is loaded), and a hash-chained
+the sealed body (AES-256-GCM), the sealed search projection (keyed postings and the
+local embedding when the semantic channel is loaded), and a hash-chained
 journal event. What differs from the per-call path: one DuckDB transaction and
 one key-slot fsync per batch instead of per record, no policy decisions, no
 candidate/idempotency/audit rows for loaded records (the benchmark never reads
@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections import defaultdict
 from typing import Any
 
 from engram_core.canonical import canonical_json, digest
@@ -30,6 +29,8 @@ from engram_core.services.core import Core, new_id, record_id_of
 from engram_core.services.lexical import record_fields
 from engram_core.services.memory import CAPTURE_TOOL, MemoryService
 from engram_core.store.duckdb_store import event_digest_of
+from engram_core.store.projection import Projection, seal_projection
+from engram_core.store.search_index import FIELD_CODE
 from engram_core.validation import validate_arguments
 from tools.bench.corpus import Corpus
 
@@ -139,8 +140,6 @@ def load_scope(core: Core, corpus: Corpus, tenant: str, workspace: str, n: int, 
             cursor, prev = scope.last_cursor, scope.last_event_digest
             journal: list[list[Any]] = [[] for _ in range(12)]
             records: list[list[Any]] = [[] for _ in range(20)]
-            postings: list[list[Any]] = [[] for _ in range(7)]
-            stats: dict[str, list[int]] = defaultdict(lambda: [0, 0])
             for r, slot in zip(recs, slots, strict=True):
                 r["slot"] = slot
                 cursor += 1
@@ -163,15 +162,6 @@ def load_scope(core: Core, corpus: Corpus, tenant: str, workspace: str, n: int, 
                                             vt.get("t_end"), None, "make-ineligible", now, cursor, cursor, None,
                                             r["body"], r["slot"]], strict=True):
                     col.append(v)
-                for field_name, counts in r["fields"].items():
-                    length = sum(counts.values())
-                    stats[field_name][0] += 1
-                    stats[field_name][1] += length
-                    for term, tf in counts.items():
-                        for col, v in zip(postings, [tenant, workspace, term, r["id"], field_name, tf, length],
-                                          strict=True):
-                            col.append(v)
-                stats["_docs"][0] += 1
             con.execute(
                 "INSERT INTO journal SELECT unnest($1::VARCHAR[]), unnest($2::VARCHAR[]), unnest($3::UBIGINT[]), "
                 "unnest($4::VARCHAR[]), unnest($5::VARCHAR[]), unnest($6::VARCHAR[]), unnest($7::VARCHAR[]), "
@@ -187,40 +177,16 @@ def load_scope(core: Core, corpus: Corpus, tenant: str, workspace: str, n: int, 
                                                         "BLOB", "BIGINT"])), records)
             con.execute("INSERT INTO data_keys SELECT unnest($1::VARCHAR[]), unnest($2::BIGINT[]), $3",
                         [[f"record:{r['id']}" for r in recs], slots, now])
-            cols = {r[0] for r in con.execute(
-                "SELECT column_name FROM information_schema.columns WHERE table_name = 'postings'").fetchall()}
-            names = "tenant, workspace, term, record_id, field, tf, field_len"
-            select = ("unnest($1::VARCHAR[]), unnest($2::VARCHAR[]), unnest($3::BIGINT[]), unnest($4::VARCHAR[]), "
-                      "unnest($5::VARCHAR[]), unnest($6::INTEGER[]), unnest($7::INTEGER[])")
-            if "doc" in cols:  # migration 2: postings carry the record's integer document number
-                docs = dict(con.execute("SELECT record_id, doc FROM records WHERE record_id IN "
-                                        "(SELECT unnest($1::VARCHAR[]))", [[r["id"] for r in recs]]).fetchall())
-                postings.append([docs[rid] for rid in postings[3]])
-                names += ", doc"
-                select += ", unnest($8::BIGINT[])"
-            con.execute(f"INSERT INTO postings ({names}) SELECT {select}", postings)
-            has_term_stats = con.execute(
-                "SELECT count(*) FROM information_schema.tables WHERE table_name = 'term_stats'").fetchone()[0]
-            if has_term_stats:  # per-scope term document frequencies, as index_record keeps them
-                df: dict[int, int] = defaultdict(int)
-                for r in recs:
-                    for t in {t for counts in r["fields"].values() for t in counts}:
-                        df[t] += 1
-                con.execute(
-                    "INSERT INTO term_stats SELECT $1, $2, unnest($3::BIGINT[]), unnest($4::BIGINT[]) "
-                    "ON CONFLICT (tenant, workspace, term) DO UPDATE SET df = df + excluded.df",
-                    [tenant, workspace, list(df), list(df.values())])
-            for field_name, (docs, total) in stats.items():
-                con.execute(
-                    "INSERT INTO field_stats VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, workspace, field) "
-                    "DO UPDATE SET doc_count = doc_count + excluded.doc_count, total_len = total_len + excluded.total_len",
-                    [tenant, workspace, field_name, docs, total])
-            if vectors is not None:
-                con.execute(
-                    "INSERT INTO vectors SELECT unnest($1::VARCHAR[]), $2, $3, $4, unnest($5::FLOAT[][])",
-                    [[r["id"] for r in recs], tenant, workspace, embedder.model_id, vectors])
+            # The search projection as index_record writes it: postings and vector sealed under the
+            # record's own key (store/projection.py).
+            sealed = [seal_projection(r["key"], r["id"], Projection.of(
+                {FIELD_CODE[name]: counts for name, counts in r["fields"].items()},
+                *((embedder.model_id, vectors[k]) if embedder is not None and vectors is not None else ("", None))))
+                for k, r in enumerate(recs)]
+            con.execute("INSERT INTO projections SELECT unnest($1::VARCHAR[]), $2, $3, unnest($4::BLOB[])",
+                        [[r["id"] for r in recs], tenant, workspace, sealed])
         ids.extend(r["id"] for r in recs)
         if progress is not None:
             progress.update(len(recs))
-    core.store.reload_indexes()  # the postings went in as raw rows, past DuckDBTx's index changes
+    core.store.reload_indexes()  # the projections went in as raw rows, past DuckDBTx's index changes
     return ids
