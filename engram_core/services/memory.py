@@ -643,11 +643,10 @@ class MemoryService(ReadService):
                 tx.append_audit(self.core.audit_row(ctx, audit_operation or FORGET_TOOL, "tombstoned", record_id, call))
         except _Replayed as r:
             return {**r.outcome, "replayed": True}
+        # Complete once the key is destroyed: the body and the search projection were sealed under
+        # it, so whatever DuckDB leaves in freed pages is ciphertext no key opens (SPEC §10). No
+        # CHECKPOINT is needed for that (it was half of a forget's time).
         state = self._finish_destruction(tx)
-        try:
-            self.core.store.checkpoint()  # SPEC §10: freed pages do not linger
-        except Exception:
-            state = "pending"
         return {**stored, "replayed": False, "projection_invalidation": state if state == "complete" else "pending"}
 
 
