@@ -725,13 +725,15 @@ def reanalyze_lexical(core: Core) -> int | None:
     indexed = 0
     with core.store.write() as tx:
         for scope in tx.scopes():
-            if not tx.drop_lexical(scope.tenant, scope.workspace):
-                continue
             for rec in tx.scope_records(scope.tenant, scope.workspace, INDEXED_STATES):
-                payload = _open_body(core, tx, rec)
-                if payload is not None:  # a shredded body has no postings to make
-                    tx.index_record(scope.tenant, scope.workspace, rec.record_id, record_fields(payload, core.hasher))
-                    indexed += 1
+                old = tx.projection(rec.record_id)
+                payload = _open_body(core, tx, rec) if old is not None else None
+                if old is None or payload is None:  # never indexed, or shredded: no postings to make
+                    continue
+                vector = (old.model, old.vector.tolist()) if old.vector is not None else None
+                tx.index_record(scope.tenant, scope.workspace, rec.record_id, record_fields(payload, core.hasher),
+                                vector)  # the sealed projection is rewritten whole, its vector kept
+                indexed += 1
         tx.set_meta(ANALYZER_META, ANALYZER_ID)
     core.store.reload_indexes()  # the in-memory copy still held the old postings
     if indexed:

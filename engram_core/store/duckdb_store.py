@@ -426,7 +426,8 @@ class DuckDBTx(RecordLinks, TrustClasses):
         self._con.execute("DELETE FROM projections WHERE record_id = ?", [record_id])
         return removed
 
-    def _projection(self, record_id: str) -> Projection | None:
+    def projection(self, record_id: str) -> Projection | None:
+        """The record's search projection, opened with its data key (None: it has none)."""
         found = self._one(f"SELECT p.sealed, {_RECORD_COLS_R} "
                           "FROM projections p JOIN records r USING (record_id) WHERE p.record_id = ?", [record_id])
         if found is None:
@@ -434,16 +435,16 @@ class DuckDBTx(RecordLinks, TrustClasses):
         return open_projection(self._store.data_key(record_of(found[1:])), record_id, found[0])
 
     def postings_count(self, record_id: str) -> int:
-        projection = self._projection(record_id)
+        projection = self.projection(record_id)
         return projection.postings if projection is not None else 0
 
     def vector_count(self, record_id: str) -> int:
-        projection = self._projection(record_id)
+        projection = self.projection(record_id)
         return int(projection is not None and projection.vector is not None)
 
     def lexical_stats(self, tenant: str, workspace: str, terms: list[int]) -> LexicalStats:
-        """Corpus statistics BM25 needs for ``terms`` in one scope (the in-memory index's copy of
-        ``field_stats``, and document frequencies counted from the postings). Search pins them
+        """Corpus statistics BM25 needs for ``terms`` in one scope (field statistics and document
+        frequencies the in-memory index counts from the projections). Search pins them
         with the first page, so later pages score every record as the first page did (SPEC §5)."""
         with self._store.search_index() as index:
             return index.stats(tenant, workspace, terms)
@@ -524,15 +525,6 @@ class DuckDBTx(RecordLinks, TrustClasses):
         self._con.execute("DELETE FROM projections WHERE tenant = ? AND workspace = ?", [tenant, workspace])
         self.index_ops.append(("drop_scope", tenant, workspace))
         return counts
-
-    def drop_lexical(self, tenant: str, workspace: str) -> int:
-        """Delete one scope's postings and field statistics (not its vectors); returns the postings
-        removed. The caller re-indexes and then reloads the search index from the database."""
-        n = int(self._one("SELECT count(*) FROM postings WHERE tenant = ? AND workspace = ?",  # type: ignore[index]
-                          [tenant, workspace])[0])
-        for table in ("postings", "field_stats"):
-            self._con.execute(f"DELETE FROM {table} WHERE tenant = ? AND workspace = ?", [tenant, workspace])
-        return n
 
     def projection_counts(self, tenant: str, workspace: str) -> dict[str, int]:
         """Postings and vectors in the scope's sealed projections (opened: maintenance only)."""

@@ -225,7 +225,7 @@ def test_forget_leaves_no_term_hash_and_no_embedding_run_in_any_file(tmp_path: P
         rid = c.remember(text)
         assert [r["record"]["record_id"] for r in c.search(words[0])["records"]] == [rid]
         with running.core.store.read() as tx:
-            held = tx._projection(rid)  # what the index holds for the record: the attacker's targets
+            held = tx.projection(rid)  # what the index holds for the record: the attacker's targets
         assert held is not None and held.vector is not None
         terms = sorted({int(t) for codes in held.fields.values() for t in codes[0]})
         assert len(terms) >= len(words)

@@ -10,9 +10,12 @@ from pathlib import Path
 import duckdb
 from search_support import Client, activate
 
+from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.rpc.server import RunningCore, start_core
 from engram_core.services.lexical import ANALYZER_ID, analyze, query_terms, tokenize
 from engram_core.services.maintenance import ANALYZER_META
+from engram_core.store.projection import Projection, seal_projection
+from engram_core.store.search_index import FIELD_CODE
 
 
 def test_analyzer_drops_stop_and_question_words_and_stems() -> None:
@@ -55,13 +58,16 @@ def test_postings_of_an_older_analyzer_are_rederived_at_start(tmp_path: Path) ->
         running.stop()
     # Make it a store written by the v1 analyzer: postings of unstemmed tokens, stop words
     # included, no analyzer id (stores before v2 had none).
+    # The projection is sealed under the record's key (store/projection.py): re-seal a v1 one.
     con = duckdb.connect(str(data / "engram.duckdb"))
-    con.execute("DELETE FROM postings WHERE record_id = ?", [rid])
     v1 = Counter(hasher.term(t) for t in tokenize("Melanie adopted puppies; the shelter called them the twins."))
-    doc = con.execute("SELECT doc FROM records WHERE record_id = ?", [rid]).fetchone()[0]
-    for term, tf in v1.items():
-        con.execute("INSERT INTO postings (tenant, workspace, term, record_id, field, tf, field_len, doc) "
-                    "VALUES ('acme', 'alpha', ?, ?, 'primary', ?, ?, ?)", [term, rid, tf, sum(v1.values()), doc])
+    slot = con.execute("SELECT key_slot FROM records WHERE record_id = ?", [rid]).fetchone()[0]
+    vault = FileKeyVault(data)
+    key = vault.data_key(int(slot), f"record:{rid}")
+    vault.close()
+    assert key is not None
+    sealed = seal_projection(key, rid, Projection.of({FIELD_CODE["primary"]: v1}))
+    con.execute("UPDATE projections SET sealed = ? WHERE record_id = ?", [sealed, rid])
     con.execute("DELETE FROM store_meta WHERE k = ?", [ANALYZER_META])
     con.close()
 
@@ -74,7 +80,8 @@ def test_postings_of_an_older_analyzer_are_rederived_at_start(tmp_path: Path) ->
         with running.core.store.read() as tx:
             assert tx.meta(ANALYZER_META) == ANALYZER_ID
             the = running.core.hasher.term("the")
-            assert tx._all("SELECT count(*) FROM postings WHERE term = ?", [the])[0][0] == 0
+            held = tx.projection(rid)
+            assert held is not None and the not in {int(t) for terms, _ in held.fields.values() for t in terms}
             # the forgotten record stays without postings
             assert tx.postings_count(forgotten) == 0
     finally:
