@@ -68,7 +68,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         }
     ),
     port.ADMISSION: _closed(
-        {"decision": {"enum": ["accept", "reject", "adjudication_required"]}, "reasons": _REASONS}
+        {"decision": {"enum": ["accept", "reject", "duplicate", "adjudication_required"]}, "reasons": _REASONS}
     ),
     port.REDACTION: _closed(
         {

@@ -356,6 +356,9 @@ class MemoryService(ReadService):
         if cand.state == "accepted":
             # Admission of an already-admitted candidate: report it, change nothing.
             return self._already_admitted(ctx, cand, call, args, request_digest)
+        if cand.state == "rejected" and (cand.decision or {}).get("status") == "duplicate_exact":
+            # Decided a duplicate of a current record before: the same answer again.
+            return self._outcome_only(ctx, cand, "duplicate_exact", call, args, request_digest)
         lifecycle.check_candidate("accept", cand.state)
         if forced is None and cand.state == "pending_adjudication":
             return self._outcome_only(ctx, cand, "pending_adjudication", call, args, request_digest)
@@ -367,12 +370,12 @@ class MemoryService(ReadService):
                 return replay
             raise
         with self.core.store.read(snapshot=False) as tx:
-            duplicate, tombstoned = tx.payload_standing(ctx.tenant, ctx.workspace, cand.payload_digest)
+            duplicate_of, tombstoned = tx.payload_standing(ctx.tenant, ctx.workspace, cand.payload_digest)
         if forced is None:
             decision = self.core.decide(
                 ADMISSION,
                 {"context": context_facts(ctx), "now_ms": now,
-                 "candidate": {**cand.facts, "trust_class": cand.trust_class, "duplicate_of_current": duplicate}},
+                 "candidate": {**cand.facts, "trust_class": cand.trust_class, "duplicate_of_current": duplicate_of is not None}},
                 call,
             )
             verdict = decision.result["decision"]
@@ -395,7 +398,11 @@ class MemoryService(ReadService):
                 if forced is None:
                     verdict, receipt_src = "adjudication_required", plan.decision
                 plan = None  # a host's accept stands; the members stay as they are
-        status = {"accept": "accepted", "reject": "rejected", "adjudication_required": "pending_adjudication"}[verdict]
+        if verdict == "duplicate" and duplicate_of is None:
+            # The policy called it a duplicate of nothing: not an answer the core can apply.
+            raise EngramError(Code.POLICY_UNAVAILABLE, "duplicate without a current record")
+        status = {"accept": "accepted", "reject": "rejected", "adjudication_required": "pending_adjudication",
+                  "duplicate": "duplicate_exact"}[verdict]
         decision_receipt = (self.core.decision_receipt(receipt_src)["receipt_digest"] if receipt_src is not None
                             else with_receipt_digest({"kind": "adjudication", "decision": verdict,
                                                       "reason_ref": reason_ref, "principal": ctx.principal,
@@ -415,16 +422,24 @@ class MemoryService(ReadService):
                 current = self._recheck(tx, ctx, ADMISSION_TOOL, args, request_digest, call, grant_id,
                                         tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id),
                                         lambda state: lifecycle.check_candidate("accept", state))
-                to_state = {"accepted": "accepted", "rejected": "rejected", "pending_adjudication": "pending_adjudication"}[status]
+                self._recheck_duplicate(tx, ctx, cand, status, duplicate_of, forced)
+                # A duplicate of a current record ends as a rejected candidate whose decision names
+                # that record: no second record, the same answer to any later request (SPEC §5).
+                to_state = {"accepted": "accepted", "rejected": "rejected", "pending_adjudication": "pending_adjudication",
+                            "duplicate_exact": "rejected"}[status]
                 event = tx.append_event(
                     ctx.tenant, ctx.workspace, event_id=event_id or new_id("evt_"),
-                    operation={"accepted": "accept", "rejected": "reject", "pending_adjudication": "adjudication_required"}[status],
+                    operation={"accepted": "accept", "rejected": "reject", "pending_adjudication": "adjudication_required",
+                               "duplicate_exact": "reject"}[status],
                     target=cand.candidate_id, from_state=current.state,
                     to_state="accepted_current" if status == "accepted" else to_state, at_ms=now,
                     body={"decision_receipt_digest": decision_receipt, "record_id": record_id if status == "accepted" else "",
-                          "decisions": call.summaries(), "audit_id": ctx.audit_id, "reason_ref": reason_ref},
+                          "decisions": call.summaries(), "audit_id": ctx.audit_id, "reason_ref": reason_ref,
+                          **({"duplicate_of": duplicate_of} if status == "duplicate_exact" else {})},
                 )
                 outcome: dict[str, Any] = {"status": status, "candidate_id": cand.candidate_id}
+                if status == "duplicate_exact":
+                    outcome["record_id"] = duplicate_of
                 if status == "accepted":
                     vt = effective["valid_time"]
                     retention = effective.get("retention", {})
@@ -448,9 +463,11 @@ class MemoryService(ReadService):
                                                            family_refs=links.family_refs, event_id=event.event_id,
                                                            now=now, call=call)
                     outcome["record_id"] = record_id
-                terminal = status in ("accepted", "rejected")
-                tx.set_candidate_state(cand.candidate_id, to_state, decision={"status": status, "receipt": decision_receipt},
-                                       drop_envelope=terminal)
+                terminal = status in ("accepted", "rejected", "duplicate_exact")
+                standing: dict[str, Any] = {"status": status, "receipt": decision_receipt}
+                if status == "duplicate_exact":
+                    standing["record_id"] = duplicate_of
+                tx.set_candidate_state(cand.candidate_id, to_state, decision=standing, drop_envelope=terminal)
                 if terminal:
                     tx.drop_data_key(f"candidate:{cand.candidate_id}", now, status)
                 outcome.update({
@@ -474,6 +491,20 @@ class MemoryService(ReadService):
         self._finish_destruction(tx)
         return result
 
+    @staticmethod
+    def _recheck_duplicate(tx: DuckDBTx, ctx: BoundContext, cand: CandidateRow, status: str,
+                           duplicate_of: str | None, forced: str | None) -> None:
+        """Inside the write transaction: the duplicate fact the decision rested on still holds. A
+        record with this content admitted meanwhile (a concurrent admission of equal content), or
+        the duplicated record gone from current, is POLICY_STALE: the retry decides again."""
+        if forced is not None or status not in ("accepted", "duplicate_exact"):
+            return
+        now_of, _ = tx.payload_standing(ctx.tenant, ctx.workspace, cand.payload_digest)
+        if status == "accepted" and now_of is not None:
+            raise EngramError(Code.POLICY_STALE, "equal content admitted meanwhile")
+        if status == "duplicate_exact" and now_of is None:
+            raise EngramError(Code.POLICY_STALE, "duplicated record no longer current")
+
     def _already_admitted(self, ctx, cand, call, args, request_digest) -> dict[str, Any]:
         return self._outcome_only(ctx, cand, "duplicate_exact", call, args, request_digest)
 
@@ -484,6 +515,8 @@ class MemoryService(ReadService):
         outcome: dict[str, Any] = {"status": status, "candidate_id": cand.candidate_id}
         if cand.state == "accepted":
             outcome["record_id"] = record_id_of(cand.record_digest)
+        elif isinstance(decision.get("record_id"), str):
+            outcome["record_id"] = decision["record_id"]  # the current record it duplicated
         with self.core.store.write() as tx:
             if args is not None and request_digest is not None:
                 prior = self._replay(tx, ctx, ADMISSION_TOOL, args, request_digest)

@@ -368,15 +368,16 @@ class DuckDBTx(RecordLinks, TrustClasses):
         self._con.execute("UPDATE records SET sealed_body = NULL WHERE record_id = ?", [record_id])
         self.index_ops.append(("evict", record_id))
 
-    def payload_standing(self, tenant: str, workspace: str, payload_digest: str) -> tuple[bool, bool]:
-        """(a current record has this payload, the payload was forgotten here): one statement."""
+    def payload_standing(self, tenant: str, workspace: str, payload_digest: str) -> tuple[str | None, bool]:
+        """(the id of a current record with this payload (the earliest admitted) or None, the
+        payload was forgotten here): one statement."""
         row = self._one(
-            "SELECT EXISTS (SELECT 1 FROM records WHERE tenant = $1 AND workspace = $2 AND payload_digest = $3 "
-            "AND state = 'accepted_current'), "
+            "SELECT (SELECT record_id FROM records WHERE tenant = $1 AND workspace = $2 AND payload_digest = $3 "
+            "AND state = 'accepted_current' ORDER BY accepted_cursor LIMIT 1), "
             "EXISTS (SELECT 1 FROM tombstones WHERE tenant = $1 AND workspace = $2 AND payload_digest = $3)",
             [tenant, workspace, payload_digest],
         )
-        return bool(row[0]), bool(row[1])  # type: ignore[index]
+        return (row[0] or None), bool(row[1])  # type: ignore[index]
 
     # -- tombstone ledger ---------------------------------------------------------
     def add_tombstone(self, tenant: str, workspace: str, payload_digest: str, record_id: str, cursor: int, at_ms: int) -> None:

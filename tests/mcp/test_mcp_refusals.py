@@ -348,3 +348,51 @@ async def test_the_adapter_log_names_tool_scope_audit_id_and_reason(core, tmp_pa
     for part in ("call refused", "decided_by=adapter", "tool=engram_memory_search", "tenant=acme",
                  "workspace=ws-main", "code=INVALID_SCHEMA", "reason_class=out_of_range", "pointer=/limit"):
         assert part in lines[0], (part, lines[0])
+
+
+# ---- identical content is one record (duplicate_exact names it) ------------------------------
+
+
+async def test_identical_content_admitted_again_is_duplicate_exact_naming_the_current_record(core, acme) -> None:
+    """Issue 15: the same content captured again under a new key is not a second record. The
+    admission answers duplicate_exact with the current record's id, a retry of that admission
+    (same key) replays it, a new request on the same candidate answers the same, and search
+    returns the content once. Once that record is forgotten, equal content is not a duplicate
+    of anything current (the forgotten-content protection holds it for adjudication)."""
+    word = token("narwhal")
+    text = f"The {word} service retries idempotent calls three times"
+    async with stdio_client(acme, elicitation=approve) as client:
+        cap1 = value_of(await client.call_tool("engram_memory_capture", capture_args(unique("dup-a"), text)))
+        adm1 = value_of(await client.call_tool("engram_memory_request_admission",
+                                               {"candidate_id": cap1["candidate_id"],
+                                                "idempotency_key": unique("adm-a")}))["outcome"]
+        assert adm1["status"] == "accepted"
+        cap2 = value_of(await client.call_tool("engram_memory_capture", capture_args(unique("dup-b"), text)))
+        assert cap2["status"] == "committed_pending" and cap2["candidate_id"] != cap1["candidate_id"]
+        key = unique("adm-b")
+        answer = value_of(await client.call_tool("engram_memory_request_admission",
+                                                 {"candidate_id": cap2["candidate_id"], "idempotency_key": key}))
+        assert answer["replayed"] is False
+        assert answer["outcome"]["status"] == "duplicate_exact"
+        assert answer["outcome"]["record_id"] == adm1["record_id"]
+        again = value_of(await client.call_tool("engram_memory_request_admission",
+                                                {"candidate_id": cap2["candidate_id"], "idempotency_key": key}))
+        assert again["replayed"] is True and again["outcome"] == answer["outcome"]
+        other_key = value_of(await client.call_tool("engram_memory_request_admission",
+                                                    {"candidate_id": cap2["candidate_id"],
+                                                     "idempotency_key": unique("adm-c")}))
+        assert other_key["outcome"]["status"] == "duplicate_exact"
+        assert other_key["outcome"]["record_id"] == adm1["record_id"]
+        hits = value_of(await client.call_tool("engram_memory_search", {"query": word, "purpose_ref": PURPOSE}))
+        assert [h["record"]["record_id"] for h in hits["records"]] == [adm1["record_id"]]
+        # the duplicate candidate is gone for good: it cannot be withdrawn, and nothing is asked
+        withdraw = envelope_of(await client.call_tool("engram_memory_withdraw", {
+            "candidate_id": cap2["candidate_id"], "idempotency_key": unique("wd-dup"), "reason_ref": "reason:dup"}))
+        assert withdraw["error"]["code"] == "ALREADY_TERMINAL"
+        # forget the record: equal content is then forgotten content, never silently admitted
+        value_of(await client.call_tool("engram_memory_forget", _forget(adm1["record_id"])))
+        cap3 = value_of(await client.call_tool("engram_memory_capture", capture_args(unique("dup-d"), text)))
+        after = value_of(await client.call_tool("engram_memory_request_admission",
+                                                {"candidate_id": cap3["candidate_id"],
+                                                 "idempotency_key": unique("adm-d")}))
+        assert after["outcome"]["status"] == "pending_adjudication"

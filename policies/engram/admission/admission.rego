@@ -1,4 +1,4 @@
-# Admission: accept | reject | adjudication_required for a pending candidate
+# Admission: accept | reject | duplicate | adjudication_required for a pending candidate
 # (SPEC §5 engram_memory_request_admission). The forgotten-content protection is
 # a core invariant applied after this decision, not a policy choice.
 package engram.admission
@@ -12,11 +12,13 @@ _trust_classes := {"asserted", "earned", "signed"}
 # METADATA
 # title: Admission decision
 # description: >-
-#   reject when any reject reason applies; else adjudication_required when any
-#   adjudication reason applies; else accept. A candidate is acceptable when it
-#   is well formed and cited (every component cited, at least one citation,
-#   evidence citing at least one), has no secret findings and does not
-#   duplicate a current record.
+#   reject when any reject reason applies; else duplicate when its content
+#   equals a current record's in this scope (the core answers duplicate_exact
+#   with that record's id and makes no second record); else
+#   adjudication_required when any adjudication reason applies; else accept. A
+#   candidate is acceptable when it is well formed and cited (every component
+#   cited, at least one citation, evidence citing at least one), has no secret
+#   findings and does not duplicate a current record.
 decision := {
 	"decision": _outcome,
 	"reasons": sort([r | some r in _reasons]),
@@ -24,17 +26,24 @@ decision := {
 
 _outcome := "reject" if count(reject) > 0
 
+_outcome := "duplicate" if {
+	count(reject) == 0
+	count(duplicate) > 0
+}
+
 _outcome := "adjudication_required" if {
 	count(reject) == 0
+	count(duplicate) == 0
 	count(adjudicate) > 0
 }
 
 _outcome := "accept" if {
 	count(reject) == 0
+	count(duplicate) == 0
 	count(adjudicate) == 0
 }
 
-_reasons := reject | adjudicate
+_reasons := (reject | duplicate) | adjudicate
 
 # METADATA
 # title: Reject reasons
@@ -67,7 +76,12 @@ reject contains lib.reason("SECRET_FINDINGS", sprintf("The secret scanner report
 	some finding in _candidate.findings
 }
 
-reject contains lib.reason("DUPLICATE_OF_CURRENT", "The candidate duplicates a current record.") if {
+# METADATA
+# title: Duplicate reasons
+# description: >-
+#   Why the candidate is a duplicate of a current record (input.candidate.duplicate_of_current:
+#   its effective payload digest equals a current record's in this scope).
+duplicate contains lib.reason("DUPLICATE_OF_CURRENT", "The candidate duplicates a current record.") if {
 	_candidate.duplicate_of_current == true
 }
 

@@ -35,8 +35,8 @@ test_golden_reject_findings if {
 	]} with input as _in({"findings": [{"kind": "private_key", "count": 1}]})
 }
 
-test_golden_reject_duplicate if {
-	admission.decision == {"decision": "reject", "reasons": [
+test_golden_duplicate_of_current if {
+	admission.decision == {"decision": "duplicate", "reasons": [
 		_r("DUPLICATE_OF_CURRENT", "The candidate duplicates a current record."),
 	]} with input as _in({"duplicate_of_current": true})
 }
@@ -57,12 +57,19 @@ test_adjudication_for_configured_trust_class if {
 
 # --- further behaviour ---
 
-test_reject_wins_over_adjudication if {
-	admission.decision == {"decision": "reject", "reasons": [
+test_duplicate_wins_over_adjudication if {
+	admission.decision == {"decision": "duplicate", "reasons": [
 		_r("DUPLICATE_OF_CURRENT", "The candidate duplicates a current record."),
 		_r("TRUST_CLASS_REQUIRES_ADJUDICATION", "Candidates of trust class \"asserted\" need adjudication."),
 	]} with input as _in({"duplicate_of_current": true})
 		with data.engram.config.tenants.acme as {"adjudication_trust_classes": ["asserted"]}
+}
+
+test_reject_wins_over_duplicate if {
+	admission.decision == {"decision": "reject", "reasons": [
+		_r("DUPLICATE_OF_CURRENT", "The candidate duplicates a current record."),
+		_r("SECRET_FINDINGS", "The secret scanner reported private_key."),
+	]} with input as _in({"duplicate_of_current": true, "findings": [{"kind": "private_key", "count": 1}]})
 }
 
 test_other_trust_class_not_adjudicated if {
