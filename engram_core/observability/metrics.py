@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from engram_core.observability.calls import CallObservation, DecisionFact
@@ -143,6 +143,14 @@ class _CoreLevels(Collector):
                      "Audit rows durable in the spool, not yet moved into the audit table", pending)
         lag = max(0.0, time.time() - oldest_ms / 1000) if oldest_ms is not None else 0.0
         yield _gauge("engram_audit_spool_lag_seconds", "Age of the oldest audit row still in the spool", lag)
+        failures = store.audit_device_failures()
+        fam = CounterMetricFamily("engram_audit_device_write_failures",
+                                  "Audit rows (batches) an audit device refused since start, by device",
+                                  labels=["device"])
+        for device, n in sorted(failures.items()):
+            fam.add_metric([device], n)
+        yield fam
+        yield _gauge("engram_audit_devices", "Audit devices configured (--audit-device)", len(failures))
         docs = _index_documents(store)
         if docs is not None:
             yield _gauge("engram_search_index_documents", "Records in the in-memory search index", docs)

@@ -137,6 +137,8 @@ class AuditDevices:
     def __init__(self, devices: list[AuditDevice]) -> None:
         self._devices = devices
         self._lock = threading.Lock()  # callers hold the store's write lock; this guards close()
+        # Failed writes per device since start (metrics: engram_audit_device_write_failures_total).
+        self.failures: dict[str, int] = {dev.name: 0 for dev in devices}
 
     def __bool__(self) -> bool:
         return bool(self._devices)
@@ -169,6 +171,7 @@ class AuditDevices:
                     dev.write(data)
                     accepted += 1
                 except OSError as exc:
+                    self.failures[dev.name] = self.failures.get(dev.name, 0) + 1
                     log.error("audit device %s failed: %s", dev.name, exc.strerror or type(exc).__name__)
         if not accepted and fail_closed:
             raise EngramError(Code.STORE_UNAVAILABLE, "no audit device accepted the row")

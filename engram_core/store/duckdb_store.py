@@ -862,6 +862,11 @@ class DuckDBStore:
         """The search index is built and current (readiness)."""
         return not self._stale
 
+    def audit_device_failures(self) -> dict[str, int]:
+        """Failed writes per configured audit device since start (empty without devices)."""
+        devices = self._devices
+        return dict(devices.failures) if devices else {}
+
     def audit_spool_state(self) -> tuple[int, int | None]:
         """(audit rows spooled but not yet in the table, ``at_ms`` of the oldest of them)."""
         pending = self._spool.pending

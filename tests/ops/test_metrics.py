@@ -130,3 +130,57 @@ def test_tenant_labels_only_on_request(tmp_path: Path) -> None:
                      scope_class="workspace", tenant="acme", workspace="alpha") == 1
     finally:
         served.stop()
+
+
+def test_a_failing_audit_device_is_counted(tmp_path: Path) -> None:
+    """Two devices: a file and a unix socket whose listener goes away. Calls keep succeeding (the
+    file takes every row) and the socket's failures show in engram_audit_device_write_failures_total."""
+    import os
+    import socket
+    import threading
+
+    sock_path = str(tmp_path / "audit.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(sock_path)
+    listener.listen(4)
+    conns: list[socket.socket] = []
+
+    def accept() -> None:
+        try:
+            while True:
+                conn, _ = listener.accept()
+                conns.append(conn)
+        except OSError:
+            return
+
+    threading.Thread(target=accept, daemon=True).start()
+    served = serve(tmp_path / "data", "--metrics", "127.0.0.1:0",
+                   "--audit-device", f"file:{tmp_path / 'audit.device'}", "--audit-device", f"unix:{sock_path}")
+    try:
+        served.wait_ready()
+        activate(served)
+        ana = Client(served)
+        ana.search("before the socket goes")
+        _, fam = scrape(served.metrics_address)
+        assert value(fam, "engram_audit_devices") == 2
+        assert value(fam, "engram_audit_device_write_failures_total", "engram_audit_device_write_failures",
+                     device=f"unix:{sock_path}") == 0
+        # The shipper goes away: no listener (shutdown wakes the blocked accept), no socket file.
+        listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        os.unlink(sock_path)
+        for conn in conns:
+            conn.close()
+        failures = 0.0
+        for _ in range(20):
+            ana.search("after the socket went")  # still answered: the file device took the row
+            _, fam = scrape(served.metrics_address)
+            failures = value(fam, "engram_audit_device_write_failures_total", "engram_audit_device_write_failures",
+                             device=f"unix:{sock_path}")
+            if failures:
+                break
+        assert failures >= 1
+        assert value(fam, "engram_audit_device_write_failures_total", "engram_audit_device_write_failures",
+                     device=f"file:{tmp_path / 'audit.device'}") == 0
+    finally:
+        served.stop()
