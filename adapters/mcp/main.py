@@ -62,7 +62,10 @@ def mcp_main(args: argparse.Namespace) -> int:
             stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
         )
     if tracing.wanted(getattr(args, "otel", False)):
-        tracing.configure("engram-mcp")
+        try:
+            tracing.configure("engram-mcp")
+        except ValueError as exc:  # an OTEL_* setting this install cannot honour
+            return _fail(str(exc))
     registry = CollectorRegistry() if getattr(args, "metrics", None) else None
     adapter_metrics = AdapterMetrics(registry) if registry is not None else None
     # One line per refusal (tool, scope, audit id, exact reason) in either log format.
