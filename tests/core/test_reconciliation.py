@@ -160,3 +160,42 @@ def test_members_changed_after_the_decision_is_policy_stale(started, tmp_path, m
     out = c.call("request_admission", args)["outcome"]
     assert out["status"] == "accepted"
     assert host.state(first["record_id"]) == "historical"
+
+
+def test_concurrent_newcomers_leave_exactly_one_current_decision(started, tmp_path) -> None:
+    """Admissions into one family race; each decision is applied only to the member set it saw
+    (else POLICY_STALE and the client retries), so the family never ends with two current
+    decisions: the newest is current, the others historical or waiting for a host."""
+    import threading
+
+    core, c, host = _core(started, tmp_path)
+    base = now_ms() - 600_000
+    caps = [c.call("capture", capture_args(f"Queue decision version {i}.", t=base + i * 1000, reconciliation=FAMILY))
+            for i in range(6)]
+    outcomes: dict[int, dict] = {}
+    stale = [0]
+
+    def admit(i: int) -> None:
+        args = {"candidate_id": caps[i]["candidate_id"], "idempotency_key": f"adm-race-{i:04d}-{now_ms()}"}
+        for _ in range(50):
+            try:
+                outcomes[i] = Client(core).call("request_admission", args)["outcome"]
+                return
+            except Exception as exc:  # Failed carries the code
+                if getattr(exc, "code", None) != Code.POLICY_STALE:
+                    raise
+                stale[0] += 1
+
+    threads = [threading.Thread(target=admit, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(outcomes) == 6
+    with core.core.store.read() as tx:
+        current = [r.record_id for r in tx.scope_records("acme", "alpha", ("accepted_current", "accepted_disputed"))]
+    assert current == [outcomes[5]["record_id"]]  # the newest valid time wins, alone
+    for i in range(5):
+        assert outcomes[i]["status"] in ("accepted", "pending_adjudication")
+        if outcomes[i]["status"] == "accepted":
+            assert host.state(outcomes[i]["record_id"]) == "historical"
