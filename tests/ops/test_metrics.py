@@ -184,3 +184,25 @@ def test_a_failing_audit_device_is_counted(tmp_path: Path) -> None:
                      device=f"file:{tmp_path / 'audit.device'}") == 0
     finally:
         served.stop()
+
+
+def test_semantic_embed_latency_is_observed(tmp_path: Path) -> None:
+    """The local embedding model is timed at admission (the record) and at a semantic search (the query)."""
+    from prometheus_client import generate_latest
+
+    from engram_core.observability.metrics import CoreMetrics
+    from engram_core.rpc.server import start_core
+
+    metrics = CoreMetrics()
+    running = start_core(tmp_path / "data", semantic=True, metrics=metrics)
+    try:
+        activate(running)
+        ana = Client(running)
+        ana.remember("The heron index keeps postings per field")
+        ana.search("heron postings", capability_policy={"minimum_channels": "lexical_and_semantic"})
+        fam = {f.name: f.samples for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())}
+        counts = {s.labels["kind"]: s.value for s in fam["engram_semantic_embed_duration_seconds"]
+                  if s.name == "engram_semantic_embed_duration_seconds_count"}
+        assert sum(counts.values()) >= 2, counts
+    finally:
+        running.stop()
