@@ -439,7 +439,8 @@ OUTPUT_VALUES: dict[str, dict[str, Any]] = {
                         "score": {"type": "number", "description": (
                             "Ranking score of this hit, 0 to 1, comparable across searches: the query's "
                             "relevance (how much of the query the best hit holds) times the hit's place "
-                            "in this ranking. A top score below about 0.4 means nothing matches well.")},
+                            "in this ranking. A top score below about 0.2 (lexical) or 0.4 (lexical_and_semantic) "
+                            "usually means nothing in memory answers the query.")},
                         "rank": {"type": "integer", "description": "Position in the whole result, from 1."},
                     },
                     ["record", "redacted_fields", "redaction_receipt_digest", "score", "rank"],

@@ -127,10 +127,11 @@ Discipline.
    You cannot confirm for yourself. gate_failed means it was not given: ask the human through the host.
 
 Search scores. Records come best first (rank). score runs from 0 to 1 and means the same in every search:
-the top score says how much of your query the best record holds. About 0.8 or more: a record holds the
-whole query. Below about 0.4: only a small or common part of it; treat that as nothing relevant unless the
-text itself says otherwise. Question and stop words (what, did, anything, remember, the) are not evidence;
-word forms match (adopted, adopting).
+the top score says how much of your query the best record holds. A top score below about 0.2 (lexical) or
+0.4 (lexical_and_semantic) usually means nothing in memory answers the query; about 0.8 or more, a record
+holds all of it. It is evidence, not proof: read the record. Question and stop words (what, did, anything,
+remember, the) are not evidence; word forms match (adopted, adopting); a time you name ("last spring", "in
+March 2025") ranks records from that time first.
 
 Results. Every tool result is an envelope: {{ok: true, output: {{schema_version: 1, value}}, auditId,
 redactionClass}} or {{ok: false, auditId, redactionClass, error: {{code, message, retriable}}}}. Act on error.code

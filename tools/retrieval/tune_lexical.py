@@ -100,11 +100,11 @@ def rank(docs: list[Doc], terms: list[str], *, k1: float, b: float, weights: dic
     if not scores:
         return []
     best = max(s for _, s, _ in scores)
-    ranked = [(rid, lexical_weight * s / best + (1 - lexical_weight) * 0.5 ** (days / half_life_days), -days)
+    ranked = [(rid, lexical_weight * s / best + (1 - lexical_weight) * 0.5 ** (days / half_life_days), -days, s)
               for rid, s, days in scores]
     ranked.sort(key=lambda r: (-round(r[1], 9), -r[2], r[0]))
-    if scores:
-        return [(r[0], r[1]) for r in ranked[:limit]]
+    if scores:  # raw BM25
+        return [(r[0], r[3]) for r in ranked[:limit]]
     return [r[0] for r in ranked[:limit]]
 
 
