@@ -9,12 +9,18 @@ from __future__ import annotations
 from engram_core.api import admin_pb2, admin_pb2_grpc
 from engram_core.backup import MAX_BACKUP_BYTES, BackupService, chunks
 from engram_core.errors import Code, EngramError
+from engram_core.observability import calls as observed_calls
 from engram_core.rpc.server import _Handler, _json_result
 from engram_core.services.admin import AdminServiceCore
 from engram_core.services.core import CallRecord, Core
 from engram_core.services.maintenance import MaintenanceService
 from engram_core.services.memory import MemoryService
 from engram_core.signing import CoreSigners
+
+
+def _operation() -> str:
+    obs = observed_calls.current()
+    return obs.operation if obs is not None and obs.operation else "admin"
 
 
 class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, _Handler):
@@ -26,7 +32,9 @@ class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, _Handler):
         self.backups = BackupService(core, memory, self.signers.backup)
 
     def _json(self, context, fn):
-        return self.run(context, lambda: _json_result(fn(self.bind(context))))
+        # A refusal is audited under the RPC's operation name (admin.export, ...), as the
+        # observing interceptor named the call.
+        return self.audited(context, _operation(), lambda ctx: _json_result(fn(ctx)))
 
     # -- activation (SPEC §2: memory off by default) ---------------------------------------
     def Activate(self, request, context):
@@ -91,7 +99,8 @@ class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, _Handler):
 
     # -- backup and restore -----------------------------------------------------------------
     def Backup(self, request, context):
-        data = self.run(context, lambda: self.backups.backup(self.bind(context), request.tenant, request.workspace))
+        data = self.audited(context, "admin.backup",
+                            lambda ctx: self.backups.backup(ctx, request.tenant, request.workspace))
         for piece, total in chunks(data):
             yield admin_pb2.BackupChunk(data=piece, total_bytes=total)
 

@@ -396,3 +396,20 @@ async def test_identical_content_admitted_again_is_duplicate_exact_naming_the_cu
                                                 {"candidate_id": cap3["candidate_id"],
                                                  "idempotency_key": unique("adm-d")}))
         assert after["outcome"]["status"] == "pending_adjudication"
+
+
+def test_a_refused_maintenance_call_is_audited(core) -> None:
+    """Maintenance refusals too: an agent context asking AdminService is refused and audited."""
+    from engram_core.api import admin_pb2, admin_pb2_grpc
+
+    audit_id = "aud_" + uuid_hex()[:24]
+    with grpc.insecure_channel(core.address) as channel:
+        with pytest.raises(grpc.RpcError) as err:
+            admin_pb2_grpc.AdminServiceStub(channel).Export(
+                admin_pb2.ExportRequest(tenant="acme", workspace="ws-main", what="audit"),
+                metadata=((CONTEXT_METADATA_KEY, _signed(core, audit_id)),), timeout=10)
+    error = error_from_rpc_error(err.value)
+    assert (error.code, error.reason_class) == (Code.UNAUTHORIZED, "host_only")
+    (row,) = audit_rows(core)[audit_id]
+    assert (row["operation"], row["outcome"]) == ("admin.export", "UNAUTHORIZED")
+    assert "HOST_PRINCIPAL_REQUIRED" in refusal_of(row)["reason_codes"]
