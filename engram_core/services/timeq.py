@@ -18,9 +18,10 @@ import datetime as dt
 import re
 from dataclasses import dataclass
 
-PARSER_ID = "engram-time-in-query-v1"
+PARSER_ID = "engram-time-in-query-v2"  # v2: "since/before/after <time>" is a bound, not a window
 DAY_MS = 86_400_000
 
+_OPEN_ENDED = ("since", "until", "till", "before", "after")
 _MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_name) if m}
 _SEASONS = {"spring": 3, "summer": 6, "autumn": 9, "fall": 9, "winter": 12}
 _NUMBERS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
@@ -37,9 +38,9 @@ _PATTERNS = [
     ("season", re.compile(r"\b(?:(last|this|in|during) )?(?:the )?(spring|summer|autumn|fall|winter)(?: of)?(?: (\d{4}))?\b",
                           re.I)),
     # "may" and "march" alone are verbs far more often than months: they need a preposition or a year.
-    ("month", re.compile(rf"\b(?:(last|this|in|during|around|since|early|late|mid) )?({_MONTH_RE})(?:,? (\d{{4}}))?\b",
+    ("month", re.compile(rf"\b(?:(last|this|in|during|around|early|late|mid) )?({_MONTH_RE})(?:,? (\d{{4}}))?\b",
                          re.I)),
-    ("year", re.compile(r"\b(?:in|during|since|around) (\d{4})\b", re.I)),
+    ("year", re.compile(r"\b(?:in|during|around) (\d{4})\b", re.I)),
 ]
 
 
@@ -127,6 +128,8 @@ def parse_time(query: str, now_ms: int) -> tuple[str, TimeWindow | None]:
     now = dt.datetime.fromtimestamp(now_ms / 1000, tz=dt.UTC)
     for kind, pattern in _PATTERNS:
         for m in pattern.finditer(query):
+            if query[:m.start()].rstrip().lower().endswith(_OPEN_ENDED):
+                continue  # "since March", "before 2025": a bound, not a window
             try:
                 window = _window(kind, m, now)
             except (ValueError, OverflowError, OSError):  # a year datetime cannot hold

@@ -30,6 +30,8 @@ def test_expressions_become_windows_and_leave_the_query() -> None:
     assert _day(w.start_ms) == _day(w.end_ms) == dt.date(2026, 11, 29)
     # a month that is also a verb needs a preposition or a year; no time: the query is untouched
     assert parse_time("may I ask about the march route", NOW) == ("may I ask about the march route", None)
+    # an open-ended bound is not a window
+    assert parse_time("friends since 2016", NOW)[1] is None and parse_time("since March 2025", NOW)[1] is None
     assert parse_time("x" * 8000 + " in 2025", NOW)[1] is not None  # long untrusted input, linear patterns
 
 
