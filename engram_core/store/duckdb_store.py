@@ -40,7 +40,14 @@ from engram_core.store.port import (
     ScopeRow,
     iter_chunks,
 )
-from engram_core.store.projection import DataKeys, Projection, open_projection, seal_projection
+from engram_core.store.projection import (
+    DataKeys,
+    Parts,
+    Projection,
+    open_parts,
+    open_projection,
+    seal_projection,
+)
 from engram_core.store.record_links import RecordLinks
 from engram_core.store.record_sql import RECORD_COLS, record_of
 from engram_core.store.search_index import FIELD_CODE, Posting, RecordMeta, SearchIndex
@@ -48,6 +55,7 @@ from engram_core.store.trust import TrustClasses
 
 GENESIS = "sha256:" + "0" * 64
 SPOOL_BATCH = 512  # spooled audit rows moved into the table in one transaction
+OPEN_CHUNK = 4096  # projections fetched per round trip when the index is built
 log = logging.getLogger(__name__)
 _RECORD_COLS_R = ", ".join("r." + c.strip() for c in RECORD_COLS.split(","))  # records joined as r
 _CANDIDATE_COLS = (
@@ -872,20 +880,22 @@ class DuckDBStore:
         pending = self._spool.pending
         return len(pending), (int(pending[0]["at_ms"]) if pending else None)
 
-    def _opened_projections(self, cur: duckdb.DuckDBPyConnection) -> Iterator[tuple[RecordRow, Projection]]:
+    def _opened_projections(self, cur: duckdb.DuckDBPyConnection) -> Iterator[tuple[RecordRow, Parts]]:
         """Every record's search projection, opened with its data key, in document order (none for
-        a store opened without its key vault: offline tools read rows, they do not search)."""
+        a store opened without its key vault: offline tools read rows, they do not search).
+        Fetched in chunks: all rows at once held every sealed body and projection twice."""
         if self._keys is None:
             return
-        rows = cur.execute(f"SELECT p.sealed, {_RECORD_COLS_R} FROM projections p JOIN records r USING (record_id) "
-                           "ORDER BY r.doc").fetchall()
-        for found in rows:
-            rec = record_of(found[1:])
-            key = self._record_key(rec)
-            if key is None:  # destroyed with a forget whose commit raced a crash: the body is gone too
-                log.warning("record %s has a projection but no data key; not indexed", rec.record_id)
-                continue
-            yield rec, open_projection(key, rec.record_id, found[0])
+        cur.execute(f"SELECT p.sealed, {_RECORD_COLS_R} FROM projections p JOIN records r USING (record_id) "
+                    "ORDER BY r.doc")
+        while rows := cur.fetchmany(OPEN_CHUNK):
+            for found in rows:
+                rec = record_of(found[1:])
+                key = self._record_key(rec)
+                if key is None:  # destroyed with a forget whose commit raced a crash: the body is gone too
+                    log.warning("record %s has a projection but no data key; not indexed", rec.record_id)
+                    continue
+                yield rec, open_parts(key, rec.record_id, found[0])
 
     @contextmanager
     def read(self, *, snapshot: bool = True) -> Iterator[DuckDBTx]:

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from engram_core.store.port import LexicalPage, LexicalStats, RecordRow
-from engram_core.store.projection import Projection
+from engram_core.store.projection import Parts
 
 FIELDS = ("primary", "decision", "evidence", "context", "citations")
 FIELD_CODE = {name: i for i, name in enumerate(FIELDS)}
@@ -366,6 +366,42 @@ class _Scope:
         return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))
 
 
+class _Loading:
+    """One scope's projections as collected at load, before its arrays are built."""
+
+    def __init__(self) -> None:
+        self.scope = _Scope()
+        self.codes: list[bytes] = []
+        self.counts: list[int] = []
+        self.segment_docs: list[int] = []  # the document of each (record, field) segment
+        self.terms: list[bytes] = []
+        self.tfs: list[bytes] = []
+        self.vectors: dict[str, tuple[list[int], list[bytes]]] = {}
+
+    def finish(self) -> _Scope:
+        scope = self.scope
+        counts = np.array(self.counts, dtype=np.int64)
+        if counts.sum():
+            codes = np.frombuffer(b"".join(self.codes), dtype=np.uint8).astype(np.int64)
+            terms = np.frombuffer(b"".join(self.terms), dtype="<i8").astype(np.int64)
+            tfs = np.frombuffer(b"".join(self.tfs), dtype="<i4").astype(np.int64)
+            starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+            lengths = np.add.reduceat(tfs, starts)  # each segment's field length (no segment is empty)
+            scope.base = _Postings.build(terms, np.repeat(np.array(self.segment_docs, dtype=np.int64), counts),
+                                         np.repeat(codes, counts), tfs, np.repeat(lengths, counts))
+            scope.field_docs = np.bincount(codes, minlength=len(FIELDS)).astype(int).tolist()
+            scope.field_len = np.bincount(codes, weights=lengths, minlength=len(FIELDS)).astype(int).tolist()
+        for model, (docs, blobs) in sorted(self.vectors.items()):
+            stacked = np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(docs), -1)
+            # float64, as put_vector holds them (see there)
+            matrix = np.zeros((max(scope.columns.n, 1), stacked.shape[1]))
+            present = np.zeros(len(matrix), dtype=bool)
+            matrix[docs] = stacked
+            present[docs] = True
+            scope.vectors[model] = (matrix, present)
+        return scope
+
+
 class SearchIndex:
     """All scopes' lexical and vector projections in memory. Not thread-safe by itself:
     ``DuckDBStore`` holds its publish lock around every change and every read."""
@@ -412,44 +448,33 @@ class SearchIndex:
             else:
                 raise ValueError(f"unknown lexical change {kind!r}")
 
-    def load(self, entries: Iterable[tuple[RecordRow, Projection]]) -> None:
+    def load(self, entries: Iterable[tuple[RecordRow, Parts]]) -> None:
         """(Re)build every scope from the records' opened projections (store/projection.py),
-        given in the database's document order (a scope's local document numbers follow it)."""
+        given in the database's document order (a scope's local document numbers follow it).
+        Per record only byte slices are collected; the arrays are made once per scope."""
         self._scopes, self._scope_of = {}, {}
-        grouped: dict[tuple[str, str], list[tuple[RecordRow, Projection]]] = {}
-        for row, projection in entries:
-            grouped.setdefault((row.tenant, row.workspace), []).append((row, projection))
-        for key, items in grouped.items():
-            scope = _Scope()
-            terms, docs, flds, tfs, flens = [], [], [], [], []
-            vectors: dict[str, list[tuple[int, np.ndarray]]] = {}
-            for row, projection in items:
-                doc = scope.columns.add(RecordMeta.of(row))
-                scope.local[row.record_id] = doc
-                self._scope_of[row.record_id] = key
-                for code, (term, tf) in projection.fields.items():
-                    length = int(tf.sum())
-                    terms.append(term)
-                    tfs.append(tf)
-                    docs.append(np.full(len(term), doc, dtype=np.int64))
-                    flds.append(np.full(len(term), code, dtype=np.int64))
-                    flens.append(np.full(len(term), length, dtype=np.int64))
-                    scope.field_docs[code] += 1
-                    scope.field_len[code] += length
-                scope.docs += 1
-                if projection.vector is not None:
-                    vectors.setdefault(projection.model, []).append((doc, projection.vector))
-            if terms:
-                scope.base = _Postings.build(*(np.concatenate(part) for part in (terms, docs, flds, tfs, flens)))
-            for model, rows in sorted(vectors.items()):
-                # float64, as put_vector holds them (see there)
-                matrix = np.zeros((max(scope.columns.n, 1), len(rows[0][1])))
-                present = np.zeros(len(matrix), dtype=bool)
-                for doc, vector in rows:
-                    matrix[doc] = vector
-                    present[doc] = True
-                scope.vectors[model] = (matrix, present)
-            self._scopes[key] = scope
+        loading: dict[tuple[str, str], _Loading] = {}
+        for row, parts in entries:
+            key = (row.tenant, row.workspace)
+            part = loading.get(key)
+            if part is None:
+                part = loading[key] = _Loading()
+            scope = part.scope
+            doc = scope.columns.add(RecordMeta.of(row))
+            scope.local[row.record_id] = doc
+            self._scope_of[row.record_id] = key
+            scope.docs += 1
+            part.codes.append(parts.codes)
+            part.counts.extend(parts.counts)
+            part.segment_docs.extend([doc] * len(parts.counts))
+            part.terms.append(parts.terms)
+            part.tfs.append(parts.tfs)
+            if parts.model:
+                docs, vectors = part.vectors.setdefault(parts.model, ([], []))
+                docs.append(doc)
+                vectors.append(parts.vector)
+        for key, part in loading.items():
+            self._scopes[key] = part.finish()
 
     def postings_of(self, tenant: str, workspace: str, record_id: str) -> int:
         """How many postings the index holds for one record (0 when it holds none)."""
