@@ -45,14 +45,11 @@ from engram_core.services.maintenance import check_audit, check_journal, event_d
 from engram_core.services.memory import MemoryService
 from engram_core.services.reconciliation import payload_links, write_links
 from engram_core.signing import BACKUP_DOMAIN, CoreSigner, public_keys_from_pems, verify_signature
-from engram_core.store.duckdb_store import DuckDBTx
-from engram_core.store.migrations import MIGRATIONS
-from engram_core.store.port import Event, RecordRow, ScopeRow
+from engram_core.store.port import Event, RecordRow, ScopeRow, Tx
 
 FORMAT = "engram-backup/v2"  # v2: signed manifests
 CHUNK_BYTES = 1 << 20
 MAX_BACKUP_BYTES = 1 << 31
-SCHEMA_VERSION = max(m.version for m in MIGRATIONS)
 
 
 def _invalid(detail: str) -> EngramError:
@@ -60,7 +57,7 @@ def _invalid(detail: str) -> EngramError:
 
 
 # -- taking a backup ------------------------------------------------------------------------
-def build_backup(tx: DuckDBTx, *, created_at: str, signer: CoreSigner,
+def build_backup(tx: Tx, *, created_at: str, signer: CoreSigner,
                  scope: tuple[str, str] | None = None) -> bytes:
     """Serialize one consistent snapshot (the caller holds the read transaction).
 
@@ -78,7 +75,7 @@ def build_backup(tx: DuckDBTx, *, created_at: str, signer: CoreSigner,
 
     audit = tx.audit_rows(None, None, 0, None) if scope is None else []
     head = {"seq": audit[-1]["seq"], "digest": audit[-1]["row_digest"]} if audit else {"seq": 0, "digest": ""}
-    put("header", {"format": FORMAT, "created_at": created_at, "schema_version": SCHEMA_VERSION, "audit_head": head})
+    put("header", {"format": FORMAT, "created_at": created_at, "schema_version": tx.schema_version(), "audit_head": head})
     pins = []
     owners: set[str] = set()
     for s in tx.scopes():
@@ -258,7 +255,7 @@ class BackupService:
             raise EngramError(Code.INVALID_SCHEMA, "trusted backup key is not an Ed25519 public key PEM") from None
         parsed = ParsedBackup(data)
         self._check_signature(parsed, named)
-        if parsed.schema_version != SCHEMA_VERSION:
+        if parsed.schema_version != self.core.store.schema_version():
             raise EngramError(Code.RESTORE_REFUSED, "backup schema version differs from this store")
         with self.core.store.read() as tx:
             if not tx.is_empty():

@@ -46,7 +46,7 @@ from engram_core.services.core import Core
 from engram_core.services.host import HostServiceCore
 from engram_core.services.maintenance import reanalyze_lexical
 from engram_core.services.memory import MemoryService
-from engram_core.store.duckdb_store import DuckDBStore
+from engram_core.store.duckdb.store import DuckDBStore
 from engram_core.store.file_modes import make_private
 
 log = logging.getLogger("engram.core")

@@ -27,8 +27,7 @@ from engram_core.services.embedding import Embedder
 from engram_core.services.lexical import TermHasher
 from engram_core.services.projection_status import ProjectionStatus
 from engram_core.services.quotas import TOOL_METRIC, QuotaCounters, RateLimited
-from engram_core.store.duckdb_store import DuckDBStore, DuckDBTx
-from engram_core.store.port import AuditRow, ScopeRow
+from engram_core.store.port import AuditRow, ScopeRow, Store, Tx
 from engram_core.validation import format_instant
 
 # Longer than a loaded 2-core machine needs for an embedded decision (~0.5 ms idle),
@@ -85,7 +84,7 @@ class Core:
         self,
         *,
         data_dir: Path,
-        store: DuckDBStore,
+        store: Store,
         vault: FileKeyVault,
         policy: PolicyEngine,
         trusted: TrustedHostKeys,
@@ -127,7 +126,7 @@ class Core:
     def decide(self, path: str, input: dict[str, Any], call: CallRecord) -> Decision:
         return call.add(self.policy.decide(path, input, timeout_s=POLICY_TIMEOUT_S))
 
-    def authorize(self, ctx: BoundContext, operation: str, call: CallRecord, tx: DuckDBTx | None = None, *,
+    def authorize(self, ctx: BoundContext, operation: str, call: CallRecord, tx: Tx | None = None, *,
                   scope: ScopeRow | None | EllipsisType = ..., facts: dict[str, Any] | None = None,
                   stored_strings: Iterable[str] = ()) -> Decision:
         """Ask the authz policy; enforce the revocation epoch (a mechanism, not a policy choice).

@@ -17,14 +17,13 @@ from typing import Any
 
 from engram_core.hostctx import BoundContext
 from engram_core.services.core import CallRecord
-from engram_core.store.duckdb_store import DuckDBTx
-from engram_core.store.port import RecordRow
+from engram_core.store.port import RecordRow, Tx
 
 MAKE_INELIGIBLE = "make-ineligible"
 _ELIGIBLE_BEFORE = ("accepted_current", "accepted_disputed", "historical")
 
 
-def apply_derivative_rule(tx: DuckDBTx, ctx: BoundContext, source: RecordRow, *, cause: str, cause_event_id: str,
+def apply_derivative_rule(tx: Tx, ctx: BoundContext, source: RecordRow, *, cause: str, cause_event_id: str,
                           now: int, call: CallRecord) -> list[dict[str, Any]]:
     """Make the derivatives of ``source`` ineligible when its rule says so; what changed, in order."""
     changed: list[dict[str, Any]] = []

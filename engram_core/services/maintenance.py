@@ -40,9 +40,8 @@ from engram_core.services.memory import (
 )
 from engram_core.services.reconciliation import payload_links, write_links
 from engram_core.signing import ANCHOR_DOMAIN, CoreSigners, public_keys_from_pems, verify_signature
-from engram_core.store.duckdb_store import GENESIS, DuckDBTx, audit_digest_of, event_digest_of
-from engram_core.store.migrations import MIGRATIONS
-from engram_core.store.port import Event, IdempotencyRow, RecordRow, ScopeRow
+from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
+from engram_core.store.port import Event, IdempotencyRow, RecordRow, ScopeRow, Tx
 
 log = logging.getLogger("engram.maintenance")
 
@@ -656,7 +655,7 @@ class MaintenanceService:
         applied = self.core.store.migrate()  # MIGRATION_LEDGER_INVALID if the ledger disagrees
         self._audit(ctx, "migrate", "ok", "", call)
         return {"applied": applied, "ledger": self.core.store.migration_ledger(),
-                "code": [{"version": m.version, "name": m.name, "checksum": m.checksum} for m in MIGRATIONS]}
+                "code": self.core.store.migration_code()}
 
     def invalidate_projections(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
         call = self.authorize(ctx, "invalidate_projections")
@@ -745,7 +744,7 @@ def _sizes(facts: dict[str, Any]) -> dict[str, Any]:
     return {k: facts[k] for k in ("components", "citations", "evidence", "payload_bytes") if k in facts}
 
 
-def _open_body(core: Core, tx: DuckDBTx, rec: RecordRow) -> dict[str, Any] | None:
+def _open_body(core: Core, tx: Tx, rec: RecordRow) -> dict[str, Any] | None:
     owner = f"record:{rec.record_id}"
     # The row's own key slot (migration 3); data_keys only for a row without one.
     slot = rec.key_slot if rec.key_slot is not None else tx.data_key_slot(owner)

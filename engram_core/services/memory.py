@@ -26,8 +26,7 @@ from engram_core.services.derivatives import apply_derivative_rule
 from engram_core.services.lexical import record_fields
 from engram_core.services.reading import ReadService
 from engram_core.services.reconciliation import Reconciler, payload_links, write_links
-from engram_core.store.duckdb_store import DuckDBTx
-from engram_core.store.port import CandidateRow, IdempotencyRow, RecordRow
+from engram_core.store.port import CandidateRow, IdempotencyRow, RecordRow, Tx
 from engram_core.validation import parse_instant, validate_arguments
 
 CAPTURE_TOOL = "engram_memory_capture"
@@ -78,7 +77,7 @@ def _shape_facts(payload: dict[str, Any], evidence: dict[str, Any]) -> dict[str,
     }
 
 
-def stored_outcome(tx: DuckDBTx, ctx: BoundContext, *, tool: str, target: str, key: str,
+def stored_outcome(tx: Tx, ctx: BoundContext, *, tool: str, target: str, key: str,
                    request_digest: str) -> dict[str, Any] | None:
     """The mutation guard (SPEC §7): the stored outcome for this key of this principal, None
     when the key is new, DIGEST_CONFLICT when it was used for another tool, target or content.
@@ -104,11 +103,11 @@ class MemoryService(ReadService):
              "arguments": {k: v for k, v in args.items() if k != "idempotency_key"}},
         )
 
-    def _replay(self, tx: DuckDBTx, ctx: BoundContext, tool: str, args: dict[str, Any], request_digest: str) -> dict[str, Any] | None:
+    def _replay(self, tx: Tx, ctx: BoundContext, tool: str, args: dict[str, Any], request_digest: str) -> dict[str, Any] | None:
         return stored_outcome(tx, ctx, tool=tool, target=target_of(tool, args), key=args["idempotency_key"],
                               request_digest=request_digest)
 
-    def _remember(self, tx: DuckDBTx, ctx: BoundContext, tool: str, args: dict[str, Any], request_digest: str, outcome: dict[str, Any]) -> None:
+    def _remember(self, tx: Tx, ctx: BoundContext, tool: str, args: dict[str, Any], request_digest: str, outcome: dict[str, Any]) -> None:
         tx.idempotency_put(
             ctx.tenant, ctx.workspace, ctx.principal, args["idempotency_key"],
             IdempotencyRow(tool, target_of(tool, args), request_digest, outcome), self.core.now_ms(),
@@ -180,7 +179,7 @@ class MemoryService(ReadService):
             lifecycle.check_record("tombstone", target.state)
         return {"status": "ready"}
 
-    def _recheck(self, tx: DuckDBTx, ctx: BoundContext, tool: str, args: dict[str, Any] | None,
+    def _recheck(self, tx: Tx, ctx: BoundContext, tool: str, args: dict[str, Any] | None,
                  request_digest: str | None, call: CallRecord, grant_id: str | None, target: Any,
                  check_state: Any) -> Any:
         """Inside the serialized write transaction, everything checked before may have moved:
@@ -199,7 +198,7 @@ class MemoryService(ReadService):
             self._consume_grant(tx, ctx, grant_id)
         return target
 
-    def _consume_grant(self, tx: DuckDBTx, ctx: BoundContext, grant_id: str) -> None:
+    def _consume_grant(self, tx: Tx, ctx: BoundContext, grant_id: str) -> None:
         if not tx.use_confirmation(grant_id, ctx.tenant, ctx.workspace, self.core.now_ms()):
             raise EngramError(Code.GATE_FAILED, "confirmation already used", reason_class="confirmation_invalid",
                               reasons=("GRANT_USED",))
@@ -220,7 +219,7 @@ class MemoryService(ReadService):
             }
         )["receipt_digest"]
 
-    def _finish_destruction(self, tx: DuckDBTx) -> str:
+    def _finish_destruction(self, tx: Tx) -> str:
         """Zero destroyed key slots after commit; 'complete' once durable."""
         if not tx.destroyed_slots:
             return "complete"
@@ -492,7 +491,7 @@ class MemoryService(ReadService):
         return result
 
     @staticmethod
-    def _recheck_duplicate(tx: DuckDBTx, ctx: BoundContext, cand: CandidateRow, status: str,
+    def _recheck_duplicate(tx: Tx, ctx: BoundContext, cand: CandidateRow, status: str,
                            duplicate_of: str | None, forced: str | None) -> None:
         """Inside the write transaction: the duplicate fact the decision rested on still holds. A
         record with this content admitted meanwhile (a concurrent admission of equal content), or

@@ -18,7 +18,7 @@ import json
 import threading
 
 from engram_core.errors import Code, EngramError
-from engram_core.store.duckdb_store import DuckDBStore, DuckDBTx
+from engram_core.store.port import Store, Tx
 
 _PREFIX = "projections_stale:"
 
@@ -28,18 +28,18 @@ def _key(tenant: str, workspace: str) -> str:
 
 
 class ProjectionStatus:
-    def __init__(self, store: DuckDBStore) -> None:
+    def __init__(self, store: Store) -> None:
         self._lock = threading.Lock()
         with store.read() as tx:
-            rows = tx._all("SELECT k FROM store_meta WHERE starts_with(k, ?) AND v = '1'", [_PREFIX])
-        self._stale = {tuple(json.loads(k[len(_PREFIX):])) for (k,) in rows}
+            marks = tx.meta_with_prefix(_PREFIX)
+        self._stale = {tuple(json.loads(k[len(_PREFIX):])) for k, v in marks.items() if v == "1"}
 
     def check(self, tenant: str, workspace: str) -> None:
         """PROJECTION_STALE when the scope's projections were invalidated and not rebuilt."""
         if (tenant, workspace) in self._stale:
             raise EngramError(Code.PROJECTION_STALE, "projections invalidated, not rebuilt")
 
-    def mark(self, tx: DuckDBTx, tenant: str, workspace: str, *, stale: bool) -> None:
+    def mark(self, tx: Tx, tenant: str, workspace: str, *, stale: bool) -> None:
         """Record the scope's status in the caller's transaction; ``published`` after it commits."""
         tx.set_meta(_key(tenant, workspace), "1" if stale else "0")
 

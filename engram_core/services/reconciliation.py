@@ -21,8 +21,7 @@ from engram_core.hostctx import BoundContext
 from engram_core.policy.port import RECONCILIATION, Decision
 from engram_core.services import lifecycle
 from engram_core.services.core import CallRecord, Core, context_facts
-from engram_core.store.duckdb_store import DuckDBTx
-from engram_core.store.port import RecordRow
+from engram_core.store.port import RecordRow, Tx
 
 # Members are the records a newcomer could replace: current, disputed or not.
 MEMBER_STATES = ("accepted_current", "accepted_disputed")
@@ -45,7 +44,7 @@ def payload_links(effective: dict[str, Any]) -> PayloadLinks:
                         primary_kind=str(primary.get("kind", "")), source_refs=sources)
 
 
-def write_links(tx: DuckDBTx, tenant: str, workspace: str, record_id: str, links: PayloadLinks) -> None:
+def write_links(tx: Tx, tenant: str, workspace: str, record_id: str, links: PayloadLinks) -> None:
     """Record the newcomer's families and its sources (those that are records of this scope)."""
     known = tx.records(tenant, workspace, [s for s in links.source_refs if s != record_id]) if links.source_refs else {}
     tx.add_record_links(tenant, workspace, record_id, family_refs=links.family_refs, primary_kind=links.primary_kind,
@@ -105,7 +104,7 @@ class Reconciler:
         return Plan(decision=d, admission=d.result["admission"],
                     actions={m["record_id"]: m["action"] for m in d.result["members"]}, seen=seen)
 
-    def apply(self, tx: DuckDBTx, ctx: BoundContext, plan: Plan, *, record_id: str, family_refs: list[str],
+    def apply(self, tx: Tx, ctx: BoundContext, plan: Plan, *, record_id: str, family_refs: list[str],
               event_id: str, now: int, call: CallRecord) -> list[dict[str, Any]]:
         """Apply a proceeding plan inside the admission's transaction; one journal event per changed member."""
         current = {rec.record_id: rec for rec, _, _ in tx.family_members(ctx.tenant, ctx.workspace, family_refs,

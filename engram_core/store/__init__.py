@@ -1,1 +1,3 @@
-"""Storage: the Store port and its DuckDB implementation."""
+"""Storage: the Store port (``port.py``), what every engine shares (hash chains, sealed
+projections, the in-memory search index, audit spool and devices) and, in ``duckdb/``,
+the DuckDB engine."""

@@ -45,7 +45,7 @@ from urllib.parse import parse_qs
 
 from engram_core.canonical import canonical_json
 from engram_core.errors import Code, EngramError
-from engram_core.store.duckdb_store import GENESIS, audit_digest_of
+from engram_core.store.chain import GENESIS, audit_digest_of
 
 log = logging.getLogger("engram.audit_device")
 

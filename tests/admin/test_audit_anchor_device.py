@@ -24,7 +24,7 @@ from engram_core.clock import SystemClock
 from engram_core.hostkeys import create_private_key_file
 from engram_core.signing import ANCHOR_DOMAIN, CoreSigner
 from engram_core.store.audit_device import check_device_file
-from engram_core.store.duckdb_store import GENESIS, audit_digest_of
+from engram_core.store.chain import GENESIS, audit_digest_of
 
 ENGRAM = str(Path(sys.executable).with_name("engram"))
 AUDIT_COLUMNS = ("seq", "at_ms", "audit_id", "tenant", "workspace", "principal", "agent_id", "operation", "outcome",

@@ -12,7 +12,8 @@ from crash_harness import Acked, CoreProcess, run_workload
 
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.errors import Code
-from engram_core.store.duckdb_store import GENESIS, DuckDBStore, audit_digest_of, event_digest_of
+from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
+from engram_core.store.duckdb.store import DuckDBStore
 
 KILL_POINTS = 3
 

@@ -29,7 +29,8 @@ from engram_core.errors import Code
 from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
 from engram_core.hostkeys import load_private_key_file
 from engram_core.rpc.status import code_from_rpc_error
-from engram_core.store.duckdb_store import GENESIS, DuckDBStore, audit_digest_of, event_digest_of
+from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
+from engram_core.store.duckdb.store import DuckDBStore
 
 TENANT, WORKSPACE = "acme", "alpha"
 # What a client may see when the server dies under it.

@@ -12,7 +12,7 @@ from reliability_crash import HostAdmin, activate_scope, domain_state
 
 from engram_core.errors import Code
 from engram_core.rpc.server import start_core
-from engram_core.store.duckdb_store import DuckDBTx
+from engram_core.store.duckdb.store import DuckDBTx
 
 
 @pytest.fixture

@@ -12,8 +12,9 @@ from crash_harness import CoreProcess
 
 from engram_core.errors import Code, EngramError
 from engram_core.services.maintenance import check_audit
-from engram_core.store import audit_spool, duckdb_store
-from engram_core.store.duckdb_store import DuckDBStore
+from engram_core.store import audit_spool
+from engram_core.store.duckdb import store as duckdb_store
+from engram_core.store.duckdb.store import DuckDBStore
 from engram_core.store.port import AuditRow
 
 

@@ -8,8 +8,8 @@ from search_support import Client
 
 from engram_core.rpc.server import RunningCore
 from engram_core.services.lexical import analyze
+from engram_core.store.duckdb.record_sql import RECORD_COLS, record_of
 from engram_core.store.projection import Projection, open_projection
-from engram_core.store.record_sql import RECORD_COLS, record_of
 from engram_core.store.search_index import FIELDS
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engram_core.canonical import canonical_json
 from engram_core.store.audit_device import check_device
-from engram_core.store.duckdb_store import GENESIS, audit_doc
+from engram_core.store.chain import GENESIS, audit_doc
 from engram_core.store.port import AuditRow
 
 

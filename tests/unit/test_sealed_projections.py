@@ -14,8 +14,8 @@ import pytest
 
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.crypto.sealing import seal
-from engram_core.store.duckdb_store import DuckDBStore
-from engram_core.store.migrations import LEDGER_DDL, MIGRATIONS
+from engram_core.store.duckdb.migrations import LEDGER_DDL, MIGRATIONS
+from engram_core.store.duckdb.store import DuckDBStore
 from engram_core.store.projection import Projection, decode, encode, open_projection, seal_projection
 
 

@@ -24,11 +24,14 @@ from typing import Any
 
 import duckdb
 
-from engram_core.canonical import digest
 from engram_core.errors import Code, EngramError
 from engram_core.observability import tracing
 from engram_core.store.audit_spool import SPOOL_NAME, AuditSpool
-from engram_core.store.migrations import LEDGER_DDL, MIGRATIONS
+from engram_core.store.chain import GENESIS, audit_doc, event_digest_of
+from engram_core.store.duckdb.migrations import LEDGER_DDL, MIGRATIONS
+from engram_core.store.duckdb.record_links import RecordLinks
+from engram_core.store.duckdb.record_sql import RECORD_COLS, record_of
+from engram_core.store.duckdb.trust import TrustClasses
 from engram_core.store.port import (
     AuditRow,
     CandidateRow,
@@ -48,12 +51,9 @@ from engram_core.store.projection import (
     open_projection,
     seal_projection,
 )
-from engram_core.store.record_links import RecordLinks
-from engram_core.store.record_sql import RECORD_COLS, record_of
 from engram_core.store.search_index import FIELD_CODE, Posting, RecordMeta, SearchIndex
-from engram_core.store.trust import TrustClasses
 
-GENESIS = "sha256:" + "0" * 64
+SCHEMA_VERSION = max(m.version for m in MIGRATIONS)  # what this engine writes
 SPOOL_BATCH = 512  # spooled audit rows moved into the table in one transaction
 OPEN_CHUNK = 4096  # projections fetched per round trip when the index is built
 log = logging.getLogger(__name__)
@@ -70,26 +70,6 @@ def _candidate(row: tuple) -> CandidateRow:
     r[11] = bytes(r[11]) if r[11] is not None else None
     r[14] = json.loads(r[14]) if r[14] else None
     return CandidateRow(*r)
-
-
-def event_digest_of(e: dict[str, Any]) -> str:
-    return digest("event", {k: v for k, v in e.items() if k != "event_digest"})
-
-
-def audit_digest_of(row: dict[str, Any]) -> str:
-    return digest("audit", {k: v for k, v in row.items() if k != "row_digest"})
-
-
-def audit_doc(row: AuditRow, head: tuple[int, str]) -> dict[str, Any]:
-    """The audit row document that follows ``head`` (seq, row digest) in the chain."""
-    doc = {
-        "seq": head[0] + 1, "at_ms": row.at_ms, "audit_id": row.audit_id, "tenant": row.tenant,
-        "workspace": row.workspace, "principal": row.principal, "agent_id": row.agent_id,
-        "operation": row.operation, "outcome": row.outcome, "target_digest": row.target_digest,
-        "decisions": row.decisions, "prev_digest": head[1],
-    }
-    doc["row_digest"] = audit_digest_of(doc)
-    return doc
 
 
 _AUDIT_KEYS = ("seq", "at_ms", "audit_id", "tenant", "workspace", "principal", "agent_id", "operation", "outcome",
@@ -527,6 +507,9 @@ class DuckDBTx(RecordLinks, TrustClasses):
         self._con.execute("INSERT INTO store_meta VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v",
                           [key, value])
 
+    def meta_with_prefix(self, prefix: str) -> dict[str, str]:
+        return dict(self._all("SELECT k, v FROM store_meta WHERE starts_with(k, ?)", [prefix]))
+
     # -- maintenance (SPEC §12): projections, backup and restore -------------------------
     def drop_projections(self, tenant: str, workspace: str) -> dict[str, int]:
         """Delete the sealed projections of one scope; returns what they held (postings, vectors)."""
@@ -547,6 +530,9 @@ class DuckDBTx(RecordLinks, TrustClasses):
             counts["postings"] += projection.postings
             counts["vectors"] += int(projection.vector is not None)
         return counts
+
+    def schema_version(self) -> int:
+        return SCHEMA_VERSION
 
     def is_empty(self) -> bool:
         """True when nothing but trusted host keys and metadata was ever written (a restore target)."""
@@ -761,6 +747,12 @@ class DuckDBStore:
         """Re-verify the ledger and apply pending migrations, serialized with writers."""
         with self._write_lock:
             return self.check_migrations(apply=True)
+
+    def schema_version(self) -> int:
+        return SCHEMA_VERSION
+
+    def migration_code(self) -> list[dict[str, Any]]:
+        return [{"version": m.version, "name": m.name, "checksum": m.checksum} for m in MIGRATIONS]
 
     def migration_ledger(self) -> list[dict[str, Any]]:
         rows = self._con.execute(

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from engram_core.store.duckdb.record_sql import RECORD_COLS, record_of
 from engram_core.store.port import RecordRow
-from engram_core.store.record_sql import RECORD_COLS, record_of
 
 
 class RecordLinks:
