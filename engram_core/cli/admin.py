@@ -57,8 +57,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace, fn) -> int:
-    from engram_core.errors import MESSAGES
-    from engram_core.rpc.status import code_from_rpc_error, operator_detail
+    from engram_core.rpc.status import error_from_rpc_error, operator_detail
 
     if not Path(args.host_key).exists():
         print(f"engram admin: host key {args.host_key} not found", file=sys.stderr)
@@ -71,12 +70,12 @@ def _run(args: argparse.Namespace, fn) -> int:
     try:
         return fn()
     except grpc.RpcError as err:
-        code = code_from_rpc_error(err)
-        detail = operator_detail(err)
+        error = error_from_rpc_error(err)  # the constant message of its code and reason class
+        code, detail = error.code, operator_detail(err)
         if args.json:
-            print(json.dumps({"ok": False, "code": code.value, "message": MESSAGES[code], "detail": detail}))
+            print(json.dumps({"ok": False, "code": code.value, "message": error.message, "detail": detail}))
         else:
-            print(f"engram admin: {code.value}: {MESSAGES[code]}", file=sys.stderr)
+            print(f"engram admin: {code.value}: {error.message}", file=sys.stderr)
         if detail:
             print(f"engram admin: reason: {detail}", file=sys.stderr)
         return 1

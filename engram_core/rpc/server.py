@@ -93,7 +93,9 @@ class _Handler:
             self.core.audit_refusal(ctx, operation, exc, target)
         except Exception as audit_exc:  # noqa: BLE001 - any failure to write the row
             log.warning("refusal not audited: audit_id=%s %s", ctx.audit_id, type(audit_exc).__name__)
-            return EngramError(Code.STORE_UNAVAILABLE, "refusal audit row not written")
+            # A transient failure (FENCE_LOST, STORE_UNAVAILABLE, ...) already tells the caller to
+            # retry and changed nothing: keep its code. Anything else must not stand unaudited.
+            return exc if exc.retriable else EngramError(Code.STORE_UNAVAILABLE, "refusal audit row not written")
         exc.audited = True
         return exc
 
