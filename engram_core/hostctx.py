@@ -14,6 +14,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from engram_core.api import context_pb2
+from engram_core.context_nonces import ContextNonceLedger
 from engram_core.errors import Code, EngramError
 from engram_core.hostkeys import TrustedHostKeys, key_id
 
@@ -21,6 +22,9 @@ CONTEXT_METADATA_KEY = "engram-host-context-bin"
 CONFIRMATION_METADATA_KEY = "engram-confirmation-bin"
 
 MAX_CONTEXT_TTL_MS = 300_000       # SPEC §2: expires_at ≤ issued_at + 300 s
+# What a signer asks unless it says otherwise: a context is signed right before the one
+# call that uses it, so it needs to outlive transit, queueing and clock skew, no more.
+DEFAULT_CONTEXT_TTL_MS = 30_000
 MAX_GRANT_TTL_MS = 300_000         # SPEC §8: a confirmation lives at most 300 s
 GRANT_EXECUTION_WINDOW_MS = 30_000  # SPEC §8: executed within 30 s of approval
 CLOCK_SKEW_MS = 5_000
@@ -79,7 +83,7 @@ def make_context(
     purpose_ref: str = "",
     audit_id: str | None = None,
     now_ms: int,
-    ttl_ms: int = 120_000,
+    ttl_ms: int = DEFAULT_CONTEXT_TTL_MS,
     memory_enabled: bool = True,
     host_principal: bool = False,
     maintenance_scopes: tuple[str, ...] = (),
@@ -118,8 +122,16 @@ def _open(domain: bytes, raw: bytes, trusted: TrustedHostKeys) -> tuple[bytes, s
     return env.body, env.key_id
 
 
-def verify_context(raw: bytes | None, trusted: TrustedHostKeys, *, now_ms: int) -> BoundContext:
-    """Verify a signed context or raise TRUSTED_CONTEXT_UNAVAILABLE (SPEC §2)."""
+def verify_context(raw: bytes | None, trusted: TrustedHostKeys, *, now_ms: int,
+                   nonces: ContextNonceLedger | None = None) -> BoundContext:
+    """Verify a signed context or raise TRUSTED_CONTEXT_UNAVAILABLE (SPEC §2).
+
+    With ``nonces`` the context is also single use: its nonce is claimed, and a
+    second presentation is refused like a bad context. Every gRPC call that acts
+    passes the core's ledger; only in-process callers that sign a context for
+    themselves, and the tool listing (which a fronting host's one context per
+    request is also used for), leave it out.
+    """
     if not raw:
         raise EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, "no host context")
     try:
@@ -134,6 +146,8 @@ def verify_context(raw: bytes | None, trusted: TrustedHostKeys, *, now_ms: int) 
         raise EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, "context lifetime out of bounds")
     if now_ms >= ctx.expires_at_ms or ctx.issued_at_ms > now_ms + CLOCK_SKEW_MS:
         raise EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, "context expired or not yet valid")
+    if nonces is not None:
+        nonces.claim(kid, ctx.nonce, issued_at_ms=ctx.issued_at_ms, expires_at_ms=ctx.expires_at_ms, now_ms=now_ms)
     return BoundContext(
         tenant=ctx.tenant,
         workspace=ctx.workspace,

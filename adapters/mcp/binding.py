@@ -3,12 +3,14 @@
 Two sources, chosen by the host configuration, never by the agent:
 
 * **File binding** (stdio, or HTTP with a ``[binding]`` section): the adapter
-  signs a fresh ``HostContext`` per call with the host key, carrying a new
-  audit id, and sends it to the core.
+  signs a fresh ``HostContext`` with the host key for every gRPC call it makes
+  (each context's nonce is single use at the core), all carrying the MCP call's
+  one audit id, and the scope's current authorization epoch (re-read from the
+  core after ``engram admin revoke``).
 * **Header binding** (HTTP without ``[binding]``): a deployment in front of
   many agents sends ``X-Engram-Host-Context: base64(SignedEnvelope)`` on every
-  HTTP request, a ``HostContext`` signed by a key the core trusts. The adapter
-  forwards those bytes unchanged; the core verifies them. The adapter only
+  HTTP request, a fresh ``HostContext`` signed by a key the core trusts. The
+  adapter forwards those bytes unchanged; the core verifies them. The adapter only
   parses the body to learn the bound purpose and audit id (for its own purpose
   check and the envelope); it never trusts what it parsed for authorization.
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -32,8 +34,12 @@ from engram_core.api import context_pb2
 from engram_core.hostctx import make_context
 
 CONTEXT_HEADER = "x-engram-host-context"  # ASGI header names are lowercase
-CONTEXT_TTL_MS = 60_000  # SPEC §2 allows ≤ 300 s; one call needs far less
+# SPEC §2 allows ≤ 300 s. A context is signed right before the one gRPC call that
+# uses it, so it only has to outlive transit, queueing at the core and clock skew;
+# a captured one is useless once claimed, and dead soon after.
+CONTEXT_TTL_MS = 15_000
 _MAX_HEADER_BYTES = 16_384
+HOST_AGENT_ID = "engram-mcp-adapter"
 
 
 class ContextUnavailable(Exception):
@@ -42,12 +48,25 @@ class ContextUnavailable(Exception):
 
 @dataclass(frozen=True)
 class CallContext:
-    """The signed host context of one call and what the adapter may read from it."""
+    """The host context of one MCP call and what the adapter may read from it."""
 
-    signed: bytes  # SignedEnvelope bytes for the gRPC metadata
     binding: Binding
     audit_id: str
     memory_enabled: bool
+    # A signed context for one gRPC call: freshly signed each time (file binding), or
+    # the fronting host's bytes (header binding).
+    _signer: Callable[[], bytes]
+    # True when the adapter signs (file binding): it may follow a new authorization epoch.
+    resignable: bool
+    # The authorization epoch the call's contexts carry now; a grant the adapter signs
+    # for the call carries the same (a grant of an older epoch is refused).
+    _epoch: Callable[[], int]
+
+    def signed(self) -> bytes:
+        return self._signer()
+
+    def authorization_epoch(self) -> int:
+        return self._epoch()
 
 
 def now_ms() -> int:
@@ -55,11 +74,17 @@ def now_ms() -> int:
 
 
 class ContextSource:
-    """Produces the host context of each request from the host configuration."""
+    """Produces the host context of each request from the host configuration.
+
+    Holds the authorization epoch the adapter signs with (file binding): 0 until the
+    core refuses a context as AUTHORIZATION_REVOKED, then whatever the core says the
+    bound scope's epoch is (:meth:`host_context` signs the host-only question).
+    """
 
     def __init__(self, config: HostConfig, signing_key: Ed25519PrivateKey | None) -> None:
         self._config = config
         self._key = signing_key
+        self._epoch = 0
 
     @property
     def header_mode(self) -> bool:
@@ -70,30 +95,63 @@ class ContextSource:
         """The purpose of the file binding; None when bound per request."""
         return None if self._config.binding is None else self._config.binding.purpose_ref
 
+    @property
+    def authorization_epoch(self) -> int:
+        return self._epoch
+
+    def follow_epoch(self, epoch: int) -> None:
+        """Sign with the scope's current epoch from now on (epochs only grow)."""
+        self._epoch = max(self._epoch, epoch)
+
     def for_request(self, headers: Mapping[str, str] | None) -> CallContext:
         if self._config.binding is not None:
-            return self._sign(self._config.binding)
+            return self._file_bound(self._config.binding)
         return self._from_header(headers)
 
-    def _sign(self, binding: Binding) -> CallContext:
+    def _file_bound(self, binding: Binding) -> CallContext:
         if not binding.complete or self._key is None:
             raise ContextUnavailable("incomplete binding")
         audit_id = new_audit_id()
-        signed = make_context(
+        key = self._key
+
+        def sign() -> bytes:
+            return make_context(
+                key,
+                tenant=binding.tenant,
+                workspace=binding.workspace,
+                principal=binding.principal,
+                agent_id=binding.agent_id,
+                session=binding.session,
+                purpose_ref=binding.purpose_ref,
+                audit_id=audit_id,
+                now_ms=now_ms(),
+                ttl_ms=CONTEXT_TTL_MS,
+                memory_enabled=self._config.memory_enabled,
+                authorization_epoch=self._epoch,
+            )
+
+        return CallContext(binding=binding, audit_id=audit_id, memory_enabled=self._config.memory_enabled,
+                           _signer=sign, resignable=True, _epoch=lambda: self._epoch)
+
+    def host_context(self, call: CallContext) -> bytes:
+        """A host-principal context for the call's scope, to ask the core host-only
+        questions (the scope's authorization epoch). File binding only: the adapter is
+        the host there; it never turns a fronting host's agent context into one."""
+        if not call.resignable or self._key is None:
+            raise ContextUnavailable("not the signing host")
+        b = call.binding
+        return make_context(
             self._key,
-            tenant=binding.tenant,
-            workspace=binding.workspace,
-            principal=binding.principal,
-            agent_id=binding.agent_id,
-            session=binding.session,
-            purpose_ref=binding.purpose_ref,
-            audit_id=audit_id,
+            tenant=b.tenant,
+            workspace=b.workspace,
+            principal=b.principal,
+            agent_id=HOST_AGENT_ID,
+            session=b.session,
+            audit_id=call.audit_id,
             now_ms=now_ms(),
             ttl_ms=CONTEXT_TTL_MS,
             memory_enabled=self._config.memory_enabled,
-        )
-        return CallContext(
-            signed=signed, binding=binding, audit_id=audit_id, memory_enabled=self._config.memory_enabled
+            host_principal=True,
         )
 
     def _from_header(self, headers: Mapping[str, str] | None) -> CallContext:
@@ -122,10 +180,12 @@ class ContextSource:
         if ctx.host_principal or ctx.maintenance_scopes:
             raise ContextUnavailable("host principal on the agent path")
         return CallContext(
-            signed=signed,
             binding=binding,
             audit_id=ctx.audit_id,
             memory_enabled=ctx.memory_enabled and self._config.memory_enabled,
+            _signer=lambda: signed,
+            resignable=False,
+            _epoch=lambda: ctx.authorization_epoch,
         )
 
 

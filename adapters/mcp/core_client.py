@@ -80,6 +80,17 @@ class CoreClient:
             raise _error(err, "ListCapabilities failed") from None
         return list(reply.tools), list(reply.confirmation_required)
 
+    async def authorization_epoch(self, host_context: bytes) -> int:
+        """The bound scope's current authorization epoch (asked with a host-principal context)."""
+        _, host = self._stubs()
+        try:
+            reply = await host.AuthorizationEpoch(
+                host_pb2.AuthorizationEpochRequest(), metadata=_metadata(host_context, None), timeout=self._timeout
+            )
+        except grpc.RpcError as err:
+            raise _error(err, "AuthorizationEpoch failed") from None
+        return int(reply.authorization_epoch)
+
     async def invoke(
         self, tool: str, arguments: dict[str, Any], *, context: bytes, grant: bytes | None = None
     ) -> dict[str, Any]:

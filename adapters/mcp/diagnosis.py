@@ -104,7 +104,7 @@ def check(config: HostConfig, config_path: str, *, address: str | None = None,
         ctx = ContextSource(config, signing_key).for_request(None)
         try:
             caps = host.ListCapabilities(host_pb2.ListCapabilitiesRequest(),
-                                         metadata=[(CONTEXT_METADATA_KEY, ctx.signed)], timeout=PROBE_TIMEOUT_S)
+                                         metadata=[(CONTEXT_METADATA_KEY, ctx.signed())], timeout=PROBE_TIMEOUT_S)
         except grpc.RpcError as err:
             code = code_from_rpc_error(err)
             if code == Code.TRUSTED_CONTEXT_UNAVAILABLE:

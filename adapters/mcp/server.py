@@ -10,10 +10,10 @@ in the envelope. It stores nothing and decides nothing a policy decides.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import mcp_types as types
@@ -47,6 +47,7 @@ from engram_core.validation import validate_arguments
 
 logger = logging.getLogger("engram.mcp")
 refusal_log = logging.getLogger("engram.mcp.refusal")  # one line per refusal, visible in every log setup
+_T = TypeVar("_T")
 
 SERVER_NAME = "engram"
 SERVER_VERSION = "0.1.0"
@@ -204,8 +205,52 @@ class EngramMcp:
         """(granted tools, granted tools the policy gates behind a confirmation)."""
         if not call.memory_enabled:
             return frozenset(), frozenset()  # SPEC §2: memory is off unless the host opted in
-        names, gated = await self._core.granted_tools(call.signed)
+        names, gated = await self._following_epoch(call, self._core.granted_tools)
         return frozenset(names) & frozenset(TOOL_NAMES), frozenset(gated) & frozenset(TOOL_NAMES)
+
+    async def _following_epoch(self, call: CallContext, rpc: Callable[[bytes], Awaitable[_T]]) -> _T:
+        """One gRPC call under a freshly signed context. After AUTHORIZATION_REVOKED, an
+        adapter that signs its own contexts asks the core for the bound scope's current
+        epoch (a host-only call) once and retries once: revoke cuts off contexts and
+        grants signed before it, not the host that holds the key (docs/security.md)."""
+        try:
+            return await rpc(call.signed())
+        except EngramError as exc:
+            if exc.code is not Code.AUTHORIZATION_REVOKED or not call.resignable:
+                raise
+            refused = exc
+        try:
+            epoch = await self._core.authorization_epoch(self._contexts.host_context(call))
+        except (EngramError, ContextUnavailable) as exc:
+            logger.info("authorization epoch not refreshed: %s", exc)
+            raise refused from None
+        logger.info("following authorization epoch %d of the bound scope", epoch)
+        self._contexts.follow_epoch(epoch)
+        return await rpc(call.signed())
+
+    async def _invoke(self, name: str, arguments: dict[str, Any], call: CallContext,
+                      confirmed_digest: str | None = None) -> dict[str, Any]:
+        """The tool call to the core; with ``confirmed_digest`` (a human approved this exact
+        operation) a grant the adapter signs, under the same epoch as the context."""
+        async def rpc(context: bytes) -> dict[str, Any]:
+            grant = None if confirmed_digest is None else self._grant(name, arguments, call, confirmed_digest)
+            return await self._core.invoke(name, arguments, context=context, grant=grant)
+
+        return await self._following_epoch(call, rpc)
+
+    def _grant(self, name: str, arguments: dict[str, Any], call: CallContext, digest: str) -> bytes:
+        b = call.binding
+        return make_grant(
+            self._key,
+            tenant=b.tenant,
+            workspace=b.workspace,
+            principal=b.principal,
+            tool=name,
+            target=target_of(name, arguments),
+            operation_digest=digest,
+            approved_at_ms=now_ms(),
+            authorization_epoch=call.authorization_epoch(),
+        )
 
     # ---- tools ---------------------------------------------------------------
 
@@ -247,7 +292,7 @@ class EngramMcp:
         if name in ALWAYS_CONFIRMED or (name in CONFIRMED_ON_POLICY and (name in gated or params.request_state is not None)):
             return await self._confirm_then_invoke(ctx, params, name, arguments, call, state)
         try:
-            value = await self._core.invoke(name, arguments, context=call.signed)
+            value = await self._invoke(name, arguments, call)
         except EngramError as exc:
             if exc.code is Code.GATE_FAILED and name in CONFIRMED_ON_POLICY:
                 return await self._confirm_then_invoke(ctx, params, name, arguments, call, state)
@@ -268,7 +313,7 @@ class EngramMcp:
         auditId that points nowhere."""
         _log_refusal("adapter", call, name, exc)
         try:
-            await self._core.record_refusal(context=call.signed, operation=name, error=exc, target=target)
+            await self._core.record_refusal(context=call.signed(), operation=name, error=exc, target=target)
         except EngramError as failed:
             logger.warning("refusal not audited: tool=%s audit_id=%s code=%s", name, call.audit_id, failed.code.value)
             return envelope.failure(Code.STORE_UNAVAILABLE, audit_id=call.audit_id)
@@ -280,7 +325,7 @@ class EngramMcp:
         exc = EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, reason.lower(), reasons=(reason,))
         _log_refusal("adapter", call, name, exc)
         try:
-            await self._core.record_refusal(context=call.signed, operation=name, error=exc)
+            await self._core.record_refusal(context=call.signed(), operation=name, error=exc)
         except EngramError as failed:
             logger.warning("refusal not audited: tool=%s audit_id=%s code=%s", name, call.audit_id, failed.code.value)
         return envelope.trusted_context_unavailable()
@@ -300,7 +345,7 @@ class EngramMcp:
                 return refused
             raise await self._protocol_refusal(call, name, "PURPOSE_MISMATCH")
         try:
-            value = await self._core.invoke(name, arguments, context=call.signed)
+            value = await self._invoke(name, arguments, call)
         except EngramError as exc:
             return await self._unless_ungranted(name, call) or self._core_refused(call, name, exc)
         return envelope.success(value, audit_id=call.audit_id)
@@ -343,7 +388,7 @@ class EngramMcp:
             # Ask nobody about a target that is not there (or cannot make this transition): the
             # core answers what the tool itself would, audited as that tool's refusal.
             try:
-                await self._core.check_gated(name, arguments, context=call.signed)
+                await self._following_epoch(call, lambda c: self._core.check_gated(name, arguments, context=c))
             except EngramError as exc:
                 return self._core_refused(call, name, exc)
         if first_leg and not _can_elicit_form(ctx):
@@ -388,18 +433,8 @@ class EngramMcp:
             if not approved(answer.action, answer.content):
                 return await gate_failed("declined", "CONFIRMATION_DECLINED")
 
-        grant = make_grant(
-            self._key,
-            tenant=b.tenant,
-            workspace=b.workspace,
-            principal=b.principal,
-            tool=name,
-            target=target,
-            operation_digest=digest,
-            approved_at_ms=now_ms(),
-        )
         try:
-            value = await self._core.invoke(name, arguments, context=call.signed, grant=grant)
+            value = await self._invoke(name, arguments, call, confirmed_digest=digest)
         except EngramError as exc:
             return self._core_refused(call, name, exc)
         return envelope.success(value, audit_id=call.audit_id)

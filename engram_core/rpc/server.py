@@ -74,8 +74,14 @@ class _Handler:
     def __init__(self, core: Core) -> None:
         self.core = core
 
-    def bind(self, context: grpc.ServicerContext) -> BoundContext:
-        ctx = verify_context(_metadata(context, CONTEXT_METADATA_KEY), self.core.trusted, now_ms=self.core.now_ms())
+    def bind(self, context: grpc.ServicerContext, *, single_use: bool = True) -> BoundContext:
+        """The verified context of this call. ``single_use`` claims its nonce (a replay is
+        refused). False only for the host calls that read or change nothing of the scope and
+        that the adapter makes with the same context as the tool call itself (one context per
+        HTTP request from a fronting host): the tool listing, the check before a confirmation
+        is asked, and the record of a refusal the adapter decided."""
+        ctx = verify_context(_metadata(context, CONTEXT_METADATA_KEY), self.core.trusted, now_ms=self.core.now_ms(),
+                             nonces=self.core.context_nonces if single_use else None)
         observed_calls.note_context(ctx)  # the call's log line and metrics name who called
         return ctx
 
@@ -100,10 +106,11 @@ class _Handler:
         return exc
 
     def audited(self, context: grpc.ServicerContext, operation: str, fn: Callable[[BoundContext], Any],
-                target: Callable[[], str] = lambda: "") -> Any:
-        """``fn`` with the verified context; a refusal after verification is logged and audited."""
+                target: Callable[[], str] = lambda: "", *, single_use: bool = True) -> Any:
+        """``fn`` with the verified context; a refusal after verification is logged and audited.
+        ``single_use`` as for :meth:`bind`."""
         def go() -> Any:
-            ctx = self.bind(context)
+            ctx = self.bind(context, single_use=single_use)
             try:
                 return fn(ctx)
             except EngramError as exc:
@@ -190,14 +197,21 @@ class HostServicer(host_pb2_grpc.HostServiceServicer, _Handler):
         args = {"tool": request.tool, "target": request.target, "idempotency_key": request.idempotency_key,
                 "reason_ref": request.reason_ref}
         return self.audited(context, tool, lambda ctx: host_pb2.CheckGatedResponse(
-            **self.memory.check_gated(ctx, args)), lambda: request.target)
+            **self.memory.check_gated(ctx, args)), lambda: request.target, single_use=False)
 
     def Health(self, request, context):
         return host_pb2.HealthResponse(**self.host.health())
 
     def ListCapabilities(self, request, context):
+        # Not single use: a fronting host sends one context per HTTP request, and the adapter
+        # lists the tools with it besides making the call (SPEC §2 tools/list).
         return self.audited(context, "host.list_capabilities",
-                            lambda ctx: host_pb2.ListCapabilitiesResponse(**self.host.list_capabilities(ctx)))
+                            lambda ctx: host_pb2.ListCapabilitiesResponse(**self.host.list_capabilities(ctx)),
+                            single_use=False)
+
+    def AuthorizationEpoch(self, request, context):
+        return self.audited(context, "host.authorization_epoch", lambda ctx: host_pb2.AuthorizationEpochResponse(
+            **self.host.authorization_epoch(ctx)))
 
     def IssueConfirmation(self, request, context):
         def go(ctx: BoundContext):
@@ -211,7 +225,7 @@ class HostServicer(host_pb2_grpc.HostServiceServicer, _Handler):
         return self.audited(context, "host.record_refusal", lambda ctx: host_pb2.RecordRefusalResponse(
             **self.host.record_refusal(ctx, operation=request.operation, code=request.code,
                                        reason_class=request.reason_class, reason_codes=list(request.reason_codes),
-                                       pointer=request.pointer, target=request.target)))
+                                       pointer=request.pointer, target=request.target)), single_use=False)
 
 
     def Attest(self, request, context):

@@ -17,9 +17,10 @@ from typing import Any
 
 from engram_core.canonical import digest, with_receipt_digest
 from engram_core.clock import Clock, SystemClock
+from engram_core.context_nonces import ContextNonceLedger
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.errors import Code, EngramError, class_of_reasons
-from engram_core.hostctx import BoundContext
+from engram_core.hostctx import CLOCK_SKEW_MS, BoundContext
 from engram_core.hostkeys import TrustedHostKeys
 from engram_core.policy.port import AUTHZ, Decision, PolicyEngine
 from engram_core.secrets_scan import scan
@@ -102,6 +103,8 @@ class Core:
         self.clock: Clock = clock or SystemClock()
         # Usage the authz policy decides quotas on (in memory; see services.quotas).
         self.quotas = QuotaCounters(self.clock.now_ms)
+        # SPEC §2: a context's nonce is single use within its lifetime.
+        self.context_nonces = ContextNonceLedger(started_at_ms=self.clock.now_ms(), skew_ms=CLOCK_SKEW_MS)
         self.hasher = TermHasher.from_dir(data_dir)
         self.page_key = _load_or_create_secret(data_dir / "page.key")
         # Scopes whose projections an operator invalidated and has not rebuilt (PROJECTION_STALE).
@@ -128,17 +131,19 @@ class Core:
 
     def authorize(self, ctx: BoundContext, operation: str, call: CallRecord, tx: Tx | None = None, *,
                   scope: ScopeRow | None | EllipsisType = ..., facts: dict[str, Any] | None = None,
-                  stored_strings: Iterable[str] = ()) -> Decision:
+                  stored_strings: Iterable[str] = (), epoch_bound: bool = True) -> Decision:
         """Ask the authz policy; enforce the revocation epoch (a mechanism, not a policy choice).
         ``scope``: the scope row if the caller has just read it (search pins it anyway);
         ``facts``: further input keys the operation's rule reads (e.g. ``attestation``);
         ``stored_strings``: the request's free strings that the operation would store
         (idempotency keys, reason refs, event ids, names); the policy sees the secret
-        scanner's findings over them (SPEC §13) and decides."""
+        scanner's findings over them (SPEC §13) and decides.
+        ``epoch_bound`` False only for the one question that reads the epoch itself."""
         if scope is ...:
             scope = (self.store.committed_scope(ctx.tenant, ctx.workspace) if tx is None
                      else tx.scope(ctx.tenant, ctx.workspace))
-        return self._admitted(ctx, self.decide(AUTHZ, {**self._authz_input(ctx, operation, scope, stored_strings),
+        return self._admitted(ctx, self.decide(AUTHZ, {**self._authz_input(ctx, operation, scope, stored_strings,
+                                                                            epoch_bound),
                                                        **(facts or {})}, call), operation)
 
     def authorize_with(self, ctx: BoundContext, operation: str, call: CallRecord, scope: ScopeRow | None,
@@ -151,8 +156,8 @@ class Core:
         return self._admitted(ctx, call.add(authz), operation), other
 
     def _authz_input(self, ctx: BoundContext, operation: str, scope: ScopeRow | None,
-                     stored_strings: Iterable[str] = ()) -> dict[str, Any]:
-        if scope is not None and ctx.authorization_epoch < scope.authorization_epoch:
+                     stored_strings: Iterable[str] = (), epoch_bound: bool = True) -> dict[str, Any]:
+        if epoch_bound and scope is not None and ctx.authorization_epoch < scope.authorization_epoch:
             raise EngramError(Code.AUTHORIZATION_REVOKED, "context epoch older than scope epoch")
         out: dict[str, Any] = {
             "operation": operation,

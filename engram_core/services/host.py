@@ -64,6 +64,18 @@ class HostServiceCore:
         return {"tools": tools, "policy_revision": d.revision, "decision_id": d.decision_id,
                 "confirmation_required": gated}
 
+    def authorization_epoch(self, ctx: BoundContext) -> dict[str, Any]:
+        """The bound scope's revocation epoch, for a host principal (policy decides who).
+
+        Not epoch-bound itself: it is how a host holding a trusted key learns the epoch
+        to sign with after a revoke (any key holder can sign any epoch; revoke cuts off
+        contexts and grants already signed, not keys — untrust a key for that)."""
+        call = CallRecord()
+        scope = self.core.store.committed_scope(ctx.tenant, ctx.workspace)
+        self.core.authorize(ctx, "host.authorization_epoch", call, scope=scope, epoch_bound=False)
+        self.core.audit_standalone(ctx, "host.authorization_epoch", "ok", "", call)
+        return {"authorization_epoch": scope.authorization_epoch if scope else 0}
+
     def issue_confirmation(self, ctx: BoundContext, *, tool: str, target: str, operation_digest: str,
                            approved_at_ms: int) -> dict[str, Any]:
         """Sign a single-use grant for a human approval the host obtained (SPEC §8)."""

@@ -127,11 +127,10 @@ def test_restore_verifies_everything(tmp_path, clock, env):
 def test_scope_backup_holds_one_scope_and_restores_it_identically(tmp_path, clock, env):
     kept = [env.record(f"scope backup decision number {i}") for i in range(2)]
     env.activate(TENANT, "other-ws")
-    other_md = env.agent_md(workspace="other-ws")
     cid = env._mem("Capture", capture_args("another workspace's ledger entry", env.clock.now_ms()),
-                   memory_pb2.CaptureRequest, other_md)["candidate_id"]
+                   memory_pb2.CaptureRequest, env.agent_md(workspace="other-ws"))["candidate_id"]
     other = env._mem("RequestAdmission", {"candidate_id": cid, "idempotency_key": "adm-other-ws-000001"},
-                     memory_pb2.RequestAdmissionRequest, other_md)["outcome"]["record_id"]
+                     memory_pb2.RequestAdmissionRequest, env.agent_md(workspace="other-ws"))["outcome"]["record_id"]
     chunks = list(env.admin_stub.Backup(admin_pb2.ScopeRequest(tenant=TENANT, workspace=WORKSPACE),
                                         metadata=env.host_md(), timeout=30))
     data = b"".join(c.data for c in chunks)

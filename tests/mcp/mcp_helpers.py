@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,11 +185,31 @@ def stdio_client(config: Path, *, mode: str = "auto", elicitation: Any = None) -
     return Client(params, mode=mode, elicitation_callback=elicitation)
 
 
+class FreshHeaders(httpx2.Auth):
+    """Headers made anew for every HTTP request: what a fronting host does with the signed
+    host context, whose nonce the core accepts once."""
+
+    def __init__(self, make: Callable[[], dict[str, str]]) -> None:
+        self._make = make
+
+    def auth_flow(self, request: httpx2.Request) -> Any:
+        request.headers.update(self._make())
+        yield request
+
+
 def http_client(
-    url: str, *, headers: dict[str, str] | None = None, mode: str = "auto", elicitation: Any = None
+    url: str,
+    *,
+    headers: dict[str, str] | Callable[[], dict[str, str]] | None = None,
+    mode: str = "auto",
+    elicitation: Any = None,
 ) -> Client:
-    transport = streamable_http_client(url, http_client=httpx2.AsyncClient(headers=headers or {}, timeout=30))
-    return Client(transport, mode=mode, elicitation_callback=elicitation)
+    """``headers``: fixed, or a function called for each request (a fresh signed context)."""
+    if callable(headers):
+        http = httpx2.AsyncClient(auth=FreshHeaders(headers), timeout=30)
+    else:
+        http = httpx2.AsyncClient(headers=headers or {}, timeout=30)
+    return Client(streamable_http_client(url, http_client=http), mode=mode, elicitation_callback=elicitation)
 
 
 async def approve(context: Any, params: Any) -> types.ElicitResult:

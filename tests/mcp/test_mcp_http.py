@@ -124,7 +124,7 @@ async def test_header_binding_binds_identity_per_request(header_bound, core, mod
     key = load_private_key_file(core.host_key_path)
     word = token("ibis")
     async with http_client(
-        header_bound.url, headers=context_header(key, "acme"), mode=mode, elicitation=approve
+        header_bound.url, headers=lambda: context_header(key, "acme"), mode=mode, elicitation=approve
     ) as acme:
         assert [t.name for t in (await acme.list_tools()).tools] == list(TOOL_NAMES)
         cap = value_of(
@@ -140,7 +140,7 @@ async def test_header_binding_binds_identity_per_request(header_bound, core, mod
         with pytest.raises(MCPError) as err:
             await acme.call_tool("engram_memory_search", {"query": word, "purpose_ref": "purpose:other"})
         assert err.value.code == -32603
-    async with http_client(header_bound.url, headers=context_header(key, "globex"), mode=mode) as globex:
+    async with http_client(header_bound.url, headers=lambda: context_header(key, "globex"), mode=mode) as globex:
         found = value_of(
             await globex.call_tool("engram_memory_search", {"query": word, "purpose_ref": PURPOSE})
         )
@@ -152,7 +152,7 @@ async def test_header_binding_binds_identity_per_request(header_bound, core, mod
             == "NOT_FOUND"
         )
     async with http_client(
-        header_bound.url, headers=context_header(key, "acme"), mode=mode, elicitation=approve
+        header_bound.url, headers=lambda: context_header(key, "acme"), mode=mode, elicitation=approve
     ) as acme:
         forgot = value_of(
             await acme.call_tool(

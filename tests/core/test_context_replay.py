@@ -1,0 +1,173 @@
+"""A signed host context is single use (SPEC §2: the nonce is remembered for the context's
+window; a replayed context is refused like a bad one). Issue 13 finding 8.
+
+The attacker captured the gRPC metadata of a real call (an interceptor on the channel,
+as anyone on the wire or in the client process would) and sends it again."""
+
+from __future__ import annotations
+
+import collections
+
+import grpc
+import pytest
+from core_support import PURPOSE, Client, activate, capture_args, now_ms
+
+from engram_core.api import context_pb2, memory_pb2, memory_pb2_grpc
+from engram_core.context_nonces import ContextNonceLedger
+from engram_core.errors import Code, EngramError
+from engram_core.hostctx import CLOCK_SKEW_MS, sign_context
+from engram_core.rpc.convert import message_to_value, value_to_message
+from engram_core.rpc.server import RunningCore, start_core
+from engram_core.rpc.status import code_from_rpc_error
+
+
+class _Recorder(grpc.UnaryUnaryClientInterceptor):
+    """Keeps the metadata of every call sent through the channel."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, list[tuple[str, bytes]]]] = []
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        self.sent.append((client_call_details.method, list(client_call_details.metadata or [])))
+        return continuation(client_call_details, request)
+
+
+def _recording(ana: Client) -> _Recorder:
+    recorder = _Recorder()
+    ana.memory = memory_pb2_grpc.MemoryServiceStub(grpc.intercept_channel(ana.channel, recorder))
+    return recorder
+
+
+def _replay(ana: Client, method: str, request, metadata) -> Code | dict:
+    try:
+        return message_to_value(getattr(memory_pb2_grpc.MemoryServiceStub(ana.channel), method)(
+            request, metadata=metadata, timeout=10))
+    except grpc.RpcError as err:
+        return code_from_rpc_error(err)
+
+
+def test_captured_search_metadata_replayed_is_refused(ana: Client) -> None:
+    rid = ana.remember("Replay: the grebe runbook lives in ops/grebe.md.")
+    recorder = _recording(ana)
+    assert [r["record"]["record_id"] for r in ana.search("grebe")["records"]] == [rid]
+    (_, captured), = recorder.sent
+    request = value_to_message({"query": "grebe", "purpose_ref": PURPOSE}, memory_pb2.SearchRequest())
+    assert _replay(ana, "Search", request, captured) == Code.TRUSTED_CONTEXT_UNAVAILABLE
+    # The same context for another operation: refused too, and nothing is written.
+    args = capture_args("Replay: a capture riding on a captured context.")
+    cap = value_to_message(args, memory_pb2.CaptureRequest())
+    assert _replay(ana, "Capture", cap, captured) == Code.TRUSTED_CONTEXT_UNAVAILABLE
+    assert ana.search("riding")["records"] == []
+
+
+def test_captured_forget_metadata_replayed_is_refused(ana: Client) -> None:
+    rid = ana.remember("Replay: the merganser note to be forgotten once.")
+    args = {"record_id": rid, "idempotency_key": "fg-replay-" + rid[4:30], "reason_ref": "reason:test"}
+    recorder = _recording(ana)
+    assert ana.call("forget", args, grant=True)["receipt"]["to_state"] == "tombstoned"
+    (_, captured), = recorder.sent
+    assert len(captured) == 2  # the context and the grant, exactly as sent
+    request = value_to_message(args, memory_pb2.ForgetRequest())
+    # Before: the stored outcome was handed to anyone replaying the bytes; now the context is spent.
+    assert _replay(ana, "Forget", request, captured) == Code.TRUSTED_CONTEXT_UNAVAILABLE
+
+
+def test_every_fresh_context_is_accepted(ana: Client) -> None:
+    for _ in range(5):
+        ana.search("anything")  # core_support signs a new context (new nonce) per call
+
+
+def test_context_without_nonce_is_refused(ana: Client) -> None:
+    ctx = context_pb2.HostContext(tenant="acme", workspace="alpha", principal="user:ana", purpose_ref=PURPOSE,
+                                  audit_id="aud_no_nonce", issued_at_ms=now_ms(), expires_at_ms=now_ms() + 10_000,
+                                  memory_enabled=True)
+    signed = sign_context(ctx, ana.key)
+    assert ana.fails("search", {"query": "x", "purpose_ref": PURPOSE}, context=signed) \
+        == Code.TRUSTED_CONTEXT_UNAVAILABLE
+
+
+def test_context_signed_before_a_restart_is_refused_after_it(tmp_path) -> None:
+    data = tmp_path / "data"
+    running = start_core(data)
+    activate(running)
+    ana = Client(running)
+    # Signed before the restart (by more than the clock-skew allowance), never used, and still
+    # inside its lifetime after it.
+    early = ana.context(now_ms=now_ms() - SIGNED_BEFORE_START_MS)
+    running.stop()
+    # The restarted core has an empty ledger; a context it could not have seen claimed is refused.
+    running = start_core(data)
+    try:
+        ana = Client(running)
+        assert ana.fails("search", {"query": "x", "purpose_ref": PURPOSE}, context=early) \
+            == Code.TRUSTED_CONTEXT_UNAVAILABLE
+        ana.search("x")  # a fresh one works
+    finally:
+        running.stop()
+
+
+SIGNED_BEFORE_START_MS = CLOCK_SKEW_MS + 1_000
+
+
+def test_adapter_and_cli_sign_a_fresh_short_context_per_call(core: RunningCore) -> None:
+    """The legitimate signers: each call its own nonce, and the adapter's lifetime is short."""
+    from adapters.mcp.binding import CONTEXT_TTL_MS, ContextSource
+    from adapters.mcp.config import Binding, HostConfig
+    from engram_core.cli.channel import admin_metadata
+    from engram_core.hostkeys import load_private_key_file
+
+    key = load_private_key_file(core.host_key_path)
+    nonces = collections.Counter()
+    for _ in range(3):
+        (_, raw), = admin_metadata(str(core.host_key_path))
+        nonces[_body(raw).nonce] += 1
+    config = HostConfig(core_address=core.address, embedded_data_dir=None, deadline_ms=10_000, signing_key=key,
+                        signing_key_path=core.host_key_path, memory_enabled=True, confirmation_timeout_ms=60_000,
+                        binding=Binding(tenant="acme", workspace="alpha", principal="user:ana", agent_id="a",
+                                        session="s", purpose_ref=PURPOSE))
+    call = ContextSource(config, key).for_request(None)
+    bodies = [_body(call.signed()) for _ in range(3)]
+    nonces.update(b.nonce for b in bodies)
+    assert all(n == 1 for n in nonces.values()) and len(nonces) == 6
+    assert {b.audit_id for b in bodies} == {call.audit_id}  # one MCP call, one audit id
+    assert all(b.expires_at_ms - b.issued_at_ms == CONTEXT_TTL_MS <= 15_000 for b in bodies)
+
+
+def _body(signed: bytes) -> context_pb2.HostContext:
+    env = context_pb2.SignedEnvelope.FromString(signed)
+    return context_pb2.HostContext.FromString(env.body)
+
+
+# ---- the ledger's bounds --------------------------------------------------------------
+
+def test_ledger_keeps_a_nonce_until_its_context_expires_then_forgets_it() -> None:
+    ledger = ContextNonceLedger(started_at_ms=1_000, skew_ms=0)
+    ledger.claim("k", "n1", issued_at_ms=1_000, expires_at_ms=2_000, now_ms=1_000)
+    with pytest.raises(EngramError) as err:
+        ledger.claim("k", "n1", issued_at_ms=1_000, expires_at_ms=2_000, now_ms=1_999)
+    assert err.value.code == Code.TRUSTED_CONTEXT_UNAVAILABLE
+    ledger.claim("other-key", "n1", issued_at_ms=1_000, expires_at_ms=2_000, now_ms=1_999)  # per signing key
+    ledger.claim("k", "n2", issued_at_ms=2_000, expires_at_ms=3_000, now_ms=2_000)
+    assert len(ledger) == 1  # both n1 entries purged at their expiry
+
+
+def test_full_ledger_fails_closed_and_never_evicts_a_live_nonce() -> None:
+    ledger = ContextNonceLedger(started_at_ms=0, skew_ms=0, capacity=3)
+    for i in range(3):
+        ledger.claim("k", f"n{i}", issued_at_ms=0, expires_at_ms=10_000, now_ms=0)
+    with pytest.raises(EngramError) as err:
+        ledger.claim("k", "n3", issued_at_ms=0, expires_at_ms=10_000, now_ms=5_000)
+    assert err.value.code == Code.RATE_LIMITED
+    with pytest.raises(EngramError) as err:  # n0 was not evicted to make room: still a replay
+        ledger.claim("k", "n0", issued_at_ms=0, expires_at_ms=10_000, now_ms=5_000)
+    assert err.value.code == Code.TRUSTED_CONTEXT_UNAVAILABLE
+    ledger.claim("k", "n3", issued_at_ms=10_000, expires_at_ms=20_000, now_ms=10_000)  # room after expiry
+    assert len(ledger) == 1
+
+
+def test_ledger_memory_stays_bounded_under_a_stream_of_calls() -> None:
+    ledger = ContextNonceLedger(started_at_ms=0, skew_ms=0, capacity=1_000)
+    for i in range(20_000):  # 20k calls, each context living 100 ms, one call per ms
+        ledger.claim("k", f"n{i}", issued_at_ms=i, expires_at_ms=i + 100, now_ms=i)
+        assert len(ledger) <= 100
+    assert len(ledger._heap) <= 101
