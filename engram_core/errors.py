@@ -212,11 +212,15 @@ class EngramError(Exception):
     constant message the caller sees (``REFUSALS``); ``reasons`` (policy or validation reason
     codes) and ``pointer`` (a JSON pointer into the arguments made of schema names and
     indices only) are for logs and the audit row. ``audited`` is set once a service wrote the
-    call's audit row itself, so the refusal is not audited twice.
+    call's audit row itself, so the refusal is not audited twice. ``confirmation_required``
+    marks the refusal of a gated call that carried no confirmation at all (SPEC §8: the
+    protocol refusal): it tells the host, not the agent, that a human must be asked, which
+    the host cannot always know beforehand (the capture policy decides on the capture's facts).
     """
 
     def __init__(self, code: Code, detail: str = "", *, reason_class: str | None = None,
-                 reasons: tuple[str, ...] = (), pointer: str = "", audited: bool = False) -> None:
+                 reasons: tuple[str, ...] = (), pointer: str = "", audited: bool = False,
+                 confirmation_required: bool = False) -> None:
         super().__init__(f"{code.value}: {detail}" if detail else code.value)
         self.code = code
         self.detail = detail
@@ -224,6 +228,7 @@ class EngramError(Exception):
         self.reasons = tuple(reasons)
         self.pointer = pointer
         self.audited = audited
+        self.confirmation_required = confirmation_required
         self.decisions: list[dict[str, object]] = []  # summaries of the decisions taken before it
 
     @property

@@ -294,7 +294,11 @@ class EngramMcp:
         try:
             value = await self._invoke(name, arguments, call)
         except EngramError as exc:
-            if exc.code is Code.GATE_FAILED and name in CONFIRMED_ON_POLICY:
+            # The tool list said no confirmation, but the core wants one: the capture policy
+            # decides on the capture's own facts, or the policy changed in between. Ask the
+            # human now, as for forget (SPEC §8), instead of refusing the agent.
+            asks_human = exc.code is Code.GATE_FAILED or exc.confirmation_required
+            if asks_human and name in CONFIRMED_ON_POLICY:
                 return await self._confirm_then_invoke(ctx, params, name, arguments, call, state)
             return self._core_refused(call, name, exc)
         return envelope.success(value, audit_id=call.audit_id)

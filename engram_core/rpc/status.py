@@ -60,6 +60,8 @@ _GRPC_CODE: dict[Code, int] = {
 OPERATOR_DETAIL_CODES = frozenset({Code.BACKUP_INVALID, Code.RESTORE_REFUSED})
 
 CLASS_KEY = "class"  # ErrorInfo.metadata key of the refusal's reason class
+# ErrorInfo.metadata entry on the refusal of a gated call without any confirmation.
+CONFIRMATION_METADATA = ("confirmation", "required")
 
 
 def to_status(error: EngramError) -> grpc.Status:
@@ -68,6 +70,8 @@ def to_status(error: EngramError) -> grpc.Status:
         info.metadata["detail"] = error.detail
     if error.reason_class:
         info.metadata[CLASS_KEY] = error.reason_class
+    if error.confirmation_required:
+        info.metadata[CONFIRMATION_METADATA[0]] = CONFIRMATION_METADATA[1]
     detail = any_pb2.Any()
     detail.Pack(info)
     details = [detail]
@@ -117,7 +121,9 @@ def error_from_rpc_error(err: grpc.RpcError, detail: str = "") -> EngramError:
                     code = Code(info.reason)
                 except ValueError:
                     break
-                return EngramError(code, detail, reason_class=known_class(code, info.metadata.get(CLASS_KEY)))
+                return EngramError(code, detail, reason_class=known_class(code, info.metadata.get(CLASS_KEY)),
+                                   confirmation_required=(info.metadata.get(CONFIRMATION_METADATA[0])
+                                                          == CONFIRMATION_METADATA[1]))
     return EngramError(_transport_code(err), detail)
 
 

@@ -116,7 +116,7 @@ class MemoryService(ReadService):
     def _grant_present(self, grant: bytes | None) -> bytes:
         if not grant:
             # SPEC §8: a gated call with no confirmation at all is a protocol refusal.
-            raise EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, "confirmation missing")
+            raise EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, "confirmation missing", confirmation_required=True)
         return grant
 
     def _verify_grant(self, ctx: BoundContext, tool: str, args: dict[str, Any], grant: bytes):
