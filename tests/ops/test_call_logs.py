@@ -99,10 +99,11 @@ def test_every_call_is_one_json_line_with_scope_outcome_reasons_and_no_content(s
 
 def test_operational_events_are_logged_as_events(served) -> None:
     served.signal(signal.SIGHUP)  # policy reload
-    md = admin_metadata(str(served.host_key_path))
-    with grpc.insecure_channel(served.address) as ch:
-        admin_pb2_grpc.AdminServiceStub(ch).RotateKeys(admin_pb2.ScopeRequest(), metadata=md, timeout=30)
-        admin_pb2_grpc.AdminServiceStub(ch).Migrate(admin_pb2.ScopeRequest(), metadata=md, timeout=30)
+    with grpc.insecure_channel(served.address) as ch:  # a fresh signed context per call (single use)
+        admin_pb2_grpc.AdminServiceStub(ch).RotateKeys(admin_pb2.ScopeRequest(),
+                                                       metadata=admin_metadata(str(served.host_key_path)), timeout=30)
+        admin_pb2_grpc.AdminServiceStub(ch).Migrate(admin_pb2.ScopeRequest(),
+                                                    metadata=admin_metadata(str(served.host_key_path)), timeout=30)
     lines = _wait_for(served, lambda ls: {"policy_reload", "key_rotation", "migration"}
                       <= {line.get("event") for line in ls if line.get("event") != "call"}
                       and sum(1 for line in ls if line.get("event") == "migration") >= 2)
