@@ -338,3 +338,8 @@ test_record_refusal_needs_a_complete_context if {
 		false,
 	) with input as _in("host.record_refusal", _ctx({"principal": ""}), _active)
 }
+
+# Mirrors tests/policy/fixtures/authz/host_attest_untrusted_verifier_denied.json (default data: no verifiers).
+test_golden_host_attest_untrusted_verifier_denied if {
+	authz.decision == {"allow": false, "reasons": [{"code": "VERIFIER_NOT_TRUSTED", "message": "The verifier key is not trusted for signed attestations."}], "obligations": _no_obligations} with input as _attest(_attest_ctx, "signed", "ed25519:abc")
+}
