@@ -413,3 +413,21 @@ def test_a_refused_maintenance_call_is_audited(core) -> None:
     (row,) = audit_rows(core)[audit_id]
     assert (row["operation"], row["outcome"]) == ("admin.export", "UNAUTHORIZED")
     assert "HOST_PRINCIPAL_REQUIRED" in refusal_of(row)["reason_codes"]
+
+
+async def test_a_secret_written_as_a_field_name_reaches_no_message_log_or_audit_row(core, acme) -> None:
+    """An unknown field is pointed at by its parent object, never named: a key can carry a secret."""
+    args = _base("harmless text")
+    args["payload"][SECRET] = "x"
+    args["evidence"]["citation_ids"] = ["cit1"]
+    async with stdio_client(acme, elicitation=approve) as client:
+        env = envelope_of(await client.call_tool("engram_memory_capture", args))
+    assert env["error"]["code"] == "INVALID_SCHEMA"
+    assert env["error"]["message"] == REFUSALS[Code.INVALID_SCHEMA]["unknown_field"]
+    (row,) = audit_rows(core)[env["auditId"]]
+    assert refusal_of(row)["pointer"] == "/payload"
+    assert SECRET not in json.dumps(row) and SECRET not in json.dumps(env)
+    spool = Path(core.host_key_path).parent
+    for path in spool.iterdir():
+        if path.is_file() and path.suffix in ("", ".spool", ".duckdb", ".wal"):
+            assert SECRET.encode() not in path.read_bytes(), path
