@@ -68,13 +68,13 @@ WEIGHTS = {"primary": 3.0, "decision": 2.0, "evidence": 1.5, "context": 1.0, "ci
 def rank_all(docs: list[Doc], terms: list[str], *, k1: float, b: float,
              weights: dict[str, float]) -> list[tuple[str, float]]:
     """Every matching document with its raw BM25 score, best first (the semantic profile's lexical list)."""
-    ranked = rank(docs, terms, k1=k1, b=b, weights=weights, lexical_weight=1.0, limit=None, scores=True)
+    ranked = rank(docs, terms, k1=k1, b=b, weights=weights, lexical_weight=1.0, limit=None, with_scores=True)
     return ranked  # type: ignore[return-value]
 
 
 def rank(docs: list[Doc], terms: list[str], *, k1: float, b: float, weights: dict[str, float],
          lexical_weight: float, half_life_days: float = 30.0, limit: int | None = 10,
-         scores: bool = False) -> list[Any]:
+         with_scores: bool = False) -> list[Any]:
     n = len(docs)
     avg: dict[str, float] = defaultdict(float)
     present: dict[str, int] = defaultdict(int)
@@ -103,7 +103,7 @@ def rank(docs: list[Doc], terms: list[str], *, k1: float, b: float, weights: dic
     ranked = [(rid, lexical_weight * s / best + (1 - lexical_weight) * 0.5 ** (days / half_life_days), -days, s)
               for rid, s, days in scores]
     ranked.sort(key=lambda r: (-round(r[1], 9), -r[2], r[0]))
-    if scores:  # raw BM25
+    if with_scores:  # raw BM25
         return [(r[0], r[3]) for r in ranked[:limit]]
     return [r[0] for r in ranked[:limit]]
 
