@@ -80,6 +80,14 @@ def _audit_values(doc: dict[str, Any]) -> list[Any]:
     return [json.dumps(doc[k], sort_keys=True) if k == "decisions" else doc[k] for k in _AUDIT_KEYS]
 
 
+def _rollback(con: duckdb.DuckDBPyConnection) -> None:
+    """Roll back, where a failed ROLLBACK (no transaction left) must not hide the error being raised."""
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.Error:
+        pass
+
+
 class DuckDBTx(RecordLinks, TrustClasses):
     """Domain operations over one DuckDB connection inside a transaction."""
 
@@ -775,10 +783,7 @@ class DuckDBStore:
             try:
                 yield tx
             except BaseException:
-                try:
-                    con.execute("ROLLBACK")
-                except duckdb.Error:
-                    pass
+                _rollback(con)
                 raise
             finally:
                 self._local.writing = False
@@ -787,10 +792,7 @@ class DuckDBStore:
                 try:
                     self._devices.write_rows(tx.audit_docs)
                 except BaseException:
-                    try:
-                        con.execute("ROLLBACK")
-                    except duckdb.Error:
-                        pass
+                    _rollback(con)
                     raise
             self._commit(con)
             if tx.index_ops or tx.scope_changes:
@@ -961,10 +963,7 @@ class DuckDBStore:
                 [list(c) for c in zip(*(_audit_values(d) for d in rows), strict=True)])
             con.execute("COMMIT")
         except duckdb.Error as exc:
-            try:
-                con.execute("ROLLBACK")
-            except duckdb.Error:
-                pass
+            _rollback(con)
             raise EngramError(Code.STORE_UNAVAILABLE, f"audit spool move failed: {type(exc).__name__}") from None
         self._spool.clear()
 
