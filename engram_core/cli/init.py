@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 INIT_FILE = "init.toml"
+DEFAULT_CORE = "127.0.0.1:50051"
 DEFAULT_DATA_DIR = "engram-data"
 DEFAULT_TENANT = "local"
 DEFAULT_WORKSPACE = "default"
@@ -51,6 +52,17 @@ def read_first_serve_scope(data_dir: Path) -> FirstServeScope | None:
     if not (isinstance(tenant, str) and tenant and isinstance(workspace, str) and workspace):
         raise ValueError(f"{path}: [first_serve] needs activate_tenant and activate_workspace")
     return FirstServeScope(tenant, workspace)
+
+
+def _core_address(host_config: Path) -> str | None:
+    """The ``[core] address`` an existing host TOML names, or None if it names none or is unreadable."""
+    try:
+        doc = tomllib.loads(host_config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    core = doc.get("core")
+    address = core.get("address") if isinstance(core, dict) else None
+    return address if isinstance(address, str) else None
 
 
 def _quote(value: str) -> str:
@@ -131,8 +143,17 @@ def run_init(args: argparse.Namespace) -> int:
             encoding="utf-8")
         os.chmod(init_file, 0o600)
 
+    core = args.core or DEFAULT_CORE
     if host_config.exists() and not args.force:
         wrote = f"kept the existing {host_config} (--force rewrites it)"
+        named = _core_address(host_config)
+        if args.core and named is not None and named != args.core:
+            # A kept file naming another core would send the adapter there (tools/serve after a
+            # change of ENGRAM_LISTEN): say so rather than let doctor find it later.
+            rewrite = shlex.join([_engram_command(), "init", str(data_dir), "--host-config", str(host_config),
+                                  "--core", args.core, "--force"])
+            print(f"engram init: {host_config} names core {named}, not {args.core}; "
+                  f"the adapter would call {named}. Rewrite it: {rewrite}", file=sys.stderr)
     else:
         principal = "agent:" + (_NAME.sub("-", getpass.getuser()) or "local")
         try:
@@ -140,7 +161,7 @@ def run_init(args: argparse.Namespace) -> int:
         except ValueError:
             key_ref = str(host_key)
         host_config.parent.mkdir(parents=True, exist_ok=True)
-        host_config.write_text(host_toml(core=args.core, signing_key=key_ref, tenant=scope.tenant,
+        host_config.write_text(host_toml(core=core, signing_key=key_ref, tenant=scope.tenant,
                                          workspace=scope.workspace, principal=principal), encoding="utf-8")
         os.chmod(host_config, 0o600)
         wrote = f"wrote {host_config} (binds {scope.tenant}/{scope.workspace} as {principal})"
@@ -152,7 +173,7 @@ def run_init(args: argparse.Namespace) -> int:
         f"engram init: the first `engram serve` on it activates {scope.tenant}/{scope.workspace}",
         "",
         "Next:",
-        f"  1. Start the core:     {shlex.join([engram, 'serve', '--data', str(data_dir), '--listen', args.core])}",
+        f"  1. Start the core:     {shlex.join([engram, 'serve', '--data', str(data_dir), '--listen', core])}",
         f"  2. Check the chain:    {shlex.join([engram, 'doctor', '--host-config', str(host_config)])}",
         client_instructions(engram, host_config),
         "  Clients that can ask a human (MCP elicitation) can confirm forget and withdraw; see docs/mcp-clients.md.",
@@ -165,7 +186,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dir", nargs="?", default=DEFAULT_DATA_DIR, help="data directory (default: %(default)s)")
     p.add_argument("--host-config", default=None,
                    help="where to write the host TOML (default: host.toml beside the data directory)")
-    p.add_argument("--core", default="127.0.0.1:50051", help="core address the host TOML names (default: %(default)s)")
+    p.add_argument("--core", default=None, help=f"core address the host TOML names (default: {DEFAULT_CORE})")
     p.add_argument("--tenant", default=DEFAULT_TENANT, help="tenant of the first scope (default: %(default)s)")
     p.add_argument("--workspace", default=DEFAULT_WORKSPACE, help="workspace of the first scope (default: %(default)s)")
     p.add_argument("--force", action="store_true", help="rewrite an existing host TOML")

@@ -28,7 +28,7 @@ def _fail(message: str) -> int:
     return 2
 
 
-def _listen_problem(listen: str) -> str | None:
+def listen_problem(listen: str) -> str | None:
     """Why ``listen`` cannot be bound, checked before the data directory is touched."""
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
@@ -58,7 +58,7 @@ def serve_main(args: argparse.Namespace) -> int:
     from engram_core.rpc.server import start_core
 
     configure_logging(getattr(args, "log_format", "text"))
-    problem = _listen_problem(args.listen)
+    problem = listen_problem(args.listen)
     if problem:
         return _fail(problem)
     try:

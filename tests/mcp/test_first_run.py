@@ -4,6 +4,7 @@ hits explains itself in one line (issue: from clone to a first remembered fact).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -160,3 +161,29 @@ def test_serve_on_a_busy_port_says_so_in_one_line_and_creates_nothing(first_run:
     assert result.stderr.strip().count("\n") == 0 and "already in use" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "other").exists()
+
+
+def test_init_says_in_one_line_when_the_kept_host_config_names_another_core(tmp_path: Path) -> None:
+    # tools/serve re-run with another ENGRAM_LISTEN: the kept host.toml would send the adapter to the old address
+    assert _engram("init", "--core", "127.0.0.1:50071", cwd=tmp_path).returncode == 0
+    before = (tmp_path / "host.toml").read_text()
+    moved = _engram("init", "--core", "127.0.0.1:50072", cwd=tmp_path)
+    assert moved.returncode == 0 and (tmp_path / "host.toml").read_text() == before
+    assert moved.stderr.strip().count("\n") == 0
+    assert "names core 127.0.0.1:50071, not 127.0.0.1:50072" in moved.stderr
+    assert "--core 127.0.0.1:50072 --force" in moved.stderr
+    # no --core given: nothing to compare, nothing said
+    assert _engram("init", cwd=tmp_path).stderr == ""
+
+
+def test_tools_serve_on_a_busy_port_writes_no_host_config_and_names_engram_listen(
+        first_run: FirstRun, tmp_path: Path) -> None:
+    env = {**os.environ, "ENGRAM_DATA": str(tmp_path / "engram-data"), "ENGRAM_LISTEN": first_run.address}
+    result = subprocess.run([str(REPO / "tools" / "serve")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300, stdin=subprocess.DEVNULL)
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("tools/serve: ") and "already in use" in last
+    assert "ENGRAM_LISTEN=HOST:PORT tools/serve" in last
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "host.toml").exists() and not (tmp_path / "engram-data").exists()
