@@ -458,7 +458,7 @@ def register_more(sub: argparse._SubParsersAction, run: Callable[[argparse.Names
         return p
 
     for name, (op, successor, to_state, kind) in TRANSITIONS.items():
-        p = add(name, lambda a, op=op: _transition(a, op), f"{op} a {kind} (host lifecycle, SPEC §6)")
+        p = add(name, lambda a, op=op: _transition(a, op), f"{op} a {kind} (host lifecycle, docs/contract.md §6)")
         p.add_argument("target", metavar="RECORD_ID" if kind == "record" else "CANDIDATE_ID")
         if successor:
             p.add_argument("--successor", required=True, help="record id of the successor")
