@@ -9,6 +9,7 @@ in the envelope. It stores nothing and decides nothing a policy decides.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
@@ -42,6 +43,7 @@ from adapters.mcp.guidance import GUIDE_PROMPT_NAME, GUIDE_RESOURCE_URI, TOOL_DE
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import make_grant
 from engram_core.operation import operation_digest, target_of
+from engram_core.schema_examples import EXAMPLE_PURPOSE
 from engram_core.schemas import INPUT_SCHEMAS, TOOL_NAMES, output_schema
 from engram_core.validation import validate_arguments
 
@@ -85,12 +87,19 @@ _ANNOTATIONS = {
 }
 
 
-def tool_definition(name: str) -> types.Tool:
+def tool_definition(name: str, purpose_ref: str | None = None) -> types.Tool:
+    """``purpose_ref``: the call's bound purpose, written into the schema's examples in place of
+    the placeholder one, so an example copied verbatim is not refused as a purpose mismatch
+    (the guide's worked captures do the same)."""
+    schema = INPUT_SCHEMAS[name]
+    if purpose_ref and purpose_ref != EXAMPLE_PURPOSE and "examples" in schema:
+        schema = {**schema, "examples": json.loads(json.dumps(schema["examples"]).replace(
+            json.dumps(EXAMPLE_PURPOSE), json.dumps(purpose_ref)))}
     return types.Tool(
         name=name,
         title=TOOL_TITLES[name],
         description=TOOL_DESCRIPTIONS[name],
-        input_schema=INPUT_SCHEMAS[name],
+        input_schema=schema,
         output_schema=output_schema(name),
         annotations=_ANNOTATIONS[name],
     )
@@ -263,7 +272,8 @@ class EngramMcp:
         except EngramError as exc:
             logger.info("tools/list refused: %s", exc)
             raise envelope.trusted_context_unavailable() from None
-        return types.ListToolsResult(tools=[tool_definition(name) for name in TOOL_NAMES if name in granted])
+        return types.ListToolsResult(tools=[tool_definition(name, call.binding.purpose_ref)
+                                            for name in TOOL_NAMES if name in granted])
 
     async def call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams

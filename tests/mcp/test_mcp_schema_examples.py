@@ -128,3 +128,24 @@ async def test_every_example_succeeds_through_mcp(example_config: Path) -> None:
                                                     {**TOOL_EXAMPLES["engram_memory_forget"][0],
                                                      "record_id": records[0]}))
         assert forgotten["receipt"]["to_state"] == "tombstoned"
+
+
+async def test_listed_examples_carry_the_bound_purpose_so_a_verbatim_copy_succeeds(core, tmp_path: Path) -> None:
+    """`engram init` binds purpose:default; an agent that copies the capture example from
+    tools/list as it is must not be refused as a purpose mismatch (-32603)."""
+    bound = "purpose:default"
+    config = write_config(tmp_path / "default.toml", address=core.address, signing_key=core.host_key_path,
+                          binding={**binding_for("acme", principal="agent-verbatim"), "purpose_ref": bound})
+    async with stdio_client(config) as client:
+        listed = {tool.name: tool for tool in (await client.list_tools()).tools}
+        for name in ("engram_memory_capture", "engram_memory_search", "engram_memory_get"):
+            text = str(listed[name].input_schema["examples"])
+            assert EXAMPLE_PURPOSE not in text and bound in text, name
+        # everything but the examples is the published schema
+        assert {k: v for k, v in listed["engram_memory_capture"].input_schema.items() if k != "examples"} == \
+            {k: v for k, v in INPUT_SCHEMAS["engram_memory_capture"].items() if k != "examples"}
+        verbatim = listed["engram_memory_capture"].input_schema["examples"][1]
+        assert value_of(await client.call_tool("engram_memory_capture", verbatim))["status"] == "committed_pending"
+        found = value_of(await client.call_tool("engram_memory_search",
+                                                listed["engram_memory_search"].input_schema["examples"][0]))
+        assert "records" in found
