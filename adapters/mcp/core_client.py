@@ -47,6 +47,13 @@ def _error(err: grpc.RpcError, detail: str) -> EngramError:
         return EngramError(Code.STORE_UNAVAILABLE, detail)
 
 
+def _has_status_details(err: grpc.RpcError) -> bool:
+    """True when the call carried a rich status (the core answered), as opposed to a channel
+    that never reached one."""
+    trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
+    return any(key == "grpc-status-details-bin" for key, _ in (trailing or ()))
+
+
 class CoreClient:
     """Async MemoryService + HostService client bound to one core address."""
 
@@ -63,6 +70,17 @@ class CoreClient:
             self._channel = aio_channel(self._address, self._tls, interceptors=tracing.client_interceptors() or None)
         return memory_pb2_grpc.MemoryServiceStub(self._channel), host_pb2_grpc.HostServiceStub(self._channel)
 
+    def _error(self, err: grpc.RpcError, detail: str) -> EngramError:
+        """The contract error of a failed call; when no core answered at all (the channel could
+        not connect, so no status came back), the detail says so and where, for the one log line
+        an operator reads."""
+        error = _error(err, detail)
+        code = err.code() if hasattr(err, "code") else None
+        if code == grpc.StatusCode.UNAVAILABLE and error.code is Code.STORE_UNAVAILABLE and error.reason_class is None \
+                and not _has_status_details(err):
+            return EngramError(error.code, f"{detail}: no core answers at {self._address}")
+        return error
+
     async def close(self) -> None:
         if self._channel is not None:
             await self._channel.close()
@@ -77,7 +95,7 @@ class CoreClient:
                 host_pb2.ListCapabilitiesRequest(), metadata=_metadata(context, None), timeout=self._timeout
             )
         except grpc.RpcError as err:
-            raise _error(err, "ListCapabilities failed") from None
+            raise self._error(err, "ListCapabilities failed") from None
         return list(reply.tools), list(reply.confirmation_required)
 
     async def authorization_epoch(self, host_context: bytes) -> int:
@@ -88,7 +106,7 @@ class CoreClient:
                 host_pb2.AuthorizationEpochRequest(), metadata=_metadata(host_context, None), timeout=self._timeout
             )
         except grpc.RpcError as err:
-            raise _error(err, "AuthorizationEpoch failed") from None
+            raise self._error(err, "AuthorizationEpoch failed") from None
         return int(reply.authorization_epoch)
 
     async def invoke(
@@ -107,7 +125,7 @@ class CoreClient:
                 request, metadata=_metadata(context, grant), timeout=self._timeout
             )
         except grpc.RpcError as err:
-            raise _error(err, f"{method} failed") from None
+            raise self._error(err, f"{method} failed") from None
         return message_to_value(reply)
 
     async def check_gated(self, tool: str, arguments: dict[str, Any], *, context: bytes) -> str:
@@ -122,7 +140,7 @@ class CoreClient:
         try:
             reply = await host.CheckGated(request, metadata=_metadata(context, None), timeout=self._timeout)
         except grpc.RpcError as err:
-            raise _error(err, "CheckGated failed") from None
+            raise self._error(err, "CheckGated failed") from None
         return reply.status
 
     async def record_refusal(self, *, context: bytes, operation: str, error: EngramError, target: str = "") -> None:
@@ -135,4 +153,4 @@ class CoreClient:
         try:
             await host.RecordRefusal(request, metadata=_metadata(context, None), timeout=self._timeout)
         except grpc.RpcError as err:
-            raise _error(err, "RecordRefusal failed") from None
+            raise self._error(err, "RecordRefusal failed") from None

@@ -270,7 +270,12 @@ class EngramMcp:
         try:
             granted, _ = await self._granted(call)
         except EngramError as exc:
-            logger.info("tools/list refused: %s", exc)
+            # On the refusal logger, which every log setup shows: the agent only sees -32603, so
+            # this line is where an operator learns why (e.g. the core stopped after start-up).
+            b = call.binding
+            refusal_log.info("tools/list refused: tenant=%s workspace=%s principal=%s audit_id=%s %s",
+                             b.tenant, b.workspace, b.principal, call.audit_id,
+                             " ".join(f"{k}={v}" for k, v in exc.log_fields().items()))
             raise envelope.trusted_context_unavailable() from None
         return types.ListToolsResult(tools=[tool_definition(name, call.binding.purpose_ref)
                                             for name in TOOL_NAMES if name in granted])

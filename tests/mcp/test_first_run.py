@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.stdio import stdio_client as stdio_client_transport
+from mcp.shared.exceptions import MCPError
 from mcp_helpers import ENGRAM, REPO, capture_args, free_port, stdio_client, unique, value_of
 
 
@@ -187,3 +191,23 @@ def test_tools_serve_on_a_busy_port_writes_no_host_config_and_names_engram_liste
     assert "ENGRAM_LISTEN=HOST:PORT tools/serve" in last
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "host.toml").exists() and not (tmp_path / "engram-data").exists()
+
+
+@pytest.mark.anyio
+async def test_tools_list_without_a_core_says_why_on_the_adapters_stderr(first_run: FirstRun, tmp_path: Path) -> None:
+    # The agent sees only -32603; the adapter's stderr (a client's MCP log) must say which core did not answer,
+    # for a core that stopped after the adapter started as well as for one that never ran.
+    address = f"127.0.0.1:{free_port()}"
+    down = tmp_path / "down.toml"
+    down.write_text(first_run.host_config.read_text()
+                    .replace('signing_key = "engram-data/host.key"', f'signing_key = "{first_run.data / "host.key"}"')
+                    .replace(first_run.address, address))
+    errlog = tmp_path / "adapter.stderr"
+    with errlog.open("w") as sink:
+        params = StdioServerParameters(command=ENGRAM, args=["mcp", "--host-config", str(down)], cwd=str(REPO))
+        async with Client(stdio_client_transport(params, errlog=sink)) as client:
+            with pytest.raises(MCPError, match="Trusted invocation context unavailable"):
+                await client.list_tools()
+    lines = [line for line in errlog.read_text().splitlines() if "tools/list refused" in line]
+    assert len(lines) == 1, errlog.read_text()
+    assert f"no core answers at {address}" in lines[0] and "code=STORE_UNAVAILABLE" in lines[0]
