@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from adapters.mcp.binding import ContextSource
+from adapters.mcp.binding import CallContext, ContextSource
 from adapters.mcp.config import ConfigError, HostConfig, load_host_config
 from engram_core.api import host_pb2, host_pb2_grpc
 from engram_core.errors import Code
@@ -101,10 +101,10 @@ def check(config: HostConfig, config_path: str, *, address: str | None = None,
             return report
         if signing_key is None:
             return report
-        ctx = ContextSource(config, signing_key).for_request(None)
+        source = ContextSource(config, signing_key)
+        ctx = source.for_request(None)
         try:
-            caps = host.ListCapabilities(host_pb2.ListCapabilitiesRequest(),
-                                         metadata=[(CONTEXT_METADATA_KEY, ctx.signed())], timeout=PROBE_TIMEOUT_S)
+            caps = _list_following_epoch(host, source, ctx)
         except grpc.RpcError as err:
             code = code_from_rpc_error(err)
             if code == Code.TRUSTED_CONTEXT_UNAVAILABLE:
@@ -166,3 +166,23 @@ def startup_line(config: HostConfig, config_path: str, address: str, signing_key
         return f"engram mcp: {failure.text}; fix: {failure.fix} (engram doctor --host-config {config_path})"
     b = config.binding
     return f"engram mcp: {b.tenant}/{b.workspace} as {b.principal} via core {address}; tools: {', '.join(report.tools)}"
+
+
+def _list_following_epoch(host: host_pb2_grpc.HostServiceStub, source: ContextSource,
+                          ctx: CallContext) -> host_pb2.ListCapabilitiesResponse:
+    """The tool list as the adapter gets it: after `engram admin revoke` the adapter reads the
+    scope's new authorization epoch and signs with it, so the probe does too."""
+    def listed() -> host_pb2.ListCapabilitiesResponse:
+        return host.ListCapabilities(host_pb2.ListCapabilitiesRequest(),
+                                     metadata=[(CONTEXT_METADATA_KEY, ctx.signed())], timeout=PROBE_TIMEOUT_S)
+
+    try:
+        return listed()
+    except grpc.RpcError as err:
+        if code_from_rpc_error(err) != Code.AUTHORIZATION_REVOKED:
+            raise
+    epoch = host.AuthorizationEpoch(host_pb2.AuthorizationEpochRequest(),
+                                    metadata=[(CONTEXT_METADATA_KEY, source.host_context(ctx))],
+                                    timeout=PROBE_TIMEOUT_S).authorization_epoch
+    source.follow_epoch(epoch)
+    return listed()

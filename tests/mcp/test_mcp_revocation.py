@@ -5,10 +5,12 @@ signed before the revoke is refused. The SDK's own client over stdio, a real cor
 from __future__ import annotations
 
 import json
+import subprocess
 
 import grpc
 import pytest
 from mcp_helpers import (
+    ENGRAM,
     PURPOSE,
     WORKSPACE,
     activate,
@@ -92,3 +94,16 @@ async def test_adapter_keeps_working_after_revoke_while_older_contexts_are_refus
         assert [t.name for t in (await client.list_tools()).tools] == list(TOOL_NAMES)
         found = value_of(await client.call_tool("engram_memory_search", {"query": word, "purpose_ref": PURPOSE}))
         assert found["records"] == []
+
+
+def test_doctor_stays_green_after_revoke(core, tmp_path):
+    """`engram doctor` probes the tool list as the adapter gets it, following the epoch."""
+    tenant = "initech-doctor"
+    activate(core, tenant, WORKSPACE)
+    config = write_config(tmp_path / "host.toml", address=core.address, signing_key=core.host_key_path,
+                          binding=binding_for(tenant))
+    assert _revoke(core, tenant) == 1
+    result = subprocess.run([ENGRAM, "doctor", "--host-config", str(config)], capture_output=True, text=True,
+                            timeout=60, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "tools granted: " in result.stdout
