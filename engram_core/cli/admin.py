@@ -45,7 +45,7 @@ def _activation(args: argparse.Namespace, *, activated: bool) -> int:
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--timeout", type=float, default=30.0, help="per-call deadline in seconds")
+    parser.add_argument("--timeout", type=float, default=30.0, help="per-call deadline in seconds (default: %(default)s)")
     sub = parser.add_subparsers(dest="admin_command", required=True)
     for name, activated in (("activate", True), ("deactivate", False)):
         p = sub.add_parser(name, help=f"{name} memory (or single tools) for a tenant+workspace")
