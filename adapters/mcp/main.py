@@ -193,7 +193,7 @@ class _DeepLines:
 
 
 async def _serve_stdio(adapter: EngramMcp) -> None:
-    from mcp.server.stdio import stdio_server
+    from adapters.mcp.stdio import stdio_server
 
     server = adapter.build()
     try:
