@@ -62,13 +62,17 @@ class CoreClient:
         self._tls = tls
         self._timeout = deadline_ms / 1000
         self._channel: grpc.aio.Channel | None = None
+        self._stub_pair: tuple[memory_pb2_grpc.MemoryServiceStub, host_pb2_grpc.HostServiceStub] | None = None
 
     def _stubs(self) -> tuple[memory_pb2_grpc.MemoryServiceStub, host_pb2_grpc.HostServiceStub]:
-        # Created lazily inside the running event loop that will use it.
-        if self._channel is None:
+        # Created lazily inside the running event loop that will use it, once: a stub builds a
+        # callable per method of its service (12 in all), which cost ~0.1 ms on every call.
+        if self._stub_pair is None:
             # With tracing on, the interceptors send the tool call's trace context to the core.
             self._channel = aio_channel(self._address, self._tls, interceptors=tracing.client_interceptors() or None)
-        return memory_pb2_grpc.MemoryServiceStub(self._channel), host_pb2_grpc.HostServiceStub(self._channel)
+            self._stub_pair = (memory_pb2_grpc.MemoryServiceStub(self._channel),
+                               host_pb2_grpc.HostServiceStub(self._channel))
+        return self._stub_pair
 
     def _error(self, err: grpc.RpcError, detail: str) -> EngramError:
         """The contract error of a failed call; when no core answered at all (the channel could
@@ -85,6 +89,7 @@ class CoreClient:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
+            self._stub_pair = None
 
     async def granted_tools(self, context: bytes) -> tuple[list[str], list[str]]:
         """The tools the policy grants this binding (drives tools/list), and those of them
