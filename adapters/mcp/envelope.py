@@ -7,12 +7,12 @@ are JSON-RPC errors with fixed messages; nothing else ever becomes one.
 
 from __future__ import annotations
 
-import json
 import secrets
 from typing import Any
 
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
+from pydantic_core import to_json
 
 from engram_core.errors import Code, EngramError, error_body
 
@@ -29,7 +29,10 @@ def new_audit_id() -> str:
 
 
 def _result(envelope: dict[str, Any]) -> types.CallToolResult:
-    text = json.dumps(envelope, ensure_ascii=False, separators=(",", ":"))
+    # The serializer the SDK writes structuredContent with (pydantic-core), so the text is the
+    # wire's own spelling of the same JSON (compact, UTF-8 unescaped); ~7x faster than
+    # json.dumps on a search page, which made it the adapter's largest serialization cost.
+    text = to_json(envelope).decode("utf-8")
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=text)],
         structured_content=envelope,
