@@ -173,8 +173,11 @@ def run_init(args: argparse.Namespace) -> int:
         f"engram init: the first `engram serve` on it activates {scope.tenant}/{scope.workspace}",
         "",
         "Next:",
-        f"  1. Start the core:     {shlex.join([engram, 'serve', '--data', str(data_dir), '--listen', core])}",
-        f"  2. Check the chain:    {shlex.join([engram, 'doctor', '--host-config', str(host_config)])}",
+        *([] if args.serving else
+          [f"  1. Start the core:     {shlex.join([engram, 'serve', '--data', str(data_dir), '--listen', core])}"]),
+        f"  {'1' if args.serving else '2'}. Check the chain:    "
+        f"{shlex.join([engram, 'doctor', '--host-config', str(host_config)])}"
+        + ("   (in another terminal, once the core below says it is listening)" if args.serving else ""),
         client_instructions(engram, host_config),
         "  Clients that can ask a human (MCP elicitation) can confirm forget and withdraw; see docs/mcp-clients.md.",
     ]))
@@ -190,4 +193,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tenant", default=DEFAULT_TENANT, help="tenant of the first scope (default: %(default)s)")
     p.add_argument("--workspace", default=DEFAULT_WORKSPACE, help="workspace of the first scope (default: %(default)s)")
     p.add_argument("--force", action="store_true", help="rewrite an existing host TOML")
+    p.add_argument("--serving", action="store_true",
+                   help="the caller starts the core next (tools/serve): leave that step out of the next steps")
     p.set_defaults(func=run_init)

