@@ -69,3 +69,17 @@ def test_scanner_shapes_have_their_sizes() -> None:
         assert 3000 <= len(text.encode()) <= 4096, (name, len(text.encode()))
     assert "dotenv_TOKEN" in table({"dotenv_TOKEN": {"1024": {"p50_ms": 1, "p99_ms": 2, "cpu_p50_ms": 1,
                                                                "cpu_p99_ms": 2}}})
+
+
+def test_mcp_hop_measures_grpc_and_both_adapters_in_one_run(tmp_path: Path) -> None:
+    """tools/bench/mcp_hop.py at 40 records, with this checkout as its own baseline."""
+    from tools.bench.mcp_hop import REPO
+    from tools.bench.mcp_hop import main as hop_main
+
+    out = tmp_path / "hop.json"
+    assert hop_main(["--records", "40", "--rounds", "5", "--warmup", "1", "--data", str(tmp_path / "data"),
+                     "--baseline", str(REPO), "--out", str(out)]) == 0
+    paths = json.loads(out.read_text())["paths"]
+    assert set(paths) == {"grpc", "mcp", "mcp_baseline"}
+    for name in ("mcp", "mcp_baseline"):
+        assert paths[name]["p50_ms"] > 0 and paths[name]["adapter_cpu_ms_per_call"] is not None

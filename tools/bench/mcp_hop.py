@@ -1,0 +1,170 @@
+"""The MCP hop: what ``engram mcp`` adds to a search, measured against gRPC in the same run.
+
+    .venv/bin/python -m tools.bench.mcp_hop                       # 10k records, 500 rounds
+    .venv/bin/python -m tools.bench.mcp_hop --baseline /path/to/other/checkout
+
+Loads N records into one scope (tools/bench/loader.py, once per --data directory), serves it
+with ``engram serve``, then runs rounds of one lexical search each through gRPC (a synchronous
+client signing a fresh host context per call, as the adapter does) and through ``engram mcp``
+over stdio driven by the official SDK client, in random order within each round, so that a
+shared, loaded machine slows every path alike. ``--baseline`` adds a second adapter run from
+another checkout of this repository (its generated stubs included), for a before/after in the
+same run. Prints p50/p90/mean per path, the MCP paths' p50 minus gRPC's, the load average, and
+CPU per call: the client's (this process) and each adapter process's (from /proc).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tools.bench import machine
+from tools.bench.corpus import PURPOSE, Corpus
+
+TENANT, WORKSPACE = "bench", "main"
+REPO = Path(__file__).resolve().parents[2]
+_ADAPTER = "import sys; from engram_core.cli import main; sys.exit(main())"
+
+
+def load(data: Path, records: int, corpus: Corpus) -> None:
+    from engram_core.rpc.server import open_core
+    from tools.bench.loader import Progress, activate_scope, load_scope
+
+    core, _, _ = open_core(data, semantic=False)
+    try:
+        activate_scope(core, TENANT, WORKSPACE)
+        load_scope(core, corpus, TENANT, WORKSPACE, records, embed=False, progress=Progress(records, "loading"))
+        core.store.checkpoint()
+    finally:
+        core.close()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process, all threads (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _ms(xs: list[float], q: float) -> float:
+    ordered = sorted(xs)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 2)
+
+
+async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str, Any]:
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    from tools.bench.grpc_client import GrpcAgent
+    from tools.bench.mcp_client import approve, value_of, write_config
+    from tools.bench.serving import Served
+
+    queries = corpus.queries(200)
+    rnd = random.Random(7)
+    trees = {"mcp": REPO} | ({"mcp_baseline": Path(a.baseline).resolve()} if a.baseline else {})
+    served = Served(data, semantic=True)  # as tools.bench serves it
+    load_before = machine.loadavg()
+    try:
+        agent = GrpcAgent(served.address, served.key_path, tenant=TENANT, workspace=WORKSPACE)
+        async with contextlib.AsyncExitStack() as stack:
+            clients: dict[str, Any] = {}
+            for n, (name, tree) in enumerate(trees.items()):
+                cfg = write_config(data.parent / f"hop-{n}.toml", address=served.address,
+                                   signing_key=served.key_path, tenant=TENANT, workspace=WORKSPACE, n=n)
+                env = {**os.environ, "PYTHONPATH": str(tree)}
+                params = StdioServerParameters(command=sys.executable, cwd=str(tree), env=env,
+                                               args=["-c", _ADAPTER, "mcp", "--host-config", str(cfg)])
+                clients[name] = await stack.enter_async_context(Client(params, elicitation_callback=approve))
+                await clients[name].list_tools()
+            pids = {name: _adapter_pid(name, n) for n, name in enumerate(clients)}
+            paths = ["grpc", *clients]
+            wall: dict[str, list[float]] = {p: [] for p in paths}
+            client_cpu = dict.fromkeys(paths, 0.0)
+
+            async def one(path: str, record: bool) -> None:
+                args = {"query": rnd.choice(queries), "purpose_ref": PURPOSE}
+                t0, c0 = time.perf_counter(), time.process_time()
+                if path == "grpc":
+                    agent.call("search", args)
+                else:
+                    value_of(await clients[path].call_tool("engram_memory_search", args))
+                if record:
+                    wall[path].append(time.perf_counter() - t0)
+                    client_cpu[path] += time.process_time() - c0
+
+            for _ in range(a.warmup):
+                for path in paths:
+                    await one(path, False)
+            adapter_cpu0 = {name: _cpu_seconds(pid) for name, pid in pids.items() if pid}
+            for _ in range(a.rounds):
+                rnd.shuffle(paths)
+                for path in paths:
+                    await one(path, True)
+            adapter_cpu = {name: (_cpu_seconds(pid) - adapter_cpu0[name]) / a.rounds * 1000
+                           for name, pid in pids.items() if pid}
+        agent.close()
+    finally:
+        served.stop()
+    grpc_p50 = _ms(wall["grpc"], 0.5)
+    out: dict[str, Any] = {"records": a.records, "rounds": a.rounds, "loadavg_before": load_before,
+                           "loadavg_after": machine.loadavg(), "paths": {}}
+    for path, xs in wall.items():
+        out["paths"][path] = {
+            "p50_ms": _ms(xs, 0.5), "p90_ms": _ms(xs, 0.9), "mean_ms": round(statistics.mean(xs) * 1000, 2),
+            "p50_minus_grpc_ms": round(_ms(xs, 0.5) - grpc_p50, 2),
+            "client_cpu_ms_per_call": round(client_cpu[path] / a.rounds * 1000, 2),
+            "adapter_cpu_ms_per_call": round(adapter_cpu[path], 2) if path in adapter_cpu else None,
+        }
+    return out
+
+
+def _adapter_pid(name: str, n: int) -> int | None:
+    """The adapter child of this process serving config hop-N.toml (None if /proc cannot tell)."""
+    me = str(os.getpid())
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[1].split()[1] == me and f"hop-{n}.toml".encode() in b" ".join(cmdline):
+            return int(entry.name)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tools.bench.mcp_hop", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--records", type=int, default=10_000)
+    p.add_argument("--rounds", type=int, default=500, help="measured rounds (one search per path each)")
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--data", default=None, help="data directory to load once and reuse (default: a temporary one)")
+    p.add_argument("--baseline", default=None, help="another checkout of this repository: its adapter is measured too")
+    p.add_argument("--out", default=None, help="write the result as JSON here too")
+    a = p.parse_args(argv)
+    corpus = Corpus()
+    with tempfile.TemporaryDirectory(prefix="engram-hop-") as tmp:
+        data = Path(a.data) if a.data else Path(tmp) / "data"
+        if not data.exists():
+            load(data, a.records, corpus)
+        result = asyncio.run(measure(a, data, corpus))
+    text = json.dumps(result, indent=1)
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
