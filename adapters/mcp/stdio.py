@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import fcntl
 import io
 import os
 import stat
@@ -110,6 +109,8 @@ class _LoopWriter:
 def _claimed(fd: int, diversion: int) -> Any:
     """A private non-blocking duplicate of ``fd`` (the wire), with ``fd`` itself pointing at
     ``diversion`` until exit; then the wire is back on ``fd``, in its original blocking mode."""
+    import fcntl  # POSIX only; never reached on Windows
+
     wire = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
     blocking = os.get_blocking(wire)
     try:
@@ -134,8 +135,13 @@ async def stdio_server() -> AsyncIterator[tuple[Any, Any]]:
         return
     null_in = os.open(os.devnull, os.O_RDONLY)
     try:
-        with _claimed(0, null_in) as wire_in, _claimed(1, 2) as wire_out:
+        err_out = os.dup(2)  # stray output goes where diagnostics go
+    except OSError:  # no stderr: as the SDK does, the null device
+        err_out = os.open(os.devnull, os.O_WRONLY)
+    try:
+        with _claimed(0, null_in) as wire_in, _claimed(1, err_out) as wire_out:
             async with sdk_stdio_server(stdin=_LoopLines(wire_in), stdout=_LoopWriter(wire_out)) as streams:
                 yield streams
     finally:
         os.close(null_in)
+        os.close(err_out)
