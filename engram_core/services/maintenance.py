@@ -18,6 +18,7 @@ import dataclasses
 import json
 import logging
 import re
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -723,16 +724,13 @@ def reanalyze_lexical(core: Core) -> int | None:
         return None
     indexed = 0
     with core.store.write() as tx:
+
+        def fields_of(rec: RecordRow) -> dict[str, Counter[int]] | None:
+            payload = _open_body(core, tx, rec) if rec.state in INDEXED_STATES else None
+            return record_fields(payload, core.hasher) if payload is not None else None  # shredded: left
+
         for scope in tx.scopes():
-            for rec in tx.scope_records(scope.tenant, scope.workspace, INDEXED_STATES):
-                old = tx.projection(rec.record_id)
-                payload = _open_body(core, tx, rec) if old is not None else None
-                if old is None or payload is None:  # never indexed, or shredded: no postings to make
-                    continue
-                vector = (old.model, old.vector.tolist()) if old.vector is not None else None
-                tx.index_record(scope.tenant, scope.workspace, rec.record_id, record_fields(payload, core.hasher),
-                                vector)  # the sealed projection is rewritten whole, its vector kept
-                indexed += 1
+            indexed += tx.reseal_projections(scope.tenant, scope.workspace, fields_of)
         tx.set_meta(ANALYZER_META, ANALYZER_ID)
     core.store.reload_indexes()  # the in-memory copy still held the old postings
     if indexed:

@@ -14,7 +14,7 @@ against these Protocols alone, with the same methods and the same meaning.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -220,6 +220,8 @@ class Tx(Protocol):
     # maintenance (SPEC §12): projections, backup and restore
     def drop_projections(self, tenant: str, workspace: str) -> dict[str, int]: ...
     def projection(self, record_id: str) -> Projection | None: ...
+    def reseal_projections(self, tenant: str, workspace: str,
+                           fields_of: Callable[[RecordRow], dict[str, Counter[int]] | None]) -> int: ...
     def projection_counts(self, tenant: str, workspace: str) -> dict[str, int]: ...
     def is_empty(self) -> bool: ...
     def schema_version(self) -> int:
