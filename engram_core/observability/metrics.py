@@ -55,11 +55,11 @@ class CoreMetrics:
                                      ["name", "code"], registry=r)
         self.commit_seconds = Histogram(
             f"{prefix}_store_commit_duration_seconds",
-            "Latency of one store COMMIT (each write transaction commits alone: no group commit yet)",
+            "Latency of one store COMMIT (one per group-commit batch)",
             buckets=LATENCY_BUCKETS, registry=r)
         self.commit_batch = Histogram(
             f"{prefix}_store_commit_batch_transactions",
-            "Write transactions made durable by one COMMIT (always 1 until group commit exists)",
+            "Write transactions made durable by one COMMIT (group commit batch size)",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
         self.embed_seconds = Histogram(f"{prefix}_semantic_embed_duration_seconds",
                                        "Latency of the local embedding model, per call", ["kind"],
@@ -91,9 +91,9 @@ class CoreMetrics:
             self.bundle_loaded.labels(BUNDLE_NAME).inc()
             self.last_activation_ns, self.active_revision = time.time_ns(), revision
 
-    def observe_commit(self, seconds: float) -> None:
+    def observe_commit(self, seconds: float, transactions: int = 1) -> None:
         self.commit_seconds.observe(seconds)
-        self.commit_batch.observe(1)
+        self.commit_batch.observe(transactions)
 
     def observe_index_rebuild(self, seconds: float, documents: int) -> None:
         self.index_rebuild_seconds.observe(seconds)

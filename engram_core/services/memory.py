@@ -280,7 +280,7 @@ class MemoryService(ReadService):
         envelope = seal(key, canonical_json({"payload": effective, "evidence": evidence}), kind="candidate",
                         owner=candidate_id)
         try:
-            with self.core.store.write() as tx:
+            with self.core.store.write(batched=True) as tx:
                 prior = self._replay(tx, ctx, CAPTURE_TOOL, args, request_digest)
                 if prior is not None:
                     raise _Replayed(prior)
@@ -417,11 +417,17 @@ class MemoryService(ReadService):
             # and inside the transaction it would serialize every other write behind it.
             vector = self.embed_record(effective)
         try:
-            with self.core.store.write() as tx:
+            with self.core.store.write(batched=True) as tx:
                 current = self._recheck(tx, ctx, ADMISSION_TOOL, args, request_digest, call, grant_id,
                                         tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id),
                                         lambda state: lifecycle.check_candidate("accept", state))
                 self._recheck_duplicate(tx, ctx, cand, status, duplicate_of, forced)
+                # Every check before the first write: a batched transaction that fails after it
+                # has written takes the rest of its group commit down with it.
+                links = payload_links(effective)
+                members = (self.reconciler.members_as_decided(tx, ctx, plan, record_id=record_id,
+                                                              family_refs=links.family_refs)
+                           if plan is not None else {})
                 # A duplicate of a current record ends as a rejected candidate whose decision names
                 # that record: no second record, the same answer to any later request (SPEC §5).
                 to_state = {"accepted": "accepted", "rejected": "rejected", "pending_adjudication": "pending_adjudication",
@@ -455,12 +461,10 @@ class MemoryService(ReadService):
                     ))
                     tx.put_data_key(f"record:{record_id}", record_slot, now)  # type: ignore[arg-type]
                     tx.index_record(ctx.tenant, ctx.workspace, record_id, fields, vector)
-                    links = payload_links(effective)
                     write_links(tx, ctx.tenant, ctx.workspace, record_id, links)
                     if plan is not None:
-                        reconciled = self.reconciler.apply(tx, ctx, plan, record_id=record_id,
-                                                           family_refs=links.family_refs, event_id=event.event_id,
-                                                           now=now, call=call)
+                        reconciled = self.reconciler.apply(tx, ctx, plan, members, record_id=record_id,
+                                                           event_id=event.event_id, now=now, call=call)
                     outcome["record_id"] = record_id
                 terminal = status in ("accepted", "rejected", "duplicate_exact")
                 standing: dict[str, Any] = {"status": status, "receipt": decision_receipt}
@@ -516,7 +520,7 @@ class MemoryService(ReadService):
             outcome["record_id"] = record_id_of(cand.record_digest)
         elif isinstance(decision.get("record_id"), str):
             outcome["record_id"] = decision["record_id"]  # the current record it duplicated
-        with self.core.store.write() as tx:
+        with self.core.store.write(batched=True) as tx:
             if args is not None and request_digest is not None:
                 prior = self._replay(tx, ctx, ADMISSION_TOOL, args, request_digest)
                 if prior is not None:
@@ -592,7 +596,7 @@ class MemoryService(ReadService):
         now = self.core.now_ms()
         authz_digest = self.core.decision_receipt(call.decisions[0])["receipt_digest"]
         try:
-            with self.core.store.write() as tx:
+            with self.core.store.write(batched=True) as tx:
                 current = self._recheck(tx, ctx, WITHDRAW_TOOL, args, request_digest, call, grant_id,
                                         tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id),
                                         lambda state: lifecycle.check_candidate(operation, state))
@@ -640,7 +644,7 @@ class MemoryService(ReadService):
         now = self.core.now_ms()
         authz_digest = self.core.decision_receipt(call.decisions[0])["receipt_digest"]
         try:
-            with self.core.store.write() as tx:
+            with self.core.store.write(batched=True) as tx:
                 rec = self._recheck(tx, ctx, FORGET_TOOL, args, request_digest, call, grant_id,
                                     tx.record(ctx.tenant, ctx.workspace, record_id),
                                     lambda state: lifecycle.check_record("tombstone", state))

@@ -104,14 +104,22 @@ class Reconciler:
         return Plan(decision=d, admission=d.result["admission"],
                     actions={m["record_id"]: m["action"] for m in d.result["members"]}, seen=seen)
 
-    def apply(self, tx: Tx, ctx: BoundContext, plan: Plan, *, record_id: str, family_refs: list[str],
-              event_id: str, now: int, call: CallRecord) -> list[dict[str, Any]]:
-        """Apply a proceeding plan inside the admission's transaction; one journal event per changed member."""
+    @staticmethod
+    def members_as_decided(tx: Tx, ctx: BoundContext, plan: Plan, *, record_id: str,
+                           family_refs: list[str]) -> dict[str, RecordRow]:
+        """Inside the admission's transaction, before it writes: the family's current members,
+        which must be those the decision saw (else POLICY_STALE, and the retry decides again)."""
         current = {rec.record_id: rec for rec, _, _ in tx.family_members(ctx.tenant, ctx.workspace, family_refs,
                                                                           MEMBER_STATES)
                    if rec.record_id != record_id}
         if {rid: rec.state for rid, rec in current.items()} != plan.seen:
             raise EngramError(Code.POLICY_STALE, "family members changed since the reconciliation decision")
+        return current
+
+    def apply(self, tx: Tx, ctx: BoundContext, plan: Plan, current: dict[str, RecordRow], *, record_id: str,
+              event_id: str, now: int, call: CallRecord) -> list[dict[str, Any]]:
+        """Apply a proceeding plan inside the admission's transaction (``current``: from
+        ``members_as_decided``); one journal event per changed member."""
         changed: list[dict[str, Any]] = []
         for n, (member_id, action) in enumerate(sorted(plan.actions.items()), start=1):
             rec = current[member_id]

@@ -236,8 +236,11 @@ class Tx(Protocol):
 
 
 class Store(Protocol):
-    def write(self) -> AbstractContextManager[Tx]:
-        """A serialized read-write transaction; commits on normal exit."""
+    def write(self, *, batched: bool = False) -> AbstractContextManager[Tx]:
+        """A serialized read-write transaction; durable when the ``with`` block exits normally.
+        ``batched``: the engine may commit it together with other batched transactions (group
+        commit); what it wrote becomes visible to others and durable together with them, and a
+        failure of the shared commit is raised from the ``with`` of every member."""
         ...
 
     def read(self, *, snapshot: bool = True) -> AbstractContextManager[Tx]:

@@ -17,25 +17,25 @@ from engram_core.store.port import RecordRow
 
 
 class RecordLinks:
-    """Mixin of ``DuckDBTx`` (uses its ``_con``, ``_all``)."""
-
-    _con: Any
+    """Mixin of ``DuckDBTx`` (uses its ``_all``, ``_exec`` and ``_insert``)."""
 
     def _all(self, sql: str, params: list[Any] | tuple = ()) -> list[tuple]: ...  # provided by DuckDBTx
+
+    def _exec(self, sql: str, params: list[Any] | tuple = ()) -> None: ...  # provided by DuckDBTx
+
+    def _insert(self, table: str, values: list[Any], *, verb: str = "INSERT", cols: str = "") -> None: ...
 
     def add_record_links(self, tenant: str, workspace: str, record_id: str, *, family_refs: list[str],
                          primary_kind: str, source_ids: list[str]) -> None:
         for ref in family_refs:
-            self._con.execute("INSERT OR IGNORE INTO record_families VALUES (?, ?, ?, ?, ?)",
-                              [tenant, workspace, ref, record_id, primary_kind])
+            self._insert("record_families", [tenant, workspace, ref, record_id, primary_kind], verb="INSERT OR IGNORE")
         for source in source_ids:
-            self._con.execute("INSERT OR IGNORE INTO record_sources VALUES (?, ?, ?, ?)",
-                              [tenant, workspace, source, record_id])
+            self._insert("record_sources", [tenant, workspace, source, record_id], verb="INSERT OR IGNORE")
 
     def drop_record_links(self, record_id: str) -> None:
         """A tombstoned record names no family and derives from nothing any more."""
-        self._con.execute("DELETE FROM record_families WHERE record_id = ?", [record_id])
-        self._con.execute("DELETE FROM record_sources WHERE record_id = ? OR source_id = ?", [record_id, record_id])
+        self._exec("DELETE FROM record_families WHERE record_id = ?", [record_id])
+        self._exec("DELETE FROM record_sources WHERE record_id = ? OR source_id = ?", [record_id, record_id])
 
     def family_members(self, tenant: str, workspace: str, family_refs: list[str],
                        states: tuple[str, ...]) -> list[tuple[RecordRow, str, list[str]]]:

@@ -28,6 +28,7 @@ from engram_core.errors import Code, EngramError
 from engram_core.observability import tracing
 from engram_core.store.audit_spool import SPOOL_NAME, AuditSpool
 from engram_core.store.chain import GENESIS, audit_doc, event_digest_of
+from engram_core.store.duckdb.group_commit import MAX_MEMBERS, Batch, Member, Pending, tables_of
 from engram_core.store.duckdb.migrations import LEDGER_DDL, MIGRATIONS
 from engram_core.store.duckdb.record_links import RecordLinks
 from engram_core.store.duckdb.record_sql import RECORD_COLS, record_of
@@ -72,6 +73,11 @@ def _candidate(row: tuple) -> CandidateRow:
     return CandidateRow(*r)
 
 
+_IDEMPOTENCY = frozenset({"idempotency"})
+_CONFIRMATIONS = frozenset({"used_confirmations"})
+_CANDIDATES = frozenset({"candidates"})
+_DATA_KEYS = frozenset({"data_keys"})
+_STANDING = frozenset({"records", "tombstones"})
 _AUDIT_KEYS = ("seq", "at_ms", "audit_id", "tenant", "workspace", "principal", "agent_id", "operation", "outcome",
                "target_digest", "decisions", "prev_digest", "row_digest")
 
@@ -92,7 +98,7 @@ class DuckDBTx(RecordLinks, TrustClasses):
     """Domain operations over one DuckDB connection inside a transaction."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, store: DuckDBStore, *, writing: bool = False,
-                 latest: bool = False) -> None:
+                 latest: bool = False, batch: Batch | None = None) -> None:
         self._con = con
         self._store = store
         # A reader without a snapshot (each statement reads the latest commit) may also read the
@@ -101,6 +107,9 @@ class DuckDBTx(RecordLinks, TrustClasses):
         # A writer (the only one: the store's write lock) reads scope rows from the store's
         # committed copy plus its own changes, which the store publishes after COMMIT.
         self._writing = writing
+        # A member of a group commit (group_commit.py) prepares its writes and joins ``batch``.
+        self._batch = batch
+        self._member = Member() if batch is not None else None
         self.scope_changes: dict[tuple[str, str], ScopeRow] = {}
         self._inserted: dict[str, tuple[int, RecordRow]] = {}
         self.audit_head: tuple[int, str] | None = None  # set by append_audit
@@ -111,14 +120,90 @@ class DuckDBTx(RecordLinks, TrustClasses):
         # Changes to the in-memory search index, applied by the store once this commits.
         self.index_ops: list[tuple[Any, ...]] = []
 
-    def _one(self, sql: str, params: list[Any] | tuple = ()) -> tuple | None:
+    # -- statements: run now, or prepared for the group commit --------------------------------
+    def _before_read(self, sql: str, overlaid: frozenset[str]) -> None:
+        """Make what a read of ``sql`` must see visible to it (group commit only): the batch's
+        pending rows of the tables it names are flushed, and a member with its own pending
+        writes there is promoted. ``overlaid``: tables whose pending rows the caller consults
+        itself."""
+        member = self._member
+        if member is None:
+            return
+        tables = tables_of(sql)
+        if not tables:
+            return
+        if tables & member.sql_tables or (tables - overlaid) & member.pending.tables():
+            self._promote()
+        batch = self._batch
+        assert batch is not None
+        stale = (tables - overlaid) & batch.pending.tables()
+        if stale:
+            batch.flush(self._con, stale)
+
+    def _promote(self) -> None:
+        """Put this member's writes into the shared transaction now (it reads what it wrote)."""
+        member, batch = self._member, self._batch
+        assert member is not None and batch is not None
+        batch.join(self._con, member)
+        member.promoted = True
+
+    @property
+    def promoted(self) -> bool:
+        return self._member is not None and self._member.promoted
+
+    def _one(self, sql: str, params: list[Any] | tuple = (), *, overlaid: frozenset[str] = frozenset()) -> tuple | None:
+        self._before_read(sql, overlaid)
         # fetchall, not fetchone: outside a transaction an unexhausted result keeps its statement's
         # transaction open, and DuckDB then refuses CHECKPOINT ("other write transactions active").
         rows = self._con.execute(sql, params).fetchall()
         return rows[0] if rows else None
 
-    def _all(self, sql: str, params: list[Any] | tuple = ()) -> list[tuple]:
+    def _all(self, sql: str, params: list[Any] | tuple = (), *, overlaid: frozenset[str] = frozenset()) -> list[tuple]:
+        self._before_read(sql, overlaid)
         return self._con.execute(sql, params).fetchall()
+
+    def _exec(self, sql: str, params: list[Any] | tuple = ()) -> None:
+        """A write statement: run now, or (group commit) when this member joins its batch."""
+        member = self._member
+        if member is None:
+            self._con.execute(sql, params)
+            return
+        if member.promoted:
+            self._batch.apply(self._con, ("sql", sql, params, tables_of(sql)))  # type: ignore[union-attr]
+            return
+        member.ops.append(("sql", sql, params, tables_of(sql)))
+        member.sql_tables |= tables_of(sql)
+
+    def _insert(self, table: str, values: list[Any], *, verb: str = "INSERT", cols: str = "") -> None:
+        """Append one row: now, or in one multi-row INSERT with the batch's other rows."""
+        member = self._member
+        if member is None:
+            self._con.execute(f"{verb} INTO {table}{cols} VALUES ({', '.join('?' * len(values))})", values)
+            return
+        op = ("row", table, verb, cols, values)
+        if member.promoted:
+            self._batch.apply(self._con, op)  # type: ignore[union-attr]
+            return
+        member.ops.append(op)
+        member.pending.add_row(table, verb, cols, values)
+
+    def _delete_key(self, table: str, col: str, key: Any) -> None:
+        member = self._member
+        if member is None:
+            self._con.execute(f"DELETE FROM {table} WHERE {col} = ?", [key])
+            return
+        op = ("delete", table, col, key)
+        if member.promoted:
+            self._batch.apply(self._con, op)  # type: ignore[union-attr]
+            return
+        member.ops.append(op)
+        member.pending.deletes.setdefault((table, col), []).append(key)
+
+    def _pendings(self) -> list[Pending]:
+        """The pending writes a read consults, the member's own first."""
+        if self._member is None:
+            return []
+        return [self._member.pending, self._batch.pending]  # type: ignore[union-attr]
 
     # -- scopes, cursors, journal ------------------------------------------
     def scope(self, tenant: str, workspace: str) -> ScopeRow | None:
@@ -126,6 +211,8 @@ class DuckDBTx(RecordLinks, TrustClasses):
         if self._writing:
             if key in self.scope_changes:
                 return self.scope_changes[key]
+            if self._batch is not None and key in self._batch.scope_changes:
+                return self._batch.scope_changes[key]
             committed = self._store.committed_scopes()
             if committed is not None:
                 return committed.get(key)
@@ -148,15 +235,13 @@ class DuckDBTx(RecordLinks, TrustClasses):
     def _ensure_scope(self, tenant: str, workspace: str) -> ScopeRow:
         row = self.scope(tenant, workspace)
         if row is None:
-            self._con.execute(
-                "INSERT INTO scopes VALUES (?, ?, false, '[]', 0, 0, ?)", [tenant, workspace, GENESIS]
-            )
+            self._exec("INSERT INTO scopes VALUES (?, ?, false, '[]', 0, 0, ?)", [tenant, workspace, GENESIS])
             row = self._changed(ScopeRow(tenant, workspace, False, (), 0, 0, GENESIS))
         return row
 
     def set_activation(self, tenant: str, workspace: str, *, activated: bool, tools: tuple[str, ...]) -> ScopeRow:
         row = self._ensure_scope(tenant, workspace)
-        self._con.execute(
+        self._exec(
             "UPDATE scopes SET activated = ?, tools = ? WHERE tenant = ? AND workspace = ?",
             [activated, json.dumps(sorted(tools)), tenant, workspace],
         )
@@ -164,7 +249,7 @@ class DuckDBTx(RecordLinks, TrustClasses):
 
     def bump_epoch(self, tenant: str, workspace: str) -> int:
         row = self._ensure_scope(tenant, workspace)
-        self._con.execute(
+        self._exec(
             "UPDATE scopes SET authorization_epoch = authorization_epoch + 1 WHERE tenant = ? AND workspace = ?",
             [tenant, workspace],
         )
@@ -182,24 +267,30 @@ class DuckDBTx(RecordLinks, TrustClasses):
             "at_ms": at_ms, "body": body, "prev_digest": scope.last_event_digest,
         }
         ed = event_digest_of(e)
-        self._con.execute(
-            "INSERT INTO journal VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [tenant, workspace, cursor, event_id, operation, target, from_state, to_state, at_ms,
-             json.dumps(body, sort_keys=True), scope.last_event_digest, ed],
-        )
-        self._con.execute(
-            "UPDATE scopes SET last_cursor = ?, last_event_digest = ? WHERE tenant = ? AND workspace = ?",
-            [cursor, ed, tenant, workspace],
-        )
+        self._insert("journal", [tenant, workspace, cursor, event_id, operation, target, from_state, to_state,
+                                 at_ms, json.dumps(body, sort_keys=True), scope.last_event_digest, ed])
+        self._scope_head(tenant, workspace, cursor, ed)
         self._changed(replace(scope, last_cursor=cursor, last_event_digest=ed))
         return Event(tenant, workspace, cursor, event_id, operation, target, from_state, to_state, at_ms, body,
                      scope.last_event_digest, ed)
 
+    def _scope_head(self, tenant: str, workspace: str, cursor: int, event_digest: str) -> None:
+        member = self._member
+        if member is None:
+            self._con.execute("UPDATE scopes SET last_cursor = ?, last_event_digest = ? "
+                              "WHERE tenant = ? AND workspace = ?", [cursor, event_digest, tenant, workspace])
+            return
+        op = ("head", tenant, workspace, cursor, event_digest)
+        if member.promoted:
+            self._batch.apply(self._con, op)  # type: ignore[union-attr]
+        else:
+            member.ops.append(op)
+            member.pending.scope_heads[(tenant, workspace)] = (cursor, event_digest)
+
     def set_scope_head(self, tenant: str, workspace: str, cursor: int, event_digest: str) -> None:
         """Move the scope's journal head past events a bulk loader inserted itself (tools/bench)."""
         row = self._ensure_scope(tenant, workspace)
-        self._con.execute("UPDATE scopes SET last_cursor = ?, last_event_digest = ? WHERE tenant = ? AND workspace = ?",
-                          [cursor, event_digest, tenant, workspace])
+        self._scope_head(tenant, workspace, cursor, event_digest)
         self._changed(replace(row, last_cursor=cursor, last_event_digest=event_digest))
 
     def events(self, tenant: str, workspace: str, from_cursor: int, to_cursor: int | None) -> list[Event]:
@@ -227,39 +318,67 @@ class DuckDBTx(RecordLinks, TrustClasses):
 
     # -- idempotency and confirmations ---------------------------------------
     def idempotency_get(self, tenant: str, workspace: str, principal: str, key: str) -> IdempotencyRow | None:
+        for pending in self._pendings():
+            found = pending.idempotency.get((tenant, workspace, principal, key))
+            if found is not None:
+                return found
         row = self._one(
             "SELECT tool, target, request_digest, outcome FROM idempotency "
             "WHERE tenant = ? AND workspace = ? AND principal = ? AND key = ?",
-            [tenant, workspace, principal, key],
+            [tenant, workspace, principal, key], overlaid=_IDEMPOTENCY,
         )
         return IdempotencyRow(row[0], row[1], row[2], json.loads(row[3])) if row else None
 
     def idempotency_put(self, tenant: str, workspace: str, principal: str, key: str, row: IdempotencyRow, at_ms: int) -> None:
-        self._con.execute(
-            "INSERT INTO idempotency VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [tenant, workspace, principal, key, row.tool, row.target, row.request_digest,
-             json.dumps(row.outcome, sort_keys=True), at_ms],
-        )
+        self._insert("idempotency", [tenant, workspace, principal, key, row.tool, row.target, row.request_digest,
+                                     json.dumps(row.outcome, sort_keys=True), at_ms])
+        if self._member is not None:
+            self._member.pending.idempotency[(tenant, workspace, principal, key)] = row
 
     def use_confirmation(self, grant_id: str, tenant: str, workspace: str, at_ms: int) -> bool:
-        if self._one("SELECT 1 FROM used_confirmations WHERE grant_id = ?", [grant_id]):
+        if any(grant_id in p.confirmations for p in self._pendings()):
             return False
-        self._con.execute("INSERT INTO used_confirmations VALUES (?, ?, ?, ?)", [grant_id, tenant, workspace, at_ms])
+        if self._one("SELECT 1 FROM used_confirmations WHERE grant_id = ?", [grant_id], overlaid=_CONFIRMATIONS):
+            return False
+        self._insert("used_confirmations", [grant_id, tenant, workspace, at_ms])
+        if self._member is not None:
+            self._member.pending.confirmations.add(grant_id)
         return True
 
     # -- candidates ------------------------------------------------------------
     def insert_candidate(self, row: CandidateRow) -> None:
-        self._con.execute(
-            f"INSERT INTO candidates ({_CANDIDATE_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        self._insert(
+            "candidates",
             [row.candidate_id, row.tenant, row.workspace, row.principal, row.agent_id, row.session, row.state,
              row.payload_digest, row.record_digest, row.trust_class, json.dumps(row.facts, sort_keys=True),
              row.sealed_envelope, row.captured_at_ms, row.cursor,
              json.dumps(row.decision, sort_keys=True) if row.decision else None],
+            cols=f" ({_CANDIDATE_COLS})",
         )
+        if self._member is not None:
+            self._member.pending.candidates[row.candidate_id] = row
 
     def candidate(self, tenant: str, workspace: str, candidate_id: str) -> CandidateRow | None:
-        row = self._one(f"SELECT {_CANDIDATE_COLS} FROM candidates WHERE candidate_id = ?", [candidate_id])
-        return _candidate(row) if row and row[1] == tenant and row[2] == workspace else None  # see ``record``
+        member = self._member
+        if member is None or "candidates" in member.sql_tables:
+            row = self._one(f"SELECT {_CANDIDATE_COLS} FROM candidates WHERE candidate_id = ?", [candidate_id])
+            found = _candidate(row) if row else None
+        else:  # the database's row, or a batch's, with the batch's then the member's pending changes
+            batch, own = self._batch.pending, member.pending  # type: ignore[union-attr]
+            found = batch.candidates.get(candidate_id) or own.candidates.get(candidate_id)
+            if found is None:
+                row = self._one(f"SELECT {_CANDIDATE_COLS} FROM candidates WHERE candidate_id = ?", [candidate_id],
+                                overlaid=_CANDIDATES)
+                found = _candidate(row) if row else None
+            for pending in (batch, own):
+                change = pending.candidate_states.get(candidate_id)
+                if found is not None and change is not None:
+                    state, decision, drop = change
+                    found = replace(found, state=state,
+                                    decision=json.loads(decision) if decision else found.decision,
+                                    sealed_envelope=None if drop else found.sealed_envelope)
+        # The scope is checked here, not in SQL (see ``record``).
+        return found if found is not None and found.tenant == tenant and found.workspace == workspace else None
 
     def candidates_in_state(self, tenant: str, workspace: str, state: str) -> list[CandidateRow]:
         rows = self._all(
@@ -271,26 +390,49 @@ class DuckDBTx(RecordLinks, TrustClasses):
 
     def set_candidate_state(self, candidate_id: str, state: str, *, decision: dict[str, Any] | None = None,
                             drop_envelope: bool = False) -> None:
-        self._con.execute(
-            "UPDATE candidates SET state = ?, decision = coalesce(?, decision), "
-            "sealed_envelope = CASE WHEN ? THEN NULL ELSE sealed_envelope END WHERE candidate_id = ?",
-            [state, json.dumps(decision, sort_keys=True) if decision else None, drop_envelope, candidate_id],
-        )
+        decided = json.dumps(decision, sort_keys=True) if decision else None
+        member = self._member
+        if member is None:
+            self._con.execute(
+                "UPDATE candidates SET state = ?, decision = coalesce(?, decision), "
+                "sealed_envelope = CASE WHEN ? THEN NULL ELSE sealed_envelope END WHERE candidate_id = ?",
+                [state, decided, drop_envelope, candidate_id],
+            )
+            return
+        op = ("candidate_state", candidate_id, state, decided, drop_envelope)
+        if member.promoted:
+            self._batch.apply(self._con, op)  # type: ignore[union-attr]
+        else:
+            member.ops.append(op)
+            member.pending.set_candidate_state(candidate_id, state, decided, drop_envelope)
 
     # -- data keys ---------------------------------------------------------------
     def put_data_key(self, owner: str, slot: int, at_ms: int) -> None:
-        self._con.execute("INSERT INTO data_keys VALUES (?, ?, ?)", [owner, slot, at_ms])
+        self._insert("data_keys", [owner, slot, at_ms])
+        if self._member is not None:
+            self._member.pending.data_keys[owner] = slot
 
     def data_key_slot(self, owner: str) -> int | None:
-        row = self._one("SELECT slot FROM data_keys WHERE owner = ?", [owner])
+        for pending in self._pendings():
+            if owner in pending.dropped_keys:
+                return None
+            if owner in pending.data_keys:
+                return pending.data_keys[owner]
+        row = self._one("SELECT slot FROM data_keys WHERE owner = ?", [owner], overlaid=_DATA_KEYS)
         return int(row[0]) if row else None
 
     def drop_data_key(self, owner: str, at_ms: int, reason: str) -> int | None:
-        row = self._one("DELETE FROM data_keys WHERE owner = ? RETURNING slot", [owner])
-        if row is None:
+        if self._member is None:
+            row = self._one("DELETE FROM data_keys WHERE owner = ? RETURNING slot", [owner])
+            slot = int(row[0]) if row else None
+        else:
+            slot = self.data_key_slot(owner)
+            if slot is not None:
+                self._delete_key("data_keys", "owner", owner)
+                self._member.pending.dropped_keys.add(owner)
+        if slot is None:
             return None
-        slot = int(row[0])
-        self._con.execute("INSERT INTO key_destructions VALUES (?, ?, ?)", [owner, at_ms, reason])
+        self._insert("key_destructions", [owner, at_ms, reason])
         self.destroyed_slots.append(slot)
         return slot
 
@@ -303,16 +445,19 @@ class DuckDBTx(RecordLinks, TrustClasses):
 
     # -- records -----------------------------------------------------------------
     def insert_record(self, row: RecordRow) -> None:
-        doc = self._one(
-            f"INSERT INTO records ({RECORD_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-            "RETURNING doc",
+        self._insert(
+            "records",
             [row.record_id, row.tenant, row.workspace, row.candidate_id, row.record_digest, row.payload_digest,
              row.state, row.trust_class, row.principal, row.agent_id, row.valid_t, row.valid_t_end,
              row.expires_at_ms, row.derivative_rule, row.accepted_at_ms, row.accepted_cursor, row.state_cursor,
              row.successor_id, row.sealed_body, row.key_slot],
+            cols=f" ({RECORD_COLS})",
         )
-        # index_record (same transaction) needs the document number and the eligibility facts.
-        self._inserted[row.record_id] = (int(doc[0]), row)  # type: ignore[index]
+        if self._member is not None and row.state == "accepted_current":
+            self._member.pending.current_payloads.setdefault(
+                (row.tenant, row.workspace, row.payload_digest), (row.accepted_cursor, row.record_id))
+        # index_record (same transaction) needs the eligibility facts.
+        self._inserted[row.record_id] = (0, row)
 
     def record(self, tenant: str, workspace: str, record_id: str) -> RecordRow | None:
         row = self._one(f"SELECT {RECORD_COLS} FROM records WHERE record_id = ?", [record_id])
@@ -352,7 +497,7 @@ class DuckDBTx(RecordLinks, TrustClasses):
 
     def set_record_state(self, record_id: str, state: str, *, state_cursor: int, successor_id: str | None = None) -> None:
         # successor_id: None keeps the current pointer, "" clears it (rewind), a value sets it.
-        self._con.execute(
+        self._exec(
             "UPDATE records SET state = ?, state_cursor = ?, "
             "successor_id = CASE WHEN ? = '' THEN NULL ELSE coalesce(?, successor_id) END WHERE record_id = ?",
             [state, state_cursor, successor_id, successor_id, record_id],
@@ -361,24 +506,33 @@ class DuckDBTx(RecordLinks, TrustClasses):
         self._inserted.pop(record_id, None)
 
     def drop_record_body(self, record_id: str) -> None:
-        self._con.execute("UPDATE records SET sealed_body = NULL WHERE record_id = ?", [record_id])
+        self._exec("UPDATE records SET sealed_body = NULL WHERE record_id = ?", [record_id])
         self.index_ops.append(("evict", record_id))
 
     def payload_standing(self, tenant: str, workspace: str, payload_digest: str) -> tuple[str | None, bool]:
         """(the id of a current record with this payload (the earliest admitted) or None, the
         payload was forgotten here): one statement."""
+        overlay = not (self._member is not None and {"records", "tombstones"} & self._member.sql_tables)
         row = self._one(
             "SELECT (SELECT record_id FROM records WHERE tenant = $1 AND workspace = $2 AND payload_digest = $3 "
             "AND state = 'accepted_current' ORDER BY accepted_cursor LIMIT 1), "
             "EXISTS (SELECT 1 FROM tombstones WHERE tenant = $1 AND workspace = $2 AND payload_digest = $3)",
-            [tenant, workspace, payload_digest],
+            [tenant, workspace, payload_digest], overlaid=_STANDING if overlay else frozenset(),
         )
-        return (row[0] or None), bool(row[1])  # type: ignore[index]
+        current, tombstoned = (row[0] or None), bool(row[1])  # type: ignore[index]
+        if overlay:
+            key = (tenant, workspace, payload_digest)
+            for pending in self._pendings():
+                if current is None and key in pending.current_payloads:
+                    current = pending.current_payloads[key][1]
+                tombstoned = tombstoned or key in pending.tombstones
+        return current, tombstoned
 
     # -- tombstone ledger ---------------------------------------------------------
     def add_tombstone(self, tenant: str, workspace: str, payload_digest: str, record_id: str, cursor: int, at_ms: int) -> None:
-        self._con.execute("INSERT INTO tombstones VALUES (?, ?, ?, ?, ?, ?)",
-                          [tenant, workspace, payload_digest, record_id, cursor, at_ms])
+        self._insert("tombstones", [tenant, workspace, payload_digest, record_id, cursor, at_ms])
+        if self._member is not None:
+            self._member.pending.tombstones.add((tenant, workspace, payload_digest))
 
     def tombstoned(self, tenant: str, workspace: str, payload_digest: str) -> bool:
         return self._one(
@@ -403,8 +557,8 @@ class DuckDBTx(RecordLinks, TrustClasses):
         projection = Projection.of({FIELD_CODE[name]: counts for name, counts in fields.items()},
                                    *(vector if vector is not None else ("", None)))
         key = self._store.data_key(r)
-        self._con.execute("INSERT OR REPLACE INTO projections VALUES (?, ?, ?, ?)",
-                          [record_id, tenant, workspace, seal_projection(key, record_id, projection)])
+        self._insert("projections", [record_id, tenant, workspace, seal_projection(key, record_id, projection)],
+                     verb="INSERT OR REPLACE")
         postings = [Posting(term, name, tf, sum(counts.values()))
                     for name, counts in fields.items() for term, tf in counts.items()]
         self.index_ops.append(("index", tenant, workspace, RecordMeta.of(r), postings))
@@ -420,7 +574,7 @@ class DuckDBTx(RecordLinks, TrustClasses):
             return 0
         with self._store.search_index() as index:
             removed = index.postings_of(tenant, workspace, record_id)
-        self._con.execute("DELETE FROM projections WHERE record_id = ?", [record_id])
+        self._exec("DELETE FROM projections WHERE record_id = ?", [record_id])
         return removed
 
     def projection(self, record_id: str) -> Projection | None:
@@ -469,15 +623,16 @@ class DuckDBTx(RecordLinks, TrustClasses):
 
     # -- audit -------------------------------------------------------------------------
     def append_audit(self, row: AuditRow) -> str:
-        doc = audit_doc(row, self.audit_head or self._store.audit_head)
-        self._con.execute("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _audit_values(doc))
+        doc = audit_doc(row, self.audit_head or (self._batch.audit_head if self._batch is not None else None)
+                        or self._store.audit_head)
+        self._insert("audit", _audit_values(doc))
         self.audit_head = (doc["seq"], doc["row_digest"])
         self.audit_docs.append(doc)
         return doc["row_digest"]
 
     def audit_chain_head(self) -> tuple[int, str]:
         """The last audit row's (seq, row digest) in this snapshot; (0, "") when there is none."""
-        row = self._con.execute("SELECT seq, row_digest FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+        row = self._one("SELECT seq, row_digest FROM audit ORDER BY seq DESC LIMIT 1")
         return (int(row[0]), row[1]) if row else (0, "")
 
     def audit_rows(self, tenant: str | None, workspace: str | None, from_seq: int, to_seq: int | None) -> list[dict[str, Any]]:
@@ -500,11 +655,11 @@ class DuckDBTx(RecordLinks, TrustClasses):
         return [(r[0], r[1]) for r in self._all("SELECT key_id, public_key_pem FROM trusted_host_keys ORDER BY key_id")]
 
     def add_trusted_host_key(self, key_id: str, pem: str, at_ms: int) -> None:
-        self._con.execute("INSERT INTO trusted_host_keys VALUES (?, ?, ?) ON CONFLICT DO NOTHING", [key_id, pem, at_ms])
+        self._exec("INSERT INTO trusted_host_keys VALUES (?, ?, ?) ON CONFLICT DO NOTHING", [key_id, pem, at_ms])
 
     def remove_trusted_host_key(self, key_id: str) -> bool:
         n = self._one("SELECT count(*) FROM trusted_host_keys WHERE key_id = ?", [key_id])[0]  # type: ignore[index]
-        self._con.execute("DELETE FROM trusted_host_keys WHERE key_id = ?", [key_id])
+        self._exec("DELETE FROM trusted_host_keys WHERE key_id = ?", [key_id])
         return bool(n)
 
     def meta(self, key: str) -> str | None:
@@ -512,7 +667,7 @@ class DuckDBTx(RecordLinks, TrustClasses):
         return row[0] if row else None
 
     def set_meta(self, key: str, value: str) -> None:
-        self._con.execute("INSERT INTO store_meta VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v",
+        self._exec("INSERT INTO store_meta VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v",
                           [key, value])
 
     def meta_with_prefix(self, prefix: str) -> dict[str, str]:
@@ -522,7 +677,7 @@ class DuckDBTx(RecordLinks, TrustClasses):
     def drop_projections(self, tenant: str, workspace: str) -> dict[str, int]:
         """Delete the sealed projections of one scope; returns what they held (postings, vectors)."""
         counts = self.projection_counts(tenant, workspace)
-        self._con.execute("DELETE FROM projections WHERE tenant = ? AND workspace = ?", [tenant, workspace])
+        self._exec("DELETE FROM projections WHERE tenant = ? AND workspace = ?", [tenant, workspace])
         self.index_ops.append(("drop_scope", tenant, workspace))
         return counts
 
@@ -550,7 +705,7 @@ class DuckDBTx(RecordLinks, TrustClasses):
                                        old.model, old.vector)  # type: ignore[arg-type]
             resealed.append((rec.record_id, seal_projection(key, rec.record_id, projection)))
         for chunk in iter_chunks(resealed, 2048):
-            self._con.execute("UPDATE projections SET sealed = u.sealed FROM (SELECT unnest($1::VARCHAR[]) AS "
+            self._exec("UPDATE projections SET sealed = u.sealed FROM (SELECT unnest($1::VARCHAR[]) AS "
                               "record_id, unnest($2::BLOB[]) AS sealed) u WHERE projections.record_id = u.record_id",
                               [[r for r, _ in chunk], [b for _, b in chunk]])
         return len(resealed)
@@ -593,14 +748,14 @@ class DuckDBTx(RecordLinks, TrustClasses):
                 self._all("SELECT owner, destroyed_at_ms, reason FROM key_destructions ORDER BY owner")]
 
     def restore_scope(self, row: ScopeRow) -> None:
-        self._con.execute("INSERT INTO scopes VALUES (?, ?, ?, ?, ?, ?, ?)",
+        self._exec("INSERT INTO scopes VALUES (?, ?, ?, ?, ?, ?, ?)",
                           [row.tenant, row.workspace, row.activated, json.dumps(sorted(row.tools)),
                            row.authorization_epoch, row.last_cursor, row.last_event_digest])
         self._changed(replace(row, tools=tuple(sorted(row.tools))))
 
     def restore_event(self, e: Event) -> None:
         """Insert a verified journal event verbatim (restore); the scope row carries the chain head."""
-        self._con.execute(
+        self._exec(
             "INSERT INTO journal VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [e.tenant, e.workspace, e.cursor, e.event_id, e.operation, e.target, e.from_state, e.to_state, e.at_ms,
              json.dumps(e.body, sort_keys=True), e.prev_digest, e.event_digest],
@@ -608,12 +763,12 @@ class DuckDBTx(RecordLinks, TrustClasses):
 
     def restore_audit_row(self, doc: dict[str, Any]) -> None:
         """Insert a verified audit row verbatim (restore) and move the chain head past it."""
-        self._con.execute("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _audit_values(doc))
+        self._exec("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _audit_values(doc))
         self.audit_head = (int(doc["seq"]), doc["row_digest"])
         self.audit_docs.append(doc)
 
     def restore_key_destruction(self, owner: str, at_ms: int, reason: str) -> None:
-        self._con.execute("INSERT INTO key_destructions VALUES (?, ?, ?) ON CONFLICT DO NOTHING", [owner, at_ms, reason])
+        self._exec("INSERT INTO key_destructions VALUES (?, ?, ?) ON CONFLICT DO NOTHING", [owner, at_ms, reason])
 
 
 class DuckDBStore:
@@ -645,6 +800,11 @@ class DuckDBStore:
         except duckdb.Error as exc:
             raise EngramError(Code.STORE_UNAVAILABLE, f"open failed: {type(exc).__name__}") from None
         self._write_lock = threading.RLock()
+        # Group commit (group_commit.py): the open batch, and how many threads wait for the
+        # writer lock (a member leaves the batch open only while someone is queued to close it).
+        self._batch: Batch | None = None
+        self._waiting = 0
+        self._waiting_lock = threading.Lock()
         self._local = threading.local()
         self._open = True
         self.migrations_applied_at_open = self.check_migrations(apply=migrate)
@@ -778,7 +938,7 @@ class DuckDBStore:
 
     def migrate(self) -> list[int]:
         """Re-verify the ledger and apply pending migrations, serialized with writers."""
-        with self._write_lock:
+        with self._exclusive():
             return self.check_migrations(apply=True)
 
     def schema_version(self) -> int:
@@ -798,9 +958,40 @@ class DuckDBStore:
             raise EngramError(Code.STORE_UNAVAILABLE, "store closed")
 
     @contextmanager
-    def write(self) -> Iterator[DuckDBTx]:
+    def _locked(self) -> Iterator[None]:
+        """The writer lock, counted while waited for (group commit)."""
+        with self._waiting_lock:
+            self._waiting += 1
+        self._write_lock.acquire()
+        with self._waiting_lock:
+            self._waiting -= 1
+        try:
+            yield
+        finally:
+            self._write_lock.release()
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """The writer lock with no batch open: an open batch is committed first."""
+        if self._in_write():  # this thread already holds the lock, inside its own transaction
+            with self._write_lock:
+                yield
+            return
+        with self._locked():
+            if self._batch is not None:
+                self._settle()
+            yield
+
+    @contextmanager
+    def write(self, *, batched: bool = False) -> Iterator[DuckDBTx]:
+        """A read-write transaction. ``batched``: a member of a group commit (group_commit.py),
+        for the mutations agents make at rate; otherwise a transaction of its own."""
         self._require_open()
-        with tracing.span("engram.store.transaction"), self._write_lock:
+        if batched:
+            with tracing.span("engram.store.transaction"):
+                yield from self._batched()
+            return
+        with tracing.span("engram.store.transaction"), self._exclusive():
             con = self._con
             tx = DuckDBTx(con, self, writing=True)
             con.execute("BEGIN TRANSACTION")
@@ -820,23 +1011,104 @@ class DuckDBStore:
                     _rollback(con)
                     raise
             self._commit(con)
-            if tx.index_ops or tx.scope_changes:
-                with self._publish:
-                    try:
-                        self._index.apply(tx.index_ops)
-                        if self._scopes is not None:
-                            self._scopes.update(tx.scope_changes)
-                    except Exception:
-                        self._stale = True
-            if tx.audit_head is not None:
-                self.audit_head = tx.audit_head
+            self._published(tx.index_ops, tx.scope_changes, tx.audit_head)
 
-    def _commit(self, con: duckdb.DuckDBPyConnection) -> None:
+    def _batched(self) -> Iterator[DuckDBTx]:
+        with self._locked():
+            batch = self._batch
+            if batch is None:
+                self._con.execute("BEGIN TRANSACTION")
+                batch = self._batch = Batch()
+            tx = DuckDBTx(self._con, self, writing=True, batch=batch)
+            self._local.writing = True
+            try:
+                yield tx
+            except BaseException:
+                self._local.writing = False
+                if tx.promoted or batch.members == 0:
+                    # Promoted: its writes are in the shared transaction, so nothing of it may commit.
+                    self._abandon()
+                elif self._waiting == 0:
+                    self._settle()  # the others were waiting for this one to commit them
+                raise
+            self._local.writing = False
+            try:
+                batch.join(self._con, tx._member)  # type: ignore[arg-type]
+            except BaseException as exc:
+                self._abandon()
+                raise self._refusal(exc) from None
+            batch.members += 1
+            batch.scope_changes.update(tx.scope_changes)
+            batch.index_ops.extend(tx.index_ops)
+            batch.audit_docs.extend(tx.audit_docs)
+            if tx.audit_head is not None:
+                batch.audit_head = tx.audit_head
+            if self._waiting == 0 or batch.members >= MAX_MEMBERS:
+                self._settle()
+        batch.done.wait()
+        if batch.error is not None:
+            raise batch.error
+
+    @staticmethod
+    def _refusal(exc: BaseException) -> BaseException:
+        """What members of a batch rolled back for ``exc`` are told: nothing of theirs happened."""
+        if isinstance(exc, EngramError):
+            return exc
+        return EngramError(Code.STORE_UNAVAILABLE, f"write batch rolled back: {type(exc).__name__}")
+
+    def _abandon(self) -> None:
+        """Roll the open batch back; its members are refused, retriably (under the writer lock)."""
+        batch, self._batch = self._batch, None
+        _rollback(self._con)
+        if batch is not None:
+            batch.fail(EngramError(Code.STORE_UNAVAILABLE, "write batch rolled back: retry"))
+
+    def _settle(self) -> None:
+        """Commit the open batch and answer its members (under the writer lock)."""
+        batch, self._batch = self._batch, None
+        assert batch is not None
+        con = self._con
+        if batch.members == 0:
+            _rollback(con)
+            batch.done.set()
+            return
+        try:
+            batch.flush(con)
+            if self._devices and batch.audit_docs:
+                # Before COMMIT: a row no device accepted must not become a mutation (fail closed).
+                self._devices.write_rows(batch.audit_docs)
+        except BaseException as exc:
+            _rollback(con)
+            batch.fail(self._refusal(exc))
+            return
+        try:
+            self._commit(con, batch.members)
+        except EngramError as exc:
+            batch.fail(exc)
+            return
+        self._published(batch.index_ops, batch.scope_changes, batch.audit_head)
+        batch.done.set()
+
+    def _published(self, index_ops: list[tuple[Any, ...]], scope_changes: dict[tuple[str, str], ScopeRow],
+                   audit_head: tuple[int, str] | None) -> None:
+        """After COMMIT: the committed copies (search index, scope rows) and the audit head move on."""
+        if index_ops or scope_changes:
+            with self._publish:
+                try:
+                    self._index.apply(index_ops)
+                    if self._scopes is not None:
+                        self._scopes.update(scope_changes)
+                except Exception:
+                    self._stale = True
+        if audit_head is not None:
+            self.audit_head = audit_head
+
+    def _commit(self, con: duckdb.DuckDBPyConnection, transactions: int = 1) -> None:
         started = time.perf_counter()
         try:
             con.execute("COMMIT")
             if self.on_commit is not None:
-                self.on_commit(time.perf_counter() - started)
+                self.on_commit(time.perf_counter() - started, transactions)
         except duckdb.Error as exc:
             # The commit may or may not have reached the WAL; the committed copies cannot know either.
             with self._publish:
@@ -933,7 +1205,7 @@ class DuckDBStore:
             # A snapshot sees every audit row acknowledged before it began (audit export,
             # verification and backup read the table). Not from inside this thread's write
             # transaction: the move is a transaction of its own on the same connection.
-            with self._write_lock:
+            with self._exclusive():
                 if self._spool.pending:
                     self._move_spool()
         cur.execute("BEGIN TRANSACTION")
@@ -952,7 +1224,7 @@ class DuckDBStore:
         if self._in_write():
             # The row's place in the chain would collide with the open transaction's own rows.
             raise EngramError(Code.STORE_UNAVAILABLE, "standalone audit row inside a write transaction")
-        with self._write_lock:
+        with self._exclusive():
             doc = audit_doc(row, self.audit_head)
             if self._devices:
                 self._devices.write_rows([doc])  # STORE_UNAVAILABLE when no device took it: nothing spooled
@@ -994,7 +1266,7 @@ class DuckDBStore:
 
     def attach_audit_devices(self, devices: Any) -> None:
         """Stream every audit row written from now on to ``devices`` (``AuditDevices``), fail closed."""
-        with self._write_lock:
+        with self._exclusive():
             self._devices = devices
             devices.opened(self.audit_head)
 
@@ -1005,7 +1277,7 @@ class DuckDBStore:
         """CHECKPOINT under the writer lock. DuckDB refuses while it still counts another
         transaction as writing (seen under concurrent reads right after a commit), so a
         refusal is retried briefly; a forget reports ``pending`` only if it never succeeds."""
-        with self._write_lock:
+        with self._exclusive():
             for attempt in range(attempts):
                 try:
                     self._con.execute("CHECKPOINT")
@@ -1019,7 +1291,7 @@ class DuckDBStore:
         if not self._open:
             return
         self._open = False
-        with self._write_lock:
+        with self._exclusive():
             try:
                 if self._spool.pending:
                     self._move_spool()

@@ -1,0 +1,211 @@
+"""Group commit: many mutations, one DuckDB transaction, one COMMIT (SPEC §7, §10).
+
+DuckDB spends about half a millisecond on every statement, however small, and
+a mutation is ten of them plus a COMMIT with its WAL fsync. So concurrent
+mutations share a transaction: each runs its checks and prepares its writes
+alone under the writer lock (its *member* state below), then joins the open
+*batch*; the last member in (no other writer queued) commits the batch for
+all of them. Every appended row waits in the batch and goes in as one
+multi-row INSERT per table; other statements (updates, deletes by
+condition) run when their member joins, after the rows they could touch.
+
+What a member prepares is invisible to the database until it joins, so a
+member that fails its checks leaves nothing behind and the others go on.
+Reads see what the batch and the member hold: the hot lookups (idempotency
+keys, grants, candidates, data keys, current payloads, tombstones) consult
+the pending rows directly; any other statement first flushes the pending
+rows of the tables it names, or, when the member itself has pending writes
+there, *promotes* the member (its writes go into the shared transaction now,
+and from then on its failure fails the whole batch).
+
+A batch that cannot commit answers every member alike: a definitive refusal
+when it was rolled back, MUTATION_OUTCOME_UNKNOWN when COMMIT itself failed.
+Nothing is acknowledged before the COMMIT returned.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+
+from engram_core.store.port import CandidateRow, IdempotencyRow, ScopeRow
+
+MAX_MEMBERS = 64  # a batch commits at this size even with writers queued (bounds latency)
+ROWS_PER_STATEMENT = 64  # rows per multi-row INSERT (DuckDB plans larger VALUES lists slowly)
+_TABLE_NAMES = ("scopes", "journal", "candidates", "data_keys", "key_destructions", "records", "tombstones",
+                "idempotency", "used_confirmations", "audit", "projections", "record_families", "record_sources",
+                "trusted_host_keys", "store_meta")
+_TABLE_RE = re.compile(r"\b(" + "|".join(_TABLE_NAMES) + r")\b")  # our own SQL only, never input
+_tables_cache: dict[str, frozenset[str]] = {}
+
+
+def tables_of(sql: str) -> frozenset[str]:
+    """The tables a statement of ours names."""
+    found = _tables_cache.get(sql)
+    if found is None:
+        found = _tables_cache[sql] = frozenset(_TABLE_RE.findall(sql))
+    return found
+
+
+@dataclass
+class Pending:
+    """Writes not yet in the database, with the lookups reads need (a member's or a batch's)."""
+
+    rows: dict[tuple[str, str, str], list[list[Any]]] = field(default_factory=dict)  # (table, verb, cols)
+    deletes: dict[tuple[str, str], list[Any]] = field(default_factory=dict)  # (table, key column) -> keys
+    scope_heads: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
+    # Lookups over ``rows`` (cleared with them when they are flushed).
+    idempotency: dict[tuple[str, str, str, str], IdempotencyRow] = field(default_factory=dict)
+    confirmations: set[str] = field(default_factory=set)
+    candidates: dict[str, CandidateRow] = field(default_factory=dict)
+    # Candidate state changes, applied in one UPDATE: id -> (state, decision JSON or None, drop envelope).
+    candidate_states: dict[str, tuple[str, str | None, bool]] = field(default_factory=dict)
+    data_keys: dict[str, int] = field(default_factory=dict)
+    dropped_keys: set[str] = field(default_factory=set)
+    current_payloads: dict[tuple[str, str, str], tuple[int, str]] = field(default_factory=dict)
+    tombstones: set[tuple[str, str, str]] = field(default_factory=set)
+
+    def tables(self) -> set[str]:
+        out = {t for t, _, _ in self.rows} | {t for t, _ in self.deletes}
+        if self.scope_heads:
+            out.add("scopes")
+        if self.candidate_states:
+            out.add("candidates")
+        return out
+
+    def set_candidate_state(self, candidate_id: str, state: str, decision: str | None, drop: bool) -> None:
+        before = self.candidate_states.get(candidate_id)
+        if before is not None:  # as two UPDATEs in order would leave it
+            decision, drop = decision or before[1], drop or before[2]
+        self.candidate_states[candidate_id] = (state, decision, drop)
+
+    def add_row(self, table: str, verb: str, cols: str, values: list[Any]) -> None:
+        self.rows.setdefault((table, verb, cols), []).append(values)
+
+    def clear_lookups(self, table: str) -> None:
+        if table == "idempotency":
+            self.idempotency.clear()
+        elif table == "used_confirmations":
+            self.confirmations.clear()
+        elif table == "candidates":
+            self.candidates.clear()
+        elif table == "data_keys":
+            self.data_keys.clear()
+            self.dropped_keys.clear()
+        elif table == "records":
+            self.current_payloads.clear()
+        elif table == "tombstones":
+            self.tombstones.clear()
+
+
+class Member:
+    """One mutation's prepared writes, in order, until it joins its batch."""
+
+    def __init__(self) -> None:
+        self.pending = Pending()
+        # ("row", table, verb, cols, values) | ("sql", sql, params, tables) | ("delete", table, col, key)
+        # | ("head", tenant, workspace, cursor, digest) | ("candidate_state", id, state, decision, drop),
+        # in the order the mutation made them.
+        self.ops: list[tuple[Any, ...]] = []
+        self.sql_tables: set[str] = set()  # tables its deferred statements touch
+        self.promoted = False  # its writes are in the shared transaction: its failure fails the batch
+
+
+class Batch:
+    """Members sharing one open DuckDB transaction, and what they publish after its COMMIT."""
+
+    def __init__(self) -> None:
+        self.pending = Pending()
+        self.members = 0
+        self.scope_changes: dict[tuple[str, str], ScopeRow] = {}
+        self.index_ops: list[tuple[Any, ...]] = []
+        self.audit_docs: list[dict[str, Any]] = []
+        self.audit_head: tuple[int, str] | None = None
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    # -- joining -----------------------------------------------------------------------------
+    def apply(self, con: duckdb.DuckDBPyConnection, op: tuple[Any, ...]) -> None:
+        """Apply one prepared write to the batch: rows wait, statements run now (after the
+        pending rows of the tables they name, so they see them)."""
+        kind = op[0]
+        p = self.pending
+        if kind == "row":
+            _, table, verb, cols, values = op
+            if any(t == table for t, _ in p.deletes):
+                self.flush(con, {table})  # a row after a delete of its table: keep their order
+            p.add_row(table, verb, cols, values)
+        elif kind == "delete":
+            _, table, col, key = op
+            p.deletes.setdefault((table, col), []).append(key)
+        elif kind == "head":
+            _, tenant, workspace, cursor, digest = op
+            p.scope_heads[(tenant, workspace)] = (cursor, digest)
+        elif kind == "candidate_state":
+            p.set_candidate_state(*op[1:])
+        else:
+            _, sql, params, tables = op
+            self.flush(con, tables)
+            con.execute(sql, params)
+
+    def join(self, con: duckdb.DuckDBPyConnection, member: Member) -> None:
+        """Move a member's prepared writes and lookups into the batch."""
+        for op in member.ops:
+            self.apply(con, op)
+        member.ops.clear()
+        src, dst = member.pending, self.pending
+        dst.idempotency.update(src.idempotency)
+        dst.confirmations |= src.confirmations
+        dst.candidates.update(src.candidates)
+        dst.data_keys.update(src.data_keys)
+        dst.dropped_keys |= src.dropped_keys
+        for k, v in src.current_payloads.items():
+            dst.current_payloads.setdefault(k, v)
+        dst.tombstones |= src.tombstones
+        member.pending = Pending()
+        member.sql_tables.clear()
+
+    # -- flushing ----------------------------------------------------------------------------
+    def flush(self, con: duckdb.DuckDBPyConnection, tables: set[str] | frozenset[str] | None = None) -> None:
+        """Write the pending rows, deletes and scope heads of ``tables`` (None: all)."""
+        p = self.pending
+        for key in [k for k in p.rows if tables is None or k[0] in tables]:
+            table, verb, cols = key
+            rows = p.rows.pop(key)
+            width = len(rows[0])
+            for start in range(0, len(rows), ROWS_PER_STATEMENT):
+                chunk = rows[start:start + ROWS_PER_STATEMENT]
+                one = "(" + ", ".join("?" * width) + ")"
+                con.execute(f"{verb} INTO {table}{cols} VALUES " + ", ".join([one] * len(chunk)),
+                            [v for row in chunk for v in row])
+            p.clear_lookups(table)
+        for key in [k for k in p.deletes if tables is None or k[0] in tables]:
+            table, col = key
+            keys = p.deletes.pop(key)
+            for start in range(0, len(keys), ROWS_PER_STATEMENT * 4):
+                chunk = keys[start:start + ROWS_PER_STATEMENT * 4]
+                con.execute(f"DELETE FROM {table} WHERE {col} IN ({', '.join('?' * len(chunk))})", chunk)
+            p.clear_lookups(table)
+        if p.candidate_states and (tables is None or "candidates" in tables):
+            ids, states, decisions, drops = (list(c) for c in zip(
+                *((cid, *change) for cid, change in p.candidate_states.items()), strict=True))
+            con.execute(
+                "UPDATE candidates SET state = u.state, decision = coalesce(u.decision, candidates.decision), "
+                "sealed_envelope = CASE WHEN u.drop_envelope THEN NULL ELSE candidates.sealed_envelope END "
+                "FROM (SELECT unnest($1::VARCHAR[]) AS candidate_id, unnest($2::VARCHAR[]) AS state, "
+                "unnest($3::VARCHAR[]) AS decision, unnest($4::BOOLEAN[]) AS drop_envelope) u "
+                "WHERE candidates.candidate_id = u.candidate_id", [ids, states, decisions, drops])
+            p.candidate_states.clear()
+        if p.scope_heads and (tables is None or "scopes" in tables):
+            for (tenant, workspace), (cursor, digest) in p.scope_heads.items():
+                con.execute("UPDATE scopes SET last_cursor = ?, last_event_digest = ? "
+                            "WHERE tenant = ? AND workspace = ?", [cursor, digest, tenant, workspace])
+            p.scope_heads.clear()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()

@@ -1,0 +1,223 @@
+"""Group commit (store/duckdb/group_commit.py) on a real DuckDB file: members that share one
+COMMIT, a member whose checks fail leaving the others whole, a batch that cannot commit
+refusing every member and leaving nothing, and members reading what earlier members of the
+same batch wrote.
+
+Batches are made deterministic: the first member holds its ``with`` block open until the
+others are queued on the writer lock, so they join its batch."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from engram_core.crypto.keyvault import FileKeyVault
+from engram_core.errors import Code, EngramError
+from engram_core.store.duckdb.store import DuckDBStore, DuckDBTx
+from engram_core.store.port import IdempotencyRow
+
+T, W = "acme", "alpha"
+
+
+@pytest.fixture()
+def store(tmp_path: Path):
+    s = DuckDBStore(tmp_path, keys=FileKeyVault(tmp_path))
+    commits: list[int] = []
+    s.on_commit = lambda _seconds, transactions: commits.append(transactions)
+    s.commits = commits  # type: ignore[attr-defined]
+    yield s
+    if s.is_open():
+        s.close()
+
+
+def _event(tx: DuckDBTx, target: str) -> int:
+    return tx.append_event(T, W, event_id=f"evt_{target}", operation="capture", target=target, from_state="",
+                           to_state="pending", at_ms=1, body={}).cursor
+
+
+def _batch(store: DuckDBStore, bodies: list[Callable[[DuckDBTx], object]]) -> list[object]:
+    """Run ``bodies`` as members of one batch: the first holds the lock until the rest queue."""
+    results: list[object] = [None] * len(bodies)
+    release = threading.Event()
+
+    def run(i: int) -> None:
+        try:
+            with store.write(batched=True) as tx:
+                if i == 0:
+                    release.wait(10)
+                results[i] = bodies[i](tx)
+        except EngramError as exc:
+            results[i] = exc
+
+    first = threading.Thread(target=run, args=(0,))
+    first.start()
+    while store._batch is None:  # the first member is inside its block
+        time.sleep(0.001)
+    others = []
+    for i in range(1, len(bodies)):
+        t = threading.Thread(target=run, args=(i,))
+        t.start()
+        others.append(t)
+        while store._waiting < i:  # queued in order: members join in the order given
+            time.sleep(0.001)
+    release.set()
+    for t in [first, *others]:
+        t.join(10)
+    return results
+
+
+def _journal(store: DuckDBStore) -> list[str]:
+    with store.read() as tx:
+        return [e.target for e in tx.events(T, W, 1, None)]
+
+
+def test_members_share_one_commit_and_survive_a_reopen(store: DuckDBStore, tmp_path: Path) -> None:
+    cursors = _batch(store, [lambda tx, n=n: _event(tx, f"c{n}") for n in range(5)])
+    assert cursors == [1, 2, 3, 4, 5]  # the chain runs through the batch
+    assert store.commits == [5]  # type: ignore[attr-defined]
+    store.close()
+    reopened = DuckDBStore(tmp_path, keys=FileKeyVault(tmp_path))
+    try:
+        with reopened.read() as tx:
+            events = tx.events(T, W, 1, None)
+            assert [e.target for e in events] == ["c0", "c1", "c2", "c3", "c4"]
+            assert all(e.prev_digest == p.event_digest for p, e in zip(events, events[1:], strict=False))
+            assert tx.scope(T, W).last_cursor == 5  # type: ignore[union-attr]
+    finally:
+        reopened.close()
+
+
+def test_a_member_failing_its_checks_leaves_the_others_whole(store: DuckDBStore) -> None:
+    def fails_after_preparing(tx: DuckDBTx) -> None:
+        _event(tx, "bad")  # prepared, never joined
+        raise EngramError(Code.POLICY_STALE, "checks failed")
+
+    results = _batch(store, [lambda tx: _event(tx, "a"), fails_after_preparing, lambda tx: _event(tx, "b")])
+    assert isinstance(results[1], EngramError) and results[1].code == Code.POLICY_STALE
+    assert results[0] == 1 and results[2] == 2  # the failed member's cursor was never taken
+    assert _journal(store) == ["a", "b"]
+
+
+def test_a_batch_that_cannot_commit_refuses_every_member_and_leaves_nothing(store: DuckDBStore) -> None:
+    # Two members put the same data key owner: the batch's multi-row INSERT violates the key.
+    def put(tx: DuckDBTx, target: str) -> None:
+        _event(tx, target)
+        tx.put_data_key("record:same", 7, 1)
+
+    results = _batch(store, [lambda tx: put(tx, "x"), lambda tx: put(tx, "y"), lambda tx: _event(tx, "z")])
+    assert all(isinstance(r, EngramError) and r.code == Code.STORE_UNAVAILABLE for r in results), results
+    assert _journal(store) == []
+    with store.read() as tx:
+        assert tx.data_key_slot("record:same") is None
+    assert store.commits == []  # type: ignore[attr-defined]
+    assert _event_alone(store, "after") == 1  # the writer goes on
+
+
+def _event_alone(store: DuckDBStore, target: str) -> int:
+    with store.write(batched=True) as tx:
+        return _event(tx, target)
+
+
+def test_members_read_what_earlier_members_of_their_batch_wrote(store: DuckDBStore) -> None:
+    row = IdempotencyRow("engram_memory_capture", "cand_1", "sha256:" + "0" * 64, {"status": "committed_pending"})
+
+    def first(tx: DuckDBTx) -> None:
+        tx.idempotency_put(T, W, "agent", "key-1", row, 1)
+        tx.put_data_key("candidate:cand_1", 3, 1)
+        assert tx.use_confirmation("grant-1", T, W, 1)
+
+    def second(tx: DuckDBTx) -> tuple[object, ...]:
+        return (tx.idempotency_get(T, W, "agent", "key-1"), tx.data_key_slot("candidate:cand_1"),
+                tx.use_confirmation("grant-1", T, W, 1), tx.drop_data_key("candidate:cand_1", 2, "accepted"),
+                tx.data_key_slot("candidate:cand_1"))
+
+    results = _batch(store, [first, second])
+    assert results[1] == (row, 3, False, 3, None)  # a grant is spent once, even within one batch
+    with store.read() as tx:
+        assert tx.idempotency_get(T, W, "agent", "key-1") == row
+        assert tx.data_key_slot("candidate:cand_1") is None
+        assert tx.key_destruction("candidate:cand_1") == 2
+
+
+def test_a_promoted_member_that_fails_takes_its_batch_down_retriably(store: DuckDBStore) -> None:
+    def promoted_then_fails(tx: DuckDBTx) -> None:
+        _event(tx, "p")
+        tx.events(T, W, 1, None)  # reads the journal it has a pending row in: its writes go in now
+        raise EngramError(Code.POLICY_STALE, "too late")
+
+    results = _batch(store, [lambda tx: _event(tx, "a"), promoted_then_fails])
+    assert isinstance(results[0], EngramError) and results[0].code == Code.STORE_UNAVAILABLE
+    assert isinstance(results[1], EngramError) and results[1].code == Code.POLICY_STALE
+    assert _journal(store) == []
+    assert _event_alone(store, "next") == 1
+
+
+def test_an_exclusive_transaction_commits_the_open_batch_first(store: DuckDBStore) -> None:
+    release, out = threading.Event(), {}
+
+    def member() -> None:
+        with store.write(batched=True) as tx:
+            release.wait(10)
+            out["a"] = _event(tx, "a")
+
+    def exclusive() -> None:
+        with store.write() as tx:  # maintenance: a transaction of its own
+            out["b"] = _event(tx, "b")
+
+    first = threading.Thread(target=member)
+    first.start()
+    while store._batch is None:
+        time.sleep(0.001)
+    second = threading.Thread(target=exclusive)
+    second.start()
+    while store._waiting < 1:
+        time.sleep(0.001)
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert out == {"a": 1, "b": 2}
+    assert store.commits == [1, 1]  # type: ignore[attr-defined]
+    assert _journal(store) == ["a", "b"]
+
+
+def test_readers_never_see_a_batch_before_its_commit(store: DuckDBStore) -> None:
+    seen: list[list[str]] = []
+
+    def look(tx: DuckDBTx) -> int:
+        cursor = _event(tx, "b")
+        seen.append(_journal(store))  # another cursor, while the batch is open
+        return cursor
+
+    _batch(store, [lambda tx: _event(tx, "a"), look])
+    assert seen == [[]]
+    assert _journal(store) == ["a", "b"]
+
+
+def test_candidate_changes_within_a_batch_read_as_they_will_commit(store: DuckDBStore) -> None:
+    from engram_core.store.port import CandidateRow
+
+    row = CandidateRow("cand_1", T, W, "agent", "a1", "s1", "pending", "sha256:p", "sha256:r", "asserted",
+                       {"payload_bytes": 1}, b"sealed", 1, 1)
+
+    def insert(tx: DuckDBTx) -> None:
+        tx.insert_candidate(row)
+
+    def accept(tx: DuckDBTx) -> str:
+        assert tx.candidate(T, W, "cand_1").state == "pending"  # type: ignore[union-attr]
+        tx.set_candidate_state("cand_1", "accepted", decision={"status": "accepted"}, drop_envelope=True)
+        return tx.candidate(T, W, "cand_1").state  # type: ignore[union-attr]
+
+    def look(tx: DuckDBTx) -> tuple[object, ...]:
+        c = tx.candidate(T, W, "cand_1")
+        return c.state, c.decision, c.sealed_envelope, tx.candidate("other", W, "cand_1")  # type: ignore[union-attr]
+
+    results = _batch(store, [insert, accept, look])
+    assert results[1] == "accepted"
+    assert results[2] == ("accepted", {"status": "accepted"}, None, None)  # another tenant sees nothing
+    with store.read() as tx:
+        c = tx.candidate(T, W, "cand_1")
+        assert (c.state, c.decision, c.sealed_envelope) == ("accepted", {"status": "accepted"}, None)  # type: ignore[union-attr]
