@@ -68,7 +68,7 @@ class CandidateRow:
     decision: dict[str, Any] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RecordRow:
     record_id: str
     tenant: str

@@ -65,10 +65,10 @@ class Parts:
 
     codes: bytes
     counts: tuple[int, ...]
-    terms: bytes
-    tfs: bytes
+    terms: bytes | memoryview
+    tfs: bytes | memoryview
     model: str
-    vector: bytes
+    vector: bytes | memoryview
 
 
 def encode(p: Projection) -> bytes:
@@ -84,18 +84,20 @@ def encode(p: Projection) -> bytes:
     ])
 
 
-def split(raw: bytes) -> Parts:
+def split(raw: bytes | memoryview) -> Parts:
+    """The projection's parts; given a memoryview, its byte ranges are views into it, not copies
+    (the index builder appends them to its buffers at open)."""
     if raw[:3] != MAGIC:
         raise ValueError("not a sealed projection")
     n = raw[3]
-    codes = raw[4:4 + n]
+    codes = bytes(raw[4:4 + n])
     counts = struct.unpack_from(f"<{n}I", raw, 4 + n)
     at = 4 + 5 * n
     total = sum(counts)
     terms, tfs = raw[at:at + 8 * total], raw[at + 8 * total:at + 12 * total]
     at += 12 * total
     (model_len,) = struct.unpack_from("<H", raw, at)
-    model = raw[at + 2:at + 2 + model_len].decode()
+    model = bytes(raw[at + 2:at + 2 + model_len]).decode()
     at += 2 + model_len
     (dim,) = struct.unpack_from("<I", raw, at)
     return Parts(codes, counts, terms, tfs, model, raw[at + 4:at + 4 + 4 * dim] if model else b"")
@@ -121,5 +123,6 @@ def open_projection(key: bytes, record_id: str, sealed: bytes) -> Projection:
     return decode(unseal(key, sealed, kind=SEAL_KIND, owner=record_id))
 
 
-def open_parts(key: bytes, record_id: str, sealed: bytes) -> Parts:
-    return split(unseal(key, sealed, kind=SEAL_KIND, owner=record_id))
+def open_plain(key: bytes, record_id: str, sealed: bytes) -> bytes:
+    """The opened projection's bytes (``encode``'s format), for ``split``."""
+    return unseal(key, sealed, kind=SEAL_KIND, owner=record_id)

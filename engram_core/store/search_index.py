@@ -31,15 +31,22 @@ Between searches a scope keeps its eligibility mask (until a record's valid time
 flips it, or a column changes) and each query term's BM25F contributions before the IDF (until
 any admission, forget or merge in the scope; at most ``CONTRIBUTION_BYTES``).
 
-Vectors (the semantic channel) are a matrix per scope and model, one row per record
-(float32 values held as float64: 3 KB per 384-dimension record), so the nearest neighbours are one matrix-vector product (the SQL scan over
-``list_inner_product`` took ~80 ms at 100k records). Rows of forgotten records stay
-allocated but masked until the store reopens.
+Vectors (the semantic channel) are a float32 matrix per scope and model, one row per record
+(1.5 KB per 384-dimension record, as stored), so the nearest neighbours are a matrix-vector
+product (the SQL scan over ``list_inner_product`` took ~80 ms at 100k records), computed in
+float64 over blocks of ``SIMILARITY_BLOCK`` rows (see ``_similarities``). Rows of forgotten
+records stay allocated but masked until the store reopens.
+
+Building at open (``IndexBuilder``) streams: the indexed records' rows first, then their
+opened projections in any order, each appended to per-scope byte buffers and vector matrices
+(no per-record objects beyond the row), the arrays made once per scope. Memory per record at
+100k and 1M: docs/performance.md "Start-up and memory at scale".
 """
 
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,13 +54,14 @@ from typing import Any
 import numpy as np
 
 from engram_core.store.port import LexicalPage, LexicalStats, RecordRow
-from engram_core.store.projection import Parts
+from engram_core.store.projection import split
 
 FIELDS = ("primary", "decision", "evidence", "context", "citations")
 FIELD_CODE = {name: i for i, name in enumerate(FIELDS)}
 NEVER = np.iinfo(np.int64).max  # no valid_time end / no expiry
 MERGE_AT = 65_536  # buffered postings of a scope before they are merged into its arrays
 CONTRIBUTION_BYTES = 32 << 20  # per scope: cached term contributions (a common term: ~1 MB at 100k)
+SIMILARITY_BLOCK = 1024  # matrix rows converted to float64 at a time for a similarity (3 MB: stays in cache)
 
 
 @dataclass
@@ -195,8 +203,9 @@ class _Postings:
         new_doc[1:] = (term[1:] != term[:-1]) | (doc[1:] != doc[:-1])
         df = np.add.reduceat(new_doc.astype(np.int64), starts[:-1])
         # float32 holds any term frequency / field length exactly; scoring promotes to float64.
-        return cls(terms=term[starts[:-1]], starts=starts, df=df, doc=doc.astype(np.int32), fld=fld.astype(np.int8),
-                   tf=tf.astype(np.float32), flen=flen.astype(np.float32))
+        return cls(terms=term[starts[:-1]], starts=starts, df=df, doc=doc.astype(np.int32, copy=False),
+                   fld=fld.astype(np.int8, copy=False), tf=tf.astype(np.float32, copy=False),
+                   flen=flen.astype(np.float32, copy=False))
 
     def slice_of(self, term: int) -> slice | None:
         i = int(np.searchsorted(self.terms, term))
@@ -232,15 +241,14 @@ class _Scope:
         doc = self.local.get(record_id)
         if doc is None:
             return  # not indexed (never happens in admission: index_record comes first)
-        # The stored values are float32 (the vectors table's FLOAT); held as float64 so that a
-        # similarity does not depend on how BLAS blocks the product (which varies with the matrix's
-        # size and alignment, i.e. between a running core and one that reloaded): float32 sums
-        # differed in the last bit, enough to reorder exact ties across a restart.
-        v = np.asarray(vector, dtype=np.float32).astype(np.float64)
-        matrix, present = self.vectors.get(model, (np.zeros((0, len(v))), np.zeros(0, dtype=bool)))
+        # Held as the float32 values the projection stores; similarities are computed in float64
+        # (``_similarities``).
+        v = np.asarray(vector, dtype=np.float32)
+        matrix, present = self.vectors.get(model, (np.zeros((0, len(v)), dtype=np.float32),
+                                                   np.zeros(0, dtype=bool)))
         if doc >= len(matrix):
             cap = max(1024, 2 * len(matrix), doc + 1)
-            grown = np.zeros((cap, len(v)))
+            grown = np.zeros((cap, len(v)), dtype=np.float32)
             grown[: len(matrix)] = matrix
             flags = np.zeros(cap, dtype=bool)
             flags[: len(present)] = present
@@ -367,39 +375,125 @@ class _Scope:
 
 
 class _Loading:
-    """One scope's projections as collected at load, before its arrays are built."""
+    """One scope's projections as collected at open, before its arrays are built: byte buffers
+    that grow per record (no per-record objects), and each model's vectors written straight
+    into their float32 matrix."""
 
     def __init__(self) -> None:
         self.scope = _Scope()
-        self.codes: list[bytes] = []
-        self.counts: list[int] = []
-        self.segment_docs: list[int] = []  # the document of each (record, field) segment
-        self.terms: list[bytes] = []
-        self.tfs: list[bytes] = []
-        self.vectors: dict[str, tuple[list[int], list[bytes]]] = {}
+        self.codes = bytearray()  # u8 field code per (record, field) segment
+        self.counts = array("I")  # postings per segment
+        self.segment_docs = array("i")  # the document of each segment
+        self.terms = bytearray()  # int64 term hashes, all segments in order
+        self.tfs = bytearray()  # int32 term frequencies, same order
+        self.opened = bytearray()  # per document: 1 once its projection is in
+        self.vectors: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def add(self, doc: int, raw: bytes) -> None:
+        parts = split(memoryview(raw))  # slices of ``raw`` until copied into the buffers
+        self.opened[doc] = 1
+        self.codes += parts.codes
+        self.counts.extend(parts.counts)
+        self.segment_docs.extend([doc] * len(parts.counts))
+        self.terms += parts.terms
+        self.tfs += parts.tfs
+        if parts.model:
+            vector = np.frombuffer(parts.vector, dtype="<f4")
+            found = self.vectors.get(parts.model)
+            if found is None:
+                found = self.vectors[parts.model] = (np.zeros((max(self.scope.columns.n, 1), len(vector)),
+                                                              dtype=np.float32),
+                                                     np.zeros(max(self.scope.columns.n, 1), dtype=bool))
+            found[0][doc] = vector
+            found[1][doc] = True
 
     def finish(self) -> _Scope:
         scope = self.scope
-        counts = np.array(self.counts, dtype=np.int64)
+        counts = np.frombuffer(self.counts, dtype=np.uint32).astype(np.int64)
         if counts.sum():
-            codes = np.frombuffer(b"".join(self.codes), dtype=np.uint8).astype(np.int64)
-            terms = np.frombuffer(b"".join(self.terms), dtype="<i8").astype(np.int64)
-            tfs = np.frombuffer(b"".join(self.tfs), dtype="<i4").astype(np.int64)
+            codes = np.frombuffer(self.codes, dtype=np.uint8)
+            tfs = np.frombuffer(self.tfs, dtype="<i4")
             starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-            lengths = np.add.reduceat(tfs, starts)  # each segment's field length (no segment is empty)
-            scope.base = _Postings.build(terms, np.repeat(np.array(self.segment_docs, dtype=np.int64), counts),
-                                         np.repeat(codes, counts), tfs, np.repeat(lengths, counts))
+            lengths = np.add.reduceat(tfs, starts, dtype=np.int64)  # each segment's field length (none is empty)
+            # Narrow types going in (the arrays are float32 / int8 / int32 in the end anyway), so
+            # the sort's copies stay small at a million records; term frequencies and field
+            # lengths are exact in float32.
+            scope.base = _Postings.build(np.frombuffer(self.terms, dtype="<i8"),
+                                         np.repeat(np.frombuffer(self.segment_docs, dtype=np.int32), counts),
+                                         np.repeat(codes.astype(np.int8), counts), tfs.astype(np.float32),
+                                         np.repeat(lengths.astype(np.float32), counts))
             scope.field_docs = np.bincount(codes, minlength=len(FIELDS)).astype(int).tolist()
             scope.field_len = np.bincount(codes, weights=lengths, minlength=len(FIELDS)).astype(int).tolist()
-        for model, (docs, blobs) in sorted(self.vectors.items()):
-            stacked = np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(docs), -1)
-            # float64, as put_vector holds them (see there)
-            matrix = np.zeros((max(scope.columns.n, 1), stacked.shape[1]))
-            present = np.zeros(len(matrix), dtype=bool)
-            matrix[docs] = stacked
-            present[docs] = True
-            scope.vectors[model] = (matrix, present)
+        self.codes = self.terms = self.tfs = bytearray()
+        self.counts, self.segment_docs = array("I"), array("i")
+        for model in sorted(self.vectors):
+            scope.vectors[model] = self.vectors[model]
         return scope
+
+
+class IndexBuilder:
+    """Builds a ``SearchIndex`` at open in two streaming passes, so that the database need not
+    join, sort or hold a million projections and rows at once: ``add_row`` for every record
+    that has a projection, in document order (a scope's local document numbers follow it), then
+    ``add_projection`` with each one's opened bytes, in any order. A row whose projection never
+    came (its key is gone) is not indexed."""
+
+    def __init__(self) -> None:
+        self.index = SearchIndex()
+        self._loading: dict[tuple[str, str], _Loading] = {}
+        # Repeated row values (scope, state, principal, ...) share one string object.
+        self._interned: dict[str, str] = {}
+
+    def _intern(self, value: str | None) -> str | None:
+        return None if value is None else self._interned.setdefault(value, value)
+
+    def add_row(self, row: RecordRow) -> None:
+        intern = self._intern
+        row = RecordRow(row.record_id, intern(row.tenant), intern(row.workspace), row.candidate_id,  # type: ignore[arg-type]
+                        row.record_digest, row.payload_digest, intern(row.state), intern(row.trust_class),  # type: ignore[arg-type]
+                        intern(row.principal), intern(row.agent_id), row.valid_t, row.valid_t_end,  # type: ignore[arg-type]
+                        row.expires_at_ms, intern(row.derivative_rule), row.accepted_at_ms,  # type: ignore[arg-type]
+                        row.accepted_cursor, row.state_cursor, row.successor_id, row.sealed_body, row.key_slot)
+        key = (row.tenant, row.workspace)
+        part = self._loading.get(key)
+        if part is None:
+            part = self._loading[key] = _Loading()
+        scope = part.scope
+        if row.record_id in scope.local:
+            return
+        doc = scope.columns.add(RecordMeta.of(row))
+        scope.local[row.record_id] = doc
+        self.index._scope_of[row.record_id] = key
+        part.opened.append(0)
+
+    def row(self, record_id: str) -> RecordRow | None:
+        """The row added for this record (the store needs its key slot to open the projection)."""
+        key = self.index._scope_of.get(record_id)
+        if key is None:
+            return None
+        scope = self._loading[key].scope
+        return scope.columns.rows[scope.local[record_id]]
+
+    def add_projection(self, record_id: str, raw: bytes) -> None:
+        """The record's opened projection (``projection.encode``'s bytes)."""
+        key = self.index._scope_of.get(record_id)
+        if key is not None:
+            part = self._loading[key]
+            part.add(part.scope.local[record_id], raw)
+
+    def finish(self) -> SearchIndex:
+        index = self.index
+        for key, part in self._loading.items():
+            scope = part.scope
+            for doc in np.flatnonzero(np.frombuffer(part.opened, dtype=np.uint8) == 0).tolist():
+                record_id = scope.columns.record_ids[doc]
+                scope.columns.kill(doc)
+                del scope.local[record_id]
+                del index._scope_of[record_id]
+            scope.docs = len(scope.local)
+            index._scopes[key] = part.finish()
+        self._loading = {}
+        return index
 
 
 class SearchIndex:
@@ -447,34 +541,6 @@ class SearchIndex:
                     self._scope_of.pop(record_id, None)
             else:
                 raise ValueError(f"unknown lexical change {kind!r}")
-
-    def load(self, entries: Iterable[tuple[RecordRow, Parts]]) -> None:
-        """(Re)build every scope from the records' opened projections (store/projection.py),
-        given in the database's document order (a scope's local document numbers follow it).
-        Per record only byte slices are collected; the arrays are made once per scope."""
-        self._scopes, self._scope_of = {}, {}
-        loading: dict[tuple[str, str], _Loading] = {}
-        for row, parts in entries:
-            key = (row.tenant, row.workspace)
-            part = loading.get(key)
-            if part is None:
-                part = loading[key] = _Loading()
-            scope = part.scope
-            doc = scope.columns.add(RecordMeta.of(row))
-            scope.local[row.record_id] = doc
-            self._scope_of[row.record_id] = key
-            scope.docs += 1
-            part.codes.append(parts.codes)
-            part.counts.extend(parts.counts)
-            part.segment_docs.extend([doc] * len(parts.counts))
-            part.terms.append(parts.terms)
-            part.tfs.append(parts.tfs)
-            if parts.model:
-                docs, vectors = part.vectors.setdefault(parts.model, ([], []))
-                docs.append(doc)
-                vectors.append(parts.vector)
-        for key, part in loading.items():
-            self._scopes[key] = part.finish()
 
     def postings_of(self, tenant: str, workspace: str, record_id: str) -> int:
         """How many postings the index holds for one record (0 when it holds none)."""
@@ -581,7 +647,7 @@ class SearchIndex:
             return []
         matrix, present = scope.vectors[model]
         n = min(scope.columns.n, len(matrix))
-        sims = np.round(matrix[:n] @ np.asarray(vector, dtype=np.float64), 9)
+        sims = np.round(_similarities(matrix[:n], np.asarray(vector, dtype=np.float64)), 9)
         ok = present[:n] & scope.columns.eligible(now_ms=now_ms, max_cursor=max_accepted_cursor)[:n]
         hit = np.flatnonzero(ok & (sims >= min_similarity))
         if len(hit) == 0 or limit <= 0:
@@ -595,6 +661,23 @@ class SearchIndex:
         rows = [(ids[d], float(x), int(scope.columns.valid_t[d])) for d, x in zip(hit.tolist(), sim.tolist(), strict=True)]
         rows.sort(key=lambda r: (-r[1], r[0]))
         return rows[:limit]
+
+
+def _similarities(matrix: np.ndarray, vector: np.ndarray) -> np.ndarray:
+    """``matrix @ vector`` in float64 for a float32 matrix, one block of rows at a time.
+
+    float64 so that a similarity does not depend on how BLAS blocks the product (which varies
+    with the matrix's size and alignment, i.e. between a running core and one that reloaded):
+    float32 sums differed in the last bit, enough to reorder exact ties (scores are rounded to
+    1e-9) across a restart. Converting block by block keeps the matrix itself at 4 bytes a value
+    (half the memory) for about the time of the float64 product over a float64 matrix."""
+    out = np.empty(len(matrix))
+    block = np.empty((min(SIMILARITY_BLOCK, len(matrix)), matrix.shape[1]))
+    for lo in range(0, len(matrix), SIMILARITY_BLOCK):
+        hi = min(lo + SIMILARITY_BLOCK, len(matrix))
+        np.copyto(block[: hi - lo], matrix[lo:hi])
+        np.dot(block[: hi - lo], vector, out=out[lo:hi])
+    return out
 
 
 def _top(hit: np.ndarray, score: np.ndarray, vt: np.ndarray, record_ids: list[str],

@@ -102,8 +102,12 @@ def _new_slots(core: Core, owners_keys: list[tuple[str, bytes]]) -> list[int]:
 
 
 def load_scope(core: Core, corpus: Corpus, tenant: str, workspace: str, n: int, *, embed: bool,
-               batch: int = 500, progress: Progress | None = None, start: int = 0) -> list[str]:
-    """Load ``n`` accepted records into one scope; returns their record ids."""
+               batch: int = 500, progress: Progress | None = None, start: int = 0,
+               reload: bool = True) -> list[str]:
+    """Load ``n`` accepted records into one scope; returns their record ids.
+
+    ``reload=False`` leaves the in-memory index unbuilt (a store loaded only to be opened
+    elsewhere, e.g. the start-up benchmark, need not hold a million records' index twice)."""
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
     embedder = core.embedder if embed else None
@@ -188,5 +192,6 @@ def load_scope(core: Core, corpus: Corpus, tenant: str, workspace: str, n: int, 
         ids.extend(r["id"] for r in recs)
         if progress is not None:
             progress.update(len(recs))
-    core.store.reload_indexes()  # the projections went in as raw rows, past DuckDBTx's index changes
+    if reload:
+        core.store.reload_indexes()  # the projections went in as raw rows, past DuckDBTx's index changes
     return ids

@@ -2,6 +2,11 @@
 and build its search index from the sealed projections, and how much memory it then holds.
 
     .venv/bin/python -m tools.bench.startup --sizes 100000,1000000 [--out FILE]
+    .venv/bin/python -m tools.bench.startup --sizes 1000000 --data DIR [--open-only]
+
+``--data DIR`` keeps the stores (``DIR/n<size>``) so a later run, e.g. after a change to the
+open path, measures the same files again: a store already complete is not loaded again, and
+``--open-only`` refuses to load at all.
 
 Each size is bulk-loaded in-process (tools/bench/loader.py: the admission path's sealing, one
 transaction per batch). Vectors are random 384-dimension unit vectors (MiniLM's size) from a
@@ -59,25 +64,53 @@ class SyntheticEmbedder:
         return v.tolist()
 
 
-def measure(size: int, root: Path, *, batch: int) -> dict[str, object]:
+def _loaded(data: Path) -> int:
+    """How many records a kept store holds (0 when there is none)."""
+    marker = data / "bench-loaded"
+    return int(marker.read_text()) if marker.exists() else 0
+
+
+def load(size: int, data: Path, *, batch: int) -> float | None:
+    """Bulk-load ``size`` records into ``data`` (continuing a partial load); seconds, None if done."""
     from engram_core.rpc.server import open_core
 
-    data = root / f"n{size}"
-    core, _, _ = open_core(data, semantic=False)
-    core.embedder = SyntheticEmbedder()  # type: ignore[assignment]
-    activate_scope(core, TENANT, WORKSPACE)
+    have = _loaded(data)
+    if have >= size:
+        return None
+    # No index at open or after the load: this process only writes; the probe opens the store.
+    core, _, _ = open_core(data, semantic=False, load_index=False)
+    core.embedder = SyntheticEmbedder(seed=7 + have)  # type: ignore[assignment]
+    if have == 0:
+        activate_scope(core, TENANT, WORKSPACE)
     t0 = time.perf_counter()
-    bar = Progress(size, f"load {size}")
-    load_scope(core, Corpus(seed=11), TENANT, WORKSPACE, size, embed=True, batch=batch, progress=bar)
+    bar = Progress(size - have, f"load {size} from {have}")
+    step = 50 * batch  # the marker advances per step, so an interrupted load resumes near where it stopped
+    for lo in range(have, size, step):
+        n = min(step, size - lo)
+        load_scope(core, Corpus(seed=11), TENANT, WORKSPACE, n, embed=True, batch=batch, progress=bar,
+                   start=lo, reload=False)
+        (data / "bench-loaded").write_text(str(lo + n))
     bar.close()
     loaded = time.perf_counter() - t0
     core.store.close()
+    return loaded
+
+
+def measure(size: int, root: Path, *, batch: int, open_only: bool = False,
+            load_only: bool = False) -> dict[str, object]:
+    data = root / f"n{size}"
+    if open_only and _loaded(data) < size:
+        raise SystemExit(f"{data} holds {_loaded(data)} records, not {size}; run without --open-only")
+    loaded = load(size, data, batch=batch)
+    if load_only:
+        return {"records": size, "load_s": None if loaded is None else round(loaded, 1)}
     db_mb = sum(p.stat().st_size for p in data.iterdir() if p.is_file()) / 2**20
     runs = [json.loads(subprocess.run([sys.executable, "-c", _PROBE, str(data)], check=True, capture_output=True,
                                       text=True).stdout) for _ in range(2)]
     best = min(runs, key=lambda r: r["open_s"])
-    return {"records": size, "load_s": round(loaded, 1), "data_dir_mb": round(db_mb), **best,
-            "open_runs_s": [r["open_s"] for r in runs]}
+    return {"records": size, "load_s": None if loaded is None else round(loaded, 1), "data_dir_mb": round(db_mb),
+            **best, "open_runs_s": [r["open_s"] for r in runs], "peak_rss_runs_mb": [r["peak_rss_mb"] for r in runs],
+            "load_average_after": machine.loadavg()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,10 +119,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="100000,1000000")
     p.add_argument("--batch", type=int, default=2000)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--data", type=Path, default=None, help="keep the stores here (default: a temporary directory)")
+    p.add_argument("--open-only", action="store_true", help="measure kept stores; never load")
+    p.add_argument("--load-only", action="store_true", help="load kept stores; do not open them")
     args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="engram-startup-") as tmp:
-        results = [measure(int(s), Path(tmp), batch=args.batch) for s in args.sizes.split(",")]
-    report = {"machine": machine.facts(), "load_average": machine.loadavg(), "results": results}
+    facts = machine.facts()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if args.data is not None:
+        args.data.mkdir(parents=True, exist_ok=True)
+        results = [measure(s, args.data, batch=args.batch, open_only=args.open_only,
+                           load_only=args.load_only) for s in sizes]
+    else:
+        with tempfile.TemporaryDirectory(prefix="engram-startup-") as tmp:
+            results = [measure(s, Path(tmp), batch=args.batch) for s in sizes]
+    report = {"machine": facts, "load_average": machine.loadavg(), "results": results}
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

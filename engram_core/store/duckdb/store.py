@@ -46,17 +46,20 @@ from engram_core.store.port import (
 )
 from engram_core.store.projection import (
     DataKeys,
-    Parts,
     Projection,
-    open_parts,
+    open_plain,
     open_projection,
     seal_projection,
 )
-from engram_core.store.search_index import FIELD_CODE, Posting, RecordMeta, SearchIndex
+from engram_core.store.search_index import FIELD_CODE, IndexBuilder, Posting, RecordMeta, SearchIndex
 
 SCHEMA_VERSION = max(m.version for m in MIGRATIONS)  # what this engine writes
 SPOOL_BATCH = 512  # spooled audit rows moved into the table in one transaction
-OPEN_CHUNK = 4096  # projections fetched per round trip when the index is built
+OPEN_CHUNK = 4096  # rows / projections fetched per round trip when the index is built
+# While the index is built, DuckDB may cache this much beyond what it held before (the scans read
+# every row and projection once; with its default limit, 80% of RAM, it kept them all: ~3 KB a
+# record, 3 GB at a million). Afterwards the table blocks the build cached are evicted.
+BUILD_CACHE_BYTES = 256 << 20
 log = logging.getLogger(__name__)
 _RECORD_COLS_R = ", ".join("r." + c.strip() for c in RECORD_COLS.split(","))  # records joined as r
 _CANDIDATE_COLS = (
@@ -807,6 +810,8 @@ class DuckDBStore:
         self._waiting_lock = threading.Lock()
         self._local = threading.local()
         self._open = True
+        # DuckDB's memory limit as opened (the index build bounds it for a while: _bounded_cache).
+        self._memory_limit = str(self._con.execute("SELECT current_setting('memory_limit')").fetchone()[0])  # type: ignore[index]
         self.migrations_applied_at_open = self.check_migrations(apply=migrate)
         if migrate and self._con.execute("SELECT 1 FROM store_meta WHERE k = 'compact_pending'").fetchall():
             self._compact()
@@ -1145,8 +1150,8 @@ class DuckDBStore:
         cur = self._con.cursor()
         try:
             cur.execute("BEGIN TRANSACTION")
-            index = SearchIndex()
-            index.load(self._opened_projections(cur))
+            with self._bounded_cache(cur):
+                index = self._build_index(cur)
             scopes = {(r[0], r[1]): ScopeRow(r[0], r[1], r[2], tuple(json.loads(r[3])), r[4], int(r[5]), r[6])
                       for r in cur.execute("SELECT tenant, workspace, activated, tools, authorization_epoch, "
                                            "last_cursor, last_event_digest FROM scopes").fetchall()}
@@ -1171,22 +1176,70 @@ class DuckDBStore:
         pending = self._spool.pending
         return len(pending), (int(pending[0]["at_ms"]) if pending else None)
 
-    def _opened_projections(self, cur: duckdb.DuckDBPyConnection) -> Iterator[tuple[RecordRow, Parts]]:
-        """Every record's search projection, opened with its data key, in document order (none for
-        a store opened without its key vault: offline tools read rows, they do not search).
-        Fetched in chunks: all rows at once held every sealed body and projection twice."""
+    def _build_index(self, cur: duckdb.DuckDBPyConnection) -> SearchIndex:
+        """The search index from every record's sealed projection, opened with its data key (empty
+        for a store opened without its key vault: offline tools read rows, they do not search).
+
+        Two streaming scans in the caller's snapshot, neither joined nor sorted by DuckDB (a join
+        ordered by document held every row and projection at once: ~9 KB a record at its peak):
+        the rows of the records that have a projection, in table order (= document order: rows
+        are only appended, updates keep their place), then the projections in any order, each
+        opened with the key slot of its row."""
+        builder = IndexBuilder()
         if self._keys is None:
-            return
-        cur.execute(f"SELECT p.sealed, {_RECORD_COLS_R} FROM projections p JOIN records r USING (record_id) "
-                    "ORDER BY r.doc")
+            return builder.finish()
+        cur.execute(f"SELECT {RECORD_COLS} FROM records WHERE record_id IN (SELECT record_id FROM projections)")
         while rows := cur.fetchmany(OPEN_CHUNK):
             for found in rows:
-                rec = record_of(found[1:])
+                builder.add_row(record_of(found))
+        cur.execute("SELECT record_id, sealed FROM projections")
+        while rows := cur.fetchmany(OPEN_CHUNK):
+            for record_id, sealed in rows:
+                rec = builder.row(record_id)
+                if rec is None:
+                    continue
                 key = self._record_key(rec)
                 if key is None:  # destroyed with a forget whose commit raced a crash: the body is gone too
-                    log.warning("record %s has a projection but no data key; not indexed", rec.record_id)
+                    log.warning("record %s has a projection but no data key; not indexed", record_id)
                     continue
-                yield rec, open_parts(key, rec.record_id, found[0])
+                builder.add_projection(record_id, open_plain(key, record_id, sealed))
+        return builder.finish()
+
+    @contextmanager
+    def _bounded_cache(self, cur: duckdb.DuckDBPyConnection) -> Iterator[None]:
+        """Bound DuckDB's block cache while the index is built (``BUILD_CACHE_BYTES`` above what
+        it held), then evict the table blocks it cached and restore the limit. Only the cache is
+        bounded: indexes and anything pinned keep their memory, so concurrent writers (the server
+        builds the index while it already listens) keep the headroom. Best effort: a limit DuckDB
+        refuses leaves the build unbounded, never failed."""
+
+        def held() -> tuple[int, int]:
+            rows = cur.execute("SELECT tag, memory_usage_bytes FROM duckdb_memory()").fetchall()
+            return sum(n for _, n in rows), sum(n for tag, n in rows if tag == "BASE_TABLE")
+
+        def limit(nbytes: int) -> None:
+            try:
+                cur.execute(f"SET memory_limit = '{int(nbytes)}B'")
+            except duckdb.Error:
+                pass
+
+        try:
+            used, _ = held()
+        except duckdb.Error:
+            yield
+            return
+        limit(used + BUILD_CACHE_BYTES)
+        try:
+            yield
+        finally:
+            try:
+                used, cached = held()
+                limit(used - cached + (32 << 20))  # evicts the cached table blocks; DuckDB then frees them
+                cur.execute("RESET memory_limit")
+                if cur.execute("SELECT current_setting('memory_limit')").fetchone()[0] != self._memory_limit:
+                    cur.execute(f"SET memory_limit = '{self._memory_limit}'")
+            except duckdb.Error:
+                log.warning("could not restore DuckDB's memory limit after building the search index")
 
     @contextmanager
     def read(self, *, snapshot: bool = True) -> Iterator[DuckDBTx]:
