@@ -60,6 +60,7 @@ OPEN_CHUNK = 4096  # rows / projections fetched per round trip when the index is
 # every row and projection once; with its default limit, 80% of RAM, it kept them all: ~3 KB a
 # record, 3 GB at a million). Afterwards the table blocks the build cached are evicted.
 BUILD_CACHE_BYTES = 256 << 20
+CACHE_AFTER_BUILD = 32 << 20  # of table blocks the build read, at most this much stays cached
 log = logging.getLogger(__name__)
 _RECORD_COLS_R = ", ".join("r." + c.strip() for c in RECORD_COLS.split(","))  # records joined as r
 _CANDIDATE_COLS = (
@@ -1150,7 +1151,12 @@ class DuckDBStore:
         cur = self._con.cursor()
         try:
             cur.execute("BEGIN TRANSACTION")
-            with self._bounded_cache(cur):
+            try:
+                with self._bounded_cache():
+                    index = self._build_index(cur)
+            except duckdb.OutOfMemoryException:  # the bound was too tight for this store: once more without
+                cur.execute("ROLLBACK")
+                cur.execute("BEGIN TRANSACTION")
                 index = self._build_index(cur)
             scopes = {(r[0], r[1]): ScopeRow(r[0], r[1], r[2], tuple(json.loads(r[3])), r[4], int(r[5]), r[6])
                       for r in cur.execute("SELECT tenant, workspace, activated, tools, authorization_epoch, "
@@ -1206,40 +1212,47 @@ class DuckDBStore:
         return builder.finish()
 
     @contextmanager
-    def _bounded_cache(self, cur: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    def _bounded_cache(self) -> Iterator[None]:
         """Bound DuckDB's block cache while the index is built (``BUILD_CACHE_BYTES`` above what
         it held), then evict the table blocks it cached and restore the limit. Only the cache is
         bounded: indexes and anything pinned keep their memory, so concurrent writers (the server
         builds the index while it already listens) keep the headroom. Best effort: a limit DuckDB
-        refuses leaves the build unbounded, never failed."""
+        refuses leaves the build unbounded, never failed. On a cursor of its own, outside the
+        build's transaction: a refused SET aborts the transaction it runs in."""
+        ctl = self._con.cursor()
 
         def held() -> tuple[int, int]:
-            rows = cur.execute("SELECT tag, memory_usage_bytes FROM duckdb_memory()").fetchall()
+            rows = ctl.execute("SELECT tag, memory_usage_bytes FROM duckdb_memory()").fetchall()
             return sum(n for _, n in rows), sum(n for tag, n in rows if tag == "BASE_TABLE")
 
-        def limit(nbytes: int) -> None:
+        def limit(nbytes: int) -> bool:
             try:
-                cur.execute(f"SET memory_limit = '{int(nbytes)}B'")
+                ctl.execute(f"SET memory_limit = '{max(int(nbytes), 1 << 20)}B'")
+                return True
             except duckdb.Error:
-                pass
+                return False
 
         try:
-            used, _ = held()
-        except duckdb.Error:
-            yield
-            return
-        limit(used + BUILD_CACHE_BYTES)
-        try:
+            try:
+                used, _ = held()
+                limit(used + BUILD_CACHE_BYTES)
+            except duckdb.Error:
+                pass
             yield
         finally:
             try:
                 used, cached = held()
-                limit(used - cached + (32 << 20))  # evicts the cached table blocks; DuckDB then frees them
-                cur.execute("RESET memory_limit")
-                if cur.execute("SELECT current_setting('memory_limit')").fetchone()[0] != self._memory_limit:
-                    cur.execute(f"SET memory_limit = '{self._memory_limit}'")
+                # Evicts the cached table blocks (a refused limit evicts them too; the second, met,
+                # makes DuckDB hand the freed memory back).
+                if not limit(used - cached + CACHE_AFTER_BUILD):
+                    limit(held()[0] + CACHE_AFTER_BUILD)
+                ctl.execute("RESET memory_limit")
+                if ctl.execute("SELECT current_setting('memory_limit')").fetchone()[0] != self._memory_limit:  # type: ignore[index]
+                    ctl.execute(f"SET memory_limit = '{self._memory_limit}'")
             except duckdb.Error:
                 log.warning("could not restore DuckDB's memory limit after building the search index")
+            finally:
+                ctl.close()
 
     @contextmanager
     def read(self, *, snapshot: bool = True) -> Iterator[DuckDBTx]:

@@ -1,0 +1,126 @@
+"""The search index a core builds at open, from the sealed projections, answers exactly as the
+one the previous process kept up to date commit by commit (issue 14: the build streams rows and
+projections into compact arrays, vectors held as float32)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+from search_support import SEMANTIC, Client, activate
+
+from engram_core.clock import FixedClock
+from engram_core.rpc.server import start_core
+from engram_core.store.duckdb import store as duckdb_store
+from engram_core.store.search_index import IndexBuilder
+
+QUERIES = ["pintail rollout canary", "pintail checklist", "rollback of the pintail canary", "eider migration plan",
+           "how do we release the pintail service safely"]
+
+
+def _answers(ana: Client) -> list[Any]:
+    """Every page of every query, lexical and semantic: ids, scores and the receipts' counts."""
+    out = []
+    for query in QUERIES:
+        for channels in ({}, {"capability_policy": SEMANTIC}):
+            pages, page = [], ana.search(query, limit=3, **channels)
+            while True:
+                pages.append(([(p["record"]["record_id"], p["score"], p["rank"]) for p in page["records"]],
+                              page["rank_receipt"]["candidate_count"], page["rank_receipt"]["system_as_of"]))
+                if "next_page_cursor" not in page:
+                    break
+                page = ana.search(query, limit=3, page_cursor=page["next_page_cursor"], **channels)
+            out.append((query, bool(channels), pages))
+    return out
+
+
+def test_a_restarted_core_answers_every_search_as_before(tmp_path: Path) -> None:
+    clock = FixedClock(time.time_ns() // 1_000_000)  # the same instant in both processes: recency is equal
+    running = start_core(tmp_path / "data", clock=clock, semantic=True)
+    try:
+        activate(running, clock=clock)
+        ana = Client(running, clock=clock)
+        t = clock.now_ms() - 86_400_000
+        ids = [ana.remember(text, t=t) for text in [
+            "Pintail rollout uses a canary in one region first.",
+            "First a canary in one region uses pintail rollout.",  # the same words: a lexical tie, the id decides
+            "Pintail checklist: canary, then rollback drill, then the rest.",
+            "Eider migration plan: dual writes for a week, then cut over.",
+            "Rollback of the pintail canary takes one command.",
+            "The pintail service is released behind a flag, region by region.",
+            "Eider migration plan was approved by the data team.",
+        ]]
+        ana.forget(ids[3])
+        before = _answers(ana)
+        assert any(len(pages) > 1 for _, _, pages in before)  # paging is covered
+        assert ids[3] not in str(before) and ids[0] in str(before) and ids[1] in str(before)
+    finally:
+        running.stop()
+    running = start_core(tmp_path / "data", clock=clock, semantic=True)
+    try:
+        assert _answers(Client(running, clock=clock)) == before
+    finally:
+        running.stop()
+
+
+def test_the_builder_indexes_only_records_whose_projection_opened() -> None:
+    """A row whose projection never comes (its key was destroyed) is not indexed: not counted,
+    not ranked, no row copy served."""
+    from engram_core.store.port import RecordRow
+    from engram_core.store.projection import Projection, encode
+
+    def row(rid: str) -> RecordRow:
+        return RecordRow(rid, "acme", "alpha", "cand", "rd", "pd", "accepted_current", "asserted", "user:ana",
+                         "agent", 1, None, None, "make-ineligible", 1, 1, 1, None, b"body", 7)
+
+    builder = IndexBuilder()
+    for rid in ("rec_a", "rec_b", "rec_c"):
+        builder.add_row(row(rid))
+    vector = np.full(4, 0.5, dtype=np.float32)
+    for rid in ("rec_c", "rec_a"):  # any order; rec_b's never arrives
+        builder.add_projection(rid, encode(Projection.of({0: {11: 2, 12: 1}}, "m", vector.tolist())))
+    index = builder.finish()
+    assert index.document_count() == 2
+    assert set(index.rows("acme", "alpha", ["rec_a", "rec_b", "rec_c"])) == {"rec_a", "rec_c"}
+    near = index.nearest("acme", "alpha", "m", [0.5] * 4, now_ms=10, max_accepted_cursor=10, min_similarity=-1.0,
+                         limit=10)
+    assert [r[0] for r in near] == ["rec_a", "rec_c"] and near[0][1] == 1.0
+    stats = index.stats("acme", "alpha", [11, 12])
+    assert stats.docs == 2 and stats.df == {11: 2, 12: 2}
+    matrix, _ = index._scopes[("acme", "alpha")].vectors["m"]
+    assert matrix.dtype == np.float32  # 4 bytes a value, not 8
+
+
+def _cached(con: duckdb.DuckDBPyConnection) -> int:
+    return sum(n for tag, n in con.execute("SELECT tag, memory_usage_bytes FROM duckdb_memory()").fetchall()
+               if tag == "BASE_TABLE")
+
+
+def test_building_the_index_leaves_no_table_blocks_cached_and_the_limit_as_it_was(
+        tmp_path: Path, monkeypatch) -> None:
+    """The build reads every row and projection once; DuckDB would keep those blocks cached (up
+    to 80% of RAM by default: gigabytes at a million records). After the build they are evicted
+    and DuckDB's memory limit is the one it had."""
+    running = start_core(tmp_path / "data", semantic=False)
+    try:
+        activate(running)
+        ana = Client(running)
+        ids = [ana.remember(f"Scaup note {i}: " + " ".join(f"w{i}x{k}" for k in range(400))) for i in range(40)]
+        store = running.core.store
+        con = store._con
+        limit = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+        con.execute("CHECKPOINT")  # the rows in table blocks, as in a store that was reopened
+        # What a scan of both tables leaves in DuckDB's cache, as the build used to.
+        con.execute("SELECT count(*), sum(octet_length(sealed_body)) FROM records").fetchall()
+        con.execute("SELECT count(*), sum(octet_length(sealed)) FROM projections").fetchall()
+        assert _cached(con) > 1 << 20
+        monkeypatch.setattr(duckdb_store, "CACHE_AFTER_BUILD", 0, raising=False)
+        store.reload_indexes()
+        assert _cached(con) < 1 << 20
+        assert con.execute("SELECT current_setting('memory_limit')").fetchone()[0] == limit
+        assert ana.ids("w7x3") == [ids[7]]  # and the rebuilt index serves
+    finally:
+        running.stop()
