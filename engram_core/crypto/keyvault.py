@@ -30,8 +30,9 @@ _VERSION = 1
 
 
 class KeyVault(Protocol):
-    def new_data_key(self, owner: str) -> tuple[int, bytes]:
-        """Create a durable data key for ``owner``; returns (slot, key)."""
+    def new_data_key(self, owner: str, *, durable: bool = True) -> tuple[int, bytes]:
+        """Create a data key for ``owner``; returns (slot, key). ``durable=False``: written but
+        not yet synced; ``sync`` must run before anything naming the slot commits."""
         ...
 
     def data_key(self, slot: int, owner: str) -> bytes | None:
@@ -100,13 +101,14 @@ class FileKeyVault:
     def _read(self, slot: int) -> bytes:
         return os.pread(self._fd, _SLOT, slot * _SLOT)
 
-    def new_data_key(self, owner: str) -> tuple[int, bytes]:
+    def new_data_key(self, owner: str, *, durable: bool = True) -> tuple[int, bytes]:
         key = AESGCM.generate_key(bit_length=256)
         with self._lock:
             slot = self._next
             self._next += 1
             os.pwrite(self._fd, self._wrap(self._active, key, owner), slot * _SLOT)
-            os.fdatasync(self._fd)
+            if durable:
+                os.fdatasync(self._fd)
         return slot, key
 
     def data_key(self, slot: int, owner: str) -> bytes | None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -38,6 +40,71 @@ class Embedder(Protocol):
     def embed(self, text: str) -> list[float]: ...
 
     def embed_batch(self, texts: list[str]) -> list[list[float]]: ...
+
+
+@dataclass
+class _Waiting:
+    text: str
+    done: threading.Event = field(default_factory=threading.Event)
+    vector: list[float] | None = None
+    error: BaseException | None = None
+    lead: bool = False  # woken to run the next batch, not with a result
+
+
+class EmbeddingBatcher:
+    """Texts of concurrent callers embedded together, one model run per batch.
+
+    The model costs ~6.7 ms for one short text and ~4.7 ms per text in a batch of 16 on one
+    core, and one run at a time uses it (the session lock). So a caller that finds the model
+    idle runs at once, alone; callers arriving meanwhile queue, and when a run ends the
+    first of them runs everything queued (up to ``max_batch``) for all. One caller alone
+    waits for nothing extra. ``embedder_of`` is read per run: observability wraps the
+    core's embedder after the services are built.
+    """
+
+    def __init__(self, embedder_of: Callable[[], Embedder | None], *, max_batch: int = 16) -> None:
+        self._embedder_of = embedder_of
+        self._max = max_batch
+        self._lock = threading.Lock()
+        self._queue: list[_Waiting] = []
+        self._busy = False
+
+    def embed(self, text: str) -> list[float]:
+        me = _Waiting(text)
+        with self._lock:
+            self._queue.append(me)
+            lead, self._busy = not self._busy, True
+        if not lead:
+            me.done.wait()
+        if lead or me.lead:
+            self._run_one_batch()
+        if me.error is not None:
+            raise me.error
+        assert me.vector is not None
+        return me.vector
+
+    def _run_one_batch(self) -> None:
+        with self._lock:
+            batch, self._queue = self._queue[:self._max], self._queue[self._max:]
+        try:
+            embedder = self._embedder_of()
+            if embedder is None:
+                raise SemanticUnavailable("no embedder")
+            for w, vector in zip(batch, embedder.embed_batch([w.text for w in batch]), strict=True):
+                w.vector = vector
+        except BaseException as exc:  # every caller of the batch gets the failure
+            for w in batch:
+                w.error = exc
+        with self._lock:
+            successor = self._queue[0] if self._queue else None
+            if successor is None:
+                self._busy = False
+            else:
+                successor.lead = True
+        for w in batch:
+            w.done.set()
+        if successor is not None:
+            successor.done.set()
 
 
 class SemanticUnavailable(Exception):

@@ -23,6 +23,7 @@ from engram_core.secrets_scan import scan
 from engram_core.services import lifecycle
 from engram_core.services.core import CallRecord, Core, context_facts, denied, new_id, record_id_of
 from engram_core.services.derivatives import apply_derivative_rule
+from engram_core.services.embedding import EmbeddingBatcher
 from engram_core.services.lexical import record_fields
 from engram_core.services.reading import ReadService
 from engram_core.services.reconciliation import Reconciler, payload_links, write_links
@@ -94,6 +95,8 @@ class MemoryService(ReadService):
     def __init__(self, core: Core) -> None:
         super().__init__(core)
         self.reconciler = Reconciler(core)
+        # Admissions' record texts: concurrent admissions share a model run.
+        self._record_embeddings = EmbeddingBatcher(lambda: getattr(self.core, "embedder", None))
 
     # -- shared steps ------------------------------------------------------------------
     def _request_digest(self, tool: str, args: dict[str, Any]) -> str:
@@ -276,7 +279,8 @@ class MemoryService(ReadService):
         candidate_id = new_id("cand_")
         trust_class = "asserted"  # SPEC §5: earned/signed only from a host verifier
         record_digest = digest("record", self._record_core(candidate_id, effective, payload_digest, trust_class, ctx))
-        slot, key = self.core.vault.new_data_key(f"candidate:{candidate_id}")
+        # Synced by the store before the COMMIT that names the slot (one sync per group commit).
+        slot, key = self.core.vault.new_data_key(f"candidate:{candidate_id}", durable=False)
         envelope = seal(key, canonical_json({"payload": effective, "evidence": evidence}), kind="candidate",
                         owner=candidate_id)
         try:
@@ -410,7 +414,7 @@ class MemoryService(ReadService):
         vector: tuple[str, list[float]] | None = None
         reconciled: list[dict[str, Any]] = []
         if status == "accepted":
-            record_slot, record_key = self.core.vault.new_data_key(f"record:{record_id}")
+            record_slot, record_key = self.core.vault.new_data_key(f"record:{record_id}", durable=False)
             body = seal(record_key, canonical_json(effective), kind="record", owner=record_id)
             fields = record_fields(effective, self.core.hasher)
             # Embed before taking the write lock: the local model takes milliseconds per record,
@@ -542,7 +546,7 @@ class MemoryService(ReadService):
         embedder = getattr(self.core, "embedder", None)
         if embedder is None:
             return None
-        return embedder.model_id, embedder.embed("\n".join(c["text"] for c in effective["components"]))
+        return embedder.model_id, self._record_embeddings.embed("\n".join(c["text"] for c in effective["components"]))
 
     def _open_envelope(self, cand: CandidateRow) -> dict[str, Any]:
         key = self._key(f"candidate:{cand.candidate_id}")

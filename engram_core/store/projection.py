@@ -36,6 +36,10 @@ class DataKeys(Protocol):
 
     def data_key(self, slot: int, owner: str) -> bytes | None: ...
 
+    def sync(self) -> None:
+        """Make every slot written so far durable (before a commit that names new slots)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Projection:

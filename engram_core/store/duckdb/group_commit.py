@@ -125,6 +125,7 @@ class Batch:
         self.index_ops: list[tuple[Any, ...]] = []
         self.audit_docs: list[dict[str, Any]] = []
         self.audit_head: tuple[int, str] | None = None
+        self.names_new_keys = False  # the key vault is synced before COMMIT
         self.done = threading.Event()
         self.error: BaseException | None = None
 

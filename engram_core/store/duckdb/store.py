@@ -123,6 +123,9 @@ class DuckDBTx(RecordLinks, TrustClasses):
         self.destroyed_slots: list[int] = []
         # Changes to the in-memory search index, applied by the store once this commits.
         self.index_ops: list[tuple[Any, ...]] = []
+        # It names data key slots: the key vault is synced before its COMMIT (callers may create
+        # keys without a sync of their own, so one sync serves a whole group commit).
+        self.names_new_keys = False
 
     # -- statements: run now, or prepared for the group commit --------------------------------
     def _before_read(self, sql: str, overlaid: frozenset[str]) -> None:
@@ -413,6 +416,7 @@ class DuckDBTx(RecordLinks, TrustClasses):
     # -- data keys ---------------------------------------------------------------
     def put_data_key(self, owner: str, slot: int, at_ms: int) -> None:
         self._insert("data_keys", [owner, slot, at_ms])
+        self.names_new_keys = True
         if self._member is not None:
             self._member.pending.data_keys[owner] = slot
 
@@ -1009,13 +1013,15 @@ class DuckDBStore:
                 raise
             finally:
                 self._local.writing = False
-            if self._devices and tx.audit_docs:
-                # Before COMMIT: a row no device accepted must not become a mutation (fail closed).
-                try:
+            try:
+                if tx.names_new_keys and self._keys is not None:
+                    self._keys.sync()
+                if self._devices and tx.audit_docs:
+                    # Before COMMIT: a row no device accepted must not become a mutation (fail closed).
                     self._devices.write_rows(tx.audit_docs)
-                except BaseException:
-                    _rollback(con)
-                    raise
+            except BaseException:
+                _rollback(con)
+                raise
             self._commit(con)
             self._published(tx.index_ops, tx.scope_changes, tx.audit_head)
 
@@ -1044,6 +1050,7 @@ class DuckDBStore:
                 self._abandon()
                 raise self._refusal(exc) from None
             batch.members += 1
+            batch.names_new_keys |= tx.names_new_keys
             batch.scope_changes.update(tx.scope_changes)
             batch.index_ops.extend(tx.index_ops)
             batch.audit_docs.extend(tx.audit_docs)
@@ -1080,6 +1087,8 @@ class DuckDBStore:
             return
         try:
             batch.flush(con)
+            if batch.names_new_keys and self._keys is not None:
+                self._keys.sync()
             if self._devices and batch.audit_docs:
                 # Before COMMIT: a row no device accepted must not become a mutation (fail closed).
                 self._devices.write_rows(batch.audit_docs)
