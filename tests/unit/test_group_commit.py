@@ -3,8 +3,8 @@ COMMIT, a member whose checks fail leaving the others whole, a batch that cannot
 refusing every member and leaving nothing, and members reading what earlier members of the
 same batch wrote.
 
-Batches are made deterministic: the first member holds its ``with`` block open until the
-others are queued on the writer lock, so they join its batch."""
+Batches are made deterministic: each member holds its ``with`` block open until the next is
+queued on the writer lock, so they join one batch in order."""
 
 from __future__ import annotations
 
@@ -40,32 +40,29 @@ def _event(tx: DuckDBTx, target: str) -> int:
 
 
 def _batch(store: DuckDBStore, bodies: list[Callable[[DuckDBTx], object]]) -> list[object]:
-    """Run ``bodies`` as members of one batch: the first holds the lock until the rest queue."""
+    """Run ``bodies`` in order as members of one batch: each holds the writer lock until the
+    next one is queued behind it, so the next joins the same batch."""
     results: list[object] = [None] * len(bodies)
-    release = threading.Event()
+    entered = [threading.Event() for _ in bodies]
 
     def run(i: int) -> None:
         try:
             with store.write(batched=True) as tx:
-                if i == 0:
-                    release.wait(10)
+                entered[i].set()
+                deadline = time.monotonic() + 10
+                while i < len(bodies) - 1 and store._waiting < 1 and time.monotonic() < deadline:
+                    time.sleep(0.001)
                 results[i] = bodies[i](tx)
         except EngramError as exc:
             results[i] = exc
 
-    first = threading.Thread(target=run, args=(0,))
-    first.start()
-    while store._batch is None:  # the first member is inside its block
-        time.sleep(0.001)
-    others = []
-    for i in range(1, len(bodies)):
-        t = threading.Thread(target=run, args=(i,))
-        t.start()
-        others.append(t)
-        while store._waiting < i:  # queued in order: members join in the order given
-            time.sleep(0.001)
-    release.set()
-    for t in [first, *others]:
+    threads = []
+    for i in range(len(bodies)):
+        if i:
+            assert entered[i - 1].wait(10)
+        threads.append(threading.Thread(target=run, args=(i,)))
+        threads[-1].start()
+    for t in threads:
         t.join(10)
     return results
 

@@ -55,10 +55,15 @@ class RecordLinks:
 
     def derivatives(self, tenant: str, workspace: str, source_id: str) -> list[RecordRow]:
         """Records of the scope whose citations name ``source_id`` as their source, by record id."""
+        # The links first, alone: almost always none, and the join with records costs ~3 ms even then.
+        linked = [r[0] for r in self._all(
+            "SELECT record_id FROM record_sources WHERE tenant = ? AND workspace = ? AND source_id = ?",
+            [tenant, workspace, source_id])]
+        if not linked:
+            return []
         rows = self._all(
-            f"SELECT {', '.join('r.' + c.strip() for c in RECORD_COLS.split(','))} FROM record_sources s "
-            "JOIN records r ON r.record_id = s.record_id "
-            "WHERE s.tenant = ? AND s.workspace = ? AND s.source_id = ? ORDER BY r.record_id",
-            [tenant, workspace, source_id],
+            f"SELECT {', '.join('r.' + c.strip() for c in RECORD_COLS.split(','))} FROM records r "
+            "WHERE r.record_id IN (SELECT unnest(?::VARCHAR[])) ORDER BY r.record_id",
+            [linked],
         )
         return [record_of(r) for r in rows if r[1] == tenant and r[2] == workspace]
