@@ -38,6 +38,31 @@ class Fusion:
 
 
 @dataclass(frozen=True)
+class Neighbours:
+    """Records captured one after another at the same time lend each other part of their score.
+
+    A conversation captured one turn per memory puts a question's words and its answer in
+    different turns ("what breed is she?" ... "a beagle"; "Biscuit" in one turn, "she had
+    surgery" in the next). Each eligible record's BM25 gains ``weight`` times the best BM25 among
+    the ``span`` records admitted just before and after it in its scope whose valid time is
+    within ``within_ms`` of its own; the neighbours of a match become candidates. Notes
+    captured at different times never lend. Chosen on both retrieval harnesses
+    (docs/retrieval-quality.md): conversations recall@10 0.530 -> 0.641, synthetic unchanged.
+    """
+
+    span: int = 3
+    weight: float = 0.5
+    within_ms: int = 30 * 60 * 1000
+
+    def args(self) -> tuple[int, float, int]:
+        return (self.span, self.weight, self.within_ms)
+
+    def config(self) -> dict[str, Any]:
+        return {"order": "admission", "span": self.span, "weight": str(self.weight), "within_ms": self.within_ms,
+                "lends": "best eligible neighbour's bm25"}
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     version: str
@@ -51,6 +76,7 @@ class Profile:
     # A query that names a time ("last spring", "in March") ranks by closeness to that window
     # instead of recency, with this weight (services/timeq.py; docs/search.md).
     time_weight: float = 0.5
+    neighbours: Neighbours | None = None
     model_id: str | None = None
     fusion: Fusion | None = None
     needs_network: bool = False
@@ -70,6 +96,8 @@ class Profile:
             # Reported scores are multiplied by the query's relevance (reading.query_relevance).
             "score": "normalized-times-query-relevance",
         }
+        if self.neighbours is not None:
+            cfg["neighbours"] = self.neighbours.config()
         if self.model_id is not None and self.fusion is not None:
             cfg["semantic"] = {"model_id": self.model_id, **self.fusion.config()}
         return cfg
@@ -90,8 +118,19 @@ class Profile:
 OFFLINE_LEXICAL_V2 = Profile(name="offline_lexical_v2", version="2")
 DEFAULT_FUSION = Fusion()
 
+# Version 3 (the default): version 2 with neighbours (records admitted one after another at the
+# same time lend each other part of their score; ``Neighbours``). Same analyzer, so the postings
+# stay; a new config digest, so receipts and cursors of the two versions never mix.
+OFFLINE_LEXICAL_V3 = replace(OFFLINE_LEXICAL_V2, name="offline_lexical_v3", version="3", neighbours=Neighbours())
+
 
 def semantic_v2(model_id: str, *, needs_network: bool = False, fusion: Fusion = DEFAULT_FUSION) -> Profile:
     """The ``semantic_v2`` profile for one embedding model (its id is part of the config digest)."""
     return replace(OFFLINE_LEXICAL_V2, name="semantic_v2", model_id=model_id, fusion=fusion,
+                   needs_network=needs_network)
+
+
+def semantic_v3(model_id: str, *, needs_network: bool = False, fusion: Fusion = DEFAULT_FUSION) -> Profile:
+    """The ``semantic_v3`` profile (the default): ``semantic_v2`` fusing the v3 lexical list."""
+    return replace(OFFLINE_LEXICAL_V3, name="semantic_v3", model_id=model_id, fusion=fusion,
                    needs_network=needs_network)

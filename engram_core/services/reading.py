@@ -14,7 +14,7 @@ from engram_core.observability.tracing import traced
 from engram_core.policy.port import REDACTION, Decision
 from engram_core.services.core import CallRecord, Core, context_facts
 from engram_core.services.paging import Binding, CursorCodec, Pin, PinStore
-from engram_core.services.ranking import OFFLINE_LEXICAL_V2, Profile, semantic_v2
+from engram_core.services.ranking import OFFLINE_LEXICAL_V3, Profile, semantic_v3
 from engram_core.services.timeq import TimeWindow, parse_time, proximity
 from engram_core.store.port import LexicalStats, RecordRow, ScopeRow, Tx
 from engram_core.validation import validate_arguments
@@ -41,11 +41,11 @@ def _pointer(key: str) -> str:
 class ReadService:
     def __init__(self, core: Core) -> None:
         self.core = core
-        self.profiles: dict[str, Profile] = {"lexical": OFFLINE_LEXICAL_V2}
+        self.profiles: dict[str, Profile] = {"lexical": OFFLINE_LEXICAL_V3}
         embedder = getattr(core, "embedder", None)
         if embedder is not None:
             # SPEC §11: the model id is pinned in the profile config digest.
-            self.profiles["semantic"] = semantic_v2(embedder.model_id,
+            self.profiles["semantic"] = semantic_v3(embedder.model_id,
                                                     needs_network=getattr(embedder, "needs_network", True))
         self.pins = PinStore(now_ms=core.now_ms)
         self.cursors = CursorCodec(core.page_key)
@@ -312,6 +312,7 @@ class ReadService:
             ctx.tenant, ctx.workspace, pin.lexical_stats, profile.weights, k1=profile.k1, b=profile.b,
             now_ms=pin.valid_as_of, half_life_ms=profile.half_life_ms, lexical_weight=lexical_weight,
             max_accepted_cursor=pin.system_as_of, best_bm25=best_bm25, after=after, limit=limit, window=pin.window,
+            neighbours=profile.neighbours.args() if profile.neighbours else None,
         )
 
 
@@ -335,7 +336,7 @@ def query_relevance(profile: Profile, stats: LexicalStats, terms: list[int], bes
 
 def fuse(profile: Profile, lexical: list[tuple[str, int]], vector: list[tuple[str, int]], *,
          now_ms: int, window: tuple[int, int] | None = None) -> list[tuple[str, float, int]]:
-    """SPEC §11 semantic_v2: reciprocal-rank fusion (k = 60) of the two ranked lists, normalized
+    """semantic_v2/v3: reciprocal-rank fusion (``profile.fusion``) of the two ranked lists, normalized
     to the best fused hit, then 0.85 fused + 0.15 recency; ties by valid_t desc, record_id asc."""
     fusion = profile.fusion
     assert fusion is not None

@@ -200,7 +200,7 @@ class Tx(Protocol):
         self, tenant: str, workspace: str, stats: LexicalStats, weights: dict[str, float], *, k1: float, b: float,
         now_ms: int, half_life_ms: int, lexical_weight: float, max_accepted_cursor: int,
         best_bm25: float | None, after: tuple[float, int, str] | None, limit: int,
-        window: tuple[int, int] | None = None,
+        window: tuple[int, int] | None = None, neighbours: tuple[int, float, int] | None = None,
     ) -> LexicalPage: ...
     def rank_vectors(
         self, tenant: str, workspace: str, model: str, vector: list[float], *, now_ms: int,

@@ -62,6 +62,7 @@ NEVER = np.iinfo(np.int64).max  # no valid_time end / no expiry
 MERGE_AT = 65_536  # buffered postings of a scope before they are merged into its arrays
 CONTRIBUTION_BYTES = 32 << 20  # per scope: cached term contributions (a common term: ~1 MB at 100k)
 SIMILARITY_BLOCK = 1024  # matrix rows converted to float64 at a time for a similarity (3 MB: stays in cache)
+DENSE_LEND = 8  # neighbours: shifted passes over all documents once more than 1 in 8 match
 
 
 @dataclass
@@ -114,6 +115,7 @@ class _Columns:
         # valid time or expiry changes it. Any change to a column drops it.
         self._mask: np.ndarray | None = None
         self._mask_from = self._mask_until = 0
+        self._order: tuple[Any, ...] | None = None  # neighbourhood of documents (see _neighbourhood)
 
     _ARRAYS = ("live", "current", "accepted", "changed", "valid_t", "valid_end", "expires")
 
@@ -126,6 +128,7 @@ class _Columns:
                 setattr(self, name, grown)
         doc = self.n
         self.n += 1
+        self._order = None
         self.record_ids.append(meta.record_id)
         self.rows.append(meta.row)
         self.live[doc] = True
@@ -133,7 +136,7 @@ class _Columns:
         return doc
 
     def set(self, doc: int, meta: RecordMeta) -> None:
-        self._mask = None
+        self._mask = self._order = None
         self.cursor_bound = max(self.cursor_bound, meta.accepted_cursor, meta.state_cursor)
         self.current[doc] = meta.current
         self.accepted[doc] = meta.accepted_cursor
@@ -150,9 +153,63 @@ class _Columns:
         self.rows[doc] = None  # the row changed: readers go to the database
 
     def kill(self, doc: int) -> None:
-        self._mask = None
+        self._mask = self._order = None
         self.live[doc] = False
         self.rows[doc] = None
+
+    def lend(self, scores: np.ndarray, span: int, weight: float, within_ms: int) -> np.ndarray:
+        """``scores`` plus, for each document, ``weight`` times the best score among its
+        neighbours: the ``span`` live documents indexed just before and after it whose valid time
+        is within ``within_ms`` of its own (turns of one conversation captured one by one, notes
+        of one meeting). Neighbours are counted over live documents only, so a forgotten record
+        in between changes nothing, as after a reload (which does not see it). Callers pass 0 for
+        ineligible documents: only what the search may return lends."""
+        src = np.flatnonzero(scores > 0)
+        if span <= 0 or weight == 0 or len(src) == 0:
+            return scores
+        live, position, close = self._neighbourhood(span, within_ms)
+        if len(src) * DENSE_LEND < len(live):
+            # Few matches: visit each match's neighbours.
+            lent = np.zeros(len(scores))
+            src_pos, src_score = position[src], scores[src]
+            for step in range(1, span + 1):
+                before = src_pos - step  # the neighbour ``step`` places before: close[step-1][before]
+                ok = before >= 0
+                ok[ok] = close[step - 1][before[ok]]
+                tgt = live[before[ok]]  # one (step, direction) maps distinct sources to distinct targets
+                lent[tgt] = np.maximum(lent[tgt], src_score[ok])
+                after = src_pos + step
+                ok = after < len(live)
+                ok[ok] = close[step - 1][src_pos[ok]]
+                tgt = live[after[ok]]
+                lent[tgt] = np.maximum(lent[tgt], src_score[ok])
+            return scores + weight * lent
+        # Many matches: shifted passes over the live documents in order.
+        dense = scores[live] if len(live) < len(scores) else scores
+        lent = np.zeros(len(dense))
+        for step in range(1, span + 1):
+            c = close[step - 1]
+            np.maximum(lent[:-step], np.where(c, dense[step:], 0.0), out=lent[:-step])
+            np.maximum(lent[step:], np.where(c, dense[:-step], 0.0), out=lent[step:])
+        if len(live) < len(scores):
+            out = scores.copy()
+            out[live] += weight * lent
+            return out
+        return scores + weight * lent
+
+    def _neighbourhood(self, span: int, within_ms: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        """(live documents in order, each document's place among them (-1: not live), and per
+        step 1..span whether the live documents ``step`` places apart are within ``within_ms``
+        of each other's valid time), kept until a document is added, removed or changed."""
+        if self._order is None or self._order[0] != (span, within_ms):
+            live = np.flatnonzero(self.live[: self.n])
+            position = np.full(self.n, -1, dtype=np.int64)
+            position[live] = np.arange(len(live))
+            vt = self.valid_t[live]
+            close = [np.abs(vt[step:] - vt[:-step]) <= within_ms for step in range(1, span + 1)]
+            self._order = ((span, within_ms), live, position, close)
+        _, live, position, close = self._order
+        return live, position, close
 
     def eligible(self, *, now_ms: int, max_cursor: int) -> np.ndarray:
         """SPEC §5 eligibility as of the pin, over every local document.
@@ -579,7 +636,7 @@ class SearchIndex:
         self, tenant: str, workspace: str, stats: LexicalStats, weights: dict[str, float], *, k1: float, b: float,
         now_ms: int, half_life_ms: int, lexical_weight: float, max_accepted_cursor: int,
         best_bm25: float | None, after: tuple[float, int, str] | None, limit: int,
-        window: tuple[int, int] | None = None,
+        window: tuple[int, int] | None = None, neighbours: tuple[int, float, int] | None = None,
     ) -> LexicalPage:
         """BM25F-style ranking (SPEC §11) of records eligible at ``now_ms``, with pinned statistics.
 
@@ -590,6 +647,9 @@ class SearchIndex:
         report it (first page); later pages pass the pinned value. Records accepted, or
         changed state, after ``max_accepted_cursor`` are not candidates. ``window`` (a valid-time
         window the query named) replaces recency by closeness to it (``timeq.proximity``).
+        ``neighbours`` (span, weight, within_ms): each eligible record's BM25 gains ``weight``
+        times its best eligible neighbour's (``_Columns.lend``), so the neighbours of matches are
+        candidates too.
         """
         scope = self._scopes.get((tenant, workspace))
         idf = [(t, math.log(1 + (stats.docs - n + 0.5) / (n + 0.5))) for t, n in sorted(stats.df.items()) if n > 0]
@@ -613,7 +673,10 @@ class SearchIndex:
             return LexicalPage(0, [], best_bm25 or 0.0)
         # One pass over every document for all terms (a bincount per term was a pass per term).
         bm25 = np.bincount(np.concatenate(docs), weights=np.concatenate(contribs), minlength=cols.n)
-        hit = np.flatnonzero((bm25 > 0) & cols.eligible(now_ms=now_ms, max_cursor=max_accepted_cursor))
+        eligible = cols.eligible(now_ms=now_ms, max_cursor=max_accepted_cursor)
+        if neighbours is not None:
+            bm25 = cols.lend(np.where(eligible, bm25, 0.0), *neighbours)
+        hit = np.flatnonzero((bm25 > 0) & eligible)
         if len(hit) == 0:
             return LexicalPage(0, [], best_bm25 or 0.0)
         raw = bm25[hit]

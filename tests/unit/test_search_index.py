@@ -32,8 +32,8 @@ def _corpus(rnd: random.Random, n: int) -> list[tuple[RecordMeta, list[Posting]]
     return out
 
 
-def _reference(records: dict[str, tuple[RecordMeta, list[Posting]]], query: list[int], max_cursor: int
-               ) -> tuple[int, list[tuple[str, float, int]], float]:
+def _reference(records: dict[str, tuple[RecordMeta, list[Posting]]], query: list[int], max_cursor: int,
+               neighbours: tuple[int, float, int] | None = None) -> tuple[int, list[tuple[str, float, int]], float]:
     docs = len(records)
     df = {t: sum(1 for _, ps in records.values() if any(p.term == t for p in ps)) for t in set(query)}
     fields: dict[str, list[int]] = {}
@@ -51,8 +51,22 @@ def _reference(records: dict[str, tuple[RecordMeta, list[Posting]]], query: list
             if p.term in df and df[p.term] > 0:
                 idf = math.log(1 + (docs - df[p.term] + 0.5) / (df[p.term] + 0.5))
                 bm25 += WEIGHTS[p.field] * idf * p.tf * (K1 + 1) / (p.tf + K1 * (1 - B + B * p.field_len / avg[p.field]))
-        if ok and bm25 > 0:
+        if ok:
             scored[rid] = (bm25, meta.valid_t)
+    if neighbours is not None:
+        # Direct: the records in admission order (forgotten ones gone), each gaining weight times the
+        # best eligible record within span places whose valid time is within within_ms of its own.
+        span, weight, within = neighbours
+        order = list(records)
+        lent = {}
+        for i, rid in enumerate(order):
+            if rid not in scored:
+                continue
+            near = [scored[o][0] for o in order[max(0, i - span): i + span + 1]
+                    if o != rid and o in scored and abs(scored[o][1] - scored[rid][1]) <= within]
+            lent[rid] = (scored[rid][0] + weight * max(near, default=0.0), scored[rid][1])
+        scored = lent
+    scored = {rid: v for rid, v in scored.items() if v[0] > 0}
     if not scored:
         return 0, [], 0.0
     best = max(s for s, _ in scored.values())
@@ -62,19 +76,26 @@ def _reference(records: dict[str, tuple[RecordMeta, list[Posting]]], query: list
     return len(rows), rows, best
 
 
-def _rank(index: SearchIndex, query: list[int], max_cursor: int, *, after=None, best=None, limit=1000):
+def _rank(index: SearchIndex, query: list[int], max_cursor: int, *, after=None, best=None, limit=1000,
+          neighbours=None):
     stats = index.stats("t", "w", query)
     return index.rank("t", "w", stats, WEIGHTS, k1=K1, b=B, now_ms=NOW, half_life_ms=HALF_LIFE, lexical_weight=LW,
-                      max_accepted_cursor=max_cursor, best_bm25=best, after=after, limit=limit)
+                      max_accepted_cursor=max_cursor, best_bm25=best, after=after, limit=limit, neighbours=neighbours)
+
+
+NEIGHBOURS = st.one_of(st.none(), st.tuples(st.integers(1, 3), st.sampled_from([0.5, 1.0]),
+                                            st.sampled_from([0, 86_400_000])))
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32), st.integers(1, 80), st.lists(st.integers(0, 14), min_size=1, max_size=4),
-       st.sampled_from([4, 1_000_000]))
-def test_rank_matches_direct_bm25f(seed: int, n: int, query: list[int], merge_at: int) -> None:
+       st.sampled_from([4, 1_000_000]), NEIGHBOURS, st.sampled_from([0, 10**9]))
+def test_rank_matches_direct_bm25f(seed: int, n: int, query: list[int], merge_at: int,
+                                   neighbours: tuple[int, float, int] | None, dense_lend: int) -> None:
     rnd = random.Random(seed)
-    saved = search_index.MERGE_AT
+    saved = search_index.MERGE_AT, search_index.DENSE_LEND
     search_index.MERGE_AT = merge_at  # small: most records pass through a merge
+    search_index.DENSE_LEND = dense_lend  # 0: neighbours of each match; 10**9: passes over all records
     try:
         index = SearchIndex()
         records = {}
@@ -88,11 +109,15 @@ def test_rank_matches_direct_bm25f(seed: int, n: int, query: list[int], merge_at
             meta = records[rid][0]
             meta.current, meta.state_cursor = not meta.current, meta.state_cursor + 1
             index.apply([("state", rid, meta.current, meta.state_cursor)])
+        max_cursor = n + 25
+        total, rows, best = _reference(records, query, max_cursor, neighbours)
+        _check_ranking(index, query, max_cursor, neighbours, total, rows, best)
     finally:
-        search_index.MERGE_AT = saved
-    max_cursor = n + 25
-    total, rows, best = _reference(records, query, max_cursor)
-    page = _rank(index, query, max_cursor)
+        search_index.MERGE_AT, search_index.DENSE_LEND = saved
+
+
+def _check_ranking(index: SearchIndex, query: list[int], max_cursor: int, neighbours, total, rows, best) -> None:
+    page = _rank(index, query, max_cursor, neighbours=neighbours)
     assert page.total == total
     assert [r[0] for r in page.rows] == [r[0] for r in rows]
     assert all(math.isclose(a[1], b[1], abs_tol=2e-9) for a, b in zip(page.rows, rows, strict=True))
@@ -101,12 +126,40 @@ def test_rank_matches_direct_bm25f(seed: int, n: int, query: list[int], merge_at
         # Paging: pages of 3 continue exactly after the last row, with the pinned best score.
         seen, after = [], None
         while True:
-            nxt = _rank(index, query, max_cursor, after=after, best=page.best_bm25, limit=3)
+            nxt = _rank(index, query, max_cursor, after=after, best=page.best_bm25, limit=3, neighbours=neighbours)
             if not nxt.rows:
                 break
             seen += [r[0] for r in nxt.rows]
             after = (nxt.rows[-1][1], nxt.rows[-1][2], nxt.rows[-1][0])
         assert seen == [r[0] for r in page.rows]
+
+
+def test_neighbours_lend_within_one_episode_only_and_ignore_forgotten_records_between() -> None:
+    """Turns admitted one after another at the same valid time lend each other score; a turn of
+    another session (other valid time) never does, and a forgotten turn in between neither lends
+    (its words are gone) nor keeps two turns apart (as after a reload, which never sees it)."""
+    day = 86_400_000
+    index = SearchIndex()
+    turns = [("t1", NOW - 2 * day, [7]), ("t2", NOW - 2 * day, [8]), ("gone", NOW - day, [9]),
+             ("t3", NOW - day, [5]), ("t4", NOW - day, [8]), ("t5", NOW - day, [8]), ("t6", NOW - day, [8])]
+    for i, (rid, vt, terms) in enumerate(turns):
+        index.apply([("index", "t", "w", RecordMeta(rid, True, i + 1, i + 1, vt, None, None),
+                      [Posting(t, "primary", 1, 1) for t in terms])])
+    index.apply([("unindex", "t", "w", "gone")])
+    plain = _rank(index, [7, 5], 100)
+    assert {r[0] for r in plain.rows} == {"t1", "t3"}
+    lent = _rank(index, [7, 5], 100, neighbours=(1, 0.5, 0))
+    # t2 sits beside t1 (same session); t4 beside t3; t5 and t6 are two and three places from t3.
+    assert {r[0] for r in lent.rows} == {"t1", "t2", "t3", "t4"}
+    assert {r[0] for r in _rank(index, [7, 5], 100, neighbours=(2, 0.5, 0)).rows} == {"t1", "t2", "t3", "t4", "t5"}
+    # The forgotten record's term no longer lends to anyone.
+    assert _rank(index, [9], 100, neighbours=(3, 0.5, day)).rows == []
+    # t1 reaches t3 two places on only when a day apart counts as one episode (and "gone" is skipped).
+    near = {r[0] for r in _rank(index, [7], 100, neighbours=(2, 0.5, day)).rows}
+    assert near == {"t1", "t2", "t3"}
+    # A superseded (not current) neighbour lends nothing.
+    index.apply([("state", "t1", False, 50)])
+    assert _rank(index, [7], 100, neighbours=(3, 0.5, day)).rows == []
 
 
 def test_stats_track_adds_and_removals_like_the_database() -> None:

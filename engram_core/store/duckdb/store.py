@@ -612,13 +612,13 @@ class DuckDBTx(RecordLinks, TrustClasses):
         self, tenant: str, workspace: str, stats: LexicalStats, weights: dict[str, float], *, k1: float, b: float,
         now_ms: int, half_life_ms: int, lexical_weight: float, max_accepted_cursor: int,
         best_bm25: float | None, after: tuple[float, int, str] | None, limit: int,
-        window: tuple[int, int] | None = None,
+        window: tuple[int, int] | None = None, neighbours: tuple[int, float, int] | None = None,
     ) -> LexicalPage:
         """BM25F ranking of the scope's eligible records (see ``SearchIndex.rank``)."""
         with self._store.search_index() as index:
             return index.rank(tenant, workspace, stats, weights, k1=k1, b=b, now_ms=now_ms, half_life_ms=half_life_ms,
                               lexical_weight=lexical_weight, max_accepted_cursor=max_accepted_cursor,
-                              best_bm25=best_bm25, after=after, limit=limit, window=window)
+                              best_bm25=best_bm25, after=after, limit=limit, window=window, neighbours=neighbours)
 
     def rank_vectors(
         self, tenant: str, workspace: str, model: str, vector: list[float], *, now_ms: int,

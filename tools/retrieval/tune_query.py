@@ -1,0 +1,302 @@
+"""Offline sweep of query-time lexical techniques on both retrieval corpora, without the core.
+
+The base is the core's v2 lexical ranking (as tune_lexical.py: the v2 analyzer, per-field BM25
+with field weights, k1 1.2, b 0.5, normalized to the best hit, recency or, when the query names a
+time, closeness to its window, as services/timeq.py). On top of it, what a lexical channel can do
+at query time:
+
+- BM25 variants: BM25+ (a floor ``delta`` for any matching term), BM25L, an IDF floor;
+- pseudo-relevance feedback (RM3: the query model interpolated with the terms of the first
+  pass's top documents, one more ranking pass);
+- typo tolerance from the query side (edit-distance-1 variants of each query word, stemmed,
+  kept when the scope has them);
+- neighbours: records captured one after another with the same valid time (turns of one
+  session) lend each other part of their score.
+
+Run: ``.venv/bin/python tools/retrieval/tune_query.py [--grid NAME]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import math
+import string
+import sys
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import CORPUS as SYNTHETIC  # noqa: E402
+from harness import metrics  # noqa: E402
+from harness_conversations import CORPUS as CONVERSATIONS  # noqa: E402
+from harness_conversations import render, turns_of  # noqa: E402
+
+from engram_core.services import lexical  # noqa: E402
+from engram_core.services.timeq import parse_time, proximity  # noqa: E402
+
+DAY_MS = 86_400_000
+WEIGHTS = {"primary": 3.0, "decision": 2.0, "evidence": 1.5, "context": 1.0, "citations": 0.5}
+
+
+@dataclass
+class Doc:
+    rid: str
+    fields: dict[str, Counter[str]]
+    vt: int
+
+
+@dataclass
+class Scope:
+    docs: list[Doc]
+    inv: dict[str, list[tuple[int, str, int]]] = field(default_factory=dict)  # term -> (doc, field, tf)
+    df: dict[str, int] = field(default_factory=dict)
+    avg: dict[str, float] = field(default_factory=dict)
+
+    def build(self) -> Scope:
+        inv: dict[str, list[tuple[int, str, int]]] = defaultdict(list)
+        tot: dict[str, float] = defaultdict(float)
+        cnt: dict[str, int] = defaultdict(int)
+        for i, d in enumerate(self.docs):
+            for f, c in d.fields.items():
+                if not c:
+                    continue
+                tot[f] += sum(c.values())
+                cnt[f] += 1
+                for t, tf in c.items():
+                    inv[t].append((i, f, tf))
+        self.inv = dict(inv)
+        self.df = {t: len({i for i, _, _ in rows}) for t, rows in inv.items()}
+        self.avg = {f: tot[f] / cnt[f] for f in tot}
+        return self
+
+
+@dataclass(frozen=True)
+class Config:
+    k1: float = 1.2
+    b: float = 0.5
+    delta: float = 0.0  # BM25+
+    bm25l: float = 0.0  # BM25L's delta (0: off)
+    idf_floor: float = 0.0
+    lw: float = 0.85
+    # RM3
+    fb_docs: int = 0
+    fb_terms: int = 10
+    fb_alpha: float = 0.5  # weight of the original query
+    fb_field_norm: bool = True
+    # typos
+    typo_weight: float = 0.0
+    typo_min_len: int = 5
+    typo_kinds: str = "full"
+    typo_max_df: float = 1.0  # a variant found in more than this share of the scope is a real word, skip
+    # neighbours
+    nb_weight: float = 0.0
+    nb_span: int = 1
+    nb_mode: str = "max"
+    nb_tolerance_ms: int = 0
+    nb_decay: float = 1.0  # per turn of distance beyond the first
+
+
+def load(which: str) -> tuple[dict[str, Scope], list[dict[str, Any]], int]:
+    now = dt.datetime.now(dt.UTC)
+    noon = int(now.replace(hour=12, minute=0, second=0, microsecond=0).timestamp() * 1000)
+    a = lexical.analyze
+    docs: dict[str, list[Doc]] = defaultdict(list)
+    if which == "synthetic":
+        corpus = json.loads(SYNTHETIC.read_text())
+        excluded = {s["old"] for s in corpus["supersessions"]} | set(corpus["forgotten"])
+        for m in corpus["memories"]:
+            if m["id"] in excluded:
+                continue
+            fields = {"primary": Counter(a(m["text"])), "context": Counter(a(m["context"])),
+                      "citations": Counter(a(m["source_ref"]))}
+            docs[m["workspace"]].append(Doc(m["id"], fields, noon - m["days_ago"] * DAY_MS))
+        queries = [{"workspace": q["workspace"], "text": q["text"], "relevant": q["relevant"], "type": "synthetic"}
+                   for q in corpus["queries"] if q["relevant"]]
+    else:
+        corpus = json.loads(CONVERSATIONS.read_text())
+        for ws, tid, text, days in turns_of(corpus):
+            docs[ws].append(Doc(tid, {"primary": Counter(a(text)), "citations": Counter(a(tid))}, noon - days * DAY_MS))
+        queries = [{"workspace": q["workspace"], "text": render(q["text"], now), "relevant": q["evidence"],
+                    "type": q["type"]} for q in corpus["questions"]]
+    now_ms = int(now.timestamp() * 1000)
+    for q in queries:
+        text, window = parse_time(q["text"], now_ms)
+        q["clean"], q["window"] = text or q["text"], window
+        q["tokens"] = [t for t in lexical.tokenize(q["clean"]) if t not in lexical.STOP_WORDS | lexical.QUERY_WORDS]
+        q["terms"] = lexical.query_terms(q["clean"])
+    return {ws: Scope(d).build() for ws, d in docs.items()}, queries, now_ms
+
+
+_stem = lexical._stem
+LETTERS = string.ascii_lowercase
+
+
+def edits1(word: str, kinds: str = "full") -> set[str]:
+    splits = [(word[:i], word[i:]) for i in range(len(word) + 1)]
+    deletes = [L + R[1:] for L, R in splits if R]
+    transposes = [L + R[1] + R[0] + R[2:] for L, R in splits if len(R) > 1]
+    if kinds == "slips":  # dropped, swapped or doubled letters only
+        doubles = [L + R[0] + R for L, R in splits if R]
+        return set(deletes + transposes + doubles) - {word}
+    replaces = [L + c + R[1:] for L, R in splits if R for c in LETTERS]
+    inserts = [L + c + R for L, R in splits for c in LETTERS]
+    if kinds == "noreplace":
+        return set(deletes + transposes + inserts) - {word}
+    return set(deletes + transposes + replaces + inserts) - {word}
+
+
+def bm25(scope: Scope, weights: dict[str, float], cfg: Config) -> list[float]:
+    n = len(scope.docs)
+    s = [0.0] * n
+    for t, w in weights.items():
+        rows = scope.inv.get(t)
+        if not rows or w == 0:
+            continue
+        d = scope.df[t]
+        idf = max(math.log(1 + (n - d + 0.5) / (d + 0.5)), cfg.idf_floor)
+        for i, f, tf in rows:
+            fw = WEIGHTS.get(f, 0.0)
+            if not fw:
+                continue
+            dl = sum(scope.docs[i].fields[f].values())
+            norm = 1 - cfg.b + cfg.b * dl / scope.avg[f]
+            if cfg.bm25l:
+                c = tf / norm + cfg.bm25l
+                part = (cfg.k1 + 1) * c / (cfg.k1 + c)
+            else:
+                part = (cfg.k1 + 1) * tf / (tf + cfg.k1 * norm) + cfg.delta
+            s[i] += w * idf * fw * part
+    return s
+
+
+def neighbours(scope: Scope, s: list[float], cfg: Config) -> list[float]:
+    if not cfg.nb_weight:
+        return s
+    out = list(s)
+    docs = scope.docs
+    for i in range(len(docs)):
+        near = [s[j] * cfg.nb_decay ** (abs(i - j) - 1) for j in range(max(0, i - cfg.nb_span), min(len(docs), i + cfg.nb_span + 1))
+                if j != i and abs(docs[j].vt - docs[i].vt) <= cfg.nb_tolerance_ms]
+        if near:
+            out[i] += cfg.nb_weight * (max(near) if cfg.nb_mode == "max" else sum(near) / len(near))
+    return out
+
+
+def query_weights(scope: Scope, q: dict[str, Any], cfg: Config) -> dict[str, float]:
+    w: dict[str, float] = {t: 1.0 for t in q["terms"]}
+    if cfg.typo_weight:
+        for tok in q["tokens"]:
+            if len(tok) < cfg.typo_min_len or not tok.isalpha():
+                continue
+            own = _stem([tok])[0]
+            for v in set(_stem(sorted(edits1(tok, cfg.typo_kinds)))):
+                if v != own and v in scope.df and v not in w and scope.df[v] <= cfg.typo_max_df * len(scope.docs):
+                    w[v] = cfg.typo_weight
+    return w
+
+
+def first_pass(scope: Scope, q: dict[str, Any], cfg: Config) -> list[float]:
+    w = query_weights(scope, q, cfg)
+    s = bm25(scope, w, cfg)
+    if cfg.fb_docs:
+        top = sorted((i for i in range(len(s)) if s[i] > 0), key=lambda i: -s[i])[: cfg.fb_docs]
+        if top:
+            total = sum(s[i] for i in top)
+            rel: dict[str, float] = defaultdict(float)
+            for i in top:
+                c = Counter()
+                for f, cnt in scope.docs[i].fields.items():
+                    if f == "citations":
+                        continue
+                    c.update(cnt)
+                dl = sum(c.values()) or 1
+                for t, tf in c.items():
+                    rel[t] += (tf / dl) * (s[i] / total)
+            expansion = sorted(rel.items(), key=lambda kv: (-kv[1], kv[0]))[: cfg.fb_terms]
+            norm = sum(v for _, v in expansion) or 1
+            qn = sum(w.values())
+            model: dict[str, float] = defaultdict(float)
+            for t, v in w.items():
+                model[t] += cfg.fb_alpha * v / qn
+            for t, v in expansion:
+                model[t] += (1 - cfg.fb_alpha) * v / norm
+            # Scale back so that an original term keeps weight ~1 (scores are normalized anyway).
+            s = bm25(scope, {t: v * qn for t, v in model.items()}, cfg)
+    return neighbours(scope, s, cfg)
+
+
+def rank(scope: Scope, q: dict[str, Any], cfg: Config, now_ms: int, limit: int | None = 10,
+         raw: bool = False) -> list[Any]:
+    s = first_pass(scope, q, cfg)
+    hits = [i for i in range(len(s)) if s[i] > 0]
+    if not hits:
+        return []
+    if raw:
+        hits.sort(key=lambda i: (-round(s[i], 9), -scope.docs[i].vt, scope.docs[i].rid))
+        return [(scope.docs[i].rid, s[i]) for i in hits[:limit]]
+    best = max(s[i] for i in hits)
+    window = q["window"]
+    lw = cfg.lw if window is None else 0.5
+
+    def when(vt: int) -> float:
+        if window is None:
+            return 0.5 ** (max(now_ms - vt, 0) / (30 * DAY_MS))
+        return proximity(vt, window)
+
+    scored = [(scope.docs[i].rid, round(lw * s[i] / best + (1 - lw) * when(scope.docs[i].vt), 9), scope.docs[i].vt)
+              for i in hits]
+    scored.sort(key=lambda r: (-r[1], -r[2], r[0]))
+    return [r[0] for r in scored[:limit]]
+
+
+def evaluate(data: tuple[dict[str, Scope], list[dict[str, Any]], int], cfg: Config) -> dict[str, Any]:
+    scopes, queries, now_ms = data
+    ranked = [rank(scopes[q["workspace"]], q, cfg, now_ms) for q in queries]
+    out: dict[str, Any] = {"all": metrics(ranked, [q["relevant"] for q in queries])}
+    for t in sorted({q["type"] for q in queries}):
+        idx = [i for i, q in enumerate(queries) if q["type"] == t]
+        out[t] = metrics([ranked[i] for i in idx], [queries[i]["relevant"] for i in idx])["recall@10"]
+    return out
+
+
+GRIDS: dict[str, list[dict[str, Any]]] = {
+    "base": [{}],
+    "bm25": [{"delta": d} for d in (0.25, 0.5, 1.0)] + [{"bm25l": d} for d in (0.25, 0.5)]
+    + [{"idf_floor": f} for f in (0.5, 1.0)] + [{"k1": k, "b": b} for k, b in
+                                                itertools.product((0.6, 0.9, 1.2, 2.0), (0.2, 0.35, 0.5))],
+    "rm3": [{"fb_docs": d, "fb_terms": t, "fb_alpha": a} for d, t, a in
+            itertools.product((2, 3, 5, 10), (5, 10, 20), (0.5, 0.7, 0.85))],
+    "typo": [{"typo_weight": w, "typo_min_len": m} for w, m in itertools.product((0.3, 0.5, 0.8, 1.0), (4, 5, 6))],
+    "nb": [{"nb_weight": w, "nb_span": s, "nb_mode": m} for w, s, m in
+           itertools.product((0.1, 0.2, 0.3, 0.5), (1, 2, 3), ("max", "mean"))],
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--grid", default="base", help=", ".join(GRIDS) + ", or JSON list of overrides")
+    ap.add_argument("--base", default="{}", help="JSON overrides applied before the grid's")
+    args = ap.parse_args()
+    grid = GRIDS[args.grid] if args.grid in GRIDS else json.loads(args.grid)
+    base = replace(Config(), **json.loads(args.base))
+    data = {w: load(w) for w in ("synthetic", "conversations")}
+    for over in [{}] + grid if grid != [{}] else grid:
+        cfg = replace(base, **over)
+        row = []
+        for which in ("synthetic", "conversations"):
+            m = evaluate(data[which], cfg)
+            row.append(f"{which[:5]} R@10 {m['all']['recall@10']:.3f} MRR {m['all']['mrr@10']:.3f}"
+                       + ("" if which == "synthetic" else " " + " ".join(
+                           f"{t[:6]} {v:.2f}" for t, v in m.items() if t != "all")))
+        print(f"{json.dumps(over):60} " + " | ".join(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
