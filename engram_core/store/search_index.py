@@ -1,4 +1,4 @@
-"""The search projections' read side, held in memory (SPEC §11 ``offline_lexical_v2``, ``semantic_v2``).
+"""The search projections' read side, held in memory (SPEC §11 ``offline_lexical_v3``, ``semantic_v3``).
 
 DuckDB holds the durable projection (``postings``, ``field_stats``),
 written in the admission and forget transactions. Scoring it with SQL meant reading
@@ -674,6 +674,7 @@ class SearchIndex:
         # One pass over every document for all terms (a bincount per term was a pass per term).
         bm25 = np.bincount(np.concatenate(docs), weights=np.concatenate(contribs), minlength=cols.n)
         eligible = cols.eligible(now_ms=now_ms, max_cursor=max_accepted_cursor)
+        own = bm25
         if neighbours is not None:
             bm25 = cols.lend(np.where(eligible, bm25, 0.0), *neighbours)
         hit = np.flatnonzero((bm25 > 0) & eligible)
@@ -681,6 +682,7 @@ class SearchIndex:
             return LexicalPage(0, [], best_bm25 or 0.0)
         raw = bm25[hit]
         best = float(raw.max()) if best_bm25 is None else best_bm25
+        own_best = float(own[hit].max())
         vt = cols.valid_t[hit]
         if window is None:
             recency = np.exp2(np.maximum(now_ms - vt, 0) / -float(half_life_ms))  # 0.5 ** age; np.power is 5x slower
@@ -698,32 +700,43 @@ class SearchIndex:
                 later[i] = cols.record_ids[hit[i]] > a_rid
             hit, score, vt = hit[later], score[later], vt[later]
         rows_out = _top(hit, score, vt, cols.record_ids, limit)
-        return LexicalPage(total, rows_out, best)
+        return LexicalPage(total, rows_out, best, own_best)
 
 
     def nearest(self, tenant: str, workspace: str, model: str, vector: list[float], *, now_ms: int,
-                max_accepted_cursor: int, min_similarity: float, limit: int) -> list[tuple[str, float, int]]:
+                max_accepted_cursor: int, min_similarity: float, limit: int,
+                neighbours: tuple[int, float, int] | None = None) -> list[tuple[str, float, int]]:
         """Eligible records by cosine similarity (vectors are unit length), at least
-        ``min_similarity``, best first, ties by record_id: (record_id, similarity, valid_t)."""
+        ``min_similarity``, best first, ties by record_id: (record_id, similarity, valid_t).
+        ``neighbours`` (span, weight, within_ms): records are ordered and thresholded by their
+        similarity (at least 0) plus ``weight`` times their best eligible neighbour's
+        (``_Columns.lend``); rows still carry their own similarity."""
         scope = self._scopes.get((tenant, workspace))
         if scope is None or model not in scope.vectors:
             return []
         matrix, present = scope.vectors[model]
-        n = min(scope.columns.n, len(matrix))
+        cols = scope.columns
+        n = min(cols.n, len(matrix))
         sims = np.round(_similarities(matrix[:n], np.asarray(vector, dtype=np.float64)), 9)
-        ok = present[:n] & scope.columns.eligible(now_ms=now_ms, max_cursor=max_accepted_cursor)[:n]
-        hit = np.flatnonzero(ok & (sims >= min_similarity))
+        ok = present[:n] & cols.eligible(now_ms=now_ms, max_cursor=max_accepted_cursor)[:n]
+        key = sims
+        if neighbours is not None:
+            base = np.zeros(cols.n)
+            base[:n] = np.where(ok, np.maximum(sims, 0.0), 0.0)
+            key = np.round(cols.lend(base, *neighbours)[:n], 9)
+        hit = np.flatnonzero(ok & (key >= min_similarity))
         if len(hit) == 0 or limit <= 0:
             return []
-        sim = sims[hit]
+        score = key[hit]
         if len(hit) > limit:
-            kth = np.partition(sim, len(sim) - limit)[len(sim) - limit]
-            keep = sim >= kth
-            hit, sim = hit[keep], sim[keep]
-        ids = scope.columns.record_ids
-        rows = [(ids[d], float(x), int(scope.columns.valid_t[d])) for d, x in zip(hit.tolist(), sim.tolist(), strict=True)]
+            kth = np.partition(score, len(score) - limit)[len(score) - limit]
+            keep = score >= kth
+            hit, score = hit[keep], score[keep]
+        ids = cols.record_ids
+        rows = [(ids[d], float(x), float(sims[d]), int(cols.valid_t[d]))
+                for d, x in zip(hit.tolist(), score.tolist(), strict=True)]
         rows.sort(key=lambda r: (-r[1], r[0]))
-        return rows[:limit]
+        return [(rid, sim, vt) for rid, _, sim, vt in rows[:limit]]
 
 
 def _similarities(matrix: np.ndarray, vector: np.ndarray) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -252,17 +253,22 @@ def error_code(result: types.CallToolResult) -> str:
 
 
 def capture_args(key: str, text: str, *, purpose: str = PURPOSE) -> dict[str, Any]:
+    # Each text its own valid time (equal texts the same, so equal content stays equal): records
+    # admitted one after another with the same valid time are neighbours in search and come back
+    # beside each other's matches (docs/search.md, "Neighbours"), and these tests expect a search
+    # for one record's word to return that record alone.
+    t = 1764460800000 + int.from_bytes(hashlib.sha256(text.encode()).digest()[:3], "big") * 1000
     return {
         "idempotency_key": key,
         "payload": {
             "schema_version": 2,
             "purpose_ref": purpose,
-            "valid_time": {"t": 1764460800000},
+            "valid_time": {"t": t},
             "components": [
                 {"component_id": "c1", "kind": "decision", "text": text, "citation_ids": ["cit1"]}
             ],
             "primary_component_id": "c1",
-            "primary_event": {"at": 1764460800000, "type_ref": "event:decision", "citation_id": "cit1"},
+            "primary_event": {"at": t, "type_ref": "event:decision", "citation_id": "cit1"},
             "citations": [
                 {
                     "citation_id": "cit1",

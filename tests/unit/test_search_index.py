@@ -1,5 +1,6 @@
 """The in-memory lexical index ranks exactly as a direct BM25F computation over its postings
-(SPEC §11 offline_lexical_v2), through appends, merges, removals, state changes and paging."""
+(SPEC §11 offline_lexical_v2, and v3's neighbours), through appends, merges, removals, state changes
+and paging."""
 
 from __future__ import annotations
 
@@ -111,18 +112,22 @@ def test_rank_matches_direct_bm25f(seed: int, n: int, query: list[int], merge_at
             index.apply([("state", rid, meta.current, meta.state_cursor)])
         max_cursor = n + 25
         total, rows, best = _reference(records, query, max_cursor, neighbours)
-        _check_ranking(index, query, max_cursor, neighbours, total, rows, best)
+        own = _reference(records, query, max_cursor)[2]  # the best record's own BM25, nothing lent
+        _check_ranking(index, query, max_cursor, neighbours, total, rows, best, own)
     finally:
         search_index.MERGE_AT, search_index.DENSE_LEND = saved
 
 
-def _check_ranking(index: SearchIndex, query: list[int], max_cursor: int, neighbours, total, rows, best) -> None:
+def _check_ranking(index: SearchIndex, query: list[int], max_cursor: int, neighbours, total, rows, best,
+                   own: float) -> None:
     page = _rank(index, query, max_cursor, neighbours=neighbours)
     assert page.total == total
     assert [r[0] for r in page.rows] == [r[0] for r in rows]
     assert all(math.isclose(a[1], b[1], abs_tol=2e-9) for a, b in zip(page.rows, rows, strict=True))
     if rows:
         assert math.isclose(page.best_bm25, best, rel_tol=1e-12)
+        # The relevance's BM25 is the best record's own, whatever its neighbours lend.
+        assert math.isclose(page.own_best_bm25, own, rel_tol=1e-12)
         # Paging: pages of 3 continue exactly after the last row, with the pinned best score.
         seen, after = [], None
         while True:
@@ -178,8 +183,9 @@ def test_stats_track_adds_and_removals_like_the_database() -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2**32), st.integers(1, 60), st.floats(-0.5, 0.9))
-def test_nearest_matches_a_direct_scan(seed: int, n: int, min_similarity: float) -> None:
+@given(st.integers(0, 2**32), st.integers(1, 60), st.floats(-0.5, 0.9), NEIGHBOURS, st.sampled_from([0, 10**9]))
+def test_nearest_matches_a_direct_scan(seed: int, n: int, min_similarity: float,
+                                       neighbours: tuple[int, float, int] | None, dense_lend: int) -> None:
     import numpy as np
 
     rnd = random.Random(seed)
@@ -196,18 +202,32 @@ def test_nearest_matches_a_direct_scan(seed: int, n: int, min_similarity: float)
     q = np.array([rnd.gauss(0, 1) for _ in range(8)], dtype=np.float32)
     q /= np.linalg.norm(q)
     max_cursor = n + 25
-    expected = []
+    sims, eligible = {}, {}
     for rid, (meta, v) in rows.items():
-        sim = float((v[None, :] @ q)[0])
-        ok = (meta.current and meta.accepted_cursor <= max_cursor and meta.state_cursor <= max_cursor
-              and meta.valid_t <= NOW and (meta.valid_t_end is None or meta.valid_t_end >= NOW)
-              and (meta.expires_at_ms is None or meta.expires_at_ms > NOW))
-        if ok and sim >= min_similarity:
-            expected.append((rid, sim, meta.valid_t))
-    expected.sort(key=lambda r: (-r[1], r[0]))
-    got = index.nearest("t", "w", "m", q.tolist(), now_ms=NOW, max_accepted_cursor=max_cursor,
-                        min_similarity=min_similarity, limit=7)
+        sims[rid] = float(v.astype(np.float64) @ q.astype(np.float64))
+        eligible[rid] = (meta.current and meta.accepted_cursor <= max_cursor and meta.state_cursor <= max_cursor
+                         and meta.valid_t <= NOW and (meta.valid_t_end is None or meta.valid_t_end >= NOW)
+                         and (meta.expires_at_ms is None or meta.expires_at_ms > NOW))
+    key = dict(sims)
+    if neighbours is not None:  # direct: the best eligible neighbour in admission order lends (see _reference)
+        span, weight, within = neighbours
+        order = list(rows)
+        base = {rid: max(sims[rid], 0.0) if eligible[rid] else 0.0 for rid in order}
+        key = {rid: base[rid] + weight * max(
+            [base[o] for o in order[max(0, i - span): i + span + 1]
+             if o != rid and abs(rows[o][0].valid_t - rows[rid][0].valid_t) <= within], default=0.0)
+            for i, rid in enumerate(order)}
+    expected = [(rid, sims[rid], key[rid]) for rid in rows if eligible[rid] and round(key[rid], 9) >= min_similarity]
+    expected.sort(key=lambda r: (-round(r[2], 9), r[0]))
+    saved = search_index.DENSE_LEND
+    search_index.DENSE_LEND = dense_lend
+    try:
+        got = index.nearest("t", "w", "m", q.tolist(), now_ms=NOW, max_accepted_cursor=max_cursor,
+                            min_similarity=min_similarity, limit=7, neighbours=neighbours)
+    finally:
+        search_index.DENSE_LEND = saved
     assert [r[0] for r in got] == [r[0] for r in expected[:7]]
+    # Rows carry each record's own similarity, whatever ordered them.
     assert all(math.isclose(a[1], b[1], abs_tol=1e-6) for a, b in zip(got, expected, strict=False))
     assert index.nearest("t", "w", "other-model", q.tolist(), now_ms=NOW, max_accepted_cursor=max_cursor,
                          min_similarity=-1.0, limit=7) == []

@@ -623,11 +623,13 @@ class DuckDBTx(RecordLinks, TrustClasses):
     def rank_vectors(
         self, tenant: str, workspace: str, model: str, vector: list[float], *, now_ms: int,
         max_accepted_cursor: int, min_similarity: float, limit: int,
+        neighbours: tuple[int, float, int] | None = None,
     ) -> list[tuple[str, float, int]]:
         """Nearest eligible records by cosine similarity (see ``SearchIndex.nearest``)."""
         with self._store.search_index() as index:
             return index.nearest(tenant, workspace, model, vector, now_ms=now_ms,
-                                 max_accepted_cursor=max_accepted_cursor, min_similarity=min_similarity, limit=limit)
+                                 max_accepted_cursor=max_accepted_cursor, min_similarity=min_similarity, limit=limit,
+                                 neighbours=neighbours)
 
     # -- audit -------------------------------------------------------------------------
     def append_audit(self, row: AuditRow) -> str:
