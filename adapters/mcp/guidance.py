@@ -131,7 +131,10 @@ the top score says how much of your query the best record holds. A top score bel
 0.4 (lexical_and_semantic) usually means nothing in memory answers the query; about 0.8 or more, a record
 holds all of it. It is evidence, not proof: read the record. Question and stop words (what, did, anything,
 remember, the) are not evidence; word forms match (adopted, adopting); a time you name ("last spring", "in
-March 2025") ranks records from that time first.
+March 2025") ranks records from that time first. Records captured one after another with the same valid_time.t
+(the turns of one conversation, each dated with its session) are searched together: the turns beside a match
+come back after it, since an answer often follows the turn that holds your words. Give notes captured
+separately their own times.
 
 Results. Every tool result is an envelope: {{ok: true, output: {{schema_version: 1, value}}, auditId,
 redactionClass}} or {{ok: false, auditId, redactionClass, error: {{code, message, retriable}}}}. Act on error.code
