@@ -249,8 +249,18 @@ class _Postings:
 
     @classmethod
     def build(cls, term: np.ndarray, doc: np.ndarray, fld: np.ndarray, tf: np.ndarray, flen: np.ndarray) -> _Postings:
-        order = np.lexsort((doc, term))
-        term, doc, fld, tf, flen = term[order], doc[order], fld[order], tf[order], flen[order]
+        return cls.build_owned([term, doc, fld, tf, flen])
+
+    @classmethod
+    def build_owned(cls, arrays: list[np.ndarray]) -> _Postings:
+        """``build`` from [term, doc, fld, tf, flen], taken out of the list one by one so that
+        each original can be freed once its sorted copy exists (the peak at open)."""
+        order = np.lexsort((arrays[1], arrays[0]))
+        for i in range(len(arrays)):
+            arrays[i] = arrays[i][order]
+        del order
+        term, doc, fld, tf, flen = arrays
+        arrays.clear()
         if len(term) == 0:
             return cls()
         boundary = np.flatnonzero(np.diff(term)) + 1
@@ -475,14 +485,17 @@ class _Loading:
             # Narrow types going in (the arrays are float32 / int8 / int32 in the end anyway), so
             # the sort's copies stay small at a million records; term frequencies and field
             # lengths are exact in float32.
-            scope.base = _Postings.build(np.frombuffer(self.terms, dtype="<i8"),
-                                         np.repeat(np.frombuffer(self.segment_docs, dtype=np.int32), counts),
-                                         np.repeat(codes.astype(np.int8), counts), tfs.astype(np.float32),
-                                         np.repeat(lengths.astype(np.float32), counts))
             scope.field_docs = np.bincount(codes, minlength=len(FIELDS)).astype(int).tolist()
             scope.field_len = np.bincount(codes, weights=lengths, minlength=len(FIELDS)).astype(int).tolist()
-        self.codes = self.terms = self.tfs = bytearray()
-        self.counts, self.segment_docs = array("I"), array("i")
+            arrays = [np.frombuffer(self.terms, dtype="<i8"),
+                      np.repeat(np.frombuffer(self.segment_docs, dtype=np.int32), counts),
+                      np.repeat(codes.astype(np.int8), counts), tfs.astype(np.float32),
+                      np.repeat(lengths.astype(np.float32), counts)]
+            del codes, tfs, lengths
+            # The buffers now live only as long as the arrays viewing them.
+            self.codes, self.terms, self.tfs = bytearray(), bytearray(), bytearray()
+            self.counts, self.segment_docs = array("I"), array("i")
+            scope.base = _Postings.build_owned(arrays)
         for model in sorted(self.vectors):
             scope.vectors[model] = self.vectors[model]
         return scope
