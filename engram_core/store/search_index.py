@@ -47,8 +47,8 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -134,6 +134,31 @@ class _Columns:
         self.live[doc] = True
         self.set(doc, meta)
         return doc
+
+    def load_rows(self, rows: list[RecordRow]) -> None:
+        """Every document at once, as ``add`` for each in order would (the index build at open:
+        one array per column instead of a Python call per record and column)."""
+        n = len(rows)
+        cap = max(1024, n)
+
+        def column(values: Iterable[Any], dtype: Any) -> np.ndarray:
+            out = np.zeros(cap, dtype=dtype)
+            out[:n] = np.fromiter(values, dtype=dtype, count=n)
+            return out
+
+        self.n = n
+        self.record_ids = [r.record_id for r in rows]
+        self.rows = list(rows)
+        self.live = np.zeros(cap, dtype=bool)
+        self.live[:n] = True
+        self.current = column((r.state == "accepted_current" for r in rows), bool)
+        self.accepted = column((r.accepted_cursor for r in rows), np.int64)
+        self.changed = column((r.state_cursor for r in rows), np.int64)
+        self.valid_t = column((r.valid_t for r in rows), np.int64)
+        self.valid_end = column((NEVER if r.valid_t_end is None else r.valid_t_end for r in rows), np.int64)
+        self.expires = column((NEVER if r.expires_at_ms is None else r.expires_at_ms for r in rows), np.int64)
+        self.cursor_bound = max(int(self.accepted[:n].max()), int(self.changed[:n].max())) if n else 0
+        self._mask = None
 
     def set(self, doc: int, meta: RecordMeta) -> None:
         self._mask = self._order = None
@@ -454,6 +479,7 @@ class _Loading:
         self.terms = bytearray()  # int64 term hashes, all segments in order
         self.tfs = bytearray()  # int32 term frequencies, same order
         self.opened = bytearray()  # per document: 1 once its projection is in
+        self.rows: list[RecordRow] = []  # by document, made into the scope's columns at the end
         self.vectors: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def add(self, doc: int, raw: bytes) -> None:
@@ -468,9 +494,9 @@ class _Loading:
             vector = np.frombuffer(parts.vector, dtype="<f4")
             found = self.vectors.get(parts.model)
             if found is None:
-                found = self.vectors[parts.model] = (np.zeros((max(self.scope.columns.n, 1), len(vector)),
+                found = self.vectors[parts.model] = (np.zeros((max(len(self.rows), 1), len(vector)),
                                                               dtype=np.float32),
-                                                     np.zeros(max(self.scope.columns.n, 1), dtype=bool))
+                                                     np.zeros(max(len(self.rows), 1), dtype=bool))
             found[0][doc] = vector
             found[1][doc] = True
 
@@ -501,6 +527,11 @@ class _Loading:
         return scope
 
 
+# RecordRow fields whose values repeat across records (scope, state, trust class, principal,
+# agent, derivative rule): the builder shares one string object per value.
+_INTERNED = (1, 2, 6, 7, 8, 9, 13)
+
+
 class IndexBuilder:
     """Builds a ``SearchIndex`` at open in two streaming passes, so that the database need not
     join, sort or hold a million projections and rows at once: ``add_row`` for every record
@@ -518,21 +549,26 @@ class IndexBuilder:
         return None if value is None else self._interned.setdefault(value, value)
 
     def add_row(self, row: RecordRow) -> None:
-        intern = self._intern
-        row = RecordRow(row.record_id, intern(row.tenant), intern(row.workspace), row.candidate_id,  # type: ignore[arg-type]
-                        row.record_digest, row.payload_digest, intern(row.state), intern(row.trust_class),  # type: ignore[arg-type]
-                        intern(row.principal), intern(row.agent_id), row.valid_t, row.valid_t_end,  # type: ignore[arg-type]
-                        row.expires_at_ms, intern(row.derivative_rule), row.accepted_at_ms,  # type: ignore[arg-type]
-                        row.accepted_cursor, row.state_cursor, row.successor_id, row.sealed_body, row.key_slot)
+        self.add_values([getattr(row, f.name) for f in fields(RecordRow)])
+
+    def add_values(self, values: Sequence[Any]) -> None:
+        """A row as fetched (``record_sql.RECORD_COLS``' order): one ``RecordRow`` made from it."""
+        r = list(values[:20])
+        for i in _INTERNED:
+            r[i] = self._intern(r[i])
+        if r[18] is not None:
+            r[18] = bytes(r[18])
+        self._add(RecordRow(*r))
+
+    def _add(self, row: RecordRow) -> None:
         key = (row.tenant, row.workspace)
         part = self._loading.get(key)
         if part is None:
             part = self._loading[key] = _Loading()
-        scope = part.scope
-        if row.record_id in scope.local:
+        if row.record_id in part.scope.local:
             return
-        doc = scope.columns.add(RecordMeta.of(row))
-        scope.local[row.record_id] = doc
+        part.scope.local[row.record_id] = len(part.rows)
+        part.rows.append(row)
         self.index._scope_of[row.record_id] = key
         part.opened.append(0)
 
@@ -541,8 +577,8 @@ class IndexBuilder:
         key = self.index._scope_of.get(record_id)
         if key is None:
             return None
-        scope = self._loading[key].scope
-        return scope.columns.rows[scope.local[record_id]]
+        part = self._loading[key]
+        return part.rows[part.scope.local[record_id]]
 
     def add_projection(self, record_id: str, raw: bytes) -> None:
         """The record's opened projection (``projection.encode``'s bytes)."""
@@ -555,6 +591,8 @@ class IndexBuilder:
         index = self.index
         for key, part in self._loading.items():
             scope = part.scope
+            scope.columns.load_rows(part.rows)
+            part.rows = []
             for doc in np.flatnonzero(np.frombuffer(part.opened, dtype=np.uint8) == 0).tolist():
                 record_id = scope.columns.record_ids[doc]
                 scope.columns.kill(doc)

@@ -1208,7 +1208,7 @@ class DuckDBStore:
         cur.execute(f"SELECT {RECORD_COLS} FROM records WHERE record_id IN (SELECT record_id FROM projections)")
         while rows := cur.fetchmany(OPEN_CHUNK):
             for found in rows:
-                builder.add_row(record_of(found))
+                builder.add_values(found)
         cur.execute("SELECT record_id, sealed FROM projections")
         while rows := cur.fetchmany(OPEN_CHUNK):
             for record_id, sealed in rows:
