@@ -521,13 +521,18 @@ class DuckDBTx(RecordLinks, TrustClasses):
         """(the id of a current record with this payload (the earliest admitted) or None, the
         payload was forgotten here): one statement."""
         overlay = not (self._member is not None and {"records", "tombstones"} & self._member.sql_tables)
-        row = self._one(
-            "SELECT (SELECT record_id FROM records WHERE tenant = $1 AND workspace = $2 AND payload_digest = $3 "
-            "AND state = 'accepted_current' ORDER BY accepted_cursor LIMIT 1), "
-            "EXISTS (SELECT 1 FROM tombstones WHERE tenant = $1 AND workspace = $2 AND payload_digest = $3)",
-            [tenant, workspace, payload_digest], overlaid=_STANDING if overlay else frozenset(),
+        # By the payload digest alone (migration 7's indexes; a condition on the scope as well
+        # makes DuckDB scan the table instead), the scope checked here.
+        rows = self._all(
+            "SELECT tenant, workspace, state, accepted_cursor, record_id, false FROM records "
+            "WHERE payload_digest = $1 UNION ALL "
+            "SELECT tenant, workspace, '', 0, record_id, true FROM tombstones WHERE payload_digest = $1",
+            [payload_digest], overlaid=_STANDING if overlay else frozenset(),
         )
-        current, tombstoned = (row[0] or None), bool(row[1])  # type: ignore[index]
+        mine = [r for r in rows if r[0] == tenant and r[1] == workspace]
+        current = min(((int(r[3]), r[4]) for r in mine if not r[5] and r[2] == "accepted_current"),
+                      default=(0, None))[1]
+        tombstoned = any(r[5] for r in mine)
         if overlay:
             key = (tenant, workspace, payload_digest)
             for pending in self._pendings():
