@@ -16,7 +16,7 @@ import hashlib
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -42,69 +42,58 @@ class Embedder(Protocol):
     def embed_batch(self, texts: list[str]) -> list[list[float]]: ...
 
 
-@dataclass
-class _Waiting:
-    text: str
-    done: threading.Event = field(default_factory=threading.Event)
-    vector: list[float] | None = None
-    error: BaseException | None = None
-    lead: bool = False  # woken to run the next batch, not with a result
-
-
 class EmbeddingBatcher:
-    """Texts of concurrent callers embedded together, one model run per batch.
+    """Record texts embedded off the caller's thread, concurrent ones in one model run.
 
     The model costs ~6.7 ms for one short text and ~4.7 ms per text in a batch of 16 on one
-    core, and one run at a time uses it (the session lock). So a caller that finds the model
-    idle runs at once, alone; callers arriving meanwhile queue, and when a run ends the
-    first of them runs everything queued (up to ``max_batch``) for all. One caller alone
-    waits for nothing extra. ``embedder_of`` is read per run: observability wraps the
-    core's embedder after the services are built.
+    core, and it releases the GIL while it runs. ``submit`` hands a text to a worker thread and
+    returns at once, so an admission embeds while it goes on deciding (policy, reads) on the
+    other core; texts submitted while the model is busy wait and go in the next run together
+    (up to ``max_batch``). ``embedder_of`` is read per run: observability wraps the core's
+    embedder after the services are built. The worker ends after ``idle_s`` without work and
+    starts again with the next text.
     """
 
-    def __init__(self, embedder_of: Callable[[], Embedder | None], *, max_batch: int = 16) -> None:
+    def __init__(self, embedder_of: Callable[[], Embedder | None], *, max_batch: int = 16,
+                 idle_s: float = 30.0) -> None:
         self._embedder_of = embedder_of
         self._max = max_batch
-        self._lock = threading.Lock()
-        self._queue: list[_Waiting] = []
-        self._busy = False
+        self._idle_s = idle_s
+        self._cond = threading.Condition()
+        self._queue: list[tuple[str, Future[list[float]]]] = []
+        self._worker: threading.Thread | None = None
+
+    def submit(self, text: str) -> Future[list[float]]:
+        future: Future[list[float]] = Future()
+        with self._cond:
+            self._queue.append((text, future))
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="engram-embed", daemon=True)
+                self._worker.start()
+            self._cond.notify()
+        return future
 
     def embed(self, text: str) -> list[float]:
-        me = _Waiting(text)
-        with self._lock:
-            self._queue.append(me)
-            lead, self._busy = not self._busy, True
-        if not lead:
-            me.done.wait()
-        if lead or me.lead:
-            self._run_one_batch()
-        if me.error is not None:
-            raise me.error
-        assert me.vector is not None
-        return me.vector
+        return self.submit(text).result()
 
-    def _run_one_batch(self) -> None:
-        with self._lock:
-            batch, self._queue = self._queue[:self._max], self._queue[self._max:]
-        try:
-            embedder = self._embedder_of()
-            if embedder is None:
-                raise SemanticUnavailable("no embedder")
-            for w, vector in zip(batch, embedder.embed_batch([w.text for w in batch]), strict=True):
-                w.vector = vector
-        except BaseException as exc:  # every caller of the batch gets the failure
-            for w in batch:
-                w.error = exc
-        with self._lock:
-            successor = self._queue[0] if self._queue else None
-            if successor is None:
-                self._busy = False
-            else:
-                successor.lead = True
-        for w in batch:
-            w.done.set()
-        if successor is not None:
-            successor.done.set()
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                if not self._queue and not self._cond.wait_for(lambda: bool(self._queue), timeout=self._idle_s):
+                    self._worker = None
+                    return
+                batch, self._queue = self._queue[:self._max], self._queue[self._max:]
+            try:
+                embedder = self._embedder_of()
+                if embedder is None:
+                    raise SemanticUnavailable("no embedder")
+                vectors = embedder.embed_batch([text for text, _ in batch])
+            except BaseException as exc:  # every caller of the run gets the failure; the worker goes on
+                for _, future in batch:
+                    future.set_exception(exc)
+                continue
+            for (_, future), vector in zip(batch, vectors, strict=True):
+                future.set_result(vector)
 
 
 class SemanticUnavailable(Exception):

@@ -9,6 +9,7 @@ row → post-commit key-slot zeroing. Errors are EngramError only.
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
@@ -89,6 +90,11 @@ def stored_outcome(tx: Tx, ctx: BoundContext, *, tool: str, target: str, key: st
     if row.tool != tool or row.target != target or row.request_digest != request_digest:
         raise EngramError(Code.DIGEST_CONFLICT, "idempotency key reused")
     return row.outcome
+
+
+def _record_text(effective: dict[str, Any]) -> str:
+    """What the semantic channel embeds of a record: its components' texts."""
+    return "\n".join(c["text"] for c in effective["components"])
 
 
 class MemoryService(ReadService):
@@ -372,6 +378,9 @@ class MemoryService(ReadService):
             if replay is not None:
                 return replay
             raise
+        # The record's vector is computed on the model's thread while this one decides (the model
+        # releases the GIL): wasted only when the admission does not accept.
+        embedding = self._start_embedding(effective)
         with self.core.store.read(snapshot=False) as tx:
             duplicate_of, tombstoned = tx.payload_standing(ctx.tenant, ctx.workspace, cand.payload_digest)
         if forced is None:
@@ -417,9 +426,9 @@ class MemoryService(ReadService):
             record_slot, record_key = self.core.vault.new_data_key(f"record:{record_id}", durable=False)
             body = seal(record_key, canonical_json(effective), kind="record", owner=record_id)
             fields = record_fields(effective, self.core.hasher)
-            # Embed before taking the write lock: the local model takes milliseconds per record,
-            # and inside the transaction it would serialize every other write behind it.
-            vector = self.embed_record(effective)
+            # Before taking the write lock: the local model takes milliseconds per record, and
+            # inside the transaction it would serialize every other write behind it.
+            vector = (self.core.embedder.model_id, embedding.result()) if embedding is not None else None
         try:
             with self.core.store.write(batched=True) as tx:
                 current = self._recheck(tx, ctx, ADMISSION_TOOL, args, request_digest, call, grant_id,
@@ -541,12 +550,17 @@ class MemoryService(ReadService):
             tx.append_audit(self.core.audit_row(ctx, ADMISSION_TOOL, status, cand.candidate_id, call))
         return {"outcome": outcome, "replayed": False}
 
+    def _start_embedding(self, effective: dict[str, Any]) -> Future[list[float]] | None:
+        if getattr(self.core, "embedder", None) is None:
+            return None
+        return self._record_embeddings.submit(_record_text(effective))
+
     def embed_record(self, effective: dict[str, Any]) -> tuple[str, list[float]] | None:
         """The record's vector for the semantic channel (model id, values), or None when it is off."""
         embedder = getattr(self.core, "embedder", None)
         if embedder is None:
             return None
-        return embedder.model_id, self._record_embeddings.embed("\n".join(c["text"] for c in effective["components"]))
+        return embedder.model_id, self._record_embeddings.embed(_record_text(effective))
 
     def _open_envelope(self, cand: CandidateRow) -> dict[str, Any]:
         key = self._key(f"candidate:{cand.candidate_id}")

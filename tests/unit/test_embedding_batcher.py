@@ -1,6 +1,6 @@
-"""EmbeddingBatcher: concurrent admissions' texts share model runs, each caller gets its own
-text's vector, a failed run fails only its own callers, and the real model's vectors from a
-batch equal its vectors one by one."""
+"""EmbeddingBatcher: admissions embed off their own thread, concurrent texts share model runs,
+each caller gets its own text's vector, a failed run fails only its own callers, and the real
+model's vectors from a batch equal its vectors one by one."""
 
 from __future__ import annotations
 
@@ -86,3 +86,23 @@ def test_the_real_model_gives_the_same_vectors_batched() -> None:
     for text, vector in zip(texts, batched, strict=True):
         alone = model.embed(text)
         assert sum(a * b for a, b in zip(alone, vector, strict=True)) > 0.9999  # type: ignore[arg-type]
+
+
+def test_submit_returns_at_once_and_the_worker_ends_when_idle() -> None:
+    release = threading.Event()
+
+    class Gated(SlowModel):
+        def embed_batch(self, texts: list[str]) -> list[list[float]]:
+            assert release.wait(10)
+            return super().embed_batch(texts)
+
+    batcher = EmbeddingBatcher(lambda: Gated(), idle_s=0.05)
+    future = batcher.submit("abc")
+    assert not future.done()  # the caller goes on deciding while the model runs
+    release.set()
+    assert future.result(10) == [3.0, float(ord("a"))]
+    deadline = time.monotonic() + 10
+    while batcher._worker is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert batcher._worker is None  # no thread left behind by an idle core
+    assert batcher.embed("b") == [1.0, float(ord("b"))]  # and a new one starts with the next text
