@@ -83,3 +83,19 @@ def test_mcp_hop_measures_grpc_and_both_adapters_in_one_run(tmp_path: Path) -> N
     assert set(paths) == {"grpc", "mcp", "mcp_baseline"}
     for name in ("mcp", "mcp_baseline"):
         assert paths[name]["p50_ms"] > 0 and paths[name]["adapter_cpu_ms_per_call"] is not None
+
+
+def test_writes_reports_throughput_commits_and_server_cpu(tmp_path: Path) -> None:
+    """tools/bench/writes.py at 40 records: pairs and forgets from 1 and 3 clients, with the
+    COMMITs read from the served core's metrics."""
+    from tools.bench.writes import main as writes_main
+
+    out = tmp_path / "writes.json"
+    assert writes_main(["--size", "40", "--clients", "1,3", "--duration", "1", "--out", str(out)]) == 0
+    points = json.loads(out.read_text())["points"]
+    assert [(p["clients"], p["phase"]) for p in points] == [(1, "pair"), (1, "forget"), (3, "pair"), (3, "forget")]
+    for p in points:
+        assert p["errors"] == 0 and p["operations"] > 0, p
+        assert p["commits"] > 0 and p["transactions"] >= p["operations"], p
+        assert p["server_cpu_ms_per_op"] > 0
+    assert points[0]["pair"]["p50_ms"] > points[0]["capture"]["p50_ms"] > 0

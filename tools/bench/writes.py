@@ -1,0 +1,203 @@
+"""The write path under concurrency (issue 14): capture + admission pairs and forgets from N gRPC
+clients against ``engram serve``, with how many transactions each COMMIT carried and what the
+server's CPU spent per operation.
+
+    .venv/bin/python -m tools.bench.writes [--size 10000] [--clients 1,4,16] [--duration 10] [--out FILE]
+
+The store is bulk-loaded to ``--size`` accepted records first (tools/bench/loader.py), then served
+by ``engram serve --metrics`` in its own process (semantic channel on, so admissions embed). Per
+client count: pairs for ``--duration`` seconds (each client captures, then admits that
+candidate), then forgets of records the pairs admitted. Reported per point: completed operations
+per second, p50/p99 latency of each call, the server process's CPU time per operation (user +
+system from /proc), and the COMMITs with their mean transactions (the core's
+``engram_store_commit_batch_transactions`` histogram, read before and after). The machine's facts
+and load averages go with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from tools.bench.corpus import Corpus
+from tools.bench.grpc_client import GrpcAgent, activate
+from tools.bench.machine import facts, loadavg
+from tools.bench.serving import ENGRAM, REPO
+from tools.bench.stats import run_summary
+
+TENANT, WORKSPACE = "bench", "writes"
+
+
+def _load(data: Path, size: int) -> None:
+    from engram_core.rpc.server import open_core
+    from tools.bench.loader import activate_scope, load_scope
+
+    core, _, _ = open_core(data, semantic=False, load_index=False)
+    try:
+        activate_scope(core, TENANT, WORKSPACE)
+        if size:
+            load_scope(core, Corpus(seed=14), TENANT, WORKSPACE, size, embed=False, reload=False)
+    finally:
+        core.store.close()
+
+
+class _Server:
+    def __init__(self, data: Path) -> None:
+        self.proc = subprocess.Popen(
+            [ENGRAM, "serve", "--data", str(data), "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO)
+        self.address = self.metrics = ""
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:  # the listening line, then the opened summary naming the metrics URL
+            if "listening on" in line:
+                self.address = line.split("listening on ", 1)[1].split()[0]
+            if "metrics http://" in line:
+                self.metrics = "http://" + line.split("metrics http://", 1)[1].split()[0].rstrip(",")
+            if self.address and self.metrics:
+                break
+        if not (self.address and self.metrics):
+            self.stop()
+            raise RuntimeError("engram serve did not start with metrics")
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        for _ in self.proc.stdout:
+            pass
+
+    def cpu_s(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / 100.0
+
+    def commits(self) -> tuple[float, float]:
+        """(COMMITs, transactions they carried) so far."""
+        text = urllib.request.urlopen(self.metrics, timeout=10).read().decode()
+        count = total = 0.0
+        for line in text.splitlines():
+            if line.startswith("engram_store_commit_batch_transactions_count"):
+                count = float(line.split()[-1])
+            elif line.startswith("engram_store_commit_batch_transactions_sum"):
+                total = float(line.split()[-1])
+        return count, total
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=60)
+
+
+def _point(server: _Server, key_path: Path, clients: int, duration: float, phase: str,
+           corpus: Corpus, admitted: list[str]) -> dict[str, Any]:
+    lat: dict[str, list[float]] = {"pair": [], "capture": [], "request_admission": [], "forget": []}
+    errors = [0]
+    stop = time.monotonic() + duration
+    lock = threading.Lock()
+    todo = list(admitted) if phase == "forget" else []
+
+    def client(n: int) -> None:
+        agent = GrpcAgent(server.address, key_path, tenant=TENANT, workspace=WORKSPACE)
+        i = 0
+        try:
+            while time.monotonic() < stop:
+                i += 1
+                if phase == "pair":
+                    started = time.perf_counter()
+                    cap = agent.call("capture", corpus.capture_args(f"w{clients}-{n}", i))
+                    mid = time.perf_counter()
+                    out = agent.call("request_admission", {"candidate_id": cap["candidate_id"],
+                                                           "idempotency_key": f"bench-admission-{clients}-{n}-{i:08d}"})
+                    done = time.perf_counter()
+                    with lock:
+                        lat["capture"].append(mid - started)
+                        lat["request_admission"].append(done - mid)
+                        lat["pair"].append(done - started)
+                        if out["outcome"].get("record_id"):
+                            admitted.append(out["outcome"]["record_id"])
+                else:
+                    with lock:
+                        if not todo:
+                            return
+                        rid = todo.pop()
+                    started = time.perf_counter()
+                    agent.call("forget", {"record_id": rid, "idempotency_key": f"bench-forget-{rid}"[:200],
+                                          "reason_ref": "bench"}, confirm=True)
+                    with lock:
+                        lat["forget"].append(time.perf_counter() - started)
+        except Exception:  # noqa: BLE001 - counted and reported, the run goes on
+            with lock:
+                errors[0] += 1
+        finally:
+            agent.close()
+
+    cpu0, (c0, t0) = server.cpu_s(), server.commits()
+    began = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - began
+    cpu1, (c1, t1) = server.cpu_s(), server.commits()
+    ops = len(lat["pair"]) if phase == "pair" else len(lat["forget"])
+    out: dict[str, Any] = {
+        "clients": clients, "phase": phase, "operations": ops, "errors": errors[0],
+        "server_cpu_ms_per_op": round((cpu1 - cpu0) / ops * 1000, 2) if ops else None,
+        "server_cpu_share_of_a_core": round((cpu1 - cpu0) / wall, 2),
+        "commits": int(c1 - c0), "transactions": int(t1 - t0),
+        "transactions_per_commit": round((t1 - t0) / (c1 - c0), 2) if c1 > c0 else None,
+        "loadavg_after": loadavg(),
+    }
+    for name, values in lat.items():
+        if values:
+            out[name] = run_summary(values, wall)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", type=int, default=10000, help="accepted records loaded first (default 10000)")
+    p.add_argument("--clients", default="1,4,16")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds of pairs per client count")
+    p.add_argument("--out", default=None, help="write the JSON summary here")
+    a = p.parse_args(argv)
+    summary: dict[str, Any] = {"machine": facts(), "command": " ".join(sys.argv), "size": a.size, "points": []}
+    with tempfile.TemporaryDirectory(prefix="engram-bench-writes-") as tmp:
+        data = Path(tmp) / "data"
+        print(f"[writes] loading {a.size:,} records", file=sys.stderr)
+        _load(data, a.size)
+        server = _Server(data)
+        try:
+            activate(server.address, data / "host.key", TENANT, WORKSPACE)
+            corpus = Corpus(seed=41)
+            for clients in (int(c) for c in a.clients.split(",")):
+                admitted: list[str] = []
+                for phase in ("pair", "forget"):
+                    point = _point(server, data / "host.key", clients, a.duration, phase, corpus, admitted)
+                    summary["points"].append(point)
+                    main_op = point.get(phase, {})
+                    print(f"[writes] clients={clients} {phase}: {main_op.get('throughput_per_s')}/s "
+                          f"p50={main_op.get('p50_ms')} ms, {point['transactions_per_commit']} tx/COMMIT, "
+                          f"server CPU {point['server_cpu_ms_per_op']} ms/op, errors {point['errors']}",
+                          file=sys.stderr)
+        finally:
+            server.stop()
+    summary["loadavg_at_end"] = loadavg()
+    text = json.dumps(summary, indent=1)
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
