@@ -91,9 +91,12 @@ def test_writes_reports_throughput_commits_and_server_cpu(tmp_path: Path) -> Non
     from tools.bench.writes import main as writes_main
 
     out = tmp_path / "writes.json"
-    assert writes_main(["--size", "40", "--clients", "1,3", "--duration", "1", "--out", str(out)]) == 0
+    assert writes_main(["--size", "40", "--clients", "1,3", "--duration", "1", "--search-writers", "2",
+                        "--out", str(out)]) == 0
     points = json.loads(out.read_text())["points"]
-    assert [(p["clients"], p["phase"]) for p in points] == [(1, "pair"), (1, "forget"), (3, "pair"), (3, "forget")]
+    assert [(p["clients"], p["phase"]) for p in points] == [(1, "pair"), (1, "forget"), (3, "pair"), (3, "forget"),
+                                                          (2, "pair+search")]
+    assert points[-1]["search"]["n"] > 0
     for p in points:
         assert p["errors"] == 0 and p["operations"] > 0, p
         assert p["commits"] > 0 and p["transactions"] >= p["operations"], p

@@ -7,7 +7,8 @@ server's CPU spent per operation.
 The store is bulk-loaded to ``--size`` accepted records first (tools/bench/loader.py), then served
 by ``engram serve --metrics`` in its own process (semantic channel on, so admissions embed). Per
 client count: pairs for ``--duration`` seconds (each client captures, then admits that
-candidate), then forgets of records the pairs admitted. Reported per point: completed operations
+candidate), then forgets of records the pairs admitted; last, one client searching (lexical)
+while ``--search-writers`` clients write pairs. Reported per point: completed operations
 per second, p50/p99 latency of each call, the server process's CPU time per operation (user +
 system from /proc), and the COMMITs with their mean transactions (the core's
 ``engram_store_commit_batch_transactions`` histogram, read before and after). The machine's facts
@@ -27,7 +28,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tools.bench.corpus import Corpus
+from tools.bench.corpus import PURPOSE, Corpus
 from tools.bench.grpc_client import GrpcAgent, activate
 from tools.bench.machine import facts, loadavg
 from tools.bench.serving import ENGRAM, REPO
@@ -95,8 +96,10 @@ class _Server:
 
 
 def _point(server: _Server, key_path: Path, clients: int, duration: float, phase: str,
-           corpus: Corpus, admitted: list[str]) -> dict[str, Any]:
-    lat: dict[str, list[float]] = {"pair": [], "capture": [], "request_admission": [], "forget": []}
+           corpus: Corpus, admitted: list[str], *, searcher: bool = False) -> dict[str, Any]:
+    """``clients`` writers doing ``phase`` (pair or forget); ``searcher``: one more client searching
+    (lexical) all the while, its latencies reported as ``search``."""
+    lat: dict[str, list[float]] = {"pair": [], "capture": [], "request_admission": [], "forget": [], "search": []}
     errors = [0]
     stop = time.monotonic() + duration
     lock = threading.Lock()
@@ -137,9 +140,28 @@ def _point(server: _Server, key_path: Path, clients: int, duration: float, phase
         finally:
             agent.close()
 
+    def search() -> None:
+        agent = GrpcAgent(server.address, key_path, tenant=TENANT, workspace=WORKSPACE)
+        queries = corpus.queries(200)
+        i = 0
+        try:
+            while time.monotonic() < stop:
+                started = time.perf_counter()
+                agent.call("search", {"query": queries[i % len(queries)], "purpose_ref": PURPOSE})
+                with lock:
+                    lat["search"].append(time.perf_counter() - started)
+                i += 1
+        except Exception:  # noqa: BLE001
+            with lock:
+                errors[0] += 1
+        finally:
+            agent.close()
+
     cpu0, (c0, t0) = server.cpu_s(), server.commits()
     began = time.perf_counter()
     threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+    if searcher:
+        threads.append(threading.Thread(target=search))
     for t in threads:
         t.start()
     for t in threads:
@@ -148,7 +170,8 @@ def _point(server: _Server, key_path: Path, clients: int, duration: float, phase
     cpu1, (c1, t1) = server.cpu_s(), server.commits()
     ops = len(lat["pair"]) if phase == "pair" else len(lat["forget"])
     out: dict[str, Any] = {
-        "clients": clients, "phase": phase, "operations": ops, "errors": errors[0],
+        "clients": clients, "phase": phase + ("+search" if searcher else ""), "operations": ops,
+        "errors": errors[0],
         "server_cpu_ms_per_op": round((cpu1 - cpu0) / ops * 1000, 2) if ops else None,
         "server_cpu_share_of_a_core": round((cpu1 - cpu0) / wall, 2),
         "commits": int(c1 - c0), "transactions": int(t1 - t0),
@@ -166,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=int, default=10000, help="accepted records loaded first (default 10000)")
     p.add_argument("--clients", default="1,4,16")
     p.add_argument("--duration", type=float, default=10.0, help="seconds of pairs per client count")
+    p.add_argument("--search-writers", type=int, default=4,
+                   help="then one client searching while this many write pairs (0: skip)")
     p.add_argument("--out", default=None, help="write the JSON summary here")
     a = p.parse_args(argv)
     summary: dict[str, Any] = {"machine": facts(), "command": " ".join(sys.argv), "size": a.size, "points": []}
@@ -187,6 +212,13 @@ def main(argv: list[str] | None = None) -> int:
                           f"p50={main_op.get('p50_ms')} ms, {point['transactions_per_commit']} tx/COMMIT, "
                           f"server CPU {point['server_cpu_ms_per_op']} ms/op, errors {point['errors']}",
                           file=sys.stderr)
+            if a.search_writers:
+                point = _point(server, data / "host.key", a.search_writers, a.duration, "pair", corpus, [],
+                               searcher=True)
+                summary["points"].append(point)
+                print(f"[writes] search while {a.search_writers} write pairs: p50={point['search']['p50_ms']} ms "
+                      f"p99={point['search']['p99_ms']} ms; pairs {point['pair']['throughput_per_s']}/s",
+                      file=sys.stderr)
         finally:
             server.stop()
     summary["loadavg_at_end"] = loadavg()
