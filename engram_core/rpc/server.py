@@ -450,7 +450,7 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
 
 def _build_index(running: RunningCore, host: HostServiceCore) -> None:
     try:
-        running.core.store.reload_indexes()
+        running.core.store.reload_indexes(key_digests=False)  # loaded at open
     except EngramError as exc:  # store closed meanwhile; a later call rebuilds it or fails
         log.warning("search index not built at start: %s", exc.code.value)
     except Exception:

@@ -269,8 +269,9 @@ class Store(Protocol):
         """(audit rows spooled but not yet in the table, ``at_ms`` of the oldest of them)."""
         ...
 
-    def reload_indexes(self) -> None:
-        """Rebuild the in-memory copies (search index, committed scopes) from storage."""
+    def reload_indexes(self, *, key_digests: bool = True) -> None:
+        """Rebuild the in-memory copies (search index, committed scopes and, unless
+        ``key_digests=False``, the engine's negative-lookup digests) from storage."""
         ...
 
     def schema_version(self) -> int:

@@ -33,6 +33,7 @@ from engram_core.store.duckdb.migrations import LEDGER_DDL, MIGRATIONS
 from engram_core.store.duckdb.record_links import RecordLinks
 from engram_core.store.duckdb.record_sql import RECORD_COLS, record_of
 from engram_core.store.duckdb.trust import TrustClasses
+from engram_core.store.key_digests import KeyDigests
 from engram_core.store.port import (
     AuditRow,
     CandidateRow,
@@ -329,6 +330,8 @@ class DuckDBTx(RecordLinks, TrustClasses):
             found = pending.idempotency.get((tenant, workspace, principal, key))
             if found is not None:
                 return found
+        if not self._store.idempotency_keys.may_contain(tenant, workspace, principal, key):
+            return None  # never written: no read needed (key_digests.py)
         row = self._one(
             "SELECT tool, target, request_digest, outcome FROM idempotency "
             "WHERE tenant = ? AND workspace = ? AND principal = ? AND key = ?",
@@ -337,6 +340,7 @@ class DuckDBTx(RecordLinks, TrustClasses):
         return IdempotencyRow(row[0], row[1], row[2], json.loads(row[3])) if row else None
 
     def idempotency_put(self, tenant: str, workspace: str, principal: str, key: str, row: IdempotencyRow, at_ms: int) -> None:
+        self._store.idempotency_keys.add(tenant, workspace, principal, key)  # before the row can commit
         self._insert("idempotency", [tenant, workspace, principal, key, row.tool, row.target, row.request_digest,
                                      json.dumps(row.outcome, sort_keys=True), at_ms])
         if self._member is not None:
@@ -453,6 +457,7 @@ class DuckDBTx(RecordLinks, TrustClasses):
 
     # -- records -----------------------------------------------------------------
     def insert_record(self, row: RecordRow) -> None:
+        self._store.payload_keys.add(row.tenant, row.workspace, row.payload_digest)  # before the row can commit
         self._insert(
             "records",
             [row.record_id, row.tenant, row.workspace, row.candidate_id, row.record_digest, row.payload_digest,
@@ -522,13 +527,14 @@ class DuckDBTx(RecordLinks, TrustClasses):
         payload was forgotten here): one statement."""
         overlay = not (self._member is not None and {"records", "tombstones"} & self._member.sql_tables)
         # By the payload digest alone (migration 7's indexes; a condition on the scope as well
-        # makes DuckDB scan the table instead), the scope checked here.
+        # makes DuckDB scan the table instead), the scope checked here; not at all when this
+        # scope never held the digest (key_digests.py).
         rows = self._all(
             "SELECT tenant, workspace, state, accepted_cursor, record_id, false FROM records "
             "WHERE payload_digest = $1 UNION ALL "
             "SELECT tenant, workspace, '', 0, record_id, true FROM tombstones WHERE payload_digest = $1",
             [payload_digest], overlaid=_STANDING if overlay else frozenset(),
-        )
+        ) if self._store.payload_keys.may_contain(tenant, workspace, payload_digest) else []
         mine = [r for r in rows if r[0] == tenant and r[1] == workspace]
         current = min(((int(r[3]), r[4]) for r in mine if not r[5] and r[2] == "accepted_current"),
                       default=(0, None))[1]
@@ -543,6 +549,7 @@ class DuckDBTx(RecordLinks, TrustClasses):
 
     # -- tombstone ledger ---------------------------------------------------------
     def add_tombstone(self, tenant: str, workspace: str, payload_digest: str, record_id: str, cursor: int, at_ms: int) -> None:
+        self._store.payload_keys.add(tenant, workspace, payload_digest)  # before the row can commit
         self._insert("tombstones", [tenant, workspace, payload_digest, record_id, cursor, at_ms])
         if self._member is not None:
             self._member.pending.tombstones.add((tenant, workspace, payload_digest))
@@ -839,6 +846,7 @@ class DuckDBStore:
         self.audit_head: tuple[int, str] = (int(row[0]), row[1]) if row else (0, GENESIS)
         if self._spool.pending and self._spool.pending[-1]["seq"] > self.audit_head[0]:
             self.audit_head = (int(self._spool.pending[-1]["seq"]), self._spool.pending[-1]["row_digest"])
+        self._load_key_digests()
         # What searches and the writer read instead of the database: the search index and the
         # scope rows as of the last commit, published together after each COMMIT under one lock
         # (search_index.py). Stale (None / True) after a commit of unknown outcome or a failed
@@ -1157,10 +1165,29 @@ class DuckDBStore:
         """The writer's view of committed scope rows; None (read the database) when stale."""
         return None if self._stale else self._scopes
 
-    def reload_indexes(self) -> None:
-        """Rebuild the committed copies from the database (after writes that bypass ``DuckDBTx``)."""
+    def reload_indexes(self, *, key_digests: bool = True) -> None:
+        """Rebuild the committed copies from the database (after writes that bypass ``DuckDBTx``);
+        ``key_digests=False``: the search index and scope rows only (the digests are current)."""
+        if key_digests:
+            with self._exclusive():
+                self._load_key_digests()
         with self._publish:
             self._reload()
+
+    def _load_key_digests(self) -> None:
+        """Every idempotency key and every scope's payload digests (records and tombstones), as
+        64-bit digests (key_digests.py), read in one vectorized query each."""
+        cur = self._con.cursor()
+        try:
+            self.idempotency_keys = KeyDigests(cur.execute(
+                "SELECT md5_number_upper(concat_ws(chr(0), tenant, workspace, principal, key)) AS d "
+                "FROM idempotency").fetchnumpy()["d"])
+            self.payload_keys = KeyDigests(cur.execute(
+                "SELECT md5_number_upper(concat_ws(chr(0), tenant, workspace, payload_digest)) AS d FROM records "
+                "UNION ALL SELECT md5_number_upper(concat_ws(chr(0), tenant, workspace, payload_digest)) "
+                "FROM tombstones").fetchnumpy()["d"])
+        finally:
+            cur.close()
 
     def _reload(self) -> None:
         started = time.perf_counter()

@@ -1,0 +1,67 @@
+"""Negative lookups without a database read (store/key_digests.py): no false negatives, ever —
+across merges under concurrent readers, and across a reopen, where the digests come from DuckDB's
+``md5_number_upper`` and must equal Python's for any UTF-8 key."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from engram_core.crypto.keyvault import FileKeyVault
+from engram_core.store import key_digests
+from engram_core.store.duckdb.store import DuckDBStore
+from engram_core.store.key_digests import KeyDigests
+from engram_core.store.port import IdempotencyRow
+
+KEYS = ["idempotency-key-0001", "ключ-ünïcode-ключ-0002", "emoji-🔑-key-000003", "a\tb\nc-key-0000004"]
+
+
+def test_added_keys_are_found_through_merges_while_readers_look(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(key_digests, "MERGE_AT", 64)
+    digests = KeyDigests()
+    added: list[str] = []
+    missed: list[str] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            for k in list(added):
+                if not digests.may_contain("t", "w", k):
+                    missed.append(k)
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for i in range(3000):
+        digests.add("t", "w", f"key-{i}")
+        added.append(f"key-{i}")
+    stop.set()
+    for t in threads:
+        t.join()
+    assert missed == []
+    assert len(digests) == 3000
+    assert not digests.may_contain("t", "w", "never-added")
+    assert not digests.may_contain("t", "other", "key-1")  # parts are kept apart
+
+
+def test_a_reopened_store_finds_every_key_and_payload_it_holds(tmp_path: Path) -> None:
+    store = DuckDBStore(tmp_path, keys=FileKeyVault(tmp_path))
+    row = IdempotencyRow("engram_memory_capture", "cand_1", "sha256:" + "0" * 64, {"status": "committed_pending"})
+    with store.write(batched=True) as tx:
+        for k in KEYS:
+            tx.idempotency_put("acme", "alpha", "user:ana", k, row, 1)
+        tx.add_tombstone("acme", "alpha", "sha256:" + "5" * 64, "mem_x", 1, 1)
+    store.close()
+    reopened = DuckDBStore(tmp_path, keys=FileKeyVault(tmp_path))
+    try:
+        for k in KEYS:  # the digests now come from DuckDB: they must agree with Python's
+            assert reopened.idempotency_keys.may_contain("acme", "alpha", "user:ana", k)
+        with reopened.read() as tx:
+            assert all(tx.idempotency_get("acme", "alpha", "user:ana", k) == row for k in KEYS)
+            assert tx.idempotency_get("acme", "alpha", "user:bob", KEYS[0]) is None
+            assert tx.payload_standing("acme", "alpha", "sha256:" + "5" * 64) == (None, True)
+            assert tx.payload_standing("acme", "beta", "sha256:" + "5" * 64) == (None, False)
+    finally:
+        reopened.close()
