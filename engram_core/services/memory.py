@@ -372,7 +372,8 @@ class MemoryService(ReadService):
         if forced is None and cand.state == "pending_adjudication":
             return self._outcome_only(ctx, cand, "pending_adjudication", call, args, request_digest)
         try:
-            effective = self._open_envelope(cand)["payload"]
+            envelope, envelope_slot = self._open_envelope(cand)
+            effective = envelope["payload"]
         except (EngramError, InvalidTag):
             replay = self._after_lost_key(ctx, cand, args, request_digest)
             if replay is not None:
@@ -484,8 +485,8 @@ class MemoryService(ReadService):
                 if status == "duplicate_exact":
                     standing["record_id"] = duplicate_of
                 tx.set_candidate_state(cand.candidate_id, to_state, decision=standing, drop_envelope=terminal)
-                if terminal:
-                    tx.drop_data_key(f"candidate:{cand.candidate_id}", now, status)
+                if terminal:  # its slot as read for the envelope: _recheck saw the key still live
+                    tx.drop_data_key(f"candidate:{cand.candidate_id}", now, status, slot=envelope_slot)
                 outcome.update({
                     "cursor": str(event.cursor), "decision_receipt_digest": decision_receipt,
                     "transaction_receipt_digest": self._tx_receipt(
@@ -562,9 +563,10 @@ class MemoryService(ReadService):
             return None
         return embedder.model_id, self._record_embeddings.embed(_record_text(effective))
 
-    def _open_envelope(self, cand: CandidateRow) -> dict[str, Any]:
-        key = self._key(f"candidate:{cand.candidate_id}")
-        return json.loads(unseal(key, cand.sealed_envelope or b"", kind="candidate", owner=cand.candidate_id))
+    def _open_envelope(self, cand: CandidateRow) -> tuple[dict[str, Any], int]:
+        """The candidate's opened envelope, and its data key's slot."""
+        slot, key = self._key(f"candidate:{cand.candidate_id}")
+        return json.loads(unseal(key, cand.sealed_envelope or b"", kind="candidate", owner=cand.candidate_id)), slot
 
     def _after_lost_key(self, ctx: BoundContext, cand: CandidateRow, args: dict[str, Any] | None,
                         request_digest: str | None) -> dict[str, Any] | None:
@@ -585,13 +587,13 @@ class MemoryService(ReadService):
             raise EngramError(Code.ILLEGAL_TRANSITION, "candidate admitted concurrently")
         return None
 
-    def _key(self, owner: str) -> bytes:
+    def _key(self, owner: str) -> tuple[int, bytes]:
         with self.core.store.read(snapshot=False) as tx:
             slot = tx.data_key_slot(owner)
         key = self.core.vault.data_key(slot, owner) if slot is not None else None
-        if key is None:
+        if key is None or slot is None:
             raise EngramError(Code.BLOB_MISSING, "data key missing")
-        return key
+        return slot, key
 
     # -- withdraw ------------------------------------------------------------------------------
     def withdraw(self, ctx: BoundContext, args: dict[str, Any], grant: bytes | None) -> dict[str, Any]:
@@ -676,7 +678,7 @@ class MemoryService(ReadService):
                 tx.drop_record_body(record_id)
                 removed = tx.unindex_record(ctx.tenant, ctx.workspace, record_id)
                 tx.add_tombstone(ctx.tenant, ctx.workspace, rec.payload_digest, record_id, event.cursor, now)
-                tx.drop_data_key(f"record:{record_id}", now, "tombstone")
+                tx.drop_data_key(f"record:{record_id}", now, "tombstone", slot=rec.key_slot)
                 derivatives = apply_derivative_rule(tx, ctx, rec, cause="tombstone", cause_event_id=event.event_id,
                                                     now=now, call=call)
                 tx.drop_record_links(record_id)

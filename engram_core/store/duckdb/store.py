@@ -433,12 +433,13 @@ class DuckDBTx(RecordLinks, TrustClasses):
         row = self._one("SELECT slot FROM data_keys WHERE owner = ?", [owner], overlaid=_DATA_KEYS)
         return int(row[0]) if row else None
 
-    def drop_data_key(self, owner: str, at_ms: int, reason: str) -> int | None:
+    def drop_data_key(self, owner: str, at_ms: int, reason: str, *, slot: int | None = None) -> int | None:
         if self._member is None:
             row = self._one("DELETE FROM data_keys WHERE owner = ? RETURNING slot", [owner])
             slot = int(row[0]) if row else None
         else:
-            slot = self.data_key_slot(owner)
+            if slot is None:
+                slot = self.data_key_slot(owner)
             if slot is not None:
                 self._delete_key("data_keys", "owner", owner)
                 self._member.pending.dropped_keys.add(owner)
