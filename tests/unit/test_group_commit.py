@@ -218,3 +218,32 @@ def test_candidate_changes_within_a_batch_read_as_they_will_commit(store: DuckDB
     with store.read() as tx:
         c = tx.candidate(T, W, "cand_1")
         assert (c.state, c.decision, c.sealed_envelope) == ("accepted", {"status": "accepted"}, None)  # type: ignore[union-attr]
+
+
+def test_store_questions_from_other_threads_never_collide_with_the_writers_commit(store: DuckDBStore) -> None:
+    """`engram serve` asked the store for its migration ledger on the writer's connection while the
+    first calls committed on it: DuckDB refused one of them (the COMMIT then answered
+    MUTATION_OUTCOME_UNKNOWN, or the start-up summary killed the server)."""
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def ask() -> None:
+        while not stop.is_set():
+            try:
+                assert store.migration_ledger()
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+                return
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    try:
+        for n in range(150):
+            _event_alone(store, f"e{n}")
+    except EngramError as exc:
+        errors.append(exc)
+    finally:
+        stop.set()
+        asker.join(10)
+    assert errors == []
+    assert len(_journal(store)) == 150

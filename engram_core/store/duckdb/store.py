@@ -974,8 +974,14 @@ class DuckDBStore:
         return [{"version": m.version, "name": m.name, "checksum": m.checksum} for m in MIGRATIONS]
 
     def migration_ledger(self) -> list[dict[str, Any]]:
-        rows = self._con.execute(
-            "SELECT version, name, checksum, applied_at_ms FROM schema_migrations ORDER BY version").fetchall()
+        # On a cursor of its own: the store's connection belongs to the writer, and DuckDB refuses
+        # a statement on a connection busy in another thread (the writer's COMMIT then fails).
+        cur = self._con.cursor()
+        try:
+            rows = cur.execute(
+                "SELECT version, name, checksum, applied_at_ms FROM schema_migrations ORDER BY version").fetchall()
+        finally:
+            cur.close()
         return [{"version": r[0], "name": r[1], "checksum": r[2], "applied_at_ms": r[3]} for r in rows]
 
     # -- transactions ----------------------------------------------------------------
