@@ -62,7 +62,7 @@ NEVER = np.iinfo(np.int64).max  # no valid_time end / no expiry
 MERGE_AT = 65_536  # buffered postings of a scope before they are merged into its arrays
 CONTRIBUTION_BYTES = 32 << 20  # per scope: cached term contributions (a common term: ~1 MB at 100k)
 SIMILARITY_BLOCK = 1024  # matrix rows converted to float64 at a time for a similarity (3 MB: stays in cache)
-DENSE_LEND = 8  # neighbours: shifted passes over all documents once more than 1 in 8 match
+LEND_PATH: str | None = None  # neighbours' lending: "sparse", "pairs" or "dense" forced (tests); None: by size
 
 
 @dataclass
@@ -182,20 +182,31 @@ class _Columns:
         self.live[doc] = False
         self.rows[doc] = None
 
-    def lend(self, scores: np.ndarray, span: int, weight: float, within_ms: int) -> np.ndarray:
-        """``scores`` plus, for each document, ``weight`` times the best score among its
+    def lend(self, scores: np.ndarray, eligible: np.ndarray, span: int, weight: float, within_ms: int) -> np.ndarray:
+        """``scores`` plus, for each document, ``weight`` times the best score among its eligible
         neighbours: the ``span`` live documents indexed just before and after it whose valid time
-        is within ``within_ms`` of its own (turns of one conversation captured one by one, notes
-        of one meeting). Neighbours are counted over live documents only, so a forgotten record
-        in between changes nothing, as after a reload (which does not see it). Callers pass 0 for
-        ineligible documents: only what the search may return lends."""
-        src = np.flatnonzero(scores > 0)
-        if span <= 0 or weight == 0 or len(src) == 0:
+        is within ``within_ms`` of its own (the turns of one conversation, captured one by one
+        with the session's date). Neighbours are counted over live documents only, so a forgotten
+        record in between changes nothing, as after a reload (which does not see it). Only
+        eligible documents lend: what the search may not return does not count.
+
+        The work is proportional to what can lend: nothing when no two neighbours share a
+        time (notes captured at their own instants), the matches' neighbours when few documents
+        match, the linked pairs when few are linked, else shifted passes over the scope."""
+        if span <= 0 or weight == 0:
             return scores
-        live, position, close = self._neighbourhood(span, within_ms)
-        if len(src) * DENSE_LEND < len(live):
-            # Few matches: visit each match's neighbours.
-            lent = np.zeros(len(scores))
+        live, position, close, pairs = self._neighbourhood(span, within_ms)
+        linked = sum(len(a) for a, _ in pairs)
+        if linked == 0:
+            return scores
+        path = LEND_PATH
+        if path is None and linked * 8 < len(live):
+            path = "pairs"
+        if path in (None, "sparse"):
+            src = np.flatnonzero((scores > 0) & eligible[: len(scores)])
+            path = path or ("sparse" if len(src) * 8 < linked else "dense")
+        lent = np.zeros(len(scores))
+        if path == "sparse":  # few matches: visit each match's neighbours
             src_pos, src_score = position[src], scores[src]
             for step in range(1, span + 1):
                 before = src_pos - step  # the neighbour ``step`` places before: close[step-1][before]
@@ -208,33 +219,40 @@ class _Columns:
                 ok[ok] = close[step - 1][src_pos[ok]]
                 tgt = live[after[ok]]
                 lent[tgt] = np.maximum(lent[tgt], src_score[ok])
-            return scores + weight * lent
-        # Many matches: shifted passes over the live documents in order.
-        dense = scores[live] if len(live) < len(scores) else scores
-        lent = np.zeros(len(dense))
-        for step in range(1, span + 1):
-            c = close[step - 1]
-            np.maximum(lent[:-step], np.where(c, dense[step:], 0.0), out=lent[:-step])
-            np.maximum(lent[step:], np.where(c, dense[:-step], 0.0), out=lent[step:])
-        if len(live) < len(scores):
-            out = scores.copy()
-            out[live] += weight * lent
-            return out
+        elif path == "pairs":  # few linked documents: only their pairs
+            for a, b in pairs:  # documents ``step`` places apart sharing a time, a before b
+                sa = np.where(eligible[a], scores[a], 0.0)
+                sb = np.where(eligible[b], scores[b], 0.0)
+                lent[a] = np.maximum(lent[a], sb)  # within one step each document is once an a, once a b
+                lent[b] = np.maximum(lent[b], sa)
+        else:  # many matches and links: shifted passes over the live documents in order
+            every = len(live) == len(scores)  # no document forgotten: no gathering needed
+            dense = np.where(eligible[: len(scores)], scores, 0.0) if every else np.where(eligible[live], scores[live], 0.0)
+            run = lent if every else np.zeros(len(live))
+            for step in range(1, span + 1):
+                c = close[step - 1]
+                np.maximum(run[:-step], np.where(c, dense[step:], 0.0), out=run[:-step])
+                np.maximum(run[step:], np.where(c, dense[:-step], 0.0), out=run[step:])
+            if not every:
+                lent[live] = run
         return scores + weight * lent
 
-    def _neighbourhood(self, span: int, within_ms: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-        """(live documents in order, each document's place among them (-1: not live), and per
-        step 1..span whether the live documents ``step`` places apart are within ``within_ms``
-        of each other's valid time), kept until a document is added, removed or changed."""
+    def _neighbourhood(self, span: int, within_ms: int
+                       ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], list[tuple[np.ndarray, np.ndarray]]]:
+        """(live documents in order, each document's place among them (-1: not live), per step
+        1..span whether the live documents ``step`` places apart are within ``within_ms`` of each
+        other's valid time, and those pairs as documents), kept until a document is added,
+        removed or changed."""
         if self._order is None or self._order[0] != (span, within_ms):
             live = np.flatnonzero(self.live[: self.n])
             position = np.full(self.n, -1, dtype=np.int64)
             position[live] = np.arange(len(live))
             vt = self.valid_t[live]
             close = [np.abs(vt[step:] - vt[:-step]) <= within_ms for step in range(1, span + 1)]
-            self._order = ((span, within_ms), live, position, close)
-        _, live, position, close = self._order
-        return live, position, close
+            pairs = [(live[np.flatnonzero(c)], live[np.flatnonzero(c) + step]) for step, c in enumerate(close, 1)]
+            self._order = ((span, within_ms), live, position, close, pairs)
+        _, live, position, close, pairs = self._order
+        return live, position, close, pairs
 
     def eligible(self, *, now_ms: int, max_cursor: int) -> np.ndarray:
         """SPEC §5 eligibility as of the pin, over every local document.
@@ -727,7 +745,7 @@ class SearchIndex:
         eligible = cols.eligible(now_ms=now_ms, max_cursor=max_accepted_cursor)
         own = bm25
         if neighbours is not None:
-            bm25 = cols.lend(np.where(eligible, bm25, 0.0), *neighbours)
+            bm25 = cols.lend(bm25, eligible, *neighbours)
         hit = np.flatnonzero((bm25 > 0) & eligible)
         if len(hit) == 0:
             return LexicalPage(0, [], best_bm25 or 0.0)
@@ -774,7 +792,7 @@ class SearchIndex:
         if neighbours is not None:
             base = np.zeros(cols.n)
             base[:n] = np.where(ok, np.maximum(sims, 0.0), 0.0)
-            key = np.round(cols.lend(base, *neighbours)[:n], 9)
+            key = np.round(cols.lend(base, base > 0, *neighbours)[:n], 9)
         hit = np.flatnonzero(ok & (key >= min_similarity))
         if len(hit) == 0 or limit <= 0:
             return []

@@ -86,17 +86,18 @@ def _rank(index: SearchIndex, query: list[int], max_cursor: int, *, after=None, 
 
 NEIGHBOURS = st.one_of(st.none(), st.tuples(st.integers(1, 3), st.sampled_from([0.5, 1.0]),
                                             st.sampled_from([0, 86_400_000])))
+LEND_PATHS = st.sampled_from([None, "sparse", "pairs", "dense"])
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32), st.integers(1, 80), st.lists(st.integers(0, 14), min_size=1, max_size=4),
-       st.sampled_from([4, 1_000_000]), NEIGHBOURS, st.sampled_from([0, 10**9]))
+       st.sampled_from([4, 1_000_000]), NEIGHBOURS, LEND_PATHS)
 def test_rank_matches_direct_bm25f(seed: int, n: int, query: list[int], merge_at: int,
-                                   neighbours: tuple[int, float, int] | None, dense_lend: int) -> None:
+                                   neighbours: tuple[int, float, int] | None, lend_path: str | None) -> None:
     rnd = random.Random(seed)
-    saved = search_index.MERGE_AT, search_index.DENSE_LEND
+    saved = search_index.MERGE_AT, search_index.LEND_PATH
     search_index.MERGE_AT = merge_at  # small: most records pass through a merge
-    search_index.DENSE_LEND = dense_lend  # 0: neighbours of each match; 10**9: passes over all records
+    search_index.LEND_PATH = lend_path  # each of the lending's ways gives the direct answer
     try:
         index = SearchIndex()
         records = {}
@@ -115,7 +116,7 @@ def test_rank_matches_direct_bm25f(seed: int, n: int, query: list[int], merge_at
         own = _reference(records, query, max_cursor)[2]  # the best record's own BM25, nothing lent
         _check_ranking(index, query, max_cursor, neighbours, total, rows, best, own)
     finally:
-        search_index.MERGE_AT, search_index.DENSE_LEND = saved
+        search_index.MERGE_AT, search_index.LEND_PATH = saved
 
 
 def _check_ranking(index: SearchIndex, query: list[int], max_cursor: int, neighbours, total, rows, best,
@@ -183,9 +184,9 @@ def test_stats_track_adds_and_removals_like_the_database() -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2**32), st.integers(1, 60), st.floats(-0.5, 0.9), NEIGHBOURS, st.sampled_from([0, 10**9]))
+@given(st.integers(0, 2**32), st.integers(1, 60), st.floats(-0.5, 0.9), NEIGHBOURS, LEND_PATHS)
 def test_nearest_matches_a_direct_scan(seed: int, n: int, min_similarity: float,
-                                       neighbours: tuple[int, float, int] | None, dense_lend: int) -> None:
+                                       neighbours: tuple[int, float, int] | None, lend_path: str | None) -> None:
     import numpy as np
 
     rnd = random.Random(seed)
@@ -219,13 +220,13 @@ def test_nearest_matches_a_direct_scan(seed: int, n: int, min_similarity: float,
             for i, rid in enumerate(order)}
     expected = [(rid, sims[rid], key[rid]) for rid in rows if eligible[rid] and round(key[rid], 9) >= min_similarity]
     expected.sort(key=lambda r: (-round(r[2], 9), r[0]))
-    saved = search_index.DENSE_LEND
-    search_index.DENSE_LEND = dense_lend
+    saved = search_index.LEND_PATH
+    search_index.LEND_PATH = lend_path
     try:
         got = index.nearest("t", "w", "m", q.tolist(), now_ms=NOW, max_accepted_cursor=max_cursor,
                             min_similarity=min_similarity, limit=7, neighbours=neighbours)
     finally:
-        search_index.DENSE_LEND = saved
+        search_index.LEND_PATH = saved
     assert [r[0] for r in got] == [r[0] for r in expected[:7]]
     # Rows carry each record's own similarity, whatever ordered them.
     assert all(math.isclose(a[1], b[1], abs_tol=1e-6) for a, b in zip(got, expected, strict=False))
