@@ -13,7 +13,7 @@ at query time:
 - neighbours: records captured one after another with the same valid time (turns of one
   session) lend each other part of their score.
 
-Run: ``.venv/bin/python tools/retrieval/tune_query.py [--grid NAME]``.
+Run: ``.venv/bin/python tools/retrieval/tune_query.py [--grid NAME] [--fusion CONFIGS]``.
 """
 
 from __future__ import annotations
@@ -278,11 +278,77 @@ GRIDS: dict[str, list[dict[str, Any]]] = {
 }
 
 
+def fuse(lex: list[tuple[str, float]], vec: list[tuple[str, float]], vt: dict[str, int], now_ms: int, window: Any, *,
+         k: int = 1, min_sim: float = 0.2, depth: int = 100, wl: float = 1.0, wv: float = 1.0) -> list[str]:
+    """The core's semantic fusion (services/reading.fuse): weighted reciprocal rank, normalized,
+    then recency (0.85 / 0.15) or closeness to the query's time window (0.5 / 0.5)."""
+    fused: dict[str, float] = {}
+    vec = [v for v in vec if v[1] >= min_sim][:depth]
+    for w, ranked in ((wl, lex[:depth]), (wv, vec)):
+        for r, (rid, _s) in enumerate(ranked, start=1):
+            fused[rid] = fused.get(rid, 0.0) + w / (k + r)
+    if not fused:
+        return []
+    best = max(fused.values())
+    lw = 0.85 if window is None else 0.5
+
+    def when(t: int) -> float:
+        return 0.5 ** (max(now_ms - t, 0) / (30 * DAY_MS)) if window is None else proximity(t, window)
+
+    return sorted(fused, key=lambda r: (-round(lw * fused[r] / best + (1 - lw) * when(vt[r]), 9), -vt[r], r))[:10]
+
+
+def fusion_sweep(configs: list[dict[str, Any]]) -> None:
+    """The semantic profile's list with each configuration: ``lex`` (Config overrides of the
+    lexical list), ``vnb`` (weight the vector list's neighbours lend: span 3, same valid time),
+    ``fuse`` (fuse() overrides). Vectors of the core's model, cached as tune_fusion.py caches them."""
+    import numpy as np
+    from tune_fusion import doc_texts, embed_texts
+
+    from engram_core.services.embedding import load_local_embedder
+
+    embedder = load_local_embedder()
+    for which in ("synthetic", "conversations"):
+        scopes, queries, now_ms = load(which)
+        texts = doc_texts(which)
+        ids = sorted(texts)
+        row = {r: i for i, r in enumerate(ids)}
+        matrix = embed_texts(embedder, [texts[i] for i in ids], "minilm-docs")
+        qmat = embed_texts(embedder, [q["clean"] for q in queries], "minilm-queries-clean")  # time words out
+        vt = {d.rid: d.vt for sc in scopes.values() for d in sc.docs}
+        for c in configs:
+            cfg = replace(Config(), **c.get("lex", {}))
+            ranked = []
+            for qi, q in enumerate(queries):
+                sc = scopes[q["workspace"]]
+                lex = rank(sc, q, cfg, now_ms, limit=100, raw=True)
+                sims = matrix[[row[d.rid] for d in sc.docs]] @ qmat[qi]
+                if c.get("vnb"):
+                    base = np.maximum(sims, 0)
+                    lent = base.copy()
+                    for i in range(len(sc.docs)):
+                        near = [base[j] for j in range(max(0, i - 3), min(len(sc.docs), i + 4))
+                                if j != i and sc.docs[j].vt == sc.docs[i].vt]
+                        if near:
+                            lent[i] = base[i] + c["vnb"] * max(near)
+                    sims = lent
+                order = np.argsort(-sims, kind="stable")
+                vec = [(sc.docs[i].rid, float(sims[i])) for i in order[:200]]
+                ranked.append(fuse(lex, vec, vt, now_ms, q["window"], **c.get("fuse", {})))
+            m = metrics(ranked, [q["relevant"] for q in queries])
+            print(f"{which[:5]} {json.dumps(c):90} R@10 {m['recall@10']:.3f} MRR {m['mrr@10']:.3f}", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default="base", help=", ".join(GRIDS) + ", or JSON list of overrides")
     ap.add_argument("--base", default="{}", help="JSON overrides applied before the grid's")
+    ap.add_argument("--fusion", help='JSON list of semantic configurations, e.g. [{}, {"lex": {"nb_weight": 0.5, '
+                                     '"nb_span": 3}, "vnb": 0.5}]')
     args = ap.parse_args()
+    if args.fusion:
+        fusion_sweep(json.loads(args.fusion))
+        return 0
     grid = GRIDS[args.grid] if args.grid in GRIDS else json.loads(args.grid)
     base = replace(Config(), **json.loads(args.base))
     data = {w: load(w) for w in ("synthetic", "conversations")}
