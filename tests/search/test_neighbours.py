@@ -78,12 +78,27 @@ def test_notes_captured_at_their_own_instants_never_lend(lexical_core: RunningCo
 
 
 def test_semantic_profile_lends_in_both_lists(core: RunningCore) -> None:
+    """A turn with no word of the query and a low similarity to it ("ok, talk soon") is found
+    beside the turn that matches, in the semantic profile too; the same words in another session
+    are not (semantic_v2 returned neither)."""
     ana = Client(core, workspace="chat-semantic")
     activate(core, workspace="chat-semantic")
     t = ana.clock.now_ms() - 2 * DAY
     ask = ana.remember("Melanie: what breed is Luna?", t=t)
-    answer = ana.remember("Caroline: she's a beagle, about 3 months old", t=t)
-    res = ana.search("What breed is Luna?", capability_policy=SEMANTIC)
+    beside = ana.remember("Caroline: ok, talk soon", t=t)
+    elsewhere = ana.remember("Caroline: ok, talk soon!", t=t - 20 * DAY)
+    query = "What breed is Luna?"
+    res = ana.search(query, capability_policy=SEMANTIC)
     ids = [p["record"]["record_id"] for p in res["records"]]
-    assert set(ids[:2]) == {ask, answer}
     assert res["rank_receipt"]["profile"] == "semantic_v3"
+    assert ids[0] == ask and beside in ids and elsewhere not in ids
+    # The vector list itself lends: "beside" is below the threshold on its own similarity.
+    with core.core.store.read() as tx:
+        model = core.core.embedder.model_id
+        vector = core.core.embedder.embed(query)
+        cursor = core.core.store.committed_scope("acme", "chat-semantic").last_cursor
+        args = dict(now_ms=ana.clock.now_ms(), max_accepted_cursor=cursor, min_similarity=0.2, limit=100)
+        plain = [r[0] for r in tx.rank_vectors("acme", "chat-semantic", model, vector, **args)]
+        lent = tx.rank_vectors("acme", "chat-semantic", model, vector, neighbours=(3, 0.5, 0), **args)
+    assert beside not in plain and beside in [r[0] for r in lent]
+    assert dict((r[0], r[1]) for r in lent)[beside] < 0.2  # rows carry the record's own similarity
