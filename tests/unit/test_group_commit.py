@@ -17,8 +17,9 @@ import pytest
 
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.errors import Code, EngramError
+from engram_core.services.maintenance import check_audit
 from engram_core.store.duckdb.store import DuckDBStore, DuckDBTx
-from engram_core.store.port import IdempotencyRow
+from engram_core.store.port import AuditRow, IdempotencyRow
 
 T, W = "acme", "alpha"
 
@@ -247,3 +248,73 @@ def test_store_questions_from_other_threads_never_collide_with_the_writers_commi
         asker.join(10)
     assert errors == []
     assert len(_journal(store)) == 150
+
+
+def _row(n: int) -> AuditRow:
+    return AuditRow(at_ms=n, audit_id=f"aud_{n:024d}", tenant=T, workspace=W, principal="user:ana", agent_id="a1",
+                    operation="engram_memory_search", outcome="ok", target_digest="", decisions=[])
+
+
+def test_a_reads_audit_row_does_not_wait_for_the_writers_and_the_chain_stays_whole(store: DuckDBStore) -> None:
+    """A read's audit row used to take the writer lock (and commit any open batch first): every
+    search waited behind the writers. Now it waits only for a commit in progress, and the batch's
+    rows take their places after it."""
+    inside, release, spooled = threading.Event(), threading.Event(), threading.Event()
+
+    def member() -> None:
+        with store.write(batched=True) as tx:
+            _event(tx, "w")
+            tx.append_audit(_row(1))
+            inside.set()
+            release.wait(20)
+
+    writer = threading.Thread(target=member)
+    writer.start()
+    assert inside.wait(10)
+    reader = threading.Thread(target=lambda: (store.append_audit(_row(2)), spooled.set()))
+    reader.start()
+    assert spooled.wait(10), "the read's audit row waited for the writer"
+    release.set()
+    writer.join(10)
+    reader.join(10)
+    with store.read() as tx:  # a snapshot moves the spool into the table first
+        rows = tx.audit_rows(None, None, 1, None)
+    assert [r["audit_id"] for r in rows] == [_row(2).audit_id, _row(1).audit_id]
+    assert check_audit(rows, store.audit_head) == []
+
+
+def test_concurrent_reads_and_group_commits_keep_one_dense_audit_chain(store: DuckDBStore, tmp_path: Path) -> None:
+    errors: list[BaseException] = []
+
+    def reads(k: int) -> None:
+        try:
+            for n in range(300):
+                store.append_audit(_row(100_000 * (k + 1) + n))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    def writes(k: int) -> None:
+        try:
+            for n in range(40):
+                with store.write(batched=True) as tx:
+                    _event(tx, f"w{k}-{n}")
+                    tx.append_audit(_row(10 * k + n))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reads, args=(k,)) for k in range(2)]
+    threads += [threading.Thread(target=writes, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    store.close()
+    reopened = DuckDBStore(tmp_path, keys=FileKeyVault(tmp_path))
+    try:
+        with reopened.read() as tx:
+            rows = tx.audit_rows(None, None, 1, None)
+        assert len(rows) == 2 * 300 + 4 * 40
+        assert check_audit(rows, reopened.audit_head) == []
+    finally:
+        reopened.close()

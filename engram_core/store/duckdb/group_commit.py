@@ -32,7 +32,7 @@ from typing import Any
 
 import duckdb
 
-from engram_core.store.port import CandidateRow, IdempotencyRow, ScopeRow
+from engram_core.store.port import AuditRow, CandidateRow, IdempotencyRow, ScopeRow
 
 MAX_MEMBERS = 64  # a batch commits at this size even with writers queued (bounds latency)
 ROWS_PER_STATEMENT = 64  # rows per multi-row INSERT (DuckDB plans larger VALUES lists slowly)
@@ -123,8 +123,8 @@ class Batch:
         self.members = 0
         self.scope_changes: dict[tuple[str, str], ScopeRow] = {}
         self.index_ops: list[tuple[Any, ...]] = []
+        self.audit_rows: list[AuditRow] = []  # chained when the batch commits
         self.audit_docs: list[dict[str, Any]] = []
-        self.audit_head: tuple[int, str] | None = None
         self.names_new_keys = False  # the key vault is synced before COMMIT
         self.done = threading.Event()
         self.error: BaseException | None = None

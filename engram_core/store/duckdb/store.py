@@ -128,6 +128,8 @@ class DuckDBTx(RecordLinks, TrustClasses):
         self._inserted: dict[str, tuple[int, RecordRow]] = {}
         self.audit_head: tuple[int, str] | None = None  # set by append_audit
         self.audit_docs: list[dict[str, Any]] = []  # this transaction's audit rows, for the audit devices
+        # A batched member's audit rows: chained (sequence, previous digest) when its group commits.
+        self.unchained_audit: list[AuditRow] = []
         # Slots of data keys destroyed in this transaction: the caller zeroes
         # them in the KeyVault after commit (SPEC §10 crypto-shredding).
         self.destroyed_slots: list[int] = []
@@ -655,8 +657,12 @@ class DuckDBTx(RecordLinks, TrustClasses):
 
     # -- audit -------------------------------------------------------------------------
     def append_audit(self, row: AuditRow) -> str:
-        doc = audit_doc(row, self.audit_head or (self._batch.audit_head if self._batch is not None else None)
-                        or self._store.audit_head)
+        """Append the transaction's audit row; its digest, or "" in a batched transaction, whose
+        rows take their place in the chain when the batch commits (``DuckDBStore._settle``)."""
+        if self._member is not None:
+            self.unchained_audit.append(row)
+            return ""
+        doc = audit_doc(row, self.audit_head or self._store.audit_head)
         self._insert("audit", _audit_values(doc))
         self.audit_head = (doc["seq"], doc["row_digest"])
         self.audit_docs.append(doc)
@@ -832,6 +838,11 @@ class DuckDBStore:
         except duckdb.Error as exc:
             raise EngramError(Code.STORE_UNAVAILABLE, f"open failed: {type(exc).__name__}") from None
         self._write_lock = threading.RLock()
+        # The audit chain's head: who may take the next place in it, until that row is durable.
+        # Held by a spooled row's append, and by a write from its first audit row (a batch: from
+        # chaining its rows) until COMMIT, so a read's audit row need not wait for the writer lock.
+        # Order: writer lock first, then this one.
+        self._audit_lock = threading.RLock()
         # Group commit (group_commit.py): the open batch, and how many threads wait for the
         # writer lock (a member leaves the batch open only while someone is queued to close it).
         self._batch: Batch | None = None
@@ -1032,7 +1043,7 @@ class DuckDBStore:
             with tracing.span("engram.store.transaction"):
                 yield from self._batched()
             return
-        with tracing.span("engram.store.transaction"), self._exclusive():
+        with tracing.span("engram.store.transaction"), self._exclusive(), self._audit_lock:
             con = self._con
             tx = DuckDBTx(con, self, writing=True)
             con.execute("BEGIN TRANSACTION")
@@ -1084,9 +1095,7 @@ class DuckDBStore:
             batch.names_new_keys |= tx.names_new_keys
             batch.scope_changes.update(tx.scope_changes)
             batch.index_ops.extend(tx.index_ops)
-            batch.audit_docs.extend(tx.audit_docs)
-            if tx.audit_head is not None:
-                batch.audit_head = tx.audit_head
+            batch.audit_rows.extend(tx.unchained_audit)
             if self._waiting == 0 or batch.members >= MAX_MEMBERS:
                 self._settle()
         batch.done.wait()
@@ -1108,7 +1117,9 @@ class DuckDBStore:
             batch.fail(EngramError(Code.STORE_UNAVAILABLE, "write batch rolled back: retry"))
 
     def _settle(self) -> None:
-        """Commit the open batch and answer its members (under the writer lock)."""
+        """Commit the open batch and answer its members (under the writer lock). Its audit rows
+        take their places in the chain here, under the audit lock until COMMIT, so a failed
+        batch leaves no hole; spooled rows due to move into the table go in with it."""
         batch, self._batch = self._batch, None
         assert batch is not None
         con = self._con
@@ -1116,23 +1127,36 @@ class DuckDBStore:
             _rollback(con)
             batch.done.set()
             return
-        try:
-            batch.flush(con)
-            if batch.names_new_keys and self._keys is not None:
-                self._keys.sync()
-            if self._devices and batch.audit_docs:
-                # Before COMMIT: a row no device accepted must not become a mutation (fail closed).
-                self._devices.write_rows(batch.audit_docs)
-        except BaseException as exc:
-            _rollback(con)
-            batch.fail(self._refusal(exc))
-            return
-        try:
-            self._commit(con, batch.members)
-        except EngramError as exc:
-            batch.fail(exc)
-            return
-        self._published(batch.index_ops, batch.scope_changes, batch.audit_head)
+        with self._audit_lock:
+            head = self.audit_head
+            for row in batch.audit_rows:
+                doc = audit_doc(row, head)
+                batch.audit_docs.append(doc)
+                batch.pending.add_row("audit", "INSERT", "", _audit_values(doc))
+                head = (doc["seq"], doc["row_digest"])
+            spooled = len(self._spool.pending) >= SPOOL_BATCH
+            try:
+                batch.flush(con)
+                if spooled:
+                    self._insert_spooled(con)
+                if batch.names_new_keys and self._keys is not None:
+                    self._keys.sync()
+                if self._devices and batch.audit_docs:
+                    # Before COMMIT: a row no device accepted must not become a mutation (fail closed).
+                    self._devices.write_rows(batch.audit_docs)
+            except BaseException as exc:
+                _rollback(con)
+                batch.fail(self._refusal(exc))
+                return
+            try:
+                self._commit(con, batch.members)
+            except EngramError as exc:
+                batch.fail(exc)
+                return
+            self.audit_head = head
+            if spooled:
+                self._spool.clear()
+        self._published(batch.index_ops, batch.scope_changes, None)
         batch.done.set()
 
     def _published(self, index_ops: list[tuple[Any, ...]], scope_changes: dict[tuple[str, str], ScopeRow],
@@ -1330,7 +1354,7 @@ class DuckDBStore:
             # A snapshot sees every audit row acknowledged before it began (audit export,
             # verification and backup read the table). Not from inside this thread's write
             # transaction: the move is a transaction of its own on the same connection.
-            with self._exclusive():
+            with self._exclusive(), self._audit_lock:
                 if self._spool.pending:
                     self._move_spool()
         cur.execute("BEGIN TRANSACTION")
@@ -1344,12 +1368,14 @@ class DuckDBStore:
 
     def append_audit(self, row: AuditRow) -> str:
         """Append the audit row of a call that changed nothing, durably, to the audit spool
-        (audit_spool.py); the spool moves into the table once a batch has built up."""
+        (audit_spool.py), under the audit lock only: a read does not wait for the writers. The
+        spool moves into the table once a batch has built up (here when the writer is free,
+        else with the next group commit)."""
         self._require_open()
         if self._in_write():
             # The row's place in the chain would collide with the open transaction's own rows.
             raise EngramError(Code.STORE_UNAVAILABLE, "standalone audit row inside a write transaction")
-        with self._exclusive():
+        with self._audit_lock:
             doc = audit_doc(row, self.audit_head)
             if self._devices:
                 self._devices.write_rows([doc])  # STORE_UNAVAILABLE when no device took it: nothing spooled
@@ -1360,38 +1386,47 @@ class DuckDBStore:
                     self._devices.abort([doc["seq"]])
                 raise
             self.audit_head = (doc["seq"], doc["row_digest"])
-            if len(self._spool.pending) >= SPOOL_BATCH:
-                try:
-                    self._move_spool()
-                except EngramError as exc:  # the rows stay durable in the spool; moved later
-                    log.warning("audit spool not moved: %s", exc.detail)
-            return doc["row_digest"]
+            due = len(self._spool.pending) >= SPOOL_BATCH
+        if due and self._batch is None and self._write_lock.acquire(blocking=False):
+            try:
+                if self._batch is None:  # the writer's connection is free of any open transaction
+                    with self._audit_lock:
+                        self._move_spool()
+            except EngramError as exc:  # the rows stay durable in the spool; moved later
+                log.warning("audit spool not moved: %s", exc.detail)
+            finally:
+                self._write_lock.release()
+        return doc["row_digest"]
 
     def _in_write(self) -> bool:
         return getattr(self._local, "writing", False)
 
     def _move_spool(self) -> None:
-        """Move the spooled audit rows into the table in one transaction (under the write lock).
-        Rows already there (moved before a crash cut the spool's truncation) are skipped."""
-        rows = self._spool.pending
+        """Move the spooled audit rows into the table in one transaction (under the writer lock
+        and the audit lock). Rows already there (moved before a crash cut the spool's
+        truncation) are skipped."""
         con = self._con
         try:
             con.execute("BEGIN TRANSACTION")
-            con.execute(
-                "INSERT INTO audit SELECT unnest($1::UBIGINT[]), unnest($2::BIGINT[]), unnest($3::VARCHAR[]), "
-                "unnest($4::VARCHAR[]), unnest($5::VARCHAR[]), unnest($6::VARCHAR[]), unnest($7::VARCHAR[]), "
-                "unnest($8::VARCHAR[]), unnest($9::VARCHAR[]), unnest($10::VARCHAR[]), unnest($11::VARCHAR[]), "
-                "unnest($12::VARCHAR[]), unnest($13::VARCHAR[]) ON CONFLICT (seq) DO NOTHING",
-                [list(c) for c in zip(*(_audit_values(d) for d in rows), strict=True)])
+            self._insert_spooled(con)
             con.execute("COMMIT")
         except duckdb.Error as exc:
             _rollback(con)
             raise EngramError(Code.STORE_UNAVAILABLE, f"audit spool move failed: {type(exc).__name__}") from None
         self._spool.clear()
 
+    def _insert_spooled(self, con: duckdb.DuckDBPyConnection) -> None:
+        rows = self._spool.pending
+        con.execute(
+            "INSERT INTO audit SELECT unnest($1::UBIGINT[]), unnest($2::BIGINT[]), unnest($3::VARCHAR[]), "
+            "unnest($4::VARCHAR[]), unnest($5::VARCHAR[]), unnest($6::VARCHAR[]), unnest($7::VARCHAR[]), "
+            "unnest($8::VARCHAR[]), unnest($9::VARCHAR[]), unnest($10::VARCHAR[]), unnest($11::VARCHAR[]), "
+            "unnest($12::VARCHAR[]), unnest($13::VARCHAR[]) ON CONFLICT (seq) DO NOTHING",
+            [list(c) for c in zip(*(_audit_values(d) for d in rows), strict=True)])
+
     def attach_audit_devices(self, devices: Any) -> None:
         """Stream every audit row written from now on to ``devices`` (``AuditDevices``), fail closed."""
-        with self._exclusive():
+        with self._exclusive(), self._audit_lock:
             self._devices = devices
             devices.opened(self.audit_head)
 
@@ -1416,7 +1451,7 @@ class DuckDBStore:
         if not self._open:
             return
         self._open = False
-        with self._exclusive():
+        with self._exclusive(), self._audit_lock:
             try:
                 if self._spool.pending:
                     self._move_spool()
