@@ -1118,14 +1118,23 @@ class DuckDBStore:
 
     def _settle(self) -> None:
         """Commit the open batch and answer its members (under the writer lock). Its audit rows
-        take their places in the chain here, under the audit lock until COMMIT, so a failed
-        batch leaves no hole; spooled rows due to move into the table go in with it."""
+        take their places in the chain here, under the audit lock from then until COMMIT (so a
+        failed batch leaves no hole, and a read's spooled row waits at most for the audit insert
+        and the COMMIT); spooled rows due to move into the table go in with it."""
         batch, self._batch = self._batch, None
         assert batch is not None
         con = self._con
         if batch.members == 0:
             _rollback(con)
             batch.done.set()
+            return
+        try:
+            batch.flush(con)  # everything but the audit rows, before the audit lock is taken
+            if batch.names_new_keys and self._keys is not None:
+                self._keys.sync()
+        except BaseException as exc:
+            _rollback(con)
+            batch.fail(self._refusal(exc))
             return
         with self._audit_lock:
             head = self.audit_head
@@ -1139,8 +1148,6 @@ class DuckDBStore:
                 batch.flush(con)
                 if spooled:
                     self._insert_spooled(con)
-                if batch.names_new_keys and self._keys is not None:
-                    self._keys.sync()
                 if self._devices and batch.audit_docs:
                     # Before COMMIT: a row no device accepted must not become a mutation (fail closed).
                     self._devices.write_rows(batch.audit_docs)
