@@ -281,6 +281,7 @@ class RunningCore:
     host_key_path: Path
     health: health.HealthServicer
     stopping: bool = False
+    memory: MemoryService | None = None  # the agents' service behind the server (tests, benchmarks)
 
     def stop(self, grace: float | None = 1.0) -> None:
         """Drain: refuse new calls, let calls in flight finish within ``grace`` seconds (gRPC
@@ -442,7 +443,7 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
         raise OSError(f"cannot listen on {listen}")
     server.start()
     running = RunningCore(server=server, core=core, port=port, address=f"{listen.rsplit(':', 1)[0]}:{port}",
-                          host_key_path=host_key_path, health=health_servicer)
+                          host_key_path=host_key_path, health=health_servicer, memory=memory)
     _watch_health(running, host)
     threading.Thread(target=_build_index, args=(running, host), name="engram-index", daemon=True).start()
     return running

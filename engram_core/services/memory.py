@@ -9,6 +9,8 @@ row → post-commit key-slot zeroing. Errors are EngramError only.
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Any
 
@@ -92,6 +94,9 @@ def stored_outcome(tx: Tx, ctx: BoundContext, *, tool: str, target: str, key: st
     return row.outcome
 
 
+EARLY_VECTORS = 256  # just-captured candidates whose vector is kept for their admission
+
+
 def _record_text(effective: dict[str, Any]) -> str:
     """What the semantic channel embeds of a record: its components' texts."""
     return "\n".join(c["text"] for c in effective["components"])
@@ -103,6 +108,11 @@ class MemoryService(ReadService):
         self.reconciler = Reconciler(core)
         # Admissions' record texts: concurrent admissions share a model run.
         self._record_embeddings = EmbeddingBatcher(lambda: getattr(self.core, "embedder", None))
+        # Vectors of just-captured candidates, computed while the agent turns round to request
+        # admission (which then does not wait for the model). Memory only, bounded, dropped when
+        # the candidate is decided or withdrawn.
+        self._early_vectors: OrderedDict[str, Future[list[float]]] = OrderedDict()
+        self._early_lock = threading.Lock()
 
     # -- shared steps ------------------------------------------------------------------
     def _request_digest(self, tool: str, args: dict[str, Any]) -> str:
@@ -326,6 +336,7 @@ class MemoryService(ReadService):
             self.core.vault.destroy(slot)
             raise
         self.core.quotas.add(ctx.tenant, ctx.workspace, ctx.principal, "bytes_stored", facts["payload_bytes"])
+        self._embed_early(candidate_id, effective)
         return outcome
 
     @staticmethod
@@ -381,7 +392,7 @@ class MemoryService(ReadService):
             raise
         # The record's vector is computed on the model's thread while this one decides (the model
         # releases the GIL): wasted only when the admission does not accept.
-        embedding = self._start_embedding(effective)
+        embedding = self._take_early(cand.candidate_id) or self._start_embedding(effective)
         with self.core.store.read(snapshot=False) as tx:
             duplicate_of, tombstoned = tx.payload_standing(ctx.tenant, ctx.workspace, cand.payload_digest)
         if forced is None:
@@ -551,6 +562,19 @@ class MemoryService(ReadService):
             tx.append_audit(self.core.audit_row(ctx, ADMISSION_TOOL, status, cand.candidate_id, call))
         return {"outcome": outcome, "replayed": False}
 
+    def _embed_early(self, candidate_id: str, effective: dict[str, Any]) -> None:
+        future = self._start_embedding(effective)
+        if future is None:
+            return
+        with self._early_lock:
+            self._early_vectors[candidate_id] = future
+            while len(self._early_vectors) > EARLY_VECTORS:
+                self._early_vectors.popitem(last=False)
+
+    def _take_early(self, candidate_id: str) -> Future[list[float]] | None:
+        with self._early_lock:
+            return self._early_vectors.pop(candidate_id, None)
+
     def _start_embedding(self, effective: dict[str, Any]) -> Future[list[float]] | None:
         if getattr(self.core, "embedder", None) is None:
             return None
@@ -615,6 +639,7 @@ class MemoryService(ReadService):
                            audit_operation: str | None = None) -> dict[str, Any]:
         now = self.core.now_ms()
         authz_digest = self.core.decision_receipt(call.decisions[0])["receipt_digest"]
+        self._take_early(cand.candidate_id)  # its content goes: so does a vector computed early
         try:
             with self.core.store.write(batched=True) as tx:
                 current = self._recheck(tx, ctx, WITHDRAW_TOOL, args, request_digest, call, grant_id,

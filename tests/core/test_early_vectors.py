@@ -1,0 +1,38 @@
+"""A capture's vector is computed while the agent turns round to request admission: the record
+carries exactly the vector its text embeds to, and nothing of a withdrawn or decided candidate
+stays in memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from core_support import Client, activate
+
+from engram_core.rpc.server import start_core
+
+
+def test_the_early_vector_is_the_records_own_and_goes_with_its_candidate(tmp_path: Path) -> None:
+    running = start_core(tmp_path / "data", semantic=True)
+    try:
+        assert running.core.embedder is not None and running.memory is not None
+        activate(running)
+        c = Client(running)
+        text = "We pinned the queue consumer to one partition because ordering matters."
+        cap = c.capture(text)
+        assert cap["candidate_id"] in running.memory._early_vectors
+        rid = c.admit(cap["candidate_id"])["outcome"]["record_id"]
+        assert cap["candidate_id"] not in running.memory._early_vectors
+        with running.core.store.read() as tx:
+            projection = tx.projection(rid)
+        assert projection is not None and projection.vector is not None
+        alone = np.asarray(running.core.embedder.embed(text), dtype=np.float32)
+        assert float(np.dot(alone, projection.vector)) > 0.9999
+
+        gone = c.capture("A candidate the agent takes back before anyone decides it.")
+        assert gone["candidate_id"] in running.memory._early_vectors
+        c.call("withdraw", {"candidate_id": gone["candidate_id"], "idempotency_key": "withdraw-early-0001",
+                            "reason_ref": "reason:changed-mind"}, grant=True)
+        assert gone["candidate_id"] not in running.memory._early_vectors
+    finally:
+        running.stop()
