@@ -397,13 +397,19 @@ def _as_sent(tool: str, args: Any) -> Any:
     become null, null arguments are left out), or UNSENDABLE if it cannot send them at all (not
     an object, lone surrogates, nesting past pydantic's serialization depth)."""
     import mcp_types
+    from pydantic_core import PydanticSerializationError
 
     try:
         params = mcp_types.CallToolRequestParams(name=tool, arguments=args).model_dump(
             by_alias=True, mode="json", exclude_none=True)
         json.dumps(params, ensure_ascii=False).encode("utf-8")
+        # What the client's stdio writer then does with the whole JSON-RPC message: its wrapper
+        # adds levels, so arguments nested 252-254 deep pass the line above and fail here (a
+        # soak run's seed drew one; the writer task died and closed the session).
+        mcp_types.JSONRPCRequest(jsonrpc="2.0", id=1, method="tools/call", params=params).model_dump_json(
+            by_alias=True, exclude_unset=True)
         return params.get("arguments")
-    except (ValueError, TypeError):  # pydantic's ValidationError is a ValueError
+    except (ValueError, TypeError, PydanticSerializationError):  # pydantic's ValidationError is a ValueError
         return UNSENDABLE
 
 
@@ -504,6 +510,14 @@ def test_mcp_deeply_nested_arguments_get_an_envelope(mcp_session) -> None:
         args = {"query": "x", "purpose_ref": PURPOSE, "unexpected_field": deep(depth)}
         result = portal.call(client.call_tool, "engram_memory_search", args, 20)
         assert envelope_of(result)["error"]["code"] == "INVALID_SCHEMA", depth
+
+
+def test_arguments_the_sdk_clients_writer_cannot_serialize_are_not_sent() -> None:
+    """Regression (a soak run's seed): arguments nested 254 deep passed the check of the call's
+    params but not the client's own dump of the whole JSON-RPC message; sent anyway, they killed
+    the client's writer task and closed the session for every later case."""
+    assert _as_sent("engram_memory_search", {"query": "x", "unexpected_field": deep(250)}) is not UNSENDABLE
+    assert _as_sent("engram_memory_search", {"query": "x", "unexpected_field": deep(254)}) is UNSENDABLE
 
 
 def test_empty_family_refs_are_not_malformed(fuzz_core, mcp_session) -> None:
