@@ -18,6 +18,11 @@ rows of the tables it names, or, when the member itself has pending writes
 there, *promotes* the member (its writes go into the shared transaction now,
 and from then on its failure fails the whole batch).
 
+Members' audit rows take their places in the audit chain (sequence, previous
+digest) only when the batch commits, under the store's audit lock, which a read's
+spooled audit row shares: a read never waits for members, only for a commit in
+progress, and a batch that fails leaves no hole in the chain.
+
 A batch that cannot commit answers every member alike: a definitive refusal
 when it was rolled back, MUTATION_OUTCOME_UNKNOWN when COMMIT itself failed.
 Nothing is acknowledged before the COMMIT returned.
