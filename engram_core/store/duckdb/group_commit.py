@@ -91,6 +91,22 @@ class Pending:
     def add_row(self, table: str, verb: str, cols: str, values: list[Any]) -> None:
         self.rows.setdefault((table, verb, cols), []).append(values)
 
+    def note(self, op: tuple[Any, ...]) -> None:
+        """Hold a prepared write that waits for the flush (any kind but ``sql``)."""
+        kind = op[0]
+        if kind == "row":
+            self.add_row(*op[1:])
+        elif kind == "delete":
+            _, table, col, key = op
+            self.deletes.setdefault((table, col), []).append(key)
+            if table == "data_keys":
+                self.dropped_keys.add(key)
+        elif kind == "head":
+            _, tenant, workspace, cursor, digest = op
+            self.scope_heads[(tenant, workspace)] = (cursor, digest)
+        else:  # candidate_state
+            self.set_candidate_state(*op[1:])
+
     def clear_lookups(self, table: str) -> None:
         if table == "idempotency":
             self.idempotency.clear()
@@ -105,6 +121,27 @@ class Pending:
             self.current_payloads.clear()
         elif table == "tombstones":
             self.tombstones.clear()
+
+
+def statement_of(op: tuple[Any, ...]) -> tuple[str, list[Any] | tuple]:
+    """A prepared write as the one statement that applies it alone (a transaction of its own)."""
+    kind = op[0]
+    if kind == "sql":
+        return op[1], op[2]
+    if kind == "row":
+        _, table, verb, cols, values = op
+        return f"{verb} INTO {table}{cols} VALUES ({', '.join('?' * len(values))})", values
+    if kind == "delete":
+        _, table, col, key = op
+        return f"DELETE FROM {table} WHERE {col} = ?", [key]
+    if kind == "head":
+        _, tenant, workspace, cursor, digest = op
+        return ("UPDATE scopes SET last_cursor = ?, last_event_digest = ? WHERE tenant = ? AND workspace = ?",
+                [cursor, digest, tenant, workspace])
+    _, candidate_id, state, decision, drop = op  # candidate_state
+    return ("UPDATE candidates SET state = ?, decision = coalesce(?, decision), "
+            "sealed_envelope = CASE WHEN ? THEN NULL ELSE sealed_envelope END WHERE candidate_id = ?",
+            [state, decision, drop, candidate_id])
 
 
 class Member:
@@ -138,25 +175,14 @@ class Batch:
     def apply(self, con: duckdb.DuckDBPyConnection, op: tuple[Any, ...]) -> None:
         """Apply one prepared write to the batch: rows wait, statements run now (after the
         pending rows of the tables they name, so they see them)."""
-        kind = op[0]
-        p = self.pending
-        if kind == "row":
-            _, table, verb, cols, values = op
-            if any(t == table for t, _ in p.deletes):
-                self.flush(con, {table})  # a row after a delete of its table: keep their order
-            p.add_row(table, verb, cols, values)
-        elif kind == "delete":
-            _, table, col, key = op
-            p.deletes.setdefault((table, col), []).append(key)
-        elif kind == "head":
-            _, tenant, workspace, cursor, digest = op
-            p.scope_heads[(tenant, workspace)] = (cursor, digest)
-        elif kind == "candidate_state":
-            p.set_candidate_state(*op[1:])
-        else:
+        if op[0] == "sql":
             _, sql, params, tables = op
             self.flush(con, tables)
             con.execute(sql, params)
+            return
+        if op[0] == "row" and any(t == op[1] for t, _ in self.pending.deletes):
+            self.flush(con, {op[1]})  # a row after a delete of its table: keep their order
+        self.pending.note(op)
 
     def join(self, con: duckdb.DuckDBPyConnection, member: Member) -> None:
         """Move a member's prepared writes and lookups into the batch."""
@@ -168,7 +194,6 @@ class Batch:
         dst.confirmations |= src.confirmations
         dst.candidates.update(src.candidates)
         dst.data_keys.update(src.data_keys)
-        dst.dropped_keys |= src.dropped_keys
         for k, v in src.current_payloads.items():
             dst.current_payloads.setdefault(k, v)
         dst.tombstones |= src.tombstones

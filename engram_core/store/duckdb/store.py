@@ -28,7 +28,7 @@ from engram_core.errors import Code, EngramError
 from engram_core.observability import tracing
 from engram_core.store.audit_spool import SPOOL_NAME, AuditSpool
 from engram_core.store.chain import GENESIS, audit_doc, event_digest_of
-from engram_core.store.duckdb.group_commit import MAX_MEMBERS, Batch, Member, Pending, tables_of
+from engram_core.store.duckdb.group_commit import MAX_MEMBERS, Batch, Member, Pending, statement_of, tables_of
 from engram_core.store.duckdb.migrations import LEDGER_DDL, MIGRATIONS
 from engram_core.store.duckdb.record_links import RecordLinks
 from engram_core.store.duckdb.record_sql import RECORD_COLS, record_of
@@ -181,42 +181,28 @@ class DuckDBTx(RecordLinks, TrustClasses):
         self._before_read(sql, overlaid)
         return self._con.execute(sql, params).fetchall()
 
-    def _exec(self, sql: str, params: list[Any] | tuple = ()) -> None:
-        """A write statement: run now, or (group commit) when this member joins its batch."""
+    def _write(self, op: tuple[Any, ...]) -> None:
+        """A prepared write (group_commit.py): run now in a transaction of its own, applied to the
+        batch when this member is promoted, else held until the member joins."""
         member = self._member
         if member is None:
-            self._con.execute(sql, params)
-            return
-        if member.promoted:
-            self._batch.apply(self._con, ("sql", sql, params, tables_of(sql)))  # type: ignore[union-attr]
-            return
-        member.ops.append(("sql", sql, params, tables_of(sql)))
-        member.sql_tables |= tables_of(sql)
+            self._con.execute(*statement_of(op))
+        elif member.promoted:
+            self._batch.apply(self._con, op)  # type: ignore[union-attr]
+        else:
+            member.ops.append(op)
+            if op[0] == "sql":
+                member.sql_tables |= op[3]
+            else:
+                member.pending.note(op)
+
+    def _exec(self, sql: str, params: list[Any] | tuple = ()) -> None:
+        """A write statement: run now, or (group commit) when this member joins its batch."""
+        self._write(("sql", sql, params, tables_of(sql)))
 
     def _insert(self, table: str, values: list[Any], *, verb: str = "INSERT", cols: str = "") -> None:
         """Append one row: now, or in one multi-row INSERT with the batch's other rows."""
-        member = self._member
-        if member is None:
-            self._con.execute(f"{verb} INTO {table}{cols} VALUES ({', '.join('?' * len(values))})", values)
-            return
-        op = ("row", table, verb, cols, values)
-        if member.promoted:
-            self._batch.apply(self._con, op)  # type: ignore[union-attr]
-            return
-        member.ops.append(op)
-        member.pending.add_row(table, verb, cols, values)
-
-    def _delete_key(self, table: str, col: str, key: Any) -> None:
-        member = self._member
-        if member is None:
-            self._con.execute(f"DELETE FROM {table} WHERE {col} = ?", [key])
-            return
-        op = ("delete", table, col, key)
-        if member.promoted:
-            self._batch.apply(self._con, op)  # type: ignore[union-attr]
-            return
-        member.ops.append(op)
-        member.pending.deletes.setdefault((table, col), []).append(key)
+        self._write(("row", table, verb, cols, values))
 
     def _pendings(self) -> list[Pending]:
         """The pending writes a read consults, the member's own first."""
@@ -294,17 +280,7 @@ class DuckDBTx(RecordLinks, TrustClasses):
                      scope.last_event_digest, ed)
 
     def _scope_head(self, tenant: str, workspace: str, cursor: int, event_digest: str) -> None:
-        member = self._member
-        if member is None:
-            self._con.execute("UPDATE scopes SET last_cursor = ?, last_event_digest = ? "
-                              "WHERE tenant = ? AND workspace = ?", [cursor, event_digest, tenant, workspace])
-            return
-        op = ("head", tenant, workspace, cursor, event_digest)
-        if member.promoted:
-            self._batch.apply(self._con, op)  # type: ignore[union-attr]
-        else:
-            member.ops.append(op)
-            member.pending.scope_heads[(tenant, workspace)] = (cursor, event_digest)
+        self._write(("head", tenant, workspace, cursor, event_digest))
 
     def set_scope_head(self, tenant: str, workspace: str, cursor: int, event_digest: str) -> None:
         """Move the scope's journal head past events a bulk loader inserted itself (tools/bench)."""
@@ -413,20 +389,7 @@ class DuckDBTx(RecordLinks, TrustClasses):
     def set_candidate_state(self, candidate_id: str, state: str, *, decision: dict[str, Any] | None = None,
                             drop_envelope: bool = False) -> None:
         decided = json.dumps(decision, sort_keys=True) if decision else None
-        member = self._member
-        if member is None:
-            self._con.execute(
-                "UPDATE candidates SET state = ?, decision = coalesce(?, decision), "
-                "sealed_envelope = CASE WHEN ? THEN NULL ELSE sealed_envelope END WHERE candidate_id = ?",
-                [state, decided, drop_envelope, candidate_id],
-            )
-            return
-        op = ("candidate_state", candidate_id, state, decided, drop_envelope)
-        if member.promoted:
-            self._batch.apply(self._con, op)  # type: ignore[union-attr]
-        else:
-            member.ops.append(op)
-            member.pending.set_candidate_state(candidate_id, state, decided, drop_envelope)
+        self._write(("candidate_state", candidate_id, state, decided, drop_envelope))
 
     # -- data keys ---------------------------------------------------------------
     def put_data_key(self, owner: str, slot: int, at_ms: int) -> None:
@@ -452,8 +415,7 @@ class DuckDBTx(RecordLinks, TrustClasses):
             if slot is None:
                 slot = self.data_key_slot(owner)
             if slot is not None:
-                self._delete_key("data_keys", "owner", owner)
-                self._member.pending.dropped_keys.add(owner)
+                self._write(("delete", "data_keys", "owner", owner))
         if slot is None:
             return None
         self._insert("key_destructions", [owner, at_ms, reason])
