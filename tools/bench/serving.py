@@ -14,16 +14,27 @@ ENGRAM = str(Path(sys.executable).with_name("engram"))
 class Served:
     """``engram serve`` on a data directory, in its own process (the clients do not share its GIL)."""
 
-    def __init__(self, data_dir: Path, semantic: bool) -> None:
+    def __init__(self, data_dir: Path, semantic: bool, *, metrics: bool = False) -> None:
+        """``metrics``: serve the Prometheus endpoint too, its URL in ``metrics_url``."""
         env = {**os.environ, "ENGRAM_SEMANTIC": "on" if semantic else "off"}
-        self.proc = subprocess.Popen([ENGRAM, "serve", "--data", str(data_dir), "--listen", "127.0.0.1:0"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO)
+        argv = [ENGRAM, "serve", "--data", str(data_dir), "--listen", "127.0.0.1:0"]
+        if metrics:
+            argv += ["--metrics", "127.0.0.1:0"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+                                     cwd=REPO)
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if "listening on" not in line:
             self.stop()
             raise RuntimeError(f"engram serve did not start: {line!r}")
         self.address = line.split("listening on ", 1)[1].split()[0]
         self.key_path = self.host_key_path = data_dir / "host.key"
+        self.metrics_url = ""
+        if metrics:  # the start-up summary, the next line, names it
+            opened = self.proc.stdout.readline() if self.proc.stdout else ""
+            if "metrics http://" not in opened:
+                self.stop()
+                raise RuntimeError(f"engram serve did not report its metrics endpoint: {opened!r}")
+            self.metrics_url = "http://" + opened.split("metrics http://", 1)[1].split()[0].rstrip(",")
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,7 +30,7 @@ from typing import Any
 from tools.bench.corpus import PURPOSE, Corpus
 from tools.bench.grpc_client import GrpcAgent, activate
 from tools.bench.machine import facts, loadavg
-from tools.bench.serving import ENGRAM, REPO
+from tools.bench.serving import Served
 from tools.bench.stats import run_summary
 
 TENANT, WORKSPACE = "bench", "writes"
@@ -50,52 +49,25 @@ def _load(data: Path, size: int) -> None:
         core.store.close()
 
 
-class _Server:
-    def __init__(self, data: Path) -> None:
-        self.proc = subprocess.Popen(
-            [ENGRAM, "serve", "--data", str(data), "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO)
-        self.address = self.metrics = ""
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:  # the listening line, then the opened summary naming the metrics URL
-            if "listening on" in line:
-                self.address = line.split("listening on ", 1)[1].split()[0]
-            if "metrics http://" in line:
-                self.metrics = "http://" + line.split("metrics http://", 1)[1].split()[0].rstrip(",")
-            if self.address and self.metrics:
-                break
-        if not (self.address and self.metrics):
-            self.stop()
-            raise RuntimeError("engram serve did not start with metrics")
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self) -> None:
-        assert self.proc.stdout is not None
-        for _ in self.proc.stdout:
-            pass
-
-    def cpu_s(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / 100.0
-
-    def commits(self) -> tuple[float, float]:
-        """(COMMITs, transactions they carried) so far."""
-        text = urllib.request.urlopen(self.metrics, timeout=10).read().decode()
-        count = total = 0.0
-        for line in text.splitlines():
-            if line.startswith("engram_store_commit_batch_transactions_count"):
-                count = float(line.split()[-1])
-            elif line.startswith("engram_store_commit_batch_transactions_sum"):
-                total = float(line.split()[-1])
-        return count, total
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=60)
+def _cpu_s(server: Served) -> float:
+    """The server process's CPU time so far (user + system)."""
+    fields = Path(f"/proc/{server.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / 100.0
 
 
-def _point(server: _Server, key_path: Path, clients: int, duration: float, phase: str,
+def _commits(server: Served) -> tuple[float, float]:
+    """(COMMITs, transactions they carried) so far, from the core's metrics."""
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    count = total = 0.0
+    for line in text.splitlines():
+        if line.startswith("engram_store_commit_batch_transactions_count"):
+            count = float(line.split()[-1])
+        elif line.startswith("engram_store_commit_batch_transactions_sum"):
+            total = float(line.split()[-1])
+    return count, total
+
+
+def _point(server: Served, key_path: Path, clients: int, duration: float, phase: str,
            corpus: Corpus, admitted: list[str], *, searcher: bool = False) -> dict[str, Any]:
     """``clients`` writers doing ``phase`` (pair or forget); ``searcher``: one more client searching
     (lexical) all the while, its latencies reported as ``search``."""
@@ -157,7 +129,7 @@ def _point(server: _Server, key_path: Path, clients: int, duration: float, phase
         finally:
             agent.close()
 
-    cpu0, (c0, t0) = server.cpu_s(), server.commits()
+    cpu0, (c0, t0) = _cpu_s(server), _commits(server)
     began = time.perf_counter()
     threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
     if searcher:
@@ -167,7 +139,7 @@ def _point(server: _Server, key_path: Path, clients: int, duration: float, phase
     for t in threads:
         t.join()
     wall = time.perf_counter() - began
-    cpu1, (c1, t1) = server.cpu_s(), server.commits()
+    cpu1, (c1, t1) = _cpu_s(server), _commits(server)
     ops = len(lat["pair"]) if phase == "pair" else len(lat["forget"])
     out: dict[str, Any] = {
         "clients": clients, "phase": phase + ("+search" if searcher else ""), "operations": ops,
@@ -198,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         data = Path(tmp) / "data"
         print(f"[writes] loading {a.size:,} records", file=sys.stderr)
         _load(data, a.size)
-        server = _Server(data)
+        server = Served(data, semantic=True, metrics=True)
         try:
             activate(server.address, data / "host.key", TENANT, WORKSPACE)
             corpus = Corpus(seed=41)
