@@ -44,7 +44,7 @@ from engram_core.services.admin import AdminServiceCore
 from engram_core.services.attestation import AttestationService
 from engram_core.services.core import Core
 from engram_core.services.host import HostServiceCore
-from engram_core.services.maintenance import reanalyze_lexical
+from engram_core.services.maintenance import reanalyze_lexical, reembed_vectors
 from engram_core.services.memory import MemoryService
 from engram_core.store.duckdb.store import DuckDBStore
 from engram_core.store.file_modes import make_private
@@ -357,6 +357,7 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
     core = Core(data_dir=data_dir, store=store, vault=vault, policy=policy, trusted=trusted, clock=clock,
                 embedder=build_embedder(semantic))
     reanalyze_lexical(core)  # postings of an older analyzer are re-derived before anything is served
+    reembed_vectors(core)  # and vectors of an older model
     make_private(data_dir)  # what opening created (the DuckDB file, key slots) in a process without umask 077
     return core, host_key_path, confirmation_key
 

@@ -18,9 +18,10 @@ import dataclasses
 import json
 import logging
 import re
-from collections import Counter
 from collections.abc import Iterable
 from typing import Any
+
+import numpy as np
 
 from engram_core.canonical import digest, with_receipt_digest
 from engram_core.crypto.sealing import unseal
@@ -37,12 +38,15 @@ from engram_core.services.memory import (
     FORGET_TOOL,
     WITHDRAW_TOOL,
     MemoryService,
+    record_text,
     stored_outcome,
 )
 from engram_core.services.reconciliation import payload_links, write_links
 from engram_core.signing import ANCHOR_DOMAIN, CoreSigners, public_keys_from_pems, verify_signature
 from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
 from engram_core.store.port import Event, IdempotencyRow, RecordRow, ScopeRow, Tx
+from engram_core.store.projection import Projection
+from engram_core.store.search_index import FIELD_CODE
 
 log = logging.getLogger("engram.maintenance")
 
@@ -725,17 +729,55 @@ def reanalyze_lexical(core: Core) -> int | None:
     indexed = 0
     with core.store.write() as tx:
 
-        def fields_of(rec: RecordRow) -> dict[str, Counter[int]] | None:
+        def reanalyzed(rec: RecordRow, old: Projection) -> Projection | None:
             payload = _open_body(core, tx, rec) if rec.state in INDEXED_STATES else None
-            return record_fields(payload, core.hasher) if payload is not None else None  # shredded: left
+            if payload is None:
+                return None  # shredded: left
+            fields = record_fields(payload, core.hasher)
+            return Projection.of({FIELD_CODE[name]: counts for name, counts in fields.items()}, old.model,
+                                 old.vector)  # type: ignore[arg-type]
 
         for scope in tx.scopes():
-            indexed += tx.reseal_projections(scope.tenant, scope.workspace, fields_of)
+            indexed += tx.reseal_projections(scope.tenant, scope.workspace, reanalyzed)
         tx.set_meta(ANALYZER_META, ANALYZER_ID)
     core.store.reload_indexes()  # the in-memory copy still held the old postings
     if indexed:
         log.info("lexical postings re-analyzed: %d records (%s -> %s)", indexed, current or "v1", ANALYZER_ID)
     return indexed
+
+
+def reembed_vectors(core: Core) -> int | None:
+    """Re-derive the vectors made by another model than the embedder's (``model_id``), e.g. a
+    store from before the model was derived for int8 arithmetic (semantic_model.py): searches
+    rank only vectors of their own model, so without this every older record would drop out of
+    the semantic channel. Runs at start-up, before the core serves, in one write transaction
+    (all or nothing), ~5 ms per record. Records without a vector are left as they are (``engram
+    admin rebuild-projections`` gives them one). Returns the records re-embedded, or None when
+    there was nothing to do."""
+    embedder = core.embedder
+    if embedder is None:
+        return None
+    with core.store.search_index() as index:
+        older = index.vector_models() - {embedder.model_id}
+    if not older:
+        return None
+    embedded = 0
+    with core.store.write() as tx:
+
+        def reembedded(rec: RecordRow, old: Projection) -> Projection | None:
+            if old.vector is None or old.model == embedder.model_id or rec.state not in INDEXED_STATES:
+                return None
+            payload = _open_body(core, tx, rec)
+            if payload is None:
+                return None
+            vector = embedder.embed(record_text(payload))
+            return dataclasses.replace(old, model=embedder.model_id, vector=np.asarray(vector, dtype=np.float32))
+
+        for scope in tx.scopes():
+            embedded += tx.reseal_projections(scope.tenant, scope.workspace, reembedded)
+    core.store.reload_indexes()
+    log.info("vectors re-embedded: %d records (%s -> %s)", embedded, ", ".join(sorted(older)), embedder.model_id)
+    return embedded
 
 
 def _sizes(facts: dict[str, Any]) -> dict[str, Any]:

@@ -97,7 +97,7 @@ def stored_outcome(tx: Tx, ctx: BoundContext, *, tool: str, target: str, key: st
 EARLY_VECTORS = 256  # just-captured candidates whose vector is kept for their admission
 
 
-def _record_text(effective: dict[str, Any]) -> str:
+def record_text(effective: dict[str, Any]) -> str:
     """What the semantic channel embeds of a record: its components' texts."""
     return "\n".join(c["text"] for c in effective["components"])
 
@@ -578,14 +578,14 @@ class MemoryService(ReadService):
     def _start_embedding(self, effective: dict[str, Any]) -> Future[list[float]] | None:
         if getattr(self.core, "embedder", None) is None:
             return None
-        return self._record_embeddings.submit(_record_text(effective))
+        return self._record_embeddings.submit(record_text(effective))
 
     def embed_record(self, effective: dict[str, Any]) -> tuple[str, list[float]] | None:
         """The record's vector for the semantic channel (model id, values), or None when it is off."""
         embedder = getattr(self.core, "embedder", None)
         if embedder is None:
             return None
-        return embedder.model_id, self._record_embeddings.embed(_record_text(effective))
+        return embedder.model_id, self._record_embeddings.embed(record_text(effective))
 
     def _open_envelope(self, cand: CandidateRow) -> tuple[dict[str, Any], int]:
         """The candidate's opened envelope, and its data key's slot."""

@@ -634,6 +634,10 @@ class SearchIndex:
         """Records indexed across all scopes (the metrics' index size)."""
         return sum(scope.docs for scope in self._scopes.values())
 
+    def vector_models(self) -> set[str]:
+        """The models whose vectors some scope holds (start-up: vectors of an older model)."""
+        return {model for scope in self._scopes.values() for model in scope.vectors}
+
     # -- changes (applied by the writer after commit) -----------------------------
     def apply(self, ops: Iterable[tuple[Any, ...]]) -> None:
         for op in ops:

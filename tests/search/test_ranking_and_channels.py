@@ -115,7 +115,7 @@ def test_profile_config_pins_tokenizer_model_and_fusion(core: RunningCore) -> No
     from engram_core.services.reading import ReadService
 
     cfg = ReadService(core.core).profiles["semantic"].config()
-    assert cfg["analyzer"] == ANALYZER_ID and cfg["semantic"]["model_id"].startswith("all-MiniLM-L6-v2-onnx-int8@sha256:")
+    assert cfg["analyzer"] == ANALYZER_ID and cfg["semantic"]["model_id"].startswith("all-MiniLM-L6-v2-onnx-dynamic-int8@sha256:9e80251537633bab+")
     assert cfg["semantic"]["k"] == 1 and cfg["semantic"]["fusion"] == "weighted_rrf"
     assert cfg["recency"] == {"half_life_ms": 30 * 86_400_000, "weight": "0.15"}
     assert cfg["field_weights"] == {"citations": "0.5", "context": "1.0", "decision": "2.0", "evidence": "1.5",

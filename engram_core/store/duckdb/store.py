@@ -691,19 +691,16 @@ class DuckDBTx(RecordLinks, TrustClasses):
             yield rec, key, open_projection(key, rec.record_id, found[0])
 
     def reseal_projections(self, tenant: str, workspace: str,
-                           fields_of: Callable[[RecordRow], dict[str, Counter[int]] | None]) -> int:
-        """Rewrite the postings of every projection in a scope with ``fields_of(record)`` (None: leave
-        it), keeping its vector; in one multi-row statement per chunk, not three per record (a store
+                           rewrite: Callable[[RecordRow, Projection], Projection | None]) -> int:
+        """Replace the projection of every record in a scope with ``rewrite(record, projection)``
+        (None: leave it), in one multi-row statement per chunk, not three per record (a store
         re-analyzed at start-up: ~5 ms per record that way). The in-memory index is not told: the
         caller reloads it after the commit."""
         resealed = []
         for rec, key, old in self._scope_projections(tenant, workspace):
-            fields = fields_of(rec)
-            if fields is None:
-                continue
-            projection = Projection.of({FIELD_CODE[name]: counts for name, counts in fields.items()},
-                                       old.model, old.vector)  # type: ignore[arg-type]
-            resealed.append((rec.record_id, seal_projection(key, rec.record_id, projection)))
+            projection = rewrite(rec, old)
+            if projection is not None:
+                resealed.append((rec.record_id, seal_projection(key, rec.record_id, projection)))
         for chunk in iter_chunks(resealed, 2048):
             self._exec("UPDATE projections SET sealed = u.sealed FROM (SELECT unnest($1::VARCHAR[]) AS "
                               "record_id, unnest($2::BLOB[]) AS sealed) u WHERE projections.record_id = u.record_id",
