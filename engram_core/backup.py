@@ -360,8 +360,7 @@ class BackupService:
                     from_state=rec.state, to_state="tombstoned", at_ms=now,
                     body={"reason_ref": "restore:data-key-destroyed", "decisions": call.summaries(),
                           "audit_id": ctx.audit_id})
-                tx.set_record_state(rec.record_id, "tombstoned", state_cursor=event.cursor)
-                tx.drop_record_body(rec.record_id)
+                tx.set_record_state(rec.record_id, "tombstoned", state_cursor=event.cursor, drop_body=True)
                 tx.add_tombstone(rec.tenant, rec.workspace, rec.payload_digest, rec.record_id, event.cursor, now)
                 tx.restore_key_destruction(f"record:{rec.record_id}", now, "destroyed before restore")
                 shredded.append(rec.record_id)

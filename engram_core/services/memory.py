@@ -699,8 +699,7 @@ class MemoryService(ReadService):
                     from_state=rec.state, to_state="tombstoned", at_ms=now,
                     body={"reason_ref": reason_ref, "decisions": call.summaries(), "audit_id": ctx.audit_id},
                 )
-                tx.set_record_state(record_id, "tombstoned", state_cursor=event.cursor)
-                tx.drop_record_body(record_id)
+                tx.set_record_state(record_id, "tombstoned", state_cursor=event.cursor, drop_body=True)
                 removed = tx.unindex_record(ctx.tenant, ctx.workspace, record_id)
                 tx.add_tombstone(ctx.tenant, ctx.workspace, rec.payload_digest, record_id, event.cursor, now)
                 tx.drop_data_key(f"record:{record_id}", now, "tombstone", slot=rec.key_slot)

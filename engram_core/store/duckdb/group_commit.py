@@ -221,7 +221,12 @@ class Batch:
                 chunk = keys[start:start + ROWS_PER_STATEMENT * 4]
                 con.execute(f"DELETE FROM {table} WHERE {col} IN ({', '.join('?' * len(chunk))})", chunk)
             p.clear_lookups(table)
-        if p.candidate_states and (tables is None or "candidates" in tables):
+        if len(p.candidate_states) == 1 and (tables is None or "candidates" in tables):
+            # One row: by its key (~0.4 ms), not through the join below (~1.1 ms).
+            ((cid, change),) = p.candidate_states.items()
+            con.execute(*statement_of(("candidate_state", cid, *change)))
+            p.candidate_states.clear()
+        elif p.candidate_states and (tables is None or "candidates" in tables):
             ids, states, decisions, drops = (list(c) for c in zip(
                 *((cid, *change) for cid, change in p.candidate_states.items()), strict=True))
             con.execute(
