@@ -141,3 +141,4 @@ def test_model_written_confirmation_is_invalid_schema(ana: Client) -> None:
         validate_arguments("engram_memory_forget", {"record_id": "mem_" + "a" * 52, "idempotency_key": "k" * 16,
                                                     "reason_ref": "r", "confirmed": True})
     assert getattr(exc.value, "code", None) == Code.INVALID_SCHEMA
+

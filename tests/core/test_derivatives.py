@@ -78,3 +78,28 @@ def test_a_citation_naming_a_record_of_another_tenant_links_nothing(env) -> None
         assert tx.derivatives("acme", "alpha", foreign) == []
     host.transition("trust_invalidate", foreign, tenant="globex")
     assert host.state(mine) == "accepted_current"
+
+
+def test_links_written_before_a_restart_still_reach_their_derivatives(tmp_path: Path) -> None:
+    """The store answers 'no links' for most records from memory (record_links.py); what it
+    knows at open comes from the tables, so a restarted core still finds every derivative."""
+    core = start_with_bundle(tmp_path, edit=consent(retain=True))
+    try:
+        c = Client(core)
+        source = _remember(c, "The release train leaves every Tuesday.")
+        derived = _remember(c, "Hotfixes wait for the Tuesday release train.", source=source)
+        lone = _remember(c, "The changelog is generated from commit messages.")
+    finally:
+        core.stop()
+    (tmp_path / "policies").rename(tmp_path / "policies-first")
+    core = start_with_bundle(tmp_path, edit=consent(retain=True))
+    try:
+        host = Host(core)
+        with core.core.store.read() as tx:
+            assert [r.record_id for r in tx.derivatives("acme", "alpha", source)] == [derived]
+            assert tx.derivatives("acme", "alpha", lone) == []
+        out = host.transition("trust_invalidate", source)["receipt"]
+        assert [(d["record_id"], d["to_state"]) for d in out["derivatives"]] == [(derived, "trust_invalid")]
+        assert host.state(derived) == "trust_invalid"
+    finally:
+        core.stop()

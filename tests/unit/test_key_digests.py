@@ -65,3 +65,26 @@ def test_a_reopened_store_finds_every_key_and_payload_it_holds(tmp_path: Path) -
             assert tx.payload_standing("acme", "beta", "sha256:" + "5" * 64) == (None, False)
     finally:
         reopened.close()
+
+
+def test_a_used_confirmation_stays_used_across_a_reopen(tmp_path: Path) -> None:
+    """A grant is single use (SPEC §8): 'never used' is answered from memory, so the digests
+    a reopened store loads must refuse every grant spent before (an attacker replaying one
+    after a restart), in a batched and in an exclusive transaction alike."""
+    grants = ["grant_" + k for k in KEYS]
+    store = DuckDBStore(tmp_path, keys=FileKeyVault(tmp_path))
+    with store.write(batched=True) as tx:
+        assert all(tx.use_confirmation(g, "acme", "alpha", 1) for g in grants)
+    with store.write() as tx:
+        assert not any(tx.use_confirmation(g, "acme", "alpha", 2) for g in grants)  # same process
+    store.close()
+    reopened = DuckDBStore(tmp_path, keys=FileKeyVault(tmp_path))
+    try:
+        assert all(reopened.used_grants.may_contain(g) for g in grants)
+        with reopened.write(batched=True) as tx:
+            assert not any(tx.use_confirmation(g, "acme", "alpha", 3) for g in grants)
+            assert tx.use_confirmation("grant_fresh_after_reopen", "acme", "alpha", 3)
+        with reopened.write() as tx:
+            assert not tx.use_confirmation("grant_fresh_after_reopen", "acme", "alpha", 4)
+    finally:
+        reopened.close()

@@ -336,8 +336,10 @@ class DuckDBTx(RecordLinks, TrustClasses):
     def use_confirmation(self, grant_id: str, tenant: str, workspace: str, at_ms: int) -> bool:
         if any(grant_id in p.confirmations for p in self._pendings()):
             return False
-        if self._one("SELECT 1 FROM used_confirmations WHERE grant_id = ?", [grant_id], overlaid=_CONFIRMATIONS):
+        if self._store.used_grants.may_contain(grant_id) and self._one(
+                "SELECT 1 FROM used_confirmations WHERE grant_id = ?", [grant_id], overlaid=_CONFIRMATIONS):
             return False
+        self._store.used_grants.add(grant_id)  # before the row can commit
         self._insert("used_confirmations", [grant_id, tenant, workspace, at_ms])
         if self._member is not None:
             self._member.pending.confirmations.add(grant_id)
@@ -1183,8 +1185,9 @@ class DuckDBStore:
             self._reload()
 
     def _load_key_digests(self) -> None:
-        """Every idempotency key and every scope's payload digests (records and tombstones), as
-        64-bit digests (key_digests.py), read in one vectorized query each."""
+        """Every idempotency key, every scope's payload digests (records and tombstones) and every
+        used confirmation, as 64-bit digests (key_digests.py), read in one vectorized query each;
+        and the ids that appear in a record link (record_links.py)."""
         cur = self._con.cursor()
         try:
             self.idempotency_keys = KeyDigests(cur.execute(
@@ -1194,6 +1197,11 @@ class DuckDBStore:
                 "SELECT md5_number_upper(concat_ws(chr(0), tenant, workspace, payload_digest)) AS d FROM records "
                 "UNION ALL SELECT md5_number_upper(concat_ws(chr(0), tenant, workspace, payload_digest)) "
                 "FROM tombstones").fetchnumpy()["d"])
+            self.used_grants = KeyDigests(cur.execute(
+                "SELECT md5_number_upper(grant_id) AS d FROM used_confirmations").fetchnumpy()["d"])
+            self.linked_ids = {r[0] for r in cur.execute(
+                "SELECT record_id FROM record_families UNION SELECT record_id FROM record_sources "
+                "UNION SELECT source_id FROM record_sources").fetchall()}
         finally:
             cur.close()
 
