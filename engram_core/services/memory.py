@@ -296,6 +296,10 @@ class MemoryService(ReadService):
         trust_class = "asserted"  # SPEC §5: earned/signed only from a host verifier
         record_digest = digest("record", self._record_core(candidate_id, effective, payload_digest, trust_class, ctx))
         # Synced by the store before the COMMIT that names the slot (one sync per group commit).
+        # The record's vector, started now so that the model runs while this capture writes and
+        # its agent turns round to request admission (which then does not wait for it). Dropped
+        # unless the capture commits; kept in memory only.
+        early = self._start_embedding(effective)
         slot, key = self.core.vault.new_data_key(f"candidate:{candidate_id}", durable=False)
         envelope = seal(key, canonical_json({"payload": effective, "evidence": evidence}), kind="candidate",
                         owner=candidate_id)
@@ -336,7 +340,7 @@ class MemoryService(ReadService):
             self.core.vault.destroy(slot)
             raise
         self.core.quotas.add(ctx.tenant, ctx.workspace, ctx.principal, "bytes_stored", facts["payload_bytes"])
-        self._embed_early(candidate_id, effective)
+        self._keep_early(candidate_id, early)
         return outcome
 
     @staticmethod
@@ -562,8 +566,7 @@ class MemoryService(ReadService):
             tx.append_audit(self.core.audit_row(ctx, ADMISSION_TOOL, status, cand.candidate_id, call))
         return {"outcome": outcome, "replayed": False}
 
-    def _embed_early(self, candidate_id: str, effective: dict[str, Any]) -> None:
-        future = self._start_embedding(effective)
+    def _keep_early(self, candidate_id: str, future: Future[list[float]] | None) -> None:
         if future is None:
             return
         with self._early_lock:

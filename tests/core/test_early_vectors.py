@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from core_support import Client, activate
+from core_support import Client, activate, capture_args
 
 from engram_core.rpc.server import start_core
 
@@ -34,5 +34,25 @@ def test_the_early_vector_is_the_records_own_and_goes_with_its_candidate(tmp_pat
         c.call("withdraw", {"candidate_id": gone["candidate_id"], "idempotency_key": "withdraw-early-0001",
                             "reason_ref": "reason:changed-mind"}, grant=True)
         assert gone["candidate_id"] not in running.memory._early_vectors
+    finally:
+        running.stop()
+
+
+def test_captures_that_do_not_commit_keep_no_vector(tmp_path: Path) -> None:
+    """The model starts on a capture's text before its write; only a committed capture keeps
+    the vector. Eight identical captures at once (one key): one candidate, one vector held."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    running = start_core(tmp_path / "data", semantic=True)
+    try:
+        assert running.memory is not None
+        activate(running)
+        c = Client(running)
+        args = capture_args("Retries use exponential backoff capped at thirty seconds.", key="early-same-key-0001")
+        with ThreadPoolExecutor(8) as pool:
+            outs = list(pool.map(lambda _: c.call("capture", args), range(8)))
+        ids = {o["candidate_id"] for o in outs}
+        assert len(ids) == 1 and sorted(o["status"] for o in outs).count("committed_pending") == 1
+        assert list(running.memory._early_vectors) == list(ids)
     finally:
         running.stop()
