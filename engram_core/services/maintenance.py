@@ -746,22 +746,27 @@ def reanalyze_lexical(core: Core) -> int | None:
     return indexed
 
 
+VECTOR_MODEL_META = "vector_model"
+
+
 def reembed_vectors(core: Core) -> int | None:
     """Re-derive the vectors made by another model than the embedder's (``model_id``), e.g. a
     store from before the model was derived for int8 arithmetic (semantic_model.py): searches
     rank only vectors of their own model, so without this every older record would drop out of
     the semantic channel. Runs at start-up, before the core serves, in one write transaction
-    (all or nothing), ~5 ms per record. Records without a vector are left as they are (``engram
-    admin rebuild-projections`` gives them one). Returns the records re-embedded, or None when
-    there was nothing to do."""
+    (all or nothing), ~5 ms per record re-embedded. The model whose vectors the store holds is
+    recorded in ``store_meta``, so a store that is current costs one read (not a scan of its
+    projections, nor the search index, which the server builds after it listens). Records
+    without a vector are left as they are (``engram admin rebuild-projections`` gives them one).
+    Returns the records re-embedded, or None when the store was already current."""
     embedder = core.embedder
     if embedder is None:
+        return None  # nothing can be checked or stamped without the model
+    with core.store.read() as tx:
+        stamped = tx.meta(VECTOR_MODEL_META)
+    if stamped == embedder.model_id:
         return None
-    with core.store.search_index() as index:
-        older = index.vector_models() - {embedder.model_id}
-    if not older:
-        return None
-    embedded = 0
+    embedded, older = 0, set()
     with core.store.write() as tx:
 
         def reembedded(rec: RecordRow, old: Projection) -> Projection | None:
@@ -770,13 +775,16 @@ def reembed_vectors(core: Core) -> int | None:
             payload = _open_body(core, tx, rec)
             if payload is None:
                 return None
+            older.add(old.model)
             vector = embedder.embed(record_text(payload))
             return dataclasses.replace(old, model=embedder.model_id, vector=np.asarray(vector, dtype=np.float32))
 
         for scope in tx.scopes():
             embedded += tx.reseal_projections(scope.tenant, scope.workspace, reembedded)
-    core.store.reload_indexes()
-    log.info("vectors re-embedded: %d records (%s -> %s)", embedded, ", ".join(sorted(older)), embedder.model_id)
+        tx.set_meta(VECTOR_MODEL_META, embedder.model_id)
+    if embedded:
+        core.store.reload_indexes()  # a copy built before held the old vectors
+        log.info("vectors re-embedded: %d records (%s -> %s)", embedded, ", ".join(sorted(older)), embedder.model_id)
     return embedded
 
 

@@ -15,6 +15,7 @@ from search_support import SEMANTIC, Client, activate
 from engram_core.rpc.server import open_core, start_core
 from engram_core.services import semantic_model
 from engram_core.services.embedding import load_local_embedder
+from engram_core.services.maintenance import VECTOR_MODEL_META
 from engram_core.services.semantic_model import DERIVED_FILE, DERIVED_SHA256, derived_model, sha256_of
 
 TEXTS = ["Pintail rollout uses a canary in one region first.",
@@ -85,11 +86,14 @@ def test_vectors_of_an_older_model_are_re_embedded_when_the_store_opens(tmp_path
         with core.store.write() as tx:
             older = tx.reseal_projections("acme", "alpha", lambda rec, old: dataclasses.replace(
                 old, model="all-MiniLM-L6-v2-onnx-int8@older", vector=old.vector[::-1].copy()))
+            tx.set_meta(VECTOR_MODEL_META, "all-MiniLM-L6-v2-onnx-int8@older")  # (that release kept none)
         assert older == len(TEXTS)
     finally:
         core.close()
     running = start_core(data, semantic=True)
     try:
+        with running.core.store.read() as tx:
+            assert tx.meta(VECTOR_MODEL_META) == model
         with running.core.store.search_index() as index:
             assert index.vector_models() == {model}
         embedder = running.core.embedder

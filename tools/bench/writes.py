@@ -10,7 +10,8 @@ client count: pairs for ``--duration`` seconds (each client captures, then admit
 candidate), then forgets of records the pairs admitted; last, one client searching (lexical)
 while ``--search-writers`` clients write pairs. Reported per point: completed operations
 per second, p50/p99 latency of each call, the server process's CPU time per operation (user +
-system from /proc), and the COMMITs with their mean transactions (the core's
+system from /proc), the benchmark clients' own CPU per operation and how busy the machine's cores
+were, and the COMMITs with their mean transactions (the core's
 ``engram_store_commit_batch_transactions`` histogram, read before and after). The machine's facts
 and load averages go with the figures.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -53,6 +55,14 @@ def _cpu_s(server: Served) -> float:
     """The server process's CPU time so far (user + system)."""
     fields = Path(f"/proc/{server.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / 100.0
+
+
+def _machine_busy_s() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far (/proc/stat, all cores)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields) - idle) / hz, sum(fields) / hz
 
 
 def _commits(server: Served) -> tuple[float, float]:
@@ -130,6 +140,7 @@ def _point(server: Served, key_path: Path, clients: int, duration: float, phase:
             agent.close()
 
     cpu0, (c0, t0) = _cpu_s(server), _commits(server)
+    mine0, (busy0, all0) = time.process_time(), _machine_busy_s()
     began = time.perf_counter()
     threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
     if searcher:
@@ -140,12 +151,17 @@ def _point(server: Served, key_path: Path, clients: int, duration: float, phase:
         t.join()
     wall = time.perf_counter() - began
     cpu1, (c1, t1) = _cpu_s(server), _commits(server)
+    mine1, (busy1, all1) = time.process_time(), _machine_busy_s()
     ops = len(lat["pair"]) if phase == "pair" else len(lat["forget"])
     out: dict[str, Any] = {
         "clients": clients, "phase": phase + ("+search" if searcher else ""), "operations": ops,
         "errors": errors[0],
         "server_cpu_ms_per_op": round((cpu1 - cpu0) / ops * 1000, 2) if ops else None,
         "server_cpu_share_of_a_core": round((cpu1 - cpu0) / wall, 2),
+        # The benchmark's own gRPC clients share the machine: what they spent, and how busy all
+        # cores were (1.0 = every core busy all the time).
+        "clients_cpu_ms_per_op": round((mine1 - mine0) / ops * 1000, 2) if ops else None,
+        "machine_busy_share": round((busy1 - busy0) / (all1 - all0), 2) if all1 > all0 else None,
         "commits": int(c1 - c0), "transactions": int(t1 - t0),
         "transactions_per_commit": round((t1 - t0) / (c1 - c0), 2) if c1 > c0 else None,
         "loadavg_after": loadavg(),
