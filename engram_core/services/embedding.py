@@ -12,6 +12,7 @@ attention mask, then L2 normalization, as sentence-transformers does for this mo
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from collections.abc import Callable
@@ -124,7 +125,10 @@ class OnnxMiniLMEmbedder:
             from tokenizers import Tokenizer
         except ImportError as exc:  # the optional extra is not installed
             raise SemanticUnavailable(f"runtime missing: {exc.name}") from None
-        if sha256_of(model_path) != MODEL_SHA256:
+        # Hashed and run from the same bytes: a file swapped between the check and the load
+        # is never run.
+        model_bytes = model_path.read_bytes()
+        if hashlib.sha256(model_bytes).hexdigest() != MODEL_SHA256:
             raise SemanticUnavailable("model file does not match the pinned digest")
         tokenizer_digest = sha256_of(tokenizer_path)
         self._np = np
@@ -134,7 +138,7 @@ class OnnxMiniLMEmbedder:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
-        self._session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+        self._session = ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
         self._inputs = {i.name for i in self._session.get_inputs()}
         self._lock = threading.Lock()
         self.model_id = (f"{MODEL_NAME}@sha256:{MODEL_SHA256[:16]}"

@@ -201,10 +201,23 @@ def target_of(kind: str, args: dict[str, Any], result: dict[str, Any]) -> str:
     return args.get("candidate_id") or args.get("record_id") or args["target"]
 
 
+def _replay(client: Client, admin: HostAdmin, kind: str, args: dict[str, Any]) -> dict[str, Any]:
+    """One retry, as a well-behaved agent makes it: RATE_LIMITED (the principal's per-minute
+    quota, which a soak's thousands of replays from one client reach) is waited out."""
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            return perform(client, admin, kind, args, timeout=10)
+        except Failed as exc:
+            if exc.code != Code.RATE_LIMITED or time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
 def check_replays(client: Client, admin: HostAdmin, ledger: Ledger) -> int:
     """Every acknowledged mutation, retried with its idempotency key, returns its original outcome."""
     for kind, args, result in ledger.acked:
-        again = perform(client, admin, kind, args, timeout=10)
+        again = _replay(client, admin, kind, args)
         if kind == "capture":
             assert again["status"] == "duplicate_exact" and again["candidate_id"] == result["candidate_id"], (args, again)
             assert {k: v for k, v in again.items() if k != "status"} == {k: v for k, v in result.items() if k != "status"}
