@@ -58,8 +58,8 @@ class EmbeddingBatcher:
     once, so an admission embeds while it goes on deciding (policy, reads) on the other core;
     texts submitted while the model is busy wait and are taken together (up to ``max_batch``;
     the model still runs each alone: ``OnnxMiniLMEmbedder.embed_batch``). ``embedder_of`` is
-    read per run: observability wraps the core's embedder after the services are built. The worker ends after ``idle_s`` without work and
-    starts again with the next text.
+    read per run: observability wraps the core's embedder after the services are built. The
+    worker ends after ``idle_s`` without work and starts again with the next text.
     """
 
     def __init__(self, embedder_of: Callable[[], Embedder | None], *, max_batch: int = 16,
