@@ -3,6 +3,7 @@ driven by the SDK's own client in both protocol versions (SPEC §2, §3, §5, §
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import mcp_types as types
@@ -13,6 +14,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_helpers import (
     PURPOSE,
     WORKSPACE,
+    Core,
     activate,
     approve,
     binding_for,
@@ -30,6 +32,7 @@ from mcp_helpers import (
 )
 
 from engram_core.errors import REFUSALS, Code
+from engram_core.rpc.server import start_core
 from engram_core.schemas import INPUT_SCHEMAS, TOOL_NAMES, output_schema
 
 pytestmark = pytest.mark.anyio
@@ -424,19 +427,47 @@ async def test_request_state_is_single_use_and_tamper_proof(acme):
         assert error_code(replayed) == "gate_failed"
 
 
-async def test_core_deadline_comes_back_as_a_retriable_envelope(core, cfg_dir):
-    config = write_config(
-        cfg_dir / "tight.toml",
-        address=core.address,
-        signing_key=core.host_key_path,
-        binding=binding_for("acme"),
-        deadline_ms=1,
-    )
-    async with stdio_client(config) as client:
-        env = envelope_of(
-            await client.call_tool("engram_memory_search", {"query": "x", "purpose_ref": PURPOSE})
+async def test_core_deadline_comes_back_as_a_retriable_envelope(tmp_path, cfg_dir):
+    """A core that does not answer within the host's deadline: the agent gets a retriable
+    DEADLINE_EXCEEDED envelope. The core is held busy for real (an exclusive write transaction
+    holds the audit lock the search's audit row needs), not raced against a 1 ms deadline: that
+    version also sent the SDK's own tools/list (for the output schema) past the deadline now and
+    then, and failed in CI."""
+    running = start_core(tmp_path / "data")
+    try:
+        activate(Core(address=running.address, host_key_path=Path(running.host_key_path)), "acme", WORKSPACE)
+        config = write_config(
+            cfg_dir / "tight.toml",
+            address=running.address,
+            signing_key=running.host_key_path,
+            binding=binding_for("acme"),
+            deadline_ms=300,
         )
-        assert env["error"]["code"] == "DEADLINE_EXCEEDED" and env["error"]["retriable"] is True
+        async with stdio_client(config) as client:
+            await client.list_tools()  # the output schemas, fetched while the core answers
+            held, release = threading.Event(), threading.Event()
+
+            def hold_the_store() -> None:
+                with running.core.store.write():
+                    held.set()
+                    release.wait(10)
+
+            holder = threading.Thread(target=hold_the_store)
+            holder.start()
+            assert held.wait(5)
+            try:
+                env = envelope_of(
+                    await client.call_tool("engram_memory_search", {"query": "x", "purpose_ref": PURPOSE})
+                )
+            finally:
+                release.set()
+                holder.join()
+            assert env["error"]["code"] == "DEADLINE_EXCEEDED" and env["error"]["retriable"] is True
+            # Once the core answers again, so does the same session.
+            assert value_of(await client.call_tool("engram_memory_search", {"query": "x", "purpose_ref": PURPOSE}))[
+                "records"] == []
+    finally:
+        running.stop()
 
 
 async def test_embedded_core_starts_in_process_and_memory_stays_off_until_activated(tmp_path):
