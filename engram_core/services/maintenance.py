@@ -18,7 +18,7 @@ import dataclasses
 import json
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -712,64 +712,75 @@ class MaintenanceService:
 
 
 ANALYZER_META = "lexical_analyzer"
+VECTOR_MODEL_META = "vector_model"
+
+Rewrite = Callable[[RecordRow, Projection], Projection | None]
+
+
+def _rederive_projections(core: Core, meta_key: str, current: str,
+                          rewrite_of: Callable[[Tx], Rewrite]) -> tuple[int, str | None] | None:
+    """At start-up, before the core serves: when ``store_meta[meta_key]`` is not ``current``,
+    rewrite every scope's projections with ``rewrite_of(tx)`` and record ``current``, in one write
+    transaction (all or nothing: a crash leaves the old projections and the old stamp, and the
+    next start does it again). Returns (projections rewritten, the stamp found), or None when the
+    store was current (one read). The in-memory index is rebuilt only if a projection changed."""
+    with core.store.read() as tx:
+        stamped = tx.meta(meta_key)
+    if stamped == current:
+        return None
+    rewritten = 0
+    with core.store.write() as tx:
+        rewrite = rewrite_of(tx)
+        for scope in tx.scopes():
+            rewritten += tx.reseal_projections(scope.tenant, scope.workspace, rewrite)
+        tx.set_meta(meta_key, current)
+    if rewritten:
+        core.store.reload_indexes()  # a copy built before held the old projections
+    return rewritten, stamped
 
 
 def reanalyze_lexical(core: Core) -> int | None:
     """Re-derive every scope's postings when they were made by another analyzer than this code's
     (``lexical.ANALYZER_ID``, recorded in ``store_meta``): a query analyzed one way must never be
-    matched against postings analyzed another way. Runs at start-up, before the core serves, in
-    one write transaction (all or nothing: a crash leaves the old postings and the old id, and the
-    next start does it again). Vectors are kept. Returns the records re-indexed, or None when the
-    postings were already current. A store without the id and without postings is new: it is
-    only stamped (0)."""
-    with core.store.read() as tx:
-        current = tx.meta(ANALYZER_META)
-    if current == ANALYZER_ID:
-        return None
-    indexed = 0
-    with core.store.write() as tx:
+    matched against postings analyzed another way. Vectors are kept. Returns the records
+    re-indexed, or None when the postings were already current. A store without the id and
+    without postings is new: it is only stamped (0)."""
 
-        def reanalyzed(rec: RecordRow, old: Projection) -> Projection | None:
+    def reanalyzed(tx: Tx) -> Rewrite:
+        def rewrite(rec: RecordRow, old: Projection) -> Projection | None:
             payload = _open_body(core, tx, rec) if rec.state in INDEXED_STATES else None
             if payload is None:
                 return None  # shredded: left
             fields = record_fields(payload, core.hasher)
             return Projection.of({FIELD_CODE[name]: counts for name, counts in fields.items()}, old.model,
                                  old.vector)  # type: ignore[arg-type]
+        return rewrite
 
-        for scope in tx.scopes():
-            indexed += tx.reseal_projections(scope.tenant, scope.workspace, reanalyzed)
-        tx.set_meta(ANALYZER_META, ANALYZER_ID)
-    core.store.reload_indexes()  # the in-memory copy still held the old postings
+    done = _rederive_projections(core, ANALYZER_META, ANALYZER_ID, reanalyzed)
+    if done is None:
+        return None
+    indexed, before = done
     if indexed:
-        log.info("lexical postings re-analyzed: %d records (%s -> %s)", indexed, current or "v1", ANALYZER_ID)
+        log.info("lexical postings re-analyzed: %d records (%s -> %s)", indexed, before or "v1", ANALYZER_ID)
     return indexed
-
-
-VECTOR_MODEL_META = "vector_model"
 
 
 def reembed_vectors(core: Core) -> int | None:
     """Re-derive the vectors made by another model than the embedder's (``model_id``), e.g. a
     store from before the model was derived for int8 arithmetic (semantic_model.py): searches
     rank only vectors of their own model, so without this every older record would drop out of
-    the semantic channel. Runs at start-up, before the core serves, in one write transaction
-    (all or nothing), ~5 ms per record re-embedded. The model whose vectors the store holds is
-    recorded in ``store_meta``, so a store that is current costs one read (not a scan of its
+    the semantic channel. ~5 ms per record re-embedded. The model whose vectors the store holds
+    is recorded in ``store_meta``, so a store that is current costs one read (not a scan of its
     projections, nor the search index, which the server builds after it listens). Records
     without a vector are left as they are (``engram admin rebuild-projections`` gives them one).
     Returns the records re-embedded, or None when the store was already current."""
     embedder = core.embedder
     if embedder is None:
         return None  # nothing can be checked or stamped without the model
-    with core.store.read() as tx:
-        stamped = tx.meta(VECTOR_MODEL_META)
-    if stamped == embedder.model_id:
-        return None
-    embedded, older = 0, set()
-    with core.store.write() as tx:
+    older: set[str] = set()
 
-        def reembedded(rec: RecordRow, old: Projection) -> Projection | None:
+    def reembedded(tx: Tx) -> Rewrite:
+        def rewrite(rec: RecordRow, old: Projection) -> Projection | None:
             if old.vector is None or old.model == embedder.model_id or rec.state not in INDEXED_STATES:
                 return None
             payload = _open_body(core, tx, rec)
@@ -778,12 +789,13 @@ def reembed_vectors(core: Core) -> int | None:
             older.add(old.model)
             vector = embedder.embed(record_text(payload))
             return dataclasses.replace(old, model=embedder.model_id, vector=np.asarray(vector, dtype=np.float32))
+        return rewrite
 
-        for scope in tx.scopes():
-            embedded += tx.reseal_projections(scope.tenant, scope.workspace, reembedded)
-        tx.set_meta(VECTOR_MODEL_META, embedder.model_id)
+    done = _rederive_projections(core, VECTOR_MODEL_META, embedder.model_id, reembedded)
+    if done is None:
+        return None
+    embedded, _ = done
     if embedded:
-        core.store.reload_indexes()  # a copy built before held the old vectors
         log.info("vectors re-embedded: %d records (%s -> %s)", embedded, ", ".join(sorted(older)), embedder.model_id)
     return embedded
 
