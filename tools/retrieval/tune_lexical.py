@@ -119,6 +119,14 @@ def evaluate(which: str, index_analyzer: Callable[[str], list[str]], query_analy
     return out
 
 
+def summary(which: str, m: dict[str, Any]) -> str:
+    """One harness's figures on one line: recall@10 and MRR, and per question type for the
+    conversations (what every tuning script prints)."""
+    return (f"{which[:5]} R@10 {m['all']['recall@10']:.3f} MRR {m['all']['mrr@10']:.3f}"
+            + ("" if which == "synthetic" else " " + " ".join(
+                f"{t[:6]} {v:.2f}" for t, v in m.items() if t != "all")))
+
+
 def main() -> int:
     analyzers: dict[str, tuple[Callable[[str], list[str]], Callable[[str], list[str]]]] = {
         "v1 tokens": (lexical.tokenize, lexical.tokenize),
@@ -155,9 +163,7 @@ def main() -> int:
             row = []
             for which in ("synthetic", "conversations"):
                 m = evaluate(which, ia, qa, k1=k1, b=b, weights=WEIGHTS, lexical_weight=lw)
-                row.append(f"{which[:5]} R@10 {m['all']['recall@10']:.3f} MRR {m['all']['mrr@10']:.3f}"
-                           + ("" if which == "synthetic" else " " + " ".join(
-                               f"{t[:6]} {v:.2f}" for t, v in m.items() if t != "all")))
+                row.append(summary(which, m))
             print(f"{name:34} k1 {k1} b {b} lw {lw}: " + " | ".join(row), flush=True)
     return 0
 

@@ -36,6 +36,7 @@ from harness import CORPUS as SYNTHETIC  # noqa: E402
 from harness import metrics  # noqa: E402
 from harness_conversations import CORPUS as CONVERSATIONS  # noqa: E402
 from harness_conversations import render, turns_of  # noqa: E402
+from tune_lexical import summary  # noqa: E402
 
 from engram_core.services import lexical  # noqa: E402
 from engram_core.services.timeq import parse_time, proximity  # noqa: E402
@@ -357,9 +358,7 @@ def main() -> int:
         row = []
         for which in ("synthetic", "conversations"):
             m = evaluate(data[which], cfg)
-            row.append(f"{which[:5]} R@10 {m['all']['recall@10']:.3f} MRR {m['all']['mrr@10']:.3f}"
-                       + ("" if which == "synthetic" else " " + " ".join(
-                           f"{t[:6]} {v:.2f}" for t, v in m.items() if t != "all")))
+            row.append(summary(which, m))
         print(f"{json.dumps(over):60} " + " | ".join(row), flush=True)
     return 0
 
