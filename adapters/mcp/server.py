@@ -27,6 +27,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from adapters.mcp import envelope
 from adapters.mcp.binding import CallContext, ContextSource, ContextUnavailable, now_ms
+from adapters.mcp.config import Binding
 from adapters.mcp.confirmation import (
     CONFIRM_KEY,
     REQUESTED_SCHEMA,
@@ -68,6 +69,7 @@ _PURPOSE_TOOLS = frozenset({"engram_memory_search", "engram_memory_get"})
 _INVALID_REQUEST_STATE = "Invalid or expired requestState"
 _INVALID_RESULT = "Handler returned an invalid result"
 _STATE_TTL_S = 300.0  # SPEC §8: a confirmation lives at most 300 s
+_LIST_HINTS_MAX = 1024  # bindings whose last tool list is remembered (HTTP serves many)
 
 _ANNOTATIONS = {
     "engram_memory_search": types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
@@ -168,6 +170,10 @@ class EngramMcp:
         self._key = signing_key
         self._confirmation_timeout_ms = confirmation_timeout_ms
         self._ledger = ledger or InMemoryConfirmationLedger()
+        # The last tool list the core gave each binding: the tools it may call straight (granted,
+        # not gated behind a confirmation). Only a hint to skip asking again: the core authorizes
+        # every call itself, and any failure asks for the list afresh (``_write``).
+        self._straight: dict[Binding, frozenset[str]] = {}
 
     async def close(self) -> None:
         await self._core.close()
@@ -215,7 +221,11 @@ class EngramMcp:
         if not call.memory_enabled:
             return frozenset(), frozenset()  # SPEC §2: memory is off unless the host opted in
         names, gated = await self._following_epoch(call, self._core.granted_tools)
-        return frozenset(names) & frozenset(TOOL_NAMES), frozenset(gated) & frozenset(TOOL_NAMES)
+        granted, gated = frozenset(names) & frozenset(TOOL_NAMES), frozenset(gated) & frozenset(TOOL_NAMES)
+        if len(self._straight) >= _LIST_HINTS_MAX and call.binding not in self._straight:
+            self._straight.pop(next(iter(self._straight)))
+        self._straight[call.binding] = granted - gated
+        return granted, gated
 
     async def _following_epoch(self, call: CallContext, rpc: Callable[[bytes], Awaitable[_T]]) -> _T:
         """One gRPC call under a freshly signed context. After AUTHORIZATION_REVOKED, an
@@ -293,6 +303,9 @@ class EngramMcp:
         arguments: Any = params.arguments if params.arguments is not None else {}
         if name in READ_TOOLS and call.memory_enabled:
             return await self._read(name, arguments, call)
+        if (name in CONFIRMED_ON_POLICY and call.memory_enabled and params.request_state is None
+                and name in self._straight.get(call.binding, ())):
+            return await self._write(ctx, params, name, arguments, call, state)
         refused, gated = await self._check_granted(name, call)
         if refused is not None:
             return refused
@@ -367,6 +380,34 @@ class EngramMcp:
             value = await self._invoke(name, arguments, call)
         except EngramError as exc:
             return await self._unless_ungranted(name, call) or self._core_refused(call, name, exc)
+        return envelope.success(value, audit_id=call.audit_id)
+
+    async def _write(self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams, name: str,
+                     arguments: dict[str, Any], call: CallContext, state: _CallState | None,
+                     ) -> types.CallToolResult | types.InputRequiredResult:
+        """capture and request_admission of a binding whose last tool list granted them without
+        a confirmation: straight to the core, as ``_read`` (the list is a second gRPC round trip,
+        ~3 ms of an MCP write). Any failure asks for the list again and answers as the list-first
+        order would; a tool gated since then reaches the core without a grant once, is refused
+        there (audited) and goes on to the human, as a capture only its policy gates does."""
+        try:
+            validate_arguments(name, arguments)
+        except EngramError as exc:
+            return await self._unless_ungranted(name, call) or await self._refuse(call, name, exc)
+        if _purpose_mismatch(name, arguments, call.binding.purpose_ref):
+            refused = await self._unless_ungranted(name, call)
+            if refused is not None:
+                return refused
+            raise await self._protocol_refusal(call, name, "PURPOSE_MISMATCH")
+        try:
+            value = await self._invoke(name, arguments, call)
+        except EngramError as exc:
+            refused = await self._unless_ungranted(name, call)
+            if refused is not None:
+                return refused
+            if exc.code is Code.GATE_FAILED or exc.confirmation_required:
+                return await self._confirm_then_invoke(ctx, params, name, arguments, call, state)
+            return self._core_refused(call, name, exc)
         return envelope.success(value, audit_id=call.audit_id)
 
     async def _unless_ungranted(self, name: str, call: CallContext) -> types.CallToolResult | None:

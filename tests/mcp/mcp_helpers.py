@@ -45,7 +45,16 @@ def _now_ms() -> int:
 
 def activate(core: Core, tenant: str, workspace: str, tools: list[str] | None = None) -> None:
     """Turn memory on for one scope, as a host maintenance principal (SPEC §12); ``tools``:
-    the granted tools (default: all six)."""
+    the tools granted besides those already granted (default: all six)."""
+    _activation(core, tenant, workspace, tools or [], activated=True)
+
+
+def deactivate(core: Core, tenant: str, workspace: str, tools: list[str]) -> None:
+    """Withdraw the grant of ``tools`` in one scope (the others stay granted)."""
+    _activation(core, tenant, workspace, tools, activated=False)
+
+
+def _activation(core: Core, tenant: str, workspace: str, tools: list[str], *, activated: bool) -> None:
     key = load_private_key_file(core.host_key_path)
     ctx = make_context(
         key,
@@ -58,8 +67,9 @@ def activate(core: Core, tenant: str, workspace: str, tools: list[str] | None = 
         memory_enabled=True,
     )
     with grpc.insecure_channel(core.address) as channel:
-        admin_pb2_grpc.AdminServiceStub(channel).Activate(
-            admin_pb2.ActivateRequest(tenant=tenant, workspace=workspace, tools=tools or []),
+        stub = admin_pb2_grpc.AdminServiceStub(channel)
+        (stub.Activate if activated else stub.Deactivate)(
+            admin_pb2.ActivateRequest(tenant=tenant, workspace=workspace, tools=tools),
             metadata=((CONTEXT_METADATA_KEY, ctx),),
             timeout=10,
         )
@@ -294,3 +304,20 @@ def unique(prefix: str) -> str:
 def token(prefix: str) -> str:
     """A word no other test writes (one lexical token: letters and digits only)."""
     return f"{prefix}{uuid.uuid4().hex}"
+
+
+def uuid_hex() -> str:
+    return uuid.uuid4().hex
+
+
+def audit_rows(core: Core, tenant: str = "acme") -> dict[str, list[dict[str, Any]]]:
+    """Audit rows of ``tenant``/ws-main by audit id, read as an operator does: `engram admin export audit`."""
+    out = Path(core.host_key_path).parent / f"audit-{uuid_hex()}.jsonl"
+    subprocess.run([ENGRAM, "admin", "--core", core.address, "--host-key", str(core.host_key_path), "export",
+                    "audit", "--tenant", tenant, "--workspace", WORKSPACE, "--out", str(out)],
+                   check=True, capture_output=True, timeout=60)
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for line in out.read_text().splitlines():
+        row = json.loads(line)
+        rows.setdefault(row["audit_id"], []).append(row)
+    return rows

@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -17,10 +16,10 @@ import grpc
 import mcp_types as types
 import pytest
 from mcp_helpers import (
-    ENGRAM,
     PURPOSE,
     activate,
     approve,
+    audit_rows,
     binding_for,
     capture_args,
     decline,
@@ -31,6 +30,7 @@ from mcp_helpers import (
     stop,
     token,
     unique,
+    uuid_hex,
     value_of,
     write_config,
 )
@@ -53,23 +53,6 @@ SECRET = "ghp_" + "Zq8Lm2Xv7Rt4Wn6Yp1Ks3Hd5Jf9Gc0Bb4Ee7Aa"
 def acme(core, tmp_path_factory) -> Path:
     return write_config(tmp_path_factory.mktemp("refusals") / "acme.toml", address=core.address,
                         signing_key=core.host_key_path, binding=binding_for("acme"))
-
-
-def audit_rows(core, tenant: str = "acme") -> dict[str, list[dict[str, Any]]]:
-    """Audit rows by audit id, read as an operator does: `engram admin export audit`."""
-    out = Path(core.host_key_path).parent / f"audit-{uuid_hex()}.jsonl"
-    subprocess.run([ENGRAM, "admin", "--core", core.address, "--host-key", str(core.host_key_path), "export",
-                    "audit", "--tenant", tenant, "--workspace", "ws-main", "--out", str(out)],
-                   check=True, capture_output=True, timeout=60)
-    rows: dict[str, list[dict[str, Any]]] = {}
-    for line in out.read_text().splitlines():
-        row = json.loads(line)
-        rows.setdefault(row["audit_id"], []).append(row)
-    return rows
-
-
-def uuid_hex() -> str:
-    return unique("x").split("-", 1)[1]
 
 
 def refusal_of(row: dict[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,7 @@ driven by the SDK's own client in both protocol versions (SPEC §2, §3, §5, §
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from mcp_helpers import (
     binding_for,
     cancel,
     capture_args,
+    deactivate,
     decline,
     envelope_of,
     error_code,
@@ -32,6 +34,7 @@ from mcp_helpers import (
 )
 
 from engram_core.errors import REFUSALS, Code
+from engram_core.observability.logs import CALL_LOGGER
 from engram_core.rpc.server import start_core
 from engram_core.schemas import INPUT_SCHEMAS, TOOL_NAMES, output_schema
 
@@ -164,6 +167,43 @@ async def test_a_read_tool_not_granted_is_unknown_whatever_its_arguments(core, c
         assert found["records"] == []
         bad = envelope_of(await client.call_tool("engram_memory_search", {"query": "", "purpose_ref": PURPOSE}))
         assert bad["ok"] is False and bad["error"]["code"] == "INVALID_SCHEMA"
+
+
+async def test_writes_go_straight_once_listed_and_follow_a_changed_grant(core, cfg_dir, caplog):
+    """Once the tool list granted capture and admission without a confirmation, they go to the
+    core without asking for the list again (the core logs every call it serves, under the call's
+    audit id); a grant withdrawn since then still makes the tool unknown, whatever its arguments,
+    and a grant given back makes it callable again."""
+    everything = list(TOOL_NAMES)
+    activate(core, "pelican", WORKSPACE, tools=everything)
+    config = write_config(cfg_dir / "pelican.toml", address=core.address, signing_key=core.host_key_path,
+                          binding=binding_for("pelican"))
+    caplog.set_level(logging.INFO, logger=CALL_LOGGER.name)
+    async with stdio_client(config) as client:
+        assert {t.name for t in (await client.list_tools()).tools} == set(everything)
+        captured = envelope_of(await client.call_tool(
+            "engram_memory_capture", capture_args(unique("straight-cap"), "Pelican straight capture")))
+        admitted = envelope_of(await client.call_tool(
+            "engram_memory_request_admission",
+            {"candidate_id": captured["output"]["value"]["candidate_id"], "idempotency_key": unique("straight-adm")}))
+        assert admitted["output"]["value"]["outcome"]["status"] == "accepted"
+        served = [(r.engram_fields["audit_id"], r.engram_fields["operation"])
+                  for r in caplog.records if r.name == CALL_LOGGER.name]
+        for env, operation in ((captured, "memory.capture"), (admitted, "memory.request_admission")):
+            assert [op for audit_id, op in served if audit_id == env["auditId"]] == [operation]
+
+        deactivate(core, "pelican", WORKSPACE, ["engram_memory_capture"])
+        for args in (capture_args(unique("gone-cap"), "Pelican after the grant went"),
+                     capture_args(unique("gone-cap"), "Pelican", purpose="purpose:other"),
+                     {"payload": {}}):
+            with pytest.raises(MCPError) as err:
+                await client.call_tool("engram_memory_capture", args)
+            assert (err.value.code, err.value.message) == (-32602, "Unknown tool")
+
+        activate(core, "pelican", WORKSPACE, tools=everything)
+        again = value_of(await client.call_tool(
+            "engram_memory_capture", capture_args(unique("back-cap"), "Pelican with the grant back")))
+        assert again["status"] == "committed_pending"
 
 
 # ---- protocol errors ---------------------------------------------------------------
