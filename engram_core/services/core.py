@@ -147,12 +147,13 @@ class Core:
                                                        **(facts or {})}, call), operation)
 
     def authorize_with(self, ctx: BoundContext, operation: str, call: CallRecord, scope: ScopeRow | None,
-                       path: str, input: dict[str, Any]) -> tuple[Decision, Decision]:
+                       path: str, input: dict[str, Any], *, stored_strings: Iterable[str] = ()) -> tuple[Decision, Decision]:
         """``authorize`` and one more decision the call will need, asked together (one engine
         call in the embedded backend). Only the authorization is recorded on ``call``; the caller
         records the other (``call.add``) if it uses it."""
-        authz, other = self.policy.decide_all([(AUTHZ, self._authz_input(ctx, operation, scope)), (path, input)],
-                                              timeout_s=POLICY_TIMEOUT_S)
+        authz, other = self.policy.decide_all(
+            [(AUTHZ, self._authz_input(ctx, operation, scope, stored_strings)), (path, input)],
+            timeout_s=POLICY_TIMEOUT_S)
         return self._admitted(ctx, call.add(authz), operation), other
 
     def _authz_input(self, ctx: BoundContext, operation: str, scope: ScopeRow | None,

@@ -254,17 +254,9 @@ class MemoryService(ReadService):
         validate_arguments(CAPTURE_TOOL, args)
         payload, evidence = args["payload"], args["evidence"]
         self.bind_purpose(ctx, payload["purpose_ref"])
-        authz = self.core.authorize(ctx, CAPTURE_TOOL, call, stored_strings=stored_strings(args))
-        request_digest = self._request_digest(CAPTURE_TOOL, args)
-        with self.core.store.read(snapshot=False) as tx:  # checked again in the write transaction
-            prior = self._replay(tx, ctx, CAPTURE_TOOL, args, request_digest)
-        if prior is not None:
-            return {**prior, "status": "duplicate_exact"}
         now = self.core.now_ms()
         retention = payload.get("retention", {})
-        expires_at_ms = parse_instant(retention["expires_at"]) if "expires_at" in retention else None
-        if expires_at_ms is not None and expires_at_ms <= now:
-            raise EngramError(Code.INVALID_SCHEMA, "expires_at not after capture time")
+        expires_at_ms = parse_instant(retention["expires_at"]) if "expires_at" in retention else None  # validated
         findings = scan(_string_fields(payload, _DIGEST_KEYS) + _string_fields(evidence, _DIGEST_KEYS))
         facts = _shape_facts(payload, evidence)
         requested: dict[str, Any] = {}
@@ -273,12 +265,21 @@ class MemoryService(ReadService):
         if expires_at_ms is not None:
             requested["expires_at_ms"] = expires_at_ms
         family_refs = payload.get("reconciliation", {}).get("family_refs", [])
-        decision = self.core.decide(
-            CAPTURE,
+        # The capture decision is asked with the authorization (one engine call) and counts only
+        # once the authorization allowed the call and it is not a replay.
+        authz, decision = self.core.authorize_with(
+            ctx, CAPTURE_TOOL, call, self.core.store.committed_scope(ctx.tenant, ctx.workspace), CAPTURE,
             {"context": context_facts(ctx), "now_ms": now, "retention": requested, "family_refs": family_refs,
              "findings": findings, **facts},
-            call,
-        )
+            stored_strings=stored_strings(args))
+        request_digest = self._request_digest(CAPTURE_TOOL, args)
+        with self.core.store.read(snapshot=False) as tx:  # checked again in the write transaction
+            prior = self._replay(tx, ctx, CAPTURE_TOOL, args, request_digest)
+        if prior is not None:
+            return {**prior, "status": "duplicate_exact"}
+        if expires_at_ms is not None and expires_at_ms <= now:
+            raise EngramError(Code.INVALID_SCHEMA, "expires_at not after capture time")
+        call.add(decision)
         if not decision.result["allow"]:
             raise denied(Code.UNAUTHORIZED, "capture policy denied", call.decisions)
         if decision.result.get("confirmation_required") or authz.result.get("obligations", {}).get("confirmation_required"):
