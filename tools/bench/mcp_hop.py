@@ -2,6 +2,7 @@
 
     .venv/bin/python -m tools.bench.mcp_hop                       # 10k records, 500 rounds
     .venv/bin/python -m tools.bench.mcp_hop --baseline /path/to/other/checkout
+    .venv/bin/python -m tools.bench.mcp_hop --writes              # a capture and its admission instead
 
 Loads N records into one scope (tools/bench/loader.py, once per --data directory), serves it
 with ``engram serve``, then runs rounds of one lexical search each through gRPC (a synchronous
@@ -90,9 +91,30 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
             wall: dict[str, list[float]] = {p: [] for p in paths}
             client_cpu = dict.fromkeys(paths, 0.0)
 
+            wall.update({f"{p}:admission": [] for p in paths} if a.writes else {})
+            made = [0]
+
             async def one(path: str, record: bool) -> None:
-                args = {"query": rnd.choice(queries), "purpose_ref": PURPOSE}
                 t0, c0 = time.perf_counter(), time.process_time()
+                if a.writes:  # a capture, then the admission of its candidate: two timings
+                    made[0] += 1
+                    args = corpus.capture_args("hop", made[0])
+                    if path == "grpc":
+                        cap = agent.call("capture", args)
+                    else:
+                        cap = value_of(await clients[path].call_tool("engram_memory_capture", args))
+                    t1 = time.perf_counter()
+                    adm = {"candidate_id": cap["candidate_id"], "idempotency_key": f"hop-admission-{made[0]:010d}"}
+                    if path == "grpc":
+                        agent.call("request_admission", adm)
+                    else:
+                        value_of(await clients[path].call_tool("engram_memory_request_admission", adm))
+                    if record:
+                        wall[path].append(t1 - t0)
+                        wall[f"{path}:admission"].append(time.perf_counter() - t1)
+                        client_cpu[path] += time.process_time() - c0
+                    return
+                args = {"query": rnd.choice(queries), "purpose_ref": PURPOSE}
                 if path == "grpc":
                     agent.call("search", args)
                 else:
@@ -109,20 +131,23 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
                 rnd.shuffle(paths)
                 for path in paths:
                     await one(path, True)
-            adapter_cpu = {name: (_cpu_seconds(pid) - adapter_cpu0[name]) / a.rounds * 1000
+            calls = a.rounds * (2 if a.writes else 1)
+            adapter_cpu = {name: (_cpu_seconds(pid) - adapter_cpu0[name]) / calls * 1000
                            for name, pid in pids.items() if pid}
         agent.close()
     finally:
         served.stop()
-    grpc_p50 = _ms(wall["grpc"], 0.5)
-    out: dict[str, Any] = {"records": a.records, "rounds": a.rounds, "loadavg_before": load_before,
+    out: dict[str, Any] = {"records": a.records, "rounds": a.rounds, "calls": "capture, admission" if a.writes else "search",
+                           "loadavg_before": load_before,
                            "loadavg_after": machine.loadavg(), "paths": {}}
     for path, xs in wall.items():
+        grpc = wall["grpc:admission" if path.endswith(":admission") else "grpc"]
+        base = path.split(":")[0]
         out["paths"][path] = {
             "p50_ms": _ms(xs, 0.5), "p90_ms": _ms(xs, 0.9), "mean_ms": round(statistics.mean(xs) * 1000, 2),
-            "p50_minus_grpc_ms": round(_ms(xs, 0.5) - grpc_p50, 2),
-            "client_cpu_ms_per_call": round(client_cpu[path] / a.rounds * 1000, 2),
-            "adapter_cpu_ms_per_call": round(adapter_cpu[path], 2) if path in adapter_cpu else None,
+            "p50_minus_grpc_ms": round(_ms(xs, 0.5) - _ms(grpc, 0.5), 2),
+            "client_cpu_ms_per_call": round(client_cpu[base] / calls * 1000, 2),
+            "adapter_cpu_ms_per_call": round(adapter_cpu[base], 2) if base in adapter_cpu else None,
         }
     return out
 
@@ -151,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--data", default=None, help="data directory to load once and reuse (default: a temporary one)")
     p.add_argument("--baseline", default=None, help="another checkout of this repository: its adapter is measured too")
+    p.add_argument("--writes", action="store_true",
+                   help="rounds of a capture and its admission per path instead of a search")
     p.add_argument("--out", default=None, help="write the result as JSON here too")
     a = p.parse_args(argv)
     corpus = Corpus()
