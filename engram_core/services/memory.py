@@ -324,7 +324,7 @@ class MemoryService(ReadService):
                     record_digest=record_digest, trust_class=trust_class,
                     facts={**facts, "findings": findings, "retention": resolved, "family_refs": family_refs,
                            "all_components_cited": True},
-                    sealed_envelope=envelope, captured_at_ms=now, cursor=event.cursor,
+                    sealed_envelope=envelope, captured_at_ms=now, cursor=event.cursor, key_slot=slot,
                 ))
                 tx.put_data_key(f"candidate:{candidate_id}", slot, now)
                 outcome = {
@@ -593,7 +593,7 @@ class MemoryService(ReadService):
 
     def _open_envelope(self, cand: CandidateRow) -> tuple[dict[str, Any], int]:
         """The candidate's opened envelope, and its data key's slot."""
-        slot, key = self._key(f"candidate:{cand.candidate_id}")
+        slot, key = self._key(f"candidate:{cand.candidate_id}", cand.key_slot)
         return json.loads(unseal(key, cand.sealed_envelope or b"", kind="candidate", owner=cand.candidate_id)), slot
 
     def _after_lost_key(self, ctx: BoundContext, cand: CandidateRow, args: dict[str, Any] | None,
@@ -615,9 +615,12 @@ class MemoryService(ReadService):
             raise EngramError(Code.ILLEGAL_TRANSITION, "candidate admitted concurrently")
         return None
 
-    def _key(self, owner: str) -> tuple[int, bytes]:
-        with self.core.store.read(snapshot=False) as tx:
-            slot = tx.data_key_slot(owner)
+    def _key(self, owner: str, slot: int | None = None) -> tuple[int, bytes]:
+        """The data key of ``owner``: from its row's ``slot`` (migration 3, 8), else by data_keys.
+        A destroyed key's slot is zeroed in the vault, so a stale row's slot opens nothing."""
+        if slot is None:
+            with self.core.store.read(snapshot=False) as tx:
+                slot = tx.data_key_slot(owner)
         key = self.core.vault.data_key(slot, owner) if slot is not None else None
         if key is None or slot is None:
             raise EngramError(Code.BLOB_MISSING, "data key missing")
@@ -656,7 +659,7 @@ class MemoryService(ReadService):
                     body={"reason_ref": reason_ref, "decisions": call.summaries(), "audit_id": ctx.audit_id},
                 )
                 tx.set_candidate_state(cand.candidate_id, to_state, drop_envelope=True)
-                tx.drop_data_key(f"candidate:{cand.candidate_id}", now, operation)
+                tx.drop_data_key(f"candidate:{cand.candidate_id}", now, operation, slot=current.key_slot)
                 receipt = {
                     "event_id": event.event_id, "operation": operation, "from_state": "pending", "to_state": to_state,
                     "cursor": str(event.cursor), "event_digest": event.event_digest,

@@ -66,6 +66,7 @@ class CandidateRow:
     captured_at_ms: int
     cursor: int
     decision: dict[str, Any] | None = None
+    key_slot: int | None = None  # the vault slot of the candidate's data key (None: look it up in data_keys)
 
 
 @dataclass(frozen=True, slots=True)

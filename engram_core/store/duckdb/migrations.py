@@ -190,6 +190,18 @@ CREATE INDEX records_payload ON records (payload_digest);
 CREATE INDEX tombstones_payload ON tombstones (payload_digest);
 """,
     ),
+    Migration(
+        8,
+        "candidates carry their data key's slot",
+        # As migration 3 for records: an admission opened its candidate's envelope after a lookup
+        # of the slot in data_keys by owner (one more statement per admission and withdrawal).
+        # A candidate's slot never changes; data_keys stays the ledger of live keys, and a
+        # destroyed key's slot is zeroed in the vault, so the number alone opens nothing.
+        """
+ALTER TABLE candidates ADD COLUMN key_slot BIGINT;
+UPDATE candidates SET key_slot = k.slot FROM data_keys k WHERE k.owner = 'candidate:' || candidates.candidate_id;
+""",
+    ),
 )
 
 LEDGER_DDL = """

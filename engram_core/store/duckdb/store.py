@@ -67,7 +67,7 @@ log = logging.getLogger(__name__)
 _RECORD_COLS_R = ", ".join("r." + c.strip() for c in RECORD_COLS.split(","))  # records joined as r
 _CANDIDATE_COLS = (
     "candidate_id, tenant, workspace, principal, agent_id, session, state, payload_digest, record_digest, "
-    "trust_class, facts, sealed_envelope, captured_at_ms, cursor, decision"
+    "trust_class, facts, sealed_envelope, captured_at_ms, cursor, decision, key_slot"
 )
 
 
@@ -353,7 +353,7 @@ class DuckDBTx(RecordLinks, TrustClasses):
             [row.candidate_id, row.tenant, row.workspace, row.principal, row.agent_id, row.session, row.state,
              row.payload_digest, row.record_digest, row.trust_class, json.dumps(row.facts, sort_keys=True),
              row.sealed_envelope, row.captured_at_ms, row.cursor,
-             json.dumps(row.decision, sort_keys=True) if row.decision else None],
+             json.dumps(row.decision, sort_keys=True) if row.decision else None, row.key_slot],
             cols=f" ({_CANDIDATE_COLS})",
         )
         if self._member is not None:
