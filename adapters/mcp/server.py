@@ -172,8 +172,8 @@ class EngramMcp:
         self._ledger = ledger or InMemoryConfirmationLedger()
         # The last tool list the core gave each binding: the tools it may call straight (granted,
         # not gated behind a confirmation). Only a hint to skip asking again: the core authorizes
-        # every call itself, and any failure asks for the list afresh (``_write``).
-        self._straight: dict[Binding, frozenset[str]] = {}
+        # every call itself, and any failure asks for the list afresh (``_call_straight``).
+        self._straight_tools: dict[Binding, frozenset[str]] = {}
 
     async def close(self) -> None:
         await self._core.close()
@@ -222,9 +222,9 @@ class EngramMcp:
             return frozenset(), frozenset()  # SPEC §2: memory is off unless the host opted in
         names, gated = await self._following_epoch(call, self._core.granted_tools)
         granted, gated = frozenset(names) & frozenset(TOOL_NAMES), frozenset(gated) & frozenset(TOOL_NAMES)
-        if len(self._straight) >= _LIST_HINTS_MAX and call.binding not in self._straight:
-            self._straight.pop(next(iter(self._straight)))
-        self._straight[call.binding] = granted - gated
+        if len(self._straight_tools) >= _LIST_HINTS_MAX and call.binding not in self._straight_tools:
+            self._straight_tools.pop(next(iter(self._straight_tools)))
+        self._straight_tools[call.binding] = granted - gated
         return granted, gated
 
     async def _following_epoch(self, call: CallContext, rpc: Callable[[bytes], Awaitable[_T]]) -> _T:
@@ -301,11 +301,10 @@ class EngramMcp:
         if state is not None:
             state.call, state.tool = call, name
         arguments: Any = params.arguments if params.arguments is not None else {}
-        if name in READ_TOOLS and call.memory_enabled:
-            return await self._read(name, arguments, call)
-        if (name in CONFIRMED_ON_POLICY and call.memory_enabled and params.request_state is None
-                and name in self._straight.get(call.binding, ())):
-            return await self._write(ctx, params, name, arguments, call, state)
+        if call.memory_enabled and (name in READ_TOOLS or (
+                name in CONFIRMED_ON_POLICY and params.request_state is None
+                and name in self._straight_tools.get(call.binding, ()))):
+            return await self._call_straight(ctx, params, name, arguments, call, state)
         refused, gated = await self._check_granted(name, call)
         if refused is not None:
             return refused
@@ -362,34 +361,16 @@ class EngramMcp:
             logger.warning("refusal not audited: tool=%s audit_id=%s code=%s", name, call.audit_id, failed.code.value)
         return envelope.trusted_context_unavailable()
 
-    async def _read(self, name: str, arguments: Any, call: CallContext) -> types.CallToolResult:
-        """search and get without asking for the tool list first: the core authorizes the call
-        with the same policy, so the list (a second gRPC round trip, ~2.5 ms of an MCP search)
-        only tells a refusal from a tool that must look unknown, and is asked only on failure.
-        Every answer is the one the list-first order gives."""
-        try:
-            validate_arguments(name, arguments)
-        except EngramError as exc:
-            return await self._unless_ungranted(name, call) or await self._refuse(call, name, exc)
-        if _purpose_mismatch(name, arguments, call.binding.purpose_ref):
-            refused = await self._unless_ungranted(name, call)
-            if refused is not None:
-                return refused
-            raise await self._protocol_refusal(call, name, "PURPOSE_MISMATCH")
-        try:
-            value = await self._invoke(name, arguments, call)
-        except EngramError as exc:
-            return await self._unless_ungranted(name, call) or self._core_refused(call, name, exc)
-        return envelope.success(value, audit_id=call.audit_id)
-
-    async def _write(self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams, name: str,
-                     arguments: dict[str, Any], call: CallContext, state: _CallState | None,
-                     ) -> types.CallToolResult | types.InputRequiredResult:
-        """capture and request_admission of a binding whose last tool list granted them without
-        a confirmation: straight to the core, as ``_read`` (the list is a second gRPC round trip,
-        ~3 ms of an MCP write). Any failure asks for the list again and answers as the list-first
-        order would; a tool gated since then reaches the core without a grant once, is refused
-        there (audited) and goes on to the human, as a capture only its policy gates does."""
+    async def _call_straight(self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams, name: str,
+                        arguments: Any, call: CallContext, state: _CallState | None,
+                        ) -> types.CallToolResult | types.InputRequiredResult:
+        """A call sent without asking for the tool list first: search and get always, capture and
+        request_admission once the binding's last list granted them without a confirmation. The
+        core authorizes the call with the same policy, so the list (a second gRPC round trip,
+        ~2.5 ms of an MCP search, ~3 ms of a write) only tells a refusal from a tool that must
+        look unknown, and is asked only on failure. Every answer is the one the list-first order
+        gives; a write gated since the last list reaches the core without a grant once, is
+        refused there (audited) and goes on to the human, as a capture only its policy gates does."""
         try:
             validate_arguments(name, arguments)
         except EngramError as exc:
@@ -405,7 +386,7 @@ class EngramMcp:
             refused = await self._unless_ungranted(name, call)
             if refused is not None:
                 return refused
-            if exc.code is Code.GATE_FAILED or exc.confirmation_required:
+            if name in CONFIRMED_ON_POLICY and (exc.code is Code.GATE_FAILED or exc.confirmation_required):
                 return await self._confirm_then_invoke(ctx, params, name, arguments, call, state)
             return self._core_refused(call, name, exc)
         return envelope.success(value, audit_id=call.audit_id)
