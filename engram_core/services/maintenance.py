@@ -805,10 +805,7 @@ def _sizes(facts: dict[str, Any]) -> dict[str, Any]:
 
 
 def _open_body(core: Core, tx: Tx, rec: RecordRow) -> dict[str, Any] | None:
-    owner = f"record:{rec.record_id}"
-    # The row's own key slot (migration 3); data_keys only for a row without one.
-    slot = rec.key_slot if rec.key_slot is not None else tx.data_key_slot(owner)
-    key = core.vault.data_key(slot, owner) if slot is not None else None
-    if key is None or rec.sealed_body is None:
+    found = core.data_key(tx, f"record:{rec.record_id}", rec.key_slot)
+    if found is None or rec.sealed_body is None:
         return None
-    return json.loads(unseal(key, rec.sealed_body, kind="record", owner=rec.record_id))
+    return json.loads(unseal(found[1], rec.sealed_body, kind="record", owner=rec.record_id))

@@ -593,7 +593,11 @@ class MemoryService(ReadService):
 
     def _open_envelope(self, cand: CandidateRow) -> tuple[dict[str, Any], int]:
         """The candidate's opened envelope, and its data key's slot."""
-        slot, key = self._key(f"candidate:{cand.candidate_id}", cand.key_slot)
+        with self.core.store.read(snapshot=False) as tx:  # only for a row without its slot
+            found = self.core.data_key(tx, f"candidate:{cand.candidate_id}", cand.key_slot)
+        if found is None:
+            raise EngramError(Code.BLOB_MISSING, "data key missing")
+        slot, key = found
         return json.loads(unseal(key, cand.sealed_envelope or b"", kind="candidate", owner=cand.candidate_id)), slot
 
     def _after_lost_key(self, ctx: BoundContext, cand: CandidateRow, args: dict[str, Any] | None,
@@ -614,17 +618,6 @@ class MemoryService(ReadService):
         if fresh.state == "accepted":
             raise EngramError(Code.ILLEGAL_TRANSITION, "candidate admitted concurrently")
         return None
-
-    def _key(self, owner: str, slot: int | None = None) -> tuple[int, bytes]:
-        """The data key of ``owner``: from its row's ``slot`` (migration 3, 8), else by data_keys.
-        A destroyed key's slot is zeroed in the vault, so a stale row's slot opens nothing."""
-        if slot is None:
-            with self.core.store.read(snapshot=False) as tx:
-                slot = tx.data_key_slot(owner)
-        key = self.core.vault.data_key(slot, owner) if slot is not None else None
-        if key is None or slot is None:
-            raise EngramError(Code.BLOB_MISSING, "data key missing")
-        return slot, key
 
     # -- withdraw ------------------------------------------------------------------------------
     def withdraw(self, ctx: BoundContext, args: dict[str, Any], grant: bytes | None) -> dict[str, Any]:

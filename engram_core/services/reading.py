@@ -57,13 +57,10 @@ class ReadService:
 
     # -- record views -----------------------------------------------------------------
     def _record_view(self, tx: Tx, rec: RecordRow) -> dict[str, Any]:
-        owner = f"record:{rec.record_id}"
-        # Rows carry their key slot (migration 3); data_keys answers for a row without one.
-        slot = rec.key_slot if rec.key_slot is not None else tx.data_key_slot(owner)
-        key = self.core.vault.data_key(slot, owner) if slot is not None else None
-        if key is None or rec.sealed_body is None:
+        found = self.core.data_key(tx, f"record:{rec.record_id}", rec.key_slot)
+        if found is None or rec.sealed_body is None:
             raise EngramError(Code.BLOB_MISSING, "record body unreadable")
-        payload = json.loads(unseal(key, rec.sealed_body, kind="record", owner=rec.record_id))
+        payload = json.loads(unseal(found[1], rec.sealed_body, kind="record", owner=rec.record_id))
         payload.pop("scope_ref", None)
         return {
             "record_id": rec.record_id, "record_digest": rec.record_digest, "candidate_id": rec.candidate_id,

@@ -502,7 +502,6 @@ class DuckDBTx(RecordLinks, TrustClasses):
             self.index_ops.append(("evict", record_id))
         self._inserted.pop(record_id, None)
 
-
     def payload_standing(self, tenant: str, workspace: str, payload_digest: str) -> tuple[str | None, bool]:
         """(the id of a current record with this payload (the earliest admitted) or None, the
         payload was forgotten here): one statement."""
