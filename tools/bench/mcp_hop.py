@@ -50,12 +50,6 @@ def load(data: Path, records: int, corpus: Corpus) -> None:
         core.close()
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process, all threads (/proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _ms(xs: list[float], q: float) -> float:
     ordered = sorted(xs)
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 2)
@@ -94,31 +88,25 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
             wall.update({f"{p}:admission": [] for p in paths} if a.writes else {})
             made = [0]
 
+            async def call(path: str, op: str, args: dict[str, Any]) -> dict[str, Any]:
+                if path == "grpc":
+                    return agent.call(op, args)
+                return value_of(await clients[path].call_tool(f"engram_memory_{op}", args))
+
             async def one(path: str, record: bool) -> None:
                 t0, c0 = time.perf_counter(), time.process_time()
                 if a.writes:  # a capture, then the admission of its candidate: two timings
                     made[0] += 1
-                    args = corpus.capture_args("hop", made[0])
-                    if path == "grpc":
-                        cap = agent.call("capture", args)
-                    else:
-                        cap = value_of(await clients[path].call_tool("engram_memory_capture", args))
+                    cap = await call(path, "capture", corpus.capture_args("hop", made[0]))
                     t1 = time.perf_counter()
-                    adm = {"candidate_id": cap["candidate_id"], "idempotency_key": f"hop-admission-{made[0]:010d}"}
-                    if path == "grpc":
-                        agent.call("request_admission", adm)
-                    else:
-                        value_of(await clients[path].call_tool("engram_memory_request_admission", adm))
+                    await call(path, "request_admission", {"candidate_id": cap["candidate_id"],
+                                                           "idempotency_key": f"hop-admission-{made[0]:010d}"})
                     if record:
                         wall[path].append(t1 - t0)
                         wall[f"{path}:admission"].append(time.perf_counter() - t1)
                         client_cpu[path] += time.process_time() - c0
                     return
-                args = {"query": rnd.choice(queries), "purpose_ref": PURPOSE}
-                if path == "grpc":
-                    agent.call("search", args)
-                else:
-                    value_of(await clients[path].call_tool("engram_memory_search", args))
+                await call(path, "search", {"query": rnd.choice(queries), "purpose_ref": PURPOSE})
                 if record:
                     wall[path].append(time.perf_counter() - t0)
                     client_cpu[path] += time.process_time() - c0
@@ -126,13 +114,13 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
             for _ in range(a.warmup):
                 for path in paths:
                     await one(path, False)
-            adapter_cpu0 = {name: _cpu_seconds(pid) for name, pid in pids.items() if pid}
+            adapter_cpu0 = {name: machine.process_cpu_s(pid) for name, pid in pids.items() if pid}
             for _ in range(a.rounds):
                 rnd.shuffle(paths)
                 for path in paths:
                     await one(path, True)
             calls = a.rounds * (2 if a.writes else 1)
-            adapter_cpu = {name: (_cpu_seconds(pid) - adapter_cpu0[name]) / calls * 1000
+            adapter_cpu = {name: (machine.process_cpu_s(pid) - adapter_cpu0[name]) / calls * 1000
                            for name, pid in pids.items() if pid}
         agent.close()
     finally:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import sys
 import tempfile
 import threading
@@ -32,7 +31,7 @@ from typing import Any
 
 from tools.bench.corpus import PURPOSE, Corpus
 from tools.bench.grpc_client import GrpcAgent, activate
-from tools.bench.machine import facts, loadavg
+from tools.bench.machine import facts, loadavg, machine_busy_s, process_cpu_s
 from tools.bench.serving import Served
 from tools.bench.stats import run_summary
 
@@ -50,20 +49,6 @@ def _load(data: Path, size: int) -> None:
             load_scope(core, Corpus(seed=14), TENANT, WORKSPACE, size, embed=False, reload=False)
     finally:
         core.store.close()
-
-
-def _cpu_s(server: Served) -> float:
-    """The server process's CPU time so far (user + system)."""
-    fields = Path(f"/proc/{server.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100.0
-
-
-def _machine_busy_s() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine so far (/proc/stat, all cores)."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    hz = os.sysconf("SC_CLK_TCK")
-    idle = fields[3] + fields[4]  # idle + iowait
-    return (sum(fields) - idle) / hz, sum(fields) / hz
 
 
 def _commits(server: Served) -> tuple[float, float]:
@@ -123,8 +108,8 @@ def _point(server: Served, key_path: Path, clients: int, duration: float, phase:
         finally:
             agent.close()
 
-    cpu0, (c0, t0) = _cpu_s(server), _commits(server)
-    mine0, (busy0, all0) = time.process_time(), _machine_busy_s()
+    cpu0, (c0, t0) = process_cpu_s(server.proc.pid), _commits(server)
+    mine0, (busy0, all0) = time.process_time(), machine_busy_s()
     began = time.perf_counter()
     threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
     if searcher:
@@ -144,8 +129,8 @@ def _point(server: Served, key_path: Path, clients: int, duration: float, phase:
         lat["search"].extend(found)
         errors[0] += failed
     wall = time.perf_counter() - began
-    cpu1, (c1, t1) = _cpu_s(server), _commits(server)
-    mine1, (busy1, all1) = time.process_time(), _machine_busy_s()
+    cpu1, (c1, t1) = process_cpu_s(server.proc.pid), _commits(server)
+    mine1, (busy1, all1) = time.process_time(), machine_busy_s()
     ops = len(lat["pair"]) if phase == "pair" else len(lat["forget"])
     out: dict[str, Any] = {
         "clients": clients, "phase": phase + ("+search" if searcher else ""), "operations": ops,
