@@ -1,19 +1,24 @@
 """The embedded backend: Rego evaluated in-process over the ``policies/`` bundle (SPEC §9).
 
 Uses the OPA Go library through ``opa_bindings``. The active bundle (engine and
-revision together) is one immutable object swapped under a lock on reload, so a
-decision is always made wholly under one revision. Evaluations are serialized
-by the engine; a call cannot be interrupted, so ``timeout_s`` is checked after
-the fact and a late answer is discarded (fail closed).
+revision together) is one object swapped under a lock on reload, so a
+decision is always made wholly under one revision. An OPA engine serializes its
+evaluations, and it evaluates without Python's interpreter lock; so a bundle
+keeps a few engines, each decision taking one that is free (a search's decision
+does not queue behind the writers', and two run on two cores). A call cannot
+be interrupted, so ``timeout_s`` is checked after the fact and a late answer is
+discarded (fail closed).
 """
 
 from __future__ import annotations
 
+import os
+import queue
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +30,34 @@ from engram_core.policy.bundle import BundleError, build_engine, read_bundle
 from engram_core.policy.port import Decision
 from engram_core.policy.shapes import shape_error
 
+ENGINES = max(2, min(4, os.cpu_count() or 1))  # engines per bundle; more would only wait for a core
 
-@dataclass(frozen=True)
+
 class _Active:
-    engine: OpaEngine
-    revision: str
+    """One bundle revision and its engines, all compiled from it when it was loaded (~15 ms
+    each): a decision takes whichever is free, or waits for one."""
+
+    def __init__(self, engines: list[OpaEngine], revision: str) -> None:
+        self.revision = revision
+        self._free: queue.SimpleQueue[OpaEngine] = queue.SimpleQueue()
+        for engine in engines:
+            self._free.put(engine)
+
+    @contextmanager
+    def lease(self) -> Iterator[OpaEngine]:
+        engine = self._free.get()
+        try:
+            yield engine
+        finally:
+            self._free.put(engine)
+
+    def close(self) -> None:
+        """Close the engines not in use; one in use is released with its last reference."""
+        while True:
+            try:
+                self._free.get_nowait().close()
+            except queue.Empty:
+                return
 
 
 def _unavailable(detail: str) -> EngramError:
@@ -75,7 +103,8 @@ class EmbeddedPolicyEngine:
         active = self._active_bundle()  # one reference for the whole decision: one engine, one revision
         input_digest = _input_digest(input)
         try:
-            result = active.engine.eval_document(path.strip("/").replace("/", "."), dict(input))
+            with active.lease() as engine:
+                result = engine.eval_document(path.strip("/").replace("/", "."), dict(input))
         except OpaError as exc:  # includes OpaUndefinedError
             raise _unavailable(f"{path}: {exc}") from exc
         _check_time(path, started, timeout_s)
@@ -97,7 +126,8 @@ class EmbeddedPolicyEngine:
                           for i, (path, _) in enumerate(requests))
         names = ", ".join(path for path, _ in requests)
         try:
-            bindings = active.engine.eval_query(query, [dict(input) for _, input in requests])
+            with active.lease() as engine:
+                bindings = engine.eval_query(query, [dict(input) for _, input in requests])
         except OpaError as exc:
             raise _unavailable(f"{names}: {exc}") from exc
         if len(bindings) != 1:  # a decision undefined (no binding), or not single-valued
@@ -130,12 +160,12 @@ class EmbeddedPolicyEngine:
                     raise BundleError(
                         f"bundle revision {bundle.revision!r} is not the expected {self._expected_revision!r}"
                     )
-                engine = build_engine(bundle)
+                engines = [build_engine(bundle) for _ in range(ENGINES)]
             except BundleError as exc:
                 raise _unavailable(f"policy bundle not loaded: {exc}") from exc
             # The previous engine is not closed here: a decision in flight may
             # still hold it; it is released when the last reference goes.
-            self._active = _Active(engine, bundle.revision)
+            self._active = _Active(engines, bundle.revision)
             return bundle.revision
 
     def close(self) -> None:
@@ -143,4 +173,4 @@ class EmbeddedPolicyEngine:
             self._closed = True
             active, self._active = self._active, None
         if active is not None:
-            active.engine.close()
+            active.close()
