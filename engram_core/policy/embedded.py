@@ -1,7 +1,7 @@
 """The embedded backend: Rego evaluated in-process over the ``policies/`` bundle (SPEC §9).
 
-Uses the OPA Go library through ``opa_bindings``. The active bundle (engine and
-revision together) is one object swapped under a lock on reload, so a
+Uses the OPA Go library through ``opa_bindings``. The active bundle (its engines
+and revision together) is one object swapped under a lock on reload, so a
 decision is always made wholly under one revision. An OPA engine serializes its
 evaluations, and it evaluates without Python's interpreter lock; so a bundle
 keeps a few engines, each decision taking one that is free (a search's decision
@@ -100,7 +100,7 @@ class EmbeddedPolicyEngine:
 
     def decide(self, path: str, input: Mapping[str, Any], *, timeout_s: float | None = None) -> Decision:
         started = time.monotonic()
-        active = self._active_bundle()  # one reference for the whole decision: one engine, one revision
+        active = self._active_bundle()  # one reference for the whole decision: one bundle, one revision
         input_digest = _input_digest(input)
         try:
             with active.lease() as engine:
@@ -163,8 +163,8 @@ class EmbeddedPolicyEngine:
                 engines = [build_engine(bundle) for _ in range(ENGINES)]
             except BundleError as exc:
                 raise _unavailable(f"policy bundle not loaded: {exc}") from exc
-            # The previous engine is not closed here: a decision in flight may
-            # still hold it; it is released when the last reference goes.
+            # The previous bundle's engines are not closed here: a decision in flight
+            # may still hold one; they are released when the last reference goes.
             self._active = _Active(engines, bundle.revision)
             return bundle.revision
 
