@@ -126,13 +126,16 @@ class Core:
         return format_instant(self.now_ms() if ms is None else ms)
 
     # -- policy --------------------------------------------------------------------
-    def data_key(self, tx: Tx, owner: str, slot: int | None) -> tuple[int, bytes] | None:
+    def data_key(self, tx: Tx | None, owner: str, slot: int | None) -> tuple[int, bytes] | None:
         """The live data key of ``owner`` and its slot: by the slot its row names (records since
-        migration 3, candidates since migration 8), else by the ``data_keys`` ledger. None once
-        destroyed: a destroyed key's slot is zeroed in the vault, so a slot left in a row opens
-        nothing."""
-        if slot is None:
+        migration 3, candidates since migration 8), else by the ``data_keys`` ledger (read in
+        ``tx``, or in a read of its own when ``tx`` is None). None once destroyed: a destroyed
+        key's slot is zeroed in the vault, so a slot left in a row opens nothing."""
+        if slot is None and tx is not None:
             slot = tx.data_key_slot(owner)
+        elif slot is None:
+            with self.store.read(snapshot=False) as own:
+                slot = own.data_key_slot(owner)
         key = self.vault.data_key(slot, owner) if slot is not None else None
         return None if key is None or slot is None else (slot, key)
 

@@ -593,8 +593,7 @@ class MemoryService(ReadService):
 
     def _open_envelope(self, cand: CandidateRow) -> tuple[dict[str, Any], int]:
         """The candidate's opened envelope, and its data key's slot."""
-        with self.core.store.read(snapshot=False) as tx:  # only for a row without its slot
-            found = self.core.data_key(tx, f"candidate:{cand.candidate_id}", cand.key_slot)
+        found = self.core.data_key(None, f"candidate:{cand.candidate_id}", cand.key_slot)
         if found is None:
             raise EngramError(Code.BLOB_MISSING, "data key missing")
         slot, key = found

@@ -306,13 +306,9 @@ def token(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex}"
 
 
-def uuid_hex() -> str:
-    return uuid.uuid4().hex
-
-
 def audit_rows(core: Core, tenant: str = "acme") -> dict[str, list[dict[str, Any]]]:
     """Audit rows of ``tenant``/ws-main by audit id, read as an operator does: `engram admin export audit`."""
-    out = Path(core.host_key_path).parent / f"audit-{uuid_hex()}.jsonl"
+    out = Path(core.host_key_path).parent / f"audit-{token('')}.jsonl"
     subprocess.run([ENGRAM, "admin", "--core", core.address, "--host-key", str(core.host_key_path), "export",
                     "audit", "--tenant", tenant, "--workspace", WORKSPACE, "--out", str(out)],
                    check=True, capture_output=True, timeout=60)

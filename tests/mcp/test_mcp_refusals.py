@@ -30,7 +30,6 @@ from mcp_helpers import (
     stop,
     token,
     unique,
-    uuid_hex,
     value_of,
     write_config,
 )
@@ -160,7 +159,7 @@ async def test_a_secret_in_the_text_is_a_credential_refusal_not_a_permissions_on
 def test_grpc_refusals_carry_the_class_and_are_audited(core) -> None:
     """The same refusal over gRPC: the constant message of its class in the status, the class in
     ErrorInfo, and the row under the context's audit id."""
-    audit_id = "aud_" + uuid_hex()[:24]
+    audit_id = "aud_" + token("")[:24]
     ctx = _signed(core, audit_id)
     with grpc.insecure_channel(core.address) as channel:
         stub = memory_pb2_grpc.MemoryServiceStub(channel)
@@ -192,7 +191,7 @@ def _signed(core, audit_id: str) -> bytes:
 def test_record_refusal_takes_catalogue_values_only(core, request_fields) -> None:
     """What a host (or anyone holding a signed context) can write into the audit log through
     RecordRefusal is bounded to the catalogue: never free text."""
-    audit_id = "aud_" + uuid_hex()[:24]
+    audit_id = "aud_" + token("")[:24]
     request = {"operation": "engram_memory_forget", "code": "gate_failed", "reason_class": "declined",
                **request_fields}
     with grpc.insecure_channel(core.address) as channel:
@@ -207,7 +206,7 @@ def test_record_refusal_takes_catalogue_values_only(core, request_fields) -> Non
 
 
 def test_record_refusal_pointer_keeps_schema_names_only(core) -> None:
-    audit_id = "aud_" + uuid_hex()[:24]
+    audit_id = "aud_" + token("")[:24]
     with grpc.insecure_channel(core.address) as channel:
         host_pb2_grpc.HostServiceStub(channel).RecordRefusal(
             host_pb2.RecordRefusalRequest(operation="engram_memory_capture", code="INVALID_SCHEMA",
@@ -385,7 +384,7 @@ def test_a_refused_maintenance_call_is_audited(core) -> None:
     """Maintenance refusals too: an agent context asking AdminService is refused and audited."""
     from engram_core.api import admin_pb2, admin_pb2_grpc
 
-    audit_id = "aud_" + uuid_hex()[:24]
+    audit_id = "aud_" + token("")[:24]
     with grpc.insecure_channel(core.address) as channel:
         with pytest.raises(grpc.RpcError) as err:
             admin_pb2_grpc.AdminServiceStub(channel).Export(
