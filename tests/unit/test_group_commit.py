@@ -318,3 +318,54 @@ def test_concurrent_reads_and_group_commits_keep_one_dense_audit_chain(store: Du
         assert check_audit(rows, reopened.audit_head) == []
     finally:
         reopened.close()
+
+
+def test_a_failing_member_commits_the_batch_even_with_writers_queued(store: DuckDBStore) -> None:
+    """A member that fails may have failed because of what the batch holds uncommitted (a
+    family member admitted by an earlier member: POLICY_STALE), and its caller's retry decides
+    again from committed state. So its failure commits the earlier members at once, writers
+    queued or not: left open while writers queued, the batch made such retries fail against it
+    again and again (a livelock seen under load: five admissions into one family, 250
+    POLICY_STALE, one admitted)."""
+    release, first_done, failed = threading.Event(), threading.Event(), threading.Event()
+    seen_first_done: list[bool] = []
+
+    def first() -> None:
+        with store.write(batched=True) as tx:  # holds the writer lock until released
+            _event(tx, "first")
+            assert release.wait(20)
+        first_done.set()
+
+    def failing() -> None:
+        try:
+            with store.write(batched=True):
+                raise EngramError(Code.POLICY_STALE, "decided on what the batch changed")
+        except EngramError:
+            failed.set()
+
+    def queued_after() -> None:
+        with store.write(batched=True) as tx:
+            assert failed.wait(10)
+            # Still holding the writer lock: the first member must have its answer by now.
+            seen_first_done.append(first_done.wait(2))
+            _event(tx, "after")
+
+    threads = [threading.Thread(target=first)]
+    threads[0].start()
+    _wait_for(lambda: store._waiting == 0 and store._batch is not None)  # the first member is in
+    for queued, fn in enumerate((failing, queued_after), start=1):
+        threads.append(threading.Thread(target=fn))
+        threads[-1].start()
+        _wait_for(lambda n=queued: store._waiting >= n)
+    release.set()
+    for t in threads:
+        t.join(20)
+    assert seen_first_done == [True]
+    assert _journal(store) == ["first", "after"]
+
+
+def _wait_for(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.001)

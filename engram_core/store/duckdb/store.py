@@ -1048,8 +1048,13 @@ class DuckDBStore:
                 if tx.promoted or batch.members == 0:
                     # Promoted: its writes are in the shared transaction, so nothing of it may commit.
                     self._abandon()
-                elif self._waiting == 0:
-                    self._settle()  # the others were waiting for this one to commit them
+                else:
+                    # Commit the others now, queued writers or not: this failure may come from
+                    # what the batch holds uncommitted (a family member or equal content admitted
+                    # by an earlier member: POLICY_STALE), and its caller's retry decides again
+                    # from committed state. Left open while writers queue, the batch made every
+                    # such retry fail against it again: a livelock under load.
+                    self._settle()
                 raise
             self._local.writing = False
             try:
