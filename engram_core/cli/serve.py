@@ -3,6 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import re
+
+_DURATION = re.compile(r"^(0|[0-9]+(ms|s|m|h|d))$")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def duration_ms(text: str) -> int:
+    """``12h``, ``30m``, ``7d``, ``90s``, ``250ms`` or ``0``, in milliseconds."""
+    found = _DURATION.match(text.strip())
+    if not found:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30s, 15m, 12h, 7d, or 0)")
+    if text.strip() == "0":
+        return 0
+    number = int(text.strip()[: -len(found.group(2))])
+    return number * _UNIT_MS[found.group(2)]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,6 +33,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also stream every audit row here before the call answers, outside the data directory: "
                         "file:/path[?fsync=1] or unix:/socket (repeatable; a call fails closed when no device "
                         "accepts its row)")
+    keys = p.add_argument_group("KEK generations (docs/admin.md, \"Keys\")")
+    keys.add_argument("--key-rotation-interval", default="24h", type=duration_ms, metavar="DURATION",
+                      help="make a new KEK generation active this often, re-wrapping every live data key "
+                           "(e.g. 12h, 7d; 0: only on `engram admin rotate-keys`; default: %(default)s)")
+    keys.add_argument("--key-retention", default="24h", type=duration_ms, metavar="DURATION",
+                      help="keep a generation, unwrapping only, this long after it stopped being active, then "
+                           "retire it: backups and key copies made under it restore until then, and a "
+                           "forgotten key's destruction completes then (default: %(default)s)")
     tls = p.add_argument_group("transport security (docs/security.md)")
     tls.add_argument("--tls-cert", default=None, metavar="PEM_FILE", help="serve TLS with this certificate chain")
     tls.add_argument("--tls-key", default=None, metavar="PEM_FILE", help="the private key of --tls-cert")

@@ -151,7 +151,7 @@ class ObservedEmbedder:
 
 def observe_store(store: Any, metrics: CoreMetrics | None) -> None:
     if metrics is not None:
-        store.on_commit = metrics.observe_commit
+        store.engine.on_commit = metrics.observe_commit
 
     def rebuilt(seconds: float, documents: int) -> None:
         if metrics is not None:

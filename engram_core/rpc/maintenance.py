@@ -85,6 +85,9 @@ class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, _Handler):
     def RotateKeys(self, request, context):
         return self._json(context, self.svc.rotate_keys)
 
+    def RetireKeys(self, request, context):
+        return self._json(context, lambda ctx: self.svc.retire_keys(ctx, now=request.now))
+
     def KeyStatus(self, request, context):
         return self._json(context, lambda ctx: self.svc.key_status(ctx, request.tenant, request.workspace))
 

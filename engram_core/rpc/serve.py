@@ -56,6 +56,7 @@ def serve_main(args: argparse.Namespace) -> int:
     from engram_core.observability.metrics import CoreMetrics, serve_metrics
     from engram_core.rpc.first_serve import activate_first_scope
     from engram_core.rpc.server import start_core
+    from engram_core.services.keyring import DAY_MS, KeySchedule
 
     configure_logging(getattr(args, "log_format", "text"))
     problem = listen_problem(args.listen)
@@ -88,7 +89,8 @@ def serve_main(args: argparse.Namespace) -> int:
             Path(args.data), listen=args.listen,
             policies_dir=Path(args.policies) if args.policies else None,
             opa_url=args.opa_url, extra_trusted_pems=pems, audit_devices=args.audit_device, metrics=metrics,
-            tls=tls,
+            tls=tls, key_schedule=KeySchedule(rotation_interval_ms=getattr(args, "key_rotation_interval", DAY_MS),
+                                              retention_ms=getattr(args, "key_retention", DAY_MS)),
         )
     except EngramError as exc:
         return _fail(f"{exc.code.value}: {exc.detail}")
@@ -126,10 +128,11 @@ def serve_main(args: argparse.Namespace) -> int:
     opened = opened_summary(running, args, metrics_address)
     print("engram core opened: " + ", ".join(f"{k} {v}" for k, v in opened.items()), flush=True)
     log_event("started", **opened)
-    if running.core.store.migrations_applied_at_open:
-        log_event("migration", applied=running.core.store.migrations_applied_at_open, trigger="open")
-    if running.core.store.spool_replayed_rows:
-        log_event("audit_spool_replayed", logging.WARNING, rows=running.core.store.spool_replayed_rows)
+    described = running.core.store.describe()
+    if described["migrations_applied"]:
+        log_event("migration", applied=described["migrations_applied"], trigger="open")
+    if described["audit_spool_replayed_rows"]:
+        log_event("audit_spool_replayed", logging.WARNING, rows=described["audit_spool_replayed_rows"])
     # Never a bare stop.wait(): the kernel may deliver SIGTERM to any thread (gRPC's, the policy
     # engine's Go runtime), and Python runs handlers only in the main thread once it wakes up; a
     # wait without a timeout may never wake, and the signal is never handled.
@@ -176,14 +179,13 @@ def opened_summary(running: Any, args: argparse.Namespace, metrics_address: str)
     from engram_core.observability import tracing
 
     core, store = running.core, running.core.store
-    with store.read() as tx:
-        counts = tx.counts()
+    counts = store.describe()
     revision = core.policy.revision()
     return {
-        "store": str(store.path),
+        "store": counts["store"],
         "schema_version": max((m["version"] for m in store.migration_ledger()), default=0),
-        "migrations_applied": store.migrations_applied_at_open or "none",
-        "audit_spool_replayed_rows": store.spool_replayed_rows,
+        "migrations_applied": counts["migrations_applied"] or "none",
+        "audit_spool_replayed_rows": counts["audit_spool_replayed_rows"],
         "scopes": counts["scopes"],
         "records": sum(counts["records"].values()),
         "records_by_state": counts["records"] or "none",

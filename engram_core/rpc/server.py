@@ -44,10 +44,12 @@ from engram_core.services.admin import AdminServiceCore
 from engram_core.services.attestation import AttestationService
 from engram_core.services.core import Core
 from engram_core.services.host import HostServiceCore
+from engram_core.services.keyring import KeyRingScheduler, KeySchedule
 from engram_core.services.maintenance import reanalyze_lexical, reembed_vectors
 from engram_core.services.memory import MemoryService
-from engram_core.store.duckdb.store import DuckDBStore
+from engram_core.store.duckdb.engine import DuckDBEngine
 from engram_core.store.file_modes import make_private
+from engram_core.store.kernel import StoreKernel
 
 log = logging.getLogger("engram.core")
 TOOL_OF_METHOD = {
@@ -282,6 +284,7 @@ class RunningCore:
     health: health.HealthServicer
     stopping: bool = False
     memory: MemoryService | None = None  # the agents' service behind the server (tests, benchmarks)
+    keyring: KeyRingScheduler | None = None  # rotates and retires KEK generations on schedule
 
     def stop(self, grace: float | None = 1.0) -> None:
         """Drain: refuse new calls, let calls in flight finish within ``grace`` seconds (gRPC
@@ -291,6 +294,8 @@ class RunningCore:
         for name in (*HEALTH_SERVICES, "", LIVENESS_SERVICE):
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.server.stop(grace).wait()
+        if self.keyring is not None:
+            self.keyring.stop()
         self.core.close()
 
 
@@ -330,7 +335,8 @@ def build_policy(policies_dir: Path | None, opa_url: str | None):
 def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str | None = None,
               extra_trusted_pems: list[str] | None = None, clock=None,
               semantic: bool | None = None, policy: Any = None,
-              audit_devices: list[str] | None = None, load_index: bool = True) -> tuple[Core, Path, Any]:
+              audit_devices: list[str] | None = None, load_index: bool = True,
+              key_schedule: KeySchedule | None = None) -> tuple[Core, Path, Any]:
     """Open (creating on first run) the data directory; ``policy`` overrides the backend (tests, embedding).
     ``audit_devices`` are ``--audit-device`` specs (engram_core/store/audit_device.py)."""
     make_private(data_dir)  # keys and the store: owner only, also in a directory that already existed
@@ -343,7 +349,8 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
     for pem in extra_trusted_pems or []:
         trusted.add(load_public_pem(pem))  # KeyRoleConflict: refuse to start, an operator error
     vault = FileKeyVault(data_dir)
-    store = DuckDBStore(data_dir, load_index=load_index, keys=vault)  # search projections are sealed under record keys
+    # Search projections are sealed under record keys: the kernel and the engine's migration 6 need the vault.
+    store = StoreKernel(DuckDBEngine(data_dir, keys=vault), vault, spool_dir=data_dir, load_index=load_index)
     if devices:
         store.attach_audit_devices(devices)
     with store.write() as tx:
@@ -355,7 +362,7 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
         tx.add_trusted_host_key(key_id(host_key.public_key()), public_pem(host_key.public_key()), 0)
     policy = policy or build_policy(policies_dir, opa_url)
     core = Core(data_dir=data_dir, store=store, vault=vault, policy=policy, trusted=trusted, clock=clock,
-                embedder=build_embedder(semantic))
+                embedder=build_embedder(semantic), key_schedule=key_schedule)
     reanalyze_lexical(core)  # postings of an older analyzer are re-derived before anything is served
     reembed_vectors(core)  # and vectors of an older model
     make_private(data_dir)  # what opening created (the DuckDB file, key slots) in a process without umask 077
@@ -399,7 +406,7 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
                opa_url: str | None = None, extra_trusted_pems: list[str] | None = None, clock=None,
                max_workers: int = 16, semantic: bool | None = None, policy: Any = None,
                audit_devices: list[str] | None = None, metrics: CoreMetrics | None = None,
-               tls: ServerTls | None = None) -> RunningCore:
+               tls: ServerTls | None = None, key_schedule: KeySchedule | None = None) -> RunningCore:
     """Open the core and serve it. The search index is built after the server listens: until
     it is, the health of the engram services is NOT_SERVING (readiness) while ``liveness``
     is SERVING; a call that comes early waits for the index instead of failing.
@@ -411,7 +418,7 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
 
     core, host_key_path, confirmation_key = open_core(
         data_dir, policies_dir=policies_dir, opa_url=opa_url, extra_trusted_pems=extra_trusted_pems, clock=clock,
-        semantic=semantic, policy=policy, audit_devices=audit_devices, load_index=False)
+        semantic=semantic, policy=policy, audit_devices=audit_devices, load_index=False, key_schedule=key_schedule)
     secrets_scan.module_ready()  # the scanner's fold table, before the first capture needs it
     memory = MemoryService(core)
     observe_core(core, memory, metrics)
@@ -444,7 +451,8 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
         raise OSError(f"cannot listen on {listen}")
     server.start()
     running = RunningCore(server=server, core=core, port=port, address=f"{listen.rsplit(':', 1)[0]}:{port}",
-                          host_key_path=host_key_path, health=health_servicer, memory=memory)
+                          host_key_path=host_key_path, health=health_servicer, memory=memory,
+                          keyring=KeyRingScheduler(core, core.key_schedule).start())
     _watch_health(running, host)
     threading.Thread(target=_build_index, args=(running, host), name="engram-index", daemon=True).start()
     return running

@@ -18,13 +18,14 @@ from typing import Any
 from engram_core.canonical import digest, with_receipt_digest
 from engram_core.clock import Clock, SystemClock
 from engram_core.context_nonces import ContextNonceLedger
-from engram_core.crypto.keyvault import FileKeyVault
+from engram_core.crypto.keyvault import KeyVault
 from engram_core.errors import Code, EngramError, class_of_reasons
 from engram_core.hostctx import CLOCK_SKEW_MS, BoundContext
 from engram_core.hostkeys import TrustedHostKeys
 from engram_core.policy.port import AUTHZ, Decision, PolicyEngine
 from engram_core.secrets_scan import scan
 from engram_core.services.embedding import Embedder
+from engram_core.services.keyring import KeySchedule
 from engram_core.services.lexical import TermHasher
 from engram_core.services.projection_status import ProjectionStatus
 from engram_core.services.quotas import TOOL_METRIC, QuotaCounters, RateLimited
@@ -86,11 +87,12 @@ class Core:
         *,
         data_dir: Path,
         store: Store,
-        vault: FileKeyVault,
+        vault: KeyVault,
         policy: PolicyEngine,
         trusted: TrustedHostKeys,
         clock: Clock | None = None,
         embedder: Embedder | None = None,
+        key_schedule: KeySchedule | None = None,
     ) -> None:
         self.data_dir = data_dir
         # The semantic channel's local model (SPEC §11), or None: then lexical_and_semantic
@@ -98,6 +100,8 @@ class Core:
         self.embedder = embedder
         self.store = store
         self.vault = vault
+        # When KEK generations rotate and retire (services/keyring.py).
+        self.key_schedule: KeySchedule = key_schedule or KeySchedule()
         self.policy = policy
         self.trusted = trusted
         self.clock: Clock = clock or SystemClock()

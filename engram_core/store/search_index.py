@@ -53,8 +53,20 @@ from typing import Any
 
 import numpy as np
 
+from engram_core.store.changes import (
+    Change,
+    Posting,
+    RecordIndexed,
+    RecordRowChanged,
+    RecordStateChanged,
+    RecordUnindexed,
+    ScopeProjectionsDropped,
+    VectorIndexed,
+)
 from engram_core.store.port import LexicalPage, LexicalStats, RecordRow
 from engram_core.store.projection import split
+
+__all__ = ["FIELDS", "FIELD_CODE", "IndexBuilder", "Posting", "RecordMeta", "SearchIndex"]
 
 FIELDS = ("primary", "decision", "evidence", "context", "citations")
 FIELD_CODE = {name: i for i, name in enumerate(FIELDS)}
@@ -84,14 +96,6 @@ class RecordMeta:
     def of(cls, row: RecordRow) -> RecordMeta:
         return cls(row.record_id, row.state == "accepted_current", row.accepted_cursor, row.state_cursor,
                    row.valid_t, row.valid_t_end, row.expires_at_ms, row=row)
-
-
-@dataclass
-class Posting:
-    term: int
-    field: str
-    tf: int
-    field_len: int
 
 
 class _Columns:
@@ -370,7 +374,7 @@ class _Scope:
     def df(self, term: int) -> int:
         return self.base.df_of(term) + self.df_delta.get(term, 0)
 
-    def add(self, meta: RecordMeta, postings: list[Posting]) -> None:
+    def add(self, meta: RecordMeta, postings: Sequence[Posting]) -> None:
         if meta.record_id in self.local:
             self.remove(meta.record_id)
         self.forget_contributions()
@@ -638,39 +642,39 @@ class SearchIndex:
         """The models whose vectors some scope holds (start-up: vectors of an older model)."""
         return {model for scope in self._scopes.values() for model in scope.vectors}
 
-    # -- changes (applied by the writer after commit) -----------------------------
-    def apply(self, ops: Iterable[tuple[Any, ...]]) -> None:
-        for op in ops:
-            kind = op[0]
-            if kind == "index":
-                _, tenant, workspace, meta, postings = op
-                self._scopes.setdefault((tenant, workspace), _Scope()).add(meta, postings)
-                self._scope_of[meta.record_id] = (tenant, workspace)
-            elif kind == "unindex":
-                scope = self._scopes.get((op[1], op[2]))
-                if scope is not None:
-                    scope.remove(op[3])
-                self._scope_of.pop(op[3], None)
-            elif kind == "state":
-                _, record_id, current, state_cursor = op
-                key = self._scope_of.get(record_id)
+    # -- changes (applied by the store kernel after each commit) -------------------
+    def apply(self, changes: Iterable[Change]) -> None:
+        """Follow committed changes (``store/changes.py``), in the order they were made."""
+        for change in changes:
+            if isinstance(change, RecordIndexed):
+                key = (change.row.tenant, change.row.workspace)
+                self._scopes.setdefault(key, _Scope()).add(RecordMeta.of(change.row), change.postings)
+                self._scope_of[change.row.record_id] = key
+            elif isinstance(change, RecordStateChanged):
+                key = self._scope_of.get(change.record_id)
                 if key is not None:
-                    self._scopes[key].set_state(record_id, current, state_cursor)
-            elif kind == "evict":
-                key = self._scope_of.get(op[1])
+                    self._scopes[key].set_state(change.record_id, change.current, change.state_cursor)
+                    if change.body_dropped:
+                        self._scopes[key].evict_row(change.record_id)
+            elif isinstance(change, RecordRowChanged):
+                key = self._scope_of.get(change.record_id)
                 if key is not None:
-                    self._scopes[key].evict_row(op[1])
-            elif kind == "vector":
-                _, tenant, workspace, record_id, model, vector = op
-                scope = self._scopes.get((tenant, workspace))
+                    self._scopes[key].evict_row(change.record_id)
+            elif isinstance(change, RecordUnindexed):
+                scope = self._scopes.get((change.tenant, change.workspace))
                 if scope is not None:
-                    scope.put_vector(record_id, model, vector)
-            elif kind == "drop_scope":
-                dropped = self._scopes.pop((op[1], op[2]), None)
+                    scope.remove(change.record_id)
+                self._scope_of.pop(change.record_id, None)
+            elif isinstance(change, VectorIndexed):
+                scope = self._scopes.get((change.tenant, change.workspace))
+                if scope is not None:
+                    scope.put_vector(change.record_id, change.model, change.vector)
+            elif isinstance(change, ScopeProjectionsDropped):
+                dropped = self._scopes.pop((change.tenant, change.workspace), None)
                 for record_id in dropped.local if dropped else ():
                     self._scope_of.pop(record_id, None)
             else:
-                raise ValueError(f"unknown lexical change {kind!r}")
+                raise ValueError(f"unknown committed change {change!r}")
 
     def postings_of(self, tenant: str, workspace: str, record_id: str) -> int:
         """How many postings the index holds for one record (0 when it holds none)."""

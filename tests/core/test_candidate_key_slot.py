@@ -12,8 +12,8 @@ from core_support import Client
 
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.crypto.sealing import seal
+from engram_core.store.duckdb import open_duckdb_store
 from engram_core.store.duckdb.migrations import LEDGER_DDL, MIGRATIONS
-from engram_core.store.duckdb.store import DuckDBStore
 
 
 def _slot_rows(ana: Client, candidate_id: str) -> tuple[int | None, list[int]]:
@@ -60,7 +60,7 @@ def test_migration_8_gives_the_live_candidates_of_an_older_store_their_slots(tmp
     con.execute("CHECKPOINT")
     con.close()
 
-    store = DuckDBStore(tmp_path, keys=vault)
+    store = open_duckdb_store(tmp_path, keys=vault)
     try:
         assert [row["version"] for row in store.migration_ledger()][-1] == 8 == MIGRATIONS[-1].version
         with store.read() as tx:

@@ -12,7 +12,7 @@ from core_support import Client, activate, capture_args
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.rpc.server import start_core
 from engram_core.services.maintenance import check_audit, check_journal
-from engram_core.store.duckdb.store import DuckDBStore
+from engram_core.store.duckdb import open_duckdb_store
 
 CLIENTS = 12
 PAIRS = 4
@@ -65,7 +65,7 @@ def test_concurrent_pairs_share_commits_and_every_acknowledged_one_is_durable(tm
     assert sum(batches) >= CLIENTS * PAIRS * 2  # captures and admissions (replays commit only their audit row)
     running.stop()
 
-    reopened = DuckDBStore(data, keys=FileKeyVault(data))
+    reopened = open_duckdb_store(data, keys=FileKeyVault(data))
     try:
         with reopened.read() as tx:
             rows = tx.records("acme", "alpha", list(acknowledged))

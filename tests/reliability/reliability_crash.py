@@ -30,7 +30,7 @@ from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
 from engram_core.hostkeys import load_private_key_file
 from engram_core.rpc.status import code_from_rpc_error
 from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
-from engram_core.store.duckdb.store import DuckDBStore
+from engram_core.store.duckdb import open_duckdb_store
 
 TENANT, WORKSPACE = "acme", "alpha"
 # What a client may see when the server dies under it.
@@ -231,7 +231,7 @@ def check_replays(client: Client, admin: HostAdmin, ledger: Ledger) -> int:
 def verify_file(data_dir: Path, ledger: Ledger) -> dict[str, int]:
     """Read straight from the DuckDB file (core stopped): chains verify, nothing half-applied,
     every acknowledged mutation has its journal event and its audit row."""
-    store = DuckDBStore(data_dir, keys=FileKeyVault(data_dir))  # postings_count opens sealed projections
+    store = open_duckdb_store(data_dir, keys=FileKeyVault(data_dir))  # postings_count opens sealed projections
     try:
         with store.read() as tx:
             targets_by_op: dict[str, set[str]] = {}

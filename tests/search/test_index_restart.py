@@ -14,7 +14,7 @@ from search_support import SEMANTIC, Client, activate
 
 from engram_core.clock import FixedClock
 from engram_core.rpc.server import start_core
-from engram_core.store.duckdb import store as duckdb_store
+from engram_core.store.duckdb import engine as duckdb_store
 from engram_core.store.search_index import IndexBuilder
 
 QUERIES = ["pintail rollout canary", "pintail checklist", "rollback of the pintail canary", "eider migration plan",

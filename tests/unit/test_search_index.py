@@ -11,11 +11,28 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engram_core.store import search_index
+from engram_core.store.changes import (
+    RecordIndexed,
+    RecordStateChanged,
+    RecordUnindexed,
+    ScopeProjectionsDropped,
+    VectorIndexed,
+)
+from engram_core.store.port import RecordRow
 from engram_core.store.search_index import FIELDS, Posting, RecordMeta, SearchIndex
 
 WEIGHTS = {"primary": 3.0, "decision": 2.0, "evidence": 1.5, "context": 1.0, "citations": 0.5}
 K1, B, HALF_LIFE, LW = 1.2, 0.75, 30 * 86_400_000, 0.85
 NOW = 1_800_000_000_000
+
+
+def _indexed(meta: RecordMeta, postings: list[Posting]) -> RecordIndexed:
+    """The committed change a record with ``meta``'s eligibility facts entering the index makes."""
+    row = RecordRow(meta.record_id, "t", "w", "cand_" + meta.record_id, "sha256:" + "0" * 64, "sha256:" + "1" * 64,
+                    "accepted_current" if meta.current else "historical", "asserted", "user:ana", "agent",
+                    meta.valid_t, meta.valid_t_end, meta.expires_at_ms, "make-ineligible", 0,
+                    meta.accepted_cursor, meta.state_cursor, None, None)
+    return RecordIndexed(row, tuple(postings))
 
 
 def _corpus(rnd: random.Random, n: int) -> list[tuple[RecordMeta, list[Posting]]]:
@@ -102,15 +119,15 @@ def test_rank_matches_direct_bm25f(seed: int, n: int, query: list[int], merge_at
         index = SearchIndex()
         records = {}
         for meta, ps in _corpus(rnd, n):
-            index.apply([("index", "t", "w", meta, ps)])
+            index.apply([_indexed(meta, ps)])
             records[meta.record_id] = (meta, ps)
         for rid in rnd.sample(sorted(records), n // 5):  # forgets
-            index.apply([("unindex", "t", "w", rid)])
+            index.apply([RecordUnindexed("t", "w", rid)])
             del records[rid]
         for rid in rnd.sample(sorted(records), len(records) // 5):  # host transitions
             meta = records[rid][0]
             meta.current, meta.state_cursor = not meta.current, meta.state_cursor + 1
-            index.apply([("state", rid, meta.current, meta.state_cursor)])
+            index.apply([RecordStateChanged(rid, meta.current, meta.state_cursor)])
         max_cursor = n + 25
         total, rows, best = _reference(records, query, max_cursor, neighbours)
         own = _reference(records, query, max_cursor)[2]  # the best record's own BM25, nothing lent
@@ -149,9 +166,9 @@ def test_neighbours_lend_within_one_episode_only_and_ignore_forgotten_records_be
     turns = [("t1", NOW - 2 * day, [7]), ("t2", NOW - 2 * day, [8]), ("gone", NOW - day, [9]),
              ("t3", NOW - day, [5]), ("t4", NOW - day, [8]), ("t5", NOW - day, [8]), ("t6", NOW - day, [8])]
     for i, (rid, vt, terms) in enumerate(turns):
-        index.apply([("index", "t", "w", RecordMeta(rid, True, i + 1, i + 1, vt, None, None),
+        index.apply([_indexed(RecordMeta(rid, True, i + 1, i + 1, vt, None, None),
                       [Posting(t, "primary", 1, 1) for t in terms])])
-    index.apply([("unindex", "t", "w", "gone")])
+    index.apply([RecordUnindexed("t", "w", "gone")])
     plain = _rank(index, [7, 5], 100)
     assert {r[0] for r in plain.rows} == {"t1", "t3"}
     lent = _rank(index, [7, 5], 100, neighbours=(1, 0.5, 0))
@@ -164,7 +181,7 @@ def test_neighbours_lend_within_one_episode_only_and_ignore_forgotten_records_be
     near = {r[0] for r in _rank(index, [7], 100, neighbours=(2, 0.5, day)).rows}
     assert near == {"t1", "t2", "t3"}
     # A superseded (not current) neighbour lends nothing.
-    index.apply([("state", "t1", False, 50)])
+    index.apply([RecordStateChanged("t1", False, 50)])
     assert _rank(index, [7], 100, neighbours=(3, 0.5, day)).rows == []
 
 
@@ -172,14 +189,14 @@ def test_stats_track_adds_and_removals_like_the_database() -> None:
     index = SearchIndex()
     a = RecordMeta("rec_a", True, 1, 1, NOW, None, None)
     b = RecordMeta("rec_b", True, 2, 2, NOW, None, None)
-    index.apply([("index", "t", "w", a, [Posting(1, "primary", 2, 3), Posting(2, "primary", 1, 3)]),
-                 ("index", "t", "w", b, [Posting(1, "context", 1, 1)])])
+    index.apply([_indexed(a, [Posting(1, "primary", 2, 3), Posting(2, "primary", 1, 3)]),
+                 _indexed(b, [Posting(1, "context", 1, 1)])])
     stats = index.stats("t", "w", [1, 2, 3])
     assert (stats.docs, stats.df, stats.avg_len) == (2, {1: 2, 2: 1}, {"primary": 3.0, "context": 1.0})
-    index.apply([("unindex", "t", "w", "rec_a")])
+    index.apply([RecordUnindexed("t", "w", "rec_a")])
     stats = index.stats("t", "w", [1, 2])
     assert (stats.docs, stats.df, stats.avg_len) == (1, {1: 1}, {"context": 1.0})
-    index.apply([("drop_scope", "t", "w")])
+    index.apply([ScopeProjectionsDropped("t", "w")])
     assert index.stats("t", "w", [1]).docs == 0
 
 
@@ -195,10 +212,10 @@ def test_nearest_matches_a_direct_scan(seed: int, n: int, min_similarity: float,
     for meta, ps in _corpus(rnd, n):
         v = np.array([rnd.gauss(0, 1) for _ in range(8)], dtype=np.float32)
         v /= np.linalg.norm(v)
-        index.apply([("index", "t", "w", meta, ps), ("vector", "t", "w", meta.record_id, "m", v.tolist())])
+        index.apply([_indexed(meta, ps), VectorIndexed("t", "w", meta.record_id, "m", v.tolist())])
         rows[meta.record_id] = (meta, v)
     for rid in rnd.sample(sorted(rows), n // 5):
-        index.apply([("unindex", "t", "w", rid)])
+        index.apply([RecordUnindexed("t", "w", rid)])
         del rows[rid]
     q = np.array([rnd.gauss(0, 1) for _ in range(8)], dtype=np.float32)
     q /= np.linalg.norm(q)
@@ -246,7 +263,7 @@ def test_eligibility_kept_between_searches_is_always_the_direct_answer(seed: int
     for i in range(rnd.randint(1, 40)):
         meta = RecordMeta(f"rec_{i:03d}", rnd.random() < 0.9, i + 1, i + 1, t0 + rnd.randrange(-5, 20),
                           rnd.choice([None, t0 + rnd.randrange(0, 25)]), rnd.choice([None, t0 + rnd.randrange(0, 25)]))
-        index.apply([("index", "t", "w", meta, [Posting(1, "primary", 1, 1)])])
+        index.apply([_indexed(meta, [Posting(1, "primary", 1, 1)])])
         metas.append(meta)
     cols = index._scopes[("t", "w")].columns
     now = t0 - 6
@@ -256,9 +273,9 @@ def test_eligibility_kept_between_searches_is_always_the_direct_answer(seed: int
             meta = rnd.choice(metas)
             if rnd.random() < 0.5:
                 meta.current, meta.state_cursor = not meta.current, len(metas) + rnd.randrange(3)
-                index.apply([("state", meta.record_id, meta.current, meta.state_cursor)])
+                index.apply([RecordStateChanged(meta.record_id, meta.current, meta.state_cursor)])
             else:
-                index.apply([("unindex", "t", "w", meta.record_id)])
+                index.apply([RecordUnindexed("t", "w", meta.record_id)])
                 metas.remove(meta)
                 if not metas:
                     return
@@ -286,16 +303,16 @@ def test_term_contributions_kept_between_searches_follow_every_change(seed: int,
         corpus = _corpus(rnd, n)
         records = {}
         for meta, ps in corpus[: n // 2]:
-            index.apply([("index", "t", "w", meta, ps)])
+            index.apply([_indexed(meta, ps)])
             records[meta.record_id] = (meta, ps)
         max_cursor = n + 25
         for meta, ps in corpus[n // 2:]:  # search, then change, then search again
             _rank(index, query, max_cursor)
             if records and rnd.random() < 0.3:
                 gone = rnd.choice(sorted(records))
-                index.apply([("unindex", "t", "w", gone)])
+                index.apply([RecordUnindexed("t", "w", gone)])
                 del records[gone]
-            index.apply([("index", "t", "w", meta, ps)])
+            index.apply([_indexed(meta, ps)])
             records[meta.record_id] = (meta, ps)
             total, rows, _ = _reference(records, query, max_cursor)
             page = _rank(index, query, max_cursor)
@@ -311,11 +328,11 @@ def test_a_new_posting_shows_in_the_next_search_even_when_the_statistics_stay_th
     index = SearchIndex()
 
     def doc(i: int) -> tuple:
-        return ("index", "t", "w", RecordMeta(f"rec_{i}", True, i, i, NOW, None, None), [Posting(7, "primary", 1, 2)])
+        return _indexed(RecordMeta(f"rec_{i}", True, i, i, NOW, None, None), [Posting(7, "primary", 1, 2)])
 
     index.apply([doc(1), doc(2)])
     assert [r[0] for r in _rank(index, [7], 100).rows] == ["rec_1", "rec_2"]
     index.apply([doc(3)])
     assert [r[0] for r in _rank(index, [7], 100).rows] == ["rec_1", "rec_2", "rec_3"]
-    index.apply([("unindex", "t", "w", "rec_2")])
+    index.apply([RecordUnindexed("t", "w", "rec_2")])
     assert [r[0] for r in _rank(index, [7], 100).rows] == ["rec_1", "rec_3"]

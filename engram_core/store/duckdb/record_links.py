@@ -26,13 +26,13 @@ class _Linked(Protocol):
 
 
 class RecordLinks:
-    """Mixin of ``DuckDBTx`` (uses its ``_all``, ``_exec``, ``_insert`` and its store's ``linked_ids``)."""
+    """Mixin of ``DuckDBEngineTx`` (uses its ``_all``, ``_exec``, ``_insert`` and its store's ``linked_ids``)."""
 
     _store: _Linked
 
-    def _all(self, sql: str, params: list[Any] | tuple = ()) -> list[tuple]: ...  # provided by DuckDBTx
+    def _all(self, sql: str, params: list[Any] | tuple = ()) -> list[tuple]: ...  # provided by DuckDBEngineTx
 
-    def _exec(self, sql: str, params: list[Any] | tuple = ()) -> None: ...  # provided by DuckDBTx
+    def _exec(self, sql: str, params: list[Any] | tuple = ()) -> None: ...  # provided by DuckDBEngineTx
 
     def _insert(self, table: str, values: list[Any], *, verb: str = "INSERT", cols: str = "") -> None: ...
 

@@ -1,0 +1,26 @@
+"""The store conformance suite: every guarantee of the storage contract (store_checks.py), on
+every engine. An engine is ready when it passes this file unchanged."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from store_checks import CHECKS
+from store_targets import DuckDBTarget
+
+ENGINES: dict[str, Callable[[Path], Any]] = {"duckdb": DuckDBTarget}
+
+
+@pytest.fixture(params=sorted(ENGINES))
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    made = ENGINES[request.param](tmp_path)
+    yield made
+    made.close_all()
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
+def test_store_contract(target: Any, check: Callable[[Any], None]) -> None:
+    check(target)
