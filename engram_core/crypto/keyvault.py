@@ -151,30 +151,24 @@ def _slot_generation(raw: bytes) -> tuple[int, int] | None:
     return None
 
 
-class FileKeyVault:
-    """The ring in ``store.kek`` (mode 0600), wrapped data keys in ``datakeys.bin``.
+class KekRing:
+    """The generations of key-encryption keys in one file (``store.kek``, mode 0600): wrapping by
+    the active one, unwrapping by any still in the ring, rotation and retirement. Shared by the
+    vaults, wherever they keep the wrapped keys; every core of one store mounts the same file."""
 
-    Not an HSM: whoever reads the key files and the database reads the bodies. A KMS-backed
-    implementation of the same port replaces it in deployments.
-    """
-
-    def __init__(self, directory: Path) -> None:
-        self._kek_path = directory / "store.kek"
-        self._slots_path = directory / "datakeys.bin"
+    def __init__(self, path: Path) -> None:
+        self._path = path
         self._lock = threading.Lock()
         self._keks: dict[int, bytes] = {}
         self._meta: dict[int, tuple[int, int | None]] = {}  # generation -> (created_at_ms, deactivated_at_ms)
         self._retired: dict[int, int] = {}  # generation -> retired_at_ms
-        if self._kek_path.exists():
-            self._load(json.loads(self._kek_path.read_text()))
+        if path.exists():
+            self._load(json.loads(path.read_text()))
         else:
             self._keks = {1: secrets.token_bytes(32)}
             self._meta = {1: (0, None)}
             self._active = 1
             self._persist()
-        fd = os.open(self._slots_path, os.O_RDWR | os.O_CREAT, 0o600)
-        self._fd = fd
-        self._next = os.fstat(fd).st_size // _SLOT
 
     def _load(self, state: dict) -> None:
         self._active = int(state["active"])
@@ -196,18 +190,105 @@ class FileKeyVault:
                                      "deactivated_at_ms": self._meta[g][1]} for g, k in sorted(self._keks.items())},
             "retired": {str(g): at for g, at in sorted(self._retired.items())},
         }
-        _write_private(self._kek_path, json.dumps(state).encode())
+        _write_private(self._path, json.dumps(state).encode())
+
+    def reload(self) -> None:
+        """Read the ring file again (another core of the same store rotated or retired)."""
+        with self._lock:
+            self._keks, self._meta, self._retired = {}, {}, {}
+            self._load(json.loads(self._path.read_text()))
+
+    # -- wrapping: the 62 bytes of a wrapped key, and its generation --------------------------------
+    def wrap(self, key: bytes, owner: str) -> tuple[int, bytes]:
+        """(generation, nonce + ciphertext + tag) of ``key`` wrapped by the active generation."""
+        generation = self._active
+        nonce = secrets.token_bytes(_NONCE)
+        return generation, nonce + AESGCM(self._keks[generation]).encrypt(nonce, key, _ad(_V2, generation, owner))
+
+    def unwrap(self, version: int, generation: int, wrapped: bytes, owner: str) -> bytes | None:
+        kek = self._keks.get(generation)
+        if kek is None:
+            return None
+        try:
+            return AESGCM(kek).decrypt(wrapped[:_NONCE], wrapped[_NONCE:], _ad(version, generation, owner))
+        except Exception:
+            return None
+
+    # -- generations -------------------------------------------------------------------------------------
+    def active_generation(self) -> int:
+        return self._active
+
+    def rotate(self, now_ms: int) -> int:
+        with self._lock:
+            new = max([*self._keks, *self._retired]) + 1
+            if new > MAX_GENERATION:
+                raise RuntimeError("KEK generation space exhausted")
+            self._keks[new] = secrets.token_bytes(32)
+            self._meta[new] = (now_ms, None)
+            created, _ = self._meta[self._active]
+            self._meta[self._active] = (created, now_ms)
+            self._active = new
+            self._persist()
+            return new
+
+    def retire(self, generation: int, now_ms: int) -> None:
+        with self._lock:
+            if generation == self._active:
+                raise ValueError("the active generation cannot retire")
+            if generation not in self._keks:
+                return
+            del self._keks[generation]
+            del self._meta[generation]
+            self._retired[generation] = now_ms
+            self._persist()
+
+    def generations(self) -> list[GenerationState]:
+        with self._lock:
+            out = [GenerationState(g, "active" if g == self._active else "retained", created, deactivated, None)
+                   for g, (created, deactivated) in self._meta.items()]
+            out += [GenerationState(g, "retired", 0, None, at) for g, at in self._retired.items()]
+        return sorted(out, key=lambda s: s.generation)
+
+    def is_retired(self, generation: int) -> bool:
+        with self._lock:
+            return generation in self._retired
+
+    def destruction_complete(self, generation: int | None) -> bool:
+        with self._lock:
+            if generation is None:
+                return False  # not known which generations wrapped it: never claimed complete
+            return not any(g <= generation for g in self._keks)
+
+    def counts(self) -> tuple[int, int]:
+        """(generations in the ring, generations retired)."""
+        with self._lock:
+            return len(self._keks), len(self._retired)
+
+
+class FileKeyVault:
+    """The ring in ``store.kek``, wrapped data keys in fixed 64-byte slots of ``datakeys.bin``.
+
+    Not an HSM: whoever reads the key files and the database reads the bodies. A KMS-backed
+    implementation of the same port replaces it in deployments.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.ring = KekRing(directory / "store.kek")
+        self._slots_path = directory / "datakeys.bin"
+        self._lock = threading.Lock()
+        fd = os.open(self._slots_path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._fd = fd
+        self._next = os.fstat(fd).st_size // _SLOT
 
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
 
-    # -- wrapping ----------------------------------------------------------------------------------
-    def _wrap(self, generation: int, key: bytes, owner: str) -> bytes:
-        nonce = secrets.token_bytes(_NONCE)
-        body = AESGCM(self._keks[generation]).encrypt(nonce, key, _ad(_V2, generation, owner))
-        return bytes([generation & 0xFF, _V2]) + nonce + body + (generation >> 8).to_bytes(2, "big")
+    # -- slots ----------------------------------------------------------------------------------------
+    def _wrap(self, key: bytes, owner: str) -> bytes:
+        generation, wrapped = self.ring.wrap(key, owner)
+        return bytes([generation & 0xFF, _V2]) + wrapped + (generation >> 8).to_bytes(2, "big")
 
     def _read(self, slot: int) -> bytes:
         return os.pread(self._fd, _SLOT, slot * _SLOT)
@@ -217,7 +298,7 @@ class FileKeyVault:
         with self._lock:
             slot = self._next
             self._next += 1
-            os.pwrite(self._fd, self._wrap(self._active, key, owner), slot * _SLOT)
+            os.pwrite(self._fd, self._wrap(key, owner), slot * _SLOT)
             if durable:
                 os.fdatasync(self._fd)
         return slot, key
@@ -228,13 +309,7 @@ class FileKeyVault:
         if found is None:
             return None
         version, generation = found
-        kek = self._keks.get(generation)
-        if kek is None:
-            return None
-        try:
-            return AESGCM(kek).decrypt(raw[2:14], raw[14:62], _ad(version, generation, owner))
-        except Exception:
-            return None
+        return self.ring.unwrap(version, generation, raw[2:62], owner)
 
     def generation_of(self, ref: int) -> int | None:
         found = _slot_generation(self._read(ref))
@@ -270,20 +345,10 @@ class FileKeyVault:
 
     # -- generations ----------------------------------------------------------------------------------
     def active_generation(self) -> int:
-        return self._active
+        return self.ring.active_generation()
 
     def rotate(self, now_ms: int) -> int:
-        with self._lock:
-            new = max([*self._keks, *self._retired]) + 1
-            if new > MAX_GENERATION:
-                raise RuntimeError("KEK generation space exhausted")
-            self._keks[new] = secrets.token_bytes(32)
-            self._meta[new] = (now_ms, None)
-            created, _ = self._meta[self._active]
-            self._meta[self._active] = (created, now_ms)
-            self._active = new
-            self._persist()
-            return new
+        return self.ring.rotate(now_ms)
 
     def rewrap(self, ref: int, owner: str) -> bool:
         """Re-wrap one slot under the active generation (KEK rotation); synced by the caller."""
@@ -291,7 +356,7 @@ class FileKeyVault:
         if key is None:
             return False
         with self._lock:
-            os.pwrite(self._fd, self._wrap(self._active, key, owner), ref * _SLOT)
+            os.pwrite(self._fd, self._wrap(key, owner), ref * _SLOT)
         return True
 
     def wrapping_generations(self) -> set[int]:
@@ -308,32 +373,16 @@ class FileKeyVault:
         return found
 
     def retire(self, generation: int, now_ms: int) -> None:
-        with self._lock:
-            if generation == self._active:
-                raise ValueError("the active generation cannot retire")
-            if generation not in self._keks:
-                return
-            del self._keks[generation]
-            del self._meta[generation]
-            self._retired[generation] = now_ms
-            self._persist()
+        self.ring.retire(generation, now_ms)
 
     def generations(self) -> list[GenerationState]:
-        with self._lock:
-            out = [GenerationState(g, "active" if g == self._active else "retained", created, deactivated, None)
-                   for g, (created, deactivated) in self._meta.items()]
-            out += [GenerationState(g, "retired", 0, None, at) for g, at in self._retired.items()]
-        return sorted(out, key=lambda s: s.generation)
+        return self.ring.generations()
 
     def is_retired(self, generation: int) -> bool:
-        with self._lock:
-            return generation in self._retired
+        return self.ring.is_retired(generation)
 
     def destruction_complete(self, generation: int | None) -> bool:
-        with self._lock:
-            if generation is None:
-                return False  # not known which generations wrapped it: never claimed complete
-            return not any(g <= generation for g in self._keks)
+        return self.ring.destruction_complete(generation)
 
     # -- reports ----------------------------------------------------------------------------------------
     def slot_counts(self) -> tuple[int, int]:
@@ -346,7 +395,8 @@ class FileKeyVault:
 
     def status(self) -> dict[str, int | str]:
         live, _ = self.slot_counts()
-        return {"active_kek": self._active, "keks": len(self._keks), "retired_keks": len(self._retired),
+        held, retired = self.ring.counts()
+        return {"active_kek": self.active_generation(), "keks": held, "retired_keks": retired,
                 "slots": self._next, "live_slots": live}
 
 
