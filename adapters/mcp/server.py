@@ -42,7 +42,7 @@ from adapters.mcp.confirmation import (
 from adapters.mcp.core_client import CoreClient
 from adapters.mcp.guidance import GUIDE_PROMPT_NAME, GUIDE_RESOURCE_URI, TOOL_DESCRIPTIONS, TOOL_TITLES, guide
 from engram_core.errors import Code, EngramError
-from engram_core.hostctx import make_grant
+from engram_core.hostctx import TOOLS_LIST_CALL, make_grant
 from engram_core.operation import operation_digest, target_of
 from engram_core.schema_examples import EXAMPLE_PURPOSE
 from engram_core.schemas import INPUT_SCHEMAS, TOOL_NAMES, output_schema
@@ -209,9 +209,9 @@ class EngramMcp:
 
     # ---- context and grants --------------------------------------------------
 
-    def _context(self, ctx: ServerRequestContext[Any, Any]) -> CallContext:
+    def _context(self, ctx: ServerRequestContext[Any, Any], call: str = TOOLS_LIST_CALL) -> CallContext:
         try:
-            return self._contexts.for_request(_headers(ctx))
+            return self._contexts.for_request(_headers(ctx), call)
         except ContextUnavailable as exc:
             logger.info("host context unavailable: %s", exc)
             raise envelope.trusted_context_unavailable() from None
@@ -296,7 +296,7 @@ class EngramMcp:
         name = params.name
         if name not in INPUT_SCHEMAS:
             raise envelope.unknown_tool()
-        call = self._context(ctx)
+        call = self._context(ctx, name)
         state = _CALL_STATE.get()
         if state is not None:
             state.call, state.tool = call, name
@@ -535,11 +535,11 @@ class EngramMcp:
             if not (boundary_rejection or legacy_input_required):
                 raise
             # The boundary rejects before our handler runs: this call's context is made here.
-            call = state.call or self._context(ctx)
             named = (ctx.params or {}).get("name")
             tool = state.tool or (named if named in INPUT_SCHEMAS else "")
             if not tool:
                 raise envelope.unknown_tool() from None
+            call = state.call or self._context(ctx, tool)
             result = await self._refuse(call, tool, EngramError(
                 Code.GATE_FAILED, "confirmation state", reason_class="confirmation_invalid",
                 reasons=("CONFIRMATION_STATE_INVALID",)))

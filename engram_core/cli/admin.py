@@ -456,7 +456,7 @@ def _attest(args: argparse.Namespace) -> int:
         result = host_pb2_grpc.HostServiceStub(channel).Attest(host_pb2.AttestRequest(
             tenant=args.tenant, workspace=args.workspace, target=args.target, trust_class=args.trust_class,
             event_id=event_id, reason_ref=args.reason, verifier_public_key_pem=pem, signature=signature),
-            metadata=admin_metadata(args.host_key, scopes=ALL_SCOPES), timeout=args.timeout)
+            metadata=admin_metadata(args.host_key, scopes=ALL_SCOPES, call="host"), timeout=args.timeout)
     value = json.loads(result.json)
     r = value["receipt"]
     note = " (replayed)" if value.get("replayed") else ""

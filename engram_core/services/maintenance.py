@@ -697,6 +697,11 @@ class MaintenanceService:
         with self.core.store.write() as tx:
             removed = tx.drop_projections(tenant, workspace)
             self.core.projections.mark(tx, tenant, workspace, stale=True)  # searches: PROJECTION_STALE
+            # Journaled: the other cores of a shared store reload the scope's index when they see it.
+            tx.append_event(tenant, workspace, event_id=new_id("evt_"), operation="invalidate_projections",
+                            target=f"projections:{tenant}/{workspace}", from_state="projections_current",
+                            to_state="projections_stale", at_ms=self.core.now_ms(),
+                            body={"removed": removed, "decisions": call.summaries(), "audit_id": ctx.audit_id})
             scope = tx.scope(tenant, workspace)
             tx.append_audit(self.core.audit_row(tctx, "admin.invalidate_projections", "ok", f"{tenant}/{workspace}", call))
         self.core.projections.published(tenant, workspace, stale=True)
@@ -722,6 +727,11 @@ class MaintenanceService:
                 indexed.append(rec.record_id)
             counts = tx.projection_counts(tenant, workspace)
             self.core.projections.mark(tx, tenant, workspace, stale=False)
+            tx.append_event(tenant, workspace, event_id=new_id("evt_"), operation="rebuild_projections",
+                            target=f"projections:{tenant}/{workspace}", from_state="projections_stale",
+                            to_state="projections_current", at_ms=self.core.now_ms(),
+                            body={"records_indexed": len(indexed), "decisions": call.summaries(),
+                                  "audit_id": ctx.audit_id})
             scope = tx.scope(tenant, workspace)
             tx.append_audit(self.core.audit_row(tctx, "admin.rebuild_projections", "ok", f"{tenant}/{workspace}", call))
         self.core.projections.published(tenant, workspace, stale=False)

@@ -152,6 +152,9 @@ class AuditRow:
     outcome: str
     target_digest: str
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    # The claimed nonce of the call's context (context_nonces.nonce_ref), "" when it claimed none:
+    # what lets a restarted core refuse a context used before the restart.
+    context_nonce: str = ""
 
 
 class Tx(Protocol):

@@ -676,6 +676,12 @@ class SearchIndex:
             else:
                 raise ValueError(f"unknown committed change {change!r}")
 
+    def state_cursor_of(self, tenant: str, workspace: str, record_id: str) -> int | None:
+        """The state cursor the index holds for a record (None: not indexed)."""
+        scope = self._scopes.get((tenant, workspace))
+        doc = scope.local.get(record_id) if scope is not None else None
+        return int(scope.columns.changed[doc]) if scope is not None and doc is not None else None
+
     def postings_of(self, tenant: str, workspace: str, record_id: str) -> int:
         """How many postings the index holds for one record (0 when it holds none)."""
         scope = self._scopes.get((tenant, workspace))

@@ -50,7 +50,7 @@ def test_sigterm_under_load_loses_no_acknowledged_call_and_needs_no_replay(tmp_p
                 else:
                     audit_id = "aud_" + secrets.token_hex(12)
                     client.call("search", {"query": "drain acknowledged", "purpose_ref": client.purpose_ref},
-                                context=client.context(audit_id=audit_id), timeout=30)
+                                context=client.context("search", audit_id=audit_id), timeout=30)
                     with lock:
                         acked_reads.append(audit_id)
             except Failed:

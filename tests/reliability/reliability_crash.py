@@ -26,7 +26,7 @@ from engram_core.api import admin_pb2, admin_pb2_grpc
 from engram_core.canonical import digest
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.errors import Code
-from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
+from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
 from engram_core.hostkeys import load_private_key_file
 from engram_core.rpc.status import code_from_rpc_error
 from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
@@ -54,7 +54,8 @@ class HostAdmin:
         self.stub = admin_pb2_grpc.AdminServiceStub(self.channel)
 
     def md(self) -> list[tuple[str, bytes]]:
-        ctx = make_context(self.key, tenant="_host", workspace="_admin", principal="host:operator", agent_id="ops",
+        ctx = make_context(self.key, call=ADMIN_CALL, tenant="_host", workspace="_admin", principal="host:operator",
+                           agent_id="ops",
                            session="s", now_ms=time.time_ns() // 1_000_000, host_principal=True,
                            maintenance_scopes=("read", "maintain"), memory_enabled=False)
         return [(CONTEXT_METADATA_KEY, ctx)]
@@ -133,7 +134,7 @@ def workload(client: Client, admin: HostAdmin, ledger: Ledger, rng: random.Rando
         """A search or get; its audit row (audit spool) must survive any later kill."""
         audit_id = "aud_soak_" + secrets.token_hex(10)
         try:
-            client.call(op, {**args, "purpose_ref": client.purpose_ref}, context=client.context(audit_id=audit_id),
+            client.call(op, {**args, "purpose_ref": client.purpose_ref}, context=client.context(op, audit_id=audit_id),
                         timeout=5)
         except Failed as f:
             if f.code not in TRANSPORT:

@@ -30,6 +30,7 @@ _REQUESTS = {
     "request_admission": (memory_pb2.RequestAdmissionRequest, "RequestAdmission"),
     "forget": (memory_pb2.ForgetRequest, "Forget"),
 }
+_TOOL = {op: "engram_memory_" + op for op in _REQUESTS}
 
 
 class Failed(Exception):
@@ -54,14 +55,15 @@ class Client:
         self.channel = grpc.insecure_channel(core.address)
         self.memory = memory_pb2_grpc.MemoryServiceStub(self.channel)
 
-    def context(self) -> bytes:
-        return make_context(self.key, tenant=self.tenant, workspace=self.workspace, principal=self.principal,
+    def context(self, op: str) -> bytes:
+        return make_context(self.key, call=_TOOL[op], tenant=self.tenant, workspace=self.workspace,
+                            principal=self.principal,
                             agent_id="agent-7", session="s-1", purpose_ref=self.purpose_ref,
                             now_ms=self.clock.now_ms(), memory_enabled=True)
 
     def call(self, op: str, args: dict[str, Any], *, grant: bytes | None = None) -> dict[str, Any]:
         cls, method = _REQUESTS[op]
-        metadata = [(CONTEXT_METADATA_KEY, self.context())]
+        metadata = [(CONTEXT_METADATA_KEY, self.context(op))]
         if grant:
             metadata.append((CONFIRMATION_METADATA_KEY, grant))
         try:
@@ -141,7 +143,7 @@ def capture_args(text: str, *, purpose_ref: str = PURPOSE, t: int | None = None,
 
 def activate(core: RunningCore, tenant: str = "acme", workspace: str = "alpha", *, clock: Clock | None = None) -> None:
     key = load_private_key_file(core.host_key_path)
-    ctx = make_context(key, tenant="_host", workspace="_admin", principal="host:operator",
+    ctx = make_context(key, call="admin", tenant="_host", workspace="_admin", principal="host:operator",
                        now_ms=(clock or SystemClock()).now_ms(), host_principal=True,
                        maintenance_scopes=("read", "maintain"), memory_enabled=False)
     with grpc.insecure_channel(core.address) as ch:

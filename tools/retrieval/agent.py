@@ -23,6 +23,11 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+_TOOL_OF_METHOD = {"Search": "engram_memory_search", "Get": "engram_memory_get", "Capture": "engram_memory_capture",
+                   "RequestAdmission": "engram_memory_request_admission", "Withdraw": "engram_memory_withdraw",
+                   "Forget": "engram_memory_forget"}
+
+
 class Agent:
     def __init__(self, core: RunningCore, tenant: str, workspace: str, principal: str = "user:harness") -> None:
         self.key = load_private_key_file(core.host_key_path)
@@ -31,17 +36,18 @@ class Agent:
         self.memory = memory_pb2_grpc.MemoryServiceStub(self.channel)
         self.admin = admin_pb2_grpc.AdminServiceStub(self.channel)
 
-    def _ctx(self) -> bytes:
-        return make_context(self.key, tenant=self.tenant, workspace=self.workspace, principal=self.principal,
+    def _ctx(self, call: str) -> bytes:
+        return make_context(self.key, call=call, tenant=self.tenant, workspace=self.workspace, principal=self.principal,
                             agent_id="agent-harness", session="s-harness", purpose_ref=PURPOSE, now_ms=now_ms(),
                             memory_enabled=True)
 
     def _host_ctx(self) -> bytes:
-        return make_context(self.key, tenant="_host", workspace="_admin", principal="host:operator", now_ms=now_ms(),
+        return make_context(self.key, call="admin", tenant="_host", workspace="_admin", principal="host:operator",
+                            now_ms=now_ms(),
                             host_principal=True, maintenance_scopes=("read", "maintain"), memory_enabled=False)
 
     def call(self, method: str, cls: Any, args: dict[str, Any], grant: bytes | None = None) -> dict[str, Any]:
-        md = [(CONTEXT_METADATA_KEY, self._ctx())]
+        md = [(CONTEXT_METADATA_KEY, self._ctx(_TOOL_OF_METHOD[method]))]
         if grant:
             md.append((CONFIRMATION_METADATA_KEY, grant))
         return message_to_value(getattr(self.memory, method)(value_to_message(args, cls()), metadata=md, timeout=30))

@@ -81,20 +81,24 @@ _CANDIDATES = frozenset({"candidates"})
 _DATA_KEYS = frozenset({"data_keys"})
 _STANDING = frozenset({"records", "tombstones"})
 _AUDIT_KEYS = ("chain", "seq", "at_ms", "audit_id", "tenant", "workspace", "principal", "agent_id", "operation",
-               "outcome", "target_digest", "decisions", "prev_digest", "row_digest")
+               "outcome", "target_digest", "decisions", "prev_digest", "row_digest", "context_nonce")
+_OPTIONAL_AUDIT = {"chain": LEGACY_CHAIN, "context_nonce": ""}  # absent from a document: this value
 
 
 def _audit_values(doc: dict[str, Any]) -> list[Any]:
-    return [json.dumps(doc[k], sort_keys=True) if k == "decisions" else doc.get(k, LEGACY_CHAIN)
-            if k == "chain" else doc[k] for k in _AUDIT_KEYS]
+    return [json.dumps(doc[k], sort_keys=True) if k == "decisions" else doc.get(k, _OPTIONAL_AUDIT[k])
+            if k in _OPTIONAL_AUDIT else doc[k] for k in _AUDIT_KEYS]
 
 
 def _audit_doc(row: tuple) -> dict[str, Any]:
     d = dict(zip(_AUDIT_KEYS, row, strict=True))
     d["seq"] = int(d["seq"])
     d["decisions"] = json.loads(d["decisions"])
-    if d["chain"] == LEGACY_CHAIN:
-        del d["chain"]  # rows of the one chain before migration 9 never had the field in their digest
+    # Rows of the one chain before migration 9, and rows without a claimed nonce, never had the
+    # field in their digest.
+    for key, absent in _OPTIONAL_AUDIT.items():
+        if d[key] == absent:
+            del d[key]
     return d
 
 
@@ -584,6 +588,10 @@ class DuckDBEngineTx(RecordLinks, TrustClasses):
             params += [tenant, workspace]
         return [_audit_doc(r) for r in self._all(sql + " ORDER BY chain, seq", params)]
 
+    def recent_context_nonces(self, since_ms: int) -> list[tuple[str, int]]:
+        return [(r[0], int(r[1])) for r in self._all(
+            "SELECT context_nonce, at_ms FROM audit WHERE at_ms >= ? AND context_nonce <> ''", [since_ms])]
+
     def all_audit_heads(self) -> dict[str, tuple[int, str]]:
         return {r[0]: (int(r[1]), r[2]) for r in self._all(
             "SELECT chain, seq, row_digest FROM audit WHERE (chain, seq) IN "
@@ -637,6 +645,7 @@ class DuckDBEngine:
     """The DuckDB file engine (``engine.Engine``). ``open`` fences, migrates and loads its caches."""
 
     sole_writer = True  # the flock fence: no other process opens the file while this one has it
+    tx_class: type[DuckDBEngineTx] = DuckDBEngineTx
 
     def __init__(self, data_dir: Path, *, migrate: bool = True, keys: DataKeys | None = None) -> None:
         """``keys``: the key vault, needed only by migration 6 (it sealed the plain projections
@@ -908,7 +917,7 @@ class DuckDBEngine:
         assert hooks is not None, "the store kernel sets the commit hooks"
         with tracing.span("engram.store.transaction"), self._exclusive():
             con = self._con
-            tx = DuckDBEngineTx(con, self, writing=True)
+            tx = self.tx_class(con, self, writing=True)
             con.execute("BEGIN TRANSACTION")
             self._local.writing = True
             try:
@@ -935,7 +944,7 @@ class DuckDBEngine:
             if batch is None:
                 self._con.execute("BEGIN TRANSACTION")
                 batch = self._batch = Batch()
-            tx = DuckDBEngineTx(self._con, self, writing=True, batch=batch)
+            tx = self.tx_class(self._con, self, writing=True, batch=batch)
             self._local.writing = True
             try:
                 yield tx
@@ -1125,11 +1134,11 @@ class DuckDBEngine:
             cur = self._con.cursor()
             self._local.cursor = cur
         if not snapshot:
-            yield DuckDBEngineTx(cur, self)
+            yield self.tx_class(cur, self)
             return
         cur.execute("BEGIN TRANSACTION")
         try:
-            yield DuckDBEngineTx(cur, self)
+            yield self.tx_class(cur, self)
         finally:
             try:
                 cur.execute("ROLLBACK")

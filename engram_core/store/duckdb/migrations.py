@@ -236,6 +236,15 @@ ALTER TABLE key_destructions ADD COLUMN generation BIGINT;
 """,
         step="destructions_wrapped_by_active_generation",
     ),
+    Migration(
+        11,
+        "audit rows name the context nonce their call claimed",
+        # So that a restarted core refuses a context used just before the restart: the nonces of
+        # the last context lifetime are read back from the audit log at open (context_nonces.py).
+        """
+ALTER TABLE audit ADD COLUMN context_nonce VARCHAR DEFAULT '';
+""",
+    ),
 )
 
 LEDGER_DDL = """
