@@ -55,9 +55,9 @@ from engram_core.services.host import HostServiceCore
 from engram_core.services.keyring import KeyRingScheduler, KeySchedule
 from engram_core.services.maintenance import reanalyze_lexical, reembed_vectors
 from engram_core.services.memory import MemoryService
-from engram_core.store.duckdb.engine import DuckDBEngine
 from engram_core.shared_secrets import check_shared_secrets
 from engram_core.signing import CoreSigners
+from engram_core.store.duckdb.engine import DuckDBEngine
 from engram_core.store.file_modes import make_private
 from engram_core.store.kernel import StoreKernel
 
