@@ -28,7 +28,7 @@ from engram_core.services.embedding import Embedder
 from engram_core.services.keyring import KeySchedule
 from engram_core.services.lexical import TermHasher
 from engram_core.services.projection_status import ProjectionStatus
-from engram_core.services.quotas import TOOL_METRIC, QuotaCounters, RateLimited
+from engram_core.services.quotas import TOOL_METRIC, RateLimited
 from engram_core.store.port import AuditRow, ScopeRow, Store, Tx
 from engram_core.validation import format_instant
 
@@ -106,7 +106,7 @@ class Core:
         self.trusted = trusted
         self.clock: Clock = clock or SystemClock()
         # Usage the authz policy decides quotas on (in memory; see services.quotas).
-        self.quotas = QuotaCounters(self.clock.now_ms)
+        self.quotas = store.usage_counters(self.clock.now_ms)
         # SPEC §2: a context's nonce is single use within its lifetime, across restarts too: the
         # nonces claimed in the last context lifetime are read back from the audit log.
         started = self.clock.now_ms()

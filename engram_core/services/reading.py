@@ -13,7 +13,7 @@ from engram_core.hostctx import BoundContext
 from engram_core.observability.tracing import traced
 from engram_core.policy.port import REDACTION, Decision
 from engram_core.services.core import CallRecord, Core, context_facts
-from engram_core.services.paging import Binding, CursorCodec, Pin, PinStore
+from engram_core.services.paging import Binding, CursorCodec, Pin
 from engram_core.services.ranking import OFFLINE_LEXICAL_V3, Profile, semantic_v3
 from engram_core.services.timeq import TimeWindow, parse_time, proximity
 from engram_core.store.port import LexicalStats, RecordRow, ScopeRow, Tx
@@ -47,7 +47,7 @@ class ReadService:
             # SPEC §11: the model id is pinned in the profile config digest.
             self.profiles["semantic"] = semantic_v3(embedder.model_id,
                                                     needs_network=getattr(embedder, "needs_network", True))
-        self.pins = PinStore(now_ms=core.now_ms)
+        self.pins = core.store.page_pins(core.now_ms)
         self.cursors = CursorCodec(core.page_key)
 
     def bind_purpose(self, ctx: BoundContext, purpose_ref: str) -> None:

@@ -49,9 +49,11 @@ from engram_core.store.changes import (
     VectorIndexed,
 )
 from engram_core.store.engine import Engine, EngineTx, TxEffects
+from engram_core.store.page_pins import PinStore
 from engram_core.store.port import AuditRow, Event, LexicalPage, LexicalStats, RecordRow, ScopeRow
 from engram_core.store.projection import Projection, open_plain, open_projection, seal_projection
 from engram_core.store.search_index import FIELD_CODE, FIELDS, IndexBuilder, SearchIndex
+from engram_core.store.usage_counters import QuotaCounters
 
 SPOOL_BATCH = 512  # spooled audit rows moved into the engine in one transaction
 log = logging.getLogger(__name__)
@@ -184,6 +186,16 @@ class StoreKernel:
         if self.engine.sole_writer:
             return True
         return self.engine.claim_context_nonce(ref, expires_at_ms)  # type: ignore[attr-defined]
+
+    def page_pins(self, now_ms: Callable[[], int]) -> PinStore:
+        """Where search pins are kept: this process's memory, and the database too when other
+        cores share it (a cursor from one core pages on another)."""
+        return PinStore(now_ms=now_ms, shelf=None if self.engine.sole_writer else self.engine)  # type: ignore[arg-type]
+
+    def usage_counters(self, now_ms: Callable[[], int]) -> QuotaCounters:
+        """The usage counters quotas are decided on: in memory for the sole writer, the database's
+        when other cores share it (one quota however a principal's calls are spread)."""
+        return QuotaCounters(now_ms, shared=None if self.engine.sole_writer else self.engine)  # type: ignore[arg-type]
 
     def audit_spool_state(self) -> tuple[int, int | None]:
         """(audit rows spooled but not yet in the engine, ``at_ms`` of the oldest of them)."""

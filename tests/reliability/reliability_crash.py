@@ -251,13 +251,15 @@ def verify_file(data_dir: Path, ledger: Ledger) -> dict[str, int]:
                     targets_by_op.setdefault(e.operation, set()).add(e.target)
                     n_events += 1
                 assert prev == scope.last_event_digest and last == scope.last_cursor
-            prev = GENESIS
+            chain_prev: dict[str, str] = {}  # each audit chain on its own
             audited: set[tuple[str, str]] = set()
             audit_ids: set[str] = set()
             n_audit = 0
             for row in tx.audit_rows(None, None, 0, None):
-                assert row["prev_digest"] == prev and audit_digest_of(row) == row["row_digest"]
-                prev = row["row_digest"]
+                chain = row.get("chain", "")
+                assert row["prev_digest"] == chain_prev.get(chain, GENESIS)
+                assert audit_digest_of(row) == row["row_digest"]
+                chain_prev[chain] = row["row_digest"]
                 audited.add((row["operation"], row["target_digest"]))
                 audit_ids.add(row["audit_id"])
                 n_audit += 1
