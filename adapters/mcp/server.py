@@ -279,6 +279,8 @@ class EngramMcp:
             # The agent sees only a JSON-RPC error, so this line is where an operator learns why
             # (e.g. the core stopped after start-up).
             log_list_refusal(call, exc)
+            if exc.retriable:  # a core not answering is transient: say retry, not stop
+                raise envelope.temporarily_unavailable(exc) from None
             raise envelope.trusted_context_unavailable() from None
         return types.ListToolsResult(tools=[tool_definition(name, call.binding.purpose_ref)
                                             for name in TOOL_NAMES if name in granted])
