@@ -15,7 +15,17 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mcp.shared.exceptions import MCPError
-from mcp_helpers import PURPOSE, WORKSPACE, Core, activate, binding_for, envelope_of, free_port, stdio_client, write_config
+from mcp_helpers import (
+    PURPOSE,
+    WORKSPACE,
+    Core,
+    activate,
+    binding_for,
+    envelope_of,
+    free_port,
+    stdio_client,
+    write_config,
+)
 
 from adapters.mcp.envelope import TEMPORARILY_UNAVAILABLE, TEMPORARILY_UNAVAILABLE_CODE
 from engram_core.errors import MESSAGES, Code

@@ -14,9 +14,23 @@ from typing import Any
 
 import pytest
 from mcp.shared.exceptions import MCPError
-from mcp_helpers import PURPOSE, approve, binding_for, capture_args, envelope_of, error_code, stdio_client, unique, write_config
+from mcp_helpers import (
+    PURPOSE,
+    approve,
+    binding_for,
+    capture_args,
+    envelope_of,
+    error_code,
+    stdio_client,
+    unique,
+    write_config,
+)
 
-from adapters.mcp.envelope import TEMPORARILY_UNAVAILABLE, TEMPORARILY_UNAVAILABLE_CODE, TRUSTED_CONTEXT_UNAVAILABLE
+from adapters.mcp.envelope import (
+    TEMPORARILY_UNAVAILABLE,
+    TEMPORARILY_UNAVAILABLE_CODE,
+    TRUSTED_CONTEXT_UNAVAILABLE,
+)
 from adapters.mcp.guidance import GUIDE_RESOURCE_URI
 from engram_core.schema_examples import EXAMPLE_ID_NOTES, TOOL_EXAMPLES
 

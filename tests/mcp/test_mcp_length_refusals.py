@@ -10,7 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp_helpers import PURPOSE, audit_rows, binding_for, capture_args, envelope_of, stdio_client, unique, write_config
+from mcp_helpers import (
+    PURPOSE,
+    audit_rows,
+    binding_for,
+    capture_args,
+    envelope_of,
+    stdio_client,
+    unique,
+    write_config,
+)
 
 from engram_core.errors import REFUSALS, Code
 
@@ -64,7 +73,7 @@ def acme(core, tmp_path_factory) -> Path:
 async def test_a_length_refusal_names_the_bound_of_the_field_that_failed(core, acme: Path) -> None:
     answers = []
     async with stdio_client(acme) as client:
-        for what, tool, args, _, _ in CASES:
+        for _what, tool, args, _, _ in CASES:
             answers.append(envelope_of(await client.call_tool(tool, args)))
     rows = audit_rows(core)
     for (what, _tool, _args, cls, bound), env in zip(CASES, answers, strict=True):
