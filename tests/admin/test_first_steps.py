@@ -20,6 +20,9 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from engram_core.rpc.server import start_core
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,6 +46,19 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _wait_until_ready(address: str) -> None:
+    """Readiness as an orchestrator reads it (gRPC health ""): the store open and the search index
+    built. A core stopped before its index is built races the build for the store's connection
+    (RunningCore.stop does not wait for the index thread), which is not what this test is about."""
+    with grpc.insecure_channel(address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        deadline = time.monotonic() + 60
+        while health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status != \
+                health_pb2.HealthCheckResponse.SERVING:
+            assert time.monotonic() < deadline, "the core did not become ready"
+            time.sleep(0.05)
 
 
 def test_the_next_steps_are_numbered_without_gaps(tmp_path: Path) -> None:
@@ -113,7 +129,11 @@ def test_tools_serve_writes_the_host_config_where_engram_host_config_says(tmp_pa
 def test_git_ignores_every_file_of_a_data_directory_with_another_name(tmp_path: Path) -> None:
     data = tmp_path / "other-data"
     assert _engram("init", str(data), cwd=tmp_path).returncode == 0
-    start_core(data).stop()  # everything a core writes into its data directory
+    running = start_core(data)  # everything a core writes into its data directory
+    try:
+        _wait_until_ready(running.address)
+    finally:
+        running.stop()
     names = sorted(p.name for p in data.iterdir())
     assert {"engram.duckdb", "host.key", "store.kek", "datakeys.bin", "init.toml"} <= set(names), names
     paths = [f"other-data/{name}" for name in names] + ["host.toml", "other-host.toml"]
