@@ -107,7 +107,7 @@ def _purpose_mismatch(which: str) -> str:
     cannot say why; so the guide says what it looks like and the one thing worth checking."""
     return (f"A purpose_ref other than {which}, in engram_memory_search, engram_memory_get or payload.purpose_ref "
             "of engram_memory_capture, is refused before anything happens, and not with an envelope: the call "
-            "fails with the protocol error JSON-RPC -32603 \"Trusted invocation context unavailable\", which "
+            f"fails with the protocol error JSON-RPC -32603 \"{TRUSTED_CONTEXT_UNAVAILABLE}\", which "
             "never says why. So when a call that carried a purpose_ref fails with -32603, compare what you sent "
             "with your bound purpose_ref and resend once with exactly that value; never try other values.")
 
