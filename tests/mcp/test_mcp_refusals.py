@@ -102,7 +102,7 @@ def _nine_mistakes(word: str) -> list[tuple[str, str, dict[str, Any], str, str]]
          "/payload/valid_time/t"),
         ('Mem0-style {"text": ...}', "engram_memory_capture", {"text": f"remember {word}"}, "wrong_shape", ""),
         ("10-character idempotency key", "engram_memory_capture", _mutated(word, short_key),
-         "length_out_of_range", "/idempotency_key"),
+         "idempotency_key_length", "/idempotency_key"),
         ("null for an optional field", "engram_memory_search",
          {"query": word, "purpose_ref": PURPOSE, "limit": None}, "null_value", "/limit"),
     ]
