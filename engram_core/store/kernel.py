@@ -441,11 +441,14 @@ class StoreKernel:
         except EngramError:
             pass  # still durable in the spool: moved at the next open
         self._open = False
-        if self._spool is not None:
-            self._spool.close()
-        if self._devices:
-            self._devices.close()
-        self.engine.close()
+        # An index build in progress (the server builds it after it listens) reads the engine:
+        # it finishes before the engine closes (a stop right after a start raced it).
+        with self._publish:
+            if self._spool is not None:
+                self._spool.close()
+            if self._devices:
+                self._devices.close()
+            self.engine.close()
         if self._syncer is not None:
             self._syncer.shutdown()
 

@@ -153,3 +153,14 @@ def _health_after_stop_refused(address: str) -> bool:
     except grpc.RpcError:
         return True
     return False
+
+
+def test_a_core_stopped_right_after_it_started_closes_cleanly(tmp_path) -> None:
+    """The search index is built after the server listens, on a thread of its own; a stop right
+    then closed the store under the build (the file stayed locked for the next start, or the
+    process aborted). The store now lets the build finish before it closes."""
+    from engram_core.rpc.server import start_core
+
+    for _ in range(4):
+        start_core(tmp_path / "data", semantic=False).stop()
+    start_core(tmp_path / "data", semantic=False).stop()  # and the store opens again
