@@ -25,7 +25,7 @@ from urllib3.connection import HTTPConnection
 
 from engram_core.canonical import digest
 from engram_core.errors import Code, EngramError
-from engram_core.policy.port import AUTHZ, Decision
+from engram_core.policy.port import AUTHZ, LOG_MASK, Decision
 from engram_core.policy.shapes import shape_error
 
 # Without TCP_NODELAY a small POST whose headers and body go out in two writes
@@ -139,6 +139,19 @@ class OpaRestPolicyEngine:
         if not isinstance(body, dict):
             raise _unavailable(f"{path}: OPA answer is not an object")
         return body
+
+    def evaluate_mask(self, event: Mapping[str, Any]) -> Any:
+        """The decision-log mask's answer for ``event`` (``{"path", "input", "result"}``), by
+        OPA's Query API: a decision's own request cannot carry it. None when the server's
+        bundle defines no mask; POLICY_UNAVAILABLE when the server cannot say."""
+        query = f"m := [x | x := data.{LOG_MASK.replace('/', '.')}(input)]"
+        try:
+            body = self._client.ad_hoc_query(query, dict(event))
+        except (requests.RequestException, ValueError) as exc:
+            raise _unavailable(f"decision-log mask: OPA request failed: {type(exc).__name__}") from exc
+        rows = body.get("result") if isinstance(body, dict) else None
+        answers = rows[0].get("m") if isinstance(rows, list) and rows and isinstance(rows[0], dict) else None
+        return answers[0] if isinstance(answers, list) and answers else None
 
     def revision(self) -> str:
         with self._lock:
