@@ -1,0 +1,195 @@
+"""Applying the decision-log mask (what ``data.engram.log.mask(event)`` answered) to an event.
+
+The operations are OPA's (``system.log.mask``): a JSON pointer string erases that field;
+``{"op": "remove", "path"}`` erases too; ``{"op": "upsert", "path", "value"}`` sets it. Engram
+adds ``{"op": "pseudonymize", "path"}``: every string at or under the path becomes a keyed
+pseudonym (``masked:`` + 16 hex of HMAC-SHA256), the same string always the same pseudonym
+under one key, so decisions stay comparable (the same tenant, the same principal) and replay
+can restore the names its candidate bundle knows (``replay.py``) while the log never holds
+them. Pointers start with ``/input`` or ``/result``; a ``*`` segment stands for every element
+of an array or member of an object (OPA has none; ``/result/reasons/*/message``); a pointer
+that leads nowhere is ignored, as in OPA. The policy decides what is masked; this module
+only carries it out, and refuses (MaskError) anything that is not one of these operations, in
+which case the event is not written at all.
+
+The event is never mutated: containers on a masked path are copied, the rest shared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+PSEUDONYM_PREFIX = "masked:"
+_DOCUMENTS = ("input", "result")
+KEY_FILE = "decision-log.key"
+
+
+class MaskError(Exception):
+    """The mask's answer is not a set of operations this module can apply."""
+
+
+class Pseudonymizer:
+    """Keyed pseudonyms of strings. The key stays with the operator (``DIR/decision-log.key``
+    by default); without it a pseudonym cannot be confirmed by guessing the name."""
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) < 16:
+            raise ValueError("a pseudonym key needs at least 16 bytes")
+        self._key = key
+        self.key_id = hashlib.sha256(b"engram/decision-log-key/v1\x00" + key).hexdigest()[:16]
+
+    def __call__(self, value: str) -> str:
+        mac = hmac.new(self._key, value.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+        return PSEUDONYM_PREFIX + mac[:16]
+
+    @classmethod
+    def from_file(cls, path: Path, *, create: bool = False) -> Pseudonymizer:
+        """Read the key file; with ``create``, make it (32 random bytes, mode 0600) if absent."""
+        path = Path(path)
+        if create and not path.exists():
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                pass
+            else:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(os.urandom(32))
+        return cls(path.read_bytes())
+
+
+def parse_pointer(pointer: Any) -> list[str]:
+    """A mask pointer's segments (``~1`` is ``/``, ``~0`` is ``~``); MaskError if not ours."""
+    if not isinstance(pointer, str) or not pointer.startswith("/"):
+        raise MaskError(f"not a JSON pointer: {pointer!r}")
+    segments = [s.replace("~1", "/").replace("~0", "~") for s in pointer[1:].split("/")]
+    if segments[0] not in _DOCUMENTS or len(segments) > 64:
+        raise MaskError(f"mask pointers start with /input or /result: {pointer!r}")
+    return segments
+
+
+def _operations(ops: Any) -> list[tuple[str, str, list[str], Any]]:
+    if not isinstance(ops, list):  # a Rego set arrives as a JSON array
+        raise MaskError("the mask answered something other than a set of operations")
+    out = []
+    for op in ops:
+        if isinstance(op, str):
+            out.append(("remove", op, parse_pointer(op), None))
+        elif isinstance(op, dict) and op.get("op") in ("remove", "upsert", "pseudonymize"):
+            if op["op"] == "upsert" and "value" not in op:
+                raise MaskError(f"upsert without a value: {op!r}")
+            extra = set(op) - {"op", "path", "value"}
+            if extra:
+                raise MaskError(f"unknown keys in mask operation: {sorted(extra)}")
+            out.append((op["op"], op.get("path"), parse_pointer(op.get("path")), op.get("value")))
+        else:
+            raise MaskError(f"not a mask operation: {op!r}")
+    return out
+
+
+def pseudonymize_all(value: Any, pseudonym: Callable[[str], str]) -> Any:
+    """Every non-empty string in ``value`` (object keys stay) replaced by its pseudonym (an
+    empty string names nobody, and policies tell it apart: an incomplete context)."""
+    if isinstance(value, str):
+        return pseudonym(value) if value else value
+    if isinstance(value, list):
+        return [pseudonymize_all(v, pseudonym) for v in value]
+    if isinstance(value, dict):
+        return {k: pseudonymize_all(v, pseudonym) for k, v in value.items()}
+    return value
+
+
+_ABSENT = object()
+
+
+def _apply(node: Any, segments: list[str], change: Callable[[Any], Any], hit: list[bool],
+           create: bool = False) -> Any:
+    """``node`` with ``change`` applied at ``segments`` (a copy; ``change`` returning _ABSENT
+    deletes). Leads nowhere: ``node`` unchanged."""
+    if not segments:
+        hit[0] = True
+        return change(node)
+    head, rest = segments[0], segments[1:]
+    if isinstance(node, dict):
+        keys = list(node) if head == "*" else [head]
+        copy = dict(node)
+        for key in keys:
+            if key in node:
+                new = _apply(node[key], rest, change, hit, create)
+            elif create and head != "*":  # upsert creates what is missing, as in OPA
+                new = _apply({} if rest else None, rest, change, hit, create)
+            else:
+                continue
+            if new is _ABSENT:
+                copy.pop(key, None)
+            else:
+                copy[key] = new
+        return copy
+    if isinstance(node, list):
+        if head == "*":
+            indices = range(len(node))
+        elif head.isdigit() and int(head) < len(node):
+            indices = range(int(head), int(head) + 1)
+        else:
+            return node
+        copy = list(node)
+        removed = []
+        for i in indices:
+            new = _apply(node[i], rest, change, hit, create)
+            if new is _ABSENT:
+                removed.append(i)
+            else:
+                copy[i] = new
+        return [v for i, v in enumerate(copy) if i not in removed] if removed else copy
+    return node
+
+
+def apply_mask(event: dict[str, Any], ops: Any, pseudonym: Callable[[str], str]) -> dict[str, Any]:
+    """The event masked by ``ops``, with OPA's ``erased`` and ``masked`` lists (pointers that
+    matched). Raises MaskError for an answer that is not a set of mask operations."""
+    masked_event = dict(event)
+    erased: list[str] = []
+    masked: list[str] = []
+    for kind, pointer, segments, value in _operations(ops):
+        doc = segments[0]
+        if doc not in masked_event:
+            if kind != "upsert":
+                continue
+            masked_event[doc] = {}
+        hit = [False]
+        if kind == "remove":
+            if len(segments) == 1:
+                del masked_event[doc]
+                hit[0] = True
+            else:
+                masked_event[doc] = _apply(masked_event[doc], segments[1:], lambda _: _ABSENT, hit)
+            (erased if hit[0] else []).append(pointer)
+        elif kind == "upsert":
+            if len(segments) == 1:
+                masked_event[doc], hit[0] = value, True
+            else:
+                masked_event[doc] = _apply(masked_event[doc], segments[1:], lambda _, v=value: v, hit, create=True)
+            (masked if hit[0] else []).append(pointer)
+        else:
+            masked_event[doc] = _apply(masked_event[doc], segments[1:],
+                                       lambda v: pseudonymize_all(v, pseudonym), hit)
+            (masked if hit[0] else []).append(pointer)
+    if erased:
+        masked_event["erased"] = sorted(set(erased))
+    if masked:
+        masked_event["masked"] = sorted(set(masked))
+    return masked_event
+
+
+def erase_all(event: dict[str, Any], documents: Iterable[str] = _DOCUMENTS) -> dict[str, Any]:
+    """The event without ``input`` and ``result`` (when no mask could be asked, nothing that
+    could be content is written)."""
+    out = {k: v for k, v in event.items() if k not in documents}
+    gone = [f"/{d}" for d in documents if d in event]
+    if gone:
+        out["erased"] = gone
+    return out
