@@ -119,7 +119,7 @@ def run(bundle: Bundle, *, pattern: str | None = None, fixtures: Sequence[Path] 
     """Evaluate the selected ``test_*`` rules and golden fixtures of ``bundle``."""
     wanted = select(pattern)
     cases = _rego_cases(bundle, wanted)
-    goldens = [(f, c) for f, c in _fixture_cases(fixtures) if wanted(f"golden:{f}", str(f))]
+    goldens = [(f, c) for f, c in _fixture_cases(fixtures) if wanted(_golden_name(f), _shown(f))]
     engine = build_engine(bundle, include_tests=True)
     report = Report()
     try:
@@ -340,13 +340,24 @@ def _run_golden(engine: Any, goldens: list[tuple[Path, dict[str, Any]]], report:
     for i, (path, c) in enumerate(goldens):
         got = values.get(f"g{i}") or []
         actual = got[0] if got else UNDEFINED
-        result = Result(f"golden:{path.parent.name}/{path.name}", str(path), 0, "golden",
-                        passed=actual == c["expected"])
+        result = Result(_golden_name(path), _shown(path), 0, "golden", passed=actual == c["expected"])
         if not result.passed:
             result.error = "undefined" if actual == UNDEFINED else "decision differs"
             result.failure = Failure(expression=f"data.{c['path'].strip('/').replace('/', '.')} with input as <fixture>",
                                      index=1, count=1, expected=c["expected"], actual=actual, compared=True)
         report.results.append(result)
+
+
+def _golden_name(path: Path) -> str:
+    return f"golden:{path.parent.name}/{path.name}"
+
+
+def _shown(path: Path) -> str:
+    """A fixture's path as the author typed it: relative to the working directory when inside it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 # --- coverage ---
