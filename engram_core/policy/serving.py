@@ -42,6 +42,7 @@ class ServingPolicy:
     logger: DecisionLogger | None = None
     verifier: BundleVerifier | None = None
     refused: dict[str, Any] | None = None  # why the first load was refused, if it was
+    unavailable: str = ""  # why no bundle could be had at start (a bundle server down), if so
     puller: BundlePuller | None = None
 
     def start_pulling(self, reload: Any, settings: PolicySettings) -> None:
@@ -114,7 +115,7 @@ def build_serving_policy(settings: PolicySettings, data_dir: Path) -> ServingPol
         serving.refused = exc.problem
         log.error("policy bundle refused: %s", exc.detail)
     except EngramError as exc:
-        serving.refused = {"file": "", "line": 0, "error": exc.detail}
+        serving.unavailable = exc.detail
         log.error("policy bundle not active: %s", exc.detail)
     if backend.active():
         # OPA prepares each query on first use: warm every decision path (each answers {}

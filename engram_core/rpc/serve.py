@@ -137,10 +137,12 @@ def serve_main(args: argparse.Namespace) -> int:
     print(f"engram core listening on {running.address} (data {args.data}, host key {running.host_key_path})", flush=True)
     opened = opened_summary(running, args, metrics_address)
     opened.update(serving.describe())
-    if serving.refused and not running.core.policy.active():
-        problem = serving.refused
+    if not running.core.policy.active() and (serving.refused or serving.unavailable):
+        problem = serving.refused or {}
         where = ":".join(str(x) for x in (problem.get("file"), problem.get("line")) if x)
-        opened["policy_revision"] = f"NONE (not serving: bundle refused: {where + ': ' if where else ''}{problem.get('error')})"
+        why = f"bundle refused: {where + ': ' if where else ''}{problem.get('error')}" if serving.refused \
+            else serving.unavailable
+        opened["policy_revision"] = f"NONE (not serving: {why})"
     print("engram core opened: " + ", ".join(f"{k} {v}" for k, v in opened.items()), flush=True)
     log_event("started", **opened)
     if running.core.store.migrations_applied_at_open:
