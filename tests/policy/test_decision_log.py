@@ -234,3 +234,17 @@ def test_the_toml_section_configures_everything_and_refuses_unknown_keys(tmp_pat
         DecisionLogConfig()
     with pytest.raises(ValueError):
         parse_decision_log("syslog:local0")
+
+
+def test_with_an_opa_server_the_mask_is_asked_over_its_query_api(tmp_path):
+    from opa_rest_server import OpaRestTestServer
+
+    log_file = tmp_path / "decisions.jsonl"
+    with OpaRestTestServer(REPO / "policies") as opa:
+        settings = PolicySettings(opa_url=opa.url, decision_log=parse_decision_log(f"file:{log_file}"))
+        serving = build_serving_policy(settings, tmp_path / "data")
+        serving.engine.decide(AUTHZ, {"operation": "engram_memory_search", "context": {"tenant": "acme"}})
+        serving.engine.close()
+    [event] = [json.loads(line) for line in log_file.read_text().splitlines()]
+    key = Pseudonymizer((tmp_path / "data" / "decision-log.key").read_bytes())
+    assert event["input"]["context"]["tenant"] == key("acme") and "message" not in json.dumps(event["result"])
