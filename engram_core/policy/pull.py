@@ -1,7 +1,8 @@
 """Bundles from an OPA-compatible bundle server (``engram serve --bundle-url URL``).
 
 ``HttpBundleSource`` GETs the bundle tarball with ``If-None-Match`` (the ETag of the last one
-downloaded): ``304 Not Modified`` costs nothing, ``200`` brings a new archive, anything else is
+downloaded): ``304 Not Modified`` costs nothing, ``200`` brings a new archive (the same bytes
+again, from a server without ETags, count as not modified), anything else is
 SourceUnavailable. ``BundlePuller`` polls it every ``min_delay``..``max_delay`` seconds
 (random in between, as OPA's ``polling.min_delay_seconds``/``max_delay_seconds``, so replicas
 do not poll in step) and, when a new archive arrived, reloads the core's policy engine, which
@@ -73,6 +74,10 @@ class HttpBundleSource:
             self._failed(f"bundle server unreachable ({type(exc).__name__})")
         except SourceUnavailable as exc:
             self._failed(str(exc))
+        if blob == self._blob:  # a server without ETags (a plain static server) sent the same archive
+            self.etag = etag
+            self.not_modified += 1
+            return False
         self._blob, self.etag, self._fresh = blob, etag, True
         self.downloads += 1
         self.last_error = ""

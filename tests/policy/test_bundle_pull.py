@@ -185,3 +185,13 @@ def test_serve_refuses_flags_that_cannot_work_before_touching_the_data_directory
                   "--bundle-verification-key", str(key))
     assert done.returncode == 2 and "not a PEM public key" in done.stderr
     assert not (tmp_path / "data").exists()
+
+
+def test_a_server_without_etags_resending_the_same_archive_is_not_a_new_bundle(tmp_path):
+    archive = _archive(tmp_path, "rev-same", None)
+    with BundleServer() as server:
+        server.publish(archive)
+        source = HttpBundleSource(server.url)
+        assert source.fetch() is True
+        source.etag = ""  # as if the server sent none: the next GET asks unconditionally
+        assert source.fetch() is False and source.not_modified == 1 and source.downloads == 1
