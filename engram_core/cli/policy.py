@@ -17,7 +17,7 @@ from typing import Any
 import engram_core
 from engram_core.policy import default_bundle_dir
 from engram_core.policy.bundle import SIGNATURES, Bundle, BundleError, build_engine, read_bundle
-from engram_core.policy.port import DECISION_PATHS, LOG_MASK
+from engram_core.policy.port import DECISION_PATHS, LOG_MASK, LOG_PATH_MASK
 from engram_core.policy.shapes import shape_error
 
 DEFAULT_COVERAGE_FLOOR = 80.0
@@ -166,11 +166,11 @@ def _short(text: str, limit: int = 160) -> str:
 
 
 def check_bundle(bundle: Bundle, fixtures: Path | None) -> list[str]:
-    """Problems found compiling the bundle and evaluating each decision path (and the
-    decision-log mask, when the bundle has one)."""
+    """Problems found compiling the bundle and evaluating each decision path, and the
+    decision-log masks (path_mask for every path, mask on every sample) when it has them."""
     from opa_bindings.engine import OpaError
 
-    from engram_core.policy.decisionlog.mask import MaskError, Pseudonymizer, apply_mask
+    from engram_core.policy.decisionlog.mask import MaskError, parse_operations
 
     problems: list[str] = []
     if "engram" not in bundle.roots:
@@ -185,14 +185,27 @@ def check_bundle(bundle: Bundle, fixtures: Path | None) -> list[str]:
     for fixture in sorted(fixtures.glob("*/*.json")) if fixtures and fixtures.is_dir() else []:
         case = json.loads(fixture.read_text(encoding="utf-8"))
         samples.setdefault(case["path"], []).append((fixture.name, case["input"]))
-    mask_ref = "data." + LOG_MASK.replace("/", ".")
-    try:
-        has_mask = True
+    masks = {name: "data." + ref.replace("/", ".") for name, ref in (("path", LOG_PATH_MASK), ("event", LOG_MASK))}
+
+    def ask(name: str, argument: str, input: Any) -> Any:
+        rows = engine.eval_query(f"m := [x | x := {masks[name]}({argument})]", input)
+        return rows[0]["m"][0] if rows and rows[0]["m"] else None
+
+    def defined(name: str) -> bool:
         try:
-            engine.eval_query(f"x := [m | m := {mask_ref}({{}})]")
+            ask(name, "{}" if name == "event" else '""', None)
         except OpaError as exc:
-            has_mask = "undefined function" not in exc.message
+            return "undefined function" not in exc.message
+        return True
+
+    try:
+        has = {name: defined(name) for name in masks}
         for path, cases in samples.items():
+            if has["path"]:
+                try:
+                    parse_operations(ask("path", "input.path", {"path": path}) or [])
+                except (OpaError, MaskError) as exc:
+                    problems.append(f"{LOG_PATH_MASK} ({path}): {exc}")
             # An empty input must still produce a well-formed (denying) answer.
             for label, sample in [("empty input", {}), *cases]:
                 try:
@@ -203,18 +216,14 @@ def check_bundle(bundle: Bundle, fixtures: Path | None) -> list[str]:
                 problem = shape_error(path, result)
                 if problem:
                     problems.append(f"{path} ({label}): {problem}")
-                    continue
-                if has_mask:
-                    event = {"path": path, "input": sample, "result": result}
+                elif has["event"]:
                     try:
-                        rows = engine.eval_query(f"m := [x | x := {mask_ref}(input)]", event)
-                        ops = rows[0]["m"][0] if rows and rows[0]["m"] else None
-                        if ops is None:
-                            problems.append(f"{LOG_MASK} ({path}, {label}): undefined")
-                        else:
-                            apply_mask(event, ops, Pseudonymizer(b"\0" * 32))
+                        parse_operations(ask("event", "input", {"path": path, "input": sample, "result": result}) or [])
                     except (OpaError, MaskError) as exc:
                         problems.append(f"{LOG_MASK} ({path}, {label}): {exc}")
+        if not (has["path"] or has["event"]):
+            problems.append(f"no decision-log mask ({LOG_PATH_MASK} or {LOG_MASK}): with --decision-log every "
+                            "event would be dropped")
     finally:
         engine.close()
     return problems

@@ -14,9 +14,10 @@ server) and, with a verifier, must carry a valid signature. A bundle that cannot
 verified or compiled is refused (``BundleRefused``, naming the file and line) and the previous
 revision keeps answering.
 
-With ``log_mask`` the decision-log mask (``data.engram.log.mask(event)``, when the bundle
-defines it) is evaluated in the same engine call as each decision: handing the input to the
-engine is most of a decision's cost, and asking the mask separately would pay it again.
+With ``log_mask`` each decision carries the decision-log mask's operations: the bundle's
+``path_mask(path)``, asked once per path and revision and kept with the active bundle, and its
+``mask(event)`` if it defines one, evaluated in the decision's own engine call (handing the
+input to the engine is most of a decision's cost; a second call would pay it again).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from opa_bindings.engine import OpaEngine, OpaError
 from engram_core.canonical import digest
 from engram_core.errors import Code, EngramError
 from engram_core.policy.bundle import MANIFEST, Bundle, BundleError, build_engine
-from engram_core.policy.port import LOG_MASK, BundleRefused, Decision
+from engram_core.policy.port import DECISION_PATHS, LOG_MASK, LOG_PATH_MASK, BundleRefused, Decision
 from engram_core.policy.shapes import shape_error
 from engram_core.policy.signing import BundleVerifier
 from engram_core.policy.sources import BundleSource, DiskSource, SourceUnavailable
@@ -45,18 +46,31 @@ from engram_core.policy.sources import BundleSource, DiskSource, SourceUnavailab
 ENGINES = max(2, min(4, os.cpu_count() or 1))  # engines per bundle; more would only wait for a core
 _PATH = re2.compile(r"^[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*$")
 _MASK_REF = "data." + LOG_MASK.replace("/", ".")
+_PATH_MASK_QUERY = f"x := [m | m := data.{LOG_PATH_MASK.replace('/', '.')}(input.path)]"
 
 
 class _Active:
     """One bundle revision and its engines, all compiled from it when it was loaded (~15 ms
     each): a decision takes whichever is free, or waits for one."""
 
-    def __init__(self, engines: list[OpaEngine], revision: str, *, has_mask: bool = False) -> None:
+    def __init__(self, engines: list[OpaEngine], revision: str, *, has_mask: bool = False,
+                 path_masks: dict[str, Any] | None = None) -> None:
         self.revision = revision
-        self.has_mask = has_mask  # the bundle defines the decision-log mask function
+        self.has_mask = has_mask  # the bundle defines mask(event), asked with each decision
+        # path_mask(path)'s answer per decision path (None: the bundle defines none), kept for
+        # the bundle's life: the same list object every time, so the logger parses it once.
+        self.path_masks = path_masks
         self._free: queue.SimpleQueue[OpaEngine] = queue.SimpleQueue()
         for engine in engines:
             self._free.put(engine)
+
+    def path_mask(self, path: str) -> Any:
+        if self.path_masks is None:
+            return None
+        if path not in self.path_masks:  # a path the core did not name at reload: asked once
+            with self.lease() as engine:
+                self.path_masks[path] = _path_mask(engine, path)
+        return self.path_masks[path]
 
     @contextmanager
     def lease(self) -> Iterator[OpaEngine]:
@@ -104,6 +118,29 @@ def _decision(path: str, result: Any, active: _Active, input_digest: str, log_ma
         raise _unavailable(f"{path}: {problem}")
     return Decision(path=path, result=result, decision_id=f"embedded-{uuid.uuid4()}", revision=active.revision,
                     input_digest=input_digest, log_mask=log_mask)
+
+
+def _combined(path_ops: Any, event_ops: Any) -> Any:
+    """The operations of both masks; a failure of either is the event's failure."""
+    for ops in (path_ops, event_ops):
+        if isinstance(ops, dict) and "error" in ops:
+            return ops
+    if event_ops is None:
+        return path_ops
+    if path_ops is None:
+        return event_ops
+    if not isinstance(path_ops, list) or not isinstance(event_ops, list):
+        return {"error": "a mask answered something other than a set of operations"}
+    return [*path_ops, *event_ops]
+
+
+def _path_mask(engine: OpaEngine, path: str) -> Any:
+    try:
+        rows = engine.eval_query(_PATH_MASK_QUERY, {"path": path.strip("/")})
+    except OpaError as exc:
+        return {"error": str(exc)}
+    answers = rows[0].get("x") if rows else None
+    return answers[0] if answers else {"error": f"{LOG_PATH_MASK} is undefined for {path}"}
 
 
 def _mask_clause(i: int | str, path: str, input_ref: str) -> str:
@@ -161,7 +198,7 @@ class EmbeddedPolicyEngine:
         except OpaError as exc:  # includes OpaUndefinedError
             raise _unavailable(f"{path}: {exc}") from exc
         _check_time(path, started, timeout_s)
-        return _decision(path, result, active, input_digest)
+        return _decision(path, result, active, input_digest, active.path_mask(path) if self._log_mask else None)
 
     def _decide_masked(self, path: str, dotted: str, input: Mapping[str, Any], active: _Active,
                        input_digest: str, started: float, timeout_s: float | None) -> Decision:
@@ -181,7 +218,8 @@ class EmbeddedPolicyEngine:
         if len(bindings) != 1:
             raise _unavailable(f"{path}: undefined decision")
         _check_time(path, started, timeout_s)
-        return _decision(path, bindings[0].get("d0"), active, input_digest, _mask_of(bindings[0], 0))
+        return _decision(path, bindings[0].get("d0"), active, input_digest,
+                         _combined(active.path_mask(path), _mask_of(bindings[0], 0)))
 
     def decide_all(self, requests: Sequence[tuple[str, Mapping[str, Any]]], *,
                    timeout_s: float | None = None) -> list[Decision]:
@@ -193,7 +231,7 @@ class EmbeddedPolicyEngine:
         started = time.monotonic()
         active = self._active_bundle()
         digests = [_input_digest(input) for _, input in requests]
-        masked = self._log_mask and active.has_mask
+        masked = self._log_mask and active.has_mask  # mask(event) asked in this same call
         # The query text depends only on the paths, a fixed set: the engine's prepared-query
         # cache stays bounded.
         clauses = []
@@ -213,7 +251,9 @@ class EmbeddedPolicyEngine:
         if len(bindings) != 1:  # a decision undefined (no binding), or not single-valued
             raise _unavailable(f"{names}: undefined decision")
         _check_time(names, started, timeout_s)
-        return [_decision(path, bindings[0].get(f"d{i}"), active, d, _mask_of(bindings[0], i) if masked else None)
+        return [_decision(path, bindings[0].get(f"d{i}"), active, d,
+                          _combined(active.path_mask(path), _mask_of(bindings[0], i) if masked else None)
+                          if self._log_mask else None)
                 for i, ((path, _), d) in enumerate(zip(requests, digests, strict=True))]
 
     def _active_bundle(self) -> _Active:
@@ -230,9 +270,9 @@ class EmbeddedPolicyEngine:
         return not self._closed and self._active is not None
 
     def masks_decisions(self) -> bool:
-        """Whether decisions carry the decision-log mask's answer (asked for, and defined)."""
+        """Whether decisions carry a decision-log mask's answer (asked for, and defined)."""
         active = self._active
-        return self._log_mask and active is not None and active.has_mask
+        return self._log_mask and active is not None and (active.has_mask or active.path_masks is not None)
 
     def reload(self) -> str:
         """Read, verify and compile the bundle and swap it in; on any failure the previous
@@ -249,10 +289,13 @@ class EmbeddedPolicyEngine:
                 raise _unavailable(f"policy bundle not loaded: {self._source.describe()}: {exc}") from exc
             except BundleError as exc:
                 raise BundleRefused(exc.problem(), previous) from exc
-            has_mask = self._log_mask and _defines_mask(engines[0])
+            has_mask = self._log_mask and _defines(engines[0], f'{_MASK_REF}({{"path": "", "input": {{}}, "result": {{}}}})')
+            path_masks = None
+            if self._log_mask and _defines(engines[0], f'data.{LOG_PATH_MASK.replace("/", ".")}("")'):
+                path_masks = {path: _path_mask(engines[0], path) for path in DECISION_PATHS}
             # The previous bundle's engines are not closed here: a decision in flight
             # may still hold one; they are released when the last reference goes.
-            self._active = _Active(engines, bundle.revision, has_mask=has_mask)
+            self._active = _Active(engines, bundle.revision, has_mask=has_mask, path_masks=path_masks)
             return bundle.revision
 
     def _check(self, bundle: Bundle) -> None:
@@ -279,11 +322,11 @@ def _with_mask(d: Decision, log_mask: Any) -> Decision:
     return replace(d, log_mask=log_mask)
 
 
-def _defines_mask(engine: OpaEngine) -> bool:
-    """Whether the bundle defines the mask function (a query naming an undefined function
-    does not compile)."""
+def _defines(engine: OpaEngine, call: str) -> bool:
+    """Whether the bundle defines the function ``call`` names (a query naming an undefined
+    function does not compile; one that fails at run time is defined)."""
     try:
-        engine.eval_query(f'x := [m | m := {_MASK_REF}({{"path": "", "input": {{}}, "result": {{}}}})]')
+        engine.eval_query(f"x := [m | m := {call}]")
     except OpaError as exc:
         return "undefined function" not in exc.message and "undefined ref" not in exc.message
     return True

@@ -24,7 +24,10 @@ RETENTION = "engram/retention/decision"
 RECONCILIATION = "engram/reconciliation/decision"
 
 DECISION_PATHS: tuple[str, ...] = (AUTHZ, TOOLS, CAPTURE, ADMISSION, REDACTION, RETENTION, RECONCILIATION)
-# The decision-log mask (OPA's ``system.log.mask``, under the bundle's own root).
+# The decision-log masks (OPA's ``system.log.mask``, under the bundle's own root): a function
+# of the decision path, asked once per path and revision, and an optional function of the
+# whole event, asked with every decision (docs/policies.md, "Decision logs").
+LOG_PATH_MASK = "engram/log/path_mask"
 LOG_MASK = "engram/log/mask"
 
 

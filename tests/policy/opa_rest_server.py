@@ -86,8 +86,9 @@ class OpaRestTestServer:
     def query(self, query: str, input: Any) -> tuple[int, dict[str, Any]]:
         try:
             return 200, {"result": self.engine.eval_query(query, input)}
-        except OpaError as exc:
-            return 400, {"code": "invalid_parameter", "message": str(exc)}
+        except OpaError as exc:  # OPA answers a query that does not compile with 400
+            return 400, {"code": "rego_type_error" if "undefined function" in exc.message else "invalid_parameter",
+                         "message": str(exc)}
 
     def __enter__(self) -> OpaRestTestServer:
         self._thread.start()

@@ -248,3 +248,20 @@ def test_with_an_opa_server_the_mask_is_asked_over_its_query_api(tmp_path):
     [event] = [json.loads(line) for line in log_file.read_text().splitlines()]
     key = Pseudonymizer((tmp_path / "data" / "decision-log.key").read_bytes())
     assert event["input"]["context"]["tenant"] == key("acme") and "message" not in json.dumps(event["result"])
+
+
+def test_an_event_mask_adds_to_the_path_mask(tmp_path):
+    bundle = copy_bundle(tmp_path)
+    (bundle / "engram" / "log" / "event_mask.rego").write_text('''package engram.log
+
+mask(event) := {"/input/now_ms"} if event.input.operation == "engram_memory_search"
+''')
+    log_file = tmp_path / "decisions.jsonl"
+    serving = _serving(tmp_path, f"file:{log_file}", bundle)
+    serving.engine.decide(AUTHZ, {"operation": "engram_memory_search", "now_ms": 5, "context": {"tenant": "acme"}})
+    serving.engine.decide(AUTHZ, {"operation": "engram_memory_get", "now_ms": 6, "context": {"tenant": "acme"}})
+    serving.engine.close()
+    search, get = [json.loads(line) for line in log_file.read_text().splitlines()]
+    assert "now_ms" not in search["input"] and "/input/now_ms" in search["erased"] and get["input"]["now_ms"] == 6
+    key = Pseudonymizer((tmp_path / "data" / "decision-log.key").read_bytes())
+    assert search["input"]["context"]["tenant"] == get["input"]["context"]["tenant"] == key("acme")

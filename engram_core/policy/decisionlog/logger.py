@@ -27,7 +27,13 @@ from engram_core import __version__
 from engram_core.errors import EngramError
 from engram_core.observability import calls
 from engram_core.observability.logs import log_event
-from engram_core.policy.decisionlog.mask import MaskError, Pseudonymizer, apply_mask
+from engram_core.policy.decisionlog.mask import (
+    MaskError,
+    Plan,
+    Pseudonymizer,
+    apply_plan,
+    parse_operations,
+)
 from engram_core.policy.decisionlog.sinks import Sink
 from engram_core.policy.port import Decision
 
@@ -51,7 +57,7 @@ class DecisionLogger:
 
     def __init__(self, sink: Sink, *, pseudonymizer: Pseudonymizer, labels: Mapping[str, str] | None = None,
                  buffer_events: int = 10_000, batch_events: int = 256, flush_s: float = 0.5,
-                 mask_remotely: Callable[[dict[str, Any]], Any] | None = None) -> None:
+                 mask_remotely: Callable[[dict[str, Any], str], Any] | None = None) -> None:
         self.sink = sink
         self._pseudonymize = pseudonymizer
         self._mask_remotely = mask_remotely
@@ -59,6 +65,7 @@ class DecisionLogger:
                        "pseudonym_key": pseudonymizer.key_id, **(labels or {})}
         self._buffer: queue.Queue[tuple[Any, ...]] = queue.Queue(maxsize=buffer_events)
         self._drop_lock = threading.Lock()  # drops come from call threads
+        self._parse_cache: dict[int, tuple[Any, Plan]] = {}
         self._batch = batch_events
         self._flush_s = flush_s
         self.written = 0
@@ -137,7 +144,8 @@ class DecisionLogger:
             ops = decision.log_mask
             if ops is None and self._mask_remotely is not None:
                 try:
-                    ops = self._mask_remotely({"path": decision.path, "input": input, "result": decision.result})
+                    ops = self._mask_remotely({"path": decision.path, "input": input, "result": decision.result},
+                                              decision.revision)
                 except EngramError as exc:
                     ops = {"error": exc.detail}
             if ops is None:
@@ -147,7 +155,7 @@ class DecisionLogger:
                 self._drop("mask_failed")
                 return None
             try:
-                event = apply_mask(event, ops, self._pseudonymize)
+                event = apply_plan(event, self._parsed(ops), self._pseudonymize)
             except MaskError:
                 self._drop("mask_failed")
                 return None
@@ -161,6 +169,18 @@ class DecisionLogger:
         except (TypeError, ValueError):
             self._drop("mask_failed")
             return None
+
+    def _parsed(self, ops: Any) -> Plan:
+        """Parsed operations; a path mask's answer (one list object per path and revision) is
+        parsed once. Entries keep their list alive, so an id is never reused while cached."""
+        hit = self._parse_cache.get(id(ops))
+        if hit is not None and hit[0] is ops:
+            return hit[1]
+        parsed = parse_operations(ops)
+        if len(self._parse_cache) >= 256:
+            self._parse_cache.clear()
+        self._parse_cache[id(ops)] = (ops, parsed)
+        return parsed
 
     def event(self, d: Decision, input: Mapping[str, Any], at_ns: int, audit_id: str) -> dict[str, Any]:
         """The unmasked event of one decision (OPA's decision-log fields, plus ``audit_id``)."""

@@ -17,6 +17,7 @@ The event is never mutated: containers on a masked path are copied, the rest sha
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import os
@@ -41,11 +42,19 @@ class Pseudonymizer:
         if len(key) < 16:
             raise ValueError("a pseudonym key needs at least 16 bytes")
         self._key = key
+        self._cache: dict[str, str] = {}
         self.key_id = hashlib.sha256(b"engram/decision-log-key/v1\x00" + key).hexdigest()[:16]
 
     def __call__(self, value: str) -> str:
-        mac = hmac.new(self._key, value.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
-        return PSEUDONYM_PREFIX + mac[:16]
+        # The same few names (a tenant, its principals) come back in every event: remembered.
+        known = self._cache.get(value)
+        if known is None:
+            mac = hmac.digest(self._key, value.encode("utf-8", "surrogatepass"), "sha256")
+            known = PSEUDONYM_PREFIX + mac[:8].hex()
+            if len(self._cache) >= 65536:
+                self._cache.clear()
+            self._cache[value] = known
+        return known
 
     @classmethod
     def from_file(cls, path: Path, *, create: bool = False) -> Pseudonymizer:
@@ -66,13 +75,99 @@ def parse_pointer(pointer: Any) -> list[str]:
     """A mask pointer's segments (``~1`` is ``/``, ``~0`` is ``~``); MaskError if not ours."""
     if not isinstance(pointer, str) or not pointer.startswith("/"):
         raise MaskError(f"not a JSON pointer: {pointer!r}")
-    segments = [s.replace("~1", "/").replace("~0", "~") for s in pointer[1:].split("/")]
+    return list(_segments(pointer))
+
+
+@functools.lru_cache(maxsize=4096)
+def _segments(pointer: str) -> tuple[str, ...]:
+    segments = tuple(s.replace("~1", "/").replace("~0", "~") for s in pointer[1:].split("/"))
     if segments[0] not in _DOCUMENTS or len(segments) > 64:
         raise MaskError(f"mask pointers start with /input or /result: {pointer!r}")
     return segments
 
 
-def _operations(ops: Any) -> list[tuple[str, str, list[str], Any]]:
+Operations = list[tuple[str, str, list[str], Any]]
+
+
+class Plan:
+    """Parsed operations as a tree of pointer segments, so one walk of the event applies them
+    all (a path mask's answer is planned once and applied to every event of its path)."""
+
+    __slots__ = ("children", "ops", "creates", "kinds")
+
+    def __init__(self) -> None:
+        self.children: dict[str, Plan] = {}
+        self.ops: list[tuple[str, str, Any]] = []  # (kind, pointer, value) at this node
+        self.creates = False  # an upsert at or under this node (missing parents are made)
+        self.kinds: dict[str, str] = {}  # (the root's) pointer -> kind, for erased/masked
+
+    @classmethod
+    def of(cls, operations: Operations) -> Plan:
+        root = cls()
+        for kind, pointer, segments, value in operations:
+            node = root
+            for segment in segments:
+                if kind == "upsert":
+                    node.creates = True
+                node = node.children.setdefault(segment, cls())
+            if kind == "upsert":
+                node.creates = True
+            node.ops.append((kind, pointer, value))
+            root.kinds[pointer] = kind
+        return root
+
+    def apply(self, value: Any, pseudonym: Callable[[str], str], hits: set[str]) -> Any:
+        out = value
+        if self.children and isinstance(value, dict):
+            copy = None
+            for segment, child in self.children.items():
+                keys = list(value) if segment == "*" else [segment]
+                for key in keys:
+                    if key in value:
+                        new = child.apply(value[key], pseudonym, hits)
+                    elif child.creates and segment != "*":
+                        new = child.apply(_ABSENT, pseudonym, hits)
+                    else:
+                        continue
+                    if new is not value.get(key, _ABSENT):
+                        copy = dict(value) if copy is None else copy
+                        if new is _ABSENT:
+                            copy.pop(key, None)
+                        else:
+                            copy[key] = new
+            out = copy if copy is not None else value
+        elif self.children and isinstance(value, list):
+            copy_list = None
+            for segment, child in self.children.items():
+                indices = range(len(value)) if segment == "*" else (
+                    [int(segment)] if segment.isdigit() and int(segment) < len(value) else [])
+                for i in indices:
+                    new = child.apply(value[i], pseudonym, hits)
+                    if new is not value[i]:
+                        copy_list = list(value) if copy_list is None else copy_list
+                        copy_list[i] = new
+            out = [v for v in copy_list if v is not _ABSENT] if copy_list is not None else value
+        elif self.children and value is _ABSENT and self.creates:
+            out = self.apply({}, pseudonym, hits)
+        for kind, pointer, op_value in self.ops:
+            if kind == "upsert":
+                out = op_value
+            elif out is _ABSENT:
+                continue
+            elif kind == "remove":
+                out = _ABSENT
+            else:
+                out = pseudonymize_all(out, pseudonym)
+            hits.add(pointer)
+        return out
+
+
+def parse_operations(ops: Any) -> Plan:
+    """The mask's answer checked and planned (MaskError when it is not mask operations)."""
+    return Plan.of(_operations(ops))
+
+
+def _operations(ops: Any) -> Operations:
     if not isinstance(ops, list):  # a Rego set arrives as a JSON array
         raise MaskError("the mask answered something other than a set of operations")
     out = []
@@ -151,10 +246,35 @@ def _apply(node: Any, segments: list[str], change: Callable[[Any], Any], hit: li
 def apply_mask(event: dict[str, Any], ops: Any, pseudonym: Callable[[str], str]) -> dict[str, Any]:
     """The event masked by ``ops``, with OPA's ``erased`` and ``masked`` lists (pointers that
     matched). Raises MaskError for an answer that is not a set of mask operations."""
+    return apply_operations(event, _operations(ops), pseudonym)
+
+
+def apply_plan(event: dict[str, Any], plan: Plan, pseudonym: Callable[[str], str]) -> dict[str, Any]:
+    """``apply_mask`` with the operations planned beforehand (``parse_operations``)."""
+    hits: set[str] = set()
+    documents = {doc: event.get(doc, _ABSENT) for doc in _DOCUMENTS if doc in plan.children}
+    masked_event = dict(event)
+    for doc, value in documents.items():
+        new = plan.children[doc].apply(value, pseudonym, hits)
+        if new is _ABSENT:
+            masked_event.pop(doc, None)
+        else:
+            masked_event[doc] = new
+    erased = sorted(p for p in hits if plan.kinds[p] == "remove")
+    masked = sorted(p for p in hits if plan.kinds[p] != "remove")
+    if erased:
+        masked_event["erased"] = erased
+    if masked:
+        masked_event["masked"] = masked
+    return masked_event
+
+
+def apply_operations(event: dict[str, Any], operations: Operations, pseudonym: Callable[[str], str]) -> dict[str, Any]:
+    """``apply_mask`` with operations already parsed (``_operations``)."""
     masked_event = dict(event)
     erased: list[str] = []
     masked: list[str] = []
-    for kind, pointer, segments, value in _operations(ops):
+    for kind, pointer, segments, value in operations:
         doc = segments[0]
         if doc not in masked_event:
             if kind != "upsert":
