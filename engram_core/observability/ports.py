@@ -109,8 +109,10 @@ class ObservedPolicyEngine:
         except BundleRefused as exc:  # read and refused: a distinct outcome, the previous revision answers
             if self._metrics is not None:
                 self._metrics.observe_bundle_load(revision="", code=REFUSED)
-            log_event("policy_reload", logging.ERROR, outcome=REFUSED, file=exc.problem.get("file", ""),
-                      line=exc.problem.get("line", 0), error=exc.problem.get("error", ""),
+            where = {"file": exc.problem.get("file") or "-"}
+            if exc.problem.get("line"):
+                where["line"] = exc.problem["line"]
+            log_event("policy_reload", logging.ERROR, outcome=REFUSED, **where, error=exc.problem.get("error", ""),
                       active_revision=exc.active_revision or "none")
             raise
         except EngramError as exc:
