@@ -220,7 +220,7 @@ class Served:
         with grpc.insecure_channel(self.address) as ch:
             return host_pb2_grpc.HostServiceStub(ch).Health(host_pb2.HealthRequest(), timeout=5)
 
-    def wait_for_revision(self, revision: str, timeout: float = 60) -> None:
+    def wait_for_revision(self, revision: str, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
         seen = None
         while time.monotonic() < deadline:

@@ -91,7 +91,7 @@ def test_two_cores_converge_on_the_served_revision_and_refuse_a_tampered_one(tmp
 
             server.publish(_tampered(_archive(tmp_path, "rev-c", private), "engram/authz/authz.rego"))
             for core in cores:
-                deadline = time.monotonic() + 30
+                deadline = time.monotonic() + 90
                 while time.monotonic() < deadline and not [
                         e for e in core.json_events("policy_reload") if e.get("outcome") == "REFUSED"]:
                     time.sleep(0.1)
@@ -103,7 +103,7 @@ def test_two_cores_converge_on_the_served_revision_and_refuse_a_tampered_one(tmp
 
             server.publish(_archive(tmp_path, "rev-d", None))  # unsigned: refused too
             for core in cores:
-                deadline = time.monotonic() + 30
+                deadline = time.monotonic() + 90
                 while time.monotonic() < deadline and len(
                         [e for e in core.json_events("policy_reload") if e.get("outcome") == "REFUSED"]) < 2:
                     time.sleep(0.1)

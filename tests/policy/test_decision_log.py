@@ -209,7 +209,7 @@ def test_http_sink_uploads_in_opas_format_retrying_after_failures(tmp_path):
             logger.record(engine.decide(AUTHZ, {"operation": "engram_memory_search", "n": i,
                                                 "context": {"tenant": "acme"}}), {"operation": "engram_memory_search",
                                                                                   "context": {"tenant": "acme"}, "n": i})
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while len(collector.events()) < 40 and time.monotonic() < deadline:
             time.sleep(0.05)
         logger.close()

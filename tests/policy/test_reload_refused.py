@@ -54,7 +54,7 @@ def _metric(address: str, name: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith(name)]
 
 
-def _wait(predicate, timeout: float = 20):
+def _wait(predicate, timeout: float = 60):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
