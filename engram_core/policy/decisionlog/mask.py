@@ -89,6 +89,9 @@ def _segments(pointer: str) -> tuple[str, ...]:
 Operations = list[tuple[str, str, list[str], Any]]
 
 
+_ABSENT = object()  # a field that is not there (or is to be deleted)
+
+
 class Plan:
     """Parsed operations as a tree of pointer segments, so one walk of the event applies them
     all (a path mask's answer is planned once and applied to every event of its path)."""
@@ -198,55 +201,10 @@ def pseudonymize_all(value: Any, pseudonym: Callable[[str], str]) -> Any:
     return value
 
 
-_ABSENT = object()
-
-
-def _apply(node: Any, segments: list[str], change: Callable[[Any], Any], hit: list[bool],
-           create: bool = False) -> Any:
-    """``node`` with ``change`` applied at ``segments`` (a copy; ``change`` returning _ABSENT
-    deletes). Leads nowhere: ``node`` unchanged."""
-    if not segments:
-        hit[0] = True
-        return change(node)
-    head, rest = segments[0], segments[1:]
-    if isinstance(node, dict):
-        keys = list(node) if head == "*" else [head]
-        copy = dict(node)
-        for key in keys:
-            if key in node:
-                new = _apply(node[key], rest, change, hit, create)
-            elif create and head != "*":  # upsert creates what is missing, as in OPA
-                new = _apply({} if rest else None, rest, change, hit, create)
-            else:
-                continue
-            if new is _ABSENT:
-                copy.pop(key, None)
-            else:
-                copy[key] = new
-        return copy
-    if isinstance(node, list):
-        if head == "*":
-            indices = range(len(node))
-        elif head.isdigit() and int(head) < len(node):
-            indices = range(int(head), int(head) + 1)
-        else:
-            return node
-        copy = list(node)
-        removed = []
-        for i in indices:
-            new = _apply(node[i], rest, change, hit, create)
-            if new is _ABSENT:
-                removed.append(i)
-            else:
-                copy[i] = new
-        return [v for i, v in enumerate(copy) if i not in removed] if removed else copy
-    return node
-
-
 def apply_mask(event: dict[str, Any], ops: Any, pseudonym: Callable[[str], str]) -> dict[str, Any]:
     """The event masked by ``ops``, with OPA's ``erased`` and ``masked`` lists (pointers that
     matched). Raises MaskError for an answer that is not a set of mask operations."""
-    return apply_operations(event, _operations(ops), pseudonym)
+    return apply_plan(event, parse_operations(ops), pseudonym)
 
 
 def apply_plan(event: dict[str, Any], plan: Plan, pseudonym: Callable[[str], str]) -> dict[str, Any]:
@@ -266,42 +224,6 @@ def apply_plan(event: dict[str, Any], plan: Plan, pseudonym: Callable[[str], str
         masked_event["erased"] = erased
     if masked:
         masked_event["masked"] = masked
-    return masked_event
-
-
-def apply_operations(event: dict[str, Any], operations: Operations, pseudonym: Callable[[str], str]) -> dict[str, Any]:
-    """``apply_mask`` with operations already parsed (``_operations``)."""
-    masked_event = dict(event)
-    erased: list[str] = []
-    masked: list[str] = []
-    for kind, pointer, segments, value in operations:
-        doc = segments[0]
-        if doc not in masked_event:
-            if kind != "upsert":
-                continue
-            masked_event[doc] = {}
-        hit = [False]
-        if kind == "remove":
-            if len(segments) == 1:
-                del masked_event[doc]
-                hit[0] = True
-            else:
-                masked_event[doc] = _apply(masked_event[doc], segments[1:], lambda _: _ABSENT, hit)
-            (erased if hit[0] else []).append(pointer)
-        elif kind == "upsert":
-            if len(segments) == 1:
-                masked_event[doc], hit[0] = value, True
-            else:
-                masked_event[doc] = _apply(masked_event[doc], segments[1:], lambda _, v=value: v, hit, create=True)
-            (masked if hit[0] else []).append(pointer)
-        else:
-            masked_event[doc] = _apply(masked_event[doc], segments[1:],
-                                       lambda v: pseudonymize_all(v, pseudonym), hit)
-            (masked if hit[0] else []).append(pointer)
-    if erased:
-        masked_event["erased"] = sorted(set(erased))
-    if masked:
-        masked_event["masked"] = sorted(set(masked))
     return masked_event
 
 
