@@ -420,7 +420,13 @@ def _projections(args: argparse.Namespace, rebuild: bool) -> int:
 
 def _reload(args: argparse.Namespace) -> int:
     value = _call(args, "ReloadPolicies", _scope_req(args))
-    return _emit(args, value, f"policy revision {value['revision']} (was {value['previous_revision']})")
+    if value.get("outcome") != "refused":
+        return _emit(args, value, f"policy revision {value['revision']} (was {value['previous_revision']})")
+    problem = value.get("problem") or {}
+    where = ":".join(str(p) for p in (problem.get("file"), problem.get("line")) if p)
+    active = f"revision {value['revision']} still active" if value.get("revision") else "no revision active"
+    _emit(args, value, f"refused; {active}: {where + ': ' if where else ''}{problem.get('error', '')}")
+    return 1
 
 
 def _record_digest_of(args: argparse.Namespace) -> str:

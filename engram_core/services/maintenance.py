@@ -28,7 +28,7 @@ from engram_core.crypto.sealing import unseal
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import BoundContext
 from engram_core.hostkeys import key_id, load_public_pem, public_pem
-from engram_core.policy.port import RETENTION
+from engram_core.policy.port import RETENTION, BundleRefused
 from engram_core.services import keyring, lifecycle
 from engram_core.services.core import CallRecord, Core, context_facts, new_id
 from engram_core.services.derivatives import apply_derivative_rule
@@ -743,11 +743,20 @@ class MaintenanceService:
         })
 
     def reload_policies(self, ctx: BoundContext) -> dict[str, Any]:
+        """Activate the bundle as it is now. A bundle that was read and refused is an answer,
+        not an error: retrying cannot help, so the caller learns which file failed and that
+        the previous revision stays active (``outcome: refused``). An unreachable backend is
+        still POLICY_UNAVAILABLE (retriable)."""
         call = self.authorize(ctx, "reload_policies")
         previous = self.core.policy.revision()
-        revision = self.core.policy.reload()  # on failure the active bundle stays (POLICY_UNAVAILABLE)
+        try:
+            revision = self.core.policy.reload()
+        except BundleRefused as exc:
+            self._audit(ctx, "reload_policies", "refused", exc.active_revision, CallRecord([*call.decisions]))
+            return {"outcome": "refused", "previous_revision": previous, "revision": exc.active_revision,
+                    "problem": exc.problem}
         self._audit(ctx, "reload_policies", "ok", revision, CallRecord([*call.decisions]))
-        return {"previous_revision": previous, "revision": revision}
+        return {"outcome": "activated", "previous_revision": previous, "revision": revision}
 
 
 ANALYZER_META = "lexical_analyzer"
