@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import random
 import string
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -143,7 +145,9 @@ def test_shapes_the_review_found_missing_are_found(name: str) -> None:
 
 
 INVISIBLE = ["\u200b", "\u200c", "\u200d", "\u2060", "\ufeff", "\u00ad", "\u180e", "\u034f", "\ufe0f",
-             "\U000e0020", "\u2062", "\u202e"]
+             "\U000e0020", "\u2062", "\u202e",
+             # issue 26: line and paragraph separators, and control characters that are not whitespace
+             "\u2028", "\u2029", "\x00", "\x08", "\x1b", "\x7f", "\x85", "\x9b"]
 
 
 @pytest.mark.parametrize("mark", INVISIBLE, ids=lambda m: f"U+{ord(m):04X}")
@@ -164,6 +168,31 @@ def test_compatibility_forms_and_accents_are_folded_before_scanning() -> None:
     for variant in (fullwidth, math_bold, accented):
         assert variant != token
         assert "github_token" in {f["kind"] for f in scan([variant])}, variant
+
+
+# Issue 26: letters of other scripts that look like the Latin ones of a known prefix.
+LOOK_ALIKES = {
+    "cyrillic er in ghp_": (f"gh\u0440_{_r(36)}", "github_token"),
+    "cyrillic a in AKIA": (f"\u0410KIA{_r(16, UP)}", "aws_access_key"),
+    "greek omicron in xoxb-": (f"x\u03bfxb-{_r(12, string.digits)}-{_r(12, string.digits)}-{_r(24)}", "slack_token"),
+    "cyrillic capital i in AKIA": (f"AK\u0406A{_r(16, UP)}", "aws_access_key"),
+    "cyrillic dze in sk_live_": (f"\u0455k_live_{_r(24)}", "stripe_key"),  # (Cyrillic к reads as ĸ, not k)
+    "greek capital alpha and iota in AIza": (f"\u0391\u0399za{_r(35, URLSAFE)}", "google_api_key"),
+    "cyrillic letters in -----BEGIN": (f"-----B\u0415GIN RS\u0410 PRIVATE KEY-----\nMIIE{_r(40, B64)}", "private_key"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOOK_ALIKES))
+def test_look_alike_letters_in_a_known_prefix_are_folded(name: str) -> None:
+    text, kind = LOOK_ALIKES[name]
+    assert kind in {f["kind"] for f in scan([f"use {text} today"])}
+
+
+def test_ascii_is_never_remapped_and_controls_are_deleted() -> None:
+    assert normalize("AKIA0I1l|m rn") == b"AKIA0I1l|m rn"  # UTS #39 would fold 0 to O, 1 I | to l, m to rn
+    assert normalize("gh\u0440_\u0410KIA") == b"ghp_AKIA"
+    assert normalize("a\x00b\x1bc\td\ne\rf\x0bg\x0ch") == b"abc\td\ne\rf\x0bg\x0ch"  # whitespace stays
+    assert normalize("x\u2028y\u2029z\x85") == b"xyz"
 
 
 def test_normalize_folds_to_bounded_ascii() -> None:
@@ -226,6 +255,12 @@ PROSE = [
     "The build of src/main/java/com/example/service/UserAccountService.java failed on CI.",
     "Use ThisIsAVeryLongJavaClassNameFactoryBean and AbstractSingletonProxyFactoryBean2 as examples.",
     "Paths: /Users/alice/Projects/Engram/docs/Overview/Intro.md and /var/lib/engram/data/engram.duckdb",
+    # Other scripts fold onto Latin look-alikes (issue 26): their prose must stay unflagged.
+    "Мы храним пароль в хранилище, а токен API меняем каждые 90 дней; секретный ключ не в репозитории.",
+    "Ключ доступа АКІА выдаётся на проект; пароль: смотри хранилище. Секрет: хороший кофе.",
+    "Το κλειδί API αποθηκεύεται στο θησαυροφυλάκιο· ο κωδικός πρόσβασης αλλάζει κάθε μήνα.",
+    "Токен бота і пароль адміністратора ротуються щотижня; див. розділ «Секрети».",
+    "Лозинка се чува у сефу; токен за приступ важи један сат.",
 ]
 
 
@@ -257,6 +292,28 @@ def test_prose_code_and_engram_identifiers_are_not_flagged() -> None:
     assert not flagged, flagged
 
 
+def _strings(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (k, *_strings(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+@pytest.mark.parametrize("corpus", ["corpus.json", "conversations.json"])
+def test_the_retrieval_corpora_are_not_flagged(corpus: str) -> None:
+    """The repository's retrieval corpora (tools/retrieval): memories and conversations as
+    agents write them. A finding there would refuse a real memory. Every string on its own
+    (as a capture's fields are scanned) and the whole file as one JSON text."""
+    raw = (Path(__file__).resolve().parents[2] / "tools" / "retrieval" / corpus).read_text()
+    strings = _strings(json.loads(raw))
+    assert len(strings) > 1000
+    assert scan([raw]) == []
+    assert [(s[:80], scan([s])) for s in strings if scan([s])] == []
+
+
 # -- linear time ---------------------------------------------------------------------------------
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -277,13 +334,17 @@ def _pathological(n: int) -> dict[str, str]:
         "url_user_colon": _fill("a://b:", n),
         "invisible_between_letters": _fill("ghp\u200b", n // 2),
         "expanding_nfkc": "\ufdfa" * (n // 3),
+        # issue 26: look-alike letters, separators and controls between letters
+        "look_alikes": _fill("gh\u0440_ \u0410KIA x\u03bfxb- \u0440\u0430ssword: ", n // 2),
+        "separator_between_letters": _fill("ghp\u2028", n // 3),
+        "control_between_letters": _fill("ghp\x00", n),
     }
 
 
 @pytest.mark.parametrize("size", [64 * KiB, MiB], ids=["64KiB", "1MiB"])
 @pytest.mark.timeout(120)
 def test_pathological_inputs_scan_in_linear_time(size: int) -> None:
-    """Generous bound (1 s; measured 5-35 ms per MiB, see docs/performance.md): the backtracking
+    """Generous bound (1 s; measured 5-50 ms per MiB, see docs/performance.md): the backtracking
     patterns took seconds at 32 KiB and grew with the square of the size."""
     for name, text in _pathological(size).items():
         started = time.perf_counter()
