@@ -18,7 +18,11 @@ policy decides what a finding means (``policies/engram/capture`` for memory cont
   whose result is ASCII are applied (credentials are ASCII), which bounds the folded text at
   4/3 of the input's UTF-8 size; a full NFKC can expand 18-fold (U+FDFA).
 * **Rules from a maintained set.** ``engram_core.secret_rules`` (derived from gitleaks and
-  detect-secrets, with their licences).
+  detect-secrets, with their licences). A rule that finds a credential by its slot (a name
+  and an assignment) does not count a slot that holds no secret (``engram_core.secret_slots``:
+  a placeholder, or unquoted code); judging a slot is the one per-match step in Python, and
+  it stops at ``SLOT_BUDGET`` candidates per rule (past that at least one finding is
+  reported: fail closed).
 """
 
 from __future__ import annotations
@@ -35,9 +39,14 @@ import re2
 
 from engram_core.confusables import ascii_lookalike
 from engram_core.secret_rules import RULES, Rule
+from engram_core.secret_slots import holds_no_secret
 
 # Matches counted per rule and scan; the count saturates there (one is enough to refuse).
 MAX_COUNT = 32
+# Slot candidates (named-credential matches) judged one by one per rule and scan. A text with
+# more than this many, all placeholders or code, is refused anyway: it bounds the Python work
+# per scan (a few µs a candidate: two RE2 calls and some byte tests) whatever the text.
+SLOT_BUDGET = 64
 
 # Default ignorable code points that are not category Cf (Unicode's DerivedCoreProperties):
 # the combining grapheme joiner, Hangul fillers, Khmer inherent vowels, variation selectors.
@@ -140,6 +149,7 @@ class _Compiled(NamedTuple):
     rule: Rule
     regex: re2._Regexp
     keywords: tuple[bytes, ...]
+    slot: re2._Regexp | None  # the rule's pattern with groups around the slot's content
 
 
 def _compile(rule: Rule) -> _Compiled:
@@ -150,7 +160,12 @@ def _compile(rule: Rule) -> _Compiled:
     regex = re2.compile(rule.pattern.encode(), options)
     if regex.groups:  # a capturing group makes RE2 run its slower submatch engines per match
         raise ValueError(f"rule {rule.rule} has a capturing group")
-    return _Compiled(rule, regex, tuple(k.encode() for k in rule.keywords))
+    slot = None
+    if rule.slot is not None:  # run on one match's bytes at a time (at most SLOT_BUDGET per scan)
+        slot = re2.compile(rule.slot.pattern.encode(), options)
+        if not slot.groups or rule.slot.bare_group > slot.groups:
+            raise ValueError(f"rule {rule.rule}'s slot pattern does not have the groups it names")
+    return _Compiled(rule, regex, tuple(k.encode() for k in rule.keywords), slot)
 
 
 _COMPILED: tuple[_Compiled, ...] = tuple(_compile(r) for r in RULES)
@@ -183,6 +198,27 @@ def _keywords_present(lowered: bytes) -> frozenset[bytes] | None:
 
 def _count(regex: re2._Regexp, data: bytes) -> int:
     return sum(1 for _ in itertools.islice(regex.finditer(data), MAX_COUNT))
+
+
+def _count_slots(compiled: _Compiled, data: bytes) -> int:
+    """Matches of a slot rule whose slot holds a credential. Past SLOT_BUDGET candidates the
+    rest are not judged and at least one finding is reported (fail closed)."""
+    assert compiled.slot is not None and compiled.rule.slot is not None
+    bare_group, code = compiled.rule.slot.bare_group, compiled.rule.slot.code
+    ngroups = compiled.slot.groups
+    found = 0
+    for judged, match in enumerate(compiled.regex.finditer(data)):
+        if judged == SLOT_BUDGET:
+            return max(found, 1)
+        # The slot pattern is the counted pattern with groups added: it matches the same bytes,
+        # and one of its groups holds the content. Should it not, the match counts.
+        parts = compiled.slot.fullmatch(match.group())
+        index = next((i for i in range(1, ngroups + 1) if parts.span(i)[0] >= 0), 0) if parts else 0
+        if not index or not holds_no_secret(parts.group(index), bare=index == bare_group, code=code):
+            found += 1
+            if found == MAX_COUNT:
+                break
+    return found
 
 
 # -- the bare AWS secret access key -------------------------------------------------------
@@ -248,7 +284,7 @@ def scan(texts: Iterable[str]) -> list[dict[str, int | str]]:
     for compiled in _COMPILED:
         if compiled.keywords and present is not None and present.isdisjoint(compiled.keywords):
             continue
-        n = _count(compiled.regex, data)
+        n = _count(compiled.regex, data) if compiled.slot is None else _count_slots(compiled, data)
         if n:
             counts[compiled.rule] += n
     bare = _bare_aws_secret_keys(data)

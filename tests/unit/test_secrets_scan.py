@@ -52,6 +52,7 @@ def _aws_secret() -> str:
 POSITIVE: dict[str, str] = {
     "private-key": f"-----BEGIN RSA PRIVATE KEY-----\nMIIEow{_r(60, B64)}\n-----END RSA PRIVATE KEY-----",
     "putty-private-key": f"PuTTY-User-Key-File-3: ssh-ed25519\nEncryption: none\nPrivate-Lines: 1\n{_r(44, B64)}",
+    "ssh2-private-key": f"---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----\nComment: \"rsa-key\"\nP2/56wAAA{_r(60, B64)}",
     "age-secret-key": "AGE-SECRET-KEY-1" + _r(58, "QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L"),
     "aws-access-token": f"AKIA{_r(16, UP)}",
     "aws-secret-access-key-assignment": f"aws_secret_access_key = {_r(40, B64)}",
@@ -102,6 +103,8 @@ POSITIVE: dict[str, str] = {
     "groq-api-key": f"gsk_{_r(52)}",
     "jwt": "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiI" + _r(20) + "IsImlhdCI6MTUxNjIzOTAyMn0." + _r(43, URLSAFE),
     "connection-string": f"postgres://app_user:{_r(14)}@db.internal.example:5432/prod",
+    "mysql-go-dsn": f"app:{_r(14)}@tcp(db.internal:3306)/orders?parseTime=true",
+    "curl-user-password": f"curl -sS -u deploy:{_r(14)} https://api.example.com/v1/items",
     "bearer-token": f"Authorization: Bearer {_r(40)}",
     "basic-auth-header": "Authorization: Basic " + base64.b64encode(f"deploy:{_r(12)}".encode()).decode(),
     "session-cookie": f"Cookie: sessionid={_r(32)}; csrftoken={_r(32)}",
@@ -261,6 +264,14 @@ PROSE = [
     "Το κλειδί API αποθηκεύεται στο θησαυροφυλάκιο· ο κωδικός πρόσβασης αλλάζει κάθε μήνα.",
     "Токен бота і пароль адміністратора ротуються щотижня; див. розділ «Секрети».",
     "Лозинка се чува у сефу; токен за приступ важи један сат.",
+    # Configuration and code whose credential slots hold no secret.
+    '{"database": {"user": "app", "password": "${DB_PASSWORD}"}, "api_key": "<redacted>"}',
+    "signing_key = \"engram-data/host.key\"\ntoken_env = \"ENGRAM_MCP_TOKENS\"",
+    "def __init__(self, config: HostConfig, signing_key: Ed25519PrivateKey | None) -> None:",
+    "host_toml(core=core, signing_key=key_ref, tenant=scope.tenant, private_key=self.key)",
+    "curl -u deploy https://api.example.com  # prompts for the password",
+    "The DSN is app:${DB_PASSWORD}@tcp(db:3306)/orders; the password comes from the vault.",
+    "---- BEGIN SSH2 PUBLIC KEY ----\nComment: \"rsa-key\"\nAAAAB3NzaC1yc2EAAAADAQABAAABAQ",
 ]
 
 
@@ -334,7 +345,13 @@ def _pathological(n: int) -> dict[str, str]:
         "url_user_colon": _fill("a://b:", n),
         "invisible_between_letters": _fill("ghp\u200b", n // 2),
         "expanding_nfkc": "\ufdfa" * (n // 3),
-        # issue 26: look-alike letters, separators and controls between letters
+        # issue 26: slots judged one by one (the budget), open quotes, flag and DSN runs,
+        # look-alike letters, separators and controls between letters
+        "slot_placeholders": _fill('"password": "changeme", "api_key": "${API_KEY}", ', n),
+        "slot_code": _fill("signing_key: Ed25519PrivateKey, private_key=self.key, ", n),
+        "unclosed_quote": 'password: "' + _fill("a", n - 11),
+        "curl_flag_runs": "curl " + _fill(" -u x", n - 5),
+        "dsn_colon_runs": _fill("a:bbb@", n),
         "look_alikes": _fill("gh\u0440_ \u0410KIA x\u03bfxb- \u0440\u0430ssword: ", n // 2),
         "separator_between_letters": _fill("ghp\u2028", n // 3),
         "control_between_letters": _fill("ghp\x00", n),
