@@ -13,7 +13,7 @@ A slot rule (``password: …``, ``"api_key": "…"``, ``curl -u user:…``, a DS
 * **code**, when the value is not quoted: ``password = settings.DB_PASSWORD`` (an attribute
   path); for ``.env``-style names also ``credential_ref=credential_ref`` (a snake_case
   name); for API keys and tokens also ``signing_key: Ed25519PrivateKey`` (a type) and
-  ``apiKey: configApiKey``. Passwords are exempt from names and types: a bare
+  ``accessToken: AccessTokenProvider``. Passwords are exempt from names and types: a bare
   ``password: Summer2024`` reads like a class name and is a password.
 
 Refusing those would refuse memories about configuration and code that carry no secret, so
