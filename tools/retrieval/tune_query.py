@@ -11,9 +11,15 @@ at query time:
 - typo tolerance from the query side (edit-distance-1 variants of each query word, stemmed,
   kept when the scope has them);
 - neighbours: records captured one after another with the same valid time (turns of one
-  session) lend each other part of their score.
+  session) lend each other part of their score; and (version 4) records of one agent session
+  captured within a window of each other.
 
-Run: ``.venv/bin/python tools/retrieval/tune_query.py [--grid NAME] [--fusion CONFIGS]``.
+The conversations are loaded as either harness mode captures them (``--mode``): ``session``
+(every turn dated with its session's date, all captured in one burst) or ``live`` (every turn
+dated with, and captured at, its own instant: harness_conversations.turn_instants). The synthetic
+notes are captured in one burst per workspace, as the synthetic harness does.
+
+Run: ``.venv/bin/python tools/retrieval/tune_query.py [--mode session|live] [--grid NAME] [--fusion CONFIGS]``.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import CORPUS as SYNTHETIC  # noqa: E402
 from harness import metrics  # noqa: E402
 from harness_conversations import CORPUS as CONVERSATIONS  # noqa: E402
-from harness_conversations import render, turns_of  # noqa: E402
+from harness_conversations import render, session_noon, turn_instants, turns_of  # noqa: E402
 from tune_lexical import summary  # noqa: E402
 
 from engram_core.services import lexical  # noqa: E402
@@ -50,6 +56,12 @@ class Doc:
     rid: str
     fields: dict[str, Counter[str]]
     vt: int
+    session: str = ""
+    captured: int = 0  # the core's clock at capture
+
+
+# A harness captures a burst at about this pace through the core (capture + admission).
+BURST_MS_PER_RECORD = 40
 
 
 @dataclass
@@ -101,11 +113,15 @@ class Config:
     nb_mode: str = "max"
     nb_tolerance_ms: int = 0
     nb_decay: float = 1.0  # per turn of distance beyond the first
+    # version 4: records of one session captured within this window of each other lend too (0: off)
+    nb_session_ms: int = 0
+    nb_session_vt: bool = False  # and only if their valid times are within the window as well
 
 
-def load(which: str) -> tuple[dict[str, Scope], list[dict[str, Any]], int]:
+def load(which: str, mode: str = "session") -> tuple[dict[str, Scope], list[dict[str, Any]], int]:
     now = dt.datetime.now(dt.UTC)
-    noon = int(now.replace(hour=12, minute=0, second=0, microsecond=0).timestamp() * 1000)
+    noon = session_noon(now)
+    burst = int(now.timestamp() * 1000) - 3_600_000
     a = lexical.analyze
     docs: dict[str, list[Doc]] = defaultdict(list)
     if which == "synthetic":
@@ -116,13 +132,19 @@ def load(which: str) -> tuple[dict[str, Scope], list[dict[str, Any]], int]:
                 continue
             fields = {"primary": Counter(a(m["text"])), "context": Counter(a(m["context"])),
                       "citations": Counter(a(m["source_ref"]))}
-            docs[m["workspace"]].append(Doc(m["id"], fields, noon - m["days_ago"] * DAY_MS))
+            docs[m["workspace"]].append(Doc(m["id"], fields, noon - m["days_ago"] * DAY_MS, f"s-{m['workspace']}",
+                                            burst + len(docs[m["workspace"]]) * BURST_MS_PER_RECORD))
         queries = [{"workspace": q["workspace"], "text": q["text"], "relevant": q["relevant"], "type": "synthetic"}
                    for q in corpus["queries"] if q["relevant"]]
     else:
         corpus = json.loads(CONVERSATIONS.read_text())
-        for ws, tid, text, days in turns_of(corpus):
-            docs[ws].append(Doc(tid, {"primary": Counter(a(text)), "citations": Counter(a(tid))}, noon - days * DAY_MS))
+        instants = turn_instants(corpus, noon)
+        for n, (ws, tid, text, days) in enumerate(turns_of(corpus)):
+            fields = {"primary": Counter(a(text)), "citations": Counter(a(tid))}
+            if mode == "live":
+                docs[ws].append(Doc(tid, fields, instants[tid], f"s-{ws}", instants[tid]))
+            else:
+                docs[ws].append(Doc(tid, fields, noon - days * DAY_MS, f"s-{ws}", burst + n * BURST_MS_PER_RECORD))
         queries = [{"workspace": q["workspace"], "text": render(q["text"], now), "relevant": q["evidence"],
                     "type": q["type"]} for q in corpus["questions"]]
     now_ms = int(now.timestamp() * 1000)
@@ -176,6 +198,15 @@ def bm25(scope: Scope, weights: dict[str, float], cfg: Config) -> list[float]:
     return s
 
 
+def linked(a: Doc, b: Doc, cfg: Config) -> bool:
+    """Whether two records within the span lend each other (the core's ``_Columns`` rule)."""
+    if abs(a.vt - b.vt) <= cfg.nb_tolerance_ms:
+        return True
+    w = cfg.nb_session_ms
+    return bool(w) and a.session == b.session and abs(a.captured - b.captured) <= w and (
+        not cfg.nb_session_vt or abs(a.vt - b.vt) <= w)
+
+
 def neighbours(scope: Scope, s: list[float], cfg: Config) -> list[float]:
     if not cfg.nb_weight:
         return s
@@ -183,7 +214,7 @@ def neighbours(scope: Scope, s: list[float], cfg: Config) -> list[float]:
     docs = scope.docs
     for i in range(len(docs)):
         near = [s[j] * cfg.nb_decay ** (abs(i - j) - 1) for j in range(max(0, i - cfg.nb_span), min(len(docs), i + cfg.nb_span + 1))
-                if j != i and abs(docs[j].vt - docs[i].vt) <= cfg.nb_tolerance_ms]
+                if j != i and linked(docs[i], docs[j], cfg)]
         if near:
             out[i] += cfg.nb_weight * (max(near) if cfg.nb_mode == "max" else sum(near) / len(near))
     return out
@@ -276,6 +307,9 @@ GRIDS: dict[str, list[dict[str, Any]]] = {
     "typo": [{"typo_weight": w, "typo_min_len": m} for w, m in itertools.product((0.3, 0.5, 0.8, 1.0), (4, 5, 6))],
     "nb": [{"nb_weight": w, "nb_span": s, "nb_mode": m} for w, s, m in
            itertools.product((0.1, 0.2, 0.3, 0.5), (1, 2, 3), ("max", "mean"))],
+    # version 4: the session window (on top of v3's neighbours: span 3, weight 0.5, same valid time)
+    "window": [{"nb_weight": 0.5, "nb_span": 3, "nb_session_ms": m * 60_000, "nb_session_vt": v}
+               for v in (False, True) for m in (1, 3, 5, 10, 30, 60, 180, 1440)],
 }
 
 
@@ -299,7 +333,7 @@ def fuse(lex: list[tuple[str, float]], vec: list[tuple[str, float]], vt: dict[st
     return sorted(fused, key=lambda r: (-round(lw * fused[r] / best + (1 - lw) * when(vt[r]), 9), -vt[r], r))[:10]
 
 
-def fusion_sweep(configs: list[dict[str, Any]]) -> None:
+def fusion_sweep(configs: list[dict[str, Any]], mode: str = "session") -> None:
     """The semantic profile's list with each configuration: ``lex`` (Config overrides of the
     lexical list), ``vnb`` (weight the vector list's neighbours lend: span 3, same valid time),
     ``fuse`` (fuse() overrides). Vectors of the core's model, cached as tune_fusion.py caches them."""
@@ -310,7 +344,7 @@ def fusion_sweep(configs: list[dict[str, Any]]) -> None:
 
     embedder = load_local_embedder()
     for which in ("synthetic", "conversations"):
-        scopes, queries, now_ms = load(which)
+        scopes, queries, now_ms = load(which, mode)
         texts = doc_texts(which)
         ids = sorted(texts)
         row = {r: i for i, r in enumerate(ids)}
@@ -329,7 +363,7 @@ def fusion_sweep(configs: list[dict[str, Any]]) -> None:
                     lent = base.copy()
                     for i in range(len(sc.docs)):
                         near = [base[j] for j in range(max(0, i - 3), min(len(sc.docs), i + 4))
-                                if j != i and sc.docs[j].vt == sc.docs[i].vt]
+                                if j != i and linked(sc.docs[i], sc.docs[j], cfg)]
                         if near:
                             lent[i] = base[i] + c["vnb"] * max(near)
                     sims = lent
@@ -344,15 +378,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default="base", help=", ".join(GRIDS) + ", or JSON list of overrides")
     ap.add_argument("--base", default="{}", help="JSON overrides applied before the grid's")
+    ap.add_argument("--mode", choices=("session", "live"), default="session",
+                    help="how the conversations were captured (harness_conversations.py --mode)")
     ap.add_argument("--fusion", help='JSON list of semantic configurations, e.g. [{}, {"lex": {"nb_weight": 0.5, '
                                      '"nb_span": 3}, "vnb": 0.5}]')
     args = ap.parse_args()
     if args.fusion:
-        fusion_sweep(json.loads(args.fusion))
+        fusion_sweep(json.loads(args.fusion), args.mode)
         return 0
     grid = GRIDS[args.grid] if args.grid in GRIDS else json.loads(args.grid)
     base = replace(Config(), **json.loads(args.base))
-    data = {w: load(w) for w in ("synthetic", "conversations")}
+    data = {w: load(w, args.mode) for w in ("synthetic", "conversations")}
     for over in [{}] + grid if grid != [{}] else grid:
         cfg = replace(base, **over)
         row = []
