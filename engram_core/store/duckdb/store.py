@@ -32,7 +32,7 @@ from engram_core.store.chain import GENESIS, audit_doc, event_digest_of
 from engram_core.store.duckdb.group_commit import MAX_MEMBERS, Batch, Member, Pending, statement_of, tables_of
 from engram_core.store.duckdb.migrations import LEDGER_DDL, MIGRATIONS
 from engram_core.store.duckdb.record_links import RecordLinks
-from engram_core.store.duckdb.record_sql import RECORD_COLS, record_of
+from engram_core.store.duckdb.record_sql import RECORD_COLS, RECORD_COLS_BEFORE_10, record_of
 from engram_core.store.duckdb.trust import TrustClasses
 from engram_core.store.key_digests import KeyDigests
 from engram_core.store.port import (
@@ -440,7 +440,7 @@ class DuckDBTx(RecordLinks, TrustClasses):
             [row.record_id, row.tenant, row.workspace, row.candidate_id, row.record_digest, row.payload_digest,
              row.state, row.trust_class, row.principal, row.agent_id, row.valid_t, row.valid_t_end,
              row.expires_at_ms, row.derivative_rule, row.accepted_at_ms, row.accepted_cursor, row.state_cursor,
-             row.successor_id, row.sealed_body, row.key_slot],
+             row.successor_id, row.sealed_body, row.key_slot, row.session, row.captured_at_ms],
             cols=f" ({RECORD_COLS})",
         )
         if self._member is not None and row.state == "accepted_current":
@@ -604,7 +604,7 @@ class DuckDBTx(RecordLinks, TrustClasses):
         self, tenant: str, workspace: str, stats: LexicalStats, weights: dict[str, float], *, k1: float, b: float,
         now_ms: int, half_life_ms: int, lexical_weight: float, max_accepted_cursor: int,
         best_bm25: float | None, after: tuple[float, int, str] | None, limit: int,
-        window: tuple[int, int] | None = None, neighbours: tuple[int, float, int] | None = None,
+        window: tuple[int, int] | None = None, neighbours: tuple[int, float, int, int] | None = None,
     ) -> LexicalPage:
         """BM25F ranking of the scope's eligible records (see ``SearchIndex.rank``)."""
         with self._store.search_index() as index:
@@ -615,7 +615,7 @@ class DuckDBTx(RecordLinks, TrustClasses):
     def rank_vectors(
         self, tenant: str, workspace: str, model: str, vector: list[float], *, now_ms: int,
         max_accepted_cursor: int, min_similarity: float, limit: int,
-        neighbours: tuple[int, float, int] | None = None,
+        neighbours: tuple[int, float, int, int] | None = None,
     ) -> list[tuple[str, float, int]]:
         """Nearest eligible records by cosine similarity (see ``SearchIndex.nearest``)."""
         with self._store.search_index() as index:
@@ -886,7 +886,8 @@ class DuckDBStore:
             by_record.setdefault(record_id, {}).setdefault(FIELD_CODE[name], Counter())[int(term)] = int(tf)
         vectors = {rid: (model, list(values)) for rid, model, values in
                    con.execute("SELECT record_id, model, embedding FROM vectors").fetchall()}
-        rows = con.execute(f"SELECT {RECORD_COLS} FROM records WHERE record_id IN "
+        # Migration 6 runs on the records table of its time: the columns before migration 10.
+        rows = con.execute(f"SELECT {RECORD_COLS_BEFORE_10} FROM records WHERE record_id IN "
                            "(SELECT record_id FROM postings UNION SELECT record_id FROM vectors)").fetchall()
         sealed = []
         for found in rows:
