@@ -382,7 +382,11 @@ def fusion_sweep(configs: list[dict[str, Any]], mode: str = "session", model: st
             ranked = []
             for qi, q in enumerate(queries):
                 sc = scopes[q["workspace"]]
-                lex = rank(sc, q, cfg, now_ms, limit=100, raw=True)
+                if c.get("timed_lists") and q["window"] is not None:
+                    # the lexical list cut at its depth by the final (time-adjusted) order, not by BM25
+                    lex = [(rid, 0.0) for rid in rank(sc, q, cfg, now_ms, limit=100)]
+                else:
+                    lex = rank(sc, q, cfg, now_ms, limit=100, raw=True)
                 sims = matrix[[row[d.rid] for d in sc.docs]] @ qmat[qi]
                 if c.get("vnb"):
                     base = np.maximum(sims, 0)
@@ -393,7 +397,11 @@ def fusion_sweep(configs: list[dict[str, Any]], mode: str = "session", model: st
                         if near:
                             lent[i] = base[i] + c["vnb"] * max(near)
                     sims = lent
-                order = np.argsort(-sims, kind="stable")
+                if c.get("timed_lists") and q["window"] is not None:  # the vector list by closeness too
+                    near = np.array([proximity(d.vt, q["window"]) for d in sc.docs])
+                    order = np.argsort(-(sims + near * (np.maximum(sims, 0) >= 0.2)), kind="stable")
+                else:
+                    order = np.argsort(-sims, kind="stable")
                 vec = [(sc.docs[i].rid, float(sims[i])) for i in order[:200]]
                 ranked.append(fuse(lex, vec, vt, now_ms, q["window"], **c.get("fuse", {})))
             m = metrics(ranked, [q["relevant"] for q in queries])
