@@ -54,7 +54,7 @@ class Neighbours:
     instants and valid times each within ``session_window_ms`` of the other's, as an agent
     capturing a conversation as it goes dates each turn with its own instant. Notes dated days
     apart never lend. Chosen on both retrieval harnesses and both capture modes
-    (docs/retrieval-quality.md): conversations recall@10 lexical 0.530 -> 0.644 (v3, dated by
+    (docs/retrieval-quality.md): conversations recall@10 lexical 0.530 -> 0.642 (v3, dated by
     session), live-captured 0.530 -> 0.644 (v4); synthetic unchanged.
     """
 

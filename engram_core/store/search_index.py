@@ -277,8 +277,9 @@ class _Columns:
         capture instants and their valid times each within ``session_ms`` of the other's: an
         agent capturing a conversation as it goes, each turn dated with its own instant. Both
         times, because either alone links what does not belong together: notes of one session
-        captured in one burst but dated days apart (a backfill) are not one conversation, and
-        neither are records dated alike but captured hours apart."""
+        captured in one burst but dated days apart (a backfill) are not one conversation, nor are
+        records dated minutes apart but captured hours apart (a shared valid time links them by
+        the first rule anyway)."""
         if self._order is None or self._order[0] != (span, within_ms, session_ms):
             live = np.flatnonzero(self.live[: self.n])
             position = np.full(self.n, -1, dtype=np.int64)
