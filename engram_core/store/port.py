@@ -94,6 +94,10 @@ class RecordRow:
     successor_id: str | None
     sealed_body: bytes | None
     key_slot: int | None = None  # the vault slot of the record's data key (None: look it up in data_keys)
+    # The host-bound session its candidate was captured in, and the core's clock at that capture
+    # (migration 12; None for records restored from older backups): search neighbours (v4).
+    session: str | None = None
+    captured_at_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -297,14 +301,14 @@ class Tx(Protocol):
         self, tenant: str, workspace: str, stats: LexicalStats, weights: dict[str, float], *, k1: float, b: float,
         now_ms: int, half_life_ms: int, lexical_weight: float, max_accepted_cursor: int,
         best_bm25: float | None, after: tuple[float, int, str] | None, limit: int,
-        window: tuple[int, int] | None = None, neighbours: tuple[int, float, int] | None = None,
+        window: tuple[int, int] | None = None, neighbours: tuple[int, float, int, int] | None = None,
     ) -> LexicalPage:
         """BM25F ranking of the scope's records eligible at ``now_ms`` (``SearchIndex.rank``)."""
         ...
     def rank_vectors(
         self, tenant: str, workspace: str, model: str, vector: list[float], *, now_ms: int,
         max_accepted_cursor: int, min_similarity: float, limit: int,
-        neighbours: tuple[int, float, int] | None = None,
+        neighbours: tuple[int, float, int, int] | None = None,
     ) -> list[tuple[str, float, int]]:
         """Nearest eligible records by cosine similarity (``SearchIndex.nearest``)."""
         ...

@@ -1,6 +1,11 @@
 """Helpers for search tests: an agent-side gRPC client bound to a signed host context
 (signed at the core's clock, so tests can move time), capture arguments, activation.
-(Named uniquely: pytest imports test helpers by basename.)"""
+(Named uniquely: pytest imports test helpers by basename.)
+
+Each memory ``Client.remember`` captures is captured in a host-bound session of its own unless
+the test names one (``session=``): records of one session captured close together are search
+neighbours (profile v4, docs/search.md "Neighbours"), and a test about packets or paging should
+not get its notes' neighbours in its answers without asking for them."""
 
 from __future__ import annotations
 
@@ -55,15 +60,16 @@ class Client:
         self.channel = grpc.insecure_channel(core.address)
         self.memory = memory_pb2_grpc.MemoryServiceStub(self.channel)
 
-    def context(self, op: str) -> bytes:
+    def context(self, op: str, session: str = "s-1") -> bytes:
         return make_context(self.key, call=_TOOL[op], tenant=self.tenant, workspace=self.workspace,
                             principal=self.principal,
-                            agent_id="agent-7", session="s-1", purpose_ref=self.purpose_ref,
+                            agent_id="agent-7", session=session, purpose_ref=self.purpose_ref,
                             now_ms=self.clock.now_ms(), memory_enabled=True)
 
-    def call(self, op: str, args: dict[str, Any], *, grant: bytes | None = None) -> dict[str, Any]:
+    def call(self, op: str, args: dict[str, Any], *, grant: bytes | None = None,
+             session: str = "s-1") -> dict[str, Any]:
         cls, method = _REQUESTS[op]
-        metadata = [(CONTEXT_METADATA_KEY, self.context(op))]
+        metadata = [(CONTEXT_METADATA_KEY, self.context(op, session))]
         if grant:
             metadata.append((CONFIRMATION_METADATA_KEY, grant))
         try:
@@ -79,9 +85,11 @@ class Client:
             return f.code
         raise AssertionError(f"{op} unexpectedly succeeded")
 
-    def remember(self, text: str, **payload: Any) -> str:
+    def remember(self, text: str, *, session: str | None = None, **payload: Any) -> str:
+        """Capture and admit one memory; in ``session``, else in a session of its own (see above)."""
         cap = self.call("capture", capture_args(text, purpose_ref=self.purpose_ref, t=payload.pop("t", None),
-                                                now=self.clock.now_ms(), **payload))
+                                                now=self.clock.now_ms(), **payload),
+                        session=session or f"s-own-{next(_counter)}")
         out = self.call("request_admission", {"candidate_id": cap["candidate_id"],
                                               "idempotency_key": f"adm-{cap['candidate_id']}"[:200]})
         assert out["outcome"]["status"] == "accepted", out

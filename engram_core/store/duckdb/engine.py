@@ -36,7 +36,7 @@ from engram_core.store.chain import GENESIS, LEGACY_CHAIN
 from engram_core.store.duckdb.group_commit import MAX_MEMBERS, Batch, Member, Pending, statement_of, tables_of
 from engram_core.store.duckdb.migrations import LEDGER_DDL, MIGRATIONS
 from engram_core.store.duckdb.record_links import RecordLinks
-from engram_core.store.duckdb.record_sql import RECORD_COLS, record_of
+from engram_core.store.duckdb.record_sql import RECORD_COLS, RECORD_COLS_BEFORE_12, record_of
 from engram_core.store.duckdb.trust import TrustClasses
 from engram_core.store.engine import CommitHooks, TxEffects
 from engram_core.store.key_digests import KeyDigests
@@ -446,7 +446,7 @@ class DuckDBEngineTx(RecordLinks, TrustClasses):
             [row.record_id, row.tenant, row.workspace, row.candidate_id, row.record_digest, row.payload_digest,
              row.state, row.trust_class, row.principal, row.agent_id, row.valid_t, row.valid_t_end,
              row.expires_at_ms, row.derivative_rule, row.accepted_at_ms, row.accepted_cursor, row.state_cursor,
-             row.successor_id, row.sealed_body, row.key_slot],
+             row.successor_id, row.sealed_body, row.key_slot, row.session, row.captured_at_ms],
             cols=f" ({RECORD_COLS})",
         )
         if self._member is not None and row.state == "accepted_current":
@@ -734,7 +734,8 @@ class DuckDBEngine:
             by_record.setdefault(record_id, {}).setdefault(FIELD_CODE[name], Counter())[int(term)] = int(tf)
         vectors = {rid: (model, list(values)) for rid, model, values in
                    con.execute("SELECT record_id, model, embedding FROM vectors").fetchall()}
-        rows = con.execute(f"SELECT {RECORD_COLS} FROM records WHERE record_id IN "
+        # Migration 6 runs on the records table of its time: the columns before migration 12.
+        rows = con.execute(f"SELECT {RECORD_COLS_BEFORE_12} FROM records WHERE record_id IN "
                            "(SELECT record_id FROM postings UNION SELECT record_id FROM vectors)").fetchall()
         sealed = []
         for found in rows:
