@@ -83,6 +83,7 @@ _STANDING = frozenset({"records", "tombstones"})
 _AUDIT_KEYS = ("chain", "seq", "at_ms", "audit_id", "tenant", "workspace", "principal", "agent_id", "operation",
                "outcome", "target_digest", "decisions", "prev_digest", "row_digest", "context_nonce")
 _OPTIONAL_AUDIT = {"chain": LEGACY_CHAIN, "context_nonce": ""}  # absent from a document: this value
+_AUDIT_TYPES = ("VARCHAR", "UBIGINT", "BIGINT") + ("VARCHAR",) * 12
 
 
 def _audit_values(doc: dict[str, Any]) -> list[Any]:
@@ -576,6 +577,16 @@ class DuckDBEngineTx(RecordLinks, TrustClasses):
         return out
 
     def insert_audit(self, docs: list[dict[str, Any]], *, if_absent: bool = False) -> None:
+        if self._member is None and len(docs) > 1:
+            # A spool's rows (512) in one statement: one INSERT each took ~2 ms apiece while the
+            # audit lock, which every read's own row waits for, was held.
+            columns = [list(c) for c in zip(*(_audit_values(d) for d in docs), strict=True)]
+            picks = ", ".join(f"unnest(${i + 1}::{t}[])" for i, t in enumerate(_AUDIT_TYPES))
+            self._con.execute(f"INSERT INTO audit ({', '.join(_AUDIT_KEYS)}) SELECT {picks}"
+                              + (" ON CONFLICT DO NOTHING" if if_absent else ""), columns)
+            for doc in docs:
+                self.audit_heads_changed[doc.get("chain", LEGACY_CHAIN)] = (int(doc["seq"]), doc["row_digest"])
+            return
         for doc in docs:
             self._insert("audit", _audit_values(doc), verb="INSERT OR IGNORE" if if_absent else "INSERT")
             self.audit_heads_changed[doc.get("chain", LEGACY_CHAIN)] = (int(doc["seq"]), doc["row_digest"])
