@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GET_TOOL, SEARCH_TOOL, WITHDRAW_TOOL
+
 EXAMPLE_PURPOSE = "purpose:engineering-notes"
 EXAMPLE_CANDIDATE_ID = "cand_k5rvm3xq7hzt2b4wyn6dfpcaje"
 EXAMPLE_RECORD_ID = "mem_alxt5eiyohk3vmdk3glms7kealgifaacimtnqg4tkpvkzcfjngwa"
@@ -214,10 +216,10 @@ FORGET_EXAMPLES: list[dict[str, Any]] = [
 ]
 
 TOOL_EXAMPLES: dict[str, list[dict[str, Any]]] = {
-    "engram_memory_search": SEARCH_EXAMPLES,
-    "engram_memory_get": GET_EXAMPLES,
-    "engram_memory_capture": [example for _, example in CAPTURE_EXAMPLES.values()],
-    "engram_memory_request_admission": ADMISSION_EXAMPLES,
-    "engram_memory_withdraw": WITHDRAW_EXAMPLES,
-    "engram_memory_forget": FORGET_EXAMPLES,
+    SEARCH_TOOL: SEARCH_EXAMPLES,
+    GET_TOOL: GET_EXAMPLES,
+    CAPTURE_TOOL: [example for _, example in CAPTURE_EXAMPLES.values()],
+    ADMISSION_TOOL: ADMISSION_EXAMPLES,
+    WITHDRAW_TOOL: WITHDRAW_EXAMPLES,
+    FORGET_TOOL: FORGET_EXAMPLES,
 }

@@ -24,6 +24,7 @@ import jsonschema
 from engram_core.errors import Code, EngramError
 from engram_core.observability.tracing import traced
 from engram_core.schemas import INPUT_SCHEMAS, MAX_ARGUMENT_BYTES
+from engram_core.tools import CAPTURE_TOOL
 
 _VALIDATORS = {name: fastjsonschema.compile(schema) for name, schema in INPUT_SCHEMAS.items()}
 # Only on the failure path: every error with its path and keyword, to name the reason.
@@ -247,6 +248,6 @@ def validate_arguments(tool: str, args: Any) -> dict[str, Any]:
         validator(args)
     except fastjsonschema.JsonSchemaValueException:
         raise _explain(tool, args) from None
-    if tool == "engram_memory_capture":
+    if tool == CAPTURE_TOOL:
         _check_capture(args)
     return args

@@ -21,15 +21,16 @@ from engram_core.observability import tracing
 from engram_core.rpc.convert import message_to_value, value_to_message
 from engram_core.rpc.status import error_from_rpc_error
 from engram_core.rpc.tls import ClientTls, aio_channel
+from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GET_TOOL, SEARCH_TOOL, WITHDRAW_TOOL
 
 # tool -> (MemoryService method, request message)
 _TOOL_RPC: dict[str, tuple[str, type[Message]]] = {
-    "engram_memory_search": ("Search", memory_pb2.SearchRequest),
-    "engram_memory_get": ("Get", memory_pb2.GetRequest),
-    "engram_memory_capture": ("Capture", memory_pb2.CaptureRequest),
-    "engram_memory_request_admission": ("RequestAdmission", memory_pb2.RequestAdmissionRequest),
-    "engram_memory_withdraw": ("Withdraw", memory_pb2.WithdrawRequest),
-    "engram_memory_forget": ("Forget", memory_pb2.ForgetRequest),
+    SEARCH_TOOL: ("Search", memory_pb2.SearchRequest),
+    GET_TOOL: ("Get", memory_pb2.GetRequest),
+    CAPTURE_TOOL: ("Capture", memory_pb2.CaptureRequest),
+    ADMISSION_TOOL: ("RequestAdmission", memory_pb2.RequestAdmissionRequest),
+    WITHDRAW_TOOL: ("Withdraw", memory_pb2.WithdrawRequest),
+    FORGET_TOOL: ("Forget", memory_pb2.ForgetRequest),
 }
 
 

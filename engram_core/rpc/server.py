@@ -48,15 +48,24 @@ from engram_core.services.maintenance import reanalyze_lexical, reembed_vectors
 from engram_core.services.memory import MemoryService
 from engram_core.store.duckdb.store import DuckDBStore
 from engram_core.store.file_modes import make_private
+from engram_core.tools import (
+    ADMISSION_TOOL,
+    CAPTURE_TOOL,
+    FORGET_TOOL,
+    GATED_TOOLS,
+    GET_TOOL,
+    SEARCH_TOOL,
+    WITHDRAW_TOOL,
+)
 
 log = logging.getLogger("engram.core")
 TOOL_OF_METHOD = {
-    "search": "engram_memory_search",
-    "get": "engram_memory_get",
-    "capture": "engram_memory_capture",
-    "request_admission": "engram_memory_request_admission",
-    "withdraw": "engram_memory_withdraw",
-    "forget": "engram_memory_forget",
+    "search": SEARCH_TOOL,
+    "get": GET_TOOL,
+    "capture": CAPTURE_TOOL,
+    "request_admission": ADMISSION_TOOL,
+    "withdraw": WITHDRAW_TOOL,
+    "forget": FORGET_TOOL,
 }
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
@@ -193,7 +202,7 @@ class HostServicer(host_pb2_grpc.HostServiceServicer, _Handler):
 
     def CheckGated(self, request, context):
         # Audited as the refusal of the tool itself: it is that tool call's answer.
-        tool = request.tool if request.tool in ("engram_memory_withdraw", "engram_memory_forget") else "host.check_gated"
+        tool = request.tool if request.tool in GATED_TOOLS else "host.check_gated"
         args = {"tool": request.tool, "target": request.target, "idempotency_key": request.idempotency_key,
                 "reason_ref": request.reason_ref}
         return self.audited(context, tool, lambda ctx: host_pb2.CheckGatedResponse(

@@ -9,8 +9,8 @@ from engram_core import __version__
 from engram_core.errors import REFUSALS, RETRIABLE, Code, EngramError
 from engram_core.hostctx import GRANT_EXECUTION_WINDOW_MS, BoundContext, make_grant
 from engram_core.policy.port import AUTHZ, TOOLS
-from engram_core.schemas import TOOL_NAMES
 from engram_core.services.core import POLICY_TIMEOUT_S, CallRecord, Core, context_facts
+from engram_core.tools import TOOL_NAMES
 from engram_core.validation import rebuild_pointer
 
 MAX_APPROVAL_AGE_MS = GRANT_EXECUTION_WINDOW_MS

@@ -33,20 +33,14 @@ from engram_core.services import lifecycle
 from engram_core.services.core import CallRecord, Core, context_facts, new_id
 from engram_core.services.derivatives import apply_derivative_rule
 from engram_core.services.lexical import ANALYZER_ID, record_fields
-from engram_core.services.memory import (
-    ADMISSION_TOOL,
-    FORGET_TOOL,
-    WITHDRAW_TOOL,
-    MemoryService,
-    record_text,
-    stored_outcome,
-)
+from engram_core.services.memory import MemoryService, record_text, stored_outcome
 from engram_core.services.reconciliation import payload_links, write_links
 from engram_core.signing import ANCHOR_DOMAIN, CoreSigners, public_keys_from_pems, verify_signature
 from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
 from engram_core.store.port import Event, IdempotencyRow, RecordRow, ScopeRow, Tx
 from engram_core.store.projection import Projection
 from engram_core.store.search_index import FIELD_CODE
+from engram_core.tools import ADMISSION_TOOL, FORGET_TOOL, WITHDRAW_TOOL
 
 log = logging.getLogger("engram.maintenance")
 

@@ -31,12 +31,8 @@ from engram_core.services.lexical import record_fields
 from engram_core.services.reading import ReadService
 from engram_core.services.reconciliation import Reconciler, payload_links, write_links
 from engram_core.store.port import CandidateRow, IdempotencyRow, RecordRow, Tx
+from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GATED_TOOLS, WITHDRAW_TOOL
 from engram_core.validation import parse_instant, validate_arguments
-
-CAPTURE_TOOL = "engram_memory_capture"
-ADMISSION_TOOL = "engram_memory_request_admission"
-WITHDRAW_TOOL = "engram_memory_withdraw"
-FORGET_TOOL = "engram_memory_forget"
 
 
 def _string_fields(value: Any, skip: frozenset[str] = frozenset()) -> list[str]:
@@ -176,7 +172,7 @@ class MemoryService(ReadService):
         so a target that does not exist in the scope is NOT_FOUND without anyone being asked.
         ``args``: {tool, target, idempotency_key, reason_ref}. Changes nothing."""
         tool = args.get("tool")
-        if tool not in (WITHDRAW_TOOL, FORGET_TOOL):
+        if tool not in GATED_TOOLS:
             raise EngramError(Code.INVALID_SCHEMA, "not a gated tool", reason_class="value_not_allowed")
         field = "candidate_id" if tool == WITHDRAW_TOOL else "record_id"
         tool_args = {field: args.get("target", ""), "idempotency_key": args.get("idempotency_key", ""),

@@ -17,10 +17,9 @@ from engram_core.services.paging import Binding, CursorCodec, Pin, PinStore
 from engram_core.services.ranking import OFFLINE_LEXICAL_V3, Profile, semantic_v3
 from engram_core.services.timeq import TimeWindow, parse_time, proximity
 from engram_core.store.port import LexicalStats, RecordRow, ScopeRow, Tx
+from engram_core.tools import GET_TOOL, SEARCH_TOOL
 from engram_core.validation import validate_arguments
 
-SEARCH_TOOL = "engram_memory_search"
-GET_TOOL = "engram_memory_get"
 DEFAULT_LIMIT = 10
 DEFAULT_PACKET = 65_536
 

@@ -174,7 +174,8 @@ def test_same_key_admission_that_finds_the_key_destroyed_replays(core) -> None:
     (SPEC §7), not ILLEGAL_TRANSITION."""
     from engram_core.hostctx import verify_context
     from engram_core.services.core import CallRecord
-    from engram_core.services.memory import ADMISSION_TOOL, MemoryService
+    from engram_core.services.memory import MemoryService
+    from engram_core.tools import ADMISSION_TOOL
 
     ana = Client(core)
     cid = ana.capture("Race, made deterministic: the same-key puffin admission.")["candidate_id"]

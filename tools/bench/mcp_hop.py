@@ -29,11 +29,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, SEARCH_TOOL
 from tools.bench import machine
 from tools.bench.corpus import PURPOSE, Corpus
 
 TENANT, WORKSPACE = "bench", "main"
 REPO = Path(__file__).resolve().parents[2]
+TOOL_OF_OP = {"search": SEARCH_TOOL, "capture": CAPTURE_TOOL, "request_admission": ADMISSION_TOOL}
 _ADAPTER = "import sys; from engram_core.cli import main; sys.exit(main())"
 
 
@@ -91,7 +93,7 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
             async def call(path: str, op: str, args: dict[str, Any]) -> dict[str, Any]:
                 if path == "grpc":
                     return agent.call(op, args)
-                return value_of(await clients[path].call_tool(f"engram_memory_{op}", args))
+                return value_of(await clients[path].call_tool(TOOL_OF_OP[op], args))
 
             async def one(path: str, record: bool) -> None:
                 t0, c0 = time.perf_counter(), time.process_time()

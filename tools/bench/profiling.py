@@ -21,6 +21,7 @@ from engram_core.hostctx import verify_context
 from engram_core.rpc.convert import message_to_value, value_to_message
 from engram_core.rpc.server import open_core
 from engram_core.services.memory import MemoryService
+from engram_core.tools import FORGET_TOOL
 from tools.bench.corpus import Corpus
 from tools.bench.grpc_client import GrpcAgent
 
@@ -126,7 +127,7 @@ def profile(data_dir: Path, *, tenant: str, workspace: str, record_ids: list[str
         rid = admitted.pop()
         args = {"record_id": rid, "idempotency_key": f"bench-fgt-{rid}"[:200], "reason_ref": "reason:bench"}
         servicer("forget", args, memory_pb2.ForgetRequest, memory_pb2.ForgetResponse, True,
-                 grant_for("engram_memory_forget", args))
+                 grant_for(FORGET_TOOL, args))
 
     plan = [("capture", capture, calls * 2), ("request_admission", admission, calls * 2),
             ("search_lexical", search(False), calls)]
