@@ -1,4 +1,5 @@
-"""Wiring of the core: store, key vault, policy engine, trusted keys, clock.
+"""The core: its ports held together (store, key vault, policy engine, trusted keys, clock,
+embedder), as the composition root (``engram_core.app.composition``) chose them.
 
 Also the steps every operation shares: authorization by policy (with the
 revocation epoch), recording decisions, and audit rows.
@@ -18,13 +19,13 @@ from typing import Any
 from engram_core.canonical import digest, with_receipt_digest
 from engram_core.clock import Clock, SystemClock
 from engram_core.context_nonces import ContextNonceLedger
-from engram_core.crypto.keyvault import FileKeyVault
+from engram_core.crypto.keyvault import KeyVault
+from engram_core.embedding.port import Embedder
 from engram_core.errors import Code, EngramError, class_of_reasons
 from engram_core.hostctx import CLOCK_SKEW_MS, BoundContext
 from engram_core.hostkeys import TrustedHostKeys
 from engram_core.policy.port import AUTHZ, Decision, PolicyEngine
 from engram_core.secrets_scan import scan
-from engram_core.services.embedding import Embedder
 from engram_core.services.lexical import TermHasher
 from engram_core.services.projection_status import ProjectionStatus
 from engram_core.services.quotas import TOOL_METRIC, QuotaCounters, RateLimited
@@ -86,7 +87,7 @@ class Core:
         *,
         data_dir: Path,
         store: Store,
-        vault: FileKeyVault,
+        vault: KeyVault,
         policy: PolicyEngine,
         trusted: TrustedHostKeys,
         clock: Clock | None = None,

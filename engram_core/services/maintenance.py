@@ -9,7 +9,7 @@ keeping the host's principal and audit id.
 Host mutations are idempotent by the request's ``event_id``: it is the key of
 an idempotency row in the target scope under the host principal, written in
 the same transaction as the effect (SPEC §7). Backup and restore live in
-``engram_core.backup``.
+``engram_core.services.backup``.
 """
 
 from __future__ import annotations
@@ -33,13 +33,14 @@ from engram_core.services import lifecycle
 from engram_core.services.core import CallRecord, Core, context_facts, new_id
 from engram_core.services.derivatives import apply_derivative_rule
 from engram_core.services.lexical import ANALYZER_ID, record_fields
-from engram_core.services.memory import MemoryService, record_text, stored_outcome
+from engram_core.services.memory import MemoryService, record_text
+from engram_core.services.pipeline import request_digest_of, stored_outcome, transaction_receipt_digest
 from engram_core.services.reconciliation import payload_links, write_links
 from engram_core.signing import ANCHOR_DOMAIN, CoreSigners, public_keys_from_pems, verify_signature
 from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
+from engram_core.store.fields import FIELD_CODE
 from engram_core.store.port import Event, IdempotencyRow, RecordRow, ScopeRow, Tx
 from engram_core.store.projection import Projection
-from engram_core.store.search_index import FIELD_CODE
 from engram_core.tools import ADMISSION_TOOL, FORGET_TOOL, WITHDRAW_TOOL
 
 log = logging.getLogger("engram.maintenance")
@@ -216,7 +217,7 @@ class MaintenanceService:
 
     def _tombstone(self, tctx: BoundContext, call: CallRecord, record_id: str, event_id: str, reason: str) -> dict[str, Any]:
         args = {"record_id": record_id, "idempotency_key": event_id, "reason_ref": reason, "by": "host"}
-        rd = self.memory._request_digest(FORGET_TOOL, args)
+        rd = request_digest_of(FORGET_TOOL, args)
         with self.core.store.read() as tx:
             prior = stored_outcome(tx, tctx, tool=FORGET_TOOL, target=record_id, key=event_id, request_digest=rd)
             rec = tx.record(tctx.tenant, tctx.workspace, record_id)
@@ -232,7 +233,7 @@ class MaintenanceService:
     def _candidate_end(self, tctx: BoundContext, call: CallRecord, op: str, candidate_id: str, event_id: str,
                        reason: str) -> dict[str, Any]:
         args = {"candidate_id": candidate_id, "idempotency_key": event_id, "reason_ref": reason, "operation": op}
-        rd = self.memory._request_digest(WITHDRAW_TOOL, args)
+        rd = request_digest_of(WITHDRAW_TOOL, args)
         with self.core.store.read() as tx:
             prior = stored_outcome(tx, tctx, tool=WITHDRAW_TOOL, target=candidate_id, key=event_id, request_digest=rd)
             cand = tx.candidate(tctx.tenant, tctx.workspace, candidate_id)
@@ -286,8 +287,8 @@ class MaintenanceService:
                 "event_id": event.event_id, "operation": op, "target": target, "from_state": rec.state,
                 "to_state": new_state, "cursor": str(event.cursor), "event_digest": event.event_digest,
                 "authorization_receipt_digest": authz_digest,
-                "transaction_receipt_digest": self.memory._tx_receipt(op, event.event_digest, event.cursor, call,
-                                                                      tctx.audit_id),
+                "transaction_receipt_digest": transaction_receipt_digest(self.core, op, event.event_digest, event.cursor, call,
+                                                                         tctx.audit_id),
             }
             if successor:
                 receipt["successor"] = successor
@@ -390,7 +391,7 @@ class MaintenanceService:
         if not _EVENT_ID.match(event_id):
             raise EngramError(Code.INVALID_SCHEMA, "event_id")
         args = {"candidate_id": candidate_id, "idempotency_key": event_id, "decision": decision, "reason_ref": reason}
-        rd = self.memory._request_digest(ADMISSION_TOOL, args)
+        rd = request_digest_of(ADMISSION_TOOL, args)
         with self.core.store.read() as tx:
             prior = stored_outcome(tx, tctx, tool=ADMISSION_TOOL, target=candidate_id, key=event_id, request_digest=rd)
             cand = tx.candidate(tctx.tenant, tctx.workspace, candidate_id)
@@ -761,7 +762,7 @@ def reanalyze_lexical(core: Core) -> int | None:
 
 def reembed_vectors(core: Core) -> int | None:
     """Re-derive the vectors made by another model than the embedder's (``model_id``), e.g. a
-    store from before the model was derived for int8 arithmetic (semantic_model.py): searches
+    store from before the model was derived for int8 arithmetic (engram_core/embedding/model.py): searches
     rank only vectors of their own model, so without this every older record would drop out of
     the semantic channel. ~5 ms per record re-embedded. The model whose vectors the store holds
     is recorded in ``store_meta``, so a store that is current costs one read (not a scan of its

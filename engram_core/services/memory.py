@@ -28,6 +28,7 @@ from engram_core.services.core import CallRecord, Core, context_facts, denied, n
 from engram_core.services.derivatives import apply_derivative_rule
 from engram_core.services.embedding import EmbeddingBatcher
 from engram_core.services.lexical import record_fields
+from engram_core.services.pipeline import request_digest_of, stored_outcome, transaction_receipt_digest
 from engram_core.services.reading import ReadService
 from engram_core.services.reconciliation import Reconciler, payload_links, write_links
 from engram_core.store.port import CandidateRow, IdempotencyRow, RecordRow, Tx
@@ -77,19 +78,6 @@ def _shape_facts(payload: dict[str, Any], evidence: dict[str, Any]) -> dict[str,
     }
 
 
-def stored_outcome(tx: Tx, ctx: BoundContext, *, tool: str, target: str, key: str,
-                   request_digest: str) -> dict[str, Any] | None:
-    """The mutation guard (SPEC §7): the stored outcome for this key of this principal, None
-    when the key is new, DIGEST_CONFLICT when it was used for another tool, target or content.
-    Agent idempotency keys and host event ids share it."""
-    row = tx.idempotency_get(ctx.tenant, ctx.workspace, ctx.principal, key)
-    if row is None:
-        return None
-    if row.tool != tool or row.target != target or row.request_digest != request_digest:
-        raise EngramError(Code.DIGEST_CONFLICT, "idempotency key reused")
-    return row.outcome
-
-
 EARLY_VECTORS = 256  # just-captured candidates whose vector is kept for their admission
 
 
@@ -111,13 +99,6 @@ class MemoryService(ReadService):
         self._early_lock = threading.Lock()
 
     # -- shared steps ------------------------------------------------------------------
-    def _request_digest(self, tool: str, args: dict[str, Any]) -> str:
-        return digest(
-            "request",
-            {"tool": tool, "target": target_of(tool, args),
-             "arguments": {k: v for k, v in args.items() if k != "idempotency_key"}},
-        )
-
     def _replay(self, tx: Tx, ctx: BoundContext, tool: str, args: dict[str, Any], request_digest: str) -> dict[str, Any] | None:
         return stored_outcome(tx, ctx, tool=tool, target=target_of(tool, args), key=args["idempotency_key"],
                               request_digest=request_digest)
@@ -160,7 +141,7 @@ class MemoryService(ReadService):
         validate_arguments(tool, args)
         self.core.authorize(ctx, tool, call, stored_strings=stored_strings(args))
         present = self._grant_present(grant)
-        request_digest = self._request_digest(tool, args)
+        request_digest = request_digest_of(tool, args)
         with self.core.store.read(snapshot=False) as tx:
             target = lookup(tx)
             prior = self._replay(tx, ctx, tool, args, request_digest)
@@ -179,7 +160,7 @@ class MemoryService(ReadService):
                      "reason_ref": args.get("reason_ref", "")}
         validate_arguments(tool, tool_args)
         self.core.authorize(ctx, tool, CallRecord(), stored_strings=stored_strings(tool_args))
-        request_digest = self._request_digest(tool, tool_args)
+        request_digest = request_digest_of(tool, tool_args)
         with self.core.store.read(snapshot=False) as tx:
             target = (tx.candidate(ctx.tenant, ctx.workspace, tool_args[field]) if tool == WITHDRAW_TOOL
                       else tx.record(ctx.tenant, ctx.workspace, tool_args[field]))
@@ -218,22 +199,6 @@ class MemoryService(ReadService):
             raise EngramError(Code.GATE_FAILED, "confirmation already used", reason_class="confirmation_invalid",
                               reasons=("GRANT_USED",))
 
-    def _tx_receipt(self, operation: str, event_digest: str, cursor: int, call: CallRecord, audit_id: str,
-                    extra: dict[str, Any] | None = None) -> str:
-        return with_receipt_digest(
-            {
-                **(extra or {}),
-                "kind": "transaction",
-                "operation": operation,
-                "cursor": str(cursor),
-                "event_digest": event_digest,
-                "audit_id": audit_id,
-                "decisions": [d.decision_id for d in call.decisions],
-                "policy_revision": self.core.policy.revision(),
-                "committed_at": self.core.instant(),
-            }
-        )["receipt_digest"]
-
     def _finish_destruction(self, tx: Tx) -> str:
         """Zero destroyed key slots after commit; 'complete' once durable."""
         if not tx.destroyed_slots:
@@ -268,7 +233,7 @@ class MemoryService(ReadService):
             {"context": context_facts(ctx), "now_ms": now, "retention": requested, "family_refs": family_refs,
              "findings": findings, **facts},
             stored_strings=stored_strings(args))
-        request_digest = self._request_digest(CAPTURE_TOOL, args)
+        request_digest = request_digest_of(CAPTURE_TOOL, args)
         with self.core.store.read(snapshot=False) as tx:  # checked again in the write transaction
             prior = self._replay(tx, ctx, CAPTURE_TOOL, args, request_digest)
         if prior is not None:
@@ -326,7 +291,7 @@ class MemoryService(ReadService):
                 outcome = {
                     "status": "committed_pending", "candidate_id": candidate_id, "record_digest": record_digest,
                     "cursor": str(event.cursor),
-                    "transaction_receipt_digest": self._tx_receipt("capture", event.event_digest, event.cursor, call, ctx.audit_id),
+                    "transaction_receipt_digest": transaction_receipt_digest(self.core, "capture", event.event_digest, event.cursor, call, ctx.audit_id),
                 }
                 self._remember(tx, ctx, CAPTURE_TOOL, args, request_digest, outcome)
                 tx.append_audit(self.core.audit_row(ctx, CAPTURE_TOOL, "committed_pending", candidate_id, call))
@@ -353,7 +318,7 @@ class MemoryService(ReadService):
         call = CallRecord()
         validate_arguments(ADMISSION_TOOL, args)
         authz = self.core.authorize(ctx, ADMISSION_TOOL, call, stored_strings=stored_strings(args))
-        request_digest = self._request_digest(ADMISSION_TOOL, args)
+        request_digest = request_digest_of(ADMISSION_TOOL, args)
         with self.core.store.read(snapshot=False) as tx:  # both checked again in the write transaction
             cand = tx.candidate(ctx.tenant, ctx.workspace, args["candidate_id"])  # first: see _gated_start
             prior = self._replay(tx, ctx, ADMISSION_TOOL, args, request_digest)
@@ -501,7 +466,7 @@ class MemoryService(ReadService):
                     tx.drop_data_key(f"candidate:{cand.candidate_id}", now, status, slot=envelope_slot)
                 outcome.update({
                     "cursor": str(event.cursor), "decision_receipt_digest": decision_receipt,
-                    "transaction_receipt_digest": self._tx_receipt(
+                    "transaction_receipt_digest": transaction_receipt_digest(self.core,
                         event.operation, event.event_digest, event.cursor, call, ctx.audit_id,
                         {"reconciled": reconciled} if reconciled else None),
                 })
@@ -652,7 +617,7 @@ class MemoryService(ReadService):
                     "event_id": event.event_id, "operation": operation, "from_state": "pending", "to_state": to_state,
                     "cursor": str(event.cursor), "event_digest": event.event_digest,
                     "authorization_receipt_digest": authz_digest,
-                    "transaction_receipt_digest": self._tx_receipt(operation, event.event_digest, event.cursor, call, ctx.audit_id),
+                    "transaction_receipt_digest": transaction_receipt_digest(self.core, operation, event.event_digest, event.cursor, call, ctx.audit_id),
                 }
                 stored = {"receipt": receipt, "key_destruction": "complete"}
                 if args is not None and request_digest is not None:
@@ -705,7 +670,7 @@ class MemoryService(ReadService):
                     "event_id": event.event_id, "operation": "tombstone", "from_state": rec.state,
                     "to_state": "tombstoned", "cursor": str(event.cursor), "event_digest": event.event_digest,
                     "authorization_receipt_digest": authz_digest,
-                    "transaction_receipt_digest": self._tx_receipt("tombstone", event.event_digest, event.cursor, call, ctx.audit_id),
+                    "transaction_receipt_digest": transaction_receipt_digest(self.core, "tombstone", event.event_digest, event.cursor, call, ctx.audit_id),
                 }
                 coverage = with_receipt_digest({
                     "kind": "coverage", "record_id": record_id, "postings_removed": removed, "vectors_removed": True,

@@ -53,11 +53,10 @@ from typing import Any
 
 import numpy as np
 
+from engram_core.store.fields import FIELD_CODE, FIELDS
 from engram_core.store.port import LexicalPage, LexicalStats, RecordRow
 from engram_core.store.projection import split
 
-FIELDS = ("primary", "decision", "evidence", "context", "citations")
-FIELD_CODE = {name: i for i, name in enumerate(FIELDS)}
 NEVER = np.iinfo(np.int64).max  # no valid_time end / no expiry
 MERGE_AT = 65_536  # buffered postings of a scope before they are merged into its arrays
 CONTRIBUTION_BYTES = 32 << 20  # per scope: cached term contributions (a common term: ~1 MB at 100k)

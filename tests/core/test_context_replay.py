@@ -13,11 +13,11 @@ import pytest
 from core_support import PURPOSE, Client, activate, capture_args, now_ms
 
 from engram_core.api import context_pb2, memory_pb2, memory_pb2_grpc
+from engram_core.app.composition import RunningCore, start_core
 from engram_core.context_nonces import ContextNonceLedger
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import CLOCK_SKEW_MS, sign_context
 from engram_core.rpc.convert import message_to_value, value_to_message
-from engram_core.rpc.server import RunningCore, start_core
 from engram_core.rpc.status import code_from_rpc_error
 
 

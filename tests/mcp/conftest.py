@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from mcp_helpers import WORKSPACE, Core, activate
 
-from engram_core.rpc.server import start_core
+from engram_core.app.composition import start_core
 
 
 @pytest.fixture

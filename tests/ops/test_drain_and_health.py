@@ -17,8 +17,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ops_support import serve
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
+from engram_core.app.composition import start_core
 from engram_core.cli.channel import admin_metadata
-from engram_core.rpc.server import LIVENESS_SERVICE, start_core
+from engram_core.rpc.server import LIVENESS_SERVICE
 from engram_core.store.audit_spool import SPOOL_NAME
 
 WORKERS = 6

@@ -19,8 +19,8 @@ from core_support import Client, Failed, capture_args
 from reliability_crash import HostAdmin, activate_scope
 from reliability_support import scaled
 
+from engram_core.app.composition import start_core
 from engram_core.errors import Code
-from engram_core.rpc.server import start_core
 
 RACERS = 8
 ROUNDS = scaled(4, 40)
@@ -175,6 +175,7 @@ def test_same_key_admission_that_finds_the_key_destroyed_replays(core) -> None:
     from engram_core.hostctx import verify_context
     from engram_core.services.core import CallRecord
     from engram_core.services.memory import MemoryService
+    from engram_core.services.pipeline import request_digest_of
     from engram_core.tools import ADMISSION_TOOL
 
     ana = Client(core)
@@ -187,7 +188,7 @@ def test_same_key_admission_that_finds_the_key_destroyed_replays(core) -> None:
     assert won["replayed"] is False and won["outcome"]["status"] == "accepted"
     memory = MemoryService(core.core)
     ctx = verify_context(ana.context(), core.core.trusted, now_ms=core.core.now_ms())
-    late = memory.admit(ctx, stale, CallRecord(), args=adm, request_digest=memory._request_digest(ADMISSION_TOOL, adm))
+    late = memory.admit(ctx, stale, CallRecord(), args=adm, request_digest=request_digest_of(ADMISSION_TOOL, adm))
     assert late == {**won, "replayed": True}
 
 

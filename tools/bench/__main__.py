@@ -231,7 +231,7 @@ async def mcp_phase(a: argparse.Namespace, served: Served, work: Path, corpus: C
 
 
 def bench_size(a: argparse.Namespace, size: int, corpus: Corpus, queries: list[str], work_root: Path) -> dict[str, Any]:
-    from engram_core.rpc.server import open_core
+    from engram_core.app.composition import open_core
 
     work = Path(tempfile.mkdtemp(prefix=f"size{size}-", dir=work_root))
     data = work / "data"

@@ -40,7 +40,7 @@ _ADAPTER = "import sys; from engram_core.cli import main; sys.exit(main())"
 
 
 def load(data: Path, records: int, corpus: Corpus) -> None:
-    from engram_core.rpc.server import open_core
+    from engram_core.app.composition import open_core
     from tools.bench.loader import Progress, activate_scope, load_scope
 
     core, _, _ = open_core(data, semantic=False)

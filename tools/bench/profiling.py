@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from engram_core.api import memory_pb2
+from engram_core.app.composition import open_core
 from engram_core.hostctx import verify_context
 from engram_core.rpc.convert import message_to_value, value_to_message
-from engram_core.rpc.server import open_core
 from engram_core.services.memory import MemoryService
 from engram_core.tools import FORGET_TOOL
 from tools.bench.corpus import Corpus

@@ -306,7 +306,7 @@ def fusion_sweep(configs: list[dict[str, Any]]) -> None:
     import numpy as np
     from tune_fusion import doc_texts, embed_texts
 
-    from engram_core.services.embedding import load_local_embedder
+    from engram_core.embedding.onnx_minilm import load_local_embedder
 
     embedder = load_local_embedder()
     for which in ("synthetic", "conversations"):
