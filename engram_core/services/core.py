@@ -50,6 +50,14 @@ def record_id_of(record_digest: str) -> str:
     return "mem_" + b32(bytes.fromhex(record_digest.removeprefix("sha256:")))
 
 
+def require_current_epoch(epoch: int, scope: ScopeRow | None, detail: str) -> None:
+    """Revocation (SPEC §12: ``engram admin revoke`` bumps the scope's epoch): a context or a
+    grant signed under an older epoch than the scope's is AUTHORIZATION_REVOKED. The one
+    check, for contexts (every authorization, the tool list) and grants alike."""
+    if scope is not None and epoch < scope.authorization_epoch:
+        raise EngramError(Code.AUTHORIZATION_REVOKED, detail)
+
+
 def context_facts(ctx: BoundContext) -> dict[str, Any]:
     """What policies see of the caller: identifiers and flags, never content."""
     return {
@@ -172,8 +180,8 @@ class Core:
 
     def _authz_input(self, ctx: BoundContext, operation: str, scope: ScopeRow | None,
                      stored_strings: Iterable[str] = (), epoch_bound: bool = True) -> dict[str, Any]:
-        if epoch_bound and scope is not None and ctx.authorization_epoch < scope.authorization_epoch:
-            raise EngramError(Code.AUTHORIZATION_REVOKED, "context epoch older than scope epoch")
+        if epoch_bound:
+            require_current_epoch(ctx.authorization_epoch, scope, "context epoch older than scope epoch")
         out: dict[str, Any] = {
             "operation": operation,
             "context": context_facts(ctx),
