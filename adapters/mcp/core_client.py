@@ -18,7 +18,7 @@ from engram_core.api import host_pb2, host_pb2_grpc, memory_pb2, memory_pb2_grpc
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import CONFIRMATION_METADATA_KEY, CONTEXT_METADATA_KEY
 from engram_core.observability import tracing
-from engram_core.rpc.convert import message_to_value, value_to_message
+from engram_core.rpc.convert import message_of, message_to_value
 from engram_core.rpc.status import error_from_rpc_error
 from engram_core.rpc.tls import ClientTls, aio_channel
 from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GET_TOOL, SEARCH_TOOL, WITHDRAW_TOOL
@@ -122,7 +122,7 @@ class CoreClient:
         method, request_type = _TOOL_RPC[tool]
         memory, _ = self._stubs()
         try:
-            request = value_to_message(arguments, request_type())
+            request = message_of(arguments, request_type)  # validated: the closed schema fixed every type
         except Exception:
             # Validated arguments always convert; anything else is our schema drifting.
             raise EngramError(Code.INVALID_SCHEMA, "arguments do not convert") from None

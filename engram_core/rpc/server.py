@@ -25,7 +25,7 @@ from engram_core.hostctx import CONFIRMATION_METADATA_KEY, BoundContext
 from engram_core.observability.metrics import CoreMetrics
 from engram_core.operation import target_of
 from engram_core.rpc.call_handler import CallHandler, metadata_value
-from engram_core.rpc.convert import has_unknown_fields, message_to_value, value_to_message
+from engram_core.rpc.convert import has_unknown_fields, message_of, message_to_value
 from engram_core.rpc.handlers import add_servicer
 from engram_core.rpc.maintenance import MaintenanceServicer
 from engram_core.rpc.tls import ServerTls
@@ -76,7 +76,7 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer, CallHandler):
             args.update(message_to_value(request))
             fn = getattr(self.memory, op)
             result = fn(ctx, args, metadata_value(context, CONFIRMATION_METADATA_KEY)) if gated else fn(ctx, args)
-            return value_to_message(result, response_cls())
+            return message_of(result, response_cls)
 
         return self.audited(context, tool, go, lambda: target_of(tool, args))
 

@@ -19,7 +19,7 @@ from typing import Any
 from engram_core.api import memory_pb2
 from engram_core.app.composition import open_core
 from engram_core.hostctx import verify_context
-from engram_core.rpc.convert import message_to_value, value_to_message
+from engram_core.rpc.convert import message_of, message_to_value, value_to_message
 from engram_core.services.memory import MemoryService
 from engram_core.tools import FORGET_TOOL
 from tools.bench.corpus import Corpus
@@ -86,7 +86,7 @@ def profile(data_dir: Path, *, tenant: str, workspace: str, record_ids: list[str
         value = message_to_value(request)
         fn = getattr(memory, op)
         result = fn(ctx, value, grant) if gated else fn(ctx, value)
-        return message_to_value(value_to_message(result, response_cls()))
+        return message_to_value(message_of(result, response_cls))  # as MemoryServicer answers, and the client reads
 
     def grant_for(op_tool: str, args: dict[str, Any]) -> bytes:
         from engram_core.hostctx import make_grant
