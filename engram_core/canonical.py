@@ -161,11 +161,22 @@ def _walk(v: Any, out: list[str]) -> None:
     elif v is None:
         out.append("null")
     elif t is float:
-        out.append(rfc8785.dumps(v).decode())
+        out.append(_float_text(v))
     elif t is Canonical:
         out.append(v.text)  # serialized once already: spliced, not walked again
     else:
         raise _Unusual
+
+
+def _float_text(v: float) -> str:
+    """RFC 8785 (ECMAScript) number text. Between 1e-4 and 1e16 Python's ``repr`` is the same
+    shortest round-trip digits in plain notation, which ECMAScript also writes there, but for
+    an integral value's ".0" (search scores live here); elsewhere ``rfc8785`` formats (and
+    refuses NaN and infinities)."""
+    if 1e-4 <= abs(v) < 1e16:
+        text = repr(v)
+        return text[:-2] if text.endswith(".0") else text
+    return rfc8785.dumps(v).decode()
 
 
 def digest(kind: str, value: Any) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import time
 import unicodedata
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any
@@ -144,7 +145,17 @@ def _reject_precision() -> int:
     raise _fail("instant must have exactly milliseconds", "instant_invalid")
 
 
+_LAST_INSTANT_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the last instant datetime can hold
+
+
 def format_instant(ms: int) -> str:
+    """The contract instant of epoch milliseconds ``ms``. A read formats one per record and
+    receipt: for years 1970–9999, ``time.gmtime`` and integer arithmetic write the same text as
+    the ``datetime`` path below (which raises outside what it can hold), a few times faster."""
+    if 0 <= ms <= _LAST_INSTANT_MS:
+        t = time.gmtime(ms // 1000)
+        return (f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}."
+                f"{ms % 1000:03d}Z")
     dt = _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.UTC)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
@@ -59,6 +60,7 @@ class Redaction:
     def __init__(self, allow: set[str], decision_receipt: str) -> None:
         self.fields = tuple(f for f in VIEW_FIELDS if _POINTERS[f] in allow)
         self.omitted = sorted(_POINTERS[f] for f in VIEW_FIELDS if _POINTERS[f] not in allow)
+        self.omitted_c = canonical(self.omitted)  # every packet's redacted_fields, written once
         self.allow_fields = canonical(sorted(allow))
         self.decision_receipt = decision_receipt
 
@@ -66,7 +68,7 @@ class Redaction:
         """The record's ``redaction_receipt_digest``."""
         return with_receipt_digest({
             "kind": "redaction", "record_id": record_id, "allow_fields": self.allow_fields,
-            "redacted_fields": self.omitted, "policy_receipt_digest": self.decision_receipt,
+            "redacted_fields": self.omitted_c, "policy_receipt_digest": self.decision_receipt,
         })["receipt_digest"]
 
 
@@ -81,12 +83,17 @@ def _payload_shown(plaintext: bytes, tenant: str, workspace: str) -> Canonical:
     text = plaintext.decode("utf-8")
     payload = json.loads(text)
     scope = payload.pop("scope_ref", None)
-    bound = {"tenant": tenant, "workspace": workspace}
-    if scope == bound:
-        member = "," + encode_basestring("scope_ref") + ":" + canonical(bound).text
+    if scope == {"tenant": tenant, "workspace": workspace}:
+        member = _scope_member(tenant, workspace)
         if text.count(member) == 1:
             return Canonical(payload, text.replace(member, "", 1))
     return canonical(payload)
+
+
+@functools.lru_cache(maxsize=1024)
+def _scope_member(tenant: str, workspace: str) -> str:
+    """The canonical text of a body's ``scope_ref`` member, with its leading comma."""
+    return "," + encode_basestring("scope_ref") + ":" + canonical({"tenant": tenant, "workspace": workspace}).text
 
 
 class ReadService:
@@ -196,7 +203,7 @@ class ReadService:
         packet = {"record": record, "redacted_fields": shown.omitted,
                   "redaction_receipt_digest": shown.receipt(rec.record_id), "read_receipt": read_receipt}
         # Canonicalized once, the payload spliced: the digest, and the size (JCS puts the digest first).
-        raw = canonical_json(_spliced(packet, payload))
+        raw = canonical_json(_spliced(packet, payload, shown))
         packet["packet_digest"] = digest_bytes("packet", raw)
         if len(raw) + len(b'"packet_digest":"",') + len(packet["packet_digest"]) > max_bytes:
             self._audit_read(ctx, GET_TOOL, "PROJECTION_OVERSIZED", rec.record_id, call)
@@ -294,7 +301,7 @@ class ReadService:
             })
         # Canonicalized once, each payload's text spliced from its body: the digest and the packet
         # size (JCS puts the digest last).
-        spliced = {**response, "records": [_spliced(p, c) for p, c in zip(packets, payloads, strict=True)]}
+        spliced = {**response, "records": [_spliced(p, c, shown) for p, c in zip(packets, payloads, strict=True)]}
         raw = canonical_json(spliced)
         response["response_digest"] = digest_bytes("response", raw)
         size = len(raw) + len(b',"response_digest":""') + len(response["response_digest"])
@@ -373,11 +380,12 @@ class ReadService:
         )
 
 
-def _spliced(packet: dict[str, Any], payload: Canonical | None) -> dict[str, Any]:
-    """``packet`` with its record's payload as its Canonical, for ``canonical_json`` to splice."""
+def _spliced(packet: dict[str, Any], payload: Canonical | None, redaction: Redaction) -> dict[str, Any]:
+    """``packet`` with its record's payload and its redacted fields as Canonicals, for
+    ``canonical_json`` to splice."""
     if payload is None:
-        return packet
-    return {**packet, "record": {**packet["record"], "payload": payload}}
+        return {**packet, "redacted_fields": redaction.omitted_c}
+    return {**packet, "record": {**packet["record"], "payload": payload}, "redacted_fields": redaction.omitted_c}
 
 
 def query_relevance(profile: Profile, stats: LexicalStats, terms: list[int], best_bm25: float) -> float:
