@@ -37,6 +37,9 @@ GATED_CALLS = frozenset(GATED_TOOLS)
 LISTING_CALLS = TOOL_CALLS | {TOOLS_LIST_CALL}
 HOST_CALLS = frozenset({HOST_CALL})
 ADMIN_CALLS = frozenset({ADMIN_CALL})
+# Any call at all: what a request that cannot even be decoded is authenticated as before it is
+# refused (it acts on nothing, so it spends no nonce either).
+ANY_CALLS = LISTING_CALLS | HOST_CALLS | ADMIN_CALLS
 
 
 def _refused_operation(calls: frozenset[str]) -> str:
