@@ -1,5 +1,8 @@
 """The store conformance suite: every guarantee of the storage contract (store_checks.py), on
-every engine. An engine is ready when it passes this file unchanged."""
+every engine. An engine is ready when it passes this file unchanged.
+
+PostgreSQL runs on the session's own test cluster (tests/pg_cluster.py), a fresh database per
+check; a missing PostgreSQL fails the run (tools/setup installs it), it never skips."""
 
 from __future__ import annotations
 
@@ -9,14 +12,18 @@ from typing import Any
 
 import pytest
 from store_checks import CHECKS
-from store_targets import DuckDBTarget
+from store_targets import DuckDBTarget, PostgresTarget
 
-ENGINES: dict[str, Callable[[Path], Any]] = {"duckdb": DuckDBTarget}
+# name -> (the test's request, a directory of its own) -> target
+ENGINES: dict[str, Callable[[pytest.FixtureRequest, Path], Any]] = {
+    "duckdb": lambda request, root: DuckDBTarget(root),
+    "postgresql": lambda request, root: PostgresTarget(root, request.getfixturevalue("pg_database")),
+}
 
 
 @pytest.fixture(params=sorted(ENGINES))
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    made = ENGINES[request.param](tmp_path)
+    made = ENGINES[request.param](request, tmp_path)
     yield made
     made.close_all()
 
