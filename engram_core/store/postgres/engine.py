@@ -275,7 +275,9 @@ class PostgresEngineTx:
     @staticmethod
     def _pipeline(conn: psycopg.Connection, batch: list[_Statement]) -> list[psycopg.Cursor]:
         cursors = []
-        with conn.pipeline() as p:
+        # Leaving the block sends the one Sync and waits for every answer: one round trip (an explicit
+        # sync() before it would cost a second, empty one).
+        with conn.pipeline():
             for st in batch:
                 cur = conn.cursor()
                 if st.many:
@@ -283,7 +285,6 @@ class PostgresEngineTx:
                 else:
                     cur.execute(st.sql, st.params)  # type: ignore[arg-type]
                 cursors.append(cur)
-            p.sync()
         return cursors
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -345,21 +346,29 @@ class PostgresEngineTx:
         conn = self._conn
         if conn is None or not self._begun:
             return
+        self._begun = False
         try:
             conn.execute("ROLLBACK")
         except psycopg.Error:
-            self._engine._discard(conn)
             self._conn = None
+            self._engine._discard(conn)
 
     def release(self) -> None:
+        """Give the connection back to the pool: idle, or discarded (broken, or a transaction it
+        could not end)."""
         conn, self._conn = self._conn, None
-        if conn is not None:
-            if self._begun and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                self._begun = False
-                self.rollback()
-                conn = self._conn
-            if conn is not None:
-                self._engine._putconn(conn)
+        if conn is None:
+            return
+        if conn.broken or conn.closed:
+            self._engine._discard(conn)
+            return
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            try:
+                conn.execute("ROLLBACK")
+            except psycopg.Error:
+                self._engine._discard(conn)
+                return
+        self._engine._putconn(conn)
 
     def scope_changes(self) -> dict[tuple[str, str], ScopeRow]:
         """The rows of the scopes this transaction wrote, as it committed them."""
@@ -392,7 +401,10 @@ class PostgresEngineTx:
                        [tenant, workspace, GENESIS], on_rows=inserted),
             _Statement(f"SELECT {_SCOPE_COLS} FROM scopes WHERE tenant = %s AND workspace = %s FOR UPDATE",
                        [tenant, workspace], on_rows=locked),
-            # The head of the scope's audit chain, which this transaction's audit rows will extend.
+            # The head of the scope's audit chain, which this transaction's audit rows will extend
+            # (created with the chain: the first audit row of a scope costs no round trip either).
+            _Statement("INSERT INTO audit_heads VALUES (%s, 0, %s) ON CONFLICT DO NOTHING",
+                       [scope_chain(tenant, workspace), GENESIS]),
             _Statement("SELECT seq, row_digest FROM audit_heads WHERE chain = %s FOR UPDATE",
                        [scope_chain(tenant, workspace)], on_rows=head),
         ]
@@ -889,6 +901,7 @@ class PostgresEngine:
     ``lock_timeout_s``: a writer waiting this long for a scope is refused (STORE_UNAVAILABLE)."""
 
     sole_writer = False  # other cores write the same database
+    tx_class: type[PostgresEngineTx] = PostgresEngineTx  # (tests put a deliberately broken one here)
 
     def __init__(self, conninfo: str, *, pool_size: int = 12, migrate: bool = True,
                  migrations: tuple[Migration, ...] = MIGRATIONS, connect_timeout_s: float = 30.0,
@@ -1004,7 +1017,7 @@ class PostgresEngine:
         effects = effects if effects is not None else TxEffects()
         hooks = self._hooks
         assert hooks is not None, "the store kernel sets the commit hooks"
-        tx = PostgresEngineTx(self, "write")
+        tx = self.tx_class(self, "write")
         with tracing.span("engram.store.transaction"):
             try:
                 self._local.writing = True
@@ -1044,7 +1057,7 @@ class PostgresEngine:
         """A reader: one REPEATABLE READ snapshot, or (``snapshot=False``) each statement on the
         latest committed state. Its connection is taken at its first statement."""
         self._require_open()
-        tx = PostgresEngineTx(self, "snapshot" if snapshot else "latest")
+        tx = self.tx_class(self, "snapshot" if snapshot else "latest")
         try:
             yield tx
         finally:
