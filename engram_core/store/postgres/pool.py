@@ -15,6 +15,7 @@ engine and the key vault both need of it.
 
 from __future__ import annotations
 
+import select
 import time
 
 import psycopg
@@ -58,6 +59,16 @@ def check_conninfo(conninfo: str) -> None:
                          "(or the libpq environment) instead")
 
 
+def _readable(conn: psycopg.Connection) -> bool:
+    """An idle connection the server wrote to: it closed it (a restart, an administrator's
+    termination, the idle timeout) or sent a notice; either way it is checked before use, since a
+    transaction whose first round trip holds its COMMIT must not go out on a dead connection."""
+    try:
+        return bool(select.select([conn.fileno()], [], [], 0)[0])
+    except (OSError, ValueError, psycopg.Error):
+        return True
+
+
 class Pool:
     """A bounded pool of autocommit connections (see the module docstring)."""
 
@@ -84,7 +95,7 @@ class Pool:
 
     def _check(self, conn: psycopg.Connection) -> None:
         since = self._idle_since.pop(id(conn), None)
-        if since is None or time.monotonic() - since > IDLE_CHECK_S:
+        if since is None or time.monotonic() - since > IDLE_CHECK_S or _readable(conn):
             conn.execute("")  # raising, the pool discards it and hands out another
 
     def get(self) -> psycopg.Connection:
