@@ -116,7 +116,8 @@ class PgCluster:
                 if attempt == 4:
                     raise RuntimeError("PostgreSQL did not start:\n" + self.log_tail()) from None
         with open(os.open(self.passfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-            f.write(f"127.0.0.1:{self.port}:*:{SUPERUSER}:{self.password}\n")
+            # Any port of loopback: tests put proxies in front of the server (tests/store/pg_wire.py).
+            f.write(f"127.0.0.1:*:*:{SUPERUSER}:{self.password}\n")
             f.write(f"{self.socket_dir}:{self.port}:*:{SUPERUSER}:{self.password}\n")
         return self
 

@@ -127,8 +127,9 @@ class PostgresTarget:
             "from engram_core.store.postgres.engine import PostgresEngine",
             "from engram_core.store.postgres.keyvault import PgKeyVault",
             f"url = {self.database.conninfo!r}",
+            "engine = PostgresEngine(url, pool_size=4)",  # first: it migrates what the vault's tables are in
             f"vault = PgKeyVault(url, Path({str(self.key_dir)!r}), pool_size=2)",
-            "store = StoreKernel(PostgresEngine(url, pool_size=4), vault, spool_dir=None)",
+            "store = StoreKernel(engine, vault, spool_dir=None)",
             "try:",
             textwrap.indent(textwrap.dedent(body).strip("\n"), "    "),
             "finally:",
