@@ -56,6 +56,8 @@ from engram_core.store.postgres.pool import Pool, failure
 
 RING_NAME = "store.kek"
 _V2 = 2  # the wrapping format KekRing.wrap makes (associated data v2: generation and owner)
+# The constant each generation seals in vault_rings, under an owner no data key can have.
+_CANARY, _CANARY_OWNER = b"\0" * 32, "engram/ring-check"
 log = logging.getLogger(__name__)
 
 
@@ -134,7 +136,22 @@ class PgKeyVault:
                 raise EngramError(Code.STORE_UNAVAILABLE,
                                   f"the KEK ring in {self._ring_path.parent} is behind this store's (generation "
                                   f"{agreed}): every core must mount the same key directory")
+        self._check_ring(conn)
         return agreed
+
+    def _check_ring(self, conn: psycopg.Connection) -> None:
+        """This ring is the store's: every generation it holds opens the constant the store keeps
+        for it, and the active one's is recorded (by the first core to use it)."""
+        active = self.ring.active_generation()
+        sealed = self.ring.wrap(_CANARY, _CANARY_OWNER)[1]
+        conn.execute("INSERT INTO vault_rings VALUES (%s, %s) ON CONFLICT DO NOTHING", [active, sealed])
+        held = {g.generation for g in self.ring.generations() if g.state != "retired"}
+        for generation, canary in conn.execute("SELECT generation, canary FROM vault_rings").fetchall():
+            if generation in held and self.ring.unwrap(_V2, generation, canary, _CANARY_OWNER) != _CANARY:
+                raise EngramError(Code.STORE_UNAVAILABLE,
+                                  f"the KEK ring in {self._ring_path.parent} is not this store's (its generation "
+                                  f"{generation} does not open the store's check): every core must mount the same "
+                                  "key directory")
 
     # -- the cache ------------------------------------------------------------------------------------------------
     def _cached(self, ref: int, owner: str) -> bytes | None:
@@ -252,6 +269,8 @@ class PgKeyVault:
             new = self.ring.rotate(now_ms)
             self._ring_seen = self._ring_stamp()
             conn.execute("UPDATE vault_state SET active_generation = %s WHERE id = 1", [new])
+            conn.execute("INSERT INTO vault_rings VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                         [new, self.ring.wrap(_CANARY, _CANARY_OWNER)[1]])
         return new
 
     def rewrap(self, ref: int, owner: str) -> bool:
@@ -287,6 +306,7 @@ class PgKeyVault:
                 raise ValueError(f"a data key is still wrapped by generation {generation}")
             self.ring.retire(generation, now_ms)
             self._ring_seen = self._ring_stamp()
+            conn.execute("DELETE FROM vault_rings WHERE generation = %s", [generation])
 
     def wrapping_generations(self) -> set[int]:
         """The generations some key in the vault is wrapped by now (live keys, and keys of

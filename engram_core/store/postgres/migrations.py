@@ -11,7 +11,7 @@ replicas starting together on an empty database apply each migration once.
 Migration 1 is the whole schema as DuckDB's stands after its migration 10 (the same tables,
 columns and meaning; PostgreSQL has no history of its own to replay), plus what several writers
 need that one writer kept in memory: ``audit_heads`` (each audit chain's head, locked by the
-transaction that extends the chain) and the key vault's ``vault_keys``/``vault_state``
+transaction that extends the chain) and the key vault's ``vault_keys``, ``vault_state`` and ``vault_rings``
 (``engram_core/crypto/pg_keyvault.py``). Types: identifiers ``TEXT COLLATE "C"`` (ordered by
 code point, as DuckDB orders VARCHAR, whatever the database's default collation), cursors and
 instants ``BIGINT``, sealed bytes ``BYTEA``, and JSON documents ``TEXT`` holding the exact
@@ -134,6 +134,11 @@ CREATE INDEX vault_keys_owner ON vault_keys (owner);
 -- it, so no core with a stale copy of the ring file wraps a key by a generation being retired.
 CREATE TABLE vault_state (
   id INTEGER PRIMARY KEY CHECK (id = 1), active_generation INTEGER NOT NULL);
+-- Which ring this store's keys are wrapped by: per generation, a constant sealed by that KEK (the
+-- first core to use the generation writes it). A core whose key directory holds another ring
+-- cannot open it and refuses to start, instead of wrapping keys no other core could open.
+CREATE TABLE vault_rings (
+  generation INTEGER PRIMARY KEY, canary BYTEA NOT NULL);
 """,
     ),
 )
