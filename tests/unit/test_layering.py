@@ -1,9 +1,9 @@
 """The dependency rule, enforced: core services and adapters know the Store port, never an engine.
 
 Services, backup and the MCP adapter import ``engram_core.store.port`` (and the shared
-``chain``/``projection`` modules); the DuckDB engine (``engram_core.store.duckdb``, or
-``duckdb`` itself) is named only by the composition root, ``engram_core/rpc/server.py``.
-A PostgreSQL engine can then be written against the port alone (docs/architecture.md).
+``chain``/``projection`` modules); an engine (DuckDB: ``engram_core.store.duckdb`` or ``duckdb``
+itself; PostgreSQL: ``engram_core.store.postgres``, ``psycopg`` or ``psycopg_pool``) is named only
+by the composition root, ``engram_core/rpc/server.py``, and by the engines' own packages.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-ENGINE_PREFIXES = ("duckdb", "engram_core.store.duckdb")
+ENGINE_PREFIXES = ("duckdb", "engram_core.store.duckdb", "psycopg", "psycopg_pool", "engram_core.store.postgres")
+ENGINE_DIRS = ("duckdb", "postgres")  # under engram_core/store: the engines themselves
 COMPOSITION_ROOT = "engram_core/rpc/server.py"
 
 
@@ -75,9 +76,9 @@ def test_the_walk_covers_the_services() -> None:
 
 
 def test_only_the_composition_root_names_the_engine() -> None:
-    engine_dir = ROOT / "engram_core" / "store" / "duckdb"
+    engine_dirs = [ROOT / "engram_core" / "store" / d for d in ENGINE_DIRS]
     naming = {
         _rel(p) for p in (ROOT / "engram_core").rglob("*.py")
-        if engine_dir not in p.parents and engine_imports(p.read_text(encoding="utf-8"))
+        if not any(d in p.parents for d in engine_dirs) and engine_imports(p.read_text(encoding="utf-8"))
     }
     assert naming == {COMPOSITION_ROOT}
