@@ -6,9 +6,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from pg_cluster import Database
+from pg_cluster import Database, wait_until
+from store_targets import PostgresTarget
 
 from engram_core.crypto.keyvault import KekRing
 from engram_core.errors import Code, EngramError
@@ -24,6 +26,12 @@ def cores(tmp_path: Path, pg_database: Database) -> Iterator[tuple[PgKeyVault, P
     yield a, b
     a.close()
     b.close()
+
+
+def _name(db: Database, owner: str, ref: int) -> None:
+    """A committed transaction names the key (its ledger row), as a capture or admission does."""
+    with db.connect() as con:
+        con.execute("INSERT INTO data_keys VALUES (%s, %s, 1)", [owner, ref])
 
 
 def test_a_key_made_on_one_core_opens_on_another_bound_to_its_owner(cores: tuple[PgKeyVault, PgKeyVault]) -> None:
@@ -45,12 +53,14 @@ def test_a_destroyed_key_is_gone_for_the_vault_that_destroyed_it_at_once(cores: 
         assert con.execute("SELECT count(*) FROM vault_keys WHERE ref = %s", [ref]).fetchone()[0] == 0  # type: ignore[index]
 
 
-def test_a_rotation_on_one_core_is_followed_by_the_other(cores: tuple[PgKeyVault, PgKeyVault]) -> None:
+def test_a_rotation_on_one_core_is_followed_by_the_other(cores: tuple[PgKeyVault, PgKeyVault],
+                                                        pg_database: Database) -> None:
     """B's copy of the ring is stale after A rotates: a key B makes is still wrapped by the new
     generation (the database refuses the old one and B re-reads the ring), and B opens keys A
     re-wrapped by a generation B had never seen."""
     a, b = cores
     old_ref, old_key = a.new_data_key("record:mem_old")
+    _name(pg_database, "record:mem_old", old_ref)
     assert b.active_generation() == 1
     new = a.rotate(100)
     assert a.rewrap(old_ref, "record:mem_old")
@@ -73,9 +83,11 @@ def test_a_core_with_a_stale_ring_cannot_wrap_by_an_old_generation(cores: tuple[
     assert b.generation_of(ref) == 2  # refused under 1, re-read the ring, wrapped again
 
 
-def test_retirement_is_refused_while_a_key_is_wrapped_by_the_generation(cores: tuple[PgKeyVault, PgKeyVault]) -> None:
+def test_retirement_is_refused_while_a_key_is_wrapped_by_the_generation(cores: tuple[PgKeyVault, PgKeyVault],
+                                                                        pg_database: Database) -> None:
     a, b = cores
     ref, key = a.new_data_key("record:mem_3")
+    _name(pg_database, "record:mem_3", ref)
     a.rotate(100)
     with pytest.raises(ValueError, match="still wrapped"):
         b.retire(1, 200)
@@ -160,3 +172,60 @@ def test_status_counts_live_and_destroyed_keys(cores: tuple[PgKeyVault, PgKeyVau
     a.destroy(refs[0])
     assert a.slot_counts() == (2, 1)
     assert a.status() == {"active_kek": 1, "keks": 1, "retired_keks": 0, "slots": 3, "live_slots": 2}
+
+
+# -- re-wrapping against destruction (several cores hold no lock in common) ------------------------------------------
+@pytest.fixture
+def store_and_vault(tmp_path: Path, pg_database: Database) -> Iterator[tuple[Any, PgKeyVault]]:
+    target = PostgresTarget(tmp_path, pg_database)
+    store = target.open()
+    yield store, store.vault  # type: ignore[attr-defined]
+    target.close_all()
+
+
+def _named_key(store: Any, vault: PgKeyVault, owner: str) -> int:
+    ref, _ = vault.new_data_key(owner)
+    with store.write() as tx:
+        tx.put_data_key(owner, ref, 1)
+    return ref
+
+
+def test_only_live_keys_are_rewrapped(store_and_vault: tuple[Any, PgKeyVault]) -> None:
+    store, vault = store_and_vault
+    live = _named_key(store, vault, "record:mem_live")
+    unnamed, _ = vault.new_data_key("record:mem_unnamed")  # a transaction in flight would name it
+    vault.rotate(100)
+    assert vault.rewrap(live, "record:mem_live") and vault.generation_of(live) == 2
+    assert not vault.rewrap(unnamed, "record:mem_unnamed") and vault.generation_of(unnamed) == 1
+
+
+def test_a_destruction_records_the_generation_wrapping_the_key_when_it_committed(
+        store_and_vault: tuple[Any, PgKeyVault], pg_database: Database) -> None:
+    """The engine reads the generation itself, after deleting the key's ledger row: a re-wrap that
+    finished before is recorded (2); one that comes while the destruction is in flight waits for
+    it and then finds the key no longer live, so the generation recorded (1) is the one every copy
+    is wrapped by."""
+    store, vault = store_and_vault
+    before = _named_key(store, vault, "record:mem_before")
+    during = _named_key(store, vault, "record:mem_during")
+    vault.rotate(100)
+    assert vault.rewrap(before, "record:mem_before")
+    with store.write() as tx:
+        tx.drop_data_key("record:mem_before", 2, "tombstone", slot=before)
+    outcome: list[bool] = []
+    with store.write() as tx:
+        tx.drop_data_key("record:mem_during", 2, "tombstone", slot=during)
+        tx.meta("anything")  # a read: the DELETE and the destruction's row reach the server now
+        rewrap = threading.Thread(target=lambda: outcome.append(vault.rewrap(during, "record:mem_during")))
+        rewrap.start()
+
+        def vault_waits() -> bool:
+            with pg_database.connect() as con:
+                return bool(con.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                                        "'engram-vault' AND wait_event_type = 'Lock'").fetchone()[0])  # type: ignore[index]
+        assert wait_until(vault_waits, 30) and not outcome  # held off by the destruction in flight
+    rewrap.join(30)
+    assert outcome == [False]
+    with store.read() as tx:
+        assert tx.key_destruction("record:mem_before").generation == 2  # type: ignore[union-attr]
+        assert tx.key_destruction("record:mem_during").generation == 1  # type: ignore[union-attr]

@@ -637,6 +637,7 @@ class DuckDBEngine:
     """The DuckDB file engine (``engine.Engine``). ``open`` fences, migrates and loads its caches."""
 
     sole_writer = True  # the flock fence: no other process opens the file while this one has it
+    records_key_generations = False  # the key vault (a file) says which generation wraps a key
 
     def __init__(self, data_dir: Path, *, migrate: bool = True, keys: DataKeys | None = None) -> None:
         """``keys``: the key vault, needed only by migration 6 (it sealed the plain projections

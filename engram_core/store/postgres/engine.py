@@ -716,8 +716,13 @@ class PostgresEngineTx:
             slot = int(row[0])
         else:  # the caller read it under the scope lock: no round trip
             self._write("DELETE FROM data_keys WHERE owner = %s", [owner])
-        # A plain INSERT: a key destroyed twice fails the transaction rather than hide it.
-        self._write("INSERT INTO key_destructions VALUES (%s, %s, %s, %s)", [owner, at_ms, reason, generation])
+        # A plain INSERT: a key destroyed twice fails the transaction rather than hide it. The generation,
+        # unless given, is the one wrapping the key now: read after the DELETE above, which waits for a
+        # re-wrap in progress and keeps any later one off this key (PgKeyVault.rewrap). None when the
+        # vault keeps its keys elsewhere: then the destruction is never reported complete.
+        self._write("INSERT INTO key_destructions VALUES (%s, %s, %s, "
+                    "coalesce(%s::bigint, (SELECT generation FROM vault_keys WHERE ref = %s)))",
+                    [owner, at_ms, reason, generation, slot])
         return slot
 
     def live_key_slots(self) -> dict[int, str]:
@@ -901,6 +906,9 @@ class PostgresEngine:
     ``lock_timeout_s``: a writer waiting this long for a scope is refused (STORE_UNAVAILABLE)."""
 
     sole_writer = False  # other cores write the same database
+    # A destroyed key's KEK generation is read from vault_keys in the destroying transaction, after
+    # its data_keys row is deleted (which holds off a concurrent re-wrap: keyvault.PgKeyVault.rewrap).
+    records_key_generations = True
     tx_class: type[PostgresEngineTx] = PostgresEngineTx  # (tests put a deliberately broken one here)
 
     def __init__(self, conninfo: str, *, pool_size: int = 12, migrate: bool = True,

@@ -274,7 +274,14 @@ class PgKeyVault:
         return new
 
     def rewrap(self, ref: int, owner: str) -> bool:
-        """Wrap the key at ``ref`` by the active generation (False: no key there)."""
+        """Wrap the key at ``ref`` by the active generation (False: no live key there).
+
+        Only a live key is re-wrapped: one the store's ``data_keys`` still names, locked (FOR KEY
+        SHARE) for the statement. A transaction destroying the key deletes that row first, so a
+        re-wrap either finished before (the destruction then records the new generation: the
+        engine reads it after its DELETE) or finds the key gone; it never leaves a copy wrapped by
+        a generation the destruction did not record. (DuckDB's vault gets this from the writer
+        lock rotation holds; several cores hold no lock in common.)"""
         key = self.data_key(ref, owner)
         if key is None:
             return False
@@ -282,15 +289,20 @@ class PgKeyVault:
             for _ in range(3):
                 self._fresh_ring()
                 generation, wrapped = self.ring.wrap(key, owner)
-                cur = conn.execute(
-                    "UPDATE vault_keys SET version = %s, generation = %s, wrapped = %s WHERE ref = %s AND owner = %s "
-                    "AND EXISTS (SELECT 1 FROM vault_state WHERE id = 1 AND active_generation = %s) RETURNING 1",
-                    [_V2, generation, wrapped, ref, owner, generation])
-                if cur.fetchone() is not None:
+                row = conn.execute(
+                    "WITH agreed AS (SELECT active_generation = %s AS ok FROM vault_state WHERE id = 1), "
+                    "moved AS (UPDATE vault_keys v SET version = %s, generation = %s, wrapped = %s "
+                    "  WHERE v.ref = %s AND v.owner = %s AND (SELECT ok FROM agreed) "
+                    "  AND EXISTS (SELECT 1 FROM data_keys d WHERE d.slot = v.ref AND d.owner = v.owner FOR KEY SHARE) "
+                    "  RETURNING 1) "
+                    "SELECT (SELECT ok FROM agreed), EXISTS (SELECT 1 FROM moved)",
+                    [generation, _V2, generation, wrapped, ref, owner]).fetchone()
+                agreed, moved = bool(row[0]), bool(row[1])  # type: ignore[index]
+                if moved:
                     return True
-                if conn.execute("SELECT 1 FROM vault_keys WHERE ref = %s", [ref]).fetchone() is None:
-                    return False  # destroyed meanwhile
-                self._agree(conn)
+                if agreed:
+                    return False  # not live (destroyed, or never named)
+                self._agree(conn)  # the ring rotated on another core: wrap by its new generation
         raise EngramError(Code.STORE_UNAVAILABLE, "the KEK ring's active generation keeps changing")
 
     def retire(self, generation: int, now_ms: int) -> None:
