@@ -229,3 +229,22 @@ def test_a_destruction_records_the_generation_wrapping_the_key_when_it_committed
     with store.read() as tx:
         assert tx.key_destruction("record:mem_before").generation == 2  # type: ignore[union-attr]
         assert tx.key_destruction("record:mem_during").generation == 1  # type: ignore[union-attr]
+
+
+def test_a_key_made_without_its_own_flush_is_durable_once_a_commit_names_it(
+        store_and_vault: tuple[Any, PgKeyVault], pg_cluster: Any) -> None:
+    """``durable=False`` (how captures and admissions make keys): the naming transaction's COMMIT
+    flushes the WAL past the key's row, so a crash right after it loses neither."""
+    store, vault = store_and_vault
+    refs = []
+    for n in range(20):
+        ref, key = vault.new_data_key(f"record:mem_async{n}", durable=False)
+        vault.sync()
+        with store.write() as tx:
+            tx.put_data_key(f"record:mem_async{n}", ref, 1)
+        refs.append((ref, key))
+    pg_cluster.restart("immediate")  # a crash: only what was flushed comes back
+    with store.read() as tx:
+        assert tx.live_key_slots() == {ref: f"record:mem_async{n}" for n, (ref, _) in enumerate(refs)}
+    vault._cache.clear()  # read from the database, not this process's memory
+    assert all(vault.data_key(ref, f"record:mem_async{n}") == key for n, (ref, key) in enumerate(refs))

@@ -11,11 +11,13 @@ wrapped keys, and whoever reads it (its files, its WAL, a dump) without the ring
 
 The protocol's phases, around the transaction that names a key:
 
-1. ``new_data_key`` inserts the wrapped key durably, in an autocommit statement of its own,
-   before the transaction naming the ref begins (``durable`` changes nothing, and ``sync`` has
-   nothing left to do); a transaction that never commits leaves a row nobody names, which
-   ``reconcile`` deletes once it is older than ``reconcile_after_s`` (never earlier: another
-   core's transaction may be about to name it).
+1. ``new_data_key`` inserts the wrapped key, committed in a transaction of its own before the
+   transaction naming the ref begins. With ``durable=False`` that commit does not wait for its
+   WAL flush: the naming transaction's COMMIT flushes the WAL past it (``sync`` has nothing left
+   to do), so a capture or an admission waits for one flush, not two. This needs the vault's
+   tables in the store's own database (they are: the engine's migration 1). A transaction that
+   never commits leaves a row nobody names, which ``reconcile`` deletes once it is older than
+   ``reconcile_after_s`` (never earlier: another core's transaction may be about to name it).
 2. ``data_key`` reads and unwraps, through a bounded cache (``cache_size`` keys, each kept
    ``cache_ttl_s``) that this vault's destructions evict. Another core's destruction is not
    seen by this cache: a destroyed key can stay in this process's memory for at most
@@ -179,23 +181,40 @@ class PgKeyVault:
 
     # -- keys -------------------------------------------------------------------------------------------------------
     def new_data_key(self, owner: str, *, durable: bool = True) -> tuple[int, bytes]:
-        """A new key for ``owner``, inserted durably before this returns (whatever ``durable``)."""
+        """A new key for ``owner``, its row committed before this returns: durably (``durable``),
+        or with ``synchronous_commit = off``, which the transaction that names the ref makes
+        durable when it commits (see ``sync``), so that the key costs that transaction no WAL
+        flush of its own."""
         key = AESGCM.generate_key(bit_length=256)
         with self._connection() as conn:
             for _ in range(3):
                 self._fresh_ring()
                 generation, wrapped = self.ring.wrap(key, owner)
-                row = conn.execute(
-                    "INSERT INTO vault_keys (owner, version, generation, wrapped) SELECT %s, %s, %s, %s "
-                    "FROM vault_state WHERE id = 1 AND active_generation = %s RETURNING ref",
-                    [owner, _V2, generation, wrapped, generation]).fetchone()
-                if row is not None:
-                    ref = int(row[0])
+                ref = self._insert_key(conn, owner, generation, wrapped, durable=durable)
+                if ref is not None:
                     self._remember(ref, owner, key)
                     return ref, key
                 # The ring rotated on another core (or this one's rotation is not recorded yet).
                 self._agree(conn)
         raise EngramError(Code.STORE_UNAVAILABLE, "the KEK ring's active generation keeps changing")
+
+    @staticmethod
+    def _insert_key(conn: psycopg.Connection, owner: str, generation: int, wrapped: bytes, *,
+                    durable: bool) -> int | None:
+        """Insert a wrapped key, only under the store's agreed active generation; its ref, or None."""
+        insert = ("INSERT INTO vault_keys (owner, version, generation, wrapped) SELECT %s, %s, %s, %s "
+                  "FROM vault_state WHERE id = 1 AND active_generation = %s RETURNING ref")
+        params = [owner, _V2, generation, wrapped, generation]
+        if durable:
+            row = conn.execute(insert, params).fetchone()
+            return int(row[0]) if row is not None else None
+        with conn.pipeline():  # one round trip
+            conn.execute("BEGIN")
+            conn.execute("SET LOCAL synchronous_commit = off")
+            cur = conn.execute(insert, params)
+            conn.execute("COMMIT")
+        row = cur.fetchone()
+        return int(row[0]) if row is not None else None
 
     def data_key(self, ref: int, owner: str) -> bytes | None:
         cached = self._cached(ref, owner)
@@ -216,7 +235,11 @@ class PgKeyVault:
         return key
 
     def sync(self) -> None:
-        """Nothing to do: every key was committed by ``new_data_key`` itself."""
+        """Nothing to do: a key's row was committed by ``new_data_key``, before the transaction that
+        names it began, in the same database; that transaction's COMMIT flushes the WAL up to its
+        own commit record, which comes after the key's (PostgreSQL writes and flushes WAL in order),
+        so the key is durable whenever anything naming it is. A crash before leaves a key nothing
+        names, lost or deleted by ``reconcile``."""
 
     def generation_of(self, ref: int) -> int | None:
         with self._connection() as conn:
