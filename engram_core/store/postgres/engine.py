@@ -35,17 +35,21 @@ Audit chains: each chain's head is a row of ``audit_heads``, locked ``FOR UPDATE
 transaction that extends the chain; the head of a scope's chain is locked together with the
 scope row (same round trip), so a mutation's audit row costs no round trip of its own.
 
-## Round trips: at most 3 under a scope lock for a capture
+## Round trips under a scope lock
 
 Writes are buffered and sent, with the COMMIT, in one pipeline (psycopg's
 ``Connection.pipeline()``); a read sends the buffered writes before it in the same pipeline
 (so it sees them: no overlay to keep), and the lock statements travel with the first statement
 about the scope. A capture is then two round trips under its scope lock (three with a grant to
 consume): ``[BEGIN, lock scope, lock audit head, read idempotency key]``, ``[insert event, move
-head, insert candidate, data key, idempotency outcome, audit row, audit head, COMMIT]``. A
-long transaction's buffer is sent early once it holds ``FLUSH_STATEMENTS`` statements or has
-not reached the server for ``FLUSH_IDLE_S`` (so the server's idle-in-transaction timeout, which
-frees the locks of a core that died mid-transaction, never fires on a live one).
+head, insert candidate, data key, idempotency outcome, audit row, audit head, COMMIT]``
+(tests/store/test_postgres_engine.py counts them on the wire). Every read a service makes inside
+the transaction is one more: an admission is four (target, replay check, payload standing,
+COMMIT), a withdrawal four with its grant, a forget five (its derivatives too); fewer would take
+services asking for those reads together. A long transaction's buffer is sent early once it
+holds ``FLUSH_STATEMENTS`` statements or has not reached the server for ``FLUSH_IDLE_S`` (so the
+server's idle-in-transaction timeout, which frees the locks of a core that died mid-transaction,
+never fires on a live one).
 
 ## Commit outcome
 
