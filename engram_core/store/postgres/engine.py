@@ -69,9 +69,12 @@ so a search that reads only the in-memory index costs the pool nothing.
 
 A bounded ``psycopg_pool.ConnectionPool`` (``pool_size``): a replica needs at most one
 connection per gRPC worker thread running a transaction, plus a few for the index build, the
-audit mover and maintenance; size it "gRPC workers + 4" (the key vault has a small pool of its
-own). A connection idle for ``IDLE_CHECK_S`` is checked before use (one empty query), so a
-database restarted meanwhile costs no caller an error. The engine opens from a libpq connection
+audit mover and maintenance: connections per replica at most its gRPC workers + 4 (the default,
+20, is ``engram serve``'s 16 workers + 4; the key vault has a pool of its own, 4 by default, used
+outside the engine's transactions). A replica never holds more, and a caller waiting longer than
+``pool_timeout_s`` for one is refused, STORE_UNAVAILABLE. A connection idle for ``IDLE_CHECK_S``,
+or one the server wrote to while idle (it closed it), is checked before use (one empty query), so
+a database restarted meanwhile costs no caller an error. The engine opens from a libpq connection
 string or service name; a password in it is refused (``PGPASSFILE`` or the libpq environment
 carry it, never a command line or a string that ends up in a process listing or a log).
 
@@ -915,7 +918,7 @@ class PostgresEngine:
     records_key_generations = True
     tx_class: type[PostgresEngineTx] = PostgresEngineTx  # (tests put a deliberately broken one here)
 
-    def __init__(self, conninfo: str, *, pool_size: int = 12, migrate: bool = True,
+    def __init__(self, conninfo: str, *, pool_size: int = 20, migrate: bool = True,
                  migrations: tuple[Migration, ...] = MIGRATIONS, connect_timeout_s: float = 30.0,
                  pool_timeout_s: float = 30.0, idle_in_transaction_timeout_s: float = 60.0,
                  lock_timeout_s: float = 30.0) -> None:
