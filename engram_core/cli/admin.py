@@ -420,7 +420,13 @@ def _projections(args: argparse.Namespace, rebuild: bool) -> int:
 
 def _reload(args: argparse.Namespace) -> int:
     value = _call(args, "ReloadPolicies", _scope_req(args))
-    return _emit(args, value, f"policy revision {value['revision']} (was {value['previous_revision']})")
+    if value.get("outcome") != "refused":
+        return _emit(args, value, f"policy revision {value['revision']} (was {value['previous_revision']})")
+    problem = value.get("problem") or {}
+    where = ":".join(str(p) for p in (problem.get("file"), problem.get("line")) if p)
+    active = f"revision {value['revision']} still active" if value.get("revision") else "no revision active"
+    _emit(args, value, f"refused; {active}: {where + ': ' if where else ''}{problem.get('error', '')}")
+    return 1
 
 
 def _record_digest_of(args: argparse.Namespace) -> str:
@@ -456,7 +462,7 @@ def _attest(args: argparse.Namespace) -> int:
         result = host_pb2_grpc.HostServiceStub(channel).Attest(host_pb2.AttestRequest(
             tenant=args.tenant, workspace=args.workspace, target=args.target, trust_class=args.trust_class,
             event_id=event_id, reason_ref=args.reason, verifier_public_key_pem=pem, signature=signature),
-            metadata=admin_metadata(args.host_key, scopes=ALL_SCOPES), timeout=args.timeout)
+            metadata=admin_metadata(args.host_key, scopes=ALL_SCOPES, call="host"), timeout=args.timeout)
     value = json.loads(result.json)
     r = value["receipt"]
     note = " (replayed)" if value.get("replayed") else ""

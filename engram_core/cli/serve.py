@@ -25,8 +25,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", required=True, help="data directory (database, store key, host.key)")
     p.add_argument("--listen", default="127.0.0.1:50051", help="HOST:PORT (default: %(default)s)")
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--policies", default=None, help="policy bundle directory (default: bundled policies/)")
+    group.add_argument("--policies", default=None,
+                       help="policy bundle directory or bundle archive (.tar.gz) (default: bundled policies/)")
     group.add_argument("--opa-url", default=None, help="ask an OPA server over its REST Data API instead")
+    group.add_argument("--bundle-url", default=None, metavar="URL",
+                       help="pull the bundle archive from an OPA-compatible bundle server (HTTP GET with ETag, "
+                            "polled; every replica pointed at it converges on its revision)")
+    bundles = p.add_argument_group("policy bundles and decision logs (docs/policies.md)")
+    bundles.add_argument("--bundle-verification-key", default=None, metavar="PEM_FILE",
+                         help="refuse bundles whose .signatures.json does not verify with this public key "
+                              "(unsigned or tampered bundles are refused at start and at every reload)")
+    bundles.add_argument("--bundle-poll-min-seconds", type=float, default=10.0, metavar="S",
+                         help="with --bundle-url: wait at least S seconds between polls (default: %(default)s)")
+    bundles.add_argument("--bundle-poll-max-seconds", type=float, default=20.0, metavar="S",
+                         help="with --bundle-url: and at most S (random in between; also the backoff cap) "
+                              "(default: %(default)s)")
+    bundles.add_argument("--bundle-bearer-token-file", default=None, metavar="FILE",
+                         help="with --bundle-url: send Authorization: Bearer <the file's content>")
+    bundles.add_argument("--decision-log", default=None, metavar="SINK",
+                         help="log every policy decision, masked by the bundle's engram.log.mask: file:PATH, "
+                              "an http(s):// decision-log service (OPA's upload format), or a .toml file with a "
+                              "[decision_log] section (off by default)")
     p.add_argument("--trust-host-key", action="append", default=[], metavar="PEM_FILE",
                    help="also trust this host public key (repeatable)")
     p.add_argument("--audit-device", action="append", default=[], metavar="SPEC",

@@ -34,6 +34,7 @@ import json
 import os
 import secrets
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -162,16 +163,22 @@ class KekRing:
         self._keks: dict[int, bytes] = {}
         self._meta: dict[int, tuple[int, int | None]] = {}  # generation -> (created_at_ms, deactivated_at_ms)
         self._retired: dict[int, int] = {}  # generation -> retired_at_ms
+        self.ring_id = ""  # the ring's identity: kept while its generations rotate (shared_secrets.py)
         if path.exists():
             self._load(json.loads(path.read_text()))
+            if not self.ring_id:  # a ring from before rings had an identity
+                self.ring_id = secrets.token_hex(16)
+                self._persist()
         else:
             self._keks = {1: secrets.token_bytes(32)}
-            self._meta = {1: (0, None)}
+            self._meta = {1: (time.time_ns() // 1_000_000, None)}  # its rotation is due one interval from now
             self._active = 1
+            self.ring_id = secrets.token_hex(16)
             self._persist()
 
     def _load(self, state: dict) -> None:
         self._active = int(state["active"])
+        self.ring_id = str(state.get("ring_id", ""))
         if state.get("format") == RING_FORMAT:
             for g, entry in state["generations"].items():
                 self._keks[int(g)] = bytes.fromhex(entry["key"])
@@ -185,7 +192,7 @@ class KekRing:
 
     def _persist(self) -> None:
         state = {
-            "format": RING_FORMAT, "active": self._active,
+            "format": RING_FORMAT, "ring_id": self.ring_id, "active": self._active,
             "generations": {str(g): {"key": k.hex(), "created_at_ms": self._meta[g][0],
                                      "deactivated_at_ms": self._meta[g][1]} for g, k in sorted(self._keks.items())},
             "retired": {str(g): at for g, at in sorted(self._retired.items())},

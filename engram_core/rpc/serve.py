@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engram_core.errors import EngramError
+from engram_core.policy.serving import PolicySettings, build_serving_policy
 from engram_core.rpc.tls import ServerTls, plaintext_refusal
 from engram_core.store.file_modes import private_umask
 
@@ -85,17 +86,29 @@ def serve_main(args: argparse.Namespace) -> int:
             return _fail(str(exc))
     metrics = CoreMetrics(tenant_labels=args.metrics_tenant_labels) if getattr(args, "metrics", None) else None
     try:
+        settings = policy_settings(args)
+        serving = build_serving_policy(settings, Path(args.data))
+    except ValueError as exc:
+        return _fail(str(exc))
+    try:
         running = start_core(
-            Path(args.data), listen=args.listen,
-            policies_dir=Path(args.policies) if args.policies else None,
-            opa_url=args.opa_url, extra_trusted_pems=pems, audit_devices=args.audit_device, metrics=metrics,
-            tls=tls, key_schedule=KeySchedule(rotation_interval_ms=getattr(args, "key_rotation_interval", DAY_MS),
-                                              retention_ms=getattr(args, "key_retention", DAY_MS)),
+            Path(args.data), listen=args.listen, extra_trusted_pems=pems, audit_devices=args.audit_device,
+            metrics=metrics, tls=tls, policy=serving.engine,
+            key_schedule=KeySchedule(rotation_interval_ms=getattr(args, "key_rotation_interval", DAY_MS),
+                                     retention_ms=getattr(args, "key_retention", DAY_MS)),
         )
     except EngramError as exc:
+        serving.engine.close()
         return _fail(f"{exc.code.value}: {exc.detail}")
     except (OSError, ValueError) as exc:  # the message names paths or addresses, never key material
+        serving.engine.close()
         return _fail(f"cannot start: {exc}")
+    serving.start_pulling(running.core.policy.reload, settings)
+    if metrics is not None:
+        from engram_core.policy.metrics import PolicyCollector
+
+        metrics.registry.register(PolicyCollector(logger=serving.logger, source=serving.source,
+                                                  engine=running.core.policy))
     metrics_server, metrics_address = None, ""
     if metrics is not None:
         try:
@@ -126,6 +139,13 @@ def serve_main(args: argparse.Namespace) -> int:
     # Machine-readable ready line, always the first line on stdout: tests and scripts wait for it.
     print(f"engram core listening on {running.address} (data {args.data}, host key {running.host_key_path})", flush=True)
     opened = opened_summary(running, args, metrics_address)
+    opened.update(serving.describe())
+    if not running.core.policy.active() and (serving.refused or serving.unavailable):
+        problem = serving.refused or {}
+        where = ":".join(str(x) for x in (problem.get("file"), problem.get("line")) if x)
+        why = f"bundle refused: {where + ': ' if where else ''}{problem.get('error')}" if serving.refused \
+            else serving.unavailable
+        opened["policy_revision"] = f"NONE (not serving: {why})"
     print("engram core opened: " + ", ".join(f"{k} {v}" for k, v in opened.items()), flush=True)
     log_event("started", **opened)
     described = running.core.store.describe()
@@ -140,12 +160,36 @@ def serve_main(args: argparse.Namespace) -> int:
         pass
     drain = getattr(args, "drain_seconds", 10.0)
     log_event("draining", grace_s=drain)
-    running.stop(drain)
+    serving.stop_pulling()
+    running.stop(drain)  # closes the policy engine, and with it the decision logger (flushed)
     log_event("stopped", store_closed=not running.core.store.is_open())
     if metrics_server is not None:
         metrics_server.shutdown()
     tracing.shutdown()
     return 0
+
+
+def policy_settings(args: argparse.Namespace) -> PolicySettings:
+    """The policy flags of `engram serve`, checked before the data directory is touched."""
+    from engram_core.policy.decisionlog.config import parse_decision_log
+
+    token = None
+    token_file = getattr(args, "bundle_bearer_token_file", None)
+    if token_file:
+        try:
+            token = Path(token_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ValueError(f"--bundle-bearer-token-file: cannot read {token_file} ({exc.strerror})") from None
+    key = getattr(args, "bundle_verification_key", None)
+    log_spec = getattr(args, "decision_log", None)
+    poll_min, poll_max = getattr(args, "bundle_poll_min_seconds", 10.0), getattr(args, "bundle_poll_max_seconds", 20.0)
+    if not 0 < poll_min <= poll_max:
+        raise ValueError("--bundle-poll-min-seconds must be positive and at most --bundle-poll-max-seconds")
+    return PolicySettings(
+        policies=Path(args.policies) if args.policies else None, opa_url=args.opa_url,
+        bundle_url=getattr(args, "bundle_url", None), verification_key=Path(key) if key else None,
+        poll_min_s=poll_min, poll_max_s=poll_max, bundle_token=token,
+        decision_log=parse_decision_log(log_spec) if log_spec else None)
 
 
 def _server_tls(args: argparse.Namespace) -> ServerTls | None:

@@ -28,7 +28,7 @@ from engram_core.crypto.sealing import unseal
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import BoundContext
 from engram_core.hostkeys import key_id, load_public_pem, public_pem
-from engram_core.policy.port import RETENTION
+from engram_core.policy.port import RETENTION, BundleRefused
 from engram_core.services import keyring, lifecycle
 from engram_core.services.core import CallRecord, Core, context_facts, new_id
 from engram_core.services.derivatives import apply_derivative_rule
@@ -697,6 +697,11 @@ class MaintenanceService:
         with self.core.store.write() as tx:
             removed = tx.drop_projections(tenant, workspace)
             self.core.projections.mark(tx, tenant, workspace, stale=True)  # searches: PROJECTION_STALE
+            # Journaled: the other cores of a shared store reload the scope's index when they see it.
+            tx.append_event(tenant, workspace, event_id=new_id("evt_"), operation="invalidate_projections",
+                            target=f"projections:{tenant}/{workspace}", from_state="projections_current",
+                            to_state="projections_stale", at_ms=self.core.now_ms(),
+                            body={"removed": removed, "decisions": call.summaries(), "audit_id": ctx.audit_id})
             scope = tx.scope(tenant, workspace)
             tx.append_audit(self.core.audit_row(tctx, "admin.invalidate_projections", "ok", f"{tenant}/{workspace}", call))
         self.core.projections.published(tenant, workspace, stale=True)
@@ -722,6 +727,11 @@ class MaintenanceService:
                 indexed.append(rec.record_id)
             counts = tx.projection_counts(tenant, workspace)
             self.core.projections.mark(tx, tenant, workspace, stale=False)
+            tx.append_event(tenant, workspace, event_id=new_id("evt_"), operation="rebuild_projections",
+                            target=f"projections:{tenant}/{workspace}", from_state="projections_stale",
+                            to_state="projections_current", at_ms=self.core.now_ms(),
+                            body={"records_indexed": len(indexed), "decisions": call.summaries(),
+                                  "audit_id": ctx.audit_id})
             scope = tx.scope(tenant, workspace)
             tx.append_audit(self.core.audit_row(tctx, "admin.rebuild_projections", "ok", f"{tenant}/{workspace}", call))
         self.core.projections.published(tenant, workspace, stale=False)
@@ -733,11 +743,20 @@ class MaintenanceService:
         })
 
     def reload_policies(self, ctx: BoundContext) -> dict[str, Any]:
+        """Activate the bundle as it is now. A bundle that was read and refused is an answer,
+        not an error: retrying cannot help, so the caller learns which file failed and that
+        the previous revision stays active (``outcome: refused``). An unreachable backend is
+        still POLICY_UNAVAILABLE (retriable)."""
         call = self.authorize(ctx, "reload_policies")
         previous = self.core.policy.revision()
-        revision = self.core.policy.reload()  # on failure the active bundle stays (POLICY_UNAVAILABLE)
+        try:
+            revision = self.core.policy.reload()
+        except BundleRefused as exc:
+            self._audit(ctx, "reload_policies", "refused", exc.active_revision, CallRecord([*call.decisions]))
+            return {"outcome": "refused", "previous_revision": previous, "revision": exc.active_revision,
+                    "problem": exc.problem}
         self._audit(ctx, "reload_policies", "ok", revision, CallRecord([*call.decisions]))
-        return {"previous_revision": previous, "revision": revision}
+        return {"outcome": "activated", "previous_revision": previous, "revision": revision}
 
 
 ANALYZER_META = "lexical_analyzer"

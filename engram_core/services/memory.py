@@ -485,6 +485,7 @@ class MemoryService(ReadService):
                         derivative_rule=retention.get("derivative_rule", "make-ineligible"),
                         accepted_at_ms=now, accepted_cursor=event.cursor, state_cursor=event.cursor,
                         successor_id=None, sealed_body=body, key_slot=record_slot,
+                        session=cand.session, captured_at_ms=cand.captured_at_ms,
                     ))
                     tx.put_data_key(f"record:{record_id}", record_slot, now)  # type: ignore[arg-type]
                     tx.index_record(ctx.tenant, ctx.workspace, record_id, fields, vector)

@@ -66,6 +66,8 @@ def audit_doc(row: AuditRow, chain: str, head: tuple[int, str]) -> dict[str, Any
         "operation": row.operation, "outcome": row.outcome, "target_digest": row.target_digest,
         "decisions": row.decisions, "prev_digest": head[1],
     }
+    if row.context_nonce:  # rows from before migration 11, and rows of calls that claimed none, lack it
+        doc["context_nonce"] = row.context_nonce
     if chain == LEGACY_CHAIN:
         del doc["chain"]
     doc["row_digest"] = audit_digest_of(doc)

@@ -78,6 +78,7 @@ class TxEffects:
     spooled_audit: list[dict[str, Any]] = field(default_factory=list)
     audit_docs: list[dict[str, Any]] = field(default_factory=list)  # the chained documents, once chained
     changes: list[Change] = field(default_factory=list)  # for the search index, after commit
+    appended_cursors: list[tuple[str, str, int]] = field(default_factory=list)  # journal events it wrote
     names_new_keys: bool = False  # data keys created unsynced: the vault is synced before COMMIT
     destroyed_slots: list[int] = field(default_factory=list)  # zeroed in the vault after COMMIT
     destroyed_generations: list[int | None] = field(default_factory=list)  # the KEKs that wrapped them
@@ -248,6 +249,10 @@ class EngineTx(Protocol):
 
     def all_audit_heads(self) -> dict[str, tuple[int, str]]:
         """Every chain's head as this transaction sees it."""
+        ...
+
+    def recent_context_nonces(self, since_ms: int) -> list[tuple[str, int]]:
+        """(``context_nonce``, ``at_ms``) of the audit rows written since ``since_ms`` that name one."""
         ...
 
     # -- trusted host keys, metadata, the store as a whole --------------------------------------------

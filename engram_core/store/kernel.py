@@ -49,9 +49,11 @@ from engram_core.store.changes import (
     VectorIndexed,
 )
 from engram_core.store.engine import Engine, EngineTx, TxEffects
+from engram_core.store.page_pins import PinStore
 from engram_core.store.port import AuditRow, Event, LexicalPage, LexicalStats, RecordRow, ScopeRow
 from engram_core.store.projection import Projection, open_plain, open_projection, seal_projection
-from engram_core.store.search_index import FIELD_CODE, IndexBuilder, SearchIndex
+from engram_core.store.search_index import FIELD_CODE, FIELDS, IndexBuilder, SearchIndex
+from engram_core.store.usage_counters import QuotaCounters
 
 SPOOL_BATCH = 512  # spooled audit rows moved into the engine in one transaction
 log = logging.getLogger(__name__)
@@ -91,6 +93,8 @@ class StoreKernel:
         self._publish = threading.Lock()
         self._index = SearchIndex()
         self._scopes: dict[tuple[str, str], ScopeRow] | None = None
+        # Per scope, the journal cursor up to which the index holds every committed change.
+        self._applied: dict[tuple[str, str], int] = {}
         self._stale = True
         self._open = True
         if recover and self._spool is not None and self._spool.pending:
@@ -165,6 +169,34 @@ class StoreKernel:
                 pass
             spool.clear()
 
+    def recent_context_nonces(self, since_ms: int) -> list[tuple[str, int]]:
+        """The context nonces claimed by calls audited since ``since_ms``: (nonce ref, at_ms),
+        from the engine's rows and the spool's."""
+        with self.engine.read(snapshot=False) as tx:
+            found = tx.recent_context_nonces(since_ms)
+        pending = self._spool.pending if self._spool is not None else []
+        found += [(d["context_nonce"], int(d["at_ms"])) for d in pending
+                  if d.get("context_nonce") and int(d["at_ms"]) >= since_ms]
+        return found
+
+    def claim_context_nonce(self, ref: str, expires_at_ms: int) -> bool:
+        """Claim a context's nonce where every core of the store sees it: True when it was not
+        claimed before. An engine that is the sole writer of its database needs no such claim
+        (the process's ledger, seeded from the audit log at open, is exact), so True."""
+        if self.engine.sole_writer:
+            return True
+        return self.engine.claim_context_nonce(ref, expires_at_ms)  # type: ignore[attr-defined]
+
+    def page_pins(self, now_ms: Callable[[], int]) -> PinStore:
+        """Where search pins are kept: this process's memory, and the database too when other
+        cores share it (a cursor from one core pages on another)."""
+        return PinStore(now_ms=now_ms, shelf=None if self.engine.sole_writer else self.engine)  # type: ignore[arg-type]
+
+    def usage_counters(self, now_ms: Callable[[], int]) -> QuotaCounters:
+        """The usage counters quotas are decided on: in memory for the sole writer, the database's
+        when other cores share it (one quota however a principal's calls are spread)."""
+        return QuotaCounters(now_ms, shared=None if self.engine.sole_writer else self.engine)  # type: ignore[arg-type]
+
     def audit_spool_state(self) -> tuple[int, int | None]:
         """(audit rows spooled but not yet in the engine, ``at_ms`` of the oldest of them)."""
         pending = self._spool.pending if self._spool is not None else []
@@ -220,12 +252,16 @@ class StoreKernel:
 
     def committed(self, effects: list[TxEffects], scopes: dict[tuple[str, str], ScopeRow]) -> None:
         changes = [c for e in effects for c in e.changes]
+        appended = sorted({c for e in effects for c in e.appended_cursors})
         if changes or scopes:
             with self._publish:
                 try:
                     self._index.apply(changes)
                     if self._scopes is not None:
                         self._scopes.update(scopes)
+                    for (t, w), cursors in _runs(appended).items():
+                        if self._applied.get((t, w), 0) == cursors[0] - 1:  # no other core's event between
+                            self._applied[(t, w)] = cursors[-1]
                 except Exception:
                     log.exception("search index change not applied; rebuilding before the next search")
                     self._stale = True
@@ -259,13 +295,59 @@ class StoreKernel:
 
     def committed_scope(self, tenant: str, workspace: str) -> ScopeRow | None:
         """The scope row as of the last commit whose changes the search index holds: the index is
-        at least as new as this row, so its ``last_cursor`` can pin a search."""
+        at least as new as this row, so its ``last_cursor`` can pin a search. Where other cores
+        write the same database, the row is read from it and the index caught up to its head
+        first (``catch_up``): a read here sees what any core acknowledged before it."""
         if not self.engine.sole_writer:
-            return self.engine.scope_now(tenant, workspace)
+            row = self.engine.scope_now(tenant, workspace)
+            if row is not None:
+                self.catch_up(tenant, workspace, row.last_cursor)
+            return row
         with self._publish:
             if self._stale:
                 self._reload()
             return self._scopes.get((tenant, workspace)) if self._scopes is not None else None
+
+    def catch_up(self, tenant: str, workspace: str, head: int) -> int:
+        """Bring the scope's part of the search index to journal cursor ``head``: the records the
+        events since the index's cursor touched are read again from the engine (row and sealed
+        projection) and indexed as they are now (an event that rebuilt or dropped the scope's
+        projections reloads the scope). Returns how many records it re-read."""
+        key = (tenant, workspace)
+        with self._publish:
+            if self._stale:
+                self._reload()
+            applied = self._applied.get(key, 0)
+        if applied >= head:
+            return 0
+        with self.engine.read(snapshot=True) as etx:
+            events = etx.events(tenant, workspace, applied + 1, head)
+            if any(e.operation in SCOPE_WIDE_OPERATIONS for e in events):
+                touched = [r.record_id for r in etx.scope_records(tenant, workspace)]
+                dropped = True
+            else:
+                touched = list(dict.fromkeys(rid for e in events for rid in _records_of(e)))
+                dropped = False
+            rows = etx.records(tenant, workspace, touched)
+            blobs = {rid: etx.projection_blob(rid) for rid in touched if rid in rows}
+            reached = max((e.cursor for e in events), default=applied)
+        changes: list[Any] = [ScopeProjectionsDropped(tenant, workspace)] if dropped else []
+        for rid in touched:
+            row, blob = rows.get(rid), blobs.get(rid)
+            key_bytes = self._record_key(row) if row is not None and blob is not None else None
+            if row is None or blob is None or key_bytes is None:
+                changes.append(RecordUnindexed(tenant, workspace, rid))
+                continue
+            projection = open_projection(key_bytes, rid, blob[0])
+            changes.append(RecordIndexed(row, _postings_of(projection)))
+            if projection.vector is not None:
+                changes.append(VectorIndexed(tenant, workspace, rid, projection.model, projection.vector))
+        with self._publish:
+            # What this core committed itself meanwhile is newer than what was read: keep it.
+            changes = [c for c in changes if not _older_than_indexed(self._index, c)] if not dropped else changes
+            self._index.apply(changes)
+            self._applied[key] = max(self._applied.get(key, 0), reached)
+        return len(touched)
 
     def index_ready(self) -> bool:
         """The search index is built and current (readiness)."""
@@ -300,6 +382,7 @@ class StoreKernel:
             scopes = scan.scopes()
         index = builder.finish()
         self._index, self._scopes, self._stale = index, scopes, False
+        self._applied = {k: row.last_cursor for k, row in scopes.items()}
         if self.on_index_rebuild is not None:
             self.on_index_rebuild(time.perf_counter() - started, index.document_count())
 
@@ -358,11 +441,14 @@ class StoreKernel:
         except EngramError:
             pass  # still durable in the spool: moved at the next open
         self._open = False
-        if self._spool is not None:
-            self._spool.close()
-        if self._devices:
-            self._devices.close()
-        self.engine.close()
+        # An index build in progress (the server builds it after it listens) reads the engine:
+        # it finishes before the engine closes (a stop right after a start raced it).
+        with self._publish:
+            if self._spool is not None:
+                self._spool.close()
+            if self._devices:
+                self._devices.close()
+            self.engine.close()
         if self._syncer is not None:
             self._syncer.shutdown()
 
@@ -413,6 +499,7 @@ class KernelTx:
         event = Event(tenant, workspace, cursor, event_id, operation, target, from_state, to_state, at_ms, body,
                       scope.last_event_digest, event_digest_of(doc))
         self._etx.insert_event(event)
+        self._effects.appended_cursors.append((tenant, workspace, cursor))
         return event
 
     # -- audit -------------------------------------------------------------------------------------------------
@@ -586,7 +673,7 @@ class KernelTx:
         self, tenant: str, workspace: str, stats: LexicalStats, weights: dict[str, float], *, k1: float, b: float,
         now_ms: int, half_life_ms: int, lexical_weight: float, max_accepted_cursor: int,
         best_bm25: float | None, after: tuple[float, int, str] | None, limit: int,
-        window: tuple[int, int] | None = None, neighbours: tuple[int, float, int] | None = None,
+        window: tuple[int, int] | None = None, neighbours: tuple[int, float, int, int] | None = None,
     ) -> LexicalPage:
         """BM25F ranking of the scope's eligible records (see ``SearchIndex.rank``)."""
         with self._kernel.search_index() as index:
@@ -597,10 +684,48 @@ class KernelTx:
     def rank_vectors(
         self, tenant: str, workspace: str, model: str, vector: list[float], *, now_ms: int,
         max_accepted_cursor: int, min_similarity: float, limit: int,
-        neighbours: tuple[int, float, int] | None = None,
+        neighbours: tuple[int, float, int, int] | None = None,
     ) -> list[tuple[str, float, int]]:
         """Nearest eligible records by cosine similarity (see ``SearchIndex.nearest``)."""
         with self._kernel.search_index() as index:
             return index.nearest(tenant, workspace, model, vector, now_ms=now_ms,
                                  max_accepted_cursor=max_accepted_cursor, min_similarity=min_similarity, limit=limit,
                                  neighbours=neighbours)
+
+
+# Journal operations after which a replica reloads the scope's index rather than single records.
+SCOPE_WIDE_OPERATIONS = frozenset({"invalidate_projections", "rebuild_projections"})
+
+
+def _records_of(event: Event) -> list[str]:
+    """The records a journal event changed: its target when that is a record, and the record an
+    admission created."""
+    out = [event.target] if event.target.startswith("mem_") else []
+    created = event.body.get("record_id") if isinstance(event.body, dict) else None
+    if isinstance(created, str) and created.startswith("mem_"):
+        out.append(created)
+    return out
+
+
+def _postings_of(projection: Projection) -> tuple[Posting, ...]:
+    out = []
+    for code, (terms, tfs) in sorted(projection.fields.items()):
+        name, length = FIELDS[code], int(tfs.sum())
+        out += [Posting(int(t), name, int(tf), length) for t, tf in zip(terms.tolist(), tfs.tolist(), strict=True)]
+    return tuple(out)
+
+
+def _older_than_indexed(index: SearchIndex, change: Any) -> bool:
+    if not isinstance(change, (RecordIndexed, VectorIndexed)):
+        return False
+    if isinstance(change, VectorIndexed):
+        return False
+    held = index.state_cursor_of(change.row.tenant, change.row.workspace, change.row.record_id)
+    return held is not None and held > change.row.state_cursor
+
+
+def _runs(appended: list[tuple[str, str, int]]) -> dict[tuple[str, str], list[int]]:
+    out: dict[tuple[str, str], list[int]] = {}
+    for t, w, c in appended:
+        out.setdefault((t, w), []).append(c)
+    return out

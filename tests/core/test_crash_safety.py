@@ -41,10 +41,11 @@ def verify_store(data_dir) -> None:
                     assert e.prev_digest == prev and event_digest_of(doc) == e.event_digest
                     prev = e.event_digest
                 assert prev == scope.last_event_digest
-            prev = GENESIS
+            prev: dict[str, str] = {}  # each audit chain on its own
             for row in tx.audit_rows(None, None, 0, None):
-                assert row["prev_digest"] == prev and audit_digest_of(row) == row["row_digest"]
-                prev = row["row_digest"]
+                chain = row.get("chain", "")
+                assert row["prev_digest"] == prev.get(chain, GENESIS) and audit_digest_of(row) == row["row_digest"]
+                prev[chain] = row["row_digest"]
             live = tx.live_key_slots()
             owners = set(live.values())
             for (cid, state) in tx._all("SELECT candidate_id, state FROM candidates"):

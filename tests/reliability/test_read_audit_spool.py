@@ -71,11 +71,12 @@ def test_acknowledged_reads_are_in_the_audit_log_after_sigkill(tmp_path) -> None
         acked = []
         for i in range(25):
             audit_id = f"aud_read_drill_{i:03d}"
-            ctx = client.context(audit_id=audit_id)
             if i % 2:
-                client.call("search", {"query": "shoveler", "purpose_ref": client.purpose_ref}, context=ctx)
+                client.call("search", {"query": "shoveler", "purpose_ref": client.purpose_ref},
+                            context=client.context("search", audit_id=audit_id))
             else:
-                client.call("get", {"record_id": rid, "purpose_ref": client.purpose_ref}, context=ctx)
+                client.call("get", {"record_id": rid, "purpose_ref": client.purpose_ref},
+                            context=client.context("get", audit_id=audit_id))
             acked.append(audit_id)
         client.channel.close()
     finally:
@@ -198,7 +199,7 @@ def test_a_read_through_the_service_is_audited_before_it_answers(tmp_path) -> No
         client = Client(running)
         before = (tmp_path / "data" / audit_spool.SPOOL_NAME).stat().st_size
         client.call("search", {"query": "anything", "purpose_ref": client.purpose_ref},
-                    context=client.context(audit_id="aud_answered_search"))
+                    context=client.context("search", audit_id="aud_answered_search"))
         spooled = (tmp_path / "data" / audit_spool.SPOOL_NAME).read_bytes()[before:]
         assert b'"audit_id":"aud_answered_search"' in spooled and spooled.endswith(b"\n")
     finally:

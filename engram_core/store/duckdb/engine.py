@@ -36,7 +36,7 @@ from engram_core.store.chain import GENESIS, LEGACY_CHAIN
 from engram_core.store.duckdb.group_commit import MAX_MEMBERS, Batch, Member, Pending, statement_of, tables_of
 from engram_core.store.duckdb.migrations import LEDGER_DDL, MIGRATIONS
 from engram_core.store.duckdb.record_links import RecordLinks
-from engram_core.store.duckdb.record_sql import RECORD_COLS, record_of
+from engram_core.store.duckdb.record_sql import RECORD_COLS, RECORD_COLS_BEFORE_12, record_of
 from engram_core.store.duckdb.trust import TrustClasses
 from engram_core.store.engine import CommitHooks, TxEffects
 from engram_core.store.key_digests import KeyDigests
@@ -81,20 +81,25 @@ _CANDIDATES = frozenset({"candidates"})
 _DATA_KEYS = frozenset({"data_keys"})
 _STANDING = frozenset({"records", "tombstones"})
 _AUDIT_KEYS = ("chain", "seq", "at_ms", "audit_id", "tenant", "workspace", "principal", "agent_id", "operation",
-               "outcome", "target_digest", "decisions", "prev_digest", "row_digest")
+               "outcome", "target_digest", "decisions", "prev_digest", "row_digest", "context_nonce")
+_OPTIONAL_AUDIT = {"chain": LEGACY_CHAIN, "context_nonce": ""}  # absent from a document: this value
+_AUDIT_TYPES = ("VARCHAR", "UBIGINT", "BIGINT") + ("VARCHAR",) * 12
 
 
 def _audit_values(doc: dict[str, Any]) -> list[Any]:
-    return [json.dumps(doc[k], sort_keys=True) if k == "decisions" else doc.get(k, LEGACY_CHAIN)
-            if k == "chain" else doc[k] for k in _AUDIT_KEYS]
+    return [json.dumps(doc[k], sort_keys=True) if k == "decisions" else doc.get(k, _OPTIONAL_AUDIT[k])
+            if k in _OPTIONAL_AUDIT else doc[k] for k in _AUDIT_KEYS]
 
 
 def _audit_doc(row: tuple) -> dict[str, Any]:
     d = dict(zip(_AUDIT_KEYS, row, strict=True))
     d["seq"] = int(d["seq"])
     d["decisions"] = json.loads(d["decisions"])
-    if d["chain"] == LEGACY_CHAIN:
-        del d["chain"]  # rows of the one chain before migration 9 never had the field in their digest
+    # Rows of the one chain before migration 9, and rows without a claimed nonce, never had the
+    # field in their digest.
+    for key, absent in _OPTIONAL_AUDIT.items():
+        if d[key] == absent:
+            del d[key]
     return d
 
 
@@ -442,7 +447,7 @@ class DuckDBEngineTx(RecordLinks, TrustClasses):
             [row.record_id, row.tenant, row.workspace, row.candidate_id, row.record_digest, row.payload_digest,
              row.state, row.trust_class, row.principal, row.agent_id, row.valid_t, row.valid_t_end,
              row.expires_at_ms, row.derivative_rule, row.accepted_at_ms, row.accepted_cursor, row.state_cursor,
-             row.successor_id, row.sealed_body, row.key_slot],
+             row.successor_id, row.sealed_body, row.key_slot, row.session, row.captured_at_ms],
             cols=f" ({RECORD_COLS})",
         )
         if self._member is not None and row.state == "accepted_current":
@@ -572,6 +577,16 @@ class DuckDBEngineTx(RecordLinks, TrustClasses):
         return out
 
     def insert_audit(self, docs: list[dict[str, Any]], *, if_absent: bool = False) -> None:
+        if self._member is None and len(docs) > 1:
+            # A spool's rows (512) in one statement: one INSERT each took ~2 ms apiece while the
+            # audit lock, which every read's own row waits for, was held.
+            columns = [list(c) for c in zip(*(_audit_values(d) for d in docs), strict=True)]
+            picks = ", ".join(f"unnest(${i + 1}::{t}[])" for i, t in enumerate(_AUDIT_TYPES))
+            self._con.execute(f"INSERT INTO audit ({', '.join(_AUDIT_KEYS)}) SELECT {picks}"
+                              + (" ON CONFLICT DO NOTHING" if if_absent else ""), columns)
+            for doc in docs:
+                self.audit_heads_changed[doc.get("chain", LEGACY_CHAIN)] = (int(doc["seq"]), doc["row_digest"])
+            return
         for doc in docs:
             self._insert("audit", _audit_values(doc), verb="INSERT OR IGNORE" if if_absent else "INSERT")
             self.audit_heads_changed[doc.get("chain", LEGACY_CHAIN)] = (int(doc["seq"]), doc["row_digest"])
@@ -583,6 +598,10 @@ class DuckDBEngineTx(RecordLinks, TrustClasses):
             sql += " AND tenant = ? AND workspace = ?"
             params += [tenant, workspace]
         return [_audit_doc(r) for r in self._all(sql + " ORDER BY chain, seq", params)]
+
+    def recent_context_nonces(self, since_ms: int) -> list[tuple[str, int]]:
+        return [(r[0], int(r[1])) for r in self._all(
+            "SELECT context_nonce, at_ms FROM audit WHERE at_ms >= ? AND context_nonce <> ''", [since_ms])]
 
     def all_audit_heads(self) -> dict[str, tuple[int, str]]:
         return {r[0]: (int(r[1]), r[2]) for r in self._all(
@@ -638,6 +657,7 @@ class DuckDBEngine:
 
     sole_writer = True  # the flock fence: no other process opens the file while this one has it
     records_key_generations = False  # the key vault (a file) says which generation wraps a key
+    tx_class: type[DuckDBEngineTx] = DuckDBEngineTx
 
     def __init__(self, data_dir: Path, *, migrate: bool = True, keys: DataKeys | None = None) -> None:
         """``keys``: the key vault, needed only by migration 6 (it sealed the plain projections
@@ -726,7 +746,8 @@ class DuckDBEngine:
             by_record.setdefault(record_id, {}).setdefault(FIELD_CODE[name], Counter())[int(term)] = int(tf)
         vectors = {rid: (model, list(values)) for rid, model, values in
                    con.execute("SELECT record_id, model, embedding FROM vectors").fetchall()}
-        rows = con.execute(f"SELECT {RECORD_COLS} FROM records WHERE record_id IN "
+        # Migration 6 runs on the records table of its time: the columns before migration 12.
+        rows = con.execute(f"SELECT {RECORD_COLS_BEFORE_12} FROM records WHERE record_id IN "
                            "(SELECT record_id FROM postings UNION SELECT record_id FROM vectors)").fetchall()
         sealed = []
         for found in rows:
@@ -909,7 +930,7 @@ class DuckDBEngine:
         assert hooks is not None, "the store kernel sets the commit hooks"
         with tracing.span("engram.store.transaction"), self._exclusive():
             con = self._con
-            tx = DuckDBEngineTx(con, self, writing=True)
+            tx = self.tx_class(con, self, writing=True)
             con.execute("BEGIN TRANSACTION")
             self._local.writing = True
             try:
@@ -936,7 +957,7 @@ class DuckDBEngine:
             if batch is None:
                 self._con.execute("BEGIN TRANSACTION")
                 batch = self._batch = Batch()
-            tx = DuckDBEngineTx(self._con, self, writing=True, batch=batch)
+            tx = self.tx_class(self._con, self, writing=True, batch=batch)
             self._local.writing = True
             try:
                 yield tx
@@ -1126,11 +1147,11 @@ class DuckDBEngine:
             cur = self._con.cursor()
             self._local.cursor = cur
         if not snapshot:
-            yield DuckDBEngineTx(cur, self)
+            yield self.tx_class(cur, self)
             return
         cur.execute("BEGIN TRANSACTION")
         try:
-            yield DuckDBEngineTx(cur, self)
+            yield self.tx_class(cur, self)
         finally:
             try:
                 cur.execute("ROLLBACK")

@@ -236,6 +236,30 @@ ALTER TABLE key_destructions ADD COLUMN generation BIGINT;
 """,
         step="destructions_wrapped_by_active_generation",
     ),
+    Migration(
+        11,
+        "audit rows name the context nonce their call claimed",
+        # So that a restarted core refuses a context used just before the restart: the nonces of
+        # the last context lifetime are read back from the audit log at open (context_nonces.py).
+        """
+ALTER TABLE audit ADD COLUMN context_nonce VARCHAR DEFAULT '';
+""",
+    ),
+    Migration(
+        12,
+        "records carry their capture session and instant",
+        # Search neighbours (profile version 4) link records an agent captured in one host-bound
+        # session close together in time, which needs the session and the capture instant at the
+        # index without opening candidates: both are copied from the candidate at admission, as
+        # trust class, principal and agent already are. Records admitted before this migration
+        # take them from their candidate row, which outlives admission (only its envelope goes).
+        """
+ALTER TABLE records ADD COLUMN session VARCHAR;
+ALTER TABLE records ADD COLUMN captured_at_ms BIGINT;
+UPDATE records SET session = c.session, captured_at_ms = c.captured_at_ms
+  FROM candidates c WHERE c.candidate_id = records.candidate_id;
+""",
+    ),
 )
 
 LEDGER_DDL = """

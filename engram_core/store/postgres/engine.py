@@ -117,13 +117,17 @@ OPEN_CHUNK = 4096  # rows fetched per round trip while the search index is built
 FLUSH_STATEMENTS = 256  # buffered statements sent early (a long maintenance transaction)
 FLUSH_IDLE_S = 5.0  # buffered statements sent early once the server has not heard from us this long
 MAX_BIGINT = 2**63 - 1
+SWEEP_EVERY_S = 60.0  # expired shared rows (nonce claims, page pins, usage buckets) deleted this often
+CLAIM_RETAIN_MS = 24 * 3_600_000  # nonce claims kept: far longer than any context lives (300 s)
+USAGE_RETAIN_MS = 2 * 3_600_000  # usage buckets kept: the longest quota window (an hour), twice
 log = logging.getLogger(__name__)
 
 RECORD_COLS = (
     "record_id, tenant, workspace, candidate_id, record_digest, payload_digest, state, trust_class, principal, "
     "agent_id, valid_t, valid_t_end, expires_at_ms, derivative_rule, accepted_at_ms, accepted_cursor, "
-    "state_cursor, successor_id, sealed_body, key_slot"
+    "state_cursor, successor_id, sealed_body, key_slot, session, captured_at_ms"
 )
+RECORD_WIDTH = 22  # columns in RECORD_COLS: a query's extra columns start here
 _RECORD_COLS_R = ", ".join("r." + c.strip() for c in RECORD_COLS.split(","))
 _CANDIDATE_COLS = (
     "candidate_id, tenant, workspace, principal, agent_id, session, state, payload_digest, record_digest, "
@@ -133,7 +137,8 @@ _SCOPE_COLS = "tenant, workspace, activated, tools, authorization_epoch, last_cu
 _EVENT_COLS = ("tenant, workspace, cursor, event_id, operation, target, from_state, to_state, at_ms, body, "
                "prev_digest, event_digest")
 _AUDIT_KEYS = ("chain", "seq", "at_ms", "audit_id", "tenant", "workspace", "principal", "agent_id", "operation",
-               "outcome", "target_digest", "decisions", "prev_digest", "row_digest")
+               "outcome", "target_digest", "decisions", "prev_digest", "row_digest", "context_nonce")
+_OPTIONAL_AUDIT = {"chain": LEGACY_CHAIN, "context_nonce": ""}  # absent from a document: this value
 _INSERT_AUDIT = f"INSERT INTO audit ({', '.join(_AUDIT_KEYS)}) VALUES ({', '.join(['%s'] * len(_AUDIT_KEYS))})"
 # A chain's head moves forward only: a spooled row moved in twice, or restored verbatim, never
 # moves it back.
@@ -143,7 +148,7 @@ _UPSERT_HEAD = ("INSERT INTO audit_heads (chain, seq, row_digest) VALUES (%s, %s
 
 def record_of(row: Sequence[Any]) -> RecordRow:
     """A ``RecordRow`` from a ``SELECT {RECORD_COLS}`` row (extra trailing columns are ignored)."""
-    return RecordRow(*row[:20])
+    return RecordRow(*row[:RECORD_WIDTH])
 
 
 def _candidate(row: Sequence[Any]) -> CandidateRow:
@@ -162,17 +167,25 @@ def _event(r: Sequence[Any]) -> Event:
 
 
 def _audit_values(doc: dict[str, Any]) -> list[Any]:
-    return [json.dumps(doc[k], sort_keys=True) if k == "decisions" else doc.get(k, LEGACY_CHAIN)
-            if k == "chain" else doc[k] for k in _AUDIT_KEYS]
+    return [json.dumps(doc[k], sort_keys=True) if k == "decisions" else doc.get(k, _OPTIONAL_AUDIT[k])
+            if k in _OPTIONAL_AUDIT else doc[k] for k in _AUDIT_KEYS]
 
 
 def _audit_doc(row: Sequence[Any]) -> dict[str, Any]:
     d = dict(zip(_AUDIT_KEYS, row, strict=True))
     d["seq"] = int(d["seq"])
     d["decisions"] = json.loads(d["decisions"])
-    if d["chain"] == LEGACY_CHAIN:
-        del d["chain"]  # rows of the one chain before DuckDB's migration 9 never had the field in their digest
+    # Rows of the one chain before DuckDB's migration 9, and rows without a claimed nonce, never had
+    # the field in their digest.
+    for key, absent in _OPTIONAL_AUDIT.items():
+        if d[key] == absent:
+            del d[key]
     return d
+
+
+def _subject(subject: str) -> str:
+    """A usage subject as stored: its NUL-separated parts as a JSON array (TEXT holds no NUL)."""
+    return json.dumps(subject.split("\x00"), separators=(",", ":"))
 
 
 def _conflict(exc: BaseException) -> bool:
@@ -603,11 +616,11 @@ class PostgresEngineTx:
         self._touch(row.tenant, row.workspace)
         self._seen.add(row.record_id)
         self._write(
-            f"INSERT INTO records ({RECORD_COLS}) VALUES ({', '.join(['%s'] * 20)})",
+            f"INSERT INTO records ({RECORD_COLS}) VALUES ({', '.join(['%s'] * RECORD_WIDTH)})",
             [row.record_id, row.tenant, row.workspace, row.candidate_id, row.record_digest, row.payload_digest,
              row.state, row.trust_class, row.principal, row.agent_id, row.valid_t, row.valid_t_end,
              row.expires_at_ms, row.derivative_rule, row.accepted_at_ms, row.accepted_cursor, row.state_cursor,
-             row.successor_id, row.sealed_body, row.key_slot])
+             row.successor_id, row.sealed_body, row.key_slot, row.session, row.captured_at_ms])
 
     def record(self, tenant: str, workspace: str, record_id: str) -> RecordRow | None:
         self._touch(tenant, workspace)
@@ -693,7 +706,7 @@ class PostgresEngineTx:
             "WHERE f.tenant = %s AND f.workspace = %s AND f.family_ref = ANY(%s) AND r.state = ANY(%s) "
             "AND r.tenant = %s AND r.workspace = %s GROUP BY r.record_id, f.primary_kind ORDER BY r.record_id",
             [tenant, workspace, list(family_refs), list(states), tenant, workspace])
-        out = [(record_of(r), r[20], list(r[21])) for r in rows]
+        out = [(record_of(r), r[RECORD_WIDTH], list(r[RECORD_WIDTH + 1])) for r in rows]
         self._seen.update(m[0].record_id for m in out)
         return out
 
@@ -829,6 +842,10 @@ class PostgresEngineTx:
             params += [tenant, workspace]
         return [_audit_doc(r) for r in self._query(sql + " ORDER BY chain, seq", params)]
 
+    def recent_context_nonces(self, since_ms: int) -> list[tuple[str, int]]:
+        return [(r[0], int(r[1])) for r in self._query(
+            "SELECT context_nonce, at_ms FROM audit WHERE at_ms >= %s AND context_nonce <> ''", [since_ms])]
+
     def all_audit_heads(self) -> dict[str, tuple[int, str]]:
         return {r[0]: (int(r[1]), r[2]) for r in self._query(
             "SELECT chain, seq, row_digest FROM audit_heads WHERE seq > 0")}
@@ -926,6 +943,8 @@ class PostgresEngine:
         self._hooks: CommitHooks | None = None
         self.on_commit: Any = None  # observability: seconds per COMMIT round trip, transactions (1)
         self._local = threading.local()
+        self._sweep_lock = threading.Lock()
+        self._swept: dict[str, float] = {}
         self._open = False
         self._pool = Pool(conninfo, name="engram-store", size=pool_size, connect_timeout_s=connect_timeout_s,
                           timeout_s=pool_timeout_s, settings=[
@@ -1099,6 +1118,69 @@ class PostgresEngine:
     def scope_now(self, tenant: str, workspace: str) -> ScopeRow | None:
         with self.read(snapshot=False) as tx:
             return tx.scope(tenant, workspace)
+
+    # -- state every core shares (the kernel asks for it because ``sole_writer`` is False) ---------------------------
+    def _autocommit(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """One statement on its own (autocommit), outside any transaction of the caller's."""
+        self._require_open()
+        with self.read(snapshot=False) as tx:
+            return tx._query(sql, params)
+
+    def _sweep_due(self, what: str) -> bool:
+        """True at most once per ``SWEEP_EVERY_S`` per kind of shared row: expired rows are deleted
+        then, by the statement that found it due (no round trip of its own)."""
+        now = time.monotonic()
+        with self._sweep_lock:
+            if what in self._swept and now - self._swept[what] < SWEEP_EVERY_S:
+                return False
+            self._swept[what] = now
+            return True
+
+    def claim_context_nonce(self, ref: str, expires_at_ms: int) -> bool:
+        """Claim a context's nonce for every core of the database: True when no core claimed it
+        before (the primary key is the arbiter; a claim is never replaced). Claims whose context
+        expired more than ``CLAIM_RETAIN_MS`` before this one's expiry are swept now and then: no
+        context lives that long (SPEC §2: 300 s), so those contexts are refused by their expiry
+        anyway. Every bound here is taken from the caller's instants, not this host's clock."""
+        sweep = self._sweep_due("nonces")
+        rows = self._autocommit(
+            ("WITH swept AS (DELETE FROM context_nonce_claims WHERE expires_at_ms < %s) " if sweep else "")
+            + "INSERT INTO context_nonce_claims VALUES (%s, %s) ON CONFLICT (ref) DO NOTHING RETURNING true",
+            ([expires_at_ms - CLAIM_RETAIN_MS] if sweep else []) + [ref, expires_at_ms])
+        return bool(rows)
+
+    def put_page_pin(self, pin_id: str, tenant: str, workspace: str, pin: bytes, expires_at_ms: int) -> None:
+        """A search pin where every core reads it (``page_pins.PinShelf``)."""
+        self._autocommit("INSERT INTO page_pins VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING true",
+                         [pin_id, tenant, workspace, pin, expires_at_ms])
+
+    def page_pin(self, pin_id: str, now_ms: int) -> bytes | None:
+        """The pin, unless it expired by ``now_ms`` (expired pins are swept now and then)."""
+        sweep = self._sweep_due("pins")
+        rows = self._autocommit(
+            ("WITH swept AS (DELETE FROM page_pins WHERE expires_at_ms < %s) " if sweep else "")
+            + "SELECT pin FROM page_pins WHERE pin_id = %s AND expires_at_ms >= %s",
+            ([now_ms] if sweep else []) + [pin_id, now_ms])
+        return bytes(rows[0][0]) if rows else None
+
+    def add_usage(self, subject: str, window: str, bucket_start_ms: int, metric: str, amount: int) -> None:
+        """Add to a usage bucket every core adds to (``usage_counters.SharedUsage``); buckets older
+        than ``USAGE_RETAIN_MS`` before this one are swept now and then."""
+        sweep = self._sweep_due("usage")
+        self._autocommit(
+            ("WITH swept AS (DELETE FROM usage_buckets WHERE bucket_start_ms < %s) " if sweep else "")
+            + "INSERT INTO usage_buckets AS u VALUES (%s, %s, %s, %s, %s) ON CONFLICT "
+            "(subject, time_window, bucket_start_ms, metric) DO UPDATE SET amount = u.amount + EXCLUDED.amount "
+            "RETURNING true",
+            ([bucket_start_ms - USAGE_RETAIN_MS] if sweep else [])
+            + [_subject(subject), window, bucket_start_ms, metric, amount])
+
+    def usage_buckets(self, subject: str, window: str, since_ms: int) -> list[tuple[int, str, int]]:
+        """(bucket start, metric, total) of the subject's buckets of ``window`` that start after
+        ``since_ms`` (the window's floor)."""
+        return [(int(r[0]), r[1], int(r[2])) for r in self._autocommit(
+            "SELECT bucket_start_ms, metric, amount FROM usage_buckets WHERE subject = %s AND time_window = %s "
+            "AND bucket_start_ms > %s", [_subject(subject), window, since_ms])]
 
     # -- the store as a whole -------------------------------------------------------------------------------------------
     def checkpoint(self) -> None:

@@ -12,7 +12,9 @@ Migration 1 is the whole schema as DuckDB's stands after its migration 10 (the s
 columns and meaning; PostgreSQL has no history of its own to replay), plus what several writers
 need that one writer kept in memory: ``audit_heads`` (each audit chain's head, locked by the
 transaction that extends the chain) and the key vault's ``vault_keys``, ``vault_state`` and ``vault_rings``
-(``engram_core/crypto/pg_keyvault.py``). Types: identifiers ``TEXT COLLATE "C"`` (ordered by
+(``engram_core/store/postgres/keyvault.py``). Migrations 2 and 3 are DuckDB's 11 and 12; 4 holds
+what one DuckDB core keeps in memory and several cores must share (context nonce claims, page
+pins, usage buckets). Types: identifiers ``TEXT COLLATE "C"`` (ordered by
 code point, as DuckDB orders VARCHAR, whatever the database's default collation), cursors and
 instants ``BIGINT``, sealed bytes ``BYTEA``, and JSON documents ``TEXT`` holding the exact
 bytes the core wrote (``JSONB`` would re-serialize them, and stored outcomes are replayed
@@ -139,6 +141,47 @@ CREATE TABLE vault_state (
 -- cannot open it and refuses to start, instead of wrapping keys no other core could open.
 CREATE TABLE vault_rings (
   generation INTEGER PRIMARY KEY, canary BYTEA NOT NULL);
+""",
+    ),
+    Migration(
+        2,
+        "audit rows name the context nonce their call claimed (DuckDB's migration 11)",
+        # A restarted core refuses a context used just before the restart: the nonces of the last
+        # context lifetime are read back from the audit log at open (context_nonces.py), by time.
+        """
+ALTER TABLE audit ADD COLUMN context_nonce TEXT NOT NULL DEFAULT '';
+CREATE INDEX audit_nonce_at ON audit (at_ms) WHERE context_nonce <> '';
+""",
+    ),
+    Migration(
+        3,
+        "records carry their capture session and instant (DuckDB's migration 12)",
+        # Copied from the candidate at admission (search profile v4's neighbours); records admitted
+        # before take them from their candidate row, which outlives admission.
+        f"""
+ALTER TABLE records ADD COLUMN session {_ID};
+ALTER TABLE records ADD COLUMN captured_at_ms BIGINT;
+UPDATE records SET session = c.session, captured_at_ms = c.captured_at_ms
+  FROM candidates c WHERE c.candidate_id = records.candidate_id;
+""",
+    ),
+    Migration(
+        4,
+        "state every core shares: context nonce claims, search page pins, usage buckets",
+        # What one DuckDB core keeps in its memory (no DuckDB migration): a context replayed on
+        # another core is refused, a cursor from one core pages on another, and a principal's quota
+        # is one quota however its calls are spread (docs/architecture.md, "several cores").
+        f"""
+CREATE TABLE context_nonce_claims (ref {_ID} PRIMARY KEY, expires_at_ms BIGINT NOT NULL);
+CREATE INDEX context_nonce_claims_expiry ON context_nonce_claims (expires_at_ms);
+CREATE TABLE page_pins (
+  pin_id {_ID} PRIMARY KEY, tenant {_ID} NOT NULL, workspace {_ID} NOT NULL, pin BYTEA NOT NULL,
+  expires_at_ms BIGINT NOT NULL);
+CREATE INDEX page_pins_expiry ON page_pins (expires_at_ms);
+CREATE TABLE usage_buckets (
+  subject {_ID} NOT NULL, time_window TEXT NOT NULL, bucket_start_ms BIGINT NOT NULL, metric TEXT NOT NULL,
+  amount BIGINT NOT NULL, PRIMARY KEY (subject, time_window, bucket_start_ms, metric));
+CREATE INDEX usage_buckets_start ON usage_buckets (bucket_start_ms);
 """,
     ),
 )
