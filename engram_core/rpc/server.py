@@ -373,13 +373,60 @@ def build_policy(policies_dir: Path | None, opa_url: str | None):
     return engine
 
 
+def store_conninfo(store: str) -> str:
+    """The libpq connection string of ``engram serve --store``: a URL (``postgresql://USER@HOST:PORT/DB``),
+    a key=value string, or a bare service name (``pg_service.conf``). ValueError for a string that
+    carries a password (PGPASSFILE or the libpq environment give it) or that libpq cannot parse."""
+    from engram_core.store.postgres.pool import check_conninfo
+
+    text = store.strip()
+    if not text:
+        raise ValueError("--store: empty connection string")
+    if "://" not in text and "=" not in text:
+        text = f"service={text}"
+    try:
+        check_conninfo(text)
+    except ValueError as exc:
+        raise ValueError(f"--store: {exc}") from None
+    return text
+
+
+def _open_store(data_dir: Path, store_url: str | None, *, load_index: bool, pool_size: int):
+    """The store and its key vault: DuckDB in ``data_dir``, or (``store_url``) the PostgreSQL
+    database several cores share, with ``data_dir`` the key directory each of them mounts (the
+    KEK ring and the other shared secrets)."""
+    if store_url is None:
+        vault = FileKeyVault(data_dir)
+        # Search projections are sealed under record keys: the kernel and the engine's migration 6 need the vault.
+        return StoreKernel(DuckDBEngine(data_dir, keys=vault), vault, spool_dir=data_dir, load_index=load_index), vault
+    from engram_core.store.postgres.engine import PostgresEngine
+    from engram_core.store.postgres.keyvault import PgKeyVault
+
+    conninfo = store_conninfo(store_url)
+    engine = PostgresEngine(conninfo, pool_size=pool_size)  # first: it migrates the vault's tables too
+    try:
+        vault = PgKeyVault(conninfo, data_dir)
+    except BaseException:
+        engine.close()
+        raise
+    try:
+        return StoreKernel(engine, vault, spool_dir=None, load_index=load_index), vault
+    except BaseException:
+        vault.close()
+        engine.close()
+        raise
+
+
 def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str | None = None,
               extra_trusted_pems: list[str] | None = None, clock=None,
               semantic: bool | None = None, policy: Any = None,
               audit_devices: list[str] | None = None, load_index: bool = True,
-              key_schedule: KeySchedule | None = None) -> tuple[Core, Path, Any]:
+              key_schedule: KeySchedule | None = None, store_url: str | None = None,
+              store_pool_size: int = 20) -> tuple[Core, Path, Any]:
     """Open (creating on first run) the data directory; ``policy`` overrides the backend (tests, embedding).
-    ``audit_devices`` are ``--audit-device`` specs (engram_core/store/audit_device.py)."""
+    ``audit_devices`` are ``--audit-device`` specs (engram_core/store/audit_device.py). ``store_url``:
+    the PostgreSQL store (``engram serve --store``); ``data_dir`` is then the key directory
+    (``--key-dir``) and ``store_pool_size`` its connections at most (gRPC workers + 4)."""
     make_private(data_dir)  # keys and the store: owner only, also in a directory that already existed
     devices = _open_audit_devices(data_dir, audit_devices or [])
     host_key_path = data_dir / "host.key"
@@ -389,9 +436,7 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
     trusted = TrustedHostKeys([host_key.public_key()], grant_signers=[confirmation_key.public_key()])
     for pem in extra_trusted_pems or []:
         trusted.add(load_public_pem(pem))  # KeyRoleConflict: refuse to start, an operator error
-    vault = FileKeyVault(data_dir)
-    # Search projections are sealed under record keys: the kernel and the engine's migration 6 need the vault.
-    store = StoreKernel(DuckDBEngine(data_dir, keys=vault), vault, spool_dir=data_dir, load_index=load_index)
+    store, vault = _open_store(data_dir, store_url, load_index=load_index, pool_size=store_pool_size)
     if devices:
         store.attach_audit_devices(devices)
     with store.write() as tx:
@@ -453,7 +498,8 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
                opa_url: str | None = None, extra_trusted_pems: list[str] | None = None, clock=None,
                max_workers: int = 16, semantic: bool | None = None, policy: Any = None,
                audit_devices: list[str] | None = None, metrics: CoreMetrics | None = None,
-               tls: ServerTls | None = None, key_schedule: KeySchedule | None = None) -> RunningCore:
+               tls: ServerTls | None = None, key_schedule: KeySchedule | None = None,
+               store_url: str | None = None) -> RunningCore:
     """Open the core and serve it. The search index is built after the server listens: until
     it is, the health of the engram services is NOT_SERVING (readiness) while ``liveness``
     is SERVING; a call that comes early waits for the index instead of failing.
@@ -465,7 +511,8 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
 
     core, host_key_path, confirmation_key = open_core(
         data_dir, policies_dir=policies_dir, opa_url=opa_url, extra_trusted_pems=extra_trusted_pems, clock=clock,
-        semantic=semantic, policy=policy, audit_devices=audit_devices, load_index=False, key_schedule=key_schedule)
+        semantic=semantic, policy=policy, audit_devices=audit_devices, load_index=False, key_schedule=key_schedule,
+        store_url=store_url, store_pool_size=max_workers + 4)
     secrets_scan.module_ready()  # the scanner's fold table, before the first capture needs it
     memory = MemoryService(core)
     observe_core(core, memory, metrics)
