@@ -40,8 +40,8 @@ def test_a_store_refuses_to_open_with_other_key_files(tmp_path: Path) -> None:
     naming the file, and with the right ones opens again."""
     import secrets
 
+    from engram_core.app.composition import open_core
     from engram_core.errors import Code, EngramError
-    from engram_core.rpc.server import open_core
 
     data = tmp_path / "data"
     core, _, _ = open_core(data, semantic=False)
@@ -71,10 +71,10 @@ def test_a_postgresql_core_with_other_key_files_refuses_to_start(pg_database: An
     import shutil
 
     from engram_core.errors import Code, EngramError
-    from engram_core.rpc.server import open_core
+    from engram_core.app.composition import open_core
 
     first_dir, second_dir = tmp_path / "keys-a", tmp_path / "keys-b"
-    first, _, _ = open_core(first_dir, semantic=False, store_url=pg_database.conninfo, store_pool_size=4)
+    first, _, _ = open_core(first_dir, semantic=False, store_url=pg_database.conninfo)
     try:
         shutil.copytree(first_dir, second_dir)
         for name in ("index.key", "page.key", "confirmation.key"):
@@ -84,15 +84,15 @@ def test_a_postgresql_core_with_other_key_files_refuses_to_start(pg_database: An
             else:
                 (second_dir / name).write_bytes(secrets.token_bytes(32))
             with pytest.raises(EngramError) as err:
-                open_core(second_dir, semantic=False, store_url=pg_database.conninfo, store_pool_size=4)
+                open_core(second_dir, semantic=False, store_url=pg_database.conninfo)
             assert err.value.code is Code.STORE_UNAVAILABLE and name in err.value.detail, err.value.detail
             (second_dir / name).write_bytes(original)
         (second_dir / "store.kek").unlink()  # a ring made afresh: another identity
         with pytest.raises(EngramError) as err:
-            open_core(second_dir, semantic=False, store_url=pg_database.conninfo, store_pool_size=4)
+            open_core(second_dir, semantic=False, store_url=pg_database.conninfo)
         assert "store.kek" in err.value.detail or "ring" in err.value.detail, err.value.detail
         shutil.copy2(first_dir / "store.kek", second_dir / "store.kek")
-        second, _, _ = open_core(second_dir, semantic=False, store_url=pg_database.conninfo, store_pool_size=4)
+        second, _, _ = open_core(second_dir, semantic=False, store_url=pg_database.conninfo)
         second.close()
     finally:
         first.close()

@@ -41,7 +41,7 @@ _POINTS = itertools.count()
 
 
 def _load(data: Path, size: int) -> None:
-    from engram_core.rpc.server import open_core
+    from engram_core.app.composition import open_core
     from tools.bench.loader import activate_scope, load_scope
 
     core, _, _ = open_core(data, semantic=False, load_index=False)
