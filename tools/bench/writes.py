@@ -158,12 +158,14 @@ def _point(server: Served, key_path: Path, clients: int, duration: float, phase:
 
 def _search_until(address: str, key_path: Path, queries: list[str], stop: float, out: Any) -> None:
     """One client searching (lexical) until ``stop`` (time.monotonic, the same clock in every
-    process here); sends (latencies in seconds, errors)."""
+    process here), at least once: a spawned process can start after a short run's stop (seen on
+    a loaded machine), and a point with no search would report none. Sends (latencies in
+    seconds, errors)."""
     agent = GrpcAgent(address, key_path, tenant=TENANT, workspace=WORKSPACE)
     latencies: list[float] = []
     failed, i = 0, 0
     try:
-        while time.monotonic() < stop:
+        while not latencies or time.monotonic() < stop:
             started = time.perf_counter()
             agent.call("search", {"query": queries[i % len(queries)], "purpose_ref": PURPOSE})
             latencies.append(time.perf_counter() - started)
