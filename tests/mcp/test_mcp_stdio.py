@@ -470,8 +470,8 @@ async def test_request_state_is_single_use_and_tamper_proof(acme):
 
 async def test_core_deadline_comes_back_as_a_retriable_envelope(tmp_path, cfg_dir):
     """A core that does not answer within the host's deadline: the agent gets a retriable
-    DEADLINE_EXCEEDED envelope. The core is held busy for real (an exclusive write transaction
-    holds the audit lock the search's audit row needs), not raced against a 1 ms deadline: that
+    DEADLINE_EXCEEDED envelope. The core is held busy for real (the writer chain's audit lock,
+    which the search's own audit row needs, is held), not raced against a 1 ms deadline: that
     version also sent the SDK's own tools/list (for the output schema) past the deadline now and
     then, and failed in CI."""
     running = start_core(tmp_path / "data")
@@ -489,7 +489,7 @@ async def test_core_deadline_comes_back_as_a_retriable_envelope(tmp_path, cfg_di
             held, release = threading.Event(), threading.Event()
 
             def hold_the_store() -> None:
-                with running.core.store.write():
+                with running.core.store._audit_lock:  # a read's row joins the writer chain under it
                     held.set()
                     release.wait(10)
 
