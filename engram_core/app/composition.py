@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from engram_core import secrets_scan
-from engram_core.app.engines import StoreConfig, open_store
+from engram_core.app.engines import VAULTS, StoreConfig, open_store
 from engram_core.clock import Clock
 from engram_core.crypto.keyvault import FileKeyVault, KeyVault, open_key_directory
 from engram_core.embedding.port import Embedder
@@ -109,8 +109,10 @@ def build_embedder(semantic: bool | None) -> Embedder | None:
 
 def build_vault(config: StoreConfig) -> KeyVault:
     """The key vault: KEK and wrapped data keys in the data directory (``store.kek``,
-    ``datakeys.bin``), outside the database, whatever engine keeps the rows."""
-    return FileKeyVault(config.data_dir)
+    ``datakeys.bin``), outside the database; an engine several cores share keeps the wrapped
+    keys in its database instead, the KEK ring still in the (key) directory (``engines.VAULTS``)."""
+    opener = VAULTS.get(config.engine)
+    return opener(config) if opener is not None else FileKeyVault(config.data_dir)
 
 
 def _open_audit_devices(data_dir: Path, specs: list[str]) -> Any:

@@ -22,7 +22,15 @@ def duration_ms(text: str) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the core gRPC service")
-    p.add_argument("--data", required=True, help="data directory (database, store key, host.key)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--data", help="data directory of the embedded DuckDB store (database, keys, host.key)")
+    where.add_argument("--store", metavar="URL",
+                       help="a PostgreSQL store several cores share: postgresql://USER@HOST:PORT/DB, a libpq "
+                            "key=value string or a service name; the password only from PGPASSFILE or the libpq "
+                            "environment, never in URL (refused); needs --key-dir")
+    p.add_argument("--key-dir", metavar="DIR",
+                   help="with --store: the directory of the KEK ring and the other secrets (host.key, index.key, "
+                        "page.key, ...), the same files on every core of the store")
     p.add_argument("--listen", default="127.0.0.1:50051", help="HOST:PORT (default: %(default)s)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--policies", default=None,

@@ -60,6 +60,19 @@ def serve_main(args: argparse.Namespace) -> int:
     from engram_core.services.keyring import DAY_MS, KeySchedule
 
     configure_logging(getattr(args, "log_format", "text"))
+    store_url = getattr(args, "store", None)
+    if store_url is not None:
+        from engram_core.app.engines import store_conninfo
+
+        if not getattr(args, "key_dir", None):
+            return _fail("--store needs --key-dir DIR: the KEK ring and the secrets every core of the store shares")
+        try:
+            store_conninfo(store_url)  # a password in it is refused before anything is opened
+        except ValueError as exc:
+            return _fail(str(exc))
+        args.data = args.key_dir  # the directory of this core's keys and files, as --data is for DuckDB
+    elif getattr(args, "key_dir", None):
+        return _fail("--key-dir goes with --store (a DuckDB store keeps its keys in --data)")
     problem = listen_problem(args.listen)
     if problem:
         return _fail(problem)
@@ -96,6 +109,7 @@ def serve_main(args: argparse.Namespace) -> int:
             metrics=metrics, tls=tls, policy=serving.engine,
             key_schedule=KeySchedule(rotation_interval_ms=getattr(args, "key_rotation_interval", DAY_MS),
                                      retention_ms=getattr(args, "key_retention", DAY_MS)),
+            store_url=store_url,
         )
     except EngramError as exc:
         serving.engine.close()
@@ -137,7 +151,8 @@ def serve_main(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGHUP, reload)
     # Machine-readable ready line, always the first line on stdout: tests and scripts wait for it.
-    print(f"engram core listening on {running.address} (data {args.data}, host key {running.host_key_path})", flush=True)
+    where = f"store {running.core.store.describe()['store']}, key dir {args.data}" if store_url else f"data {args.data}"
+    print(f"engram core listening on {running.address} ({where}, host key {running.host_key_path})", flush=True)
     opened = opened_summary(running, args, metrics_address)
     opened.update(serving.describe())
     if not running.core.policy.active() and (serving.refused or serving.unavailable):

@@ -205,9 +205,13 @@ class KekRing:
 
     def reload(self) -> None:
         """Read the ring file again (another core of the same store rotated or retired)."""
+        # Loaded aside and swapped in at once: a vault serving calls reloads while other threads
+        # wrap and unwrap, which must never see a half-loaded ring.
+        fresh = KekRing.__new__(KekRing)
+        fresh._keks, fresh._meta, fresh._retired = {}, {}, {}
+        fresh._load(json.loads(self._path.read_text()))
         with self._lock:
-            self._keks, self._meta, self._retired = {}, {}, {}
-            self._load(json.loads(self._path.read_text()))
+            self._keks, self._meta, self._retired, self._active = fresh._keks, fresh._meta, fresh._retired, fresh._active
 
     # -- wrapping: the 62 bytes of a wrapped key, and its generation --------------------------------
     def wrap(self, key: bytes, owner: str) -> tuple[int, bytes]:

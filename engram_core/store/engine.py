@@ -210,8 +210,9 @@ class EngineTx(Protocol):
     def drop_data_key(self, owner: str, at_ms: int, reason: str, *, slot: int | None = None,
                       generation: int | None = None) -> int | None:
         """Remove ``owner``'s ledger row and record its destruction (with the KEK generation that
-        wrapped the key); returns its slot (None: it had no live key). ``slot``: the caller
-        already knows it (no read)."""
+        wrapped the key: ``generation``, or, when None and ``records_key_generations``, the one
+        the engine reads itself); returns its slot (None: it had no live key). ``slot``: the
+        caller already knows it (no read)."""
         ...
 
     def live_key_slots(self) -> dict[int, str]: ...
@@ -286,6 +287,11 @@ class Engine(Protocol):
     """A storage engine: transactions, migrations, and the scans the kernel builds from."""
 
     sole_writer: bool  # no other process writes its database (the kernel's copies are then exact)
+    # The engine records the KEK generation wrapping a destroyed key itself, read in the destroying
+    # transaction after the key's ledger row is gone (its vault's keys are in its own database), so
+    # a rotation on another process cannot re-wrap the key after the generation was read: the
+    # kernel then passes no generation and asks the vault for none (one round trip fewer).
+    records_key_generations: bool
 
     def set_hooks(self, hooks: CommitHooks) -> None: ...
 

@@ -529,12 +529,14 @@ class KernelTx:
                       generation: int | None = None) -> int | None:
         """Destroy ``owner``'s data key: its ledger row goes now, its slot is zeroed once this
         commits, and the destruction records the KEK generation wrapping it (``generation``: the
-        caller knows it; else it is read from the vault)."""
+        caller knows it; else it is read from the vault, or by the engine itself where it
+        ``records_key_generations``)."""
         keys = self._kernel._keys
         if slot is None:
             slot = self._etx.data_key_slot(owner)
-        if generation is None and slot is not None and keys is not None:
-            generation = keys.generation_of(slot)
+        asks_vault = keys is not None and not self._kernel.engine.records_key_generations
+        if generation is None and slot is not None and asks_vault:
+            generation = keys.generation_of(slot)  # type: ignore[union-attr]
         dropped = self._etx.drop_data_key(owner, at_ms, reason, slot=slot, generation=generation)
         if dropped is not None:
             self._effects.destroyed_slots.append(dropped)

@@ -153,6 +153,14 @@ def _check(line: str, *, kind: str) -> list[str]:
                     problems.append(f"{name} requires {flag}")
                 elif action.required and level.flags.get(flag):
                     problems.append(f"{name}: {flag} is required, not [optional]")
+            for group in level.parser._mutually_exclusive_groups:  # one of them required (serve: --data | --store)
+                flags = [a.option_strings[-1] for a in group._group_actions]
+                if not group.required:
+                    continue
+                if not any(f in level.flags for f in flags):
+                    problems.append(f"{name} requires {' or '.join(flags)}")
+                elif all(level.flags[f] for f in flags if f in level.flags):
+                    problems.append(f"{name}: one of {' '.join(flags)} is required, not [optional]")
             if synopsis and not level.elided and (leaf or level.flags):
                 missing = sorted(f for f, a in options.items() if f not in level.flags and f == a.option_strings[-1])
                 if missing:
@@ -231,7 +239,8 @@ def test_the_checker_catches_what_issue_31_found() -> None:
         "engram admin history: the synopsis leaves out --tenant --workspace"]
     assert _check("engram admin history --tenant T --workspace W [--record ID] [--disputed]", kind=SYNOPSIS) == []
     assert _check("engram serve --data DIR --nonsense", kind=INVOCATION) == ["engram serve has no --nonsense"]
-    assert _check("engram serve --listen H:P", kind=INVOCATION) == ["engram serve requires --data"]
+    assert _check("engram serve --listen H:P", kind=INVOCATION) == ["engram serve requires --data or --store"]
+    assert _check("engram serve --store URL --key-dir DIR", kind=INVOCATION) == []
     assert _check("engram serve --metrics", kind=MENTION) == []
     assert "engram init: the synopsis leaves out --force --serving" in \
         _check("engram init [DIR] [--host-config FILE] [--core HOST:PORT] [--tenant T] [--workspace W]", kind=SYNOPSIS)

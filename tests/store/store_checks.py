@@ -12,13 +12,15 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from engram_core.errors import Code, EngramError
 from engram_core.services.maintenance import check_audit, check_journal
 from engram_core.store.chain import scope_chain
 from engram_core.store.engine import TxEffects
-from engram_core.store.port import AuditRow, CandidateRow, IdempotencyRow, RecordRow
+from engram_core.store.page_pins import Binding, Pin
+from engram_core.store.port import AuditRow, CandidateRow, IdempotencyRow, LexicalStats, RecordRow
 
 T, W = "acme", "alpha"
 OTHER = ("globex", "beta")
@@ -62,6 +64,13 @@ def admit(store: Any, rid: str, terms: list[int], **kw: Any) -> None:
         tx.insert_record(row)
         tx.put_data_key(f"record:{rid}", row.key_slot, 1)
         tx.index_record(row.tenant, row.workspace, rid, {"primary": Counter(terms)})
+
+
+def admit_row(store: Any, row: RecordRow, terms: list[int]) -> None:
+    with store.write() as tx:
+        tx.insert_record(row)
+        tx.put_data_key(f"record:{row.record_id}", row.key_slot, 1)
+        tx.index_record(row.tenant, row.workspace, row.record_id, {"primary": Counter(terms)})
 
 
 def search(store: Any, terms: list[int], *, tenant: str = T, workspace: str = W) -> list[str]:
@@ -430,6 +439,94 @@ def check_a_second_process_writes_safely_or_is_fenced_off(target: Any) -> None:
     assert [e.cursor for e in events] == list(range(1, 42)) and check_journal(scope, events) == []  # type: ignore[arg-type]
 
 
+def check_records_keep_their_capture_session_and_instant(target: Any) -> None:
+    """A record's capture session and instant (DuckDB migration 12, PostgreSQL 3) are stored as
+    written, absent ones as absent, and read back by every read of a record."""
+    store = target.open()
+    live = replace(record(store, "mem_live"), session="sess_1", captured_at_ms=1_800_000_000_123)
+    old = record(store, "mem_old", payload="e")
+    for row in (live, old):
+        admit_row(store, row, [1])
+    store = target.reopen(store)
+    with store.read() as tx:
+        rows = tx.records(T, W, ["mem_live", "mem_old"])
+        scoped = {r.record_id: r for r in tx.scope_records(T, W)}
+    assert (rows["mem_live"].session, rows["mem_live"].captured_at_ms) == ("sess_1", 1_800_000_000_123)
+    assert (rows["mem_old"].session, rows["mem_old"].captured_at_ms) == (None, None)
+    assert scoped == rows
+
+
+def check_audit_rows_keep_the_context_nonce_their_call_claimed(target: Any) -> None:
+    """The nonce a call claimed is in its audit row's digest and read back by time (a restarted
+    core refuses the context: context_nonces.py); rows that claimed none have no such field."""
+    store = target.open()
+    with store.write() as tx:
+        event(tx, "nonce-1")
+        tx.append_audit(replace(audit_row(1), context_nonce="k1:lane0:n1"))
+    store.append_audit(replace(audit_row(2), context_nonce="k1:lane0:n2"))
+    store.append_audit(audit_row(3))
+    store = target.reopen(store)
+    found = sorted(store.recent_context_nonces(1_800_000_000_000))
+    assert found == [("k1:lane0:n1", 1_800_000_000_001), ("k1:lane0:n2", 1_800_000_000_002)]
+    assert store.recent_context_nonces(1_800_000_000_002) == [("k1:lane0:n2", 1_800_000_000_002)]
+    with store.read() as tx:
+        rows = tx.audit_rows(None, None, 0, None)
+        heads = tx.audit_heads()
+    assert check_audit(rows, heads) == []
+    assert sorted(r.get("context_nonce", "") for r in rows) == ["", "k1:lane0:n1", "k1:lane0:n2"]
+
+
+def check_what_cores_share_is_shared(target: Any) -> None:
+    """Nonce claims, page pins and usage counters: one core's are every core's where several
+    share the database; a sole writer keeps them in its memory (its claims always succeed: its
+    process's ledger is exact)."""
+    now = [1_800_000_000_000]
+    a = target.open()
+    b = target.open() if target.several_writers else a
+    assert a.claim_context_nonce("k1:lane0:shared", now[0] + 60_000)
+    assert b.claim_context_nonce("k1:lane0:shared", now[0] + 60_000) is not target.several_writers
+    pin = Pin(binding=Binding("user:ana", T, W, "sha256:req", "sha256:prof"), system_as_of=7, valid_as_of=8,
+              candidate_count=2, created_ms=now[0], lexical_stats=LexicalStats(3, 2.5, {11: 2}), best_bm25=1.5,
+              window=(1, 2), ordered=[("mem_a", 0.9, 5)])
+    pins_a = a.page_pins(lambda: now[0])
+    pins_b = b.page_pins(lambda: now[0]) if target.several_writers else pins_a  # another core's
+    pin_id = pins_a.put(pin)
+    assert pins_b.get(pin_id) == pin
+    counters_a = a.usage_counters(lambda: now[0])
+    counters_b = b.usage_counters(lambda: now[0]) if target.several_writers else counters_a
+    counters_a.add(T, W, "user:ana", "searches", 2)
+    counters_b.add(T, W, "user:ana", "searches", 1)
+    assert counters_a.usage(T, W, "user:ana")["principal"]["minute"]["searches"] == 3  # type: ignore[index]
+    assert counters_b.usage(T, W, "user:ana")["scope"]["hour"]["searches"] == 3  # type: ignore[index]
+    now[0] += 61 * 60_000  # past the longest window
+    assert counters_a.usage(T, W, "user:ana")["principal"]["hour"]["searches"] == 0  # type: ignore[index]
+
+
+def check_a_read_sees_what_another_core_committed(target: Any) -> None:
+    """Read-your-writes across cores: a core's committed scope row is read from the database and its
+    search index caught up to that head, so a record another core admitted (or forgot) shows (or
+    no longer shows) in this core's search once that core's commit returned."""
+    if not target.several_writers:
+        return  # one writer: its own commits publish to its index (check_committed_projections...)
+    a, b = target.open(), target.open()
+    search(a, [5])  # a's index built before b writes
+    with b.write() as tx:
+        event(tx, "mem_other")
+    admit(b, "mem_other", [5, 6])
+    with b.write() as tx:
+        tx.append_event(T, W, event_id="evt_adm", operation="admit", target="mem_other", from_state="",
+                        to_state="accepted_current", at_ms=2, body={"record_id": "mem_other"})
+    assert a.committed_scope(T, W) is not None
+    assert search(a, [5]) == ["mem_other"]
+    with b.write() as tx:
+        tx.unindex_record(T, W, "mem_other")
+        tx.set_record_state("mem_other", "forgotten", state_cursor=4, drop_body=True)
+        tx.append_event(T, W, event_id="evt_fgt", operation="forget", target="mem_other",
+                        from_state="accepted_current", to_state="forgotten", at_ms=3, body={})
+    assert a.committed_scope(T, W) is not None
+    assert search(a, [5]) == []
+
+
 CHECKS: list[Callable[[Any], None]] = [
     check_journal_cursors_stay_dense_under_racing_writers,
     check_the_scope_head_is_read_from_storage_not_remembered,
@@ -447,4 +544,8 @@ CHECKS: list[Callable[[Any], None]] = [
     check_payload_standing_tombstones_and_families,
     check_metadata_trusted_keys_and_emptiness,
     check_a_second_process_writes_safely_or_is_fenced_off,
+    check_records_keep_their_capture_session_and_instant,
+    check_audit_rows_keep_the_context_nonce_their_call_claimed,
+    check_what_cores_share_is_shared,
+    check_a_read_sees_what_another_core_committed,
 ]

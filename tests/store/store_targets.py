@@ -8,6 +8,7 @@ with the key vault), so the suite proves what services rely on: the ``Store``/``
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -68,6 +69,76 @@ class DuckDBTarget:
             "    store.close()",
         ])
         return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout)
+
+    def close_all(self) -> None:
+        for store in list(self._open):
+            try:
+                self.close(store)
+            except Exception:  # noqa: BLE001 - a check may have closed it already
+                pass
+
+
+class PostgresTarget:
+    """One PostgreSQL database (a fresh one of the session's test cluster): any number of stores
+    at once, each a core of its own (its own pool, key vault and writer chain), and processes of
+    their own, over the same database and the same KEK ring (a key directory they all mount)."""
+
+    name = "postgresql"
+    several_writers = True
+
+    def __init__(self, root: Path, database: Any, engine_class: Callable[..., Any] | None = None,
+                 pool_size: int = 4) -> None:
+        self.root = root
+        self.database = database  # tests/pg_cluster.Database
+        self.key_dir = root / "keys"
+        self.key_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._engine_class = engine_class
+        self._pool_size = pool_size
+        self._open: list[StoreKernel] = []
+
+    def open(self) -> StoreKernel:
+        from engram_core.store.postgres.engine import PostgresEngine
+        from engram_core.store.postgres.keyvault import PgKeyVault
+
+        engine = (self._engine_class or PostgresEngine)(self.database.conninfo, pool_size=self._pool_size)
+        vault = PgKeyVault(self.database.conninfo, self.key_dir, pool_size=2)
+        store = StoreKernel(engine, vault, spool_dir=None)
+        store.vault = vault  # type: ignore[attr-defined]  # the checks destroy and inspect keys
+        self._open.append(store)
+        return store
+
+    def reopen(self, store: StoreKernel) -> StoreKernel:
+        self.close(store)
+        return self.open()
+
+    def close(self, store: StoreKernel) -> None:
+        if store in self._open:
+            self._open.remove(store)
+        store.close()
+        store.vault.close()  # type: ignore[attr-defined]
+
+    def run_process(self, body: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Run ``body`` (Python, with ``store`` opened on this target's database) in a process of its
+        own: another core. The password reaches it the way it reaches a deployed core, through
+        PGPASSFILE in its environment."""
+        script = "\n".join([
+            "from pathlib import Path",
+            "from engram_core.store.kernel import StoreKernel",
+            "from engram_core.store.postgres.engine import PostgresEngine",
+            "from engram_core.store.postgres.keyvault import PgKeyVault",
+            f"url = {self.database.conninfo!r}",
+            "engine = PostgresEngine(url, pool_size=4)",  # first: it migrates what the vault's tables are in
+            f"vault = PgKeyVault(url, Path({str(self.key_dir)!r}), pool_size=2)",
+            "store = StoreKernel(engine, vault, spool_dir=None)",
+            "try:",
+            textwrap.indent(textwrap.dedent(body).strip("\n"), "    "),
+            "finally:",
+            "    store.close()",
+            "    vault.close()",
+        ])
+        env = {**os.environ, **self.database.env}
+        return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,
+                              env=env)
 
     def close_all(self) -> None:
         for store in list(self._open):

@@ -44,12 +44,13 @@ LAYERS: dict[str, int] = {
 SHARED_LAYER = 5  # modules outside the packages above
 SERVICES = "engram_core.services"
 # What a service must not import: modules (and everything under them), and names in a module.
-IMPLEMENTATION_MODULES = ("duckdb", "engram_core.store.duckdb", "engram_core.store.search_index",
+IMPLEMENTATION_MODULES = ("duckdb", "engram_core.store.duckdb", "psycopg", "psycopg_pool",
+                          "engram_core.store.postgres", "engram_core.store.search_index",
                           "engram_core.policy.embedded", "engram_core.policy.opa_rest", "opa_bindings",
                           "opa_client", "engram_core.embedding.onnx_minilm", "engram_core.embedding.model",
                           "onnxruntime")
 IMPLEMENTATION_NAMES = {"engram_core.crypto.keyvault": frozenset({"FileKeyVault"})}
-ENGINE_MODULES = ("duckdb", "engram_core.store.duckdb")
+ENGINE_MODULES = ("duckdb", "engram_core.store.duckdb", "psycopg", "psycopg_pool", "engram_core.store.postgres")
 ENGINE_REGISTRY = "engram_core.app.engines"
 
 # Known exceptions: (module, what), each listed with the work that removes it (none open: backup

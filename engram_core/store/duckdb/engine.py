@@ -656,6 +656,7 @@ class DuckDBEngine:
     """The DuckDB file engine (``engine.Engine``). ``open`` fences, migrates and loads its caches."""
 
     sole_writer = True  # the flock fence: no other process opens the file while this one has it
+    records_key_generations = False  # the key vault (a file) says which generation wraps a key
     tx_class: type[DuckDBEngineTx] = DuckDBEngineTx
 
     def __init__(self, data_dir: Path, *, migrate: bool = True, keys: DataKeys | None = None) -> None:
