@@ -70,6 +70,7 @@ class PendingConfirmation:
     operation_digest: str
     scope_principal: tuple[str, str, str]
     expires_at_ms: int
+    asker: str = ""  # who authenticated the call that asked (binding.asker_of); the answer must match
 
 
 class ConfirmationLedger(Protocol):
