@@ -80,8 +80,9 @@ class ConfirmationLedger(Protocol):
         """Record a pending confirmation; returns its nonce."""
         ...
 
-    def consume(self, nonce: str, *, now_ms: int) -> PendingConfirmation | None:
-        """Take a nonce exactly once; None if unknown, used or expired."""
+    def consume(self, nonce: str, *, now_ms: int, asker: str) -> PendingConfirmation | None:
+        """Take a nonce exactly once; None if unknown, used, expired, or opened for another asker
+        (then it stays open: someone else's attempt cannot spoil the one who was asked)."""
         ...
 
 
@@ -108,8 +109,11 @@ class InMemoryConfirmationLedger:
             self._open[nonce] = pending
         return nonce
 
-    def consume(self, nonce: str, *, now_ms: int) -> PendingConfirmation | None:
+    def consume(self, nonce: str, *, now_ms: int, asker: str) -> PendingConfirmation | None:
         with self._lock:
+            held = self._open.get(nonce)
+            if held is not None and held.asker != asker:
+                return None
             pending = self._open.pop(nonce, None)
             for stale in [n for n, p in self._open.items() if p.expires_at_ms <= now_ms]:
                 del self._open[stale]

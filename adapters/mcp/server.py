@@ -310,9 +310,9 @@ class EngramMcp:
             raise envelope.unknown_tool()
         call = self._context(ctx)
         if call.tools is not None and name not in call.tools:
-            # A tool the caller's token does not open looks like no tool (SPEC §2). Over HTTP the
-            # scope challenge (adapters/mcp/http_app.py) answered 403 before this for a tool a
-            # further scope would open; this is the stdio-free, step-up-free remainder.
+            # A tool the caller's token does not open looks like no tool (SPEC §2). A tool a further
+            # scope would open was answered 403 insufficient_scope before this, by the scope
+            # challenge (adapters/mcp/http_app.py); what reaches here no scope opens.
             raise envelope.unknown_tool()
         state = _CALL_STATE.get()
         if state is not None:
@@ -508,7 +508,7 @@ class EngramMcp:
         if decoded is None:
             return invalid
         nonce, state_digest = decoded
-        pending = self._ledger.consume(nonce, now_ms=now_ms())
+        pending = self._ledger.consume(nonce, now_ms=now_ms(), asker=call.asker)
         b = call.binding
         if (
             pending is None
@@ -516,8 +516,8 @@ class EngramMcp:
             or pending.operation_digest != digest
             or state_digest != digest
             or pending.scope_principal != (b.tenant, b.workspace, b.principal)
-            # Only the authenticated caller who was asked can answer: another token of the same
-            # principal (or none at all) cannot finish someone else's confirmation.
+            # Only the authenticated caller who was asked can answer (the ledger keeps the nonce
+            # for them): another token of the same principal, or none, cannot finish it.
             or pending.asker != call.asker
         ):
             return invalid
