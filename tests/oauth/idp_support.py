@@ -15,6 +15,7 @@ import select
 import shutil
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,8 +71,13 @@ def new_key(kid: str) -> SigningKey:
 class Idp:
     issuer: str
     process: subprocess.Popen[bytes]
-    key: SigningKey
+    key: SigningKey  # the key it signs with
     config_path: Path
+    log_path: Path   # its stderr
+
+    def jwks_requests(self) -> int:
+        """How often its key set was fetched so far."""
+        return self.log_path.read_text(errors="replace").count("jwks served")
 
     def stop(self) -> None:
         self.process.terminate()
@@ -95,15 +101,19 @@ def _public_client(client_id: str, ttl: int) -> dict[str, Any]:
             "response_types": ["code"], "access_token_ttl": ttl, "id_token_signed_response_alg": "ES256"}
 
 
-def start_idp(tmp: Path, *, resources: dict[str, dict[str, str]]) -> Idp:
+def start_idp(tmp: Path, *, resources: dict[str, dict[str, str]], keys: list[SigningKey] | None = None,
+              port: int | None = None) -> Idp:
     """The provider with the users of ``USERS``, the public clients ``mcp-client`` (10-minute
     tokens) and ``mcp-client-short`` (``SHORT_TTL_S``), both authorization code + PKCE + refresh,
     and the confidential ``engram-rs`` the adapter introspects with; ``resources``: resource
-    indicator -> {scope, format}."""
+    indicator -> {scope, format}; ``keys``: its key set, the first signing (default: one new key);
+    ``port``: listen there (a restart of the same issuer) instead of where the OS says."""
     node_ready()
-    key = new_key("idp-key-1")
+    keys = keys or [new_key("idp-key-1")]
+    key = keys[0]
     config = {
-        "jwks": {"keys": [key.private_jwk()]},
+        "jwks": {"keys": [k.private_jwk() for k in keys]},
+        **({"port": port} if port is not None else {}),
         "alg": "ES256",
         "clients": [
             _public_client(PUBLIC_CLIENT, 600),
@@ -115,17 +125,20 @@ def start_idp(tmp: Path, *, resources: dict[str, dict[str, str]]) -> Idp:
         "users": {name: {"password": PASSWORDS[name], "claims": claims} for name, claims in USERS.items()},
         "resources": resources,
     }
-    config_path = tmp / "idp.json"
+    config_path = tmp / f"idp-{uuid.uuid4().hex[:8]}.json"
     config_path.write_text(json.dumps(config))
-    process = subprocess.Popen(["node", str(IDP_DIR / "idp.mjs"), str(config_path)], cwd=IDP_DIR,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    log_path = config_path.with_suffix(".log")
+    with open(log_path, "wb") as log:  # a file, not a pipe: nothing the provider writes can block it
+        process = subprocess.Popen(["node", str(IDP_DIR / "idp.mjs"), str(config_path)], cwd=IDP_DIR,
+                                   stdout=subprocess.PIPE, stderr=log)
     assert process.stdout is not None
     ready, _, _ = select.select([process.stdout], [], [], 30)
     line = process.stdout.readline() if ready else b""
     if not line:
         process.kill()
-        raise AssertionError(f"the OpenID provider did not start: {process.stderr.read().decode() if process.stderr else ''}")
-    return Idp(issuer=json.loads(line)["issuer"], process=process, key=key, config_path=config_path)
+        raise AssertionError(f"the OpenID provider did not start: {log_path.read_text(errors='replace')}")
+    return Idp(issuer=json.loads(line)["issuer"], process=process, key=key, config_path=config_path,
+               log_path=log_path)
 
 
 @dataclass

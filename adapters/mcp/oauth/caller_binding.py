@@ -65,7 +65,9 @@ def _policy_value(value: Any) -> Any:
     if isinstance(value, str):
         return value if len(value.encode()) <= _MAX_CLAIM_BYTES else None
     if isinstance(value, list) and len(value) <= _MAX_LIST_ITEMS:
-        items = [_policy_value(v) for v in value if not isinstance(v, list | dict)]
+        if any(isinstance(v, list | dict) for v in value):
+            return None
+        items = [_policy_value(v) for v in value]
         return items if None not in items else None
     return None
 

@@ -2,8 +2,10 @@
 
 - A key set is reused for ``max_age_s`` after a successful fetch, then fetched again.
 - A token naming a key id the cached set lacks (the issuer rotated) makes one fetch, but at most
-  one every ``min_refresh_s``: tokens with made-up key ids cannot turn the adapter into a flood
-  against the issuer. Until the next allowed fetch such a token is refused.
+  one every ``min_refresh_s`` (``jwks_refresh_cooldown_s``, 30 s by default, as jose's remote key
+  sets): tokens with made-up key ids cannot turn the adapter into a flood against the issuer.
+  Until the next allowed fetch such a token is refused (an issuer that publishes a key before it
+  signs with it, as rotation should, is never caught by this).
 - When a fetch fails, the last good set keeps serving for at most ``STALE_LIMIT_S``: a short
   outage of the issuer does not sign everyone out, a long one stops accepting its keys.
 - A key the issuer removed is gone at the next fetch: rotation retires keys as well as adding them.
@@ -21,7 +23,7 @@ from typing import Any
 
 import anyio
 from jwt import PyJWK
-from jwt.exceptions import PyJWKError
+from jwt.exceptions import PyJWTError
 
 from adapters.mcp.oauth.fetch import FetchFailed
 
@@ -96,7 +98,7 @@ class JwksCache:
             return None
         try:
             parsed = PyJWK(jwk, algorithm=alg)
-        except PyJWKError:
+        except PyJWTError:
             return None  # a key of another type (an EC key for RS256, say)
         self._parsed[(kid, alg)] = parsed
         return parsed

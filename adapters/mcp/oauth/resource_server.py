@@ -86,7 +86,9 @@ def build_resource_server(settings: OAuthSettings, *, served_url: str, callers: 
     resource = settings.resource or served_url
     verifier = OAuthTokenVerifier(
         issuer=settings.issuer, resource=resource, algorithms=settings.algorithms,
-        clock_skew_s=settings.clock_skew_s, jwks=JwksCache(jwks_document, max_age_s=settings.jwks_max_age_s),
+        clock_skew_s=settings.clock_skew_s,
+        jwks=JwksCache(jwks_document, max_age_s=settings.jwks_max_age_s,
+                       min_refresh_s=settings.jwks_refresh_cooldown_s),
         introspector=introspector)
     scopes = settings.scopes_supported or tuple(callers.scopes_supported())
     return ResourceServer(verifier=verifier, http=http, resource=OAuthResource(

@@ -7,6 +7,7 @@
     algorithms = ["RS256", "ES256"]                 # accepted JWS algorithms (asymmetric only)
     clock_skew_s = 30                               # leeway on exp/nbf/iat, 0..300
     jwks_max_age_s = 300                            # refetch the key set after this long
+    jwks_refresh_cooldown_s = 30                    # an unknown key id refetches at most this often
     introspection_endpoint = "https://..."          # RFC 7662 for opaque tokens; default: from metadata
     introspection_client_id = "engram-mcp"          # how the adapter authenticates to it ...
     introspection_secret_env = "ENGRAM_INTROSPECTION_SECRET"  # ... the secret, from this variable
@@ -36,11 +37,12 @@ DEFAULT_ALGORITHMS = ("RS256", "PS256", "ES256", "EdDSA")
 DEFAULT_CLOCK_SKEW_S = 30
 MAX_CLOCK_SKEW_S = 300
 DEFAULT_JWKS_MAX_AGE_S = 300
+DEFAULT_JWKS_REFRESH_COOLDOWN_S = 30
 DEFAULT_INTROSPECTION_CACHE_S = 30
 DEFAULT_BINDING_CACHE_S = 60
 
 OAUTH_FIELDS = (
-    "issuer", "resource", "jwks_uri", "algorithms", "clock_skew_s", "jwks_max_age_s",
+    "issuer", "resource", "jwks_uri", "algorithms", "clock_skew_s", "jwks_max_age_s", "jwks_refresh_cooldown_s",
     "introspection_endpoint", "introspection_client_id", "introspection_secret_env", "introspection_cache_s",
     "binding_cache_s", "scopes_supported", "policies", "opa_url",
 )
@@ -69,6 +71,7 @@ class OAuthSettings:
     algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
     clock_skew_s: int = DEFAULT_CLOCK_SKEW_S
     jwks_max_age_s: int = DEFAULT_JWKS_MAX_AGE_S
+    jwks_refresh_cooldown_s: int = DEFAULT_JWKS_REFRESH_COOLDOWN_S
     introspection_endpoint: str | None = None
     introspection_client: IntrospectionClient | None = None
     introspection_cache_s: int = DEFAULT_INTROSPECTION_CACHE_S
@@ -150,6 +153,7 @@ def parse_oauth(table: dict[str, Any], base: Path) -> OAuthSettings:
         algorithms=algorithms,
         clock_skew_s=_int(table, "clock_skew_s", DEFAULT_CLOCK_SKEW_S, 0, MAX_CLOCK_SKEW_S),
         jwks_max_age_s=_int(table, "jwks_max_age_s", DEFAULT_JWKS_MAX_AGE_S, 60, 86_400),
+        jwks_refresh_cooldown_s=_int(table, "jwks_refresh_cooldown_s", DEFAULT_JWKS_REFRESH_COOLDOWN_S, 1, 3600),
         introspection_endpoint=urls.get("introspection_endpoint"),
         introspection_client=client,
         introspection_cache_s=_int(table, "introspection_cache_s", DEFAULT_INTROSPECTION_CACHE_S, 0, 300),

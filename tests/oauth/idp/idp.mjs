@@ -8,8 +8,9 @@
 //    "users": {"<login>": {"password": "...", "claims": {...extra access-token claims}}},
 //    "resources": {"<resource indicator>": {"scope": "engram:read ...", "format": "jwt" | "opaque"}}}
 //
-// Prints one line `{"issuer": "http://127.0.0.1:PORT"}` on stdout once it listens (port chosen by
-// the OS). The login and consent steps are JSON endpoints, so a test drives them over HTTP:
+// Prints one line `{"issuer": "http://127.0.0.1:PORT"}` on stdout once it listens (CONFIG's "port",
+// or one the OS chooses), and one line `jwks served` on stderr per key-set request (a test counts
+// how often the adapter fetches). The login and consent steps are JSON endpoints, so a test drives them over HTTP:
 //   GET  /interaction/:uid          -> {"uid", "prompt", "missing_scopes"}
 //   POST /interaction/:uid/login    {"login", "password"}          -> 303 back to the authorization
 //   POST /interaction/:uid/consent  {"reject": ["engram:forget"]}  -> 303 back to the authorization
@@ -81,10 +82,11 @@ const server = http.createServer((req, res) => {
     interaction(req, res, match[1], match[2]).catch((err) => json(res, 500, { error: String(err) }));
     return;
   }
+  if (req.url.startsWith('/jwks')) process.stderr.write('jwks served\n');
   provider.callback()(req, res);
 });
 
-server.listen(0, '127.0.0.1', () => {
+server.listen(config.port ?? 0, '127.0.0.1', () => {
   const issuer = `http://127.0.0.1:${server.address().port}`;
   provider = new Provider(issuer, {
     clients,
