@@ -45,7 +45,8 @@ PRM_ROOT_PATH = "/.well-known/oauth-protected-resource"
 _URL = TypeAdapter(AnyHttpUrl, config=ConfigDict(url_preserve_empty_path=True))
 
 
-def _url(value: str) -> AnyHttpUrl:
+def exact_url(value: str) -> AnyHttpUrl:
+    """``value`` as a URL, spelled as given (no trailing slash added to an empty path)."""
     return _URL.validate_python(value)
 
 
@@ -196,11 +197,11 @@ def build_http_app(
     routes: list[Route] = []
     metadata_url: AnyHttpUrl | None = None
     if oauth is not None:
-        metadata_url = build_resource_metadata_url(_url(oauth.resource))
+        metadata_url = build_resource_metadata_url(exact_url(oauth.resource))
         endpoint = ScopeChallenge(endpoint, callers=oauth.callers, resource_metadata_url=str(metadata_url))
         metadata_routes = create_protected_resource_routes(
-            resource_url=_url(oauth.resource),
-            authorization_servers=[_url(s) for s in oauth.authorization_servers],
+            resource_url=exact_url(oauth.resource),
+            authorization_servers=[exact_url(s) for s in oauth.authorization_servers],
             scopes_supported=list(oauth.scopes_supported),
             resource_name="Engram memory",
         )
@@ -213,7 +214,7 @@ def build_http_app(
         middleware = [
             Middleware(AuthorizationServerDown),
             Middleware(AuthenticationMiddleware, backend=BearerAuthBackend(
-                verifier, resource_server_url=_url(oauth.resource) if oauth is not None else None)),
+                verifier, resource_server_url=exact_url(oauth.resource) if oauth is not None else None)),
             Middleware(AuthContextMiddleware),
         ]
         endpoint = RequireAuthMiddleware(endpoint, [], metadata_url)

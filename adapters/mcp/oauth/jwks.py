@@ -81,6 +81,10 @@ class JwksCache:
         jwk = self._find(kid)
         return None if jwk is None else self._parse(jwk, kid, alg)
 
+    def publishes(self, kid: str | None) -> bool:
+        """Whether the key set as last fetched still holds ``kid`` (no fetch)."""
+        return self._find(kid) is not None
+
     def _stale(self, now: float) -> bool:
         return self._fetched_at is None or now - self._fetched_at >= self._max_age_s
 

@@ -89,7 +89,7 @@ def build_resource_server(settings: OAuthSettings, *, served_url: str, callers: 
         clock_skew_s=settings.clock_skew_s,
         jwks=JwksCache(jwks_document, max_age_s=settings.jwks_max_age_s,
                        min_refresh_s=settings.jwks_refresh_cooldown_s),
-        introspector=introspector)
+        introspector=introspector, max_age_s=settings.jwks_max_age_s)
     scopes = settings.scopes_supported or tuple(callers.scopes_supported())
     return ResourceServer(verifier=verifier, http=http, resource=OAuthResource(
         resource=resource, authorization_servers=(settings.issuer,), scopes_supported=tuple(scopes), callers=callers))
