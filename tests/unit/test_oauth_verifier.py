@@ -42,6 +42,7 @@ def _token(private: ec.EllipticCurvePrivateKey, kid: str, *, exp_in: int = 300, 
     now = int(time.time())
     body = {"iss": ISSUER, "aud": RESOURCE, "sub": "ada", "client_id": "c", "iat": now, "exp": now + exp_in,
             "scope": "engram:read", "jti": uuid.uuid4().hex, **claims}
+    body = {k: v for k, v in body.items() if v is not None}
     return jwt.encode(body, private, algorithm="ES256", headers={"kid": kid})
 
 
@@ -102,3 +103,14 @@ async def test_tokens_not_for_this_resource_are_never_remembered() -> None:
                 _token(private, "k1", exp_in=-600)):
         assert await verifier.verify_token(bad) is None
     assert not verifier._verified
+
+
+async def test_providers_spell_the_client_and_the_scopes_differently() -> None:
+    private, jwk = _key("k1")
+    verifier, _ = _verifier([jwk], Clock())
+    okta = await verifier.verify_token(_token(private, "k1", client_id=None, cid="0oa1okta", scope=None,
+                                              scp=["engram:read", "engram:write"]))
+    assert okta is not None and okta.client_id == "0oa1okta" and okta.scopes == ["engram:read", "engram:write"]
+    keycloak = await verifier.verify_token(_token(private, "k1", client_id=None, azp="vscode",
+                                                  scope="openid engram:read"))
+    assert keycloak is not None and keycloak.client_id == "vscode" and keycloak.scopes == ["openid", "engram:read"]

@@ -61,3 +61,17 @@ def test_the_policy_sees_identifiers_not_nested_or_oversized_claims() -> None:
                      "audience": "https://m/mcp", "now_ms": 5,
                      "claims": {"iss": "https://idp", "sub": "ada", "groups": ["eng", "ops"], "tenant": "acme",
                                 "n": 3}}
+
+
+def test_issuer_metadata_is_looked_for_where_providers_publish_it() -> None:
+    from adapters.mcp.oauth.fetch import metadata_urls
+
+    assert metadata_urls("https://sso.example.com/realms/acme") == [
+        "https://sso.example.com/.well-known/oauth-authorization-server/realms/acme",   # RFC 8414
+        "https://sso.example.com/realms/acme/.well-known/openid-configuration",        # Keycloak, OIDC
+        "https://sso.example.com/realms/acme/.well-known/oauth-authorization-server",  # Okta custom AS
+    ]
+    assert metadata_urls("https://idp.example.com") == [
+        "https://idp.example.com/.well-known/oauth-authorization-server",
+        "https://idp.example.com/.well-known/openid-configuration",
+    ]

@@ -51,13 +51,15 @@ class IssuerMetadata:
 
 
 def metadata_urls(issuer: str) -> list[str]:
-    """RFC 8414 §3.1 (the well-known segment inserted before the issuer's path), then OpenID
-    Connect Discovery 1.0 §4 (appended after it): where providers publish their metadata."""
+    """RFC 8414 §3.1 (the well-known segment inserted before the issuer's path), OpenID Connect
+    Discovery 1.0 §4 (appended after it), and RFC 8414's segment appended as Okta's custom
+    authorization servers publish it: where providers publish their metadata, in that order."""
     parts = urlsplit(issuer)
     path = parts.path.rstrip("/")
-    rfc8414 = urlunsplit((parts.scheme, parts.netloc, "/.well-known/oauth-authorization-server" + path, "", ""))
-    oidc = urlunsplit((parts.scheme, parts.netloc, path + "/.well-known/openid-configuration", "", ""))
-    return [rfc8414, oidc]
+    urls = [urlunsplit((parts.scheme, parts.netloc, "/.well-known/oauth-authorization-server" + path, "", "")),
+            urlunsplit((parts.scheme, parts.netloc, path + "/.well-known/openid-configuration", "", "")),
+            urlunsplit((parts.scheme, parts.netloc, path + "/.well-known/oauth-authorization-server", "", ""))]
+    return list(dict.fromkeys(urls))
 
 
 async def fetch_issuer_metadata(http: httpx2.AsyncClient, issuer: str) -> IssuerMetadata:

@@ -70,7 +70,9 @@ def _scopes(claims: dict[str, Any]) -> list[str]:
 
 
 def _client_id(claims: dict[str, Any]) -> str:
-    for name in ("client_id", "azp"):  # RFC 9068; OpenID's authorized party (Keycloak, Okta)
+    # RFC 9068's client_id; OpenID's authorized party (Keycloak, Auth0, Entra ID v2); Okta's cid;
+    # Entra ID v1's appid.
+    for name in ("client_id", "azp", "cid", "appid"):
         value = claims.get(name)
         if isinstance(value, str) and value:
             return value
