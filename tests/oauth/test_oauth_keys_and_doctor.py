@@ -127,3 +127,20 @@ def test_an_oauth_adapter_on_every_interface_needs_its_public_resource(world, tm
     done = subprocess.run([ENGRAM, "mcp", "--host-config", str(with_binding), "--http", f"127.0.0.1:{free_port()}"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "remove [binding]" in done.stderr, done.stderr
+
+
+def test_an_unreachable_issuer_is_503_not_a_bad_token(world, tmp_path: Path) -> None:
+    """Nobody answers at the issuer: a JWT cannot be checked, and the client is told to retry
+    (503), not sent into a new sign-in (401). A token that is no JWT is still simply refused."""
+    down = f"http://127.0.0.1:{free_port()}"
+    config = write_config(tmp_path / "down.toml", address=world.core.address, signing_key=world.core.host_key_path,
+                          extra=f'[http.oauth]\nissuer = "{down}"')
+    adapter = start_http_adapter(config)
+    try:
+        reply = httpx2.post(adapter.url, json=PING, timeout=30, headers={
+            **ACCEPT, "Authorization": f"Bearer {world.idp.key.sign(_claims(down, adapter.url))}"})
+        assert reply.status_code == 503 and reply.headers["retry-after"] == "5", reply.text
+        assert reply.json()["error"] == "temporarily_unavailable"
+        assert _status(adapter.url, "not-a-jwt-" + uuid.uuid4().hex) == 401
+    finally:
+        stop(adapter)
