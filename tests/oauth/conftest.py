@@ -5,8 +5,6 @@ naming the provider (what an operator adds to data.json, docs/operations.md)."""
 
 from __future__ import annotations
 
-import json
-import shutil
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,10 +14,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mcp"))
 
-from idp_support import INTROSPECTING_CLIENT, INTROSPECTION_SECRET, SCOPES, Idp, start_idp  # noqa: E402
+from idp_support import (  # noqa: E402
+    INTROSPECTING_CLIENT,
+    INTROSPECTION_SECRET,
+    SCOPES,
+    Idp,
+    binding_bundle,
+    start_idp,
+)
 from mcp_helpers import (  # noqa: E402
-    PURPOSE,
-    REPO,
     WORKSPACE,
     Core,
     HttpAdapter,
@@ -38,20 +41,6 @@ INTROSPECTION_ENV = "ENGRAM_TEST_INTROSPECTION_SECRET"
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def binding_bundle(directory: Path, issuer: str) -> Path:
-    """The bundled policies with ``issuer`` bound: the tenant from the ``engram_tenant`` claim
-    (acme or globex), workspace ws-main."""
-    bundle = directory / "policies"
-    shutil.copytree(REPO / "policies", bundle)
-    data = json.loads((bundle / "data.json").read_text())
-    data["engram"]["config"]["binding"]["issuers"] = {issuer: {
-        "tenant_claim": "engram_tenant", "tenants": ["acme", "globex"], "workspace": WORKSPACE,
-        "purpose_ref": PURPOSE,
-    }}
-    (bundle / "data.json").write_text(json.dumps(data))
-    return bundle
 
 
 @dataclass

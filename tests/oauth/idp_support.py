@@ -14,7 +14,6 @@ import json
 import select
 import shutil
 import subprocess
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -229,15 +228,15 @@ def oauth_client(url: str, idp: Idp, person: Person, *, mode: str = "auto", elic
     return Client(streamable_http_client(url, http_client=http), mode=mode, elicitation_callback=elicitation), storage
 
 
-def token_claims(token: str) -> dict[str, Any]:
-    """The claims of a JWT the provider issued (read only, for building forgeries)."""
-    return jwt.decode(token, options={"verify_signature": False})
-
-
-def wait_until(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.05)
-
+def binding_bundle(directory: Path, issuer: str) -> Path:
+    """The bundled policies with ``issuer`` bound: the tenant from the ``engram_tenant`` claim
+    (acme or globex), workspace ws-main."""
+    bundle = directory / "policies"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "policies", bundle)
+    data = json.loads((bundle / "data.json").read_text())
+    data["engram"]["config"]["binding"]["issuers"] = {issuer: {
+        "tenant_claim": "engram_tenant", "tenants": ["acme", "globex"], "workspace": "ws-main",
+        "purpose_ref": "purpose:engineering-notes",
+    }}
+    (bundle / "data.json").write_text(json.dumps(data))
+    return bundle

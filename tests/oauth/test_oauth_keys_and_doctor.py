@@ -16,8 +16,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from conftest import binding_bundle
-from idp_support import PUBLIC_CLIENT, SCOPES, Person, new_key, oauth_client, start_idp
+from idp_support import PUBLIC_CLIENT, SCOPES, Person, binding_bundle, new_key, oauth_client, start_idp
 from mcp_helpers import ENGRAM, REPO, free_port, start_http_adapter, stop, write_config
 
 from engram_core.schemas import TOOL_NAMES
