@@ -5,6 +5,7 @@ logs carry one line per tool call without the arguments."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import time
 import urllib.request
@@ -58,11 +59,14 @@ def adapter(tmp_path: Path):
         proc = subprocess.Popen([ENGRAM, "mcp", "--host-config", str(config), "--http", f"127.0.0.1:{port}",
                                  "--metrics", f"127.0.0.1:{metrics_port}", "--log-format", "json"],
                                 cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
-    deadline = time.monotonic() + 30
+    # Ready when both listen: /metrics comes up before the MCP port (the adapter serves metrics
+    # first), and on a loaded machine the gap was long enough for the first client to be refused.
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         assert proc.poll() is None, log_path.read_text()
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=1)
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
             break
         except OSError:
             time.sleep(0.1)
