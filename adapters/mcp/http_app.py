@@ -4,11 +4,12 @@
                               behind the SDK's bearer authentication when tokens or OAuth are set
     GET /.well-known/oauth-protected-resource[/mcp]   RFC 9728 metadata (OAuth only)
 
-The SDK's ``Server.streamable_http_app`` builds the same pieces, but publishes as
-``scopes_supported`` only the scopes it would *require* of every token, and offers no place
-for the scope challenge; so the pieces are put together here, in the order the SDK uses:
-authentication, then ``RequireAuthMiddleware`` (401 ``invalid_token`` with
-``resource_metadata=…``), then, with OAuth, :class:`ScopeChallenge` (403
+The SDK's ``Server.streamable_http_app`` builds the same pieces from the same ``AuthSettings``,
+but publishes as ``scopes_supported`` only the scopes it would *require* of every token, and
+offers no place for the scope challenge; so the pieces are put together here, in the order and
+with the settings the SDK uses (``AuthSettings.issuer_url``, ``resource_server_url``,
+``validate_token_resource``): authentication, then ``RequireAuthMiddleware`` (401
+``invalid_token`` with ``resource_metadata=…``), then, with OAuth, :class:`ScopeChallenge` (403
 ``insufficient_scope`` naming the scope a tool call needs), then the transport.
 """
 
@@ -24,6 +25,7 @@ from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, BearerAuthBackend, RequireAuthMiddleware
 from mcp.server.auth.provider import TokenVerifier
 from mcp.server.auth.routes import build_resource_metadata_url, create_protected_resource_routes
+from mcp.server.auth.settings import AuthSettings
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
@@ -52,12 +54,25 @@ def exact_url(value: str) -> AnyHttpUrl:
 
 @dataclass(frozen=True)
 class OAuthResource:
-    """What the adapter publishes and checks as an OAuth 2.1 resource server."""
+    """What the adapter publishes and checks as an OAuth 2.1 resource server: the SDK's
+    ``AuthSettings`` (issuer, this resource, tokens checked for it), the scopes it publishes,
+    and the binding policy's answers per caller."""
 
-    resource: str                  # this resource's identifier (RFC 8707), the tokens' audience
-    authorization_servers: tuple[str, ...]
+    auth: AuthSettings
     scopes_supported: tuple[str, ...]
     callers: CallerBindings
+
+    @classmethod
+    def of(cls, *, issuer: str, resource: str, scopes_supported: tuple[str, ...],
+           callers: CallerBindings) -> OAuthResource:
+        auth = AuthSettings(issuer_url=exact_url(issuer), resource_server_url=exact_url(resource),
+                            required_scopes=None, validate_token_resource=True)
+        return cls(auth=auth, scopes_supported=scopes_supported, callers=callers)
+
+    @property
+    def resource(self) -> str:
+        """This resource's identifier (RFC 8707), the audience its tokens must name."""
+        return str(self.auth.resource_server_url)
 
 
 def _json_response(status: int, body: Mapping[str, Any], headers: list[tuple[bytes, bytes]]) -> list[Message]:
@@ -196,12 +211,13 @@ def build_http_app(
     middleware: list[Middleware] = []
     routes: list[Route] = []
     metadata_url: AnyHttpUrl | None = None
-    if oauth is not None:
-        metadata_url = build_resource_metadata_url(exact_url(oauth.resource))
+    auth = oauth.auth if oauth is not None else None
+    if oauth is not None and auth is not None and auth.resource_server_url is not None:
+        metadata_url = build_resource_metadata_url(auth.resource_server_url)
         endpoint = ScopeChallenge(endpoint, callers=oauth.callers, resource_metadata_url=str(metadata_url))
         metadata_routes = create_protected_resource_routes(
-            resource_url=exact_url(oauth.resource),
-            authorization_servers=[exact_url(s) for s in oauth.authorization_servers],
+            resource_url=auth.resource_server_url,
+            authorization_servers=[auth.issuer_url],
             scopes_supported=list(oauth.scopes_supported),
             resource_name="Engram memory",
         )
@@ -214,7 +230,8 @@ def build_http_app(
         middleware = [
             Middleware(AuthorizationServerDown),
             Middleware(AuthenticationMiddleware, backend=BearerAuthBackend(
-                verifier, resource_server_url=exact_url(oauth.resource) if oauth is not None else None)),
+                verifier, resource_server_url=auth.resource_server_url if auth and auth.validate_token_resource
+                else None)),
             Middleware(AuthContextMiddleware),
         ]
         endpoint = RequireAuthMiddleware(endpoint, [], metadata_url)

@@ -91,8 +91,8 @@ def build_resource_server(settings: OAuthSettings, *, served_url: str, callers: 
                        min_refresh_s=settings.jwks_refresh_cooldown_s),
         introspector=introspector, max_age_s=settings.jwks_max_age_s)
     scopes = settings.scopes_supported or tuple(callers.scopes_supported())
-    return ResourceServer(verifier=verifier, http=http, resource=OAuthResource(
-        resource=resource, authorization_servers=(settings.issuer,), scopes_supported=tuple(scopes), callers=callers))
+    return ResourceServer(verifier=verifier, http=http, resource=OAuthResource.of(
+        issuer=settings.issuer, resource=resource, scopes_supported=tuple(scopes), callers=callers))
 
 
 def policy_engine(settings: OAuthSettings) -> PolicyEngine:
