@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from adapters.mcp.config import Binding, HostConfig
 from adapters.mcp.envelope import new_audit_id
 from engram_core.api import context_pb2
-from engram_core.hostctx import make_context
+from engram_core.hostctx import HOST_CALL, TOOLS_LIST_CALL, make_context
 
 if TYPE_CHECKING:
     from mcp.server.auth.provider import AccessToken
@@ -69,7 +69,7 @@ class CallContext:
     memory_enabled: bool
     # A signed context for one gRPC call: freshly signed each time (file binding), or
     # the fronting host's bytes (header binding).
-    _signer: Callable[[], bytes]
+    _signer: Callable[[str], bytes]
     # True when the adapter signs (file binding): it may follow a new authorization epoch.
     resignable: bool
     # The authorization epoch the call's contexts carry now; a grant the adapter signs
@@ -80,8 +80,11 @@ class CallContext:
     # Who authenticated the request: "" without a bearer token (stdio, header binding).
     asker: str = ""
 
+    # What the MCP request is (a tool name, or TOOLS_LIST_CALL): the call its contexts are signed for.
+    call: str = TOOLS_LIST_CALL
+
     def signed(self) -> bytes:
-        return self._signer()
+        return self._signer(self.call)
 
     def authorization_epoch(self) -> int:
         return self._epoch()
@@ -101,7 +104,7 @@ def asker_of(token: AccessToken | None) -> str:
     return json.dumps(principal_components(token), separators=(",", ":"))
 
 
-def _unsigned() -> bytes:
+def _unsigned(_call: str) -> bytes:
     raise ContextUnavailable("no binding: memory is off for this caller")
 
 
@@ -148,15 +151,18 @@ class ContextSource:
             self._epochs.pop(next(iter(self._epochs)))  # forgotten: the next revoke refusal re-reads it
         self._epochs[scope] = max(self._epochs.get(scope, 0), epoch)
 
-    def for_request(self, headers: Mapping[str, str] | None, token: AccessToken | None = None) -> CallContext:
-        """The context of one request; ``token``: the access token the HTTP layer verified."""
+    def for_request(self, headers: Mapping[str, str] | None, token: AccessToken | None = None,
+                    call: str = TOOLS_LIST_CALL) -> CallContext:
+        """The host context of one MCP request: ``token`` is the access token the HTTP layer
+        verified; ``call`` is the tool it calls, or ``TOOLS_LIST_CALL`` for a listing (a fronting
+        host signed it for the same)."""
         if self._config.binding is not None:
-            return self._signed_for(self._config.binding, asker=asker_of(token))
+            return self._signed_for(self._config.binding, call, asker=asker_of(token))
         if self._callers is not None:
-            return self._token_bound(token)
-        return self._from_header(headers, token)
+            return self._token_bound(token, call)
+        return self._from_header(headers, call, token)
 
-    def _token_bound(self, token: AccessToken | None) -> CallContext:
+    def _token_bound(self, token: AccessToken | None, call: str) -> CallContext:
         from adapters.mcp.oauth.caller_binding import BindingUnavailable
 
         if token is None or self._callers is None:
@@ -169,11 +175,11 @@ class ContextSource:
             # SPEC §2, memory off by default: a caller no rule binds sees no tool and reaches no scope.
             return CallContext(binding=Binding("", "", ""), audit_id=new_audit_id(), memory_enabled=False,
                                _signer=_unsigned, resignable=False, _epoch=lambda: 0, tools=frozenset(),
-                               asker=asker_of(token))
-        return self._signed_for(caller.binding, tools=caller.tools, asker=asker_of(token),
+                               asker=asker_of(token), call=call)
+        return self._signed_for(caller.binding, call, tools=caller.tools, asker=asker_of(token),
                                 credential_ref=f"oauth-binding:{caller.decision_id}")
 
-    def _signed_for(self, binding: Binding, *, asker: str, tools: frozenset[str] | None = None,
+    def _signed_for(self, binding: Binding, call: str, *, asker: str, tools: frozenset[str] | None = None,
                     credential_ref: str = "") -> CallContext:
         if not binding.complete or self._key is None:
             raise ContextUnavailable("incomplete binding")
@@ -181,9 +187,10 @@ class ContextSource:
         key = self._key
         scope = (binding.tenant, binding.workspace)
 
-        def sign() -> bytes:
+        def sign(for_call: str) -> bytes:
             return make_context(
                 key,
+                call=for_call,
                 tenant=binding.tenant,
                 workspace=binding.workspace,
                 principal=binding.principal,
@@ -200,7 +207,7 @@ class ContextSource:
 
         return CallContext(binding=binding, audit_id=audit_id, memory_enabled=self._config.memory_enabled,
                            _signer=sign, resignable=True, _epoch=lambda: self._epochs.get(scope, 0),
-                           tools=tools, asker=asker)
+                           tools=tools, asker=asker, call=call)
 
     def host_context(self, call: CallContext) -> bytes:
         """A host-principal context for the call's scope, to ask the core host-only
@@ -211,6 +218,7 @@ class ContextSource:
         b = call.binding
         return make_context(
             self._key,
+            call=HOST_CALL,
             tenant=b.tenant,
             workspace=b.workspace,
             principal=b.principal,
@@ -223,7 +231,8 @@ class ContextSource:
             host_principal=True,
         )
 
-    def _from_header(self, headers: Mapping[str, str] | None, token: AccessToken | None = None) -> CallContext:
+    def _from_header(self, headers: Mapping[str, str] | None, call: str,
+                     token: AccessToken | None = None) -> CallContext:
         raw = (headers or {}).get(CONTEXT_HEADER)
         if not raw or len(raw) > _MAX_HEADER_BYTES:
             raise ContextUnavailable("no context header")
@@ -252,10 +261,11 @@ class ContextSource:
             binding=binding,
             audit_id=ctx.audit_id,
             memory_enabled=ctx.memory_enabled and self._config.memory_enabled,
-            _signer=lambda: signed,
+            _signer=lambda _call: signed,  # the fronting host signed it for its request (the core checks)
             resignable=False,
             _epoch=lambda: ctx.authorization_epoch,
             asker=asker_of(token),
+            call=call,
         )
 
 

@@ -43,15 +43,15 @@ from adapters.mcp.confirmation import (
 )
 from adapters.mcp.core_client import CoreClient
 from adapters.mcp.guidance import GUIDE_PROMPT_NAME, GUIDE_RESOURCE_URI, TOOL_DESCRIPTIONS, TOOL_TITLES, guide
+from adapters.mcp.refusal_log import log_call_refusal, log_list_refusal
 from engram_core.errors import Code, EngramError
-from engram_core.hostctx import make_grant
+from engram_core.hostctx import TOOLS_LIST_CALL, make_grant
 from engram_core.operation import operation_digest, target_of
 from engram_core.schema_examples import EXAMPLE_PURPOSE
 from engram_core.schemas import INPUT_SCHEMAS, TOOL_NAMES, output_schema
 from engram_core.validation import validate_arguments
 
 logger = logging.getLogger("engram.mcp")
-refusal_log = logging.getLogger("engram.mcp.refusal")  # one line per refusal, visible in every log setup
 _T = TypeVar("_T")
 
 SERVER_NAME = "engram"
@@ -132,11 +132,7 @@ def _can_elicit_form(ctx: ServerRequestContext[Any, Any]) -> bool:
 
 
 def _log_refusal(decided_by: str, call: CallContext, tool: str, exc: EngramError) -> None:
-    """One line per refusal: tool, scope, audit id and the exact reason (never input values)."""
-    b = call.binding
-    refusal_log.info("call refused: decided_by=%s tool=%s tenant=%s workspace=%s principal=%s audit_id=%s %s",
-                decided_by, tool, b.tenant, b.workspace, b.principal, call.audit_id,
-                " ".join(f"{k}={v}" for k, v in exc.log_fields().items()))
+    log_call_refusal(decided_by, call, tool, exc)
 
 
 def _purpose_mismatch(tool: str, arguments: dict[str, Any], bound: str) -> bool:
@@ -219,9 +215,9 @@ class EngramMcp:
 
     # ---- context and grants --------------------------------------------------
 
-    def _context(self, ctx: ServerRequestContext[Any, Any]) -> CallContext:
+    def _context(self, ctx: ServerRequestContext[Any, Any], call: str = TOOLS_LIST_CALL) -> CallContext:
         try:
-            return self._contexts.for_request(_headers(ctx), _access_token(ctx))
+            return self._contexts.for_request(_headers(ctx), _access_token(ctx), call)
         except ContextUnavailable as exc:
             logger.info("host context unavailable: %s", exc)
             raise envelope.trusted_context_unavailable() from None
@@ -292,12 +288,11 @@ class EngramMcp:
         try:
             granted, _ = await self._granted(call)
         except EngramError as exc:
-            # On the refusal logger, which every log setup shows: the agent only sees -32603, so
-            # this line is where an operator learns why (e.g. the core stopped after start-up).
-            b = call.binding
-            refusal_log.info("tools/list refused: tenant=%s workspace=%s principal=%s audit_id=%s %s",
-                             b.tenant, b.workspace, b.principal, call.audit_id,
-                             " ".join(f"{k}={v}" for k, v in exc.log_fields().items()))
+            # The agent sees only a JSON-RPC error, so this line is where an operator learns why
+            # (e.g. the core stopped after start-up).
+            log_list_refusal(call, exc)
+            if exc.retriable:  # a core not answering is transient: say retry, not stop
+                raise envelope.temporarily_unavailable(exc) from None
             raise envelope.trusted_context_unavailable() from None
         return types.ListToolsResult(tools=[tool_definition(name, call.binding.purpose_ref)
                                             for name in TOOL_NAMES if name in granted])
@@ -308,7 +303,7 @@ class EngramMcp:
         name = params.name
         if name not in INPUT_SCHEMAS:
             raise envelope.unknown_tool()
-        call = self._context(ctx)
+        call = self._context(ctx, name)
         if call.tools is not None and name not in call.tools:
             # A tool the caller's token does not open looks like no tool (SPEC §2). A tool a further
             # scope would open was answered 403 insufficient_scope before this, by the scope
@@ -556,11 +551,11 @@ class EngramMcp:
             if not (boundary_rejection or legacy_input_required):
                 raise
             # The boundary rejects before our handler runs: this call's context is made here.
-            call = state.call or self._context(ctx)
             named = (ctx.params or {}).get("name")
             tool = state.tool or (named if named in INPUT_SCHEMAS else "")
             if not tool:
                 raise envelope.unknown_tool() from None
+            call = state.call or self._context(ctx, tool)
             result = await self._refuse(call, tool, EngramError(
                 Code.GATE_FAILED, "confirmation state", reason_class="confirmation_invalid",
                 reasons=("CONFIRMATION_STATE_INVALID",)))
