@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GET_TOOL, SEARCH_TOOL, WITHDRAW_TOOL
+
 EXAMPLE_PURPOSE = "purpose:engineering-notes"
 # Valid shapes (cand_ + base32; mem_ + 52 base32 characters) spelling out what they stand for.
 EXAMPLE_CANDIDATE_ID = "cand_placeholdercopythecandidateidcapturereturned"
@@ -30,10 +32,10 @@ _CANDIDATE_ID_NOTE = ("The example's candidate_id is a placeholder (it answers N
                       "from an earlier call's result, the one engram_memory_capture returned.")
 # Appended to the description of each tool whose examples need an id from an earlier call.
 EXAMPLE_ID_NOTES: dict[str, str] = {
-    "engram_memory_get": _RECORD_ID_NOTE,
-    "engram_memory_request_admission": _CANDIDATE_ID_NOTE,
-    "engram_memory_withdraw": _CANDIDATE_ID_NOTE,
-    "engram_memory_forget": _RECORD_ID_NOTE,
+    GET_TOOL: _RECORD_ID_NOTE,
+    ADMISSION_TOOL: _CANDIDATE_ID_NOTE,
+    WITHDRAW_TOOL: _CANDIDATE_ID_NOTE,
+    FORGET_TOOL: _RECORD_ID_NOTE,
 }
 
 # Times are epoch milliseconds (2025-12-01T00:00:00.000Z and later).
@@ -230,10 +232,10 @@ FORGET_EXAMPLES: list[dict[str, Any]] = [
 ]
 
 TOOL_EXAMPLES: dict[str, list[dict[str, Any]]] = {
-    "engram_memory_search": SEARCH_EXAMPLES,
-    "engram_memory_get": GET_EXAMPLES,
-    "engram_memory_capture": [example for _, example in CAPTURE_EXAMPLES.values()],
-    "engram_memory_request_admission": ADMISSION_EXAMPLES,
-    "engram_memory_withdraw": WITHDRAW_EXAMPLES,
-    "engram_memory_forget": FORGET_EXAMPLES,
+    SEARCH_TOOL: SEARCH_EXAMPLES,
+    GET_TOOL: GET_EXAMPLES,
+    CAPTURE_TOOL: [example for _, example in CAPTURE_EXAMPLES.values()],
+    ADMISSION_TOOL: ADMISSION_EXAMPLES,
+    WITHDRAW_TOOL: WITHDRAW_EXAMPLES,
+    FORGET_TOOL: FORGET_EXAMPLES,
 }

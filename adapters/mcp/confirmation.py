@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from adapters.mcp.config import Binding
+from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, WITHDRAW_TOOL
 
 CONFIRM_KEY = "engram_confirmation"  # the key of our input request in InputRequiredResult
 
@@ -39,11 +40,11 @@ REQUESTED_SCHEMA: dict[str, Any] = {
 }
 
 _ACTION_TEXT = {
-    "engram_memory_forget": "FORGET memory record {target}. Its content will be destroyed and it will "
+    FORGET_TOOL: "FORGET memory record {target}. Its content will be destroyed and it will "
     "disappear from search and get for good.",
-    "engram_memory_withdraw": "WITHDRAW pending memory candidate {target}. It will never be admitted.",
-    "engram_memory_capture": "CAPTURE a new memory candidate (host policy asks for confirmation).",
-    "engram_memory_request_admission": "REQUEST ADMISSION of memory candidate {target} "
+    WITHDRAW_TOOL: "WITHDRAW pending memory candidate {target}. It will never be admitted.",
+    CAPTURE_TOOL: "CAPTURE a new memory candidate (host policy asks for confirmation).",
+    ADMISSION_TOOL: "REQUEST ADMISSION of memory candidate {target} "
     "(host policy asks for confirmation).",
 }
 

@@ -2,7 +2,9 @@
 
 Loads the host configuration (failing at startup with a clear message),
 optionally starts an embedded core in-process (still spoken to over gRPC), and
-serves the adapter over stdio or streamable HTTP.
+serves the adapter over stdio or streamable HTTP. The embedded core comes from the
+caller (``engram_core/cli/mcp.py`` passes the composition root's ``start_core``): the
+adapter knows a core only by its address and host key.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from prometheus_client import CollectorRegistry
@@ -23,9 +26,23 @@ from adapters.mcp.observability import ToolCallObserver
 from adapters.mcp.server import EngramMcp
 from engram_core.observability import tracing
 from engram_core.observability.logs import configure_logging, notice
-from engram_core.observability.metrics import AdapterMetrics, CoreMetrics, serve_metrics
+from engram_core.observability.metrics import AdapterMetrics, serve_metrics
 
 HTTP_PATH = "/mcp"
+
+
+class EmbeddedCore(Protocol):
+    """A core this process started for ``[core] embedded = true``: where it listens, the host
+    key its data directory trusts, and how to stop it (drain, then close the store)."""
+
+    address: str
+    host_key_path: Path
+
+    def stop(self) -> None: ...
+
+
+# (data directory, the metrics registry the core's series join, or None) -> a started core.
+EmbeddedCoreFactory = Callable[[Path, CollectorRegistry | None], EmbeddedCore]
 
 
 def _fail(message: str) -> int:
@@ -53,7 +70,9 @@ def build_adapter(config: HostConfig, address: str, signing_key: Any, *, metrics
     )
 
 
-def mcp_main(args: argparse.Namespace) -> int:
+def mcp_main(args: argparse.Namespace, *, embedded_core: EmbeddedCoreFactory | None = None) -> int:
+    """``embedded_core`` starts the core of an ``embedded = true`` configuration (the CLI passes
+    one); without it such a configuration is refused."""
     # stdout is the MCP wire on stdio: diagnostics go to stderr only. Text logs stay at
     # warnings; JSON logs (an operator's choice) add one line per tool call.
     log_format = getattr(args, "log_format", "text")
@@ -97,19 +116,17 @@ def mcp_main(args: argparse.Namespace) -> int:
         except EngramError as exc:  # the bundle deciding engram/binding does not load
             return _fail(f"binding policy unavailable: {exc.detail}")
 
-    running = None
+    running: EmbeddedCore | None = None
     signing_key = config.signing_key
     address = config.core_address
     if config.embedded_data_dir is not None:
         from engram_core.hostkeys import load_private_key_file
-        from engram_core.rpc.server import start_core
-        from engram_core.store.file_modes import private_umask
 
-        private_umask()  # the embedded core's data directory: owner-only files
+        if embedded_core is None:
+            return _fail("[core] embedded = true needs a core to start; run it with `engram mcp`")
         try:
             # The embedded core's series join the adapter's on the same /metrics.
-            core_metrics = CoreMetrics(registry=registry) if registry is not None else None
-            running = start_core(Path(config.embedded_data_dir), metrics=core_metrics)
+            running = embedded_core(Path(config.embedded_data_dir), registry)
         except Exception as exc:  # the message may name paths, never key material
             return _fail(f"embedded core failed to start: {type(exc).__name__}: {exc}")
         address = running.address

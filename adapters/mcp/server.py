@@ -48,7 +48,19 @@ from engram_core.errors import Code, EngramError
 from engram_core.hostctx import TOOLS_LIST_CALL, make_grant
 from engram_core.operation import operation_digest, target_of
 from engram_core.schema_examples import EXAMPLE_PURPOSE
-from engram_core.schemas import INPUT_SCHEMAS, TOOL_NAMES, output_schema
+from engram_core.schemas import INPUT_SCHEMAS, output_schema
+from engram_core.tools import (
+    ADMISSION_TOOL,
+    CAPTURE_TOOL,
+    CONFIRMED_ON_POLICY,
+    FORGET_TOOL,
+    GATED_TOOLS,
+    GET_TOOL,
+    READ_TOOLS,
+    SEARCH_TOOL,
+    TOOL_NAMES,
+    WITHDRAW_TOOL,
+)
 from engram_core.validation import validate_arguments
 
 logger = logging.getLogger("engram.mcp")
@@ -61,10 +73,8 @@ SERVER_VERSION = "0.1.0"
 # admission when the policy gates them for this binding (ListCapabilities says
 # which), or, should the policy change between the two calls, when the core
 # answers gate_failed.
-ALWAYS_CONFIRMED = frozenset({"engram_memory_withdraw", "engram_memory_forget"})
-CONFIRMED_ON_POLICY = frozenset({"engram_memory_capture", "engram_memory_request_admission"})
-READ_TOOLS = frozenset({"engram_memory_search", "engram_memory_get"})
-_PURPOSE_TOOLS = frozenset({"engram_memory_search", "engram_memory_get"})
+ALWAYS_CONFIRMED = GATED_TOOLS
+_PURPOSE_TOOLS = READ_TOOLS
 
 # The SDK's wire errors that collide with the contract's protocol errors
 # (MCP_NOTES.md): both mean a confirmation did not complete.
@@ -74,18 +84,18 @@ _STATE_TTL_S = 300.0  # SPEC §8: a confirmation lives at most 300 s
 _LIST_HINTS_MAX = 1024  # bindings whose last tool list is remembered (HTTP serves many)
 
 _ANNOTATIONS = {
-    "engram_memory_search": types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
-    "engram_memory_get": types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
-    "engram_memory_capture": types.ToolAnnotations(
+    SEARCH_TOOL: types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
+    GET_TOOL: types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
+    CAPTURE_TOOL: types.ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
     ),
-    "engram_memory_request_admission": types.ToolAnnotations(
+    ADMISSION_TOOL: types.ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
     ),
-    "engram_memory_withdraw": types.ToolAnnotations(
+    WITHDRAW_TOOL: types.ToolAnnotations(
         read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
     ),
-    "engram_memory_forget": types.ToolAnnotations(
+    FORGET_TOOL: types.ToolAnnotations(
         read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
     ),
 }
@@ -139,7 +149,7 @@ def _purpose_mismatch(tool: str, arguments: dict[str, Any], bound: str) -> bool:
     """SPEC §2: purpose_ref (search, get) and payload.purpose_ref (capture) must equal the bound one."""
     if tool in _PURPOSE_TOOLS:
         return arguments["purpose_ref"] != bound
-    if tool == "engram_memory_capture":
+    if tool == CAPTURE_TOOL:
         return arguments["payload"]["purpose_ref"] != bound
     return False
 

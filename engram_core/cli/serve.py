@@ -72,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_observability_flags(p, drain=True)
 
     def run(args: argparse.Namespace) -> int:
-        from engram_core.rpc.serve import serve_main
+        from engram_core.cli.serve_main import serve_main
 
         return serve_main(args)
 

@@ -77,6 +77,10 @@ class KeyVault(Protocol):
         """Destroy keys, durably (one sync for all)."""
         ...
 
+    def is_destroyed(self, ref: int) -> bool:
+        """True when the slot holds no key at all (destroyed), as opposed to one this ring cannot unwrap."""
+        ...
+
     def reconcile(self, live_refs: set[int]) -> int:
         """Destroy every key not in ``live_refs`` (keys of transactions that never committed, and
         destructions a crash interrupted); returns how many."""
@@ -328,6 +332,10 @@ class FileKeyVault:
             os.pwrite(self._fd, b"\x00" * _SLOT, ref * _SLOT)
             os.fdatasync(self._fd)
 
+    def is_destroyed(self, ref: int) -> bool:
+        raw = self._read(ref)
+        return len(raw) == _SLOT and not any(raw)
+
     def destroy_many(self, refs: list[int]) -> None:
         with self._lock:
             for slot in refs:
@@ -405,6 +413,13 @@ class FileKeyVault:
         held, retired = self.ring.counts()
         return {"active_kek": self.active_generation(), "keks": held, "retired_keks": retired,
                 "slots": self._next, "live_slots": live}
+
+
+def open_key_directory(directory: Path) -> FileKeyVault | None:
+    """The file vault kept in ``directory`` (a restore's source keys), or None when it holds none."""
+    if not (directory / "store.kek").is_file() or not (directory / "datakeys.bin").is_file():
+        return None
+    return FileKeyVault(directory)
 
 
 def _write_private(path: Path, data: bytes) -> None:

@@ -6,8 +6,8 @@ from typing import Any
 
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import BoundContext
-from engram_core.schemas import TOOL_NAMES
 from engram_core.services.core import CallRecord, Core
+from engram_core.tools import TOOL_NAMES
 
 
 class AdminServiceCore:

@@ -1,4 +1,5 @@
-"""Wiring of the core: store, key vault, policy engine, trusted keys, clock.
+"""The core: its ports held together (store, key vault, policy engine, trusted keys, clock,
+embedder), as the composition root (``engram_core.app.composition``) chose them.
 
 Also the steps every operation shares: authorization by policy (with the
 revocation epoch), recording decisions, and audit rows.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import EllipsisType
@@ -19,13 +20,13 @@ from engram_core.canonical import digest, with_receipt_digest
 from engram_core.clock import Clock, SystemClock
 from engram_core.context_nonces import ContextNonceLedger
 from engram_core.crypto.keyvault import KeyVault
+from engram_core.embedding.port import Embedder
 from engram_core.errors import Code, EngramError, class_of_reasons
 from engram_core.hostctx import CLOCK_SKEW_MS, MAX_CONTEXT_TTL_MS, BoundContext
 from engram_core.hostkeys import TrustedHostKeys
 from engram_core.policy.port import AUTHZ, Decision, PolicyEngine
 from engram_core.secrets_scan import scan
-from engram_core.services.embedding import Embedder
-from engram_core.services.keyring import KeySchedule
+from engram_core.services.key_schedule import KeySchedule
 from engram_core.services.lexical import TermHasher
 from engram_core.services.projection_status import ProjectionStatus
 from engram_core.services.quotas import TOOL_METRIC, RateLimited
@@ -48,6 +49,14 @@ def new_id(prefix: str) -> str:
 def record_id_of(record_digest: str) -> str:
     """SPEC §4: ``mem_`` + unpadded lowercase base32 of the 32 digest bytes."""
     return "mem_" + b32(bytes.fromhex(record_digest.removeprefix("sha256:")))
+
+
+def require_current_epoch(epoch: int, scope: ScopeRow | None, detail: str) -> None:
+    """Revocation (SPEC §12: ``engram admin revoke`` bumps the scope's epoch): a context or a
+    grant signed under an older epoch than the scope's is AUTHORIZATION_REVOKED. The one
+    check, for contexts (every authorization, the tool list) and grants alike."""
+    if scope is not None and epoch < scope.authorization_epoch:
+        raise EngramError(Code.AUTHORIZATION_REVOKED, detail)
 
 
 def context_facts(ctx: BoundContext) -> dict[str, Any]:
@@ -93,6 +102,7 @@ class Core:
         clock: Clock | None = None,
         embedder: Embedder | None = None,
         key_schedule: KeySchedule | None = None,
+        open_key_dir: Callable[[Path], KeyVault | None] | None = None,
     ) -> None:
         self.data_dir = data_dir
         # The semantic channel's local model (SPEC §11), or None: then lexical_and_semantic
@@ -102,6 +112,8 @@ class Core:
         self.vault = vault
         # When KEK generations rotate and retire (services/keyring.py).
         self.key_schedule: KeySchedule = key_schedule or KeySchedule()
+        # Another core's key directory (a restore's source), opened as a vault, None if it holds none.
+        self.open_key_dir: Callable[[Path], KeyVault | None] = open_key_dir or (lambda _dir: None)
         self.policy = policy
         self.trusted = trusted
         self.clock: Clock = clock or SystemClock()
@@ -189,8 +201,8 @@ class Core:
 
     def _authz_input(self, ctx: BoundContext, operation: str, scope: ScopeRow | None,
                      stored_strings: Iterable[str] = (), epoch_bound: bool = True) -> dict[str, Any]:
-        if epoch_bound and scope is not None and ctx.authorization_epoch < scope.authorization_epoch:
-            raise EngramError(Code.AUTHORIZATION_REVOKED, "context epoch older than scope epoch")
+        if epoch_bound:
+            require_current_epoch(ctx.authorization_epoch, scope, "context epoch older than scope epoch")
         out: dict[str, Any] = {
             "operation": operation,
             "context": context_facts(ctx),

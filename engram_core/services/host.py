@@ -9,8 +9,8 @@ from engram_core import __version__
 from engram_core.errors import REFUSALS, RETRIABLE, Code, EngramError
 from engram_core.hostctx import GRANT_EXECUTION_WINDOW_MS, BoundContext, make_grant
 from engram_core.policy.port import AUTHZ, TOOLS
-from engram_core.schemas import TOOL_NAMES
-from engram_core.services.core import POLICY_TIMEOUT_S, CallRecord, Core, context_facts
+from engram_core.services.core import POLICY_TIMEOUT_S, CallRecord, Core, context_facts, require_current_epoch
+from engram_core.tools import TOOL_NAMES
 from engram_core.validation import rebuild_pointer
 
 MAX_APPROVAL_AGE_MS = GRANT_EXECUTION_WINDOW_MS
@@ -40,8 +40,7 @@ class HostServiceCore:
         call = CallRecord()
         with self.core.store.read() as tx:
             scope = tx.scope(ctx.tenant, ctx.workspace)
-        if scope is not None and ctx.authorization_epoch < scope.authorization_epoch:
-            raise EngramError(Code.AUTHORIZATION_REVOKED, "context epoch older than scope epoch")
+        require_current_epoch(ctx.authorization_epoch, scope, "context epoch older than scope epoch")
         facts = {"context": context_facts(ctx),
                  "scope": {"activated": bool(scope and scope.activated), "tools": list(scope.tools) if scope else []},
                  "now_ms": self.core.now_ms()}

@@ -17,28 +17,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from engram_core.services.key_schedule import DAY_MS, KeySchedule
 
 if TYPE_CHECKING:
     from engram_core.services.core import Core
 
 log = logging.getLogger("engram.keyring")
-DAY_MS = 86_400_000
-
-
-@dataclass(frozen=True)
-class KeySchedule:
-    """When generations rotate and retire (milliseconds; a rotation interval of 0: only on request)."""
-
-    rotation_interval_ms: int = DAY_MS
-    retention_ms: int = DAY_MS
-
-    @property
-    def destruction_window_ms(self) -> int:
-        """The longest a destroyed key's destruction stays pending under this schedule."""
-        return self.rotation_interval_ms + self.retention_ms
-
+__all__ = ["DAY_MS", "KeyRingScheduler", "KeySchedule", "due_for_rotation", "retire", "rotate"]
 
 def rotate(core: Core) -> dict[str, Any]:
     """A new active generation; every live data key re-wrapped under it (no sealed body is touched)."""

@@ -9,7 +9,7 @@ keeping the host's principal and audit id.
 Host mutations are idempotent by the request's ``event_id``: it is the key of
 an idempotency row in the target scope under the host principal, written in
 the same transaction as the effect (SPEC §7). Backup and restore live in
-``engram_core.backup``.
+``engram_core.services.backup``.
 """
 
 from __future__ import annotations
@@ -33,20 +33,21 @@ from engram_core.services import keyring, lifecycle
 from engram_core.services.core import CallRecord, Core, context_facts, new_id
 from engram_core.services.derivatives import apply_derivative_rule
 from engram_core.services.lexical import ANALYZER_ID, record_fields
-from engram_core.services.memory import (
-    ADMISSION_TOOL,
-    FORGET_TOOL,
-    WITHDRAW_TOOL,
-    MemoryService,
-    record_text,
+from engram_core.services.memory import MemoryService, record_text
+from engram_core.services.pipeline import (
+    Guard,
+    gated_precondition,
+    request_digest_of,
     stored_outcome,
+    transaction_receipt_digest,
 )
 from engram_core.services.reconciliation import payload_links, write_links
 from engram_core.signing import ANCHOR_DOMAIN, CoreSigners, public_keys_from_pems, verify_signature
 from engram_core.store.chain import GENESIS, LEGACY_CHAIN, by_chain, check_audit, event_digest_of, scope_chain
+from engram_core.store.fields import FIELD_CODE
 from engram_core.store.port import Event, IdempotencyRow, RecordRow, ScopeRow, Tx
 from engram_core.store.projection import Projection
-from engram_core.store.search_index import FIELD_CODE
+from engram_core.tools import ADMISSION_TOOL, FORGET_TOOL, WITHDRAW_TOOL
 
 log = logging.getLogger("engram.maintenance")
 
@@ -218,32 +219,27 @@ class MaintenanceService:
 
     def _tombstone(self, tctx: BoundContext, call: CallRecord, record_id: str, event_id: str, reason: str) -> dict[str, Any]:
         args = {"record_id": record_id, "idempotency_key": event_id, "reason_ref": reason, "by": "host"}
-        rd = self.memory._request_digest(FORGET_TOOL, args)
-        with self.core.store.read() as tx:
-            prior = stored_outcome(tx, tctx, tool=FORGET_TOOL, target=record_id, key=event_id, request_digest=rd)
-            rec = tx.record(tctx.tenant, tctx.workspace, record_id)
-        if prior is not None:
-            return {**prior, "replayed": True}
-        if rec is None:
-            raise EngramError(Code.NOT_FOUND, "record")
-        lifecycle.check_record("tombstone", rec.state)
+        guard = Guard(FORGET_TOOL, record_id, event_id, request_digest_of(FORGET_TOOL, args))
+        standing = gated_precondition(self.core, tctx, guard, what="record",
+                                      lookup=lambda tx: tx.record(tctx.tenant, tctx.workspace, record_id),
+                                      check_state=lambda state: lifecycle.check_record("tombstone", state))
+        if standing.replay is not None:
+            return {**standing.replay, "replayed": True}
         # MemoryService.tombstone: body key shredded, projections dropped, ledger, journal, audit — one transaction.
-        return self.memory.tombstone(tctx, record_id, call, args=args, request_digest=rd, grant_id=None, reason_ref=reason,
+        return self.memory.tombstone(tctx, record_id, call, guard=guard, grant_id=None, reason_ref=reason,
                                      event_id=event_id, audit_operation="admin.tombstone")
 
     def _candidate_end(self, tctx: BoundContext, call: CallRecord, op: str, candidate_id: str, event_id: str,
                        reason: str) -> dict[str, Any]:
         args = {"candidate_id": candidate_id, "idempotency_key": event_id, "reason_ref": reason, "operation": op}
-        rd = self.memory._request_digest(WITHDRAW_TOOL, args)
-        with self.core.store.read() as tx:
-            prior = stored_outcome(tx, tctx, tool=WITHDRAW_TOOL, target=candidate_id, key=event_id, request_digest=rd)
-            cand = tx.candidate(tctx.tenant, tctx.workspace, candidate_id)
-        if prior is not None:
-            return {**prior, "replayed": True}
-        if cand is None:
-            raise EngramError(Code.NOT_FOUND, "candidate")
-        lifecycle.check_candidate(op, cand.state)
-        return self.memory.withdraw_candidate(tctx, cand, call, args=args, request_digest=rd, grant_id=None,
+        guard = Guard(WITHDRAW_TOOL, candidate_id, event_id, request_digest_of(WITHDRAW_TOOL, args))
+        standing = gated_precondition(self.core, tctx, guard, what="candidate",
+                                      lookup=lambda tx: tx.candidate(tctx.tenant, tctx.workspace, candidate_id),
+                                      check_state=lambda state: lifecycle.check_candidate(op, state))
+        if standing.replay is not None:
+            return {**standing.replay, "replayed": True}
+        assert standing.target is not None
+        return self.memory.withdraw_candidate(tctx, standing.target, call, guard=guard, grant_id=None,
                                               reason_ref=reason, operation=op, to_state=CANDIDATE_OPS[op],
                                               event_id=event_id, audit_operation=f"admin.{op}")
 
@@ -288,8 +284,8 @@ class MaintenanceService:
                 "event_id": event.event_id, "operation": op, "target": target, "from_state": rec.state,
                 "to_state": new_state, "cursor": str(event.cursor), "event_digest": event.event_digest,
                 "authorization_receipt_digest": authz_digest,
-                "transaction_receipt_digest": self.memory._tx_receipt(op, event.event_digest, event.cursor, call,
-                                                                      tctx.audit_id),
+                "transaction_receipt_digest": transaction_receipt_digest(self.core, op, event.event_digest, event.cursor, call,
+                                                                         tctx.audit_id),
             }
             if successor:
                 receipt["successor"] = successor
@@ -392,18 +388,20 @@ class MaintenanceService:
         if not _EVENT_ID.match(event_id):
             raise EngramError(Code.INVALID_SCHEMA, "event_id")
         args = {"candidate_id": candidate_id, "idempotency_key": event_id, "decision": decision, "reason_ref": reason}
-        rd = self.memory._request_digest(ADMISSION_TOOL, args)
-        with self.core.store.read() as tx:
-            prior = stored_outcome(tx, tctx, tool=ADMISSION_TOOL, target=candidate_id, key=event_id, request_digest=rd)
-            cand = tx.candidate(tctx.tenant, tctx.workspace, candidate_id)
-        if prior is not None:
-            return {**prior, "replayed": True}
-        if cand is None:
-            raise EngramError(Code.NOT_FOUND, "candidate")
-        lifecycle.check_candidate(decision, cand.state)
-        if cand.state != "pending_adjudication":
-            raise EngramError(Code.ILLEGAL_TRANSITION, "candidate is not pending adjudication")
-        return self.memory.admit(tctx, cand, call, args=args, request_digest=rd, forced=decision, reason_ref=reason,
+        guard = Guard(ADMISSION_TOOL, candidate_id, event_id, request_digest_of(ADMISSION_TOOL, args))
+
+        def adjudicable(state: str) -> None:
+            lifecycle.check_candidate(decision, state)
+            if state != "pending_adjudication":
+                raise EngramError(Code.ILLEGAL_TRANSITION, "candidate is not pending adjudication")
+
+        # The same precondition as a withdraw: stored outcome, target, lifecycle.
+        standing = gated_precondition(self.core, tctx, guard, what="candidate", check_state=adjudicable,
+                                      lookup=lambda tx: tx.candidate(tctx.tenant, tctx.workspace, candidate_id))
+        if standing.replay is not None:
+            return {**standing.replay, "replayed": True}
+        assert standing.target is not None
+        return self.memory.admit(tctx, standing.target, call, guard=guard, forced=decision, reason_ref=reason,
                                  event_id=event_id, audit_operation="admin.adjudicate")
 
     # -- reads -----------------------------------------------------------------------------------
@@ -815,7 +813,7 @@ def reanalyze_lexical(core: Core) -> int | None:
 
 def reembed_vectors(core: Core) -> int | None:
     """Re-derive the vectors made by another model than the embedder's (``model_id``), e.g. a
-    store from before the model was derived for int8 arithmetic (semantic_model.py): searches
+    store from before the model was derived for int8 arithmetic (engram_core/embedding/model.py): searches
     rank only vectors of their own model, so without this every older record would drop out of
     the semantic channel. ~5 ms per record re-embedded. The model whose vectors the store holds
     is recorded in ``store_meta``, so a store that is current costs one read (not a scan of its

@@ -63,13 +63,12 @@ from engram_core.store.changes import (
     ScopeProjectionsDropped,
     VectorIndexed,
 )
+from engram_core.store.fields import FIELD_CODE, FIELDS
 from engram_core.store.port import LexicalPage, LexicalStats, RecordRow
 from engram_core.store.projection import split
 
 __all__ = ["FIELDS", "FIELD_CODE", "IndexBuilder", "Posting", "RecordMeta", "SearchIndex"]
 
-FIELDS = ("primary", "decision", "evidence", "context", "citations")
-FIELD_CODE = {name: i for i, name in enumerate(FIELDS)}
 NEVER = np.iinfo(np.int64).max  # no valid_time end / no expiry
 MERGE_AT = 65_536  # buffered postings of a scope before they are merged into its arrays
 CONTRIBUTION_BYTES = 32 << 20  # per scope: cached term contributions (a common term: ~1 MB at 100k)

@@ -15,11 +15,11 @@ from typing import Any
 import grpc
 
 from engram_core.api import admin_pb2, admin_pb2_grpc, memory_pb2, memory_pb2_grpc
+from engram_core.app.composition import RunningCore, start_core
 from engram_core.clock import FixedClock
 from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
 from engram_core.hostkeys import load_private_key_file
 from engram_core.rpc.convert import message_to_value, value_to_message
-from engram_core.rpc.server import RunningCore, start_core
 from engram_core.rpc.status import code_from_rpc_error
 
 TENANT, WORKSPACE, PURPOSE = "acme", "main", "purpose:eng"

@@ -24,7 +24,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from engram_core.rpc.server import start_core
+from engram_core.app.composition import start_core
 
 REPO = Path(__file__).resolve().parents[2]
 ENGRAM = str(Path(sys.executable).with_name("engram"))

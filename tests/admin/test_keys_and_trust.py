@@ -27,10 +27,15 @@ def test_rotation_rewraps_every_data_key_and_touches_no_body(env):
     out = env.admin("RotateKeys", admin_pb2.ScopeRequest())
     assert out["rewrapped"] == out["live_data_keys"] == 4 and out["bodies_rewritten"] == 0
     assert out["active_kek"] == kek_before["active"] + 1
-    assert out["retired_keks"] == [kek_before["active"]]
+    # The generation before stays in the ring, unwrapping only, for --key-retention (copies of the
+    # key files made under it still restore); retire-keys --now retires it at once.
+    assert out["retired_keks"] == []
     kek_after = json.loads((env.data_dir / "store.kek").read_text())
-    assert list(kek_after["keks"]) == [str(out["active_kek"])]
+    assert sorted(kek_after["generations"]) == sorted([str(kek_before["active"]), str(out["active_kek"])])
     assert _bodies(env) == before
+    assert {rid: env.get(rid)["record"] for rid in ids} == answers
+    assert env.admin("RetireKeys", admin_pb2.RetireKeysRequest(now=True))["retired_keks"] == [kek_before["active"]]
+    assert list(json.loads((env.data_dir / "store.kek").read_text())["generations"]) == [str(out["active_kek"])]
     assert {rid: env.get(rid)["record"] for rid in ids} == answers
 
 

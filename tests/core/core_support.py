@@ -25,6 +25,7 @@ from engram_core.operation import operation_digest
 from engram_core.rpc.convert import message_to_value, value_to_message
 from engram_core.rpc.server import RunningCore
 from engram_core.rpc.status import code_from_rpc_error
+from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GET_TOOL, SEARCH_TOOL, WITHDRAW_TOOL
 
 PURPOSE = "purpose:engineering-notes"
 
@@ -37,9 +38,9 @@ _REQUESTS = {
     "forget": (memory_pb2.ForgetRequest, "Forget"),
 }
 _TOOL = {
-    "search": "engram_memory_search", "get": "engram_memory_get", "capture": "engram_memory_capture",
-    "request_admission": "engram_memory_request_admission", "withdraw": "engram_memory_withdraw",
-    "forget": "engram_memory_forget",
+    "search": SEARCH_TOOL, "get": GET_TOOL, "capture": CAPTURE_TOOL,
+    "request_admission": ADMISSION_TOOL, "withdraw": WITHDRAW_TOOL,
+    "forget": FORGET_TOOL,
 }
 
 

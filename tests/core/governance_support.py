@@ -14,9 +14,9 @@ import grpc
 from core_support import activate, now_ms
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
+from engram_core.app.composition import RunningCore, default_policies_dir, start_core
 from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
 from engram_core.hostkeys import load_private_key_file
-from engram_core.rpc.server import RunningCore, default_policies_dir, start_core
 
 
 def start_with_bundle(tmp_path: Path, *, edit: Callable[[dict], None] | None = None,

@@ -190,7 +190,7 @@ def test_search_is_deterministic(ana: Client) -> None:
 def test_semantic_channel_unavailable_is_an_error_not_a_fallback(tmp_path) -> None:
     from core_support import activate
 
-    from engram_core.rpc.server import start_core
+    from engram_core.app.composition import start_core
 
     running = start_core(tmp_path / "lexical-only", semantic=False)
     try:

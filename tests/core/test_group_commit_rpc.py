@@ -9,8 +9,8 @@ from pathlib import Path
 
 from core_support import Client, activate, capture_args
 
+from engram_core.app.composition import start_core
 from engram_core.crypto.keyvault import FileKeyVault
-from engram_core.rpc.server import start_core
 from engram_core.services.maintenance import check_audit, check_journal
 from engram_core.store.duckdb import open_duckdb_store
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from mcp_helpers import ENGRAM, REPO, WORKSPACE, Core, activate, binding_for, write_config
 
+from engram_core.app.composition import start_core
 from engram_core.install_hints import SEMANTIC_INSTALL
-from engram_core.rpc.server import start_core
 
 
 @pytest.fixture(scope="module")

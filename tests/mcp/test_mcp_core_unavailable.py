@@ -28,8 +28,8 @@ from mcp_helpers import (
 )
 
 from adapters.mcp.envelope import TEMPORARILY_UNAVAILABLE, TEMPORARILY_UNAVAILABLE_CODE
+from engram_core.app.composition import start_core
 from engram_core.errors import MESSAGES, Code
-from engram_core.rpc.server import start_core
 from engram_core.schemas import TOOL_NAMES
 
 pytestmark = pytest.mark.anyio

@@ -33,9 +33,9 @@ from mcp_helpers import (
     write_config,
 )
 
+from engram_core.app.composition import start_core
 from engram_core.errors import REFUSALS, Code
 from engram_core.observability.logs import CALL_LOGGER
-from engram_core.rpc.server import start_core
 from engram_core.schemas import INPUT_SCHEMAS, TOOL_NAMES, output_schema
 
 pytestmark = pytest.mark.anyio

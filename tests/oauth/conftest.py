@@ -33,7 +33,7 @@ from mcp_helpers import (  # noqa: E402
     write_config,
 )
 
-from engram_core.rpc.server import start_core  # noqa: E402
+from engram_core.app.composition import start_core  # noqa: E402
 
 INTROSPECTION_ENV = "ENGRAM_TEST_INTROSPECTION_SECRET"
 

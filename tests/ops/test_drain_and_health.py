@@ -17,8 +17,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ops_support import serve
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
+from engram_core.app.composition import start_core
 from engram_core.cli.channel import admin_metadata
-from engram_core.rpc.server import LIVENESS_SERVICE, start_core
+from engram_core.rpc.server import LIVENESS_SERVICE
 from engram_core.store.audit_spool import SPOOL_NAME
 
 WORKERS = 6
@@ -159,7 +160,7 @@ def test_a_core_stopped_right_after_it_started_closes_cleanly(tmp_path) -> None:
     """The search index is built after the server listens, on a thread of its own; a stop right
     then closed the store under the build (the file stayed locked for the next start, or the
     process aborted). The store now lets the build finish before it closes."""
-    from engram_core.rpc.server import start_core
+    from engram_core.app.composition import start_core
 
     for _ in range(4):
         start_core(tmp_path / "data", semantic=False).stop()

@@ -34,7 +34,7 @@ from mcp_helpers import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from engram_core.rpc.server import start_core
+from engram_core.app.composition import start_core
 
 pytestmark = pytest.mark.anyio
 QUERY = "cormorant lantern protocol"

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 from policy_support import REPO, BundleServer, copy_bundle, engram, serve, write_keys
 
+from engram_core.app.composition import start_core
 from engram_core.errors import Code
 from engram_core.policy.embedded import EmbeddedPolicyEngine
 from engram_core.policy.port import ADMISSION
 from engram_core.policy.pull import BundlePuller, HttpBundleSource
 from engram_core.policy.signing import BundleVerifier
 from engram_core.policy.sources import SourceUnavailable
-from engram_core.rpc.server import start_core
 
 sys.path.insert(0, str(REPO / "tests" / "core"))
 from core_support import Client, activate  # noqa: E402

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from policy_support import REPO, LogCollector, copy_bundle
 
+from engram_core.app.composition import start_core
 from engram_core.policy.decisionlog.config import DecisionLogConfig, from_toml, parse_decision_log
 from engram_core.policy.decisionlog.logger import DecisionLogger
 from engram_core.policy.decisionlog.mask import MaskError, Pseudonymizer, apply_mask
@@ -21,7 +22,6 @@ from engram_core.policy.decisionlog.sinks import FileSink, HttpSink
 from engram_core.policy.embedded import EmbeddedPolicyEngine
 from engram_core.policy.port import AUTHZ, DECISION_PATHS, Decision
 from engram_core.policy.serving import PolicySettings, build_serving_policy
-from engram_core.rpc.server import start_core
 
 sys.path.insert(0, str(REPO / "tests" / "core"))
 from core_support import Client, activate  # noqa: E402

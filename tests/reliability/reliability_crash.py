@@ -31,6 +31,7 @@ from engram_core.hostkeys import load_private_key_file
 from engram_core.rpc.status import code_from_rpc_error
 from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
 from engram_core.store.duckdb import open_duckdb_store
+from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, WITHDRAW_TOOL
 
 TENANT, WORKSPACE = "acme", "alpha"
 # What a client may see when the server dies under it.
@@ -192,8 +193,8 @@ def workload(client: Client, admin: HostAdmin, ledger: Ledger, rng: random.Rando
 
 
 # -- checks ----------------------------------------------------------------------------------------
-TOOL_OF = {"capture": "engram_memory_capture", "admit": "engram_memory_request_admission",
-           "withdraw": "engram_memory_withdraw", "forget": "engram_memory_forget"}
+TOOL_OF = {"capture": CAPTURE_TOOL, "admit": ADMISSION_TOOL,
+           "withdraw": WITHDRAW_TOOL, "forget": FORGET_TOOL}
 
 
 def target_of(kind: str, args: dict[str, Any], result: dict[str, Any]) -> str:

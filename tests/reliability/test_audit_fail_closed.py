@@ -11,8 +11,8 @@ import pytest
 from core_support import Client, capture_args
 from reliability_crash import HostAdmin, activate_scope, domain_state
 
+from engram_core.app.composition import start_core
 from engram_core.errors import Code
-from engram_core.rpc.server import start_core
 from engram_core.store.duckdb import engine as duckdb_engine
 
 

@@ -33,12 +33,12 @@ from hypothesis_jsonschema import from_schema
 from reliability_support import SOAK, deep, derive_cases, draw_pool, mutated, scaled
 
 from engram_core.api import memory_pb2, memory_pb2_grpc
+from engram_core.app.composition import start_core
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import CONFIRMATION_METADATA_KEY, CONTEXT_METADATA_KEY, make_context, make_grant
 from engram_core.hostkeys import load_private_key_file
 from engram_core.operation import operation_digest, target_of
 from engram_core.rpc.convert import message_to_value, value_to_message
-from engram_core.rpc.server import start_core
 from engram_core.rpc.status import code_from_rpc_error
 from engram_core.schemas import INPUT_SCHEMAS
 from engram_core.validation import validate_arguments

@@ -191,7 +191,7 @@ def test_a_failed_spool_write_fails_the_read_and_leaves_the_chain_intact(tmp_pat
 
 def test_a_read_through_the_service_is_audited_before_it_answers(tmp_path) -> None:
     """The service path: a search's audit row is in the spool file when the answer arrives."""
-    from engram_core.rpc.server import start_core
+    from engram_core.app.composition import start_core
 
     running = start_core(tmp_path / "data", semantic=False)
     try:

@@ -25,9 +25,9 @@ from core_support import Client, capture_args
 from reliability_crash import HostAdmin, activate_scope, domain_state
 
 from engram_core.api import admin_pb2
+from engram_core.app.composition import start_core
 from engram_core.crypto.sealing import unseal
 from engram_core.errors import Code
-from engram_core.rpc.server import start_core
 from engram_core.secrets_scan import scan
 
 _rng = random.Random(7)

@@ -25,8 +25,8 @@ import pytest
 from core_support import Client, Failed, capture_args
 from reliability_crash import activate_scope, domain_state
 
+from engram_core.app.composition import start_core
 from engram_core.errors import Code
-from engram_core.rpc.server import start_core
 from engram_core.rpc.status import error_from_rpc_error
 
 _rng = random.Random()

@@ -24,6 +24,7 @@ from engram_core.operation import operation_digest
 from engram_core.rpc.convert import message_to_value, value_to_message
 from engram_core.rpc.server import RunningCore
 from engram_core.rpc.status import code_from_rpc_error
+from engram_core.tools import FORGET_TOOL
 
 PURPOSE = "purpose:engineering-notes"
 SEMANTIC = {"minimum_channels": "lexical_and_semantic", "network": "forbid"}
@@ -100,7 +101,7 @@ class Client:
 
     def forget(self, record_id: str) -> dict[str, Any]:
         args = {"record_id": record_id, "idempotency_key": f"forget-{record_id[4:40]}", "reason_ref": "reason:test"}
-        tool = "engram_memory_forget"
+        tool = FORGET_TOOL
         grant = make_grant(self.key, tenant=self.tenant, workspace=self.workspace, principal=self.principal,
                            tool=tool, target=record_id, approved_at_ms=self.clock.now_ms(),
                            operation_digest=operation_digest(tool=tool, tenant=self.tenant, workspace=self.workspace,

@@ -12,8 +12,8 @@ import duckdb
 import numpy as np
 from search_support import SEMANTIC, Client, activate
 
+from engram_core.app.composition import start_core
 from engram_core.clock import FixedClock
-from engram_core.rpc.server import start_core
 from engram_core.store.duckdb import engine as duckdb_store
 from engram_core.store.search_index import IndexBuilder
 

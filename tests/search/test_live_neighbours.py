@@ -12,8 +12,8 @@ from pathlib import Path
 import duckdb
 from search_support import Client, activate
 
+from engram_core.app.composition import RunningCore, start_core
 from engram_core.clock import FixedClock
-from engram_core.rpc.server import RunningCore, start_core
 
 HOUR = 3_600_000
 DAY = 24 * HOUR

@@ -33,8 +33,8 @@ def test_a_store_refuses_to_open_with_other_key_files(tmp_path: Path) -> None:
     naming the file, and with the right ones opens again."""
     import secrets
 
+    from engram_core.app.composition import open_core
     from engram_core.errors import Code, EngramError
-    from engram_core.rpc.server import open_core
 
     data = tmp_path / "data"
     core, _, _ = open_core(data, semantic=False)

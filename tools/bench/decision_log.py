@@ -39,7 +39,7 @@ OPS = ("search", "get", "capture", "request_admission")
 
 
 def _load(data: Path, size: int) -> list[str]:
-    from engram_core.rpc.server import open_core
+    from engram_core.app.composition import open_core
     from tools.bench.loader import activate_scope, load_scope
 
     core, _, _ = open_core(data, semantic=False, load_index=False)

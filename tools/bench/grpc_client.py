@@ -13,14 +13,15 @@ from engram_core.hostctx import CONFIRMATION_METADATA_KEY, CONTEXT_METADATA_KEY,
 from engram_core.hostkeys import load_private_key_file
 from engram_core.operation import operation_digest
 from engram_core.rpc.convert import message_to_value, value_to_message
+from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GET_TOOL, SEARCH_TOOL
 from tools.bench.corpus import PURPOSE
 
 _RPC = {
-    "search": (memory_pb2.SearchRequest, "Search", "engram_memory_search"),
-    "get": (memory_pb2.GetRequest, "Get", "engram_memory_get"),
-    "capture": (memory_pb2.CaptureRequest, "Capture", "engram_memory_capture"),
-    "request_admission": (memory_pb2.RequestAdmissionRequest, "RequestAdmission", "engram_memory_request_admission"),
-    "forget": (memory_pb2.ForgetRequest, "Forget", "engram_memory_forget"),
+    "search": (memory_pb2.SearchRequest, "Search", SEARCH_TOOL),
+    "get": (memory_pb2.GetRequest, "Get", GET_TOOL),
+    "capture": (memory_pb2.CaptureRequest, "Capture", CAPTURE_TOOL),
+    "request_admission": (memory_pb2.RequestAdmissionRequest, "RequestAdmission", ADMISSION_TOOL),
+    "forget": (memory_pb2.ForgetRequest, "Forget", FORGET_TOOL),
 }
 
 

@@ -235,7 +235,7 @@ async def _end_to_end(rounds: int, directory: Path) -> dict[str, Any]:
         write_config,
     )
 
-    from engram_core.rpc.server import start_core
+    from engram_core.app.composition import start_core
 
     issuer = Issuer()
     running = start_core(directory / "core", semantic=False)

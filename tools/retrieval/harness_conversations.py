@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from agent import DAY_MS, Agent  # noqa: E402
 from harness import metrics  # noqa: E402
 
+from engram_core.app.composition import start_core  # noqa: E402
 from engram_core.clock import FixedClock  # noqa: E402
-from engram_core.rpc.server import start_core  # noqa: E402
 from engram_core.services.lexical import tokenize  # noqa: E402
 
 CORPUS = Path(__file__).with_name("conversations.json")

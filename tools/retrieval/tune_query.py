@@ -362,7 +362,7 @@ def fusion_sweep(configs: list[dict[str, Any]], mode: str = "session", model: st
     import numpy as np
     from tune_fusion import doc_texts, embed_texts
 
-    from engram_core.services.embedding import load_local_embedder
+    from engram_core.embedding.onnx_minilm import load_local_embedder
 
     embedder = load_local_embedder() if model == "minilm" else None
     for which in ("synthetic", "conversations"):

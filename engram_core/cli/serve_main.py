@@ -52,11 +52,11 @@ def listen_problem(listen: str) -> str | None:
 
 
 def serve_main(args: argparse.Namespace) -> int:
+    from engram_core.app.composition import start_core
+    from engram_core.cli.first_serve import activate_first_scope
     from engram_core.observability import tracing
     from engram_core.observability.logs import configure_logging, log_event
     from engram_core.observability.metrics import CoreMetrics, serve_metrics
-    from engram_core.rpc.first_serve import activate_first_scope
-    from engram_core.rpc.server import start_core
     from engram_core.services.keyring import DAY_MS, KeySchedule
 
     configure_logging(getattr(args, "log_format", "text"))

@@ -26,15 +26,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from engram_core.canonical import canonical_json, digest
-from engram_core.crypto.keyvault import _SLOT as SLOT_BYTES  # the vault's on-disk slot size
-from engram_core.crypto.keyvault import FileKeyVault
+from engram_core.crypto.keyvault import KeyVault
 from engram_core.crypto.sealing import seal, unseal
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import BoundContext
@@ -223,16 +221,6 @@ def _record_row(r: dict[str, Any]) -> RecordRow:
     return RecordRow(**fields)
 
 
-def _slot_zeroed(key_dir: Path, slot: int) -> bool:
-    """True when the vault slot holds no key at all (destroyed), as opposed to a key we cannot unwrap."""
-    try:
-        with open(key_dir / "datakeys.bin", "rb") as f:
-            raw = os.pread(f.fileno(), SLOT_BYTES, slot * SLOT_BYTES)
-    except OSError:
-        return False
-    return len(raw) == SLOT_BYTES and not any(raw)
-
-
 # -- restore ------------------------------------------------------------------------------------
 class BackupService:
     def __init__(self, core: Core, memory: MemoryService, signer: CoreSigner) -> None:
@@ -271,11 +259,12 @@ class BackupService:
             if not tx.is_empty():
                 raise EngramError(Code.RESTORE_REFUSED, "target store is not empty")
         source_dir = Path(key_dir) if key_dir else self.core.data_dir
-        if not (source_dir / "store.kek").is_file() or not (source_dir / "datakeys.bin").is_file():
+        source = self.core.vault if source_dir == self.core.data_dir else self.core.open_key_dir(source_dir)
+        if source is None:
             raise EngramError(Code.RESTORE_REFUSED, "key directory has no key vault")
         created: list[int] = []
         try:
-            bodies, lost = self._rekey(parsed, source_dir, created)
+            bodies, lost = self._rekey(parsed, source, created)
             summary = self._write(ctx, call, parsed, bodies, lost, restore_trusted_host_keys)
         except BaseException:
             if created:
@@ -298,9 +287,8 @@ class BackupService:
                                                     f"trusted backup key ({trusted}); name the source core's "
                                                     "backup public key with --trust-backup-key")
 
-    def _rekey(self, parsed: ParsedBackup, source_dir: Path, created: list[int]):
+    def _rekey(self, parsed: ParsedBackup, source: KeyVault, created: list[int]):
         """Take each data key from the source vault, verify the body, re-seal under a new target key."""
-        source = self.core.vault if source_dir == self.core.data_dir else FileKeyVault(source_dir)
         bodies: dict[str, tuple[int, bytes, dict[str, Any]]] = {}
         lost: list[RecordRow] = []
         try:
@@ -317,7 +305,7 @@ class BackupService:
                     lost.append(rec)
                     continue
                 if key is None:
-                    if slot >= 0 and not _slot_zeroed(source_dir, slot):
+                    if slot >= 0 and not source.is_destroyed(slot):
                         raise EngramError(Code.RESTORE_REFUSED, "key vault does not match the backup")
                     lost.append(rec)  # crypto-shredded since the backup: stays unreadable
                     continue
