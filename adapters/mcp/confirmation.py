@@ -71,6 +71,7 @@ class PendingConfirmation:
     operation_digest: str
     scope_principal: tuple[str, str, str]
     expires_at_ms: int
+    asker: str = ""  # who authenticated the call that asked (binding.asker_of); the answer must match
 
 
 class ConfirmationLedger(Protocol):
@@ -80,8 +81,9 @@ class ConfirmationLedger(Protocol):
         """Record a pending confirmation; returns its nonce."""
         ...
 
-    def consume(self, nonce: str, *, now_ms: int) -> PendingConfirmation | None:
-        """Take a nonce exactly once; None if unknown, used or expired."""
+    def consume(self, nonce: str, *, now_ms: int, asker: str) -> PendingConfirmation | None:
+        """Take a nonce exactly once; None if unknown, used, expired, or opened for another asker
+        (then it stays open: someone else's attempt cannot spoil the one who was asked)."""
         ...
 
 
@@ -108,8 +110,11 @@ class InMemoryConfirmationLedger:
             self._open[nonce] = pending
         return nonce
 
-    def consume(self, nonce: str, *, now_ms: int) -> PendingConfirmation | None:
+    def consume(self, nonce: str, *, now_ms: int, asker: str) -> PendingConfirmation | None:
         with self._lock:
+            held = self._open.get(nonce)
+            if held is not None and held.asker != asker:
+                return None
             pending = self._open.pop(nonce, None)
             for stale in [n for n, p in self._open.items() if p.expires_at_ms <= now_ms]:
                 del self._open[stale]

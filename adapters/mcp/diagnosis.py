@@ -69,15 +69,22 @@ def _activate_hint(config: HostConfig) -> str:
 
 
 def check(config: HostConfig, config_path: str, *, address: str | None = None,
-          signing_key: Ed25519PrivateKey | None = None) -> Report:
+          signing_key: Ed25519PrivateKey | None = None, http: bool = False) -> Report:
     """Probe the core named by ``config`` (or ``address``, for an embedded core) as the adapter would,
-    signing with ``signing_key`` (default: the config's)."""
+    signing with ``signing_key`` (default: the config's); ``http``: also what `engram mcp --http`
+    would do with the config (adapters/mcp/http_checks.py)."""
     report = Report()
     address = address or config.core_address
     signing_key = signing_key or config.signing_key
     b = config.binding
-    where = f"binds {b.tenant}/{b.workspace} as {b.principal}" if b else "binds each HTTP request from its header"
+    where = (f"binds {b.tenant}/{b.workspace} as {b.principal}" if b else
+             "binds each OAuth caller by the binding policy" if config.http.oauth else
+             "binds each HTTP request from its header")
     report.ok(f"host config loads; core {address}; {where}")
+    if http:
+        from adapters.mcp.http_checks import http_findings
+
+        http_findings(config, lambda level, text, fix: report.findings.append(Finding(level, text, fix)))
     kid = key_id(signing_key.public_key()) if signing_key else "?"
     channel = core_channel(address, config.core_tls if address == config.core_address else None)
     try:
@@ -164,7 +171,7 @@ def diagnose(config_path: str, *, emit: Callable[[str], None] = print) -> int:
         emit(Finding("warn", "an embedded core starts only with `engram mcp`; nothing more to probe here",
                      "point [core] address at a running `engram serve` to check the whole chain").render())
         return 0
-    report = check(config, config_path)
+    report = check(config, config_path, http=True)
     for finding in report.findings:
         emit(finding.render())
     emit("engram doctor: " + ("fix the FAIL line(s) above" if report.failure else "all good"))

@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 import anyio
 import mcp_types as types
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
@@ -122,6 +124,14 @@ def _headers(ctx: ServerRequestContext[Any, Any]) -> Mapping[str, str] | None:
     return getattr(request, "headers", None) if request is not None else None
 
 
+def _access_token(ctx: ServerRequestContext[Any, Any]) -> AccessToken | None:
+    """The bearer token the HTTP layer verified for this request (None on stdio)."""
+    request = ctx.request
+    scope = getattr(request, "scope", None)
+    user = scope.get("user") if isinstance(scope, dict) else None
+    return user.access_token if isinstance(user, AuthenticatedUser) else None
+
+
 def _can_elicit_form(ctx: ServerRequestContext[Any, Any]) -> bool:
     """Client declared form elicitation (an empty elicitation object means form)."""
     caps = ctx.session.client_capabilities
@@ -217,7 +227,7 @@ class EngramMcp:
 
     def _context(self, ctx: ServerRequestContext[Any, Any], call: str = TOOLS_LIST_CALL) -> CallContext:
         try:
-            return self._contexts.for_request(_headers(ctx), call)
+            return self._contexts.for_request(_headers(ctx), _access_token(ctx), call)
         except ContextUnavailable as exc:
             logger.info("host context unavailable: %s", exc)
             raise envelope.trusted_context_unavailable() from None
@@ -228,6 +238,8 @@ class EngramMcp:
             return frozenset(), frozenset()  # SPEC §2: memory is off unless the host opted in
         names, gated = await self._following_epoch(call, self._core.granted_tools)
         granted, gated = frozenset(names) & frozenset(TOOL_NAMES), frozenset(gated) & frozenset(TOOL_NAMES)
+        if call.tools is not None:  # token binding: only what the caller's scopes open
+            granted, gated = granted & call.tools, gated & call.tools
         if len(self._straight_tools) >= _LIST_HINTS_MAX and call.binding not in self._straight_tools:
             self._straight_tools.pop(next(iter(self._straight_tools)))
         self._straight_tools[call.binding] = granted - gated
@@ -250,7 +262,7 @@ class EngramMcp:
             logger.info("authorization epoch not refreshed: %s", exc)
             raise refused from None
         logger.info("following authorization epoch %d of the bound scope", epoch)
-        self._contexts.follow_epoch(epoch)
+        self._contexts.follow_epoch(epoch, (call.binding.tenant, call.binding.workspace))
         return await rpc(call.signed())
 
     async def _invoke(self, name: str, arguments: dict[str, Any], call: CallContext,
@@ -302,6 +314,11 @@ class EngramMcp:
         if name not in INPUT_SCHEMAS:
             raise envelope.unknown_tool()
         call = self._context(ctx, name)
+        if call.tools is not None and name not in call.tools:
+            # A tool the caller's token does not open looks like no tool (SPEC §2). A tool a further
+            # scope would open was answered 403 insufficient_scope before this, by the scope
+            # challenge (adapters/mcp/http_app.py); what reaches here no scope opens.
+            raise envelope.unknown_tool()
         state = _CALL_STATE.get()
         if state is not None:
             state.call, state.tool = call, name
@@ -448,6 +465,7 @@ class EngramMcp:
                         operation_digest=digest,
                         scope_principal=(b.tenant, b.workspace, b.principal),
                         expires_at_ms=now_ms() + self._confirmation_timeout_ms,
+                        asker=call.asker,
                     )
                 )
                 if state is not None:
@@ -495,7 +513,7 @@ class EngramMcp:
         if decoded is None:
             return invalid
         nonce, state_digest = decoded
-        pending = self._ledger.consume(nonce, now_ms=now_ms())
+        pending = self._ledger.consume(nonce, now_ms=now_ms(), asker=call.asker)
         b = call.binding
         if (
             pending is None
@@ -503,6 +521,9 @@ class EngramMcp:
             or pending.operation_digest != digest
             or state_digest != digest
             or pending.scope_principal != (b.tenant, b.workspace, b.principal)
+            # Only the authenticated caller who was asked can answer (the ledger keeps the nonce
+            # for them): another token of the same principal, or none, cannot finish it.
+            or pending.asker != call.asker
         ):
             return invalid
         response = (params.input_responses or {}).get(CONFIRM_KEY)
@@ -616,7 +637,7 @@ class EngramMcp:
         purpose = self._contexts.bound_purpose
         if purpose is None:
             try:
-                purpose = self._contexts.for_request(_headers(ctx)).binding.purpose_ref
+                purpose = self._contexts.for_request(_headers(ctx), _access_token(ctx)).binding.purpose_ref or None
             except ContextUnavailable:
                 purpose = None
         return guide(purpose)

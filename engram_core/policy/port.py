@@ -22,8 +22,12 @@ ADMISSION = "engram/admission/decision"
 REDACTION = "engram/redaction/decision"
 RETENTION = "engram/retention/decision"
 RECONCILIATION = "engram/reconciliation/decision"
+# Asked by the MCP adapter, not the core: who an OAuth caller is (adapters/mcp/oauth/caller_binding.py).
+BINDING = "engram/binding/decision"
+BINDING_SCOPES = "engram/binding/scopes"
 
-DECISION_PATHS: tuple[str, ...] = (AUTHZ, TOOLS, CAPTURE, ADMISSION, REDACTION, RETENTION, RECONCILIATION)
+DECISION_PATHS: tuple[str, ...] = (AUTHZ, TOOLS, CAPTURE, ADMISSION, REDACTION, RETENTION, RECONCILIATION,
+                                   BINDING, BINDING_SCOPES)
 # The decision-log masks (OPA's ``system.log.mask``, under the bundle's own root): a function
 # of the decision path, asked once per path and revision, and an optional function of the
 # whole event, asked with every decision (docs/policies.md, "Decision logs").

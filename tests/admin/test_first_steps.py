@@ -6,7 +6,8 @@ surface: `engram init` and `tools/serve` as subprocesses, git's own ignore rules
 - A kept host TOML that would not reach this data directory's core (another address, another
   directory's key) is said in one line, with a rewrite command that works.
 - `tools/serve` takes ENGRAM_HOST_CONFIG, so a second data directory gets its own host TOML.
-- git ignores every file a data directory of any name holds, and the host TOMLs beside it.
+- git ignores every file a data directory of any name holds, and the host TOMLs and their bearer
+  token files beside it.
 """
 
 from __future__ import annotations
@@ -136,7 +137,8 @@ def test_git_ignores_every_file_of_a_data_directory_with_another_name(tmp_path: 
         running.stop()
     names = sorted(p.name for p in data.iterdir())
     assert {"engram.duckdb", "host.key", "store.kek", "datakeys.bin", "init.toml"} <= set(names), names
-    paths = [f"other-data/{name}" for name in names] + ["host.toml", "other-host.toml"]
+    paths = [f"other-data/{name}" for name in names] + ["host.toml", "other-host.toml", "host.token",
+                                                                 "other-host.token"]
     ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "--no-index", "--stdin"],
                              input="\n".join(paths) + "\n", capture_output=True, text=True, timeout=60)
     assert ignored.returncode in (0, 1), ignored.stderr

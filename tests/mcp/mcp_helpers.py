@@ -11,7 +11,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,23 @@ def write_config(
     return path
 
 
+def http_token(directory: Path) -> tuple[str, str]:
+    """(a bearer token, the ``[http]`` lines that make the adapter require it): a token file only
+    its owner reads, beside the config, as `engram init` writes it. An HTTP adapter with a
+    ``[binding]`` needs one on every bind (issue 26)."""
+    import secrets
+
+    value = secrets.token_urlsafe(32)
+    path = directory / f"mcp-{uuid.uuid4().hex[:8]}.token"
+    path.write_text(value + "\n")
+    path.chmod(0o600)
+    return value, f'[http]\ntoken_file = "{path}"'
+
+
+def bearer(value: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {value}"}
+
+
 def binding_for(tenant: str, *, purpose: str = PURPOSE, principal: str = "agent-alice") -> dict[str, str]:
     return {
         "tenant": tenant,
@@ -130,14 +147,17 @@ class HttpAdapter:
     url: str
     process: subprocess.Popen[bytes]
     banner: str = ""  # what the adapter printed on stderr when it started
+    headers: dict[str, str] = field(default_factory=dict)  # what a client sends to be served (its token)
 
 
 def start_http_adapter(
-    config: Path, *, host: str = "127.0.0.1", env: dict[str, str] | None = None, connect: str | None = None
+    config: Path, *, host: str = "127.0.0.1", env: dict[str, str] | None = None, connect: str | None = None,
+    headers: dict[str, str] | None = None, port: int | None = None,
 ) -> HttpAdapter:
     """`engram mcp --http HOST:PORT` as a subprocess; ``connect``: the address clients use
-    (default ``host``; a wildcard bind is reached on 127.0.0.1)."""
-    port = free_port()
+    (default ``host``; a wildcard bind is reached on 127.0.0.1); ``headers``: what its clients
+    send (kept on the result)."""
+    port = port or free_port()
     connect = connect or ("127.0.0.1" if host in ("0.0.0.0", "::") else host)
     process = subprocess.Popen(
         [ENGRAM, "mcp", "--host-config", str(config), "--http", f"{host}:{port}"],
@@ -146,13 +166,14 @@ def start_http_adapter(
         stderr=subprocess.PIPE,
         env={**os.environ, **(env or {})},
     )
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # a loaded CI machine: a slow start is not what is tested
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"adapter exited: {process.stderr.read().decode() if process.stderr else ''}")
         try:
             with socket.create_connection((connect, port), timeout=0.2):
-                return HttpAdapter(url=f"http://{connect}:{port}/mcp", process=process, banner=_first_line(process))
+                return HttpAdapter(url=f"http://{connect}:{port}/mcp", process=process, banner=_first_line(process),
+                                   headers=dict(headers or {}))
         except OSError:
             time.sleep(0.05)
     process.kill()

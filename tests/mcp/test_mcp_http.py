@@ -13,10 +13,12 @@ from mcp_helpers import (
     PURPOSE,
     WORKSPACE,
     approve,
+    bearer,
     binding_for,
     capture_args,
     error_code,
     http_client,
+    http_token,
     start_http_adapter,
     stop,
     token,
@@ -37,13 +39,16 @@ HEADER = "X-Engram-Host-Context"
 
 @pytest.fixture(scope="module")
 def file_bound(core, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("http")
+    secret, http = http_token(directory)
     config = write_config(
-        tmp_path_factory.mktemp("http") / "acme.toml",
+        directory / "acme.toml",
         address=core.address,
         signing_key=core.host_key_path,
         binding=binding_for("acme"),
+        extra=http,
     )
-    adapter = start_http_adapter(config)
+    adapter = start_http_adapter(config, headers=bearer(secret))
     yield adapter
     stop(adapter)
 
@@ -79,7 +84,7 @@ def context_header(key, tenant: str, *, purpose: str = PURPOSE, call: str = TOOL
 @pytest.mark.parametrize("mode", MODES)
 async def test_file_binding_over_http_lists_and_calls(file_bound, mode):
     word = token("heron")
-    async with http_client(file_bound.url, mode=mode, elicitation=approve) as client:
+    async with http_client(file_bound.url, headers=file_bound.headers, mode=mode, elicitation=approve) as client:
         assert [t.name for t in (await client.list_tools()).tools] == list(TOOL_NAMES)
         cap = value_of(
             await client.call_tool("engram_memory_capture", capture_args(unique("key"), f"Note {word}"))

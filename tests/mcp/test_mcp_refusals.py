@@ -20,11 +20,13 @@ from mcp_helpers import (
     activate,
     approve,
     audit_rows,
+    bearer,
     binding_for,
     capture_args,
     decline,
     envelope_of,
     http_client,
+    http_token,
     start_http_adapter,
     stdio_client,
     stop,
@@ -317,11 +319,12 @@ async def test_a_declined_confirmation_says_declined_and_is_audited(core, acme, 
 async def test_the_adapter_log_names_tool_scope_audit_id_and_reason(core, tmp_path) -> None:
     """Over HTTP (a subprocess whose stderr the test reads): one line per refusal."""
     activate(core, "acme", "ws-main")
+    secret, http = http_token(tmp_path)
     config = write_config(tmp_path / "http.toml", address=core.address, signing_key=core.host_key_path,
-                          binding=binding_for("acme"))
+                          binding=binding_for("acme"), extra=http)
     adapter = start_http_adapter(config)
     try:
-        async with http_client(adapter.url) as client:
+        async with http_client(adapter.url, headers=bearer(secret)) as client:
             env = envelope_of(await client.call_tool("engram_memory_search",
                                                      {"query": "x", "purpose_ref": PURPOSE, "limit": 100}))
     finally:
