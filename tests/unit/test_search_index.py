@@ -43,7 +43,8 @@ def _indexed(meta: RecordMeta, postings: list[Posting]) -> RecordIndexed:
     row = RecordRow(meta.record_id, "t", "w", "cand_" + meta.record_id, "sha256:" + "0" * 64, "sha256:" + "1" * 64,
                     "accepted_current" if meta.current else "historical", "asserted", "user:ana", "agent",
                     meta.valid_t, meta.valid_t_end, meta.expires_at_ms, "make-ineligible", 0,
-                    meta.accepted_cursor, meta.state_cursor, None, None)
+                    meta.accepted_cursor, meta.state_cursor, None, None,
+                    session=meta.session, captured_at_ms=meta.captured_at_ms)
     return RecordIndexed(row, tuple(postings))
 
 
