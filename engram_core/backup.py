@@ -39,6 +39,7 @@ from engram_core.crypto.sealing import seal, unseal
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import BoundContext
 from engram_core.hostkeys import key_id, load_public_pem, public_pem
+from engram_core.services.admin import target_facts
 from engram_core.services.core import CallRecord, Core, new_id, record_id_of
 from engram_core.services.lexical import record_fields
 from engram_core.services.maintenance import check_audit, check_journal, event_doc
@@ -230,7 +231,7 @@ class BackupService:
 
     def backup(self, ctx: BoundContext, tenant: str, workspace: str = "") -> bytes:
         call = CallRecord()
-        self.core.authorize(ctx, "admin.backup", call)
+        self.core.authorize(ctx, "admin.backup", call, facts=target_facts(tenant, workspace))
         if bool(tenant) != bool(workspace):
             raise EngramError(Code.INVALID_SCHEMA, "a scope backup names both tenant and workspace")
         scope = (tenant, workspace) if tenant else None

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from engram_core.api import context_pb2
 from engram_core.context_nonces import ContextNonceLedger
 from engram_core.errors import Code, EngramError
-from engram_core.hostkeys import TrustedHostKeys, key_id
+from engram_core.hostkeys import HostKeyBinding, TrustedHostKeys, key_id
 
 CONTEXT_METADATA_KEY = "engram-host-context-bin"
 CONFIRMATION_METADATA_KEY = "engram-confirmation-bin"
@@ -53,6 +53,8 @@ class BoundContext:
     maintenance_scopes: tuple[str, ...]
     authorization_epoch: int
     host_key_id: str
+    # What the signing key is bound to serve, as trusted when the context verified (issue 26.3).
+    host_key: HostKeyBinding | None = None
 
     @property
     def scope(self) -> tuple[str, str]:
@@ -164,6 +166,7 @@ def verify_context(raw: bytes | None, trusted: TrustedHostKeys, *, now_ms: int,
         maintenance_scopes=tuple(ctx.maintenance_scopes),
         authorization_epoch=ctx.authorization_epoch,
         host_key_id=kid,
+        host_key=trusted.binding(kid),
     )
 
 

@@ -341,17 +341,22 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
     # The confirmation key signs grants only (SPEC §2): never trusted for contexts.
     trusted = TrustedHostKeys([host_key.public_key()], grant_signers=[confirmation_key.public_key()])
     for pem in extra_trusted_pems or []:
-        trusted.add(load_public_pem(pem))  # KeyRoleConflict: refuse to start, an operator error
+        # --trust-host-key at start: the operator's own key, bound like host.key (docs/security.md).
+        trusted.add(load_public_pem(pem), local=True)  # KeyRoleConflict: refuse to start, an operator error
     vault = FileKeyVault(data_dir)
     store = DuckDBStore(data_dir, load_index=load_index, keys=vault)  # search projections are sealed under record keys
     if devices:
         store.attach_audit_devices(devices)
     with store.write() as tx:
-        for kid, pem in tx.trusted_host_keys():
-            if trusted.is_grant_signer(kid):
-                log.warning("stored trusted host key %s is the confirmation key; not trusted for contexts", kid)
+        for row in tx.host_key_rows():
+            if trusted.is_grant_signer(row.key_id):
+                log.warning("stored trusted host key %s is the confirmation key; not trusted for contexts", row.key_id)
                 continue
-            trusted.add(load_public_pem(pem))
+            trusted.add(load_public_pem(row.public_key_pem), tenants=row.tenants, all_tenants=row.all_tenants,
+                        maintenance_scopes=row.maintenance_scopes)
+            if not trusted.binding(row.key_id).local and not (row.tenants or row.all_tenants):
+                log.warning("trusted host key %s serves no tenant (trusted before keys were bound, or restored): "
+                            "bind it with `engram admin trust-host-key --tenant T`", row.key_id)
         tx.add_trusted_host_key(key_id(host_key.public_key()), public_pem(host_key.public_key()), 0)
     policy = policy or build_policy(policies_dir, opa_url)
     core = Core(data_dir=data_dir, store=store, vault=vault, policy=policy, trusted=trusted, clock=clock,

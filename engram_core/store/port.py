@@ -143,6 +143,18 @@ class AuditRow:
     decisions: list[dict[str, Any]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class HostKeyRow:
+    """A trusted host key as stored, with its binding (migration 9; issue 26.3)."""
+
+    key_id: str
+    public_key_pem: str
+    added_at_ms: int
+    tenants: tuple[str, ...]
+    all_tenants: bool
+    maintenance_scopes: tuple[str, ...]
+
+
 class Tx(Protocol):
     # Slots of data keys destroyed in this transaction: the caller zeroes them in the KeyVault
     # once it commits (SPEC §10 crypto-shredding).
@@ -222,6 +234,10 @@ class Tx(Protocol):
     def trusted_host_keys(self) -> list[tuple[str, str]]: ...
     def add_trusted_host_key(self, key_id: str, pem: str, at_ms: int) -> None: ...
     def remove_trusted_host_key(self, key_id: str) -> bool: ...
+    def host_key_rows(self) -> list[HostKeyRow]: ...
+    def bind_trusted_host_key(self, row: HostKeyRow) -> None:
+        """Trust the key with this binding, replacing the binding of one already stored."""
+        ...
     def meta(self, key: str) -> str | None: ...
     def set_meta(self, key: str, value: str) -> None: ...
     def meta_with_prefix(self, prefix: str) -> dict[str, str]: ...
