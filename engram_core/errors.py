@@ -148,6 +148,12 @@ REFUSALS: dict[Code, dict[str, str]] = {
         "expiry_beyond_cap": "retention.expires_at is beyond the host's retention cap.",
         "family_not_consented": "A reconciliation family is not consented to by the host; omit "
                                 "reconciliation unless told otherwise.",
+        "time_before_floor": "valid_time.t or primary_event.at is earlier than the host accepts. Times are "
+                             "epoch milliseconds: 2026-01-01T00:00:00.000Z is 1767225600000, not 1767225600 "
+                             "(epoch seconds).",
+        "time_beyond_horizon": "valid_time.t or primary_event.at is further in the future than the host "
+                               "accepts. Times are epoch milliseconds: 2026-01-01T00:00:00.000Z is "
+                               "1767225600000 (not micro- or nanoseconds).",
         "scope_not_active": "Memory is not active for this scope: the host operator must activate it.",
         "memory_disabled": "Memory is not enabled for this host.",
         "tool_not_granted": "This tool is not granted to you in this scope.",
@@ -171,6 +177,8 @@ POLICY_REASON_CLASSES: tuple[tuple[str, str], ...] = (
     ("RETAIN_NOT_ALLOWED", "retain_not_allowed"),
     ("EXPIRY_BEYOND_CAP", "expiry_beyond_cap"),
     ("FAMILY_NOT_CONSENTED", "family_not_consented"),
+    ("TIME_BEFORE_FLOOR", "time_before_floor"),
+    ("TIME_BEYOND_HORIZON", "time_beyond_horizon"),
     ("SCOPE_NOT_ACTIVATED", "scope_not_active"),
     ("MEMORY_DISABLED", "memory_disabled"),
     ("TOOL_NOT_GRANTED", "tool_not_granted"),

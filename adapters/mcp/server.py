@@ -121,12 +121,44 @@ def _can_elicit_form(ctx: ServerRequestContext[Any, Any]) -> bool:
     return elicitation.form is not None or elicitation.url is None
 
 
-def _log_refusal(decided_by: str, call: CallContext, tool: str, exc: EngramError) -> None:
+def _log_refusal(decided_by: str, call: CallContext, tool: str, exc: EngramError, hint: str = "") -> None:
     """One line per refusal: tool, scope, audit id and the exact reason (never input values)."""
     b = call.binding
-    refusal_log.info("call refused: decided_by=%s tool=%s tenant=%s workspace=%s principal=%s audit_id=%s %s",
+    refusal_log.info("call refused: decided_by=%s tool=%s tenant=%s workspace=%s principal=%s audit_id=%s %s%s",
                 decided_by, tool, b.tenant, b.workspace, b.principal, call.audit_id,
-                " ".join(f"{k}={v}" for k, v in exc.log_fields().items()))
+                " ".join(f"{k}={v}" for k, v in exc.log_fields().items()), f" {hint}" if hint else "")
+
+
+# The capture refusals for payload times outside the host's window (capture policy, issue 26.5).
+_TIME_CLASSES = frozenset({"time_before_floor", "time_beyond_horizon"})
+_TIME_POINTERS = (("/payload/valid_time/t", ("valid_time", "t")), ("/payload/valid_time/t_end", ("valid_time", "t_end")),
+                  ("/payload/primary_event/at", ("primary_event", "at")))
+
+
+def _likely_unit(value: int) -> str:
+    """The unit an epoch time of this size was most likely written in, if not milliseconds."""
+    if 10**8 <= abs(value) < 10**11:
+        return "seconds"  # 1973 .. 5138 in seconds; 1970-01-02 .. 1973 read as milliseconds
+    if abs(value) >= 10**14:
+        return "microseconds"  # 1973 onwards in microseconds; year 5138 onwards read as milliseconds
+    return ""
+
+
+def _time_unit_hint(tool: str, arguments: Any, exc: EngramError) -> str:
+    """For a capture refused for its times (SPEC §4: epoch milliseconds), which fields look like
+    another unit, e.g. ``likely_unit_mistake=/payload/valid_time/t:seconds``: pointers and unit
+    names only, never the values."""
+    if tool != "engram_memory_capture" or exc.reason_class not in _TIME_CLASSES or not isinstance(arguments, dict):
+        return ""
+    payload = arguments.get("payload")
+    found = []
+    for pointer, (outer, inner) in _TIME_POINTERS:
+        value = payload.get(outer, {}).get(inner) if isinstance(payload, dict) and isinstance(payload.get(outer), dict) \
+            else None
+        unit = _likely_unit(value) if isinstance(value, int) and not isinstance(value, bool) else ""
+        if unit:
+            found.append(f"{pointer}:{unit}")
+    return f"likely_unit_mistake={','.join(found)}" if found else ""
 
 
 def _purpose_mismatch(tool: str, arguments: dict[str, Any], bound: str) -> bool:
@@ -327,14 +359,15 @@ class EngramMcp:
             asks_human = exc.code is Code.GATE_FAILED or exc.confirmation_required
             if asks_human and name in CONFIRMED_ON_POLICY:
                 return await self._confirm_then_invoke(ctx, params, name, arguments, call, state)
-            return self._core_refused(call, name, exc)
+            return self._core_refused(call, name, exc, arguments)
         return envelope.success(value, audit_id=call.audit_id)
 
     # ---- refusals: constant messages for the agent, the exact reason in logs and audit -----
 
-    def _core_refused(self, call: CallContext, name: str, exc: EngramError) -> types.CallToolResult:
+    def _core_refused(self, call: CallContext, name: str, exc: EngramError,
+                      arguments: Any = None) -> types.CallToolResult:
         """A refusal the core decided (and audited under this call's audit id)."""
-        _log_refusal("core", call, name, exc)
+        _log_refusal("core", call, name, exc, _time_unit_hint(name, arguments, exc))
         return envelope.refusal(exc, audit_id=call.audit_id)
 
     async def _refuse(self, call: CallContext, name: str, exc: EngramError, target: str = "") -> types.CallToolResult:
@@ -388,7 +421,7 @@ class EngramMcp:
                 return refused
             if name in CONFIRMED_ON_POLICY and (exc.code is Code.GATE_FAILED or exc.confirmation_required):
                 return await self._confirm_then_invoke(ctx, params, name, arguments, call, state)
-            return self._core_refused(call, name, exc)
+            return self._core_refused(call, name, exc, arguments)
         return envelope.success(value, audit_id=call.audit_id)
 
     async def _unless_ungranted(self, name: str, call: CallContext) -> types.CallToolResult | None:
@@ -477,7 +510,7 @@ class EngramMcp:
         try:
             value = await self._invoke(name, arguments, call, confirmed_digest=digest)
         except EngramError as exc:
-            return self._core_refused(call, name, exc)
+            return self._core_refused(call, name, exc, arguments)
         return envelope.success(value, audit_id=call.audit_id)
 
     def _round_trip_refusal(

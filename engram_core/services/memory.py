@@ -270,7 +270,9 @@ class MemoryService(ReadService):
         authz, decision = self.core.authorize_with(
             ctx, CAPTURE_TOOL, call, self.core.store.committed_scope(ctx.tenant, ctx.workspace), CAPTURE,
             {"context": context_facts(ctx), "now_ms": now, "retention": requested, "family_refs": family_refs,
-             "findings": findings, **facts},
+             "findings": findings, **facts,
+             # Payload times (epoch ms), which the policy bounds to the host's window (issue 26.5).
+             "valid_time": payload["valid_time"], "primary_event_at": payload["primary_event"]["at"]},
             stored_strings=stored_strings(args))
         request_digest = self._request_digest(CAPTURE_TOOL, args)
         with self.core.store.read(snapshot=False) as tx:  # checked again in the write transaction
