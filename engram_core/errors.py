@@ -169,6 +169,20 @@ REFUSALS: dict[Code, dict[str, str]] = {
     },
 }
 
+# Reason codes a host may record for a refusal it decided itself (HostService.RecordRefusal; issue
+# 26.7), by code: the validation reasons (engram_core.validation names each by its INVALID_SCHEMA
+# class) and the MCP adapter's own confirmation and purpose reasons. Anything else is refused, so
+# the audit table holds catalogue values only, never a string the caller chose. A host refusal
+# with new reasons adds them here.
+_VALIDATION_REASONS = frozenset(REFUSALS[Code.INVALID_SCHEMA])
+HOST_REFUSAL_REASONS: dict[Code, frozenset[str]] = {
+    Code.INVALID_SCHEMA: _VALIDATION_REASONS,
+    Code.INVALID_DIGEST: _VALIDATION_REASONS,
+    Code.GATE_FAILED: frozenset({"CONFIRMATION_DECLINED", "CONFIRMATION_STATE_INVALID", "CONFIRMATION_TIMED_OUT",
+                                 "ELICITATION_FAILED", "ELICITATION_UNSUPPORTED"}),
+    Code.TRUSTED_CONTEXT_UNAVAILABLE: frozenset({"PURPOSE_MISMATCH"}),
+}
+
 # Policy reason codes (Rego ``reasons[].code``) -> the class the agent is told, first match
 # wins. A reason code not listed (a new deny rule) gives the code's plain message; logs and
 # the audit row always carry the reason codes themselves.
