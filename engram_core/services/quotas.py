@@ -1,8 +1,9 @@
 """Usage counters the authorization policy decides quotas on (issue 18; SPEC §3 RATE_LIMITED).
 
 The core counts, per principal (tenant, workspace, principal) and per scope
-(tenant, workspace), what agents do — captures, admissions, searches, gets and
-bytes stored (effective payload bytes of committed captures) — over sliding
+(tenant, workspace), what agents do — captures, admissions, searches, gets,
+withdrawals, forgets and bytes stored (effective payload bytes of committed
+captures) — over sliding
 windows (a minute and an hour), and hands the counts to the authz policy with
 every agent tool call (``input.usage``). The policy decides: it may deny with
 ``retry_after_ms`` in its answer, which the core turns into RATE_LIMITED
@@ -27,13 +28,17 @@ from engram_core.errors import Code, EngramError
 
 WINDOWS_MS: dict[str, int] = {"minute": 60_000, "hour": 3_600_000}
 BUCKETS = 60
-METRICS = ("captures", "admissions", "searches", "gets", "bytes_stored")
-# Which counter an agent tool adds one to once it is authorized.
+METRICS = ("captures", "admissions", "searches", "gets", "withdrawals", "forgets", "bytes_stored")
+# Which counter an agent tool adds one to once it is authorized. The check a host makes before a
+# human is asked to confirm a withdraw or forget (HostService.CheckGated) is authorized as that
+# tool and counts as a call of it (issue 26.7: a principal out of quota made hundreds of them).
 TOOL_METRIC: dict[str, str] = {
     "engram_memory_capture": "captures",
     "engram_memory_request_admission": "admissions",
     "engram_memory_search": "searches",
     "engram_memory_get": "gets",
+    "engram_memory_withdraw": "withdrawals",
+    "engram_memory_forget": "forgets",
 }
 # Subjects idle longer than the longest window are dropped on the next sweep.
 _SWEEP_EVERY_MS = 60_000

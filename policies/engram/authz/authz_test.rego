@@ -311,6 +311,18 @@ test_quota_with_another_denial_is_not_retriable if {
 	d.reasons == [_quota_reason("captures"), _r("TOOL_NOT_GRANTED", "The tool is not granted in this scope.")]
 }
 
+# Issue 26.7: forget and withdraw (and the check before the human is asked, authorized as the
+# same tool) count against quotas of their own.
+test_forget_and_withdraw_have_quotas_of_their_own if {
+	limits := {"principal": {"minute": {"forgets": 2, "withdrawals": 1}}}
+	used := object.union(_counts(0), {"forgets": 2, "withdrawals": 0})
+	authz.decision == object.union(_denied([_quota_reason("forgets")], true), {"retry_after_ms": 7}) with input as _with_usage("engram_memory_forget", _usage(used, 7))
+		with data.engram.config.tenants.acme.quotas as limits
+	authz.decision == _allowed(true) with input as _with_usage("engram_memory_withdraw", _usage(used, 7))
+		with data.engram.config.tenants.acme.quotas as limits
+	authz.decision == _allowed(true) with input as _with_usage("engram_memory_forget", _usage(used, 7))
+}
+
 test_default_quotas_are_generous if {
 	authz.decision == _allowed(false) with input as _with_usage("engram_memory_search", _usage(_counts(100), 5))
 }
