@@ -39,13 +39,14 @@ from engram_core.services.memory import (
     FORGET_TOOL,
     WITHDRAW_TOOL,
     MemoryService,
+    candidate_facts,
     record_text,
     stored_outcome,
 )
 from engram_core.services.reconciliation import payload_links, write_links
 from engram_core.signing import ANCHOR_DOMAIN, CoreSigners, public_keys_from_pems, verify_signature
 from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
-from engram_core.store.port import Event, HostKeyRow, IdempotencyRow, RecordRow, ScopeRow, Tx
+from engram_core.store.port import CandidateRow, Event, HostKeyRow, IdempotencyRow, RecordRow, ScopeRow, Tx
 from engram_core.store.projection import Projection
 from engram_core.store.search_index import FIELD_CODE
 
@@ -387,7 +388,7 @@ class MaintenanceService:
                 items.append({"candidate_id": c.candidate_id, "payload_digest": c.payload_digest,
                               "record_digest": c.record_digest, "trust_class": c.trust_class,
                               "captured_at": self.core.instant(c.captured_at_ms), "cursor": str(c.cursor),
-                              "sizes": _sizes(c.facts), "reasons": sorted(codes)})
+                              "sizes": _sizes(_facts_of(self.core, tx, c)), "reasons": sorted(codes)})
         self._audit(tctx, "list_adjudication", "ok", "", call)
         return {"tenant": tenant, "workspace": workspace, "candidates": items}
 
@@ -450,9 +451,9 @@ class MaintenanceService:
         with self.core.store.read() as tx:
             c = tx.candidate(tenant, workspace, _ref(candidate_id, "candidate_id"))
             events = [_event_summary(e) for e in tx.events(tenant, workspace, 0, None) if e.target == candidate_id] if c else []
+            facts = _facts_of(self.core, tx, c) if c is not None else {}
         if c is None:
             raise EngramError(Code.NOT_FOUND, "candidate")
-        facts = c.facts
         view = {
             "candidate_id": c.candidate_id, "state": c.state, "payload_digest": c.payload_digest,
             "record_digest": c.record_digest, "trust_class": c.trust_class, "principal": c.principal,
@@ -837,6 +838,19 @@ def reembed_vectors(core: Core) -> int | None:
     if embedded:
         log.info("vectors re-embedded: %d records (%s -> %s)", embedded, ", ".join(sorted(older)), embedder.model_id)
     return embedded
+
+
+def _facts_of(core: Core, tx: Tx, cand: CandidateRow) -> dict[str, Any]:
+    """A candidate's facts for hosts (sizes, findings, retention, families): opened from its sealed
+    envelope while its key lives, never returned with the content; none once it was decided,
+    withdrawn or its record forgotten (its key is destroyed then)."""
+    if cand.facts or cand.sealed_envelope is None:
+        return cand.facts
+    found = core.data_key(tx, f"candidate:{cand.candidate_id}", cand.key_slot)
+    if found is None:
+        return {}
+    opened = json.loads(unseal(found[1], cand.sealed_envelope, kind="candidate", owner=cand.candidate_id))
+    return candidate_facts(cand, opened)
 
 
 def _sizes(facts: dict[str, Any]) -> dict[str, Any]:

@@ -395,6 +395,9 @@ class DuckDBTx(RecordLinks, TrustClasses):
         decided = json.dumps(decision, sort_keys=True) if decision else None
         self._write(("candidate_state", candidate_id, state, decided, drop_envelope))
 
+    def scrub_candidate_facts(self, candidate_id: str) -> None:
+        self._exec("UPDATE candidates SET facts = '{}' WHERE candidate_id = ?", [candidate_id])
+
     # -- data keys ---------------------------------------------------------------
     def put_data_key(self, owner: str, slot: int, at_ms: int) -> None:
         self._insert("data_keys", [owner, slot, at_ms])
