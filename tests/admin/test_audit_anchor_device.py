@@ -225,6 +225,31 @@ def test_calls_fail_closed_when_no_device_accepts(tmp_path):
         env.stop()
 
 
+def test_a_device_file_that_exists_with_a_wider_mode_is_tightened(tmp_path, caplog):
+    """Issue 26.7: a device file made beforehand (by an operator, a log rotation, an older
+    version) kept its 0644 and any local user read the audit rows on it. Opening it now makes it
+    0600, with a warning naming the mode it had; new rows go on being appended."""
+    device = tmp_path / "audit.log"
+    device.write_text("")
+    device.chmod(0o644)
+    with caplog.at_level("WARNING", logger="engram.audit_device"):
+        env = _start(tmp_path / "core", [f"file:{device}"], activate=True)
+    try:
+        assert oct(device.stat().st_mode & 0o777) == "0o600"
+        assert any("had mode 0644; now 0600" in r.getMessage() for r in caplog.records)
+        env.record("a row on the tightened device")
+        assert check_device_file(device, [])["lines"] >= 3  # activate, capture, admission
+    finally:
+        env.stop()
+    device.chmod(0o640)  # loosened again while the core was stopped: tightened at the next open
+    env = _start(tmp_path / "core", [f"file:{device}"])
+    try:
+        assert oct(device.stat().st_mode & 0o777) == "0o600"
+        assert env.search("tightened")["records"]  # served (after the index is built) and audited
+    finally:
+        env.stop()
+
+
 def test_serve_refuses_a_device_it_cannot_open(tmp_path):
     res = subprocess.run([ENGRAM, "serve", "--data", str(tmp_path / "core"), "--listen", "127.0.0.1:0",
                           "--audit-device", f"file:{tmp_path / 'missing-dir' / 'audit.log'}"],
