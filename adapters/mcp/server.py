@@ -462,9 +462,20 @@ class EngramMcp:
             # Ask nobody about a target that is not there (or cannot make this transition): the
             # core answers what the tool itself would, audited as that tool's refusal.
             try:
-                await self._following_epoch(call, lambda c: self._core.check_gated(name, arguments, context=c))
+                status = await self._following_epoch(call, lambda c: self._core.check_gated(name, arguments,
+                                                                                            context=c))
             except EngramError as exc:
                 return self._core_refused(call, name, exc)
+            if status == "replay":
+                # SPEC §7: the same key and arguments as a committed withdraw or forget (a retry after
+                # MUTATION_OUTCOME_UNKNOWN, say). Its stored outcome is the answer and changes
+                # nothing, so no human is asked again (issue 26.8): a decline now would tell the
+                # agent "nothing was changed" about a record already forgotten.
+                try:
+                    value = await self._invoke(name, arguments, call)
+                except EngramError as exc:
+                    return self._core_refused(call, name, exc)
+                return envelope.success(value, audit_id=call.audit_id)
         if first_leg and not _can_elicit_form(ctx):
             return await gate_failed("cannot_elicit", "ELICITATION_UNSUPPORTED")
 

@@ -163,20 +163,21 @@ class MemoryService(ReadService):
         return parsed
 
     def _gated_start(self, ctx: BoundContext, tool: str, args: dict[str, Any], grant: bytes | None, call: CallRecord,
-                     lookup: Any) -> tuple[bytes, str, dict[str, Any] | None, Any]:
-        """The shared start of withdraw and forget: schema, authorization, grant presence,
-        then the target and the stored outcome (replay). Both are checked again in the write
-        transaction, so these reads need no snapshot transaction of their own; the target is
-        read first so that a same-key winner committing between the two reads is seen as a
-        stored outcome (replay), never as a terminal target only (ALREADY_TERMINAL)."""
+                     lookup: Any) -> tuple[bytes | None, str, dict[str, Any] | None, Any]:
+        """The shared start of withdraw and forget: schema, authorization, then the target and
+        the stored outcome (replay), then grant presence. Target and outcome are checked again
+        in the write transaction, so these reads need no snapshot transaction of their own; the
+        target is read first so that a same-key winner committing between the two reads is seen
+        as a stored outcome (replay), never as a terminal target only (ALREADY_TERMINAL). A
+        replay changes nothing, so it needs no confirmation (issue 26.8): a retried forget gets
+        its stored outcome, not a second question the human may answer differently."""
         validate_arguments(tool, args)
         self.core.authorize(ctx, tool, call, stored_strings=stored_strings(args))
-        present = self._grant_present(grant)
         request_digest = self._request_digest(tool, args)
         with self.core.store.read(snapshot=False) as tx:
             target = lookup(tx)
             prior = self._replay(tx, ctx, tool, args, request_digest)
-        return present, request_digest, prior, target
+        return (grant if prior is not None else self._grant_present(grant)), request_digest, prior, target
 
     def check_gated(self, ctx: BoundContext, args: dict[str, Any]) -> dict[str, Any]:
         """What a host asks before a human confirms a withdraw or forget (HostService.CheckGated):
@@ -643,7 +644,7 @@ class MemoryService(ReadService):
         if cand is None:
             raise EngramError(Code.NOT_FOUND, "candidate")
         lifecycle.check_candidate("withdraw", cand.state)
-        grant_obj = self._verify_grant(ctx, WITHDRAW_TOOL, args, grant)
+        grant_obj = self._verify_grant(ctx, WITHDRAW_TOOL, args, self._grant_present(grant))
         return self.withdraw_candidate(ctx, cand, call, args=args, request_digest=request_digest,
                                        grant_id=grant_obj.grant_id, reason_ref=args["reason_ref"])
 
@@ -693,7 +694,7 @@ class MemoryService(ReadService):
         if rec is None:
             raise EngramError(Code.NOT_FOUND, "record")
         lifecycle.check_record("tombstone", rec.state)
-        grant_obj = self._verify_grant(ctx, FORGET_TOOL, args, grant)
+        grant_obj = self._verify_grant(ctx, FORGET_TOOL, args, self._grant_present(grant))
         return self.tombstone(ctx, rec.record_id, call, args=args, request_digest=request_digest,
                               grant_id=grant_obj.grant_id, reason_ref=args["reason_ref"])
 
