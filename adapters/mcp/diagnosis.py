@@ -14,6 +14,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -130,9 +131,27 @@ def check(config: HostConfig, config_path: str, *, address: str | None = None,
         else:
             report.warn("semantic channel not loaded: lexical_and_semantic searches answer RANKING_UNAVAILABLE",
                         "install the semantic extra (tools/setup does) and unset ENGRAM_SEMANTIC=off")
+        _audit_protection(report, health)
     finally:
         channel.close()
     return report
+
+
+def _audit_protection(report: Report, health: host_pb2.HealthResponse) -> None:
+    """Whether anything outside the data directory can show the audit log was rewritten: the
+    log's hash chain alone cannot (whoever writes the data directory can cut it back and chain it
+    again; docs/security.md, "A rewritten audit log")."""
+    if health.audit_devices:
+        report.ok(f"audit rows go to {health.audit_devices} audit device(s) outside the data directory")
+    elif health.last_anchor_at_ms:
+        when = datetime.fromtimestamp(health.last_anchor_at_ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        report.ok(f"last signed anchor {when}; no audit device, so only the rows up to it can be checked "
+                  "against something the data directory's writer cannot rewrite")
+    else:
+        report.warn("neither an audit device nor a signed anchor: a truncated and re-chained audit log "
+                    "would pass `engram admin verify`",
+                    "engram serve ... --audit-device file:/var/log/engram/audit.log, and/or "
+                    "engram admin ... anchor --out FILE on a schedule (docs/admin.md, Anchors and audit devices)")
 
 
 def diagnose(config_path: str, *, emit: Callable[[str], None] = print) -> int:

@@ -234,9 +234,26 @@ def _verify(args: argparse.Namespace) -> int:
         checked += f", anchor of {value['anchor']['created_at']} (key {value['anchor']['key_id']})"
     if "device" in value:
         checked += f", {value['device']['lines']} device lines"
+    value["limits"] = _verify_limits(value)
     human = "verified: " + checked + ", all chains intact" if value["ok"] else "JOURNAL_CORRUPT\n" + "\n".join(bad)
+    human += "".join(f"\nnote: {limit}" for limit in value["limits"])
     _emit(args, value, human)
     return 0 if value["ok"] else 1
+
+
+def _verify_limits(value: dict[str, Any]) -> list[str]:
+    """What this verification could not detect (docs/security.md, "A rewritten audit log"): a hash
+    chain is only consistent with itself, so whoever can write the data directory can cut the
+    log back, rewrite rows and chain them again. Only an anchor or a device shows that."""
+    if "anchor" not in value and "device" not in value:
+        return ["the chains were checked against themselves only: an audit log or journal cut back (or rows "
+                "rewritten) and re-chained by someone who can write the data directory passes this check; "
+                "verify against a signed anchor (--anchor FILE --anchor-key PEM, from `engram admin anchor`) "
+                "or an audit device (--device FILE, from `engram serve --audit-device`) to detect that"]
+    if "device" not in value:
+        return [f"rows after the anchor (audit seq {value['anchor']['audit_seq']}) were checked against their own "
+                "chain only: add --device FILE to cover them"]
+    return []
 
 
 # Rows per Export call: well inside the gRPC message limit (~300 B a row). ENGRAM_AUDIT_PAGE_ROWS

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from engram_core import __version__
@@ -13,6 +14,8 @@ from engram_core.services.core import POLICY_TIMEOUT_S, CallRecord, Core, contex
 from engram_core.validation import rebuild_pointer
 
 MAX_APPROVAL_AGE_MS = GRANT_EXECUTION_WINDOW_MS
+# store_meta key: when the last signed anchor was made and at which audit row (maintenance.anchor).
+LAST_ANCHOR_META = "audit.last_anchor"
 _MAX_REASON_CODES = 16
 _MAX_REF_BYTES = 512
 
@@ -32,7 +35,14 @@ class HostServiceCore:
             "policy_revision": self.core.policy.revision() if active else "",
             "version": __version__,
             "semantic_available": self.core.embedder is not None,
+            "audit_devices": len(self.core.store.audit_device_failures()),
+            "last_anchor_at_ms": self._last_anchor_at_ms() if store_open else 0,
         }
+
+    def _last_anchor_at_ms(self) -> int:
+        with self.core.store.read(snapshot=False) as tx:
+            stamp = tx.meta(LAST_ANCHOR_META)
+        return int(json.loads(stamp)["at_ms"]) if stamp else 0
 
     def list_capabilities(self, ctx: BoundContext) -> dict[str, Any]:
         call = CallRecord()

@@ -33,6 +33,7 @@ from engram_core.services import lifecycle
 from engram_core.services.admin import target_facts
 from engram_core.services.core import CallRecord, Core, context_facts, new_id
 from engram_core.services.derivatives import apply_derivative_rule
+from engram_core.services.host import LAST_ANCHOR_META
 from engram_core.services.lexical import ANALYZER_ID, record_fields
 from engram_core.services.memory import (
     ADMISSION_TOOL,
@@ -567,6 +568,8 @@ class MaintenanceService:
             body["scope"] = {"tenant": tenant, "workspace": workspace}
         anchor_digest = digest("anchor", body)
         doc = {**body, "anchor_digest": anchor_digest, "signature": self.signers.anchor.sign(anchor_digest)}
+        with self.core.store.write() as tx:  # what `engram doctor` reads (HostService.Health)
+            tx.set_meta(LAST_ANCHOR_META, json.dumps({"at_ms": self.core.now_ms(), "audit_seq": seq}))
         self._audit(ctx, "anchor", "ok", anchor_digest, call)
         return doc
 

@@ -294,6 +294,10 @@ class Store(Protocol):
         """(audit rows spooled but not yet in the table, ``at_ms`` of the oldest of them)."""
         ...
 
+    def audit_device_failures(self) -> dict[str, int]:
+        """Failed writes per configured audit device since start (empty without devices)."""
+        ...
+
     def reload_indexes(self, *, key_digests: bool = True) -> None:
         """Rebuild the in-memory copies (search index, committed scopes and, unless
         ``key_digests=False``, the engine's negative-lookup digests) from storage."""
