@@ -119,6 +119,10 @@ def check(config: HostConfig, config_path: str, *, address: str | None = None,
         if not config.memory_enabled:
             report.fail("memory_enabled = false in [host]: no tool is listed",
                         f"set memory_enabled = true in [host] of {config_path}")
+        elif "HOST_KEY_NOT_BOUND" in caps.reason_codes:
+            report.fail(f"the core trusts the signing key (key id {kid}) for other tenants, not {b.tenant}",
+                        "on the core's host: engram admin ... trust-host-key --public-key PUBLIC.pem "
+                        f"--tenant {b.tenant} (repeat --tenant for each tenant it serves)")
         elif not caps.tools:
             report.fail(f"no tools granted to {b.tenant}/{b.workspace}: the scope is not active "
                         "(or the policy grants this principal none)", _activate_hint(config))

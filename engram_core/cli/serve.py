@@ -13,7 +13,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     group.add_argument("--policies", default=None, help="policy bundle directory (default: bundled policies/)")
     group.add_argument("--opa-url", default=None, help="ask an OPA server over its REST Data API instead")
     p.add_argument("--trust-host-key", action="append", default=[], metavar="PEM_FILE",
-                   help="also trust this host public key (repeatable)")
+                   help="also trust this host public key as the operator's own, like DIR/host.key: every tenant "
+                        "and maintenance scope (repeatable; trust a tenant's host with `engram admin "
+                        "trust-host-key --tenant T` instead)")
     p.add_argument("--audit-device", action="append", default=[], metavar="SPEC",
                    help="also stream every audit row here before the call answers, outside the data directory: "
                         "file:/path[?fsync=1] or unix:/socket (repeatable; a call fails closed when no device "

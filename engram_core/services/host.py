@@ -66,7 +66,8 @@ class HostServiceCore:
             if authz.result["allow"] and authz.result.get("obligations", {}).get("confirmation_required"):
                 gated.append(tool)
         return {"tools": tools, "policy_revision": d.revision, "decision_id": d.decision_id,
-                "confirmation_required": gated}
+                "confirmation_required": gated,
+                "reason_codes": sorted({r["code"] for r in d.result.get("reasons", [])})}
 
     def authorization_epoch(self, ctx: BoundContext) -> dict[str, Any]:
         """The bound scope's revocation epoch, for a host principal (policy decides who).

@@ -247,3 +247,29 @@ def test_cli_binds_lists_and_refuses_an_unbound_trust(live: Env, tmp_path: Path)
     assert "every tenant, every maintenance scope" in lines[key_id(env.key.public_key())]
     as_json = json.loads(run("--json", "list-host-keys").stdout)
     assert {k["id"] for k in as_json["host_keys"]} == {key_id(k.public_key()) for k in (initech, globex, env.key)}
+
+
+def test_doctor_says_the_key_serves_other_tenants(live: Env, tmp_path: Path) -> None:
+    """A host TOML whose key the core trusts for globex only, bound to acme: doctor names the
+    binding, not a scope that is not active."""
+    from engram_core.hostkeys import create_private_key_file
+
+    live.activate(OTHER, WORKSPACE)
+    key_path = tmp_path / "globex-host.key"
+    globex = create_private_key_file(key_path)
+    live.admin("TrustHostKey", admin_pb2.HostKeyRequest(public_key_pem=public_pem(globex.public_key()),
+                                                        tenants=[OTHER]))
+    config = tmp_path / "host.toml"
+
+    def doctor(tenant: str) -> subprocess.CompletedProcess:
+        config.write_text(f'[core]\naddress = "{live.running.address}"\n\n[host]\nsigning_key = "{key_path}"\n'
+                          f'memory_enabled = true\n\n[binding]\ntenant = "{tenant}"\nworkspace = "{WORKSPACE}"\n'
+                          f'principal = "user:ana"\nagent_id = "a"\nsession = "s"\npurpose_ref = "{PURPOSE}"\n')
+        return subprocess.run([ENGRAM, "doctor", "--host-config", str(config)], capture_output=True, text=True,
+                              timeout=60)
+
+    refused = doctor(TENANT)
+    assert refused.returncode == 1
+    assert f"for other tenants, not {TENANT}" in refused.stdout and f"--tenant {TENANT}" in refused.stdout
+    assert "the scope is not active" not in refused.stdout
+    assert doctor(OTHER).returncode == 0
