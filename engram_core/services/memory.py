@@ -644,7 +644,8 @@ class MemoryService(ReadService):
         if cand is None:
             raise EngramError(Code.NOT_FOUND, "candidate")
         lifecycle.check_candidate("withdraw", cand.state)
-        grant_obj = self._verify_grant(ctx, WITHDRAW_TOOL, args, self._grant_present(grant))
+        assert grant is not None  # not a replay: _gated_start required it
+        grant_obj = self._verify_grant(ctx, WITHDRAW_TOOL, args, grant)
         return self.withdraw_candidate(ctx, cand, call, args=args, request_digest=request_digest,
                                        grant_id=grant_obj.grant_id, reason_ref=args["reason_ref"])
 
@@ -694,7 +695,8 @@ class MemoryService(ReadService):
         if rec is None:
             raise EngramError(Code.NOT_FOUND, "record")
         lifecycle.check_record("tombstone", rec.state)
-        grant_obj = self._verify_grant(ctx, FORGET_TOOL, args, self._grant_present(grant))
+        assert grant is not None  # not a replay: _gated_start required it
+        grant_obj = self._verify_grant(ctx, FORGET_TOOL, args, grant)
         return self.tombstone(ctx, rec.record_id, call, args=args, request_digest=request_digest,
                               grant_id=grant_obj.grant_id, reason_ref=args["reason_ref"])
 
