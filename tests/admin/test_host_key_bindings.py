@@ -273,3 +273,33 @@ def test_doctor_says_the_key_serves_other_tenants(live: Env, tmp_path: Path) -> 
     assert f"for other tenants, not {TENANT}" in refused.stdout and f"--tenant {TENANT}" in refused.stdout
     assert "the scope is not active" not in refused.stdout
     assert doctor(OTHER).returncode == 0
+
+
+def test_migration_9_leaves_a_key_trusted_before_it_serving_nothing(tmp_path: Path) -> None:
+    """A store at migration 8 with a trusted host key: after migration 9 the key is still trusted
+    and serves nothing until it is bound (fail closed)."""
+    import duckdb
+
+    from engram_core.crypto.keyvault import FileKeyVault
+    from engram_core.store.duckdb.migrations import LEDGER_DDL, MIGRATIONS
+    from engram_core.store.duckdb.store import DuckDBStore
+
+    old = Ed25519PrivateKey.generate()
+    con = duckdb.connect(str(tmp_path / "engram.duckdb"))
+    con.execute(LEDGER_DDL)
+    for m in MIGRATIONS[:8]:
+        con.execute(m.sql)
+        con.execute("INSERT INTO schema_migrations VALUES (?, ?, ?, ?)", [m.version, m.name, m.checksum, 0])
+    con.execute("INSERT INTO trusted_host_keys VALUES (?, ?, ?)",
+                [key_id(old.public_key()), public_pem(old.public_key()), 1])
+    con.execute("CHECKPOINT")
+    con.close()
+    store = DuckDBStore(tmp_path, keys=FileKeyVault(tmp_path))
+    try:
+        assert [row["version"] for row in store.migration_ledger()][-1] == 9
+        with store.read() as tx:
+            (row,) = tx.host_key_rows()
+        assert (row.key_id, row.tenants, row.all_tenants, row.maintenance_scopes) == \
+            (key_id(old.public_key()), (), False, ())
+    finally:
+        store.close()

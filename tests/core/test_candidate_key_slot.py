@@ -62,7 +62,7 @@ def test_migration_8_gives_the_live_candidates_of_an_older_store_their_slots(tmp
 
     store = DuckDBStore(tmp_path, keys=vault)
     try:
-        assert [row["version"] for row in store.migration_ledger()][-1] == 8 == MIGRATIONS[-1].version
+        assert [row["version"] for row in store.migration_ledger()] == list(range(1, MIGRATIONS[-1].version + 1))
         with store.read() as tx:
             live, gone = tx.candidate("acme", "alpha", "cand_live"), tx.candidate("acme", "alpha", "cand_gone")
         assert live is not None and live.key_slot == live_slot
