@@ -120,8 +120,19 @@ REFUSALS: dict[Code, dict[str, str]] = {
                       "epoch-millisecond integers).",
         "value_not_allowed": "A field has a value its schema does not allow; see the field's enum or const.",
         "out_of_range": "A number or the length of a list is outside the bounds its schema states.",
-        "length_out_of_range": "A string's length is outside its bounds. Sizes are UTF-8 bytes: "
-                               "idempotency_key 16-256, references 1-512, text up to 65,536.",
+        # One class per byte-bounded field, so the message names the bound that was broken.
+        "query_length": "query is outside its bounds: 1-8,192 UTF-8 bytes.",
+        "text_length": "A component's text is outside its bounds: 1-65,536 UTF-8 bytes.",
+        "attestation_length": "evidence.attestation is longer than its bound: at most 4,096 UTF-8 bytes.",
+        "idempotency_key_length": "idempotency_key is outside its bounds: 16-256 UTF-8 bytes (16 or more "
+                                  "ASCII characters).",
+        "ref_length": "A reference (purpose_ref, an id you chose, a citation id, source_ref, evidence_ref, "
+                      "reason_ref, type_ref, a locator field or a family ref) is outside its bounds: "
+                      "1-512 UTF-8 bytes.",
+        "page_cursor_length": "page_cursor is outside its bounds (1-4,096 bytes): copy next_page_cursor "
+                              "exactly as the previous page returned it.",
+        "length_out_of_range": "A string's length is outside its bounds; see the field's description "
+                               "(sizes are UTF-8 bytes).",
         "format": "A string does not have its required format (an id, an instant or a cursor); see the "
                   "field's pattern and description.",
         "duplicate_items": "A list that must hold unique items holds one twice.",

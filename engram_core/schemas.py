@@ -327,11 +327,14 @@ INPUT_SCHEMAS: dict[str, dict[str, Any]] = {
 
 
 def _with_examples() -> None:
-    """Attach each tool's complete examples (engram_core.schema_examples) to its input schema."""
-    from engram_core.schema_examples import TOOL_EXAMPLES
+    """Attach each tool's complete examples (engram_core.schema_examples) to its input schema,
+    and say in the description where an example's placeholder id really comes from."""
+    from engram_core.schema_examples import EXAMPLE_ID_NOTES, TOOL_EXAMPLES
 
     for tool, schema in INPUT_SCHEMAS.items():
         schema["examples"] = TOOL_EXAMPLES[tool]
+        if tool in EXAMPLE_ID_NOTES:
+            schema["description"] = f"{schema['description']} {EXAMPLE_ID_NOTES[tool]}"
 
 
 _with_examples()

@@ -69,6 +69,25 @@ _BYTE_BOUNDS: dict[str, tuple[int, int]] = {
     **{name: (1, 512) for name in _REF_FIELDS},
 }
 _MAX_DEPTH = 16
+# The refusal class of a length failure, per field, so the message names the bound broken
+# (engram_core.errors.REFUSALS). Ids have one exact shape: a wrong length is a wrong format.
+_LENGTH_CLASSES: dict[str, str] = {
+    "query": "query_length",
+    "text": "text_length",
+    "attestation": "attestation_length",
+    "idempotency_key": "idempotency_key_length",
+    "page_cursor": "page_cursor_length",
+    "record_id": "format",
+    "candidate_id": "format",
+    **{name: "ref_length" for name in (*_REF_FIELDS, "citation_ids", "family_refs")},
+}
+
+
+def _length_class(path: Any) -> str:
+    """The class of a length failure at ``path``: named by the nearest property (list items
+    by their list's name); a field without a class of its own gets the generic one."""
+    field = next((part for part in reversed(list(path)) if isinstance(part, str)), "")
+    return _LENGTH_CLASSES.get(field, "length_out_of_range")
 
 
 def pointer(path: Any) -> str:
@@ -111,7 +130,7 @@ def _check_strings(value: Any, key: str | None, path: list[Any]) -> None:
             raise _fail("string is not NFC", "not_nfc", path)
         bounds = _BYTE_BOUNDS.get(key or "")
         if bounds and not (bounds[0] <= len(encoded) <= bounds[1]):
-            raise _fail(f"{key} byte length out of bounds", "length_out_of_range", path)
+            raise _fail(f"{key} byte length out of bounds", _length_class(path), path)
     elif isinstance(value, dict):
         for k, v in value.items():
             if not isinstance(k, str):
@@ -225,7 +244,10 @@ def _explain(tool: str, args: dict[str, Any]) -> EngramError:
     path = list(err.absolute_path)
     if keyword == "pattern" and path and isinstance(path[-1], str) and path[-1].endswith("_digest"):
         return _fail(f"{path[-1]}: digest format", "format", path, Code.INVALID_DIGEST)
-    return _fail(f"schema keyword {keyword}", _KEYWORD_CLASS.get(keyword, ""), path)
+    reason_class = _KEYWORD_CLASS.get(keyword, "")
+    if reason_class == "length_out_of_range":
+        reason_class = _length_class(path)
+    return _fail(f"schema keyword {keyword}", reason_class, path)
 
 
 @traced("engram.validate")

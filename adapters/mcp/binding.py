@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from adapters.mcp.config import Binding, HostConfig
 from adapters.mcp.envelope import new_audit_id
 from engram_core.api import context_pb2
-from engram_core.hostctx import make_context
+from engram_core.hostctx import HOST_CALL, TOOLS_LIST_CALL, make_context
 
 CONTEXT_HEADER = "x-engram-host-context"  # ASGI header names are lowercase
 # SPEC §2 allows ≤ 300 s. A context is signed right before the one gRPC call that
@@ -55,15 +55,18 @@ class CallContext:
     memory_enabled: bool
     # A signed context for one gRPC call: freshly signed each time (file binding), or
     # the fronting host's bytes (header binding).
-    _signer: Callable[[], bytes]
+    _signer: Callable[[str], bytes]
     # True when the adapter signs (file binding): it may follow a new authorization epoch.
     resignable: bool
     # The authorization epoch the call's contexts carry now; a grant the adapter signs
     # for the call carries the same (a grant of an older epoch is refused).
     _epoch: Callable[[], int]
 
+    # What the MCP request is (a tool name, or TOOLS_LIST_CALL): the call its contexts are signed for.
+    call: str = TOOLS_LIST_CALL
+
     def signed(self) -> bytes:
-        return self._signer()
+        return self._signer(self.call)
 
     def authorization_epoch(self) -> int:
         return self._epoch()
@@ -103,20 +106,23 @@ class ContextSource:
         """Sign with the scope's current epoch from now on (epochs only grow)."""
         self._epoch = max(self._epoch, epoch)
 
-    def for_request(self, headers: Mapping[str, str] | None) -> CallContext:
+    def for_request(self, headers: Mapping[str, str] | None, call: str = TOOLS_LIST_CALL) -> CallContext:
+        """The host context of one MCP request: ``call`` is the tool it calls, or
+        ``TOOLS_LIST_CALL`` for a listing (a fronting host signed it for the same)."""
         if self._config.binding is not None:
-            return self._file_bound(self._config.binding)
-        return self._from_header(headers)
+            return self._file_bound(self._config.binding, call)
+        return self._from_header(headers, call)
 
-    def _file_bound(self, binding: Binding) -> CallContext:
+    def _file_bound(self, binding: Binding, call: str) -> CallContext:
         if not binding.complete or self._key is None:
             raise ContextUnavailable("incomplete binding")
         audit_id = new_audit_id()
         key = self._key
 
-        def sign() -> bytes:
+        def sign(for_call: str) -> bytes:
             return make_context(
                 key,
+                call=for_call,
                 tenant=binding.tenant,
                 workspace=binding.workspace,
                 principal=binding.principal,
@@ -131,7 +137,7 @@ class ContextSource:
             )
 
         return CallContext(binding=binding, audit_id=audit_id, memory_enabled=self._config.memory_enabled,
-                           _signer=sign, resignable=True, _epoch=lambda: self._epoch)
+                           _signer=sign, resignable=True, _epoch=lambda: self._epoch, call=call)
 
     def host_context(self, call: CallContext) -> bytes:
         """A host-principal context for the call's scope, to ask the core host-only
@@ -142,6 +148,7 @@ class ContextSource:
         b = call.binding
         return make_context(
             self._key,
+            call=HOST_CALL,
             tenant=b.tenant,
             workspace=b.workspace,
             principal=b.principal,
@@ -154,7 +161,7 @@ class ContextSource:
             host_principal=True,
         )
 
-    def _from_header(self, headers: Mapping[str, str] | None) -> CallContext:
+    def _from_header(self, headers: Mapping[str, str] | None, call: str) -> CallContext:
         raw = (headers or {}).get(CONTEXT_HEADER)
         if not raw or len(raw) > _MAX_HEADER_BYTES:
             raise ContextUnavailable("no context header")
@@ -183,9 +190,10 @@ class ContextSource:
             binding=binding,
             audit_id=ctx.audit_id,
             memory_enabled=ctx.memory_enabled and self._config.memory_enabled,
-            _signer=lambda: signed,
+            _signer=lambda _call: signed,  # the fronting host signed it for its request (the core checks)
             resignable=False,
             _epoch=lambda: ctx.authorization_epoch,
+            call=call,
         )
 
 

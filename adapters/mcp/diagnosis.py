@@ -3,9 +3,9 @@
 Used by `engram doctor --host-config FILE` (every finding) and by `engram mcp` at start
 (one line: the tools it will list, or the first reason there are none). The checks run in
 the order a tool call depends on them: the host TOML loads and its key is usable; the core
-answers and is SERVING (store open, policy bundle active); the core trusts the signing key;
-the host opted in (`memory_enabled`); the scope is active and grants tools; the semantic
-channel is loaded. Each check signs and sends exactly what the adapter would, so a clean
+answers and is SERVING (store open, policy bundle active); the binding names the purpose agents
+must pass; the core trusts the signing key; the host opted in (`memory_enabled`); the scope is
+active and grants tools; the semantic channel is loaded. Each check signs and sends exactly what the adapter would, so a clean
 report means the adapter's first `tools/list` works.
 """
 
@@ -20,11 +20,12 @@ import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from adapters.mcp.binding import CallContext, ContextSource
-from adapters.mcp.config import ConfigError, HostConfig, load_host_config
+from adapters.mcp.config import Binding, ConfigError, HostConfig, load_host_config
 from engram_core.api import host_pb2, host_pb2_grpc
 from engram_core.errors import Code
 from engram_core.hostctx import CONTEXT_METADATA_KEY
 from engram_core.hostkeys import key_id
+from engram_core.install_hints import SEMANTIC_INSTALL
 from engram_core.rpc.status import code_from_rpc_error
 from engram_core.rpc.tls import channel as core_channel
 
@@ -100,6 +101,7 @@ def check(config: HostConfig, config_path: str, *, address: str | None = None,
         if not b.complete:
             report.fail("[binding] needs tenant, workspace and principal", f"fill them in {config_path}")
             return report
+        _check_purpose(report, b, config_path)
         if signing_key is None:
             return report
         source = ContextSource(config, signing_key)
@@ -133,8 +135,10 @@ def check(config: HostConfig, config_path: str, *, address: str | None = None,
         if health.semantic_available:
             report.ok("semantic channel loaded (lexical_and_semantic searches work)")
         else:
-            report.warn("semantic channel not loaded: lexical_and_semantic searches answer RANKING_UNAVAILABLE",
-                        "install the semantic extra (tools/setup does) and unset ENGRAM_SEMANTIC=off")
+            report.warn("semantic channel off: lexical_and_semantic searches answer RANKING_UNAVAILABLE "
+                        "(a plain `pip install` leaves it out)",
+                        f"on the core's host, in the checkout: {SEMANTIC_INSTALL} (tools/setup does both), "
+                        "then restart `engram serve` without ENGRAM_SEMANTIC=off")
         _audit_protection(report, health)
     finally:
         channel.close()
@@ -156,6 +160,17 @@ def _audit_protection(report: Report, health: host_pb2.HealthResponse) -> None:
                     "would pass `engram admin verify`",
                     "engram serve ... --audit-device file:/var/log/engram/audit.log, and/or "
                     "engram admin ... anchor --out FILE on a schedule (docs/admin.md, Anchors and audit devices)")
+
+
+def _check_purpose(report: Report, binding: Binding, config_path: str) -> None:
+    """The purpose every search, get and capture must carry (SPEC §2). An agent that sends another
+    sees only -32603, so the operator needs to see here which one the adapter binds."""
+    if binding.purpose_ref:
+        report.ok(f"bound purpose_ref {binding.purpose_ref!r}: agents pass exactly this in search, get and "
+                  "capture (any other value is refused with -32603)")
+    else:
+        report.fail("[binding] has no purpose_ref: every search, get and capture is refused (-32603)",
+                    f"set purpose_ref in [binding] of {config_path}, e.g. purpose_ref = \"purpose:default\"")
 
 
 def diagnose(config_path: str, *, emit: Callable[[str], None] = print) -> int:

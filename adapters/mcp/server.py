@@ -41,15 +41,15 @@ from adapters.mcp.confirmation import (
 )
 from adapters.mcp.core_client import CoreClient
 from adapters.mcp.guidance import GUIDE_PROMPT_NAME, GUIDE_RESOURCE_URI, TOOL_DESCRIPTIONS, TOOL_TITLES, guide
+from adapters.mcp.refusal_log import log_call_refusal, log_list_refusal
 from engram_core.errors import Code, EngramError
-from engram_core.hostctx import make_grant
+from engram_core.hostctx import TOOLS_LIST_CALL, make_grant
 from engram_core.operation import operation_digest, target_of
 from engram_core.schema_examples import EXAMPLE_PURPOSE
 from engram_core.schemas import INPUT_SCHEMAS, TOOL_NAMES, output_schema
 from engram_core.validation import validate_arguments
 
 logger = logging.getLogger("engram.mcp")
-refusal_log = logging.getLogger("engram.mcp.refusal")  # one line per refusal, visible in every log setup
 _T = TypeVar("_T")
 
 SERVER_NAME = "engram"
@@ -121,12 +121,9 @@ def _can_elicit_form(ctx: ServerRequestContext[Any, Any]) -> bool:
     return elicitation.form is not None or elicitation.url is None
 
 
-def _log_refusal(decided_by: str, call: CallContext, tool: str, exc: EngramError, hint: str = "") -> None:
-    """One line per refusal: tool, scope, audit id and the exact reason (never input values)."""
-    b = call.binding
-    refusal_log.info("call refused: decided_by=%s tool=%s tenant=%s workspace=%s principal=%s audit_id=%s %s%s",
-                decided_by, tool, b.tenant, b.workspace, b.principal, call.audit_id,
-                " ".join(f"{k}={v}" for k, v in exc.log_fields().items()), f" {hint}" if hint else "")
+def _log_refusal(decided_by: str, call: CallContext, tool: str, exc: EngramError,
+                 hints: dict[str, str] | None = None) -> None:
+    log_call_refusal(decided_by, call, tool, exc, hints)
 
 
 # The capture refusals for payload times outside the host's window (capture policy, issue 26.5).
@@ -144,12 +141,12 @@ def _likely_unit(value: int) -> str:
     return ""
 
 
-def _time_unit_hint(tool: str, arguments: Any, exc: EngramError) -> str:
+def _time_unit_hint(tool: str, arguments: Any, exc: EngramError) -> dict[str, str]:
     """For a capture refused for its times (SPEC §4: epoch milliseconds), which fields look like
     another unit, e.g. ``likely_unit_mistake=/payload/valid_time/t:seconds``: pointers and unit
     names only, never the values."""
     if tool != "engram_memory_capture" or exc.reason_class not in _TIME_CLASSES or not isinstance(arguments, dict):
-        return ""
+        return {}
     payload = arguments.get("payload")
     found = []
     for pointer, (outer, inner) in _TIME_POINTERS:
@@ -158,7 +155,7 @@ def _time_unit_hint(tool: str, arguments: Any, exc: EngramError) -> str:
         unit = _likely_unit(value) if isinstance(value, int) and not isinstance(value, bool) else ""
         if unit:
             found.append(f"{pointer}:{unit}")
-    return f"likely_unit_mistake={','.join(found)}" if found else ""
+    return {"likely_unit_mistake": ",".join(found)} if found else {}
 
 
 def _purpose_mismatch(tool: str, arguments: dict[str, Any], bound: str) -> bool:
@@ -241,9 +238,9 @@ class EngramMcp:
 
     # ---- context and grants --------------------------------------------------
 
-    def _context(self, ctx: ServerRequestContext[Any, Any]) -> CallContext:
+    def _context(self, ctx: ServerRequestContext[Any, Any], call: str = TOOLS_LIST_CALL) -> CallContext:
         try:
-            return self._contexts.for_request(_headers(ctx))
+            return self._contexts.for_request(_headers(ctx), call)
         except ContextUnavailable as exc:
             logger.info("host context unavailable: %s", exc)
             raise envelope.trusted_context_unavailable() from None
@@ -312,12 +309,11 @@ class EngramMcp:
         try:
             granted, _ = await self._granted(call)
         except EngramError as exc:
-            # On the refusal logger, which every log setup shows: the agent only sees -32603, so
-            # this line is where an operator learns why (e.g. the core stopped after start-up).
-            b = call.binding
-            refusal_log.info("tools/list refused: tenant=%s workspace=%s principal=%s audit_id=%s %s",
-                             b.tenant, b.workspace, b.principal, call.audit_id,
-                             " ".join(f"{k}={v}" for k, v in exc.log_fields().items()))
+            # The agent sees only a JSON-RPC error, so this line is where an operator learns why
+            # (e.g. the core stopped after start-up).
+            log_list_refusal(call, exc)
+            if exc.retriable:  # a core not answering is transient: say retry, not stop
+                raise envelope.temporarily_unavailable(exc) from None
             raise envelope.trusted_context_unavailable() from None
         return types.ListToolsResult(tools=[tool_definition(name, call.binding.purpose_ref)
                                             for name in TOOL_NAMES if name in granted])
@@ -328,7 +324,7 @@ class EngramMcp:
         name = params.name
         if name not in INPUT_SCHEMAS:
             raise envelope.unknown_tool()
-        call = self._context(ctx)
+        call = self._context(ctx, name)
         state = _CALL_STATE.get()
         if state is not None:
             state.call, state.tool = call, name
@@ -579,11 +575,11 @@ class EngramMcp:
             if not (boundary_rejection or legacy_input_required):
                 raise
             # The boundary rejects before our handler runs: this call's context is made here.
-            call = state.call or self._context(ctx)
             named = (ctx.params or {}).get("name")
             tool = state.tool or (named if named in INPUT_SCHEMAS else "")
             if not tool:
                 raise envelope.unknown_tool() from None
+            call = state.call or self._context(ctx, tool)
             result = await self._refuse(call, tool, EngramError(
                 Code.GATE_FAILED, "confirmation state", reason_class="confirmation_invalid",
                 reasons=("CONFIRMATION_STATE_INVALID",)))

@@ -54,15 +54,38 @@ def read_first_serve_scope(data_dir: Path) -> FirstServeScope | None:
     return FirstServeScope(tenant, workspace)
 
 
-def _core_address(host_config: Path) -> str | None:
-    """The ``[core] address`` an existing host TOML names, or None if it names none or is unreadable."""
+def _named(host_config: Path) -> tuple[str | None, Path | None]:
+    """The ``[core] address`` and the ``[host] signing_key`` (resolved as the adapter resolves it,
+    against the file's directory) an existing host TOML names; None for what it does not name
+    or when it is unreadable."""
     try:
         doc = tomllib.loads(host_config.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return None
-    core = doc.get("core")
+        return None, None
+    core, host = doc.get("core"), doc.get("host")
     address = core.get("address") if isinstance(core, dict) else None
-    return address if isinstance(address, str) else None
+    key = host.get("signing_key") if isinstance(host, dict) else None
+    return (address if isinstance(address, str) else None,
+            (host_config.parent / Path(key).expanduser()).resolve() if isinstance(key, str) and key else None)
+
+
+def _kept_config_warning(host_config: Path, *, core: str | None, host_key: Path, data_dir: Path) -> str | None:
+    """One line when a kept host TOML would not reach the core serving ``data_dir`` at ``core``:
+    another address (tools/serve after a change of ENGRAM_LISTEN) or another data directory's key
+    (ENGRAM_DATA changed, the host TOML beside both is the same file). None when it would."""
+    named_core, named_key = _named(host_config)
+    problems = []
+    if core and named_core is not None and named_core != core:
+        problems.append(f"names core {named_core}, not {core}; the adapter would call {named_core}")
+    if named_key is not None and named_key != host_key.resolve():
+        problems.append(f"signs with {named_key}, not {host_key} (the key the core serving {data_dir} trusts "
+                        "by itself)")
+    if not problems:
+        return None
+    rewrite = shlex.join([_engram_command(), "init", str(data_dir), "--host-config", str(host_config),
+                          "--core", core or named_core or DEFAULT_CORE, "--force"])
+    return (f"engram init: {host_config} {'; and it '.join(problems)}. Rewrite it: {rewrite} "
+            "(or keep it and write another with --host-config FILE; tools/serve: ENGRAM_HOST_CONFIG=FILE)")
 
 
 def _quote(value: str) -> str:
@@ -106,7 +129,6 @@ def client_instructions(engram: str, host_config: Path) -> str:
     vscode = json.dumps({"servers": {"engram": {"type": "stdio", **stdio}}}, indent=2)
     indent = lambda text: "\n".join("      " + line for line in text.splitlines())  # noqa: E731
     return "\n".join([
-        "  Register the adapter with your MCP client:",
         "    Claude Code:",
         f"      claude mcp add engram -- {shlex.join([engram, *args])}",
         "    Claude Desktop (claude_desktop_config.json) and Cursor (~/.cursor/mcp.json):",
@@ -146,14 +168,11 @@ def run_init(args: argparse.Namespace) -> int:
     core = args.core or DEFAULT_CORE
     if host_config.exists() and not args.force:
         wrote = f"kept the existing {host_config} (--force rewrites it)"
-        named = _core_address(host_config)
-        if args.core and named is not None and named != args.core:
-            # A kept file naming another core would send the adapter there (tools/serve after a
-            # change of ENGRAM_LISTEN): say so rather than let doctor find it later.
-            rewrite = shlex.join([_engram_command(), "init", str(data_dir), "--host-config", str(host_config),
-                                  "--core", args.core, "--force"])
-            print(f"engram init: {host_config} names core {named}, not {args.core}; "
-                  f"the adapter would call {named}. Rewrite it: {rewrite}", file=sys.stderr)
+        # Said now rather than found later by doctor (or not at all, by an adapter calling a core
+        # that is not this one).
+        warning = _kept_config_warning(host_config, core=args.core, host_key=host_key, data_dir=data_dir)
+        if warning:
+            print(warning, file=sys.stderr)
     else:
         principal = "agent:" + (_NAME.sub("-", getpass.getuser()) or "local")
         try:
@@ -167,18 +186,20 @@ def run_init(args: argparse.Namespace) -> int:
         wrote = f"wrote {host_config} (binds {scope.tenant}/{scope.workspace} as {principal})"
 
     engram = _engram_command()
+    steps = [] if args.serving else \
+        [f"Start the core:     {shlex.join([engram, 'serve', '--data', str(data_dir), '--listen', core])}"]
+    steps += [
+        f"Check the chain:    {shlex.join([engram, 'doctor', '--host-config', str(host_config)])}"
+        + ("   (in another terminal, once the core below says it is listening)" if args.serving else ""),
+        "Register the adapter with your MCP client:\n" + client_instructions(engram, host_config),
+    ]
     print("\n".join([
         f"engram init: data directory {data_dir}",
         f"engram init: {wrote}",
         f"engram init: the first `engram serve` on it activates {scope.tenant}/{scope.workspace}",
         "",
         "Next:",
-        *([] if args.serving else
-          [f"  1. Start the core:     {shlex.join([engram, 'serve', '--data', str(data_dir), '--listen', core])}"]),
-        f"  {'1' if args.serving else '2'}. Check the chain:    "
-        f"{shlex.join([engram, 'doctor', '--host-config', str(host_config)])}"
-        + ("   (in another terminal, once the core below says it is listening)" if args.serving else ""),
-        client_instructions(engram, host_config),
+        *(f"  {number}. {step}" for number, step in enumerate(steps, start=1)),
         "  Clients that can ask a human (MCP elicitation) can confirm forget and withdraw; see docs/mcp-clients.md.",
     ]))
     return 0

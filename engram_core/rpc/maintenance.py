@@ -10,7 +10,7 @@ from engram_core.api import admin_pb2, admin_pb2_grpc
 from engram_core.backup import MAX_BACKUP_BYTES, BackupService, chunks
 from engram_core.errors import Code, EngramError
 from engram_core.observability import calls as observed_calls
-from engram_core.rpc.server import _Handler, _json_result
+from engram_core.rpc.server import ADMIN_CALLS, _Handler, _json_result
 from engram_core.services.admin import AdminServiceCore
 from engram_core.services.core import CallRecord, Core
 from engram_core.services.maintenance import MaintenanceService
@@ -34,7 +34,7 @@ class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, _Handler):
     def _json(self, context, fn):
         # A refusal is audited under the RPC's operation name (admin.export, ...), as the
         # observing interceptor named the call.
-        return self.audited(context, _operation(), lambda ctx: _json_result(fn(ctx)))
+        return self.audited(context, _operation(), lambda ctx: _json_result(fn(ctx)), calls=ADMIN_CALLS)
 
     # -- activation (SPEC §2: memory off by default) ---------------------------------------
     def Activate(self, request, context):
@@ -85,6 +85,9 @@ class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, _Handler):
     def RotateKeys(self, request, context):
         return self._json(context, self.svc.rotate_keys)
 
+    def RetireKeys(self, request, context):
+        return self._json(context, lambda ctx: self.svc.retire_keys(ctx, now=request.now))
+
     def KeyStatus(self, request, context):
         return self._json(context, lambda ctx: self.svc.key_status(ctx, request.tenant, request.workspace))
 
@@ -105,13 +108,13 @@ class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, _Handler):
     # -- backup and restore -----------------------------------------------------------------
     def Backup(self, request, context):
         data = self.audited(context, "admin.backup",
-                            lambda ctx: self.backups.backup(ctx, request.tenant, request.workspace))
+                            lambda ctx: self.backups.backup(ctx, request.tenant, request.workspace), calls=ADMIN_CALLS)
         for piece, total in chunks(data):
             yield admin_pb2.BackupChunk(data=piece, total_bytes=total)
 
     def Restore(self, request_iterator, context):
         def go():
-            ctx = self.bind(context)
+            ctx = self.bind(context, calls=ADMIN_CALLS)
             # Authorize before reading a byte of the stream.
             self.core.authorize(ctx, "admin.restore", CallRecord())
             parts, size, first = [], 0, admin_pb2.BackupChunk()

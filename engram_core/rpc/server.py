@@ -23,7 +23,15 @@ from engram_core.api import admin_pb2, admin_pb2_grpc, host_pb2, host_pb2_grpc, 
 from engram_core.canonical import canonical_json
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.errors import Code, EngramError
-from engram_core.hostctx import CONFIRMATION_METADATA_KEY, CONTEXT_METADATA_KEY, BoundContext, verify_context
+from engram_core.hostctx import (
+    ADMIN_CALL,
+    CONFIRMATION_METADATA_KEY,
+    CONTEXT_METADATA_KEY,
+    HOST_CALL,
+    TOOLS_LIST_CALL,
+    BoundContext,
+    verify_context,
+)
 from engram_core.hostkeys import (
     TrustedHostKeys,
     key_id,
@@ -44,10 +52,14 @@ from engram_core.services.admin import AdminServiceCore
 from engram_core.services.attestation import AttestationService
 from engram_core.services.core import Core
 from engram_core.services.host import HostServiceCore
+from engram_core.services.keyring import KeyRingScheduler, KeySchedule
 from engram_core.services.maintenance import reanalyze_lexical, reembed_vectors
 from engram_core.services.memory import MemoryService
-from engram_core.store.duckdb.store import DuckDBStore
+from engram_core.shared_secrets import check_shared_secrets
+from engram_core.signing import CoreSigners
+from engram_core.store.duckdb.engine import DuckDBEngine
 from engram_core.store.file_modes import make_private
+from engram_core.store.kernel import StoreKernel
 
 log = logging.getLogger("engram.core")
 TOOL_OF_METHOD = {
@@ -59,6 +71,23 @@ TOOL_OF_METHOD = {
     "forget": "engram_memory_forget",
 }
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+# What a context must have been signed for (HostContext.call), per kind of call (docs/security.md):
+# an acting call accepts only a context signed for it; the calls that act on nothing also accept
+# the context of the tool call they serve (one context per request from a fronting host).
+TOOL_CALLS = frozenset(TOOL_OF_METHOD.values())
+GATED_CALLS = frozenset({"engram_memory_withdraw", "engram_memory_forget"})
+LISTING_CALLS = TOOL_CALLS | {TOOLS_LIST_CALL}
+HOST_CALLS = frozenset({HOST_CALL})
+ADMIN_CALLS = frozenset({ADMIN_CALL})
+
+
+def _refused_operation(calls: frozenset[str]) -> str:
+    """The operation a refusal before the call's own code ran is audited under: the call's, as
+    the observing interceptor named it."""
+    obs = observed_calls.current()
+    if obs is not None and obs.operation:
+        return obs.operation
+    return next(iter(calls)) if len(calls) == 1 else "host"
 
 
 def _metadata(context: grpc.ServicerContext, key: str) -> bytes | None:
@@ -74,15 +103,25 @@ class _Handler:
     def __init__(self, core: Core) -> None:
         self.core = core
 
-    def bind(self, context: grpc.ServicerContext, *, single_use: bool = True) -> BoundContext:
+    def bind(self, context: grpc.ServicerContext, *, calls: frozenset[str], single_use: bool = True) -> BoundContext:
         """The verified context of this call. ``single_use`` claims its nonce (a replay is
         refused). False only for the host calls that read or change nothing of the scope and
         that the adapter makes with the same context as the tool call itself (one context per
         HTTP request from a fronting host): the tool listing, the check before a confirmation
-        is asked, and the record of a refusal the adapter decided."""
+        is asked, and the record of a refusal the adapter decided. ``calls``: what the context
+        must have been signed for."""
         ctx = verify_context(_metadata(context, CONTEXT_METADATA_KEY), self.core.trusted, now_ms=self.core.now_ms(),
-                             nonces=self.core.context_nonces if single_use else None)
+                             calls=calls)
         observed_calls.note_context(ctx)  # the call's log line and metrics name who called
+        if single_use:
+            try:
+                ctx = self.core.claim_context(ctx)
+            except EngramError as exc:
+                if exc.code is Code.RATE_LIMITED:
+                    # A verified context refused for its key's full lane: audited like any refusal
+                    # (a flood leaves its trace), and answered with the retriable code.
+                    raise self.refused(ctx, _refused_operation(calls), exc) from None
+                raise
         return ctx
 
     def refused(self, ctx: BoundContext, operation: str, exc: EngramError, target: str = "") -> EngramError:
@@ -106,11 +145,12 @@ class _Handler:
         return exc
 
     def audited(self, context: grpc.ServicerContext, operation: str, fn: Callable[[BoundContext], Any],
-                target: Callable[[], str] = lambda: "", *, single_use: bool = True) -> Any:
+                target: Callable[[], str] = lambda: "", *, calls: frozenset[str],
+                single_use: bool = True) -> Any:
         """``fn`` with the verified context; a refusal after verification is logged and audited.
-        ``single_use`` as for :meth:`bind`."""
+        ``calls`` and ``single_use`` as for :meth:`bind`."""
         def go() -> Any:
-            ctx = self.bind(context, single_use=single_use)
+            ctx = self.bind(context, calls=calls, single_use=single_use)
             try:
                 return fn(ctx)
             except EngramError as exc:
@@ -163,7 +203,7 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer, _Handler):
             result = fn(ctx, args, _metadata(context, CONFIRMATION_METADATA_KEY)) if gated else fn(ctx, args)
             return value_to_message(result, response_cls())
 
-        return self.audited(context, tool, go, lambda: target_of(tool, args))
+        return self.audited(context, tool, go, lambda: target_of(tool, args), calls=frozenset({tool}))
 
     def Search(self, request, context):
         return self._call(request, context, "search", memory_pb2.SearchResponse, False)
@@ -197,7 +237,7 @@ class HostServicer(host_pb2_grpc.HostServiceServicer, _Handler):
         args = {"tool": request.tool, "target": request.target, "idempotency_key": request.idempotency_key,
                 "reason_ref": request.reason_ref}
         return self.audited(context, tool, lambda ctx: host_pb2.CheckGatedResponse(
-            **self.memory.check_gated(ctx, args)), lambda: request.target, single_use=False)
+            **self.memory.check_gated(ctx, args)), lambda: request.target, calls=GATED_CALLS, single_use=False)
 
     def Health(self, request, context):
         return host_pb2.HealthResponse(**self.host.health())
@@ -207,11 +247,11 @@ class HostServicer(host_pb2_grpc.HostServiceServicer, _Handler):
         # lists the tools with it besides making the call (SPEC §2 tools/list).
         return self.audited(context, "host.list_capabilities",
                             lambda ctx: host_pb2.ListCapabilitiesResponse(**self.host.list_capabilities(ctx)),
-                            single_use=False)
+                            calls=LISTING_CALLS, single_use=False)
 
     def AuthorizationEpoch(self, request, context):
         return self.audited(context, "host.authorization_epoch", lambda ctx: host_pb2.AuthorizationEpochResponse(
-            **self.host.authorization_epoch(ctx)))
+            **self.host.authorization_epoch(ctx)), calls=HOST_CALLS)
 
     def IssueConfirmation(self, request, context):
         def go(ctx: BoundContext):
@@ -219,20 +259,21 @@ class HostServicer(host_pb2_grpc.HostServiceServicer, _Handler):
                 ctx, tool=request.tool, target=request.target, operation_digest=request.operation_digest,
                 approved_at_ms=request.approved_at_ms))
 
-        return self.audited(context, "host.issue_confirmation", go, lambda: request.target)
+        return self.audited(context, "host.issue_confirmation", go, lambda: request.target, calls=HOST_CALLS)
 
     def RecordRefusal(self, request, context):
         return self.audited(context, "host.record_refusal", lambda ctx: host_pb2.RecordRefusalResponse(
             **self.host.record_refusal(ctx, operation=request.operation, code=request.code,
                                        reason_class=request.reason_class, reason_codes=list(request.reason_codes),
-                                       pointer=request.pointer, target=request.target)), single_use=False)
+                                       pointer=request.pointer, target=request.target)), calls=LISTING_CALLS,
+                            single_use=False)
 
 
     def Attest(self, request, context):
         def go():
             req = {f: getattr(request, f) for f in ("tenant", "workspace", "target", "trust_class", "event_id",
                                                     "reason_ref", "verifier_public_key_pem", "signature")}
-            out = self.attestation.attest(self.bind(context), req)
+            out = self.attestation.attest(self.bind(context, calls=HOST_CALLS), req)
             return host_pb2.AttestResponse(json=canonical_json(out).decode())
 
         return self.run(context, go)
@@ -251,11 +292,13 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer, _Handler):
 
     def Activate(self, request, context):
         return self.run(context, lambda: _json_result(self.admin.activate(
-            self.bind(context), request.tenant, request.workspace, list(request.tools), activated=True)))
+            self.bind(context, calls=ADMIN_CALLS), request.tenant, request.workspace, list(request.tools),
+            activated=True)))
 
     def Deactivate(self, request, context):
         return self.run(context, lambda: _json_result(self.admin.activate(
-            self.bind(context), request.tenant, request.workspace, list(request.tools), activated=False)))
+            self.bind(context, calls=ADMIN_CALLS), request.tenant, request.workspace, list(request.tools),
+            activated=False)))
 
     def __getattr__(self, name: str):
         # Any maintenance RPC the core does not implement yet answers with the
@@ -263,7 +306,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer, _Handler):
         if name[:1].isupper():
             def unavailable(request, context):
                 def go():
-                    self.bind(context)
+                    self.bind(context, calls=ADMIN_CALLS)
                     raise EngramError(Code.CAPABILITY_UNAVAILABLE, name)
 
                 return self.run(context, go)
@@ -282,6 +325,7 @@ class RunningCore:
     health: health.HealthServicer
     stopping: bool = False
     memory: MemoryService | None = None  # the agents' service behind the server (tests, benchmarks)
+    keyring: KeyRingScheduler | None = None  # rotates and retires KEK generations on schedule
 
     def stop(self, grace: float | None = 1.0) -> None:
         """Drain: refuse new calls, let calls in flight finish within ``grace`` seconds (gRPC
@@ -291,6 +335,8 @@ class RunningCore:
         for name in (*HEALTH_SERVICES, "", LIVENESS_SERVICE):
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.server.stop(grace).wait()
+        if self.keyring is not None:
+            self.keyring.stop()
         self.core.close()
 
 
@@ -330,7 +376,8 @@ def build_policy(policies_dir: Path | None, opa_url: str | None):
 def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str | None = None,
               extra_trusted_pems: list[str] | None = None, clock=None,
               semantic: bool | None = None, policy: Any = None,
-              audit_devices: list[str] | None = None, load_index: bool = True) -> tuple[Core, Path, Any]:
+              audit_devices: list[str] | None = None, load_index: bool = True,
+              key_schedule: KeySchedule | None = None) -> tuple[Core, Path, Any]:
     """Open (creating on first run) the data directory; ``policy`` overrides the backend (tests, embedding).
     ``audit_devices`` are ``--audit-device`` specs (engram_core/store/audit_device.py)."""
     make_private(data_dir)  # keys and the store: owner only, also in a directory that already existed
@@ -344,7 +391,8 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
         # --trust-host-key at start: the operator's own key, bound like host.key (docs/security.md).
         trusted.add(load_public_pem(pem), local=True)  # KeyRoleConflict: refuse to start, an operator error
     vault = FileKeyVault(data_dir)
-    store = DuckDBStore(data_dir, load_index=load_index, keys=vault)  # search projections are sealed under record keys
+    # Search projections are sealed under record keys: the kernel and the engine's migration 6 need the vault.
+    store = StoreKernel(DuckDBEngine(data_dir, keys=vault), vault, spool_dir=data_dir, load_index=load_index)
     if devices:
         store.attach_audit_devices(devices)
     with store.write() as tx:
@@ -360,9 +408,15 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
         tx.add_trusted_host_key(key_id(host_key.public_key()), public_pem(host_key.public_key()), 0)
     policy = policy or build_policy(policies_dir, opa_url)
     core = Core(data_dir=data_dir, store=store, vault=vault, policy=policy, trusted=trusted, clock=clock,
-                embedder=build_embedder(semantic))
-    reanalyze_lexical(core)  # postings of an older analyzer are re-derived before anything is served
-    reembed_vectors(core)  # and vectors of an older model
+                embedder=build_embedder(semantic), key_schedule=key_schedule)
+    try:
+        CoreSigners.load(data_dir)  # the backup and anchor keys exist before their fingerprints are checked
+        check_shared_secrets(store, data_dir, vault.ring.ring_id)  # a store opened with other key files refuses
+        reanalyze_lexical(core)  # postings of an older analyzer are re-derived before anything is served
+        reembed_vectors(core)  # and vectors of an older model
+    except BaseException:
+        core.close()  # the fence is released: the operator fixes the files and starts again
+        raise
     make_private(data_dir)  # what opening created (the DuckDB file, key slots) in a process without umask 077
     return core, host_key_path, confirmation_key
 
@@ -404,7 +458,7 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
                opa_url: str | None = None, extra_trusted_pems: list[str] | None = None, clock=None,
                max_workers: int = 16, semantic: bool | None = None, policy: Any = None,
                audit_devices: list[str] | None = None, metrics: CoreMetrics | None = None,
-               tls: ServerTls | None = None) -> RunningCore:
+               tls: ServerTls | None = None, key_schedule: KeySchedule | None = None) -> RunningCore:
     """Open the core and serve it. The search index is built after the server listens: until
     it is, the health of the engram services is NOT_SERVING (readiness) while ``liveness``
     is SERVING; a call that comes early waits for the index instead of failing.
@@ -416,7 +470,7 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
 
     core, host_key_path, confirmation_key = open_core(
         data_dir, policies_dir=policies_dir, opa_url=opa_url, extra_trusted_pems=extra_trusted_pems, clock=clock,
-        semantic=semantic, policy=policy, audit_devices=audit_devices, load_index=False)
+        semantic=semantic, policy=policy, audit_devices=audit_devices, load_index=False, key_schedule=key_schedule)
     secrets_scan.module_ready()  # the scanner's fold table, before the first capture needs it
     memory = MemoryService(core)
     observe_core(core, memory, metrics)
@@ -449,7 +503,8 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
         raise OSError(f"cannot listen on {listen}")
     server.start()
     running = RunningCore(server=server, core=core, port=port, address=f"{listen.rsplit(':', 1)[0]}:{port}",
-                          host_key_path=host_key_path, health=health_servicer, memory=memory)
+                          host_key_path=host_key_path, health=health_servicer, memory=memory,
+                          keyring=KeyRingScheduler(core, core.key_schedule).start())
     _watch_health(running, host)
     threading.Thread(target=_build_index, args=(running, host), name="engram-index", daemon=True).start()
     return running

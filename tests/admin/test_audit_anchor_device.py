@@ -24,11 +24,11 @@ from engram_core.clock import SystemClock
 from engram_core.hostkeys import create_private_key_file
 from engram_core.signing import ANCHOR_DOMAIN, CoreSigner
 from engram_core.store.audit_device import check_device_file
-from engram_core.store.chain import GENESIS, audit_digest_of
+from engram_core.store.chain import GENESIS, audit_digest_of, scope_chain
 
 ENGRAM = str(Path(sys.executable).with_name("engram"))
-AUDIT_COLUMNS = ("seq", "at_ms", "audit_id", "tenant", "workspace", "principal", "agent_id", "operation", "outcome",
-                 "target_digest", "decisions", "prev_digest", "row_digest")
+AUDIT_COLUMNS = ("chain", "seq", "at_ms", "audit_id", "tenant", "workspace", "principal", "agent_id", "operation",
+                 "outcome", "target_digest", "decisions", "prev_digest", "row_digest")
 
 
 def admin(env: Env, *argv: str, json_out: bool = True) -> subprocess.CompletedProcess:
@@ -44,23 +44,28 @@ def _start(data_dir: Path, devices: list[str] | None = None, *, activate: bool =
 
 
 def rewrite_audit(db: Path, *, drop_from_operation: str | None = None, rename: tuple[str, str] | None = None) -> None:
-    """Delete rows from the first row of ``drop_from_operation`` on, rename a principal, re-chain."""
+    """Delete rows from the first row of ``drop_from_operation`` on (in its chain and every later row
+    of the others), rename a principal, re-chain every chain: what an attacker with the file does."""
     con = duckdb.connect(str(db))
     try:
         if drop_from_operation:
-            first = con.execute("SELECT min(seq) FROM audit WHERE operation = ?", [drop_from_operation]).fetchone()[0]
+            first = con.execute("SELECT min(at_ms) FROM audit WHERE operation = ?", [drop_from_operation]).fetchone()[0]
             assert first is not None
-            con.execute("DELETE FROM audit WHERE seq >= ?", [first])
+            con.execute("DELETE FROM audit WHERE at_ms >= ?", [first])
         if rename:
             con.execute("UPDATE audit SET principal = ? WHERE principal = ?", [rename[1], rename[0]])
-        prev = GENESIS
-        for row in con.execute(f"SELECT {', '.join(AUDIT_COLUMNS)} FROM audit ORDER BY seq").fetchall():
+        prev: dict[str, str] = {}
+        for row in con.execute(f"SELECT {', '.join(AUDIT_COLUMNS)} FROM audit ORDER BY chain, seq").fetchall():
             doc = dict(zip(AUDIT_COLUMNS, row, strict=True))
-            doc["seq"], doc["decisions"], doc["prev_digest"] = int(doc["seq"]), json.loads(doc["decisions"]), prev
+            chain = doc["chain"]
+            if not chain:
+                del doc["chain"]
+            doc["seq"], doc["decisions"] = int(doc["seq"]), json.loads(doc["decisions"])
+            doc["prev_digest"] = prev.get(chain, GENESIS)
             doc["row_digest"] = audit_digest_of(doc)
-            con.execute("UPDATE audit SET prev_digest = ?, row_digest = ? WHERE seq = ?",
-                        [prev, doc["row_digest"], doc["seq"]])
-            prev = doc["row_digest"]
+            con.execute("UPDATE audit SET prev_digest = ?, row_digest = ? WHERE chain = ? AND seq = ?",
+                        [doc["prev_digest"], doc["row_digest"], chain, doc["seq"]])
+            prev[chain] = doc["row_digest"]
     finally:
         con.close()
 
@@ -101,7 +106,7 @@ def test_rewritten_audit_log_fails_verify_against_anchor(tmp_path):
         ok = admin(env, "verify", "--anchor", str(keys / "anchor.json"), "--anchor-key", str(keys / "anchor.pub"),
                    json_out=False)
         assert ok.returncode == 0 and "all chains intact" in ok.stdout, ok.stdout + ok.stderr
-        assert "note: rows after the anchor (audit seq" in ok.stdout and "add --device FILE" in ok.stdout
+        assert "note: rows after the anchor's heads" in ok.stdout and "add --device FILE" in ok.stdout
     finally:
         env.stop()
 
@@ -119,12 +124,14 @@ def test_rewritten_audit_log_fails_verify_against_anchor(tmp_path):
         assert res.returncode == 1 and json.loads(res.stdout)["code"] == "JOURNAL_CORRUPT"
         report = json.loads(admin(env, "verify", "--report", *anchored).stdout)
         assert report["ok"] is False
-        # Truncated; once later calls (this verify's own audit rows) refill the anchored seq, rewritten.
-        [problem] = report["anchor"]["problems"]
-        assert problem["chain"] == "audit" and problem["problem"] in ("anchor_truncated", "anchor_rewritten")
+        # Each audit chain the rewrite touched: truncated, or rewritten once later calls (this
+        # verify's own audit rows) refill the anchored seq.
+        problems = report["anchor"]["problems"]
+        assert problems and all(p["chain"].startswith("audit:") for p in problems)
+        assert {p["problem"] for p in problems} <= {"anchor_truncated", "anchor_rewritten"}
         human = admin(env, "verify", "--report", *anchored, json_out=False)
         assert human.returncode == 1 and human.stdout.startswith("JOURNAL_CORRUPT")
-        assert "anchor: anchor_" in human.stdout and "(audit at" in human.stdout
+        assert "anchor: anchor_" in human.stdout and "(audit:scope:" in human.stdout
         # Over gRPC the verification itself fails closed with JOURNAL_CORRUPT.
         with pytest.raises(grpc.RpcError) as err:
             env.admin("Verify", admin_pb2.ScopeRequest(anchor_json=(keys / "anchor.json").read_text(),
@@ -155,7 +162,7 @@ def test_rewrite_without_truncation_and_cut_journal_are_detected(tmp_path):
         report = env.admin("Verify", admin_pb2.ScopeRequest(report_only=True, anchor_json=json.dumps(anchor),
                                                             anchor_key_pem=[anchor_pub]))
         problems = {(p.get("chain"), p["problem"]) for p in report["anchor"]["problems"]}
-        assert ("audit", "anchor_rewritten") in problems
+        assert (f"audit:{scope_chain(TENANT, WORKSPACE)}", "anchor_rewritten") in problems
         assert (f"{TENANT}/{WORKSPACE}", "anchor_truncated") in problems
         assert report["anchor"]["key_id"] is not None  # the genuine anchor still verifies under the operator's key
         # An anchor forged with the replacement key does not verify under the operator's key.
@@ -179,12 +186,13 @@ def test_every_acknowledged_call_is_on_the_device_and_a_rewrite_shows(tmp_path):
             env.get("mem_" + "a" * 52)  # a refusal is audited too
         rows = env.admin("Export", admin_pb2.ExportRequest(what="audit"), scopes=("read",))["items"]
         lines = [json.loads(line) for line in device.read_text().splitlines()]
-        assert lines[0] == {"kind": "open", "seq": 0, "row_digest": GENESIS}  # the store opened empty
+        assert lines[0] == {"kind": "open", "heads": {}}  # the store opened empty
         on_device = [d for d in lines if d["kind"] == "audit"]
-        # Every row the store holds was on the device, with its chain position and digest, in order
-        # (the Export itself is audited after its answer was built: it is the device's last line).
-        assert [(str(d["seq"]), d["row_digest"]) for d in on_device[:len(rows)]] == \
-               [(r["seq"], r["row_digest"]) for r in rows]
+        # Every row the store holds was on the device, with its chain, position and digest (the
+        # Export itself is audited after its answer was built: it is on the device only).
+        assert {(d["chain"], str(d["seq"]), d["row_digest"]) for d in on_device} >= \
+               {(r["chain"], r["seq"], r["row_digest"]) for r in rows}
+        assert len(on_device) == len(rows) + 1
         assert {d["operation"] for d in on_device} >= {"admin.activate", "engram_memory_capture", "engram_memory_search",
                                                   "engram_memory_get", "admin.tombstone"}
         assert oct(device.stat().st_mode & 0o777) == "0o600"
@@ -217,7 +225,7 @@ def test_calls_fail_closed_when_no_device_accepts(tmp_path):
             env.admin("KeyStatus", admin_pb2.ScopeRequest(), scopes=("read",))  # a read: spooled row
         assert code_of(err.value) == "STORE_UNAVAILABLE"
         with env.core.store.read() as tx:
-            assert tx.scope(TENANT, WORKSPACE) is None and tx.audit_chain_head() == (0, "")
+            assert tx.scope(TENANT, WORKSPACE) is None and tx.audit_heads() == {}
     finally:
         env.stop()
     # One device failing of two: the other one takes the rows and calls go through.
@@ -424,8 +432,9 @@ def test_engram_serve_audit_device_across_restarts(tmp_path):
     try:
         res = _cli(address, data, "--json", "verify", "--device", str(device))
         assert res.returncode == 1, res.stdout
-        [lost] = [p for p in json.loads(res.stdout)["device"]["problems"] if p["problem"] == "device_lost_at_restart"]
-        assert lost["seq"] == "1" and lost["count"] >= 4  # every row cut, named at the reopen
+        lost = [p for p in json.loads(res.stdout)["device"]["problems"] if p["problem"] == "device_lost_at_restart"]
+        # Every row cut, named at the reopen: each chain's from its first row.
+        assert lost and {p["seq"] for p in lost} == {"1"} and sum(p["count"] for p in lost) >= 4
     finally:
         proc.terminate()
         proc.wait(timeout=60)

@@ -86,7 +86,8 @@ def _forge(data: bytes, extra: list[dict], *, resign: CoreSigner | None = None, 
 
 
 def _as_host(env, key) -> list[tuple[str, bytes]]:
-    ctx = make_context(key, tenant="_host", workspace="_admin", principal="host:intruder", agent_id="x", session="s",
+    ctx = make_context(key, call="admin", tenant="_host", workspace="_admin", principal="host:intruder", agent_id="x",
+                       session="s",
                        now_ms=env.clock.now_ms(), host_principal=True, maintenance_scopes=("read", "maintain"),
                        memory_enabled=False)
     return [(CONTEXT_METADATA_KEY, ctx)]

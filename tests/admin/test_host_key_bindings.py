@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from engram_core.api import admin_pb2, host_pb2, host_pb2_grpc, memory_pb2
 from engram_core.clock import SystemClock
-from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
+from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, HOST_CALL, TOOLS_LIST_CALL, make_context
 from engram_core.hostkeys import key_id, public_pem
 from engram_core.rpc.convert import value_to_message
 from engram_core.rpc.server import start_core
@@ -32,18 +32,28 @@ OTHER = "globex"
 ENGRAM = str(Path(sys.executable).with_name("engram"))
 
 
-def _agent_md(env: Env, key: Ed25519PrivateKey, tenant: str) -> list[tuple[str, bytes]]:
-    return [(CONTEXT_METADATA_KEY, make_context(key, tenant=tenant, workspace=WORKSPACE, principal="user:mallory",
-                                                agent_id="a", session="s", purpose_ref=PURPOSE,
-                                                now_ms=env.clock.now_ms()))]
+class _AgentMd:
+    """An agent's metadata signed by ``key``, its context signed for the call it is sent with."""
+
+    def __init__(self, env: Env, key: Ed25519PrivateKey, tenant: str) -> None:
+        self.env, self.key, self.tenant = env, key, tenant
+
+    def for_call(self, call: str) -> list[tuple[str, bytes]]:
+        return [(CONTEXT_METADATA_KEY, make_context(self.key, call=call, tenant=self.tenant, workspace=WORKSPACE,
+                                                    principal="user:mallory", agent_id="a", session="s",
+                                                    purpose_ref=PURPOSE, now_ms=self.env.clock.now_ms()))]
+
+
+def _agent_md(env: Env, key: Ed25519PrivateKey, tenant: str) -> _AgentMd:
+    return _AgentMd(env, key, tenant)
 
 
 def _host_md(env: Env, key: Ed25519PrivateKey, tenant: str = "_host", workspace: str = "_admin",
-             scopes: tuple[str, ...] = ("read", "maintain")) -> list[tuple[str, bytes]]:
-    return [(CONTEXT_METADATA_KEY, make_context(key, tenant=tenant, workspace=workspace, principal="host:globex",
-                                                agent_id="ops", session="s", now_ms=env.clock.now_ms(),
-                                                host_principal=True, maintenance_scopes=scopes,
-                                                memory_enabled=False))]
+             scopes: tuple[str, ...] = ("read", "maintain"), call: str = ADMIN_CALL) -> list[tuple[str, bytes]]:
+    return [(CONTEXT_METADATA_KEY, make_context(key, call=call, tenant=tenant, workspace=workspace,
+                                                principal="host:globex", agent_id="ops", session="s",
+                                                now_ms=env.clock.now_ms(), host_principal=True,
+                                                maintenance_scopes=scopes, memory_enabled=False))]
 
 
 def _refused(call) -> str:
@@ -96,12 +106,15 @@ def test_another_tenants_key_cannot_act_for_a_tenant_on_the_agent_path(two_tenan
                            "content_digest": "sha256:" + "a" * 64}]},
          "evidence": {"evidence_ref": "ev:1", "evidence_digest": "sha256:" + "b" * 64, "citation_ids": ["cit1"]}},
         memory_pb2.CaptureRequest())
-    assert _refused(lambda: env.memory_stub.Capture(capture, metadata=acme(), timeout=30)) == "UNAUTHORIZED"
+    assert _refused(lambda: env.memory_stub.Capture(capture, metadata=acme().for_call("engram_memory_capture"),
+                                                    timeout=30)) == "UNAUTHORIZED"
     host = host_pb2_grpc.HostServiceStub(env.channel)
-    assert list(host.ListCapabilities(host_pb2.ListCapabilitiesRequest(), metadata=acme(), timeout=30).tools) == []
+    assert list(host.ListCapabilities(host_pb2.ListCapabilitiesRequest(), metadata=acme().for_call(TOOLS_LIST_CALL),
+                                      timeout=30).tools) == []
     # The same key for its own tenant works; the operator's host.key still reads acme's record.
     assert env.search("billing ledger", md=_agent_md(env, globex, OTHER))["records"] == []
-    assert len(host.ListCapabilities(host_pb2.ListCapabilitiesRequest(), metadata=_agent_md(env, globex, OTHER),
+    assert len(host.ListCapabilities(host_pb2.ListCapabilitiesRequest(),
+                                     metadata=_agent_md(env, globex, OTHER).for_call(TOOLS_LIST_CALL),
                                      timeout=30).tools) == 6
     assert env.get(rid)["record"]["record_id"] == rid
     with env.core.store.read() as tx:
@@ -123,7 +136,7 @@ def test_another_tenants_key_cannot_maintain_or_attest_a_tenant(two_tenants) -> 
     host = host_pb2_grpc.HostServiceStub(env.channel)
     attest = host_pb2.AttestRequest(**scope, target=rid, trust_class="earned", event_id="evt_mallory_attest_1",
                                     reason_ref="r:x")
-    assert _refused(lambda: host.Attest(attest, metadata=_host_md(env, globex), timeout=30)) == "UNAUTHORIZED"
+    assert _refused(lambda: host.Attest(attest, metadata=_host_md(env, globex, call=HOST_CALL), timeout=30)) == "UNAUTHORIZED"
     # Signing the context in acme's own scope changes nothing: maintenance acts on the scope named.
     assert _refused(lambda: env.admin("History", acme_history,
                                       md=_host_md(env, globex, TENANT, WORKSPACE))) == "UNAUTHORIZED"
@@ -185,7 +198,7 @@ def test_bindings_persist_and_a_key_stored_without_one_serves_nothing(tmp_path: 
     bound, unbound = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
     env.admin("TrustHostKey", admin_pb2.HostKeyRequest(public_key_pem=public_pem(bound.public_key()),
                                                        tenants=[TENANT]))
-    with env.core.store.write() as tx:  # as migration 9 leaves a key trusted before bindings existed
+    with env.core.store.write() as tx:  # as migration 13 leaves a key trusted before bindings existed
         tx.add_trusted_host_key(key_id(unbound.public_key()), public_pem(unbound.public_key()), 1)
     env.stop()
     env = Env(data, SystemClock())  # type: ignore[arg-type]
@@ -209,7 +222,7 @@ def test_a_key_named_at_serve_time_is_the_operators_own(tmp_path: Path) -> None:
     try:
         channel = grpc.insecure_channel(running.address)
         clock = SystemClock()
-        ctx = make_context(operator, tenant="any-tenant", workspace="w", principal="host:op", now_ms=clock.now_ms(),
+        ctx = make_context(operator, call=ADMIN_CALL, tenant="any-tenant", workspace="w", principal="host:op", now_ms=clock.now_ms(),
                            host_principal=True, maintenance_scopes=("read", "maintain"), memory_enabled=False)
         from engram_core.api import admin_pb2_grpc
 
@@ -275,28 +288,29 @@ def test_doctor_says_the_key_serves_other_tenants(live: Env, tmp_path: Path) -> 
     assert doctor(OTHER).returncode == 0
 
 
-def test_migration_9_leaves_a_key_trusted_before_it_serving_nothing(tmp_path: Path) -> None:
-    """A store at migration 8 with a trusted host key: after migration 9 the key is still trusted
+def test_migration_13_leaves_a_key_trusted_before_it_serving_nothing(tmp_path: Path) -> None:
+    """A store at migration 12 with a trusted host key: after migration 13 the key is still trusted
     and serves nothing until it is bound (fail closed)."""
     import duckdb
 
     from engram_core.crypto.keyvault import FileKeyVault
+    from engram_core.store.duckdb import open_duckdb_store
     from engram_core.store.duckdb.migrations import LEDGER_DDL, MIGRATIONS
-    from engram_core.store.duckdb.store import DuckDBStore
 
     old = Ed25519PrivateKey.generate()
     con = duckdb.connect(str(tmp_path / "engram.duckdb"))
     con.execute(LEDGER_DDL)
-    for m in MIGRATIONS[:8]:
+    # SQL only: migration 10's step dates the key destructions recorded before it, and there are none.
+    for m in MIGRATIONS[:12]:
         con.execute(m.sql)
         con.execute("INSERT INTO schema_migrations VALUES (?, ?, ?, ?)", [m.version, m.name, m.checksum, 0])
     con.execute("INSERT INTO trusted_host_keys VALUES (?, ?, ?)",
                 [key_id(old.public_key()), public_pem(old.public_key()), 1])
     con.execute("CHECKPOINT")
     con.close()
-    store = DuckDBStore(tmp_path, keys=FileKeyVault(tmp_path))
+    store = open_duckdb_store(tmp_path, keys=FileKeyVault(tmp_path))
     try:
-        assert [row["version"] for row in store.migration_ledger()][-1] == 9
+        assert [row["version"] for row in store.migration_ledger()][-1] == 13
         with store.read() as tx:
             (row,) = tx.host_key_rows()
         assert (row.key_id, row.tenants, row.all_tenants, row.maintenance_scopes) == \

@@ -57,8 +57,9 @@ class Host:
         self.channel = grpc.insecure_channel(core.address)
         self.stub = admin_pb2_grpc.AdminServiceStub(self.channel)
 
-    def md(self) -> list[tuple[str, bytes]]:
-        ctx = make_context(self.key, tenant="_host", workspace="_admin", principal="host:operator", agent_id="ops",
+    def md(self, call: str = "admin") -> list[tuple[str, bytes]]:
+        ctx = make_context(self.key, call=call, tenant="_host", workspace="_admin", principal="host:operator",
+                           agent_id="ops",
                            session="s", now_ms=now_ms(), host_principal=True, maintenance_scopes=("read", "maintain"),
                            memory_enabled=False)
         return [(CONTEXT_METADATA_KEY, ctx)]

@@ -89,7 +89,8 @@ def _check(c: Client, tool: str, target: str, key: str) -> str:
     try:
         return c.host.CheckGated(host_pb2.CheckGatedRequest(tool=tool, target=target, idempotency_key=key,
                                                             reason_ref="reason:cleanup"),
-                                 metadata=[(CONTEXT_METADATA_KEY, c.context())], timeout=10).status
+                                 metadata=[(CONTEXT_METADATA_KEY, c.context(tool.removeprefix("engram_memory_")))],
+                                 timeout=10).status
     except grpc.RpcError as err:
         return code_from_rpc_error(err).value
 

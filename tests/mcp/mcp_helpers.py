@@ -23,7 +23,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
-from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
+from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, TOOLS_LIST_CALL, make_context
 from engram_core.hostkeys import load_private_key_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,6 +58,7 @@ def _activation(core: Core, tenant: str, workspace: str, tools: list[str], *, ac
     key = load_private_key_file(core.host_key_path)
     ctx = make_context(
         key,
+        call=ADMIN_CALL,
         tenant=tenant,
         workspace=workspace,
         principal="host-operator",
@@ -198,24 +199,41 @@ def stdio_client(config: Path, *, mode: str = "auto", elicitation: Any = None) -
 
 class FreshHeaders(httpx2.Auth):
     """Headers made anew for every HTTP request: what a fronting host does with the signed
-    host context, whose nonce the core accepts once."""
+    host context, whose nonce the core accepts once, signed for the call the request makes
+    (``make`` is given it: a tool's name for tools/call, else "tools/list")."""
 
-    def __init__(self, make: Callable[[], dict[str, str]]) -> None:
+    requires_request_body = True
+
+    def __init__(self, make: Callable[[str], dict[str, str]]) -> None:
         self._make = make
 
     def auth_flow(self, request: httpx2.Request) -> Any:
-        request.headers.update(self._make())
+        request.headers.update(self._make(call_of_request(request.content)))
         yield request
+
+
+def call_of_request(body: bytes) -> str:
+    """The call an MCP HTTP request makes, as a fronting host reads it from the JSON-RPC body."""
+    try:
+        message = json.loads(body or b"{}")
+    except ValueError:
+        return TOOLS_LIST_CALL
+    if isinstance(message, dict) and message.get("method") == "tools/call":
+        name = (message.get("params") or {}).get("name")
+        if isinstance(name, str):
+            return name
+    return TOOLS_LIST_CALL
 
 
 def http_client(
     url: str,
     *,
-    headers: dict[str, str] | Callable[[], dict[str, str]] | None = None,
+    headers: dict[str, str] | Callable[[str], dict[str, str]] | None = None,
     mode: str = "auto",
     elicitation: Any = None,
 ) -> Client:
-    """``headers``: fixed, or a function called for each request (a fresh signed context)."""
+    """``headers``: fixed, or a function called for each request with the call it makes (a
+    fresh signed context for it)."""
     if callable(headers):
         http = httpx2.AsyncClient(auth=FreshHeaders(headers), timeout=30)
     else:

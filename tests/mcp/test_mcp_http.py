@@ -26,7 +26,7 @@ from mcp_helpers import (
 )
 
 from adapters.mcp.binding import encode_context_header
-from engram_core.hostctx import make_context
+from engram_core.hostctx import TOOLS_LIST_CALL, make_context
 from engram_core.hostkeys import load_private_key_file
 from engram_core.schemas import TOOL_NAMES
 
@@ -58,9 +58,11 @@ def header_bound(core, tmp_path_factory):
     stop(adapter)
 
 
-def context_header(key, tenant: str, *, purpose: str = PURPOSE, **extra) -> dict[str, str]:
+def context_header(key, tenant: str, *, purpose: str = PURPOSE, call: str = TOOLS_LIST_CALL,
+                   **extra) -> dict[str, str]:
     signed = make_context(
         key,
+        call=call,
         tenant=tenant,
         workspace=WORKSPACE,
         principal="agent-bob",
@@ -124,7 +126,7 @@ async def test_header_binding_binds_identity_per_request(header_bound, core, mod
     key = load_private_key_file(core.host_key_path)
     word = token("ibis")
     async with http_client(
-        header_bound.url, headers=lambda: context_header(key, "acme"), mode=mode, elicitation=approve
+        header_bound.url, headers=lambda call: context_header(key, "acme", call=call), mode=mode, elicitation=approve
     ) as acme:
         assert [t.name for t in (await acme.list_tools()).tools] == list(TOOL_NAMES)
         cap = value_of(
@@ -140,7 +142,7 @@ async def test_header_binding_binds_identity_per_request(header_bound, core, mod
         with pytest.raises(MCPError) as err:
             await acme.call_tool("engram_memory_search", {"query": word, "purpose_ref": "purpose:other"})
         assert err.value.code == -32603
-    async with http_client(header_bound.url, headers=lambda: context_header(key, "globex"), mode=mode) as globex:
+    async with http_client(header_bound.url, headers=lambda call: context_header(key, "globex", call=call), mode=mode) as globex:
         found = value_of(
             await globex.call_tool("engram_memory_search", {"query": word, "purpose_ref": PURPOSE})
         )
@@ -152,7 +154,7 @@ async def test_header_binding_binds_identity_per_request(header_bound, core, mod
             == "NOT_FOUND"
         )
     async with http_client(
-        header_bound.url, headers=lambda: context_header(key, "acme"), mode=mode, elicitation=approve
+        header_bound.url, headers=lambda call: context_header(key, "acme", call=call), mode=mode, elicitation=approve
     ) as acme:
         forgot = value_of(
             await acme.call_tool(

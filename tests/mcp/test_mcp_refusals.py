@@ -102,7 +102,7 @@ def _nine_mistakes(word: str) -> list[tuple[str, str, dict[str, Any], str, str]]
          "/payload/valid_time/t"),
         ('Mem0-style {"text": ...}', "engram_memory_capture", {"text": f"remember {word}"}, "wrong_shape", ""),
         ("10-character idempotency key", "engram_memory_capture", _mutated(word, short_key),
-         "length_out_of_range", "/idempotency_key"),
+         "idempotency_key_length", "/idempotency_key"),
         ("null for an optional field", "engram_memory_search",
          {"query": word, "purpose_ref": PURPOSE, "limit": None}, "null_value", "/limit"),
     ]
@@ -160,7 +160,7 @@ def test_grpc_refusals_carry_the_class_and_are_audited(core) -> None:
     """The same refusal over gRPC: the constant message of its class in the status, the class in
     ErrorInfo, and the row under the context's audit id."""
     audit_id = "aud_" + token("")[:24]
-    ctx = _signed(core, audit_id)
+    ctx = _signed(core, audit_id, "engram_memory_capture")
     with grpc.insecure_channel(core.address) as channel:
         stub = memory_pb2_grpc.MemoryServiceStub(channel)
         with pytest.raises(grpc.RpcError) as err:
@@ -173,9 +173,10 @@ def test_grpc_refusals_carry_the_class_and_are_audited(core) -> None:
     assert "SECRET_FINDINGS" in refusal_of(row)["reason_codes"]
 
 
-def _signed(core, audit_id: str) -> bytes:
+def _signed(core, audit_id: str, call: str = "engram_memory_search") -> bytes:
     key = load_private_key_file(core.host_key_path)
-    return make_context(key, tenant="acme", workspace="ws-main", principal="agent-alice", agent_id="agent-1",
+    return make_context(key, call=call, tenant="acme", workspace="ws-main", principal="agent-alice",
+                        agent_id="agent-1",
                         session="sess-1", purpose_ref=PURPOSE, audit_id=audit_id,
                         now_ms=time.time_ns() // 1_000_000, memory_enabled=True)
 
@@ -201,7 +202,8 @@ def test_record_refusal_takes_catalogue_values_only(core, request_fields) -> Non
     with grpc.insecure_channel(core.address) as channel:
         with pytest.raises(grpc.RpcError) as err:
             host_pb2_grpc.HostServiceStub(channel).RecordRefusal(
-                host_pb2.RecordRefusalRequest(**request), metadata=((CONTEXT_METADATA_KEY, _signed(core, audit_id)),),
+                host_pb2.RecordRefusalRequest(**request),
+                metadata=((CONTEXT_METADATA_KEY, _signed(core, audit_id, "engram_memory_forget")),),
                 timeout=10)
     assert error_from_rpc_error(err.value).code is Code.INVALID_SCHEMA
     rows = audit_rows(core).get(audit_id, [])
@@ -234,7 +236,7 @@ def test_record_refusal_pointer_keeps_schema_names_only(core) -> None:
             host_pb2.RecordRefusalRequest(operation="engram_memory_capture", code="INVALID_SCHEMA",
                                           reason_class="unknown_field", reason_codes=["unknown_field"],
                                           pointer=f"/payload/{SECRET}/components/3/text"),
-            metadata=((CONTEXT_METADATA_KEY, _signed(core, audit_id)),), timeout=10)
+            metadata=((CONTEXT_METADATA_KEY, _signed(core, audit_id, "engram_memory_capture")),), timeout=10)
     (row,) = audit_rows(core)[audit_id]
     assert refusal_of(row)["pointer"] == "/payload/*/components/3/text"
     assert SECRET not in json.dumps(row)
@@ -411,7 +413,7 @@ def test_a_refused_maintenance_call_is_audited(core) -> None:
         with pytest.raises(grpc.RpcError) as err:
             admin_pb2_grpc.AdminServiceStub(channel).Export(
                 admin_pb2.ExportRequest(tenant="acme", workspace="ws-main", what="audit"),
-                metadata=((CONTEXT_METADATA_KEY, _signed(core, audit_id)),), timeout=10)
+                metadata=((CONTEXT_METADATA_KEY, _signed(core, audit_id, "admin")),), timeout=10)
     error = error_from_rpc_error(err.value)
     assert (error.code, error.reason_class) == (Code.UNAUTHORIZED, "host_only")
     (row,) = audit_rows(core)[audit_id]

@@ -274,7 +274,8 @@ async def test_unreachable_core_is_an_error_envelope_never_an_empty_success(cfg_
     async with stdio_client(config) as client:
         with pytest.raises(MCPError) as err:
             await client.list_tools()
-        assert err.value.code == -32603
+        # transient, so the retriable signal, not -32603's "stop" (issue 31 item 1)
+        assert err.value.code == -32010 and err.value.data["retriable"] is True
         result = await client.call_tool("engram_memory_search", {"query": "x", "purpose_ref": PURPOSE})
         env = envelope_of(result)
         assert env["ok"] is False and env["error"]["retriable"] is True

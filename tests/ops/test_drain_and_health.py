@@ -50,7 +50,7 @@ def test_sigterm_under_load_loses_no_acknowledged_call_and_needs_no_replay(tmp_p
                 else:
                     audit_id = "aud_" + secrets.token_hex(12)
                     client.call("search", {"query": "drain acknowledged", "purpose_ref": client.purpose_ref},
-                                context=client.context(audit_id=audit_id), timeout=30)
+                                context=client.context("search", audit_id=audit_id), timeout=30)
                     with lock:
                         acked_reads.append(audit_id)
             except Failed:
@@ -153,3 +153,14 @@ def _health_after_stop_refused(address: str) -> bool:
     except grpc.RpcError:
         return True
     return False
+
+
+def test_a_core_stopped_right_after_it_started_closes_cleanly(tmp_path) -> None:
+    """The search index is built after the server listens, on a thread of its own; a stop right
+    then closed the store under the build (the file stayed locked for the next start, or the
+    process aborted). The store now lets the build finish before it closes."""
+    from engram_core.rpc.server import start_core
+
+    for _ in range(4):
+        start_core(tmp_path / "data", semantic=False).stop()
+    start_core(tmp_path / "data", semantic=False).stop()  # and the store opens again

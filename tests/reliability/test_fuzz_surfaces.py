@@ -310,7 +310,8 @@ def test_grpc_surface_never_internal(fuzz_core, pool) -> None:
         sent = message_to_value(request)
         valid = _valid(tool, sent)
         nothing.before(valid)
-        metadata = [(CONTEXT_METADATA_KEY, make_context(key, tenant="fuzz", workspace="w", principal="user:fuzz",
+        metadata = [(CONTEXT_METADATA_KEY, make_context(key, call=tool, tenant="fuzz", workspace="w",
+                                                        principal="user:fuzz",
                                                         purpose_ref=PURPOSE, now_ms=time.time_ns() // 1_000_000))]
         if valid and tool in CONFIRMED:
             metadata.append((CONFIRMATION_METADATA_KEY, _grant(key, tool, sent)))  # the human said yes
@@ -345,7 +346,7 @@ def test_raw_garbage_bytes_never_internal(fuzz_core) -> None:
     @given(st.sampled_from(sorted(GRPC)), st.binary(max_size=512))
     def run(tool: str, raw: bytes) -> None:
         call = channel.unary_unary(f"/engram.v1.MemoryService/{GRPC[tool][1]}")
-        ctx = make_context(key, tenant="fuzz", workspace="w", principal="user:fuzz", purpose_ref=PURPOSE,
+        ctx = make_context(key, call=tool, tenant="fuzz", workspace="w", principal="user:fuzz", purpose_ref=PURPOSE,
                            now_ms=time.time_ns() // 1_000_000)
         try:
             call(raw, metadata=[(CONTEXT_METADATA_KEY, ctx)], timeout=10)

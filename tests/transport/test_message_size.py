@@ -30,7 +30,8 @@ def core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCore]:
 
 
 def _search(core: RunningCore, query: str) -> Code:
-    ctx = make_context(load_private_key_file(core.host_key_path), tenant="acme", workspace=WORKSPACE,
+    ctx = make_context(load_private_key_file(core.host_key_path), call="engram_memory_search", tenant="acme",
+                       workspace=WORKSPACE,
                        principal="agent-alice", purpose_ref=PURPOSE, now_ms=time.time_ns() // 1_000_000,
                        memory_enabled=True)
     with grpc.insecure_channel(core.address) as channel:

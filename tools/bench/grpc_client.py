@@ -37,15 +37,15 @@ class GrpcAgent:
         self.channel = grpc.insecure_channel(address)
         self.memory = memory_pb2_grpc.MemoryServiceStub(self.channel)
 
-    def context(self) -> bytes:
+    def context(self, call: str) -> bytes:
         # One signed context per call, as the adapter does (each call its own audit id).
-        return make_context(self.key, tenant=self.tenant, workspace=self.workspace, principal=self.principal,
+        return make_context(self.key, call=call, tenant=self.tenant, workspace=self.workspace, principal=self.principal,
                             agent_id=self.agent_id, session=self.session, purpose_ref=PURPOSE, now_ms=now_ms(),
                             memory_enabled=True)
 
     def call(self, op: str, args: dict[str, Any], *, confirm: bool = False, timeout: float = 30) -> dict[str, Any]:
         cls, method, tool = _RPC[op]
-        metadata = [(CONTEXT_METADATA_KEY, self.context())]
+        metadata = [(CONTEXT_METADATA_KEY, self.context(tool))]
         if confirm:
             target = args.get("record_id") or args.get("candidate_id") or ""
             metadata.append((CONFIRMATION_METADATA_KEY, make_grant(
@@ -63,7 +63,8 @@ class GrpcAgent:
 
 def activate(address: str, key_path: Path, tenant: str, workspace: str) -> None:
     key = load_private_key_file(key_path)
-    ctx = make_context(key, tenant="_host", workspace="_admin", principal="host:operator", now_ms=now_ms(),
+    ctx = make_context(key, call="admin", tenant="_host", workspace="_admin", principal="host:operator",
+                       now_ms=now_ms(),
                        host_principal=True, maintenance_scopes=("read", "maintain"), memory_enabled=False)
     with grpc.insecure_channel(address) as ch:
         admin_pb2_grpc.AdminServiceStub(ch).Activate(

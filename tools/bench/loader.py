@@ -96,7 +96,7 @@ def _new_slots(core: Core, owners_keys: list[tuple[str, bytes]]) -> list[int]:
         for owner, key in owners_keys:
             slot = vault._next
             vault._next += 1
-            os.pwrite(vault._fd, vault._wrap(vault._active, key, owner), slot * 64)
+            os.pwrite(vault._fd, vault._wrap(key, owner), slot * 64)
             slots.append(slot)
     return slots
 

@@ -80,7 +80,7 @@ def profile(data_dir: Path, *, tenant: str, workspace: str, record_ids: list[str
     pending: list[str] = []
 
     def servicer(op: str, args: dict[str, Any], cls: Any, response_cls: Any, gated: bool, grant: bytes | None = None):
-        ctx = verify_context(agent.context(), core.trusted, now_ms=core.now_ms())
+        ctx = verify_context(agent.context("engram_memory_" + op), core.trusted, now_ms=core.now_ms())
         request = value_to_message(args, cls())  # the client's serialization, counted once
         value = message_to_value(request)
         fn = getattr(memory, op)
