@@ -22,13 +22,14 @@ from admin_support import TENANT, WORKSPACE, Env, code_of
 from engram_core.api import admin_pb2
 from engram_core.clock import SystemClock
 from engram_core.hostkeys import create_private_key_file
+from engram_core.shared_secrets import META_PREFIX, fingerprint
 from engram_core.signing import ANCHOR_DOMAIN, CoreSigner
 from engram_core.store.audit_device import check_device_file
 from engram_core.store.chain import GENESIS, audit_digest_of, scope_chain
 
 ENGRAM = str(Path(sys.executable).with_name("engram"))
 AUDIT_COLUMNS = ("chain", "seq", "at_ms", "audit_id", "tenant", "workspace", "principal", "agent_id", "operation",
-                 "outcome", "target_digest", "decisions", "prev_digest", "row_digest")
+                 "outcome", "target_digest", "decisions", "prev_digest", "row_digest", "context_nonce")
 
 
 def admin(env: Env, *argv: str, json_out: bool = True) -> subprocess.CompletedProcess:
@@ -60,6 +61,8 @@ def rewrite_audit(db: Path, *, drop_from_operation: str | None = None, rename: t
             chain = doc["chain"]
             if not chain:
                 del doc["chain"]
+            if not doc["context_nonce"]:  # as the store writes it: absent when the call claimed none
+                del doc["context_nonce"]
             doc["seq"], doc["decisions"] = int(doc["seq"]), json.loads(doc["decisions"])
             doc["prev_digest"] = prev.get(chain, GENESIS)
             doc["row_digest"] = audit_digest_of(doc)
@@ -152,9 +155,16 @@ def test_rewrite_without_truncation_and_cut_journal_are_detected(tmp_path):
         env.stop()
     rewrite_audit(data / "engram.duckdb", rename=("host:operator", "host:someone"))  # every row kept, renamed
     cut_journal(data / "engram.duckdb", TENANT, WORKSPACE)  # the tombstone event gone
-    # The attacker also replaces the core's anchor key: the operator's copy of the public key still decides.
+    # The attacker also replaces the core's anchor key (and its fingerprint in the store, which would
+    # refuse the new file): the operator's copy of the public key still decides.
     (data / "anchor.key").unlink()
     create_private_key_file(data / "anchor.key")
+    con = duckdb.connect(str(data / "engram.duckdb"))
+    try:
+        con.execute("UPDATE store_meta SET v = ? WHERE k = ?",
+                    [fingerprint("anchor.key", (data / "anchor.key").read_bytes()), META_PREFIX + "anchor.key"])
+    finally:
+        con.close()
     env = _start(data)
     try:
         report = env.admin("Verify", admin_pb2.ScopeRequest(report_only=True))
