@@ -27,9 +27,16 @@ def test_rotation_rewraps_every_data_key_and_touches_no_body(env):
     out = env.admin("RotateKeys", admin_pb2.ScopeRequest())
     assert out["rewrapped"] == out["live_data_keys"] == 4 and out["bodies_rewritten"] == 0
     assert out["active_kek"] == kek_before["active"] + 1
-    assert out["retired_keks"] == [kek_before["active"]]
+    # The generation it replaced is retained (copies of older key files need it) until its retention
+    # passes or the operator retires it at once; no live key is wrapped by it any more.
+    assert out["retired_keks"] == []
     kek_after = json.loads((env.data_dir / "store.kek").read_text())
-    assert list(kek_after["keks"]) == [str(out["active_kek"])]
+    assert sorted(kek_after["generations"]) == sorted([str(kek_before["active"]), str(out["active_kek"])])
+    assert kek_after["generations"][str(kek_before["active"])]["deactivated_at_ms"] is not None
+    retired = env.admin("RetireKeys", admin_pb2.RetireKeysRequest(now=True))
+    assert retired["retired_keks"] == [kek_before["active"]]
+    kek_after = json.loads((env.data_dir / "store.kek").read_text())
+    assert list(kek_after["generations"]) == [str(out["active_kek"])]
     assert _bodies(env) == before
     assert {rid: env.get(rid)["record"] for rid in ids} == answers
 
