@@ -191,7 +191,7 @@ def test_forgotten_text_is_nowhere_and_an_earlier_backup_cannot_open_it(core) ->
     item = next(json.loads(line) for line in backup_before.splitlines()
                 if b'"kind":"record"' in line and rid.encode() in line)
     sealed = base64.b64decode(item["sealed_body"])
-    owner, slot = item["key_ref"]["owner"], item["key_ref"]["slot"]
+    owner, slot = item["key_ref"]["owner"], item["key_ref"]["ref"]  # the vault reference (backup v3)
     key = core.core.vault.data_key(slot, owner)
     assert word.encode() in unseal(key, sealed, kind="record", owner=rid)  # the backup copy opens… for now
 
