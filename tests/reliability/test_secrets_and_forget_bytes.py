@@ -299,3 +299,49 @@ def test_nothing_content_derived_outlives_a_candidate_in_its_facts(tmp_path: Pat
     # docs/security.md names; the live record's are still there, as they should be.)
     assert not [name for name, blob in blobs.items() if withdrawn.encode() in blob]
     assert any(kept.encode() in blob for blob in blobs.values())
+
+
+def test_plain_facts_an_older_store_wrote_are_emptied_by_forget_withdraw_and_reject(tmp_path: Path) -> None:
+    """Issue 26.7 on a store written before facts were sealed: its candidates hold family refs and
+    sizes in the plain `candidates.facts` column. Forget, withdraw and rejection empty it in their
+    own transaction (the engine's `scrub_candidate_facts`), so none of it outlives the content."""
+    import duckdb
+    from governance_support import Host, consent, start_with_bundle
+
+    families = [f"family:zq{_r(16, string.ascii_lowercase)}" for _ in range(3)]
+    running = start_with_bundle(tmp_path, edit=consent(*families))
+    c = Client(running)
+    t = now_ms() - 60_000
+    captured = [c.call("capture", capture_args(f"A decision on topic {i} of the drill.", t=t,
+                                               reconciliation={"family_refs": [family]}))["candidate_id"]
+                for i, family in enumerate(families)]
+    forgotten, withdrawn, rejected = captured
+    rid = c.admit(forgotten)["outcome"]["record_id"]
+    c.channel.close()
+    running.stop()
+    con = duckdb.connect(str(tmp_path / "data" / "engram.duckdb"))  # as the column was before the fix
+    try:
+        for cid, family in zip(captured, families, strict=True):
+            con.execute("UPDATE candidates SET facts = ? WHERE candidate_id = ?",
+                        [json.dumps({"family_refs": [family], "payload_bytes": 321, "text_bytes": 42}), cid])
+    finally:
+        con.close()
+    running = start_core(tmp_path / "data", policies_dir=tmp_path / "policies", semantic=False)
+    try:
+        c, host = Client(running), Host(running)
+        with running.core.store.read() as tx:
+            assert all(tx.candidate("acme", "alpha", cid).facts for cid in captured)
+        c.call("forget", {"record_id": rid, "idempotency_key": f"forget-old-{_r(10)}", "reason_ref": "r:drill"},
+               grant=True)
+        c.call("withdraw", {"candidate_id": withdrawn, "idempotency_key": f"withdraw-old-{_r(10)}",
+                            "reason_ref": "r:drill"}, grant=True)
+        host.call("Transition", admin_pb2.TransitionRequest(tenant="acme", workspace="alpha", operation="reject",
+                                                            target=rejected, event_id=f"evt_reject_old_{_r(12)}",
+                                                            reason_ref="r:drill"))
+        with running.core.store.read() as tx:
+            for cid in captured:
+                assert tx.candidate("acme", "alpha", cid).facts == {}, cid
+        c.channel.close()
+        host.channel.close()
+    finally:
+        running.stop()
