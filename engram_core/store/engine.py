@@ -179,7 +179,7 @@ class EngineTx(Protocol):
                             drop_envelope: bool = False) -> None: ...
     def set_candidate_trust_class(self, candidate_id: str, trust_class: str) -> None: ...
     def scrub_candidate_facts(self, candidate_id: str) -> None:
-        """Replace the candidate's ``facts`` with an empty object (``{}``), now, in this transaction:
+        """Replace the candidate's ``facts`` with an empty object (``{}``) in this transaction:
         its sizes, family refs, findings and retention are derived from its content, and nothing
         content-derived outlives a forget, withdrawal or rejection (issue 26.7). The candidate's
         control columns (state, cursor, trust class, decision) stay."""
