@@ -93,6 +93,7 @@ def _two_tenants(env: Env) -> tuple[Env, Ed25519PrivateKey, str]:
 def test_another_tenants_key_cannot_act_for_a_tenant_on_the_agent_path(two_tenants) -> None:
     env, globex, rid = two_tenants
     acme = lambda: _agent_md(env, globex, TENANT)  # noqa: E731 - a fresh context (nonce) per call
+    lanes_before = env.core.context_nonces.lane_sizes()
     assert _refused(lambda: env.get(rid, md=acme())) == "UNAUTHORIZED"
     assert _refused(lambda: env.search("billing ledger", md=acme())) == "UNAUTHORIZED"
     capture = value_to_message(
@@ -111,6 +112,13 @@ def test_another_tenants_key_cannot_act_for_a_tenant_on_the_agent_path(two_tenan
     host = host_pb2_grpc.HostServiceStub(env.channel)
     assert list(host.ListCapabilities(host_pb2.ListCapabilitiesRequest(), metadata=acme().for_call(TOOLS_LIST_CALL),
                                       timeout=30).tools) == []
+    # The refused calls' nonces were claimed in globex's own lane of the per-key ledger (issue 26.2):
+    # the binding is decided after the claim, and no other key's lane changed.
+    lanes = env.core.context_nonces.lane_sizes()
+    globex_calls = (key_id(globex.public_key()), "calls")
+    assert lanes.get(globex_calls, 0) - lanes_before.get(globex_calls, 0) == 3  # get, search, capture
+    assert {k: v for k, v in lanes.items() if k[0] != globex_calls[0]} == \
+        {k: v for k, v in lanes_before.items() if k[0] != globex_calls[0]}
     # The same key for its own tenant works; the operator's host.key still reads acme's record.
     assert env.search("billing ledger", md=_agent_md(env, globex, OTHER))["records"] == []
     assert len(host.ListCapabilities(host_pb2.ListCapabilitiesRequest(),
