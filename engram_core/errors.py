@@ -159,6 +159,12 @@ REFUSALS: dict[Code, dict[str, str]] = {
         "expiry_beyond_cap": "retention.expires_at is beyond the host's retention cap.",
         "family_not_consented": "A reconciliation family is not consented to by the host; omit "
                                 "reconciliation unless told otherwise.",
+        "time_before_floor": "valid_time.t or primary_event.at is earlier than the host accepts. Times are "
+                             "epoch milliseconds: 2026-01-01T00:00:00.000Z is 1767225600000, not 1767225600 "
+                             "(epoch seconds).",
+        "time_beyond_horizon": "valid_time.t or primary_event.at is further in the future than the host "
+                               "accepts. Times are epoch milliseconds: 2026-01-01T00:00:00.000Z is "
+                               "1767225600000 (not micro- or nanoseconds).",
         "scope_not_active": "Memory is not active for this scope: the host operator must activate it.",
         "memory_disabled": "Memory is not enabled for this host.",
         "tool_not_granted": "This tool is not granted to you in this scope.",
@@ -174,6 +180,20 @@ REFUSALS: dict[Code, dict[str, str]] = {
     },
 }
 
+# Reason codes a host may record for a refusal it decided itself (HostService.RecordRefusal; issue
+# 26.7), by code: the validation reasons (engram_core.validation names each by its INVALID_SCHEMA
+# class) and the MCP adapter's own confirmation and purpose reasons. Anything else is refused, so
+# the audit table holds catalogue values only, never a string the caller chose. A host refusal
+# with new reasons adds them here.
+_VALIDATION_REASONS = frozenset(REFUSALS[Code.INVALID_SCHEMA])
+HOST_REFUSAL_REASONS: dict[Code, frozenset[str]] = {
+    Code.INVALID_SCHEMA: _VALIDATION_REASONS,
+    Code.INVALID_DIGEST: _VALIDATION_REASONS,
+    Code.GATE_FAILED: frozenset({"CONFIRMATION_DECLINED", "CONFIRMATION_STATE_INVALID", "CONFIRMATION_TIMED_OUT",
+                                 "ELICITATION_FAILED", "ELICITATION_UNSUPPORTED"}),
+    Code.TRUSTED_CONTEXT_UNAVAILABLE: frozenset({"PURPOSE_MISMATCH"}),
+}
+
 # Policy reason codes (Rego ``reasons[].code``) -> the class the agent is told, first match
 # wins. A reason code not listed (a new deny rule) gives the code's plain message; logs and
 # the audit row always carry the reason codes themselves.
@@ -182,6 +202,8 @@ POLICY_REASON_CLASSES: tuple[tuple[str, str], ...] = (
     ("RETAIN_NOT_ALLOWED", "retain_not_allowed"),
     ("EXPIRY_BEYOND_CAP", "expiry_beyond_cap"),
     ("FAMILY_NOT_CONSENTED", "family_not_consented"),
+    ("TIME_BEFORE_FLOOR", "time_before_floor"),
+    ("TIME_BEYOND_HORIZON", "time_beyond_horizon"),
     ("SCOPE_NOT_ACTIVATED", "scope_not_active"),
     ("MEMORY_DISABLED", "memory_disabled"),
     ("TOOL_NOT_GRANTED", "tool_not_granted"),

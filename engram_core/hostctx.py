@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from engram_core.api import context_pb2
 from engram_core.context_nonces import CALLS_LANE, MAINTENANCE_LANE, ContextNonceLedger
 from engram_core.errors import Code, EngramError
-from engram_core.hostkeys import TrustedHostKeys, key_id
+from engram_core.hostkeys import HostKeyBinding, TrustedHostKeys, key_id
 
 CONTEXT_METADATA_KEY = "engram-host-context-bin"
 CONFIRMATION_METADATA_KEY = "engram-confirmation-bin"
@@ -57,6 +57,8 @@ class BoundContext:
     maintenance_scopes: tuple[str, ...]
     authorization_epoch: int
     host_key_id: str
+    # What the signing key is bound to serve, as trusted when the context verified (issue 26.3).
+    host_key: HostKeyBinding | None = None
     call: str = ""  # what the host signed it for (HostContext.call)
     nonce: str = ""
     nonce_ref: str = ""  # set once this call claimed the nonce (context_nonces.nonce_ref): its audit rows name it
@@ -183,6 +185,7 @@ def verify_context(raw: bytes | None, trusted: TrustedHostKeys, *, now_ms: int,
         maintenance_scopes=tuple(ctx.maintenance_scopes),
         authorization_epoch=ctx.authorization_epoch,
         host_key_id=kid,
+        host_key=trusted.binding(kid),
         call=ctx.call,
         nonce=ctx.nonce,
     )

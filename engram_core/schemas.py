@@ -71,7 +71,9 @@ def _int(description: str, minimum: int = -SAFE_INT, maximum: int = SAFE_INT) ->
 
 def _epoch_ms(description: str) -> dict[str, Any]:
     return _int(f"{description} Epoch milliseconds (UTC), a safe integer (|n| <= 2^53-1), "
-                "e.g. 1764547200000 is 2025-12-01T00:00:00.000Z.")
+                "e.g. 1764547200000 is 2025-12-01T00:00:00.000Z. Not epoch seconds: 1764547200 would mean "
+                "1970-01-21. Times outside the host's window (too early, or too far ahead) are refused "
+                "with UNAUTHORIZED.")
 
 
 def _digest(description: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -127,6 +128,10 @@ def check(config: HostConfig, config_path: str, *, address: str | None = None,
         if not config.memory_enabled:
             report.fail("memory_enabled = false in [host]: no tool is listed",
                         f"set memory_enabled = true in [host] of {config_path}")
+        elif "HOST_KEY_NOT_BOUND" in caps.reason_codes:
+            report.fail(f"the core trusts the signing key (key id {kid}) for other tenants, not {b.tenant}",
+                        "on the core's host: engram admin ... trust-host-key --public-key PUBLIC.pem "
+                        f"--tenant {b.tenant} (repeat --tenant for each tenant it serves)")
         elif not caps.tools:
             report.fail(f"no tools granted to {b.tenant}/{b.workspace}: the scope is not active "
                         "(or the policy grants this principal none)", _activate_hint(config))
@@ -141,9 +146,27 @@ def check(config: HostConfig, config_path: str, *, address: str | None = None,
                         "(a plain `pip install` leaves it out)",
                         f"on the core's host, in the checkout: {SEMANTIC_INSTALL} (tools/setup does both), "
                         "then restart `engram serve` without ENGRAM_SEMANTIC=off")
+        _audit_protection(report, health)
     finally:
         channel.close()
     return report
+
+
+def _audit_protection(report: Report, health: host_pb2.HealthResponse) -> None:
+    """Whether anything outside the data directory can show the audit log was rewritten: the
+    log's hash chain alone cannot (whoever writes the data directory can cut it back and chain it
+    again; docs/security.md, "A rewritten audit log")."""
+    if health.audit_devices:
+        report.ok(f"audit rows go to {health.audit_devices} audit device(s) outside the data directory")
+    elif health.last_anchor_at_ms:
+        when = datetime.fromtimestamp(health.last_anchor_at_ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        report.ok(f"last signed anchor {when}; no audit device, so only the rows up to it can be checked "
+                  "against something the data directory's writer cannot rewrite")
+    else:
+        report.warn("neither an audit device nor a signed anchor: a truncated and re-chained audit log "
+                    "would pass `engram admin verify`",
+                    "engram serve ... --audit-device file:/var/log/engram/audit.log, and/or "
+                    "engram admin ... anchor --out FILE on a schedule (docs/admin.md, Anchors and audit devices)")
 
 
 def _check_purpose(report: Report, binding: Binding, config_path: str) -> None:

@@ -151,6 +151,10 @@ Discipline.
    DIGEST_CONFLICT.
 6. withdraw and forget always need a human confirmation obtained by the host; capture and admission may.
    You cannot confirm for yourself. gate_failed means it was not given: ask the human through the host.
+7. Times (valid_time.t, valid_time.t_end, primary_event.at) are epoch milliseconds, UTC:
+   2026-01-01T00:00:00.000Z is 1767225600000. Epoch seconds (1767225600) would mean January 1970 and are
+   refused (UNAUTHORIZED, "... earlier than the host accepts"), as are times further ahead than the host
+   allows. A record whose valid_time.t is still in the future is not returned until then.
 
 Ids come from results. Every id you pass was returned by an earlier call; never make one up. The ids in the tool
 examples are placeholders that answer NOT_FOUND. The chain:

@@ -30,9 +30,12 @@ def _text(summary: str, fields: dict[str, Any]) -> str:
     return summary + "".join(f" {k}={v}" for k, v in fields.items() if k != "event")
 
 
-def log_call_refusal(decided_by: str, call: CallContext, tool: str, exc: EngramError) -> None:
-    """A ``tools/call`` refused by the adapter (``decided_by=adapter``) or the core (``core``)."""
-    fields = _fields("call_refused", call, exc, decided_by=decided_by, tool=tool)
+def log_call_refusal(decided_by: str, call: CallContext, tool: str, exc: EngramError,
+                     hints: dict[str, str] | None = None) -> None:
+    """A ``tools/call`` refused by the adapter (``decided_by=adapter``) or the core (``core``).
+    ``hints``: fields the adapter adds after the reason (e.g. ``likely_unit_mistake``: pointers and
+    unit names, never values)."""
+    fields = {**_fields("call_refused", call, exc, decided_by=decided_by, tool=tool), **(hints or {})}
     log_with_fields(refusal_log, logging.INFO, _text("call refused:", fields), fields)
 
 

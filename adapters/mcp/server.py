@@ -141,8 +141,41 @@ def _can_elicit_form(ctx: ServerRequestContext[Any, Any]) -> bool:
     return elicitation.form is not None or elicitation.url is None
 
 
-def _log_refusal(decided_by: str, call: CallContext, tool: str, exc: EngramError) -> None:
-    log_call_refusal(decided_by, call, tool, exc)
+def _log_refusal(decided_by: str, call: CallContext, tool: str, exc: EngramError,
+                 hints: dict[str, str] | None = None) -> None:
+    log_call_refusal(decided_by, call, tool, exc, hints)
+
+
+# The capture refusals for payload times outside the host's window (capture policy, issue 26.5).
+_TIME_CLASSES = frozenset({"time_before_floor", "time_beyond_horizon"})
+_TIME_POINTERS = (("/payload/valid_time/t", ("valid_time", "t")), ("/payload/valid_time/t_end", ("valid_time", "t_end")),
+                  ("/payload/primary_event/at", ("primary_event", "at")))
+
+
+def _likely_unit(value: int) -> str:
+    """The unit an epoch time of this size was most likely written in, if not milliseconds."""
+    if 10**8 <= abs(value) < 10**11:
+        return "seconds"  # 1973 .. 5138 in seconds; 1970-01-02 .. 1973 read as milliseconds
+    if abs(value) >= 10**14:
+        return "microseconds"  # 1973 onwards in microseconds; year 5138 onwards read as milliseconds
+    return ""
+
+
+def _time_unit_hint(tool: str, arguments: Any, exc: EngramError) -> dict[str, str]:
+    """For a capture refused for its times (SPEC §4: epoch milliseconds), which fields look like
+    another unit, e.g. ``likely_unit_mistake=/payload/valid_time/t:seconds``: pointers and unit
+    names only, never the values."""
+    if tool != "engram_memory_capture" or exc.reason_class not in _TIME_CLASSES or not isinstance(arguments, dict):
+        return {}
+    payload = arguments.get("payload")
+    found = []
+    for pointer, (outer, inner) in _TIME_POINTERS:
+        value = payload.get(outer, {}).get(inner) if isinstance(payload, dict) and isinstance(payload.get(outer), dict) \
+            else None
+        unit = _likely_unit(value) if isinstance(value, int) and not isinstance(value, bool) else ""
+        if unit:
+            found.append(f"{pointer}:{unit}")
+    return {"likely_unit_mistake": ",".join(found)} if found else {}
 
 
 def _purpose_mismatch(tool: str, arguments: dict[str, Any], bound: str) -> bool:
@@ -349,14 +382,15 @@ class EngramMcp:
             asks_human = exc.code is Code.GATE_FAILED or exc.confirmation_required
             if asks_human and name in CONFIRMED_ON_POLICY:
                 return await self._confirm_then_invoke(ctx, params, name, arguments, call, state)
-            return self._core_refused(call, name, exc)
+            return self._core_refused(call, name, exc, arguments)
         return envelope.success(value, audit_id=call.audit_id)
 
     # ---- refusals: constant messages for the agent, the exact reason in logs and audit -----
 
-    def _core_refused(self, call: CallContext, name: str, exc: EngramError) -> types.CallToolResult:
+    def _core_refused(self, call: CallContext, name: str, exc: EngramError,
+                      arguments: Any = None) -> types.CallToolResult:
         """A refusal the core decided (and audited under this call's audit id)."""
-        _log_refusal("core", call, name, exc)
+        _log_refusal("core", call, name, exc, _time_unit_hint(name, arguments, exc))
         return envelope.refusal(exc, audit_id=call.audit_id)
 
     async def _refuse(self, call: CallContext, name: str, exc: EngramError, target: str = "") -> types.CallToolResult:
@@ -410,7 +444,7 @@ class EngramMcp:
                 return refused
             if name in CONFIRMED_ON_POLICY and (exc.code is Code.GATE_FAILED or exc.confirmation_required):
                 return await self._confirm_then_invoke(ctx, params, name, arguments, call, state)
-            return self._core_refused(call, name, exc)
+            return self._core_refused(call, name, exc, arguments)
         return envelope.success(value, audit_id=call.audit_id)
 
     async def _unless_ungranted(self, name: str, call: CallContext) -> types.CallToolResult | None:
@@ -451,9 +485,20 @@ class EngramMcp:
             # Ask nobody about a target that is not there (or cannot make this transition): the
             # core answers what the tool itself would, audited as that tool's refusal.
             try:
-                await self._following_epoch(call, lambda c: self._core.check_gated(name, arguments, context=c))
+                status = await self._following_epoch(call, lambda c: self._core.check_gated(name, arguments,
+                                                                                            context=c))
             except EngramError as exc:
                 return self._core_refused(call, name, exc)
+            if status == "replay":
+                # SPEC §7: the same key and arguments as a committed withdraw or forget (a retry after
+                # MUTATION_OUTCOME_UNKNOWN, say). Its stored outcome is the answer and changes
+                # nothing, so no human is asked again (issue 26.8): a decline now would tell the
+                # agent "nothing was changed" about a record already forgotten.
+                try:
+                    value = await self._invoke(name, arguments, call)
+                except EngramError as exc:
+                    return self._core_refused(call, name, exc)
+                return envelope.success(value, audit_id=call.audit_id)
         if first_leg and not _can_elicit_form(ctx):
             return await gate_failed("cannot_elicit", "ELICITATION_UNSUPPORTED")
 
@@ -500,7 +545,7 @@ class EngramMcp:
         try:
             value = await self._invoke(name, arguments, call, confirmed_digest=digest)
         except EngramError as exc:
-            return self._core_refused(call, name, exc)
+            return self._core_refused(call, name, exc, arguments)
         return envelope.success(value, audit_id=call.audit_id)
 
     def _round_trip_refusal(

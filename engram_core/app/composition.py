@@ -149,18 +149,24 @@ def _local_keys(data_dir: Path, extra_trusted_pems: list[str]) -> _LocalKeys:
     confirmation_key = load_or_create_private_key(data_dir / "confirmation.key")
     trusted = TrustedHostKeys([host_public], grant_signers=[confirmation_key.public_key()])
     for pem in extra_trusted_pems:
-        trusted.add(load_public_pem(pem))  # KeyRoleConflict: refuse to start, an operator error
+        # --trust-host-key at start: the operator's own key, bound like host.key (docs/security.md).
+        trusted.add(load_public_pem(pem), local=True)  # KeyRoleConflict: refuse to start, an operator error
     return _LocalKeys(trusted, host_key_path, host_public, confirmation_key)
 
 
 def _trust_stored_keys(store: Store, trusted: TrustedHostKeys, host_public: Ed25519PublicKey) -> None:
-    """Add the host keys trusted through AdminService, and record the local one."""
+    """Add the host keys trusted through AdminService, each with the tenants and maintenance scopes
+    it is bound to, and record the local one."""
     with store.write() as tx:
-        for kid, pem in tx.trusted_host_keys():
-            if trusted.is_grant_signer(kid):
-                log.warning("stored trusted host key %s is the confirmation key; not trusted for contexts", kid)
+        for row in tx.host_key_rows():
+            if trusted.is_grant_signer(row.key_id):
+                log.warning("stored trusted host key %s is the confirmation key; not trusted for contexts", row.key_id)
                 continue
-            trusted.add(load_public_pem(pem))
+            trusted.add(load_public_pem(row.public_key_pem), tenants=row.tenants, all_tenants=row.all_tenants,
+                        maintenance_scopes=row.maintenance_scopes)
+            if not trusted.binding(row.key_id).local and not (row.tenants or row.all_tenants):
+                log.warning("trusted host key %s serves no tenant (trusted before keys were bound, or restored): "
+                            "bind it with `engram admin trust-host-key --tenant T`", row.key_id)
         tx.add_trusted_host_key(key_id(host_public), public_pem(host_public), 0)
 
 

@@ -237,9 +237,26 @@ def _verify(args: argparse.Namespace) -> int:
         checked += f", anchor of {value['anchor']['created_at']} (key {value['anchor']['key_id']})"
     if "device" in value:
         checked += f", {value['device']['lines']} device lines"
+    value["limits"] = _verify_limits(value)
     human = "verified: " + checked + ", all chains intact" if value["ok"] else "JOURNAL_CORRUPT\n" + "\n".join(bad)
+    human += "".join(f"\nnote: {limit}" for limit in value["limits"])
     _emit(args, value, human)
     return 0 if value["ok"] else 1
+
+
+def _verify_limits(value: dict[str, Any]) -> list[str]:
+    """What this verification could not detect (docs/security.md, "A rewritten audit log"): a hash
+    chain is only consistent with itself, so whoever can write the data directory can cut the
+    log back, rewrite rows and chain them again. Only an anchor or a device shows that."""
+    if "anchor" not in value and "device" not in value:
+        return ["the chains were checked against themselves only: an audit log or journal cut back (or rows "
+                "rewritten) and re-chained by someone who can write the data directory passes this check; "
+                "verify against a signed anchor (--anchor FILE --anchor-key PEM, from `engram admin anchor`) "
+                "or an audit device (--device FILE, from `engram serve --audit-device`) to detect that"]
+    if "device" not in value:
+        return ["rows after the anchor's heads were checked against their own chains only: "
+                "add --device FILE to cover them"]
+    return []
 
 
 # Rows per Export call: well inside the gRPC message limit (~300 B a row). ENGRAM_AUDIT_PAGE_ROWS
@@ -326,13 +343,38 @@ def _revoke(args: argparse.Namespace) -> int:
                               "older contexts and grants are refused")
 
 
+def _binding_text(b: dict[str, Any]) -> str:
+    if b["local"]:
+        return "the operator's own key: every tenant, every maintenance scope"
+    if b["all_tenants"]:
+        tenants = "every tenant"
+    else:
+        tenants = ("tenants " + ", ".join(b["tenants"])) if b["tenants"] else "no tenant"
+    return f"{tenants}; maintenance scopes: {', '.join(b['maintenance_scopes']) or 'none'}"
+
+
 def _host_key(args: argparse.Namespace, trust: bool) -> int:
     from engram_core.api import admin_pb2
 
-    pem = Path(args.public_key).read_text() if args.public_key else ""
-    value = _call(args, "TrustHostKey" if trust else "UntrustHostKey",
-                  admin_pb2.HostKeyRequest(public_key_pem=pem, key_id=args.key_id or ""))
-    return _emit(args, value, f"host key {value['key_id']}: {'trusted' if trust else 'no longer trusted'}")
+    pem = _read_inputs([args.public_key], "host public key")[0] if args.public_key else ""
+    if not trust:
+        value = _call(args, "UntrustHostKey", admin_pb2.HostKeyRequest(public_key_pem=pem, key_id=args.key_id or ""))
+        return _emit(args, value, f"host key {value['key_id']}: no longer trusted")
+    if not pem:
+        raise CliInputError("trust-host-key needs --public-key PEM")
+    if bool(args.tenant) == args.all_tenants:
+        raise CliInputError("trust-host-key needs --tenant T (repeatable) or --all-tenants: the tenants the key serves")
+    value = _call(args, "TrustHostKey", admin_pb2.HostKeyRequest(
+        public_key_pem=pem, key_id=args.key_id or "", tenants=args.tenant, all_tenants=args.all_tenants,
+        maintenance_scopes=args.maintenance_scope))
+    return _emit(args, value, f"host key {value['key_id']}: trusted for {_binding_text(value['binding'])}")
+
+
+def _list_host_keys(args: argparse.Namespace) -> int:
+    value = _call(args, "ListHostKeys", _scope_req(args), READ_SCOPES)
+    lines = [f"{k['id']}  {_binding_text(k)}" + ("" if k["stored"] or k["local"] else "  (not stored)")
+             for k in value["host_keys"]]
+    return _emit(args, value, "\n".join(lines) or "no trusted host keys")
 
 
 class CliInputError(Exception):
@@ -534,10 +576,21 @@ def register_more(sub: argparse._SubParsersAction, run: Callable[[argparse.Names
                         "(backups and key copies made under them stop restoring)")
     add("key-status", _key_status, "KEK and data-key destruction status", scope="optional")
     add("revoke", _revoke, "bump the authorization epoch of a scope")
-    for name, trust in (("trust-host-key", True), ("untrust-host-key", False)):
-        p = add(name, lambda a, t=trust: _host_key(a, t), f"{'add' if trust else 'remove'} a trusted host key", scope=None)
-        p.add_argument("--public-key", default="", help="PEM file of the host public key")
-        p.add_argument("--key-id", default="")
+    p = add("trust-host-key", lambda a: _host_key(a, True),
+            "trust a host key for the tenants (and maintenance scopes) it serves, or change what it serves",
+            scope=None)
+    p.add_argument("--public-key", default="", help="PEM file of the host public key")
+    p.add_argument("--key-id", default="", help="the key id the key must have (a check)")
+    p.add_argument("--tenant", action="append", default=[], metavar="T",
+                   help="a tenant the key may act for (repeatable)")
+    p.add_argument("--all-tenants", action="store_true", help="the key may act for every tenant")
+    p.add_argument("--maintenance-scope", action="append", default=[], choices=("read", "maintain"),
+                   help="a maintenance scope the key may sign for (repeatable; default none: agent and host "
+                        "calls of its tenants only)")
+    p = add("untrust-host-key", lambda a: _host_key(a, False), "remove a trusted host key", scope=None)
+    p.add_argument("--public-key", default="", help="PEM file of the host public key")
+    p.add_argument("--key-id", default="")
+    add("list-host-keys", _list_host_keys, "the trusted host keys and the tenants and scopes each serves", scope=None)
     p = add("backup", _backup, "stream a verified logical backup of the whole store (or of one scope) to a file",
             scope="optional")
     p.add_argument("--out", required=True)

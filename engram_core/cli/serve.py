@@ -55,7 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                               "an http(s):// decision-log service (OPA's upload format), or a .toml file with a "
                               "[decision_log] section (off by default)")
     p.add_argument("--trust-host-key", action="append", default=[], metavar="PEM_FILE",
-                   help="also trust this host public key (repeatable)")
+                   help="also trust this host public key as the operator's own, like DIR/host.key: every tenant "
+                        "and maintenance scope (repeatable; trust a tenant's host with `engram admin "
+                        "trust-host-key --tenant T` instead)")
     p.add_argument("--audit-device", action="append", default=[], metavar="SPEC",
                    help="also stream every audit row here before the call answers, outside the data directory: "
                         "file:/path[?fsync=1] or unix:/socket (repeatable; a call fails closed when no device "

@@ -93,7 +93,12 @@ class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, CallHandler):
         return self._json(context, lambda ctx: self.svc.revoke(ctx, request.tenant, request.workspace))
 
     def TrustHostKey(self, request, context):
-        return self._json(context, lambda ctx: self.svc.trust_host_key(ctx, request.public_key_pem, request.key_id))
+        return self._json(context, lambda ctx: self.svc.trust_host_key(
+            ctx, request.public_key_pem, request.key_id, tenants=list(request.tenants),
+            all_tenants=request.all_tenants, maintenance_scopes=list(request.maintenance_scopes)))
+
+    def ListHostKeys(self, request, context):
+        return self._json(context, self.svc.list_host_keys)
 
     def UntrustHostKey(self, request, context):
         return self._json(context, lambda ctx: self.svc.untrust_host_key(ctx, request.public_key_pem, request.key_id))

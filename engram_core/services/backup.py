@@ -37,6 +37,7 @@ from engram_core.crypto.sealing import seal, unseal
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import BoundContext
 from engram_core.hostkeys import key_id, load_public_pem, public_pem
+from engram_core.services.admin import target_facts
 from engram_core.services.core import CallRecord, Core, new_id, record_id_of
 from engram_core.services.lexical import record_fields
 from engram_core.services.maintenance import check_audit, check_journal, event_doc
@@ -44,7 +45,7 @@ from engram_core.services.memory import MemoryService
 from engram_core.services.reconciliation import payload_links, write_links
 from engram_core.signing import BACKUP_DOMAIN, CoreSigner, public_keys_from_pems, verify_signature
 from engram_core.store.chain import LEGACY_CHAIN, chain_heads
-from engram_core.store.port import Event, RecordRow, ScopeRow, Tx
+from engram_core.store.port import Event, HostKeyRow, RecordRow, ScopeRow, Tx
 
 # v2: signed manifests; v3: a head per audit chain, no engine schema version (any engine restores it).
 FORMAT = "engram-backup/v3"
@@ -107,8 +108,10 @@ def build_backup(tx: Tx, *, created_at: str, signer: CoreSigner,
             if d.generation is not None:
                 item["generation"] = d.generation
             put("key_destruction", item)
-    for kid, pem in tx.trusted_host_keys():
-        put("trusted_host_key", {"key_id": kid, "public_key_pem": pem})
+    for key in tx.host_key_rows():  # with what each serves (migration 13), never a private key
+        put("trusted_host_key", {"key_id": key.key_id, "public_key_pem": key.public_key_pem,
+                                 "tenants": list(key.tenants), "all_tenants": key.all_tenants,
+                                 "maintenance_scopes": list(key.maintenance_scopes)})
     for row in audit:
         put("audit", row)
     body = b"".join(lines)
@@ -184,6 +187,8 @@ class ParsedBackup:
                 load_public_pem(k["public_key_pem"])
             except Exception:
                 raise _invalid("trusted host key") from None
+            if not _binding_valid(k):
+                raise _invalid("trusted host key binding")
         self._verify_chains(head)
 
     def _verify_chains(self, head: dict[str, Any]) -> None:
@@ -222,6 +227,21 @@ def _record_row(r: dict[str, Any]) -> RecordRow:
 
 
 # -- restore ------------------------------------------------------------------------------------
+def _binding_valid(k: dict[str, Any]) -> bool:
+    """A backup line's binding (absent in lines of a store before migration 13: serves nothing)."""
+    tenants, scopes = k.get("tenants", []), k.get("maintenance_scopes", [])
+    return (isinstance(tenants, list) and all(isinstance(t, str) and t for t in tenants)
+            and isinstance(scopes, list) and all(x in ("read", "maintain") for x in scopes)
+            and isinstance(k.get("all_tenants", False), bool))
+
+
+def _host_key_row(k: dict[str, Any], at_ms: int) -> HostKeyRow:
+    pub = load_public_pem(k["public_key_pem"])
+    return HostKeyRow(key_id=key_id(pub), public_key_pem=public_pem(pub), added_at_ms=at_ms,
+                      tenants=tuple(sorted(set(k.get("tenants", [])))), all_tenants=k.get("all_tenants", False),
+                      maintenance_scopes=tuple(sorted(set(k.get("maintenance_scopes", [])))))
+
+
 class BackupService:
     def __init__(self, core: Core, memory: MemoryService, signer: CoreSigner) -> None:
         self.core = core
@@ -230,7 +250,7 @@ class BackupService:
 
     def backup(self, ctx: BoundContext, tenant: str, workspace: str = "") -> bytes:
         call = CallRecord()
-        self.core.authorize(ctx, "admin.backup", call)
+        self.core.authorize(ctx, "admin.backup", call, facts=target_facts(tenant, workspace))
         if bool(tenant) != bool(workspace):
             raise EngramError(Code.INVALID_SCHEMA, "a scope backup names both tenant and workspace")
         scope = (tenant, workspace) if tenant else None
@@ -272,7 +292,9 @@ class BackupService:
             raise
         if restore_trusted_host_keys:
             for k in parsed.trusted_keys:
-                self.core.trusted.add(load_public_pem(k["public_key_pem"]))
+                row = _host_key_row(k, 0)
+                self.core.trusted.add(load_public_pem(row.public_key_pem), tenants=row.tenants,
+                                      all_tenants=row.all_tenants, maintenance_scopes=row.maintenance_scopes)
         return summary
 
     def _check_signature(self, parsed: ParsedBackup, named: list) -> None:
@@ -358,8 +380,9 @@ class BackupService:
             if restore_trusted_host_keys:
                 for k in parsed.trusted_keys:
                     # The id is recomputed from the key: a line cannot name one key and carry another.
-                    pub = load_public_pem(k["public_key_pem"])
-                    tx.add_trusted_host_key(key_id(pub), public_pem(pub), now)
+                    # It comes back serving what it served (a key that served nothing there, such as
+                    # the source's own host.key, serves nothing until bound).
+                    tx.bind_trusted_host_key(_host_key_row(k, now))
             shredded = []
             for rec in lost:
                 # The key was destroyed after the backup (forget): record that fact, never the body.

@@ -23,7 +23,7 @@ from engram_core.crypto.keyvault import KeyVault
 from engram_core.embedding.port import Embedder
 from engram_core.errors import Code, EngramError, class_of_reasons
 from engram_core.hostctx import CLOCK_SKEW_MS, MAX_CONTEXT_TTL_MS, BoundContext
-from engram_core.hostkeys import TrustedHostKeys
+from engram_core.hostkeys import HostKeyBinding, TrustedHostKeys
 from engram_core.policy.port import AUTHZ, Decision, PolicyEngine
 from engram_core.secrets_scan import scan
 from engram_core.services.key_schedule import KeySchedule
@@ -69,6 +69,8 @@ def context_facts(ctx: BoundContext) -> dict[str, Any]:
         "session": ctx.session,
         "purpose_ref": ctx.purpose_ref,
         "host_key_id": ctx.host_key_id,
+        # The signing key's binding (tenants, maintenance scopes): the authz policy decides on it.
+        "host_key": (ctx.host_key or HostKeyBinding(key_id=ctx.host_key_id)).facts(),
         "memory_enabled": ctx.memory_enabled,
         "host_principal": ctx.host_principal,
         "maintenance_scopes": list(ctx.maintenance_scopes),

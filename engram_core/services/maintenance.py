@@ -18,7 +18,7 @@ import dataclasses
 import json
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,10 +30,12 @@ from engram_core.hostctx import BoundContext
 from engram_core.hostkeys import key_id, load_public_pem, public_pem
 from engram_core.policy.port import RETENTION, BundleRefused
 from engram_core.services import keyring, lifecycle
+from engram_core.services.admin import target_facts
 from engram_core.services.core import CallRecord, Core, context_facts, new_id
 from engram_core.services.derivatives import apply_derivative_rule
+from engram_core.services.host import LAST_ANCHOR_META
 from engram_core.services.lexical import ANALYZER_ID, record_fields
-from engram_core.services.memory import MemoryService, record_text
+from engram_core.services.memory import MemoryService, candidate_facts, record_text
 from engram_core.services.pipeline import (
     Guard,
     gated_precondition,
@@ -45,7 +47,7 @@ from engram_core.services.reconciliation import payload_links, write_links
 from engram_core.signing import ANCHOR_DOMAIN, CoreSigners, public_keys_from_pems, verify_signature
 from engram_core.store.chain import GENESIS, LEGACY_CHAIN, by_chain, check_audit, event_digest_of, scope_chain
 from engram_core.store.fields import FIELD_CODE
-from engram_core.store.port import Event, IdempotencyRow, RecordRow, ScopeRow, Tx
+from engram_core.store.port import CandidateRow, Event, HostKeyRow, IdempotencyRow, RecordRow, ScopeRow, Tx
 from engram_core.store.projection import Projection
 from engram_core.tools import ADMISSION_TOOL, FORGET_TOOL, WITHDRAW_TOOL
 
@@ -61,6 +63,8 @@ ANCHOR_FORMAT = "engram-anchor/v2"  # v2: a head per audit chain (v1, one audit 
 ANCHOR_FORMATS = ("engram-anchor/v1", ANCHOR_FORMAT)
 _CURSOR = re.compile(r"^(0|[1-9][0-9]{0,19})$")
 _EVENT_ID = re.compile(r"^[A-Za-z0-9_.:/-]{16,256}$")
+# The maintenance scopes of SPEC §12 a host key may be bound to (what each permits is the policy's).
+MAINTENANCE_SCOPES = ("read", "maintain")
 
 
 def _ref(value: str, what: str) -> str:
@@ -179,11 +183,14 @@ class MaintenanceService:
         self.signers = signers
 
     # -- shared steps ----------------------------------------------------------------------
-    def authorize(self, ctx: BoundContext, op: str, stored: Iterable[str] = ()) -> CallRecord:
+    def authorize(self, ctx: BoundContext, op: str, stored: Iterable[str] = (), *,
+                  target: tuple[str, str] = ("", "")) -> CallRecord:
         """``stored``: the request's free strings the operation may store (event ids, reason
-        refs, scope names); the authz policy sees the secret scanner's findings over them."""
+        refs, scope names); the authz policy sees the secret scanner's findings over them.
+        ``target``: the (tenant, workspace) the request acts on; ("", "") for the whole store
+        (the policy then asks for a host key that serves every tenant)."""
         call = CallRecord()
-        self.core.authorize(ctx, f"admin.{op}", call, stored_strings=stored)
+        self.core.authorize(ctx, f"admin.{op}", call, stored_strings=stored, facts=target_facts(*target))
         return call
 
     @staticmethod
@@ -198,7 +205,8 @@ class MaintenanceService:
 
     # -- lifecycle (SPEC §6) ------------------------------------------------------------------
     def transition(self, ctx: BoundContext, req: dict[str, Any]) -> dict[str, Any]:
-        call = self.authorize(ctx, "transition", [v for v in req.values() if isinstance(v, str)])
+        call = self.authorize(ctx, "transition", [v for v in req.values() if isinstance(v, str)],
+                              target=(req.get("tenant", ""), req.get("workspace", "")))
         op = req.get("operation", "")
         if op not in TRANSITION_OPS:
             raise EngramError(Code.INVALID_SCHEMA, "unknown operation")
@@ -313,7 +321,7 @@ class MaintenanceService:
 
     def expire_sweep(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
         """Expire records whose ``expires_at`` passed, as the retention policy decides (SPEC §6)."""
-        authz = self.authorize(ctx, "expire_sweep")
+        authz = self.authorize(ctx, "expire_sweep", target=(tenant, workspace))
         now = self.core.now_ms()
         with self.core.store.read() as tx:
             scopes = [(tenant, workspace)] if tenant else [(s.tenant, s.workspace) for s in tx.scopes()]
@@ -354,7 +362,7 @@ class MaintenanceService:
 
     # -- adjudication ------------------------------------------------------------------------
     def list_adjudication(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
-        call = self.authorize(ctx, "list_adjudication")
+        call = self.authorize(ctx, "list_adjudication", target=(tenant, workspace))
         tctx = self.target_ctx(ctx, tenant, workspace)
         with self.core.store.read() as tx:
             cands = tx.candidates_in_state(tenant, workspace, "pending_adjudication")
@@ -372,12 +380,13 @@ class MaintenanceService:
                 items.append({"candidate_id": c.candidate_id, "payload_digest": c.payload_digest,
                               "record_digest": c.record_digest, "trust_class": c.trust_class,
                               "captured_at": self.core.instant(c.captured_at_ms), "cursor": str(c.cursor),
-                              "sizes": _sizes(c.facts), "reasons": sorted(codes)})
+                              "sizes": _sizes(_facts_of(self.core, tx, c)), "reasons": sorted(codes)})
         self._audit(tctx, "list_adjudication", "ok", "", call)
         return {"tenant": tenant, "workspace": workspace, "candidates": items}
 
     def adjudicate(self, ctx: BoundContext, req: dict[str, Any]) -> dict[str, Any]:
-        call = self.authorize(ctx, "adjudicate", [v for v in req.values() if isinstance(v, str)])
+        call = self.authorize(ctx, "adjudicate", [v for v in req.values() if isinstance(v, str)],
+                              target=(req.get("tenant", ""), req.get("workspace", "")))
         tctx = self.target_ctx(ctx, req.get("tenant", ""), req.get("workspace", ""))
         decision = req.get("decision", "")
         if decision not in ("accept", "reject"):
@@ -406,7 +415,7 @@ class MaintenanceService:
 
     # -- reads -----------------------------------------------------------------------------------
     def history(self, ctx: BoundContext, tenant: str, workspace: str, record_id: str, disputed_only: bool) -> dict[str, Any]:
-        call = self.authorize(ctx, "history")
+        call = self.authorize(ctx, "history", target=(tenant, workspace))
         tctx = self.target_ctx(ctx, tenant, workspace)
         with self.core.store.read() as tx:
             if record_id:
@@ -431,14 +440,14 @@ class MaintenanceService:
 
     def inspect_candidate(self, ctx: BoundContext, tenant: str, workspace: str, candidate_id: str) -> dict[str, Any]:
         """A candidate's structure for hosts: control fields, sizes, findings — structurally no body."""
-        call = self.authorize(ctx, "inspect_candidate")
+        call = self.authorize(ctx, "inspect_candidate", target=(tenant, workspace))
         tctx = self.target_ctx(ctx, tenant, workspace)
         with self.core.store.read() as tx:
             c = tx.candidate(tenant, workspace, _ref(candidate_id, "candidate_id"))
             events = [_event_summary(e) for e in tx.events(tenant, workspace, 0, None) if e.target == candidate_id] if c else []
+            facts = _facts_of(self.core, tx, c) if c is not None else {}
         if c is None:
             raise EngramError(Code.NOT_FOUND, "candidate")
-        facts = c.facts
         view = {
             "candidate_id": c.candidate_id, "state": c.state, "payload_digest": c.payload_digest,
             "record_digest": c.record_digest, "trust_class": c.trust_class, "principal": c.principal,
@@ -454,7 +463,7 @@ class MaintenanceService:
 
     def export(self, ctx: BoundContext, tenant: str, workspace: str, what: str, from_cursor: str,
                to_cursor: str) -> dict[str, Any]:
-        call = self.authorize(ctx, "export")
+        call = self.authorize(ctx, "export", target=(tenant, workspace))
         lo, hi = parse_cursor(from_cursor, 0), parse_cursor(to_cursor, None)
         if what == "journal":
             tctx = self.target_ctx(ctx, tenant, workspace)
@@ -479,6 +488,8 @@ class MaintenanceService:
         shorter than an anchored head was truncated, a different digest there was rewritten. The
         anchor's signature must verify under ``anchor_key_pems`` (the operator's copy of the anchor
         public key) or, when none is named, the core's own anchor key."""
+        # The whole store even for one scope: every audit chain is checked, the writer chains of
+        # calls that changed nothing included, and they are no one scope's.
         call = self.authorize(ctx, "verify")
         anchor = self._parse_anchor(anchor_json, anchor_key_pems) if anchor_json else None
         with self.core.store.read() as tx:
@@ -539,7 +550,9 @@ class MaintenanceService:
 
     def anchor(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
         """The current journal heads (all scopes, or the named one) and audit head, signed."""
-        call = self.authorize(ctx, "anchor")
+        # A scope's anchor signs that scope's journal and audit chain only: a key serving its tenant
+        # may ask for it; the whole store's (every chain) needs a key serving every tenant.
+        call = self.authorize(ctx, "anchor", target=(tenant, workspace))
         if bool(tenant) != bool(workspace):
             raise EngramError(Code.INVALID_SCHEMA, "a scope anchor names both tenant and workspace")
         with self.core.store.read() as tx:
@@ -559,6 +572,8 @@ class MaintenanceService:
             body["scope"] = {"tenant": tenant, "workspace": workspace}
         anchor_digest = digest("anchor", body)
         doc = {**body, "anchor_digest": anchor_digest, "signature": self.signers.anchor.sign(anchor_digest)}
+        with self.core.store.write() as tx:  # what `engram doctor` reads (HostService.Health)
+            tx.set_meta(LAST_ANCHOR_META, json.dumps({"at_ms": self.core.now_ms(), "audit_chains": len(audit_heads)}))
         self._audit(ctx, "anchor", "ok", anchor_digest, call)
         return doc
 
@@ -607,7 +622,7 @@ class MaintenanceService:
     def key_status(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
         """The vault's generations, and per record of a scope: its key live, or destroyed and
         whether that destruction is complete (every generation that wrapped it retired) or pending."""
-        call = self.authorize(ctx, "key_status")
+        call = self.authorize(ctx, "key_status", target=(tenant, workspace))
         vault = self.core.vault
         schedule = self.core.key_schedule
         out: dict[str, Any] = {"vault": vault.status(), "generations": self._generations(),
@@ -640,15 +655,19 @@ class MaintenanceService:
 
     def revoke(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
         """Bump the scope's authorization epoch: older contexts and grants are refused from now on."""
-        call = self.authorize(ctx, "revoke", [tenant, workspace])
+        call = self.authorize(ctx, "revoke", [tenant, workspace], target=(tenant, workspace))
         tctx = self.target_ctx(ctx, tenant, workspace)
         with self.core.store.write() as tx:
             epoch = tx.bump_epoch(tenant, workspace)
             tx.append_audit(self.core.audit_row(tctx, "admin.revoke", "ok", f"{tenant}/{workspace}", call))
         return {"tenant": tenant, "workspace": workspace, "authorization_epoch": epoch}
 
-    def trust_host_key(self, ctx: BoundContext, pem: str, kid: str) -> dict[str, Any]:
-        call = self.authorize(ctx, "trust_host_key")
+    def trust_host_key(self, ctx: BoundContext, pem: str, kid: str, *, tenants: Sequence[str] = (),
+                       all_tenants: bool = False, maintenance_scopes: Sequence[str] = ()) -> dict[str, Any]:
+        """Trust a host key bound to the tenants (or all of them) and maintenance scopes it serves,
+        or re-bind one already trusted (issue 26.3). The policy decides on the binding; here it is
+        only checked for shape: at least one tenant or all of them, known scope names."""
+        call = self.authorize(ctx, "trust_host_key", list(tenants))  # tenant names are stored
         try:
             pub = load_public_pem(pem)
         except Exception:
@@ -659,11 +678,38 @@ class MaintenanceService:
         if self.core.trusted.is_grant_signer(found):
             # Key separation (SPEC §2): the core's confirmation key signs grants only.
             raise EngramError(Code.INVALID_SCHEMA, "the confirmation key cannot be a host key")
+        if self.core.trusted.binding(found).local:
+            raise EngramError(Code.INVALID_SCHEMA, "the operator's own key (host.key, --trust-host-key) is not bound")
+        for tenant in tenants:
+            _ref(tenant, "tenant")
+        if all_tenants == bool(tenants):
+            raise EngramError(Code.INVALID_SCHEMA, "name the tenants the key serves, or all tenants (not both)")
+        if any(scope not in MAINTENANCE_SCOPES for scope in maintenance_scopes):
+            raise EngramError(Code.INVALID_SCHEMA, "unknown maintenance scope")
+        row = HostKeyRow(key_id=found, public_key_pem=public_pem(pub), added_at_ms=self.core.now_ms(),
+                         tenants=tuple(sorted(set(tenants))), all_tenants=all_tenants,
+                         maintenance_scopes=tuple(sorted(set(maintenance_scopes))))
         with self.core.store.write() as tx:
-            tx.add_trusted_host_key(found, public_pem(pub), self.core.now_ms())
+            tx.bind_trusted_host_key(row)
             tx.append_audit(self.core.audit_row(ctx, "admin.trust_host_key", "ok", found, call))
-        self.core.trusted.add(pub)
-        return {"key_id": found, "trusted": True}
+        self.core.trusted.add(pub, tenants=row.tenants, all_tenants=all_tenants,
+                              maintenance_scopes=row.maintenance_scopes)
+        return {"key_id": found, "trusted": True, "binding": self.core.trusted.binding(found).facts()}
+
+    def list_host_keys(self, ctx: BoundContext) -> dict[str, Any]:
+        """The keys the core trusts now, each with the binding the policy sees (issue 26.3)."""
+        call = self.authorize(ctx, "list_host_keys")
+        with self.core.store.read() as tx:
+            stored = {row.key_id: row for row in tx.host_key_rows()}
+        keys = []
+        for binding in self.core.trusted.bindings():
+            entry = {**binding.facts(), "stored": binding.key_id in stored}
+            row = stored.get(binding.key_id)
+            if row is not None and row.added_at_ms:
+                entry["added_at"] = self.core.instant(row.added_at_ms)
+            keys.append(entry)
+        self._audit(ctx, "list_host_keys", "ok", "", call)
+        return {"host_keys": keys}
 
     def untrust_host_key(self, ctx: BoundContext, pem: str, kid: str) -> dict[str, Any]:
         call = self.authorize(ctx, "untrust_host_key")
@@ -690,7 +736,7 @@ class MaintenanceService:
                 "code": self.core.store.migration_code()}
 
     def invalidate_projections(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
-        call = self.authorize(ctx, "invalidate_projections")
+        call = self.authorize(ctx, "invalidate_projections", target=(tenant, workspace))
         tctx = self.target_ctx(ctx, tenant, workspace)
         with self.core.store.write() as tx:
             removed = tx.drop_projections(tenant, workspace)
@@ -709,7 +755,7 @@ class MaintenanceService:
 
     def rebuild_projections(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
         """Re-derive postings (and vectors) from the sealed bodies of every non-tombstoned record."""
-        call = self.authorize(ctx, "rebuild_projections")
+        call = self.authorize(ctx, "rebuild_projections", target=(tenant, workspace))
         tctx = self.target_ctx(ctx, tenant, workspace)
         indexed, unreadable = [], []
         with self.core.store.write() as tx:  # writer lock: no admission slips between drop and re-index
@@ -844,6 +890,19 @@ def reembed_vectors(core: Core) -> int | None:
     if embedded:
         log.info("vectors re-embedded: %d records (%s -> %s)", embedded, ", ".join(sorted(older)), embedder.model_id)
     return embedded
+
+
+def _facts_of(core: Core, tx: Tx, cand: CandidateRow) -> dict[str, Any]:
+    """A candidate's facts for hosts (sizes, findings, retention, families): opened from its sealed
+    envelope while its key lives, never returned with the content; none once it was decided,
+    withdrawn or its record forgotten (its key is destroyed then)."""
+    if cand.facts or cand.sealed_envelope is None:
+        return cand.facts
+    found = core.data_key(tx, f"candidate:{cand.candidate_id}", cand.key_slot)
+    if found is None:
+        return {}
+    opened = json.loads(unseal(found[1], cand.sealed_envelope, kind="candidate", owner=cand.candidate_id))
+    return candidate_facts(cand, opened)
 
 
 def _sizes(facts: dict[str, Any]) -> dict[str, Any]:

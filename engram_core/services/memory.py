@@ -100,6 +100,14 @@ def _shape_facts(payload: dict[str, Any], evidence: dict[str, Any], *, payload_b
     }
 
 
+def candidate_facts(cand: CandidateRow, envelope: dict[str, Any] | None) -> dict[str, Any]:
+    """A candidate's facts: sealed in its opened envelope, or (captured before they were sealed)
+    the row's plain column; empty once the content is gone."""
+    if envelope is not None and "facts" in envelope:
+        return envelope["facts"]
+    return cand.facts
+
+
 EARLY_VECTORS = 256  # just-captured candidates whose vector is kept for their admission
 
 
@@ -221,7 +229,9 @@ class MemoryService(ReadService):
         authz, decision = self.core.authorize_with(
             ctx, CAPTURE_TOOL, call, self.core.store.committed_scope(ctx.tenant, ctx.workspace), CAPTURE,
             {"context": context_facts(ctx), "now_ms": now, "retention": requested, "family_refs": family_refs,
-             "findings": findings, **facts},
+             "findings": findings, **facts,
+             # Payload times (epoch ms), which the policy bounds to the host's window (issue 26.5).
+             "valid_time": payload["valid_time"], "primary_event_at": payload["primary_event"]["at"]},
             stored_strings=stored_strings(args))
         with self.core.store.read(snapshot=False) as tx:  # checked again in the write transaction
             prior = self._replay(tx, ctx, prepared.guard)
@@ -255,7 +265,12 @@ class MemoryService(ReadService):
         # unless the capture commits; kept in memory only.
         early = self._start_embedding(effective)
         slot, key = self.core.vault.new_data_key(f"candidate:{candidate_id}", durable=False)
-        envelope = seal(key, canonical_json({"payload": effective_c, "evidence": prepared.member("evidence")}),
+        # The candidate's facts (sizes, findings, retention, family refs) are derived from its
+        # content, so they are sealed with it: destroying its key shreds them too (issue 26.7).
+        sealed_facts = {**facts, "findings": findings, "retention": resolved, "family_refs": family_refs,
+                        "all_components_cited": True}
+        envelope = seal(key, canonical_json({"payload": effective_c, "evidence": prepared.member("evidence"),
+                                             "facts": sealed_facts}),
                         kind="candidate", owner=candidate_id)
         try:
             with self.core.store.write(batched=True) as tx:
@@ -274,9 +289,7 @@ class MemoryService(ReadService):
                 tx.insert_candidate(CandidateRow(
                     candidate_id=candidate_id, tenant=ctx.tenant, workspace=ctx.workspace, principal=ctx.principal,
                     agent_id=ctx.agent_id, session=ctx.session, state="pending", payload_digest=payload_digest,
-                    record_digest=record_digest, trust_class=trust_class,
-                    facts={**facts, "findings": findings, "retention": resolved, "family_refs": family_refs,
-                           "all_components_cited": True},
+                    record_digest=record_digest, trust_class=trust_class, facts={},  # sealed in the envelope
                     sealed_envelope=envelope, captured_at_ms=now, cursor=event.cursor, key_slot=slot,
                 ))
                 tx.put_data_key(f"candidate:{candidate_id}", slot, now)
@@ -358,7 +371,8 @@ class MemoryService(ReadService):
             decision = self.core.decide(
                 ADMISSION,
                 {"context": context_facts(ctx), "now_ms": now,
-                 "candidate": {**cand.facts, "trust_class": cand.trust_class, "duplicate_of_current": duplicate_of is not None}},
+                 "candidate": {**candidate_facts(cand, envelope), "trust_class": cand.trust_class,
+                               "duplicate_of_current": duplicate_of is not None}},
                 call,
             )
             verdict = decision.result["decision"]
@@ -458,6 +472,8 @@ class MemoryService(ReadService):
                 tx.set_candidate_state(cand.candidate_id, to_state, decision=standing, drop_envelope=terminal)
                 if terminal:  # its slot as read for the envelope: _recheck saw the key still live
                     tx.drop_data_key(f"candidate:{cand.candidate_id}", now, status, slot=envelope_slot)
+                if terminal and status != "accepted":  # nothing of rejected content outlives it (issue 26.7)
+                    tx.scrub_candidate_facts(cand.candidate_id)
                 outcome.update({
                     "cursor": str(event.cursor), "decision_receipt_digest": decision_receipt,
                     "transaction_receipt_digest": transaction_receipt_digest(self.core,
@@ -607,6 +623,7 @@ class MemoryService(ReadService):
                     body={"reason_ref": reason_ref, "decisions": call.summaries(), "audit_id": ctx.audit_id},
                 )
                 tx.set_candidate_state(cand.candidate_id, to_state, drop_envelope=True)
+                tx.scrub_candidate_facts(cand.candidate_id)  # its sizes and family refs go with its content
                 tx.drop_data_key(f"candidate:{cand.candidate_id}", now, operation, slot=current.key_slot)
                 receipt = {
                     "event_id": event.event_id, "operation": operation, "from_state": "pending", "to_state": to_state,
@@ -665,6 +682,7 @@ class MemoryService(ReadService):
                 derivatives = apply_derivative_rule(tx, ctx, rec, cause="tombstone", cause_event_id=event.event_id,
                                                     now=now, call=call)
                 tx.drop_record_links(record_id)
+                tx.scrub_candidate_facts(rec.candidate_id)  # the admitted candidate's sizes and family refs
                 receipt = {
                     "event_id": event.event_id, "operation": "tombstone", "from_state": rec.state,
                     "to_state": "tombstoned", "cursor": str(event.cursor), "event_digest": event.event_digest,

@@ -33,13 +33,17 @@ DEFAULT_LIMIT = 10
 DEFAULT_PACKET = 65_536
 
 
+def in_effect(valid_t: int, valid_t_end: int | None, expires_at_ms: int | None, now_ms: int) -> bool:
+    """Within valid time and not expired (expiry counts from expires_at on): what eligibility asks
+    of a record's times, whatever its state."""
+    if valid_t > now_ms or (valid_t_end is not None and valid_t_end < now_ms):
+        return False
+    return expires_at_ms is None or expires_at_ms > now_ms
+
+
 def eligible(rec: RecordRow, now_ms: int) -> bool:
     """SPEC §5: accepted_current, within valid time, not expired (expiry counts from expires_at on)."""
-    if rec.state != "accepted_current":
-        return False
-    if rec.valid_t > now_ms or (rec.valid_t_end is not None and rec.valid_t_end < now_ms):
-        return False
-    return rec.expires_at_ms is None or rec.expires_at_ms > now_ms
+    return rec.state == "accepted_current" and in_effect(rec.valid_t, rec.valid_t_end, rec.expires_at_ms, now_ms)
 
 
 def _pointer(key: str) -> str:

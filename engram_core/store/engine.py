@@ -57,6 +57,7 @@ from engram_core.store.port import (
     AuditRow,
     CandidateRow,
     Event,
+    HostKeyRow,
     IdempotencyRow,
     KeyDestruction,
     RecordRow,
@@ -177,6 +178,13 @@ class EngineTx(Protocol):
     def set_candidate_state(self, candidate_id: str, state: str, *, decision: dict[str, Any] | None = None,
                             drop_envelope: bool = False) -> None: ...
     def set_candidate_trust_class(self, candidate_id: str, trust_class: str) -> None: ...
+    def scrub_candidate_facts(self, candidate_id: str) -> None:
+        """Replace the candidate's ``facts`` with an empty object (``{}``) in this transaction:
+        its sizes, family refs, findings and retention are derived from its content, and nothing
+        content-derived outlives a forget, withdrawal or rejection (issue 26.7). The candidate's
+        control columns (state, cursor, trust class, decision) stay."""
+        ...
+
     def insert_record(self, row: RecordRow) -> None: ...
     def record(self, tenant: str, workspace: str, record_id: str) -> RecordRow | None:
         """The record if it is in this scope (another scope's is None, as an unknown id)."""
@@ -257,7 +265,22 @@ class EngineTx(Protocol):
 
     # -- trusted host keys, metadata, the store as a whole --------------------------------------------
     def trusted_host_keys(self) -> list[tuple[str, str]]: ...
-    def add_trusted_host_key(self, key_id: str, pem: str, at_ms: int) -> None: ...
+    def add_trusted_host_key(self, key_id: str, pem: str, at_ms: int) -> None:
+        """Store the key if its id is not stored yet (a stored key's binding is left as it is); a key
+        stored so has the default binding, which serves nothing: no tenants, not all tenants, no
+        maintenance scopes."""
+        ...
+
+    def host_key_rows(self) -> list[HostKeyRow]:
+        """Every trusted host key with its binding (migration 13: ``tenants`` and
+        ``maintenance_scopes`` as stored lists, ``all_tenants`` a boolean), by key id."""
+        ...
+
+    def bind_trusted_host_key(self, row: HostKeyRow) -> None:
+        """Insert the key with ``row``'s binding, or, when its id is stored already, replace that key's
+        binding (tenants, all tenants, maintenance scopes) and keep its PEM and ``added_at_ms``."""
+        ...
+
     def remove_trusted_host_key(self, key_id: str) -> bool: ...
     def meta(self, key: str) -> str | None: ...
     def set_meta(self, key: str, value: str) -> None: ...

@@ -164,6 +164,18 @@ class AuditRow:
     context_nonce: str = ""
 
 
+@dataclass(frozen=True)
+class HostKeyRow:
+    """A trusted host key as stored, with its binding (migration 13; issue 26.3)."""
+
+    key_id: str
+    public_key_pem: str
+    added_at_ms: int
+    tenants: tuple[str, ...]
+    all_tenants: bool
+    maintenance_scopes: tuple[str, ...]
+
+
 class Tx(Protocol):
     # Slots of data keys destroyed in this transaction; the store zeroes them in the key vault
     # once it commits (SPEC §10 crypto-shredding), and ``key_destruction_outcome`` then says
@@ -221,6 +233,10 @@ class Tx(Protocol):
         ...
     def set_candidate_trust_class(self, candidate_id: str, trust_class: str) -> None:
         """A host verifier's attestation of a pending candidate."""
+        ...
+    def scrub_candidate_facts(self, candidate_id: str) -> None:
+        """Empty a candidate's facts (sizes, family refs, findings, retention: all derived from its
+        content) once the content is gone: withdrawn, rejected, or its record forgotten (issue 26.7)."""
         ...
     # data keys (slots live in the KeyVault; the store maps owners to slots)
     def put_data_key(self, owner: str, slot: int, at_ms: int) -> None:
@@ -328,10 +344,16 @@ class Tx(Protocol):
         """The host keys the store trusts (key id, public PEM), by key id."""
         ...
     def add_trusted_host_key(self, key_id: str, pem: str, at_ms: int) -> None:
-        """Trust a host key (again: nothing changes)."""
+        """Trust a host key (again: nothing changes); a key first stored so serves nothing until bound."""
         ...
     def remove_trusted_host_key(self, key_id: str) -> bool:
         """Stop trusting a host key; False when it was not trusted."""
+        ...
+    def host_key_rows(self) -> list[HostKeyRow]:
+        """The trusted host keys with what each serves (tenants, all tenants, maintenance scopes), by key id."""
+        ...
+    def bind_trusted_host_key(self, row: HostKeyRow) -> None:
+        """Trust the key with this binding, replacing the binding of one already stored."""
         ...
     def meta(self, key: str) -> str | None:
         """A metadata value, or None."""

@@ -1,7 +1,7 @@
 """Usage counters the authorization policy decides quotas on (issue 18; SPEC §3 RATE_LIMITED).
 
 Per principal (tenant, workspace, principal) and per scope (tenant, workspace), what agents do
-(captures, admissions, searches, gets, and bytes stored) over sliding windows (a minute and an hour), each kept as ``BUCKETS`` buckets, so a count
+(captures, admissions, searches, gets, withdrawals, forgets, and bytes stored) over sliding windows (a minute and an hour), each kept as ``BUCKETS`` buckets, so a count
 leaves the window at most one bucket late and memory per subject is bounded. The policy reads
 the counts (``input.usage``) and decides; limits live in ``data.json``.
 
@@ -21,7 +21,7 @@ from typing import Protocol
 
 WINDOWS_MS: dict[str, int] = {"minute": 60_000, "hour": 3_600_000}
 BUCKETS = 60
-METRICS = ("captures", "admissions", "searches", "gets", "bytes_stored")
+METRICS = ("captures", "admissions", "searches", "gets", "withdrawals", "forgets", "bytes_stored")
 # Subjects idle longer than the longest window are dropped on the next sweep.
 _SWEEP_EVERY_MS = 60_000
 

@@ -109,6 +109,7 @@ def test_rewritten_audit_log_fails_verify_against_anchor(tmp_path):
         ok = admin(env, "verify", "--anchor", str(keys / "anchor.json"), "--anchor-key", str(keys / "anchor.pub"),
                    json_out=False)
         assert ok.returncode == 0 and "all chains intact" in ok.stdout, ok.stdout + ok.stderr
+        assert "note: rows after the anchor's heads" in ok.stdout and "add --device FILE" in ok.stdout
     finally:
         env.stop()
 
@@ -117,6 +118,10 @@ def test_rewritten_audit_log_fails_verify_against_anchor(tmp_path):
     try:
         plain = admin(env, "verify", json_out=False)
         assert plain.returncode == 0 and "all chains intact" in plain.stdout  # the rewrite recomputes
+        # ... which plain verify says it cannot see, and what would (issue 26, "Also").
+        assert "note: the chains were checked against themselves only" in plain.stdout
+        assert "cut back" in plain.stdout and "--anchor FILE" in plain.stdout and "--device FILE" in plain.stdout
+        assert json.loads(admin(env, "verify").stdout)["limits"] != []
         anchored = ["--anchor", str(keys / "anchor.json"), "--anchor-key", str(keys / "anchor.pub")]
         res = admin(env, "verify", *anchored)
         assert res.returncode == 1 and json.loads(res.stdout)["code"] == "JOURNAL_CORRUPT"
@@ -239,6 +244,72 @@ def test_calls_fail_closed_when_no_device_accepts(tmp_path):
     try:
         env.record("recorded while one device is down")
         assert check_device_file(good, [])["lines"] >= 3  # activate, capture, admission
+    finally:
+        env.stop()
+
+
+def _doctor(env: Env, tmp_path: Path) -> str:
+    config = tmp_path / "host.toml"
+    config.write_text(f'''[core]
+address = "{env.running.address}"
+
+[host]
+signing_key = "{env.running.host_key_path}"
+memory_enabled = true
+
+[binding]
+tenant = "{TENANT}"
+workspace = "{WORKSPACE}"
+principal = "user:ana"
+agent_id = "a"
+session = "s"
+purpose_ref = "purpose:eng"
+''')
+    res = subprocess.run([ENGRAM, "doctor", "--host-config", str(config)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout
+
+
+def test_doctor_warns_when_nothing_outside_the_data_directory_keeps_the_audit_log(tmp_path):
+    """Issue 26 "Also": the doctor asks the core (HostService.Health) for its audit devices and
+    last anchor, and warns when there is neither."""
+    env = _start(tmp_path / "core", activate=True)
+    try:
+        out = _doctor(env, tmp_path)
+        assert "warn  neither an audit device nor a signed anchor" in out and "--audit-device" in out
+        assert admin(env, "anchor", "--out", str(tmp_path / "anchor.json")).returncode == 0
+        out = _doctor(env, tmp_path)
+        assert "ok    last signed anchor " in out and "neither" not in out
+    finally:
+        env.stop()
+    env = _start(tmp_path / "core", [f"file:{tmp_path / 'audit.log'}"])
+    try:
+        assert "ok    audit rows go to 1 audit device(s)" in _doctor(env, tmp_path)
+    finally:
+        env.stop()
+
+
+def test_a_device_file_that_exists_with_a_wider_mode_is_tightened(tmp_path, caplog):
+    """Issue 26.7: a device file made beforehand (by an operator, a log rotation, an older
+    version) kept its 0644 and any local user read the audit rows on it. Opening it now makes it
+    0600, with a warning naming the mode it had; new rows go on being appended."""
+    device = tmp_path / "audit.log"
+    device.write_text("")
+    device.chmod(0o644)
+    with caplog.at_level("WARNING", logger="engram.audit_device"):
+        env = _start(tmp_path / "core", [f"file:{device}"], activate=True)
+    try:
+        assert oct(device.stat().st_mode & 0o777) == "0o600"
+        assert any("had mode 0644; now 0600" in r.getMessage() for r in caplog.records)
+        env.record("a row on the tightened device")
+        assert check_device_file(device, [])["lines"] >= 3  # activate, capture, admission
+    finally:
+        env.stop()
+    device.chmod(0o640)  # loosened again while the core was stopped: tightened at the next open
+    env = _start(tmp_path / "core", [f"file:{device}"])
+    try:
+        assert oct(device.stat().st_mode & 0o777) == "0o600"
+        assert env.search("tightened")["records"]  # served (after the index is built) and audited
     finally:
         env.stop()
 

@@ -68,8 +68,11 @@ def test_trusting_and_untrusting_a_host_key_takes_effect_live_and_persists(env):
         env.admin("History", history, md=env.host_md(key=other))
     assert code_of(err.value) == "TRUSTED_CONTEXT_UNAVAILABLE"
     pem = public_pem(other.public_key())
-    out = env.admin("TrustHostKey", admin_pb2.HostKeyRequest(public_key_pem=pem))
-    assert out == {"key_id": key_id(other.public_key()), "trusted": True}
+    out = env.admin("TrustHostKey", admin_pb2.HostKeyRequest(public_key_pem=pem, all_tenants=True,
+                                                              maintenance_scopes=["maintain"]))
+    assert out == {"key_id": key_id(other.public_key()), "trusted": True,
+                   "binding": {"id": key_id(other.public_key()), "local": False, "all_tenants": True,
+                               "tenants": [], "maintenance_scopes": ["maintain"]}}
     assert env.admin("History", history, md=env.host_md(key=other))["records"] == []
     with env.core.store.read() as tx:
         assert out["key_id"] in dict(tx.trusted_host_keys())

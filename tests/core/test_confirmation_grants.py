@@ -121,3 +121,20 @@ def test_a_grant_never_passes_as_a_context(ana: Client) -> None:
     with pytest.raises(Failed) as err:
         ana.call("forget", args, context=grant, grant=grant)
     assert err.value.code == Code.TRUSTED_CONTEXT_UNAVAILABLE
+
+
+def test_a_replayed_forget_needs_no_second_grant(ana: Client) -> None:
+    """Issue 26.8: the same forget again (same key and arguments, as after MUTATION_OUTCOME_UNKNOWN)
+    is answered with its stored outcome before any grant is asked for: it changes nothing. A new
+    operation under another key still needs one."""
+    args = _forget_args(ana, "Grants: a forget of the dotterel note, retried after an unknown outcome.")
+    first = ana.call("forget", args, grant=True)
+    check = host_pb2.CheckGatedRequest(tool=FORGET, target=args["record_id"], idempotency_key=args["idempotency_key"],
+                                       reason_ref=args["reason_ref"])
+    assert ana.host.CheckGated(check, metadata=[(CONTEXT_METADATA_KEY, ana.context("forget"))],
+                               timeout=10).status == "replay"
+    again = ana.call("forget", args)  # no grant at all
+    assert again == {**first, "replayed": True}
+    other = {**args, "idempotency_key": "fg-grant-other-" + args["record_id"][4:20]}
+    assert ana.fails("forget", other) == Code.TRUSTED_CONTEXT_UNAVAILABLE  # a new operation: the human first
+    assert ana.fails("forget", {**args, "reason_ref": "reason:changed"}) == Code.DIGEST_CONFLICT

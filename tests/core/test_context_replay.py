@@ -241,7 +241,8 @@ def test_one_keys_flood_fills_its_own_lane_only_and_is_audited(fresh_core: Runni
     host_md = [(CONTEXT_METADATA_KEY, make_context(ana.key, call="admin", tenant="_host", workspace="_admin",
                                                     principal="host:operator", now_ms=now_ms(), host_principal=True,
                                                     maintenance_scopes=("read", "maintain"), memory_enabled=False))]
-    ana.admin.TrustHostKey(admin_pb2.HostKeyRequest(public_key_pem=public_pem(rogue.public_key())),
+    # Another tenant's host: trusted for globex only (issue 26.3's binding), as the finding had it.
+    ana.admin.TrustHostKey(admin_pb2.HostKeyRequest(public_key_pem=public_pem(rogue.public_key()), tenants=["globex"]),
                            metadata=host_md, timeout=10)
     stub = host_pb2_grpc.HostServiceStub(ana.channel)
     codes = []

@@ -190,6 +190,10 @@ def _signed(core, audit_id: str, call: str = "engram_memory_search") -> bytes:
     {"code": "made up"},
     {"operation": "admin.restore"},  # only the agent tools
     {"target": "x" * 600},
+    # Issue 26.7: a token shaped like a reason code sat in plain text in the audit table.
+    {"reason_codes": [SECRET]},
+    {"reason_codes": ["MADE_UP_REASON"]},  # code-shaped, but no catalogue value
+    {"reason_codes": ["PURPOSE_MISMATCH"]},  # a catalogue value of another code
 ])
 def test_record_refusal_takes_catalogue_values_only(core, request_fields) -> None:
     """What a host (or anyone holding a signed context) can write into the audit log through
@@ -207,6 +211,24 @@ def test_record_refusal_takes_catalogue_values_only(core, request_fields) -> Non
     rows = audit_rows(core).get(audit_id, [])
     assert all(r["outcome"] == "INVALID_SCHEMA" for r in rows)
     assert "hunter2" not in json.dumps(rows) and "ghp_abc" not in json.dumps(rows)
+    assert SECRET not in json.dumps(rows) and "MADE_UP_REASON" not in json.dumps(rows)
+
+
+def test_record_refusal_scans_what_it_stores(core) -> None:
+    """A target is stored as its digest, but like every stored string it is scanned first: a
+    credential there is refused (UNAUTHORIZED, SECRET_FINDINGS) and its bytes are in no row."""
+    audit_id = "aud_" + token("")[:24]
+    with grpc.insecure_channel(core.address) as channel:
+        with pytest.raises(grpc.RpcError) as err:
+            host_pb2_grpc.HostServiceStub(channel).RecordRefusal(
+                host_pb2.RecordRefusalRequest(operation="engram_memory_forget", code="gate_failed",
+                                              reason_class="declined", reason_codes=["CONFIRMATION_DECLINED"],
+                                              target=SECRET),
+                metadata=((CONTEXT_METADATA_KEY, _signed(core, audit_id)),), timeout=10)
+    assert error_from_rpc_error(err.value).code is Code.UNAUTHORIZED
+    (row,) = audit_rows(core)[audit_id]
+    assert row["outcome"] == "UNAUTHORIZED" and "SECRET_FINDINGS" in refusal_of(row)["reason_codes"]
+    assert SECRET not in json.dumps(row)
 
 
 def test_record_refusal_pointer_keeps_schema_names_only(core) -> None:

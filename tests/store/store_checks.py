@@ -20,7 +20,7 @@ from engram_core.services.maintenance import check_audit, check_journal
 from engram_core.store.chain import scope_chain
 from engram_core.store.engine import TxEffects
 from engram_core.store.page_pins import Binding, Pin
-from engram_core.store.port import AuditRow, CandidateRow, IdempotencyRow, LexicalStats, RecordRow
+from engram_core.store.port import AuditRow, CandidateRow, HostKeyRow, IdempotencyRow, LexicalStats, RecordRow
 
 T, W = "acme", "alpha"
 OTHER = ("globex", "beta")
@@ -402,6 +402,50 @@ def check_metadata_trusted_keys_and_emptiness(target: Any) -> None:
         assert tx.trusted_host_keys() == [] and not tx.is_empty()
 
 
+def check_trusted_host_key_bindings(target: Any) -> None:
+    """Issue 26.3 (migration 13 on DuckDB): a key stored by ``add_trusted_host_key`` serves nothing;
+    ``bind_trusted_host_key`` stores a key with its binding or replaces a stored key's binding,
+    keeping its PEM and the time it was first trusted; a later ``add`` leaves a binding alone."""
+    store = target.open()
+    with store.write() as tx:
+        tx.add_trusted_host_key("hk_plain", "PEM-plain", 5)
+        tx.bind_trusted_host_key(HostKeyRow("hk_bound", "PEM-bound", 7, ("acme", "globex"), False, ("read",)))
+    with store.read() as tx:
+        assert tx.host_key_rows() == [HostKeyRow("hk_bound", "PEM-bound", 7, ("acme", "globex"), False, ("read",)),
+                                      HostKeyRow("hk_plain", "PEM-plain", 5, (), False, ())]
+    with store.write() as tx:
+        tx.bind_trusted_host_key(HostKeyRow("hk_plain", "PEM-other", 9, (), True, ("maintain", "read")))
+        tx.add_trusted_host_key("hk_bound", "PEM-bound", 11)  # again: its binding stays
+    target.close(store)
+    store = target.open()  # as stored, not as remembered
+    with store.read() as tx:
+        assert tx.host_key_rows() == [HostKeyRow("hk_bound", "PEM-bound", 7, ("acme", "globex"), False, ("read",)),
+                                      HostKeyRow("hk_plain", "PEM-plain", 5, (), True, ("maintain", "read"))]
+        assert tx.trusted_host_keys() == [("hk_bound", "PEM-bound"), ("hk_plain", "PEM-plain")]
+    with store.write() as tx:
+        assert tx.remove_trusted_host_key("hk_bound")
+    with store.read() as tx:
+        assert [row.key_id for row in tx.host_key_rows()] == ["hk_plain"]
+
+
+def check_scrubbed_candidate_facts_are_empty_and_the_rest_stays(target: Any) -> None:
+    """Issue 26.7: ``scrub_candidate_facts`` empties one candidate's facts, with the state change in
+    the same transaction, and leaves every other column and candidate as it was."""
+    store = target.open()
+    with store.write() as tx:
+        tx.insert_candidate(candidate("cand_scrub", cursor=1))
+        tx.insert_candidate(candidate("cand_kept", cursor=2))
+    with store.write() as tx:
+        tx.set_candidate_state("cand_scrub", "withdrawn", drop_envelope=True)
+        tx.scrub_candidate_facts("cand_scrub")
+    with store.read() as tx:
+        scrubbed, kept = tx.candidate(T, W, "cand_scrub"), tx.candidate(T, W, "cand_kept")
+    assert scrubbed is not None and kept is not None
+    assert (scrubbed.facts, scrubbed.state, scrubbed.sealed_envelope) == ({}, "withdrawn", None)
+    assert (scrubbed.payload_digest, scrubbed.trust_class, scrubbed.cursor) == ("sha256:" + "a" * 64, "asserted", 1)
+    assert kept.facts == {"n": 1} and kept.state == "pending"
+
+
 def check_a_second_process_writes_safely_or_is_fenced_off(target: Any) -> None:
     """An engine of one writer refuses a second process (FENCE_LOST) while a store is open; an
     engine of several lets both write, and cursors stay dense."""
@@ -543,6 +587,8 @@ CHECKS: list[Callable[[Any], None]] = [
     check_the_data_key_ledger,
     check_payload_standing_tombstones_and_families,
     check_metadata_trusted_keys_and_emptiness,
+    check_trusted_host_key_bindings,
+    check_scrubbed_candidate_facts_are_empty_and_the_rest_stays,
     check_a_second_process_writes_safely_or_is_fenced_off,
     check_records_keep_their_capture_session_and_instant,
     check_audit_rows_keep_the_context_nonce_their_call_claimed,

@@ -43,6 +43,7 @@ from engram_core.store.key_digests import KeyDigests
 from engram_core.store.port import (
     CandidateRow,
     Event,
+    HostKeyRow,
     IdempotencyRow,
     KeyDestruction,
     RecordRow,
@@ -393,6 +394,9 @@ class DuckDBEngineTx(RecordLinks, TrustClasses):
         decided = json.dumps(decision, sort_keys=True) if decision else None
         self._write(("candidate_state", candidate_id, state, decided, drop_envelope))
 
+    def scrub_candidate_facts(self, candidate_id: str) -> None:
+        self._exec("UPDATE candidates SET facts = '{}' WHERE candidate_id = ?", [candidate_id])
+
     # -- data keys ---------------------------------------------------------------
     def put_data_key(self, owner: str, slot: int, at_ms: int) -> None:
         self._insert("data_keys", [owner, slot, at_ms])
@@ -613,7 +617,24 @@ class DuckDBEngineTx(RecordLinks, TrustClasses):
         return [(r[0], r[1]) for r in self._all("SELECT key_id, public_key_pem FROM trusted_host_keys ORDER BY key_id")]
 
     def add_trusted_host_key(self, key_id: str, pem: str, at_ms: int) -> None:
-        self._exec("INSERT INTO trusted_host_keys VALUES (?, ?, ?) ON CONFLICT DO NOTHING", [key_id, pem, at_ms])
+        """Trust the key if it is not stored yet; a key stored so serves nothing until bound."""
+        self._exec("INSERT INTO trusted_host_keys (key_id, public_key_pem, added_at_ms) VALUES (?, ?, ?) "
+                   "ON CONFLICT DO NOTHING", [key_id, pem, at_ms])
+
+    def host_key_rows(self) -> list[HostKeyRow]:
+        rows = self._all("SELECT key_id, public_key_pem, added_at_ms, tenants, all_tenants, maintenance_scopes "
+                         "FROM trusted_host_keys ORDER BY key_id")
+        return [HostKeyRow(key_id=r[0], public_key_pem=r[1], added_at_ms=int(r[2]),
+                           tenants=tuple(json.loads(r[3] or "[]")), all_tenants=bool(r[4]),
+                           maintenance_scopes=tuple(json.loads(r[5] or "[]"))) for r in rows]
+
+    def bind_trusted_host_key(self, row: HostKeyRow) -> None:
+        self._exec("INSERT INTO trusted_host_keys (key_id, public_key_pem, added_at_ms, tenants, all_tenants, "
+                   "maintenance_scopes) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (key_id) DO UPDATE SET "
+                   "tenants = excluded.tenants, all_tenants = excluded.all_tenants, "
+                   "maintenance_scopes = excluded.maintenance_scopes",
+                   [row.key_id, row.public_key_pem, row.added_at_ms, json.dumps(list(row.tenants)), row.all_tenants,
+                    json.dumps(list(row.maintenance_scopes))])
 
     def remove_trusted_host_key(self, key_id: str) -> bool:
         n = self._one("SELECT count(*) FROM trusted_host_keys WHERE key_id = ?", [key_id])[0]  # type: ignore[index]

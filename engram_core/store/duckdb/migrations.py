@@ -260,6 +260,21 @@ UPDATE records SET session = c.session, captured_at_ms = c.captured_at_ms
   FROM candidates c WHERE c.candidate_id = records.candidate_id;
 """,
     ),
+    Migration(
+        13,
+        "trusted host keys carry the tenants and maintenance scopes they serve",
+        # Issue 26.3: any trusted host key could sign contexts for every tenant, maintenance
+        # scopes included. Each key now names what it serves (JSON lists of tenants and scopes,
+        # or all tenants) and the authz policy decides on it. A key trusted before this migration
+        # gets the defaults, which serve nothing: the operator binds it again (`engram admin
+        # trust-host-key --tenant T`). The data directory's own host.key is the operator's and is
+        # bound at every start, not here.
+        """
+ALTER TABLE trusted_host_keys ADD COLUMN tenants VARCHAR DEFAULT '[]';
+ALTER TABLE trusted_host_keys ADD COLUMN all_tenants BOOLEAN DEFAULT false;
+ALTER TABLE trusted_host_keys ADD COLUMN maintenance_scopes VARCHAR DEFAULT '[]';
+""",
+    ),
 )
 
 LEDGER_DDL = """
