@@ -103,6 +103,7 @@ from engram_core.store.engine import CommitHooks, TxEffects
 from engram_core.store.port import (
     CandidateRow,
     Event,
+    HostKeyRow,
     IdempotencyRow,
     KeyDestruction,
     RecordRow,
@@ -582,6 +583,9 @@ class PostgresEngineTx:
              row.sealed_envelope, row.captured_at_ms, row.cursor,
              json.dumps(row.decision, sort_keys=True) if row.decision else None, row.key_slot])
 
+    def scrub_candidate_facts(self, candidate_id: str) -> None:
+        self._write("UPDATE candidates SET facts = '{}' WHERE candidate_id = %s", [candidate_id])
+
     def candidate(self, tenant: str, workspace: str, candidate_id: str) -> CandidateRow | None:
         self._touch(tenant, workspace)
         row = self._one(f"SELECT {_CANDIDATE_COLS} FROM candidates WHERE candidate_id = %s AND tenant = %s "
@@ -855,7 +859,24 @@ class PostgresEngineTx:
         return [(r[0], r[1]) for r in self._query("SELECT key_id, public_key_pem FROM trusted_host_keys ORDER BY key_id")]
 
     def add_trusted_host_key(self, key_id: str, pem: str, at_ms: int) -> None:
-        self._write("INSERT INTO trusted_host_keys VALUES (%s, %s, %s) ON CONFLICT DO NOTHING", [key_id, pem, at_ms])
+        """Trust the key if it is not stored yet; a key stored so serves nothing until bound."""
+        self._write("INSERT INTO trusted_host_keys (key_id, public_key_pem, added_at_ms) VALUES (%s, %s, %s) "
+                    "ON CONFLICT DO NOTHING", [key_id, pem, at_ms])
+
+    def host_key_rows(self) -> list[HostKeyRow]:
+        rows = self._query("SELECT key_id, public_key_pem, added_at_ms, tenants, all_tenants, maintenance_scopes "
+                           "FROM trusted_host_keys ORDER BY key_id")
+        return [HostKeyRow(key_id=r[0], public_key_pem=r[1], added_at_ms=int(r[2]),
+                           tenants=tuple(json.loads(r[3] or "[]")), all_tenants=bool(r[4]),
+                           maintenance_scopes=tuple(json.loads(r[5] or "[]"))) for r in rows]
+
+    def bind_trusted_host_key(self, row: HostKeyRow) -> None:
+        self._write("INSERT INTO trusted_host_keys (key_id, public_key_pem, added_at_ms, tenants, all_tenants, "
+                    "maintenance_scopes) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (key_id) DO UPDATE SET "
+                    "tenants = excluded.tenants, all_tenants = excluded.all_tenants, "
+                    "maintenance_scopes = excluded.maintenance_scopes",
+                    [row.key_id, row.public_key_pem, row.added_at_ms, json.dumps(list(row.tenants)),
+                     row.all_tenants, json.dumps(list(row.maintenance_scopes))])
 
     def remove_trusted_host_key(self, key_id: str) -> bool:
         return bool(self._query("DELETE FROM trusted_host_keys WHERE key_id = %s RETURNING 1", [key_id]))

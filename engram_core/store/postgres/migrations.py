@@ -184,6 +184,17 @@ CREATE TABLE usage_buckets (
 CREATE INDEX usage_buckets_start ON usage_buckets (bucket_start_ms);
 """,
     ),
+    Migration(
+        5,
+        "trusted host keys carry the tenants and maintenance scopes they serve (DuckDB's migration 13)",
+        # Issue 26.3: each key names what it serves and the authz policy decides on it; a key
+        # trusted before gets the defaults, which serve nothing until the operator binds it again.
+        """
+ALTER TABLE trusted_host_keys ADD COLUMN tenants TEXT NOT NULL DEFAULT '[]';
+ALTER TABLE trusted_host_keys ADD COLUMN all_tenants BOOLEAN NOT NULL DEFAULT false;
+ALTER TABLE trusted_host_keys ADD COLUMN maintenance_scopes TEXT NOT NULL DEFAULT '[]';
+""",
+    ),
 )
 
 LEDGER_DDL = """
