@@ -22,11 +22,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from engram_core.api import admin_pb2, host_pb2, host_pb2_grpc, memory_pb2
+from engram_core.app.composition import start_core
 from engram_core.clock import SystemClock
 from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, HOST_CALL, TOOLS_LIST_CALL, make_context
 from engram_core.hostkeys import key_id, public_pem
 from engram_core.rpc.convert import value_to_message
-from engram_core.rpc.server import start_core
 
 OTHER = "globex"
 ENGRAM = str(Path(sys.executable).with_name("engram"))
