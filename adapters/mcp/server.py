@@ -165,7 +165,7 @@ def _time_unit_hint(tool: str, arguments: Any, exc: EngramError) -> dict[str, st
     """For a capture refused for its times (SPEC §4: epoch milliseconds), which fields look like
     another unit, e.g. ``likely_unit_mistake=/payload/valid_time/t:seconds``: pointers and unit
     names only, never the values."""
-    if tool != "engram_memory_capture" or exc.reason_class not in _TIME_CLASSES or not isinstance(arguments, dict):
+    if tool != CAPTURE_TOOL or exc.reason_class not in _TIME_CLASSES or not isinstance(arguments, dict):
         return {}
     payload = arguments.get("payload")
     found = []

@@ -9,10 +9,12 @@ import time
 
 import pytest
 from mcp_helpers import (
+    bearer,
     binding_for,
     capture_args,
     envelope_of,
     http_client,
+    http_token,
     start_http_adapter,
     stop,
     token,
@@ -33,13 +35,14 @@ def _dated(text: str, t: int) -> dict:
 
 
 async def test_seconds_and_microseconds_are_refused_and_the_log_names_the_unit(core, tmp_path) -> None:
+    secret, http = http_token(tmp_path)  # an HTTP adapter authenticates on every bind (issue 26.1)
     config = write_config(tmp_path / "units.toml", address=core.address, signing_key=core.host_key_path,
-                          binding=binding_for("acme"))
+                          binding=binding_for("acme"), extra=http)
     now_ms = time.time_ns() // 1_000_000
     seconds, micros = now_ms // 1000, now_ms * 1000
-    adapter = start_http_adapter(config)
+    adapter = start_http_adapter(config, headers=bearer(secret))
     try:
-        async with http_client(adapter.url) as client:
+        async with http_client(adapter.url, headers=bearer(secret)) as client:
             tools = {t.name: t for t in (await client.list_tools()).tools}
             valid_time = tools["engram_memory_capture"].input_schema["properties"]["payload"]["properties"]["valid_time"]
             for field in ("t", "t_end"):

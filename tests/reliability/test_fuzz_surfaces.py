@@ -415,12 +415,14 @@ def _as_sent(tool: str, args: Any) -> Any:
 
 
 def _adapter_pids() -> list[int]:
-    """The `engram mcp` subprocesses of this test process (Linux /proc)."""
+    """The `engram mcp` subprocesses of this test process serving the fuzz session's config
+    (Linux /proc): adapters other test modules of the same process started are not this one."""
     pids = []
     for children in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
         for pid in children.read_text().split():
             try:
-                if b"mcp" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if b"mcp" in cmdline and b"fuzz.toml" in cmdline:
                     pids.append(int(pid))
             except OSError:
                 pass
