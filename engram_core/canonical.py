@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
@@ -35,11 +36,67 @@ DIGEST_KINDS: tuple[str, ...] = (
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
-_INT_MAX = 2**53 - 1  # RFC 8785 / I-JSON: integers beyond this are not exact in a double
+SAFE_INTEGER = 2**53 - 1  # RFC 8785 / I-JSON: integers beyond this are not exact in a double
+_INT_MAX = SAFE_INTEGER
 
 
 class _Unusual(Exception):
     """A value the fast path does not handle itself; ``rfc8785`` decides (and raises)."""
+
+
+class Canonical:
+    """A JSON value and its RFC 8785 text, serialized once.
+
+    Wherever a Canonical appears inside another value, ``canonical_json`` (and so ``digest``)
+    writes its ``text`` instead of walking its ``value`` again: a capture's payload is walked
+    once and spliced into its request, operation, payload and record digests and its sealed
+    envelope (docs/architecture.md, "One request pipeline"). ``members``: for an object made by
+    ``canonical(value, depth=n)`` or ``canonical_object``, each member's own Canonical, so that
+    an object differing in a few members (the effective payload: retention resolved, scope
+    bound) is composed without walking the others again.
+    """
+
+    __slots__ = ("value", "text", "members")
+
+    def __init__(self, value: Any, text: str, members: Mapping[str, Canonical] | None = None) -> None:
+        self.value = value
+        self.text = text
+        self.members = members
+
+    @property
+    def data(self) -> bytes:
+        """The canonical bytes (UTF-8)."""
+        return self.text.encode("utf-8")
+
+    def __repr__(self) -> str:
+        return f"Canonical({self.text[:60]!r}{'...' if len(self.text) > 60 else ''})"
+
+
+def canonical(value: Any, *, depth: int = 0) -> Canonical:
+    """``value`` canonicalized once. ``depth`` > 0 keeps the members of objects that many
+    levels down as Canonicals of their own (``Canonical.members``), for composing others."""
+    if depth > 0 and type(value) is dict:
+        return canonical_object({k: canonical(v, depth=depth - 1) for k, v in value.items()})
+    return Canonical(value, canonical_json(value).decode("utf-8"))
+
+
+def canonical_object(members: Mapping[str, Canonical]) -> Canonical:
+    """The object of ``members`` (already canonical), composed without walking them: the
+    members' texts in RFC 8785 key order. ``value`` keeps the members' insertion order."""
+    keys = sorted(members) if "".join(members).isascii() else sorted(members, key=_utf16)
+    text = "{" + ",".join(f"{encode_basestring(k)}:{members[k].text}" for k in keys) + "}"
+    return Canonical({k: m.value for k, m in members.items()}, text, dict(members))
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every Canonical replaced by its value (for ``rfc8785``, which knows none)."""
+    if isinstance(value, Canonical):
+        return value.value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def canonical_json(value: Any) -> bytes:
@@ -59,7 +116,7 @@ def canonical_json(value: Any) -> bytes:
         _walk(value, out)
         return "".join(out).encode("utf-8")
     except (_Unusual, UnicodeEncodeError, TypeError):
-        return rfc8785.dumps(value)
+        return rfc8785.dumps(_plain(value))
 
 
 def _utf16(key: str) -> bytes:
@@ -104,9 +161,22 @@ def _walk(v: Any, out: list[str]) -> None:
     elif v is None:
         out.append("null")
     elif t is float:
-        out.append(rfc8785.dumps(v).decode())
+        out.append(_float_text(v))
+    elif t is Canonical:
+        out.append(v.text)  # serialized once already: spliced, not walked again
     else:
         raise _Unusual
+
+
+def _float_text(v: float) -> str:
+    """RFC 8785 (ECMAScript) number text. Between 1e-4 and 1e16 Python's ``repr`` is the same
+    shortest round-trip digits in plain notation, which ECMAScript also writes there, but for
+    an integral value's ".0" (search scores live here); elsewhere ``rfc8785`` formats (and
+    refuses NaN and infinities)."""
+    if 1e-4 <= abs(v) < 1e16:
+        text = repr(v)
+        return text[:-2] if text.endswith(".0") else text
+    return rfc8785.dumps(v).decode()
 
 
 def digest(kind: str, value: Any) -> str:

@@ -120,8 +120,19 @@ REFUSALS: dict[Code, dict[str, str]] = {
                       "epoch-millisecond integers).",
         "value_not_allowed": "A field has a value its schema does not allow; see the field's enum or const.",
         "out_of_range": "A number or the length of a list is outside the bounds its schema states.",
-        "length_out_of_range": "A string's length is outside its bounds. Sizes are UTF-8 bytes: "
-                               "idempotency_key 16-256, references 1-512, text up to 65,536.",
+        # One class per byte-bounded field, so the message names the bound that was broken.
+        "query_length": "query is outside its bounds: 1-8,192 UTF-8 bytes.",
+        "text_length": "A component's text is outside its bounds: 1-65,536 UTF-8 bytes.",
+        "attestation_length": "evidence.attestation is longer than its bound: at most 4,096 UTF-8 bytes.",
+        "idempotency_key_length": "idempotency_key is outside its bounds: 16-256 UTF-8 bytes (16 or more "
+                                  "ASCII characters).",
+        "ref_length": "A reference (purpose_ref, an id you chose, a citation id, source_ref, evidence_ref, "
+                      "reason_ref, type_ref, a locator field or a family ref) is outside its bounds: "
+                      "1-512 UTF-8 bytes.",
+        "page_cursor_length": "page_cursor is outside its bounds (1-4,096 bytes): copy next_page_cursor "
+                              "exactly as the previous page returned it.",
+        "length_out_of_range": "A string's length is outside its bounds; see the field's description "
+                               "(sizes are UTF-8 bytes).",
         "format": "A string does not have its required format (an id, an instant or a cursor); see the "
                   "field's pattern and description.",
         "duplicate_items": "A list that must hold unique items holds one twice.",
@@ -148,6 +159,12 @@ REFUSALS: dict[Code, dict[str, str]] = {
         "expiry_beyond_cap": "retention.expires_at is beyond the host's retention cap.",
         "family_not_consented": "A reconciliation family is not consented to by the host; omit "
                                 "reconciliation unless told otherwise.",
+        "time_before_floor": "valid_time.t or primary_event.at is earlier than the host accepts. Times are "
+                             "epoch milliseconds: 2026-01-01T00:00:00.000Z is 1767225600000, not 1767225600 "
+                             "(epoch seconds).",
+        "time_beyond_horizon": "valid_time.t or primary_event.at is further in the future than the host "
+                               "accepts. Times are epoch milliseconds: 2026-01-01T00:00:00.000Z is "
+                               "1767225600000 (not micro- or nanoseconds).",
         "scope_not_active": "Memory is not active for this scope: the host operator must activate it.",
         "memory_disabled": "Memory is not enabled for this host.",
         "tool_not_granted": "This tool is not granted to you in this scope.",
@@ -163,6 +180,20 @@ REFUSALS: dict[Code, dict[str, str]] = {
     },
 }
 
+# Reason codes a host may record for a refusal it decided itself (HostService.RecordRefusal; issue
+# 26.7), by code: the validation reasons (engram_core.validation names each by its INVALID_SCHEMA
+# class) and the MCP adapter's own confirmation and purpose reasons. Anything else is refused, so
+# the audit table holds catalogue values only, never a string the caller chose. A host refusal
+# with new reasons adds them here.
+_VALIDATION_REASONS = frozenset(REFUSALS[Code.INVALID_SCHEMA])
+HOST_REFUSAL_REASONS: dict[Code, frozenset[str]] = {
+    Code.INVALID_SCHEMA: _VALIDATION_REASONS,
+    Code.INVALID_DIGEST: _VALIDATION_REASONS,
+    Code.GATE_FAILED: frozenset({"CONFIRMATION_DECLINED", "CONFIRMATION_STATE_INVALID", "CONFIRMATION_TIMED_OUT",
+                                 "ELICITATION_FAILED", "ELICITATION_UNSUPPORTED"}),
+    Code.TRUSTED_CONTEXT_UNAVAILABLE: frozenset({"PURPOSE_MISMATCH"}),
+}
+
 # Policy reason codes (Rego ``reasons[].code``) -> the class the agent is told, first match
 # wins. A reason code not listed (a new deny rule) gives the code's plain message; logs and
 # the audit row always carry the reason codes themselves.
@@ -171,6 +202,8 @@ POLICY_REASON_CLASSES: tuple[tuple[str, str], ...] = (
     ("RETAIN_NOT_ALLOWED", "retain_not_allowed"),
     ("EXPIRY_BEYOND_CAP", "expiry_beyond_cap"),
     ("FAMILY_NOT_CONSENTED", "family_not_consented"),
+    ("TIME_BEFORE_FLOOR", "time_before_floor"),
+    ("TIME_BEYOND_HORIZON", "time_beyond_horizon"),
     ("SCOPE_NOT_ACTIVATED", "scope_not_active"),
     ("MEMORY_DISABLED", "memory_disabled"),
     ("TOOL_NOT_GRANTED", "tool_not_granted"),

@@ -8,15 +8,15 @@ hosts and the MCP adapter sign, the core verifies.
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from engram_core.api import context_pb2
-from engram_core.context_nonces import ContextNonceLedger
+from engram_core.context_nonces import CALLS_LANE, MAINTENANCE_LANE, ContextNonceLedger
 from engram_core.errors import Code, EngramError
-from engram_core.hostkeys import TrustedHostKeys, key_id
+from engram_core.hostkeys import HostKeyBinding, TrustedHostKeys, key_id
 
 CONTEXT_METADATA_KEY = "engram-host-context-bin"
 CONFIRMATION_METADATA_KEY = "engram-confirmation-bin"
@@ -28,6 +28,10 @@ DEFAULT_CONTEXT_TTL_MS = 30_000
 MAX_GRANT_TTL_MS = 300_000         # SPEC §8: a confirmation lives at most 300 s
 GRANT_EXECUTION_WINDOW_MS = 30_000  # SPEC §8: executed within 30 s of approval
 CLOCK_SKEW_MS = 5_000
+# What a context can be signed for (``HostContext.call``), besides a tool name.
+TOOLS_LIST_CALL = "tools/list"
+HOST_CALL = "host"
+ADMIN_CALL = "admin"
 
 # Domain separation: a signed context can never be replayed as a grant.
 _CONTEXT_DOMAIN = b"engram/host-context/v1\x00"
@@ -53,6 +57,16 @@ class BoundContext:
     maintenance_scopes: tuple[str, ...]
     authorization_epoch: int
     host_key_id: str
+    # What the signing key is bound to serve, as trusted when the context verified (issue 26.3).
+    host_key: HostKeyBinding | None = None
+    call: str = ""  # what the host signed it for (HostContext.call)
+    nonce: str = ""
+    nonce_ref: str = ""  # set once this call claimed the nonce (context_nonces.nonce_ref): its audit rows name it
+
+    @property
+    def nonce_lane(self) -> str:
+        """The ledger lane of its nonce: maintenance contexts have capacity of their own."""
+        return MAINTENANCE_LANE if self.host_principal and self.maintenance_scopes else CALLS_LANE
 
     @property
     def scope(self) -> tuple[str, str]:
@@ -75,6 +89,7 @@ def sign_grant(grant: context_pb2.ConfirmationGrant, key: Ed25519PrivateKey) -> 
 def make_context(
     key: Ed25519PrivateKey,
     *,
+    call: str,
     tenant: str,
     workspace: str,
     principal: str,
@@ -90,7 +105,8 @@ def make_context(
     authorization_epoch: int = 0,
     credential_ref: str = "",
 ) -> bytes:
-    """Build and sign a host context; returns the metadata value."""
+    """Build and sign a host context for ``call`` (a tool name, ``TOOLS_LIST_CALL``,
+    ``HOST_CALL`` or ``ADMIN_CALL``); returns the metadata value."""
     ctx = context_pb2.HostContext(
         tenant=tenant,
         workspace=workspace,
@@ -107,6 +123,7 @@ def make_context(
         maintenance_scopes=list(maintenance_scopes),
         authorization_epoch=authorization_epoch,
         nonce=secrets.token_hex(8),
+        call=call,
     )
     return sign_context(ctx, key)
 
@@ -123,14 +140,17 @@ def _open(domain: bytes, raw: bytes, trusted: TrustedHostKeys) -> tuple[bytes, s
 
 
 def verify_context(raw: bytes | None, trusted: TrustedHostKeys, *, now_ms: int,
-                   nonces: ContextNonceLedger | None = None) -> BoundContext:
+                   nonces: ContextNonceLedger | None = None,
+                   calls: frozenset[str] | None = None) -> BoundContext:
     """Verify a signed context or raise TRUSTED_CONTEXT_UNAVAILABLE (SPEC §2).
 
-    With ``nonces`` the context is also single use: its nonce is claimed, and a
-    second presentation is refused like a bad context. Every gRPC call that acts
-    passes the core's ledger; only in-process callers that sign a context for
-    themselves, and the tool listing (which a fronting host's one context per
-    request is also used for), leave it out.
+    ``calls``: what the context must have been signed for (``HostContext.call``); None only
+    for in-process callers that sign a context for themselves. With ``nonces`` the context
+    is also single use: its nonce is claimed, and a second presentation is refused like a
+    bad context. Every gRPC call that acts passes the core's ledger; the calls that act on
+    nothing (the tool listing, CheckGated, RecordRefusal, which a fronting host's one context
+    per request is also used for) leave it out, and a context signed for one of those cannot
+    act, because acting calls accept only the context signed for them.
     """
     if not raw:
         raise EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, "no host context")
@@ -146,9 +166,10 @@ def verify_context(raw: bytes | None, trusted: TrustedHostKeys, *, now_ms: int,
         raise EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, "context lifetime out of bounds")
     if now_ms >= ctx.expires_at_ms or ctx.issued_at_ms > now_ms + CLOCK_SKEW_MS:
         raise EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, "context expired or not yet valid")
-    if nonces is not None:
-        nonces.claim(kid, ctx.nonce, issued_at_ms=ctx.issued_at_ms, expires_at_ms=ctx.expires_at_ms, now_ms=now_ms)
-    return BoundContext(
+    if calls is not None and ctx.call not in calls:
+        raise EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, "context not signed for this call",
+                          reasons=("CONTEXT_CALL_MISMATCH",))
+    bound = BoundContext(
         tenant=ctx.tenant,
         workspace=ctx.workspace,
         principal=ctx.principal,
@@ -164,7 +185,15 @@ def verify_context(raw: bytes | None, trusted: TrustedHostKeys, *, now_ms: int,
         maintenance_scopes=tuple(ctx.maintenance_scopes),
         authorization_epoch=ctx.authorization_epoch,
         host_key_id=kid,
+        host_key=trusted.binding(kid),
+        call=ctx.call,
+        nonce=ctx.nonce,
     )
+    if nonces is not None:
+        ref = nonces.claim(kid, ctx.nonce, issued_at_ms=ctx.issued_at_ms, expires_at_ms=ctx.expires_at_ms,
+                           now_ms=now_ms, lane=bound.nonce_lane)
+        bound = replace(bound, nonce_ref=ref)
+    return bound
 
 
 def make_grant(

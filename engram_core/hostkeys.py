@@ -6,6 +6,13 @@ host). The core's own ``confirmation.key`` is a *grant signer*: it signs the
 grants ``HostService.IssueConfirmation`` issues and nothing else, so a context
 signed with it is refused, whoever holds the file. ``engram serve`` creates
 ``DIR/host.key`` on first run and trusts it. Private key bytes are never logged.
+
+Each host key carries a *binding* (:class:`HostKeyBinding`): the tenants and the
+maintenance scopes it serves. The authz policy sees the binding of the key that signed a
+context (``input.context.host_key``) and decides; the core only carries it. The data
+directory's own ``host.key`` and keys named by ``engram serve --trust-host-key`` are the
+operator's own (``local``); keys added through ``AdminService.TrustHostKey`` serve the
+tenants and scopes named there, and a key stored without a binding serves nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +20,9 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -62,6 +71,33 @@ def load_or_create_private_key(path: Path) -> Ed25519PrivateKey:
     return create_private_key_file(path)
 
 
+@dataclass(frozen=True)
+class HostKeyBinding:
+    """What one trusted host key is bound to serve (issue 26.3); the policy decides on it.
+
+    ``local``: the operator's own key (``DIR/host.key``, ``--trust-host-key`` at start), which
+    the default policy lets act for every tenant and maintenance scope, as before bindings.
+    ``all_tenants``: a key added for every tenant, with the maintenance scopes named.
+    ``tenants``/``maintenance_scopes``: sorted, unique; empty serves nothing."""
+
+    key_id: str
+    local: bool = False
+    all_tenants: bool = False
+    tenants: tuple[str, ...] = ()
+    maintenance_scopes: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, key_id: str, *, tenants: list[str] | tuple[str, ...] = (), all_tenants: bool = False,
+           maintenance_scopes: list[str] | tuple[str, ...] = (), local: bool = False) -> HostKeyBinding:
+        return cls(key_id=key_id, local=local, all_tenants=all_tenants, tenants=tuple(sorted(set(tenants))),
+                   maintenance_scopes=tuple(sorted(set(maintenance_scopes))))
+
+    def facts(self) -> dict[str, Any]:
+        """``input.context.host_key`` of every policy decision made for a context this key signed."""
+        return {"id": self.key_id, "local": self.local, "all_tenants": self.all_tenants,
+                "tenants": list(self.tenants), "maintenance_scopes": list(self.maintenance_scopes)}
+
+
 class KeyRoleConflict(ValueError):
     """A key offered as a host key is the core's grant signer (or the reverse)."""
 
@@ -75,22 +111,38 @@ class TrustedHostKeys:
 
     def __init__(self, keys: list[Ed25519PublicKey] | None = None, *,
                  grant_signers: list[Ed25519PublicKey] | None = None) -> None:
+        """``keys``: the operator's own host keys (bound ``local``)."""
         self._lock = threading.Lock()
         self._keys: dict[str, Ed25519PublicKey] = {}
+        self._bindings: dict[str, HostKeyBinding] = {}
         self._grant_signers: dict[str, Ed25519PublicKey] = {}
         for g in grant_signers or []:
             self.add_grant_signer(g)
         for k in keys or []:
-            self.add(k)
+            self.add(k, local=True)
 
-    def add(self, key: Ed25519PublicKey) -> str:
-        """Trust a host key (contexts and grants)."""
+    def add(self, key: Ed25519PublicKey, *, local: bool = False, tenants: list[str] | tuple[str, ...] = (),
+            all_tenants: bool = False, maintenance_scopes: list[str] | tuple[str, ...] = ()) -> str:
+        """Trust a host key (contexts and grants) with its binding. A local key stays local: the
+        operator's own key is not narrowed by a stored row naming it."""
         kid = key_id(key)
         with self._lock:
             if kid in self._grant_signers:
                 raise KeyRoleConflict("the core's confirmation key cannot be trusted as a host key")
+            if not (kid in self._bindings and self._bindings[kid].local):
+                self._bindings[kid] = HostKeyBinding.of(kid, tenants=tenants, all_tenants=all_tenants,
+                                                        maintenance_scopes=maintenance_scopes, local=local)
             self._keys[kid] = key
         return kid
+
+    def binding(self, kid: str) -> HostKeyBinding:
+        """The binding of a trusted host key; an unknown key serves nothing."""
+        with self._lock:
+            return self._bindings.get(kid) or HostKeyBinding(key_id=kid)
+
+    def bindings(self) -> list[HostKeyBinding]:
+        with self._lock:
+            return [self._bindings[k] for k in sorted(self._keys)]
 
     def add_grant_signer(self, key: Ed25519PublicKey) -> str:
         """Trust a key for confirmation grants only (the core's confirmation.key)."""
@@ -103,6 +155,7 @@ class TrustedHostKeys:
 
     def remove(self, kid: str) -> bool:
         with self._lock:
+            self._bindings.pop(kid, None)
             return self._keys.pop(kid, None) is not None
 
     def is_grant_signer(self, kid: str) -> bool:

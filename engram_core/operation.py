@@ -11,16 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from engram_core.canonical import digest
-
-# Which argument names the target of each tool ("" for capture: no target yet).
-TARGET_FIELD: dict[str, str | None] = {
-    "engram_memory_search": None,
-    "engram_memory_get": "record_id",
-    "engram_memory_capture": None,
-    "engram_memory_request_admission": "candidate_id",
-    "engram_memory_withdraw": "candidate_id",
-    "engram_memory_forget": "record_id",
-}
+from engram_core.tools import TARGET_FIELD
 
 
 def target_of(tool: str, arguments: Mapping[str, Any]) -> str:

@@ -7,18 +7,36 @@ convention, a hand-off. Each maps the kind onto components (``context`` / ``deci
 ``evidence``) and citations. ``tests/mcp/test_mcp_schema_examples.py`` validates every
 example against its schema and runs each through a real adapter and core.
 
-The ids in the non-capture examples (candidate_id, record_id) are shapes only: an agent
-copies the id a previous call returned. ``purpose_ref`` stands for the purpose the host
-bound; an agent passes its own.
+The ids in the non-capture examples (candidate_id, record_id) are placeholders that say so
+in their own letters: no call can succeed with them, since an id exists only once a previous
+call returned it. ``EXAMPLE_ID_NOTES`` says in each such schema's description which earlier
+result the id comes from. ``purpose_ref`` stands for the purpose the host bound; the adapter
+writes the bound one into the examples it lists.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GET_TOOL, SEARCH_TOOL, WITHDRAW_TOOL
+
 EXAMPLE_PURPOSE = "purpose:engineering-notes"
-EXAMPLE_CANDIDATE_ID = "cand_k5rvm3xq7hzt2b4wyn6dfpcaje"
-EXAMPLE_RECORD_ID = "mem_alxt5eiyohk3vmdk3glms7kealgifaacimtnqg4tkpvkzcfjngwa"
+# Valid shapes (cand_ + base32; mem_ + 52 base32 characters) spelling out what they stand for.
+EXAMPLE_CANDIDATE_ID = "cand_placeholdercopythecandidateidcapturereturned"
+EXAMPLE_RECORD_ID = "mem_placeholdercopyarecordidfromsearchoradmissionresults"
+
+_RECORD_ID_NOTE = ("The example's record_id is a placeholder (it answers NOT_FOUND): copy the record_id from an "
+                   "earlier call's result, records[].record.record_id of engram_memory_search or "
+                   "outcome.record_id of an accepted engram_memory_request_admission.")
+_CANDIDATE_ID_NOTE = ("The example's candidate_id is a placeholder (it answers NOT_FOUND): copy the candidate_id "
+                      "from an earlier call's result, the one engram_memory_capture returned.")
+# Appended to the description of each tool whose examples need an id from an earlier call.
+EXAMPLE_ID_NOTES: dict[str, str] = {
+    GET_TOOL: _RECORD_ID_NOTE,
+    ADMISSION_TOOL: _CANDIDATE_ID_NOTE,
+    WITHDRAW_TOOL: _CANDIDATE_ID_NOTE,
+    FORGET_TOOL: _RECORD_ID_NOTE,
+}
 
 # Times are epoch milliseconds (2025-12-01T00:00:00.000Z and later).
 _T0 = 1_764_547_200_000
@@ -214,10 +232,10 @@ FORGET_EXAMPLES: list[dict[str, Any]] = [
 ]
 
 TOOL_EXAMPLES: dict[str, list[dict[str, Any]]] = {
-    "engram_memory_search": SEARCH_EXAMPLES,
-    "engram_memory_get": GET_EXAMPLES,
-    "engram_memory_capture": [example for _, example in CAPTURE_EXAMPLES.values()],
-    "engram_memory_request_admission": ADMISSION_EXAMPLES,
-    "engram_memory_withdraw": WITHDRAW_EXAMPLES,
-    "engram_memory_forget": FORGET_EXAMPLES,
+    SEARCH_TOOL: SEARCH_EXAMPLES,
+    GET_TOOL: GET_EXAMPLES,
+    CAPTURE_TOOL: [example for _, example in CAPTURE_EXAMPLES.values()],
+    ADMISSION_TOOL: ADMISSION_EXAMPLES,
+    WITHDRAW_TOOL: WITHDRAW_EXAMPLES,
+    FORGET_TOOL: FORGET_EXAMPLES,
 }

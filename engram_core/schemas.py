@@ -13,6 +13,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from engram_core.tools import (
+    ADMISSION_TOOL,
+    CAPTURE_TOOL,
+    FORGET_TOOL,
+    GET_TOOL,
+    SEARCH_TOOL,
+    TOOL_NAMES,
+    WITHDRAW_TOOL,
+)
+
 SAFE_INT = 2**53 - 1
 MAX_ARGUMENT_BYTES = 1_048_576
 IDEMPOTENCY_KEY_MIN_BYTES = 16
@@ -26,14 +36,7 @@ CURSOR_PATTERN = r"^(0|[1-9][0-9]{0,19})$"
 # Matches a string holding at least one non-ASCII character (unanchored search, linear).
 _NON_ASCII = "[^\\x00-\\x7f]"
 
-TOOL_NAMES: tuple[str, ...] = (
-    "engram_memory_search",
-    "engram_memory_get",
-    "engram_memory_capture",
-    "engram_memory_request_admission",
-    "engram_memory_withdraw",
-    "engram_memory_forget",
-)
+__all__ = ["TOOL_NAMES"]  # the tool list, with the schemas it names (engram_core.tools)
 
 # Said once, appended to the description of every string with a byte bound.
 _BYTES_NOTE = "Sizes are UTF-8 bytes (the schema's length counts characters); NFC only."
@@ -68,7 +71,9 @@ def _int(description: str, minimum: int = -SAFE_INT, maximum: int = SAFE_INT) ->
 
 def _epoch_ms(description: str) -> dict[str, Any]:
     return _int(f"{description} Epoch milliseconds (UTC), a safe integer (|n| <= 2^53-1), "
-                "e.g. 1764547200000 is 2025-12-01T00:00:00.000Z.")
+                "e.g. 1764547200000 is 2025-12-01T00:00:00.000Z. Not epoch seconds: 1764547200 would mean "
+                "1970-01-21. Times outside the host's window (too early, or too far ahead) are refused "
+                "with UNAUTHORIZED.")
 
 
 def _digest(description: str) -> dict[str, Any]:
@@ -260,7 +265,7 @@ _ARGS_NOTE = (" Every object is closed (an unknown field is INVALID_SCHEMA); omi
               "arguments are at most 1,048,576 bytes.")
 
 INPUT_SCHEMAS: dict[str, dict[str, Any]] = {
-    "engram_memory_search": _obj(
+    SEARCH_TOOL: _obj(
         {
             "query": _text(8_192, "What you are looking for, in words."),
             "purpose_ref": PURPOSE_REF,
@@ -287,34 +292,34 @@ INPUT_SCHEMAS: dict[str, dict[str, Any]] = {
         ["query", "purpose_ref"],
         "Search current, accepted records." + _ARGS_NOTE,
     ),
-    "engram_memory_get": _obj(
+    GET_TOOL: _obj(
         {"record_id": record_id_schema("The record to read, as search returned it."),
          "purpose_ref": PURPOSE_REF,
          "max_packet_bytes": MAX_PACKET_BYTES},
         ["record_id", "purpose_ref"],
         "Read one current record." + _ARGS_NOTE,
     ),
-    "engram_memory_capture": _obj(
+    CAPTURE_TOOL: _obj(
         {"idempotency_key": _idempotency_key("Names this capture."), "payload": PAYLOAD, "evidence": EVIDENCE},
         ["idempotency_key", "payload", "evidence"],
         "Submit cited knowledge as a pending candidate. Cross-references: citation_ids and component_ids "
         "unique; every cited id resolves into payload.citations; primary_component_id names a component; "
         "primary_event.citation_id is in citations and in the primary component." + _ARGS_NOTE,
     ),
-    "engram_memory_request_admission": _obj(
+    ADMISSION_TOOL: _obj(
         {"candidate_id": candidate_id_schema("The pending candidate to decide."),
          "idempotency_key": _idempotency_key("Names this admission request.")},
         ["candidate_id", "idempotency_key"],
         "Ask the admission policy to decide a candidate." + _ARGS_NOTE,
     ),
-    "engram_memory_withdraw": _obj(
+    WITHDRAW_TOOL: _obj(
         {"candidate_id": candidate_id_schema("Your pending candidate to withdraw."),
          "idempotency_key": _idempotency_key("Names this withdrawal."),
          "reason_ref": _ref("Why, e.g. \"reason:captured-by-mistake\"; shown to the human who confirms.")},
         ["candidate_id", "idempotency_key", "reason_ref"],
         "Withdraw a pending candidate; a human confirms through the host." + _ARGS_NOTE,
     ),
-    "engram_memory_forget": _obj(
+    FORGET_TOOL: _obj(
         {"record_id": record_id_schema("The record to forget."),
          "idempotency_key": _idempotency_key("Names this forget."),
          "reason_ref": _ref("Why, e.g. \"reason:superseded-by-adr-0012\"; shown to the human who confirms.")},
@@ -325,11 +330,14 @@ INPUT_SCHEMAS: dict[str, dict[str, Any]] = {
 
 
 def _with_examples() -> None:
-    """Attach each tool's complete examples (engram_core.schema_examples) to its input schema."""
-    from engram_core.schema_examples import TOOL_EXAMPLES
+    """Attach each tool's complete examples (engram_core.schema_examples) to its input schema,
+    and say in the description where an example's placeholder id really comes from."""
+    from engram_core.schema_examples import EXAMPLE_ID_NOTES, TOOL_EXAMPLES
 
     for tool, schema in INPUT_SCHEMAS.items():
         schema["examples"] = TOOL_EXAMPLES[tool]
+        if tool in EXAMPLE_ID_NOTES:
+            schema["description"] = f"{schema['description']} {EXAMPLE_ID_NOTES[tool]}"
 
 
 _with_examples()
@@ -426,7 +434,7 @@ READ_RECEIPT: dict[str, Any] = {
 }
 
 OUTPUT_VALUES: dict[str, dict[str, Any]] = {
-    "engram_memory_search": _obj(
+    SEARCH_TOOL: _obj(
         {
             "records": {
                 "type": "array",
@@ -455,7 +463,7 @@ OUTPUT_VALUES: dict[str, dict[str, Any]] = {
         ["records", "rank_receipt", "response_digest"],
         "A page of current records.",
     ),
-    "engram_memory_get": _obj(
+    GET_TOOL: _obj(
         {
             "record": RECORD_OUT,
             "redacted_fields": _REDACTED_FIELDS,
@@ -466,7 +474,7 @@ OUTPUT_VALUES: dict[str, dict[str, Any]] = {
         ["record", "redacted_fields", "redaction_receipt_digest", "read_receipt", "packet_digest"],
         "One current record.",
     ),
-    "engram_memory_capture": _obj(
+    CAPTURE_TOOL: _obj(
         {
             "status": {"type": "string", "enum": ["committed_pending", "duplicate_exact"],
                        "description": "committed_pending: a new sealed candidate; duplicate_exact: this key "
@@ -479,7 +487,7 @@ OUTPUT_VALUES: dict[str, dict[str, Any]] = {
         ["status", "candidate_id", "cursor", "transaction_receipt_digest"],
         "The candidate made (or found again).",
     ),
-    "engram_memory_request_admission": _obj(
+    ADMISSION_TOOL: _obj(
         {
             "outcome": _obj(
                 {
@@ -508,7 +516,7 @@ OUTPUT_VALUES: dict[str, dict[str, Any]] = {
         ["outcome", "replayed"],
         "The decision on the candidate.",
     ),
-    "engram_memory_withdraw": _obj(
+    WITHDRAW_TOOL: _obj(
         {
             "receipt": TRANSITION_RECEIPT,
             "replayed": {"type": "boolean", "description": "true: this key was used before; stored answer."},
@@ -518,7 +526,7 @@ OUTPUT_VALUES: dict[str, dict[str, Any]] = {
         ["receipt", "replayed", "key_destruction"],
         "The withdrawal.",
     ),
-    "engram_memory_forget": _obj(
+    FORGET_TOOL: _obj(
         {
             "receipt": TRANSITION_RECEIPT,
             "replayed": {"type": "boolean", "description": "true: this key was used before; stored answer."},

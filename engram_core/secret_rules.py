@@ -20,16 +20,33 @@ is distinctive, so a token glued to a preceding word is still found. The licence
 
     detect-secrets — Apache License 2.0. Copyright (c) 2018 Yelp, Inc.
 
-A rule is ``(rule id, kind, keywords, pattern)``. ``kind`` is the credential class the
-capture policy sees; ``rule`` says which shape matched (a policy author can single one
+A rule is ``(rule id, kind, keywords, pattern, slot)``. ``kind`` is the credential class
+the capture policy sees; ``rule`` says which shape matched (a policy author can single one
 out). ``keywords`` (lowercase) gate the rule as in gitleaks: it runs only when one of them
 occurs in the lower-cased text; an empty tuple means it always runs. Every pattern is
 compiled by RE2, which matches in time linear in the input: no rule can backtrack.
+
+``slot`` is set on the rules that find a credential by its *slot* (a name and an assignment,
+``curl -u user:…``, a DSN's password) rather than by its own shape: the same pattern with
+capturing groups around the slot's content (one participates per match). A match whose
+content holds no secret (``secret_slots``: a placeholder such as ``********``,
+``${DB_PASSWORD}``, ``<redacted>``, ``changeme``; or, unquoted, code such as
+``settings.DB_PASSWORD``) is not counted.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
+
+from engram_core.secret_slots import CODE_IDENTIFIERS, CODE_NAMES, CODE_NONE, CODE_PATHS
+
+
+class Slot(NamedTuple):
+    """How a slot rule's match is judged (``secret_slots.holds_no_secret``)."""
+
+    pattern: str  # the rule's pattern with capturing groups around the content; one participates
+    bare_group: int = 0  # the (1-based) group that holds an unquoted value; 0 when none does
+    code: str = CODE_NONE  # which code shapes an unquoted value may take without counting
 
 
 class Rule(NamedTuple):
@@ -37,13 +54,57 @@ class Rule(NamedTuple):
     kind: str
     keywords: tuple[str, ...]
     pattern: str
+    slot: Slot | None = None  # None: the shape alone counts
+
+
+def _slot(rule: str, kind: str, keywords: tuple[str, ...], parts: tuple[str, ...], *,
+          bare_group: int = 0, code: str = CODE_NONE) -> Rule:
+    """A rule that finds a credential by its slot: ``parts`` alternate between the pattern
+    around the content and the content itself (odd positions), so that the counted pattern
+    and the one that extracts the content are built from the same text."""
+    pattern = "".join(p if i % 2 == 0 else f"(?:{p})" for i, p in enumerate(parts))
+    with_groups = "".join(p if i % 2 == 0 else f"({p})" for i, p in enumerate(parts))
+    return Rule(rule, kind, keywords, pattern, Slot(with_groups, bare_group, code))
 
 
 # Counted repetitions are kept short or open-ended ({n,}): a bounded count that many
 # positions of a long run can start (``[a-z]{1,20}``) multiplies the automaton's states.
 # Keyword-led assignments (``name = value``) share the separator gitleaks uses.
 _ASSIGN = r"""[ \t'"]{0,3}(?:=|:=|=>|:|\|\|)[ \t'"`]{0,5}"""
-_VALUE_END = r"""(?:[\s'";,#]|$)"""
+# Where an unquoted value ends: a space, a quote, a separator, a closing parenthesis (a
+# credential in parentheses), the end. Not "(": ``getpass()`` is a call.
+_VALUE_END = r"""(?:[\s'";,#)]|$)"""
+
+# -- credentials named by a key, in any structured text ------------------------------------
+# ``password: …`` (YAML), ``"password": "…"`` (JSON), ``{'password': '…'}`` (a Python dict),
+# ``password = "…"`` (TOML, INI), ``:password => "…"`` (Ruby), ``config["password"] = "…"``,
+# ``--password=…``. The key may be quoted and may carry a prefix (``db_password``,
+# ``dbPassword``, ``mysql.password``): the name must end the key, so ``password_policy: …``
+# is not a slot. Boundaries are zero-width (``\b``): a class before the key would consume the
+# character that ended the previous match, and the second of ``pass=a pass=b`` would be missed.
+_KEY_END = r"""['"]?\]?[ \t]*(?:=>|:=|=|:)[ \t]*"""
+_PASSWORD_NAME = r"(?:password|passwd|passphrase|(?:\b|_)(?:pass|pwd))"
+_SECRET_NAME = (
+    r"(?:(?:api|secret|private|access|signing|encryption|master|client|app|account|auth)[_.-]?key"
+    r"|secret"
+    r"|(?:access|refresh|auth|api|bearer|session|id|oauth|client|bot|app|private|secret|personal[_.-]?access)"
+    r"[_.-]?token"
+    r"|(?:\b|_)token)"
+)
+
+
+_NAMED_BARE = 3  # _named_value's groups: double-quoted, single-quoted, bare
+
+
+def _named_value(key: str, quoted: int, bare: int) -> tuple[str, ...]:
+    """``_slot`` parts for a key then its value, of at least ``quoted`` or ``bare`` characters:
+    double- or single-quoted (spaces allowed inside: a TOML or JSON passphrase), or bare up to
+    where a value ends (so ``password = getpass()`` and ``token = issue_token(user)`` are
+    code, not credentials)."""
+    q, b = f"{{{quoted},}}", f"{{{bare},}}"
+    return (key + r'(?:"', r'[^"\r\n]' + q, r""""|'""", r"[^'\r\n]" + q, r"'|", r"""[^\s'"()]""" + b,
+            _VALUE_END + ")")
+
 
 RULES: tuple[Rule, ...] = (
     # -- private keys ------------------------------------------------------------------------
@@ -51,6 +112,9 @@ RULES: tuple[Rule, ...] = (
          r"-----BEGIN[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----"),
     Rule("putty-private-key", "private_key", ("putty-user-key-file",),
          r"PuTTY-User-Key-File-[0-9]+: "),
+    # SSH.com / RFC 4716-style armour: four dashes and spaces, not PEM's five.
+    Rule("ssh2-private-key", "private_key", ("begin ssh2",),
+         r"-{4,5}[ \t]*BEGIN SSH2 (?:ENCRYPTED )?PRIVATE KEY[ \t]*-{4,5}"),
     Rule("age-secret-key", "private_key", ("age-secret-key-1",),
          r"AGE-SECRET-KEY-1[QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L]{58}"),
     # -- cloud providers ---------------------------------------------------------------------
@@ -128,25 +192,33 @@ RULES: tuple[Rule, ...] = (
     Rule("groq-api-key", "groq_key", ("gsk_",), r"gsk_[A-Za-z0-9]{48,}"),
     # -- generic shapes ----------------------------------------------------------------------
     Rule("jwt", "jwt", ("eyj",), r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
-    Rule("connection-string", "connection_string", ("://",),
-         r"(?i)[a-z][a-z0-9+.-]*://[^\s:/@]*:[^\s@/]{3,}@[^\s/]"),
+    _slot("connection-string", "connection_string", ("://",),
+          (r"(?i)[a-z][a-z0-9+.-]*://[^\s:/@]*:", r"[^\s@/]{3,}", r"@[^\s/]")),
+    # Go's MySQL driver: user:password@tcp(host:3306)/db, @unix(/path), or @/db (no address).
+    _slot("mysql-go-dsn", "connection_string", ("@tcp(", "@tcp6(", "@unix(", "@udp(", "@/"),
+          (r"[^\s:@/()'\"]*:", r"[^\s@'\"]{3,}", r"@(?:(?:tcp6?|unix|udp)\(|/)")),
+    # curl -u user:password, --user, -U / --proxy-user, a cluster of flags ending in u (-su).
+    # Lazy up to the flag: the first -u of a line is judged first, so a placeholder in a later
+    # command on the same line cannot swallow a real one before it.
+    _slot("curl-user-password", "basic_auth_credentials", ("curl",),
+          (r"(?i)\bcurl\b[^\n]*?\s(?:-[a-z]*u|--user|--proxy-user)(?:[ \t]+|=)?['\"]?[^\s:'\"]*:",
+           r"[^\s'\"]{3,}", "")),
     Rule("bearer-token", "bearer_token", ("bearer",), r"(?i)bearer[ \t]+[A-Za-z0-9._~+/-]{20,}"),
     Rule("basic-auth-header", "basic_auth_header", ("authorization",),
          r"(?i)authorization:[ \t]*basic[ \t]+[A-Za-z0-9+/]{12,}"),
     Rule("session-cookie", "session_cookie", ("cookie",),
          r"(?i)\b(?:set-)?cookie:[ \t]*[^\s=;]*(?:sess|sid|token|auth)[^\s=;]*=[A-Za-z0-9%._-]{12,}"),
-    # The value must end where a value ends (quote, space, separator, end): ``password =
-    # getpass()`` and ``token = issue_token(user)`` are code, not credentials.
-    Rule("password-assignment", "password_assignment", ("pass", "pwd"),
-         r"(?i)\b(?:password|passwd|pwd|pass)[ \t]*[:=][ \t]*['\"]?[^\s'\"()]{6,}" + _VALUE_END),
-    Rule("dotenv-secret", "dotenv_secret",
-         ("secret", "token", "api_key", "apikey", "private_key", "access_key", "password", "passwd", "_pass",
-          "_pwd", "credential"),
-         r"(?im)(?:^|[\s;:,(])(?:export[ \t]+)?[A-Z0-9_]*(?:SECRET|TOKEN|API_KEY|APIKEY|PRIVATE_KEY|"
-         r"ACCESS_KEY|PASSWORD|PASSWD|_PASS|_PWD|CREDENTIALS?)[A-Z0-9_]*[ \t]*=[ \t]*['\"]?[^\s'\"()]{8,}" + _VALUE_END),
-    Rule("generic-api-key", "generic_api_key",
-         ("api_key", "api-key", "apikey", "secret_key", "secret-key", "secretkey", "access_token", "access-token",
-          "accesstoken", "client_secret", "client-secret", "clientsecret"),
-         r"(?i)\b(?:api[_-]?key|secret[_-]?key|access[_-]?token|client[_-]?secret)[ \t]*[:=][ \t]*['\"]?"
-         r"[A-Za-z0-9_-]{16,}"),
+    # Named slots (see _named_value: the value must end where a value ends).
+    _slot("password-assignment", "password_assignment", ("pass", "pwd"),
+          _named_value("(?i)" + _PASSWORD_NAME + _KEY_END, 6, 6), bare_group=_NAMED_BARE, code=CODE_PATHS),
+    _slot("dotenv-secret", "dotenv_secret",
+          ("secret", "token", "api_key", "apikey", "private_key", "access_key", "password", "passwd", "_pass",
+           "_pwd", "credential"),
+          (r"(?im)\b(?:export[ \t]+)?[A-Z0-9_]*(?:SECRET|TOKEN|API_KEY|APIKEY|PRIVATE_KEY|"
+           r"ACCESS_KEY|PASSWORD|PASSWD|_PASS|_PWD|CREDENTIAL)S?(?:_[A-Z0-9_]*)?[ \t]*=[ \t]*['\"]?",
+           r"[^\s'\"()]{8,}", _VALUE_END), bare_group=1, code=CODE_NAMES),
+    # An unquoted API key or token needs 16 characters (as gitleaks' generic rule): shorter
+    # bare values under these names are mostly names and types in code.
+    _slot("generic-api-key", "generic_api_key", ("key", "secret", "token"),
+          _named_value("(?i)" + _SECRET_NAME + _KEY_END, 8, 16), bare_group=_NAMED_BARE, code=CODE_IDENTIFIERS),
 )

@@ -8,14 +8,21 @@ policy decides what a finding means (``policies/engram/capture`` for memory cont
   so a scan is linear in the input whatever the input is. The one check that is not a
   pattern (a bare 40-character AWS secret key) is vectorised over the text with numpy.
   Counting stops at ``MAX_COUNT`` matches per rule, so no text makes Python loop per match.
-* **Normalised input.** Text is scanned after NFKC folding onto ASCII and after removing
-  invisible characters (Unicode format characters, category Cf, and the other default
-  ignorable code points), so a token split by a zero-width space or written in
-  full-width letters is still found. Only mappings whose result is ASCII are applied
-  (credentials are ASCII), which bounds the folded text at 4/3 of the input's UTF-8
-  size; a full NFKC can expand 18-fold (U+FDFA).
+* **Normalised input.** Text is scanned after NFKC folding onto ASCII, after folding
+  look-alike letters of other scripts onto the ASCII they imitate (Unicode's confusables
+  skeleton, UTS #39: ``engram_core.confusables``), and after removing invisible characters
+  (Unicode format characters, category Cf, the other default ignorable code points, the
+  line and paragraph separators U+2028/U+2029 and the control characters that are not
+  whitespace), so a token split by a zero-width space or a line separator, written in
+  full-width letters, or with a Cyrillic ``р`` in ``ghр_`` is still found. Only mappings
+  whose result is ASCII are applied (credentials are ASCII), which bounds the folded text at
+  4/3 of the input's UTF-8 size; a full NFKC can expand 18-fold (U+FDFA).
 * **Rules from a maintained set.** ``engram_core.secret_rules`` (derived from gitleaks and
-  detect-secrets, with their licences).
+  detect-secrets, with their licences). A rule that finds a credential by its slot (a name
+  and an assignment) does not count a slot that holds no secret (``engram_core.secret_slots``:
+  a placeholder, or unquoted code); judging a slot is the one per-match step in Python, and
+  it stops at ``SLOT_BUDGET`` candidates per rule (past that at least one finding is
+  reported: fail closed).
 """
 
 from __future__ import annotations
@@ -30,10 +37,16 @@ from typing import NamedTuple
 import numpy as np
 import re2
 
+from engram_core.confusables import ascii_lookalike
 from engram_core.secret_rules import RULES, Rule
+from engram_core.secret_slots import holds_no_secret
 
 # Matches counted per rule and scan; the count saturates there (one is enough to refuse).
 MAX_COUNT = 32
+# Slot candidates (named-credential matches) judged one by one per rule and scan. A text with
+# more than this many, all placeholders or code, is refused anyway: it bounds the Python work
+# per scan (a few µs a candidate: two RE2 calls and some byte tests) whatever the text.
+SLOT_BUDGET = 64
 
 # Default ignorable code points that are not category Cf (Unicode's DerivedCoreProperties):
 # the combining grapheme joiner, Hangul fillers, Khmer inherent vowels, variation selectors.
@@ -42,6 +55,12 @@ _IGNORABLE_NOT_CF = frozenset(
     + list(range(0x180B, 0x1810))
     + list(range(0xFE00, 0xFE10))
 )
+# Also deleted: characters that split a token without showing as a space. The line and
+# paragraph separators (categories Zl, Zp: many renderers draw nothing, JSON passes them raw)
+# and the control characters (Cc) that are not whitespace: C0 but tab, LF, VT, FF and CR; DEL;
+# C1 (NEL among them).
+_DELETED_CATEGORIES = frozenset({"Cf", "Zl", "Zp"})
+_ASCII_DELETED = bytes([*range(0x00, 0x09), *range(0x0E, 0x20), 0x7F])
 # The fold table covers the BMP and the SMP, which hold every format character and every
 # compatibility mapping onto ASCII except plane 14 (tags, variation selectors supplement:
 # all invisible, all deleted). Other planes hold ideographs and private use only.
@@ -52,12 +71,15 @@ _OTHER = 0x80  # any other non-ASCII character: one byte no rule's character cla
 
 
 def _ascii_fold(ch: str) -> str | None:
-    """What a character reads as in ASCII, "" when invisible, None when it has no ASCII form.
+    """What a non-ASCII character reads as in ASCII, "" when invisible, None when it has no
+    ASCII form.
 
     NFKC first (full-width and mathematical letters, ligatures, circled digits); then the
-    NFKD base without combining marks, so an accent over a token character does not hide it."""
+    NFKD base without combining marks, so an accent over a token character does not hide it;
+    then the confusables skeleton (Cyrillic ``р``, Greek ``ο``: ``confusables.ascii_lookalike``)."""
     cp = ord(ch)
-    if cp in _IGNORABLE_NOT_CF or unicodedata.category(ch) == "Cf":
+    category = unicodedata.category(ch)
+    if cp in _IGNORABLE_NOT_CF or category in _DELETED_CATEGORIES or (category == "Cc" and cp >= 0x7F):
         return ""
     folded = unicodedata.normalize("NFKC", ch)
     if folded != ch and folded.isascii():
@@ -65,26 +87,29 @@ def _ascii_fold(ch: str) -> str | None:
     base = "".join(c for c in unicodedata.normalize("NFKD", ch) if not unicodedata.combining(c))
     if base.isascii():
         return base  # "" for a lone combining mark
-    return None
+    return ascii_lookalike(ch)
 
 
 @functools.cache
 def _fold_table() -> tuple[np.ndarray, np.ndarray]:
     """Per code point below _TABLE_END: its ASCII bytes packed little-endian in a uint32 and
     their count; then one entry for "any other character" and one for "deleted".
-    Built on first use (~0.15 s); ``module_ready`` builds it at start-up."""
+    Built on first use (about half a second); ``module_ready`` builds it at start-up."""
     packed = np.zeros(_TABLE_END + 2, "<u4")
     length = np.ones(_TABLE_END + 2, np.uint8)
     packed[:0x80] = np.arange(0x80)
     packed[0x80:] = _OTHER
     length[_DELETED] = 0
+    length[list(_ASCII_DELETED)] = 0
     for cp in range(0x80, _TABLE_END):
         if 0xD800 <= cp < 0xE000:
             continue  # surrogates: no character
         folded = _ascii_fold(chr(cp))
         if folded is None:
             continue
-        if len(folded) > _MAX_FOLD:
+        # The 4/3 bound on the folded text holds per character: at most 4 ASCII bytes for a
+        # character of 3 UTF-8 bytes, 2 for one of 2.
+        if len(folded) > _MAX_FOLD or 3 * len(folded) > 4 * len(chr(cp).encode()):
             raise AssertionError(f"U+{cp:04X} folds to {len(folded)} characters")
         packed[cp] = int.from_bytes(folded.encode(), "little")
         length[cp] = len(folded)
@@ -97,14 +122,15 @@ _KEEP = np.array([0, 0x01, 0x0101, 0x010101, 0x01010101], "<u4")
 
 
 def normalize(text: str) -> bytes:
-    """The text as the rules see it, as bytes: ASCII as is; every other character folded
-    onto ASCII (NFKC, then accents dropped), deleted when invisible (Unicode format
-    characters, category Cf, the other default ignorables, combining marks), or else one
-    byte outside every rule's character classes. Vectorised with numpy: linear, a few ms
-    per MiB, and never more than 4/3 of the input's UTF-8 size (a full NFKC can grow it
-    18-fold: U+FDFA)."""
+    """The text as the rules see it, as bytes: printable ASCII and whitespace as is; every
+    other character folded onto ASCII (NFKC, then accents dropped, then the confusables
+    skeleton), deleted when invisible (Unicode format characters, category Cf, the other
+    default ignorables, combining marks, U+2028/U+2029, control characters that are not
+    whitespace), or else one byte outside every rule's character classes. Vectorised with
+    numpy: linear, a few ms per MiB, and never more than 4/3 of the input's UTF-8 size (a
+    full NFKC can grow it 18-fold: U+FDFA)."""
     if text.isascii():
-        return text.encode()
+        return text.encode().translate(None, _ASCII_DELETED)
     packed, length = _fold_table()
     cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), "<u4")
     if cps.max() >= _TABLE_END:
@@ -123,6 +149,7 @@ class _Compiled(NamedTuple):
     rule: Rule
     regex: re2._Regexp
     keywords: tuple[bytes, ...]
+    slot: re2._Regexp | None  # the rule's pattern with groups around the slot's content
 
 
 def _compile(rule: Rule) -> _Compiled:
@@ -133,7 +160,12 @@ def _compile(rule: Rule) -> _Compiled:
     regex = re2.compile(rule.pattern.encode(), options)
     if regex.groups:  # a capturing group makes RE2 run its slower submatch engines per match
         raise ValueError(f"rule {rule.rule} has a capturing group")
-    return _Compiled(rule, regex, tuple(k.encode() for k in rule.keywords))
+    slot = None
+    if rule.slot is not None:  # run on one match's bytes at a time (at most SLOT_BUDGET per scan)
+        slot = re2.compile(rule.slot.pattern.encode(), options)
+        if not slot.groups or rule.slot.bare_group > slot.groups:
+            raise ValueError(f"rule {rule.rule}'s slot pattern does not have the groups it names")
+    return _Compiled(rule, regex, tuple(k.encode() for k in rule.keywords), slot)
 
 
 _COMPILED: tuple[_Compiled, ...] = tuple(_compile(r) for r in RULES)
@@ -166,6 +198,27 @@ def _keywords_present(lowered: bytes) -> frozenset[bytes] | None:
 
 def _count(regex: re2._Regexp, data: bytes) -> int:
     return sum(1 for _ in itertools.islice(regex.finditer(data), MAX_COUNT))
+
+
+def _count_slots(compiled: _Compiled, data: bytes) -> int:
+    """Matches of a slot rule whose slot holds a credential. Past SLOT_BUDGET candidates the
+    rest are not judged and at least one finding is reported (fail closed)."""
+    assert compiled.slot is not None and compiled.rule.slot is not None
+    bare_group, code = compiled.rule.slot.bare_group, compiled.rule.slot.code
+    ngroups = compiled.slot.groups
+    found = 0
+    for judged, match in enumerate(compiled.regex.finditer(data)):
+        if judged == SLOT_BUDGET:
+            return max(found, 1)
+        # The slot pattern is the counted pattern with groups added: it matches the same bytes,
+        # and one of its groups holds the content. Should it not, the match counts.
+        parts = compiled.slot.fullmatch(match.group())
+        index = next((i for i in range(1, ngroups + 1) if parts.span(i)[0] >= 0), 0) if parts else 0
+        if not index or not holds_no_secret(parts.group(index), bare=index == bare_group, code=code):
+            found += 1
+            if found == MAX_COUNT:
+                break
+    return found
 
 
 # -- the bare AWS secret access key -------------------------------------------------------
@@ -231,7 +284,7 @@ def scan(texts: Iterable[str]) -> list[dict[str, int | str]]:
     for compiled in _COMPILED:
         if compiled.keywords and present is not None and present.isdisjoint(compiled.keywords):
             continue
-        n = _count(compiled.regex, data)
+        n = _count(compiled.regex, data) if compiled.slot is None else _count_slots(compiled, data)
         if n:
             counts[compiled.rule] += n
     bare = _bare_aws_secret_keys(data)

@@ -15,15 +15,19 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import time
 import unicodedata
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 import fastjsonschema
 import jsonschema
 
+from engram_core.canonical import SAFE_INTEGER, Canonical, canonical_object
 from engram_core.errors import Code, EngramError
 from engram_core.observability.tracing import traced
 from engram_core.schemas import INPUT_SCHEMAS, MAX_ARGUMENT_BYTES
+from engram_core.tools import CAPTURE_TOOL
 
 _VALIDATORS = {name: fastjsonschema.compile(schema) for name, schema in INPUT_SCHEMAS.items()}
 # Only on the failure path: every error with its path and keyword, to name the reason.
@@ -69,6 +73,25 @@ _BYTE_BOUNDS: dict[str, tuple[int, int]] = {
     **{name: (1, 512) for name in _REF_FIELDS},
 }
 _MAX_DEPTH = 16
+# The refusal class of a length failure, per field, so the message names the bound broken
+# (engram_core.errors.REFUSALS). Ids have one exact shape: a wrong length is a wrong format.
+_LENGTH_CLASSES: dict[str, str] = {
+    "query": "query_length",
+    "text": "text_length",
+    "attestation": "attestation_length",
+    "idempotency_key": "idempotency_key_length",
+    "page_cursor": "page_cursor_length",
+    "record_id": "format",
+    "candidate_id": "format",
+    **{name: "ref_length" for name in (*_REF_FIELDS, "citation_ids", "family_refs")},
+}
+
+
+def _length_class(path: Any) -> str:
+    """The class of a length failure at ``path``: named by the nearest property (list items
+    by their list's name); a field without a class of its own gets the generic one."""
+    field = next((part for part in reversed(list(path)) if isinstance(part, str)), "")
+    return _LENGTH_CLASSES.get(field, "length_out_of_range")
 
 
 def pointer(path: Any) -> str:
@@ -111,7 +134,7 @@ def _check_strings(value: Any, key: str | None, path: list[Any]) -> None:
             raise _fail("string is not NFC", "not_nfc", path)
         bounds = _BYTE_BOUNDS.get(key or "")
         if bounds and not (bounds[0] <= len(encoded) <= bounds[1]):
-            raise _fail(f"{key} byte length out of bounds", "length_out_of_range", path)
+            raise _fail(f"{key} byte length out of bounds", _length_class(path), path)
     elif isinstance(value, dict):
         for k, v in value.items():
             if not isinstance(k, str):
@@ -141,7 +164,17 @@ def _reject_precision() -> int:
     raise _fail("instant must have exactly milliseconds", "instant_invalid")
 
 
+_LAST_INSTANT_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the last instant datetime can hold
+
+
 def format_instant(ms: int) -> str:
+    """The contract instant of epoch milliseconds ``ms``. A read formats one per record and
+    receipt: for years 1970–9999, ``time.gmtime`` and integer arithmetic write the same text as
+    the ``datetime`` path below (which raises outside what it can hold), a few times faster."""
+    if 0 <= ms <= _LAST_INSTANT_MS:
+        t = time.gmtime(ms // 1000)
+        return (f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}."
+                f"{ms % 1000:03d}Z")
     dt = _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.UTC)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
@@ -225,7 +258,117 @@ def _explain(tool: str, args: dict[str, Any]) -> EngramError:
     path = list(err.absolute_path)
     if keyword == "pattern" and path and isinstance(path[-1], str) and path[-1].endswith("_digest"):
         return _fail(f"{path[-1]}: digest format", "format", path, Code.INVALID_DIGEST)
-    return _fail(f"schema keyword {keyword}", _KEYWORD_CLASS.get(keyword, ""), path)
+    reason_class = _KEYWORD_CLASS.get(keyword, "")
+    if reason_class == "length_out_of_range":
+        reason_class = _length_class(path)
+    return _fail(f"schema keyword {keyword}", reason_class, path)
+
+
+class _Recheck(Exception):
+    """The one-pass check found something wrong: ``validate_arguments`` says what, in its order."""
+
+
+def _checked(value: Any, key: str | None, depth: int, keep: int, budget: list[int]) -> Canonical:
+    """``value``'s canonical form, checked on the way as ``_check_strings`` checks it (NFC, byte
+    bounds, depth, no floats, no nulls), in one walk. ``keep``: object levels whose members stay
+    Canonicals of their own. Raises _Recheck on anything ``_check_strings`` would refuse, and as
+    soon as the arguments are certainly over the size bound: ``budget`` counts down a lower bound
+    of the bytes written (a string's characters, two per item or member), so a request too large
+    costs at most the walk of one as large as allowed before ``validate_arguments`` refuses it."""
+    if keep > 0 and type(value) is dict and depth <= _MAX_DEPTH:
+        members: dict[str, Canonical] = {}
+        for k, v in value.items():
+            if type(k) is not str or not unicodedata.is_normalized("NFC", k):
+                raise _Recheck
+            members[k] = _checked(v, k, depth + 1, keep - 1, budget)
+        return canonical_object(members)
+    out: list[str] = []
+    _checked_walk(value, key, depth, out, budget)
+    return Canonical(value, "".join(out))
+
+
+def _checked_walk(value: Any, key: str | None, depth: int, out: list[str], budget: list[int]) -> None:
+    budget[0] -= 2
+    if depth > _MAX_DEPTH or budget[0] < 0:
+        raise _Recheck
+    t = type(value)
+    if t is str:
+        if not unicodedata.is_normalized("NFC", value):
+            raise _Recheck
+        bounds = _BYTE_BOUNDS.get(key or "")
+        if bounds and not (bounds[0] <= len(value.encode("utf-8")) <= bounds[1]):
+            raise _Recheck
+        budget[0] -= len(value)
+        if budget[0] < 0:
+            raise _Recheck
+        out.append(encode_basestring(value))
+    elif t is dict:
+        if not value:
+            out.append("{}")
+            return
+        if any(type(k) is not str or not unicodedata.is_normalized("NFC", k) for k in value):
+            raise _Recheck
+        keys = sorted(value) if "".join(value).isascii() else sorted(value, key=lambda k: k.encode("utf-16-be"))
+        sep = "{"
+        for k in keys:
+            out.append(sep)
+            out.append(encode_basestring(k))
+            out.append(":")
+            budget[0] -= len(k)
+            _checked_walk(value[k], k, depth + 1, out, budget)
+            sep = ","
+        out.append("}")
+    elif t is list:
+        if not value:
+            out.append("[]")
+            return
+        item_key = "citation_id" if key in ("citation_ids", "family_refs") else None
+        sep = "["
+        for item in value:
+            out.append(sep)
+            _checked_walk(item, item_key, depth + 1, out, budget)
+            sep = ","
+        out.append("]")
+    elif t is int and -SAFE_INTEGER <= value <= SAFE_INTEGER:
+        out.append(str(value))
+    elif t is bool:
+        out.append("true" if value else "false")
+    else:  # floats, nulls, integers canonical JSON cannot hold exactly, other types
+        raise _Recheck
+
+
+@traced("engram.validate")
+def canonical_arguments(tool: str, args: Any) -> Canonical:
+    """``validate_arguments`` and the arguments' canonical form (RFC 8785) in one walk.
+
+    The core's one validation of a tool call (docs/architecture.md, "One request pipeline"):
+    the returned Canonical keeps the members of the arguments and of their objects (the capture
+    payload's), so that every digest and seal of the call splices them instead of serializing
+    the arguments again. The size bound is measured on the canonical bytes: once every string
+    is valid, the arguments hold no float and no null, and then their canonical form and the
+    compact JSON ``validate_arguments`` measures have the same length. Anything the walk refuses
+    goes to ``validate_arguments``, which answers with the same refusal, in the same order, as
+    always."""
+    validator = _VALIDATORS.get(tool)
+    if validator is None:
+        raise _fail("unknown tool", "wrong_shape")
+    if not isinstance(args, dict):
+        raise _fail("arguments must be an object", "wrong_type")
+    try:
+        body = _checked(args, None, 0, 2, [MAX_ARGUMENT_BYTES])
+        size = len(body.data)
+    except (_Recheck, UnicodeEncodeError, RecursionError):
+        validate_arguments(tool, args)  # raises: the refusal this input has always had
+        raise _fail("arguments are not canonical JSON", "wrong_type") from None
+    if size > MAX_ARGUMENT_BYTES:
+        raise _fail("arguments too large", "too_large")
+    try:
+        validator(args)
+    except fastjsonschema.JsonSchemaValueException:
+        raise _explain(tool, args) from None
+    if tool == CAPTURE_TOOL:
+        _check_capture(args)
+    return body
 
 
 @traced("engram.validate")
@@ -247,6 +390,6 @@ def validate_arguments(tool: str, args: Any) -> dict[str, Any]:
         validator(args)
     except fastjsonschema.JsonSchemaValueException:
         raise _explain(tool, args) from None
-    if tool == "engram_memory_capture":
+    if tool == CAPTURE_TOOL:
         _check_capture(args)
     return args

@@ -12,7 +12,12 @@ the real model (each record gets its template's vector: the search cost does not
 depend on the values). Searches then go through a real gRPC server with signed
 host contexts, exactly as an agent's would.
 
-Run: ``.venv/bin/python tools/bench_search.py --records 100000 [--json OUT]``.
+``--session-size S`` captures the records live instead, in agent sessions of S records 30 s apart
+(valid time = capture time, as an agent capturing as it goes dates them), so that version 4's
+neighbours link every record of a session: the lending's cost at its largest. Without it records
+have their own days and no session (what nothing links).
+
+Run: ``.venv/bin/python tools/bench_search.py --records 100000 [--session-size 20] [--json OUT]``.
 """
 
 from __future__ import annotations
@@ -33,9 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: 
 
 from agent import DAY_MS, PURPOSE, Agent, now_ms  # noqa: E402
 
+from engram_core.app.composition import RunningCore, start_core  # noqa: E402
 from engram_core.canonical import canonical_json  # noqa: E402
 from engram_core.crypto.sealing import seal  # noqa: E402
-from engram_core.rpc.server import RunningCore, start_core  # noqa: E402
 from engram_core.services.core import record_id_of  # noqa: E402
 from engram_core.services.lexical import record_fields  # noqa: E402
 from engram_core.store.port import RecordRow  # noqa: E402
@@ -76,7 +81,7 @@ def payload(text: str, t: int, i: int) -> dict[str, Any]:
     }
 
 
-def bulk_load(running: RunningCore, n: int, *, distinct: int, batch: int, seed: int) -> float:
+def bulk_load(running: RunningCore, n: int, *, distinct: int, batch: int, seed: int, session_size: int = 0) -> float:
     core = running.core
     rng = random.Random(seed)
     pool = texts(distinct, rng)
@@ -89,26 +94,35 @@ def bulk_load(running: RunningCore, n: int, *, distinct: int, batch: int, seed: 
     with core.store.read() as tx:
         cursor = tx.scope(TENANT, WORKSPACE).last_cursor  # type: ignore[union-attr]
     now = now_ms()
+    session_start = 0
     for start in range(0, n, batch):
         rows = []
         for i in range(start, min(n, start + batch)):
             k = rng.randrange(len(pool))
-            eff = payload(pool[k] + f" #{i}", now - rng.randrange(400) * DAY_MS, i)
+            if session_size:  # live: one session's records 30 s apart, dated when captured
+                if i % session_size == 0:
+                    session_start = now - rng.randrange(400) * DAY_MS - session_size * 30_000
+                t = session_start + (i % session_size) * 30_000
+            else:
+                t = now - rng.randrange(400) * DAY_MS
+            eff = payload(pool[k] + f" #{i}", t, i)
             rdigest = "sha256:" + os.urandom(32).hex()
             rid = record_id_of(rdigest)
             slot, key = core.vault.new_data_key(f"record:{rid}")
             body = seal(key, canonical_json(eff), kind="record", owner=rid)
             cursor += 1
-            rows.append((rid, rdigest, eff, slot, body, cursor, k, record_fields(eff, core.hasher)))
+            rows.append((rid, rdigest, eff, slot, body, cursor, k, record_fields(eff, core.hasher),
+                         f"s-bench-{i // session_size}" if session_size else None))
         with core.store.write() as tx:
-            for rid, rdigest, eff, slot, body, cur, k, fields in rows:
+            for rid, rdigest, eff, slot, body, cur, k, fields, session in rows:
                 tx.insert_record(RecordRow(
                     record_id=rid, tenant=TENANT, workspace=WORKSPACE, candidate_id=f"cand_bench{cur}",
                     record_digest=rdigest, payload_digest="sha256:" + os.urandom(32).hex(), state="accepted_current",
                     trust_class="asserted", principal="user:bench", agent_id="agent-bench",
                     valid_t=eff["valid_time"]["t"], valid_t_end=None, expires_at_ms=None,
                     derivative_rule="make-ineligible", accepted_at_ms=now, accepted_cursor=cur, state_cursor=cur,
-                    successor_id=None, sealed_body=body, key_slot=slot))
+                    successor_id=None, sealed_body=body, key_slot=slot, session=session,
+                    captured_at_ms=eff["valid_time"]["t"] if session else now))
                 tx.put_data_key(f"record:{rid}", slot, now)
                 vector = (core.embedder.model_id, vectors[k]) if vectors is not None else None  # type: ignore[union-attr]
                 tx.index_record(TENANT, WORKSPACE, rid, fields, vector)
@@ -118,9 +132,11 @@ def bulk_load(running: RunningCore, n: int, *, distinct: int, batch: int, seed: 
     return time.perf_counter() - t0
 
 
-def measure(agent: Agent, *, semantic: bool, rounds: int) -> dict[str, float]:
+def measure(agent: Agent, *, semantic: bool, rounds: int) -> tuple[str, dict[str, float]]:
+    """(the profile the rank receipts name, latency percentiles)."""
+    profile = ""
     for q in QUERIES:  # warm-up
-        agent.search(q, semantic=semantic)
+        profile = agent.search(q, semantic=semantic)["rank_receipt"]["profile"]
     lat = []
     for _ in range(rounds):
         for q in QUERIES:
@@ -128,8 +144,8 @@ def measure(agent: Agent, *, semantic: bool, rounds: int) -> dict[str, float]:
             agent.search(q, semantic=semantic)
             lat.append((time.perf_counter() - t) * 1000)
     lat.sort()
-    return {"p50_ms": round(lat[len(lat) // 2], 2), "p90_ms": round(lat[int(len(lat) * 0.9)], 2),
-            "p99_ms": round(lat[int(len(lat) * 0.99)], 2), "searches": len(lat)}
+    return profile, {"p50_ms": round(lat[len(lat) // 2], 2), "p90_ms": round(lat[int(len(lat) * 0.9)], 2),
+                     "p99_ms": round(lat[int(len(lat) * 0.99)], 2), "searches": len(lat)}
 
 
 def main() -> int:
@@ -140,6 +156,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--no-semantic", action="store_true")
+    ap.add_argument("--session-size", type=int, default=0, help="capture live, in sessions of this many records")
     ap.add_argument("--data", type=Path, help="reuse this data dir (loaded once)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -149,7 +166,7 @@ def main() -> int:
     try:
         Agent(running, TENANT, WORKSPACE).activate()
         load_s = bulk_load(running, args.records, distinct=args.distinct_texts, batch=args.batch,
-                           seed=args.seed) if fresh else 0.0
+                           seed=args.seed, session_size=args.session_size) if fresh else 0.0
         semantic = running.core.embedder is not None
     finally:
         running.stop()
@@ -161,10 +178,10 @@ def main() -> int:
         report: dict[str, Any] = {
             "records": args.records, "load_seconds": round(load_s, 1), "cpus": os.cpu_count(),
             "machine": platform.machine(), "python": platform.python_version(), "rounds": args.rounds,
-            "queries": len(QUERIES), "loadavg_before": os.getloadavg(),
-            "offline_lexical_v3": measure(agent, semantic=False, rounds=args.rounds)}
-        if semantic:
-            report["semantic_v3"] = measure(agent, semantic=True, rounds=args.rounds)
+            "queries": len(QUERIES), "session_size": args.session_size, "loadavg_before": os.getloadavg()}
+        for channel in (False, True) if semantic else (False,):
+            profile, figures = measure(agent, semantic=channel, rounds=args.rounds)
+            report[profile] = figures
         report["loadavg_after"] = os.getloadavg()
     finally:
         served.stop()

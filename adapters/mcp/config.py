@@ -12,11 +12,14 @@ TOML with these sections (names are a public interface):
                allowed_origins = ["https://app.example.com"]  # browser Origins accepted
                token_digests_file = "PATH"       # bearer tokens: one sha256 hex digest a line
                token_env = "ENGRAM_MCP_TOKENS"   # or/and: tokens in an environment variable
+               token_file = "PATH"               # or/and: one token in a file only its owner reads (engram init)
                tls_cert, tls_key = "PATH"        # serve HTTPS (PEM certificate chain and key)
+    [http.oauth]  issuer, resource, ...          # OAuth 2.1 resource server (adapters/mcp/oauth/settings.py)
     [core]     tls_ca, tls_cert, tls_key, tls_server_name   # gRPC over TLS (mTLS with cert+key)
 
 Over HTTP a file without ``[binding]`` binds each request from the
-``X-Engram-Host-Context`` header instead (see ``adapters.mcp.binding``).
+``X-Engram-Host-Context`` header instead (see ``adapters.mcp.binding``), or, with
+``[http.oauth]``, from the caller's access token as the binding policy decides.
 Anything unreadable fails at startup with a :class:`ConfigError` whose message
 names the problem but never prints key material.
 """
@@ -33,6 +36,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from adapters.mcp.oauth.settings import OAuthConfigError, OAuthSettings, parse_oauth
 from engram_core.hostkeys import load_private_key_file
 from engram_core.rpc.tls import ClientTls
 
@@ -41,7 +45,8 @@ DEFAULT_CONFIRMATION_TIMEOUT_MS = 120_000
 _MAX_DEADLINE_MS = 300_000
 
 BINDING_FIELDS = ("tenant", "workspace", "principal", "agent_id", "session", "purpose_ref")
-HTTP_FIELDS = ("allowed_hosts", "allowed_origins", "token_digests_file", "token_env", "tls_cert", "tls_key")
+HTTP_FIELDS = ("allowed_hosts", "allowed_origins", "token_digests_file", "token_env", "token_file", "tls_cert",
+               "tls_key", "oauth")
 MIN_TOKEN_CHARS = 16  # a bearer token shorter than this is guessable; refuse it at startup
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -69,20 +74,25 @@ class Binding:
 
 @dataclass(frozen=True)
 class HttpSettings:
-    """What `engram mcp --http` accepts: Host/Origin values and bearer tokens.
+    """What `engram mcp --http` accepts: Host/Origin values, and who authenticates how.
 
-    Tokens are held only as SHA-256 digests (from a digest file, or hashed at load
-    from the environment), so neither the config nor a log line ever holds one."""
+    Static tokens are held only as SHA-256 digests (from a digest file, or hashed at load
+    from the environment or a token file), so no log line ever holds one. ``oauth``: the
+    adapter is an OAuth 2.1 resource server instead (access tokens from an issuer)."""
 
     allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     token_digests: frozenset[str] = field(default_factory=frozenset)
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    token_file: Path | None = None
+    token_file_problem: str | None = None  # why token_file is unusable (refused by --http, not by stdio)
+    oauth: OAuthSettings | None = None
 
     @property
     def auth_required(self) -> bool:
-        return bool(self.token_digests)
+        """Every HTTP request must carry a bearer token (static or OAuth)."""
+        return bool(self.token_digests) or self.oauth is not None
 
 
 @dataclass(frozen=True)
@@ -193,6 +203,12 @@ def load_host_config(path: Path | str) -> HostConfig:
             raise ConfigError(f"unknown keys in [binding]: {', '.join(unknown)}")
         binding = Binding(**{name: _string(table, "binding", name, default="") for name in BINDING_FIELDS})
 
+    http = _http_settings(_table(doc, "http", required=False), base)
+    if http.oauth is not None and binding is not None:
+        raise ConfigError("[http.oauth] binds each caller as the binding policy decides: remove [binding]")
+    if http.oauth is not None and (http.token_digests or http.token_file is not None):
+        raise ConfigError("[http.oauth] and static bearer tokens (token_digests_file, token_env, token_file) "
+                          "exclude each other: choose one")
     return HostConfig(
         core_address=address,
         embedded_data_dir=data_dir,
@@ -202,7 +218,7 @@ def load_host_config(path: Path | str) -> HostConfig:
         memory_enabled=memory_enabled,
         confirmation_timeout_ms=confirmation_timeout_ms,
         binding=binding,
-        http=_http_settings(_table(doc, "http", required=False), base),
+        http=http,
         core_tls=core_tls,
     )
 
@@ -249,6 +265,23 @@ def _http_settings(table: dict[str, Any], base: Path) -> HttpSettings:
         if any(len(t) < MIN_TOKEN_CHARS for t in tokens):
             raise ConfigError(f"a token in {name} is shorter than {MIN_TOKEN_CHARS} characters")
         digests.update(token_digest(t) for t in tokens)
+    token_file: Path | None = None
+    token_file_problem: str | None = None
+    if "token_file" in table:
+        token_file = _resolve(base, _string(table, "http", "token_file"))
+        try:
+            digests.add(token_digest(_read_token_file(token_file)))
+        except ConfigError as exc:
+            # Only `--http` reads the token: a stdio adapter on the same file still starts.
+            token_file_problem = str(exc)
+    oauth = None
+    if "oauth" in table:
+        if not isinstance(table["oauth"], dict):
+            raise ConfigError("[http.oauth] must be a table")
+        try:
+            oauth = parse_oauth(table["oauth"], base)
+        except OAuthConfigError as exc:
+            raise ConfigError(str(exc)) from None
     if ("tls_cert" in table) != ("tls_key" in table):
         raise ConfigError("tls_cert and tls_key in [http] go together")
     tls = {}
@@ -262,7 +295,27 @@ def _http_settings(table: dict[str, Any], base: Path) -> HttpSettings:
         allowed_hosts=_strings(table, "http", "allowed_hosts"),
         allowed_origins=_strings(table, "http", "allowed_origins"),
         token_digests=frozenset(digests),
+        token_file=token_file,
+        token_file_problem=token_file_problem,
+        oauth=oauth,
     )
+
+
+def _read_token_file(path: Path) -> str:
+    """The one bearer token in ``path``, which only its owner may read (like an ssh key: a
+    token other local users can read authenticates them too, docs/security.md)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise ConfigError(f"token file not found: {path}") from None
+    except OSError as exc:
+        raise ConfigError(f"token file unreadable: {path} ({type(exc).__name__})") from None
+    if mode & 0o077:
+        raise ConfigError(f"token file {path} is readable by other users (mode {mode & 0o777:o}): chmod 600 it")
+    text = _read_bytes(path, "token file").decode("utf-8", errors="replace").strip()
+    if len(text) < MIN_TOKEN_CHARS or any(c.isspace() for c in text):
+        raise ConfigError(f"token file {path} must hold one token of at least {MIN_TOKEN_CHARS} characters")
+    return text
 
 
 def token_digest(token: str) -> str:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from adapters.mcp.config import Binding
+from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, WITHDRAW_TOOL
 
 CONFIRM_KEY = "engram_confirmation"  # the key of our input request in InputRequiredResult
 
@@ -39,11 +40,11 @@ REQUESTED_SCHEMA: dict[str, Any] = {
 }
 
 _ACTION_TEXT = {
-    "engram_memory_forget": "FORGET memory record {target}. Its content will be destroyed and it will "
+    FORGET_TOOL: "FORGET memory record {target}. Its content will be destroyed and it will "
     "disappear from search and get for good.",
-    "engram_memory_withdraw": "WITHDRAW pending memory candidate {target}. It will never be admitted.",
-    "engram_memory_capture": "CAPTURE a new memory candidate (host policy asks for confirmation).",
-    "engram_memory_request_admission": "REQUEST ADMISSION of memory candidate {target} "
+    WITHDRAW_TOOL: "WITHDRAW pending memory candidate {target}. It will never be admitted.",
+    CAPTURE_TOOL: "CAPTURE a new memory candidate (host policy asks for confirmation).",
+    ADMISSION_TOOL: "REQUEST ADMISSION of memory candidate {target} "
     "(host policy asks for confirmation).",
 }
 
@@ -70,6 +71,7 @@ class PendingConfirmation:
     operation_digest: str
     scope_principal: tuple[str, str, str]
     expires_at_ms: int
+    asker: str = ""  # who authenticated the call that asked (binding.asker_of); the answer must match
 
 
 class ConfirmationLedger(Protocol):
@@ -79,8 +81,9 @@ class ConfirmationLedger(Protocol):
         """Record a pending confirmation; returns its nonce."""
         ...
 
-    def consume(self, nonce: str, *, now_ms: int) -> PendingConfirmation | None:
-        """Take a nonce exactly once; None if unknown, used or expired."""
+    def consume(self, nonce: str, *, now_ms: int, asker: str) -> PendingConfirmation | None:
+        """Take a nonce exactly once; None if unknown, used, expired, or opened for another asker
+        (then it stays open: someone else's attempt cannot spoil the one who was asked)."""
         ...
 
 
@@ -107,8 +110,11 @@ class InMemoryConfirmationLedger:
             self._open[nonce] = pending
         return nonce
 
-    def consume(self, nonce: str, *, now_ms: int) -> PendingConfirmation | None:
+    def consume(self, nonce: str, *, now_ms: int, asker: str) -> PendingConfirmation | None:
         with self._lock:
+            held = self._open.get(nonce)
+            if held is not None and held.asker != asker:
+                return None
             pending = self._open.pop(nonce, None)
             for stale in [n for n, p in self._open.items() if p.expires_at_ms <= now_ms]:
                 del self._open[stale]

@@ -18,18 +18,19 @@ from engram_core.api import host_pb2, host_pb2_grpc, memory_pb2, memory_pb2_grpc
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import CONFIRMATION_METADATA_KEY, CONTEXT_METADATA_KEY
 from engram_core.observability import tracing
-from engram_core.rpc.convert import message_to_value, value_to_message
+from engram_core.rpc.convert import message_of, message_to_value
 from engram_core.rpc.status import error_from_rpc_error
 from engram_core.rpc.tls import ClientTls, aio_channel
+from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GET_TOOL, SEARCH_TOOL, WITHDRAW_TOOL
 
 # tool -> (MemoryService method, request message)
 _TOOL_RPC: dict[str, tuple[str, type[Message]]] = {
-    "engram_memory_search": ("Search", memory_pb2.SearchRequest),
-    "engram_memory_get": ("Get", memory_pb2.GetRequest),
-    "engram_memory_capture": ("Capture", memory_pb2.CaptureRequest),
-    "engram_memory_request_admission": ("RequestAdmission", memory_pb2.RequestAdmissionRequest),
-    "engram_memory_withdraw": ("Withdraw", memory_pb2.WithdrawRequest),
-    "engram_memory_forget": ("Forget", memory_pb2.ForgetRequest),
+    SEARCH_TOOL: ("Search", memory_pb2.SearchRequest),
+    GET_TOOL: ("Get", memory_pb2.GetRequest),
+    CAPTURE_TOOL: ("Capture", memory_pb2.CaptureRequest),
+    ADMISSION_TOOL: ("RequestAdmission", memory_pb2.RequestAdmissionRequest),
+    WITHDRAW_TOOL: ("Withdraw", memory_pb2.WithdrawRequest),
+    FORGET_TOOL: ("Forget", memory_pb2.ForgetRequest),
 }
 
 
@@ -121,7 +122,7 @@ class CoreClient:
         method, request_type = _TOOL_RPC[tool]
         memory, _ = self._stubs()
         try:
-            request = value_to_message(arguments, request_type())
+            request = message_of(arguments, request_type)  # validated: the closed schema fixed every type
         except Exception:
             # Validated arguments always convert; anything else is our schema drifting.
             raise EngramError(Code.INVALID_SCHEMA, "arguments do not convert") from None

@@ -3,9 +3,9 @@
 Used by `engram doctor --host-config FILE` (every finding) and by `engram mcp` at start
 (one line: the tools it will list, or the first reason there are none). The checks run in
 the order a tool call depends on them: the host TOML loads and its key is usable; the core
-answers and is SERVING (store open, policy bundle active); the core trusts the signing key;
-the host opted in (`memory_enabled`); the scope is active and grants tools; the semantic
-channel is loaded. Each check signs and sends exactly what the adapter would, so a clean
+answers and is SERVING (store open, policy bundle active); the binding names the purpose agents
+must pass; the core trusts the signing key; the host opted in (`memory_enabled`); the scope is
+active and grants tools; the semantic channel is loaded. Each check signs and sends exactly what the adapter would, so a clean
 report means the adapter's first `tools/list` works.
 """
 
@@ -14,16 +14,18 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from adapters.mcp.binding import CallContext, ContextSource
-from adapters.mcp.config import ConfigError, HostConfig, load_host_config
+from adapters.mcp.config import Binding, ConfigError, HostConfig, load_host_config
 from engram_core.api import host_pb2, host_pb2_grpc
 from engram_core.errors import Code
 from engram_core.hostctx import CONTEXT_METADATA_KEY
 from engram_core.hostkeys import key_id
+from engram_core.install_hints import SEMANTIC_INSTALL
 from engram_core.rpc.status import code_from_rpc_error
 from engram_core.rpc.tls import channel as core_channel
 
@@ -68,15 +70,22 @@ def _activate_hint(config: HostConfig) -> str:
 
 
 def check(config: HostConfig, config_path: str, *, address: str | None = None,
-          signing_key: Ed25519PrivateKey | None = None) -> Report:
+          signing_key: Ed25519PrivateKey | None = None, http: bool = False) -> Report:
     """Probe the core named by ``config`` (or ``address``, for an embedded core) as the adapter would,
-    signing with ``signing_key`` (default: the config's)."""
+    signing with ``signing_key`` (default: the config's); ``http``: also what `engram mcp --http`
+    would do with the config (adapters/mcp/http_checks.py)."""
     report = Report()
     address = address or config.core_address
     signing_key = signing_key or config.signing_key
     b = config.binding
-    where = f"binds {b.tenant}/{b.workspace} as {b.principal}" if b else "binds each HTTP request from its header"
+    where = (f"binds {b.tenant}/{b.workspace} as {b.principal}" if b else
+             "binds each OAuth caller by the binding policy" if config.http.oauth else
+             "binds each HTTP request from its header")
     report.ok(f"host config loads; core {address}; {where}")
+    if http:
+        from adapters.mcp.http_checks import http_findings
+
+        http_findings(config, lambda level, text, fix: report.findings.append(Finding(level, text, fix)))
     kid = key_id(signing_key.public_key()) if signing_key else "?"
     channel = core_channel(address, config.core_tls if address == config.core_address else None)
     try:
@@ -99,6 +108,7 @@ def check(config: HostConfig, config_path: str, *, address: str | None = None,
         if not b.complete:
             report.fail("[binding] needs tenant, workspace and principal", f"fill them in {config_path}")
             return report
+        _check_purpose(report, b, config_path)
         if signing_key is None:
             return report
         source = ContextSource(config, signing_key)
@@ -118,6 +128,10 @@ def check(config: HostConfig, config_path: str, *, address: str | None = None,
         if not config.memory_enabled:
             report.fail("memory_enabled = false in [host]: no tool is listed",
                         f"set memory_enabled = true in [host] of {config_path}")
+        elif "HOST_KEY_NOT_BOUND" in caps.reason_codes:
+            report.fail(f"the core trusts the signing key (key id {kid}) for other tenants, not {b.tenant}",
+                        "on the core's host: engram admin ... trust-host-key --public-key PUBLIC.pem "
+                        f"--tenant {b.tenant} (repeat --tenant for each tenant it serves)")
         elif not caps.tools:
             report.fail(f"no tools granted to {b.tenant}/{b.workspace}: the scope is not active "
                         "(or the policy grants this principal none)", _activate_hint(config))
@@ -128,11 +142,42 @@ def check(config: HostConfig, config_path: str, *, address: str | None = None,
         if health.semantic_available:
             report.ok("semantic channel loaded (lexical_and_semantic searches work)")
         else:
-            report.warn("semantic channel not loaded: lexical_and_semantic searches answer RANKING_UNAVAILABLE",
-                        "install the semantic extra (tools/setup does) and unset ENGRAM_SEMANTIC=off")
+            report.warn("semantic channel off: lexical_and_semantic searches answer RANKING_UNAVAILABLE "
+                        "(a plain `pip install` leaves it out)",
+                        f"on the core's host, in the checkout: {SEMANTIC_INSTALL} (tools/setup does both), "
+                        "then restart `engram serve` without ENGRAM_SEMANTIC=off")
+        _audit_protection(report, health)
     finally:
         channel.close()
     return report
+
+
+def _audit_protection(report: Report, health: host_pb2.HealthResponse) -> None:
+    """Whether anything outside the data directory can show the audit log was rewritten: the
+    log's hash chain alone cannot (whoever writes the data directory can cut it back and chain it
+    again; docs/security.md, "A rewritten audit log")."""
+    if health.audit_devices:
+        report.ok(f"audit rows go to {health.audit_devices} audit device(s) outside the data directory")
+    elif health.last_anchor_at_ms:
+        when = datetime.fromtimestamp(health.last_anchor_at_ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        report.ok(f"last signed anchor {when}; no audit device, so only the rows up to it can be checked "
+                  "against something the data directory's writer cannot rewrite")
+    else:
+        report.warn("neither an audit device nor a signed anchor: a truncated and re-chained audit log "
+                    "would pass `engram admin verify`",
+                    "engram serve ... --audit-device file:/var/log/engram/audit.log, and/or "
+                    "engram admin ... anchor --out FILE on a schedule (docs/admin.md, Anchors and audit devices)")
+
+
+def _check_purpose(report: Report, binding: Binding, config_path: str) -> None:
+    """The purpose every search, get and capture must carry (SPEC §2). An agent that sends another
+    sees only -32603, so the operator needs to see here which one the adapter binds."""
+    if binding.purpose_ref:
+        report.ok(f"bound purpose_ref {binding.purpose_ref!r}: agents pass exactly this in search, get and "
+                  "capture (any other value is refused with -32603)")
+    else:
+        report.fail("[binding] has no purpose_ref: every search, get and capture is refused (-32603)",
+                    f"set purpose_ref in [binding] of {config_path}, e.g. purpose_ref = \"purpose:default\"")
 
 
 def diagnose(config_path: str, *, emit: Callable[[str], None] = print) -> int:
@@ -149,7 +194,7 @@ def diagnose(config_path: str, *, emit: Callable[[str], None] = print) -> int:
         emit(Finding("warn", "an embedded core starts only with `engram mcp`; nothing more to probe here",
                      "point [core] address at a running `engram serve` to check the whole chain").render())
         return 0
-    report = check(config, config_path)
+    report = check(config, config_path, http=True)
     for finding in report.findings:
         emit(finding.render())
     emit("engram doctor: " + ("fix the FAIL line(s) above" if report.failure else "all good"))

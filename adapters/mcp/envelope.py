@@ -2,7 +2,9 @@
 
 Tool outcomes are envelopes in ``structuredContent`` with an identical JSON
 copy as the only text item and ``isError = not ok``. The two protocol refusals
-are JSON-RPC errors with fixed messages; nothing else ever becomes one.
+are JSON-RPC errors with fixed messages. The one other JSON-RPC error is the
+transient failure of a request that has no envelope to carry it (``tools/list``
+while the core is not answering): its own code, so it never reads as a refusal.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ OUTPUT_SCHEMA_VERSION = 1
 
 TRUSTED_CONTEXT_UNAVAILABLE = "Trusted invocation context unavailable"
 UNKNOWN_TOOL = "Unknown tool"
+# In the band MCP leaves to implementations (-32000..-32019; the SDK uses -32000 and -32001
+# for its own client-side errors), so no client confuses it with -32603, which means "stop".
+TEMPORARILY_UNAVAILABLE_CODE = -32010
+TEMPORARILY_UNAVAILABLE = "Memory service temporarily unavailable"
 
 
 def new_audit_id() -> str:
@@ -69,6 +75,14 @@ def refusal(error: EngramError, *, audit_id: str) -> types.CallToolResult:
 
 def trusted_context_unavailable() -> MCPError:
     return MCPError(code=types.INTERNAL_ERROR, message=TRUSTED_CONTEXT_UNAVAILABLE)
+
+
+def temporarily_unavailable(error: EngramError) -> MCPError:
+    """A retriable failure where no envelope can carry it (``tools/list``): JSON-RPC error
+    -32010 with a constant message, and in ``data`` the error object an envelope would hold
+    (``{code, message, retriable: true}``), so an agent retries exactly as the envelope says."""
+    return MCPError(code=TEMPORARILY_UNAVAILABLE_CODE, message=TEMPORARILY_UNAVAILABLE,
+                    data=error_body(error.code, error.reason_class))
 
 
 def unknown_tool() -> MCPError:

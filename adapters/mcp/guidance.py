@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import json
 
+from adapters.mcp.envelope import (
+    TEMPORARILY_UNAVAILABLE,
+    TEMPORARILY_UNAVAILABLE_CODE,
+    TRUSTED_CONTEXT_UNAVAILABLE,
+    UNKNOWN_TOOL,
+)
 from engram_core.schema_examples import CAPTURE_EXAMPLES, EXAMPLE_PURPOSE
 
 GUIDE_PROMPT_NAME = "engram_memory_guide"
@@ -31,9 +37,10 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
         "raise max_packet_bytes. " + _WHEN
     ),
     "engram_memory_get": (
-        "Read one known, current record by record_id (copy it exactly as returned by search). Read-only. "
-        "Pass your bound purpose_ref. NOT_FOUND means unknown, outside your scope, or no longer current; "
-        "they are deliberately indistinguishable, so do not probe variants."
+        "Read one known, current record by record_id, copied exactly from an earlier result (search's "
+        "records[].record.record_id, or an accepted admission's outcome.record_id); the example's id is a "
+        "placeholder. Read-only. Pass your bound purpose_ref. NOT_FOUND means unknown, outside your scope, or "
+        "no longer current; they are deliberately indistinguishable, so do not probe variants."
     ),
     "engram_memory_capture": (
         "Submit a cited piece of durable knowledge as a sealed, pending candidate. It is not searchable "
@@ -44,21 +51,25 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
         "duplicate check. Omit retention unless told otherwise. " + _WHEN
     ),
     "engram_memory_request_admission": (
-        "Ask the host's admission policy to decide a pending candidate. You cannot supply the decision. "
+        "Ask the host's admission policy to decide a pending candidate: pass the candidate_id your capture "
+        "returned (the example's id is a placeholder). You cannot supply the decision. "
         "accepted, rejected, pending_adjudication and duplicate_exact are all successful answers: report the "
         "exact outcome. duplicate_exact means a current record in this scope already holds identical "
         "content; its record_id is in the outcome and no second record was made. "
         "Content equal to something forgotten in this scope stays pending_adjudication; never reword "
-        "forgotten content to get around that."
+        "forgotten content to get around that. An accepted outcome carries the record_id that get, search "
+        "results and forget use."
     ),
     "engram_memory_withdraw": (
-        "Withdraw one of your pending candidates for good (candidate_id, idempotency_key, reason_ref). "
+        "Withdraw one of your pending candidates for good (candidate_id, idempotency_key, reason_ref); the "
+        "candidate_id is the one your capture returned (the example's id is a placeholder). "
         "A human must confirm through the host; you cannot confirm on anyone's behalf and no argument "
         "does it. gate_failed means the confirmation was not given."
     ),
     "engram_memory_forget": (
         "Forget an accepted record for good: its body is destroyed and it leaves search and get "
-        "(record_id, idempotency_key, reason_ref). A human must confirm through the host; no argument "
+        "(record_id, idempotency_key, reason_ref). The record_id comes from an earlier result (search, or an "
+        "accepted admission); the example's id is a placeholder. A human must confirm through the host; no argument "
         "does it. gate_failed means the confirmation was not given."
     ),
 }
@@ -91,18 +102,33 @@ def worked_captures(purpose_ref: str | None) -> str:
     return "\n\n".join(parts)
 
 
+def _purpose_mismatch(which: str) -> str:
+    """SPEC §2: a purpose other than the bound one is the -32603 refusal, whose constant message
+    cannot say why; so the guide says what it looks like and the one thing worth checking."""
+    return (f"A purpose_ref other than {which}, in engram_memory_search, engram_memory_get or payload.purpose_ref "
+            "of engram_memory_capture, is refused before anything happens, and not with an envelope: the call "
+            f"fails with the protocol error JSON-RPC -32603 \"{TRUSTED_CONTEXT_UNAVAILABLE}\", which "
+            "never says why. So when a call that carried a purpose_ref fails with -32603, compare what you sent "
+            "with your bound purpose_ref and resend once with exactly that value; never try other values.")
+
+
+def _purpose(purpose_ref: str | None) -> str:
+    if purpose_ref:
+        return (f"Your bound purpose_ref is {purpose_ref!r}. It comes from your host, not from you: the host "
+                "binds it to this connection together with your scope and identity (an operator finds it as "
+                "[binding] purpose_ref in the adapter's host config, and `engram doctor` shows it), and no "
+                "argument changes it. Pass exactly this value wherever purpose_ref is asked. "
+                + _purpose_mismatch("this one"))
+    return ("Your purpose_ref is bound by your host for each request (in the signed host context it sends with "
+            "the request), not by you, and no argument changes it. Pass exactly that value wherever purpose_ref "
+            "is asked; if you were not told it, ask the host operator. " + _purpose_mismatch("that one"))
+
+
 def guide(purpose_ref: str | None) -> str:
     """The agent guide; names the bound purpose when the binding is fixed."""
-    if purpose_ref:
-        purpose = f"Your bound purpose_ref is {purpose_ref!r}. Pass exactly this value wherever purpose_ref is asked."
-    else:
-        purpose = (
-            "Your purpose_ref is bound by your host for each request. Pass exactly that value wherever "
-            "purpose_ref is asked; if you were not told it, ask the host operator."
-        )
     return f"""Engram: governed long-term memory.
 
-{purpose}
+{_purpose(purpose_ref)}
 
 Host-owned context. Never pass tenant, workspace, scope, principal, agent_id, session, credential, auditId,
 deadline, cancellation or any confirmation in arguments: the host binds them on every call. Every input schema
@@ -125,6 +151,19 @@ Discipline.
    DIGEST_CONFLICT.
 6. withdraw and forget always need a human confirmation obtained by the host; capture and admission may.
    You cannot confirm for yourself. gate_failed means it was not given: ask the human through the host.
+7. Times (valid_time.t, valid_time.t_end, primary_event.at) are epoch milliseconds, UTC:
+   2026-01-01T00:00:00.000Z is 1767225600000. Epoch seconds (1767225600) would mean January 1970 and are
+   refused (UNAUTHORIZED, "... earlier than the host accepts"), as are times further ahead than the host
+   allows. A record whose valid_time.t is still in the future is not returned until then.
+
+Ids come from results. Every id you pass was returned by an earlier call; never make one up. The ids in the tool
+examples are placeholders that answer NOT_FOUND. The chain:
+  engram_memory_capture -> output.value.candidate_id
+  -> engram_memory_request_admission {{candidate_id, idempotency_key}} -> output.value.outcome.record_id (when
+     outcome.status is accepted or duplicate_exact)
+  -> engram_memory_get {{record_id, purpose_ref}}.
+engram_memory_search returns record ids too (output.value.records[].record.record_id). engram_memory_withdraw
+takes a candidate_id (one still pending), engram_memory_forget a record_id. Copy ids exactly.
 
 Search scores. Records come best first (rank). score runs from 0 to 1 and means the same in every search:
 the top score says how much of your query the best record holds. A top score below about 0.2 (lexical) or
@@ -148,6 +187,16 @@ NOT_FOUND: treat the target as unavailable. ILLEGAL_TRANSITION / ALREADY_TERMINA
 
 {worked_captures(purpose_ref)}
 
-Protocol errors are not memory answers. JSON-RPC -32603 "Trusted invocation context unavailable" and -32602
-"Unknown tool" mean stop: report to the host operator and do not retry with changed arguments.
+Protocol errors are not memory answers: they are JSON-RPC errors, not envelopes, and say whether to retry or stop.
+- {TEMPORARILY_UNAVAILABLE_CODE} "{TEMPORARILY_UNAVAILABLE}" (tools/list while the memory core is not answering): retry.
+  Its error data is the error object an envelope would carry, e.g. {{code: STORE_UNAVAILABLE, retriable: true}}.
+  Back off and list again; tool calls meanwhile answer the same code as a retriable envelope.
+- -32603 "{TRUSTED_CONTEXT_UNAVAILABLE}": stop. Your host's context for this call was refused (or a
+  purpose_ref was not your bound one: check that once, as above). Report to the host operator and do not retry
+  with changed arguments.
+- -32602 "{UNKNOWN_TOOL}": stop using that tool; you do not have it.
+In short, retry (after a back-off): retriable envelopes, MUTATION_OUTCOME_UNKNOWN with the same key,
+{TEMPORARILY_UNAVAILABLE_CODE}.
+Fix the arguments and call again: INVALID_SCHEMA, INVALID_DIGEST, STALE_PAGE, RESULT_TOO_LARGE,
+PROJECTION_OVERSIZED. Stop and report: every other non-retriable code, -32603, -32602.
 """

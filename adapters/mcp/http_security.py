@@ -1,6 +1,6 @@
 """Who may talk to `engram mcp --http`: Host/Origin validation and bearer tokens.
 
-Two attacks shape this module (docs/security.md):
+Three attacks shape this module (docs/security.md):
 
 - DNS rebinding: a web page whose name resolves to the adapter's address makes the
   visitor's browser send requests with a foreign ``Host`` and the page's ``Origin``.
@@ -8,9 +8,14 @@ Two attacks shape this module (docs/security.md):
   it is always on here, whatever the bind address (the SDK only turns it on by
   itself for 127.0.0.1, localhost and ::1, so 127.0.0.2 or 0.0.0.0 were open).
 - Another host on the network: any bind that is not loopback requires bearer
-  tokens, checked by the SDK's resource-server auth (``TokenVerifier`` +
-  ``RequireAuthMiddleware``: 401 without a valid token). Without tokens configured
-  the adapter refuses to start.
+  tokens or OAuth, checked by the SDK's resource-server auth (``TokenVerifier`` +
+  ``RequireAuthMiddleware``: 401 without a valid token). Without them the adapter
+  refuses to start.
+- Another user of the same machine: loopback is not an identity on a shared host
+  (issue 26). A ``[binding]`` served over HTTP needs bearer tokens on every bind,
+  loopback included (`engram init` writes one, 0600); only the header binding, whose
+  every request carries a context signed by a key the core trusts, runs on loopback
+  without them.
 
 Tokens are compared as SHA-256 digests in constant time; the token itself is never
 logged or stored.
@@ -22,7 +27,6 @@ import hmac
 import ipaddress
 
 from mcp.server.auth.provider import AccessToken
-from mcp.server.auth.settings import AuthSettings
 from mcp.server.transport_security import TransportSecuritySettings
 
 from adapters.mcp.config import ConfigError, HttpSettings, token_digest
@@ -85,16 +89,22 @@ class DigestTokenVerifier:
         return AccessToken(token=token, client_id=f"token-{digest[:12]}", scopes=[])
 
 
-def auth_settings(url: str) -> AuthSettings:
-    """Resource-server settings for static tokens: no authorization-server routes, and no
-    protected-resource metadata (the tokens are provisioned by the operator, not by OAuth)."""
-    return AuthSettings(issuer_url=url, resource_server_url=None)
-
-
-def check_bind(host: str, http: HttpSettings) -> None:
-    """Refuse a bind other hosts can reach unless bearer tokens are configured."""
+def check_bind(host: str, http: HttpSettings, *, header_mode: bool) -> None:
+    """Refuse to serve HTTP without authentication: bearer tokens (static or OAuth) on every
+    bind, except the header binding on loopback (each request carries its signed context)."""
+    if http.token_file_problem is not None:
+        raise ConfigError(http.token_file_problem)
     if not is_loopback(host) and not http.auth_required:
         raise ConfigError(
             f"--http {host} is reachable from other hosts: configure bearer tokens "
-            "(token_digests_file or token_env in [http]) or bind 127.0.0.1"
+            "(token_file, token_digests_file or token_env in [http]) or [http.oauth], or bind 127.0.0.1"
         )
+    if not http.auth_required and not header_mode:
+        raise ConfigError(
+            "--http needs authentication, on loopback too (other local users reach it): set token_file, "
+            "token_digests_file or token_env in [http] (`engram init --force` writes a token file), "
+            "or [http.oauth]; docs/mcp-clients.md §3")
+    if http.oauth is not None and http.oauth.resource is None and host in _WILDCARDS:
+        raise ConfigError(
+            f"--http {host} with [http.oauth] needs resource in [http.oauth]: the URL clients use "
+            "(e.g. https://memory.example.com/mcp), which tokens must name as their audience")

@@ -2,7 +2,9 @@
 
 Loads the host configuration (failing at startup with a clear message),
 optionally starts an embedded core in-process (still spoken to over gRPC), and
-serves the adapter over stdio or streamable HTTP.
+serves the adapter over stdio or streamable HTTP. The embedded core comes from the
+caller (``engram_core/cli/mcp.py`` passes the composition root's ``start_core``): the
+adapter knows a core only by its address and host key.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from prometheus_client import CollectorRegistry
@@ -23,9 +26,23 @@ from adapters.mcp.observability import ToolCallObserver
 from adapters.mcp.server import EngramMcp
 from engram_core.observability import tracing
 from engram_core.observability.logs import configure_logging, notice
-from engram_core.observability.metrics import AdapterMetrics, CoreMetrics, serve_metrics
+from engram_core.observability.metrics import AdapterMetrics, serve_metrics
 
 HTTP_PATH = "/mcp"
+
+
+class EmbeddedCore(Protocol):
+    """A core this process started for ``[core] embedded = true``: where it listens, the host
+    key its data directory trusts, and how to stop it (drain, then close the store)."""
+
+    address: str
+    host_key_path: Path
+
+    def stop(self) -> None: ...
+
+
+# (data directory, the metrics registry the core's series join, or None) -> a started core.
+EmbeddedCoreFactory = Callable[[Path, CollectorRegistry | None], EmbeddedCore]
 
 
 def _fail(message: str) -> int:
@@ -40,18 +57,22 @@ def _parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def build_adapter(config: HostConfig, address: str, signing_key: Any, *, metrics: Any = None) -> EngramMcp:
+def build_adapter(config: HostConfig, address: str, signing_key: Any, *, metrics: Any = None,
+                  callers: Any = None) -> EngramMcp:
+    """``callers``: the binding policy's answers per access token ([http.oauth])."""
     return EngramMcp(
         observer=ToolCallObserver(metrics),
         core=CoreClient(address, deadline_ms=config.deadline_ms,
                         tls=config.core_tls if config.embedded_data_dir is None else None),
-        contexts=ContextSource(config, signing_key),
+        contexts=ContextSource(config, signing_key, callers=callers),
         signing_key=signing_key,
         confirmation_timeout_ms=config.confirmation_timeout_ms,
     )
 
 
-def mcp_main(args: argparse.Namespace) -> int:
+def mcp_main(args: argparse.Namespace, *, embedded_core: EmbeddedCoreFactory | None = None) -> int:
+    """``embedded_core`` starts the core of an ``embedded = true`` configuration (the CLI passes
+    one); without it such a configuration is refused."""
     # stdout is the MCP wire on stdio: diagnostics go to stderr only. Text logs stay at
     # warnings; JSON logs (an operator's choice) add one line per tool call.
     log_format = getattr(args, "log_format", "text")
@@ -81,23 +102,31 @@ def mcp_main(args: argparse.Namespace) -> int:
         from adapters.mcp.http_security import check_bind
 
         try:
-            check_bind(listen[0], config.http)
+            check_bind(listen[0], config.http, header_mode=config.binding is None and config.http.oauth is None)
         except ConfigError as exc:
             return _fail(str(exc))
+    callers = None
+    if listen is not None and config.http.oauth is not None:
+        from adapters.mcp.oauth.caller_binding import CallerBindings
+        from adapters.mcp.oauth.resource_server import policy_engine
+        from engram_core.errors import EngramError
 
-    running = None
+        try:
+            callers = CallerBindings(policy_engine(config.http.oauth), cache_s=config.http.oauth.binding_cache_s)
+        except EngramError as exc:  # the bundle deciding engram/binding does not load
+            return _fail(f"binding policy unavailable: {exc.detail}")
+
+    running: EmbeddedCore | None = None
     signing_key = config.signing_key
     address = config.core_address
     if config.embedded_data_dir is not None:
         from engram_core.hostkeys import load_private_key_file
-        from engram_core.rpc.server import start_core
-        from engram_core.store.file_modes import private_umask
 
-        private_umask()  # the embedded core's data directory: owner-only files
+        if embedded_core is None:
+            return _fail("[core] embedded = true needs a core to start; run it with `engram mcp`")
         try:
             # The embedded core's series join the adapter's on the same /metrics.
-            core_metrics = CoreMetrics(registry=registry) if registry is not None else None
-            running = start_core(Path(config.embedded_data_dir), metrics=core_metrics)
+            running = embedded_core(Path(config.embedded_data_dir), registry)
         except Exception as exc:  # the message may name paths, never key material
             return _fail(f"embedded core failed to start: {type(exc).__name__}: {exc}")
         address = running.address
@@ -110,7 +139,7 @@ def mcp_main(args: argparse.Namespace) -> int:
 
     started = startup_line(config, args.host_config, address, signing_key)
     notice(started, "started")
-    adapter = build_adapter(config, address, signing_key, metrics=adapter_metrics)
+    adapter = build_adapter(config, address, signing_key, metrics=adapter_metrics, callers=callers)
     metrics_server = None
     if registry is not None:
         try:
@@ -125,7 +154,7 @@ def mcp_main(args: argparse.Namespace) -> int:
         if listen is None:
             anyio.run(_serve_stdio, adapter)
         else:
-            _serve_http(adapter, config, *listen)
+            _serve_http(adapter, config, *listen, callers=callers)
     except KeyboardInterrupt:
         pass
     finally:
@@ -203,25 +232,33 @@ async def _serve_stdio(adapter: EngramMcp) -> None:
         await adapter.close()
 
 
-def _serve_http(adapter: EngramMcp, config: HostConfig, host: str, port: int) -> None:
+def _serve_http(adapter: EngramMcp, config: HostConfig, host: str, port: int, *, callers: Any = None) -> None:
     import uvicorn
 
-    from adapters.mcp.http_security import DigestTokenVerifier, auth_settings, is_loopback, transport_security
+    from adapters.mcp.http_app import build_http_app
+    from adapters.mcp.http_security import DigestTokenVerifier, transport_security
 
     server = adapter.build()
     http = config.http
     scheme = "https" if http.tls_cert else "http"
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     url = f"{scheme}://{authority}{HTTP_PATH}"
-    auth = {}
-    if http.auth_required:
-        auth = {"auth": auth_settings(f"{scheme}://{authority}"),
-                "token_verifier": DigestTokenVerifier(http.token_digests)}
-    app = server.streamable_http_app(
-        streamable_http_path=HTTP_PATH, host=host, transport_security=transport_security(host, port, http), **auth
-    )
-    access = (f"bearer token required ({len(http.token_digests)} configured)" if http.auth_required
-              else "no authentication (loopback only)" if is_loopback(host) else "")
+    security = transport_security(host, port, http)
+    if http.oauth is not None:
+        from adapters.mcp.oauth.resource_server import build_resource_server
+
+        rs = build_resource_server(http.oauth, served_url=url, callers=callers)
+        app = build_http_app(server, path=HTTP_PATH, transport_security=security, verifier=rs.verifier,
+                             oauth=rs.resource)
+        access = (f"OAuth 2.1 resource {rs.resource.resource}, issuer {http.oauth.issuer}, "
+                  f"scopes {' '.join(rs.resource.scopes_supported)}")
+    elif http.token_digests:
+        app = build_http_app(server, path=HTTP_PATH, transport_security=security,
+                             verifier=DigestTokenVerifier(http.token_digests))
+        access = f"bearer token required ({len(http.token_digests)} configured)"
+    else:  # header binding on loopback (check_bind refused everything else)
+        app = build_http_app(server, path=HTTP_PATH, transport_security=security, verifier=None)
+        access = "each request bound by its signed X-Engram-Host-Context (loopback only)"
     # stderr: stdout is kept clean on every transport.
     notice(f"engram mcp: serving streamable HTTP on {url}; {access}", "http_listening", url=url)
     tls = {"ssl_certfile": str(http.tls_cert), "ssl_keyfile": str(http.tls_key)} if http.tls_cert else {}

@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 import anyio
 import mcp_types as types
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
@@ -41,15 +43,27 @@ from adapters.mcp.confirmation import (
 )
 from adapters.mcp.core_client import CoreClient
 from adapters.mcp.guidance import GUIDE_PROMPT_NAME, GUIDE_RESOURCE_URI, TOOL_DESCRIPTIONS, TOOL_TITLES, guide
+from adapters.mcp.refusal_log import log_call_refusal, log_list_refusal
 from engram_core.errors import Code, EngramError
-from engram_core.hostctx import make_grant
+from engram_core.hostctx import TOOLS_LIST_CALL, make_grant
 from engram_core.operation import operation_digest, target_of
 from engram_core.schema_examples import EXAMPLE_PURPOSE
-from engram_core.schemas import INPUT_SCHEMAS, TOOL_NAMES, output_schema
+from engram_core.schemas import INPUT_SCHEMAS, output_schema
+from engram_core.tools import (
+    ADMISSION_TOOL,
+    CAPTURE_TOOL,
+    CONFIRMED_ON_POLICY,
+    FORGET_TOOL,
+    GATED_TOOLS,
+    GET_TOOL,
+    READ_TOOLS,
+    SEARCH_TOOL,
+    TOOL_NAMES,
+    WITHDRAW_TOOL,
+)
 from engram_core.validation import validate_arguments
 
 logger = logging.getLogger("engram.mcp")
-refusal_log = logging.getLogger("engram.mcp.refusal")  # one line per refusal, visible in every log setup
 _T = TypeVar("_T")
 
 SERVER_NAME = "engram"
@@ -59,10 +73,8 @@ SERVER_VERSION = "0.1.0"
 # admission when the policy gates them for this binding (ListCapabilities says
 # which), or, should the policy change between the two calls, when the core
 # answers gate_failed.
-ALWAYS_CONFIRMED = frozenset({"engram_memory_withdraw", "engram_memory_forget"})
-CONFIRMED_ON_POLICY = frozenset({"engram_memory_capture", "engram_memory_request_admission"})
-READ_TOOLS = frozenset({"engram_memory_search", "engram_memory_get"})
-_PURPOSE_TOOLS = frozenset({"engram_memory_search", "engram_memory_get"})
+ALWAYS_CONFIRMED = GATED_TOOLS
+_PURPOSE_TOOLS = READ_TOOLS
 
 # The SDK's wire errors that collide with the contract's protocol errors
 # (MCP_NOTES.md): both mean a confirmation did not complete.
@@ -72,18 +84,18 @@ _STATE_TTL_S = 300.0  # SPEC §8: a confirmation lives at most 300 s
 _LIST_HINTS_MAX = 1024  # bindings whose last tool list is remembered (HTTP serves many)
 
 _ANNOTATIONS = {
-    "engram_memory_search": types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
-    "engram_memory_get": types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
-    "engram_memory_capture": types.ToolAnnotations(
+    SEARCH_TOOL: types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
+    GET_TOOL: types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
+    CAPTURE_TOOL: types.ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
     ),
-    "engram_memory_request_admission": types.ToolAnnotations(
+    ADMISSION_TOOL: types.ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
     ),
-    "engram_memory_withdraw": types.ToolAnnotations(
+    WITHDRAW_TOOL: types.ToolAnnotations(
         read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
     ),
-    "engram_memory_forget": types.ToolAnnotations(
+    FORGET_TOOL: types.ToolAnnotations(
         read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
     ),
 }
@@ -112,6 +124,14 @@ def _headers(ctx: ServerRequestContext[Any, Any]) -> Mapping[str, str] | None:
     return getattr(request, "headers", None) if request is not None else None
 
 
+def _access_token(ctx: ServerRequestContext[Any, Any]) -> AccessToken | None:
+    """The bearer token the HTTP layer verified for this request (None on stdio)."""
+    request = ctx.request
+    scope = getattr(request, "scope", None)
+    user = scope.get("user") if isinstance(scope, dict) else None
+    return user.access_token if isinstance(user, AuthenticatedUser) else None
+
+
 def _can_elicit_form(ctx: ServerRequestContext[Any, Any]) -> bool:
     """Client declared form elicitation (an empty elicitation object means form)."""
     caps = ctx.session.client_capabilities
@@ -121,19 +141,48 @@ def _can_elicit_form(ctx: ServerRequestContext[Any, Any]) -> bool:
     return elicitation.form is not None or elicitation.url is None
 
 
-def _log_refusal(decided_by: str, call: CallContext, tool: str, exc: EngramError) -> None:
-    """One line per refusal: tool, scope, audit id and the exact reason (never input values)."""
-    b = call.binding
-    refusal_log.info("call refused: decided_by=%s tool=%s tenant=%s workspace=%s principal=%s audit_id=%s %s",
-                decided_by, tool, b.tenant, b.workspace, b.principal, call.audit_id,
-                " ".join(f"{k}={v}" for k, v in exc.log_fields().items()))
+def _log_refusal(decided_by: str, call: CallContext, tool: str, exc: EngramError,
+                 hints: dict[str, str] | None = None) -> None:
+    log_call_refusal(decided_by, call, tool, exc, hints)
+
+
+# The capture refusals for payload times outside the host's window (capture policy, issue 26.5).
+_TIME_CLASSES = frozenset({"time_before_floor", "time_beyond_horizon"})
+_TIME_POINTERS = (("/payload/valid_time/t", ("valid_time", "t")), ("/payload/valid_time/t_end", ("valid_time", "t_end")),
+                  ("/payload/primary_event/at", ("primary_event", "at")))
+
+
+def _likely_unit(value: int) -> str:
+    """The unit an epoch time of this size was most likely written in, if not milliseconds."""
+    if 10**8 <= abs(value) < 10**11:
+        return "seconds"  # 1973 .. 5138 in seconds; 1970-01-02 .. 1973 read as milliseconds
+    if abs(value) >= 10**14:
+        return "microseconds"  # 1973 onwards in microseconds; year 5138 onwards read as milliseconds
+    return ""
+
+
+def _time_unit_hint(tool: str, arguments: Any, exc: EngramError) -> dict[str, str]:
+    """For a capture refused for its times (SPEC §4: epoch milliseconds), which fields look like
+    another unit, e.g. ``likely_unit_mistake=/payload/valid_time/t:seconds``: pointers and unit
+    names only, never the values."""
+    if tool != CAPTURE_TOOL or exc.reason_class not in _TIME_CLASSES or not isinstance(arguments, dict):
+        return {}
+    payload = arguments.get("payload")
+    found = []
+    for pointer, (outer, inner) in _TIME_POINTERS:
+        value = payload.get(outer, {}).get(inner) if isinstance(payload, dict) and isinstance(payload.get(outer), dict) \
+            else None
+        unit = _likely_unit(value) if isinstance(value, int) and not isinstance(value, bool) else ""
+        if unit:
+            found.append(f"{pointer}:{unit}")
+    return {"likely_unit_mistake": ",".join(found)} if found else {}
 
 
 def _purpose_mismatch(tool: str, arguments: dict[str, Any], bound: str) -> bool:
     """SPEC §2: purpose_ref (search, get) and payload.purpose_ref (capture) must equal the bound one."""
     if tool in _PURPOSE_TOOLS:
         return arguments["purpose_ref"] != bound
-    if tool == "engram_memory_capture":
+    if tool == CAPTURE_TOOL:
         return arguments["payload"]["purpose_ref"] != bound
     return False
 
@@ -209,9 +258,9 @@ class EngramMcp:
 
     # ---- context and grants --------------------------------------------------
 
-    def _context(self, ctx: ServerRequestContext[Any, Any]) -> CallContext:
+    def _context(self, ctx: ServerRequestContext[Any, Any], call: str = TOOLS_LIST_CALL) -> CallContext:
         try:
-            return self._contexts.for_request(_headers(ctx))
+            return self._contexts.for_request(_headers(ctx), _access_token(ctx), call)
         except ContextUnavailable as exc:
             logger.info("host context unavailable: %s", exc)
             raise envelope.trusted_context_unavailable() from None
@@ -222,6 +271,8 @@ class EngramMcp:
             return frozenset(), frozenset()  # SPEC §2: memory is off unless the host opted in
         names, gated = await self._following_epoch(call, self._core.granted_tools)
         granted, gated = frozenset(names) & frozenset(TOOL_NAMES), frozenset(gated) & frozenset(TOOL_NAMES)
+        if call.tools is not None:  # token binding: only what the caller's scopes open
+            granted, gated = granted & call.tools, gated & call.tools
         if len(self._straight_tools) >= _LIST_HINTS_MAX and call.binding not in self._straight_tools:
             self._straight_tools.pop(next(iter(self._straight_tools)))
         self._straight_tools[call.binding] = granted - gated
@@ -244,7 +295,7 @@ class EngramMcp:
             logger.info("authorization epoch not refreshed: %s", exc)
             raise refused from None
         logger.info("following authorization epoch %d of the bound scope", epoch)
-        self._contexts.follow_epoch(epoch)
+        self._contexts.follow_epoch(epoch, (call.binding.tenant, call.binding.workspace))
         return await rpc(call.signed())
 
     async def _invoke(self, name: str, arguments: dict[str, Any], call: CallContext,
@@ -280,12 +331,11 @@ class EngramMcp:
         try:
             granted, _ = await self._granted(call)
         except EngramError as exc:
-            # On the refusal logger, which every log setup shows: the agent only sees -32603, so
-            # this line is where an operator learns why (e.g. the core stopped after start-up).
-            b = call.binding
-            refusal_log.info("tools/list refused: tenant=%s workspace=%s principal=%s audit_id=%s %s",
-                             b.tenant, b.workspace, b.principal, call.audit_id,
-                             " ".join(f"{k}={v}" for k, v in exc.log_fields().items()))
+            # The agent sees only a JSON-RPC error, so this line is where an operator learns why
+            # (e.g. the core stopped after start-up).
+            log_list_refusal(call, exc)
+            if exc.retriable:  # a core not answering is transient: say retry, not stop
+                raise envelope.temporarily_unavailable(exc) from None
             raise envelope.trusted_context_unavailable() from None
         return types.ListToolsResult(tools=[tool_definition(name, call.binding.purpose_ref)
                                             for name in TOOL_NAMES if name in granted])
@@ -296,7 +346,12 @@ class EngramMcp:
         name = params.name
         if name not in INPUT_SCHEMAS:
             raise envelope.unknown_tool()
-        call = self._context(ctx)
+        call = self._context(ctx, name)
+        if call.tools is not None and name not in call.tools:
+            # A tool the caller's token does not open looks like no tool (SPEC §2). A tool a further
+            # scope would open was answered 403 insufficient_scope before this, by the scope
+            # challenge (adapters/mcp/http_app.py); what reaches here no scope opens.
+            raise envelope.unknown_tool()
         state = _CALL_STATE.get()
         if state is not None:
             state.call, state.tool = call, name
@@ -327,14 +382,15 @@ class EngramMcp:
             asks_human = exc.code is Code.GATE_FAILED or exc.confirmation_required
             if asks_human and name in CONFIRMED_ON_POLICY:
                 return await self._confirm_then_invoke(ctx, params, name, arguments, call, state)
-            return self._core_refused(call, name, exc)
+            return self._core_refused(call, name, exc, arguments)
         return envelope.success(value, audit_id=call.audit_id)
 
     # ---- refusals: constant messages for the agent, the exact reason in logs and audit -----
 
-    def _core_refused(self, call: CallContext, name: str, exc: EngramError) -> types.CallToolResult:
+    def _core_refused(self, call: CallContext, name: str, exc: EngramError,
+                      arguments: Any = None) -> types.CallToolResult:
         """A refusal the core decided (and audited under this call's audit id)."""
-        _log_refusal("core", call, name, exc)
+        _log_refusal("core", call, name, exc, _time_unit_hint(name, arguments, exc))
         return envelope.refusal(exc, audit_id=call.audit_id)
 
     async def _refuse(self, call: CallContext, name: str, exc: EngramError, target: str = "") -> types.CallToolResult:
@@ -388,7 +444,7 @@ class EngramMcp:
                 return refused
             if name in CONFIRMED_ON_POLICY and (exc.code is Code.GATE_FAILED or exc.confirmation_required):
                 return await self._confirm_then_invoke(ctx, params, name, arguments, call, state)
-            return self._core_refused(call, name, exc)
+            return self._core_refused(call, name, exc, arguments)
         return envelope.success(value, audit_id=call.audit_id)
 
     async def _unless_ungranted(self, name: str, call: CallContext) -> types.CallToolResult | None:
@@ -429,9 +485,20 @@ class EngramMcp:
             # Ask nobody about a target that is not there (or cannot make this transition): the
             # core answers what the tool itself would, audited as that tool's refusal.
             try:
-                await self._following_epoch(call, lambda c: self._core.check_gated(name, arguments, context=c))
+                status = await self._following_epoch(call, lambda c: self._core.check_gated(name, arguments,
+                                                                                            context=c))
             except EngramError as exc:
                 return self._core_refused(call, name, exc)
+            if status == "replay":
+                # SPEC §7: the same key and arguments as a committed withdraw or forget (a retry after
+                # MUTATION_OUTCOME_UNKNOWN, say). Its stored outcome is the answer and changes
+                # nothing, so no human is asked again (issue 26.8): a decline now would tell the
+                # agent "nothing was changed" about a record already forgotten.
+                try:
+                    value = await self._invoke(name, arguments, call)
+                except EngramError as exc:
+                    return self._core_refused(call, name, exc)
+                return envelope.success(value, audit_id=call.audit_id)
         if first_leg and not _can_elicit_form(ctx):
             return await gate_failed("cannot_elicit", "ELICITATION_UNSUPPORTED")
 
@@ -443,6 +510,7 @@ class EngramMcp:
                         operation_digest=digest,
                         scope_principal=(b.tenant, b.workspace, b.principal),
                         expires_at_ms=now_ms() + self._confirmation_timeout_ms,
+                        asker=call.asker,
                     )
                 )
                 if state is not None:
@@ -477,7 +545,7 @@ class EngramMcp:
         try:
             value = await self._invoke(name, arguments, call, confirmed_digest=digest)
         except EngramError as exc:
-            return self._core_refused(call, name, exc)
+            return self._core_refused(call, name, exc, arguments)
         return envelope.success(value, audit_id=call.audit_id)
 
     def _round_trip_refusal(
@@ -490,7 +558,7 @@ class EngramMcp:
         if decoded is None:
             return invalid
         nonce, state_digest = decoded
-        pending = self._ledger.consume(nonce, now_ms=now_ms())
+        pending = self._ledger.consume(nonce, now_ms=now_ms(), asker=call.asker)
         b = call.binding
         if (
             pending is None
@@ -498,6 +566,9 @@ class EngramMcp:
             or pending.operation_digest != digest
             or state_digest != digest
             or pending.scope_principal != (b.tenant, b.workspace, b.principal)
+            # Only the authenticated caller who was asked can answer (the ledger keeps the nonce
+            # for them): another token of the same principal, or none, cannot finish it.
+            or pending.asker != call.asker
         ):
             return invalid
         response = (params.input_responses or {}).get(CONFIRM_KEY)
@@ -535,11 +606,11 @@ class EngramMcp:
             if not (boundary_rejection or legacy_input_required):
                 raise
             # The boundary rejects before our handler runs: this call's context is made here.
-            call = state.call or self._context(ctx)
             named = (ctx.params or {}).get("name")
             tool = state.tool or (named if named in INPUT_SCHEMAS else "")
             if not tool:
                 raise envelope.unknown_tool() from None
+            call = state.call or self._context(ctx, tool)
             result = await self._refuse(call, tool, EngramError(
                 Code.GATE_FAILED, "confirmation state", reason_class="confirmation_invalid",
                 reasons=("CONFIRMATION_STATE_INVALID",)))
@@ -611,7 +682,7 @@ class EngramMcp:
         purpose = self._contexts.bound_purpose
         if purpose is None:
             try:
-                purpose = self._contexts.for_request(_headers(ctx)).binding.purpose_ref
+                purpose = self._contexts.for_request(_headers(ctx), _access_token(ctx)).binding.purpose_ref or None
             except ContextUnavailable:
                 purpose = None
         return guide(purpose)

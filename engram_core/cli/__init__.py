@@ -5,6 +5,8 @@ test` does not start gRPC and `engram serve` does not load the MCP SDK."""
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 
 
@@ -27,7 +29,9 @@ def _policy(sub: argparse._SubParsersAction) -> None:
     register(p)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: what `--help` prints at every level, and what the docs' synopses
+    are checked against (tests/admin/test_docs_match_code.py)."""
     from engram_core.cli import doctor, init, mcp, serve
 
     parser = argparse.ArgumentParser(prog="engram", description="Engram: governed long-term memory for agents")
@@ -38,9 +42,21 @@ def main(argv: list[str] | None = None) -> int:
     doctor.register(sub)
     _admin(sub)
     _policy(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that left shows here, not as an error at interpreter exit
+        return code
+    except BrokenPipeError:
+        # `engram init | head`: the reader stopped reading, which is its right, not our failure.
+        # Point stdout at /dev/null so the interpreter's own final flush stays quiet too, and
+        # exit as a process killed by SIGPIPE would (what `set -o pipefail` expects).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except ModuleNotFoundError as exc:
         if exc.name != "opa_bindings":
             raise

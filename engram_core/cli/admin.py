@@ -220,23 +220,43 @@ def _verify(args: argparse.Namespace) -> int:
     value = _call(args, "Verify", _scope_req(args, report_only=args.report or bool(args.device), anchor_json=anchor,
                                              anchor_key_pem=keys), READ_SCOPES)
     bad = [f"{s['tenant']}/{s['workspace']}: {p['problem']} at cursor {p['cursor']}" for s in value["scopes"] for p in s["problems"]]
-    bad += [f"audit: {p['problem']} at seq {p['seq']}" for p in value["audit"]["problems"]]
+    bad += [f"audit{' ' + p['chain'] if p.get('chain') else ''}: {p['problem']} at seq {p['seq']}"
+            for p in value["audit"]["problems"]]
     bad += [f"anchor: {p['problem']}" + (f" ({p['chain']} at {p.get('seq') or p.get('cursor')})" if "chain" in p else "")
             for p in value.get("anchor", {}).get("problems", [])]
     if args.device:
         from engram_core.store.audit_device import check_device_file
 
         value["device"] = check_device_file(Path(args.device), _audit_rows(args))
-        bad += [f"device: {p['problem']} at seq {p['seq']}" for p in value["device"]["problems"]]
+        bad += [f"device{' ' + p['chain'] if p.get('chain') else ''}: {p['problem']} at seq {p['seq']}"
+                for p in value["device"]["problems"]]
         value["ok"] = value["ok"] and value["device"]["ok"]
-    checked = f"{len(value['scopes'])} journal(s), {value['audit']['rows']} audit rows"
+    checked = (f"{len(value['scopes'])} journal(s), {value['audit']['rows']} audit rows on "
+               f"{value['audit'].get('chains', 1)} chain(s)")
     if "anchor" in value:
         checked += f", anchor of {value['anchor']['created_at']} (key {value['anchor']['key_id']})"
     if "device" in value:
         checked += f", {value['device']['lines']} device lines"
+    value["limits"] = _verify_limits(value)
     human = "verified: " + checked + ", all chains intact" if value["ok"] else "JOURNAL_CORRUPT\n" + "\n".join(bad)
+    human += "".join(f"\nnote: {limit}" for limit in value["limits"])
     _emit(args, value, human)
     return 0 if value["ok"] else 1
+
+
+def _verify_limits(value: dict[str, Any]) -> list[str]:
+    """What this verification could not detect (docs/security.md, "A rewritten audit log"): a hash
+    chain is only consistent with itself, so whoever can write the data directory can cut the
+    log back, rewrite rows and chain them again. Only an anchor or a device shows that."""
+    if "anchor" not in value and "device" not in value:
+        return ["the chains were checked against themselves only: an audit log or journal cut back (or rows "
+                "rewritten) and re-chained by someone who can write the data directory passes this check; "
+                "verify against a signed anchor (--anchor FILE --anchor-key PEM, from `engram admin anchor`) "
+                "or an audit device (--device FILE, from `engram serve --audit-device`) to detect that"]
+    if "device" not in value:
+        return ["rows after the anchor's heads were checked against their own chains only: "
+                "add --device FILE to cover them"]
+    return []
 
 
 # Rows per Export call: well inside the gRPC message limit (~300 B a row). ENGRAM_AUDIT_PAGE_ROWS
@@ -245,7 +265,8 @@ AUDIT_PAGE = 10_000
 
 
 def _audit_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Every audit row of the store, fetched in seq ranges until a range comes back empty."""
+    """Every audit row of the store, fetched in seq ranges (each range over every chain) until a
+    range comes back empty."""
     from engram_core.api import admin_pb2
 
     size = int(os.environ.get("ENGRAM_AUDIT_PAGE_ROWS", AUDIT_PAGE))
@@ -264,10 +285,9 @@ def _anchor(args: argparse.Namespace) -> int:
     value = _call(args, "Anchor", _scope_req(args), READ_SCOPES)
     with _open_private(Path(args.out)) as f:
         f.write((json.dumps(value, sort_keys=True, indent=1) + "\n").encode())
-    a = value["audit"]
     return _emit(args, {"out": args.out, **value},
-                 f"anchored audit seq {a['seq']} and {len(value['journals'])} journal head(s) in {args.out}; "
-                 f"signed by anchor key {value['signature']['key_id']}")
+                 f"anchored {len(value['audit_chains'])} audit chain head(s) and {len(value['journals'])} journal "
+                 f"head(s) in {args.out}; signed by anchor key {value['signature']['key_id']}")
 
 
 def _signing_keys(args: argparse.Namespace) -> int:
@@ -296,11 +316,25 @@ def _rotate(args: argparse.Namespace) -> int:
 def _key_status(args: argparse.Namespace) -> int:
     value = _call(args, "KeyStatus", _scope_req(args), READ_SCOPES)
     v = value["vault"]
-    human = (f"active KEK {v['active_kek']} ({v['keks']} held); {value['live_data_keys']} live data keys, "
-             f"{value['destroyed_data_keys']} destroyed")
+    human = (f"active KEK {v['active_kek']} ({v['keks']} held, {v.get('retired_keks', 0)} retired); "
+             f"{value['live_data_keys']} live data keys, {value['destroyed_data_keys']} destroyed "
+             f"({value.get('destructions_pending', 0)} destruction(s) pending until the generations that "
+             "wrapped them retire)")
+    for g in value.get("generations", []):
+        when = g.get("retires_after") or g.get("retired_at") or g.get("created_at", "")
+        human += f"\ngeneration {g['generation']}  {g['state']}" + (f"  {when}" if when else "")
     for r in value.get("scope", {}).get("records", []):
         human += f"\n{r['record_id']}  {r['state']}  key {r['key']}"
+        if "destruction" in r:
+            human += f"  destruction {r['destruction']}"
     return _emit(args, value, human)
+
+
+def _retire(args: argparse.Namespace) -> int:
+    from engram_core.api import admin_pb2
+
+    value = _call(args, "RetireKeys", admin_pb2.RetireKeysRequest(now=args.now))
+    return _emit(args, value, f"retired KEK generations: {value['retired_keks'] or 'none'}")
 
 
 def _revoke(args: argparse.Namespace) -> int:
@@ -309,13 +343,38 @@ def _revoke(args: argparse.Namespace) -> int:
                               "older contexts and grants are refused")
 
 
+def _binding_text(b: dict[str, Any]) -> str:
+    if b["local"]:
+        return "the operator's own key: every tenant, every maintenance scope"
+    if b["all_tenants"]:
+        tenants = "every tenant"
+    else:
+        tenants = ("tenants " + ", ".join(b["tenants"])) if b["tenants"] else "no tenant"
+    return f"{tenants}; maintenance scopes: {', '.join(b['maintenance_scopes']) or 'none'}"
+
+
 def _host_key(args: argparse.Namespace, trust: bool) -> int:
     from engram_core.api import admin_pb2
 
-    pem = Path(args.public_key).read_text() if args.public_key else ""
-    value = _call(args, "TrustHostKey" if trust else "UntrustHostKey",
-                  admin_pb2.HostKeyRequest(public_key_pem=pem, key_id=args.key_id or ""))
-    return _emit(args, value, f"host key {value['key_id']}: {'trusted' if trust else 'no longer trusted'}")
+    pem = _read_inputs([args.public_key], "host public key")[0] if args.public_key else ""
+    if not trust:
+        value = _call(args, "UntrustHostKey", admin_pb2.HostKeyRequest(public_key_pem=pem, key_id=args.key_id or ""))
+        return _emit(args, value, f"host key {value['key_id']}: no longer trusted")
+    if not pem:
+        raise CliInputError("trust-host-key needs --public-key PEM")
+    if bool(args.tenant) == args.all_tenants:
+        raise CliInputError("trust-host-key needs --tenant T (repeatable) or --all-tenants: the tenants the key serves")
+    value = _call(args, "TrustHostKey", admin_pb2.HostKeyRequest(
+        public_key_pem=pem, key_id=args.key_id or "", tenants=args.tenant, all_tenants=args.all_tenants,
+        maintenance_scopes=args.maintenance_scope))
+    return _emit(args, value, f"host key {value['key_id']}: trusted for {_binding_text(value['binding'])}")
+
+
+def _list_host_keys(args: argparse.Namespace) -> int:
+    value = _call(args, "ListHostKeys", _scope_req(args), READ_SCOPES)
+    lines = [f"{k['id']}  {_binding_text(k)}" + ("" if k["stored"] or k["local"] else "  (not stored)")
+             for k in value["host_keys"]]
+    return _emit(args, value, "\n".join(lines) or "no trusted host keys")
 
 
 class CliInputError(Exception):
@@ -403,7 +462,13 @@ def _projections(args: argparse.Namespace, rebuild: bool) -> int:
 
 def _reload(args: argparse.Namespace) -> int:
     value = _call(args, "ReloadPolicies", _scope_req(args))
-    return _emit(args, value, f"policy revision {value['revision']} (was {value['previous_revision']})")
+    if value.get("outcome") != "refused":
+        return _emit(args, value, f"policy revision {value['revision']} (was {value['previous_revision']})")
+    problem = value.get("problem") or {}
+    where = ":".join(str(p) for p in (problem.get("file"), problem.get("line")) if p)
+    active = f"revision {value['revision']} still active" if value.get("revision") else "no revision active"
+    _emit(args, value, f"refused; {active}: {where + ': ' if where else ''}{problem.get('error', '')}")
+    return 1
 
 
 def _record_digest_of(args: argparse.Namespace) -> str:
@@ -439,7 +504,7 @@ def _attest(args: argparse.Namespace) -> int:
         result = host_pb2_grpc.HostServiceStub(channel).Attest(host_pb2.AttestRequest(
             tenant=args.tenant, workspace=args.workspace, target=args.target, trust_class=args.trust_class,
             event_id=event_id, reason_ref=args.reason, verifier_public_key_pem=pem, signature=signature),
-            metadata=admin_metadata(args.host_key, scopes=ALL_SCOPES), timeout=args.timeout)
+            metadata=admin_metadata(args.host_key, scopes=ALL_SCOPES, call="host"), timeout=args.timeout)
     value = json.loads(result.json)
     r = value["receipt"]
     note = " (replayed)" if value.get("replayed") else ""
@@ -504,12 +569,28 @@ def register_more(sub: argparse._SubParsersAction, run: Callable[[argparse.Names
     p = add("signing-keys", _signing_keys, "the core's backup and anchor public keys", scope=None)
     p.add_argument("--out-dir", default="", help="write backup.pub and anchor.pub here")
     add("rotate-keys", _rotate, "rotate the store KEK and re-wrap every data key", scope=None)
+    p = add("retire-keys", _retire, "retire KEK generations past their retention (completes key destructions)",
+            scope=None)
+    p.add_argument("--now", action="store_true",
+                   help="retire every retained generation no live key needs, whatever its retention "
+                        "(backups and key copies made under them stop restoring)")
     add("key-status", _key_status, "KEK and data-key destruction status", scope="optional")
     add("revoke", _revoke, "bump the authorization epoch of a scope")
-    for name, trust in (("trust-host-key", True), ("untrust-host-key", False)):
-        p = add(name, lambda a, t=trust: _host_key(a, t), f"{'add' if trust else 'remove'} a trusted host key", scope=None)
-        p.add_argument("--public-key", default="", help="PEM file of the host public key")
-        p.add_argument("--key-id", default="")
+    p = add("trust-host-key", lambda a: _host_key(a, True),
+            "trust a host key for the tenants (and maintenance scopes) it serves, or change what it serves",
+            scope=None)
+    p.add_argument("--public-key", default="", help="PEM file of the host public key")
+    p.add_argument("--key-id", default="", help="the key id the key must have (a check)")
+    p.add_argument("--tenant", action="append", default=[], metavar="T",
+                   help="a tenant the key may act for (repeatable)")
+    p.add_argument("--all-tenants", action="store_true", help="the key may act for every tenant")
+    p.add_argument("--maintenance-scope", action="append", default=[], choices=("read", "maintain"),
+                   help="a maintenance scope the key may sign for (repeatable; default none: agent and host "
+                        "calls of its tenants only)")
+    p = add("untrust-host-key", lambda a: _host_key(a, False), "remove a trusted host key", scope=None)
+    p.add_argument("--public-key", default="", help="PEM file of the host public key")
+    p.add_argument("--key-id", default="")
+    add("list-host-keys", _list_host_keys, "the trusted host keys and the tenants and scopes each serves", scope=None)
     p = add("backup", _backup, "stream a verified logical backup of the whole store (or of one scope) to a file",
             scope="optional")
     p.add_argument("--out", required=True)

@@ -4,6 +4,10 @@ The first five minutes of a new user: after `engram init` and `engram serve --da
 an MCP client registered with the printed command can capture and search. The scope the
 host TOML binds is written to ``DIR/init.toml``; the first `engram serve` on DIR activates it
 (once: a scope the operator later deactivates stays deactivated).
+
+The host TOML also names a bearer token file beside it (``<name>.token``, 0600, made once and
+kept): `engram mcp --http` requires that token on every bind, loopback included, because other
+users of the machine reach a loopback port too (issue 26). The printed HTTP registrations send it.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import getpass
 import json
 import os
 import re
+import secrets
 import shlex
 import sys
 import tomllib
@@ -25,6 +30,7 @@ DEFAULT_DATA_DIR = "engram-data"
 DEFAULT_TENANT = "local"
 DEFAULT_WORKSPACE = "default"
 DEFAULT_PURPOSE = "purpose:default"
+DEFAULT_HTTP_LISTEN = "127.0.0.1:8765"  # what the printed `engram mcp --http` line serves on
 _NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -54,22 +60,46 @@ def read_first_serve_scope(data_dir: Path) -> FirstServeScope | None:
     return FirstServeScope(tenant, workspace)
 
 
-def _core_address(host_config: Path) -> str | None:
-    """The ``[core] address`` an existing host TOML names, or None if it names none or is unreadable."""
+def _named(host_config: Path) -> tuple[str | None, Path | None]:
+    """The ``[core] address`` and the ``[host] signing_key`` (resolved as the adapter resolves it,
+    against the file's directory) an existing host TOML names; None for what it does not name
+    or when it is unreadable."""
     try:
         doc = tomllib.loads(host_config.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return None
-    core = doc.get("core")
+        return None, None
+    core, host = doc.get("core"), doc.get("host")
     address = core.get("address") if isinstance(core, dict) else None
-    return address if isinstance(address, str) else None
+    key = host.get("signing_key") if isinstance(host, dict) else None
+    return (address if isinstance(address, str) else None,
+            (host_config.parent / Path(key).expanduser()).resolve() if isinstance(key, str) and key else None)
+
+
+def _kept_config_warning(host_config: Path, *, core: str | None, host_key: Path, data_dir: Path) -> str | None:
+    """One line when a kept host TOML would not reach the core serving ``data_dir`` at ``core``:
+    another address (tools/serve after a change of ENGRAM_LISTEN) or another data directory's key
+    (ENGRAM_DATA changed, the host TOML beside both is the same file). None when it would."""
+    named_core, named_key = _named(host_config)
+    problems = []
+    if core and named_core is not None and named_core != core:
+        problems.append(f"names core {named_core}, not {core}; the adapter would call {named_core}")
+    if named_key is not None and named_key != host_key.resolve():
+        problems.append(f"signs with {named_key}, not {host_key} (the key the core serving {data_dir} trusts "
+                        "by itself)")
+    if not problems:
+        return None
+    rewrite = shlex.join([_engram_command(), "init", str(data_dir), "--host-config", str(host_config),
+                          "--core", core or named_core or DEFAULT_CORE, "--force"])
+    return (f"engram init: {host_config} {'; and it '.join(problems)}. Rewrite it: {rewrite} "
+            "(or keep it and write another with --host-config FILE; tools/serve: ENGRAM_HOST_CONFIG=FILE)")
 
 
 def _quote(value: str) -> str:
     return json.dumps(value)  # a TOML basic string is a JSON string for these characters
 
 
-def host_toml(*, core: str, signing_key: str, tenant: str, workspace: str, principal: str) -> str:
+def host_toml(*, core: str, signing_key: str, tenant: str, workspace: str, principal: str,
+              token_file: str | None = None) -> str:
     return f"""# Engram host configuration for `engram mcp --host-config FILE` (written by `engram init`).
 # The adapter binds every tool call to the identity below; the agent never chooses it.
 # Relative paths are resolved against this file's directory. See docs/mcp-clients.md.
@@ -90,7 +120,40 @@ principal = {_quote(principal)}
 agent_id = "agent-1"
 session = "default"
 purpose_ref = {_quote(DEFAULT_PURPOSE)}
-"""
+""" + ("" if token_file is None else f"""
+[http]                               # `engram mcp --http`: every client sends this token
+token_file = {_quote(token_file)}     # 0600, only you can read it; never commit or share it
+""")
+
+
+def token_file_beside(host_config: Path) -> Path:
+    return host_config.with_name(host_config.stem + ".token")
+
+
+def ensure_token_file(path: Path) -> tuple[str, bool]:
+    """(the bearer token in ``path``, whether it was made now): made once, 0600 from the start
+    (never readable by others, not even for a moment), and kept on later runs."""
+    if path.exists():
+        return path.read_text(encoding="utf-8").strip(), False
+    value = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(value + "\n")
+    return value, True
+
+
+def _named_token_file(host_config: Path) -> Path | None:
+    """The ``[http] token_file`` an existing host TOML names, or None."""
+    try:
+        doc = tomllib.loads(host_config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    http = doc.get("http")
+    named = http.get("token_file") if isinstance(http, dict) else None
+    if not isinstance(named, str):
+        return None
+    path = Path(named).expanduser()
+    return path if path.is_absolute() else host_config.parent / path
 
 
 def _engram_command() -> str:
@@ -106,7 +169,6 @@ def client_instructions(engram: str, host_config: Path) -> str:
     vscode = json.dumps({"servers": {"engram": {"type": "stdio", **stdio}}}, indent=2)
     indent = lambda text: "\n".join("      " + line for line in text.splitlines())  # noqa: E731
     return "\n".join([
-        "  Register the adapter with your MCP client:",
         "    Claude Code:",
         f"      claude mcp add engram -- {shlex.join([engram, *args])}",
         "    Claude Desktop (claude_desktop_config.json) and Cursor (~/.cursor/mcp.json):",
@@ -115,6 +177,39 @@ def client_instructions(engram: str, host_config: Path) -> str:
         indent(vscode),
         "    Any other stdio client: run",
         f"      {shlex.join([engram, *args])}",
+    ])
+
+
+def http_instructions(engram: str, host_config: Path, token_file: Path | None, token: str | None) -> str:
+    """The HTTP adapter and each client's registration of it, with the bearer token it requires."""
+    url = f"http://{DEFAULT_HTTP_LISTEN}/mcp"
+    serve = shlex.join([engram, "mcp", "--host-config", str(host_config), "--http", DEFAULT_HTTP_LISTEN])
+    if token_file is None or token is None:
+        return "\n".join([
+            f"    Over HTTP instead ({serve}): {host_config} names no [http] token_file, so the",
+            "    adapter refuses to serve HTTP; rewrite it with --force to get one (docs/mcp-clients.md §3).",
+        ])
+    header = f"Bearer {token}"
+    cursor = json.dumps({"mcpServers": {"engram": {"url": url, "headers": {"Authorization": header}}}}, indent=2)
+    vscode = json.dumps({"servers": {"engram": {"type": "http", "url": url, "headers": {"Authorization": header}}}},
+                        indent=2)
+    desktop = json.dumps({"mcpServers": {"engram": {
+        "command": "npx", "args": ["-y", "mcp-remote", url, "--allow-http", "--header", "Authorization:${ENGRAM_AUTH}"],
+        "env": {"ENGRAM_AUTH": header}}}}, indent=2)
+    indent = lambda text: "\n".join("      " + line for line in text.splitlines())  # noqa: E731
+    return "\n".join([
+        "    Or over HTTP, one adapter for several clients on this machine:",
+        f"      {serve}",
+        f"      Every request needs the token in {token_file} (0600: yours alone; other users of",
+        "      this machine reach 127.0.0.1 too, so the adapter refuses anything without it):",
+        "    Claude Code (HTTP):",
+        f"      claude mcp add --transport http engram {url} --header {shlex.quote('Authorization: ' + header)}",
+        "    Cursor (~/.cursor/mcp.json, HTTP):",
+        indent(cursor),
+        "    VS Code (.vscode/mcp.json, HTTP):",
+        indent(vscode),
+        "    Claude Desktop (claude_desktop_config.json, HTTP through the mcp-remote bridge):",
+        indent(desktop),
     ])
 
 
@@ -144,16 +239,15 @@ def run_init(args: argparse.Namespace) -> int:
         os.chmod(init_file, 0o600)
 
     core = args.core or DEFAULT_CORE
+    token_file: Path | None = token_file_beside(host_config)
     if host_config.exists() and not args.force:
+        token_file = _named_token_file(host_config)
         wrote = f"kept the existing {host_config} (--force rewrites it)"
-        named = _core_address(host_config)
-        if args.core and named is not None and named != args.core:
-            # A kept file naming another core would send the adapter there (tools/serve after a
-            # change of ENGRAM_LISTEN): say so rather than let doctor find it later.
-            rewrite = shlex.join([_engram_command(), "init", str(data_dir), "--host-config", str(host_config),
-                                  "--core", args.core, "--force"])
-            print(f"engram init: {host_config} names core {named}, not {args.core}; "
-                  f"the adapter would call {named}. Rewrite it: {rewrite}", file=sys.stderr)
+        # Said now rather than found later by doctor (or not at all, by an adapter calling a core
+        # that is not this one).
+        warning = _kept_config_warning(host_config, core=args.core, host_key=host_key, data_dir=data_dir)
+        if warning:
+            print(warning, file=sys.stderr)
     else:
         principal = "agent:" + (_NAME.sub("-", getpass.getuser()) or "local")
         try:
@@ -162,23 +256,28 @@ def run_init(args: argparse.Namespace) -> int:
             key_ref = str(host_key)
         host_config.parent.mkdir(parents=True, exist_ok=True)
         host_config.write_text(host_toml(core=core, signing_key=key_ref, tenant=scope.tenant,
-                                         workspace=scope.workspace, principal=principal), encoding="utf-8")
+                                         workspace=scope.workspace, principal=principal,
+                                         token_file=token_file.name if token_file else None), encoding="utf-8")
         os.chmod(host_config, 0o600)
         wrote = f"wrote {host_config} (binds {scope.tenant}/{scope.workspace} as {principal})"
 
+    token = ensure_token_file(token_file)[0] if token_file is not None else None
     engram = _engram_command()
+    steps = [] if args.serving else \
+        [f"Start the core:     {shlex.join([engram, 'serve', '--data', str(data_dir), '--listen', core])}"]
+    steps += [
+        f"Check the chain:    {shlex.join([engram, 'doctor', '--host-config', str(host_config)])}"
+        + ("   (in another terminal, once the core below says it is listening)" if args.serving else ""),
+        "Register the adapter with your MCP client:\n" + client_instructions(engram, host_config)
+        + "\n" + http_instructions(engram, host_config, token_file, token),
+    ]
     print("\n".join([
         f"engram init: data directory {data_dir}",
         f"engram init: {wrote}",
         f"engram init: the first `engram serve` on it activates {scope.tenant}/{scope.workspace}",
         "",
         "Next:",
-        *([] if args.serving else
-          [f"  1. Start the core:     {shlex.join([engram, 'serve', '--data', str(data_dir), '--listen', core])}"]),
-        f"  {'1' if args.serving else '2'}. Check the chain:    "
-        f"{shlex.join([engram, 'doctor', '--host-config', str(host_config)])}"
-        + ("   (in another terminal, once the core below says it is listening)" if args.serving else ""),
-        client_instructions(engram, host_config),
+        *(f"  {number}. {step}" for number, step in enumerate(steps, start=1)),
         "  Clients that can ask a human (MCP elicitation) can confirm forget and withdraw; see docs/mcp-clients.md.",
     ]))
     return 0

@@ -169,7 +169,7 @@ def _index_documents(store: Any) -> int | None:
     # Read without the publish lock (a rebuild may hold it for seconds): a dict changing
     # under the count only skips this scrape's value.
     try:
-        return store._index.document_count() if store.index_ready() else None
+        return store.document_count()
     except RuntimeError:
         return None
 

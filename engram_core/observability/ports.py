@@ -14,9 +14,10 @@ from engram_core.observability import calls, tracing
 from engram_core.observability.calls import DecisionFact
 from engram_core.observability.logs import log_event
 from engram_core.observability.metrics import CoreMetrics
-from engram_core.policy.port import Decision
+from engram_core.policy.port import BundleRefused, Decision
 
 _MAX_OUTCOME = 32  # label values come from policy answers: keep them short
+REFUSED = "REFUSED"  # a reload that read a bundle and would not activate it (logs and metrics)
 
 
 def family_of(path: str) -> str:
@@ -105,6 +106,15 @@ class ObservedPolicyEngine:
         previous = self._inner.revision()
         try:
             revision = self._inner.reload()
+        except BundleRefused as exc:  # read and refused: a distinct outcome, the previous revision answers
+            if self._metrics is not None:
+                self._metrics.observe_bundle_load(revision="", code=REFUSED)
+            where = {"file": exc.problem.get("file") or "-"}
+            if exc.problem.get("line"):
+                where["line"] = exc.problem["line"]
+            log_event("policy_reload", logging.ERROR, outcome=REFUSED, **where, error=exc.problem.get("error", ""),
+                      active_revision=exc.active_revision or "none")
+            raise
         except EngramError as exc:
             if self._metrics is not None:
                 self._metrics.observe_bundle_load(revision="", code=exc.code.value)
@@ -151,7 +161,7 @@ class ObservedEmbedder:
 
 def observe_store(store: Any, metrics: CoreMetrics | None) -> None:
     if metrics is not None:
-        store.on_commit = metrics.observe_commit
+        store.engine.on_commit = metrics.observe_commit
 
     def rebuilt(seconds: float, documents: int) -> None:
         if metrics is not None:

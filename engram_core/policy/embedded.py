@@ -1,4 +1,4 @@
-"""The embedded backend: Rego evaluated in-process over the ``policies/`` bundle (SPEC §9).
+"""The embedded backend: Rego evaluated in-process over a bundle (SPEC §9).
 
 Uses the OPA Go library through ``opa_bindings``. The active bundle (its engines
 and revision together) is one object swapped under a lock on reload, so a
@@ -8,6 +8,16 @@ keeps a few engines, each decision taking one that is free (a search's decision
 does not queue behind the writers', and two run on two cores). A call cannot
 be interrupted, so ``timeout_s`` is checked after the fact and a late answer is
 discarded (fail closed).
+
+Bundles come from a source (``sources.py``: a directory or archive on disk, or a bundle
+server) and, with a verifier, must carry a valid signature. A bundle that cannot be read,
+verified or compiled is refused (``BundleRefused``, naming the file and line) and the previous
+revision keeps answering.
+
+With ``log_mask`` each decision carries the decision-log mask's operations: the bundle's
+``path_mask(path)``, asked once per path and revision and kept with the active bundle, and its
+``mask(event)`` if it defines one, evaluated in the decision's own engine call (handing the
+input to the engine is most of a decision's cost; a second call would pay it again).
 """
 
 from __future__ import annotations
@@ -22,26 +32,45 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import re2
 from opa_bindings.engine import OpaEngine, OpaError
 
 from engram_core.canonical import digest
 from engram_core.errors import Code, EngramError
-from engram_core.policy.bundle import BundleError, build_engine, read_bundle
-from engram_core.policy.port import Decision
+from engram_core.policy.bundle import MANIFEST, Bundle, BundleError, build_engine
+from engram_core.policy.port import DECISION_PATHS, LOG_MASK, LOG_PATH_MASK, BundleRefused, Decision
 from engram_core.policy.shapes import shape_error
+from engram_core.policy.signing import BundleVerifier
+from engram_core.policy.sources import BundleSource, DiskSource, SourceUnavailable
 
 ENGINES = max(2, min(4, os.cpu_count() or 1))  # engines per bundle; more would only wait for a core
+_PATH = re2.compile(r"^[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*$")
+_MASK_REF = "data." + LOG_MASK.replace("/", ".")
+_PATH_MASK_QUERY = f"x := [m | m := data.{LOG_PATH_MASK.replace('/', '.')}(input.path)]"
 
 
 class _Active:
     """One bundle revision and its engines, all compiled from it when it was loaded (~15 ms
     each): a decision takes whichever is free, or waits for one."""
 
-    def __init__(self, engines: list[OpaEngine], revision: str) -> None:
+    def __init__(self, engines: list[OpaEngine], revision: str, *, has_mask: bool = False,
+                 path_masks: dict[str, Any] | None = None) -> None:
         self.revision = revision
+        self.has_mask = has_mask  # the bundle defines mask(event), asked with each decision
+        # path_mask(path)'s answer per decision path (None: the bundle defines none), kept for
+        # the bundle's life: the same list object every time, so the logger parses it once.
+        self.path_masks = path_masks
         self._free: queue.SimpleQueue[OpaEngine] = queue.SimpleQueue()
         for engine in engines:
             self._free.put(engine)
+
+    def path_mask(self, path: str) -> Any:
+        if self.path_masks is None:
+            return None
+        if path not in self.path_masks:  # a path the core did not name at reload: asked once
+            with self.lease() as engine:
+                self.path_masks[path] = _path_mask(engine, path)
+        return self.path_masks[path]
 
     @contextmanager
     def lease(self) -> Iterator[OpaEngine]:
@@ -76,39 +105,121 @@ def _check_time(what: str, started: float, timeout_s: float | None) -> None:
         raise _unavailable(f"{what}: decision took longer than {timeout_s}s")
 
 
-def _decision(path: str, result: Any, active: _Active, input_digest: str) -> Decision:
+def _dotted(path: str) -> str:
+    path = path.strip("/")
+    if not _PATH.match(path):  # paths are the core's constants; anything else never reaches a query
+        raise _unavailable(f"not a decision path: {path!r}")
+    return path.replace("/", ".")
+
+
+def _decision(path: str, result: Any, active: _Active, input_digest: str, log_mask: Any = None) -> Decision:
     problem = shape_error(path, result)
     if problem is not None:
         raise _unavailable(f"{path}: {problem}")
     return Decision(path=path, result=result, decision_id=f"embedded-{uuid.uuid4()}", revision=active.revision,
-                    input_digest=input_digest)
+                    input_digest=input_digest, log_mask=log_mask)
+
+
+def _combined(path_ops: Any, event_ops: Any) -> Any:
+    """The operations of both masks; a failure of either is the event's failure."""
+    for ops in (path_ops, event_ops):
+        if isinstance(ops, dict) and "error" in ops:
+            return ops
+    if event_ops is None:
+        return path_ops
+    if path_ops is None:
+        return event_ops
+    if not isinstance(path_ops, list) or not isinstance(event_ops, list):
+        return {"error": "a mask answered something other than a set of operations"}
+    return [*path_ops, *event_ops]
+
+
+def _path_mask(engine: OpaEngine, path: str) -> Any:
+    try:
+        rows = engine.eval_query(_PATH_MASK_QUERY, {"path": path.strip("/")})
+    except OpaError as exc:
+        return {"error": str(exc)}
+    answers = rows[0].get("x") if rows else None
+    return answers[0] if answers else {"error": f"{LOG_PATH_MASK} is undefined for {path}"}
+
+
+def _mask_clause(i: int | str, path: str, input_ref: str) -> str:
+    # A list of zero or one answer: a mask undefined for this event never makes the decision undefined.
+    return (f'm{i} := [x | x := {_MASK_REF}({{"path": "{path.strip("/")}", "input": {input_ref}, '
+            f'"result": d{i}}})]')
+
+
+def _mask_of(binding: Mapping[str, Any], i: int | str) -> Any:
+    answers = binding.get(f"m{i}")
+    return answers[0] if isinstance(answers, list) and answers else None
 
 
 class EmbeddedPolicyEngine:
-    """PolicyEngine over a bundle directory, evaluated in this process.
+    """PolicyEngine over a bundle, evaluated in this process.
+
+    ``bundle_dir``: a bundle directory or archive (or give ``source``); ``verifier``: refuse
+    bundles whose signature does not verify; ``log_mask``: evaluate the decision-log mask with
+    every decision (``Decision.log_mask``).
 
     Not guaranteed: bounding a runaway evaluation (OPA cannot be interrupted
     from here; the answer is only discarded once late).
     """
 
-    def __init__(self, bundle_dir: Path, *, expected_revision: str | None = None) -> None:
-        self._bundle_dir = Path(bundle_dir)
+    def __init__(self, bundle_dir: Path | None = None, *, expected_revision: str | None = None,
+                 source: BundleSource | None = None, verifier: BundleVerifier | None = None,
+                 log_mask: bool = False) -> None:
+        if source is None:
+            if bundle_dir is None:
+                raise ValueError("a bundle directory or a source is needed")
+            source = DiskSource(Path(bundle_dir))
+        self._bundle_dir = Path(bundle_dir) if bundle_dir is not None else None
+        self._source = source
+        self._verifier = verifier
         self._expected_revision = expected_revision
+        self._log_mask = log_mask
         self._lock = threading.Lock()
         self._active: _Active | None = None
         self._closed = False
+
+    @property
+    def source(self) -> BundleSource:
+        return self._source
 
     def decide(self, path: str, input: Mapping[str, Any], *, timeout_s: float | None = None) -> Decision:
         started = time.monotonic()
         active = self._active_bundle()  # one reference for the whole decision: one bundle, one revision
         input_digest = _input_digest(input)
+        dotted = _dotted(path)
+        if self._log_mask and active.has_mask:
+            return self._decide_masked(path, dotted, input, active, input_digest, started, timeout_s)
         try:
             with active.lease() as engine:
-                result = engine.eval_document(path.strip("/").replace("/", "."), dict(input))
+                result = engine.eval_document(dotted, dict(input))
         except OpaError as exc:  # includes OpaUndefinedError
             raise _unavailable(f"{path}: {exc}") from exc
         _check_time(path, started, timeout_s)
-        return _decision(path, result, active, input_digest)
+        return _decision(path, result, active, input_digest, active.path_mask(path) if self._log_mask else None)
+
+    def _decide_masked(self, path: str, dotted: str, input: Mapping[str, Any], active: _Active,
+                       input_digest: str, started: float, timeout_s: float | None) -> Decision:
+        query = f"d0 := data.{dotted}; event_input := input; " + _mask_clause(0, path, "event_input")
+        try:
+            with active.lease() as engine:
+                bindings = engine.eval_query(query, dict(input))
+        except OpaError as exc:
+            # The mask may be what failed: the decision alone decides whether this is an answer.
+            try:
+                with active.lease() as engine:
+                    result = engine.eval_document(dotted, dict(input))
+            except OpaError as again:
+                raise _unavailable(f"{path}: {again}") from again
+            _check_time(path, started, timeout_s)
+            return _decision(path, result, active, input_digest, {"error": str(exc)})
+        if len(bindings) != 1:
+            raise _unavailable(f"{path}: undefined decision")
+        _check_time(path, started, timeout_s)
+        return _decision(path, bindings[0].get("d0"), active, input_digest,
+                         _combined(active.path_mask(path), _mask_of(bindings[0], 0)))
 
     def decide_all(self, requests: Sequence[tuple[str, Mapping[str, Any]]], *,
                    timeout_s: float | None = None) -> list[Decision]:
@@ -120,20 +231,29 @@ class EmbeddedPolicyEngine:
         started = time.monotonic()
         active = self._active_bundle()
         digests = [_input_digest(input) for _, input in requests]
+        masked = self._log_mask and active.has_mask  # mask(event) asked in this same call
         # The query text depends only on the paths, a fixed set: the engine's prepared-query
         # cache stays bounded.
-        query = "; ".join(f"d{i} := data.{path.strip('/').replace('/', '.')} with input as input[{i}]"
-                          for i, (path, _) in enumerate(requests))
+        clauses = []
+        for i, (path, _) in enumerate(requests):
+            clauses.append(f"d{i} := data.{_dotted(path)} with input as input[{i}]")
+            if masked:
+                clauses.append(_mask_clause(i, path, f"input[{i}]"))
         names = ", ".join(path for path, _ in requests)
         try:
             with active.lease() as engine:
-                bindings = engine.eval_query(query, [dict(input) for _, input in requests])
+                bindings = engine.eval_query("; ".join(clauses), [dict(input) for _, input in requests])
         except OpaError as exc:
+            if masked:  # the mask may be what failed: decide each alone, the mask marked failed
+                decisions = [self.decide(path, input, timeout_s=timeout_s) for path, input in requests]
+                return [_with_mask(d, {"error": str(exc)}) for d in decisions]
             raise _unavailable(f"{names}: {exc}") from exc
         if len(bindings) != 1:  # a decision undefined (no binding), or not single-valued
             raise _unavailable(f"{names}: undefined decision")
         _check_time(names, started, timeout_s)
-        return [_decision(path, bindings[0].get(f"d{i}"), active, d)
+        return [_decision(path, bindings[0].get(f"d{i}"), active, d,
+                          _combined(active.path_mask(path), _mask_of(bindings[0], i) if masked else None)
+                          if self._log_mask else None)
                 for i, ((path, _), d) in enumerate(zip(requests, digests, strict=True))]
 
     def _active_bundle(self) -> _Active:
@@ -149,24 +269,41 @@ class EmbeddedPolicyEngine:
     def active(self) -> bool:
         return not self._closed and self._active is not None
 
+    def masks_decisions(self) -> bool:
+        """Whether decisions carry a decision-log mask's answer (asked for, and defined)."""
+        active = self._active
+        return self._log_mask and active is not None and (active.has_mask or active.path_masks is not None)
+
     def reload(self) -> str:
-        """Build a new engine from disk and swap it in; on failure the old one stays active."""
+        """Read, verify and compile the bundle and swap it in; on any failure the previous
+        revision stays active (BundleRefused names the file, line and error)."""
         with self._lock:
             if self._closed:
                 raise _unavailable("policy engine is closed")
+            previous = self._active.revision if self._active is not None else ""
             try:
-                bundle = read_bundle(self._bundle_dir)
-                if self._expected_revision is not None and bundle.revision != self._expected_revision:
-                    raise BundleError(
-                        f"bundle revision {bundle.revision!r} is not the expected {self._expected_revision!r}"
-                    )
+                bundle = self._source.load()
+                self._check(bundle)
                 engines = [build_engine(bundle) for _ in range(ENGINES)]
+            except SourceUnavailable as exc:
+                raise _unavailable(f"policy bundle not loaded: {self._source.describe()}: {exc}") from exc
             except BundleError as exc:
-                raise _unavailable(f"policy bundle not loaded: {exc}") from exc
+                raise BundleRefused(exc.problem(), previous) from exc
+            has_mask = self._log_mask and _defines(engines[0], f'{_MASK_REF}({{"path": "", "input": {{}}, "result": {{}}}})')
+            path_masks = None
+            if self._log_mask and _defines(engines[0], f'data.{LOG_PATH_MASK.replace("/", ".")}("")'):
+                path_masks = {path: _path_mask(engines[0], path) for path in DECISION_PATHS}
             # The previous bundle's engines are not closed here: a decision in flight
             # may still hold one; they are released when the last reference goes.
-            self._active = _Active(engines, bundle.revision)
+            self._active = _Active(engines, bundle.revision, has_mask=has_mask, path_masks=path_masks)
             return bundle.revision
+
+    def _check(self, bundle: Bundle) -> None:
+        if self._verifier is not None:
+            self._verifier.verify(bundle.files, bundle.signatures)
+        if self._expected_revision is not None and bundle.revision != self._expected_revision:
+            raise BundleError(f"bundle revision {bundle.revision!r} is not the expected {self._expected_revision!r}",
+                              file=MANIFEST)
 
     def close(self) -> None:
         with self._lock:
@@ -174,3 +311,22 @@ class EmbeddedPolicyEngine:
             active, self._active = self._active, None
         if active is not None:
             active.close()
+        close = getattr(self._source, "close", None)
+        if close is not None:
+            close()
+
+
+def _with_mask(d: Decision, log_mask: Any) -> Decision:
+    from dataclasses import replace
+
+    return replace(d, log_mask=log_mask)
+
+
+def _defines(engine: OpaEngine, call: str) -> bool:
+    """Whether the bundle defines the function ``call`` names (a query naming an undefined
+    function does not compile; one that fails at run time is defined)."""
+    try:
+        engine.eval_query(f"x := [m | m := {call}]")
+    except OpaError as exc:
+        return "undefined function" not in exc.message and "undefined ref" not in exc.message
+    return True

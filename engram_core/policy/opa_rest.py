@@ -25,7 +25,7 @@ from urllib3.connection import HTTPConnection
 
 from engram_core.canonical import digest
 from engram_core.errors import Code, EngramError
-from engram_core.policy.port import AUTHZ, Decision
+from engram_core.policy.port import AUTHZ, LOG_MASK, LOG_PATH_MASK, Decision
 from engram_core.policy.shapes import shape_error
 
 # Without TCP_NODELAY a small POST whose headers and body go out in two writes
@@ -37,6 +37,9 @@ class _NoDelayAdapter(HTTPAdapter):
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
         kwargs["socket_options"] = _SOCKET_OPTIONS
         super().init_poolmanager(*args, **kwargs)
+
+
+_UNDEFINED = object()  # a mask function the server's bundle does not define
 
 
 def _unavailable(detail: str) -> EngramError:
@@ -89,6 +92,9 @@ class OpaRestPolicyEngine:
         self._lock = threading.Lock()
         self._revision = ""
         self._closed = False
+        self._base = f"{parts.scheme}://{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+        self._path_masks: dict[tuple[str, str], Any] = {}  # (revision, path) -> path_mask's answer
+        self._event_mask_defined: dict[str, bool] = {}
 
     def decide(self, path: str, input: Mapping[str, Any], *, timeout_s: float | None = None) -> Decision:
         if self._closed:
@@ -139,6 +145,50 @@ class OpaRestPolicyEngine:
         if not isinstance(body, dict):
             raise _unavailable(f"{path}: OPA answer is not an object")
         return body
+
+    def evaluate_mask(self, event: Mapping[str, Any], revision: str = "") -> Any:
+        """The decision-log masks' operations for ``event`` (``{"path", "input", "result"}``),
+        by OPA's Query API (a decision's own request cannot carry them): ``path_mask(path)``,
+        asked once per path and revision, and ``mask(event)`` when the server's bundle defines
+        it. None when it defines neither; POLICY_UNAVAILABLE when the server cannot say."""
+        path = str(event.get("path", ""))
+        key = (revision, path)
+        if key not in self._path_masks:
+            if len(self._path_masks) > 256:
+                self._path_masks.clear()
+            self._path_masks[key] = self._ask_mask(f"data.{LOG_PATH_MASK.replace('/', '.')}(input.path)", {"path": path})
+        if revision not in self._event_mask_defined:
+            self._event_mask_defined[revision] = self._ask_mask(
+                f"data.{LOG_MASK.replace('/', '.')}(input)", {"path": "", "input": {}, "result": {}}) is not _UNDEFINED
+        path_ops = self._path_masks[key]
+        event_ops = self._ask_mask(f"data.{LOG_MASK.replace('/', '.')}(input)", dict(event)) \
+            if self._event_mask_defined[revision] else _UNDEFINED
+        parts = [ops for ops in (path_ops, event_ops) if ops is not _UNDEFINED and ops is not None]
+        if not parts:
+            return None
+        if not all(isinstance(ops, list) for ops in parts):
+            return {"error": "a mask answered something other than a set of operations"}
+        return [op for ops in parts for op in ops]
+
+    def _ask_mask(self, call: str, input: Mapping[str, Any]) -> Any:
+        """A mask function's answer, None when it answers nothing, _UNDEFINED when the server's
+        bundle does not define it."""
+        url = f"{self._base}/v1/query"
+        try:
+            response = self._client._session.post(url, json={"query": f"m := [x | x := {call}]", "input": input},
+                                                  timeout=self._timeout_s * 4)
+        except requests.RequestException as exc:
+            raise _unavailable(f"decision-log mask: OPA request failed: {type(exc).__name__}") from exc
+        if response.status_code == 400 and "undefined function" in response.text:
+            return _UNDEFINED
+        if response.status_code != 200:
+            raise _unavailable(f"decision-log mask: OPA answered HTTP {response.status_code}")
+        try:
+            rows = response.json().get("result")
+        except ValueError as exc:
+            raise _unavailable("decision-log mask: OPA answer is not JSON") from exc
+        answers = rows[0].get("m") if isinstance(rows, list) and rows and isinstance(rows[0], dict) else None
+        return answers[0] if isinstance(answers, list) and answers else None
 
     def revision(self) -> str:
         with self._lock:

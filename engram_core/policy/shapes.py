@@ -96,6 +96,26 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "reasons": _REASONS,
         }
     ),
+    port.BINDING: {
+        "oneOf": [
+            _closed({
+                "allow": {"const": True},
+                "binding": _closed({name: {"type": "string"} for name in
+                                    ("tenant", "workspace", "principal", "agent_id", "purpose_ref")}),
+                "tools": _TOOL_NAMES,
+                "step_up": {"type": "object", "additionalProperties": {"type": "string", "minLength": 1}},
+                "reasons": _REASONS,
+            }),
+            _closed({
+                "allow": {"const": False},
+                "tools": {"type": "array", "maxItems": 0},
+                "step_up": {"type": "object", "maxProperties": 0},
+                "reasons": _REASONS,
+            }),
+        ]
+    },
+    port.BINDING_SCOPES: _closed({"scopes": {"type": "array", "items": {"type": "string", "minLength": 1},
+                                             "uniqueItems": True}, "reasons": _REASONS}),
 }
 
 _VALIDATORS: dict[str, Callable[[Any], Any]] = {

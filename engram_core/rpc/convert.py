@@ -95,6 +95,21 @@ def value_to_message(value: dict[str, Any], message: Message) -> Message:
     return json_format.ParseDict(value, message, ignore_unknown_fields=False)
 
 
+def message_of(value: dict[str, Any], message_type: type[Message]) -> Message:
+    """A message from a value whose types are already the contract's: a response the services
+    built (SPEC §5 outputs), or arguments the closed schema validated. By the message's own
+    constructor: upb fills nested messages and repeated fields from dicts and lists in C, about
+    four times faster than ``value_to_message`` walks a search page. Only for such values: the
+    constructor also takes an int for a bool, a string for a list of strings, or bytes for a
+    string, which ``value_to_message`` refuses. Anything it does refuse goes to
+    ``value_to_message`` (the same message, or the same error); tests/unit/test_convert_fast.py
+    checks the two agree over every value the input and output schemas allow."""
+    try:
+        return message_type(**value)
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return value_to_message(value, message_type())
+
+
 class _Slow(Exception):
     """Not a plain value: let ``json_format`` decide."""
 

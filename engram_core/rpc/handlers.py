@@ -16,6 +16,7 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
 
 from engram_core.errors import Code, EngramError
+from engram_core.rpc.call_handler import ANY_CALLS
 from engram_core.rpc.status import abort
 
 
@@ -62,7 +63,7 @@ def _refuse(servicer: Any, context: grpc.ServicerContext) -> None:
     bind = getattr(servicer, "bind", None)
     try:
         if bind is not None:
-            bind(context)
+            bind(context, calls=ANY_CALLS, single_use=False)
     except EngramError as exc:
         abort(context, exc)
     abort(context, EngramError(Code.INVALID_SCHEMA, "undecodable request"))

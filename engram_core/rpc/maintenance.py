@@ -1,21 +1,19 @@
 """AdminService over gRPC (SPEC §12): every maintenance RPC, mapped once to the services.
 
-Context binding and error mapping come from the shared ``_Handler``; results
+Context binding and error mapping come from the shared ``CallHandler``; results
 are canonical JSON documents (``AdminResult.json``); backups stream as chunks.
 """
 
 from __future__ import annotations
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
-from engram_core.backup import MAX_BACKUP_BYTES, BackupService, chunks
 from engram_core.errors import Code, EngramError
 from engram_core.observability import calls as observed_calls
-from engram_core.rpc.server import _Handler, _json_result
+from engram_core.rpc.call_handler import ADMIN_CALLS, CallHandler, json_result
 from engram_core.services.admin import AdminServiceCore
+from engram_core.services.backup import MAX_BACKUP_BYTES, BackupService, chunks
 from engram_core.services.core import CallRecord, Core
 from engram_core.services.maintenance import MaintenanceService
-from engram_core.services.memory import MemoryService
-from engram_core.signing import CoreSigners
 
 
 def _operation() -> str:
@@ -23,18 +21,18 @@ def _operation() -> str:
     return obs.operation if obs is not None and obs.operation else "admin"
 
 
-class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, _Handler):
-    def __init__(self, core: Core, admin: AdminServiceCore, memory: MemoryService) -> None:
-        _Handler.__init__(self, core)
+class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, CallHandler):
+    def __init__(self, core: Core, admin: AdminServiceCore, maintenance: MaintenanceService,
+                 backups: BackupService) -> None:
+        CallHandler.__init__(self, core)
         self.admin = admin
-        self.signers = CoreSigners.load(core.data_dir)
-        self.svc = MaintenanceService(core, memory, self.signers)
-        self.backups = BackupService(core, memory, self.signers.backup)
+        self.svc = maintenance
+        self.backups = backups
 
     def _json(self, context, fn):
         # A refusal is audited under the RPC's operation name (admin.export, ...), as the
         # observing interceptor named the call.
-        return self.audited(context, _operation(), lambda ctx: _json_result(fn(ctx)))
+        return self.audited(context, _operation(), lambda ctx: json_result(fn(ctx)), calls=ADMIN_CALLS)
 
     # -- activation (SPEC §2: memory off by default) ---------------------------------------
     def Activate(self, request, context):
@@ -85,6 +83,9 @@ class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, _Handler):
     def RotateKeys(self, request, context):
         return self._json(context, self.svc.rotate_keys)
 
+    def RetireKeys(self, request, context):
+        return self._json(context, lambda ctx: self.svc.retire_keys(ctx, now=request.now))
+
     def KeyStatus(self, request, context):
         return self._json(context, lambda ctx: self.svc.key_status(ctx, request.tenant, request.workspace))
 
@@ -92,7 +93,12 @@ class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, _Handler):
         return self._json(context, lambda ctx: self.svc.revoke(ctx, request.tenant, request.workspace))
 
     def TrustHostKey(self, request, context):
-        return self._json(context, lambda ctx: self.svc.trust_host_key(ctx, request.public_key_pem, request.key_id))
+        return self._json(context, lambda ctx: self.svc.trust_host_key(
+            ctx, request.public_key_pem, request.key_id, tenants=list(request.tenants),
+            all_tenants=request.all_tenants, maintenance_scopes=list(request.maintenance_scopes)))
+
+    def ListHostKeys(self, request, context):
+        return self._json(context, self.svc.list_host_keys)
 
     def UntrustHostKey(self, request, context):
         return self._json(context, lambda ctx: self.svc.untrust_host_key(ctx, request.public_key_pem, request.key_id))
@@ -100,13 +106,13 @@ class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, _Handler):
     # -- backup and restore -----------------------------------------------------------------
     def Backup(self, request, context):
         data = self.audited(context, "admin.backup",
-                            lambda ctx: self.backups.backup(ctx, request.tenant, request.workspace))
+                            lambda ctx: self.backups.backup(ctx, request.tenant, request.workspace), calls=ADMIN_CALLS)
         for piece, total in chunks(data):
             yield admin_pb2.BackupChunk(data=piece, total_bytes=total)
 
     def Restore(self, request_iterator, context):
         def go():
-            ctx = self.bind(context)
+            ctx = self.bind(context, calls=ADMIN_CALLS)
             # Authorize before reading a byte of the stream.
             self.core.authorize(ctx, "admin.restore", CallRecord())
             parts, size, first = [], 0, admin_pb2.BackupChunk()
@@ -117,7 +123,7 @@ class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, _Handler):
                 if size > MAX_BACKUP_BYTES:
                     raise EngramError(Code.BACKUP_INVALID, "backup too large")
                 parts.append(chunk.data)
-            return _json_result(self.backups.restore(
+            return json_result(self.backups.restore(
                 ctx, b"".join(parts), first.key_dir, trusted_backup_key_pems=tuple(first.trusted_backup_key_pem),
                 restore_trusted_host_keys=first.restore_trusted_host_keys))
 

@@ -6,22 +6,28 @@ from typing import Any
 
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import BoundContext
-from engram_core.schemas import TOOL_NAMES
 from engram_core.services.core import CallRecord, Core
+from engram_core.tools import TOOL_NAMES
+
+
+def target_facts(tenant: str = "", workspace: str = "") -> dict[str, Any]:
+    """``input.target`` of an ``admin.<op>`` decision: the scope the request acts on, or ``{}`` for
+    the whole store (what the policy requires a key serving every tenant for; issue 26.3)."""
+    return {"target": {"tenant": tenant, "workspace": workspace} if tenant else {}}
 
 
 class AdminServiceCore:
     def __init__(self, core: Core) -> None:
         self.core = core
 
-    def _authorize(self, ctx: BoundContext, op: str, stored: list[str]) -> CallRecord:
+    def _authorize(self, ctx: BoundContext, op: str, stored: list[str], tenant: str, workspace: str) -> CallRecord:
         call = CallRecord()
-        self.core.authorize(ctx, f"admin.{op}", call, stored_strings=stored)
+        self.core.authorize(ctx, f"admin.{op}", call, stored_strings=stored, facts=target_facts(tenant, workspace))
         return call
 
     def activate(self, ctx: BoundContext, tenant: str, workspace: str, tools: list[str], *, activated: bool) -> dict[str, Any]:
         op = "activate" if activated else "deactivate"
-        call = self._authorize(ctx, op, [tenant, workspace])  # scope names are stored
+        call = self._authorize(ctx, op, [tenant, workspace], tenant, workspace)  # scope names are stored
         if not tenant or not workspace or any(t not in TOOL_NAMES for t in tools):
             raise EngramError(Code.INVALID_SCHEMA, "activation target")
         with self.core.store.write() as tx:

@@ -29,7 +29,7 @@ from engram_core.errors import Code, EngramError
 from engram_core.hostctx import BoundContext
 from engram_core.hostkeys import key_id, load_public_pem
 from engram_core.services.core import CallRecord, Core
-from engram_core.services.memory import stored_outcome
+from engram_core.services.pipeline import stored_outcome
 from engram_core.store.port import IdempotencyRow
 
 ATTEST_OPERATION = "host.attest"

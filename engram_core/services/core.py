@@ -1,4 +1,5 @@
-"""Wiring of the core: store, key vault, policy engine, trusted keys, clock.
+"""The core: its ports held together (store, key vault, policy engine, trusted keys, clock,
+embedder), as the composition root (``engram_core.app.composition``) chose them.
 
 Also the steps every operation shares: authorization by policy (with the
 revocation epoch), recording decisions, and audit rows.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import EllipsisType
@@ -18,16 +19,17 @@ from typing import Any
 from engram_core.canonical import digest, with_receipt_digest
 from engram_core.clock import Clock, SystemClock
 from engram_core.context_nonces import ContextNonceLedger
-from engram_core.crypto.keyvault import FileKeyVault
+from engram_core.crypto.keyvault import KeyVault
+from engram_core.embedding.port import Embedder
 from engram_core.errors import Code, EngramError, class_of_reasons
-from engram_core.hostctx import CLOCK_SKEW_MS, BoundContext
-from engram_core.hostkeys import TrustedHostKeys
+from engram_core.hostctx import CLOCK_SKEW_MS, MAX_CONTEXT_TTL_MS, BoundContext
+from engram_core.hostkeys import HostKeyBinding, TrustedHostKeys
 from engram_core.policy.port import AUTHZ, Decision, PolicyEngine
 from engram_core.secrets_scan import scan
-from engram_core.services.embedding import Embedder
+from engram_core.services.key_schedule import KeySchedule
 from engram_core.services.lexical import TermHasher
 from engram_core.services.projection_status import ProjectionStatus
-from engram_core.services.quotas import TOOL_METRIC, QuotaCounters, RateLimited
+from engram_core.services.quotas import TOOL_METRIC, RateLimited
 from engram_core.store.port import AuditRow, ScopeRow, Store, Tx
 from engram_core.validation import format_instant
 
@@ -49,6 +51,14 @@ def record_id_of(record_digest: str) -> str:
     return "mem_" + b32(bytes.fromhex(record_digest.removeprefix("sha256:")))
 
 
+def require_current_epoch(epoch: int, scope: ScopeRow | None, detail: str) -> None:
+    """Revocation (SPEC §12: ``engram admin revoke`` bumps the scope's epoch): a context or a
+    grant signed under an older epoch than the scope's is AUTHORIZATION_REVOKED. The one
+    check, for contexts (every authorization, the tool list) and grants alike."""
+    if scope is not None and epoch < scope.authorization_epoch:
+        raise EngramError(Code.AUTHORIZATION_REVOKED, detail)
+
+
 def context_facts(ctx: BoundContext) -> dict[str, Any]:
     """What policies see of the caller: identifiers and flags, never content."""
     return {
@@ -59,6 +69,8 @@ def context_facts(ctx: BoundContext) -> dict[str, Any]:
         "session": ctx.session,
         "purpose_ref": ctx.purpose_ref,
         "host_key_id": ctx.host_key_id,
+        # The signing key's binding (tenants, maintenance scopes): the authz policy decides on it.
+        "host_key": (ctx.host_key or HostKeyBinding(key_id=ctx.host_key_id)).facts(),
         "memory_enabled": ctx.memory_enabled,
         "host_principal": ctx.host_principal,
         "maintenance_scopes": list(ctx.maintenance_scopes),
@@ -86,11 +98,13 @@ class Core:
         *,
         data_dir: Path,
         store: Store,
-        vault: FileKeyVault,
+        vault: KeyVault,
         policy: PolicyEngine,
         trusted: TrustedHostKeys,
         clock: Clock | None = None,
         embedder: Embedder | None = None,
+        key_schedule: KeySchedule | None = None,
+        open_key_dir: Callable[[Path], KeyVault | None] | None = None,
     ) -> None:
         self.data_dir = data_dir
         # The semantic channel's local model (SPEC §11), or None: then lexical_and_semantic
@@ -98,13 +112,21 @@ class Core:
         self.embedder = embedder
         self.store = store
         self.vault = vault
+        # When KEK generations rotate and retire (services/keyring.py).
+        self.key_schedule: KeySchedule = key_schedule or KeySchedule()
+        # Another core's key directory (a restore's source), opened as a vault, None if it holds none.
+        self.open_key_dir: Callable[[Path], KeyVault | None] = open_key_dir or (lambda _dir: None)
         self.policy = policy
         self.trusted = trusted
         self.clock: Clock = clock or SystemClock()
         # Usage the authz policy decides quotas on (in memory; see services.quotas).
-        self.quotas = QuotaCounters(self.clock.now_ms)
-        # SPEC §2: a context's nonce is single use within its lifetime.
-        self.context_nonces = ContextNonceLedger(started_at_ms=self.clock.now_ms(), skew_ms=CLOCK_SKEW_MS)
+        self.quotas = store.usage_counters(self.clock.now_ms)
+        # SPEC §2: a context's nonce is single use within its lifetime, across restarts too: the
+        # nonces claimed in the last context lifetime are read back from the audit log.
+        started = self.clock.now_ms()
+        self.context_nonces = ContextNonceLedger(started_at_ms=started, skew_ms=CLOCK_SKEW_MS)
+        horizon = MAX_CONTEXT_TTL_MS + CLOCK_SKEW_MS
+        self.context_nonces.seed([(ref, at + horizon) for ref, at in store.recent_context_nonces(started - horizon)])
         self.hasher = TermHasher.from_dir(data_dir)
         self.page_key = _load_or_create_secret(data_dir / "page.key")
         # Scopes whose projections an operator invalidated and has not rebuilt (PROJECTION_STALE).
@@ -121,6 +143,16 @@ class Core:
 
     def now_ms(self) -> int:
         return self.clock.now_ms()
+
+    def claim_context(self, ctx: BoundContext) -> BoundContext:
+        """Spend a verified context's nonce (SPEC §2: single use), per signing key and lane
+        (context_nonces.py); the context returned names the claim for its audit rows.
+        TRUSTED_CONTEXT_UNAVAILABLE for a replay, RATE_LIMITED when the key's lane is full."""
+        ref = self.context_nonces.claim(ctx.host_key_id, ctx.nonce, issued_at_ms=ctx.issued_at_ms,
+                                        expires_at_ms=ctx.expires_at_ms, now_ms=self.now_ms(), lane=ctx.nonce_lane)
+        if not self.store.claim_context_nonce(ref, ctx.expires_at_ms):  # claimed on another core of the store
+            raise EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, "context replayed", reasons=("CONTEXT_REPLAYED",))
+        return dataclasses.replace(ctx, nonce_ref=ref)
 
     def instant(self, ms: int | None = None) -> str:
         return format_instant(self.now_ms() if ms is None else ms)
@@ -171,8 +203,8 @@ class Core:
 
     def _authz_input(self, ctx: BoundContext, operation: str, scope: ScopeRow | None,
                      stored_strings: Iterable[str] = (), epoch_bound: bool = True) -> dict[str, Any]:
-        if epoch_bound and scope is not None and ctx.authorization_epoch < scope.authorization_epoch:
-            raise EngramError(Code.AUTHORIZATION_REVOKED, "context epoch older than scope epoch")
+        if epoch_bound:
+            require_current_epoch(ctx.authorization_epoch, scope, "context epoch older than scope epoch")
         out: dict[str, Any] = {
             "operation": operation,
             "context": context_facts(ctx),
@@ -232,6 +264,7 @@ class Core:
             outcome=outcome,
             target_digest=digest("request", {"target": target}) if target else "",
             decisions=call.summaries(),
+            context_nonce=ctx.nonce_ref,
         )
 
     def audit_standalone(self, ctx: BoundContext, operation: str, outcome: str, target: str, call: CallRecord) -> None:

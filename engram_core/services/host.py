@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import re
+import json
 from typing import Any
 
 from engram_core import __version__
-from engram_core.errors import REFUSALS, RETRIABLE, Code, EngramError
+from engram_core.errors import HOST_REFUSAL_REASONS, REFUSALS, RETRIABLE, Code, EngramError
 from engram_core.hostctx import GRANT_EXECUTION_WINDOW_MS, BoundContext, make_grant
 from engram_core.policy.port import AUTHZ, TOOLS
-from engram_core.schemas import TOOL_NAMES
-from engram_core.services.core import POLICY_TIMEOUT_S, CallRecord, Core, context_facts
+from engram_core.services.core import POLICY_TIMEOUT_S, CallRecord, Core, context_facts, require_current_epoch
+from engram_core.tools import TOOL_NAMES
 from engram_core.validation import rebuild_pointer
 
 MAX_APPROVAL_AGE_MS = GRANT_EXECUTION_WINDOW_MS
-_REASON_CODE = re.compile(r"[A-Za-z0-9_]{1,64}")
+# store_meta key: when the last signed anchor was made and at which audit row (maintenance.anchor).
+LAST_ANCHOR_META = "audit.last_anchor"
 _MAX_REASON_CODES = 16
 _MAX_REF_BYTES = 512
 
@@ -34,14 +35,20 @@ class HostServiceCore:
             "policy_revision": self.core.policy.revision() if active else "",
             "version": __version__,
             "semantic_available": self.core.embedder is not None,
+            "audit_devices": len(self.core.store.audit_device_failures()),
+            "last_anchor_at_ms": self._last_anchor_at_ms() if store_open else 0,
         }
+
+    def _last_anchor_at_ms(self) -> int:
+        with self.core.store.read(snapshot=False) as tx:
+            stamp = tx.meta(LAST_ANCHOR_META)
+        return int(json.loads(stamp)["at_ms"]) if stamp else 0
 
     def list_capabilities(self, ctx: BoundContext) -> dict[str, Any]:
         call = CallRecord()
         with self.core.store.read() as tx:
             scope = tx.scope(ctx.tenant, ctx.workspace)
-        if scope is not None and ctx.authorization_epoch < scope.authorization_epoch:
-            raise EngramError(Code.AUTHORIZATION_REVOKED, "context epoch older than scope epoch")
+        require_current_epoch(ctx.authorization_epoch, scope, "context epoch older than scope epoch")
         facts = {"context": context_facts(ctx),
                  "scope": {"activated": bool(scope and scope.activated), "tools": list(scope.tools) if scope else []},
                  "now_ms": self.core.now_ms()}
@@ -58,7 +65,8 @@ class HostServiceCore:
             if authz.result["allow"] and authz.result.get("obligations", {}).get("confirmation_required"):
                 gated.append(tool)
         return {"tools": tools, "policy_revision": d.revision, "decision_id": d.decision_id,
-                "confirmation_required": gated}
+                "confirmation_required": gated,
+                "reason_codes": sorted({r["code"] for r in d.result.get("reasons", [])})}
 
     def authorization_epoch(self, ctx: BoundContext) -> dict[str, Any]:
         """The bound scope's revocation epoch, for a host principal (policy decides who).
@@ -102,10 +110,14 @@ class HostServiceCore:
 
         Authorized by policy (``host.record_refusal``); written through the audit spool like
         every row of a call that changed nothing. Only catalogue values are accepted: a tool
-        name, a contract code, a class the catalogue holds for it, short reason codes, a JSON
-        pointer rebuilt from schema names, an id-sized target: never free text."""
+        name, a contract code, a class the catalogue holds for it, reason codes the catalogue
+        holds for it (``errors.HOST_REFUSAL_REASONS``), a JSON pointer rebuilt from schema names,
+        an id-sized target (stored as its digest): never free text. The pointer as stored and the
+        target go through the secret scanner first, as every stored string does (SPEC §13); the
+        reason codes and class are the catalogue's own strings or refused (INVALID_SCHEMA)."""
         call = CallRecord()
-        self.core.authorize(ctx, "host.record_refusal", call)
+        stored_pointer = rebuild_pointer(pointer[:_MAX_REF_BYTES * 2])  # what the row keeps of it
+        self.core.authorize(ctx, "host.record_refusal", call, stored_strings=[stored_pointer, target])
         try:
             refused = Code(code)
         except ValueError:
@@ -114,12 +126,12 @@ class HostServiceCore:
             raise EngramError(Code.INVALID_SCHEMA, "not a refusal of a tool", reason_class="value_not_allowed")
         if reason_class and reason_class not in REFUSALS.get(refused, {}):
             raise EngramError(Code.INVALID_SCHEMA, "unknown reason class", reason_class="value_not_allowed")
-        if len(reason_codes) > _MAX_REASON_CODES or not all(_REASON_CODE.fullmatch(r) for r in reason_codes):
-            raise EngramError(Code.INVALID_SCHEMA, "reason codes", reason_class="format")
+        if len(reason_codes) > _MAX_REASON_CODES or not set(reason_codes) <= HOST_REFUSAL_REASONS.get(refused, set()):
+            raise EngramError(Code.INVALID_SCHEMA, "reason codes not in the catalogue", reason_class="value_not_allowed")
         if len(target.encode()) > _MAX_REF_BYTES or len(pointer.encode()) > _MAX_REF_BYTES:
             raise EngramError(Code.INVALID_SCHEMA, "target or pointer too long", reason_class="length_out_of_range")
         error = EngramError(refused, "decided by the host", reason_class=reason_class or None,
-                            reasons=tuple(reason_codes), pointer=rebuild_pointer(pointer))
+                            reasons=tuple(reason_codes), pointer=stored_pointer)
         error.decisions = call.summaries()
         self.core.audit_refusal(ctx, operation, error, target, origin="host")
         return {"audit_id": ctx.audit_id}

@@ -9,7 +9,7 @@ keeping the host's principal and audit id.
 Host mutations are idempotent by the request's ``event_id``: it is the key of
 an idempotency row in the target scope under the host principal, written in
 the same transaction as the effect (SPEC §7). Backup and restore live in
-``engram_core.backup``.
+``engram_core.services.backup``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import dataclasses
 import json
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,25 +28,28 @@ from engram_core.crypto.sealing import unseal
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import BoundContext
 from engram_core.hostkeys import key_id, load_public_pem, public_pem
-from engram_core.policy.port import RETENTION
-from engram_core.services import lifecycle
+from engram_core.policy.port import RETENTION, BundleRefused
+from engram_core.services import keyring, lifecycle
+from engram_core.services.admin import target_facts
 from engram_core.services.core import CallRecord, Core, context_facts, new_id
 from engram_core.services.derivatives import apply_derivative_rule
+from engram_core.services.host import LAST_ANCHOR_META
 from engram_core.services.lexical import ANALYZER_ID, record_fields
-from engram_core.services.memory import (
-    ADMISSION_TOOL,
-    FORGET_TOOL,
-    WITHDRAW_TOOL,
-    MemoryService,
-    record_text,
+from engram_core.services.memory import MemoryService, candidate_facts, record_text
+from engram_core.services.pipeline import (
+    Guard,
+    gated_precondition,
+    request_digest_of,
     stored_outcome,
+    transaction_receipt_digest,
 )
 from engram_core.services.reconciliation import payload_links, write_links
 from engram_core.signing import ANCHOR_DOMAIN, CoreSigners, public_keys_from_pems, verify_signature
-from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
-from engram_core.store.port import Event, IdempotencyRow, RecordRow, ScopeRow, Tx
+from engram_core.store.chain import GENESIS, LEGACY_CHAIN, by_chain, check_audit, event_digest_of, scope_chain
+from engram_core.store.fields import FIELD_CODE
+from engram_core.store.port import CandidateRow, Event, HostKeyRow, IdempotencyRow, RecordRow, ScopeRow, Tx
 from engram_core.store.projection import Projection
-from engram_core.store.search_index import FIELD_CODE
+from engram_core.tools import ADMISSION_TOOL, FORGET_TOOL, WITHDRAW_TOOL
 
 log = logging.getLogger("engram.maintenance")
 
@@ -56,9 +59,12 @@ CANDIDATE_OPS = {"reject": "rejected", "withdraw": "withdrawn"}
 TRANSITION_OPS = RECORD_OPS | {"tombstone"} | set(CANDIDATE_OPS)
 EXPIRABLE = ("accepted_current", "accepted_disputed", "historical")
 INDEXED_STATES = ("accepted_current", "accepted_disputed", "historical", "expired", "trust_invalid")
-ANCHOR_FORMAT = "engram-anchor/v1"
+ANCHOR_FORMAT = "engram-anchor/v2"  # v2: a head per audit chain (v1, one audit head, still verifies)
+ANCHOR_FORMATS = ("engram-anchor/v1", ANCHOR_FORMAT)
 _CURSOR = re.compile(r"^(0|[1-9][0-9]{0,19})$")
 _EVENT_ID = re.compile(r"^[A-Za-z0-9_.:/-]{16,256}$")
+# The maintenance scopes of SPEC §12 a host key may be bound to (what each permits is the policy's).
+MAINTENANCE_SCOPES = ("read", "maintain")
 
 
 def _ref(value: str, what: str) -> str:
@@ -100,39 +106,27 @@ def check_journal(scope: ScopeRow, events: list[Event]) -> list[dict[str, Any]]:
     return problems
 
 
-def check_audit(rows: list[dict[str, Any]], head: tuple[int, str] | None = None) -> list[dict[str, Any]]:
-    """Problems in the global audit hash chain (dense seq from 1, prev links, row digests, head)."""
-    problems: list[dict[str, Any]] = []
-    prev, expected = GENESIS, 1
-    for r in rows:
-        if r["seq"] != expected:
-            problems.append({"seq": r["seq"], "problem": "seq_gap"})
-        if r["prev_digest"] != prev:
-            problems.append({"seq": r["seq"], "problem": "prev_link"})
-        if audit_digest_of(r) != r["row_digest"]:
-            problems.append({"seq": r["seq"], "problem": "row_digest"})
-        prev, expected = r["row_digest"], r["seq"] + 1
-    if head is not None and head != (expected - 1, prev):
-        problems.append({"seq": head[0], "problem": "head"})
-    return problems
-
-
-def check_anchor(anchor: dict[str, Any], journals: dict[tuple[str, str], dict[int, str]], audit: dict[int, str],
-                 scope: tuple[str, str] | None) -> dict[str, Any]:
+def check_anchor(anchor: dict[str, Any], journals: dict[tuple[str, str], dict[int, str]],
+                 audit: dict[str, dict[int, str]], scope: tuple[str, str] | None) -> dict[str, Any]:
     """Whether the chains still reach the heads an anchor signed.
 
-    ``journals`` maps each verified scope to its events' digests by cursor, ``audit`` the audit
-    rows' digests by seq (both already checked as chains, so a matching digest at the anchored
-    position vouches for everything before it). A head no longer there is ``anchor_truncated``,
-    a different digest there ``anchor_rewritten``. With ``scope``, only that journal is compared.
+    ``journals`` maps each verified scope to its events' digests by cursor, ``audit`` each audit
+    chain to its rows' digests by seq (all already checked as chains, so a matching digest at
+    the anchored position vouches for everything before it). A head no longer there is
+    ``anchor_truncated``, a different digest there ``anchor_rewritten``. With ``scope``, only
+    that journal (and its audit chain) is compared.
     """
     problems: list[dict[str, Any]] = []
     if anchor.get("verified_by") is None:
         problems.append({"problem": "anchor_signature"})
-    seq, want = int(anchor["audit"]["seq"]), anchor["audit"]["digest"]
-    if seq > 0 and audit.get(seq) != want:
-        problems.append({"chain": "audit", "seq": str(seq),
-                         "problem": "anchor_truncated" if seq not in audit else "anchor_rewritten"})
+    heads = _anchored_audit_heads(anchor)
+    if scope is not None:
+        heads = {c: h for c, h in heads.items() if c == scope_chain(*scope)}
+    for chain, (seq, want) in sorted(heads.items()):
+        rows = audit.get(chain, {})
+        if seq > 0 and rows.get(seq) != want:
+            where = {"chain": f"audit:{chain}" if chain else "audit", "seq": str(seq)}
+            problems.append({**where, "problem": "anchor_truncated" if seq not in rows else "anchor_rewritten"})
     for j in anchor["journals"]:
         key, cursor = (j["tenant"], j["workspace"]), int(j["cursor"])
         if scope is not None and key != scope:
@@ -142,7 +136,14 @@ def check_anchor(anchor: dict[str, Any], journals: dict[tuple[str, str], dict[in
             problems.append({"chain": f"{key[0]}/{key[1]}", "cursor": str(cursor),
                              "problem": "anchor_truncated" if cursor not in events else "anchor_rewritten"})
     return {"ok": not problems, "created_at": anchor.get("created_at"), "key_id": anchor.get("verified_by"),
-            "audit_seq": str(seq), "journals": len(anchor["journals"]), "problems": problems}
+            "audit_chains": len(heads), "journals": len(anchor["journals"]), "problems": problems}
+
+
+def _anchored_audit_heads(anchor: dict[str, Any]) -> dict[str, tuple[int, str]]:
+    """The audit chain heads an anchor signed (a v1 anchor: the one chain there was then)."""
+    if "audit_chains" in anchor:
+        return {a["chain"]: (int(a["seq"]), a["digest"]) for a in anchor["audit_chains"]}
+    return {LEGACY_CHAIN: (int(anchor["audit"]["seq"]), anchor["audit"]["digest"])}
 
 
 def record_meta(core: Core, rec: RecordRow) -> dict[str, Any]:
@@ -182,11 +183,14 @@ class MaintenanceService:
         self.signers = signers
 
     # -- shared steps ----------------------------------------------------------------------
-    def authorize(self, ctx: BoundContext, op: str, stored: Iterable[str] = ()) -> CallRecord:
+    def authorize(self, ctx: BoundContext, op: str, stored: Iterable[str] = (), *,
+                  target: tuple[str, str] = ("", "")) -> CallRecord:
         """``stored``: the request's free strings the operation may store (event ids, reason
-        refs, scope names); the authz policy sees the secret scanner's findings over them."""
+        refs, scope names); the authz policy sees the secret scanner's findings over them.
+        ``target``: the (tenant, workspace) the request acts on; ("", "") for the whole store
+        (the policy then asks for a host key that serves every tenant)."""
         call = CallRecord()
-        self.core.authorize(ctx, f"admin.{op}", call, stored_strings=stored)
+        self.core.authorize(ctx, f"admin.{op}", call, stored_strings=stored, facts=target_facts(*target))
         return call
 
     @staticmethod
@@ -201,7 +205,8 @@ class MaintenanceService:
 
     # -- lifecycle (SPEC §6) ------------------------------------------------------------------
     def transition(self, ctx: BoundContext, req: dict[str, Any]) -> dict[str, Any]:
-        call = self.authorize(ctx, "transition", [v for v in req.values() if isinstance(v, str)])
+        call = self.authorize(ctx, "transition", [v for v in req.values() if isinstance(v, str)],
+                              target=(req.get("tenant", ""), req.get("workspace", "")))
         op = req.get("operation", "")
         if op not in TRANSITION_OPS:
             raise EngramError(Code.INVALID_SCHEMA, "unknown operation")
@@ -222,32 +227,27 @@ class MaintenanceService:
 
     def _tombstone(self, tctx: BoundContext, call: CallRecord, record_id: str, event_id: str, reason: str) -> dict[str, Any]:
         args = {"record_id": record_id, "idempotency_key": event_id, "reason_ref": reason, "by": "host"}
-        rd = self.memory._request_digest(FORGET_TOOL, args)
-        with self.core.store.read() as tx:
-            prior = stored_outcome(tx, tctx, tool=FORGET_TOOL, target=record_id, key=event_id, request_digest=rd)
-            rec = tx.record(tctx.tenant, tctx.workspace, record_id)
-        if prior is not None:
-            return {**prior, "replayed": True}
-        if rec is None:
-            raise EngramError(Code.NOT_FOUND, "record")
-        lifecycle.check_record("tombstone", rec.state)
+        guard = Guard(FORGET_TOOL, record_id, event_id, request_digest_of(FORGET_TOOL, args))
+        standing = gated_precondition(self.core, tctx, guard, what="record",
+                                      lookup=lambda tx: tx.record(tctx.tenant, tctx.workspace, record_id),
+                                      check_state=lambda state: lifecycle.check_record("tombstone", state))
+        if standing.replay is not None:
+            return {**standing.replay, "replayed": True}
         # MemoryService.tombstone: body key shredded, projections dropped, ledger, journal, audit — one transaction.
-        return self.memory.tombstone(tctx, record_id, call, args=args, request_digest=rd, grant_id=None, reason_ref=reason,
+        return self.memory.tombstone(tctx, record_id, call, guard=guard, grant_id=None, reason_ref=reason,
                                      event_id=event_id, audit_operation="admin.tombstone")
 
     def _candidate_end(self, tctx: BoundContext, call: CallRecord, op: str, candidate_id: str, event_id: str,
                        reason: str) -> dict[str, Any]:
         args = {"candidate_id": candidate_id, "idempotency_key": event_id, "reason_ref": reason, "operation": op}
-        rd = self.memory._request_digest(WITHDRAW_TOOL, args)
-        with self.core.store.read() as tx:
-            prior = stored_outcome(tx, tctx, tool=WITHDRAW_TOOL, target=candidate_id, key=event_id, request_digest=rd)
-            cand = tx.candidate(tctx.tenant, tctx.workspace, candidate_id)
-        if prior is not None:
-            return {**prior, "replayed": True}
-        if cand is None:
-            raise EngramError(Code.NOT_FOUND, "candidate")
-        lifecycle.check_candidate(op, cand.state)
-        return self.memory.withdraw_candidate(tctx, cand, call, args=args, request_digest=rd, grant_id=None,
+        guard = Guard(WITHDRAW_TOOL, candidate_id, event_id, request_digest_of(WITHDRAW_TOOL, args))
+        standing = gated_precondition(self.core, tctx, guard, what="candidate",
+                                      lookup=lambda tx: tx.candidate(tctx.tenant, tctx.workspace, candidate_id),
+                                      check_state=lambda state: lifecycle.check_candidate(op, state))
+        if standing.replay is not None:
+            return {**standing.replay, "replayed": True}
+        assert standing.target is not None
+        return self.memory.withdraw_candidate(tctx, standing.target, call, guard=guard, grant_id=None,
                                               reason_ref=reason, operation=op, to_state=CANDIDATE_OPS[op],
                                               event_id=event_id, audit_operation=f"admin.{op}")
 
@@ -292,8 +292,8 @@ class MaintenanceService:
                 "event_id": event.event_id, "operation": op, "target": target, "from_state": rec.state,
                 "to_state": new_state, "cursor": str(event.cursor), "event_digest": event.event_digest,
                 "authorization_receipt_digest": authz_digest,
-                "transaction_receipt_digest": self.memory._tx_receipt(op, event.event_digest, event.cursor, call,
-                                                                      tctx.audit_id),
+                "transaction_receipt_digest": transaction_receipt_digest(self.core, op, event.event_digest, event.cursor, call,
+                                                                         tctx.audit_id),
             }
             if successor:
                 receipt["successor"] = successor
@@ -321,7 +321,7 @@ class MaintenanceService:
 
     def expire_sweep(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
         """Expire records whose ``expires_at`` passed, as the retention policy decides (SPEC §6)."""
-        authz = self.authorize(ctx, "expire_sweep")
+        authz = self.authorize(ctx, "expire_sweep", target=(tenant, workspace))
         now = self.core.now_ms()
         with self.core.store.read() as tx:
             scopes = [(tenant, workspace)] if tenant else [(s.tenant, s.workspace) for s in tx.scopes()]
@@ -362,7 +362,7 @@ class MaintenanceService:
 
     # -- adjudication ------------------------------------------------------------------------
     def list_adjudication(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
-        call = self.authorize(ctx, "list_adjudication")
+        call = self.authorize(ctx, "list_adjudication", target=(tenant, workspace))
         tctx = self.target_ctx(ctx, tenant, workspace)
         with self.core.store.read() as tx:
             cands = tx.candidates_in_state(tenant, workspace, "pending_adjudication")
@@ -380,12 +380,13 @@ class MaintenanceService:
                 items.append({"candidate_id": c.candidate_id, "payload_digest": c.payload_digest,
                               "record_digest": c.record_digest, "trust_class": c.trust_class,
                               "captured_at": self.core.instant(c.captured_at_ms), "cursor": str(c.cursor),
-                              "sizes": _sizes(c.facts), "reasons": sorted(codes)})
+                              "sizes": _sizes(_facts_of(self.core, tx, c)), "reasons": sorted(codes)})
         self._audit(tctx, "list_adjudication", "ok", "", call)
         return {"tenant": tenant, "workspace": workspace, "candidates": items}
 
     def adjudicate(self, ctx: BoundContext, req: dict[str, Any]) -> dict[str, Any]:
-        call = self.authorize(ctx, "adjudicate", [v for v in req.values() if isinstance(v, str)])
+        call = self.authorize(ctx, "adjudicate", [v for v in req.values() if isinstance(v, str)],
+                              target=(req.get("tenant", ""), req.get("workspace", "")))
         tctx = self.target_ctx(ctx, req.get("tenant", ""), req.get("workspace", ""))
         decision = req.get("decision", "")
         if decision not in ("accept", "reject"):
@@ -396,23 +397,25 @@ class MaintenanceService:
         if not _EVENT_ID.match(event_id):
             raise EngramError(Code.INVALID_SCHEMA, "event_id")
         args = {"candidate_id": candidate_id, "idempotency_key": event_id, "decision": decision, "reason_ref": reason}
-        rd = self.memory._request_digest(ADMISSION_TOOL, args)
-        with self.core.store.read() as tx:
-            prior = stored_outcome(tx, tctx, tool=ADMISSION_TOOL, target=candidate_id, key=event_id, request_digest=rd)
-            cand = tx.candidate(tctx.tenant, tctx.workspace, candidate_id)
-        if prior is not None:
-            return {**prior, "replayed": True}
-        if cand is None:
-            raise EngramError(Code.NOT_FOUND, "candidate")
-        lifecycle.check_candidate(decision, cand.state)
-        if cand.state != "pending_adjudication":
-            raise EngramError(Code.ILLEGAL_TRANSITION, "candidate is not pending adjudication")
-        return self.memory.admit(tctx, cand, call, args=args, request_digest=rd, forced=decision, reason_ref=reason,
+        guard = Guard(ADMISSION_TOOL, candidate_id, event_id, request_digest_of(ADMISSION_TOOL, args))
+
+        def adjudicable(state: str) -> None:
+            lifecycle.check_candidate(decision, state)
+            if state != "pending_adjudication":
+                raise EngramError(Code.ILLEGAL_TRANSITION, "candidate is not pending adjudication")
+
+        # The same precondition as a withdraw: stored outcome, target, lifecycle.
+        standing = gated_precondition(self.core, tctx, guard, what="candidate", check_state=adjudicable,
+                                      lookup=lambda tx: tx.candidate(tctx.tenant, tctx.workspace, candidate_id))
+        if standing.replay is not None:
+            return {**standing.replay, "replayed": True}
+        assert standing.target is not None
+        return self.memory.admit(tctx, standing.target, call, guard=guard, forced=decision, reason_ref=reason,
                                  event_id=event_id, audit_operation="admin.adjudicate")
 
     # -- reads -----------------------------------------------------------------------------------
     def history(self, ctx: BoundContext, tenant: str, workspace: str, record_id: str, disputed_only: bool) -> dict[str, Any]:
-        call = self.authorize(ctx, "history")
+        call = self.authorize(ctx, "history", target=(tenant, workspace))
         tctx = self.target_ctx(ctx, tenant, workspace)
         with self.core.store.read() as tx:
             if record_id:
@@ -437,14 +440,14 @@ class MaintenanceService:
 
     def inspect_candidate(self, ctx: BoundContext, tenant: str, workspace: str, candidate_id: str) -> dict[str, Any]:
         """A candidate's structure for hosts: control fields, sizes, findings — structurally no body."""
-        call = self.authorize(ctx, "inspect_candidate")
+        call = self.authorize(ctx, "inspect_candidate", target=(tenant, workspace))
         tctx = self.target_ctx(ctx, tenant, workspace)
         with self.core.store.read() as tx:
             c = tx.candidate(tenant, workspace, _ref(candidate_id, "candidate_id"))
             events = [_event_summary(e) for e in tx.events(tenant, workspace, 0, None) if e.target == candidate_id] if c else []
+            facts = _facts_of(self.core, tx, c) if c is not None else {}
         if c is None:
             raise EngramError(Code.NOT_FOUND, "candidate")
-        facts = c.facts
         view = {
             "candidate_id": c.candidate_id, "state": c.state, "payload_digest": c.payload_digest,
             "record_digest": c.record_digest, "trust_class": c.trust_class, "principal": c.principal,
@@ -460,7 +463,7 @@ class MaintenanceService:
 
     def export(self, ctx: BoundContext, tenant: str, workspace: str, what: str, from_cursor: str,
                to_cursor: str) -> dict[str, Any]:
-        call = self.authorize(ctx, "export")
+        call = self.authorize(ctx, "export", target=(tenant, workspace))
         lo, hi = parse_cursor(from_cursor, 0), parse_cursor(to_cursor, None)
         if what == "journal":
             tctx = self.target_ctx(ctx, tenant, workspace)
@@ -485,6 +488,8 @@ class MaintenanceService:
         shorter than an anchored head was truncated, a different digest there was rewritten. The
         anchor's signature must verify under ``anchor_key_pems`` (the operator's copy of the anchor
         public key) or, when none is named, the core's own anchor key."""
+        # The whole store even for one scope: every audit chain is checked, the writer chains of
+        # calls that changed nothing included, and they are no one scope's.
         call = self.authorize(ctx, "verify")
         anchor = self._parse_anchor(anchor_json, anchor_key_pems) if anchor_json else None
         with self.core.store.read() as tx:
@@ -501,13 +506,17 @@ class MaintenanceService:
                                       "head_cursor": str(s.last_cursor), "ok": not problems,  # type: ignore[union-attr]
                                       "problems": problems})
             rows = tx.audit_rows(None, None, 0, None)
-        audit_problems = check_audit(rows)
+            stored_heads = tx.audit_heads()
+        audit_problems = check_audit(rows, stored_heads)
+        chains = by_chain(rows)
         ok = not audit_problems and all(r["ok"] for r in scope_reports)
         report: dict[str, Any] = {"ok": ok, "scopes": scope_reports,
-                                  "audit": {"rows": len(rows), "ok": not audit_problems, "problems": audit_problems}}
+                                  "audit": {"rows": len(rows), "chains": len(chains), "ok": not audit_problems,
+                                            "problems": audit_problems}}
         if anchor is not None:
             scope = (tenant, workspace) if tenant else None
-            report["anchor"] = check_anchor(anchor, heads, {r["seq"]: r["row_digest"] for r in rows}, scope)
+            digests = {c: {int(r["seq"]): r["row_digest"] for r in rs} for c, rs in chains.items()}
+            report["anchor"] = check_anchor(anchor, heads, digests, scope)
             report["ok"] = ok = ok and report["anchor"]["ok"]
         outcome = "ok" if ok else Code.JOURNAL_CORRUPT.value
         self._audit(ctx, "verify", outcome, tenant and f"{tenant}/{workspace}", call)
@@ -526,9 +535,10 @@ class MaintenanceService:
         try:
             doc = json.loads(anchor_json)
             body = {k: v for k, v in doc.items() if k not in ("anchor_digest", "signature")}
-            if doc["format"] != ANCHOR_FORMAT or not isinstance(doc["journals"], list):
+            if doc["format"] not in ANCHOR_FORMATS or not isinstance(doc["journals"], list):
                 raise ValueError("format")
-            int(doc["audit"]["seq"]), str(doc["audit"]["digest"])
+            for chain, (seq, head) in _anchored_audit_heads(doc).items():
+                str(chain), int(seq), str(head)
             for j in doc["journals"]:
                 int(j["cursor"]), str(j["tenant"]), str(j["workspace"]), str(j["digest"])
         except (ValueError, TypeError, KeyError, AttributeError):
@@ -540,17 +550,21 @@ class MaintenanceService:
 
     def anchor(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
         """The current journal heads (all scopes, or the named one) and audit head, signed."""
-        call = self.authorize(ctx, "anchor")
+        # A scope's anchor signs that scope's journal and audit chain only: a key serving its tenant
+        # may ask for it; the whole store's (every chain) needs a key serving every tenant.
+        call = self.authorize(ctx, "anchor", target=(tenant, workspace))
         if bool(tenant) != bool(workspace):
             raise EngramError(Code.INVALID_SCHEMA, "a scope anchor names both tenant and workspace")
         with self.core.store.read() as tx:
             scopes = [tx.scope(tenant, workspace)] if tenant else tx.scopes()
             if tenant and scopes[0] is None:
                 raise EngramError(Code.NOT_FOUND, "scope")
-            seq, head = tx.audit_chain_head()
+            audit_heads = tx.audit_heads()
+        if tenant:
+            audit_heads = {c: h for c, h in audit_heads.items() if c == scope_chain(tenant, workspace)}
         body: dict[str, Any] = {
             "format": ANCHOR_FORMAT, "created_at": self.core.instant(),
-            "audit": {"seq": str(seq), "digest": head},
+            "audit_chains": [{"chain": c, "seq": str(seq), "digest": d} for c, (seq, d) in sorted(audit_heads.items())],
             "journals": [{"tenant": s.tenant, "workspace": s.workspace, "cursor": str(s.last_cursor),  # type: ignore[union-attr]
                           "digest": s.last_event_digest} for s in scopes],  # type: ignore[union-attr]
         }
@@ -558,6 +572,8 @@ class MaintenanceService:
             body["scope"] = {"tenant": tenant, "workspace": workspace}
         anchor_digest = digest("anchor", body)
         doc = {**body, "anchor_digest": anchor_digest, "signature": self.signers.anchor.sign(anchor_digest)}
+        with self.core.store.write() as tx:  # what `engram doctor` reads (HostService.Health)
+            tx.set_meta(LAST_ANCHOR_META, json.dumps({"at_ms": self.core.now_ms(), "audit_chains": len(audit_heads)}))
         self._audit(ctx, "anchor", "ok", anchor_digest, call)
         return doc
 
@@ -569,29 +585,54 @@ class MaintenanceService:
 
     # -- keys and authorization ------------------------------------------------------------------
     def rotate_keys(self, ctx: BoundContext) -> dict[str, Any]:
-        """SPEC §10: a new KEK re-wraps every live data key; no sealed body is touched."""
+        """SPEC §10: a new KEK generation re-wraps every live data key (no sealed body is touched);
+        generations whose retention has passed and that no key needs any more retire."""
         call = self.authorize(ctx, "rotate_keys")
-        vault = self.core.vault
-        # Under the writer lock no destruction can commit, so no slot zeroed
-        # meanwhile is re-written with its old key.
-        with self.core.store.write() as tx:
-            live = tx.live_key_slots()
-            active = vault.rotate()
-            rewrapped = sum(1 for slot, owner in live.items() if vault.rewrap(slot, owner))
-            vault.sync()
-            # Every slot counts as in use, so a key created by an in-flight
-            # transaction under the previous KEK keeps that KEK alive.
-            retired = vault.retire_unused_keks(set(range(int(vault.status()["slots"]))))
-            tx.append_audit(self.core.audit_row(ctx, "admin.rotate_keys", "ok", "", call))
-        return {"active_kek": active, "live_data_keys": len(live), "rewrapped": rewrapped, "retired_keks": retired,
-                "bodies_rewritten": 0, "vault": vault.status()}
+        rotated = keyring.rotate(self.core)
+        retired = keyring.retire(self.core, self.core.key_schedule)
+        self._audit(ctx, "rotate_keys", "ok", "", call)
+        return {"active_kek": rotated["active_generation"], "live_data_keys": rotated["live_data_keys"],
+                "rewrapped": rotated["rewrapped"], "retired_keks": retired, "bodies_rewritten": 0,
+                "vault": self.core.vault.status()}
+
+    def retire_keys(self, ctx: BoundContext, *, now: bool) -> dict[str, Any]:
+        """Retire the generations due (``now``: every retained one no key is wrapped by, whatever its
+        retention: what an operator runs to complete destructions at once, giving up restores of
+        older backups)."""
+        call = self.authorize(ctx, "retire_keys")
+        retired = keyring.retire(self.core, self.core.key_schedule, now=now)
+        self._audit(ctx, "retire_keys", "ok", "", call)
+        return {"retired_keks": retired, "generations": self._generations()}
+
+    def _generations(self) -> list[dict[str, Any]]:
+        out = []
+        for g in self.core.vault.generations():
+            entry: dict[str, Any] = {"generation": g.generation, "state": g.state}
+            if g.created_at_ms:
+                entry["created_at"] = self.core.instant(g.created_at_ms)
+            if g.deactivated_at_ms:
+                entry["deactivated_at"] = self.core.instant(g.deactivated_at_ms)
+                if g.state == "retained":
+                    entry["retires_after"] = self.core.instant(g.deactivated_at_ms + self.core.key_schedule.retention_ms)
+            if g.retired_at_ms:
+                entry["retired_at"] = self.core.instant(g.retired_at_ms)
+            out.append(entry)
+        return out
 
     def key_status(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
-        call = self.authorize(ctx, "key_status")
-        out: dict[str, Any] = {"vault": self.core.vault.status()}
+        """The vault's generations, and per record of a scope: its key live, or destroyed and
+        whether that destruction is complete (every generation that wrapped it retired) or pending."""
+        call = self.authorize(ctx, "key_status", target=(tenant, workspace))
+        vault = self.core.vault
+        schedule = self.core.key_schedule
+        out: dict[str, Any] = {"vault": vault.status(), "generations": self._generations(),
+                               "schedule": {"rotation_interval_s": schedule.rotation_interval_ms // 1000,
+                                            "retention_s": schedule.retention_ms // 1000}}
         with self.core.store.read() as tx:
+            destructions = tx.key_destructions()
             out["live_data_keys"] = len(tx.live_key_slots())
-            out["destroyed_data_keys"] = len(tx.key_destructions())
+            out["destroyed_data_keys"] = len(destructions)
+            out["destructions_pending"] = sum(1 for d in destructions if not vault.destruction_complete(d.generation))
             if tenant:
                 self.target_ctx(ctx, tenant, workspace)
                 records = []
@@ -600,12 +641,13 @@ class MaintenanceService:
                     slot = tx.data_key_slot(owner)
                     destroyed = tx.key_destruction(owner)
                     if slot is not None:
-                        status = "live" if self.core.vault.data_key(slot, owner) is not None else "unreadable"
+                        status = "live" if vault.data_key(slot, owner) is not None else "unreadable"
                     else:
                         status = "destroyed" if destroyed is not None else "missing"
-                    entry = {"record_id": rec.record_id, "state": rec.state, "key": status}
+                    entry: dict[str, Any] = {"record_id": rec.record_id, "state": rec.state, "key": status}
                     if destroyed is not None:
-                        entry["destroyed_at"] = self.core.instant(destroyed)
+                        entry["destroyed_at"] = self.core.instant(destroyed.at_ms)
+                        entry["destruction"] = "complete" if vault.destruction_complete(destroyed.generation) else "pending"
                     records.append(entry)
                 out["scope"] = {"tenant": tenant, "workspace": workspace, "records": records}
         self._audit(ctx, "key_status", "ok", tenant and f"{tenant}/{workspace}", call)
@@ -613,15 +655,19 @@ class MaintenanceService:
 
     def revoke(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
         """Bump the scope's authorization epoch: older contexts and grants are refused from now on."""
-        call = self.authorize(ctx, "revoke", [tenant, workspace])
+        call = self.authorize(ctx, "revoke", [tenant, workspace], target=(tenant, workspace))
         tctx = self.target_ctx(ctx, tenant, workspace)
         with self.core.store.write() as tx:
             epoch = tx.bump_epoch(tenant, workspace)
             tx.append_audit(self.core.audit_row(tctx, "admin.revoke", "ok", f"{tenant}/{workspace}", call))
         return {"tenant": tenant, "workspace": workspace, "authorization_epoch": epoch}
 
-    def trust_host_key(self, ctx: BoundContext, pem: str, kid: str) -> dict[str, Any]:
-        call = self.authorize(ctx, "trust_host_key")
+    def trust_host_key(self, ctx: BoundContext, pem: str, kid: str, *, tenants: Sequence[str] = (),
+                       all_tenants: bool = False, maintenance_scopes: Sequence[str] = ()) -> dict[str, Any]:
+        """Trust a host key bound to the tenants (or all of them) and maintenance scopes it serves,
+        or re-bind one already trusted (issue 26.3). The policy decides on the binding; here it is
+        only checked for shape: at least one tenant or all of them, known scope names."""
+        call = self.authorize(ctx, "trust_host_key", list(tenants))  # tenant names are stored
         try:
             pub = load_public_pem(pem)
         except Exception:
@@ -632,11 +678,38 @@ class MaintenanceService:
         if self.core.trusted.is_grant_signer(found):
             # Key separation (SPEC §2): the core's confirmation key signs grants only.
             raise EngramError(Code.INVALID_SCHEMA, "the confirmation key cannot be a host key")
+        if self.core.trusted.binding(found).local:
+            raise EngramError(Code.INVALID_SCHEMA, "the operator's own key (host.key, --trust-host-key) is not bound")
+        for tenant in tenants:
+            _ref(tenant, "tenant")
+        if all_tenants == bool(tenants):
+            raise EngramError(Code.INVALID_SCHEMA, "name the tenants the key serves, or all tenants (not both)")
+        if any(scope not in MAINTENANCE_SCOPES for scope in maintenance_scopes):
+            raise EngramError(Code.INVALID_SCHEMA, "unknown maintenance scope")
+        row = HostKeyRow(key_id=found, public_key_pem=public_pem(pub), added_at_ms=self.core.now_ms(),
+                         tenants=tuple(sorted(set(tenants))), all_tenants=all_tenants,
+                         maintenance_scopes=tuple(sorted(set(maintenance_scopes))))
         with self.core.store.write() as tx:
-            tx.add_trusted_host_key(found, public_pem(pub), self.core.now_ms())
+            tx.bind_trusted_host_key(row)
             tx.append_audit(self.core.audit_row(ctx, "admin.trust_host_key", "ok", found, call))
-        self.core.trusted.add(pub)
-        return {"key_id": found, "trusted": True}
+        self.core.trusted.add(pub, tenants=row.tenants, all_tenants=all_tenants,
+                              maintenance_scopes=row.maintenance_scopes)
+        return {"key_id": found, "trusted": True, "binding": self.core.trusted.binding(found).facts()}
+
+    def list_host_keys(self, ctx: BoundContext) -> dict[str, Any]:
+        """The keys the core trusts now, each with the binding the policy sees (issue 26.3)."""
+        call = self.authorize(ctx, "list_host_keys")
+        with self.core.store.read() as tx:
+            stored = {row.key_id: row for row in tx.host_key_rows()}
+        keys = []
+        for binding in self.core.trusted.bindings():
+            entry = {**binding.facts(), "stored": binding.key_id in stored}
+            row = stored.get(binding.key_id)
+            if row is not None and row.added_at_ms:
+                entry["added_at"] = self.core.instant(row.added_at_ms)
+            keys.append(entry)
+        self._audit(ctx, "list_host_keys", "ok", "", call)
+        return {"host_keys": keys}
 
     def untrust_host_key(self, ctx: BoundContext, pem: str, kid: str) -> dict[str, Any]:
         call = self.authorize(ctx, "untrust_host_key")
@@ -663,11 +736,16 @@ class MaintenanceService:
                 "code": self.core.store.migration_code()}
 
     def invalidate_projections(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
-        call = self.authorize(ctx, "invalidate_projections")
+        call = self.authorize(ctx, "invalidate_projections", target=(tenant, workspace))
         tctx = self.target_ctx(ctx, tenant, workspace)
         with self.core.store.write() as tx:
             removed = tx.drop_projections(tenant, workspace)
             self.core.projections.mark(tx, tenant, workspace, stale=True)  # searches: PROJECTION_STALE
+            # Journaled: the other cores of a shared store reload the scope's index when they see it.
+            tx.append_event(tenant, workspace, event_id=new_id("evt_"), operation="invalidate_projections",
+                            target=f"projections:{tenant}/{workspace}", from_state="projections_current",
+                            to_state="projections_stale", at_ms=self.core.now_ms(),
+                            body={"removed": removed, "decisions": call.summaries(), "audit_id": ctx.audit_id})
             scope = tx.scope(tenant, workspace)
             tx.append_audit(self.core.audit_row(tctx, "admin.invalidate_projections", "ok", f"{tenant}/{workspace}", call))
         self.core.projections.published(tenant, workspace, stale=True)
@@ -677,7 +755,7 @@ class MaintenanceService:
 
     def rebuild_projections(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
         """Re-derive postings (and vectors) from the sealed bodies of every non-tombstoned record."""
-        call = self.authorize(ctx, "rebuild_projections")
+        call = self.authorize(ctx, "rebuild_projections", target=(tenant, workspace))
         tctx = self.target_ctx(ctx, tenant, workspace)
         indexed, unreadable = [], []
         with self.core.store.write() as tx:  # writer lock: no admission slips between drop and re-index
@@ -693,6 +771,11 @@ class MaintenanceService:
                 indexed.append(rec.record_id)
             counts = tx.projection_counts(tenant, workspace)
             self.core.projections.mark(tx, tenant, workspace, stale=False)
+            tx.append_event(tenant, workspace, event_id=new_id("evt_"), operation="rebuild_projections",
+                            target=f"projections:{tenant}/{workspace}", from_state="projections_stale",
+                            to_state="projections_current", at_ms=self.core.now_ms(),
+                            body={"records_indexed": len(indexed), "decisions": call.summaries(),
+                                  "audit_id": ctx.audit_id})
             scope = tx.scope(tenant, workspace)
             tx.append_audit(self.core.audit_row(tctx, "admin.rebuild_projections", "ok", f"{tenant}/{workspace}", call))
         self.core.projections.published(tenant, workspace, stale=False)
@@ -704,11 +787,20 @@ class MaintenanceService:
         })
 
     def reload_policies(self, ctx: BoundContext) -> dict[str, Any]:
+        """Activate the bundle as it is now. A bundle that was read and refused is an answer,
+        not an error: retrying cannot help, so the caller learns which file failed and that
+        the previous revision stays active (``outcome: refused``). An unreachable backend is
+        still POLICY_UNAVAILABLE (retriable)."""
         call = self.authorize(ctx, "reload_policies")
         previous = self.core.policy.revision()
-        revision = self.core.policy.reload()  # on failure the active bundle stays (POLICY_UNAVAILABLE)
+        try:
+            revision = self.core.policy.reload()
+        except BundleRefused as exc:
+            self._audit(ctx, "reload_policies", "refused", exc.active_revision, CallRecord([*call.decisions]))
+            return {"outcome": "refused", "previous_revision": previous, "revision": exc.active_revision,
+                    "problem": exc.problem}
         self._audit(ctx, "reload_policies", "ok", revision, CallRecord([*call.decisions]))
-        return {"previous_revision": previous, "revision": revision}
+        return {"outcome": "activated", "previous_revision": previous, "revision": revision}
 
 
 ANALYZER_META = "lexical_analyzer"
@@ -767,7 +859,7 @@ def reanalyze_lexical(core: Core) -> int | None:
 
 def reembed_vectors(core: Core) -> int | None:
     """Re-derive the vectors made by another model than the embedder's (``model_id``), e.g. a
-    store from before the model was derived for int8 arithmetic (semantic_model.py): searches
+    store from before the model was derived for int8 arithmetic (engram_core/embedding/model.py): searches
     rank only vectors of their own model, so without this every older record would drop out of
     the semantic channel. ~5 ms per record re-embedded. The model whose vectors the store holds
     is recorded in ``store_meta``, so a store that is current costs one read (not a scan of its
@@ -798,6 +890,19 @@ def reembed_vectors(core: Core) -> int | None:
     if embedded:
         log.info("vectors re-embedded: %d records (%s -> %s)", embedded, ", ".join(sorted(older)), embedder.model_id)
     return embedded
+
+
+def _facts_of(core: Core, tx: Tx, cand: CandidateRow) -> dict[str, Any]:
+    """A candidate's facts for hosts (sizes, findings, retention, families): opened from its sealed
+    envelope while its key lives, never returned with the content; none once it was decided,
+    withdrawn or its record forgotten (its key is destroyed then)."""
+    if cand.facts or cand.sealed_envelope is None:
+        return cand.facts
+    found = core.data_key(tx, f"candidate:{cand.candidate_id}", cand.key_slot)
+    if found is None:
+        return {}
+    opened = json.loads(unseal(found[1], cand.sealed_envelope, kind="candidate", owner=cand.candidate_id))
+    return candidate_facts(cand, opened)
 
 
 def _sizes(facts: dict[str, Any]) -> dict[str, Any]:

@@ -1,9 +1,9 @@
-"""The six agent operations (SPEC §5–8) over the core's ports.
+"""The agents' four mutations (SPEC §5–8) over the core's ports (search and get: ``reading``).
 
-Each operation: validate (closed schema) → bind purpose → authorize (policy)
-→ idempotency guard → lifecycle check → policy decisions → one write
-transaction holding the effect, journal event, idempotency outcome and audit
-row → post-commit key-slot zeroing. Errors are EngramError only.
+Each operation: prepare (validated and canonicalized once, its digests computed once:
+``pipeline.prepare``) → bind purpose → authorize (policy) → idempotency guard → lifecycle
+check → policy decisions → one write transaction holding the effect, journal event,
+idempotency outcome and audit row → post-commit key-slot zeroing. Errors are EngramError only.
 """
 
 from __future__ import annotations
@@ -16,27 +16,46 @@ from typing import Any
 
 from cryptography.exceptions import InvalidTag
 
-from engram_core.canonical import canonical_json, digest, with_receipt_digest
+from engram_core.canonical import (
+    Canonical,
+    canonical,
+    canonical_json,
+    canonical_object,
+    digest,
+    with_receipt_digest,
+)
 from engram_core.crypto.sealing import seal, unseal
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import BoundContext, verify_grant
-from engram_core.operation import operation_digest, target_of
 from engram_core.policy.port import ADMISSION, CAPTURE
 from engram_core.secrets_scan import scan
 from engram_core.services import lifecycle
-from engram_core.services.core import CallRecord, Core, context_facts, denied, new_id, record_id_of
+from engram_core.services.core import (
+    CallRecord,
+    Core,
+    context_facts,
+    denied,
+    new_id,
+    record_id_of,
+    require_current_epoch,
+)
 from engram_core.services.derivatives import apply_derivative_rule
 from engram_core.services.embedding import EmbeddingBatcher
 from engram_core.services.lexical import record_fields
+from engram_core.services.pipeline import (
+    Guard,
+    PreparedCall,
+    gated_precondition,
+    guarded_outcome,
+    prepare,
+    require_grant,
+    transaction_receipt_digest,
+)
 from engram_core.services.reading import ReadService
 from engram_core.services.reconciliation import Reconciler, payload_links, write_links
 from engram_core.store.port import CandidateRow, IdempotencyRow, RecordRow, Tx
-from engram_core.validation import parse_instant, validate_arguments
-
-CAPTURE_TOOL = "engram_memory_capture"
-ADMISSION_TOOL = "engram_memory_request_admission"
-WITHDRAW_TOOL = "engram_memory_withdraw"
-FORGET_TOOL = "engram_memory_forget"
+from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GATED_TOOLS, WITHDRAW_TOOL
+from engram_core.validation import parse_instant
 
 
 def _string_fields(value: Any, skip: frozenset[str] = frozenset()) -> list[str]:
@@ -65,7 +84,7 @@ def stored_strings(args: dict[str, Any]) -> list[str]:
     return [v for v in args.values() if isinstance(v, str)]
 
 
-def _shape_facts(payload: dict[str, Any], evidence: dict[str, Any]) -> dict[str, Any]:
+def _shape_facts(payload: dict[str, Any], evidence: dict[str, Any], *, payload_bytes: int) -> dict[str, Any]:
     kinds = {"context": 0, "decision": 0, "evidence": 0}
     for comp in payload["components"]:
         kinds[comp["kind"]] += 1
@@ -77,21 +96,16 @@ def _shape_facts(payload: dict[str, Any], evidence: dict[str, Any]) -> dict[str,
         },
         "citations": {"count": len(payload["citations"])},
         "evidence": {"citation_count": len(evidence["citation_ids"]), "has_attestation": "attestation" in evidence},
-        "payload_bytes": len(canonical_json(payload)),
+        "payload_bytes": payload_bytes,  # the canonical size, from the call's one canonicalization
     }
 
 
-def stored_outcome(tx: Tx, ctx: BoundContext, *, tool: str, target: str, key: str,
-                   request_digest: str) -> dict[str, Any] | None:
-    """The mutation guard (SPEC §7): the stored outcome for this key of this principal, None
-    when the key is new, DIGEST_CONFLICT when it was used for another tool, target or content.
-    Agent idempotency keys and host event ids share it."""
-    row = tx.idempotency_get(ctx.tenant, ctx.workspace, ctx.principal, key)
-    if row is None:
-        return None
-    if row.tool != tool or row.target != target or row.request_digest != request_digest:
-        raise EngramError(Code.DIGEST_CONFLICT, "idempotency key reused")
-    return row.outcome
+def candidate_facts(cand: CandidateRow, envelope: dict[str, Any] | None) -> dict[str, Any]:
+    """A candidate's facts: sealed in its opened envelope, or (captured before they were sealed)
+    the row's plain column; empty once the content is gone."""
+    if envelope is not None and "facts" in envelope:
+        return envelope["facts"]
+    return cand.facts
 
 
 EARLY_VECTORS = 256  # just-captured candidates whose vector is kept for their admission
@@ -115,98 +129,61 @@ class MemoryService(ReadService):
         self._early_lock = threading.Lock()
 
     # -- shared steps ------------------------------------------------------------------
-    def _request_digest(self, tool: str, args: dict[str, Any]) -> str:
-        return digest(
-            "request",
-            {"tool": tool, "target": target_of(tool, args),
-             "arguments": {k: v for k, v in args.items() if k != "idempotency_key"}},
-        )
+    def _replay(self, tx: Tx, ctx: BoundContext, guard: Guard) -> dict[str, Any] | None:
+        return guarded_outcome(tx, ctx, guard)
 
-    def _replay(self, tx: Tx, ctx: BoundContext, tool: str, args: dict[str, Any], request_digest: str) -> dict[str, Any] | None:
-        return stored_outcome(tx, ctx, tool=tool, target=target_of(tool, args), key=args["idempotency_key"],
-                              request_digest=request_digest)
+    def _remember(self, tx: Tx, ctx: BoundContext, guard: Guard, outcome: dict[str, Any]) -> None:
+        tx.idempotency_put(ctx.tenant, ctx.workspace, ctx.principal, guard.key,
+                           IdempotencyRow(guard.tool, guard.target, guard.request_digest, outcome), self.core.now_ms())
 
-    def _remember(self, tx: Tx, ctx: BoundContext, tool: str, args: dict[str, Any], request_digest: str, outcome: dict[str, Any]) -> None:
-        tx.idempotency_put(
-            ctx.tenant, ctx.workspace, ctx.principal, args["idempotency_key"],
-            IdempotencyRow(tool, target_of(tool, args), request_digest, outcome), self.core.now_ms(),
-        )
-
-    def _grant_present(self, grant: bytes | None) -> bytes:
-        if not grant:
-            # SPEC §8: a gated call with no confirmation at all is a protocol refusal.
-            raise EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, "confirmation missing", confirmation_required=True)
-        return grant
-
-    def _verify_grant(self, ctx: BoundContext, tool: str, args: dict[str, Any], grant: bytes):
+    def _verify_grant(self, ctx: BoundContext, prepared: PreparedCall, grant: bytes):
+        """The grant signs this operation (tool, target, operation digest), in time, unused, and
+        under the scope's current authorization epoch (SPEC §8, §12)."""
         try:
             parsed = verify_grant(
-                grant, self.core.trusted, ctx=ctx, tool=tool, target=target_of(tool, args),
-                operation_digest=operation_digest(tool=tool, tenant=ctx.tenant, workspace=ctx.workspace,
-                                                  principal=ctx.principal, arguments=args),
-                now_ms=self.core.now_ms(),
+                grant, self.core.trusted, ctx=ctx, tool=prepared.tool, target=prepared.target,
+                operation_digest=prepared.operation_digest, now_ms=self.core.now_ms(),
             )
         except EngramError as exc:
             raise EngramError(exc.code, exc.detail, reason_class="confirmation_invalid",
                               reasons=("GRANT_INVALID",)) from None
-        scope = self.core.store.committed_scope(ctx.tenant, ctx.workspace)
-        if scope is not None and parsed.authorization_epoch < scope.authorization_epoch:
-            raise EngramError(Code.AUTHORIZATION_REVOKED, "grant issued before revocation")
+        require_current_epoch(parsed.authorization_epoch, self.core.store.committed_scope(ctx.tenant, ctx.workspace),
+                              "grant issued before revocation")
         return parsed
-
-    def _gated_start(self, ctx: BoundContext, tool: str, args: dict[str, Any], grant: bytes | None, call: CallRecord,
-                     lookup: Any) -> tuple[bytes, str, dict[str, Any] | None, Any]:
-        """The shared start of withdraw and forget: schema, authorization, grant presence,
-        then the target and the stored outcome (replay). Both are checked again in the write
-        transaction, so these reads need no snapshot transaction of their own; the target is
-        read first so that a same-key winner committing between the two reads is seen as a
-        stored outcome (replay), never as a terminal target only (ALREADY_TERMINAL)."""
-        validate_arguments(tool, args)
-        self.core.authorize(ctx, tool, call, stored_strings=stored_strings(args))
-        present = self._grant_present(grant)
-        request_digest = self._request_digest(tool, args)
-        with self.core.store.read(snapshot=False) as tx:
-            target = lookup(tx)
-            prior = self._replay(tx, ctx, tool, args, request_digest)
-        return present, request_digest, prior, target
 
     def check_gated(self, ctx: BoundContext, args: dict[str, Any]) -> dict[str, Any]:
         """What a host asks before a human confirms a withdraw or forget (HostService.CheckGated):
-        the checks of ``_gated_start`` and the lifecycle that need no grant, in the same order,
+        the tool call's own schema, authorization and ``gated_precondition`` without the grant,
         so a target that does not exist in the scope is NOT_FOUND without anyone being asked.
         ``args``: {tool, target, idempotency_key, reason_ref}. Changes nothing."""
         tool = args.get("tool")
-        if tool not in (WITHDRAW_TOOL, FORGET_TOOL):
+        if tool not in GATED_TOOLS:
             raise EngramError(Code.INVALID_SCHEMA, "not a gated tool", reason_class="value_not_allowed")
         field = "candidate_id" if tool == WITHDRAW_TOOL else "record_id"
         tool_args = {field: args.get("target", ""), "idempotency_key": args.get("idempotency_key", ""),
                      "reason_ref": args.get("reason_ref", "")}
-        validate_arguments(tool, tool_args)
+        prepared = prepare(ctx, tool, tool_args)
         self.core.authorize(ctx, tool, CallRecord(), stored_strings=stored_strings(tool_args))
-        request_digest = self._request_digest(tool, tool_args)
-        with self.core.store.read(snapshot=False) as tx:
-            target = (tx.candidate(ctx.tenant, ctx.workspace, tool_args[field]) if tool == WITHDRAW_TOOL
-                      else tx.record(ctx.tenant, ctx.workspace, tool_args[field]))
-            prior = self._replay(tx, ctx, tool, tool_args, request_digest)
-        if prior is not None:
-            return {"status": "replay"}
-        if target is None:
-            raise EngramError(Code.NOT_FOUND, "target")
         if tool == WITHDRAW_TOOL:
-            lifecycle.check_candidate("withdraw", target.state)
+            standing = gated_precondition(
+                self.core, ctx, prepared.guard, what="candidate",
+                lookup=lambda tx: tx.candidate(ctx.tenant, ctx.workspace, tool_args[field]),
+                check_state=lambda state: lifecycle.check_candidate("withdraw", state))
         else:
-            lifecycle.check_record("tombstone", target.state)
-        return {"status": "ready"}
+            standing = gated_precondition(
+                self.core, ctx, prepared.guard, what="record",
+                lookup=lambda tx: tx.record(ctx.tenant, ctx.workspace, tool_args[field]),
+                check_state=lambda state: lifecycle.check_record("tombstone", state))
+        return {"status": "replay" if standing.replay is not None else "ready"}
 
-    def _recheck(self, tx: Tx, ctx: BoundContext, tool: str, args: dict[str, Any] | None,
-                 request_digest: str | None, call: CallRecord, grant_id: str | None, target: Any,
-                 check_state: Any) -> Any:
+    def _recheck(self, tx: Tx, ctx: BoundContext, guard: Guard | None, call: CallRecord, grant_id: str | None,
+                 target: Any, check_state: Any) -> Any:
         """Inside the serialized write transaction, everything checked before may have moved:
         a concurrent identical request may have won (replay), the bundle may have been reloaded
         (POLICY_STALE), the target may have changed state (lifecycle). The grant is consumed
         here, in the same transaction as the effect (SPEC §7, §8)."""
-        if args is not None and request_digest is not None:
-            prior = self._replay(tx, ctx, tool, args, request_digest)
+        if guard is not None:
+            prior = self._replay(tx, ctx, guard)
             if prior is not None:
                 raise _Replayed(prior)
         self.core.check_revision(call)
@@ -222,43 +199,25 @@ class MemoryService(ReadService):
             raise EngramError(Code.GATE_FAILED, "confirmation already used", reason_class="confirmation_invalid",
                               reasons=("GRANT_USED",))
 
-    def _tx_receipt(self, operation: str, event_digest: str, cursor: int, call: CallRecord, audit_id: str,
-                    extra: dict[str, Any] | None = None) -> str:
-        return with_receipt_digest(
-            {
-                **(extra or {}),
-                "kind": "transaction",
-                "operation": operation,
-                "cursor": str(cursor),
-                "event_digest": event_digest,
-                "audit_id": audit_id,
-                "decisions": [d.decision_id for d in call.decisions],
-                "policy_revision": self.core.policy.revision(),
-                "committed_at": self.core.instant(),
-            }
-        )["receipt_digest"]
-
-    def _finish_destruction(self, tx: Tx) -> str:
-        """Zero destroyed key slots after commit; 'complete' once durable."""
-        if not tx.destroyed_slots:
-            return "complete"
-        try:
-            self.core.vault.destroy_many(tx.destroyed_slots)
-        except OSError:
-            return "pending"  # reconcile at next start completes it
-        return "complete"
+    @staticmethod
+    def _finish_destruction(tx: Tx) -> str:
+        """The keys the transaction destroyed (the store zeroes them after COMMIT): 'complete' once
+        gone from the live vault and from every KEK generation that wrapped them; 'pending' until
+        those generations retire (or a zeroing left to the next start's reconciliation)."""
+        return tx.key_destruction_outcome
 
     # -- capture ---------------------------------------------------------------------------
     def capture(self, ctx: BoundContext, args: dict[str, Any], grant: bytes | None) -> dict[str, Any]:
         call = CallRecord()
-        validate_arguments(CAPTURE_TOOL, args)
+        prepared = prepare(ctx, CAPTURE_TOOL, args)
         payload, evidence = args["payload"], args["evidence"]
+        payload_c = prepared.member("payload")
         self.bind_purpose(ctx, payload["purpose_ref"])
         now = self.core.now_ms()
         retention = payload.get("retention", {})
         expires_at_ms = parse_instant(retention["expires_at"]) if "expires_at" in retention else None  # validated
         findings = scan(_string_fields(payload, _DIGEST_KEYS) + _string_fields(evidence, _DIGEST_KEYS))
-        facts = _shape_facts(payload, evidence)
+        facts = _shape_facts(payload, evidence, payload_bytes=len(payload_c.data))
         requested: dict[str, Any] = {}
         if "derivative_rule" in retention:
             requested["derivative_rule"] = retention["derivative_rule"]
@@ -270,11 +229,12 @@ class MemoryService(ReadService):
         authz, decision = self.core.authorize_with(
             ctx, CAPTURE_TOOL, call, self.core.store.committed_scope(ctx.tenant, ctx.workspace), CAPTURE,
             {"context": context_facts(ctx), "now_ms": now, "retention": requested, "family_refs": family_refs,
-             "findings": findings, **facts},
+             "findings": findings, **facts,
+             # Payload times (epoch ms), which the policy bounds to the host's window (issue 26.5).
+             "valid_time": payload["valid_time"], "primary_event_at": payload["primary_event"]["at"]},
             stored_strings=stored_strings(args))
-        request_digest = self._request_digest(CAPTURE_TOOL, args)
         with self.core.store.read(snapshot=False) as tx:  # checked again in the write transaction
-            prior = self._replay(tx, ctx, CAPTURE_TOOL, args, request_digest)
+            prior = self._replay(tx, ctx, prepared.guard)
         if prior is not None:
             return {**prior, "status": "duplicate_exact"}
         if expires_at_ms is not None and expires_at_ms <= now:
@@ -283,30 +243,38 @@ class MemoryService(ReadService):
         if not decision.result["allow"]:
             raise denied(Code.UNAUTHORIZED, "capture policy denied", call.decisions)
         if decision.result.get("confirmation_required") or authz.result.get("obligations", {}).get("confirmation_required"):
-            grant_obj = self._verify_grant(ctx, CAPTURE_TOOL, args, self._grant_present(grant))
+            grant_obj = self._verify_grant(ctx, prepared, require_grant(grant))
         else:
             grant_obj = None
         resolved = decision.result["retention"]
         effective_retention: dict[str, Any] = {"derivative_rule": resolved["derivative_rule"]}
         if "expires_at_ms" in resolved:
             effective_retention["expires_at"] = self.core.instant(resolved["expires_at_ms"])
-        effective = {**payload, "retention": effective_retention,
-                     "scope_ref": {"tenant": ctx.tenant, "workspace": ctx.workspace}}
-        payload_digest = digest("payload", effective)
+        # The payload as it was canonicalized once, with its retention resolved and its scope
+        # bound: composed from the payload's members, whose texts are spliced, not rewritten.
+        effective_c = canonical_object({**(payload_c.members or {}), "retention": canonical(effective_retention),
+                                        "scope_ref": canonical({"tenant": ctx.tenant, "workspace": ctx.workspace})})
+        effective = effective_c.value
+        payload_digest = digest("payload", effective_c)
         candidate_id = new_id("cand_")
         trust_class = "asserted"  # SPEC §5: earned/signed only from a host verifier
-        record_digest = digest("record", self._record_core(candidate_id, effective, payload_digest, trust_class, ctx))
+        record_digest = digest("record", self._record_core(candidate_id, effective_c, payload_digest, trust_class, ctx))
         # Synced by the store before the COMMIT that names the slot (one sync per group commit).
         # The record's vector, started now so that the model runs while this capture writes and
         # its agent turns round to request admission (which then does not wait for it). Dropped
         # unless the capture commits; kept in memory only.
         early = self._start_embedding(effective)
         slot, key = self.core.vault.new_data_key(f"candidate:{candidate_id}", durable=False)
-        envelope = seal(key, canonical_json({"payload": effective, "evidence": evidence}), kind="candidate",
-                        owner=candidate_id)
+        # The candidate's facts (sizes, findings, retention, family refs) are derived from its
+        # content, so they are sealed with it: destroying its key shreds them too (issue 26.7).
+        sealed_facts = {**facts, "findings": findings, "retention": resolved, "family_refs": family_refs,
+                        "all_components_cited": True}
+        envelope = seal(key, canonical_json({"payload": effective_c, "evidence": prepared.member("evidence"),
+                                             "facts": sealed_facts}),
+                        kind="candidate", owner=candidate_id)
         try:
             with self.core.store.write(batched=True) as tx:
-                prior = self._replay(tx, ctx, CAPTURE_TOOL, args, request_digest)
+                prior = self._replay(tx, ctx, prepared.guard)
                 if prior is not None:
                     raise _Replayed(prior)
                 self.core.check_revision(call)
@@ -321,18 +289,16 @@ class MemoryService(ReadService):
                 tx.insert_candidate(CandidateRow(
                     candidate_id=candidate_id, tenant=ctx.tenant, workspace=ctx.workspace, principal=ctx.principal,
                     agent_id=ctx.agent_id, session=ctx.session, state="pending", payload_digest=payload_digest,
-                    record_digest=record_digest, trust_class=trust_class,
-                    facts={**facts, "findings": findings, "retention": resolved, "family_refs": family_refs,
-                           "all_components_cited": True},
+                    record_digest=record_digest, trust_class=trust_class, facts={},  # sealed in the envelope
                     sealed_envelope=envelope, captured_at_ms=now, cursor=event.cursor, key_slot=slot,
                 ))
                 tx.put_data_key(f"candidate:{candidate_id}", slot, now)
                 outcome = {
                     "status": "committed_pending", "candidate_id": candidate_id, "record_digest": record_digest,
                     "cursor": str(event.cursor),
-                    "transaction_receipt_digest": self._tx_receipt("capture", event.event_digest, event.cursor, call, ctx.audit_id),
+                    "transaction_receipt_digest": transaction_receipt_digest(self.core, "capture", event.event_digest, event.cursor, call, ctx.audit_id),
                 }
-                self._remember(tx, ctx, CAPTURE_TOOL, args, request_digest, outcome)
+                self._remember(tx, ctx, prepared.guard, outcome)
                 tx.append_audit(self.core.audit_row(ctx, CAPTURE_TOOL, "committed_pending", candidate_id, call))
         except _Replayed as r:
             self.core.vault.destroy(slot)
@@ -345,7 +311,8 @@ class MemoryService(ReadService):
         return outcome
 
     @staticmethod
-    def _record_core(candidate_id: str, effective: dict[str, Any], payload_digest: str, trust_class: str, ctx: BoundContext) -> dict[str, Any]:
+    def _record_core(candidate_id: str, effective: dict[str, Any] | Canonical, payload_digest: str, trust_class: str,
+                     ctx: BoundContext) -> dict[str, Any]:
         """What record_digest covers: the record's immutable content (docs/digests.md)."""
         return {
             "candidate_id": candidate_id, "payload": effective, "payload_digest": payload_digest,
@@ -355,43 +322,43 @@ class MemoryService(ReadService):
     # -- request_admission ------------------------------------------------------------------
     def request_admission(self, ctx: BoundContext, args: dict[str, Any], grant: bytes | None) -> dict[str, Any]:
         call = CallRecord()
-        validate_arguments(ADMISSION_TOOL, args)
+        prepared = prepare(ctx, ADMISSION_TOOL, args)
         authz = self.core.authorize(ctx, ADMISSION_TOOL, call, stored_strings=stored_strings(args))
-        request_digest = self._request_digest(ADMISSION_TOOL, args)
         with self.core.store.read(snapshot=False) as tx:  # both checked again in the write transaction
-            cand = tx.candidate(ctx.tenant, ctx.workspace, args["candidate_id"])  # first: see _gated_start
-            prior = self._replay(tx, ctx, ADMISSION_TOOL, args, request_digest)
+            cand = tx.candidate(ctx.tenant, ctx.workspace, args["candidate_id"])  # first: see gated_precondition
+            prior = self._replay(tx, ctx, prepared.guard)
         if prior is not None:
             return {**prior, "replayed": True}
         if cand is None:
             raise EngramError(Code.NOT_FOUND, "candidate")
         grant_obj = None
         if authz.result.get("obligations", {}).get("confirmation_required"):
-            grant_obj = self._verify_grant(ctx, ADMISSION_TOOL, args, self._grant_present(grant))
-        return self.admit(ctx, cand, call, args=args, request_digest=request_digest, grant_id=grant_obj.grant_id if grant_obj else None)
+            grant_obj = self._verify_grant(ctx, prepared, require_grant(grant))
+        return self.admit(ctx, cand, call, guard=prepared.guard, grant_id=grant_obj.grant_id if grant_obj else None)
 
     def admit(
-        self, ctx: BoundContext, cand: CandidateRow, call: CallRecord, *, args: dict[str, Any] | None,
-        request_digest: str | None, grant_id: str | None = None, forced: str | None = None, reason_ref: str = "",
+        self, ctx: BoundContext, cand: CandidateRow, call: CallRecord, *, guard: Guard | None,
+        grant_id: str | None = None, forced: str | None = None, reason_ref: str = "",
         event_id: str | None = None, audit_operation: str | None = None,
     ) -> dict[str, Any]:
-        """Decide and apply admission. ``forced`` is a host adjudication (accept/reject);
-        host calls name their own journal ``event_id`` and audit operation."""
+        """Decide and apply admission. ``guard``: the mutation guard of the request (None: no
+        idempotency row); ``forced`` is a host adjudication (accept/reject); host calls name
+        their own journal ``event_id`` and audit operation."""
         now = self.core.now_ms()
         if cand.state == "accepted":
             # Admission of an already-admitted candidate: report it, change nothing.
-            return self._already_admitted(ctx, cand, call, args, request_digest)
+            return self._already_admitted(ctx, cand, call, guard)
         if cand.state == "rejected" and (cand.decision or {}).get("status") == "duplicate_exact":
             # Decided a duplicate of a current record before: the same answer again.
-            return self._outcome_only(ctx, cand, "duplicate_exact", call, args, request_digest)
+            return self._outcome_only(ctx, cand, "duplicate_exact", call, guard)
         lifecycle.check_candidate("accept", cand.state)
         if forced is None and cand.state == "pending_adjudication":
-            return self._outcome_only(ctx, cand, "pending_adjudication", call, args, request_digest)
+            return self._outcome_only(ctx, cand, "pending_adjudication", call, guard)
         try:
             envelope, envelope_slot = self._open_envelope(cand)
             effective = envelope["payload"]
         except (EngramError, InvalidTag):
-            replay = self._after_lost_key(ctx, cand, args, request_digest)
+            replay = self._after_lost_key(ctx, cand, guard)
             if replay is not None:
                 return replay
             raise
@@ -404,7 +371,8 @@ class MemoryService(ReadService):
             decision = self.core.decide(
                 ADMISSION,
                 {"context": context_facts(ctx), "now_ms": now,
-                 "candidate": {**cand.facts, "trust_class": cand.trust_class, "duplicate_of_current": duplicate_of is not None}},
+                 "candidate": {**candidate_facts(cand, envelope), "trust_class": cand.trust_class,
+                               "duplicate_of_current": duplicate_of is not None}},
                 call,
             )
             verdict = decision.result["decision"]
@@ -448,7 +416,7 @@ class MemoryService(ReadService):
             vector = (self.core.embedder.model_id, embedding.result()) if embedding is not None else None
         try:
             with self.core.store.write(batched=True) as tx:
-                current = self._recheck(tx, ctx, ADMISSION_TOOL, args, request_digest, call, grant_id,
+                current = self._recheck(tx, ctx, guard, call, grant_id,
                                         tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id),
                                         lambda state: lifecycle.check_candidate("accept", state))
                 self._recheck_duplicate(tx, ctx, cand, status, duplicate_of, forced)
@@ -488,6 +456,7 @@ class MemoryService(ReadService):
                         derivative_rule=retention.get("derivative_rule", "make-ineligible"),
                         accepted_at_ms=now, accepted_cursor=event.cursor, state_cursor=event.cursor,
                         successor_id=None, sealed_body=body, key_slot=record_slot,
+                        session=cand.session, captured_at_ms=cand.captured_at_ms,
                     ))
                     tx.put_data_key(f"record:{record_id}", record_slot, now)  # type: ignore[arg-type]
                     tx.index_record(ctx.tenant, ctx.workspace, record_id, fields, vector)
@@ -503,15 +472,17 @@ class MemoryService(ReadService):
                 tx.set_candidate_state(cand.candidate_id, to_state, decision=standing, drop_envelope=terminal)
                 if terminal:  # its slot as read for the envelope: _recheck saw the key still live
                     tx.drop_data_key(f"candidate:{cand.candidate_id}", now, status, slot=envelope_slot)
+                if terminal and status != "accepted":  # nothing of rejected content outlives it (issue 26.7)
+                    tx.scrub_candidate_facts(cand.candidate_id)
                 outcome.update({
                     "cursor": str(event.cursor), "decision_receipt_digest": decision_receipt,
-                    "transaction_receipt_digest": self._tx_receipt(
+                    "transaction_receipt_digest": transaction_receipt_digest(self.core,
                         event.operation, event.event_digest, event.cursor, call, ctx.audit_id,
                         {"reconciled": reconciled} if reconciled else None),
                 })
                 result = {"outcome": outcome, "replayed": False}
-                if args is not None and request_digest is not None:
-                    self._remember(tx, ctx, ADMISSION_TOOL, args, request_digest, {"outcome": outcome})
+                if guard is not None:
+                    self._remember(tx, ctx, guard, {"outcome": outcome})
                 tx.append_audit(self.core.audit_row(ctx, audit_operation or ADMISSION_TOOL, status, cand.candidate_id, call))
         except _Replayed as r:
             if record_slot is not None:
@@ -538,11 +509,12 @@ class MemoryService(ReadService):
         if status == "duplicate_exact" and now_of is None:
             raise EngramError(Code.POLICY_STALE, "duplicated record no longer current")
 
-    def _already_admitted(self, ctx, cand, call, args, request_digest) -> dict[str, Any]:
-        return self._outcome_only(ctx, cand, "duplicate_exact", call, args, request_digest)
+    def _already_admitted(self, ctx: BoundContext, cand: CandidateRow, call: CallRecord,
+                          guard: Guard | None) -> dict[str, Any]:
+        return self._outcome_only(ctx, cand, "duplicate_exact", call, guard)
 
     def _outcome_only(self, ctx: BoundContext, cand: CandidateRow, status: str, call: CallRecord,
-                      args: dict[str, Any] | None, request_digest: str | None) -> dict[str, Any]:
+                      guard: Guard | None) -> dict[str, Any]:
         """Report a candidate's standing admission outcome without a new effect."""
         decision = cand.decision or {}
         outcome: dict[str, Any] = {"status": status, "candidate_id": cand.candidate_id}
@@ -551,8 +523,8 @@ class MemoryService(ReadService):
         elif isinstance(decision.get("record_id"), str):
             outcome["record_id"] = decision["record_id"]  # the current record it duplicated
         with self.core.store.write(batched=True) as tx:
-            if args is not None and request_digest is not None:
-                prior = self._replay(tx, ctx, ADMISSION_TOOL, args, request_digest)
+            if guard is not None:
+                prior = self._replay(tx, ctx, guard)
                 if prior is not None:
                     return {**prior, "replayed": True}
             scope = tx.scope(ctx.tenant, ctx.workspace)
@@ -562,8 +534,8 @@ class MemoryService(ReadService):
                 "transaction_receipt_digest": with_receipt_digest({"kind": "no-op", "status": status,
                                                                    "candidate_id": cand.candidate_id})["receipt_digest"],
             })
-            if args is not None and request_digest is not None:
-                self._remember(tx, ctx, ADMISSION_TOOL, args, request_digest, {"outcome": outcome})
+            if guard is not None:
+                self._remember(tx, ctx, guard, {"outcome": outcome})
             tx.append_audit(self.core.audit_row(ctx, ADMISSION_TOOL, status, cand.candidate_id, call))
         return {"outcome": outcome, "replayed": False}
 
@@ -599,16 +571,14 @@ class MemoryService(ReadService):
         slot, key = found
         return json.loads(unseal(key, cand.sealed_envelope or b"", kind="candidate", owner=cand.candidate_id)), slot
 
-    def _after_lost_key(self, ctx: BoundContext, cand: CandidateRow, args: dict[str, Any] | None,
-                        request_digest: str | None) -> dict[str, Any] | None:
+    def _after_lost_key(self, ctx: BoundContext, cand: CandidateRow, guard: Guard | None) -> dict[str, Any] | None:
         """A pending candidate's key went after it was read: a concurrent request decided it. If
         that request had this idempotency key, its outcome is this request's answer (SPEC §7);
         otherwise the lifecycle's refusal (ALREADY_TERMINAL, ...), not BLOB_MISSING. None: neither
-        applies (the caller re-raises). The candidate is read first: see ``_gated_start``."""
+        applies (the caller re-raises). The candidate is read first: see ``gated_precondition``."""
         with self.core.store.read(snapshot=False) as tx:
             fresh = tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id)
-            prior = (self._replay(tx, ctx, ADMISSION_TOOL, args, request_digest)
-                     if args is not None and request_digest is not None else None)
+            prior = self._replay(tx, ctx, guard) if guard is not None else None
         if prior is not None:
             return {**prior, "replayed": True}
         if fresh is None:
@@ -621,19 +591,21 @@ class MemoryService(ReadService):
     # -- withdraw ------------------------------------------------------------------------------
     def withdraw(self, ctx: BoundContext, args: dict[str, Any], grant: bytes | None) -> dict[str, Any]:
         call = CallRecord()
-        grant, request_digest, prior, cand = self._gated_start(
-            ctx, WITHDRAW_TOOL, args, grant, call, lambda tx: tx.candidate(ctx.tenant, ctx.workspace, args["candidate_id"]))
-        if prior is not None:
-            return {**prior, "replayed": True}
-        if cand is None:
-            raise EngramError(Code.NOT_FOUND, "candidate")
-        lifecycle.check_candidate("withdraw", cand.state)
-        grant_obj = self._verify_grant(ctx, WITHDRAW_TOOL, args, grant)
-        return self.withdraw_candidate(ctx, cand, call, args=args, request_digest=request_digest,
-                                       grant_id=grant_obj.grant_id, reason_ref=args["reason_ref"])
+        prepared = prepare(ctx, WITHDRAW_TOOL, args)
+        self.core.authorize(ctx, WITHDRAW_TOOL, call, stored_strings=stored_strings(args))
+        standing = gated_precondition(
+            self.core, ctx, prepared.guard, grant=grant, grant_required=True, what="candidate",
+            lookup=lambda tx: tx.candidate(ctx.tenant, ctx.workspace, args["candidate_id"]),
+            check_state=lambda state: lifecycle.check_candidate("withdraw", state))
+        if standing.replay is not None:
+            return {**standing.replay, "replayed": True}
+        assert standing.target is not None and grant is not None
+        grant_obj = self._verify_grant(ctx, prepared, grant)
+        return self.withdraw_candidate(ctx, standing.target, call, guard=prepared.guard, grant_id=grant_obj.grant_id,
+                                       reason_ref=args["reason_ref"])
 
-    def withdraw_candidate(self, ctx: BoundContext, cand: CandidateRow, call: CallRecord, *, args: dict[str, Any] | None,
-                           request_digest: str | None, grant_id: str | None, reason_ref: str,
+    def withdraw_candidate(self, ctx: BoundContext, cand: CandidateRow, call: CallRecord, *, guard: Guard | None,
+                           grant_id: str | None, reason_ref: str,
                            operation: str = "withdraw", to_state: str = "withdrawn", event_id: str | None = None,
                            audit_operation: str | None = None) -> dict[str, Any]:
         now = self.core.now_ms()
@@ -641,7 +613,7 @@ class MemoryService(ReadService):
         self._take_early(cand.candidate_id)  # its content goes: so does a vector computed early
         try:
             with self.core.store.write(batched=True) as tx:
-                current = self._recheck(tx, ctx, WITHDRAW_TOOL, args, request_digest, call, grant_id,
+                current = self._recheck(tx, ctx, guard, call, grant_id,
                                         tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id),
                                         lambda state: lifecycle.check_candidate(operation, state))
                 event = tx.append_event(
@@ -651,16 +623,19 @@ class MemoryService(ReadService):
                     body={"reason_ref": reason_ref, "decisions": call.summaries(), "audit_id": ctx.audit_id},
                 )
                 tx.set_candidate_state(cand.candidate_id, to_state, drop_envelope=True)
+                tx.scrub_candidate_facts(cand.candidate_id)  # its sizes and family refs go with its content
                 tx.drop_data_key(f"candidate:{cand.candidate_id}", now, operation, slot=current.key_slot)
                 receipt = {
                     "event_id": event.event_id, "operation": operation, "from_state": "pending", "to_state": to_state,
                     "cursor": str(event.cursor), "event_digest": event.event_digest,
                     "authorization_receipt_digest": authz_digest,
-                    "transaction_receipt_digest": self._tx_receipt(operation, event.event_digest, event.cursor, call, ctx.audit_id),
+                    "transaction_receipt_digest": transaction_receipt_digest(self.core, operation, event.event_digest, event.cursor, call, ctx.audit_id),
                 }
-                stored = {"receipt": receipt, "key_destruction": "complete"}
-                if args is not None and request_digest is not None:
-                    self._remember(tx, ctx, WITHDRAW_TOOL, args, request_digest, stored)
+                # Pending when it commits: the KEK generation wrapping the key is the active one,
+                # which retires only after a rotation (docs/admin.md, "Keys").
+                stored = {"receipt": receipt, "key_destruction": "pending"}
+                if guard is not None:
+                    self._remember(tx, ctx, guard, stored)
                 tx.append_audit(self.core.audit_row(ctx, audit_operation or WITHDRAW_TOOL, to_state, cand.candidate_id, call))
         except _Replayed as r:
             return {**r.outcome, "replayed": True}
@@ -670,26 +645,28 @@ class MemoryService(ReadService):
     # -- forget ----------------------------------------------------------------------------------
     def forget(self, ctx: BoundContext, args: dict[str, Any], grant: bytes | None) -> dict[str, Any]:
         call = CallRecord()
-        grant, request_digest, prior, rec = self._gated_start(
-            ctx, FORGET_TOOL, args, grant, call, lambda tx: tx.record(ctx.tenant, ctx.workspace, args["record_id"]))
-        if prior is not None:
-            return {**prior, "replayed": True}
-        if rec is None:
-            raise EngramError(Code.NOT_FOUND, "record")
-        lifecycle.check_record("tombstone", rec.state)
-        grant_obj = self._verify_grant(ctx, FORGET_TOOL, args, grant)
-        return self.tombstone(ctx, rec.record_id, call, args=args, request_digest=request_digest,
-                              grant_id=grant_obj.grant_id, reason_ref=args["reason_ref"])
+        prepared = prepare(ctx, FORGET_TOOL, args)
+        self.core.authorize(ctx, FORGET_TOOL, call, stored_strings=stored_strings(args))
+        standing = gated_precondition(
+            self.core, ctx, prepared.guard, grant=grant, grant_required=True, what="record",
+            lookup=lambda tx: tx.record(ctx.tenant, ctx.workspace, args["record_id"]),
+            check_state=lambda state: lifecycle.check_record("tombstone", state))
+        if standing.replay is not None:
+            return {**standing.replay, "replayed": True}
+        assert standing.target is not None and grant is not None
+        grant_obj = self._verify_grant(ctx, prepared, grant)
+        return self.tombstone(ctx, standing.target.record_id, call, guard=prepared.guard, grant_id=grant_obj.grant_id,
+                              reason_ref=args["reason_ref"])
 
-    def tombstone(self, ctx: BoundContext, record_id: str, call: CallRecord, *, args: dict[str, Any] | None,
-                  request_digest: str | None, grant_id: str | None, reason_ref: str, event_id: str | None = None,
+    def tombstone(self, ctx: BoundContext, record_id: str, call: CallRecord, *, guard: Guard | None,
+                  grant_id: str | None, reason_ref: str, event_id: str | None = None,
                   audit_operation: str | None = None) -> dict[str, Any]:
         """SPEC §5 forget: shred the body key, drop every projection, ledger the payload digest — one transaction."""
         now = self.core.now_ms()
         authz_digest = self.core.decision_receipt(call.decisions[0])["receipt_digest"]
         try:
             with self.core.store.write(batched=True) as tx:
-                rec = self._recheck(tx, ctx, FORGET_TOOL, args, request_digest, call, grant_id,
+                rec = self._recheck(tx, ctx, guard, call, grant_id,
                                     tx.record(ctx.tenant, ctx.workspace, record_id),
                                     lambda state: lifecycle.check_record("tombstone", state))
                 event = tx.append_event(
@@ -705,11 +682,12 @@ class MemoryService(ReadService):
                 derivatives = apply_derivative_rule(tx, ctx, rec, cause="tombstone", cause_event_id=event.event_id,
                                                     now=now, call=call)
                 tx.drop_record_links(record_id)
+                tx.scrub_candidate_facts(rec.candidate_id)  # the admitted candidate's sizes and family refs
                 receipt = {
                     "event_id": event.event_id, "operation": "tombstone", "from_state": rec.state,
                     "to_state": "tombstoned", "cursor": str(event.cursor), "event_digest": event.event_digest,
                     "authorization_receipt_digest": authz_digest,
-                    "transaction_receipt_digest": self._tx_receipt("tombstone", event.event_digest, event.cursor, call, ctx.audit_id),
+                    "transaction_receipt_digest": transaction_receipt_digest(self.core, "tombstone", event.event_digest, event.cursor, call, ctx.audit_id),
                 }
                 coverage = with_receipt_digest({
                     "kind": "coverage", "record_id": record_id, "postings_removed": removed, "vectors_removed": True,
@@ -717,16 +695,16 @@ class MemoryService(ReadService):
                     "derivative_rule": rec.derivative_rule, "derivatives": derivatives,
                 })["receipt_digest"]
                 stored = {"receipt": receipt, "projection_invalidation": "complete", "coverage_receipt_digest": coverage}
-                if args is not None and request_digest is not None:
-                    self._remember(tx, ctx, FORGET_TOOL, args, request_digest, stored)
+                if guard is not None:
+                    self._remember(tx, ctx, guard, stored)
                 tx.append_audit(self.core.audit_row(ctx, audit_operation or FORGET_TOOL, "tombstoned", record_id, call))
         except _Replayed as r:
             return {**r.outcome, "replayed": True}
-        # Complete once the key is destroyed: the body and the search projection were sealed under
-        # it, so whatever DuckDB leaves in freed pages is ciphertext no key opens (SPEC §10). No
+        # Complete once the key is gone from the live vault: the body and the search projection were
+        # sealed under it, so whatever the database leaves in freed pages is ciphertext this store
+        # cannot open (SPEC §10); copies of older key material are what key-status reports on. No
         # CHECKPOINT is needed for that (it was half of a forget's time).
-        state = self._finish_destruction(tx)
-        return {**stored, "replayed": False, "projection_invalidation": state if state == "complete" else "pending"}
+        return {**stored, "replayed": False, "projection_invalidation": "complete" if tx.keys_zeroed else "pending"}
 
 
 class _Replayed(Exception):

@@ -2,52 +2,114 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
-from engram_core.canonical import canonical_json, digest, digest_bytes, with_receipt_digest
+from engram_core.canonical import (
+    Canonical,
+    canonical,
+    canonical_json,
+    digest,
+    digest_bytes,
+    with_receipt_digest,
+)
 from engram_core.crypto.sealing import unseal
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import BoundContext
 from engram_core.observability.tracing import traced
 from engram_core.policy.port import REDACTION, Decision
 from engram_core.services.core import CallRecord, Core, context_facts
-from engram_core.services.paging import Binding, CursorCodec, Pin, PinStore
-from engram_core.services.ranking import OFFLINE_LEXICAL_V3, Profile, semantic_v3
+from engram_core.services.paging import Binding, CursorCodec, Pin
+from engram_core.services.ranking import OFFLINE_LEXICAL_V4, Profile, semantic_v4
 from engram_core.services.timeq import TimeWindow, parse_time, proximity
 from engram_core.store.port import LexicalStats, RecordRow, ScopeRow, Tx
+from engram_core.tools import GET_TOOL, SEARCH_TOOL
 from engram_core.validation import validate_arguments
 
-SEARCH_TOOL = "engram_memory_search"
-GET_TOOL = "engram_memory_get"
 DEFAULT_LIMIT = 10
 DEFAULT_PACKET = 65_536
 
 
+def in_effect(valid_t: int, valid_t_end: int | None, expires_at_ms: int | None, now_ms: int) -> bool:
+    """Within valid time and not expired (expiry counts from expires_at on): what eligibility asks
+    of a record's times, whatever its state."""
+    if valid_t > now_ms or (valid_t_end is not None and valid_t_end < now_ms):
+        return False
+    return expires_at_ms is None or expires_at_ms > now_ms
+
+
 def eligible(rec: RecordRow, now_ms: int) -> bool:
     """SPEC §5: accepted_current, within valid time, not expired (expiry counts from expires_at on)."""
-    if rec.state != "accepted_current":
-        return False
-    if rec.valid_t > now_ms or (rec.valid_t_end is not None and rec.valid_t_end < now_ms):
-        return False
-    return rec.expires_at_ms is None or rec.expires_at_ms > now_ms
+    return rec.state == "accepted_current" and in_effect(rec.valid_t, rec.valid_t_end, rec.expires_at_ms, now_ms)
 
 
 def _pointer(key: str) -> str:
     return "/" + key.replace("~", "~0").replace("/", "~1")
 
 
+# The fields of a record view (SPEC §5 ``record``), each with its JSON pointer: what the
+# redaction decision's allow-list names.
+VIEW_FIELDS = ("record_id", "record_digest", "candidate_id", "state", "trust_class", "payload_digest", "accepted_at",
+               "cursor", "payload", "principal", "agent_id")
+_POINTERS = {name: _pointer(name) for name in VIEW_FIELDS}
+
+
+class Redaction:
+    """What one read shows of each record, decided once per read: the kept fields, the omitted
+    pointers, and the allow-list as its receipts name it (canonicalized once for every record)."""
+
+    def __init__(self, allow: set[str], decision_receipt: str) -> None:
+        self.fields = tuple(f for f in VIEW_FIELDS if _POINTERS[f] in allow)
+        self.omitted = sorted(_POINTERS[f] for f in VIEW_FIELDS if _POINTERS[f] not in allow)
+        self.omitted_c = canonical(self.omitted)  # every packet's redacted_fields, written once
+        self.allow_fields = canonical(sorted(allow))
+        self.decision_receipt = decision_receipt
+
+    def receipt(self, record_id: str) -> str:
+        """The record's ``redaction_receipt_digest``."""
+        return with_receipt_digest({
+            "kind": "redaction", "record_id": record_id, "allow_fields": self.allow_fields,
+            "redacted_fields": self.omitted_c, "policy_receipt_digest": self.decision_receipt,
+        })["receipt_digest"]
+
+
+def _payload_shown(plaintext: bytes, tenant: str, workspace: str) -> Canonical:
+    """A record's payload as a read shows it (its ``scope_ref`` dropped), with its canonical text.
+
+    The body was sealed as the canonical JSON of the effective payload (admission; a restore
+    re-seals such a body, verified), so the shown payload's canonical text is the body's with the
+    ``scope_ref`` member cut out: keys are in order and never first ("citations" and
+    "components" come before it), and outside strings every quote is structural, so the member
+    is found exactly. A body that does not hold it so is canonicalized afresh."""
+    text = plaintext.decode("utf-8")
+    payload = json.loads(text)
+    scope = payload.pop("scope_ref", None)
+    if scope == {"tenant": tenant, "workspace": workspace}:
+        member = _scope_member(tenant, workspace)
+        if text.count(member) == 1:
+            return Canonical(payload, text.replace(member, "", 1))
+    return canonical(payload)
+
+
+@functools.lru_cache(maxsize=1024)
+def _scope_member(tenant: str, workspace: str) -> str:
+    """The canonical text of a body's ``scope_ref`` member, with its leading comma."""
+    return "," + encode_basestring("scope_ref") + ":" + canonical({"tenant": tenant, "workspace": workspace}).text
+
+
 class ReadService:
     def __init__(self, core: Core) -> None:
         self.core = core
-        self.profiles: dict[str, Profile] = {"lexical": OFFLINE_LEXICAL_V3}
+        self.profiles: dict[str, Profile] = {"lexical": OFFLINE_LEXICAL_V4}
         embedder = getattr(core, "embedder", None)
         if embedder is not None:
             # SPEC §11: the model id is pinned in the profile config digest.
-            self.profiles["semantic"] = semantic_v3(embedder.model_id,
+            self.profiles["semantic"] = semantic_v4(embedder.model_id,
                                                     needs_network=getattr(embedder, "needs_network", True))
-        self.pins = PinStore(now_ms=core.now_ms)
+        self.pins = core.store.page_pins(core.now_ms)
         self.cursors = CursorCodec(core.page_key)
 
     def bind_purpose(self, ctx: BoundContext, purpose_ref: str) -> None:
@@ -56,25 +118,35 @@ class ReadService:
             raise EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, "purpose mismatch")
 
     # -- record views -----------------------------------------------------------------
-    def _record_view(self, tx: Tx, rec: RecordRow) -> dict[str, Any]:
+    def _record_view(self, tx: Tx, rec: RecordRow, redaction: Redaction) -> tuple[dict[str, Any], Canonical | None]:
+        """The record as ``redaction`` shows it, and its payload's canonical form when shown. The
+        body is unsealed and parsed only when the payload is shown; its key is looked up either
+        way (a key destroyed by a forget is how a record forgotten meanwhile is recognized)."""
         found = self.core.data_key(tx, f"record:{rec.record_id}", rec.key_slot)
         if found is None or rec.sealed_body is None:
             raise EngramError(Code.BLOB_MISSING, "record body unreadable")
-        payload = json.loads(unseal(found[1], rec.sealed_body, kind="record", owner=rec.record_id))
-        payload.pop("scope_ref", None)
-        return {
-            "record_id": rec.record_id, "record_digest": rec.record_digest, "candidate_id": rec.candidate_id,
-            "state": rec.state, "trust_class": rec.trust_class, "payload_digest": rec.payload_digest,
-            "accepted_at": self.core.instant(rec.accepted_at_ms), "cursor": str(rec.accepted_cursor),
-            "payload": payload, "principal": rec.principal, "agent_id": rec.agent_id,
-        }
+        payload = None
+        view: dict[str, Any] = {}
+        for name in redaction.fields:
+            if name == "payload":
+                payload = _payload_shown(unseal(found[1], rec.sealed_body, kind="record", owner=rec.record_id),
+                                         rec.tenant, rec.workspace)
+                view["payload"] = payload.value
+            elif name == "accepted_at":
+                view[name] = self.core.instant(rec.accepted_at_ms)
+            elif name == "cursor":
+                view[name] = str(rec.accepted_cursor)
+            else:
+                view[name] = getattr(rec, name)
+        return view, payload
 
-    def _view_unless_forgotten(self, tx: Tx, rec: RecordRow, now: int) -> dict[str, Any] | None:
+    def _view_unless_forgotten(self, tx: Tx, rec: RecordRow, now: int,
+                               redaction: Redaction) -> tuple[dict[str, Any], Canonical | None] | None:
         """The record's view, or None if it was forgotten after it was read: its data key is
         destroyed by the forget's commit, which can land between two of search's statements.
         A key missing from a record that is still eligible is a real BLOB_MISSING."""
         try:
-            return self._record_view(tx, rec)
+            return self._record_view(tx, rec, redaction)
         except EngramError as exc:
             if exc.code is not Code.BLOB_MISSING:
                 raise
@@ -93,20 +165,10 @@ class ReadService:
         decision is recorded on ``call`` by ``_redaction`` once the read uses it."""
         return self.core.authorize_with(ctx, operation, call, scope, REDACTION, self._redaction_input(ctx, operation))
 
-    def _redaction(self, d: Decision, call: CallRecord) -> tuple[set[str], int, str]:
+    def _redaction(self, d: Decision, call: CallRecord) -> tuple[Redaction, int]:
         call.add(d)
         allow = set(d.result["allow_fields"]) | {"/record_id"}  # record_id always present (SPEC §5)
-        return allow, int(d.result["max_packet_bytes"]), self.core.decision_receipt(d)["receipt_digest"]
-
-    @staticmethod
-    def _redact(view: dict[str, Any], allow: set[str], decision_receipt: str) -> tuple[dict[str, Any], list[str], str]:
-        kept = {k: v for k, v in view.items() if _pointer(k) in allow}
-        omitted = sorted(_pointer(k) for k in view if _pointer(k) not in allow)
-        receipt = with_receipt_digest({
-            "kind": "redaction", "record_id": view["record_id"], "allow_fields": sorted(allow),
-            "redacted_fields": omitted, "policy_receipt_digest": decision_receipt,
-        })["receipt_digest"]
-        return kept, omitted, receipt
+        return Redaction(allow, self.core.decision_receipt(d)["receipt_digest"]), int(d.result["max_packet_bytes"])
 
     # -- get -----------------------------------------------------------------------------
     def get(self, ctx: BoundContext, args: dict[str, Any]) -> dict[str, Any]:
@@ -121,13 +183,13 @@ class ReadService:
         if rec is None or not eligible(rec, now):
             self._audit_read(ctx, GET_TOOL, "NOT_FOUND", args["record_id"], call)
             raise EngramError(Code.NOT_FOUND, "record", audited=True)
-        allow, cap, redaction_policy = self._redaction(redaction, call)
+        shown, cap = self._redaction(redaction, call)
         with self.core.store.read(snapshot=False) as tx:
-            view = self._view_unless_forgotten(tx, rec, now)
-        if view is None:  # forgotten since it was read
+            viewed = self._view_unless_forgotten(tx, rec, now, shown)
+        if viewed is None:  # forgotten since it was read
             self._audit_read(ctx, GET_TOOL, "NOT_FOUND", args["record_id"], call)
             raise EngramError(Code.NOT_FOUND, "record", audited=True)
-        record, omitted, redaction_receipt = self._redact(view, allow, redaction_policy)
+        record, payload = viewed
         max_bytes = min(args.get("max_packet_bytes", DEFAULT_PACKET), cap)
         instant = self.core.instant(now)
         # The record was read on its own, not in a snapshot with the scope row: the cursor the
@@ -142,10 +204,12 @@ class ReadService:
             "authorization_receipt_digest": self.core.decision_receipt(authz)["receipt_digest"],
             "revalidation_receipt_digest": revalidation, "checked_at": instant,
         })
-        packet = {"record": record, "redacted_fields": omitted, "redaction_receipt_digest": redaction_receipt,
-                  "read_receipt": read_receipt}
-        packet["packet_digest"] = digest("packet", packet)
-        if len(canonical_json(packet)) > max_bytes:
+        packet = {"record": record, "redacted_fields": shown.omitted,
+                  "redaction_receipt_digest": shown.receipt(rec.record_id), "read_receipt": read_receipt}
+        # Canonicalized once, the payload spliced: the digest, and the size (JCS puts the digest first).
+        raw = canonical_json(_spliced(packet, payload, shown))
+        packet["packet_digest"] = digest_bytes("packet", raw)
+        if len(raw) + len(b'"packet_digest":"",') + len(packet["packet_digest"]) > max_bytes:
             self._audit_read(ctx, GET_TOOL, "PROJECTION_OVERSIZED", rec.record_id, call)
             raise EngramError(Code.PROJECTION_OVERSIZED, "record exceeds packet", audited=True)
         self._audit_read(ctx, GET_TOOL, "ok", rec.record_id, call)
@@ -206,17 +270,19 @@ class ReadService:
             # and its slot is never refilled from an unvalidated list.
             now = self.core.now_ms()
             kept = [(i, r) for i, r in enumerate(rows) if r[0] in recs and eligible(recs[r[0]], now)]
-            allow, cap, redaction_policy = self._redaction(redaction, call)
+            shown, cap = self._redaction(redaction, call)
             max_bytes = min(args.get("max_packet_bytes", DEFAULT_PACKET), cap)
             packets = []
+            payloads: list[Canonical | None] = []
             for i, (rid, score, _vt) in kept:
-                view = self._view_unless_forgotten(tx, recs[rid], now)
-                if view is not None:
-                    record, omitted, redaction_receipt = self._redact(view, allow, redaction_policy)
-                    packets.append({"record": record, "redacted_fields": omitted,
-                                    "redaction_receipt_digest": redaction_receipt,
+                viewed = self._view_unless_forgotten(tx, recs[rid], now, shown)
+                if viewed is not None:
+                    record, payload = viewed
+                    packets.append({"record": record, "redacted_fields": shown.omitted,
+                                    "redaction_receipt_digest": shown.receipt(rid),
                                     "score": round(score * pin.relevance, 9),
                                     "rank": offset + i + 1})
+                    payloads.append(payload)
         issued = self.core.instant(now)
         ordered = [p["record"]["record_id"] for p in packets]
         rank_receipt = with_receipt_digest({
@@ -237,16 +303,20 @@ class ReadService:
                 "v": 1, "pin": pin_id, "offset": offset + len(rows),
                 "after": [repr(last[1]), last[2], last[0]],
             })
-        raw = canonical_json(response)  # canonicalized once: digest and packet size (JCS puts the digest last)
+        # Canonicalized once, each payload's text spliced from its body: the digest and the packet
+        # size (JCS puts the digest last).
+        spliced = {**response, "records": [_spliced(p, c, shown) for p, c in zip(packets, payloads, strict=True)]}
+        raw = canonical_json(spliced)
         response["response_digest"] = digest_bytes("response", raw)
         size = len(raw) + len(b',"response_digest":""') + len(response["response_digest"])
         if size > max_bytes:
-            self._refuse_packet(ctx, call, response, max_bytes)
+            self._refuse_packet(ctx, call, spliced, max_bytes)
         self._audit_read(ctx, SEARCH_TOOL, "ok", "", call)
         return response
 
     def _refuse_packet(self, ctx: BoundContext, call: CallRecord, response: dict[str, Any], max_bytes: int) -> None:
-        """SPEC §5: PROJECTION_OVERSIZED if one record alone cannot fit, else RESULT_TOO_LARGE; never drop."""
+        """SPEC §5: PROJECTION_OVERSIZED if one record alone cannot fit, else RESULT_TOO_LARGE; never drop.
+        ``response``: its packets' payloads spliced (``_spliced``)."""
         frame = len(canonical_json({**response, "records": []}))
         if any(frame + len(canonical_json(p)) > max_bytes for p in response["records"]):
             self._audit_read(ctx, SEARCH_TOOL, "PROJECTION_OVERSIZED", "", call)
@@ -312,6 +382,14 @@ class ReadService:
             max_accepted_cursor=pin.system_as_of, best_bm25=best_bm25, after=after, limit=limit, window=pin.window,
             neighbours=profile.neighbours.args() if profile.neighbours else None,
         )
+
+
+def _spliced(packet: dict[str, Any], payload: Canonical | None, redaction: Redaction) -> dict[str, Any]:
+    """``packet`` with its record's payload and its redacted fields as Canonicals, for
+    ``canonical_json`` to splice."""
+    if payload is None:
+        return {**packet, "redacted_fields": redaction.omitted_c}
+    return {**packet, "record": {**packet["record"], "payload": payload}, "redacted_fields": redaction.omitted_c}
 
 
 def query_relevance(profile: Profile, stats: LexicalStats, terms: list[int], best_bm25: float) -> float:

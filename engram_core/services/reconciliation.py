@@ -21,7 +21,9 @@ from engram_core.hostctx import BoundContext
 from engram_core.policy.port import RECONCILIATION, Decision
 from engram_core.services import lifecycle
 from engram_core.services.core import CallRecord, Core, context_facts
+from engram_core.services.reading import in_effect
 from engram_core.store.port import RecordRow, Tx
+from engram_core.validation import parse_instant
 
 # Members are the records a newcomer could replace: current, disputed or not.
 MEMBER_STATES = ("accepted_current", "accepted_disputed")
@@ -83,13 +85,19 @@ class Reconciler:
             members = [m for m in tx.family_members(ctx.tenant, ctx.workspace, links.family_refs, MEMBER_STATES)
                        if m[0].record_id != record_id]
         vt = effective["valid_time"]
+        expires = effective.get("retention", {}).get("expires_at")
+        # eligible_now (issue 26.5): whether the record would be served now by its times, as search
+        # and get decide it. A newcomer dated ahead, ended or expired must not replace a current
+        # member: it would hide it while showing nothing in its place.
         record = {"record_id": record_id, "record_digest": record_digest, "payload_digest": payload_digest,
                   "trust_class": trust_class, "primary_kind": links.primary_kind,
                   "valid_time": {k: vt[k] for k in ("t", "t_end") if k in vt},
+                  "eligible_now": in_effect(vt["t"], vt.get("t_end"), parse_instant(expires) if expires else None, now),
                   "principal": principal, "agent_id": agent_id, "family_refs": links.family_refs}
         member_docs = [
             {"record_id": rec.record_id, "record_digest": rec.record_digest, "payload_digest": rec.payload_digest,
              "state": rec.state, "trust_class": rec.trust_class, "primary_kind": kind, "valid_time": _valid_time(rec),
+             "eligible_now": in_effect(rec.valid_t, rec.valid_t_end, rec.expires_at_ms, now),
              "principal": rec.principal, "agent_id": rec.agent_id, "family_refs": shared,
              "accepted_at_ms": rec.accepted_at_ms}
             for rec, kind, shared in members

@@ -15,11 +15,14 @@ be written does not happen).
 - Spooled rows (reads, refusals; audit_spool.py) are written before they are appended to the
   spool; if that append fails, an ``abort`` line follows.
 
-Line format (one canonical-JSON document per line, ``engram-audit-device/v1``):
-``{"kind": "audit", ...the audit row: seq, prev_digest, row_digest, ...}`` or
-``{"kind": "abort", "seqs": [...]}`` or, when the store opens, ``{"kind": "open", "seq": …,
-"row_digest": …}`` (its audit head then). Rows carry their chain position and digest, so
-``check_device`` can compare the database against the device (``engram admin verify --device``).
+Line format (one canonical-JSON document per line):
+``{"kind": "audit", ...the audit row: chain, seq, prev_digest, row_digest, ...}`` or
+``{"kind": "abort", "chain": …, "seqs": [...]}`` or, when the store opens, ``{"kind": "open",
+"heads": {chain: [seq, row_digest], ...}}`` (the head of every chain then). Rows carry their
+chain, position and digest, so ``check_device`` can compare the database against the device
+(``engram admin verify --device``), chain by chain. Lines written before the audit log had
+several chains (no ``chain`` field; ``open`` with one ``seq``/``row_digest``) belong to the
+legacy chain.
 
 Devices (``engram serve --audit-device SPEC``, repeatable):
 - ``file:/path`` — appended with O_APPEND, mode 0600; each batch is one ``write(2)`` (the
@@ -38,6 +41,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import threading
 from pathlib import Path
 from typing import Any, Protocol
@@ -45,7 +49,7 @@ from urllib.parse import parse_qs
 
 from engram_core.canonical import canonical_json
 from engram_core.errors import Code, EngramError
-from engram_core.store.chain import GENESIS, audit_digest_of
+from engram_core.store.chain import GENESIS, LEGACY_CHAIN, audit_digest_of
 
 log = logging.getLogger("engram.audit_device")
 
@@ -64,6 +68,11 @@ class FileDevice:
         self.name = f"file:{path}"
         self._fsync = fsync
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            _owner_only(self._fd, self.name)
+        except OSError:
+            os.close(self._fd)
+            raise
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)
@@ -77,6 +86,23 @@ class FileDevice:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def _owner_only(fd: int, name: str) -> None:
+    """A device file that already existed with a wider mode is tightened to 0600 (issue 26.7):
+    its rows name principals, operations and digests, which other local users must not read, and
+    the data directory's files are tightened the same way at every open (store/file_modes.py).
+    If it cannot be (another user owns it), the device is refused: OSError, and `engram serve`
+    stops. Only regular files: a character device or FIFO given as the sink keeps its mode."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o077:
+        return
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError as exc:
+        raise OSError(exc.errno, f"mode {stat.S_IMODE(st.st_mode):04o} and not ours to make 0600") from None
+    log.warning("audit device %s had mode %04o; now 0600 (whoever could read it may have read its rows)",
+                name, stat.S_IMODE(st.st_mode))
 
 
 class UnixSocketDevice:
@@ -147,19 +173,19 @@ class AuditDevices:
         """Write the rows to every device; STORE_UNAVAILABLE when none accepted them."""
         self._write(b"".join(canonical_json({"kind": "audit", **d}) + b"\n" for d in docs), fail_closed=True)
 
-    def opened(self, head: tuple[int, str]) -> None:
-        """Best effort: the store (re)opened at this audit head. Rows on the device past it never
-        reached the store (a crash between the device write and COMMIT, or a truncation)."""
+    def opened(self, heads: dict[str, tuple[int, str]]) -> None:
+        """Best effort: the store (re)opened at these chain heads. Rows on the device past them
+        never reached the store (a crash between the device write and COMMIT, or a truncation)."""
+        line = {"kind": "open", "heads": {chain: [seq, digest] for chain, (seq, digest) in sorted(heads.items())}}
         try:
-            self._write(canonical_json({"kind": "open", "seq": head[0], "row_digest": head[1]}) + b"\n",
-                        fail_closed=True)
+            self._write(canonical_json(line) + b"\n", fail_closed=True)
         except EngramError:
             log.error("no audit device took the open line")
 
-    def abort(self, seqs: list[int]) -> None:
-        """Best effort: these rows were written but never became durable in the store."""
+    def abort(self, chain: str, seqs: list[int]) -> None:
+        """Best effort: these rows of ``chain`` were written but never became durable in the store."""
         try:
-            self._write(canonical_json({"kind": "abort", "seqs": seqs}) + b"\n", fail_closed=True)
+            self._write(canonical_json({"kind": "abort", "chain": chain, "seqs": seqs}) + b"\n", fail_closed=True)
         except EngramError:
             log.error("audit rows %s aborted but no device took the abort line", seqs)
 
@@ -187,21 +213,61 @@ class AuditDevices:
 
 
 # -- comparing the store with a device file ---------------------------------------------------
-def check_device(rows: list[dict[str, Any]], lines: list[bytes]) -> dict[str, Any]:
-    """Problems between the store's audit rows and a device's lines.
+class _ChainOnDevice:
+    """One chain as the device's lines tell it (see ``check_device``)."""
 
-    The device is read as the chain the core wrote: each row must follow the one before it
-    (``seq`` + 1, ``prev_digest`` = its digest). A row that does not — the store's chain was cut
-    back or rewritten and the core went on from there — is ``device_fork``; only an ``abort``
-    line (a row that never became durable) rewinds the chain legitimately. Then every row of the
-    store must be on the device with the same digest (``device_missing`` / ``device_mismatch``),
-    except rows older than the device's first line (a device added to a running store). Lines
-    past the store's head are rows of calls made after the rows were read (this check's own).
+    def __init__(self) -> None:
+        self.rows: dict[int, tuple[str, str]] = {}  # seq -> (prev_digest, row_digest)
+        self.heads: set[tuple[int, str]] = set()  # where the next row may attach (empty: anywhere)
+        self.first: int | None = None
+
+    def abort(self, seqs: list[int]) -> None:
+        if seqs and seqs[0] in self.rows:
+            before = (seqs[0] - 1, self.rows[seqs[0]][0])
+            for x in seqs:
+                self.rows.pop(x, None)
+            self.heads = {before}
+
+    def opened(self, chain: str, seq: int, digest: str, problems: list[dict[str, Any]]) -> None:
+        if self.first is None:
+            self.first = seq + 1  # rows up to the head at the first open predate the device
+        elif seq > 0 and self.rows.get(seq, ("", ""))[1] != digest:
+            problems.append(_where(chain, seq, "device_fork"))  # the store's head is not ours
+        lost = sorted(x for x in self.rows if x > seq)
+        if lost:
+            problems.append({**_where(chain, lost[0], "device_lost_at_restart"), "count": len(lost)})
+            for x in lost:
+                self.rows.pop(x)
+        self.heads = {(seq, digest if seq > 0 else GENESIS)}
+
+    def row(self, chain: str, seq: int, prev: str, digest: str, problems: list[dict[str, Any]]) -> None:
+        if self.heads and (seq - 1, prev) not in self.heads:
+            problems.append(_where(chain, seq, "device_fork"))
+        self.first = seq if self.first is None else self.first
+        for x in [x for x in self.rows if x >= seq]:
+            self.rows.pop(x)  # a fork (already reported) replaces what followed
+        self.rows[seq] = (prev, digest)
+        self.heads = {(seq, digest)}
+
+
+def _where(chain: str, seq: int | str, problem: str) -> dict[str, Any]:
+    return {"chain": chain, "seq": str(seq), "problem": problem} if chain else {"seq": str(seq), "problem": problem}
+
+
+def check_device(rows: list[dict[str, Any]], lines: list[bytes]) -> dict[str, Any]:
+    """Problems between the store's audit rows and a device's lines, chain by chain.
+
+    The device is read as the chains the core wrote: each row must follow the one before it in
+    its chain (``seq`` + 1, ``prev_digest`` = its digest). A row that does not (the store's chain
+    was cut back or rewritten and the core went on from there) is ``device_fork``; only an
+    ``abort`` line (a row that never became durable) rewinds a chain legitimately. Then every row
+    of the store must be on the device with the same digest (``device_missing`` /
+    ``device_mismatch``), except rows older than the chain's first line on the device (a device
+    added to a running store). Lines past the store's heads are rows of calls made after the rows
+    were read (this check's own).
     """
     problems: list[dict[str, Any]] = []
-    chain: dict[int, tuple[str, str]] = {}  # seq -> (prev_digest, row_digest) along the device's chain
-    heads: set[tuple[int, str]] = set()  # where the next row may attach (empty: anywhere, first line)
-    first: int | None = None
+    chains: dict[str, _ChainOnDevice] = {}
     for n, raw in enumerate(lines, 1):
         if not raw.strip():
             continue
@@ -209,52 +275,39 @@ def check_device(rows: list[dict[str, Any]], lines: list[bytes]) -> dict[str, An
             doc = json.loads(raw)
             kind = doc.pop("kind")
             if kind == "abort":
-                seqs = sorted(int(x) for x in doc["seqs"])
-            elif kind == "open":
-                seq, digest = int(doc["seq"]), str(doc["row_digest"])
-            else:
-                seq, prev, digest = int(doc["seq"]), str(doc["prev_digest"]), str(doc["row_digest"])
+                chains.setdefault(str(doc.get("chain", LEGACY_CHAIN)), _ChainOnDevice()).abort(
+                    sorted(int(x) for x in doc["seqs"]))
+                continue
+            if kind == "open":
+                heads = ({str(c): (int(h[0]), str(h[1])) for c, h in doc["heads"].items()} if "heads" in doc
+                         else {LEGACY_CHAIN: (int(doc["seq"]), str(doc["row_digest"]))})
+                # The open line names every chain the store holds: one it does not name has lost
+                # every row it had on the device.
+                for chain in sorted(set(chains) | set(heads)):
+                    seq, digest = heads.get(chain, (0, GENESIS))
+                    chains.setdefault(chain, _ChainOnDevice()).opened(chain, seq, digest, problems)
+                continue
+            chain = str(doc.get("chain", LEGACY_CHAIN))
+            seq, prev, digest = int(doc["seq"]), str(doc["prev_digest"]), str(doc["row_digest"])
         except (ValueError, KeyError, TypeError, AttributeError):
             problems.append({"seq": f"line {n}", "problem": "device_line_unreadable"})
             continue
-        if kind == "abort":
-            if seqs and seqs[0] in chain:
-                before = (seqs[0] - 1, chain[seqs[0]][0])
-                for x in seqs:
-                    chain.pop(x, None)
-                heads = {before}
-            continue
-        if kind == "open":
-            if first is None:
-                first = seq + 1  # rows up to the head at the first open predate the device
-            elif seq > 0 and chain.get(seq, ("", ""))[1] != digest:
-                problems.append({"seq": str(seq), "problem": "device_fork"})  # the store's head is not ours
-            lost = sorted(x for x in chain if x > seq)
-            if lost:
-                problems.append({"seq": str(lost[0]), "problem": "device_lost_at_restart", "count": len(lost)})
-                for x in lost:
-                    chain.pop(x)
-            heads = {(seq, digest if seq > 0 else GENESIS)}
-            continue
         if audit_digest_of(doc) != digest:
-            problems.append({"seq": str(seq), "problem": "device_line_digest"})
+            problems.append(_where(chain, seq, "device_line_digest"))
             continue
-        if heads and (seq - 1, prev) not in heads:
-            problems.append({"seq": str(seq), "problem": "device_fork"})
-        first = seq if first is None else first
-        for x in [x for x in chain if x >= seq]:
-            chain.pop(x)  # a fork (already reported) replaces what followed
-        chain[seq] = (prev, digest)
-        heads = {(seq, digest)}
+        chains.setdefault(chain, _ChainOnDevice()).row(chain, seq, prev, digest, problems)
     for r in rows:
-        seq = int(r["seq"])
-        if first is None or seq < first:
+        chain, seq = str(r.get("chain", LEGACY_CHAIN)), int(r["seq"])
+        on_device = chains.get(chain)
+        if on_device is None or on_device.first is None or seq < on_device.first:
             continue
-        if seq not in chain:
-            problems.append({"seq": str(seq), "problem": "device_missing"})
-        elif chain[seq][1] != r["row_digest"]:
-            problems.append({"seq": str(seq), "problem": "device_mismatch"})
-    return {"ok": not problems, "rows": len(rows), "lines": len(chain), "first_seq": str(first or 0),
+        if seq not in on_device.rows:
+            problems.append(_where(chain, seq, "device_missing"))
+        elif on_device.rows[seq][1] != r["row_digest"]:
+            problems.append(_where(chain, seq, "device_mismatch"))
+    firsts = {c: str(ch.first or 0) for c, ch in chains.items()}
+    return {"ok": not problems, "rows": len(rows), "lines": sum(len(ch.rows) for ch in chains.values()),
+            "first_seq": firsts.get(LEGACY_CHAIN, min(firsts.values(), default="0")), "chains": len(chains),
             "problems": problems}
 
 

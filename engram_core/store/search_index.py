@@ -1,4 +1,4 @@
-"""The search projections' read side, held in memory (SPEC §11 ``offline_lexical_v3``, ``semantic_v3``).
+"""The search projections' read side, held in memory (SPEC §11 ``offline_lexical_v4``, ``semantic_v4``).
 
 DuckDB holds the durable projection (``postings``, ``field_stats``),
 written in the admission and forget transactions. Scoring it with SQL meant reading
@@ -53,11 +53,22 @@ from typing import Any
 
 import numpy as np
 
+from engram_core.store.changes import (
+    Change,
+    Posting,
+    RecordIndexed,
+    RecordRowChanged,
+    RecordStateChanged,
+    RecordUnindexed,
+    ScopeProjectionsDropped,
+    VectorIndexed,
+)
+from engram_core.store.fields import FIELD_CODE, FIELDS
 from engram_core.store.port import LexicalPage, LexicalStats, RecordRow
 from engram_core.store.projection import split
 
-FIELDS = ("primary", "decision", "evidence", "context", "citations")
-FIELD_CODE = {name: i for i, name in enumerate(FIELDS)}
+__all__ = ["FIELDS", "FIELD_CODE", "IndexBuilder", "Posting", "RecordMeta", "SearchIndex"]
+
 NEVER = np.iinfo(np.int64).max  # no valid_time end / no expiry
 MERGE_AT = 65_536  # buffered postings of a scope before they are merged into its arrays
 CONTRIBUTION_BYTES = 32 << 20  # per scope: cached term contributions (a common term: ~1 MB at 100k)
@@ -76,6 +87,10 @@ class RecordMeta:
     valid_t: int
     valid_t_end: int | None
     expires_at_ms: int | None
+    # Who captured it and when (``session_of``; None: unknown, e.g. restored from an old backup):
+    # neighbours of one session captured close together lend each other (v4).
+    session: str | None = None
+    captured_at_ms: int | None = None
     # The record's row as committed, for searches to read their page from memory (a DuckDB
     # point read of ten rows by id costs ~3 ms at 100k records); None: read it from the database.
     row: RecordRow | None = None
@@ -83,15 +98,16 @@ class RecordMeta:
     @classmethod
     def of(cls, row: RecordRow) -> RecordMeta:
         return cls(row.record_id, row.state == "accepted_current", row.accepted_cursor, row.state_cursor,
-                   row.valid_t, row.valid_t_end, row.expires_at_ms, row=row)
+                   row.valid_t, row.valid_t_end, row.expires_at_ms, session_of(row), row.captured_at_ms, row=row)
 
 
-@dataclass
-class Posting:
-    term: int
-    field: str
-    tf: int
-    field_len: int
+def session_of(row: RecordRow) -> str | None:
+    """The host-bound session a record was captured in, as one key: the session id is the host's,
+    so two principals (or agents) of a scope may use the same one; only all three together name
+    one session."""
+    if row.session is None:
+        return None
+    return f"{row.principal}\x00{row.agent_id}\x00{row.session}"
 
 
 class _Columns:
@@ -109,6 +125,9 @@ class _Columns:
         self.valid_t = np.zeros(cap, dtype=np.int64)
         self.valid_end = np.zeros(cap, dtype=np.int64)
         self.expires = np.zeros(cap, dtype=np.int64)
+        self.session = np.full(cap, -1, dtype=np.int64)  # a code per capture session (-1: unknown)
+        self.captured = np.zeros(cap, dtype=np.int64)  # capture instant (ms)
+        self._session_codes: dict[str, int] = {}
         self.cursor_bound = 0  # at least every document's accepted and state cursor
         # The last eligibility mask computed for a pin at or past ``cursor_bound`` (where the
         # cursors no longer matter), and the instants [from, until) over which no document's
@@ -117,13 +136,13 @@ class _Columns:
         self._mask_from = self._mask_until = 0
         self._order: tuple[Any, ...] | None = None  # neighbourhood of documents (see _neighbourhood)
 
-    _ARRAYS = ("live", "current", "accepted", "changed", "valid_t", "valid_end", "expires")
+    _ARRAYS = ("live", "current", "accepted", "changed", "valid_t", "valid_end", "expires", "session", "captured")
 
     def add(self, meta: RecordMeta) -> int:
         if self.n == len(self.live):
             for name in self._ARRAYS:
                 old = getattr(self, name)
-                grown = np.zeros(len(old) * 2, dtype=old.dtype)
+                grown = np.full(len(old) * 2, -1 if name == "session" else 0, dtype=old.dtype)
                 grown[: self.n] = old[: self.n]
                 setattr(self, name, grown)
         doc = self.n
@@ -157,6 +176,10 @@ class _Columns:
         self.valid_t = column((r.valid_t for r in rows), np.int64)
         self.valid_end = column((NEVER if r.valid_t_end is None else r.valid_t_end for r in rows), np.int64)
         self.expires = column((NEVER if r.expires_at_ms is None else r.expires_at_ms for r in rows), np.int64)
+        self._session_codes = {}
+        self.session = column((self._session_code(session_of(r)) for r in rows), np.int64)
+        self.session[n:] = -1
+        self.captured = column((r.captured_at_ms or 0 for r in rows), np.int64)
         self.cursor_bound = max(int(self.accepted[:n].max()), int(self.changed[:n].max())) if n else 0
         self._mask = None
 
@@ -169,6 +192,13 @@ class _Columns:
         self.valid_t[doc] = meta.valid_t
         self.valid_end[doc] = NEVER if meta.valid_t_end is None else meta.valid_t_end
         self.expires[doc] = NEVER if meta.expires_at_ms is None else meta.expires_at_ms
+        self.session[doc] = self._session_code(meta.session)
+        self.captured[doc] = meta.captured_at_ms or 0
+
+    def _session_code(self, session: str | None) -> int:
+        if session is None:
+            return -1
+        return self._session_codes.setdefault(session, len(self._session_codes))
 
     def set_state(self, doc: int, current: bool, state_cursor: int) -> None:
         self._mask = None
@@ -182,20 +212,21 @@ class _Columns:
         self.live[doc] = False
         self.rows[doc] = None
 
-    def lend(self, scores: np.ndarray, eligible: np.ndarray, span: int, weight: float, within_ms: int) -> np.ndarray:
+    def lend(self, scores: np.ndarray, eligible: np.ndarray, span: int, weight: float, within_ms: int,
+             session_ms: int = 0) -> np.ndarray:
         """``scores`` plus, for each document, ``weight`` times the best score among its eligible
-        neighbours: the ``span`` live documents indexed just before and after it whose valid time
-        is within ``within_ms`` of its own (the turns of one conversation, captured one by one
-        with the session's date). Neighbours are counted over live documents only, so a forgotten
-        record in between changes nothing, as after a reload (which does not see it). Only
-        eligible documents lend: what the search may not return does not count.
+        neighbours: the ``span`` live documents indexed just before and after it that are linked to
+        it (``_neighbourhood``: the same valid time, or one capture session close together in
+        time). Neighbours are counted over live documents only, so a forgotten record in between
+        changes nothing, as after a reload (which does not see it). Only eligible documents lend:
+        what the search may not return does not count.
 
-        The work is proportional to what can lend: nothing when no two neighbours share a
-        time (notes captured at their own instants), the matches' neighbours when few documents
+        The work is proportional to what can lend: nothing when no two neighbours are linked
+        (notes captured and dated days apart), the matches' neighbours when few documents
         match, the linked pairs when few are linked, else shifted passes over the scope."""
         if span <= 0 or weight == 0:
             return scores
-        live, position, close, pairs = self._neighbourhood(span, within_ms)
+        live, position, close, pairs = self._neighbourhood(span, within_ms, session_ms)
         linked = sum(len(a) for a, _ in pairs)
         if linked == 0:
             return scores
@@ -237,20 +268,36 @@ class _Columns:
                 lent[live] = run
         return scores + weight * lent
 
-    def _neighbourhood(self, span: int, within_ms: int
+    def _neighbourhood(self, span: int, within_ms: int, session_ms: int = 0
                        ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], list[tuple[np.ndarray, np.ndarray]]]:
         """(live documents in order, each document's place among them (-1: not live), per step
-        1..span whether the live documents ``step`` places apart are within ``within_ms`` of each
-        other's valid time, and those pairs as documents), kept until a document is added,
-        removed or changed."""
-        if self._order is None or self._order[0] != (span, within_ms):
+        1..span whether the live documents ``step`` places apart are linked, and those pairs as
+        documents), kept until a document is added, removed or changed.
+
+        Two documents are linked when their valid times are within ``within_ms`` of each other
+        (v3: a session's turns captured after the fact with the session's date), or, with
+        ``session_ms`` > 0 (v4), when they were captured in the same known session, their
+        capture instants and their valid times each within ``session_ms`` of the other's: an
+        agent capturing a conversation as it goes, each turn dated with its own instant. Both
+        times, because either alone links what does not belong together: notes of one session
+        captured in one burst but dated days apart (a backfill) are not one conversation, nor are
+        records dated minutes apart but captured hours apart (a shared valid time links them by
+        the first rule anyway)."""
+        if self._order is None or self._order[0] != (span, within_ms, session_ms):
             live = np.flatnonzero(self.live[: self.n])
             position = np.full(self.n, -1, dtype=np.int64)
             position[live] = np.arange(len(live))
             vt = self.valid_t[live]
             close = [np.abs(vt[step:] - vt[:-step]) <= within_ms for step in range(1, span + 1)]
+            if session_ms > 0:
+                session, captured = self.session[live], self.captured[live]
+                for step in range(1, span + 1):
+                    same = ((session[step:] == session[:-step]) & (session[step:] >= 0)
+                            & (np.abs(captured[step:] - captured[:-step]) <= session_ms)
+                            & (np.abs(vt[step:] - vt[:-step]) <= session_ms))
+                    close[step - 1] |= same
             pairs = [(live[np.flatnonzero(c)], live[np.flatnonzero(c) + step]) for step, c in enumerate(close, 1)]
-            self._order = ((span, within_ms), live, position, close, pairs)
+            self._order = ((span, within_ms, session_ms), live, position, close, pairs)
         _, live, position, close, pairs = self._order
         return live, position, close, pairs
 
@@ -370,7 +417,7 @@ class _Scope:
     def df(self, term: int) -> int:
         return self.base.df_of(term) + self.df_delta.get(term, 0)
 
-    def add(self, meta: RecordMeta, postings: list[Posting]) -> None:
+    def add(self, meta: RecordMeta, postings: Sequence[Posting]) -> None:
         if meta.record_id in self.local:
             self.remove(meta.record_id)
         self.forget_contributions()
@@ -546,8 +593,9 @@ class _Loading:
 
 
 # RecordRow fields whose values repeat across records (scope, state, trust class, principal,
-# agent, derivative rule): the builder shares one string object per value.
-_INTERNED = (1, 2, 6, 7, 8, 9, 13)
+# agent, derivative rule, session): the builder shares one string object per value.
+_INTERNED = (1, 2, 6, 7, 8, 9, 13, 20)
+_ROW_WIDTH = len(fields(RecordRow))
 
 
 class IndexBuilder:
@@ -571,7 +619,7 @@ class IndexBuilder:
 
     def add_values(self, values: Sequence[Any]) -> None:
         """A row as fetched (``record_sql.RECORD_COLS``' order): one ``RecordRow`` made from it."""
-        r = list(values[:20])
+        r = list(values[:_ROW_WIDTH])
         for i in _INTERNED:
             r[i] = self._intern(r[i])
         if r[18] is not None:
@@ -638,39 +686,45 @@ class SearchIndex:
         """The models whose vectors some scope holds (start-up: vectors of an older model)."""
         return {model for scope in self._scopes.values() for model in scope.vectors}
 
-    # -- changes (applied by the writer after commit) -----------------------------
-    def apply(self, ops: Iterable[tuple[Any, ...]]) -> None:
-        for op in ops:
-            kind = op[0]
-            if kind == "index":
-                _, tenant, workspace, meta, postings = op
-                self._scopes.setdefault((tenant, workspace), _Scope()).add(meta, postings)
-                self._scope_of[meta.record_id] = (tenant, workspace)
-            elif kind == "unindex":
-                scope = self._scopes.get((op[1], op[2]))
-                if scope is not None:
-                    scope.remove(op[3])
-                self._scope_of.pop(op[3], None)
-            elif kind == "state":
-                _, record_id, current, state_cursor = op
-                key = self._scope_of.get(record_id)
+    # -- changes (applied by the store kernel after each commit) -------------------
+    def apply(self, changes: Iterable[Change]) -> None:
+        """Follow committed changes (``store/changes.py``), in the order they were made."""
+        for change in changes:
+            if isinstance(change, RecordIndexed):
+                key = (change.row.tenant, change.row.workspace)
+                self._scopes.setdefault(key, _Scope()).add(RecordMeta.of(change.row), change.postings)
+                self._scope_of[change.row.record_id] = key
+            elif isinstance(change, RecordStateChanged):
+                key = self._scope_of.get(change.record_id)
                 if key is not None:
-                    self._scopes[key].set_state(record_id, current, state_cursor)
-            elif kind == "evict":
-                key = self._scope_of.get(op[1])
+                    self._scopes[key].set_state(change.record_id, change.current, change.state_cursor)
+                    if change.body_dropped:
+                        self._scopes[key].evict_row(change.record_id)
+            elif isinstance(change, RecordRowChanged):
+                key = self._scope_of.get(change.record_id)
                 if key is not None:
-                    self._scopes[key].evict_row(op[1])
-            elif kind == "vector":
-                _, tenant, workspace, record_id, model, vector = op
-                scope = self._scopes.get((tenant, workspace))
+                    self._scopes[key].evict_row(change.record_id)
+            elif isinstance(change, RecordUnindexed):
+                scope = self._scopes.get((change.tenant, change.workspace))
                 if scope is not None:
-                    scope.put_vector(record_id, model, vector)
-            elif kind == "drop_scope":
-                dropped = self._scopes.pop((op[1], op[2]), None)
+                    scope.remove(change.record_id)
+                self._scope_of.pop(change.record_id, None)
+            elif isinstance(change, VectorIndexed):
+                scope = self._scopes.get((change.tenant, change.workspace))
+                if scope is not None:
+                    scope.put_vector(change.record_id, change.model, change.vector)
+            elif isinstance(change, ScopeProjectionsDropped):
+                dropped = self._scopes.pop((change.tenant, change.workspace), None)
                 for record_id in dropped.local if dropped else ():
                     self._scope_of.pop(record_id, None)
             else:
-                raise ValueError(f"unknown lexical change {kind!r}")
+                raise ValueError(f"unknown committed change {change!r}")
+
+    def state_cursor_of(self, tenant: str, workspace: str, record_id: str) -> int | None:
+        """The state cursor the index holds for a record (None: not indexed)."""
+        scope = self._scopes.get((tenant, workspace))
+        doc = scope.local.get(record_id) if scope is not None else None
+        return int(scope.columns.changed[doc]) if scope is not None and doc is not None else None
 
     def postings_of(self, tenant: str, workspace: str, record_id: str) -> int:
         """How many postings the index holds for one record (0 when it holds none)."""
@@ -709,7 +763,7 @@ class SearchIndex:
         self, tenant: str, workspace: str, stats: LexicalStats, weights: dict[str, float], *, k1: float, b: float,
         now_ms: int, half_life_ms: int, lexical_weight: float, max_accepted_cursor: int,
         best_bm25: float | None, after: tuple[float, int, str] | None, limit: int,
-        window: tuple[int, int] | None = None, neighbours: tuple[int, float, int] | None = None,
+        window: tuple[int, int] | None = None, neighbours: tuple[int, float, int, int] | None = None,
     ) -> LexicalPage:
         """BM25F-style ranking (SPEC §11) of records eligible at ``now_ms``, with pinned statistics.
 
@@ -720,9 +774,9 @@ class SearchIndex:
         report it (first page); later pages pass the pinned value. Records accepted, or
         changed state, after ``max_accepted_cursor`` are not candidates. ``window`` (a valid-time
         window the query named) replaces recency by closeness to it (``timeq.proximity``).
-        ``neighbours`` (span, weight, within_ms): each eligible record's BM25 gains ``weight``
-        times its best eligible neighbour's (``_Columns.lend``), so the neighbours of matches are
-        candidates too.
+        ``neighbours`` (span, weight, within_ms, session_ms): each eligible record's BM25 gains
+        ``weight`` times its best eligible neighbour's (``_Columns.lend``), so the neighbours of
+        matches are candidates too.
         """
         scope = self._scopes.get((tenant, workspace))
         idf = [(t, math.log(1 + (stats.docs - n + 0.5) / (n + 0.5))) for t, n in sorted(stats.df.items()) if n > 0]
@@ -778,10 +832,10 @@ class SearchIndex:
 
     def nearest(self, tenant: str, workspace: str, model: str, vector: list[float], *, now_ms: int,
                 max_accepted_cursor: int, min_similarity: float, limit: int,
-                neighbours: tuple[int, float, int] | None = None) -> list[tuple[str, float, int]]:
+                neighbours: tuple[int, float, int, int] | None = None) -> list[tuple[str, float, int]]:
         """Eligible records by cosine similarity (vectors are unit length), at least
         ``min_similarity``, best first, ties by record_id: (record_id, similarity, valid_t).
-        ``neighbours`` (span, weight, within_ms): records are ordered and thresholded by their
+        ``neighbours`` (span, weight, within_ms, session_ms): records are ordered and thresholded by their
         similarity (at least 0) plus ``weight`` times their best eligible neighbour's
         (``_Columns.lend``); rows still carry their own similarity."""
         scope = self._scopes.get((tenant, workspace))

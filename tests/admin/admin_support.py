@@ -15,11 +15,11 @@ from typing import Any
 import grpc
 
 from engram_core.api import admin_pb2, admin_pb2_grpc, memory_pb2, memory_pb2_grpc
+from engram_core.app.composition import RunningCore, start_core
 from engram_core.clock import FixedClock
-from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
+from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
 from engram_core.hostkeys import load_private_key_file
 from engram_core.rpc.convert import message_to_value, value_to_message
-from engram_core.rpc.server import RunningCore, start_core
 from engram_core.rpc.status import code_from_rpc_error
 
 TENANT, WORKSPACE, PURPOSE = "acme", "main", "purpose:eng"
@@ -38,6 +38,24 @@ def capture_args(text: str, now_ms: int, *, key: str | None = None, expires_at: 
         payload["retention"] = {"expires_at": expires_at}
     return {"idempotency_key": key or ("key-" + secrets.token_hex(8)), "payload": payload,
             "evidence": {"evidence_ref": "ev:1", "evidence_digest": "sha256:" + "b" * 64, "citation_ids": ["cit1"]}}
+
+
+_TOOL_OF_RPC = {"Search": "engram_memory_search", "Get": "engram_memory_get", "Capture": "engram_memory_capture",
+                "RequestAdmission": "engram_memory_request_admission", "Withdraw": "engram_memory_withdraw",
+                "Forget": "engram_memory_forget"}
+
+
+class AgentMd:
+    """The metadata of an agent's call, its context signed for the call it is sent with."""
+
+    def __init__(self, env: Any, tenant: str, workspace: str, epoch: int) -> None:
+        self.env, self.tenant, self.workspace, self.epoch = env, tenant, workspace, epoch
+
+    def for_call(self, call: str) -> list[tuple[str, bytes]]:
+        ctx = make_context(self.env.key, call=call, tenant=self.tenant, workspace=self.workspace, principal="user:ana",
+                           agent_id="a", session="s", purpose_ref=PURPOSE, now_ms=self.env.clock.now_ms(),
+                           authorization_epoch=self.epoch)
+        return [(CONTEXT_METADATA_KEY, ctx)]
 
 
 class Env:
@@ -62,18 +80,19 @@ class Env:
 
     # -- contexts ----------------------------------------------------------------------
     def host_md(self, scopes: tuple[str, ...] = ("read", "maintain"), key=None) -> list[tuple[str, bytes]]:
-        ctx = make_context(key or self.key, tenant="_host", workspace="_admin", principal="host:operator",
+        ctx = make_context(key or self.key, call=ADMIN_CALL, tenant="_host", workspace="_admin", principal="host:operator",
                            agent_id="ops", session="s", now_ms=self.clock.now_ms(), host_principal=True,
                            maintenance_scopes=scopes, memory_enabled=False)
         return [(CONTEXT_METADATA_KEY, ctx)]
 
-    def agent_md(self, *, tenant: str = TENANT, workspace: str = WORKSPACE, epoch: int = 0) -> list[tuple[str, bytes]]:
-        ctx = make_context(self.key, tenant=tenant, workspace=workspace, principal="user:ana", agent_id="a",
-                           session="s", purpose_ref=PURPOSE, now_ms=self.clock.now_ms(), authorization_epoch=epoch)
-        return [(CONTEXT_METADATA_KEY, ctx)]
+    def agent_md(self, *, tenant: str = TENANT, workspace: str = WORKSPACE, epoch: int = 0) -> AgentMd:
+        """An agent's context, signed when the call it is for is known (``for_call``)."""
+        return AgentMd(self, tenant, workspace, epoch)
 
     # -- admin -----------------------------------------------------------------------------
     def admin(self, rpc: str, request, *, scopes: tuple[str, ...] = ("read", "maintain"), md=None) -> dict[str, Any]:
+        if isinstance(md, AgentMd):
+            md = md.for_call(ADMIN_CALL)
         result = getattr(self.admin_stub, rpc)(request, metadata=md or self.host_md(scopes), timeout=30)
         return json.loads(result.json)
 
@@ -91,7 +110,8 @@ class Env:
 
     # -- agent ---------------------------------------------------------------------------
     def _mem(self, rpc: str, args: dict[str, Any], req_cls, md=None) -> dict[str, Any]:
-        resp = getattr(self.memory_stub, rpc)(value_to_message(args, req_cls()), metadata=md or self.agent_md(), timeout=30)
+        md = (md or self.agent_md()).for_call(_TOOL_OF_RPC[rpc])
+        resp = getattr(self.memory_stub, rpc)(value_to_message(args, req_cls()), metadata=md, timeout=30)
         return message_to_value(resp)
 
     def capture(self, text: str, **kw: Any) -> str:

@@ -12,6 +12,7 @@ import pytest
 from admin_support import TENANT, WORKSPACE, code_of, new_event_id, start_env
 
 from engram_core.api import admin_pb2
+from engram_core.store.chain import scope_chain
 
 SECRET_TEXT = "the forgotten decision about caching tiers"
 
@@ -115,11 +116,12 @@ def test_verify_detects_a_tampered_audit_row(tmp_path, clock):
     env = start_env(tmp_path / "core", clock)
     env.record("audit chain")
     env.stop()
-    _tamper(tmp_path / "core", "UPDATE audit SET outcome = 'ok-forged' WHERE seq = 2")
+    chain = scope_chain("acme", "main")
+    _tamper(tmp_path / "core", f"UPDATE audit SET outcome = 'ok-forged' WHERE chain = '{chain}' AND seq = 2")
     env = start_env(tmp_path / "core", clock, activate=False)
     try:
         report = env.admin("Verify", env.scope_req(report_only=True))
-        assert report["audit"]["problems"] == [{"seq": 2, "problem": "row_digest"}]
+        assert report["audit"]["problems"] == [{"chain": chain, "seq": 2, "problem": "row_digest"}]
         with pytest.raises(grpc.RpcError) as err:
             env.admin("Verify", env.scope_req(tenant="", workspace=""))
         assert code_of(err.value) == "JOURNAL_CORRUPT"

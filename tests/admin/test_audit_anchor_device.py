@@ -22,13 +22,14 @@ from admin_support import TENANT, WORKSPACE, Env, code_of
 from engram_core.api import admin_pb2
 from engram_core.clock import SystemClock
 from engram_core.hostkeys import create_private_key_file
+from engram_core.shared_secrets import META_PREFIX, fingerprint
 from engram_core.signing import ANCHOR_DOMAIN, CoreSigner
 from engram_core.store.audit_device import check_device_file
-from engram_core.store.chain import GENESIS, audit_digest_of
+from engram_core.store.chain import GENESIS, audit_digest_of, scope_chain
 
 ENGRAM = str(Path(sys.executable).with_name("engram"))
-AUDIT_COLUMNS = ("seq", "at_ms", "audit_id", "tenant", "workspace", "principal", "agent_id", "operation", "outcome",
-                 "target_digest", "decisions", "prev_digest", "row_digest")
+AUDIT_COLUMNS = ("chain", "seq", "at_ms", "audit_id", "tenant", "workspace", "principal", "agent_id", "operation",
+                 "outcome", "target_digest", "decisions", "prev_digest", "row_digest", "context_nonce")
 
 
 def admin(env: Env, *argv: str, json_out: bool = True) -> subprocess.CompletedProcess:
@@ -44,23 +45,30 @@ def _start(data_dir: Path, devices: list[str] | None = None, *, activate: bool =
 
 
 def rewrite_audit(db: Path, *, drop_from_operation: str | None = None, rename: tuple[str, str] | None = None) -> None:
-    """Delete rows from the first row of ``drop_from_operation`` on, rename a principal, re-chain."""
+    """Delete rows from the first row of ``drop_from_operation`` on (in its chain and every later row
+    of the others), rename a principal, re-chain every chain: what an attacker with the file does."""
     con = duckdb.connect(str(db))
     try:
         if drop_from_operation:
-            first = con.execute("SELECT min(seq) FROM audit WHERE operation = ?", [drop_from_operation]).fetchone()[0]
+            first = con.execute("SELECT min(at_ms) FROM audit WHERE operation = ?", [drop_from_operation]).fetchone()[0]
             assert first is not None
-            con.execute("DELETE FROM audit WHERE seq >= ?", [first])
+            con.execute("DELETE FROM audit WHERE at_ms >= ?", [first])
         if rename:
             con.execute("UPDATE audit SET principal = ? WHERE principal = ?", [rename[1], rename[0]])
-        prev = GENESIS
-        for row in con.execute(f"SELECT {', '.join(AUDIT_COLUMNS)} FROM audit ORDER BY seq").fetchall():
+        prev: dict[str, str] = {}
+        for row in con.execute(f"SELECT {', '.join(AUDIT_COLUMNS)} FROM audit ORDER BY chain, seq").fetchall():
             doc = dict(zip(AUDIT_COLUMNS, row, strict=True))
-            doc["seq"], doc["decisions"], doc["prev_digest"] = int(doc["seq"]), json.loads(doc["decisions"]), prev
+            chain = doc["chain"]
+            if not chain:
+                del doc["chain"]
+            if not doc["context_nonce"]:  # as the store documents a row that claimed no nonce
+                del doc["context_nonce"]
+            doc["seq"], doc["decisions"] = int(doc["seq"]), json.loads(doc["decisions"])
+            doc["prev_digest"] = prev.get(chain, GENESIS)
             doc["row_digest"] = audit_digest_of(doc)
-            con.execute("UPDATE audit SET prev_digest = ?, row_digest = ? WHERE seq = ?",
-                        [prev, doc["row_digest"], doc["seq"]])
-            prev = doc["row_digest"]
+            con.execute("UPDATE audit SET prev_digest = ?, row_digest = ? WHERE chain = ? AND seq = ?",
+                        [doc["prev_digest"], doc["row_digest"], chain, doc["seq"]])
+            prev[chain] = doc["row_digest"]
     finally:
         con.close()
 
@@ -101,6 +109,7 @@ def test_rewritten_audit_log_fails_verify_against_anchor(tmp_path):
         ok = admin(env, "verify", "--anchor", str(keys / "anchor.json"), "--anchor-key", str(keys / "anchor.pub"),
                    json_out=False)
         assert ok.returncode == 0 and "all chains intact" in ok.stdout, ok.stdout + ok.stderr
+        assert "note: rows after the anchor's heads" in ok.stdout and "add --device FILE" in ok.stdout
     finally:
         env.stop()
 
@@ -109,17 +118,23 @@ def test_rewritten_audit_log_fails_verify_against_anchor(tmp_path):
     try:
         plain = admin(env, "verify", json_out=False)
         assert plain.returncode == 0 and "all chains intact" in plain.stdout  # the rewrite recomputes
+        # ... which plain verify says it cannot see, and what would (issue 26, "Also").
+        assert "note: the chains were checked against themselves only" in plain.stdout
+        assert "cut back" in plain.stdout and "--anchor FILE" in plain.stdout and "--device FILE" in plain.stdout
+        assert json.loads(admin(env, "verify").stdout)["limits"] != []
         anchored = ["--anchor", str(keys / "anchor.json"), "--anchor-key", str(keys / "anchor.pub")]
         res = admin(env, "verify", *anchored)
         assert res.returncode == 1 and json.loads(res.stdout)["code"] == "JOURNAL_CORRUPT"
         report = json.loads(admin(env, "verify", "--report", *anchored).stdout)
         assert report["ok"] is False
-        # Truncated; once later calls (this verify's own audit rows) refill the anchored seq, rewritten.
-        [problem] = report["anchor"]["problems"]
-        assert problem["chain"] == "audit" and problem["problem"] in ("anchor_truncated", "anchor_rewritten")
+        # Each audit chain the rewrite touched: truncated, or rewritten once later calls (this
+        # verify's own audit rows) refill the anchored seq.
+        problems = report["anchor"]["problems"]
+        assert problems and all(p["chain"].startswith("audit:") for p in problems)
+        assert {p["problem"] for p in problems} <= {"anchor_truncated", "anchor_rewritten"}
         human = admin(env, "verify", "--report", *anchored, json_out=False)
         assert human.returncode == 1 and human.stdout.startswith("JOURNAL_CORRUPT")
-        assert "anchor: anchor_" in human.stdout and "(audit at" in human.stdout
+        assert "anchor: anchor_" in human.stdout and "(audit:scope:" in human.stdout
         # Over gRPC the verification itself fails closed with JOURNAL_CORRUPT.
         with pytest.raises(grpc.RpcError) as err:
             env.admin("Verify", admin_pb2.ScopeRequest(anchor_json=(keys / "anchor.json").read_text(),
@@ -141,8 +156,15 @@ def test_rewrite_without_truncation_and_cut_journal_are_detected(tmp_path):
     rewrite_audit(data / "engram.duckdb", rename=("host:operator", "host:someone"))  # every row kept, renamed
     cut_journal(data / "engram.duckdb", TENANT, WORKSPACE)  # the tombstone event gone
     # The attacker also replaces the core's anchor key: the operator's copy of the public key still decides.
+    # With the file, they also rewrite the key file's fingerprint the store holds (shared_secrets.py).
     (data / "anchor.key").unlink()
     create_private_key_file(data / "anchor.key")
+    con = duckdb.connect(str(data / "engram.duckdb"))
+    try:
+        con.execute("UPDATE store_meta SET v = ? WHERE k = ?", [
+            fingerprint("anchor.key", (data / "anchor.key").read_bytes()), META_PREFIX + "anchor.key"])
+    finally:
+        con.close()
     env = _start(data)
     try:
         report = env.admin("Verify", admin_pb2.ScopeRequest(report_only=True))
@@ -150,7 +172,7 @@ def test_rewrite_without_truncation_and_cut_journal_are_detected(tmp_path):
         report = env.admin("Verify", admin_pb2.ScopeRequest(report_only=True, anchor_json=json.dumps(anchor),
                                                             anchor_key_pem=[anchor_pub]))
         problems = {(p.get("chain"), p["problem"]) for p in report["anchor"]["problems"]}
-        assert ("audit", "anchor_rewritten") in problems
+        assert (f"audit:{scope_chain(TENANT, WORKSPACE)}", "anchor_rewritten") in problems
         assert (f"{TENANT}/{WORKSPACE}", "anchor_truncated") in problems
         assert report["anchor"]["key_id"] is not None  # the genuine anchor still verifies under the operator's key
         # An anchor forged with the replacement key does not verify under the operator's key.
@@ -174,12 +196,13 @@ def test_every_acknowledged_call_is_on_the_device_and_a_rewrite_shows(tmp_path):
             env.get("mem_" + "a" * 52)  # a refusal is audited too
         rows = env.admin("Export", admin_pb2.ExportRequest(what="audit"), scopes=("read",))["items"]
         lines = [json.loads(line) for line in device.read_text().splitlines()]
-        assert lines[0] == {"kind": "open", "seq": 0, "row_digest": GENESIS}  # the store opened empty
+        assert lines[0] == {"kind": "open", "heads": {}}  # the store opened empty
         on_device = [d for d in lines if d["kind"] == "audit"]
-        # Every row the store holds was on the device, with its chain position and digest, in order
-        # (the Export itself is audited after its answer was built: it is the device's last line).
-        assert [(str(d["seq"]), d["row_digest"]) for d in on_device[:len(rows)]] == \
-               [(r["seq"], r["row_digest"]) for r in rows]
+        # Every row the store holds was on the device, with its chain, position and digest (the
+        # Export itself is audited after its answer was built: it is on the device only).
+        assert {(d["chain"], str(d["seq"]), d["row_digest"]) for d in on_device} >= \
+               {(r["chain"], r["seq"], r["row_digest"]) for r in rows}
+        assert len(on_device) == len(rows) + 1
         assert {d["operation"] for d in on_device} >= {"admin.activate", "engram_memory_capture", "engram_memory_search",
                                                   "engram_memory_get", "admin.tombstone"}
         assert oct(device.stat().st_mode & 0o777) == "0o600"
@@ -212,7 +235,7 @@ def test_calls_fail_closed_when_no_device_accepts(tmp_path):
             env.admin("KeyStatus", admin_pb2.ScopeRequest(), scopes=("read",))  # a read: spooled row
         assert code_of(err.value) == "STORE_UNAVAILABLE"
         with env.core.store.read() as tx:
-            assert tx.scope(TENANT, WORKSPACE) is None and tx.audit_chain_head() == (0, "")
+            assert tx.scope(TENANT, WORKSPACE) is None and tx.audit_heads() == {}
     finally:
         env.stop()
     # One device failing of two: the other one takes the rows and calls go through.
@@ -221,6 +244,72 @@ def test_calls_fail_closed_when_no_device_accepts(tmp_path):
     try:
         env.record("recorded while one device is down")
         assert check_device_file(good, [])["lines"] >= 3  # activate, capture, admission
+    finally:
+        env.stop()
+
+
+def _doctor(env: Env, tmp_path: Path) -> str:
+    config = tmp_path / "host.toml"
+    config.write_text(f'''[core]
+address = "{env.running.address}"
+
+[host]
+signing_key = "{env.running.host_key_path}"
+memory_enabled = true
+
+[binding]
+tenant = "{TENANT}"
+workspace = "{WORKSPACE}"
+principal = "user:ana"
+agent_id = "a"
+session = "s"
+purpose_ref = "purpose:eng"
+''')
+    res = subprocess.run([ENGRAM, "doctor", "--host-config", str(config)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout
+
+
+def test_doctor_warns_when_nothing_outside_the_data_directory_keeps_the_audit_log(tmp_path):
+    """Issue 26 "Also": the doctor asks the core (HostService.Health) for its audit devices and
+    last anchor, and warns when there is neither."""
+    env = _start(tmp_path / "core", activate=True)
+    try:
+        out = _doctor(env, tmp_path)
+        assert "warn  neither an audit device nor a signed anchor" in out and "--audit-device" in out
+        assert admin(env, "anchor", "--out", str(tmp_path / "anchor.json")).returncode == 0
+        out = _doctor(env, tmp_path)
+        assert "ok    last signed anchor " in out and "neither" not in out
+    finally:
+        env.stop()
+    env = _start(tmp_path / "core", [f"file:{tmp_path / 'audit.log'}"])
+    try:
+        assert "ok    audit rows go to 1 audit device(s)" in _doctor(env, tmp_path)
+    finally:
+        env.stop()
+
+
+def test_a_device_file_that_exists_with_a_wider_mode_is_tightened(tmp_path, caplog):
+    """Issue 26.7: a device file made beforehand (by an operator, a log rotation, an older
+    version) kept its 0644 and any local user read the audit rows on it. Opening it now makes it
+    0600, with a warning naming the mode it had; new rows go on being appended."""
+    device = tmp_path / "audit.log"
+    device.write_text("")
+    device.chmod(0o644)
+    with caplog.at_level("WARNING", logger="engram.audit_device"):
+        env = _start(tmp_path / "core", [f"file:{device}"], activate=True)
+    try:
+        assert oct(device.stat().st_mode & 0o777) == "0o600"
+        assert any("had mode 0644; now 0600" in r.getMessage() for r in caplog.records)
+        env.record("a row on the tightened device")
+        assert check_device_file(device, [])["lines"] >= 3  # activate, capture, admission
+    finally:
+        env.stop()
+    device.chmod(0o640)  # loosened again while the core was stopped: tightened at the next open
+    env = _start(tmp_path / "core", [f"file:{device}"])
+    try:
+        assert oct(device.stat().st_mode & 0o777) == "0o600"
+        assert env.search("tightened")["records"]  # served (after the index is built) and audited
     finally:
         env.stop()
 
@@ -353,8 +442,9 @@ def test_engram_serve_audit_device_across_restarts(tmp_path):
     try:
         res = _cli(address, data, "--json", "verify", "--device", str(device))
         assert res.returncode == 1, res.stdout
-        [lost] = [p for p in json.loads(res.stdout)["device"]["problems"] if p["problem"] == "device_lost_at_restart"]
-        assert lost["seq"] == "1" and lost["count"] >= 4  # every row cut, named at the reopen
+        lost = [p for p in json.loads(res.stdout)["device"]["problems"] if p["problem"] == "device_lost_at_restart"]
+        # Every row cut, named at the reopen: each chain's from its first row.
+        assert lost and {p["seq"] for p in lost} == {"1"} and sum(p["count"] for p in lost) >= 4
     finally:
         proc.terminate()
         proc.wait(timeout=60)

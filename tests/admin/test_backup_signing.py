@@ -86,7 +86,8 @@ def _forge(data: bytes, extra: list[dict], *, resign: CoreSigner | None = None, 
 
 
 def _as_host(env, key) -> list[tuple[str, bytes]]:
-    ctx = make_context(key, tenant="_host", workspace="_admin", principal="host:intruder", agent_id="x", session="s",
+    ctx = make_context(key, call="admin", tenant="_host", workspace="_admin", principal="host:intruder", agent_id="x",
+                       session="s",
                        now_ms=env.clock.now_ms(), host_principal=True, maintenance_scopes=("read", "maintain"),
                        memory_enabled=False)
     return [(CONTEXT_METADATA_KEY, ctx)]
@@ -168,13 +169,28 @@ def test_valid_backup_restores_without_its_host_keys_unless_asked(tmp_path, sour
 
 def test_trusted_host_keys_restored_on_request(tmp_path, source, target):
     source.record("a record")
+    globex = create_private_key_file(tmp_path / "globex.key")
+    source.admin("TrustHostKey", admin_pb2.HostKeyRequest(public_key_pem=public_pem(globex.public_key()),
+                                                          tenants=["globex"], maintenance_scopes=["read"]))
     pub = _export_keys(source, tmp_path / "keys")
     _backup(source, tmp_path / "b.jsonl")
     res = admin(target, "restore", "--in", str(tmp_path / "b.jsonl"), "--key-dir", str(source.data_dir),
                 "--trust-backup-key", str(pub), "--restore-trusted-host-keys")
     assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout)["trusted_host_keys_restored"] >= 1
-    # The source's host key now signs for the target.
+    assert json.loads(res.stdout)["trusted_host_keys_restored"] >= 2
+    # A bound key comes back serving what it served: globex's reads globex, not the whole store.
+    globex_scope = admin_pb2.HistoryRequest(tenant="globex", workspace=WORKSPACE)
+    assert target.admin("History", globex_scope, md=_as_host(target, globex))["records"] == []
+    with pytest.raises(grpc.RpcError) as err:
+        target.admin("KeyStatus", admin_pb2.ScopeRequest(), md=_as_host(target, globex))
+    assert code_of(err.value) == "UNAUTHORIZED"
+    # The source's own host key served every tenant there as the operator's key, not by a binding:
+    # it is trusted again but serves nothing until the target's operator binds it (issue 26.3).
+    with pytest.raises(grpc.RpcError) as err:
+        target.admin("KeyStatus", admin_pb2.ScopeRequest(), md=_as_host(target, source.key))
+    assert code_of(err.value) == "UNAUTHORIZED"
+    target.admin("TrustHostKey", admin_pb2.HostKeyRequest(public_key_pem=public_pem(source.key.public_key()),
+                                                          all_tenants=True, maintenance_scopes=["read"]))
     assert "vault" in target.admin("KeyStatus", admin_pb2.ScopeRequest(), md=_as_host(target, source.key))
 
 

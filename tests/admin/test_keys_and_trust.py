@@ -27,10 +27,15 @@ def test_rotation_rewraps_every_data_key_and_touches_no_body(env):
     out = env.admin("RotateKeys", admin_pb2.ScopeRequest())
     assert out["rewrapped"] == out["live_data_keys"] == 4 and out["bodies_rewritten"] == 0
     assert out["active_kek"] == kek_before["active"] + 1
-    assert out["retired_keks"] == [kek_before["active"]]
+    # The generation before stays in the ring, unwrapping only, for --key-retention (copies of the
+    # key files made under it still restore); retire-keys --now retires it at once.
+    assert out["retired_keks"] == []
     kek_after = json.loads((env.data_dir / "store.kek").read_text())
-    assert list(kek_after["keks"]) == [str(out["active_kek"])]
+    assert sorted(kek_after["generations"]) == sorted([str(kek_before["active"]), str(out["active_kek"])])
     assert _bodies(env) == before
+    assert {rid: env.get(rid)["record"] for rid in ids} == answers
+    assert env.admin("RetireKeys", admin_pb2.RetireKeysRequest(now=True))["retired_keks"] == [kek_before["active"]]
+    assert list(json.loads((env.data_dir / "store.kek").read_text())["generations"]) == [str(out["active_kek"])]
     assert {rid: env.get(rid)["record"] for rid in ids} == answers
 
 
@@ -63,8 +68,11 @@ def test_trusting_and_untrusting_a_host_key_takes_effect_live_and_persists(env):
         env.admin("History", history, md=env.host_md(key=other))
     assert code_of(err.value) == "TRUSTED_CONTEXT_UNAVAILABLE"
     pem = public_pem(other.public_key())
-    out = env.admin("TrustHostKey", admin_pb2.HostKeyRequest(public_key_pem=pem))
-    assert out == {"key_id": key_id(other.public_key()), "trusted": True}
+    out = env.admin("TrustHostKey", admin_pb2.HostKeyRequest(public_key_pem=pem, all_tenants=True,
+                                                              maintenance_scopes=["maintain"]))
+    assert out == {"key_id": key_id(other.public_key()), "trusted": True,
+                   "binding": {"id": key_id(other.public_key()), "local": False, "all_tenants": True,
+                               "tenants": [], "maintenance_scopes": ["maintain"]}}
     assert env.admin("History", history, md=env.host_md(key=other))["records"] == []
     with env.core.store.read() as tx:
         assert out["key_id"] in dict(tx.trusted_host_keys())

@@ -118,7 +118,7 @@ def test_host_tombstone_shreds_key_and_removes_postings(env):
 def test_host_reject_and_withdraw_pending_candidates(env):
     c1, c2 = env.capture("candidate to reject"), env.capture("candidate to withdraw")
     rej = env.transition("reject", c1)
-    assert rej["receipt"]["to_state"] == "rejected" and rej["key_destruction"] == "complete"
+    assert rej["receipt"]["to_state"] == "rejected" and rej["key_destruction"] == "pending"
     wd = env.transition("withdraw", c2)
     assert wd["receipt"]["to_state"] == "withdrawn"
     with pytest.raises(grpc.RpcError) as err:

@@ -10,8 +10,8 @@ import pytest
 from admin_support import TENANT, WORKSPACE, code_of, start_env
 
 from engram_core.api import admin_pb2
+from engram_core.app.composition import start_core
 from engram_core.errors import EngramError
-from engram_core.rpc.server import start_core
 
 
 def test_migrate_reports_a_ledger_that_matches_the_code(env):

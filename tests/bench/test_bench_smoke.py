@@ -22,7 +22,7 @@ def test_percentiles_and_medians_across_runs() -> None:
 
 
 def test_corpus_is_deterministic_and_valid_for_capture() -> None:
-    from engram_core.services.memory import CAPTURE_TOOL
+    from engram_core.tools import CAPTURE_TOOL
     from engram_core.validation import validate_arguments
 
     a, b = Corpus(), Corpus()

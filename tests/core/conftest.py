@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from core_support import Client, activate
 
-from engram_core.rpc.server import RunningCore, start_core
+from engram_core.app.composition import RunningCore, start_core
 
 
 @pytest.fixture(scope="module")

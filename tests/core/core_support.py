@@ -11,12 +11,21 @@ import grpc
 
 from engram_core.api import admin_pb2, admin_pb2_grpc, host_pb2, host_pb2_grpc, memory_pb2, memory_pb2_grpc
 from engram_core.errors import Code
-from engram_core.hostctx import CONFIRMATION_METADATA_KEY, CONTEXT_METADATA_KEY, make_context, make_grant
+from engram_core.hostctx import (
+    ADMIN_CALL,
+    CONFIRMATION_METADATA_KEY,
+    CONTEXT_METADATA_KEY,
+    HOST_CALL,
+    TOOLS_LIST_CALL,
+    make_context,
+    make_grant,
+)
 from engram_core.hostkeys import load_private_key_file
 from engram_core.operation import operation_digest
 from engram_core.rpc.convert import message_to_value, value_to_message
 from engram_core.rpc.server import RunningCore
 from engram_core.rpc.status import code_from_rpc_error
+from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GET_TOOL, SEARCH_TOOL, WITHDRAW_TOOL
 
 PURPOSE = "purpose:engineering-notes"
 
@@ -29,9 +38,9 @@ _REQUESTS = {
     "forget": (memory_pb2.ForgetRequest, "Forget"),
 }
 _TOOL = {
-    "search": "engram_memory_search", "get": "engram_memory_get", "capture": "engram_memory_capture",
-    "request_admission": "engram_memory_request_admission", "withdraw": "engram_memory_withdraw",
-    "forget": "engram_memory_forget",
+    "search": SEARCH_TOOL, "get": GET_TOOL, "capture": CAPTURE_TOOL,
+    "request_admission": ADMISSION_TOOL, "withdraw": WITHDRAW_TOOL,
+    "forget": FORGET_TOOL,
 }
 
 
@@ -62,9 +71,13 @@ class Client:
         self.host = host_pb2_grpc.HostServiceStub(self.channel)
         self.admin = admin_pb2_grpc.AdminServiceStub(self.channel)
 
-    def context(self, **overrides: Any) -> bytes:
-        fields = dict(tenant=self.tenant, workspace=self.workspace, principal=self.principal, agent_id="agent-7",
-                      session="s-1", purpose_ref=self.purpose_ref, now_ms=now_ms(), memory_enabled=self.memory_enabled)
+    def context(self, op: str | None = None, **overrides: Any) -> bytes:
+        """A signed context for ``op`` (a tool's short name: "search", ...), for a host call
+        (``host_principal=True``: signed for "host"), or for the tool listing (neither)."""
+        call = _TOOL[op] if op else HOST_CALL if overrides.get("host_principal") else TOOLS_LIST_CALL
+        fields = dict(call=call, tenant=self.tenant, workspace=self.workspace, principal=self.principal,
+                      agent_id="agent-7", session="s-1", purpose_ref=self.purpose_ref, now_ms=now_ms(),
+                      memory_enabled=self.memory_enabled)
         fields.update(overrides)
         return make_context(self.key, **fields)
 
@@ -83,7 +96,7 @@ class Client:
         cls, method = _REQUESTS[op]
         metadata = []
         if context is True:
-            metadata.append((CONTEXT_METADATA_KEY, self.context()))
+            metadata.append((CONTEXT_METADATA_KEY, self.context(op)))
         elif context:
             metadata.append((CONTEXT_METADATA_KEY, context))
         if grant is True:
@@ -153,7 +166,8 @@ def capture_args(text: str, *, key: str | None = None, purpose_ref: str = PURPOS
 
 def activate(core: RunningCore, tenant: str = "acme", workspace: str = "alpha", tools: list[str] | None = None) -> None:
     key = load_private_key_file(core.host_key_path)
-    ctx = make_context(key, tenant="_host", workspace="_admin", principal="host:operator", now_ms=now_ms(),
+    ctx = make_context(key, call=ADMIN_CALL, tenant="_host", workspace="_admin", principal="host:operator",
+                       now_ms=now_ms(),
                        host_principal=True, maintenance_scopes=("read", "maintain"), memory_enabled=False)
     with grpc.insecure_channel(core.address) as ch:
         admin_pb2_grpc.AdminServiceStub(ch).Activate(

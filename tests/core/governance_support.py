@@ -14,9 +14,9 @@ import grpc
 from core_support import activate, now_ms
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
+from engram_core.app.composition import RunningCore, default_policies_dir, start_core
 from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
 from engram_core.hostkeys import load_private_key_file
-from engram_core.rpc.server import RunningCore, default_policies_dir, start_core
 
 
 def start_with_bundle(tmp_path: Path, *, edit: Callable[[dict], None] | None = None,
@@ -57,8 +57,9 @@ class Host:
         self.channel = grpc.insecure_channel(core.address)
         self.stub = admin_pb2_grpc.AdminServiceStub(self.channel)
 
-    def md(self) -> list[tuple[str, bytes]]:
-        ctx = make_context(self.key, tenant="_host", workspace="_admin", principal="host:operator", agent_id="ops",
+    def md(self, call: str = "admin") -> list[tuple[str, bytes]]:
+        ctx = make_context(self.key, call=call, tenant="_host", workspace="_admin", principal="host:operator",
+                           agent_id="ops",
                            session="s", now_ms=now_ms(), host_principal=True, maintenance_scopes=("read", "maintain"),
                            memory_enabled=False)
         return [(CONTEXT_METADATA_KEY, ctx)]

@@ -57,7 +57,7 @@ def _attest(host: Host, target: str, trust_class: str, *, key: Ed25519PrivateKey
         req.signature = sign_attestation(key, digest or _digest(target))
         req.verifier_public_key_pem = public_pem((pem_of or key).public_key())
     stub = host_pb2_grpc.HostServiceStub(host.channel)
-    return json.loads(stub.Attest(req, metadata=md or host.md(), timeout=30).json)
+    return json.loads(stub.Attest(req, metadata=md or host.md("host"), timeout=30).json)
 
 
 def _code(fn) -> Code:
@@ -111,7 +111,7 @@ def test_forged_misdirected_or_untrusted_signatures_change_nothing(env) -> None:
 def test_agents_cannot_attest(env) -> None:
     core, c, host = env
     rid = c.remember("An agent would like to be trusted.")
-    agent_md = [(CONTEXT_METADATA_KEY, c.context())]
+    agent_md = [(CONTEXT_METADATA_KEY, c.context(call="host"))]
     assert _code(lambda: _attest(host, rid, "earned", md=agent_md)) == Code.UNAUTHORIZED
     assert c.get(rid)["record"]["trust_class"] == "asserted"
 

@@ -112,7 +112,7 @@ def _raw_capture_with_unknown_field(ana: Client) -> Code:
     call = ana.channel.unary_unary("/engram.v1.MemoryService/Capture", request_serializer=None,
                                    response_deserializer=None)
     try:
-        call(raw, metadata=[(CONTEXT_METADATA_KEY, ana.context())], timeout=10)
+        call(raw, metadata=[(CONTEXT_METADATA_KEY, ana.context("capture"))], timeout=10)
     except grpc.RpcError as err:
         return code_from_rpc_error(err)
     raise AssertionError("unknown field accepted")

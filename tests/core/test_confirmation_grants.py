@@ -46,7 +46,7 @@ def _code(call) -> Code:
 def test_agent_context_cannot_obtain_a_grant_for_its_own_forget(ana: Client) -> None:
     args = _forget_args(ana, "Grants: the agent tries to approve forgetting the ptarmigan note.")
     # The agent picks its own approval time, as in the finding.
-    assert _code(lambda: _issue(ana, args, ana.context(), approved_at_ms=now_ms())) == Code.UNAUTHORIZED
+    assert _code(lambda: _issue(ana, args, ana.context(call="host"), approved_at_ms=now_ms())) == Code.UNAUTHORIZED
     # Without the grant it never got, the forget is the protocol refusal, and nothing changed.
     assert ana.fails("forget", args) == Code.TRUSTED_CONTEXT_UNAVAILABLE
     assert ana.get(args["record_id"])["record"]["record_id"] == args["record_id"]
@@ -68,21 +68,22 @@ def _confirmation_key_context(core: RunningCore, **fields) -> bytes:
 
 def test_context_signed_with_the_confirmation_key_cannot_export(core: RunningCore, ana: Client) -> None:
     ana.remember("Grants: a record the thief of confirmation.key wants exported.")
-    ctx = _confirmation_key_context(core, tenant="_host", workspace="_admin", principal="host:thief",
+    ctx = _confirmation_key_context(core, call="admin", tenant="_host", workspace="_admin", principal="host:thief",
                                     host_principal=True, maintenance_scopes=("read", "maintain"),
                                     memory_enabled=False)
     request = admin_pb2.ExportRequest(tenant="acme", workspace="alpha", what="journal")
     assert _code(lambda: ana.admin.Export(request, metadata=[(CONTEXT_METADATA_KEY, ctx)], timeout=10)) \
         == Code.TRUSTED_CONTEXT_UNAVAILABLE
     # The same request signed by the host key is served: the refusal is the key's role, not the request.
-    good = make_context(ana.key, tenant="_host", workspace="_admin", principal="host:operator",
+    good = make_context(ana.key, call="admin", tenant="_host", workspace="_admin", principal="host:operator",
                         host_principal=True, maintenance_scopes=("read", "maintain"), memory_enabled=False,
                         now_ms=now_ms())
     ana.admin.Export(request, metadata=[(CONTEXT_METADATA_KEY, good)], timeout=10)
 
 
 def test_agent_context_signed_with_the_confirmation_key_is_refused(core: RunningCore, ana: Client) -> None:
-    ctx = _confirmation_key_context(core, tenant="acme", workspace="alpha", principal="user:ana",
+    ctx = _confirmation_key_context(core, call="engram_memory_search", tenant="acme", workspace="alpha",
+                                    principal="user:ana",
                                     purpose_ref=ana.purpose_ref)
     assert ana.fails("search", {"query": "anything", "purpose_ref": ana.purpose_ref}, context=ctx) \
         == Code.TRUSTED_CONTEXT_UNAVAILABLE
@@ -101,13 +102,14 @@ def test_grant_signed_by_the_core_confirmation_key_still_confirms(core: RunningC
 
 def test_the_confirmation_key_cannot_be_added_as_a_host_key(core: RunningCore, ana: Client) -> None:
     pub = load_private_key_file(core.core.data_dir / "confirmation.key").public_key()
-    host = make_context(ana.key, tenant="_host", workspace="_admin", principal="host:operator",
+    host = make_context(ana.key, call="admin", tenant="_host", workspace="_admin", principal="host:operator",
                         host_principal=True, maintenance_scopes=("read", "maintain"), memory_enabled=False,
                         now_ms=now_ms())
     request = admin_pb2.HostKeyRequest(public_key_pem=public_pem(pub))
     assert _code(lambda: ana.admin.TrustHostKey(request, metadata=[(CONTEXT_METADATA_KEY, host)], timeout=10)) \
         == Code.INVALID_SCHEMA
-    ctx = _confirmation_key_context(core, tenant="acme", workspace="alpha", principal="user:ana",
+    ctx = _confirmation_key_context(core, call="engram_memory_search", tenant="acme", workspace="alpha",
+                                    principal="user:ana",
                                     purpose_ref=ana.purpose_ref)
     assert ana.fails("search", {"query": "anything", "purpose_ref": ana.purpose_ref}, context=ctx) \
         == Code.TRUSTED_CONTEXT_UNAVAILABLE
@@ -119,3 +121,20 @@ def test_a_grant_never_passes_as_a_context(ana: Client) -> None:
     with pytest.raises(Failed) as err:
         ana.call("forget", args, context=grant, grant=grant)
     assert err.value.code == Code.TRUSTED_CONTEXT_UNAVAILABLE
+
+
+def test_a_replayed_forget_needs_no_second_grant(ana: Client) -> None:
+    """Issue 26.8: the same forget again (same key and arguments, as after MUTATION_OUTCOME_UNKNOWN)
+    is answered with its stored outcome before any grant is asked for: it changes nothing. A new
+    operation under another key still needs one."""
+    args = _forget_args(ana, "Grants: a forget of the dotterel note, retried after an unknown outcome.")
+    first = ana.call("forget", args, grant=True)
+    check = host_pb2.CheckGatedRequest(tool=FORGET, target=args["record_id"], idempotency_key=args["idempotency_key"],
+                                       reason_ref=args["reason_ref"])
+    assert ana.host.CheckGated(check, metadata=[(CONTEXT_METADATA_KEY, ana.context("forget"))],
+                               timeout=10).status == "replay"
+    again = ana.call("forget", args)  # no grant at all
+    assert again == {**first, "replayed": True}
+    other = {**args, "idempotency_key": "fg-grant-other-" + args["record_id"][4:20]}
+    assert ana.fails("forget", other) == Code.TRUSTED_CONTEXT_UNAVAILABLE  # a new operation: the human first
+    assert ana.fails("forget", {**args, "reason_ref": "reason:changed"}) == Code.DIGEST_CONFLICT

@@ -19,13 +19,14 @@ def test_missing_context_is_refused(ana: Client) -> None:
 
 
 def test_unknown_host_key_is_refused(ana: Client) -> None:
-    rogue = make_context(Ed25519PrivateKey.generate(), tenant="acme", workspace="alpha", principal="user:ana",
+    rogue = make_context(Ed25519PrivateKey.generate(), call="engram_memory_search", tenant="acme", workspace="alpha",
+                         principal="user:ana",
                          purpose_ref=PURPOSE, now_ms=now_ms())
     assert _search(ana, context=rogue) == Code.TRUSTED_CONTEXT_UNAVAILABLE
 
 
 def test_tampered_context_is_refused(ana: Client) -> None:
-    raw = bytearray(ana.context())
+    raw = bytearray(ana.context("search"))
     raw[10] ^= 0x01
     assert _search(ana, context=bytes(raw)) == Code.TRUSTED_CONTEXT_UNAVAILABLE
 
@@ -38,7 +39,7 @@ def test_tampered_context_is_refused(ana: Client) -> None:
     {"now_ms": 10**13},                           # issued in the future
 ])
 def test_invalid_context_fields_are_refused(ana: Client, overrides: dict) -> None:
-    assert _search(ana, context=ana.context(**overrides)) == Code.TRUSTED_CONTEXT_UNAVAILABLE
+    assert _search(ana, context=ana.context("search", **overrides)) == Code.TRUSTED_CONTEXT_UNAVAILABLE
 
 
 def test_purpose_mismatch_is_the_protocol_refusal(ana: Client) -> None:
@@ -65,7 +66,7 @@ def test_agent_context_cannot_use_admin(ana: Client) -> None:
 
     try:
         ana.admin.Activate(admin_pb2.ActivateRequest(tenant="acme", workspace="x"),
-                           metadata=[(CONTEXT_METADATA_KEY, ana.context())])
+                           metadata=[(CONTEXT_METADATA_KEY, ana.context(call="admin"))])
     except Exception as err:  # grpc.RpcError
         assert code_from_rpc_error(err) == Code.UNAUTHORIZED
     else:

@@ -12,12 +12,12 @@ import grpc
 import pytest
 from core_support import PURPOSE, Client, activate, capture_args, now_ms
 
-from engram_core.api import context_pb2, memory_pb2, memory_pb2_grpc
+from engram_core.api import context_pb2, host_pb2, memory_pb2, memory_pb2_grpc
+from engram_core.app.composition import RunningCore, start_core
 from engram_core.context_nonces import ContextNonceLedger
 from engram_core.errors import Code, EngramError
-from engram_core.hostctx import CLOCK_SKEW_MS, sign_context
+from engram_core.hostctx import CLOCK_SKEW_MS, CONTEXT_METADATA_KEY, sign_context
 from engram_core.rpc.convert import message_to_value, value_to_message
-from engram_core.rpc.server import RunningCore, start_core
 from engram_core.rpc.status import code_from_rpc_error
 
 
@@ -80,7 +80,7 @@ def test_every_fresh_context_is_accepted(ana: Client) -> None:
 def test_context_without_nonce_is_refused(ana: Client) -> None:
     ctx = context_pb2.HostContext(tenant="acme", workspace="alpha", principal="user:ana", purpose_ref=PURPOSE,
                                   audit_id="aud_no_nonce", issued_at_ms=now_ms(), expires_at_ms=now_ms() + 10_000,
-                                  memory_enabled=True)
+                                  memory_enabled=True, call="engram_memory_search")
     signed = sign_context(ctx, ana.key)
     assert ana.fails("search", {"query": "x", "purpose_ref": PURPOSE}, context=signed) \
         == Code.TRUSTED_CONTEXT_UNAVAILABLE
@@ -93,7 +93,7 @@ def test_context_signed_before_a_restart_is_refused_after_it(tmp_path) -> None:
     ana = Client(running)
     # Signed before the restart (by more than the clock-skew allowance), never used, and still
     # inside its lifetime after it.
-    early = ana.context(now_ms=now_ms() - SIGNED_BEFORE_START_MS)
+    early = ana.context("search", now_ms=now_ms() - SIGNED_BEFORE_START_MS)
     running.stop()
     # The restarted core has an empty ledger; a context it could not have seen claimed is refused.
     running = start_core(data)
@@ -171,3 +171,101 @@ def test_ledger_memory_stays_bounded_under_a_stream_of_calls() -> None:
         ledger.claim("k", f"n{i}", issued_at_ms=i, expires_at_ms=i + 100, now_ms=i)
         assert len(ledger) <= 100
     assert len(ledger._heap) <= 101
+
+
+# ---- issue 26 items 2 and 6: a context acts only in the call it was signed for; replay
+# protection survives a restart; one key's flood fills only its own lane ----------------
+
+def test_a_context_signed_for_the_tool_listing_cannot_act(ana: Client) -> None:
+    """The tool listing, CheckGated and RecordRefusal do not spend a nonce (a fronting host's one
+    context per request also serves them); a context signed for the listing, seen there, was
+    then good for one search, get or capture. Now it acts nowhere."""
+    rid = ana.remember("Call binding: the wigeon note.")
+    listing = ana.context()  # signed for tools/list
+    assert sorted(ana.host.ListCapabilities(host_pb2.ListCapabilitiesRequest(),
+                                            metadata=[(CONTEXT_METADATA_KEY, listing)]).tools)
+    assert ana.fails("search", {"query": "wigeon", "purpose_ref": PURPOSE}, context=listing) \
+        == Code.TRUSTED_CONTEXT_UNAVAILABLE
+    assert ana.fails("get", {"record_id": rid, "purpose_ref": PURPOSE}, context=listing) \
+        == Code.TRUSTED_CONTEXT_UNAVAILABLE
+    assert ana.fails("capture", capture_args("Call binding: riding on a listing context."), context=listing) \
+        == Code.TRUSTED_CONTEXT_UNAVAILABLE
+    # A context signed for get cannot search, nor one for search capture.
+    assert ana.fails("search", {"query": "wigeon", "purpose_ref": PURPOSE}, context=ana.context("get")) \
+        == Code.TRUSTED_CONTEXT_UNAVAILABLE
+    # A tool call's own context serves the listing first (as the adapter does), then its call, once.
+    search_ctx = ana.context("search")
+    ana.host.ListCapabilities(host_pb2.ListCapabilitiesRequest(), metadata=[(CONTEXT_METADATA_KEY, search_ctx)])
+    found = ana.call("search", {"query": "wigeon", "purpose_ref": PURPOSE}, context=search_ctx)["records"]
+    assert found[0]["record"]["record_id"] == rid  # (records captured beside it in the session may follow)
+    assert ana.fails("search", {"query": "wigeon", "purpose_ref": PURPOSE}, context=search_ctx) \
+        == Code.TRUSTED_CONTEXT_UNAVAILABLE
+
+
+def test_a_context_used_before_a_quick_restart_is_refused_after_it(tmp_path) -> None:
+    data = tmp_path / "data"
+    running = start_core(data, semantic=False)
+    activate(running)
+    ana = Client(running)
+    used = ana.context("search")
+    ana.call("search", {"query": "x", "purpose_ref": PURPOSE}, context=used)
+    running.stop()
+    running = start_core(data, semantic=False)  # within the clock-skew allowance of the first start
+    try:
+        ana = Client(running)
+        assert ana.fails("search", {"query": "x", "purpose_ref": PURPOSE}, context=used) \
+            == Code.TRUSTED_CONTEXT_UNAVAILABLE
+        ana.search("x")  # a fresh one works
+    finally:
+        running.stop()
+
+
+def test_one_keys_flood_fills_its_own_lane_only_and_is_audited(fresh_core: RunningCore, tmp_path) -> None:
+    """Another tenant's host key (trusted) floods the core with contexts: its lane of the nonce
+    ledger fills and its calls are refused RATE_LIMITED, each refusal audited; every other key's
+    calls, and maintenance by the local host key (untrusting the flooder), go on."""
+    import json
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from engram_core.api import admin_pb2, host_pb2_grpc
+    from engram_core.context_nonces import ContextNonceLedger
+    from engram_core.hostctx import make_context
+    from engram_core.hostkeys import key_id, public_pem
+
+    core = fresh_core.core
+    core.context_nonces = ContextNonceLedger(started_at_ms=now_ms() - 60_000, skew_ms=0, capacity=20)
+    ana = Client(fresh_core)
+    rogue = Ed25519PrivateKey.generate()
+    rogue_id = key_id(rogue.public_key())
+    host_md = [(CONTEXT_METADATA_KEY, make_context(ana.key, call="admin", tenant="_host", workspace="_admin",
+                                                    principal="host:operator", now_ms=now_ms(), host_principal=True,
+                                                    maintenance_scopes=("read", "maintain"), memory_enabled=False))]
+    # Another tenant's host: trusted for globex only (issue 26.3's binding), as the finding had it.
+    ana.admin.TrustHostKey(admin_pb2.HostKeyRequest(public_key_pem=public_pem(rogue.public_key()), tenants=["globex"]),
+                           metadata=host_md, timeout=10)
+    stub = host_pb2_grpc.HostServiceStub(ana.channel)
+    codes = []
+    for i in range(25):  # 300 s contexts, as in the finding
+        md = [(CONTEXT_METADATA_KEY, make_context(rogue, call="host", tenant="globex", workspace="alpha",
+                                                   principal="host:globex", now_ms=now_ms(), ttl_ms=300_000,
+                                                   host_principal=True, audit_id=f"aud_flood_{i:04d}"))]
+        try:
+            stub.AuthorizationEpoch(host_pb2.AuthorizationEpochRequest(), metadata=md, timeout=10)
+            codes.append("ok")
+        except grpc.RpcError as err:
+            codes.append(code_from_rpc_error(err).value)
+    assert codes[:20] == ["ok"] * 20 and codes[20:] == ["RATE_LIMITED"] * 5
+    # Everyone else goes on: the agents' calls (the local key's lane) and maintenance.
+    rid = ana.remember("The flood leaves this gadwall note reachable.")
+    assert ana.get(rid)["record"]["record_id"] == rid
+    md = [(CONTEXT_METADATA_KEY, make_context(ana.key, call="admin", tenant="_host", workspace="_admin",
+                                               principal="host:operator", now_ms=now_ms(), host_principal=True,
+                                               maintenance_scopes=("read", "maintain"), memory_enabled=False))]
+    ana.admin.UntrustHostKey(admin_pb2.HostKeyRequest(key_id=rogue_id), metadata=md, timeout=10)
+    # The refused calls are in the audit log, under their own audit ids.
+    with core.store.read() as tx:
+        refused = [r for r in tx.audit_rows(None, None, 0, None) if r["audit_id"].startswith("aud_flood_")
+                   and r["outcome"] == "RATE_LIMITED"]
+    assert len(refused) == 5
+    assert all("NONCE_LEDGER_FULL" in json.dumps(r["decisions"]) for r in refused)

@@ -13,7 +13,7 @@ from crash_harness import Acked, CoreProcess, run_workload
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.errors import Code
 from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
-from engram_core.store.duckdb.store import DuckDBStore
+from engram_core.store.duckdb import open_duckdb_store
 
 KILL_POINTS = 3
 
@@ -28,7 +28,7 @@ class _Proc:
 
 def verify_store(data_dir) -> None:
     """Chains verify and no mutation is half-applied, read straight from the file."""
-    store = DuckDBStore(data_dir, keys=FileKeyVault(data_dir))  # postings_count opens sealed projections
+    store = open_duckdb_store(data_dir, keys=FileKeyVault(data_dir))  # postings_count opens sealed projections
     try:
         with store.read() as tx:
             for scope in tx.scopes():
@@ -41,10 +41,11 @@ def verify_store(data_dir) -> None:
                     assert e.prev_digest == prev and event_digest_of(doc) == e.event_digest
                     prev = e.event_digest
                 assert prev == scope.last_event_digest
-            prev = GENESIS
+            prev: dict[str, str] = {}  # each audit chain on its own
             for row in tx.audit_rows(None, None, 0, None):
-                assert row["prev_digest"] == prev and audit_digest_of(row) == row["row_digest"]
-                prev = row["row_digest"]
+                chain = row.get("chain", "")
+                assert row["prev_digest"] == prev.get(chain, GENESIS) and audit_digest_of(row) == row["row_digest"]
+                prev[chain] = row["row_digest"]
             live = tx.live_key_slots()
             owners = set(live.values())
             for (cid, state) in tx._all("SELECT candidate_id, state FROM candidates"):

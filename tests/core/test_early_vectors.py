@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from core_support import Client, activate, capture_args
 
-from engram_core.rpc.server import start_core
+from engram_core.app.composition import start_core
 
 
 def test_the_early_vector_is_the_records_own_and_goes_with_its_candidate(tmp_path: Path) -> None:

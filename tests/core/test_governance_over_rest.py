@@ -11,8 +11,8 @@ from pathlib import Path
 from core_support import Client, activate, capture_args, now_ms
 from governance_support import Host
 
+from engram_core.app.composition import default_policies_dir, start_core
 from engram_core.errors import Code
-from engram_core.rpc.server import default_policies_dir, start_core
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "policy"))
 from opa_rest_server import OpaRestTestServer  # noqa: E402

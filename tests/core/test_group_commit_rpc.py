@@ -9,10 +9,10 @@ from pathlib import Path
 
 from core_support import Client, activate, capture_args
 
+from engram_core.app.composition import start_core
 from engram_core.crypto.keyvault import FileKeyVault
-from engram_core.rpc.server import start_core
 from engram_core.services.maintenance import check_audit, check_journal
-from engram_core.store.duckdb.store import DuckDBStore
+from engram_core.store.duckdb import open_duckdb_store
 
 CLIENTS = 12
 PAIRS = 4
@@ -24,14 +24,14 @@ def test_concurrent_pairs_share_commits_and_every_acknowledged_one_is_durable(tm
     activate(running)
     store = running.core.store
     batches: list[int] = []
-    observe = store.on_commit
+    observe = store.engine.on_commit
 
     def record(seconds: float, transactions: int = 1) -> None:
         batches.append(transactions)
         if observe is not None:
             observe(seconds, transactions)
 
-    store.on_commit = record
+    store.engine.on_commit = record
     acknowledged: dict[str, str] = {}  # record id -> candidate id
     replays: list[tuple[str, str]] = []
     errors: list[BaseException] = []
@@ -65,7 +65,7 @@ def test_concurrent_pairs_share_commits_and_every_acknowledged_one_is_durable(tm
     assert sum(batches) >= CLIENTS * PAIRS * 2  # captures and admissions (replays commit only their audit row)
     running.stop()
 
-    reopened = DuckDBStore(data, keys=FileKeyVault(data))
+    reopened = open_duckdb_store(data, keys=FileKeyVault(data))
     try:
         with reopened.read() as tx:
             rows = tx.records("acme", "alpha", list(acknowledged))
@@ -74,9 +74,10 @@ def test_concurrent_pairs_share_commits_and_every_acknowledged_one_is_durable(tm
             scope = tx.scope("acme", "alpha")
             events = tx.events("acme", "alpha", 1, None)
             audit = tx.audit_rows(None, None, 1, None)
+            heads = tx.audit_heads()
         assert scope is not None and scope.last_cursor == len(events) == CLIENTS * PAIRS * 2
         assert check_journal(scope, events) == []
-        assert check_audit(audit, reopened.audit_head) == []
+        assert check_audit(audit, heads) == []
         assert len(audit) >= 1 + CLIENTS * PAIRS * 2  # activation, each capture and admission
     finally:
         reopened.close()

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from core_support import Client, activate, capture_args, now_ms
 
+from engram_core.app.composition import RunningCore, default_policies_dir, start_core
 from engram_core.errors import Code
-from engram_core.rpc.server import RunningCore, default_policies_dir, start_core
 
 Edit = Callable[[dict], None]
 

@@ -9,10 +9,10 @@ from typing import Any
 
 from core_support import Client, activate
 
+from engram_core.app.composition import default_policies_dir, start_core
 from engram_core.errors import Code
 from engram_core.policy.embedded import EmbeddedPolicyEngine
 from engram_core.policy.port import ADMISSION
-from engram_core.rpc.server import default_policies_dir, start_core
 
 
 class ReloadAfterAdmissionDecision(EmbeddedPolicyEngine):

@@ -10,8 +10,8 @@ from core_support import Client
 from governance_support import Host, start_with_bundle
 
 from engram_core.api import admin_pb2
+from engram_core.app.composition import start_core
 from engram_core.errors import Code
-from engram_core.rpc.server import start_core
 
 
 def test_invalidated_projections_are_stale_until_rebuilt_even_after_restart(tmp_path: Path) -> None:

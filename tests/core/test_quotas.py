@@ -79,3 +79,44 @@ def test_counters_slide_with_the_injected_clock() -> None:
     assert q.usage("t", "other-w", "p")["principal"]["minute"]["captures"] == 0
     clock.advance(3_600_000)
     assert q.usage("t", "w", "p")["principal"]["hour"]["captures"] == 0
+
+
+def _check(c: Client, tool: str, target: str, key: str) -> str:
+    from engram_core.api import host_pb2
+    from engram_core.hostctx import CONTEXT_METADATA_KEY
+    from engram_core.rpc.status import code_from_rpc_error
+
+    try:
+        return c.host.CheckGated(host_pb2.CheckGatedRequest(tool=tool, target=target, idempotency_key=key,
+                                                            reason_ref="reason:cleanup"),
+                                 metadata=[(CONTEXT_METADATA_KEY, c.context(tool.removeprefix("engram_memory_")))],
+                                 timeout=10).status
+    except grpc.RpcError as err:
+        return code_from_rpc_error(err).value
+
+
+def test_forget_checks_and_forgets_are_counted(tmp_path: Path) -> None:
+    """Issue 26.7: a principal already RATE_LIMITED made 300 forget checks (each an audit row).
+    Forget and withdraw, and the check a host makes before asking a human, now count against
+    quotas of their own."""
+    limits = {"principal": {"minute": {"forgets": 3, "withdrawals": 2, "searches": 1}}}
+    core = start_with_bundle(tmp_path, edit=lambda cfg: cfg["tenants"]["*"].update(quotas=limits))
+    try:
+        ana, bo = Client(core, principal="user:ana"), Client(core, principal="user:bo")
+        rid = ana.remember("A record ana may forget one day.")
+        ana.search("record")
+        assert ana.fails("search", {"query": "record", "purpose_ref": ana.purpose_ref}) == Code.RATE_LIMITED
+        forget = "engram_memory_forget"
+        assert [_check(ana, forget, rid, f"forget-key-{i:04d}-abcdef") for i in range(4)] == \
+            ["ready", "ready", "ready", "RATE_LIMITED"]
+        args = {"record_id": rid, "idempotency_key": "forget-key-0000-abcdef", "reason_ref": "reason:cleanup"}
+        assert ana.fails("forget", args, grant=True) == Code.RATE_LIMITED
+        assert ana.get(rid)["record"]["record_id"] == rid  # nothing was forgotten
+        # Withdrawals count on their own; another principal has its own counters.
+        pending = ana.capture("A candidate ana may withdraw.")["candidate_id"]
+        withdraw = "engram_memory_withdraw"
+        assert [_check(ana, withdraw, pending, f"withdraw-key-{i:04d}-ab") for i in range(3)] == \
+            ["ready", "ready", "RATE_LIMITED"]
+        assert _check(bo, forget, rid, "bo-forget-key-0001-abc") == "ready"
+    finally:
+        core.stop()

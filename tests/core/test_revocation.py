@@ -11,13 +11,14 @@ from core_support import PURPOSE, Client, now_ms
 
 from engram_core.api import admin_pb2, host_pb2
 from engram_core.errors import Code
-from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
+from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, HOST_CALL, make_context
 from engram_core.rpc.server import RunningCore
 from engram_core.rpc.status import code_from_rpc_error
 
 
 def _revoke(ana: Client) -> int:
-    host = make_context(ana.key, tenant="_host", workspace="_admin", principal="host:operator", now_ms=now_ms(),
+    host = make_context(ana.key, call=ADMIN_CALL, tenant="_host", workspace="_admin", principal="host:operator",
+                        now_ms=now_ms(),
                         host_principal=True, maintenance_scopes=("read", "maintain"), memory_enabled=False)
     out = ana.admin.Revoke(admin_pb2.ScopeRequest(tenant=ana.tenant, workspace=ana.workspace),
                            metadata=[(CONTEXT_METADATA_KEY, host)], timeout=10)
@@ -36,18 +37,18 @@ def test_context_and_grant_signed_before_revoke_are_refused(fresh_core: RunningC
     ana = Client(fresh_core)
     rid = ana.remember("Revoke: the leaked-context note about the eider.")
     args = {"record_id": rid, "idempotency_key": "fg-revoke-" + rid[4:30], "reason_ref": "reason:test"}
-    leaked_context = ana.context()             # epoch 0, inside its lifetime
+    leaked_context = ana.context("get")        # epoch 0, inside its lifetime
     leaked_grant = ana.grant("forget", args)   # epoch 0, approved just now
     assert _revoke(ana) == 1
     assert ana.fails("get", {"record_id": rid, "purpose_ref": PURPOSE}, context=leaked_context) \
         == Code.AUTHORIZATION_REVOKED
     # A fresh context of the new epoch works; the grant signed before the revoke does not.
-    fresh = ana.context(authorization_epoch=1)
+    fresh = ana.context("forget", authorization_epoch=1)
     assert ana.fails("forget", args, context=fresh, grant=leaked_grant) == Code.AUTHORIZATION_REVOKED
     assert ana.call("get", {"record_id": rid, "purpose_ref": PURPOSE},
-                    context=ana.context(authorization_epoch=1))["record"]["record_id"] == rid
+                    context=ana.context("get", authorization_epoch=1))["record"]["record_id"] == rid
     # A grant of the new epoch confirms it.
-    out = ana.call("forget", args, context=ana.context(authorization_epoch=1),
+    out = ana.call("forget", args, context=ana.context("forget", authorization_epoch=1),
                    grant=ana.grant("forget", args, authorization_epoch=1))
     assert out["receipt"]["to_state"] == "tombstoned"
 
@@ -59,5 +60,5 @@ def test_hosts_read_the_current_epoch_agents_do_not(fresh_core: RunningCore) -> 
     assert _revoke(ana) == 2
     # Answered to a host whose context still carries the old epoch: that is how it learns.
     assert _epoch(ana, ana.context(host_principal=True)) == 2
-    assert _epoch(ana, ana.context()) == Code.UNAUTHORIZED
-    assert _epoch(ana, ana.context(authorization_epoch=2)) == Code.UNAUTHORIZED
+    assert _epoch(ana, ana.context(call=HOST_CALL)) == Code.UNAUTHORIZED
+    assert _epoch(ana, ana.context(call=HOST_CALL, authorization_epoch=2)) == Code.UNAUTHORIZED

@@ -1,7 +1,7 @@
 """Fixtures for the MCP adapter tests: one real core per module, real adapter
 processes (`engram mcp` over stdio and streamable HTTP), the SDK's own client.
 
-Nothing of ours is mocked: the core is `engram_core.rpc.server.start_core`, the
+Nothing of ours is mocked: the core is `engram_core.app.composition.start_core`, the
 adapter is the installed console script, and scopes are activated through
 AdminService exactly as `engram admin activate` does.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from mcp_helpers import WORKSPACE, Core, activate
 
-from engram_core.rpc.server import start_core
+from engram_core.app.composition import start_core
 
 
 @pytest.fixture

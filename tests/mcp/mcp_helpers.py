@@ -11,7 +11,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
-from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
+from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, TOOLS_LIST_CALL, make_context
 from engram_core.hostkeys import load_private_key_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,6 +58,7 @@ def _activation(core: Core, tenant: str, workspace: str, tools: list[str], *, ac
     key = load_private_key_file(core.host_key_path)
     ctx = make_context(
         key,
+        call=ADMIN_CALL,
         tenant=tenant,
         workspace=workspace,
         principal="host-operator",
@@ -107,6 +108,23 @@ def write_config(
     return path
 
 
+def http_token(directory: Path) -> tuple[str, str]:
+    """(a bearer token, the ``[http]`` lines that make the adapter require it): a token file only
+    its owner reads, beside the config, as `engram init` writes it. An HTTP adapter with a
+    ``[binding]`` needs one on every bind (issue 26)."""
+    import secrets
+
+    value = secrets.token_urlsafe(32)
+    path = directory / f"mcp-{uuid.uuid4().hex[:8]}.token"
+    path.write_text(value + "\n")
+    path.chmod(0o600)
+    return value, f'[http]\ntoken_file = "{path}"'
+
+
+def bearer(value: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {value}"}
+
+
 def binding_for(tenant: str, *, purpose: str = PURPOSE, principal: str = "agent-alice") -> dict[str, str]:
     return {
         "tenant": tenant,
@@ -129,14 +147,17 @@ class HttpAdapter:
     url: str
     process: subprocess.Popen[bytes]
     banner: str = ""  # what the adapter printed on stderr when it started
+    headers: dict[str, str] = field(default_factory=dict)  # what a client sends to be served (its token)
 
 
 def start_http_adapter(
-    config: Path, *, host: str = "127.0.0.1", env: dict[str, str] | None = None, connect: str | None = None
+    config: Path, *, host: str = "127.0.0.1", env: dict[str, str] | None = None, connect: str | None = None,
+    headers: dict[str, str] | None = None, port: int | None = None,
 ) -> HttpAdapter:
     """`engram mcp --http HOST:PORT` as a subprocess; ``connect``: the address clients use
-    (default ``host``; a wildcard bind is reached on 127.0.0.1)."""
-    port = free_port()
+    (default ``host``; a wildcard bind is reached on 127.0.0.1); ``headers``: what its clients
+    send (kept on the result)."""
+    port = port or free_port()
     connect = connect or ("127.0.0.1" if host in ("0.0.0.0", "::") else host)
     process = subprocess.Popen(
         [ENGRAM, "mcp", "--host-config", str(config), "--http", f"{host}:{port}"],
@@ -145,13 +166,14 @@ def start_http_adapter(
         stderr=subprocess.PIPE,
         env={**os.environ, **(env or {})},
     )
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # a loaded CI machine: a slow start is not what is tested
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"adapter exited: {process.stderr.read().decode() if process.stderr else ''}")
         try:
             with socket.create_connection((connect, port), timeout=0.2):
-                return HttpAdapter(url=f"http://{connect}:{port}/mcp", process=process, banner=_first_line(process))
+                return HttpAdapter(url=f"http://{connect}:{port}/mcp", process=process, banner=_first_line(process),
+                                   headers=dict(headers or {}))
         except OSError:
             time.sleep(0.05)
     process.kill()
@@ -198,24 +220,41 @@ def stdio_client(config: Path, *, mode: str = "auto", elicitation: Any = None) -
 
 class FreshHeaders(httpx2.Auth):
     """Headers made anew for every HTTP request: what a fronting host does with the signed
-    host context, whose nonce the core accepts once."""
+    host context, whose nonce the core accepts once, signed for the call the request makes
+    (``make`` is given it: a tool's name for tools/call, else "tools/list")."""
 
-    def __init__(self, make: Callable[[], dict[str, str]]) -> None:
+    requires_request_body = True
+
+    def __init__(self, make: Callable[[str], dict[str, str]]) -> None:
         self._make = make
 
     def auth_flow(self, request: httpx2.Request) -> Any:
-        request.headers.update(self._make())
+        request.headers.update(self._make(call_of_request(request.content)))
         yield request
+
+
+def call_of_request(body: bytes) -> str:
+    """The call an MCP HTTP request makes, as a fronting host reads it from the JSON-RPC body."""
+    try:
+        message = json.loads(body or b"{}")
+    except ValueError:
+        return TOOLS_LIST_CALL
+    if isinstance(message, dict) and message.get("method") == "tools/call":
+        name = (message.get("params") or {}).get("name")
+        if isinstance(name, str):
+            return name
+    return TOOLS_LIST_CALL
 
 
 def http_client(
     url: str,
     *,
-    headers: dict[str, str] | Callable[[], dict[str, str]] | None = None,
+    headers: dict[str, str] | Callable[[str], dict[str, str]] | None = None,
     mode: str = "auto",
     elicitation: Any = None,
 ) -> Client:
-    """``headers``: fixed, or a function called for each request (a fresh signed context)."""
+    """``headers``: fixed, or a function called for each request with the call it makes (a
+    fresh signed context for it)."""
     if callable(headers):
         http = httpx2.AsyncClient(auth=FreshHeaders(headers), timeout=30)
     else:

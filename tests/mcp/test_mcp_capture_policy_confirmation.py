@@ -37,7 +37,7 @@ _confirmation_required if input.components.count > 1
 
 @pytest.fixture(scope="module")
 def capture_gated(tmp_path_factory) -> Path:
-    from engram_core.rpc.server import default_policies_dir, start_core
+    from engram_core.app.composition import default_policies_dir, start_core
 
     root = tmp_path_factory.mktemp("capture-gated")
     bundle = root / "policies"

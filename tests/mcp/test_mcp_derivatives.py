@@ -37,7 +37,7 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture(scope="module")
 def governed(tmp_path_factory):
     """A core whose bundle lets agents ask for `retain` (data only, no Python change)."""
-    from engram_core.rpc.server import default_policies_dir, start_core
+    from engram_core.app.composition import default_policies_dir, start_core
 
     root = tmp_path_factory.mktemp("derivatives")
     bundle = root / "policies"

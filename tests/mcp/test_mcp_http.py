@@ -13,10 +13,12 @@ from mcp_helpers import (
     PURPOSE,
     WORKSPACE,
     approve,
+    bearer,
     binding_for,
     capture_args,
     error_code,
     http_client,
+    http_token,
     start_http_adapter,
     stop,
     token,
@@ -26,7 +28,7 @@ from mcp_helpers import (
 )
 
 from adapters.mcp.binding import encode_context_header
-from engram_core.hostctx import make_context
+from engram_core.hostctx import TOOLS_LIST_CALL, make_context
 from engram_core.hostkeys import load_private_key_file
 from engram_core.schemas import TOOL_NAMES
 
@@ -37,13 +39,16 @@ HEADER = "X-Engram-Host-Context"
 
 @pytest.fixture(scope="module")
 def file_bound(core, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("http")
+    secret, http = http_token(directory)
     config = write_config(
-        tmp_path_factory.mktemp("http") / "acme.toml",
+        directory / "acme.toml",
         address=core.address,
         signing_key=core.host_key_path,
         binding=binding_for("acme"),
+        extra=http,
     )
-    adapter = start_http_adapter(config)
+    adapter = start_http_adapter(config, headers=bearer(secret))
     yield adapter
     stop(adapter)
 
@@ -58,9 +63,11 @@ def header_bound(core, tmp_path_factory):
     stop(adapter)
 
 
-def context_header(key, tenant: str, *, purpose: str = PURPOSE, **extra) -> dict[str, str]:
+def context_header(key, tenant: str, *, purpose: str = PURPOSE, call: str = TOOLS_LIST_CALL,
+                   **extra) -> dict[str, str]:
     signed = make_context(
         key,
+        call=call,
         tenant=tenant,
         workspace=WORKSPACE,
         principal="agent-bob",
@@ -77,7 +84,7 @@ def context_header(key, tenant: str, *, purpose: str = PURPOSE, **extra) -> dict
 @pytest.mark.parametrize("mode", MODES)
 async def test_file_binding_over_http_lists_and_calls(file_bound, mode):
     word = token("heron")
-    async with http_client(file_bound.url, mode=mode, elicitation=approve) as client:
+    async with http_client(file_bound.url, headers=file_bound.headers, mode=mode, elicitation=approve) as client:
         assert [t.name for t in (await client.list_tools()).tools] == list(TOOL_NAMES)
         cap = value_of(
             await client.call_tool("engram_memory_capture", capture_args(unique("key"), f"Note {word}"))
@@ -124,7 +131,7 @@ async def test_header_binding_binds_identity_per_request(header_bound, core, mod
     key = load_private_key_file(core.host_key_path)
     word = token("ibis")
     async with http_client(
-        header_bound.url, headers=lambda: context_header(key, "acme"), mode=mode, elicitation=approve
+        header_bound.url, headers=lambda call: context_header(key, "acme", call=call), mode=mode, elicitation=approve
     ) as acme:
         assert [t.name for t in (await acme.list_tools()).tools] == list(TOOL_NAMES)
         cap = value_of(
@@ -140,7 +147,7 @@ async def test_header_binding_binds_identity_per_request(header_bound, core, mod
         with pytest.raises(MCPError) as err:
             await acme.call_tool("engram_memory_search", {"query": word, "purpose_ref": "purpose:other"})
         assert err.value.code == -32603
-    async with http_client(header_bound.url, headers=lambda: context_header(key, "globex"), mode=mode) as globex:
+    async with http_client(header_bound.url, headers=lambda call: context_header(key, "globex", call=call), mode=mode) as globex:
         found = value_of(
             await globex.call_tool("engram_memory_search", {"query": word, "purpose_ref": PURPOSE})
         )
@@ -152,7 +159,7 @@ async def test_header_binding_binds_identity_per_request(header_bound, core, mod
             == "NOT_FOUND"
         )
     async with http_client(
-        header_bound.url, headers=lambda: context_header(key, "acme"), mode=mode, elicitation=approve
+        header_bound.url, headers=lambda call: context_header(key, "acme", call=call), mode=mode, elicitation=approve
     ) as acme:
         forgot = value_of(
             await acme.call_tool(

@@ -20,10 +20,12 @@ from mcp_helpers import (
     ENGRAM,
     REPO,
     approve,
+    bearer,
     binding_for,
     capture_args,
     free_port,
     http_client,
+    http_token,
     start_http_adapter,
     stop,
     token,
@@ -56,14 +58,19 @@ def _post(url: str, body: dict, **headers: str) -> httpx.Response:
 
 @pytest.fixture(scope="module")
 def alias_bound(core, tmp_path_factory):
-    """The adapter on 127.0.0.2, a loopback alias the SDK leaves unprotected by default."""
+    """The adapter on 127.0.0.2, a loopback alias the SDK leaves unprotected by default. Its
+    token is sent with the rebinding requests too: Host/Origin validation holds on its own,
+    should a token ever reach a page."""
+    directory = tmp_path_factory.mktemp("http-sec")
+    secret, http = http_token(directory)
     config = write_config(
-        tmp_path_factory.mktemp("http-sec") / "acme.toml",
+        directory / "acme.toml",
         address=core.address,
         signing_key=core.host_key_path,
         binding=binding_for("acme"),
+        extra=http,
     )
-    adapter = start_http_adapter(config, host="127.0.0.2")
+    adapter = start_http_adapter(config, host="127.0.0.2", headers=bearer(secret))
     yield adapter
     stop(adapter)
 
@@ -77,20 +84,21 @@ def test_rebinding_page_is_refused(alias_bound, body):
     authority = alias_bound.url.split("/")[2]
     # What a DNS-rebinding page makes the browser send: its own name in Host and Origin.
     foreign = _post(alias_bound.url, body, Host=f"evil.example:{authority.split(':')[1]}",
-                    Origin="http://evil.example")
+                    Origin="http://evil.example", **alias_bound.headers)
     assert foreign.status_code == 421, foreign.text
     assert "tools" not in foreign.text
     # The right Host, but a request issued by a web page elsewhere.
-    web = _post(alias_bound.url, body, Origin="https://evil.example")
+    web = _post(alias_bound.url, body, Origin="https://evil.example", **alias_bound.headers)
     assert web.status_code == 403, web.text
     assert "tools" not in web.text
 
 
 async def test_the_bind_address_itself_still_works(alias_bound):
-    async with http_client(alias_bound.url) as client:
+    async with http_client(alias_bound.url, headers=alias_bound.headers) as client:
         assert [t.name for t in (await client.list_tools()).tools] == list(TOOL_NAMES)
-    # A plain non-browser request (no Origin) with the right Host is served.
-    assert _post(alias_bound.url, INITIALIZE).status_code == 200
+    # A plain non-browser request (no Origin) with the right Host and the token is served; without it, 401.
+    assert _post(alias_bound.url, INITIALIZE, **alias_bound.headers).status_code == 200
+    assert _post(alias_bound.url, INITIALIZE).status_code == 401
 
 
 def _refused_start(config, listen: str) -> subprocess.CompletedProcess[str]:

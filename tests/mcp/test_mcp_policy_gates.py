@@ -30,7 +30,7 @@ MODES = ["auto", "legacy"]
 @pytest.fixture(scope="module")
 def gated(tmp_path_factory) -> Path:
     """A core whose bundle (data only, no Python change) requires confirmation for capture and admission."""
-    from engram_core.rpc.server import default_policies_dir, start_core
+    from engram_core.app.composition import default_policies_dir, start_core
 
     root = tmp_path_factory.mktemp("gated")
     bundle = root / "policies"

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_used_up_search_quota_is_a_retriable_rate_limited_envelope(tmp_path) -> None:
-    from engram_core.rpc.server import default_policies_dir, start_core
+    from engram_core.app.composition import default_policies_dir, start_core
 
     bundle = tmp_path / "policies"
     shutil.copytree(default_policies_dir(), bundle)

@@ -20,11 +20,13 @@ from mcp_helpers import (
     activate,
     approve,
     audit_rows,
+    bearer,
     binding_for,
     capture_args,
     decline,
     envelope_of,
     http_client,
+    http_token,
     start_http_adapter,
     stdio_client,
     stop,
@@ -102,7 +104,7 @@ def _nine_mistakes(word: str) -> list[tuple[str, str, dict[str, Any], str, str]]
          "/payload/valid_time/t"),
         ('Mem0-style {"text": ...}', "engram_memory_capture", {"text": f"remember {word}"}, "wrong_shape", ""),
         ("10-character idempotency key", "engram_memory_capture", _mutated(word, short_key),
-         "length_out_of_range", "/idempotency_key"),
+         "idempotency_key_length", "/idempotency_key"),
         ("null for an optional field", "engram_memory_search",
          {"query": word, "purpose_ref": PURPOSE, "limit": None}, "null_value", "/limit"),
     ]
@@ -160,7 +162,7 @@ def test_grpc_refusals_carry_the_class_and_are_audited(core) -> None:
     """The same refusal over gRPC: the constant message of its class in the status, the class in
     ErrorInfo, and the row under the context's audit id."""
     audit_id = "aud_" + token("")[:24]
-    ctx = _signed(core, audit_id)
+    ctx = _signed(core, audit_id, "engram_memory_capture")
     with grpc.insecure_channel(core.address) as channel:
         stub = memory_pb2_grpc.MemoryServiceStub(channel)
         with pytest.raises(grpc.RpcError) as err:
@@ -173,9 +175,10 @@ def test_grpc_refusals_carry_the_class_and_are_audited(core) -> None:
     assert "SECRET_FINDINGS" in refusal_of(row)["reason_codes"]
 
 
-def _signed(core, audit_id: str) -> bytes:
+def _signed(core, audit_id: str, call: str = "engram_memory_search") -> bytes:
     key = load_private_key_file(core.host_key_path)
-    return make_context(key, tenant="acme", workspace="ws-main", principal="agent-alice", agent_id="agent-1",
+    return make_context(key, call=call, tenant="acme", workspace="ws-main", principal="agent-alice",
+                        agent_id="agent-1",
                         session="sess-1", purpose_ref=PURPOSE, audit_id=audit_id,
                         now_ms=time.time_ns() // 1_000_000, memory_enabled=True)
 
@@ -187,6 +190,10 @@ def _signed(core, audit_id: str) -> bytes:
     {"code": "made up"},
     {"operation": "admin.restore"},  # only the agent tools
     {"target": "x" * 600},
+    # Issue 26.7: a token shaped like a reason code sat in plain text in the audit table.
+    {"reason_codes": [SECRET]},
+    {"reason_codes": ["MADE_UP_REASON"]},  # code-shaped, but no catalogue value
+    {"reason_codes": ["PURPOSE_MISMATCH"]},  # a catalogue value of another code
 ])
 def test_record_refusal_takes_catalogue_values_only(core, request_fields) -> None:
     """What a host (or anyone holding a signed context) can write into the audit log through
@@ -197,12 +204,31 @@ def test_record_refusal_takes_catalogue_values_only(core, request_fields) -> Non
     with grpc.insecure_channel(core.address) as channel:
         with pytest.raises(grpc.RpcError) as err:
             host_pb2_grpc.HostServiceStub(channel).RecordRefusal(
-                host_pb2.RecordRefusalRequest(**request), metadata=((CONTEXT_METADATA_KEY, _signed(core, audit_id)),),
+                host_pb2.RecordRefusalRequest(**request),
+                metadata=((CONTEXT_METADATA_KEY, _signed(core, audit_id, "engram_memory_forget")),),
                 timeout=10)
     assert error_from_rpc_error(err.value).code is Code.INVALID_SCHEMA
     rows = audit_rows(core).get(audit_id, [])
     assert all(r["outcome"] == "INVALID_SCHEMA" for r in rows)
     assert "hunter2" not in json.dumps(rows) and "ghp_abc" not in json.dumps(rows)
+    assert SECRET not in json.dumps(rows) and "MADE_UP_REASON" not in json.dumps(rows)
+
+
+def test_record_refusal_scans_what_it_stores(core) -> None:
+    """A target is stored as its digest, but like every stored string it is scanned first: a
+    credential there is refused (UNAUTHORIZED, SECRET_FINDINGS) and its bytes are in no row."""
+    audit_id = "aud_" + token("")[:24]
+    with grpc.insecure_channel(core.address) as channel:
+        with pytest.raises(grpc.RpcError) as err:
+            host_pb2_grpc.HostServiceStub(channel).RecordRefusal(
+                host_pb2.RecordRefusalRequest(operation="engram_memory_forget", code="gate_failed",
+                                              reason_class="declined", reason_codes=["CONFIRMATION_DECLINED"],
+                                              target=SECRET),
+                metadata=((CONTEXT_METADATA_KEY, _signed(core, audit_id)),), timeout=10)
+    assert error_from_rpc_error(err.value).code is Code.UNAUTHORIZED
+    (row,) = audit_rows(core)[audit_id]
+    assert row["outcome"] == "UNAUTHORIZED" and "SECRET_FINDINGS" in refusal_of(row)["reason_codes"]
+    assert SECRET not in json.dumps(row)
 
 
 def test_record_refusal_pointer_keeps_schema_names_only(core) -> None:
@@ -212,7 +238,7 @@ def test_record_refusal_pointer_keeps_schema_names_only(core) -> None:
             host_pb2.RecordRefusalRequest(operation="engram_memory_capture", code="INVALID_SCHEMA",
                                           reason_class="unknown_field", reason_codes=["unknown_field"],
                                           pointer=f"/payload/{SECRET}/components/3/text"),
-            metadata=((CONTEXT_METADATA_KEY, _signed(core, audit_id)),), timeout=10)
+            metadata=((CONTEXT_METADATA_KEY, _signed(core, audit_id, "engram_memory_capture")),), timeout=10)
     (row,) = audit_rows(core)[audit_id]
     assert refusal_of(row)["pointer"] == "/payload/*/components/3/text"
     assert SECRET not in json.dumps(row)
@@ -315,11 +341,12 @@ async def test_a_declined_confirmation_says_declined_and_is_audited(core, acme, 
 async def test_the_adapter_log_names_tool_scope_audit_id_and_reason(core, tmp_path) -> None:
     """Over HTTP (a subprocess whose stderr the test reads): one line per refusal."""
     activate(core, "acme", "ws-main")
+    secret, http = http_token(tmp_path)
     config = write_config(tmp_path / "http.toml", address=core.address, signing_key=core.host_key_path,
-                          binding=binding_for("acme"))
+                          binding=binding_for("acme"), extra=http)
     adapter = start_http_adapter(config)
     try:
-        async with http_client(adapter.url) as client:
+        async with http_client(adapter.url, headers=bearer(secret)) as client:
             env = envelope_of(await client.call_tool("engram_memory_search",
                                                      {"query": "x", "purpose_ref": PURPOSE, "limit": 100}))
     finally:
@@ -389,7 +416,7 @@ def test_a_refused_maintenance_call_is_audited(core) -> None:
         with pytest.raises(grpc.RpcError) as err:
             admin_pb2_grpc.AdminServiceStub(channel).Export(
                 admin_pb2.ExportRequest(tenant="acme", workspace="ws-main", what="audit"),
-                metadata=((CONTEXT_METADATA_KEY, _signed(core, audit_id)),), timeout=10)
+                metadata=((CONTEXT_METADATA_KEY, _signed(core, audit_id, "admin")),), timeout=10)
     error = error_from_rpc_error(err.value)
     assert (error.code, error.reason_class) == (Code.UNAUTHORIZED, "host_only")
     (row,) = audit_rows(core)[audit_id]

@@ -41,7 +41,8 @@ def _now_ms() -> int:
 
 def _revoke(core, tenant: str) -> int:
     key = load_private_key_file(core.host_key_path)
-    ctx = make_context(key, tenant="_host", workspace="_admin", principal="host:operator", now_ms=_now_ms(),
+    ctx = make_context(key, call="admin", tenant="_host", workspace="_admin", principal="host:operator",
+                       now_ms=_now_ms(),
                        host_principal=True, maintenance_scopes=("read", "maintain"), memory_enabled=False)
     with grpc.insecure_channel(core.address) as channel:
         out = admin_pb2_grpc.AdminServiceStub(channel).Revoke(
@@ -76,7 +77,8 @@ async def test_adapter_keeps_working_after_revoke_while_older_contexts_are_refus
                                               {"candidate_id": cap["candidate_id"], "idempotency_key": unique("a")}))
         record_id = adm["outcome"]["record_id"]
         # A context the host signed before the revoke (say it leaked): epoch 0, still inside its lifetime.
-        leaked = make_context(key, tenant=tenant, workspace=WORKSPACE, principal=binding["principal"],
+        leaked = make_context(key, call="engram_memory_get", tenant=tenant, workspace=WORKSPACE,
+                              principal=binding["principal"],
                               purpose_ref=PURPOSE, now_ms=_now_ms())
 
         assert _revoke(core, tenant) == 1

@@ -33,9 +33,9 @@ from mcp_helpers import (
     write_config,
 )
 
+from engram_core.app.composition import start_core
 from engram_core.errors import REFUSALS, Code
 from engram_core.observability.logs import CALL_LOGGER
-from engram_core.rpc.server import start_core
 from engram_core.schemas import INPUT_SCHEMAS, TOOL_NAMES, output_schema
 
 pytestmark = pytest.mark.anyio
@@ -274,7 +274,8 @@ async def test_unreachable_core_is_an_error_envelope_never_an_empty_success(cfg_
     async with stdio_client(config) as client:
         with pytest.raises(MCPError) as err:
             await client.list_tools()
-        assert err.value.code == -32603
+        # transient, so the retriable signal, not -32603's "stop" (issue 31 item 1)
+        assert err.value.code == -32010 and err.value.data["retriable"] is True
         result = await client.call_tool("engram_memory_search", {"query": "x", "purpose_ref": PURPOSE})
         env = envelope_of(result)
         assert env["ok"] is False and env["error"]["retriable"] is True
@@ -469,8 +470,8 @@ async def test_request_state_is_single_use_and_tamper_proof(acme):
 
 async def test_core_deadline_comes_back_as_a_retriable_envelope(tmp_path, cfg_dir):
     """A core that does not answer within the host's deadline: the agent gets a retriable
-    DEADLINE_EXCEEDED envelope. The core is held busy for real (an exclusive write transaction
-    holds the audit lock the search's audit row needs), not raced against a 1 ms deadline: that
+    DEADLINE_EXCEEDED envelope. The core is held busy for real (the writer chain's audit lock,
+    which the search's own audit row needs, is held), not raced against a 1 ms deadline: that
     version also sent the SDK's own tools/list (for the output schema) past the deadline now and
     then, and failed in CI."""
     running = start_core(tmp_path / "data")
@@ -488,7 +489,7 @@ async def test_core_deadline_comes_back_as_a_retriable_envelope(tmp_path, cfg_di
             held, release = threading.Event(), threading.Event()
 
             def hold_the_store() -> None:
-                with running.core.store.write():
+                with running.core.store._audit_lock:  # a read's row joins the writer chain under it
                     held.set()
                     release.wait(10)
 

@@ -48,7 +48,7 @@ def test_every_call_is_one_json_line_with_scope_outcome_reasons_and_no_content(s
     activate(served)
     ana = Client(served)
     audit_id = "aud_" + secrets.token_hex(12)
-    cap = ana.call("capture", _capture_args(), context=ana.context(audit_id=audit_id))
+    cap = ana.call("capture", _capture_args(), context=ana.context("capture", audit_id=audit_id))
     adm = ana.admit(cap["candidate_id"])
     record_id = adm["outcome"]["record_id"]
     found = ana.search(QUERY)

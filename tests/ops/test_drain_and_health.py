@@ -17,8 +17,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ops_support import serve
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
+from engram_core.app.composition import start_core
 from engram_core.cli.channel import admin_metadata
-from engram_core.rpc.server import LIVENESS_SERVICE, start_core
+from engram_core.rpc.server import LIVENESS_SERVICE
 from engram_core.store.audit_spool import SPOOL_NAME
 
 WORKERS = 6
@@ -50,7 +51,7 @@ def test_sigterm_under_load_loses_no_acknowledged_call_and_needs_no_replay(tmp_p
                 else:
                     audit_id = "aud_" + secrets.token_hex(12)
                     client.call("search", {"query": "drain acknowledged", "purpose_ref": client.purpose_ref},
-                                context=client.context(audit_id=audit_id), timeout=30)
+                                context=client.context("search", audit_id=audit_id), timeout=30)
                     with lock:
                         acked_reads.append(audit_id)
             except Failed:
@@ -153,3 +154,14 @@ def _health_after_stop_refused(address: str) -> bool:
     except grpc.RpcError:
         return True
     return False
+
+
+def test_a_core_stopped_right_after_it_started_closes_cleanly(tmp_path) -> None:
+    """The search index is built after the server listens, on a thread of its own; a stop right
+    then closed the store under the build (the file stayed locked for the next start, or the
+    process aborted). The store now lets the build finish before it closes."""
+    from engram_core.app.composition import start_core
+
+    for _ in range(4):
+        start_core(tmp_path / "data", semantic=False).stop()
+    start_core(tmp_path / "data", semantic=False).stop()  # and the store opens again

@@ -5,6 +5,7 @@ logs carry one line per tool call without the arguments."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import time
 import urllib.request
@@ -21,17 +22,19 @@ from mcp_helpers import (
     Core,
     activate,
     approve,
+    bearer,
     binding_for,
     capture_args,
     free_port,
     http_client,
+    http_token,
     unique,
     value_of,
     write_config,
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from engram_core.rpc.server import start_core
+from engram_core.app.composition import start_core
 
 pytestmark = pytest.mark.anyio
 QUERY = "cormorant lantern protocol"
@@ -47,32 +50,36 @@ def adapter(tmp_path: Path):
     running = start_core(tmp_path / "core")
     core = Core(address=running.address, host_key_path=Path(running.host_key_path))
     activate(core, "acme", WORKSPACE)
+    secret, http = http_token(tmp_path)
     config = write_config(tmp_path / "acme.toml", address=core.address, signing_key=core.host_key_path,
-                          binding=binding_for("acme"))
+                          binding=binding_for("acme"), extra=http)
     port, metrics_port = free_port(), free_port()
     log_path = tmp_path / "mcp.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen([ENGRAM, "mcp", "--host-config", str(config), "--http", f"127.0.0.1:{port}",
                                  "--metrics", f"127.0.0.1:{metrics_port}", "--log-format", "json"],
                                 cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
-    deadline = time.monotonic() + 30
+    # Ready when both listen: /metrics comes up before the MCP port (the adapter serves metrics
+    # first), and on a loaded machine the gap was long enough for the first client to be refused.
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         assert proc.poll() is None, log_path.read_text()
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=1)
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
             break
         except OSError:
             time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}/mcp", f"127.0.0.1:{metrics_port}", log_path
+    yield f"http://127.0.0.1:{port}/mcp", f"127.0.0.1:{metrics_port}", log_path, bearer(secret)
     proc.terminate()
     proc.wait(timeout=10)
     running.stop()
 
 
 async def test_tool_calls_are_counted_by_tool_and_outcome(adapter) -> None:
-    url, metrics_address, log_path = adapter
+    url, metrics_address, log_path, headers = adapter
     made: Counter[tuple[str, str]] = Counter()
-    async with http_client(url, elicitation=approve) as client:
+    async with http_client(url, headers=headers, elicitation=approve) as client:
         await _wait_listening(client)
         cap = value_of(await client.call_tool("engram_memory_capture", capture_args(unique("key"), f"Note {QUERY}")))
         made[("engram_memory_capture", "OK")] += 1

@@ -190,8 +190,8 @@ def test_semantic_embed_latency_is_observed(tmp_path: Path) -> None:
     """The local embedding model is timed at admission (the record) and at a semantic search (the query)."""
     from prometheus_client import generate_latest
 
+    from engram_core.app.composition import start_core
     from engram_core.observability.metrics import CoreMetrics
-    from engram_core.rpc.server import start_core
 
     metrics = CoreMetrics()
     running = start_core(tmp_path / "data", semantic=True, metrics=metrics)

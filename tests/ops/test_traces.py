@@ -28,9 +28,9 @@ from opentelemetry.trace import SpanKind
 
 from adapters.mcp.config import load_host_config
 from adapters.mcp.main import build_adapter
+from engram_core.app.composition import start_core
 from engram_core.hostkeys import load_private_key_file
 from engram_core.observability import tracing
-from engram_core.rpc.server import start_core
 
 pytestmark = pytest.mark.anyio
 SECRET_TEXT = "Pelicans audit the granite vault with tangerine passphrase 90417"

@@ -42,6 +42,9 @@ class OpaRestTestServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 request = json.loads(self.rfile.read(length) or b"{}")
                 path = self.path.split("?", 1)[0]
+                if path == "/v1/query":  # OPA's Query API: an ad-hoc query over the same engine
+                    self._send(*server.query(request.get("query", ""), request.get("input")))
+                    return
                 prefix = "/v1/data/"
                 if not path.startswith(prefix):
                     self._send(404, {"code": "not_found"})
@@ -79,6 +82,13 @@ class OpaRestTestServer:
         except OpaError as exc:
             return 500, {"code": "internal_error", "message": str(exc)}
         return 200, body
+
+    def query(self, query: str, input: Any) -> tuple[int, dict[str, Any]]:
+        try:
+            return 200, {"result": self.engine.eval_query(query, input)}
+        except OpaError as exc:  # OPA answers a query that does not compile with 400
+            return 400, {"code": "rego_type_error" if "undefined function" in exc.message else "invalid_parameter",
+                         "message": str(exc)}
 
     def __enter__(self) -> OpaRestTestServer:
         self._thread.start()

@@ -13,7 +13,7 @@ from engram_core.hostkeys import load_private_key_file
 
 def activate_scope(core, tenant: str = "fuzz", workspace: str = "w") -> None:
     key = load_private_key_file(core.host_key_path)
-    ctx = make_context(key, tenant="_host", workspace="_admin", principal="host:operator",
+    ctx = make_context(key, call="admin", tenant="_host", workspace="_admin", principal="host:operator",
                        now_ms=time.time_ns() // 1_000_000, host_principal=True,
                        maintenance_scopes=("read", "maintain"), memory_enabled=False)
     with grpc.insecure_channel(core.address) as ch:

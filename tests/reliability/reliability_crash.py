@@ -26,11 +26,12 @@ from engram_core.api import admin_pb2, admin_pb2_grpc
 from engram_core.canonical import digest
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.errors import Code
-from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
+from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
 from engram_core.hostkeys import load_private_key_file
 from engram_core.rpc.status import code_from_rpc_error
 from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
-from engram_core.store.duckdb.store import DuckDBStore
+from engram_core.store.duckdb import open_duckdb_store
+from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, WITHDRAW_TOOL
 
 TENANT, WORKSPACE = "acme", "alpha"
 # What a client may see when the server dies under it.
@@ -54,7 +55,8 @@ class HostAdmin:
         self.stub = admin_pb2_grpc.AdminServiceStub(self.channel)
 
     def md(self) -> list[tuple[str, bytes]]:
-        ctx = make_context(self.key, tenant="_host", workspace="_admin", principal="host:operator", agent_id="ops",
+        ctx = make_context(self.key, call=ADMIN_CALL, tenant="_host", workspace="_admin", principal="host:operator",
+                           agent_id="ops",
                            session="s", now_ms=time.time_ns() // 1_000_000, host_principal=True,
                            maintenance_scopes=("read", "maintain"), memory_enabled=False)
         return [(CONTEXT_METADATA_KEY, ctx)]
@@ -133,7 +135,7 @@ def workload(client: Client, admin: HostAdmin, ledger: Ledger, rng: random.Rando
         """A search or get; its audit row (audit spool) must survive any later kill."""
         audit_id = "aud_soak_" + secrets.token_hex(10)
         try:
-            client.call(op, {**args, "purpose_ref": client.purpose_ref}, context=client.context(audit_id=audit_id),
+            client.call(op, {**args, "purpose_ref": client.purpose_ref}, context=client.context(op, audit_id=audit_id),
                         timeout=5)
         except Failed as f:
             if f.code not in TRANSPORT:
@@ -191,8 +193,8 @@ def workload(client: Client, admin: HostAdmin, ledger: Ledger, rng: random.Rando
 
 
 # -- checks ----------------------------------------------------------------------------------------
-TOOL_OF = {"capture": "engram_memory_capture", "admit": "engram_memory_request_admission",
-           "withdraw": "engram_memory_withdraw", "forget": "engram_memory_forget"}
+TOOL_OF = {"capture": CAPTURE_TOOL, "admit": ADMISSION_TOOL,
+           "withdraw": WITHDRAW_TOOL, "forget": FORGET_TOOL}
 
 
 def target_of(kind: str, args: dict[str, Any], result: dict[str, Any]) -> str:
@@ -231,7 +233,7 @@ def check_replays(client: Client, admin: HostAdmin, ledger: Ledger) -> int:
 def verify_file(data_dir: Path, ledger: Ledger) -> dict[str, int]:
     """Read straight from the DuckDB file (core stopped): chains verify, nothing half-applied,
     every acknowledged mutation has its journal event and its audit row."""
-    store = DuckDBStore(data_dir, keys=FileKeyVault(data_dir))  # postings_count opens sealed projections
+    store = open_duckdb_store(data_dir, keys=FileKeyVault(data_dir))  # postings_count opens sealed projections
     try:
         with store.read() as tx:
             targets_by_op: dict[str, set[str]] = {}
@@ -250,13 +252,15 @@ def verify_file(data_dir: Path, ledger: Ledger) -> dict[str, int]:
                     targets_by_op.setdefault(e.operation, set()).add(e.target)
                     n_events += 1
                 assert prev == scope.last_event_digest and last == scope.last_cursor
-            prev = GENESIS
+            chain_prev: dict[str, str] = {}  # each audit chain on its own
             audited: set[tuple[str, str]] = set()
             audit_ids: set[str] = set()
             n_audit = 0
             for row in tx.audit_rows(None, None, 0, None):
-                assert row["prev_digest"] == prev and audit_digest_of(row) == row["row_digest"]
-                prev = row["row_digest"]
+                chain = row.get("chain", "")
+                assert row["prev_digest"] == chain_prev.get(chain, GENESIS)
+                assert audit_digest_of(row) == row["row_digest"]
+                chain_prev[chain] = row["row_digest"]
                 audited.add((row["operation"], row["target_digest"]))
                 audit_ids.add(row["audit_id"])
                 n_audit += 1

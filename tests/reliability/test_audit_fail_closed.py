@@ -1,7 +1,8 @@
 """Audit fails closed (issue 7 item 6, SPEC §10): a mutation whose audit row cannot
 be written does not happen. The fault is injected into the real store of a
-running in-process core: DuckDBTx.append_audit raises a DuckDB I/O error, as a
-full disk would, inside the mutation's transaction."""
+running in-process core: the DuckDB engine's write of a mutation's audit rows raises a
+DuckDB I/O error, as a full disk would, inside the mutation's transaction (alone or in a
+group commit)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import pytest
 from core_support import Client, capture_args
 from reliability_crash import HostAdmin, activate_scope, domain_state
 
+from engram_core.app.composition import start_core
 from engram_core.errors import Code
-from engram_core.rpc.server import start_core
-from engram_core.store.duckdb.store import DuckDBTx
+from engram_core.store.duckdb import engine as duckdb_engine
 
 
 @pytest.fixture
@@ -37,10 +38,15 @@ def test_audit_write_failure_aborts_every_mutation(core, monkeypatch) -> None:
     with open(core.core.data_dir / "datakeys.bin", "rb") as f:
         slots_before = f.read()
 
-    def failing_audit(self, row):
-        raise duckdb.IOException("injected: audit row cannot be written")
+    def failing(original):
+        def insert_audit(self, docs, *, if_absent=False):
+            if if_absent:  # the reads' spooled rows moving in: they are not what this drill breaks
+                return original(self, docs, if_absent=True)
+            raise duckdb.IOException("injected: audit row cannot be written")
+        return insert_audit
 
-    monkeypatch.setattr(DuckDBTx, "append_audit", failing_audit)
+    for cls in (duckdb_engine.DuckDBEngineTx, duckdb_engine._BatchAudit):
+        monkeypatch.setattr(cls, "insert_audit", failing(cls.insert_audit))
     for op, args, gated in [("capture", cap, False), ("request_admission", adm, False), ("withdraw", wd, True),
                             ("forget", fg, True)]:
         code = c.fails(op, args, grant=gated or None)

@@ -19,8 +19,8 @@ from core_support import Client, Failed, capture_args
 from reliability_crash import HostAdmin, activate_scope
 from reliability_support import scaled
 
+from engram_core.app.composition import start_core
 from engram_core.errors import Code
-from engram_core.rpc.server import start_core
 
 RACERS = 8
 ROUNDS = scaled(4, 40)
@@ -174,7 +174,9 @@ def test_same_key_admission_that_finds_the_key_destroyed_replays(core) -> None:
     (SPEC §7), not ILLEGAL_TRANSITION."""
     from engram_core.hostctx import verify_context
     from engram_core.services.core import CallRecord
-    from engram_core.services.memory import ADMISSION_TOOL, MemoryService
+    from engram_core.services.memory import MemoryService
+    from engram_core.services.pipeline import prepare
+    from engram_core.tools import ADMISSION_TOOL
 
     ana = Client(core)
     cid = ana.capture("Race, made deterministic: the same-key puffin admission.")["candidate_id"]
@@ -186,17 +188,19 @@ def test_same_key_admission_that_finds_the_key_destroyed_replays(core) -> None:
     assert won["replayed"] is False and won["outcome"]["status"] == "accepted"
     memory = MemoryService(core.core)
     ctx = verify_context(ana.context(), core.core.trusted, now_ms=core.core.now_ms())
-    late = memory.admit(ctx, stale, CallRecord(), args=adm, request_digest=memory._request_digest(ADMISSION_TOOL, adm))
+    late = memory.admit(ctx, stale, CallRecord(), guard=prepare(ctx, ADMISSION_TOOL, adm).guard)
     assert late == {**won, "replayed": True}
 
 
 @pytest.mark.parametrize("tool", ["forget", "withdraw"])
-def test_same_key_winner_committing_between_the_pre_checks_replays(core, tool) -> None:
+def test_same_key_winner_committing_between_the_pre_checks_replays(core, tool, monkeypatch) -> None:
     """The same-key forget race of the soak (one of 8 racers answered ALREADY_TERMINAL), made
     deterministic: the winner, with the same idempotency key, commits while the loser runs its
-    pre-checks (stored outcome, then target, each on the latest committed state). The loser's
-    answer is the winner's outcome replayed (SPEC §7), never the lifecycle's refusal of it."""
+    pre-checks (target, then stored outcome, each on the latest committed state:
+    ``pipeline.gated_precondition``). The loser's answer is the winner's outcome replayed
+    (SPEC §7), never the lifecycle's refusal of it."""
     from engram_core.hostctx import verify_context
+    from engram_core.services import pipeline
     from engram_core.services.memory import MemoryService
 
     ana = Client(core)
@@ -207,13 +211,17 @@ def test_same_key_winner_committing_between_the_pre_checks_replays(core, tool) -
     args = {**target, "idempotency_key": f"same-key-pre-check-{tool}-0001", "reason_ref": "reason:race"}
     won: list[dict[str, Any]] = []
 
-    class WinnerCommitsMeanwhile(MemoryService):
-        def _replay(self, tx, ctx, tool_name, replay_args, request_digest):
-            prior = super()._replay(tx, ctx, tool_name, replay_args, request_digest)
-            if not won:  # the first pre-check read: the winner commits right after it
-                won.append(ana.call(tool, args, grant=True))
-            return prior
+    precheck = pipeline.guarded_outcome
+    raced: list[bool] = []
 
+    def winner_commits_meanwhile(tx, ctx, guard):
+        prior = precheck(tx, ctx, guard)
+        if not raced:  # the loser's read of the key: the winner (not raced again) commits right after it
+            raced.append(True)
+            won.append(ana.call(tool, args, grant=True))
+        return prior
+
+    monkeypatch.setattr(pipeline, "guarded_outcome", winner_commits_meanwhile)
     ctx = verify_context(ana.context(), core.core.trusted, now_ms=core.core.now_ms())
-    late = getattr(WinnerCommitsMeanwhile(core.core), tool)(ctx, args, ana.grant(tool, args))
+    late = getattr(MemoryService(core.core), tool)(ctx, args, ana.grant(tool, args))
     assert won[0]["replayed"] is False and late == {**won[0], "replayed": True}

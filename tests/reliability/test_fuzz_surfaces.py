@@ -33,12 +33,12 @@ from hypothesis_jsonschema import from_schema
 from reliability_support import SOAK, deep, derive_cases, draw_pool, mutated, scaled
 
 from engram_core.api import memory_pb2, memory_pb2_grpc
+from engram_core.app.composition import start_core
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import CONFIRMATION_METADATA_KEY, CONTEXT_METADATA_KEY, make_context, make_grant
 from engram_core.hostkeys import load_private_key_file
 from engram_core.operation import operation_digest, target_of
 from engram_core.rpc.convert import message_to_value, value_to_message
-from engram_core.rpc.server import start_core
 from engram_core.rpc.status import code_from_rpc_error
 from engram_core.schemas import INPUT_SCHEMAS
 from engram_core.validation import validate_arguments
@@ -310,7 +310,8 @@ def test_grpc_surface_never_internal(fuzz_core, pool) -> None:
         sent = message_to_value(request)
         valid = _valid(tool, sent)
         nothing.before(valid)
-        metadata = [(CONTEXT_METADATA_KEY, make_context(key, tenant="fuzz", workspace="w", principal="user:fuzz",
+        metadata = [(CONTEXT_METADATA_KEY, make_context(key, call=tool, tenant="fuzz", workspace="w",
+                                                        principal="user:fuzz",
                                                         purpose_ref=PURPOSE, now_ms=time.time_ns() // 1_000_000))]
         if valid and tool in CONFIRMED:
             metadata.append((CONFIRMATION_METADATA_KEY, _grant(key, tool, sent)))  # the human said yes
@@ -345,7 +346,7 @@ def test_raw_garbage_bytes_never_internal(fuzz_core) -> None:
     @given(st.sampled_from(sorted(GRPC)), st.binary(max_size=512))
     def run(tool: str, raw: bytes) -> None:
         call = channel.unary_unary(f"/engram.v1.MemoryService/{GRPC[tool][1]}")
-        ctx = make_context(key, tenant="fuzz", workspace="w", principal="user:fuzz", purpose_ref=PURPOSE,
+        ctx = make_context(key, call=tool, tenant="fuzz", workspace="w", principal="user:fuzz", purpose_ref=PURPOSE,
                            now_ms=time.time_ns() // 1_000_000)
         try:
             call(raw, metadata=[(CONTEXT_METADATA_KEY, ctx)], timeout=10)
@@ -414,12 +415,14 @@ def _as_sent(tool: str, args: Any) -> Any:
 
 
 def _adapter_pids() -> list[int]:
-    """The `engram mcp` subprocesses of this test process (Linux /proc)."""
+    """The `engram mcp` subprocesses of this test process serving the fuzz session's config
+    (Linux /proc): adapters other test modules of the same process started are not this one."""
     pids = []
     for children in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
         for pid in children.read_text().split():
             try:
-                if b"mcp" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if b"mcp" in cmdline and b"fuzz.toml" in cmdline:
                     pids.append(int(pid))
             except OSError:
                 pass

@@ -13,8 +13,8 @@ import pytest
 from core_support import Client, Failed
 from reliability_crash import activate_scope, domain_state
 
+from engram_core.app.composition import start_core
 from engram_core.errors import Code
-from engram_core.rpc.server import start_core
 
 NEVER_RECORD = "mem_" + "a" * 52
 NEVER_CANDIDATE = "cand_" + "b" * 26

@@ -25,8 +25,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from reliability_crash import domain_state
 
 from engram_core.api import admin_pb2, host_pb2
+from engram_core.app.composition import default_policies_dir, start_core
 from engram_core.errors import Code
-from engram_core.rpc.server import default_policies_dir, start_core
 
 sys.path.append(str(Path(__file__).resolve().parent.parent / "policy"))
 from opa_rest_server import OpaRestTestServer  # noqa: E402

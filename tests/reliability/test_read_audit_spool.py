@@ -1,6 +1,6 @@
 """Audit rows of reads (SPEC §1: a call's auditId appears in the audit log) go to the audit
-spool: durable before the read answers, in the one hash chain, moved into the table in
-batches, at snapshot reads, at close and at the open after a crash."""
+spool: durable before the read answers, on the process's writer chain, moved into the table
+in batches, at snapshot reads, at close and at the open after a crash."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from crash_harness import CoreProcess
 from engram_core.errors import Code, EngramError
 from engram_core.services.maintenance import check_audit
 from engram_core.store import audit_spool
-from engram_core.store.duckdb import store as duckdb_store
-from engram_core.store.duckdb.store import DuckDBStore
+from engram_core.store import kernel as store_kernel
+from engram_core.store.chain import scope_chain
+from engram_core.store.duckdb import open_duckdb_store
+from engram_core.store.kernel import StoreKernel
 from engram_core.store.port import AuditRow
 
 
@@ -30,23 +32,29 @@ def _row(i: int) -> AuditRow:
                     target_digest="", decisions=[{"path": "engram/authz", "n": i}])
 
 
-def _table(store: DuckDBStore) -> list[dict]:
+def _table(store: StoreKernel) -> list[dict]:
     with store.read() as tx:  # a snapshot: the spool is moved first
         return tx.audit_rows(None, None, 0, None)
 
 
-def _abandon(store: DuckDBStore) -> None:
+def _heads(store: StoreKernel) -> dict[str, tuple[int, str]]:
+    with store.read() as tx:
+        return tx.audit_heads()
+
+
+def _abandon(store: StoreKernel) -> None:
     """Let go of a store the way a killed process does: no close, no spool move, no checkpoint."""
+    store._mover.shutdown(wait=True)
     store._spool.close()
-    store._con.close()
-    store._lock_file.close()
+    store.engine._con.close()
+    store.engine._lock_file.close()
 
 
 def _table_raw(data) -> list[int]:
     """Sequence numbers in the table without moving the spool (a store that does not migrate)."""
-    store = DuckDBStore(data, migrate=False)
+    store = open_duckdb_store(data, keys=None, migrate=False)
     try:
-        return [r[0] for r in store._con.execute("SELECT seq FROM audit ORDER BY seq").fetchall()]
+        return [r[0] for r in store.engine._con.execute("SELECT seq FROM audit ORDER BY seq").fetchall()]
     finally:
         _abandon(store)
 
@@ -63,57 +71,64 @@ def test_acknowledged_reads_are_in_the_audit_log_after_sigkill(tmp_path) -> None
         acked = []
         for i in range(25):
             audit_id = f"aud_read_drill_{i:03d}"
-            ctx = client.context(audit_id=audit_id)
             if i % 2:
-                client.call("search", {"query": "shoveler", "purpose_ref": client.purpose_ref}, context=ctx)
+                client.call("search", {"query": "shoveler", "purpose_ref": client.purpose_ref},
+                            context=client.context("search", audit_id=audit_id))
             else:
-                client.call("get", {"record_id": rid, "purpose_ref": client.purpose_ref}, context=ctx)
+                client.call("get", {"record_id": rid, "purpose_ref": client.purpose_ref},
+                            context=client.context("get", audit_id=audit_id))
             acked.append(audit_id)
         client.channel.close()
     finally:
         proc.kill()  # no close: the spooled rows are moved by the next open
     assert len(_table_raw(data)) < 25  # the reads' rows were still only in the spool
-    store = DuckDBStore(data)
+    store = open_duckdb_store(data, keys=None)
     try:
         rows = _table(store)
-        assert not check_audit(rows, store.audit_head)
+        assert not check_audit(rows, _heads(store))
         assert {r["audit_id"] for r in rows} >= set(acked)
         assert (data / audit_spool.SPOOL_NAME).stat().st_size == 0
     finally:
         store.close()
 
 
-def test_spooled_and_transactional_rows_share_one_dense_chain(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(duckdb_store, "SPOOL_BATCH", 4)
-    store = DuckDBStore(tmp_path)
+def test_spooled_and_transactional_rows_each_keep_a_dense_chain(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(store_kernel, "SPOOL_BATCH", 4)
+    store = open_duckdb_store(tmp_path, keys=None)
     try:
         for i in range(6):
             store.append_audit(_row(i))
             if i == 2:
                 with store.write() as tx:  # a mutation's row, in its own transaction
                     tx.append_audit(_row(100))
+            if i == 3:
+                store._mover.submit(lambda: None).result()  # the move the fourth row started
         assert len(store._spool.pending) == 2  # the first four read rows moved as one batch, two since
         rows = _table(store)
-        assert [r["seq"] for r in rows] == list(range(1, 8)) and not check_audit(rows, store.audit_head)
-        assert [r["audit_id"] for r in rows][3] == "aud_spool_100"
+        assert not check_audit(rows, _heads(store))
+        writer = [r for r in rows if r["chain"] == store.writer_chain]
+        assert [r["seq"] for r in writer] == list(range(1, 7))
+        assert [(r["seq"], r["audit_id"]) for r in rows if r["chain"] == scope_chain("acme", "alpha")] == [
+            (1, "aud_spool_100")]
         assert store._spool.pending == []
     finally:
         store.close()
 
 
 def test_rows_moved_before_a_crash_cut_the_spool_are_not_duplicated(tmp_path) -> None:
-    store = DuckDBStore(tmp_path)
+    store = open_duckdb_store(tmp_path, keys=None)
     for i in range(3):
         store.append_audit(_row(i))
     spooled = (tmp_path / audit_spool.SPOOL_NAME).read_bytes()
     store.close()  # moves the rows and truncates the spool
     # As if the process died after the move committed and before the truncation.
     (tmp_path / audit_spool.SPOOL_NAME).write_bytes(spooled)
-    store = DuckDBStore(tmp_path)
+    store = open_duckdb_store(tmp_path, keys=None)
     try:
         store.append_audit(_row(3))
         rows = _table(store)
-        assert [r["seq"] for r in rows] == [1, 2, 3, 4] and not check_audit(rows, store.audit_head)
+        # The first process's three rows once (not twice), then the second process's own chain.
+        assert sorted(r["seq"] for r in rows) == [1, 1, 2, 3] and not check_audit(rows, _heads(store))
     finally:
         store.close()
 
@@ -121,7 +136,7 @@ def test_rows_moved_before_a_crash_cut_the_spool_are_not_duplicated(tmp_path) ->
 def _died_after_two_reads(data) -> bytes:
     """A store that appended two read rows and then died without close; the spool's bytes."""
     data.mkdir()
-    store = DuckDBStore(data)
+    store = open_duckdb_store(data, keys=None)
     store.append_audit(_row(0))
     store.append_audit(_row(1))
     _abandon(store)
@@ -133,12 +148,12 @@ def test_a_torn_last_append_is_dropped(tmp_path, torn: bytes) -> None:
     data = tmp_path / "data"
     good = _died_after_two_reads(data)
     (data / audit_spool.SPOOL_NAME).write_bytes(good + torn)
-    store = DuckDBStore(data)
+    store = open_duckdb_store(data, keys=None)
     try:
         assert [r["seq"] for r in _table(store)] == [1, 2]
         store.append_audit(_row(2))  # continues on a line of its own
         rows = _table(store)
-        assert [r["seq"] for r in rows] == [1, 2, 3] and not check_audit(rows, store.audit_head)
+        assert sorted(r["seq"] for r in rows) == [1, 1, 2] and not check_audit(rows, _heads(store))
     finally:
         store.close()
 
@@ -148,15 +163,15 @@ def test_an_unreadable_line_before_the_last_refuses_the_open(tmp_path) -> None:
     good = _died_after_two_reads(data)
     (data / audit_spool.SPOOL_NAME).write_bytes(b"not json\n" + good)
     with pytest.raises(EngramError) as err:
-        DuckDBStore(data)
+        open_duckdb_store(data, keys=None)
     assert err.value.code is Code.JOURNAL_CORRUPT
 
 
 def test_a_failed_spool_write_fails_the_read_and_leaves_the_chain_intact(tmp_path, monkeypatch) -> None:
-    store = DuckDBStore(tmp_path)
+    store = open_duckdb_store(tmp_path, keys=None)
     try:
         store.append_audit(_row(0))
-        head = store.audit_head
+        head = store._writer_head
 
         def disk_full(fd, data):
             raise OSError(errno.ENOSPC, "No space left on device")
@@ -164,19 +179,19 @@ def test_a_failed_spool_write_fails_the_read_and_leaves_the_chain_intact(tmp_pat
         monkeypatch.setattr(audit_spool.os, "write", disk_full)
         with pytest.raises(EngramError) as err:
             store.append_audit(_row(1))
-        assert err.value.code is Code.STORE_UNAVAILABLE and store.audit_head == head
+        assert err.value.code is Code.STORE_UNAVAILABLE and store._writer_head == head
         monkeypatch.undo()
         store.append_audit(_row(2))
         rows = _table(store)
         assert [r["audit_id"] for r in rows] == ["aud_spool_0", "aud_spool_2"]
-        assert not check_audit(rows, store.audit_head)
+        assert not check_audit(rows, _heads(store))
     finally:
         store.close()
 
 
 def test_a_read_through_the_service_is_audited_before_it_answers(tmp_path) -> None:
     """The service path: a search's audit row is in the spool file when the answer arrives."""
-    from engram_core.rpc.server import start_core
+    from engram_core.app.composition import start_core
 
     running = start_core(tmp_path / "data", semantic=False)
     try:
@@ -184,7 +199,7 @@ def test_a_read_through_the_service_is_audited_before_it_answers(tmp_path) -> No
         client = Client(running)
         before = (tmp_path / "data" / audit_spool.SPOOL_NAME).stat().st_size
         client.call("search", {"query": "anything", "purpose_ref": client.purpose_ref},
-                    context=client.context(audit_id="aud_answered_search"))
+                    context=client.context("search", audit_id="aud_answered_search"))
         spooled = (tmp_path / "data" / audit_spool.SPOOL_NAME).read_bytes()[before:]
         assert b'"audit_id":"aud_answered_search"' in spooled and spooled.endswith(b"\n")
     finally:
@@ -193,8 +208,9 @@ def test_a_read_through_the_service_is_audited_before_it_answers(tmp_path) -> No
 
 def test_inside_a_write_transaction_the_spool_neither_moves_nor_takes_rows(tmp_path) -> None:
     """Moving the spool is a transaction of its own on the writer's connection: never from inside
-    a write transaction (it would end it), and a standalone row there would collide in the chain."""
-    store = DuckDBStore(tmp_path)
+    a write transaction (it would end it), and a standalone row there would wait for, or be
+    undone with, that transaction."""
+    store = open_duckdb_store(tmp_path, keys=None)
     try:
         store.append_audit(_row(0))
         with store.write() as tx:
@@ -206,7 +222,7 @@ def test_inside_a_write_transaction_the_spool_neither_moves_nor_takes_rows(tmp_p
                 store.append_audit(_row(1))
             assert err.value.code is Code.STORE_UNAVAILABLE
         rows = _table(store)
-        assert [r["audit_id"] for r in rows] == ["aud_spool_0", "aud_spool_100"]
-        assert not check_audit(rows, store.audit_head)
+        assert sorted(r["audit_id"] for r in rows) == ["aud_spool_0", "aud_spool_100"]
+        assert not check_audit(rows, _heads(store))
     finally:
         store.close()

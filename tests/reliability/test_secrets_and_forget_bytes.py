@@ -21,13 +21,13 @@ import string
 from pathlib import Path
 
 import pytest
-from core_support import Client, capture_args
+from core_support import Client, capture_args, now_ms
 from reliability_crash import HostAdmin, activate_scope, domain_state
 
 from engram_core.api import admin_pb2
+from engram_core.app.composition import start_core
 from engram_core.crypto.sealing import unseal
 from engram_core.errors import Code
-from engram_core.rpc.server import start_core
 from engram_core.secrets_scan import scan
 
 _rng = random.Random(7)
@@ -191,7 +191,7 @@ def test_forgotten_text_is_nowhere_and_an_earlier_backup_cannot_open_it(core) ->
     item = next(json.loads(line) for line in backup_before.splitlines()
                 if b'"kind":"record"' in line and rid.encode() in line)
     sealed = base64.b64decode(item["sealed_body"])
-    owner, slot = item["key_ref"]["owner"], item["key_ref"]["slot"]
+    owner, slot = item["key_ref"]["owner"], item["key_ref"]["ref"]
     key = core.core.vault.data_key(slot, owner)
     assert word.encode() in unseal(key, sealed, kind="record", owner=rid)  # the backup copy opens… for now
 
@@ -245,3 +245,103 @@ def test_forget_leaves_no_term_hash_and_no_embedding_run_in_any_file(tmp_path: P
     runs = [raw[i:i + 16] for i in range(0, len(raw) - 15, 16)]
     left = sum(any(run in blob for blob in blobs.values()) for run in runs)
     assert left == 0, f"{left} of {len(runs)} embedding runs still in the files"
+
+
+def test_nothing_content_derived_outlives_a_candidate_in_its_facts(tmp_path: Path) -> None:
+    """Issue 26.7: after a forget, `candidates.facts` still held the record's family refs, text
+    and payload sizes in plain text. A candidate's facts are now sealed in its envelope (and the
+    plain column, which older candidates filled, is emptied by forget, withdraw and rejection in
+    their own transaction): once its key is destroyed nothing of them can be read, and the family
+    refs of a withdrawn candidate are in no file of the data directory."""
+    from governance_support import Host, consent, start_with_bundle
+
+    gone, withdrawn, kept = (f"family:zq{_r(16, string.ascii_lowercase)}" for _ in range(3))
+    running = start_with_bundle(tmp_path, edit=consent(gone, withdrawn, kept))
+    data_dir = running.core.data_dir
+    try:
+        c = Client(running)
+        t = now_ms() - 60_000
+        forgotten = c.call("capture", capture_args("A decision we will forget.", t=t,
+                                                   reconciliation={"family_refs": [gone]}))
+        rid = c.admit(forgotten["candidate_id"])["outcome"]["record_id"]
+        pending = c.call("capture", capture_args("A candidate we withdraw.", t=t,
+                                                 reconciliation={"family_refs": [withdrawn]}))["candidate_id"]
+        current = capture_args("A decision that stays current.", t=t, reconciliation={"family_refs": [kept]})
+        assert c.admit(c.call("capture", current)["candidate_id"])["outcome"]["status"] == "accepted"
+        current["idempotency_key"] = f"cap-duplicate-{_r(12)}"
+        duplicate = c.call("capture", current)["candidate_id"]
+        assert c.admit(duplicate)["outcome"]["status"] == "duplicate_exact"
+        with running.core.store.read() as tx:
+            assert tx.candidate("acme", "alpha", pending).facts == {}  # never in plain
+        host = Host(running)
+        inspect = admin_pb2.InspectRequest(tenant="acme", workspace="alpha", candidate_id=pending)
+        view = host.call("InspectCandidate", inspect)  # a host still sees them while it is pending
+        assert view["family_refs"] == [withdrawn] and view["sizes"]["payload_bytes"] > 0
+        running.core.store.checkpoint()
+        c.call("forget", {"record_id": rid, "idempotency_key": f"forget-facts-{_r(10)}", "reason_ref": "r:drill"},
+               grant=True)
+        c.call("withdraw", {"candidate_id": pending, "idempotency_key": f"withdraw-facts-{_r(10)}",
+                            "reason_ref": "r:drill"}, grant=True)
+        with running.core.store.read() as tx:
+            for cid in (forgotten["candidate_id"], pending, duplicate):
+                assert tx.candidate("acme", "alpha", cid).facts == {}, cid
+        for cid in (forgotten["candidate_id"], pending, duplicate):
+            view = host.call("InspectCandidate", admin_pb2.InspectRequest(tenant="acme", workspace="alpha",
+                                                                          candidate_id=cid))
+            assert (view["family_refs"], view["sizes"], view["findings"], view["retention"]) == ([], {}, {}, {}), cid
+        c.channel.close()
+        host.channel.close()
+    finally:
+        running.stop()
+    blobs = {p.name: p.read_bytes() for p in data_dir.rglob("*") if p.is_file()}
+    # The withdrawn candidate's family was only ever in its facts. (A forgotten record's families
+    # were also in its record links, whose deleted rows DuckDB may leave in freed blocks: the limit
+    # docs/security.md names; the live record's are still there, as they should be.)
+    assert not [name for name, blob in blobs.items() if withdrawn.encode() in blob]
+    assert any(kept.encode() in blob for blob in blobs.values())
+
+
+def test_plain_facts_an_older_store_wrote_are_emptied_by_forget_withdraw_and_reject(tmp_path: Path) -> None:
+    """Issue 26.7 on a store written before facts were sealed: its candidates hold family refs and
+    sizes in the plain `candidates.facts` column. Forget, withdraw and rejection empty it in their
+    own transaction (the engine's `scrub_candidate_facts`), so none of it outlives the content."""
+    import duckdb
+    from governance_support import Host, consent, start_with_bundle
+
+    families = [f"family:zq{_r(16, string.ascii_lowercase)}" for _ in range(3)]
+    running = start_with_bundle(tmp_path, edit=consent(*families))
+    c = Client(running)
+    t = now_ms() - 60_000
+    captured = [c.call("capture", capture_args(f"A decision on topic {i} of the drill.", t=t,
+                                               reconciliation={"family_refs": [family]}))["candidate_id"]
+                for i, family in enumerate(families)]
+    forgotten, withdrawn, rejected = captured
+    rid = c.admit(forgotten)["outcome"]["record_id"]
+    c.channel.close()
+    running.stop()
+    con = duckdb.connect(str(tmp_path / "data" / "engram.duckdb"))  # as the column was before the fix
+    try:
+        for cid, family in zip(captured, families, strict=True):
+            con.execute("UPDATE candidates SET facts = ? WHERE candidate_id = ?",
+                        [json.dumps({"family_refs": [family], "payload_bytes": 321, "text_bytes": 42}), cid])
+    finally:
+        con.close()
+    running = start_core(tmp_path / "data", policies_dir=tmp_path / "policies", semantic=False)
+    try:
+        c, host = Client(running), Host(running)
+        with running.core.store.read() as tx:
+            assert all(tx.candidate("acme", "alpha", cid).facts for cid in captured)
+        c.call("forget", {"record_id": rid, "idempotency_key": f"forget-old-{_r(10)}", "reason_ref": "r:drill"},
+               grant=True)
+        c.call("withdraw", {"candidate_id": withdrawn, "idempotency_key": f"withdraw-old-{_r(10)}",
+                            "reason_ref": "r:drill"}, grant=True)
+        host.call("Transition", admin_pb2.TransitionRequest(tenant="acme", workspace="alpha", operation="reject",
+                                                            target=rejected, event_id=f"evt_reject_old_{_r(12)}",
+                                                            reason_ref="r:drill"))
+        with running.core.store.read() as tx:
+            for cid in captured:
+                assert tx.candidate("acme", "alpha", cid).facts == {}, cid
+        c.channel.close()
+        host.channel.close()
+    finally:
+        running.stop()

@@ -22,8 +22,8 @@ import pytest
 from core_support import Client, Failed, capture_args
 from reliability_crash import HostAdmin, activate_scope, domain_state
 
+from engram_core.app.composition import start_core
 from engram_core.errors import Code
-from engram_core.rpc.server import start_core
 
 _rng = random.Random()
 AWS_KEY_ID = "AKIA" + "".join(_rng.choice(string.ascii_uppercase + "234567") for _ in range(16))

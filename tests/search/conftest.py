@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from search_support import Client, activate
 
+from engram_core.app.composition import RunningCore, start_core
 from engram_core.clock import FixedClock
-from engram_core.rpc.server import RunningCore, start_core
-from engram_core.services.embedding import try_load_local_embedder
+from engram_core.embedding.onnx_minilm import try_load_local_embedder
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,11 @@
 """Helpers for search tests: an agent-side gRPC client bound to a signed host context
 (signed at the core's clock, so tests can move time), capture arguments, activation.
-(Named uniquely: pytest imports test helpers by basename.)"""
+(Named uniquely: pytest imports test helpers by basename.)
+
+Each memory ``Client.remember`` captures is captured in a host-bound session of its own unless
+the test names one (``session=``): records of one session captured close together are search
+neighbours (profile v4, docs/search.md "Neighbours"), and a test about packets or paging should
+not get its notes' neighbours in its answers without asking for them."""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from engram_core.operation import operation_digest
 from engram_core.rpc.convert import message_to_value, value_to_message
 from engram_core.rpc.server import RunningCore
 from engram_core.rpc.status import code_from_rpc_error
+from engram_core.tools import FORGET_TOOL
 
 PURPOSE = "purpose:engineering-notes"
 SEMANTIC = {"minimum_channels": "lexical_and_semantic", "network": "forbid"}
@@ -30,6 +36,7 @@ _REQUESTS = {
     "request_admission": (memory_pb2.RequestAdmissionRequest, "RequestAdmission"),
     "forget": (memory_pb2.ForgetRequest, "Forget"),
 }
+_TOOL = {op: "engram_memory_" + op for op in _REQUESTS}
 
 
 class Failed(Exception):
@@ -54,14 +61,16 @@ class Client:
         self.channel = grpc.insecure_channel(core.address)
         self.memory = memory_pb2_grpc.MemoryServiceStub(self.channel)
 
-    def context(self) -> bytes:
-        return make_context(self.key, tenant=self.tenant, workspace=self.workspace, principal=self.principal,
-                            agent_id="agent-7", session="s-1", purpose_ref=self.purpose_ref,
+    def context(self, op: str, session: str = "s-1") -> bytes:
+        return make_context(self.key, call=_TOOL[op], tenant=self.tenant, workspace=self.workspace,
+                            principal=self.principal,
+                            agent_id="agent-7", session=session, purpose_ref=self.purpose_ref,
                             now_ms=self.clock.now_ms(), memory_enabled=True)
 
-    def call(self, op: str, args: dict[str, Any], *, grant: bytes | None = None) -> dict[str, Any]:
+    def call(self, op: str, args: dict[str, Any], *, grant: bytes | None = None,
+             session: str = "s-1") -> dict[str, Any]:
         cls, method = _REQUESTS[op]
-        metadata = [(CONTEXT_METADATA_KEY, self.context())]
+        metadata = [(CONTEXT_METADATA_KEY, self.context(op, session))]
         if grant:
             metadata.append((CONFIRMATION_METADATA_KEY, grant))
         try:
@@ -77,9 +86,11 @@ class Client:
             return f.code
         raise AssertionError(f"{op} unexpectedly succeeded")
 
-    def remember(self, text: str, **payload: Any) -> str:
+    def remember(self, text: str, *, session: str | None = None, **payload: Any) -> str:
+        """Capture and admit one memory; in ``session``, else in a session of its own (see above)."""
         cap = self.call("capture", capture_args(text, purpose_ref=self.purpose_ref, t=payload.pop("t", None),
-                                                now=self.clock.now_ms(), **payload))
+                                                now=self.clock.now_ms(), **payload),
+                        session=session or f"s-own-{next(_counter)}")
         out = self.call("request_admission", {"candidate_id": cap["candidate_id"],
                                               "idempotency_key": f"adm-{cap['candidate_id']}"[:200]})
         assert out["outcome"]["status"] == "accepted", out
@@ -90,7 +101,7 @@ class Client:
 
     def forget(self, record_id: str) -> dict[str, Any]:
         args = {"record_id": record_id, "idempotency_key": f"forget-{record_id[4:40]}", "reason_ref": "reason:test"}
-        tool = "engram_memory_forget"
+        tool = FORGET_TOOL
         grant = make_grant(self.key, tenant=self.tenant, workspace=self.workspace, principal=self.principal,
                            tool=tool, target=record_id, approved_at_ms=self.clock.now_ms(),
                            operation_digest=operation_digest(tool=tool, tenant=self.tenant, workspace=self.workspace,
@@ -141,7 +152,7 @@ def capture_args(text: str, *, purpose_ref: str = PURPOSE, t: int | None = None,
 
 def activate(core: RunningCore, tenant: str = "acme", workspace: str = "alpha", *, clock: Clock | None = None) -> None:
     key = load_private_key_file(core.host_key_path)
-    ctx = make_context(key, tenant="_host", workspace="_admin", principal="host:operator",
+    ctx = make_context(key, call="admin", tenant="_host", workspace="_admin", principal="host:operator",
                        now_ms=(clock or SystemClock()).now_ms(), host_principal=True,
                        maintenance_scopes=("read", "maintain"), memory_enabled=False)
     with grpc.insecure_channel(core.address) as ch:

@@ -10,8 +10,8 @@ from pathlib import Path
 import duckdb
 from search_support import Client, activate
 
+from engram_core.app.composition import RunningCore, start_core
 from engram_core.crypto.keyvault import FileKeyVault
-from engram_core.rpc.server import RunningCore, start_core
 from engram_core.services.lexical import ANALYZER_ID, analyze, query_terms, tokenize
 from engram_core.services.maintenance import ANALYZER_META
 from engram_core.store.projection import Projection, seal_projection

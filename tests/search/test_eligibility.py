@@ -84,7 +84,7 @@ def test_revalidation_drops_without_refilling(core) -> None:
     try:
         from engram_core.hostctx import verify_context
 
-        ctx = verify_context(ana.context(), core.core.trusted, now_ms=core.core.now_ms())
+        ctx = verify_context(ana.context("search"), core.core.trusted, now_ms=core.core.now_ms())
         res = svc.search(ctx, {"query": "shag colony", "purpose_ref": ana.purpose_ref, "limit": 2})
     finally:
         reading.eligible = saved

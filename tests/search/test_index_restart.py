@@ -12,9 +12,9 @@ import duckdb
 import numpy as np
 from search_support import SEMANTIC, Client, activate
 
+from engram_core.app.composition import start_core
 from engram_core.clock import FixedClock
-from engram_core.rpc.server import start_core
-from engram_core.store.duckdb import store as duckdb_store
+from engram_core.store.duckdb import engine as duckdb_store
 from engram_core.store.search_index import IndexBuilder
 
 QUERIES = ["pintail rollout canary", "pintail checklist", "rollback of the pintail canary", "eider migration plan",
@@ -110,7 +110,7 @@ def test_building_the_index_leaves_no_table_blocks_cached_and_the_limit_as_it_wa
         ana = Client(running)
         ids = [ana.remember(f"Scaup note {i}: " + " ".join(f"w{i}x{k}" for k in range(400))) for i in range(40)]
         store = running.core.store
-        con = store._con
+        con = store.engine._con
         limit = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
         con.execute("CHECKPOINT")  # the rows in table blocks, as in a store that was reopened
         # What a scan of both tables leaves in DuckDB's cache, as the build used to.

@@ -1,8 +1,9 @@
-"""Version 3's neighbours through the real core (docs/search.md, "Neighbours"): turns of one
-session, admitted one after another with the session's date as valid time, lend each other score,
-so the turn that answers a question is found through the turn that asked it. Records with other
-valid times never lend, an ineligible neighbour lends nothing, and the score's query relevance is
-the best record's own."""
+"""Neighbours through the real core (docs/search.md, "Neighbours"), the rule version 3 brought:
+turns of one session, admitted one after another with the session's date as valid time, lend each
+other score, so the turn that answers a question is found through the turn that asked it. Records
+with other valid times (captured in other sessions) never lend, an ineligible neighbour lends
+nothing, and the score's query relevance is the best record's own. Version 4's links between
+records captured live in one session: test_live_neighbours.py."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def test_a_forgotten_neighbour_lends_nothing(lexical_core: RunningCore) -> None:
     assert ana.ids("exam passed") == []
 
 
-def test_notes_captured_at_their_own_instants_never_lend(lexical_core: RunningCore) -> None:
+def test_notes_of_other_sessions_dated_apart_never_lend(lexical_core: RunningCore) -> None:
     ana = Client(lexical_core, workspace="notes")
     activate(lexical_core, workspace="notes")
     now = ana.clock.now_ms()
@@ -90,7 +91,7 @@ def test_semantic_profile_lends_in_both_lists(core: RunningCore) -> None:
     query = "What breed is Luna?"
     res = ana.search(query, capability_policy=SEMANTIC)
     ids = [p["record"]["record_id"] for p in res["records"]]
-    assert res["rank_receipt"]["profile"] == "semantic_v3"
+    assert res["rank_receipt"]["profile"] == "semantic_v4"
     assert ids[0] == ask and beside in ids and elsewhere not in ids
     # The vector list itself lends: "beside" is below the threshold on its own similarity.
     with core.core.store.read() as tx:
@@ -99,6 +100,6 @@ def test_semantic_profile_lends_in_both_lists(core: RunningCore) -> None:
         cursor = core.core.store.committed_scope("acme", "chat-semantic").last_cursor
         args = dict(now_ms=ana.clock.now_ms(), max_accepted_cursor=cursor, min_similarity=0.2, limit=100)
         plain = [r[0] for r in tx.rank_vectors("acme", "chat-semantic", model, vector, **args)]
-        lent = tx.rank_vectors("acme", "chat-semantic", model, vector, neighbours=(3, 0.5, 0), **args)
+        lent = tx.rank_vectors("acme", "chat-semantic", model, vector, neighbours=(3, 0.5, 0, 0), **args)
     assert beside not in plain and beside in [r[0] for r in lent]
     assert dict((r[0], r[1]) for r in lent)[beside] < 0.2  # rows carry the record's own similarity

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from search_support import Client, activate
 
+from engram_core.app.composition import RunningCore, default_policies_dir, start_core
 from engram_core.errors import Code
-from engram_core.rpc.server import RunningCore, default_policies_dir, start_core
 
 NARROW = "purpose:audit-narrow"
 NARROW_FIELDS = ["/payload_digest", "/record_id", "/state"]

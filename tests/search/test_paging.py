@@ -110,7 +110,7 @@ def test_expired_pin_is_stale_page(clocked) -> None:
 def test_cursor_from_a_restarted_core_is_stale_page(tmp_path) -> None:
     from search_support import activate
 
-    from engram_core.rpc.server import start_core
+    from engram_core.app.composition import start_core
 
     running = start_core(tmp_path / "d", semantic=False)
     activate(running)

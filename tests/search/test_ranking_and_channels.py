@@ -8,7 +8,7 @@ from search_support import SEMANTIC, Client, activate
 from engram_core.errors import Code
 from engram_core.rpc.server import RunningCore
 from engram_core.services.lexical import ANALYZER_ID
-from engram_core.services.ranking import OFFLINE_LEXICAL_V2, OFFLINE_LEXICAL_V3
+from engram_core.services.ranking import OFFLINE_LEXICAL_V2, OFFLINE_LEXICAL_V3, OFFLINE_LEXICAL_V4
 
 RECEIPT_FIELDS = {"request_digest", "authorization_receipt_digest", "profile", "profile_version",
                   "profile_config_digest", "valid_as_of", "system_as_of", "candidate_count", "ordered_ids_digest",
@@ -50,12 +50,16 @@ def test_rank_receipt_binds_every_contract_field(ana: Client, lanterns: list[str
     res = ana.search("lantern")
     receipt = res["rank_receipt"]
     assert set(receipt) == RECEIPT_FIELDS
-    assert receipt["profile"] == "offline_lexical_v3" and receipt["profile_version"] == "3"
-    assert receipt["profile_config_digest"] == OFFLINE_LEXICAL_V3.config_digest()
-    # Version 3 pins its neighbours in the digest: a v2 receipt or cursor never passes for it.
-    assert OFFLINE_LEXICAL_V3.config_digest() != OFFLINE_LEXICAL_V2.config_digest()
+    assert receipt["profile"] == "offline_lexical_v4" and receipt["profile_version"] == "4"
+    assert receipt["profile_config_digest"] == OFFLINE_LEXICAL_V4.config_digest()
+    # Each version pins its neighbours in the digest: a receipt or cursor of another never passes.
+    digests = {p.config_digest() for p in (OFFLINE_LEXICAL_V2, OFFLINE_LEXICAL_V3, OFFLINE_LEXICAL_V4)}
+    assert len(digests) == 3
     assert OFFLINE_LEXICAL_V3.config()["neighbours"]["span"] == 3
-    assert receipt["candidate_count"] == 4  # only lexical hits are candidates (SPEC §11; no shared valid time)
+    assert "session" not in OFFLINE_LEXICAL_V3.config()["neighbours"]
+    assert OFFLINE_LEXICAL_V4.config()["neighbours"]["session"]["window_ms"] == 2 * 3_600_000
+    # Only lexical hits are candidates (SPEC §11): each note was captured in a session of its own.
+    assert receipt["candidate_count"] == 4
     assert res["response_digest"].startswith("sha256:") and len(res["response_digest"]) == 71
     assert lanterns[4] not in [p["record"]["record_id"] for p in res["records"]]
 
@@ -73,8 +77,8 @@ def test_semantic_profile_finds_paraphrases_lexical_cannot(ana: Client) -> None:
     assert rid not in lexical
     assert rid in [p["record"]["record_id"] for p in semantic["records"]]
     receipt = semantic["rank_receipt"]
-    assert receipt["profile"] == "semantic_v3"
-    assert receipt["profile_config_digest"] != OFFLINE_LEXICAL_V3.config_digest()
+    assert receipt["profile"] == "semantic_v4"
+    assert receipt["profile_config_digest"] != OFFLINE_LEXICAL_V4.config_digest()
 
 
 def test_semantic_profile_adds_vector_hits_without_any_shared_word(ana: Client) -> None:
@@ -107,8 +111,8 @@ def test_embedder_that_needs_the_network_is_unavailable_under_forbid(core: Runni
     with pytest.raises(Exception) as err:
         svc._profile_for({"capability_policy": SEMANTIC})
     assert getattr(err.value, "code", None) == Code.RANKING_UNAVAILABLE
-    assert svc._profile_for({"capability_policy": {**SEMANTIC, "network": "allow"}}).name == "semantic_v3"
-    assert svc._profile_for({}).name == "offline_lexical_v3"
+    assert svc._profile_for({"capability_policy": {**SEMANTIC, "network": "allow"}}).name == "semantic_v4"
+    assert svc._profile_for({}).name == "offline_lexical_v4"
 
 
 def test_profile_config_pins_tokenizer_model_and_fusion(core: RunningCore) -> None:

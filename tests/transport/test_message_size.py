@@ -14,10 +14,11 @@ import pytest
 from mcp_helpers import PURPOSE, WORKSPACE, Core, activate
 
 from engram_core.api import memory_pb2, memory_pb2_grpc
+from engram_core.app.composition import RunningCore, start_core
 from engram_core.errors import RETRIABLE, Code
 from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
 from engram_core.hostkeys import load_private_key_file
-from engram_core.rpc.server import MAX_MESSAGE_BYTES, RunningCore, start_core
+from engram_core.rpc.server import MAX_MESSAGE_BYTES
 from engram_core.rpc.status import code_from_rpc_error
 
 
@@ -30,7 +31,8 @@ def core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCore]:
 
 
 def _search(core: RunningCore, query: str) -> Code:
-    ctx = make_context(load_private_key_file(core.host_key_path), tenant="acme", workspace=WORKSPACE,
+    ctx = make_context(load_private_key_file(core.host_key_path), call="engram_memory_search", tenant="acme",
+                       workspace=WORKSPACE,
                        principal="agent-alice", purpose_ref=PURPOSE, now_ms=time.time_ns() // 1_000_000,
                        memory_enabled=True)
     with grpc.insecure_channel(core.address) as channel:

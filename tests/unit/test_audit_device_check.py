@@ -1,22 +1,24 @@
-"""check_device: reading an audit device file as the chain the core wrote."""
+"""check_device: reading an audit device file as the chains the core wrote. Most cases use one
+chain (the legacy one: the line format of devices written before the audit log had several
+chains still reads); the last ones interleave several."""
 
 from __future__ import annotations
 
 from engram_core.canonical import canonical_json
 from engram_core.store.audit_device import check_device
-from engram_core.store.chain import GENESIS, audit_doc
+from engram_core.store.chain import GENESIS, LEGACY_CHAIN, audit_doc, scope_chain
 from engram_core.store.port import AuditRow
 
 
-def _row(head: tuple[int, str], who: str = "user:ana") -> dict:
+def _row(head: tuple[int, str], who: str = "user:ana", chain: str = LEGACY_CHAIN) -> dict:
     return audit_doc(AuditRow(at_ms=1, audit_id="a", tenant="t", workspace="w", principal=who, agent_id="x",
-                              operation="op", outcome="ok", target_digest="", decisions=[]), head)
+                              operation="op", outcome="ok", target_digest="", decisions=[]), chain, head)
 
 
-def _chain(n: int, who: str = "user:ana", start: tuple[int, str] = (0, GENESIS)) -> list[dict]:
+def _chain(n: int, who: str = "user:ana", start: tuple[int, str] = (0, GENESIS), chain: str = LEGACY_CHAIN) -> list[dict]:
     rows, head = [], start
     for _ in range(n):
-        rows.append(_row(head, who))
+        rows.append(_row(head, who, chain))
         head = (rows[-1]["seq"], rows[-1]["row_digest"])
     return rows
 
@@ -70,3 +72,22 @@ def test_rows_lost_at_a_restart_are_reported_and_the_chain_goes_on() -> None:
     renamed = _chain(2, who="user:someone")
     lines = [*_lines(*rows), canonical_json({"kind": "open", "seq": 2, "row_digest": renamed[1]["row_digest"]})]
     assert {"seq": "2", "problem": "device_fork"} in check_device(renamed, lines)["problems"]
+
+
+def test_interleaved_chains_are_each_read_as_their_own() -> None:
+    a, b = scope_chain("t", "w"), "writer:0123456789abcdef01234567"
+    ra, rb = _chain(3, chain=a), _chain(3, chain=b)
+    lines = [canonical_json({"kind": "open", "heads": {}}), *_lines(ra[0], rb[0], rb[1], ra[1], ra[2], rb[2])]
+    assert check_device(ra + rb, lines)["ok"]
+    # One chain cut back and continued is a fork of that chain only.
+    again = _chain(1, who="user:other", chain=a, start=(1, ra[0]["row_digest"]))
+    report = check_device(ra[:1] + again + rb, [*lines, *_lines(*again)])
+    assert report["problems"] == [{"chain": a, "seq": "2", "problem": "device_fork"}]
+    # A store reopened with a chain's head missing from the device lost that chain's rows.
+    reopened = canonical_json({"kind": "open", "heads": {a: [1, ra[0]["row_digest"]], b: [3, rb[2]["row_digest"]]}})
+    report = check_device(ra[:1] + rb, [*lines, reopened])
+    assert report["problems"] == [{"chain": a, "seq": "2", "problem": "device_lost_at_restart", "count": 2}]
+    # An abort names its chain.
+    lost = _row((3, rb[2]["row_digest"]), who="never-committed", chain=b)
+    report = check_device(ra + rb, [*lines, *_lines(lost), canonical_json({"kind": "abort", "chain": b, "seqs": [4]})])
+    assert report["ok"]

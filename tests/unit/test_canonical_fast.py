@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import rfc8785
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engram_core.canonical import canonical_json
@@ -47,8 +47,50 @@ def test_fast_path_matches_rfc8785(value: Any) -> None:
     {1: "non-string key"},
     [2**53, -(2**53)], [2**53 - 1, -(2**53) + 1],
     [1.0, 1e21, 1e-7, 123456789012345680000.0, -0.0, 0.1],
+    [1e-4, 0.99999e-4, 9.999999999999998e15, 1e16, 0.873456789, 2.0**52 + 0.5, -1.0, 5e-324],  # the repr range's ends
     {"s": "\x00\x1f\x7f\"\\\u2028"},
     (1, 2), {"t": True, "f": False, "n": None},
 ])
 def test_edges(value: Any) -> None:
     assert _fast(value) == _reference(value)
+
+
+def _spliced(value: Any, depth: int) -> Any:
+    """``value`` with its members (``depth`` levels down) replaced by Canonicals of themselves,
+    and the whole again: what the request pipeline hands to ``digest`` and ``seal``."""
+    from engram_core.canonical import canonical
+
+    if isinstance(value, dict):
+        return {k: canonical(v, depth=depth) for k, v in value.items()}
+    if isinstance(value, list):
+        return [canonical(v, depth=depth) for v in value]
+    return canonical(value, depth=depth)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(VALUES, st.integers(min_value=0, max_value=3))
+def test_a_canonical_spliced_anywhere_writes_the_same_bytes(value: Any, depth: int) -> None:
+    from engram_core.canonical import canonical
+
+    plain = _fast(value)
+    if not isinstance(plain, bytes):
+        return  # not canonical JSON at all: nothing to splice
+    made = canonical(value, depth=depth)
+    assert made.data == plain
+    assert canonical_json(_spliced(value, depth)) == plain
+    assert canonical_json({"outer": made, "list": [made]}) == canonical_json({"outer": value, "list": [value]})
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(KEYS, VALUES, max_size=6), st.dictionaries(KEYS, VALUES, max_size=3))
+def test_an_object_composed_from_members_is_the_object(members: dict[str, Any], changes: dict[str, Any]) -> None:
+    from engram_core.canonical import canonical, canonical_object
+
+    merged = {**members, **changes}
+    plain = _fast(merged)
+    if not isinstance(plain, bytes) or not all(isinstance(_fast(v), bytes) for v in (members, changes)):
+        return  # a part that is not canonical JSON (an infinity the change replaced, ...)
+    base = canonical(members, depth=1)
+    composed = canonical_object({**(base.members or {}), **{k: canonical(v) for k, v in changes.items()}})
+    assert composed.data == plain
+    assert composed.value == merged

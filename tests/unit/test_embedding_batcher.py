@@ -9,7 +9,9 @@ import time
 
 import pytest
 
-from engram_core.services.embedding import EmbeddingBatcher, SemanticUnavailable, try_load_local_embedder
+from engram_core.embedding.onnx_minilm import try_load_local_embedder
+from engram_core.embedding.port import SemanticUnavailable
+from engram_core.services.embedding import EmbeddingBatcher
 
 
 class SlowModel:

@@ -18,7 +18,10 @@ import pytest
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.errors import Code, EngramError
 from engram_core.services.maintenance import check_audit
-from engram_core.store.duckdb.store import DuckDBStore, DuckDBTx
+from engram_core.store.chain import scope_chain
+from engram_core.store.duckdb import open_duckdb_store
+from engram_core.store.kernel import KernelTx as DuckDBTx
+from engram_core.store.kernel import StoreKernel as DuckDBStore
 from engram_core.store.port import AuditRow, IdempotencyRow
 
 T, W = "acme", "alpha"
@@ -26,9 +29,9 @@ T, W = "acme", "alpha"
 
 @pytest.fixture()
 def store(tmp_path: Path):
-    s = DuckDBStore(tmp_path, keys=FileKeyVault(tmp_path))
+    s = open_duckdb_store(tmp_path, keys=FileKeyVault(tmp_path))
     commits: list[int] = []
-    s.on_commit = lambda _seconds, transactions: commits.append(transactions)
+    s.engine.on_commit = lambda _seconds, transactions: commits.append(transactions)
     s.commits = commits  # type: ignore[attr-defined]
     yield s
     if s.is_open():
@@ -51,7 +54,7 @@ def _batch(store: DuckDBStore, bodies: list[Callable[[DuckDBTx], object]]) -> li
             with store.write(batched=True) as tx:
                 entered[i].set()
                 deadline = time.monotonic() + 10
-                while i < len(bodies) - 1 and store._waiting < 1 and time.monotonic() < deadline:
+                while i < len(bodies) - 1 and store.engine._waiting < 1 and time.monotonic() < deadline:
                     time.sleep(0.001)
                 results[i] = bodies[i](tx)
         except EngramError as exc:
@@ -78,7 +81,7 @@ def test_members_share_one_commit_and_survive_a_reopen(store: DuckDBStore, tmp_p
     assert cursors == [1, 2, 3, 4, 5]  # the chain runs through the batch
     assert store.commits == [5]  # type: ignore[attr-defined]
     store.close()
-    reopened = DuckDBStore(tmp_path, keys=FileKeyVault(tmp_path))
+    reopened = open_duckdb_store(tmp_path, keys=FileKeyVault(tmp_path))
     try:
         with reopened.read() as tx:
             events = tx.events(T, W, 1, None)
@@ -138,7 +141,7 @@ def test_members_read_what_earlier_members_of_their_batch_wrote(store: DuckDBSto
     with store.read() as tx:
         assert tx.idempotency_get(T, W, "agent", "key-1") == row
         assert tx.data_key_slot("candidate:cand_1") is None
-        assert tx.key_destruction("candidate:cand_1") == 2
+        assert tx.key_destruction("candidate:cand_1").at_ms == 2
 
 
 def test_a_promoted_member_that_fails_takes_its_batch_down_retriably(store: DuckDBStore) -> None:
@@ -168,11 +171,11 @@ def test_an_exclusive_transaction_commits_the_open_batch_first(store: DuckDBStor
 
     first = threading.Thread(target=member)
     first.start()
-    while store._batch is None:
+    while store.engine._batch is None:
         time.sleep(0.001)
     second = threading.Thread(target=exclusive)
     second.start()
-    while store._waiting < 1:
+    while store.engine._waiting < 1:
         time.sleep(0.001)
     release.set()
     first.join(10)
@@ -279,11 +282,14 @@ def test_a_reads_audit_row_does_not_wait_for_the_writers_and_the_chain_stays_who
     reader.join(10)
     with store.read() as tx:  # a snapshot moves the spool into the table first
         rows = tx.audit_rows(None, None, 1, None)
-    assert [r["audit_id"] for r in rows] == [_row(2).audit_id, _row(1).audit_id]
-    assert check_audit(rows, store.audit_head) == []
+        heads = tx.audit_heads()
+    # The read's row is on this process's writer chain, the mutation's on its scope's chain.
+    chains = {r["audit_id"]: r["chain"] for r in rows}
+    assert chains == {_row(1).audit_id: scope_chain(T, W), _row(2).audit_id: store.writer_chain}
+    assert check_audit(rows, heads) == []
 
 
-def test_concurrent_reads_and_group_commits_keep_one_dense_audit_chain(store: DuckDBStore, tmp_path: Path) -> None:
+def test_concurrent_reads_and_group_commits_keep_every_audit_chain_dense(store: DuckDBStore, tmp_path: Path) -> None:
     errors: list[BaseException] = []
 
     def reads(k: int) -> None:
@@ -310,12 +316,14 @@ def test_concurrent_reads_and_group_commits_keep_one_dense_audit_chain(store: Du
         t.join(60)
     assert errors == []
     store.close()
-    reopened = DuckDBStore(tmp_path, keys=FileKeyVault(tmp_path))
+    reopened = open_duckdb_store(tmp_path, keys=FileKeyVault(tmp_path))
     try:
         with reopened.read() as tx:
             rows = tx.audit_rows(None, None, 1, None)
+            heads = tx.audit_heads()
         assert len(rows) == 2 * 300 + 4 * 40
-        assert check_audit(rows, reopened.audit_head) == []
+        assert check_audit(rows, heads) == []
+        assert {r["chain"] for r in rows} == {scope_chain(T, W), store.writer_chain}
     finally:
         reopened.close()
 
@@ -352,11 +360,11 @@ def test_a_failing_member_commits_the_batch_even_with_writers_queued(store: Duck
 
     threads = [threading.Thread(target=first)]
     threads[0].start()
-    _wait_for(lambda: store._waiting == 0 and store._batch is not None)  # the first member is in
+    _wait_for(lambda: store.engine._waiting == 0 and store.engine._batch is not None)  # the first member is in
     for queued, fn in enumerate((failing, queued_after), start=1):
         threads.append(threading.Thread(target=fn))
         threads[-1].start()
-        _wait_for(lambda n=queued: store._waiting >= n)
+        _wait_for(lambda n=queued: store.engine._waiting >= n)
     release.set()
     for t in threads:
         t.join(20)

@@ -11,7 +11,7 @@ import pytest
 
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.store import key_digests
-from engram_core.store.duckdb.store import DuckDBStore
+from engram_core.store.duckdb import open_duckdb_store
 from engram_core.store.key_digests import KeyDigests
 from engram_core.store.port import IdempotencyRow
 
@@ -47,17 +47,17 @@ def test_added_keys_are_found_through_merges_while_readers_look(monkeypatch: pyt
 
 
 def test_a_reopened_store_finds_every_key_and_payload_it_holds(tmp_path: Path) -> None:
-    store = DuckDBStore(tmp_path, keys=FileKeyVault(tmp_path))
+    store = open_duckdb_store(tmp_path, keys=FileKeyVault(tmp_path))
     row = IdempotencyRow("engram_memory_capture", "cand_1", "sha256:" + "0" * 64, {"status": "committed_pending"})
     with store.write(batched=True) as tx:
         for k in KEYS:
             tx.idempotency_put("acme", "alpha", "user:ana", k, row, 1)
         tx.add_tombstone("acme", "alpha", "sha256:" + "5" * 64, "mem_x", 1, 1)
     store.close()
-    reopened = DuckDBStore(tmp_path, keys=FileKeyVault(tmp_path))
+    reopened = open_duckdb_store(tmp_path, keys=FileKeyVault(tmp_path))
     try:
         for k in KEYS:  # the digests now come from DuckDB: they must agree with Python's
-            assert reopened.idempotency_keys.may_contain("acme", "alpha", "user:ana", k)
+            assert reopened.engine.idempotency_keys.may_contain("acme", "alpha", "user:ana", k)
         with reopened.read() as tx:
             assert all(tx.idempotency_get("acme", "alpha", "user:ana", k) == row for k in KEYS)
             assert tx.idempotency_get("acme", "alpha", "user:bob", KEYS[0]) is None
@@ -72,15 +72,15 @@ def test_a_used_confirmation_stays_used_across_a_reopen(tmp_path: Path) -> None:
     a reopened store loads must refuse every grant spent before (an attacker replaying one
     after a restart), in a batched and in an exclusive transaction alike."""
     grants = ["grant_" + k for k in KEYS]
-    store = DuckDBStore(tmp_path, keys=FileKeyVault(tmp_path))
+    store = open_duckdb_store(tmp_path, keys=FileKeyVault(tmp_path))
     with store.write(batched=True) as tx:
         assert all(tx.use_confirmation(g, "acme", "alpha", 1) for g in grants)
     with store.write() as tx:
         assert not any(tx.use_confirmation(g, "acme", "alpha", 2) for g in grants)  # same process
     store.close()
-    reopened = DuckDBStore(tmp_path, keys=FileKeyVault(tmp_path))
+    reopened = open_duckdb_store(tmp_path, keys=FileKeyVault(tmp_path))
     try:
-        assert all(reopened.used_grants.may_contain(g) for g in grants)
+        assert all(reopened.engine.used_grants.may_contain(g) for g in grants)
         with reopened.write(batched=True) as tx:
             assert not any(tx.use_confirmation(g, "acme", "alpha", 3) for g in grants)
             assert tx.use_confirmation("grant_fresh_after_reopen", "acme", "alpha", 3)

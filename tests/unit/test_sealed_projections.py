@@ -14,8 +14,8 @@ import pytest
 
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.crypto.sealing import seal
+from engram_core.store.duckdb import open_duckdb_store
 from engram_core.store.duckdb.migrations import LEDGER_DDL, MIGRATIONS
-from engram_core.store.duckdb.store import DuckDBStore
 from engram_core.store.projection import Projection, decode, encode, open_projection, seal_projection
 
 
@@ -74,7 +74,7 @@ def test_migration_seals_a_legacy_store_and_leaves_no_plain_rows_in_the_file(tmp
     before = (tmp_path / "engram.duckdb").read_bytes()
     assert any(t.to_bytes(8, "little", signed=True) in before for t in terms)  # the legacy file holds them
 
-    store = DuckDBStore(tmp_path, keys=vault)
+    store = open_duckdb_store(tmp_path, keys=vault)
     try:
         assert [row["version"] for row in store.migration_ledger()][-1] == MIGRATIONS[-1].version
         with store.read() as tx:
@@ -96,14 +96,14 @@ def test_migration_seals_a_legacy_store_and_leaves_no_plain_rows_in_the_file(tmp
 def test_a_crash_before_the_rewrite_finishes_it_at_the_next_open(tmp_path: Path) -> None:
     vault = FileKeyVault(tmp_path)
     rid, terms, _ = _legacy_store(tmp_path, vault)
-    store = DuckDBStore(tmp_path, keys=vault)
+    store = open_duckdb_store(tmp_path, keys=vault)
     store.close()
     # as if the process died between the migration's commit and the swap: the mark is back
     con = duckdb.connect(str(tmp_path / "engram.duckdb"))
     con.execute("INSERT INTO store_meta VALUES ('compact_pending', 'migration 6')")
     con.close()
     (tmp_path / "engram.duckdb.compact").write_bytes(b"half-written copy")
-    store = DuckDBStore(tmp_path, keys=vault)
+    store = open_duckdb_store(tmp_path, keys=vault)
     try:
         with store.read() as tx:
             assert not tx._all("SELECT 1 FROM store_meta WHERE k = 'compact_pending'")

@@ -1,6 +1,6 @@
 """The in-memory lexical index ranks exactly as a direct BM25F computation over its postings
-(SPEC §11 offline_lexical_v2, and v3's neighbours), through appends, merges, removals, state changes
-and paging."""
+(SPEC §11 offline_lexical_v2, and the neighbours of v3 and v4), through appends, merges, removals,
+state changes and paging."""
 
 from __future__ import annotations
 
@@ -11,11 +11,41 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engram_core.store import search_index
+from engram_core.store.changes import (
+    RecordIndexed,
+    RecordStateChanged,
+    RecordUnindexed,
+    ScopeProjectionsDropped,
+    VectorIndexed,
+)
+from engram_core.store.port import RecordRow
 from engram_core.store.search_index import FIELDS, Posting, RecordMeta, SearchIndex
 
 WEIGHTS = {"primary": 3.0, "decision": 2.0, "evidence": 1.5, "context": 1.0, "citations": 0.5}
 K1, B, HALF_LIFE, LW = 1.2, 0.75, 30 * 86_400_000, 0.85
 NOW = 1_800_000_000_000
+HOUR = 3_600_000
+
+
+def _linked(a: RecordMeta, b: RecordMeta, within: int, session_ms: int) -> bool:
+    """The neighbours' link, stated directly (ranking.Neighbours): the same valid time (within
+    ``within``), or one known capture session with capture instants and valid times each within
+    ``session_ms``."""
+    if abs(a.valid_t - b.valid_t) <= within:
+        return True
+    return (session_ms > 0 and a.session is not None and a.session == b.session
+            and abs((a.captured_at_ms or 0) - (b.captured_at_ms or 0)) <= session_ms
+            and abs(a.valid_t - b.valid_t) <= session_ms)
+
+
+def _indexed(meta: RecordMeta, postings: list[Posting]) -> RecordIndexed:
+    """The committed change a record with ``meta``'s eligibility facts entering the index makes."""
+    row = RecordRow(meta.record_id, "t", "w", "cand_" + meta.record_id, "sha256:" + "0" * 64, "sha256:" + "1" * 64,
+                    "accepted_current" if meta.current else "historical", "asserted", "user:ana", "agent",
+                    meta.valid_t, meta.valid_t_end, meta.expires_at_ms, "make-ineligible", 0,
+                    meta.accepted_cursor, meta.state_cursor, None, None,
+                    session=meta.session, captured_at_ms=meta.captured_at_ms)
+    return RecordIndexed(row, tuple(postings))
 
 
 def _corpus(rnd: random.Random, n: int) -> list[tuple[RecordMeta, list[Posting]]]:
@@ -26,15 +56,18 @@ def _corpus(rnd: random.Random, n: int) -> list[tuple[RecordMeta, list[Posting]]
             terms = [rnd.randrange(12) for _ in range(rnd.randint(1, 6))]
             for term in set(terms):
                 postings.append(Posting(term, name, terms.count(term), len(terms)))
+        # Valid times a day or an hour apart; capture sessions (None: unknown) and instants an hour
+        # apart, so that both the v3 rule (valid time) and v4's (session) link some neighbours.
         meta = RecordMeta(f"rec_{i:04d}", rnd.random() < 0.85, i + 1, i + 1 + rnd.choice([0, 0, 0, 50]),
-                          NOW - rnd.randrange(5) * 86_400_000, rnd.choice([None, None, NOW, NOW - 1]),
-                          rnd.choice([None, None, NOW, NOW + 1]))
+                          NOW - rnd.randrange(5) * 86_400_000 - rnd.choice([0, 0, HOUR]),
+                          rnd.choice([None, None, NOW, NOW - 1]), rnd.choice([None, None, NOW, NOW + 1]),
+                          rnd.choice([None, "u\x00a\x00s1", "u\x00a\x00s2"]), NOW - rnd.randrange(4) * HOUR)
         out.append((meta, postings))
     return out
 
 
 def _reference(records: dict[str, tuple[RecordMeta, list[Posting]]], query: list[int], max_cursor: int,
-               neighbours: tuple[int, float, int] | None = None) -> tuple[int, list[tuple[str, float, int]], float]:
+               neighbours: tuple[int, float, int, int] | None = None) -> tuple[int, list[tuple[str, float, int]], float]:
     docs = len(records)
     df = {t: sum(1 for _, ps in records.values() if any(p.term == t for p in ps)) for t in set(query)}
     fields: dict[str, list[int]] = {}
@@ -56,15 +89,15 @@ def _reference(records: dict[str, tuple[RecordMeta, list[Posting]]], query: list
             scored[rid] = (bm25, meta.valid_t)
     if neighbours is not None:
         # Direct: the records in admission order (forgotten ones gone), each gaining weight times the
-        # best eligible record within span places whose valid time is within within_ms of its own.
-        span, weight, within = neighbours
+        # best eligible record within span places linked to it.
+        span, weight, within, session_ms = neighbours
         order = list(records)
         lent = {}
         for i, rid in enumerate(order):
             if rid not in scored:
                 continue
             near = [scored[o][0] for o in order[max(0, i - span): i + span + 1]
-                    if o != rid and o in scored and abs(scored[o][1] - scored[rid][1]) <= within]
+                    if o != rid and o in scored and _linked(records[o][0], records[rid][0], within, session_ms)]
             lent[rid] = (scored[rid][0] + weight * max(near, default=0.0), scored[rid][1])
         scored = lent
     scored = {rid: v for rid, v in scored.items() if v[0] > 0}
@@ -85,7 +118,7 @@ def _rank(index: SearchIndex, query: list[int], max_cursor: int, *, after=None, 
 
 
 NEIGHBOURS = st.one_of(st.none(), st.tuples(st.integers(1, 3), st.sampled_from([0.5, 1.0]),
-                                            st.sampled_from([0, 86_400_000])))
+                                            st.sampled_from([0, 86_400_000]), st.sampled_from([0, 2 * HOUR, 3 * HOUR])))
 LEND_PATHS = st.sampled_from([None, "sparse", "pairs", "dense"])
 
 
@@ -93,7 +126,7 @@ LEND_PATHS = st.sampled_from([None, "sparse", "pairs", "dense"])
 @given(st.integers(0, 2**32), st.integers(1, 80), st.lists(st.integers(0, 14), min_size=1, max_size=4),
        st.sampled_from([4, 1_000_000]), NEIGHBOURS, LEND_PATHS)
 def test_rank_matches_direct_bm25f(seed: int, n: int, query: list[int], merge_at: int,
-                                   neighbours: tuple[int, float, int] | None, lend_path: str | None) -> None:
+                                   neighbours: tuple[int, float, int, int] | None, lend_path: str | None) -> None:
     rnd = random.Random(seed)
     saved = search_index.MERGE_AT, search_index.LEND_PATH
     search_index.MERGE_AT = merge_at  # small: most records pass through a merge
@@ -102,15 +135,15 @@ def test_rank_matches_direct_bm25f(seed: int, n: int, query: list[int], merge_at
         index = SearchIndex()
         records = {}
         for meta, ps in _corpus(rnd, n):
-            index.apply([("index", "t", "w", meta, ps)])
+            index.apply([_indexed(meta, ps)])
             records[meta.record_id] = (meta, ps)
         for rid in rnd.sample(sorted(records), n // 5):  # forgets
-            index.apply([("unindex", "t", "w", rid)])
+            index.apply([RecordUnindexed("t", "w", rid)])
             del records[rid]
         for rid in rnd.sample(sorted(records), len(records) // 5):  # host transitions
             meta = records[rid][0]
             meta.current, meta.state_cursor = not meta.current, meta.state_cursor + 1
-            index.apply([("state", rid, meta.current, meta.state_cursor)])
+            index.apply([RecordStateChanged(rid, meta.current, meta.state_cursor)])
         max_cursor = n + 25
         total, rows, best = _reference(records, query, max_cursor, neighbours)
         own = _reference(records, query, max_cursor)[2]  # the best record's own BM25, nothing lent
@@ -149,44 +182,44 @@ def test_neighbours_lend_within_one_episode_only_and_ignore_forgotten_records_be
     turns = [("t1", NOW - 2 * day, [7]), ("t2", NOW - 2 * day, [8]), ("gone", NOW - day, [9]),
              ("t3", NOW - day, [5]), ("t4", NOW - day, [8]), ("t5", NOW - day, [8]), ("t6", NOW - day, [8])]
     for i, (rid, vt, terms) in enumerate(turns):
-        index.apply([("index", "t", "w", RecordMeta(rid, True, i + 1, i + 1, vt, None, None),
+        index.apply([_indexed(RecordMeta(rid, True, i + 1, i + 1, vt, None, None),
                       [Posting(t, "primary", 1, 1) for t in terms])])
-    index.apply([("unindex", "t", "w", "gone")])
+    index.apply([RecordUnindexed("t", "w", "gone")])
     plain = _rank(index, [7, 5], 100)
     assert {r[0] for r in plain.rows} == {"t1", "t3"}
-    lent = _rank(index, [7, 5], 100, neighbours=(1, 0.5, 0))
+    lent = _rank(index, [7, 5], 100, neighbours=(1, 0.5, 0, 0))
     # t2 sits beside t1 (same session); t4 beside t3; t5 and t6 are two and three places from t3.
     assert {r[0] for r in lent.rows} == {"t1", "t2", "t3", "t4"}
-    assert {r[0] for r in _rank(index, [7, 5], 100, neighbours=(2, 0.5, 0)).rows} == {"t1", "t2", "t3", "t4", "t5"}
+    assert {r[0] for r in _rank(index, [7, 5], 100, neighbours=(2, 0.5, 0, 0)).rows} == {"t1", "t2", "t3", "t4", "t5"}
     # The forgotten record's term no longer lends to anyone.
-    assert _rank(index, [9], 100, neighbours=(3, 0.5, day)).rows == []
+    assert _rank(index, [9], 100, neighbours=(3, 0.5, day, 0)).rows == []
     # t1 reaches t3 two places on only when a day apart counts as one episode (and "gone" is skipped).
-    near = {r[0] for r in _rank(index, [7], 100, neighbours=(2, 0.5, day)).rows}
+    near = {r[0] for r in _rank(index, [7], 100, neighbours=(2, 0.5, day, 0)).rows}
     assert near == {"t1", "t2", "t3"}
     # A superseded (not current) neighbour lends nothing.
-    index.apply([("state", "t1", False, 50)])
-    assert _rank(index, [7], 100, neighbours=(3, 0.5, day)).rows == []
+    index.apply([RecordStateChanged("t1", False, 50)])
+    assert _rank(index, [7], 100, neighbours=(3, 0.5, day, 0)).rows == []
 
 
 def test_stats_track_adds_and_removals_like_the_database() -> None:
     index = SearchIndex()
     a = RecordMeta("rec_a", True, 1, 1, NOW, None, None)
     b = RecordMeta("rec_b", True, 2, 2, NOW, None, None)
-    index.apply([("index", "t", "w", a, [Posting(1, "primary", 2, 3), Posting(2, "primary", 1, 3)]),
-                 ("index", "t", "w", b, [Posting(1, "context", 1, 1)])])
+    index.apply([_indexed(a, [Posting(1, "primary", 2, 3), Posting(2, "primary", 1, 3)]),
+                 _indexed(b, [Posting(1, "context", 1, 1)])])
     stats = index.stats("t", "w", [1, 2, 3])
     assert (stats.docs, stats.df, stats.avg_len) == (2, {1: 2, 2: 1}, {"primary": 3.0, "context": 1.0})
-    index.apply([("unindex", "t", "w", "rec_a")])
+    index.apply([RecordUnindexed("t", "w", "rec_a")])
     stats = index.stats("t", "w", [1, 2])
     assert (stats.docs, stats.df, stats.avg_len) == (1, {1: 1}, {"context": 1.0})
-    index.apply([("drop_scope", "t", "w")])
+    index.apply([ScopeProjectionsDropped("t", "w")])
     assert index.stats("t", "w", [1]).docs == 0
 
 
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2**32), st.integers(1, 60), st.floats(-0.5, 0.9), NEIGHBOURS, LEND_PATHS)
 def test_nearest_matches_a_direct_scan(seed: int, n: int, min_similarity: float,
-                                       neighbours: tuple[int, float, int] | None, lend_path: str | None) -> None:
+                                       neighbours: tuple[int, float, int, int] | None, lend_path: str | None) -> None:
     import numpy as np
 
     rnd = random.Random(seed)
@@ -195,10 +228,10 @@ def test_nearest_matches_a_direct_scan(seed: int, n: int, min_similarity: float,
     for meta, ps in _corpus(rnd, n):
         v = np.array([rnd.gauss(0, 1) for _ in range(8)], dtype=np.float32)
         v /= np.linalg.norm(v)
-        index.apply([("index", "t", "w", meta, ps), ("vector", "t", "w", meta.record_id, "m", v.tolist())])
+        index.apply([_indexed(meta, ps), VectorIndexed("t", "w", meta.record_id, "m", v.tolist())])
         rows[meta.record_id] = (meta, v)
     for rid in rnd.sample(sorted(rows), n // 5):
-        index.apply([("unindex", "t", "w", rid)])
+        index.apply([RecordUnindexed("t", "w", rid)])
         del rows[rid]
     q = np.array([rnd.gauss(0, 1) for _ in range(8)], dtype=np.float32)
     q /= np.linalg.norm(q)
@@ -211,12 +244,12 @@ def test_nearest_matches_a_direct_scan(seed: int, n: int, min_similarity: float,
                          and (meta.expires_at_ms is None or meta.expires_at_ms > NOW))
     key = dict(sims)
     if neighbours is not None:  # direct: the best eligible neighbour in admission order lends (see _reference)
-        span, weight, within = neighbours
+        span, weight, within, session_ms = neighbours
         order = list(rows)
         base = {rid: max(sims[rid], 0.0) if eligible[rid] else 0.0 for rid in order}
         key = {rid: base[rid] + weight * max(
             [base[o] for o in order[max(0, i - span): i + span + 1]
-             if o != rid and abs(rows[o][0].valid_t - rows[rid][0].valid_t) <= within], default=0.0)
+             if o != rid and _linked(rows[o][0], rows[rid][0], within, session_ms)], default=0.0)
             for i, rid in enumerate(order)}
     expected = [(rid, sims[rid], key[rid]) for rid in rows if eligible[rid] and round(key[rid], 9) >= min_similarity]
     expected.sort(key=lambda r: (-round(r[2], 9), r[0]))
@@ -246,7 +279,7 @@ def test_eligibility_kept_between_searches_is_always_the_direct_answer(seed: int
     for i in range(rnd.randint(1, 40)):
         meta = RecordMeta(f"rec_{i:03d}", rnd.random() < 0.9, i + 1, i + 1, t0 + rnd.randrange(-5, 20),
                           rnd.choice([None, t0 + rnd.randrange(0, 25)]), rnd.choice([None, t0 + rnd.randrange(0, 25)]))
-        index.apply([("index", "t", "w", meta, [Posting(1, "primary", 1, 1)])])
+        index.apply([_indexed(meta, [Posting(1, "primary", 1, 1)])])
         metas.append(meta)
     cols = index._scopes[("t", "w")].columns
     now = t0 - 6
@@ -256,9 +289,9 @@ def test_eligibility_kept_between_searches_is_always_the_direct_answer(seed: int
             meta = rnd.choice(metas)
             if rnd.random() < 0.5:
                 meta.current, meta.state_cursor = not meta.current, len(metas) + rnd.randrange(3)
-                index.apply([("state", meta.record_id, meta.current, meta.state_cursor)])
+                index.apply([RecordStateChanged(meta.record_id, meta.current, meta.state_cursor)])
             else:
-                index.apply([("unindex", "t", "w", meta.record_id)])
+                index.apply([RecordUnindexed("t", "w", meta.record_id)])
                 metas.remove(meta)
                 if not metas:
                     return
@@ -286,16 +319,16 @@ def test_term_contributions_kept_between_searches_follow_every_change(seed: int,
         corpus = _corpus(rnd, n)
         records = {}
         for meta, ps in corpus[: n // 2]:
-            index.apply([("index", "t", "w", meta, ps)])
+            index.apply([_indexed(meta, ps)])
             records[meta.record_id] = (meta, ps)
         max_cursor = n + 25
         for meta, ps in corpus[n // 2:]:  # search, then change, then search again
             _rank(index, query, max_cursor)
             if records and rnd.random() < 0.3:
                 gone = rnd.choice(sorted(records))
-                index.apply([("unindex", "t", "w", gone)])
+                index.apply([RecordUnindexed("t", "w", gone)])
                 del records[gone]
-            index.apply([("index", "t", "w", meta, ps)])
+            index.apply([_indexed(meta, ps)])
             records[meta.record_id] = (meta, ps)
             total, rows, _ = _reference(records, query, max_cursor)
             page = _rank(index, query, max_cursor)
@@ -311,11 +344,11 @@ def test_a_new_posting_shows_in_the_next_search_even_when_the_statistics_stay_th
     index = SearchIndex()
 
     def doc(i: int) -> tuple:
-        return ("index", "t", "w", RecordMeta(f"rec_{i}", True, i, i, NOW, None, None), [Posting(7, "primary", 1, 2)])
+        return _indexed(RecordMeta(f"rec_{i}", True, i, i, NOW, None, None), [Posting(7, "primary", 1, 2)])
 
     index.apply([doc(1), doc(2)])
     assert [r[0] for r in _rank(index, [7], 100).rows] == ["rec_1", "rec_2"]
     index.apply([doc(3)])
     assert [r[0] for r in _rank(index, [7], 100).rows] == ["rec_1", "rec_2", "rec_3"]
-    index.apply([("unindex", "t", "w", "rec_2")])
+    index.apply([RecordUnindexed("t", "w", "rec_2")])
     assert [r[0] for r in _rank(index, [7], 100).rows] == ["rec_1", "rec_3"]

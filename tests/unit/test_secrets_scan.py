@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import random
 import string
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -50,6 +52,7 @@ def _aws_secret() -> str:
 POSITIVE: dict[str, str] = {
     "private-key": f"-----BEGIN RSA PRIVATE KEY-----\nMIIEow{_r(60, B64)}\n-----END RSA PRIVATE KEY-----",
     "putty-private-key": f"PuTTY-User-Key-File-3: ssh-ed25519\nEncryption: none\nPrivate-Lines: 1\n{_r(44, B64)}",
+    "ssh2-private-key": f"---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----\nComment: \"rsa-key\"\nP2/56wAAA{_r(60, B64)}",
     "age-secret-key": "AGE-SECRET-KEY-1" + _r(58, "QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L"),
     "aws-access-token": f"AKIA{_r(16, UP)}",
     "aws-secret-access-key-assignment": f"aws_secret_access_key = {_r(40, B64)}",
@@ -100,6 +103,8 @@ POSITIVE: dict[str, str] = {
     "groq-api-key": f"gsk_{_r(52)}",
     "jwt": "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiI" + _r(20) + "IsImlhdCI6MTUxNjIzOTAyMn0." + _r(43, URLSAFE),
     "connection-string": f"postgres://app_user:{_r(14)}@db.internal.example:5432/prod",
+    "mysql-go-dsn": f"app:{_r(14)}@tcp(db.internal:3306)/orders?parseTime=true",
+    "curl-user-password": f"curl -sS -u deploy:{_r(14)} https://api.example.com/v1/items",
     "bearer-token": f"Authorization: Bearer {_r(40)}",
     "basic-auth-header": "Authorization: Basic " + base64.b64encode(f"deploy:{_r(12)}".encode()).decode(),
     "session-cookie": f"Cookie: sessionid={_r(32)}; csrftoken={_r(32)}",
@@ -143,7 +148,9 @@ def test_shapes_the_review_found_missing_are_found(name: str) -> None:
 
 
 INVISIBLE = ["\u200b", "\u200c", "\u200d", "\u2060", "\ufeff", "\u00ad", "\u180e", "\u034f", "\ufe0f",
-             "\U000e0020", "\u2062", "\u202e"]
+             "\U000e0020", "\u2062", "\u202e",
+             # issue 26: line and paragraph separators, and control characters that are not whitespace
+             "\u2028", "\u2029", "\x00", "\x08", "\x1b", "\x7f", "\x85", "\x9b"]
 
 
 @pytest.mark.parametrize("mark", INVISIBLE, ids=lambda m: f"U+{ord(m):04X}")
@@ -164,6 +171,31 @@ def test_compatibility_forms_and_accents_are_folded_before_scanning() -> None:
     for variant in (fullwidth, math_bold, accented):
         assert variant != token
         assert "github_token" in {f["kind"] for f in scan([variant])}, variant
+
+
+# Issue 26: letters of other scripts that look like the Latin ones of a known prefix.
+LOOK_ALIKES = {
+    "cyrillic er in ghp_": (f"gh\u0440_{_r(36)}", "github_token"),
+    "cyrillic a in AKIA": (f"\u0410KIA{_r(16, UP)}", "aws_access_key"),
+    "greek omicron in xoxb-": (f"x\u03bfxb-{_r(12, string.digits)}-{_r(12, string.digits)}-{_r(24)}", "slack_token"),
+    "cyrillic capital i in AKIA": (f"AK\u0406A{_r(16, UP)}", "aws_access_key"),
+    "cyrillic dze in sk_live_": (f"\u0455k_live_{_r(24)}", "stripe_key"),  # (Cyrillic к reads as ĸ, not k)
+    "greek capital alpha and iota in AIza": (f"\u0391\u0399za{_r(35, URLSAFE)}", "google_api_key"),
+    "cyrillic letters in -----BEGIN": (f"-----B\u0415GIN RS\u0410 PRIVATE KEY-----\nMIIE{_r(40, B64)}", "private_key"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOOK_ALIKES))
+def test_look_alike_letters_in_a_known_prefix_are_folded(name: str) -> None:
+    text, kind = LOOK_ALIKES[name]
+    assert kind in {f["kind"] for f in scan([f"use {text} today"])}
+
+
+def test_ascii_is_never_remapped_and_controls_are_deleted() -> None:
+    assert normalize("AKIA0I1l|m rn") == b"AKIA0I1l|m rn"  # UTS #39 would fold 0 to O, 1 I | to l, m to rn
+    assert normalize("gh\u0440_\u0410KIA") == b"ghp_AKIA"
+    assert normalize("a\x00b\x1bc\td\ne\rf\x0bg\x0ch") == b"abc\td\ne\rf\x0bg\x0ch"  # whitespace stays
+    assert normalize("x\u2028y\u2029z\x85") == b"xyz"
 
 
 def test_normalize_folds_to_bounded_ascii() -> None:
@@ -226,6 +258,20 @@ PROSE = [
     "The build of src/main/java/com/example/service/UserAccountService.java failed on CI.",
     "Use ThisIsAVeryLongJavaClassNameFactoryBean and AbstractSingletonProxyFactoryBean2 as examples.",
     "Paths: /Users/alice/Projects/Engram/docs/Overview/Intro.md and /var/lib/engram/data/engram.duckdb",
+    # Other scripts fold onto Latin look-alikes (issue 26): their prose must stay unflagged.
+    "Мы храним пароль в хранилище, а токен API меняем каждые 90 дней; секретный ключ не в репозитории.",
+    "Ключ доступа АКІА выдаётся на проект; пароль: смотри хранилище. Секрет: хороший кофе.",
+    "Το κλειδί API αποθηκεύεται στο θησαυροφυλάκιο· ο κωδικός πρόσβασης αλλάζει κάθε μήνα.",
+    "Токен бота і пароль адміністратора ротуються щотижня; див. розділ «Секрети».",
+    "Лозинка се чува у сефу; токен за приступ важи један сат.",
+    # Configuration and code whose credential slots hold no secret.
+    '{"database": {"user": "app", "password": "${DB_PASSWORD}"}, "api_key": "<redacted>"}',
+    "signing_key = \"engram-data/host.key\"\ntoken_env = \"ENGRAM_MCP_TOKENS\"",
+    "def __init__(self, config: HostConfig, signing_key: Ed25519PrivateKey | None) -> None:",
+    "host_toml(core=core, signing_key=key_ref, tenant=scope.tenant, private_key=self.key)",
+    "curl -u deploy https://api.example.com  # prompts for the password",
+    "The DSN is app:${DB_PASSWORD}@tcp(db:3306)/orders; the password comes from the vault.",
+    "---- BEGIN SSH2 PUBLIC KEY ----\nComment: \"rsa-key\"\nAAAAB3NzaC1yc2EAAAADAQABAAABAQ",
 ]
 
 
@@ -257,6 +303,28 @@ def test_prose_code_and_engram_identifiers_are_not_flagged() -> None:
     assert not flagged, flagged
 
 
+def _strings(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (k, *_strings(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+@pytest.mark.parametrize("corpus", ["corpus.json", "conversations.json"])
+def test_the_retrieval_corpora_are_not_flagged(corpus: str) -> None:
+    """The repository's retrieval corpora (tools/retrieval): memories and conversations as
+    agents write them. A finding there would refuse a real memory. Every string on its own
+    (as a capture's fields are scanned) and the whole file as one JSON text."""
+    raw = (Path(__file__).resolve().parents[2] / "tools" / "retrieval" / corpus).read_text()
+    strings = _strings(json.loads(raw))
+    assert len(strings) > 1000
+    assert scan([raw]) == []
+    assert [(s[:80], scan([s])) for s in strings if scan([s])] == []
+
+
 # -- linear time ---------------------------------------------------------------------------------
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -277,13 +345,23 @@ def _pathological(n: int) -> dict[str, str]:
         "url_user_colon": _fill("a://b:", n),
         "invisible_between_letters": _fill("ghp\u200b", n // 2),
         "expanding_nfkc": "\ufdfa" * (n // 3),
+        # issue 26: slots judged one by one (the budget), open quotes, flag and DSN runs,
+        # look-alike letters, separators and controls between letters
+        "slot_placeholders": _fill('"password": "changeme", "api_key": "${API_KEY}", ', n),
+        "slot_code": _fill("signing_key: Ed25519PrivateKey, private_key=self.key, ", n),
+        "unclosed_quote": 'password: "' + _fill("a", n - 11),
+        "curl_flag_runs": "curl " + _fill(" -u x", n - 5),
+        "dsn_colon_runs": _fill("a:bbb@", n),
+        "look_alikes": _fill("gh\u0440_ \u0410KIA x\u03bfxb- \u0440\u0430ssword: ", n // 2),
+        "separator_between_letters": _fill("ghp\u2028", n // 3),
+        "control_between_letters": _fill("ghp\x00", n),
     }
 
 
 @pytest.mark.parametrize("size", [64 * KiB, MiB], ids=["64KiB", "1MiB"])
 @pytest.mark.timeout(120)
 def test_pathological_inputs_scan_in_linear_time(size: int) -> None:
-    """Generous bound (1 s; measured 5-35 ms per MiB, see docs/performance.md): the backtracking
+    """Generous bound (1 s; measured 5-50 ms per MiB, see docs/performance.md): the backtracking
     patterns took seconds at 32 KiB and grew with the square of the size."""
     for name, text in _pathological(size).items():
         started = time.perf_counter()

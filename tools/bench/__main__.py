@@ -29,6 +29,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GET_TOOL, SEARCH_TOOL
 from tools.bench import machine
 from tools.bench.corpus import PURPOSE, Corpus
 from tools.bench.loader import Progress, activate_scope, load_scope
@@ -180,10 +181,10 @@ async def mcp_phase(a: argparse.Namespace, served: Served, work: Path, corpus: C
         async def pair(c: int, i: int):
             k = next(seq)
             t0 = time.perf_counter()
-            cap = value_of(await cl[c].call_tool("engram_memory_capture", corpus.capture_args(
+            cap = value_of(await cl[c].call_tool(CAPTURE_TOOL, corpus.capture_args(
                 f"mcp.{size}", k, key=f"bench-mcp-cap-{size}-{k:09d}")))
             t1 = time.perf_counter()
-            adm = value_of(await cl[c].call_tool("engram_memory_request_admission", {
+            adm = value_of(await cl[c].call_tool(ADMISSION_TOOL, {
                 "candidate_id": cap["candidate_id"], "idempotency_key": f"bench-mcp-adm-{size}-{k:09d}"}))
             t2 = time.perf_counter()
             if adm["outcome"]["status"] != "accepted":
@@ -196,16 +197,16 @@ async def mcp_phase(a: argparse.Namespace, served: Served, work: Path, corpus: C
                 args: dict[str, Any] = {"query": rnd.choice(queries), "purpose_ref": PURPOSE}
                 if sem:
                     args["capability_policy"] = SEMANTIC
-                value_of(await cl[c].call_tool("engram_memory_search", args))
+                value_of(await cl[c].call_tool(SEARCH_TOOL, args))
             return go
 
         async def get(c: int, i: int):
-            value_of(await cl[c].call_tool("engram_memory_get", {"record_id": rnd.choice(record_ids),
+            value_of(await cl[c].call_tool(GET_TOOL, {"record_id": rnd.choice(record_ids),
                                                                  "purpose_ref": PURPOSE}))
 
         async def forget(c: int, i: int):
             owner, rid = pool.popleft()
-            value_of(await cl[owner].call_tool("engram_memory_forget", {
+            value_of(await cl[owner].call_tool(FORGET_TOOL, {
                 "record_id": rid, "idempotency_key": f"bench-fgt-{rid}"[:200], "reason_ref": "reason:bench"}))
 
         ops = [("pair", pair), ("search_lexical", search(False))]
@@ -230,7 +231,7 @@ async def mcp_phase(a: argparse.Namespace, served: Served, work: Path, corpus: C
 
 
 def bench_size(a: argparse.Namespace, size: int, corpus: Corpus, queries: list[str], work_root: Path) -> dict[str, Any]:
-    from engram_core.rpc.server import open_core
+    from engram_core.app.composition import open_core
 
     work = Path(tempfile.mkdtemp(prefix=f"size{size}-", dir=work_root))
     data = work / "data"

@@ -13,14 +13,15 @@ from engram_core.hostctx import CONFIRMATION_METADATA_KEY, CONTEXT_METADATA_KEY,
 from engram_core.hostkeys import load_private_key_file
 from engram_core.operation import operation_digest
 from engram_core.rpc.convert import message_to_value, value_to_message
+from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GET_TOOL, SEARCH_TOOL
 from tools.bench.corpus import PURPOSE
 
 _RPC = {
-    "search": (memory_pb2.SearchRequest, "Search", "engram_memory_search"),
-    "get": (memory_pb2.GetRequest, "Get", "engram_memory_get"),
-    "capture": (memory_pb2.CaptureRequest, "Capture", "engram_memory_capture"),
-    "request_admission": (memory_pb2.RequestAdmissionRequest, "RequestAdmission", "engram_memory_request_admission"),
-    "forget": (memory_pb2.ForgetRequest, "Forget", "engram_memory_forget"),
+    "search": (memory_pb2.SearchRequest, "Search", SEARCH_TOOL),
+    "get": (memory_pb2.GetRequest, "Get", GET_TOOL),
+    "capture": (memory_pb2.CaptureRequest, "Capture", CAPTURE_TOOL),
+    "request_admission": (memory_pb2.RequestAdmissionRequest, "RequestAdmission", ADMISSION_TOOL),
+    "forget": (memory_pb2.ForgetRequest, "Forget", FORGET_TOOL),
 }
 
 
@@ -37,15 +38,15 @@ class GrpcAgent:
         self.channel = grpc.insecure_channel(address)
         self.memory = memory_pb2_grpc.MemoryServiceStub(self.channel)
 
-    def context(self) -> bytes:
+    def context(self, call: str) -> bytes:
         # One signed context per call, as the adapter does (each call its own audit id).
-        return make_context(self.key, tenant=self.tenant, workspace=self.workspace, principal=self.principal,
+        return make_context(self.key, call=call, tenant=self.tenant, workspace=self.workspace, principal=self.principal,
                             agent_id=self.agent_id, session=self.session, purpose_ref=PURPOSE, now_ms=now_ms(),
                             memory_enabled=True)
 
     def call(self, op: str, args: dict[str, Any], *, confirm: bool = False, timeout: float = 30) -> dict[str, Any]:
         cls, method, tool = _RPC[op]
-        metadata = [(CONTEXT_METADATA_KEY, self.context())]
+        metadata = [(CONTEXT_METADATA_KEY, self.context(tool))]
         if confirm:
             target = args.get("record_id") or args.get("candidate_id") or ""
             metadata.append((CONFIRMATION_METADATA_KEY, make_grant(
@@ -63,7 +64,8 @@ class GrpcAgent:
 
 def activate(address: str, key_path: Path, tenant: str, workspace: str) -> None:
     key = load_private_key_file(key_path)
-    ctx = make_context(key, tenant="_host", workspace="_admin", principal="host:operator", now_ms=now_ms(),
+    ctx = make_context(key, call="admin", tenant="_host", workspace="_admin", principal="host:operator",
+                       now_ms=now_ms(),
                        host_principal=True, maintenance_scopes=("read", "maintain"), memory_enabled=False)
     with grpc.insecure_channel(address) as ch:
         admin_pb2_grpc.AdminServiceStub(ch).Activate(

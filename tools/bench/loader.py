@@ -24,13 +24,13 @@ from typing import Any
 
 from engram_core.canonical import canonical_json, digest
 from engram_core.crypto.sealing import seal
-from engram_core.schemas import TOOL_NAMES
 from engram_core.services.core import Core, new_id, record_id_of
 from engram_core.services.lexical import record_fields
-from engram_core.services.memory import CAPTURE_TOOL, MemoryService
+from engram_core.services.memory import MemoryService
 from engram_core.store.chain import event_digest_of
+from engram_core.store.fields import FIELD_CODE
 from engram_core.store.projection import Projection, seal_projection
-from engram_core.store.search_index import FIELD_CODE
+from engram_core.tools import CAPTURE_TOOL, TOOL_NAMES
 from engram_core.validation import validate_arguments
 from tools.bench.corpus import Corpus
 
@@ -96,7 +96,7 @@ def _new_slots(core: Core, owners_keys: list[tuple[str, bytes]]) -> list[int]:
         for owner, key in owners_keys:
             slot = vault._next
             vault._next += 1
-            os.pwrite(vault._fd, vault._wrap(vault._active, key, owner), slot * 64)
+            os.pwrite(vault._fd, vault._wrap(key, owner), slot * 64)
             slots.append(slot)
     return slots
 

@@ -3,6 +3,8 @@
     .venv/bin/python -m tools.bench.mcp_hop                       # 10k records, 500 rounds
     .venv/bin/python -m tools.bench.mcp_hop --baseline /path/to/other/checkout
     .venv/bin/python -m tools.bench.mcp_hop --writes              # a capture and its admission instead
+    .venv/bin/python -m tools.bench.mcp_hop --baseline CHECKOUT --baseline-core   # before/after, core and adapter
+    .venv/bin/python -m tools.bench.mcp_hop --records 100000 --baseline CHECKOUT --baseline-core --grpc-only
 
 Loads N records into one scope (tools/bench/loader.py, once per --data directory), serves it
 with ``engram serve``, then runs rounds of one lexical search each through gRPC (a synchronous
@@ -10,8 +12,11 @@ client signing a fresh host context per call, as the adapter does) and through `
 over stdio driven by the official SDK client, in random order within each round, so that a
 shared, loaded machine slows every path alike. ``--baseline`` adds a second adapter run from
 another checkout of this repository (its generated stubs included), for a before/after in the
-same run. Prints p50/p90/mean per path, the MCP paths' p50 minus gRPC's, the load average, and
-CPU per call: the client's (this process) and each adapter process's (from /proc).
+same run. With ``--baseline-core`` the baseline's own ``engram serve`` serves a copy of the same
+data directory, and the baseline paths (``grpc_baseline``, ``mcp_baseline``) go to it: the
+before/after of a change to the core and the adapter together. ``--grpc-only`` leaves the MCP
+paths out. Prints p50/p90/mean per path, the MCP paths' p50 minus gRPC's, the load average, and
+CPU per call: the client's (this process), each adapter's and each core's (from /proc).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -29,16 +35,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, SEARCH_TOOL
 from tools.bench import machine
 from tools.bench.corpus import PURPOSE, Corpus
 
 TENANT, WORKSPACE = "bench", "main"
 REPO = Path(__file__).resolve().parents[2]
+TOOL_OF_OP = {"search": SEARCH_TOOL, "capture": CAPTURE_TOOL, "request_admission": ADMISSION_TOOL}
 _ADAPTER = "import sys; from engram_core.cli import main; sys.exit(main())"
 
 
 def load(data: Path, records: int, corpus: Corpus) -> None:
-    from engram_core.rpc.server import open_core
+    from engram_core.app.composition import open_core
     from tools.bench.loader import Progress, activate_scope, load_scope
 
     core, _, _ = open_core(data, semantic=False)
@@ -65,23 +73,35 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
 
     queries = corpus.queries(200)
     rnd = random.Random(7)
-    trees = {"mcp": REPO} | ({"mcp_baseline": Path(a.baseline).resolve()} if a.baseline else {})
+    baseline = Path(a.baseline).resolve() if a.baseline else None
+    trees = {} if a.grpc_only else {"mcp": REPO} | ({"mcp_baseline": baseline} if baseline else {})
     served = Served(data, semantic=True)  # as tools.bench serves it
+    cores = {"mcp": served, "grpc": served}
+    if baseline is not None and a.baseline_core:
+        copy = data.parent / f"{data.name}-baseline"
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(data, copy)
+        cores["mcp_baseline"] = cores["grpc_baseline"] = Served(copy, semantic=True, tree=baseline)
+    else:
+        cores["mcp_baseline"] = served
     load_before = machine.loadavg()
     try:
-        agent = GrpcAgent(served.address, served.key_path, tenant=TENANT, workspace=WORKSPACE)
+        agents = {name: GrpcAgent(core.address, core.key_path, tenant=TENANT, workspace=WORKSPACE)
+                  for name, core in cores.items() if name.startswith("grpc")}
         async with contextlib.AsyncExitStack() as stack:
             clients: dict[str, Any] = {}
             for n, (name, tree) in enumerate(trees.items()):
-                cfg = write_config(data.parent / f"hop-{n}.toml", address=served.address,
-                                   signing_key=served.key_path, tenant=TENANT, workspace=WORKSPACE, n=n)
+                core = cores[name]
+                cfg = write_config(data.parent / f"hop-{n}.toml", address=core.address,
+                                   signing_key=core.key_path, tenant=TENANT, workspace=WORKSPACE, n=n)
                 env = {**os.environ, "PYTHONPATH": str(tree)}
                 params = StdioServerParameters(command=sys.executable, cwd=str(tree), env=env,
                                                args=["-c", _ADAPTER, "mcp", "--host-config", str(cfg)])
                 clients[name] = await stack.enter_async_context(Client(params, elicitation_callback=approve))
                 await clients[name].list_tools()
             pids = {name: _adapter_pid(name, n) for n, name in enumerate(clients)}
-            paths = ["grpc", *clients]
+            core_pids = {name: core.proc.pid for name, core in cores.items() if name.startswith("grpc")}
+            paths = [*agents, *clients]
             wall: dict[str, list[float]] = {p: [] for p in paths}
             client_cpu = dict.fromkeys(paths, 0.0)
 
@@ -89,9 +109,9 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
             made = [0]
 
             async def call(path: str, op: str, args: dict[str, Any]) -> dict[str, Any]:
-                if path == "grpc":
-                    return agent.call(op, args)
-                return value_of(await clients[path].call_tool(f"engram_memory_{op}", args))
+                if path in agents:
+                    return agents[path].call(op, args)
+                return value_of(await clients[path].call_tool(TOOL_OF_OP[op], args))
 
             async def one(path: str, record: bool) -> None:
                 t0, c0 = time.perf_counter(), time.process_time()
@@ -115,6 +135,7 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
                 for path in paths:
                     await one(path, False)
             adapter_cpu0 = {name: machine.process_cpu_s(pid) for name, pid in pids.items() if pid}
+            core_cpu0 = {name: machine.process_cpu_s(pid) for name, pid in core_pids.items()}
             for _ in range(a.rounds):
                 rnd.shuffle(paths)
                 for path in paths:
@@ -122,21 +143,31 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
             calls = a.rounds * (2 if a.writes else 1)
             adapter_cpu = {name: (machine.process_cpu_s(pid) - adapter_cpu0[name]) / calls * 1000
                            for name, pid in pids.items() if pid}
-        agent.close()
+            # A core serves its gRPC path and the MCP paths sent to it: CPU per call of all of them.
+            served_paths = {name: sum(1 for p in paths if cores[p] is cores[name]) for name in core_pids}
+            core_cpu = {name: (machine.process_cpu_s(pid) - core_cpu0[name]) / (calls * served_paths[name]) * 1000
+                        for name, pid in core_pids.items()}
+        for agent in agents.values():
+            agent.close()
     finally:
-        served.stop()
+        for core in {id(c): c for c in cores.values()}.values():
+            core.stop()
     out: dict[str, Any] = {"records": a.records, "rounds": a.rounds, "calls": "capture, admission" if a.writes else "search",
                            "loadavg_before": load_before,
                            "loadavg_after": machine.loadavg(), "paths": {}}
     for path, xs in wall.items():
-        grpc = wall["grpc:admission" if path.endswith(":admission") else "grpc"]
         base = path.split(":")[0]
+        reference = "grpc_baseline" if base.endswith("baseline") and "grpc_baseline" in wall else "grpc"
+        grpc = wall[f"{reference}:admission" if path.endswith(":admission") else reference]
         out["paths"][path] = {
             "p50_ms": _ms(xs, 0.5), "p90_ms": _ms(xs, 0.9), "mean_ms": round(statistics.mean(xs) * 1000, 2),
             "p50_minus_grpc_ms": round(_ms(xs, 0.5) - _ms(grpc, 0.5), 2),
             "client_cpu_ms_per_call": round(client_cpu[base] / calls * 1000, 2),
             "adapter_cpu_ms_per_call": round(adapter_cpu[base], 2) if base in adapter_cpu else None,
         }
+        core_of = base.replace("mcp", "grpc")
+        if core_of in core_cpu:
+            out["paths"][path]["core_cpu_ms_per_call"] = round(core_cpu[core_of], 2)
     return out
 
 
@@ -164,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--data", default=None, help="data directory to load once and reuse (default: a temporary one)")
     p.add_argument("--baseline", default=None, help="another checkout of this repository: its adapter is measured too")
+    p.add_argument("--baseline-core", action="store_true",
+                   help="with --baseline: its core serves a copy of the data for its paths (grpc_baseline, mcp_baseline)")
+    p.add_argument("--grpc-only", action="store_true", help="no MCP paths: the gRPC path(s) alone")
     p.add_argument("--writes", action="store_true",
                    help="rounds of a capture and its admission per path instead of a search")
     p.add_argument("--out", default=None, help="write the result as JSON here too")

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from engram_core.api import memory_pb2
+from engram_core.app.composition import open_core
 from engram_core.hostctx import verify_context
-from engram_core.rpc.convert import message_to_value, value_to_message
-from engram_core.rpc.server import open_core
+from engram_core.rpc.convert import message_of, message_to_value, value_to_message
 from engram_core.services.memory import MemoryService
+from engram_core.tools import FORGET_TOOL
 from tools.bench.corpus import Corpus
 from tools.bench.grpc_client import GrpcAgent
 
@@ -80,12 +81,12 @@ def profile(data_dir: Path, *, tenant: str, workspace: str, record_ids: list[str
     pending: list[str] = []
 
     def servicer(op: str, args: dict[str, Any], cls: Any, response_cls: Any, gated: bool, grant: bytes | None = None):
-        ctx = verify_context(agent.context(), core.trusted, now_ms=core.now_ms())
+        ctx = verify_context(agent.context("engram_memory_" + op), core.trusted, now_ms=core.now_ms())
         request = value_to_message(args, cls())  # the client's serialization, counted once
         value = message_to_value(request)
         fn = getattr(memory, op)
         result = fn(ctx, value, grant) if gated else fn(ctx, value)
-        return message_to_value(value_to_message(result, response_cls()))
+        return message_to_value(message_of(result, response_cls))  # as MemoryServicer answers, and the client reads
 
     def grant_for(op_tool: str, args: dict[str, Any]) -> bytes:
         from engram_core.hostctx import make_grant
@@ -126,7 +127,7 @@ def profile(data_dir: Path, *, tenant: str, workspace: str, record_ids: list[str
         rid = admitted.pop()
         args = {"record_id": rid, "idempotency_key": f"bench-fgt-{rid}"[:200], "reason_ref": "reason:bench"}
         servicer("forget", args, memory_pb2.ForgetRequest, memory_pb2.ForgetResponse, True,
-                 grant_for("engram_memory_forget", args))
+                 grant_for(FORGET_TOOL, args))
 
     plan = [("capture", capture, calls * 2), ("request_admission", admission, calls * 2),
             ("search_lexical", search(False), calls)]

@@ -1,7 +1,9 @@
-"""The secret scanner's benchmark (issue 13 finding 1): pathological and ordinary inputs.
+"""The secret scanner's benchmark (issue 13 finding 1, issue 26 item 4): pathological and
+ordinary inputs.
 
     .venv/bin/python -m tools.bench.scanner                       # 1 KiB, 64 KiB, 1 MiB; 30 reps
     .venv/bin/python -m tools.bench.scanner --sizes 65536 --reps 5
+    .venv/bin/python -m tools.bench.scanner --shapes prose,slot_placeholders
 
 For each shape and size: ``scan()`` on one text of that many UTF-8 bytes, repeated, with
 p50/p99 of wall time and of the calling thread's CPU time (CPU time is what the scan costs;
@@ -9,8 +11,15 @@ wall time also holds what other processes on a shared machine took). Shapes: the
 adversarial review reported (``dotenv_TOKEN``, ``cookie_sid``: seconds at 32 KiB before
 RE2), the worst cases found since (every rule keyword present, near-miss assignments, runs of
 exactly 40 base64 characters, Discord-prefix runs, invisible characters between letters,
-an 18-fold NFKC expander), ordinary prose, and a typical capture's strings. ``python -m
+an 18-fold NFKC expander), those of issue 26's rules (credential slots full of placeholders
+or code, each judged in Python up to the slot budget; an unclosed quote after a key; runs of
+curl flags and of DSN-like colons; look-alike letters; line separators and control
+characters between letters), ordinary prose, and a typical capture's strings. ``python -m
 tools.bench`` runs this too (``--no-scanner`` skips it) and stores it under ``"scanner"``.
+
+The shapes depend only on this file, so the same run can measure an older scanner: put this
+file's ``tools/`` beside an older ``engram_core/`` (``git archive REF engram_core``) and run it
+from there with the same interpreter (docs/performance.md, "Secret scanner").
 """
 
 from __future__ import annotations
@@ -70,16 +79,30 @@ def shapes(n_bytes: int, rng: random.Random | None = None) -> dict[str, str]:
         "discord_prefix_run": _random("MNOab-_", n_bytes, rng),
         "invisible_between_letters": _fill("ghp\u200b", n_bytes),
         "expanding_nfkc": _fill("\ufdfa", n_bytes),
+        # issue 26 item 4
+        "slot_placeholders": _fill('"password": "changeme", "api_key": "${API_KEY}", TOKEN=<redacted> ', n_bytes),
+        "slot_code": _fill("signing_key: Ed25519PrivateKey, private_key=self.key, password = cfg.pw\n", n_bytes),
+        "json_config": _fill('{"host": "db.internal", "port": 5432, "user": "app", "timeout_s": 30}, ', n_bytes),
+        "unclosed_quote": 'password: "' + _fill("a", n_bytes - 11),
+        "curl_flag_runs": "curl " + _fill(" -u x", n_bytes - 5),
+        "dsn_colon_runs": _fill("a:bbb@", n_bytes),
+        "look_alikes": _fill("gh\u0440_ \u0410KIA x\u03bfxb- \u0440\u0430ssword: ", n_bytes),
+        "cyrillic_prose": _fill("Мы храним пароль в хранилище, а токен API меняем каждые 90 дней. ", n_bytes),
+        "separator_between_letters": _fill("ghp\u2028", n_bytes),
+        "control_between_letters": _fill("ghp\x00", n_bytes),
     }
 
 
-def measure(sizes: tuple[int, ...] | list[int] = DEFAULT_SIZES, reps: int = 30) -> dict[str, Any]:
+def measure(sizes: tuple[int, ...] | list[int] = DEFAULT_SIZES, reps: int = 30,
+            only: set[str] | None = None) -> dict[str, Any]:
     """``{shape: {size: {p50_ms, p99_ms, cpu_p50_ms, cpu_p99_ms, max_ms, n, bytes}}}``."""
     module_ready()  # the fold table is built at server start; not part of a scan
     scan(["warm up"])
     out: dict[str, Any] = {}
     for size in sizes:
         for name, text in shapes(size).items():
+            if only is not None and name not in only:
+                continue
             wall: list[float] = []
             cpu: list[float] = []
             for _ in range(reps):
@@ -118,10 +141,12 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES), help="UTF-8 bytes per text")
     p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--shapes", default=None, help="comma-separated shape names (default: all)")
     p.add_argument("--out", default=None, help="write {machine, scanner} JSON here")
     a = p.parse_args(argv)
     doc = {"machine": {**machine.facts(), "loadavg_before": machine.loadavg()},
-           "scanner": measure([int(s) for s in a.sizes.split(",")], a.reps)}
+           "scanner": measure([int(s) for s in a.sizes.split(",")], a.reps,
+                              set(a.shapes.split(",")) if a.shapes else None)}
     doc["machine"]["loadavg_after"] = machine.loadavg()
     if a.out:
         Path(a.out).write_text(json.dumps(doc, indent=1))

@@ -14,14 +14,20 @@ ENGRAM = str(Path(sys.executable).with_name("engram"))
 class Served:
     """``engram serve`` on a data directory, in its own process (the clients do not share its GIL)."""
 
-    def __init__(self, data_dir: Path, semantic: bool, *, metrics: bool = False) -> None:
-        """``metrics``: serve the Prometheus endpoint too, its URL in ``metrics_url``."""
+    def __init__(self, data_dir: Path, semantic: bool, *, metrics: bool = False, tree: Path | None = None) -> None:
+        """``metrics``: serve the Prometheus endpoint too, its URL in ``metrics_url``. ``tree``:
+        another checkout of this repository (its generated stubs included) whose core to run,
+        for a before/after in one run; by default this checkout's ``engram``."""
         env = {**os.environ, "ENGRAM_SEMANTIC": "on" if semantic else "off"}
-        argv = [ENGRAM, "serve", "--data", str(data_dir), "--listen", "127.0.0.1:0"]
+        cli = [ENGRAM]
+        if tree is not None:
+            env["PYTHONPATH"] = str(tree)
+            cli = [sys.executable, "-c", "import sys; from engram_core.cli import main; sys.exit(main())"]
+        argv = [*cli, "serve", "--data", str(data_dir), "--listen", "127.0.0.1:0"]
         if metrics:
             argv += ["--metrics", "127.0.0.1:0"]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-                                     cwd=REPO)
+                                     cwd=tree or REPO)
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if "listening on" not in line:
             self.stop()

@@ -40,7 +40,7 @@ _PROBE = """
 import json, resource, sys, time
 from pathlib import Path
 t0 = time.perf_counter()
-from engram_core.rpc.server import open_core
+from engram_core.app.composition import open_core
 core, _, _ = open_core(Path(sys.argv[1]), semantic=False)
 with core.store.search_index() as index:
     docs = index.document_count()
@@ -76,7 +76,7 @@ def _loaded(data: Path) -> int:
 
 def load(size: int, data: Path, *, batch: int) -> float | None:
     """Bulk-load ``size`` records into ``data`` (continuing a partial load); seconds, None if done."""
-    from engram_core.rpc.server import open_core
+    from engram_core.app.composition import open_core
 
     have = _loaded(data)
     if have >= size:

@@ -41,7 +41,7 @@ _POINTS = itertools.count()
 
 
 def _load(data: Path, size: int) -> None:
-    from engram_core.rpc.server import open_core
+    from engram_core.app.composition import open_core
     from tools.bench.loader import activate_scope, load_scope
 
     core, _, _ = open_core(data, semantic=False, load_index=False)
@@ -158,12 +158,14 @@ def _point(server: Served, key_path: Path, clients: int, duration: float, phase:
 
 def _search_until(address: str, key_path: Path, queries: list[str], stop: float, out: Any) -> None:
     """One client searching (lexical) until ``stop`` (time.monotonic, the same clock in every
-    process here); sends (latencies in seconds, errors)."""
+    process here), at least once: a spawned process can start after a short run's stop (seen on
+    a loaded machine), and a point with no search would report none. Sends (latencies in
+    seconds, errors)."""
     agent = GrpcAgent(address, key_path, tenant=TENANT, workspace=WORKSPACE)
     latencies: list[float] = []
     failed, i = 0, 0
     try:
-        while time.monotonic() < stop:
+        while not latencies or time.monotonic() < stop:
             started = time.perf_counter()
             agent.call("search", {"query": queries[i % len(queries)], "purpose_ref": PURPOSE})
             latencies.append(time.perf_counter() - started)

@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 
 from engram_core.api import admin_pb2, admin_pb2_grpc, memory_pb2, memory_pb2_grpc
+from engram_core.clock import Clock
 from engram_core.hostctx import CONFIRMATION_METADATA_KEY, CONTEXT_METADATA_KEY, make_context, make_grant
 from engram_core.hostkeys import load_private_key_file
 from engram_core.operation import operation_digest
@@ -16,6 +17,8 @@ from engram_core.rpc.convert import message_to_value, value_to_message
 from engram_core.rpc.server import RunningCore
 
 PURPOSE = "purpose:engineering-notes"
+RETRIES = 4
+TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}
 DAY_MS = 86_400_000
 
 
@@ -23,28 +26,51 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+_TOOL_OF_METHOD = {"Search": "engram_memory_search", "Get": "engram_memory_get", "Capture": "engram_memory_capture",
+                   "RequestAdmission": "engram_memory_request_admission", "Withdraw": "engram_memory_withdraw",
+                   "Forget": "engram_memory_forget"}
+
+
 class Agent:
-    def __init__(self, core: RunningCore, tenant: str, workspace: str, principal: str = "user:harness") -> None:
+    """One agent in one host-bound session. ``clock``: where the host reads the time it signs
+    contexts with (the core's clock when a harness replays a live capture at past instants)."""
+
+    def __init__(self, core: RunningCore, tenant: str, workspace: str, principal: str = "user:harness", *,
+                 session: str = "s-harness", clock: Clock | None = None) -> None:
         self.key = load_private_key_file(core.host_key_path)
         self.tenant, self.workspace, self.principal = tenant, workspace, principal
+        self.session = session
+        self.now_ms = clock.now_ms if clock is not None else now_ms
         self.channel = grpc.insecure_channel(core.address)
         self.memory = memory_pb2_grpc.MemoryServiceStub(self.channel)
         self.admin = admin_pb2_grpc.AdminServiceStub(self.channel)
 
-    def _ctx(self) -> bytes:
-        return make_context(self.key, tenant=self.tenant, workspace=self.workspace, principal=self.principal,
-                            agent_id="agent-harness", session="s-harness", purpose_ref=PURPOSE, now_ms=now_ms(),
+    def _ctx(self, call: str) -> bytes:
+        return make_context(self.key, call=call, tenant=self.tenant, workspace=self.workspace, principal=self.principal,
+                            agent_id="agent-harness", session=self.session, purpose_ref=PURPOSE, now_ms=self.now_ms(),
                             memory_enabled=True)
 
     def _host_ctx(self) -> bytes:
-        return make_context(self.key, tenant="_host", workspace="_admin", principal="host:operator", now_ms=now_ms(),
+        return make_context(self.key, call="admin", tenant="_host", workspace="_admin", principal="host:operator",
+                            now_ms=self.now_ms(),
                             host_principal=True, maintenance_scopes=("read", "maintain"), memory_enabled=False)
 
     def call(self, method: str, cls: Any, args: dict[str, Any], grant: bytes | None = None) -> dict[str, Any]:
-        md = [(CONTEXT_METADATA_KEY, self._ctx())]
-        if grant:
-            md.append((CONFIRMATION_METADATA_KEY, grant))
-        return message_to_value(getattr(self.memory, method)(value_to_message(args, cls()), metadata=md, timeout=30))
+        """One call, retried as the contract says for a transient failure (a policy decision that
+        timed out on a busy machine is POLICY_UNAVAILABLE): mutations with the same idempotency key
+        and arguments, under a fresh context."""
+        for attempt in range(RETRIES + 1):
+            md = [(CONTEXT_METADATA_KEY, self._ctx(_TOOL_OF_METHOD[method]))]
+            if grant:
+                md.append((CONFIRMATION_METADATA_KEY, grant))
+            try:
+                return message_to_value(getattr(self.memory, method)(value_to_message(args, cls()), metadata=md,
+                                                                     timeout=30))
+            except grpc.RpcError as e:
+                if attempt == RETRIES or e.code() not in TRANSIENT:  # type: ignore[attr-defined]
+                    raise
+                time.sleep(0.2 * 2**attempt)
+        raise AssertionError("unreachable")
 
     def activate(self) -> None:
         self.admin.Activate(admin_pb2.ActivateRequest(tenant=self.tenant, workspace=self.workspace, tools=[]),
@@ -74,7 +100,8 @@ class Agent:
 
     def remember_turn(self, key: str, text: str, source_ref: str, *, t: int) -> str:
         """One conversation turn as one memory: a single ``context`` component, one citation,
-        ``valid_time`` the session's date (how a chat log is captured turn by turn)."""
+        ``valid_time.t`` ``t`` (the session's date for a chat log captured after the fact, the
+        turn's own instant for an agent capturing as it goes)."""
         payload = {
             "schema_version": 2, "purpose_ref": PURPOSE, "valid_time": {"t": t},
             "components": [{"component_id": "c1", "kind": "context", "text": text, "citation_ids": ["cit1"]}],
@@ -103,7 +130,7 @@ class Agent:
                 "reason_ref": "reason:user-request"}
         tool = "engram_memory_forget"
         grant = make_grant(self.key, tenant=self.tenant, workspace=self.workspace, principal=self.principal, tool=tool,
-                           target=record_id, approved_at_ms=now_ms(),
+                           target=record_id, approved_at_ms=self.now_ms(),
                            operation_digest=operation_digest(tool=tool, tenant=self.tenant, workspace=self.workspace,
                                                              principal=self.principal, arguments=args))
         self.call("Forget", memory_pb2.ForgetRequest, args, grant=grant)

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent import DAY_MS, Agent, now_ms  # noqa: E402
 
-from engram_core.rpc.server import start_core  # noqa: E402
+from engram_core.app.composition import start_core  # noqa: E402
 from engram_core.services.lexical import tokenize  # noqa: E402
 
 CORPUS = Path(__file__).with_name("corpus.json")

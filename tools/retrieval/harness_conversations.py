@@ -1,10 +1,19 @@
 """Conversational retrieval harness: loads tools/retrieval/conversations.json through the real
 service (gRPC, start_core, semantic channel on), one turn per memory (``kind: context``, one
-citation, ``valid_time`` = the session's date, one workspace per conversation), then asks every
-question with each channel and reports recall@5, recall@10 and MRR@10 of the evidence turns, per
-question type and overall, beside ``rank_bm25`` and ``bm25s`` baselines over the same turns.
+citation, one workspace and one agent session per conversation), then asks every question with
+each channel and reports recall@5, recall@10 and MRR@10 of the evidence turns, per question type
+and overall, beside ``rank_bm25`` and ``bm25s`` baselines over the same turns.
 
-Run: ``.venv/bin/python tools/retrieval/harness_conversations.py [--json OUT]``.
+Two ways of capturing, each into a core of its own (``--mode``):
+
+- ``session``: a chat log captured after the fact, every turn dated with its session's date
+  (``valid_time.t`` = noon UTC of that day), all of it captured in one burst;
+- ``live``: an agent capturing as the chat goes, every turn dated with its own instant
+  (``turn_instants``) and captured at that instant: the core's clock is set to each turn's instant
+  before its capture and admission (the conversations interleaved in time order), then to the
+  present for the questions.
+
+Run: ``.venv/bin/python tools/retrieval/harness_conversations.py [--mode session|live|both] [--json OUT]``.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import random
 import re
 import sys
 import tempfile
@@ -22,10 +32,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agent import DAY_MS, Agent, now_ms  # noqa: E402
+from agent import DAY_MS, Agent  # noqa: E402
 from harness import metrics  # noqa: E402
 
-from engram_core.rpc.server import start_core  # noqa: E402
+from engram_core.app.composition import start_core  # noqa: E402
+from engram_core.clock import FixedClock  # noqa: E402
 from engram_core.services.lexical import tokenize  # noqa: E402
 
 CORPUS = Path(__file__).with_name("conversations.json")
@@ -63,6 +74,31 @@ def turns_of(corpus: dict[str, Any]) -> list[tuple[str, str, str, int]]:
         for s in conv["sessions"]:
             for i, t in enumerate(s["turns"]):
                 out.append((conv["id"], f"{conv['id']}:s{s['session']}:t{i + 1}", turn_text(conv, t), s["days_ago"]))
+    return out
+
+
+def session_noon(now: dt.datetime) -> int:
+    """Sessions happened at noon UTC, ``days_ago`` days before ``now`` (epoch ms)."""
+    noon = int(now.replace(hour=12, minute=0, second=0, microsecond=0).timestamp() * 1000)
+    return min(noon, int(now.timestamp() * 1000) - 1000)
+
+
+def turn_instants(corpus: dict[str, Any], noon_ms: int) -> dict[str, int]:
+    """The instant each turn was said, for live capture: a session starts at noon UTC of its day,
+    and each turn follows the one before by 20 s to 3 min, or, one time in twenty, after a pause
+    of 10 to 60 minutes (someone stepped away). Seeded by the turn's id, so every run (and the
+    offline sweeps of tune_query.py) uses the same instants. Fixed before any neighbour window
+    was measured against them (docs/retrieval-quality.md, "Live capture")."""
+    out: dict[str, int] = {}
+    for conv in corpus["conversations"]:
+        for s in conv["sessions"]:
+            t = noon_ms - s["days_ago"] * DAY_MS
+            for i in range(len(s["turns"])):
+                tid = f"{conv['id']}:s{s['session']}:t{i + 1}"
+                if i:
+                    rnd = random.Random(tid)
+                    t += (rnd.randint(600, 3600) if rnd.random() < 0.05 else rnd.randint(20, 180)) * 1000
+                out[tid] = t
     return out
 
 
@@ -122,26 +158,42 @@ def per_type(ranked: list[list[str]], questions: list[dict[str, Any]]) -> dict[s
     return out
 
 
-def run(data_dir: Path) -> dict[str, Any]:
+def run(data_dir: Path, mode: str = "session") -> dict[str, Any]:
     corpus = json.loads(CORPUS.read_text())
     now = dt.datetime.now(dt.UTC)
     questions = [{**q, "text": render(q["text"], now)} for q in corpus["questions"]]
-    running = start_core(data_dir, semantic=True)
+    noon = session_noon(now)
+    turns = turns_of(corpus)
+    if mode == "live":
+        instants = turn_instants(corpus, noon)
+        # Time order across conversations (the clock only moves forward); a conversation's turns
+        # keep their order, so each scope admits its turns as they were said.
+        order = sorted(range(len(turns)), key=lambda i: (instants[turns[i][1]], i))
+        when = [instants[turns[i][1]] for i in order]
+        clock = FixedClock(when[0] - 60_000)
+    else:
+        order = list(range(len(turns)))
+        when = [noon - turns[i][3] * DAY_MS for i in order]
+        clock = None
+    running = start_core(data_dir, semantic=True, clock=clock)
     try:
-        agents = {c["id"]: Agent(running, TENANT, c["id"]) for c in corpus["conversations"]}
+        agents = {c["id"]: Agent(running, TENANT, c["id"], session=f"s-{c['id']}", clock=clock)
+                  for c in corpus["conversations"]}
         for a in agents.values():
             a.activate()
         t0 = time.perf_counter()
         ids: dict[str, str] = {}
-        # Sessions happened at noon UTC, D days before today.
-        noon = int(now.replace(hour=12, minute=0, second=0, microsecond=0).timestamp() * 1000)
-        noon = min(noon, now_ms() - 1000)
-        for ws, tid, text, days in turns_of(corpus):
-            ids[tid] = agents[ws].remember_turn(tid, text, tid, t=noon - days * DAY_MS)
+        for i, t in zip(order, when, strict=True):
+            ws, tid, text, _days = turns[i]
+            if clock is not None:
+                clock.advance(max(t - clock.now_ms(), 0))
+            ids[tid] = agents[ws].remember_turn(tid, text, tid, t=t)
+        if clock is not None:  # the questions are asked now
+            clock.advance(max(int(now.timestamp() * 1000) - clock.now_ms(), 0))
         load_s = time.perf_counter() - t0
         back = {v: k for k, v in ids.items()}
-        report: dict[str, Any] = {"turns": len(ids), "questions": len(questions), "load_seconds": round(load_s, 1),
-                                  "profiles": {}}
+        report: dict[str, Any] = {"mode": mode, "turns": len(ids), "questions": len(questions),
+                                  "load_seconds": round(load_s, 1), "profiles": {}}
         for channel, semantic in (("lexical", False), ("lexical_and_semantic", True)):
             ranked, latencies, profile = [], [], ""
             for q in questions:
@@ -161,7 +213,8 @@ def run(data_dir: Path) -> dict[str, Any]:
 
 
 def print_report(report: dict[str, Any]) -> None:
-    print(f"{report['turns']} turns, {report['questions']} questions, loaded in {report['load_seconds']} s")
+    print(f"{report['mode']}: {report['turns']} turns, {report['questions']} questions, "
+          f"loaded in {report['load_seconds']} s")
     types = [t for t in next(iter(report["profiles"].values())) if t not in ("all", "p50_ms")]
     print(f"{'profile':48} {'R@5':>6} {'R@10':>6} {'MRR':>6}  " + " ".join(f"{t[:11]:>11}" for t in types))
     for name, m in report["profiles"].items():
@@ -175,12 +228,16 @@ def print_report(report: dict[str, Any]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, help="write the report here as JSON")
+    ap.add_argument("--mode", choices=("session", "live", "both"), default="both",
+                    help="dated by session (a log captured after the fact), live (each turn at its instant), or both")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="engram-harness-conv-") as tmp:
-        report = run(Path(tmp) / "data")
-    print_report(report)
+    reports = {}
+    for mode in ("session", "live") if args.mode == "both" else (args.mode,):
+        with tempfile.TemporaryDirectory(prefix="engram-harness-conv-") as tmp:
+            reports[mode] = run(Path(tmp) / "data", mode)
+        print_report(reports[mode])
     if args.json:
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        args.json.write_text(json.dumps({"modes": reports}, indent=1) + "\n")
     return 0
 
 

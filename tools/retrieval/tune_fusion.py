@@ -82,7 +82,7 @@ def main() -> int:
     ap.add_argument("--model", default="minilm", help="minilm (the core's) or another local embedder name")
     ap.add_argument("--quick", action="store_true", help="only small k, equal weights, the profile's recency")
     args = ap.parse_args()
-    from engram_core.services.embedding import load_local_embedder
+    from engram_core.embedding.onnx_minilm import load_local_embedder
 
     embedder = load_local_embedder()
     p = OFFLINE_LEXICAL_V2

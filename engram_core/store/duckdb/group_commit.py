@@ -18,10 +18,10 @@ rows of the tables it names, or, when the member itself has pending writes
 there, *promotes* the member (its writes go into the shared transaction now,
 and from then on its failure fails the whole batch).
 
-Members' audit rows take their places in the audit chain (sequence, previous
-digest) only when the batch commits, under the store's audit lock, which a read's
-spooled audit row shares: a read never waits for members, only for a commit in
-progress, and a batch that fails leaves no hole in the chain.
+Members' audit rows take their places in their scopes' audit chains (sequence,
+previous digest) only when the batch commits (the store kernel chains them in its
+``prepare`` hook), so a batch that fails leaves no hole in any chain; a read's audit
+row is on a chain of its own (the writer's) and never waits for members.
 
 A batch that cannot commit answers every member alike: a definitive refusal
 when it was rolled back, MUTATION_OUTCOME_UNKNOWN when COMMIT itself failed.
@@ -37,7 +37,8 @@ from typing import Any
 
 import duckdb
 
-from engram_core.store.port import AuditRow, CandidateRow, IdempotencyRow, ScopeRow
+from engram_core.store.engine import TxEffects
+from engram_core.store.port import CandidateRow, IdempotencyRow, ScopeRow
 
 MAX_MEMBERS = 64  # a batch commits at this size even with writers queued (bounds latency)
 ROWS_PER_STATEMENT = 64  # rows per multi-row INSERT (DuckDB plans larger VALUES lists slowly)
@@ -158,16 +159,14 @@ class Member:
 
 
 class Batch:
-    """Members sharing one open DuckDB transaction, and what they publish after its COMMIT."""
+    """Members sharing one open DuckDB transaction, and what they hand the kernel at its COMMIT."""
 
     def __init__(self) -> None:
         self.pending = Pending()
         self.members = 0
+        self.effects: list[TxEffects] = []  # each member's, in the order they joined
         self.scope_changes: dict[tuple[str, str], ScopeRow] = {}
-        self.index_ops: list[tuple[Any, ...]] = []
-        self.audit_rows: list[AuditRow] = []  # chained when the batch commits
-        self.audit_docs: list[dict[str, Any]] = []
-        self.names_new_keys = False  # the key vault is synced before COMMIT
+        self.audit_heads: dict[str, tuple[int, str]] = {}  # chains the batch's audit rows extend
         self.done = threading.Event()
         self.error: BaseException | None = None
 

@@ -202,6 +202,79 @@ ALTER TABLE candidates ADD COLUMN key_slot BIGINT;
 UPDATE candidates SET key_slot = k.slot FROM data_keys k WHERE k.owner = 'candidate:' || candidates.candidate_id;
 """,
     ),
+    Migration(
+        9,
+        "audit rows on several chains",
+        # One global chain meant one head every call took its place behind: several writers (the
+        # cores of one PostgreSQL store) could not extend it without a hot row per call. Each row
+        # now names its chain (docs/architecture.md, "The audit log's chains"): its scope's for
+        # rows written in a write transaction, its writer's for the rows of calls that change
+        # nothing. Rows written before keep the one old chain ("": their digests never covered a
+        # chain field). The primary key becomes (chain, seq), so the table is rebuilt.
+        """
+CREATE TABLE audit_chained (
+  chain VARCHAR NOT NULL, seq UBIGINT NOT NULL, at_ms BIGINT NOT NULL, audit_id VARCHAR NOT NULL,
+  tenant VARCHAR NOT NULL, workspace VARCHAR NOT NULL, principal VARCHAR NOT NULL, agent_id VARCHAR NOT NULL,
+  operation VARCHAR NOT NULL, outcome VARCHAR NOT NULL, target_digest VARCHAR NOT NULL,
+  decisions VARCHAR NOT NULL, prev_digest VARCHAR NOT NULL, row_digest VARCHAR NOT NULL,
+  PRIMARY KEY (chain, seq));
+INSERT INTO audit_chained SELECT '', seq, at_ms, audit_id, tenant, workspace, principal, agent_id, operation,
+  outcome, target_digest, decisions, prev_digest, row_digest FROM audit ORDER BY seq;
+DROP TABLE audit;
+ALTER TABLE audit_chained RENAME TO audit;
+""",
+    ),
+    Migration(
+        10,
+        "key destructions name the KEK generation that wrapped the key",
+        # A destroyed key still sits in copies of the key files made while it lived, wrapped by
+        # the generations of the KEK ring then; its destruction is complete once they are all
+        # retired (docs/admin.md, "Keys"). Destructions recorded before are taken as wrapped by
+        # the generation active at this migration.
+        """
+ALTER TABLE key_destructions ADD COLUMN generation BIGINT;
+""",
+        step="destructions_wrapped_by_active_generation",
+    ),
+    Migration(
+        11,
+        "audit rows name the context nonce their call claimed",
+        # So that a restarted core refuses a context used just before the restart: the nonces of
+        # the last context lifetime are read back from the audit log at open (context_nonces.py).
+        """
+ALTER TABLE audit ADD COLUMN context_nonce VARCHAR DEFAULT '';
+""",
+    ),
+    Migration(
+        12,
+        "records carry their capture session and instant",
+        # Search neighbours (profile version 4) link records an agent captured in one host-bound
+        # session close together in time, which needs the session and the capture instant at the
+        # index without opening candidates: both are copied from the candidate at admission, as
+        # trust class, principal and agent already are. Records admitted before this migration
+        # take them from their candidate row, which outlives admission (only its envelope goes).
+        """
+ALTER TABLE records ADD COLUMN session VARCHAR;
+ALTER TABLE records ADD COLUMN captured_at_ms BIGINT;
+UPDATE records SET session = c.session, captured_at_ms = c.captured_at_ms
+  FROM candidates c WHERE c.candidate_id = records.candidate_id;
+""",
+    ),
+    Migration(
+        13,
+        "trusted host keys carry the tenants and maintenance scopes they serve",
+        # Issue 26.3: any trusted host key could sign contexts for every tenant, maintenance
+        # scopes included. Each key now names what it serves (JSON lists of tenants and scopes,
+        # or all tenants) and the authz policy decides on it. A key trusted before this migration
+        # gets the defaults, which serve nothing: the operator binds it again (`engram admin
+        # trust-host-key --tenant T`). The data directory's own host.key is the operator's and is
+        # bound at every start, not here.
+        """
+ALTER TABLE trusted_host_keys ADD COLUMN tenants VARCHAR DEFAULT '[]';
+ALTER TABLE trusted_host_keys ADD COLUMN all_tenants BOOLEAN DEFAULT false;
+ALTER TABLE trusted_host_keys ADD COLUMN maintenance_scopes VARCHAR DEFAULT '[]';
+""",
+    ),
 )
 
 LEDGER_DDL = """

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from engram_core.store.duckdb.record_sql import RECORD_COLS, record_of
+from engram_core.store.duckdb.record_sql import RECORD_COLS, RECORD_WIDTH, record_of
 from engram_core.store.port import RecordRow
 
 
@@ -26,13 +26,13 @@ class _Linked(Protocol):
 
 
 class RecordLinks:
-    """Mixin of ``DuckDBTx`` (uses its ``_all``, ``_exec``, ``_insert`` and its store's ``linked_ids``)."""
+    """Mixin of ``DuckDBEngineTx`` (uses its ``_all``, ``_exec``, ``_insert`` and its store's ``linked_ids``)."""
 
     _store: _Linked
 
-    def _all(self, sql: str, params: list[Any] | tuple = ()) -> list[tuple]: ...  # provided by DuckDBTx
+    def _all(self, sql: str, params: list[Any] | tuple = ()) -> list[tuple]: ...  # provided by DuckDBEngineTx
 
-    def _exec(self, sql: str, params: list[Any] | tuple = ()) -> None: ...  # provided by DuckDBTx
+    def _exec(self, sql: str, params: list[Any] | tuple = ()) -> None: ...  # provided by DuckDBEngineTx
 
     def _insert(self, table: str, values: list[Any], *, verb: str = "INSERT", cols: str = "") -> None: ...
 
@@ -66,7 +66,8 @@ class RecordLinks:
             "GROUP BY ALL ORDER BY r.record_id",
             [tenant, workspace, list(family_refs), list(states)],
         )
-        return [(record_of(r), r[20], list(r[21])) for r in rows if r[1] == tenant and r[2] == workspace]
+        return [(record_of(r), r[RECORD_WIDTH], list(r[RECORD_WIDTH + 1])) for r in rows
+                if r[1] == tenant and r[2] == workspace]
 
     def derivatives(self, tenant: str, workspace: str, source_id: str) -> list[RecordRow]:
         """Records of the scope whose citations name ``source_id`` as their source, by record id."""

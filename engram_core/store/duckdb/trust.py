@@ -13,15 +13,12 @@ from typing import Any
 
 
 class TrustClasses:
-    """Mixin of ``DuckDBTx`` (uses its ``_exec`` and ``index_ops``)."""
+    """Mixin of ``DuckDBEngineTx`` (uses its ``_exec``)."""
 
-    index_ops: list[tuple[Any, ...]]
-
-    def _exec(self, sql: str, params: list[Any] | tuple = ()) -> None: ...  # provided by DuckDBTx
+    def _exec(self, sql: str, params: list[Any] | tuple = ()) -> None: ...  # provided by DuckDBEngineTx
 
     def set_record_trust_class(self, record_id: str, trust_class: str) -> None:
         self._exec("UPDATE records SET trust_class = ? WHERE record_id = ?", [trust_class, record_id])
-        self.index_ops.append(("evict", record_id))  # the search index's row copy shows the old class
 
     def set_candidate_trust_class(self, candidate_id: str, trust_class: str) -> None:
         self._exec("UPDATE candidates SET trust_class = ? WHERE candidate_id = ?", [trust_class, candidate_id])

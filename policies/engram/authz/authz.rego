@@ -20,7 +20,9 @@ _config := data.engram.config
 #   scanner finding in input.findings (the request's stored strings) denies.
 #   A denial by quotas alone carries retry_after_ms (RATE_LIMITED).
 #   host.record_refusal (the audit row of a refusal the host decided for the
-#   call this context was signed for) for any complete context.
+#   call this context was signed for) for any complete context. Every
+#   operation also needs the key that signed the context to serve the tenant
+#   it acts for (input.context.host_key), and maintenance the scope it needs.
 decision := object.union(
 	{
 		"allow": allow,
@@ -93,6 +95,8 @@ _agent_gate contains lib.reason("CONTEXT_INCOMPLETE", "The bound context lacks a
 	not _context_complete
 }
 
+_agent_gate contains _key_not_bound if not _key_serves_context_tenant
+
 _agent_gate contains lib.reason("MEMORY_DISABLED", "Memory is not enabled for this host.") if {
 	not input.context.memory_enabled == true
 }
@@ -147,6 +151,20 @@ deny contains lib.reason("MAINTENANCE_SCOPE_REQUIRED", sprintf("The operation re
 	not _holds_required_scope
 }
 
+# Issue 26.3: a trusted host key acts only for the tenants it is bound to (agent tools and the
+# tool list above; every other operation here, by the tenant it acts for).
+deny contains _key_not_bound if {
+	not _is_agent_tool
+	_known
+	not _key_serves_acting_tenant
+}
+
+deny contains lib.reason("HOST_KEY_SCOPE_NOT_BOUND", sprintf("The host key that signed the context is not bound to the %q maintenance scope.", [_required_scope])) if {
+	_is_admin
+	_holds_required_scope
+	not _key_holds_required_scope
+}
+
 # SPEC §13: the request's free strings that the operation would store (idempotency keys,
 # reason refs, event ids, scope names) went through the secret scanner; any finding
 # refuses the request, whatever the operation and whoever asks.
@@ -167,6 +185,69 @@ _context_complete if lib.context_complete(input.context)
 _granted if input.operation in _granted_tools
 
 _holds_required_scope if _required_scope in _held_scopes
+
+# --- host key bindings (issue 26.3) ---
+# input.context.host_key: {id, local, all_tenants, tenants, maintenance_scopes}, the binding of the
+# key that signed the context. local: the data directory's host.key or a key named at
+# `engram serve --trust-host-key` (the operator's own), which serves every tenant and scope.
+# Maintenance and attestation act on the scope their request names (input.target,
+# input.attestation), not on the context's own (the admin CLI signs _host/_admin); a request
+# naming no tenant acts on the whole store and needs a key serving every tenant.
+
+_key_not_bound := lib.reason("HOST_KEY_NOT_BOUND", "The host key that signed the context does not serve this tenant.")
+
+_host_key := object.get(input.context, "host_key", {})
+
+_key_serves_every_tenant if _host_key.local == true
+
+_key_serves_every_tenant if _host_key.all_tenants == true
+
+_key_serves(_) if _key_serves_every_tenant
+
+_key_serves(tenant) if {
+	is_string(tenant)
+	tenant != ""
+	tenant in _host_key.tenants
+}
+
+_key_serves_context_tenant if _key_serves(input.context.tenant)
+
+_acts_on_named_scope if _is_admin
+
+_acts_on_named_scope if _is_host_attest
+
+_named_tenant := object.get(object.get(input, "target", {}), "tenant", "") if _is_admin
+
+_named_tenant := object.get(object.get(input, "attestation", {}), "tenant", "") if _is_host_attest
+
+_key_serves_acting_tenant if {
+	not _acts_on_named_scope
+	_key_serves_context_tenant
+}
+
+_key_serves_acting_tenant if {
+	_acts_on_named_scope
+	_named_tenant != ""
+	_key_serves(_named_tenant)
+}
+
+_key_serves_acting_tenant if {
+	_acts_on_named_scope
+	_named_tenant == ""
+	_key_serves_every_tenant
+}
+
+_key_scopes contains scope if {
+	_host_key.local == true
+	some scope, _ in _config.scope_implies
+}
+
+_key_scopes contains implied if {
+	some bound in _host_key.maintenance_scopes
+	some implied in _config.scope_implies[bound]
+}
+
+_key_holds_required_scope if _required_scope in _key_scopes
 
 # --- obligations (SPEC §8) ---
 
@@ -194,6 +275,12 @@ deny contains lib.reason("MAINTENANCE_SCOPE_REQUIRED", "The operation requires t
 	not _holds_maintain
 }
 
+deny contains lib.reason("HOST_KEY_SCOPE_NOT_BOUND", "The host key that signed the context is not bound to the \"maintain\" maintenance scope.") if {
+	_is_host_attest
+	_holds_maintain
+	not _key_holds_maintain
+}
+
 deny contains lib.reason("VERIFIER_NOT_TRUSTED", "The verifier key is not trusted for signed attestations.") if {
 	_is_host_attest
 	input.attestation.trust_class == "signed"
@@ -206,6 +293,8 @@ deny contains lib.reason("INVALID_INPUT", "The attestation names no known trust 
 }
 
 _holds_maintain if "maintain" in _held_scopes
+
+_key_holds_maintain if "maintain" in _key_scopes
 
 _attested_class_known if input.attestation.trust_class in {"signed", "earned"}
 

@@ -8,10 +8,13 @@ _ctx(overrides) := object.union(
 		"tenant": "acme", "workspace": "main", "principal": "user:ada", "agent_id": "agent-1",
 		"session": "sess-1", "purpose_ref": "purpose:notes", "host_key_id": "hk-1",
 		"memory_enabled": true, "host_principal": false, "maintenance_scopes": [],
-		"authorization_epoch": 1,
+		"authorization_epoch": 1, "host_key": _local_key,
 	},
 	overrides,
 )
+
+# The data directory's own host.key (and --trust-host-key at start): the operator's, every tenant.
+_local_key := {"id": "hk-1", "local": true, "all_tenants": false, "tenants": [], "maintenance_scopes": []}
 
 _all_tools := [
 	"engram_memory_capture", "engram_memory_forget", "engram_memory_get",
@@ -200,7 +203,7 @@ test_agent_tool_denials_accumulate if {
 _attest_ctx := {
 	"tenant": "_host", "workspace": "_admin", "principal": "host:ops", "agent_id": "", "session": "s",
 	"purpose_ref": "", "host_key_id": "hk-1", "memory_enabled": false, "host_principal": true,
-	"maintenance_scopes": ["maintain"], "authorization_epoch": 0,
+	"maintenance_scopes": ["maintain"], "authorization_epoch": 0, "host_key": _local_key,
 }
 
 _attest(ctx, class, kid) := {
@@ -308,6 +311,18 @@ test_quota_with_another_denial_is_not_retriable if {
 	d.reasons == [_quota_reason("captures"), _r("TOOL_NOT_GRANTED", "The tool is not granted in this scope.")]
 }
 
+# Issue 26.7: forget and withdraw (and the check before the human is asked, authorized as the
+# same tool) count against quotas of their own.
+test_forget_and_withdraw_have_quotas_of_their_own if {
+	limits := {"principal": {"minute": {"forgets": 2, "withdrawals": 1}}}
+	used := object.union(_counts(0), {"forgets": 2, "withdrawals": 0})
+	authz.decision == object.union(_denied([_quota_reason("forgets")], true), {"retry_after_ms": 7}) with input as _with_usage("engram_memory_forget", _usage(used, 7))
+		with data.engram.config.tenants.acme.quotas as limits
+	authz.decision == _allowed(true) with input as _with_usage("engram_memory_withdraw", _usage(used, 7))
+		with data.engram.config.tenants.acme.quotas as limits
+	authz.decision == _allowed(true) with input as _with_usage("engram_memory_forget", _usage(used, 7))
+}
+
 test_default_quotas_are_generous if {
 	authz.decision == _allowed(false) with input as _with_usage("engram_memory_search", _usage(_counts(100), 5))
 }
@@ -342,4 +357,99 @@ test_record_refusal_needs_a_complete_context if {
 # Mirrors tests/policy/fixtures/authz/host_attest_untrusted_verifier_denied.json (default data: no verifiers).
 test_golden_host_attest_untrusted_verifier_denied if {
 	authz.decision == {"allow": false, "reasons": [{"code": "VERIFIER_NOT_TRUSTED", "message": "The verifier key is not trusted for signed attestations."}], "obligations": _no_obligations} with input as _attest(_attest_ctx, "signed", "ed25519:abc")
+}
+
+# --- host key bindings (issue 26.3): a key acts only for the tenants and scopes it is bound to ---
+
+_bound_key(tenants, scopes) := {"id": "hk-2", "local": false, "all_tenants": false, "tenants": tenants, "maintenance_scopes": scopes}
+
+_every_tenant_key(scopes) := {"id": "hk-3", "local": false, "all_tenants": true, "tenants": [], "maintenance_scopes": scopes}
+
+_not_bound := _r("HOST_KEY_NOT_BOUND", "The host key that signed the context does not serve this tenant.")
+
+_scope_not_bound(scope) := _r("HOST_KEY_SCOPE_NOT_BOUND", sprintf("The host key that signed the context is not bound to the %q maintenance scope.", [scope]))
+
+_admin_in(operation, ctx, target) := object.union(_in(operation, ctx, {"activated": false, "tools": []}), {"target": target})
+
+_acme := {"tenant": "acme", "workspace": "main"}
+
+# Mirrors tests/policy/fixtures/authz/agent_key_not_bound_denied.json: another tenant's host key.
+test_golden_agent_key_not_bound_denied if {
+	authz.decision == _denied([_not_bound], false) with input as _in("engram_memory_search", _ctx({"host_key": _bound_key(["globex"], [])}), _active)
+}
+
+test_a_key_bound_to_the_tenant_acts_for_it if {
+	ctx := _ctx({"host_key": _bound_key(["acme", "globex"], [])})
+	authz.decision == _allowed(false) with input as _in("engram_memory_search", ctx, _active)
+	authz.decision == _allowed(true) with input as _in("engram_memory_forget", ctx, _active)
+	authz.decision == _allowed(false) with input as _in("engram_memory_search", _ctx({"host_key": _every_tenant_key([])}), _active)
+}
+
+test_another_tenants_key_lists_no_tools if {
+	authz.tools == {"tools": [], "reasons": [_not_bound]} with input as {
+		"context": _ctx({"host_key": _bound_key(["globex"], [])}), "scope": _active, "now_ms": 1,
+	}
+}
+
+test_a_key_without_a_binding_serves_nothing if {
+	keyless := object.remove(_ctx({}), ["host_key"])
+	authz.decision == _denied([_not_bound], false) with input as _in("engram_memory_get", keyless, _active)
+	authz.decision == _denied([_not_bound], false) with input as _in("engram_memory_get", object.union(keyless, {"host_key": {"id": "hk-9"}}), _active)
+	authz.decision == _denied([_not_bound], false) with input as _in("engram_memory_get", _ctx({"host_key": _bound_key([], [])}), _active)
+}
+
+test_host_calls_follow_the_binding if {
+	other := _bound_key(["globex"], [])
+	authz.decision == _denied([_not_bound], false) with input as _in("host.record_refusal", _ctx({"host_key": other}), _active)
+	authz.decision == _denied([_not_bound], false) with input as _in("host.issue_confirmation", object.union(_confirming_host, {"host_key": other}), _active)
+	authz.decision == _denied([_not_bound], false) with input as _in("host.authorization_epoch", object.union(_host, {"host_key": other}), _active)
+	authz.decision == _allowed(false) with input as _in("host.authorization_epoch", object.union(_host, {"host_key": _bound_key(["acme"], [])}), _active)
+}
+
+# Mirrors tests/policy/fixtures/authz/admin_key_scope_not_bound_denied.json.
+test_golden_admin_key_scope_not_bound_denied if {
+	ctx := object.union(_host, {"tenant": "_host", "workspace": "_admin", "maintenance_scopes": ["read"], "host_key": _bound_key(["acme"], [])})
+	authz.decision == _denied([_scope_not_bound("read")], false) with input as _admin_in("admin.history", ctx, _acme)
+}
+
+test_admin_acts_for_the_named_tenant_only if {
+	ctx := object.union(_host, {"tenant": "_host", "workspace": "_admin", "maintenance_scopes": ["read", "maintain"], "host_key": _bound_key(["acme"], ["maintain"])})
+	authz.decision == _allowed(false) with input as _admin_in("admin.history", ctx, _acme)
+	authz.decision == _allowed(false) with input as _admin_in("admin.revoke", ctx, _acme)
+	authz.decision == _denied([_not_bound], false) with input as _admin_in("admin.history", ctx, {"tenant": "globex", "workspace": "main"})
+	# No tenant named: the whole store, which only a key serving every tenant may act on.
+	authz.decision == _denied([_not_bound], false) with input as _admin_in("admin.rotate_keys", ctx, {})
+	authz.decision == _denied([_not_bound], false) with input as _in("admin.migrate", ctx, _active)
+}
+
+test_a_key_for_every_tenant_keeps_to_its_scopes if {
+	ctx := object.union(_host, {"maintenance_scopes": ["read", "maintain"], "host_key": _every_tenant_key(["read"])})
+	authz.decision == _allowed(false) with input as _admin_in("admin.verify", ctx, {})
+	authz.decision == _allowed(false) with input as _admin_in("admin.history", ctx, {"tenant": "globex", "workspace": "main"})
+	authz.decision == _denied([_scope_not_bound("maintain")], false) with input as _admin_in("admin.rotate_keys", ctx, {})
+}
+
+test_a_key_bound_to_maintain_holds_read_too if {
+	ctx := object.union(_host, {"maintenance_scopes": ["read"], "host_key": _bound_key(["acme"], ["maintain"])})
+	authz.decision == _allowed(false) with input as _admin_in("admin.history", ctx, _acme)
+}
+
+test_a_scope_the_context_does_not_claim_is_refused_as_before if {
+	ctx := object.union(_host, {"maintenance_scopes": [], "host_key": _bound_key(["acme"], ["maintain"])})
+	authz.decision == _denied([_r("MAINTENANCE_SCOPE_REQUIRED", "The operation requires the \"read\" maintenance scope.")], false) with input as _admin_in("admin.history", ctx, _acme)
+}
+
+test_the_local_key_serves_every_tenant_and_scope if {
+	ctx := object.union(_host, {"maintenance_scopes": ["maintain"]})
+	authz.decision == _allowed(false) with input as _admin_in("admin.history", ctx, {"tenant": "globex", "workspace": "main"})
+	authz.decision == _allowed(false) with input as _admin_in("admin.rotate_keys", ctx, {})
+}
+
+test_host_attest_follows_the_binding if {
+	named := object.union(_attest_ctx, {"host_key": _bound_key(["acme"], ["maintain"])})
+	authz.decision == {"allow": true, "reasons": [], "obligations": _no_obligations} with input as _attest(named, "earned", "")
+	other := object.union(_attest_ctx, {"host_key": _bound_key(["globex"], ["maintain"])})
+	authz.decision == {"allow": false, "reasons": [_not_bound], "obligations": _no_obligations} with input as _attest(other, "earned", "")
+	reader := object.union(_attest_ctx, {"host_key": _bound_key(["acme"], ["read"])})
+	authz.decision == {"allow": false, "reasons": [_scope_not_bound("maintain")], "obligations": _no_obligations} with input as _attest(reader, "earned", "")
 }

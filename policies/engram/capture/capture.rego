@@ -1,6 +1,7 @@
-# Capture: retention resolution, host caps, family consent, secret findings and
-# whether confirmation is required (SPEC §5 engram_memory_capture, §8, §13).
-# The input carries sizes, labels and flags only — never memory text.
+# Capture: retention resolution, host caps, family consent, secret findings, the
+# window payload times must fall in, and whether confirmation is required
+# (SPEC §5 engram_memory_capture, §8, §13). The input carries sizes, labels,
+# times and flags only — never memory text.
 package engram.capture
 
 import data.engram.lib
@@ -71,6 +72,25 @@ deny contains lib.reason("CONTEXT_INCOMPLETE", "The bound context lacks a tenant
 	not _context_complete
 }
 
+# Issue 26.5 / 31.3: payload times (epoch milliseconds) must fall in the host's window,
+# tenant setting valid_time_window {floor_ms, horizon_ms}: not before floor_ms (by default
+# 1971-01-01, so epoch seconds sent as milliseconds, dated January 1970, are refused) and
+# not more than horizon_ms after now (a record dated far ahead is invisible until then and
+# must not stand in for a current one).
+deny contains lib.reason("INVALID_INPUT", "The policy input lacks valid_time.t.") if {
+	not _valid_time_given
+}
+
+deny contains lib.reason("TIME_BEFORE_FLOOR", sprintf("%s is before the host's floor for payload times.", [field])) if {
+	some field, at in _payload_times
+	at < _window.floor_ms
+}
+
+deny contains lib.reason("TIME_BEYOND_HORIZON", sprintf("%s is beyond the host's horizon for payload times.", [field])) if {
+	some field, at in _payload_times
+	at > input.now_ms + _window.horizon_ms
+}
+
 # Negations go through helper rules: OPA lifts a call's arguments out of `not`,
 # so `not f(input.missing)` would be undefined instead of true (fail open).
 _now_valid if is_number(input.now_ms)
@@ -82,6 +102,14 @@ _retain_allowed if lib.tenant_setting(_tenant, "retain_allowed") == true
 _consented(family) if family in lib.tenant_setting(_tenant, "consented_families")
 
 _context_complete if lib.context_complete(input.context)
+
+_valid_time_given if is_number(input.valid_time.t)
+
+_window := lib.tenant_setting(_tenant, "valid_time_window")
+
+_payload_times["valid_time.t"] := input.valid_time.t if _valid_time_given
+
+_payload_times["primary_event.at"] := input.primary_event_at if is_number(input.primary_event_at)
 
 default _confirmation_required := false
 

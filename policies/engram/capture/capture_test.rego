@@ -22,7 +22,7 @@ _in(overrides) := object.union(
 		"context": _ctx({}), "now_ms": _now, "family_refs": [], "findings": [],
 		"components": {"count": 2, "kinds": {"context": 1, "decision": 1, "evidence": 0}, "text_bytes": 120},
 		"citations": {"count": 1}, "evidence": {"citation_count": 1, "has_attestation": false},
-		"payload_bytes": 900,
+		"payload_bytes": 900, "valid_time": {"t": _now - _day_ms}, "primary_event_at": _now - _day_ms,
 	},
 	overrides,
 )
@@ -108,7 +108,47 @@ test_missing_now_and_context_denied if {
 		[
 			_r("CONTEXT_INCOMPLETE", "The bound context lacks a tenant, workspace or principal."),
 			_r("INVALID_INPUT", "The policy input lacks now_ms."),
+			_r("INVALID_INPUT", "The policy input lacks valid_time.t."),
 		],
 		{"derivative_rule": "make-ineligible"},
 	) with input as {}
+}
+
+# --- the window of payload times (issue 26.5, 31.3): data valid_time_window {floor_ms, horizon_ms} ---
+
+_floor := 31536000000 # 1971-01-01T00:00:00.000Z
+
+_horizon := 31622400000 # 366 days
+
+_before_floor(field) := _r("TIME_BEFORE_FLOOR", sprintf("%s is before the host's floor for payload times.", [field]))
+
+_beyond_horizon(field) := _r("TIME_BEYOND_HORIZON", sprintf("%s is beyond the host's horizon for payload times.", [field]))
+
+_default_retention := {"derivative_rule": "make-ineligible"}
+
+# Mirrors tests/policy/fixtures/capture/time_before_floor.json: epoch seconds sent as milliseconds.
+test_golden_time_before_floor if {
+	capture.decision == _result(false, [_before_floor("primary_event.at"), _before_floor("valid_time.t")], _default_retention) with input as _in({"valid_time": {"t": 1796125975}, "primary_event_at": 1796125975})
+}
+
+test_far_future_times_are_refused if {
+	capture.decision == _result(false, [_beyond_horizon("valid_time.t")], _default_retention) with input as _in({"valid_time": {"t": 9007199254740991}})
+	capture.decision == _result(false, [_beyond_horizon("primary_event.at")], _default_retention) with input as _in({"primary_event_at": (_now + _horizon) + 1})
+}
+
+test_the_window_is_inclusive if {
+	capture.decision == _result(true, [], _default_retention) with input as _in({"valid_time": {"t": _floor}, "primary_event_at": _now + _horizon})
+	capture.decision == _result(false, [_before_floor("valid_time.t")], _default_retention) with input as _in({"valid_time": {"t": _floor - 1}})
+}
+
+test_a_tenant_sets_its_own_window if {
+	wide := {"floor_ms": -2208988800000, "horizon_ms": 10 * _horizon}
+	capture.decision == _result(true, [], _default_retention) with input as _in({"valid_time": {"t": -631152000000}})
+		with data.engram.config.tenants.acme.valid_time_window as wide
+	capture.decision == _result(false, [_before_floor("valid_time.t")], _default_retention) with input as _in({"valid_time": {"t": -631152000000}, "context": _ctx({"tenant": "globex"})})
+		with data.engram.config.tenants.acme.valid_time_window as wide
+}
+
+test_missing_valid_time_is_invalid_input if {
+	capture.decision == _result(false, [_r("INVALID_INPUT", "The policy input lacks valid_time.t.")], _default_retention) with input as object.remove(_in({}), ["valid_time"])
 }

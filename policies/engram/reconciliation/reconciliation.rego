@@ -5,8 +5,9 @@
 #
 # Input: the newcomer (`record`) and the members current in the scope that share
 # at least one family with it (`members`): ids, digests, trust class, primary
-# kind, valid time, who captured them — never text. `adjudicated` is true when
-# a host adjudication accepted the newcomer.
+# kind, valid time, whether each is in effect now (`eligible_now`: within its
+# valid time and not expired, as search decides it), who captured them — never
+# text. `adjudicated` is true when a host adjudication accepted the newcomer.
 package engram.reconciliation
 
 import data.engram.lib
@@ -24,7 +25,10 @@ _record := input.record
 #   supersedes an older member of the same kind from the same or a lower trust
 #   class; a member of a higher trust class, or a member newer than the
 #   newcomer, sends the newcomer to adjudication. A host-adjudicated newcomer
-#   supersedes the older members of its kind whatever their trust class.
+#   supersedes the older members of its kind whatever their trust class. Only
+#   what is in effect now competes: a newcomer dated ahead, ended or expired
+#   supersedes nothing (and one dated beyond the tenant's horizon waits for a
+#   host), and a member that is not in effect is kept and holds nobody back.
 decision := {
 	"admission": _admission,
 	"members": [{"record_id": m.record_id, "action": _action(m)} | some m in _members],
@@ -48,6 +52,7 @@ adjudicate contains lib.reason("INVALID_INPUT", "The policy input lacks the reco
 
 adjudicate contains lib.reason("LOWER_TRUST_THAN_MEMBER", sprintf("A current member of trust class %q outranks the newcomer.", [m.trust_class])) if {
 	not _adjudicated
+	_record_in_effect
 	some m in _members
 	_competes(m)
 	_newer_than(m)
@@ -61,32 +66,47 @@ adjudicate contains lib.reason("OLDER_THAN_MEMBER", "A current member of the sam
 	not _newer_than(m)
 }
 
+# Issue 26.5: a record dated far ahead is invisible until then; a host looks at it first.
+adjudicate contains lib.reason("BEYOND_HORIZON", "The newcomer's valid time is beyond the tenant's horizon.") if {
+	_record.valid_time.t > input.now_ms + lib.tenant_setting(input.context.tenant, "valid_time_window").horizon_ms
+}
+
 _notes contains lib.reason("SUPERSEDES_MEMBER", "The newcomer supersedes an older member of its family.") if {
 	_admission == "proceed"
 	some m in _members
 	_action(m) == "supersede"
 }
 
-# The action for one member. Only a proceeding admission changes members.
-_action(m) := "supersede" if {
+_notes contains lib.reason("NOT_IN_EFFECT_NOW", "The newcomer is not in effect now (valid time ahead or ended, or expired): it supersedes no member.") if {
 	_admission == "proceed"
+	not _record_in_effect
+	some m in _members
 	_competes(m)
-	_newer_than(m)
 }
+
+# The action for one member. Only a proceeding admission changes members.
+_action(m) := "supersede" if _supersedes(m)
 
 _action(m) := "keep" if not _supersedes(m)
 
 _supersedes(m) if {
 	_admission == "proceed"
+	_record_in_effect
 	_competes(m)
 	_newer_than(m)
 }
 
-# Same superseding kind on both sides (by default: both are decisions).
+# Same superseding kind on both sides (by default: both are decisions), and the member in
+# effect now: one dated ahead, ended or expired hides nothing and is kept.
 _competes(m) if {
 	_record.primary_kind in _config.superseding_kinds
 	m.primary_kind == _record.primary_kind
+	m.eligible_now == true
 }
+
+# A newcomer that would not be served now must not replace what is (issue 26.5): superseding
+# a current member with it would hide the member and show nothing in its place.
+_record_in_effect if _record.eligible_now == true
 
 # Newer: the newcomer's valid time starts at or after the member's.
 _newer_than(m) if _record.valid_time.t >= m.valid_time.t
@@ -104,5 +124,7 @@ _input_valid if {
 	is_object(_record)
 	is_string(_record.record_id)
 	is_number(_record.valid_time.t)
+	is_boolean(_record.eligible_now)
+	is_number(input.now_ms)
 	is_array(input.members)
 }

@@ -13,13 +13,13 @@ _now := 1700000000000
 
 _rec(trust, kind, t) := {
 	"record_id": "mem_new", "record_digest": "sha256:1", "payload_digest": "sha256:2",
-	"trust_class": trust, "primary_kind": kind, "valid_time": {"t": t},
+	"trust_class": trust, "primary_kind": kind, "valid_time": {"t": t}, "eligible_now": true,
 	"principal": "user:ana", "agent_id": "agent-7", "family_refs": ["family:adr"],
 }
 
 _member(id, trust, kind, t) := {
 	"record_id": id, "record_digest": "sha256:3", "payload_digest": "sha256:4", "state": "accepted_current",
-	"trust_class": trust, "primary_kind": kind, "valid_time": {"t": t}, "principal": "user:bo",
+	"trust_class": trust, "primary_kind": kind, "valid_time": {"t": t}, "eligible_now": true, "principal": "user:bo",
 	"agent_id": "agent-2", "family_refs": ["family:adr"], "accepted_at_ms": 1,
 }
 
@@ -134,4 +134,72 @@ test_invalid_input_goes_to_adjudication if {
 		"members": [],
 		"reasons": [_r("INVALID_INPUT", "The policy input lacks the record or its members.")],
 	} with input as {}
+}
+
+# --- what is not in effect now does not compete (issue 26.5) ---
+
+_ahead(t) := object.union(_rec("asserted", "decision", t), {"eligible_now": false})
+
+_not_in_effect := _r("NOT_IN_EFFECT_NOW", "The newcomer is not in effect now (valid time ahead or ended, or expired): it supersedes no member.")
+
+_beyond := _r("BEYOND_HORIZON", "The newcomer's valid time is beyond the tenant's horizon.")
+
+# Mirrors tests/policy/fixtures/reconciliation/not_yet_valid_keeps_members.json: a decision dated
+# a day ahead is admitted but replaces nothing; the current member stays current.
+test_golden_not_yet_valid_keeps_members if {
+	reconciliation.decision == {
+		"admission": "proceed",
+		"members": [{"record_id": "mem_old", "action": "keep"}],
+		"reasons": [_not_in_effect],
+	} with input as _in(_ahead(_now + 86400000), [_member("mem_old", "asserted", "decision", 10)])
+}
+
+# Mirrors tests/policy/fixtures/reconciliation/beyond_horizon_adjudication.json: 2^53-1.
+test_golden_beyond_horizon_adjudication if {
+	reconciliation.decision == {
+		"admission": "adjudication_required",
+		"members": [{"record_id": "mem_old", "action": "keep"}],
+		"reasons": [_beyond],
+	} with input as _in(_ahead(9007199254740991), [_member("mem_old", "asserted", "decision", 10)])
+}
+
+test_an_ended_or_expired_newcomer_supersedes_nothing if {
+	ended := object.union(_rec("signed", "decision", 20), {"valid_time": {"t": 20, "t_end": 30}, "eligible_now": false})
+	reconciliation.decision == {
+		"admission": "proceed",
+		"members": [{"record_id": "mem_old", "action": "keep"}],
+		"reasons": [_not_in_effect],
+	} with input as _in(ended, [_member("mem_old", "asserted", "decision", 10)])
+	# An adjudicated one neither: the host's accept stands, the member stays.
+	reconciliation.decision.members == [{"record_id": "mem_old", "action": "keep"}] with input as object.union(
+		_in(ended, [_member("mem_old", "signed", "decision", 10)]), {"adjudicated": true})
+}
+
+test_a_newcomer_ahead_needs_no_adjudication_for_rank if {
+	reconciliation.decision == {
+		"admission": "proceed",
+		"members": [{"record_id": "mem_old", "action": "keep"}],
+		"reasons": [_not_in_effect],
+	} with input as _in(_ahead(_now + 86400000), [_member("mem_old", "signed", "decision", 10)])
+}
+
+test_a_member_not_in_effect_is_kept_and_holds_nobody_back if {
+	# The member dated far ahead (as admitted before this rule) does not make a current
+	# restatement "older than a member": the restatement proceeds, the member is kept.
+	ahead := object.union(_member("mem_ahead", "asserted", "decision", 9007199254740991), {"eligible_now": false})
+	reconciliation.decision == {
+		"admission": "proceed",
+		"members": [{"record_id": "mem_ahead", "action": "keep"}, {"record_id": "mem_old", "action": "supersede"}],
+		"reasons": [_supersedes],
+	} with input as _in(_rec("asserted", "decision", 20), [ahead, _member("mem_old", "asserted", "decision", 10)])
+}
+
+test_the_horizon_is_the_tenants if {
+	reconciliation.decision.admission == "proceed" with input as _in(_ahead(_now + 86400000 * 400), [])
+		with data.engram.config.tenants.acme.valid_time_window as {"floor_ms": 0, "horizon_ms": 86400000 * 500}
+	reconciliation.decision.reasons == [_beyond] with input as _in(_ahead(_now + 86400000 * 400), [])
+}
+
+test_missing_eligibility_goes_to_adjudication if {
+	reconciliation.decision.reasons == [_r("INVALID_INPUT", "The policy input lacks the record or its members.")] with input as _in(object.remove(_rec("asserted", "decision", 20), ["eligible_now"]), [])
 }

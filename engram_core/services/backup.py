@@ -26,28 +26,30 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from engram_core.canonical import canonical_json, digest
-from engram_core.crypto.keyvault import _SLOT as SLOT_BYTES  # the vault's on-disk slot size
-from engram_core.crypto.keyvault import FileKeyVault
+from engram_core.crypto.keyvault import KeyVault
 from engram_core.crypto.sealing import seal, unseal
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import BoundContext
 from engram_core.hostkeys import key_id, load_public_pem, public_pem
+from engram_core.services.admin import target_facts
 from engram_core.services.core import CallRecord, Core, new_id, record_id_of
 from engram_core.services.lexical import record_fields
 from engram_core.services.maintenance import check_audit, check_journal, event_doc
 from engram_core.services.memory import MemoryService
 from engram_core.services.reconciliation import payload_links, write_links
 from engram_core.signing import BACKUP_DOMAIN, CoreSigner, public_keys_from_pems, verify_signature
-from engram_core.store.port import Event, RecordRow, ScopeRow, Tx
+from engram_core.store.chain import LEGACY_CHAIN, chain_heads
+from engram_core.store.port import Event, HostKeyRow, RecordRow, ScopeRow, Tx
 
-FORMAT = "engram-backup/v2"  # v2: signed manifests
+# v2: signed manifests; v3: a head per audit chain, no engine schema version (any engine restores it).
+FORMAT = "engram-backup/v3"
+FORMATS = ("engram-backup/v2", FORMAT)
 CHUNK_BYTES = 1 << 20
 MAX_BACKUP_BYTES = 1 << 31
 
@@ -74,8 +76,8 @@ def build_backup(tx: Tx, *, created_at: str, signer: CoreSigner,
         lines.append(canonical_json({"kind": kind, **item}) + b"\n")
 
     audit = tx.audit_rows(None, None, 0, None) if scope is None else []
-    head = {"seq": audit[-1]["seq"], "digest": audit[-1]["row_digest"]} if audit else {"seq": 0, "digest": ""}
-    put("header", {"format": FORMAT, "created_at": created_at, "schema_version": tx.schema_version(), "audit_head": head})
+    head = {chain: [seq, d] for chain, (seq, d) in sorted(chain_heads(audit).items())}
+    put("header", {"format": FORMAT, "created_at": created_at, "audit_head": head})
     pins = []
     owners: set[str] = set()
     for s in tx.scopes():
@@ -95,16 +97,21 @@ def build_backup(tx: Tx, *, created_at: str, signer: CoreSigner,
             if rec.state != "tombstoned":
                 owner = f"record:{rec.record_id}"
                 slot = tx.data_key_slot(owner)
-                item["key_ref"] = {"owner": owner, "slot": slot if slot is not None else -1}
+                item["key_ref"] = {"owner": owner, "ref": slot if slot is not None else -1}
             put("record", {k: v for k, v in item.items() if v is not None})
     for row in tx.tombstone_rows():
         if scope is None or (row["tenant"], row["workspace"]) == scope:
             put("tombstone", row)
-    for owner, at_ms, reason in tx.key_destructions():
-        if scope is None or owner in owners:
-            put("key_destruction", {"owner": owner, "at_ms": at_ms, "reason": reason})
-    for kid, pem in tx.trusted_host_keys():
-        put("trusted_host_key", {"key_id": kid, "public_key_pem": pem})
+    for d in tx.key_destructions():
+        if scope is None or d.owner in owners:
+            item: dict[str, Any] = {"owner": d.owner, "at_ms": d.at_ms, "reason": d.reason}
+            if d.generation is not None:
+                item["generation"] = d.generation
+            put("key_destruction", item)
+    for key in tx.host_key_rows():  # with what each serves (migration 13), never a private key
+        put("trusted_host_key", {"key_id": key.key_id, "public_key_pem": key.public_key_pem,
+                                 "tenants": list(key.tenants), "all_tenants": key.all_tenants,
+                                 "maintenance_scopes": list(key.maintenance_scopes)})
     for row in audit:
         put("audit", row)
     body = b"".join(lines)
@@ -140,7 +147,7 @@ class ParsedBackup:
             raise _invalid("no manifest")
         self.signature = manifest.pop("signature", None)
         claimed = manifest.pop("manifest_digest", None)
-        if claimed != digest("backup-manifest", manifest) or manifest.get("format") != FORMAT:
+        if claimed != digest("backup-manifest", manifest) or manifest.get("format") not in FORMATS:
             raise _invalid("manifest digest")
         self.manifest_digest: str = claimed
         self.signed_by: str | None = None  # the trusted backup key that verified the signature
@@ -154,9 +161,8 @@ class ParsedBackup:
         if {k: len(v) for k, v in by_kind.items()} != manifest.get("counts"):
             raise _invalid("counts")
         header = by_kind.get("header", [{}])[0]
-        if header.get("format") != FORMAT:
+        if header.get("format") != manifest.get("format"):
             raise _invalid("header")
-        self.schema_version = header.get("schema_version")
         try:
             self.scopes = [ScopeRow(s["tenant"], s["workspace"], bool(s["activated"]), tuple(s["tools"]),
                                     int(s["authorization_epoch"]), int(s["last_cursor"]), s["last_event_digest"])
@@ -165,7 +171,7 @@ class ParsedBackup:
                                  e["target"], e["from_state"], e["to_state"], int(e["at_ms"]), e["body"],
                                  e["prev_digest"], e["event_digest"]) for e in by_kind.get("event", [])]
             self.records = [_record_row(r) for r in by_kind.get("record", [])]
-            self.key_refs = {r["record_id"]: (r["key_ref"]["owner"], int(r["key_ref"]["slot"]))
+            self.key_refs = {r["record_id"]: (r["key_ref"]["owner"], int(r["key_ref"].get("ref", r["key_ref"].get("slot"))))
                              for r in by_kind.get("record", []) if "key_ref" in r}
             self.tombstones = by_kind.get("tombstone", [])
             self.key_destructions = by_kind.get("key_destruction", [])
@@ -181,6 +187,8 @@ class ParsedBackup:
                 load_public_pem(k["public_key_pem"])
             except Exception:
                 raise _invalid("trusted host key") from None
+            if not _binding_valid(k):
+                raise _invalid("trusted host key binding")
         self._verify_chains(head)
 
     def _verify_chains(self, head: dict[str, Any]) -> None:
@@ -195,7 +203,14 @@ class ParsedBackup:
                 raise _invalid("journal chain")
         for row in self.audit:
             row["seq"] = int(row["seq"])
-        if check_audit(self.audit, (int(head["seq"]), head["digest"]) if self.audit else None):
+        try:
+            if "seq" in head and "digest" in head:  # v2: the one chain there was then
+                heads = {LEGACY_CHAIN: (int(head["seq"]), str(head["digest"]))} if int(head["seq"]) else {}
+            else:
+                heads = {str(c): (int(h[0]), str(h[1])) for c, h in head.items()}
+        except (AttributeError, TypeError, ValueError, IndexError):
+            raise _invalid("audit head") from None
+        if check_audit(self.audit, heads) or set(heads) != set(chain_heads(self.audit)):
             raise _invalid("audit chain")
         for rec in self.records:
             scope = known.get((rec.tenant, rec.workspace))
@@ -211,17 +226,22 @@ def _record_row(r: dict[str, Any]) -> RecordRow:
     return RecordRow(**fields)
 
 
-def _slot_zeroed(key_dir: Path, slot: int) -> bool:
-    """True when the vault slot holds no key at all (destroyed), as opposed to a key we cannot unwrap."""
-    try:
-        with open(key_dir / "datakeys.bin", "rb") as f:
-            raw = os.pread(f.fileno(), SLOT_BYTES, slot * SLOT_BYTES)
-    except OSError:
-        return False
-    return len(raw) == SLOT_BYTES and not any(raw)
-
-
 # -- restore ------------------------------------------------------------------------------------
+def _binding_valid(k: dict[str, Any]) -> bool:
+    """A backup line's binding (absent in lines of a store before migration 13: serves nothing)."""
+    tenants, scopes = k.get("tenants", []), k.get("maintenance_scopes", [])
+    return (isinstance(tenants, list) and all(isinstance(t, str) and t for t in tenants)
+            and isinstance(scopes, list) and all(x in ("read", "maintain") for x in scopes)
+            and isinstance(k.get("all_tenants", False), bool))
+
+
+def _host_key_row(k: dict[str, Any], at_ms: int) -> HostKeyRow:
+    pub = load_public_pem(k["public_key_pem"])
+    return HostKeyRow(key_id=key_id(pub), public_key_pem=public_pem(pub), added_at_ms=at_ms,
+                      tenants=tuple(sorted(set(k.get("tenants", [])))), all_tenants=k.get("all_tenants", False),
+                      maintenance_scopes=tuple(sorted(set(k.get("maintenance_scopes", [])))))
+
+
 class BackupService:
     def __init__(self, core: Core, memory: MemoryService, signer: CoreSigner) -> None:
         self.core = core
@@ -230,7 +250,7 @@ class BackupService:
 
     def backup(self, ctx: BoundContext, tenant: str, workspace: str = "") -> bytes:
         call = CallRecord()
-        self.core.authorize(ctx, "admin.backup", call)
+        self.core.authorize(ctx, "admin.backup", call, facts=target_facts(tenant, workspace))
         if bool(tenant) != bool(workspace):
             raise EngramError(Code.INVALID_SCHEMA, "a scope backup names both tenant and workspace")
         scope = (tenant, workspace) if tenant else None
@@ -255,17 +275,16 @@ class BackupService:
             raise EngramError(Code.INVALID_SCHEMA, "trusted backup key is not an Ed25519 public key PEM") from None
         parsed = ParsedBackup(data)
         self._check_signature(parsed, named)
-        if parsed.schema_version != self.core.store.schema_version():
-            raise EngramError(Code.RESTORE_REFUSED, "backup schema version differs from this store")
         with self.core.store.read() as tx:
             if not tx.is_empty():
                 raise EngramError(Code.RESTORE_REFUSED, "target store is not empty")
         source_dir = Path(key_dir) if key_dir else self.core.data_dir
-        if not (source_dir / "store.kek").is_file() or not (source_dir / "datakeys.bin").is_file():
+        source = self.core.vault if source_dir == self.core.data_dir else self.core.open_key_dir(source_dir)
+        if source is None:
             raise EngramError(Code.RESTORE_REFUSED, "key directory has no key vault")
         created: list[int] = []
         try:
-            bodies, lost = self._rekey(parsed, source_dir, created)
+            bodies, lost = self._rekey(parsed, source, created)
             summary = self._write(ctx, call, parsed, bodies, lost, restore_trusted_host_keys)
         except BaseException:
             if created:
@@ -273,7 +292,9 @@ class BackupService:
             raise
         if restore_trusted_host_keys:
             for k in parsed.trusted_keys:
-                self.core.trusted.add(load_public_pem(k["public_key_pem"]))
+                row = _host_key_row(k, 0)
+                self.core.trusted.add(load_public_pem(row.public_key_pem), tenants=row.tenants,
+                                      all_tenants=row.all_tenants, maintenance_scopes=row.maintenance_scopes)
         return summary
 
     def _check_signature(self, parsed: ParsedBackup, named: list) -> None:
@@ -288,9 +309,8 @@ class BackupService:
                                                     f"trusted backup key ({trusted}); name the source core's "
                                                     "backup public key with --trust-backup-key")
 
-    def _rekey(self, parsed: ParsedBackup, source_dir: Path, created: list[int]):
+    def _rekey(self, parsed: ParsedBackup, source: KeyVault, created: list[int]):
         """Take each data key from the source vault, verify the body, re-seal under a new target key."""
-        source = self.core.vault if source_dir == self.core.data_dir else FileKeyVault(source_dir)
         bodies: dict[str, tuple[int, bytes, dict[str, Any]]] = {}
         lost: list[RecordRow] = []
         try:
@@ -299,8 +319,15 @@ class BackupService:
                     continue
                 owner, slot = parsed.key_refs[rec.record_id]
                 key = source.data_key(slot, owner) if slot >= 0 else None
+                wrapped_by = source.generation_of(slot) if key is not None else None
+                if wrapped_by is not None and self.core.vault.is_retired(wrapped_by):
+                    # A copy of key material older than this store's last retirement: what that
+                    # generation alone still opens was destroyed here (docs/admin.md, "Keys").
+                    key = None
+                    lost.append(rec)
+                    continue
                 if key is None:
-                    if slot >= 0 and not _slot_zeroed(source_dir, slot):
+                    if slot >= 0 and not source.is_destroyed(slot):
                         raise EngramError(Code.RESTORE_REFUSED, "key vault does not match the backup")
                     lost.append(rec)  # crypto-shredded since the backup: stays unreadable
                     continue
@@ -346,12 +373,16 @@ class BackupService:
                 tx.add_tombstone(t["tenant"], t["workspace"], t["payload_digest"], t["record_id"], int(t["cursor"]),
                                  int(t["at_ms"]))
             for d in parsed.key_destructions:
-                tx.restore_key_destruction(d["owner"], int(d["at_ms"]), d["reason"])
+                # The generation that wrapped it at the source; this vault's active one when the
+                # backup does not say (pending until it retires, never claimed complete early).
+                generation = int(d["generation"]) if "generation" in d else self.core.vault.active_generation()
+                tx.restore_key_destruction(d["owner"], int(d["at_ms"]), d["reason"], generation)
             if restore_trusted_host_keys:
                 for k in parsed.trusted_keys:
                     # The id is recomputed from the key: a line cannot name one key and carry another.
-                    pub = load_public_pem(k["public_key_pem"])
-                    tx.add_trusted_host_key(key_id(pub), public_pem(pub), now)
+                    # It comes back serving what it served (a key that served nothing there, such as
+                    # the source's own host.key, serves nothing until bound).
+                    tx.bind_trusted_host_key(_host_key_row(k, now))
             shredded = []
             for rec in lost:
                 # The key was destroyed after the backup (forget): record that fact, never the body.
@@ -362,7 +393,8 @@ class BackupService:
                           "audit_id": ctx.audit_id})
                 tx.set_record_state(rec.record_id, "tombstoned", state_cursor=event.cursor, drop_body=True)
                 tx.add_tombstone(rec.tenant, rec.workspace, rec.payload_digest, rec.record_id, event.cursor, now)
-                tx.restore_key_destruction(f"record:{rec.record_id}", now, "destroyed before restore")
+                tx.restore_key_destruction(f"record:{rec.record_id}", now, "destroyed before restore",
+                                           self.core.vault.active_generation())
                 shredded.append(rec.record_id)
             tx.append_audit(self.core.audit_row(ctx, "admin.restore", "ok", "", call))
         return {"scopes": len(parsed.scopes), "events": len(parsed.events), "records_restored": len(bodies),

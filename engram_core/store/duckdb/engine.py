@@ -1,10 +1,15 @@
-"""DuckDB implementation of the Store port (SPEC §10).
+"""The DuckDB engine (SPEC §10): one process, one file, the embedded default.
 
-One process writes (an exclusive ``flock`` on ``DIR/engram.lock`` is the
-fence; DuckDB's own file lock backs it up). Writes are serialized by a lock
-and run in one DuckDB transaction each; reads use per-thread cursors, which
-see a consistent snapshot. Commit is the durability point: DuckDB's WAL is
-flushed before ``COMMIT`` returns, and nothing is acknowledged before that.
+One process writes (an exclusive ``flock`` on ``DIR/engram.lock`` is the fence; DuckDB's
+own file lock backs it up), so the engine is its database's ``sole_writer``: its caches
+(committed scope rows, audit chain heads, negative-lookup digests) are exact. Writes are
+serialized by one writer lock and run in one DuckDB transaction each, or share one as
+members of a group commit (``group_commit.py``); reads use per-thread cursors. Commit is
+the durability point: DuckDB's WAL is flushed before ``COMMIT`` returns, and the kernel's
+``committed`` hook (which publishes to searches) runs only after it.
+
+What is not persistence lives in the store kernel (``engram_core/store/kernel.py``): audit
+chaining, the audit spool and devices, projection sealing, key durability, the search index.
 """
 
 from __future__ import annotations
@@ -16,8 +21,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -27,36 +31,29 @@ import duckdb
 
 from engram_core.errors import Code, EngramError
 from engram_core.observability import tracing
-from engram_core.store.audit_spool import SPOOL_NAME, AuditSpool
-from engram_core.store.chain import GENESIS, audit_doc, event_digest_of
+from engram_core.store.audit_spool import SPOOL_NAME
+from engram_core.store.chain import GENESIS, LEGACY_CHAIN
 from engram_core.store.duckdb.group_commit import MAX_MEMBERS, Batch, Member, Pending, statement_of, tables_of
 from engram_core.store.duckdb.migrations import LEDGER_DDL, MIGRATIONS
 from engram_core.store.duckdb.record_links import RecordLinks
-from engram_core.store.duckdb.record_sql import RECORD_COLS, record_of
+from engram_core.store.duckdb.record_sql import RECORD_COLS, RECORD_COLS_BEFORE_12, record_of
 from engram_core.store.duckdb.trust import TrustClasses
+from engram_core.store.engine import CommitHooks, TxEffects
 from engram_core.store.key_digests import KeyDigests
 from engram_core.store.port import (
-    AuditRow,
     CandidateRow,
     Event,
+    HostKeyRow,
     IdempotencyRow,
-    LexicalPage,
-    LexicalStats,
+    KeyDestruction,
     RecordRow,
     ScopeRow,
     iter_chunks,
 )
-from engram_core.store.projection import (
-    DataKeys,
-    Projection,
-    open_plain,
-    open_projection,
-    seal_projection,
-)
-from engram_core.store.search_index import FIELD_CODE, IndexBuilder, Posting, RecordMeta, SearchIndex
+from engram_core.store.projection import DataKeys, Projection, seal_projection
+from engram_core.store.search_index import FIELD_CODE
 
 SCHEMA_VERSION = max(m.version for m in MIGRATIONS)  # what this engine writes
-SPOOL_BATCH = 512  # spooled audit rows moved into the table in one transaction
 OPEN_CHUNK = 4096  # rows / projections fetched per round trip when the index is built
 # While the index is built, DuckDB may cache this much beyond what it held before (the scans read
 # every row and projection once; with its default limit, 80% of RAM, it kept them all: ~3 KB a
@@ -84,12 +81,27 @@ _CONFIRMATIONS = frozenset({"used_confirmations"})
 _CANDIDATES = frozenset({"candidates"})
 _DATA_KEYS = frozenset({"data_keys"})
 _STANDING = frozenset({"records", "tombstones"})
-_AUDIT_KEYS = ("seq", "at_ms", "audit_id", "tenant", "workspace", "principal", "agent_id", "operation", "outcome",
-               "target_digest", "decisions", "prev_digest", "row_digest")
+_AUDIT_KEYS = ("chain", "seq", "at_ms", "audit_id", "tenant", "workspace", "principal", "agent_id", "operation",
+               "outcome", "target_digest", "decisions", "prev_digest", "row_digest", "context_nonce")
+_OPTIONAL_AUDIT = {"chain": LEGACY_CHAIN, "context_nonce": ""}  # absent from a document: this value
+_AUDIT_TYPES = ("VARCHAR", "UBIGINT", "BIGINT") + ("VARCHAR",) * 12
 
 
 def _audit_values(doc: dict[str, Any]) -> list[Any]:
-    return [json.dumps(doc[k], sort_keys=True) if k == "decisions" else doc[k] for k in _AUDIT_KEYS]
+    return [json.dumps(doc[k], sort_keys=True) if k == "decisions" else doc.get(k, _OPTIONAL_AUDIT[k])
+            if k in _OPTIONAL_AUDIT else doc[k] for k in _AUDIT_KEYS]
+
+
+def _audit_doc(row: tuple) -> dict[str, Any]:
+    d = dict(zip(_AUDIT_KEYS, row, strict=True))
+    d["seq"] = int(d["seq"])
+    d["decisions"] = json.loads(d["decisions"])
+    # Rows of the one chain before migration 9, and rows without a claimed nonce, never had the
+    # field in their digest.
+    for key, absent in _OPTIONAL_AUDIT.items():
+        if d[key] == absent:
+            del d[key]
+    return d
 
 
 def _connect(path: Path) -> duckdb.DuckDBPyConnection:
@@ -109,36 +121,21 @@ def _rollback(con: duckdb.DuckDBPyConnection) -> None:
         pass
 
 
-class DuckDBTx(RecordLinks, TrustClasses):
-    """Domain operations over one DuckDB connection inside a transaction."""
+class DuckDBEngineTx(RecordLinks, TrustClasses):
+    """Persistence over one DuckDB connection inside a transaction (``engine.EngineTx``)."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, store: DuckDBStore, *, writing: bool = False,
-                 latest: bool = False, batch: Batch | None = None) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, engine: DuckDBEngine, *, writing: bool = False,
+                 batch: Batch | None = None) -> None:
         self._con = con
-        self._store = store
-        # A reader without a snapshot (each statement reads the latest commit) may also read the
-        # committed copies published with each commit; a snapshot or a writer may not.
-        self._latest = latest
-        # A writer (the only one: the store's write lock) reads scope rows from the store's
-        # committed copy plus its own changes, which the store publishes after COMMIT.
+        self._store = engine
+        # A writer (the only one: the engine's write lock) reads scope rows and audit chain heads
+        # from the engine's committed copies plus its own changes, published after COMMIT.
         self._writing = writing
         # A member of a group commit (group_commit.py) prepares its writes and joins ``batch``.
         self._batch = batch
         self._member = Member() if batch is not None else None
         self.scope_changes: dict[tuple[str, str], ScopeRow] = {}
-        self._inserted: dict[str, tuple[int, RecordRow]] = {}
-        self.audit_head: tuple[int, str] | None = None  # set by append_audit
-        self.audit_docs: list[dict[str, Any]] = []  # this transaction's audit rows, for the audit devices
-        # A batched member's audit rows: chained (sequence, previous digest) when its group commits.
-        self.unchained_audit: list[AuditRow] = []
-        # Slots of data keys destroyed in this transaction: the caller zeroes
-        # them in the KeyVault after commit (SPEC §10 crypto-shredding).
-        self.destroyed_slots: list[int] = []
-        # Changes to the in-memory search index, applied by the store once this commits.
-        self.index_ops: list[tuple[Any, ...]] = []
-        # It names data key slots: the key vault is synced before its COMMIT (callers may create
-        # keys without a sync of their own, so one sync serves a whole group commit).
-        self.names_new_keys = False
+        self.audit_heads_changed: dict[str, tuple[int, str]] = {}
 
     # -- statements: run now, or prepared for the group commit --------------------------------
     def _before_read(self, sql: str, overlaid: frozenset[str]) -> None:
@@ -238,7 +235,8 @@ class DuckDBTx(RecordLinks, TrustClasses):
         self.scope_changes[(row.tenant, row.workspace)] = row
         return row
 
-    def _ensure_scope(self, tenant: str, workspace: str) -> ScopeRow:
+    def scope_for_update(self, tenant: str, workspace: str) -> ScopeRow:
+        # The writer lock already makes every scope this transaction's until it commits.
         row = self.scope(tenant, workspace)
         if row is None:
             self._exec("INSERT INTO scopes VALUES (?, ?, false, '[]', 0, 0, ?)", [tenant, workspace, GENESIS])
@@ -246,7 +244,7 @@ class DuckDBTx(RecordLinks, TrustClasses):
         return row
 
     def set_activation(self, tenant: str, workspace: str, *, activated: bool, tools: tuple[str, ...]) -> ScopeRow:
-        row = self._ensure_scope(tenant, workspace)
+        row = self.scope_for_update(tenant, workspace)
         self._exec(
             "UPDATE scopes SET activated = ?, tools = ? WHERE tenant = ? AND workspace = ?",
             [activated, json.dumps(sorted(tools)), tenant, workspace],
@@ -254,39 +252,27 @@ class DuckDBTx(RecordLinks, TrustClasses):
         return self._changed(replace(row, activated=activated, tools=tuple(sorted(tools))))
 
     def bump_epoch(self, tenant: str, workspace: str) -> int:
-        row = self._ensure_scope(tenant, workspace)
+        row = self.scope_for_update(tenant, workspace)
         self._exec(
             "UPDATE scopes SET authorization_epoch = authorization_epoch + 1 WHERE tenant = ? AND workspace = ?",
             [tenant, workspace],
         )
         return self._changed(replace(row, authorization_epoch=row.authorization_epoch + 1)).authorization_epoch
 
-    def append_event(
-        self, tenant: str, workspace: str, *, event_id: str, operation: str, target: str,
-        from_state: str, to_state: str, at_ms: int, body: dict[str, Any],
-    ) -> Event:
-        scope = self._ensure_scope(tenant, workspace)
-        cursor = scope.last_cursor + 1
-        e = {
-            "tenant": tenant, "workspace": workspace, "cursor": str(cursor), "event_id": event_id,
-            "operation": operation, "target": target, "from_state": from_state, "to_state": to_state,
-            "at_ms": at_ms, "body": body, "prev_digest": scope.last_event_digest,
-        }
-        ed = event_digest_of(e)
-        self._insert("journal", [tenant, workspace, cursor, event_id, operation, target, from_state, to_state,
-                                 at_ms, json.dumps(body, sort_keys=True), scope.last_event_digest, ed])
-        self._scope_head(tenant, workspace, cursor, ed)
-        self._changed(replace(scope, last_cursor=cursor, last_event_digest=ed))
-        return Event(tenant, workspace, cursor, event_id, operation, target, from_state, to_state, at_ms, body,
-                     scope.last_event_digest, ed)
-
-    def _scope_head(self, tenant: str, workspace: str, cursor: int, event_digest: str) -> None:
-        self._write(("head", tenant, workspace, cursor, event_digest))
+    def insert_event(self, e: Event) -> None:
+        scope = self.scope_for_update(e.tenant, e.workspace)
+        if e.cursor != scope.last_cursor + 1 or e.prev_digest != scope.last_event_digest:
+            raise EngramError(Code.STORE_UNAVAILABLE, "journal event does not follow the scope head")
+        self._insert("journal", [e.tenant, e.workspace, e.cursor, e.event_id, e.operation, e.target, e.from_state,
+                                 e.to_state, e.at_ms, json.dumps(e.body, sort_keys=True), e.prev_digest,
+                                 e.event_digest])
+        self._write(("head", e.tenant, e.workspace, e.cursor, e.event_digest))
+        self._changed(replace(scope, last_cursor=e.cursor, last_event_digest=e.event_digest))
 
     def set_scope_head(self, tenant: str, workspace: str, cursor: int, event_digest: str) -> None:
         """Move the scope's journal head past events a bulk loader inserted itself (tools/bench)."""
-        row = self._ensure_scope(tenant, workspace)
-        self._scope_head(tenant, workspace, cursor, event_digest)
+        row = self.scope_for_update(tenant, workspace)
+        self._write(("head", tenant, workspace, cursor, event_digest))
         self._changed(replace(row, last_cursor=cursor, last_event_digest=event_digest))
 
     def events(self, tenant: str, workspace: str, from_cursor: int, to_cursor: int | None) -> list[Event]:
@@ -311,6 +297,20 @@ class DuckDBTx(RecordLinks, TrustClasses):
     def scopes(self) -> list[ScopeRow]:
         rows = self._all("SELECT tenant, workspace FROM scopes ORDER BY tenant, workspace")
         return [self.scope(t, w) for t, w in rows]  # type: ignore[misc]
+
+    def restore_scope(self, row: ScopeRow) -> None:
+        self._exec("INSERT INTO scopes VALUES (?, ?, ?, ?, ?, ?, ?)",
+                   [row.tenant, row.workspace, row.activated, json.dumps(sorted(row.tools)),
+                    row.authorization_epoch, row.last_cursor, row.last_event_digest])
+        self._changed(replace(row, tools=tuple(sorted(row.tools))))
+
+    def restore_event(self, e: Event) -> None:
+        """Insert a verified journal event verbatim (restore); the scope row carries the chain head."""
+        self._exec(
+            "INSERT INTO journal VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [e.tenant, e.workspace, e.cursor, e.event_id, e.operation, e.target, e.from_state, e.to_state, e.at_ms,
+             json.dumps(e.body, sort_keys=True), e.prev_digest, e.event_digest],
+        )
 
     # -- idempotency and confirmations ---------------------------------------
     def idempotency_get(self, tenant: str, workspace: str, principal: str, key: str) -> IdempotencyRow | None:
@@ -394,10 +394,12 @@ class DuckDBTx(RecordLinks, TrustClasses):
         decided = json.dumps(decision, sort_keys=True) if decision else None
         self._write(("candidate_state", candidate_id, state, decided, drop_envelope))
 
+    def scrub_candidate_facts(self, candidate_id: str) -> None:
+        self._exec("UPDATE candidates SET facts = '{}' WHERE candidate_id = ?", [candidate_id])
+
     # -- data keys ---------------------------------------------------------------
     def put_data_key(self, owner: str, slot: int, at_ms: int) -> None:
         self._insert("data_keys", [owner, slot, at_ms])
-        self.names_new_keys = True
         if self._member is not None:
             self._member.pending.data_keys[owner] = slot
 
@@ -410,7 +412,8 @@ class DuckDBTx(RecordLinks, TrustClasses):
         row = self._one("SELECT slot FROM data_keys WHERE owner = ?", [owner], overlaid=_DATA_KEYS)
         return int(row[0]) if row else None
 
-    def drop_data_key(self, owner: str, at_ms: int, reason: str, *, slot: int | None = None) -> int | None:
+    def drop_data_key(self, owner: str, at_ms: int, reason: str, *, slot: int | None = None,
+                      generation: int | None = None) -> int | None:
         if self._member is None:
             row = self._one("DELETE FROM data_keys WHERE owner = ? RETURNING slot", [owner])
             slot = int(row[0]) if row else None
@@ -421,16 +424,24 @@ class DuckDBTx(RecordLinks, TrustClasses):
                 self._write(("delete", "data_keys", "owner", owner))
         if slot is None:
             return None
-        self._insert("key_destructions", [owner, at_ms, reason])
-        self.destroyed_slots.append(slot)
+        self._insert("key_destructions", [owner, at_ms, reason, generation])
         return slot
 
     def live_key_slots(self) -> dict[int, str]:
         return {int(s): o for o, s in self._all("SELECT owner, slot FROM data_keys")}
 
-    def key_destruction(self, owner: str) -> int | None:
-        row = self._one("SELECT destroyed_at_ms FROM key_destructions WHERE owner = ?", [owner])
-        return int(row[0]) if row else None
+    def key_destruction(self, owner: str) -> KeyDestruction | None:
+        row = self._one("SELECT owner, destroyed_at_ms, reason, generation FROM key_destructions WHERE owner = ?",
+                        [owner])
+        return KeyDestruction(row[0], int(row[1]), row[2], row[3]) if row else None
+
+    def key_destructions(self) -> list[KeyDestruction]:
+        return [KeyDestruction(r[0], int(r[1]), r[2], r[3]) for r in self._all(
+            "SELECT owner, destroyed_at_ms, reason, generation FROM key_destructions ORDER BY owner")]
+
+    def restore_key_destruction(self, owner: str, at_ms: int, reason: str, generation: int | None) -> None:
+        self._exec("INSERT INTO key_destructions VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                   [owner, at_ms, reason, generation])
 
     # -- records -----------------------------------------------------------------
     def insert_record(self, row: RecordRow) -> None:
@@ -440,18 +451,14 @@ class DuckDBTx(RecordLinks, TrustClasses):
             [row.record_id, row.tenant, row.workspace, row.candidate_id, row.record_digest, row.payload_digest,
              row.state, row.trust_class, row.principal, row.agent_id, row.valid_t, row.valid_t_end,
              row.expires_at_ms, row.derivative_rule, row.accepted_at_ms, row.accepted_cursor, row.state_cursor,
-             row.successor_id, row.sealed_body, row.key_slot],
+             row.successor_id, row.sealed_body, row.key_slot, row.session, row.captured_at_ms],
             cols=f" ({RECORD_COLS})",
         )
         if self._member is not None and row.state == "accepted_current":
             self._member.pending.current_payloads.setdefault(
                 (row.tenant, row.workspace, row.payload_digest), (row.accepted_cursor, row.record_id))
-        # index_record (same transaction) needs the eligibility facts.
-        self._inserted[row.record_id] = (0, row)
 
     def record(self, tenant: str, workspace: str, record_id: str) -> RecordRow | None:
-        if self._latest:  # the committed copy where the index holds one (a forget's first look)
-            return self.records(tenant, workspace, [record_id]).get(record_id)
         row = self._one(f"SELECT {RECORD_COLS} FROM records WHERE record_id = ?", [record_id])
         # The scope is checked here, not in SQL: with several scopes in the table, DuckDB plans
         # `record_id = ? AND tenant = ? AND workspace = ?` an order of magnitude slower (11 vs
@@ -459,22 +466,10 @@ class DuckDBTx(RecordLinks, TrustClasses):
         return record_of(row) if row and row[1] == tenant and row[2] == workspace else None
 
     def records(self, tenant: str, workspace: str, record_ids: list[str]) -> dict[str, RecordRow]:
-        """These records' rows in the scope. A reader without a snapshot gets the latest committed
-        rows, from the search index's copy where it holds one (published with each commit)."""
-        if not record_ids:
-            return {}
-        if not self._latest:
-            return self._records_from_db(tenant, workspace, record_ids)
-        with self._store.search_index() as index:
-            found = index.rows(tenant, workspace, record_ids)
-        missing = [rid for rid in record_ids if rid not in found]
-        if missing:
-            found.update(self._records_from_db(tenant, workspace, missing))
-        return found
-
-    def _records_from_db(self, tenant: str, workspace: str, record_ids: list[str]) -> dict[str, RecordRow]:
         # Ids only in SQL, the scope checked here (see ``record``): with several scopes in the
         # table, adding `tenant = ? AND workspace = ?` made fetching 10 records 31 ms instead of 2.7.
+        if not record_ids:
+            return {}
         rows = [r for chunk in iter_chunks(record_ids, 1000) for r in self._all(
             f"SELECT {RECORD_COLS} FROM records WHERE record_id IN ({', '.join('?' * len(chunk))})", chunk)]
         return {r[0]: record_of(r) for r in rows if r[1] == tenant and r[2] == workspace}
@@ -497,10 +492,6 @@ class DuckDBTx(RecordLinks, TrustClasses):
             + (", sealed_body = NULL" if drop_body else "") + " WHERE record_id = ?",
             [state, state_cursor, successor_id, successor_id, record_id],
         )
-        self.index_ops.append(("state", record_id, state == "accepted_current", state_cursor))
-        if drop_body:
-            self.index_ops.append(("evict", record_id))
-        self._inserted.pop(record_id, None)
 
     def payload_standing(self, tenant: str, workspace: str, payload_digest: str) -> tuple[str | None, bool]:
         """(the id of a current record with this payload (the earliest admitted) or None, the
@@ -540,128 +531,110 @@ class DuckDBTx(RecordLinks, TrustClasses):
             [tenant, workspace, payload_digest],
         ) is not None
 
-    # -- projections ----------------------------------------------------------------
-    def index_record(self, tenant: str, workspace: str, record_id: str, fields: dict[str, Counter[int]],
-                     vector: tuple[str, list[float]] | None = None) -> None:
-        """The search projection of one accepted record (after ``insert_record``, in the same
-        transaction): postings and the vector (model id, values), stored as one blob sealed under
-        the record's own data key (store/projection.py), so a forget shreds them with the body."""
-        inserted = self._inserted.get(record_id)
-        if inserted is not None and inserted[1].state == "accepted_current":
-            r = inserted[1]
-        else:  # a record inserted earlier (rebuild, restore), or whose state changed since
-            found = self._one(f"SELECT {RECORD_COLS} FROM records WHERE record_id = ?", [record_id])
-            if found is None:
-                raise EngramError(Code.STORE_UNAVAILABLE, "index_record before insert_record")
-            r = record_of(found)
-        projection = Projection.of({FIELD_CODE[name]: counts for name, counts in fields.items()},
-                                   *(vector if vector is not None else ("", None)))
-        key = self._store.data_key(r)
+    def tombstone_rows(self) -> list[dict[str, Any]]:
+        keys = ("tenant", "workspace", "payload_digest", "record_id", "cursor", "at_ms")
+        rows = self._all(f"SELECT {', '.join(keys)} FROM tombstones ORDER BY tenant, workspace, cursor, record_id")
+        return [{**dict(zip(keys, r, strict=True)), "cursor": int(r[4])} for r in rows]
+
+    # -- sealed projections (opaque blobs) ------------------------------------------------------
+    def put_projection(self, tenant: str, workspace: str, record_id: str, sealed: bytes, *, new: bool) -> None:
         # A record inserted by this transaction has no projection yet: a plain INSERT (~0.6 ms
         # cheaper than INSERT OR REPLACE, which a re-index of an older record needs).
-        self._insert("projections", [record_id, tenant, workspace, seal_projection(key, record_id, projection)],
-                     verb="INSERT" if inserted is not None else "INSERT OR REPLACE")
-        postings = [Posting(term, name, tf, sum(counts.values()))
-                    for name, counts in fields.items() for term, tf in counts.items()]
-        self.index_ops.append(("index", tenant, workspace, RecordMeta.of(r), postings))
-        if vector is not None:
-            self.index_ops.append(("vector", tenant, workspace, record_id, vector[0], vector[1]))
+        self._insert("projections", [record_id, tenant, workspace, sealed],
+                     verb="INSERT" if new else "INSERT OR REPLACE")
 
-    def unindex_record(self, tenant: str, workspace: str, record_id: str) -> int:
-        """Delete the record's sealed projection; returns how many postings it held (as the
-        committed index counts them). The DELETE runs whether or not a row is there: asking
-        first cost a read (~0.8 ms) on every forget."""
-        self.index_ops.append(("unindex", tenant, workspace, record_id))
-        with self._store.search_index() as index:
-            removed = index.postings_of(tenant, workspace, record_id)
+    def delete_projection(self, record_id: str) -> None:
+        # Whether or not a row is there: asking first cost a read (~0.8 ms) on every forget.
         self._exec("DELETE FROM projections WHERE record_id = ?", [record_id])  # ids are unique across scopes
-        return removed
 
-    def projection(self, record_id: str) -> Projection | None:
-        """The record's search projection, opened with its data key (None: it has none)."""
+    def projection_blob(self, record_id: str) -> tuple[bytes, RecordRow] | None:
         found = self._one(f"SELECT p.sealed, {_RECORD_COLS_R} "
                           "FROM projections p JOIN records r USING (record_id) WHERE p.record_id = ?", [record_id])
-        if found is None:
-            return None
-        return open_projection(self._store.data_key(record_of(found[1:])), record_id, found[0])
+        return (bytes(found[0]), record_of(found[1:])) if found is not None else None
 
-    def postings_count(self, record_id: str) -> int:
-        projection = self.projection(record_id)
-        return projection.postings if projection is not None else 0
+    def scope_projection_blobs(self, tenant: str, workspace: str) -> list[tuple[RecordRow, bytes]]:
+        return [(record_of(found[1:]), bytes(found[0])) for found in self._all(
+            f"SELECT p.sealed, {_RECORD_COLS_R} FROM projections p JOIN records r USING (record_id) "
+            "WHERE p.tenant = ? AND p.workspace = ?", [tenant, workspace])]
 
-    def vector_count(self, record_id: str) -> int:
-        projection = self.projection(record_id)
-        return int(projection is not None and projection.vector is not None)
+    def update_projection_blobs(self, blobs: list[tuple[str, bytes]]) -> None:
+        # One multi-row statement per chunk, not three per record (a store re-analyzed at start-up:
+        # ~5 ms per record that way).
+        for chunk in iter_chunks(blobs, 2048):
+            self._exec("UPDATE projections SET sealed = u.sealed FROM (SELECT unnest($1::VARCHAR[]) AS "
+                       "record_id, unnest($2::BLOB[]) AS sealed) u WHERE projections.record_id = u.record_id",
+                       [[r for r, _ in chunk], [b for _, b in chunk]])
 
-    def lexical_stats(self, tenant: str, workspace: str, terms: list[int]) -> LexicalStats:
-        """Corpus statistics BM25 needs for ``terms`` in one scope (field statistics and document
-        frequencies the in-memory index counts from the projections). Search pins them
-        with the first page, so later pages score every record as the first page did (SPEC §5)."""
-        with self._store.search_index() as index:
-            return index.stats(tenant, workspace, terms)
+    def drop_scope_projections(self, tenant: str, workspace: str) -> None:
+        self._exec("DELETE FROM projections WHERE tenant = ? AND workspace = ?", [tenant, workspace])
 
-    def rank_lexical(
-        self, tenant: str, workspace: str, stats: LexicalStats, weights: dict[str, float], *, k1: float, b: float,
-        now_ms: int, half_life_ms: int, lexical_weight: float, max_accepted_cursor: int,
-        best_bm25: float | None, after: tuple[float, int, str] | None, limit: int,
-        window: tuple[int, int] | None = None, neighbours: tuple[int, float, int] | None = None,
-    ) -> LexicalPage:
-        """BM25F ranking of the scope's eligible records (see ``SearchIndex.rank``)."""
-        with self._store.search_index() as index:
-            return index.rank(tenant, workspace, stats, weights, k1=k1, b=b, now_ms=now_ms, half_life_ms=half_life_ms,
-                              lexical_weight=lexical_weight, max_accepted_cursor=max_accepted_cursor,
-                              best_bm25=best_bm25, after=after, limit=limit, window=window, neighbours=neighbours)
+    # -- audit rows --------------------------------------------------------------------------------
+    def audit_heads(self, chains: list[str]) -> dict[str, tuple[int, str]]:
+        # The writer lock makes every chain this transaction's; heads come from the engine's
+        # committed copy plus what this transaction (or its batch) appended.
+        out = {}
+        for chain in chains:
+            head = self.audit_heads_changed.get(chain)
+            if head is None and self._batch is not None:
+                head = self._batch.audit_heads.get(chain)
+            out[chain] = head if head is not None else self._store.audit_head(chain)
+        return out
 
-    def rank_vectors(
-        self, tenant: str, workspace: str, model: str, vector: list[float], *, now_ms: int,
-        max_accepted_cursor: int, min_similarity: float, limit: int,
-        neighbours: tuple[int, float, int] | None = None,
-    ) -> list[tuple[str, float, int]]:
-        """Nearest eligible records by cosine similarity (see ``SearchIndex.nearest``)."""
-        with self._store.search_index() as index:
-            return index.nearest(tenant, workspace, model, vector, now_ms=now_ms,
-                                 max_accepted_cursor=max_accepted_cursor, min_similarity=min_similarity, limit=limit,
-                                 neighbours=neighbours)
-
-    # -- audit -------------------------------------------------------------------------
-    def append_audit(self, row: AuditRow) -> str:
-        """Append the transaction's audit row; its digest, or "" in a batched transaction, whose
-        rows take their place in the chain when the batch commits (``DuckDBStore._settle``)."""
-        if self._member is not None:
-            self.unchained_audit.append(row)
-            return ""
-        doc = audit_doc(row, self.audit_head or self._store.audit_head)
-        self._insert("audit", _audit_values(doc))
-        self.audit_head = (doc["seq"], doc["row_digest"])
-        self.audit_docs.append(doc)
-        return doc["row_digest"]
-
-    def audit_chain_head(self) -> tuple[int, str]:
-        """The last audit row's (seq, row digest) in this snapshot; (0, "") when there is none."""
-        row = self._one("SELECT seq, row_digest FROM audit ORDER BY seq DESC LIMIT 1")
-        return (int(row[0]), row[1]) if row else (0, "")
+    def insert_audit(self, docs: list[dict[str, Any]], *, if_absent: bool = False) -> None:
+        if self._member is None and len(docs) > 1:
+            # A spool's rows (512) in one statement: one INSERT each took ~2 ms apiece while the
+            # audit lock, which every read's own row waits for, was held.
+            columns = [list(c) for c in zip(*(_audit_values(d) for d in docs), strict=True)]
+            picks = ", ".join(f"unnest(${i + 1}::{t}[])" for i, t in enumerate(_AUDIT_TYPES))
+            self._con.execute(f"INSERT INTO audit ({', '.join(_AUDIT_KEYS)}) SELECT {picks}"
+                              + (" ON CONFLICT DO NOTHING" if if_absent else ""), columns)
+            for doc in docs:
+                self.audit_heads_changed[doc.get("chain", LEGACY_CHAIN)] = (int(doc["seq"]), doc["row_digest"])
+            return
+        for doc in docs:
+            self._insert("audit", _audit_values(doc), verb="INSERT OR IGNORE" if if_absent else "INSERT")
+            self.audit_heads_changed[doc.get("chain", LEGACY_CHAIN)] = (int(doc["seq"]), doc["row_digest"])
 
     def audit_rows(self, tenant: str | None, workspace: str | None, from_seq: int, to_seq: int | None) -> list[dict[str, Any]]:
-        sql = ("SELECT seq, at_ms, audit_id, tenant, workspace, principal, agent_id, operation, outcome, "
-               "target_digest, decisions, prev_digest, row_digest FROM audit WHERE seq >= ? AND seq <= ?")
+        sql = f"SELECT {', '.join(_AUDIT_KEYS)} FROM audit WHERE seq >= ? AND seq <= ?"
         params: list[Any] = [from_seq, to_seq if to_seq is not None else 2**63]
         if tenant is not None:
             sql += " AND tenant = ? AND workspace = ?"
             params += [tenant, workspace]
-        out = []
-        for r in self._all(sql + " ORDER BY seq", params):
-            d = dict(zip(_AUDIT_KEYS, r, strict=True))
-            d["seq"] = int(d["seq"])
-            d["decisions"] = json.loads(d["decisions"])
-            out.append(d)
-        return out
+        return [_audit_doc(r) for r in self._all(sql + " ORDER BY chain, seq", params)]
+
+    def recent_context_nonces(self, since_ms: int) -> list[tuple[str, int]]:
+        return [(r[0], int(r[1])) for r in self._all(
+            "SELECT context_nonce, at_ms FROM audit WHERE at_ms >= ? AND context_nonce <> ''", [since_ms])]
+
+    def all_audit_heads(self) -> dict[str, tuple[int, str]]:
+        return {r[0]: (int(r[1]), r[2]) for r in self._all(
+            "SELECT chain, seq, row_digest FROM audit WHERE (chain, seq) IN "
+            "(SELECT chain, max(seq) FROM audit GROUP BY chain)")}
 
     # -- trusted host keys ------------------------------------------------------------
     def trusted_host_keys(self) -> list[tuple[str, str]]:
         return [(r[0], r[1]) for r in self._all("SELECT key_id, public_key_pem FROM trusted_host_keys ORDER BY key_id")]
 
     def add_trusted_host_key(self, key_id: str, pem: str, at_ms: int) -> None:
-        self._exec("INSERT INTO trusted_host_keys VALUES (?, ?, ?) ON CONFLICT DO NOTHING", [key_id, pem, at_ms])
+        """Trust the key if it is not stored yet; a key stored so serves nothing until bound."""
+        self._exec("INSERT INTO trusted_host_keys (key_id, public_key_pem, added_at_ms) VALUES (?, ?, ?) "
+                   "ON CONFLICT DO NOTHING", [key_id, pem, at_ms])
+
+    def host_key_rows(self) -> list[HostKeyRow]:
+        rows = self._all("SELECT key_id, public_key_pem, added_at_ms, tenants, all_tenants, maintenance_scopes "
+                         "FROM trusted_host_keys ORDER BY key_id")
+        return [HostKeyRow(key_id=r[0], public_key_pem=r[1], added_at_ms=int(r[2]),
+                           tenants=tuple(json.loads(r[3] or "[]")), all_tenants=bool(r[4]),
+                           maintenance_scopes=tuple(json.loads(r[5] or "[]"))) for r in rows]
+
+    def bind_trusted_host_key(self, row: HostKeyRow) -> None:
+        self._exec("INSERT INTO trusted_host_keys (key_id, public_key_pem, added_at_ms, tenants, all_tenants, "
+                   "maintenance_scopes) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (key_id) DO UPDATE SET "
+                   "tenants = excluded.tenants, all_tenants = excluded.all_tenants, "
+                   "maintenance_scopes = excluded.maintenance_scopes",
+                   [row.key_id, row.public_key_pem, row.added_at_ms, json.dumps(list(row.tenants)), row.all_tenants,
+                    json.dumps(list(row.maintenance_scopes))])
 
     def remove_trusted_host_key(self, key_id: str) -> bool:
         n = self._one("SELECT count(*) FROM trusted_host_keys WHERE key_id = ?", [key_id])[0]  # type: ignore[index]
@@ -679,49 +652,7 @@ class DuckDBTx(RecordLinks, TrustClasses):
     def meta_with_prefix(self, prefix: str) -> dict[str, str]:
         return dict(self._all("SELECT k, v FROM store_meta WHERE starts_with(k, ?)", [prefix]))
 
-    # -- maintenance (SPEC §12): projections, backup and restore -------------------------
-    def drop_projections(self, tenant: str, workspace: str) -> dict[str, int]:
-        """Delete the sealed projections of one scope; returns what they held (postings, vectors)."""
-        counts = self.projection_counts(tenant, workspace)
-        self._exec("DELETE FROM projections WHERE tenant = ? AND workspace = ?", [tenant, workspace])
-        self.index_ops.append(("drop_scope", tenant, workspace))
-        return counts
-
-    def _scope_projections(self, tenant: str, workspace: str) -> Iterator[tuple[RecordRow, bytes, Projection]]:
-        """Every sealed projection of a scope with its record row and data key, opened (maintenance)."""
-        for found in self._all(f"SELECT p.sealed, {_RECORD_COLS_R} "
-                               "FROM projections p JOIN records r USING (record_id) "
-                               "WHERE p.tenant = ? AND p.workspace = ?", [tenant, workspace]):
-            rec = record_of(found[1:])
-            key = self._store.data_key(rec)
-            yield rec, key, open_projection(key, rec.record_id, found[0])
-
-    def reseal_projections(self, tenant: str, workspace: str,
-                           rewrite: Callable[[RecordRow, Projection], Projection | None]) -> int:
-        """Replace the projection of every record in a scope with ``rewrite(record, projection)``
-        (None: leave it), in one multi-row statement per chunk, not three per record (a store
-        re-analyzed at start-up: ~5 ms per record that way). The in-memory index is not told: the
-        caller reloads it after the commit."""
-        resealed = []
-        for rec, key, old in self._scope_projections(tenant, workspace):
-            projection = rewrite(rec, old)
-            if projection is not None:
-                resealed.append((rec.record_id, seal_projection(key, rec.record_id, projection)))
-        for chunk in iter_chunks(resealed, 2048):
-            self._exec("UPDATE projections SET sealed = u.sealed FROM (SELECT unnest($1::VARCHAR[]) AS "
-                              "record_id, unnest($2::BLOB[]) AS sealed) u WHERE projections.record_id = u.record_id",
-                              [[r for r, _ in chunk], [b for _, b in chunk]])
-        return len(resealed)
-
-    def projection_counts(self, tenant: str, workspace: str) -> dict[str, int]:
-        """Postings and vectors in the scope's sealed projections (opened: maintenance only)."""
-        counts = {"projections": 0, "postings": 0, "vectors": 0}
-        for _, _, projection in self._scope_projections(tenant, workspace):
-            counts["projections"] += 1
-            counts["postings"] += projection.postings
-            counts["vectors"] += int(projection.vector is not None)
-        return counts
-
+    # -- the store as a whole ------------------------------------------------------------------------
     def schema_version(self) -> int:
         return SCHEMA_VERSION
 
@@ -735,61 +666,28 @@ class DuckDBTx(RecordLinks, TrustClasses):
     def counts(self) -> dict[str, Any]:
         """What the store holds, for the start-up summary: scopes, records and candidates by state."""
         return {
-            "scopes": int(self._one("SELECT count(*) FROM scopes")[0]),
+            "scopes": int(self._one("SELECT count(*) FROM scopes")[0]),  # type: ignore[index]
             "records": dict(self._all("SELECT state, count(*) FROM records GROUP BY state ORDER BY state")),
             "candidates": dict(self._all("SELECT state, count(*) FROM candidates GROUP BY state ORDER BY state")),
-            "audit_rows": int(self._one("SELECT count(*) FROM audit")[0]),
+            "audit_rows": int(self._one("SELECT count(*) FROM audit")[0]),  # type: ignore[index]
         }
 
-    def tombstone_rows(self) -> list[dict[str, Any]]:
-        keys = ("tenant", "workspace", "payload_digest", "record_id", "cursor", "at_ms")
-        rows = self._all(f"SELECT {', '.join(keys)} FROM tombstones ORDER BY tenant, workspace, cursor, record_id")
-        return [{**dict(zip(keys, r, strict=True)), "cursor": int(r[4])} for r in rows]
 
-    def key_destructions(self) -> list[tuple[str, int, str]]:
-        return [(r[0], int(r[1]), r[2]) for r in
-                self._all("SELECT owner, destroyed_at_ms, reason FROM key_destructions ORDER BY owner")]
+class DuckDBEngine:
+    """The DuckDB file engine (``engine.Engine``). ``open`` fences, migrates and loads its caches."""
 
-    def restore_scope(self, row: ScopeRow) -> None:
-        self._exec("INSERT INTO scopes VALUES (?, ?, ?, ?, ?, ?, ?)",
-                          [row.tenant, row.workspace, row.activated, json.dumps(sorted(row.tools)),
-                           row.authorization_epoch, row.last_cursor, row.last_event_digest])
-        self._changed(replace(row, tools=tuple(sorted(row.tools))))
+    sole_writer = True  # the flock fence: no other process opens the file while this one has it
+    records_key_generations = False  # the key vault (a file) says which generation wraps a key
+    tx_class: type[DuckDBEngineTx] = DuckDBEngineTx
 
-    def restore_event(self, e: Event) -> None:
-        """Insert a verified journal event verbatim (restore); the scope row carries the chain head."""
-        self._exec(
-            "INSERT INTO journal VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [e.tenant, e.workspace, e.cursor, e.event_id, e.operation, e.target, e.from_state, e.to_state, e.at_ms,
-             json.dumps(e.body, sort_keys=True), e.prev_digest, e.event_digest],
-        )
-
-    def restore_audit_row(self, doc: dict[str, Any]) -> None:
-        """Insert a verified audit row verbatim (restore) and move the chain head past it."""
-        self._exec("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _audit_values(doc))
-        self.audit_head = (int(doc["seq"]), doc["row_digest"])
-        self.audit_docs.append(doc)
-
-    def restore_key_destruction(self, owner: str, at_ms: int, reason: str) -> None:
-        self._exec("INSERT INTO key_destructions VALUES (?, ?, ?) ON CONFLICT DO NOTHING", [owner, at_ms, reason])
-
-
-class DuckDBStore:
-    """The DuckDB file store. ``open`` fences, migrates and loads the audit head."""
-
-    def __init__(self, data_dir: Path, *, migrate: bool = True, load_index: bool = True,
-                 keys: DataKeys | None = None) -> None:
-        """``load_index=False`` leaves the search index to be built by ``reload_indexes`` (the
-        server does so after it starts listening, NOT_SERVING until then) or on first use."""
+    def __init__(self, data_dir: Path, *, migrate: bool = True, keys: DataKeys | None = None) -> None:
+        """``keys``: the key vault, needed only by migration 6 (it sealed the plain projections
+        of older stores)."""
         self.data_dir = data_dir
-        # The key vault's data keys: search projections are sealed under each record's key
-        # (store/projection.py). A store opened without them (offline tools) has no search index.
         self._keys = keys
-        self._syncer: ThreadPoolExecutor | None = None  # the key vault's sync beside a batch's statements
-        # Observability hooks (engram_core/observability/ports.py sets them): seconds per COMMIT,
-        # and seconds and documents per search index rebuild.
-        self.on_commit: Callable[[float], None] | None = None
-        self.on_index_rebuild: Callable[[float, int], None] | None = None
+        self._hooks: CommitHooks | None = None
+        # Observability hook (engram_core/observability/ports.py sets it): seconds per COMMIT.
+        self.on_commit: Any = None
         self.path = data_dir / "engram.duckdb"
         # Held for the process lifetime; created owner-only whatever the process umask.
         self._lock_file = os.fdopen(os.open(data_dir / "engram.lock", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600),
@@ -802,13 +700,9 @@ class DuckDBStore:
         try:
             self._con = _connect(self.path)
         except duckdb.Error as exc:
+            self._lock_file.close()
             raise EngramError(Code.STORE_UNAVAILABLE, f"open failed: {type(exc).__name__}") from None
         self._write_lock = threading.RLock()
-        # The audit chain's head: who may take the next place in it, until that row is durable.
-        # Held by a spooled row's append, and by a write from its first audit row (a batch: from
-        # chaining its rows) until COMMIT, so a read's audit row need not wait for the writer lock.
-        # Order: writer lock first, then this one.
-        self._audit_lock = threading.RLock()
         # Group commit (group_commit.py): the open batch, and how many threads wait for the
         # writer lock (a member leaves the batch open only while someone is queued to close it).
         self._batch: Batch | None = None
@@ -821,30 +715,17 @@ class DuckDBStore:
         self.migrations_applied_at_open = self.check_migrations(apply=migrate)
         if migrate and self._con.execute("SELECT 1 FROM store_meta WHERE k = 'compact_pending'").fetchall():
             self._compact()
-        # Audit rows of reads acknowledged before a crash, not yet moved into the table.
-        self._spool = AuditSpool(data_dir)
-        # Sinks outside the data directory every new audit row goes to first (audit_device.py).
-        self._devices: Any = None
-        # Rows a previous process acknowledged but did not move in (it did not close cleanly).
-        self.spool_replayed_rows = len(self._spool.pending)
-        if migrate and self._spool.pending:
-            self._move_spool()
-        row = self._con.execute("SELECT seq, row_digest FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
-        self.audit_head: tuple[int, str] = (int(row[0]), row[1]) if row else (0, GENESIS)
-        if self._spool.pending and self._spool.pending[-1]["seq"] > self.audit_head[0]:
-            self.audit_head = (int(self._spool.pending[-1]["seq"]), self._spool.pending[-1]["row_digest"])
         self._load_key_digests()
-        # What searches and the writer read instead of the database: the search index and the
-        # scope rows as of the last commit, published together after each COMMIT under one lock
-        # (search_index.py). Stale (None / True) after a commit of unknown outcome or a failed
-        # apply: then both are rebuilt from one database snapshot before they are used again.
-        self._publish = threading.Lock()
-        self._index = SearchIndex()
+        # The committed scope rows and audit chain heads the writer reads instead of the database,
+        # updated after each COMMIT; None after a commit of unknown outcome (then read again).
+        self._copies_lock = threading.Lock()
         self._scopes: dict[tuple[str, str], ScopeRow] | None = None
-        self._stale = True
-        if migrate and load_index:
-            with self._publish:
-                self._reload()
+        self._heads: dict[str, tuple[int, str]] | None = None
+        if migrate:
+            self._load_copies()
+
+    def set_hooks(self, hooks: CommitHooks) -> None:
+        self._hooks = hooks
 
     # -- migrations ------------------------------------------------------------------
     def check_migrations(self, *, apply: bool) -> list[int]:
@@ -886,7 +767,8 @@ class DuckDBStore:
             by_record.setdefault(record_id, {}).setdefault(FIELD_CODE[name], Counter())[int(term)] = int(tf)
         vectors = {rid: (model, list(values)) for rid, model, values in
                    con.execute("SELECT record_id, model, embedding FROM vectors").fetchall()}
-        rows = con.execute(f"SELECT {RECORD_COLS} FROM records WHERE record_id IN "
+        # Migration 6 runs on the records table of its time: the columns before migration 12.
+        rows = con.execute(f"SELECT {RECORD_COLS_BEFORE_12} FROM records WHERE record_id IN "
                            "(SELECT record_id FROM postings UNION SELECT record_id FROM vectors)").fetchall()
         sealed = []
         for found in rows:
@@ -903,6 +785,13 @@ class DuckDBStore:
         con.execute("DROP TABLE postings; DROP TABLE vectors; DROP TABLE field_stats")
         if rows:
             con.execute("INSERT OR REPLACE INTO store_meta VALUES ('compact_pending', 'migration 6')")
+
+    def destructions_wrapped_by_active_generation(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Migration 10: destructions recorded before generations were tracked were wrapped by the
+        KEKs up to the one active now; recorded as wrapped by it (pending until it retires)."""
+        active = getattr(self._keys, "active_generation", None)
+        if active is not None:
+            con.execute("UPDATE key_destructions SET generation = ?", [int(active())])
 
     def _compact(self) -> None:
         """Rewrite the database into a fresh file and swap it in: DuckDB keeps freed pages (with
@@ -935,18 +824,12 @@ class DuckDBStore:
         self._con.execute("CHECKPOINT")
 
     def _record_key(self, rec: RecordRow) -> bytes | None:
+        """Migration 6 only: the record's data key from the vault the engine was opened with."""
         if self._keys is None:
-            raise EngramError(Code.STORE_UNAVAILABLE, "search projections need the key vault")
+            raise EngramError(Code.STORE_UNAVAILABLE, "migration 6 needs the key vault")
         if rec.key_slot is None:
             return None
         return self._keys.data_key(int(rec.key_slot), f"record:{rec.record_id}")
-
-    def data_key(self, rec: RecordRow) -> bytes:
-        """The record's data key, which seals its search projection."""
-        key = self._record_key(rec)
-        if key is None:
-            raise EngramError(Code.BLOB_MISSING, "record data key missing")
-        return key
 
     def migrate(self) -> list[int]:
         """Re-verify the ledger and apply pending migrations, serialized with writers."""
@@ -970,7 +853,61 @@ class DuckDBStore:
             cur.close()
         return [{"version": r[0], "name": r[1], "checksum": r[2], "applied_at_ms": r[3]} for r in rows]
 
-    # -- transactions ----------------------------------------------------------------
+    # -- the writer's committed copies ---------------------------------------------------------
+    def _load_copies(self) -> None:
+        cur = self._con.cursor()
+        try:
+            cur.execute("BEGIN TRANSACTION")
+            scopes = {(r[0], r[1]): ScopeRow(r[0], r[1], r[2], tuple(json.loads(r[3])), r[4], int(r[5]), r[6])
+                      for r in cur.execute("SELECT tenant, workspace, activated, tools, authorization_epoch, "
+                                           "last_cursor, last_event_digest FROM scopes").fetchall()}
+            heads = {r[0]: (int(r[1]), r[2]) for r in cur.execute(
+                "SELECT chain, seq, row_digest FROM audit WHERE (chain, seq) IN "
+                "(SELECT chain, max(seq) FROM audit GROUP BY chain)").fetchall()}
+            cur.execute("ROLLBACK")
+        finally:
+            cur.close()
+        with self._copies_lock:
+            self._scopes, self._heads = scopes, heads
+
+    def committed_scopes(self) -> dict[tuple[str, str], ScopeRow] | None:
+        """The writer's view of committed scope rows; None (read the database) when stale."""
+        return self._scopes
+
+    def scope_now(self, tenant: str, workspace: str) -> ScopeRow | None:
+        scopes = self._scopes
+        if scopes is not None:
+            return scopes.get((tenant, workspace))
+        with self.read(snapshot=False) as tx:
+            return tx.scope(tenant, workspace)
+
+    def audit_head(self, chain: str) -> tuple[int, str]:
+        """A chain's committed head ((0, GENESIS) for a chain with no row yet)."""
+        heads = self._heads
+        if heads is None:
+            self._load_copies()
+            heads = self._heads or {}
+        return heads.get(chain, (0, GENESIS))
+
+    def _committed(self, scope_changes: dict[tuple[str, str], ScopeRow],
+                   heads: dict[str, tuple[int, str]]) -> None:
+        with self._copies_lock:
+            if self._scopes is not None:
+                self._scopes.update(scope_changes)
+            if self._heads is not None:
+                self._heads.update(heads)
+
+    def _stale(self) -> None:
+        with self._copies_lock:
+            self._scopes = self._heads = None
+
+    def reload(self) -> None:
+        """Re-read the committed copies and negative-lookup digests (after writes that bypassed
+        the engine's transactions, e.g. a bulk loader)."""
+        with self._exclusive():
+            self._load_key_digests()
+            self._load_copies()
+
     def _require_open(self) -> None:
         if not self._open:
             raise EngramError(Code.STORE_UNAVAILABLE, "store closed")
@@ -991,7 +928,7 @@ class DuckDBStore:
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
         """The writer lock with no batch open: an open batch is committed first."""
-        if self._in_write():  # this thread already holds the lock, inside its own transaction
+        if self.in_write():  # this thread already holds the lock, inside its own transaction
             with self._write_lock:
                 yield
             return
@@ -1001,45 +938,47 @@ class DuckDBStore:
             yield
 
     @contextmanager
-    def write(self, *, batched: bool = False) -> Iterator[DuckDBTx]:
+    def write(self, *, batched: bool = False, effects: TxEffects | None = None) -> Iterator[DuckDBEngineTx]:
         """A read-write transaction. ``batched``: a member of a group commit (group_commit.py),
         for the mutations agents make at rate; otherwise a transaction of its own."""
         self._require_open()
+        effects = effects if effects is not None else TxEffects()
         if batched:
             with tracing.span("engram.store.transaction"):
-                yield from self._batched()
+                yield from self._batched(effects)
             return
-        with tracing.span("engram.store.transaction"), self._exclusive(), self._audit_lock:
+        hooks = self._hooks
+        assert hooks is not None, "the store kernel sets the commit hooks"
+        with tracing.span("engram.store.transaction"), self._exclusive():
             con = self._con
-            tx = DuckDBTx(con, self, writing=True)
+            tx = self.tx_class(con, self, writing=True)
             con.execute("BEGIN TRANSACTION")
             self._local.writing = True
             try:
                 yield tx
             except BaseException:
                 _rollback(con)
+                hooks.rolled_back([effects])
                 raise
             finally:
                 self._local.writing = False
             try:
-                if tx.names_new_keys and self._keys is not None:
-                    self._keys.sync()
-                if self._devices and tx.audit_docs:
-                    # Before COMMIT: a row no device accepted must not become a mutation (fail closed).
-                    self._devices.write_rows(tx.audit_docs)
-            except BaseException:
+                hooks.prepare([effects], tx, hooks.before_flush([effects]))
+            except BaseException as exc:
                 _rollback(con)
-                raise
+                hooks.rolled_back([effects])
+                raise self._refusal(exc) from None
             self._commit(con)
-            self._published(tx.index_ops, tx.scope_changes, tx.audit_head)
+            self._committed(tx.scope_changes, tx.audit_heads_changed)
+            hooks.committed([effects], tx.scope_changes)
 
-    def _batched(self) -> Iterator[DuckDBTx]:
+    def _batched(self, effects: TxEffects) -> Iterator[DuckDBEngineTx]:
         with self._locked():
             batch = self._batch
             if batch is None:
                 self._con.execute("BEGIN TRANSACTION")
                 batch = self._batch = Batch()
-            tx = DuckDBTx(self._con, self, writing=True, batch=batch)
+            tx = self.tx_class(self._con, self, writing=True, batch=batch)
             self._local.writing = True
             try:
                 yield tx
@@ -1047,26 +986,25 @@ class DuckDBStore:
                 self._local.writing = False
                 if tx.promoted or batch.members == 0:
                     # Promoted: its writes are in the shared transaction, so nothing of it may commit.
-                    self._abandon()
+                    self._abandon([effects])
                 else:
                     # Commit the others now, queued writers or not: this failure may come from
                     # what the batch holds uncommitted (a family member or equal content admitted
                     # by an earlier member: POLICY_STALE), and its caller's retry decides again
                     # from committed state. Left open while writers queue, the batch made every
                     # such retry fail against it again: a livelock under load.
+                    self._hooks.rolled_back([effects])  # type: ignore[union-attr]
                     self._settle()
                 raise
             self._local.writing = False
             try:
                 batch.join(self._con, tx._member)  # type: ignore[arg-type]
             except BaseException as exc:
-                self._abandon()
+                self._abandon([effects])
                 raise self._refusal(exc) from None
             batch.members += 1
-            batch.names_new_keys |= tx.names_new_keys
+            batch.effects.append(effects)
             batch.scope_changes.update(tx.scope_changes)
-            batch.index_ops.extend(tx.index_ops)
-            batch.audit_rows.extend(tx.unchained_audit)
             if self._waiting == 0 or batch.members >= MAX_MEMBERS:
                 self._settle()
         batch.done.wait()
@@ -1080,85 +1018,45 @@ class DuckDBStore:
             return exc
         return EngramError(Code.STORE_UNAVAILABLE, f"write batch rolled back: {type(exc).__name__}")
 
-    def _abandon(self) -> None:
+    def _abandon(self, extra: list[TxEffects]) -> None:
         """Roll the open batch back; its members are refused, retriably (under the writer lock)."""
         batch, self._batch = self._batch, None
         _rollback(self._con)
+        self._hooks.rolled_back([*(batch.effects if batch is not None else []), *extra])  # type: ignore[union-attr]
         if batch is not None:
             batch.fail(EngramError(Code.STORE_UNAVAILABLE, "write batch rolled back: retry"))
 
     def _settle(self) -> None:
-        """Commit the open batch and answer its members (under the writer lock). Its audit rows
-        take their places in the chain here, under the audit lock from then until COMMIT (so a
-        failed batch leaves no hole, and a read's spooled row waits at most for the audit insert
-        and the COMMIT); spooled rows due to move into the table go in with it."""
+        """Commit the open batch and answer its members (under the writer lock): their rows
+        flushed, the kernel's ``prepare`` (audit rows chained and written, the key vault synced
+        meanwhile, audit devices), COMMIT, then the kernel's ``committed``."""
         batch, self._batch = self._batch, None
         assert batch is not None
+        hooks = self._hooks
+        assert hooks is not None
         con = self._con
         if batch.members == 0:
             _rollback(con)
             batch.done.set()
             return
-        # The key vault's fdatasync (~0.4 ms) runs while DuckDB executes the batch's statements:
-        # every member wrote its slots before it joined, and the COMMIT waits for the sync.
-        syncing = (self._key_syncer().submit(self._keys.sync)
-                   if batch.names_new_keys and self._keys is not None else None)
         try:
-            batch.flush(con)  # everything but the audit rows, before the audit lock is taken
-            if syncing is not None:
-                syncing.result()
+            token = hooks.before_flush(batch.effects)  # the key vault's fdatasync runs meanwhile
+            batch.flush(con)
+            hooks.prepare(batch.effects, _BatchAudit(self, batch), token)
+            batch.flush(con)
         except BaseException as exc:
             _rollback(con)
+            hooks.rolled_back(batch.effects)
             batch.fail(self._refusal(exc))
             return
-        with self._audit_lock:
-            head = self.audit_head
-            for row in batch.audit_rows:
-                doc = audit_doc(row, head)
-                batch.audit_docs.append(doc)
-                batch.pending.add_row("audit", "INSERT", "", _audit_values(doc))
-                head = (doc["seq"], doc["row_digest"])
-            spooled = len(self._spool.pending) >= SPOOL_BATCH
-            try:
-                batch.flush(con)
-                if spooled:
-                    self._insert_spooled(con)
-                if self._devices and batch.audit_docs:
-                    # Before COMMIT: a row no device accepted must not become a mutation (fail closed).
-                    self._devices.write_rows(batch.audit_docs)
-            except BaseException as exc:
-                _rollback(con)
-                batch.fail(self._refusal(exc))
-                return
-            try:
-                self._commit(con, batch.members)
-            except EngramError as exc:
-                batch.fail(exc)
-                return
-            self.audit_head = head
-            if spooled:
-                self._spool.clear()
-        self._published(batch.index_ops, batch.scope_changes, None)
+        try:
+            self._commit(con, batch.members)
+        except EngramError as exc:
+            batch.fail(exc)
+            return
+        self._committed(batch.scope_changes, batch.audit_heads)
+        hooks.committed(batch.effects, batch.scope_changes)
         batch.done.set()
-
-    def _key_syncer(self) -> ThreadPoolExecutor:
-        if self._syncer is None:
-            self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engram-keysync")
-        return self._syncer
-
-    def _published(self, index_ops: list[tuple[Any, ...]], scope_changes: dict[tuple[str, str], ScopeRow],
-                   audit_head: tuple[int, str] | None) -> None:
-        """After COMMIT: the committed copies (search index, scope rows) and the audit head move on."""
-        if index_ops or scope_changes:
-            with self._publish:
-                try:
-                    self._index.apply(index_ops)
-                    if self._scopes is not None:
-                        self._scopes.update(scope_changes)
-                except Exception:
-                    self._stale = True
-        if audit_head is not None:
-            self.audit_head = audit_head
 
     def _commit(self, con: duckdb.DuckDBPyConnection, transactions: int = 1) -> None:
         started = time.perf_counter()
@@ -1168,38 +1066,12 @@ class DuckDBStore:
                 self.on_commit(time.perf_counter() - started, transactions)
         except duckdb.Error as exc:
             # The commit may or may not have reached the WAL; the committed copies cannot know either.
-            with self._publish:
-                self._stale, self._scopes = True, None
+            self._stale()
+            self._hooks.commit_unknown()  # type: ignore[union-attr]
             raise EngramError(Code.MUTATION_OUTCOME_UNKNOWN, f"commit failed: {type(exc).__name__}") from None
 
-    @contextmanager
-    def search_index(self) -> Iterator[SearchIndex]:
-        """The in-memory search index (rebuilt from the database first if it may be behind)."""
-        with self._publish:
-            if self._stale:
-                self._reload()
-            yield self._index
-
-    def committed_scope(self, tenant: str, workspace: str) -> ScopeRow | None:
-        """The scope row as of the last commit whose changes the search index holds: the index is
-        at least as new as this row, so its ``last_cursor`` can pin a search."""
-        with self._publish:
-            if self._stale:
-                self._reload()
-            return self._scopes.get((tenant, workspace)) if self._scopes is not None else None
-
-    def committed_scopes(self) -> dict[tuple[str, str], ScopeRow] | None:
-        """The writer's view of committed scope rows; None (read the database) when stale."""
-        return None if self._stale else self._scopes
-
-    def reload_indexes(self, *, key_digests: bool = True) -> None:
-        """Rebuild the committed copies from the database (after writes that bypass ``DuckDBTx``);
-        ``key_digests=False``: the search index and scope rows only (the digests are current)."""
-        if key_digests:
-            with self._exclusive():
-                self._load_key_digests()
-        with self._publish:
-            self._reload()
+    def in_write(self) -> bool:
+        return getattr(self._local, "writing", False)
 
     def _load_key_digests(self) -> None:
         """Every idempotency key, every scope's payload digests (records and tombstones) and every
@@ -1222,70 +1094,25 @@ class DuckDBStore:
         finally:
             cur.close()
 
-    def _reload(self) -> None:
-        started = time.perf_counter()
+    # -- what the search index is built from ------------------------------------------------------
+    @contextmanager
+    def index_scan(self) -> Iterator[_IndexScan]:
+        """One snapshot: the rows of the records that have a projection, in table order (= document
+        order: rows are only appended, updates keep their place), then the projections in any
+        order; neither joined nor sorted by DuckDB (a join ordered by document held every row
+        and projection at once: ~9 KB a record at its peak). DuckDB's block cache is bounded
+        meanwhile (``_bounded_cache``)."""
+        self._require_open()
         cur = self._con.cursor()
         try:
-            cur.execute("BEGIN TRANSACTION")
-            try:
-                with self._bounded_cache():
-                    index = self._build_index(cur)
-            except duckdb.OutOfMemoryException:  # the bound was too tight for this store: once more without
-                cur.execute("ROLLBACK")
+            with self._bounded_cache():
                 cur.execute("BEGIN TRANSACTION")
-                index = self._build_index(cur)
-            scopes = {(r[0], r[1]): ScopeRow(r[0], r[1], r[2], tuple(json.loads(r[3])), r[4], int(r[5]), r[6])
-                      for r in cur.execute("SELECT tenant, workspace, activated, tools, authorization_epoch, "
-                                           "last_cursor, last_event_digest FROM scopes").fetchall()}
-            cur.execute("ROLLBACK")
+                try:
+                    yield _IndexScan(cur)
+                finally:
+                    _rollback(cur)
         finally:
             cur.close()
-        self._index, self._scopes, self._stale = index, scopes, False
-        if self.on_index_rebuild is not None:
-            self.on_index_rebuild(time.perf_counter() - started, index.document_count())
-
-    def index_ready(self) -> bool:
-        """The search index is built and current (readiness)."""
-        return not self._stale
-
-    def audit_device_failures(self) -> dict[str, int]:
-        """Failed writes per configured audit device since start (empty without devices)."""
-        devices = self._devices
-        return dict(devices.failures) if devices else {}
-
-    def audit_spool_state(self) -> tuple[int, int | None]:
-        """(audit rows spooled but not yet in the table, ``at_ms`` of the oldest of them)."""
-        pending = self._spool.pending
-        return len(pending), (int(pending[0]["at_ms"]) if pending else None)
-
-    def _build_index(self, cur: duckdb.DuckDBPyConnection) -> SearchIndex:
-        """The search index from every record's sealed projection, opened with its data key (empty
-        for a store opened without its key vault: offline tools read rows, they do not search).
-
-        Two streaming scans in the caller's snapshot, neither joined nor sorted by DuckDB (a join
-        ordered by document held every row and projection at once: ~9 KB a record at its peak):
-        the rows of the records that have a projection, in table order (= document order: rows
-        are only appended, updates keep their place), then the projections in any order, each
-        opened with the key slot of its row."""
-        builder = IndexBuilder()
-        if self._keys is None:
-            return builder.finish()
-        cur.execute(f"SELECT {RECORD_COLS} FROM records WHERE record_id IN (SELECT record_id FROM projections)")
-        while rows := cur.fetchmany(OPEN_CHUNK):
-            for found in rows:
-                builder.add_values(found)
-        cur.execute("SELECT record_id, sealed FROM projections")
-        while rows := cur.fetchmany(OPEN_CHUNK):
-            for record_id, sealed in rows:
-                rec = builder.row(record_id)
-                if rec is None:
-                    continue
-                key = self._record_key(rec)
-                if key is None:  # destroyed with a forget whose commit raced a crash: the body is gone too
-                    log.warning("record %s has a projection but no data key; not indexed", record_id)
-                    continue
-                builder.add_projection(record_id, open_plain(key, record_id, sealed))
-        return builder.finish()
 
     @contextmanager
     def _bounded_cache(self) -> Iterator[None]:
@@ -1331,7 +1158,7 @@ class DuckDBStore:
                 ctl.close()
 
     @contextmanager
-    def read(self, *, snapshot: bool = True) -> Iterator[DuckDBTx]:
+    def read(self, *, snapshot: bool = True) -> Iterator[DuckDBEngineTx]:
         """A reader on this thread's cursor: one consistent snapshot, or (``snapshot=False``)
         each statement on its own latest committed state, which saves the transaction's
         statements where the caller revalidates what it reads (search)."""
@@ -1341,87 +1168,22 @@ class DuckDBStore:
             cur = self._con.cursor()
             self._local.cursor = cur
         if not snapshot:
-            yield DuckDBTx(cur, self, latest=True)
+            yield self.tx_class(cur, self)
             return
-        if self._spool.pending and not self._in_write():
-            # A snapshot sees every audit row acknowledged before it began (audit export,
-            # verification and backup read the table). Not from inside this thread's write
-            # transaction: the move is a transaction of its own on the same connection.
-            with self._exclusive(), self._audit_lock:
-                if self._spool.pending:
-                    self._move_spool()
         cur.execute("BEGIN TRANSACTION")
         try:
-            yield DuckDBTx(cur, self)
+            yield self.tx_class(cur, self)
         finally:
             try:
                 cur.execute("ROLLBACK")
             except duckdb.Error:
                 pass
 
-    def append_audit(self, row: AuditRow) -> str:
-        """Append the audit row of a call that changed nothing, durably, to the audit spool
-        (audit_spool.py), under the audit lock only: a read does not wait for the writers. The
-        spool moves into the table once a batch has built up (here when the writer is free,
-        else with the next group commit)."""
-        self._require_open()
-        if self._in_write():
-            # The row's place in the chain would collide with the open transaction's own rows.
-            raise EngramError(Code.STORE_UNAVAILABLE, "standalone audit row inside a write transaction")
-        with self._audit_lock:
-            doc = audit_doc(row, self.audit_head)
-            if self._devices:
-                self._devices.write_rows([doc])  # STORE_UNAVAILABLE when no device took it: nothing spooled
-            try:
-                self._spool.append(doc)
-            except EngramError:
-                if self._devices:
-                    self._devices.abort([doc["seq"]])
-                raise
-            self.audit_head = (doc["seq"], doc["row_digest"])
-            due = len(self._spool.pending) >= SPOOL_BATCH
-        if due and self._batch is None and self._write_lock.acquire(blocking=False):
-            try:
-                if self._batch is None:  # the writer's connection is free of any open transaction
-                    with self._audit_lock:
-                        self._move_spool()
-            except EngramError as exc:  # the rows stay durable in the spool; moved later
-                log.warning("audit spool not moved: %s", exc.detail)
-            finally:
-                self._write_lock.release()
-        return doc["row_digest"]
-
-    def _in_write(self) -> bool:
-        return getattr(self._local, "writing", False)
-
-    def _move_spool(self) -> None:
-        """Move the spooled audit rows into the table in one transaction (under the writer lock
-        and the audit lock). Rows already there (moved before a crash cut the spool's
-        truncation) are skipped."""
-        con = self._con
-        try:
-            con.execute("BEGIN TRANSACTION")
-            self._insert_spooled(con)
-            con.execute("COMMIT")
-        except duckdb.Error as exc:
-            _rollback(con)
-            raise EngramError(Code.STORE_UNAVAILABLE, f"audit spool move failed: {type(exc).__name__}") from None
-        self._spool.clear()
-
-    def _insert_spooled(self, con: duckdb.DuckDBPyConnection) -> None:
-        rows = self._spool.pending
-        con.execute(
-            "INSERT INTO audit SELECT unnest($1::UBIGINT[]), unnest($2::BIGINT[]), unnest($3::VARCHAR[]), "
-            "unnest($4::VARCHAR[]), unnest($5::VARCHAR[]), unnest($6::VARCHAR[]), unnest($7::VARCHAR[]), "
-            "unnest($8::VARCHAR[]), unnest($9::VARCHAR[]), unnest($10::VARCHAR[]), unnest($11::VARCHAR[]), "
-            "unnest($12::VARCHAR[]), unnest($13::VARCHAR[]) ON CONFLICT (seq) DO NOTHING",
-            [list(c) for c in zip(*(_audit_values(d) for d in rows), strict=True)])
-
-    def attach_audit_devices(self, devices: Any) -> None:
-        """Stream every audit row written from now on to ``devices`` (``AuditDevices``), fail closed."""
-        with self._exclusive(), self._audit_lock:
-            self._devices = devices
-            devices.opened(self.audit_head)
+    def describe(self) -> dict[str, Any]:
+        with self.read() as tx:
+            counts = tx.counts()
+        return {"engine": "duckdb", "store": str(self.path), "migrations_applied": self.migrations_applied_at_open,
+                **counts}
 
     def is_open(self) -> bool:
         return self._open
@@ -1441,29 +1203,57 @@ class DuckDBStore:
                     time.sleep(pause_s * (attempt + 1))
 
     def close(self) -> None:
+        """Close the file and release the fence (the kernel moved what it had to first)."""
         if not self._open:
             return
         self._open = False
-        with self._exclusive(), self._audit_lock:
-            try:
-                if self._spool.pending:
-                    self._move_spool()
-            except EngramError:
-                pass  # still durable in the spool: moved at the next open
-            self._spool.close()
-            if self._devices:
-                self._devices.close()
+        with self._exclusive():
             try:
                 self._con.execute("CHECKPOINT")
             except duckdb.Error:
                 pass
             self._con.close()
-            if self._syncer is not None:
-                self._syncer.shutdown()
         try:
             fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
         finally:
             self._lock_file.close()
+
+
+class _BatchAudit:
+    """Where a group commit's audit rows go (``engine.AuditSink``): the batch's pending rows, after
+    the heads the engine committed."""
+
+    def __init__(self, engine: DuckDBEngine, batch: Batch) -> None:
+        self._engine = engine
+        self._batch = batch
+
+    def audit_heads(self, chains: list[str]) -> dict[str, tuple[int, str]]:
+        return {c: self._batch.audit_heads.get(c) or self._engine.audit_head(c) for c in chains}
+
+    def insert_audit(self, docs: list[dict[str, Any]], *, if_absent: bool = False) -> None:
+        for doc in docs:
+            self._batch.pending.add_row("audit", "INSERT OR IGNORE" if if_absent else "INSERT", "", _audit_values(doc))
+            self._batch.audit_heads[doc.get("chain", LEGACY_CHAIN)] = (int(doc["seq"]), doc["row_digest"])
+
+
+class _IndexScan:
+    def __init__(self, cur: duckdb.DuckDBPyConnection) -> None:
+        self._cur = cur
+
+    def indexed_rows(self) -> Iterator[tuple[Any, ...]]:
+        self._cur.execute(f"SELECT {RECORD_COLS} FROM records WHERE record_id IN (SELECT record_id FROM projections)")
+        while rows := self._cur.fetchmany(OPEN_CHUNK):
+            yield from rows
+
+    def projection_blobs(self) -> Iterator[tuple[str, bytes]]:
+        self._cur.execute("SELECT record_id, sealed FROM projections")
+        while rows := self._cur.fetchmany(OPEN_CHUNK):
+            yield from rows
+
+    def scopes(self) -> dict[tuple[str, str], ScopeRow]:
+        return {(r[0], r[1]): ScopeRow(r[0], r[1], r[2], tuple(json.loads(r[3])), r[4], int(r[5]), r[6])
+                for r in self._cur.execute("SELECT tenant, workspace, activated, tools, authorization_epoch, "
+                                           "last_cursor, last_event_digest FROM scopes").fetchall()}
 
 
 def remove_store_files(data_dir: Path) -> None:

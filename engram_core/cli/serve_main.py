@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engram_core.errors import EngramError
+from engram_core.policy.serving import PolicySettings, build_serving_policy
 from engram_core.rpc.tls import ServerTls, plaintext_refusal
 from engram_core.store.file_modes import private_umask
 
@@ -51,13 +52,27 @@ def listen_problem(listen: str) -> str | None:
 
 
 def serve_main(args: argparse.Namespace) -> int:
+    from engram_core.app.composition import start_core
+    from engram_core.cli.first_serve import activate_first_scope
     from engram_core.observability import tracing
     from engram_core.observability.logs import configure_logging, log_event
     from engram_core.observability.metrics import CoreMetrics, serve_metrics
-    from engram_core.rpc.first_serve import activate_first_scope
-    from engram_core.rpc.server import start_core
+    from engram_core.services.keyring import DAY_MS, KeySchedule
 
     configure_logging(getattr(args, "log_format", "text"))
+    store_url = getattr(args, "store", None)
+    if store_url is not None:
+        from engram_core.app.engines import store_conninfo
+
+        if not getattr(args, "key_dir", None):
+            return _fail("--store needs --key-dir DIR: the KEK ring and the secrets every core of the store shares")
+        try:
+            store_conninfo(store_url)  # a password in it is refused before anything is opened
+        except ValueError as exc:
+            return _fail(str(exc))
+        args.data = args.key_dir  # the directory of this core's keys and files, as --data is for DuckDB
+    elif getattr(args, "key_dir", None):
+        return _fail("--key-dir goes with --store (a DuckDB store keeps its keys in --data)")
     problem = listen_problem(args.listen)
     if problem:
         return _fail(problem)
@@ -84,16 +99,30 @@ def serve_main(args: argparse.Namespace) -> int:
             return _fail(str(exc))
     metrics = CoreMetrics(tenant_labels=args.metrics_tenant_labels) if getattr(args, "metrics", None) else None
     try:
+        settings = policy_settings(args)
+        serving = build_serving_policy(settings, Path(args.data))
+    except ValueError as exc:
+        return _fail(str(exc))
+    try:
         running = start_core(
-            Path(args.data), listen=args.listen,
-            policies_dir=Path(args.policies) if args.policies else None,
-            opa_url=args.opa_url, extra_trusted_pems=pems, audit_devices=args.audit_device, metrics=metrics,
-            tls=tls,
+            Path(args.data), listen=args.listen, extra_trusted_pems=pems, audit_devices=args.audit_device,
+            metrics=metrics, tls=tls, policy=serving.engine,
+            key_schedule=KeySchedule(rotation_interval_ms=getattr(args, "key_rotation_interval", DAY_MS),
+                                     retention_ms=getattr(args, "key_retention", DAY_MS)),
+            store_url=store_url,
         )
     except EngramError as exc:
+        serving.engine.close()
         return _fail(f"{exc.code.value}: {exc.detail}")
     except (OSError, ValueError) as exc:  # the message names paths or addresses, never key material
+        serving.engine.close()
         return _fail(f"cannot start: {exc}")
+    serving.start_pulling(running.core.policy.reload, settings)
+    if metrics is not None:
+        from engram_core.policy.metrics import PolicyCollector
+
+        metrics.registry.register(PolicyCollector(logger=serving.logger, source=serving.source,
+                                                  engine=running.core.policy))
     metrics_server, metrics_address = None, ""
     if metrics is not None:
         try:
@@ -122,14 +151,23 @@ def serve_main(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGHUP, reload)
     # Machine-readable ready line, always the first line on stdout: tests and scripts wait for it.
-    print(f"engram core listening on {running.address} (data {args.data}, host key {running.host_key_path})", flush=True)
+    where = f"store {running.core.store.describe()['store']}, key dir {args.data}" if store_url else f"data {args.data}"
+    print(f"engram core listening on {running.address} ({where}, host key {running.host_key_path})", flush=True)
     opened = opened_summary(running, args, metrics_address)
+    opened.update(serving.describe())
+    if not running.core.policy.active() and (serving.refused or serving.unavailable):
+        problem = serving.refused or {}
+        where = ":".join(str(x) for x in (problem.get("file"), problem.get("line")) if x)
+        why = f"bundle refused: {where + ': ' if where else ''}{problem.get('error')}" if serving.refused \
+            else serving.unavailable
+        opened["policy_revision"] = f"NONE (not serving: {why})"
     print("engram core opened: " + ", ".join(f"{k} {v}" for k, v in opened.items()), flush=True)
     log_event("started", **opened)
-    if running.core.store.migrations_applied_at_open:
-        log_event("migration", applied=running.core.store.migrations_applied_at_open, trigger="open")
-    if running.core.store.spool_replayed_rows:
-        log_event("audit_spool_replayed", logging.WARNING, rows=running.core.store.spool_replayed_rows)
+    described = running.core.store.describe()
+    if described["migrations_applied"]:
+        log_event("migration", applied=described["migrations_applied"], trigger="open")
+    if described["audit_spool_replayed_rows"]:
+        log_event("audit_spool_replayed", logging.WARNING, rows=described["audit_spool_replayed_rows"])
     # Never a bare stop.wait(): the kernel may deliver SIGTERM to any thread (gRPC's, the policy
     # engine's Go runtime), and Python runs handlers only in the main thread once it wakes up; a
     # wait without a timeout may never wake, and the signal is never handled.
@@ -137,12 +175,36 @@ def serve_main(args: argparse.Namespace) -> int:
         pass
     drain = getattr(args, "drain_seconds", 10.0)
     log_event("draining", grace_s=drain)
-    running.stop(drain)
+    serving.stop_pulling()
+    running.stop(drain)  # closes the policy engine, and with it the decision logger (flushed)
     log_event("stopped", store_closed=not running.core.store.is_open())
     if metrics_server is not None:
         metrics_server.shutdown()
     tracing.shutdown()
     return 0
+
+
+def policy_settings(args: argparse.Namespace) -> PolicySettings:
+    """The policy flags of `engram serve`, checked before the data directory is touched."""
+    from engram_core.policy.decisionlog.config import parse_decision_log
+
+    token = None
+    token_file = getattr(args, "bundle_bearer_token_file", None)
+    if token_file:
+        try:
+            token = Path(token_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ValueError(f"--bundle-bearer-token-file: cannot read {token_file} ({exc.strerror})") from None
+    key = getattr(args, "bundle_verification_key", None)
+    log_spec = getattr(args, "decision_log", None)
+    poll_min, poll_max = getattr(args, "bundle_poll_min_seconds", 10.0), getattr(args, "bundle_poll_max_seconds", 20.0)
+    if not 0 < poll_min <= poll_max:
+        raise ValueError("--bundle-poll-min-seconds must be positive and at most --bundle-poll-max-seconds")
+    return PolicySettings(
+        policies=Path(args.policies) if args.policies else None, opa_url=args.opa_url,
+        bundle_url=getattr(args, "bundle_url", None), verification_key=Path(key) if key else None,
+        poll_min_s=poll_min, poll_max_s=poll_max, bundle_token=token,
+        decision_log=parse_decision_log(log_spec) if log_spec else None)
 
 
 def _server_tls(args: argparse.Namespace) -> ServerTls | None:
@@ -176,14 +238,13 @@ def opened_summary(running: Any, args: argparse.Namespace, metrics_address: str)
     from engram_core.observability import tracing
 
     core, store = running.core, running.core.store
-    with store.read() as tx:
-        counts = tx.counts()
+    counts = store.describe()
     revision = core.policy.revision()
     return {
-        "store": str(store.path),
+        "store": counts["store"],
         "schema_version": max((m["version"] for m in store.migration_ledger()), default=0),
-        "migrations_applied": store.migrations_applied_at_open or "none",
-        "audit_spool_replayed_rows": store.spool_replayed_rows,
+        "migrations_applied": counts["migrations_applied"] or "none",
+        "audit_spool_replayed_rows": counts["audit_spool_replayed_rows"],
         "scopes": counts["scopes"],
         "records": sum(counts["records"].values()),
         "records_by_state": counts["records"] or "none",

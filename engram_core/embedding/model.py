@@ -116,7 +116,7 @@ def derived_model(*, create: bool = True) -> Path:
 
 
 def main() -> int:
-    """``python -m engram_core.services.semantic_model``: derive the model now (tools/setup)."""
+    """``python -m engram_core.embedding.model``: derive the model now (tools/setup)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         print(derived_model())

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from engram_core.cli.init import read_first_serve_scope
-from engram_core.hostctx import make_context, verify_context
+from engram_core.hostctx import ADMIN_CALL, make_context, verify_context
 from engram_core.hostkeys import load_private_key_file
 from engram_core.services.admin import AdminServiceCore
 from engram_core.services.core import Core
@@ -28,7 +28,7 @@ def activate_first_scope(core: Core, data_dir: Path, host_key_path: Path) -> str
     with core.store.read() as tx:
         if tx.scope(scope.tenant, scope.workspace) is not None:
             return None
-    signed = make_context(load_private_key_file(host_key_path), tenant="_host", workspace="_admin",
+    signed = make_context(load_private_key_file(host_key_path), call=ADMIN_CALL, tenant="_host", workspace="_admin",
                           principal=FIRST_SERVE_PRINCIPAL, agent_id="engram-serve", session="first-serve",
                           now_ms=time.time_ns() // 1_000_000, host_principal=True,
                           maintenance_scopes=("read", "maintain"), memory_enabled=False)

@@ -1,0 +1,129 @@
+"""Which storage engine keeps a store, chosen from configuration (docs/architecture.md).
+
+``engram serve --data DIR`` means the DuckDB engine with its file in DIR. An engine is a name in
+``ENGINES`` and a function that opens it; a store URL (``--store postgresql://… --key-dir DIR``,
+several cores over one database) selects the engine registered under its scheme, and
+``VAULTS`` the key vault an engine keeps its own (PostgreSQL: wrapped keys in the database). Adding an engine is one entry
+here and its subpackage under ``engram_core/store/``; nothing else names an engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from engram_core.crypto.keyvault import KeyVault
+from engram_core.store.port import Store
+
+DEFAULT_ENGINE = "duckdb"
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Where a core's store lives and which engine keeps it.
+
+    ``data_dir`` is the core's own directory (host key, key vault, audit spool, secrets) and,
+    for the default engine, where its database file lives. ``url`` names a store kept
+    elsewhere; its scheme is the engine (``postgresql://…`` → ``"postgresql"``)."""
+
+    data_dir: Path
+    engine: str = DEFAULT_ENGINE
+    url: str | None = None
+
+    @classmethod
+    def from_options(cls, data_dir: Path, store_url: str | None = None) -> StoreConfig:
+        """The configuration ``--data DIR`` or ``--store URL --key-dir DIR`` describes (``data_dir``:
+        the data directory, or the key directory of a store kept elsewhere). ValueError when the
+        URL names no engine this build has (the message names the ones it has), or when it is a
+        PostgreSQL connection string carrying a password (``store_conninfo``)."""
+        if store_url is None:
+            return cls(data_dir=data_dir)
+        if "://" not in store_url:  # a libpq key=value string or a service name: PostgreSQL's
+            return cls(data_dir=data_dir, engine=POSTGRESQL, url=store_conninfo(store_url))
+        engine = urlsplit(store_url).scheme
+        if engine in POSTGRESQL_SCHEMES:
+            return cls(data_dir=data_dir, engine=POSTGRESQL, url=store_conninfo(store_url))
+        if engine not in ENGINES:
+            raise ValueError(f"no store engine for {engine or store_url!r} in this build "
+                             f"(engines: {', '.join(sorted(ENGINES))})")
+        return cls(data_dir=data_dir, engine=engine, url=store_url)
+
+
+# Opens the engine's store: (config, key vault, build the search index now, audit devices) -> Store.
+EngineOpener = Callable[[StoreConfig, KeyVault, bool, Any], Store]
+
+
+def _open_duckdb(config: StoreConfig, vault: KeyVault, load_index: bool, audit_devices: Any) -> Store:
+    from engram_core.store.duckdb.engine import DuckDBEngine
+    from engram_core.store.kernel import StoreKernel
+
+    # Search projections are sealed under record keys: the kernel and the engine's migration 6 need the vault.
+    store = StoreKernel(DuckDBEngine(config.data_dir, keys=vault), vault, spool_dir=config.data_dir,
+                        load_index=load_index)
+    if audit_devices is not None:
+        store.attach_audit_devices(audit_devices)
+    return store
+
+
+POSTGRESQL = "postgresql"
+POSTGRESQL_SCHEMES = ("postgresql", "postgres")  # the URL schemes libpq accepts
+
+
+def store_conninfo(store: str) -> str:
+    """The libpq connection string of ``engram serve --store``: a URL
+    (``postgresql://USER@HOST:PORT/DB``), a key=value string, or a bare service name
+    (``pg_service.conf``). ValueError for one carrying a password (PGPASSFILE or the libpq
+    environment give it, never a command line) or one libpq cannot parse."""
+    from engram_core.store.postgres.pool import check_conninfo
+
+    text = store.strip()
+    if not text:
+        raise ValueError("--store: empty connection string")
+    if "://" not in text and "=" not in text:
+        text = f"service={text}"
+    try:
+        check_conninfo(text)
+    except ValueError as exc:
+        raise ValueError(f"--store: {exc}") from None
+    return text
+
+
+def _open_postgresql(config: StoreConfig, vault: KeyVault, load_index: bool, audit_devices: Any) -> Store:
+    from engram_core.store.kernel import StoreKernel
+    from engram_core.store.postgres.engine import PostgresEngine
+
+    assert config.url is not None
+    engine = PostgresEngine(config.url)  # 20 connections: engram serve's 16 gRPC workers + 4
+    try:
+        # No audit spool: a read's row goes to the database at once (every core's rows in one place).
+        store = StoreKernel(engine, vault, spool_dir=None, load_index=load_index)
+    except BaseException:
+        engine.close()
+        raise
+    if audit_devices is not None:
+        store.attach_audit_devices(audit_devices)
+    return store
+
+
+def _postgresql_vault(config: StoreConfig) -> KeyVault:
+    """Data keys wrapped in the database, the KEK ring in the key directory (``data_dir``)."""
+    from engram_core.store.postgres.engine import PostgresEngine
+    from engram_core.store.postgres.keyvault import PgKeyVault
+
+    assert config.url is not None
+    PostgresEngine(config.url, pool_size=1).close()  # the vault's tables come with the engine's migrations
+    return PgKeyVault(config.url, config.data_dir)
+
+
+ENGINES: dict[str, EngineOpener] = {DEFAULT_ENGINE: _open_duckdb, POSTGRESQL: _open_postgresql}
+# Engines whose key vault is their own (else the data directory's FileKeyVault).
+VAULTS: dict[str, Callable[[StoreConfig], KeyVault]] = {POSTGRESQL: _postgresql_vault}
+
+
+def open_store(config: StoreConfig, *, vault: KeyVault, load_index: bool = True, audit_devices: Any = None) -> Store:
+    """The store ``config`` names, opened by its engine (fenced, migrated; the search index
+    built unless ``load_index`` is False, in which case the server builds it after it listens)."""
+    return ENGINES[config.engine](config, vault, load_index, audit_devices)

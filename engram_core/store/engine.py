@@ -1,0 +1,352 @@
+"""The engine port: what a storage engine implements under the store kernel (SPEC §10).
+
+An engine keeps persistence only: rows, the journal, insert-if-absent ledgers
+(idempotency, used confirmations, tombstones), record links, the data-key ledger,
+sealed projection blobs, audit rows as they are handed to it, trusted host keys and
+metadata, with versioned migrations. Everything every engine must do the same way lives
+in the kernel above it (``kernel.py``): hash chains and their digests, audit chaining,
+the audit spool and devices, sealing and opening projections, the order of key
+durability around COMMIT, and the in-memory search index, which the kernel feeds with
+committed changes (``changes.py``). Services never see an engine: they see the kernel's
+``Store``/``Tx`` (``port.py``).
+
+Two engines implement it: DuckDB (``store/duckdb``, one process, the embedded default) and
+PostgreSQL (``store/postgres``, several processes over one database). Both pass the store
+conformance suite (``tests/store/``), which is the executable form of this page.
+
+## Guarantees every engine gives
+
+- **Atomic, durable transactions.** Everything done through one ``EngineTx`` of ``write()``
+  commits together or not at all; it is durable when the ``with`` block exits normally (the
+  commit hooks' ``committed`` runs after that point, never before). A failure whose commit
+  outcome is unknown is raised as ``MUTATION_OUTCOME_UNKNOWN``; any other failure has rolled
+  everything back (``STORE_UNAVAILABLE`` when the engine itself failed).
+- **Scope serialization.** From a write transaction's first statement about a scope
+  ``(tenant, workspace)`` until it commits, no other write transaction, in this process or
+  another, changes that scope (DuckDB: one writer at a time; PostgreSQL: the scope row locked
+  ``FOR UPDATE`` at first touch). So a check made inside a write transaction (an idempotency
+  key absent, a lifecycle state, a family's members, a grant unused) still holds at its
+  commit, and each scope's journal cursors are dense and its chains unforked.
+- **Insert-if-absent is exact.** ``idempotency_put``, ``use_confirmation`` and the primary
+  keys behind them are the last arbiters: a second insert of the same key never commits. An
+  engine may keep caches (negative-lookup digests, committed copies of rows), but a cache
+  only ever saves a query: a stale or missing entry costs a read of the database, never a
+  wrong answer. An engine that is not the only writer of its database (``sole_writer``
+  False) therefore keeps no cache of anything another process can change.
+- **Reads.** ``read(snapshot=True)`` sees one committed state for its whole block;
+  ``read(snapshot=False)`` runs each statement on the latest committed state. Neither sees
+  an uncommitted write of another transaction. A write transaction sees its own writes.
+- **Audit rows as given.** The kernel chains audit rows; the engine stores the documents
+  verbatim and keeps, per chain, the head the next row must follow: ``audit_heads`` inside a
+  write transaction returns them locked for that transaction (no other transaction extends
+  those chains until it commits).
+- **Only what it is given.** Sealed bodies, envelopes and projections are opaque bytes; the
+  engine never sees plaintext or keys (data keys live in the key vault; the ledger maps each
+  owner to the vault's reference only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engram_core.store.changes import Change
+from engram_core.store.port import (
+    AuditRow,
+    CandidateRow,
+    Event,
+    HostKeyRow,
+    IdempotencyRow,
+    KeyDestruction,
+    RecordRow,
+    ScopeRow,
+)
+
+
+@dataclass
+class TxEffects:
+    """What one write transaction hands the kernel at commit, collected as it runs.
+
+    The kernel fills it through its ``Tx``; the engine carries it to the commit hooks, one per
+    transaction (several when the engine commits transactions together, as DuckDB's group
+    commit does)."""
+
+    audit_rows: list[AuditRow] = field(default_factory=list)  # chained by the kernel at commit
+    restored_audit: list[dict[str, Any]] = field(default_factory=list)  # verbatim documents (restore)
+    # Spooled documents moved in (each may be there already: moved before a crash cut the spool).
+    spooled_audit: list[dict[str, Any]] = field(default_factory=list)
+    audit_docs: list[dict[str, Any]] = field(default_factory=list)  # the chained documents, once chained
+    changes: list[Change] = field(default_factory=list)  # for the search index, after commit
+    appended_cursors: list[tuple[str, str, int]] = field(default_factory=list)  # journal events it wrote
+    names_new_keys: bool = False  # data keys created unsynced: the vault is synced before COMMIT
+    destroyed_slots: list[int] = field(default_factory=list)  # zeroed in the vault after COMMIT
+    destroyed_generations: list[int | None] = field(default_factory=list)  # the KEKs that wrapped them
+    # After COMMIT: "complete" when every destroyed key is zeroed and every generation that wrapped
+    # it retired; "pending" until then (docs/admin.md, "Keys").
+    key_destruction_outcome: str = "complete"
+    keys_zeroed: bool = True  # every destroyed key is gone from this vault (slot zeroed)
+
+
+class CommitHooks(Protocol):
+    """The kernel's part of every commit, called by the engine in this order."""
+
+    def before_flush(self, effects: list[TxEffects]) -> Any:
+        """The transactions are about to write their rows: start what can run meanwhile (the key
+        vault's sync); returns a token for ``prepare``."""
+        ...
+
+    def prepare(self, effects: list[TxEffects], tx: EngineTx, token: Any) -> None:
+        """Inside the transaction, just before COMMIT: the audit rows chained and written through
+        ``tx``, new data keys durable, audit devices written. Raising rolls everything back."""
+        ...
+
+    def committed(self, effects: list[TxEffects], scopes: dict[tuple[str, str], ScopeRow]) -> None:
+        """After COMMIT returned: ``scopes`` are the scope rows as committed. Never raises."""
+        ...
+
+    def rolled_back(self, effects: list[TxEffects]) -> None:
+        """The transactions did not commit (``prepare`` or the engine failed before COMMIT)."""
+        ...
+
+    def commit_unknown(self) -> None:
+        """COMMIT failed: whether it took effect is unknown; copies of committed state are stale."""
+        ...
+
+
+class EngineTx(Protocol):
+    """Persistence inside one transaction. Rows are the frozen dataclasses of ``port.py``."""
+
+    # -- scopes and the journal -------------------------------------------------------------
+    def scope(self, tenant: str, workspace: str) -> ScopeRow | None:
+        """The scope row (activation, tools, authorization epoch, journal head), or None."""
+        ...
+
+    def scope_for_update(self, tenant: str, workspace: str) -> ScopeRow:
+        """The scope row, created (not activated, epoch 0, empty journal) when absent; in a write
+        transaction the scope is then this transaction's until it commits."""
+        ...
+
+    def scopes(self) -> list[ScopeRow]: ...
+    def set_activation(self, tenant: str, workspace: str, *, activated: bool, tools: tuple[str, ...]) -> ScopeRow: ...
+    def bump_epoch(self, tenant: str, workspace: str) -> int:
+        """Raise the scope's authorization epoch by one; returns the new epoch."""
+        ...
+
+    def insert_event(self, event: Event) -> None:
+        """Append a journal event whose cursor is the scope head's + 1 and whose ``prev_digest`` is
+        the head's digest (the kernel computed both from ``scope_for_update``), and move the head
+        to it."""
+        ...
+
+    def set_scope_head(self, tenant: str, workspace: str, cursor: int, event_digest: str) -> None:
+        """Move the journal head past events a bulk loader inserted itself (benchmarks only)."""
+        ...
+
+    def events(self, tenant: str, workspace: str, from_cursor: int, to_cursor: int | None) -> list[Event]: ...
+    def event_by_id(self, tenant: str, workspace: str, event_id: str) -> Event | None: ...
+    def restore_scope(self, row: ScopeRow) -> None: ...
+    def restore_event(self, e: Event) -> None:
+        """Insert a verified event verbatim (restore): the restored scope row carries its head."""
+        ...
+
+    # -- idempotency, confirmations, tombstones (insert-if-absent) -------------------------------
+    def idempotency_get(self, tenant: str, workspace: str, principal: str, key: str) -> IdempotencyRow | None: ...
+    def idempotency_put(self, tenant: str, workspace: str, principal: str, key: str, row: IdempotencyRow,
+                        at_ms: int) -> None:
+        """Record a key's outcome. Callers check ``idempotency_get`` first in the same write
+        transaction (scope serialization makes that exact); a second put of one key never commits."""
+        ...
+
+    def use_confirmation(self, grant_id: str, tenant: str, workspace: str, at_ms: int) -> bool:
+        """Mark a grant used; False (nothing written) when it was used before."""
+        ...
+
+    def add_tombstone(self, tenant: str, workspace: str, payload_digest: str, record_id: str, cursor: int,
+                      at_ms: int) -> None: ...
+    def tombstoned(self, tenant: str, workspace: str, payload_digest: str) -> bool: ...
+    def tombstone_rows(self) -> list[dict[str, Any]]: ...
+
+    # -- candidates and records ---------------------------------------------------------------
+    def insert_candidate(self, row: CandidateRow) -> None: ...
+    def candidate(self, tenant: str, workspace: str, candidate_id: str) -> CandidateRow | None:
+        """The candidate if it is in this scope (another scope's is None, as an unknown id)."""
+        ...
+
+    def candidates_in_state(self, tenant: str, workspace: str, state: str) -> list[CandidateRow]: ...
+    def set_candidate_state(self, candidate_id: str, state: str, *, decision: dict[str, Any] | None = None,
+                            drop_envelope: bool = False) -> None: ...
+    def set_candidate_trust_class(self, candidate_id: str, trust_class: str) -> None: ...
+    def scrub_candidate_facts(self, candidate_id: str) -> None:
+        """Replace the candidate's ``facts`` with an empty object (``{}``) in this transaction:
+        its sizes, family refs, findings and retention are derived from its content, and nothing
+        content-derived outlives a forget, withdrawal or rejection (issue 26.7). The candidate's
+        control columns (state, cursor, trust class, decision) stay."""
+        ...
+
+    def insert_record(self, row: RecordRow) -> None: ...
+    def record(self, tenant: str, workspace: str, record_id: str) -> RecordRow | None:
+        """The record if it is in this scope (another scope's is None, as an unknown id)."""
+        ...
+
+    def records(self, tenant: str, workspace: str, record_ids: list[str]) -> dict[str, RecordRow]: ...
+    def scope_records(self, tenant: str, workspace: str, states: tuple[str, ...] | None = None) -> list[RecordRow]: ...
+    def set_record_state(self, record_id: str, state: str, *, state_cursor: int, successor_id: str | None = None,
+                         drop_body: bool = False) -> None:
+        """``successor_id``: None keeps it, "" clears it, a value sets it; ``drop_body`` removes the
+        sealed body in the same write."""
+        ...
+
+    def set_record_trust_class(self, record_id: str, trust_class: str) -> None: ...
+    def payload_standing(self, tenant: str, workspace: str, payload_digest: str) -> tuple[str | None, bool]:
+        """(the earliest-admitted current record with this payload or None, whether this payload
+        was forgotten in the scope)."""
+        ...
+
+    # -- record links ---------------------------------------------------------------------------
+    def add_record_links(self, tenant: str, workspace: str, record_id: str, *, family_refs: list[str],
+                         primary_kind: str, source_ids: list[str]) -> None: ...
+    def drop_record_links(self, record_id: str) -> None: ...
+    def family_members(self, tenant: str, workspace: str, family_refs: list[str],
+                       states: tuple[str, ...]) -> list[tuple[RecordRow, str, list[str]]]: ...
+    def derivatives(self, tenant: str, workspace: str, source_id: str) -> list[RecordRow]: ...
+
+    # -- the data-key ledger (the key vault holds the keys) ---------------------------------------
+    def put_data_key(self, owner: str, slot: int, at_ms: int) -> None: ...
+    def data_key_slot(self, owner: str) -> int | None: ...
+    def drop_data_key(self, owner: str, at_ms: int, reason: str, *, slot: int | None = None,
+                      generation: int | None = None) -> int | None:
+        """Remove ``owner``'s ledger row and record its destruction (with the KEK generation that
+        wrapped the key: ``generation``, or, when None and ``records_key_generations``, the one
+        the engine reads itself); returns its slot (None: it had no live key). ``slot``: the
+        caller already knows it (no read)."""
+        ...
+
+    def live_key_slots(self) -> dict[int, str]: ...
+    def key_destruction(self, owner: str) -> KeyDestruction | None: ...
+    def key_destructions(self) -> list[KeyDestruction]: ...
+    def restore_key_destruction(self, owner: str, at_ms: int, reason: str, generation: int | None) -> None: ...
+
+    # -- sealed projections (opaque blobs) ----------------------------------------------------------
+    def put_projection(self, tenant: str, workspace: str, record_id: str, sealed: bytes, *, new: bool) -> None:
+        """Store a record's sealed projection; ``new``: the record was inserted by this transaction."""
+        ...
+
+    def delete_projection(self, record_id: str) -> None: ...
+    def projection_blob(self, record_id: str) -> tuple[bytes, RecordRow] | None: ...
+    def scope_projection_blobs(self, tenant: str, workspace: str) -> list[tuple[RecordRow, bytes]]: ...
+    def update_projection_blobs(self, blobs: list[tuple[str, bytes]]) -> None: ...
+    def drop_scope_projections(self, tenant: str, workspace: str) -> None: ...
+
+    # -- audit rows -----------------------------------------------------------------------------------
+    def audit_heads(self, chains: list[str]) -> dict[str, tuple[int, str]]:
+        """Each chain's head (last seq, its row digest; (0, GENESIS) for a new chain), locked for
+        this write transaction."""
+        ...
+
+    def insert_audit(self, docs: list[dict[str, Any]], *, if_absent: bool = False) -> None:
+        """Store chained audit documents verbatim (each follows its chain's head, in order);
+        ``if_absent``: a document whose (chain, seq) is stored already is skipped."""
+        ...
+
+    def audit_rows(self, tenant: str | None, workspace: str | None, from_seq: int,
+                   to_seq: int | None) -> list[dict[str, Any]]:
+        """Audit documents (optionally of one scope's rows), ordered by chain then seq."""
+        ...
+
+    def all_audit_heads(self) -> dict[str, tuple[int, str]]:
+        """Every chain's head as this transaction sees it."""
+        ...
+
+    def recent_context_nonces(self, since_ms: int) -> list[tuple[str, int]]:
+        """(``context_nonce``, ``at_ms``) of the audit rows written since ``since_ms`` that name one."""
+        ...
+
+    # -- trusted host keys, metadata, the store as a whole --------------------------------------------
+    def trusted_host_keys(self) -> list[tuple[str, str]]: ...
+    def add_trusted_host_key(self, key_id: str, pem: str, at_ms: int) -> None:
+        """Store the key if its id is not stored yet (a stored key's binding is left as it is); a key
+        stored so has the default binding, which serves nothing: no tenants, not all tenants, no
+        maintenance scopes."""
+        ...
+
+    def host_key_rows(self) -> list[HostKeyRow]:
+        """Every trusted host key with its binding (migration 13: ``tenants`` and
+        ``maintenance_scopes`` as stored lists, ``all_tenants`` a boolean), by key id."""
+        ...
+
+    def bind_trusted_host_key(self, row: HostKeyRow) -> None:
+        """Insert the key with ``row``'s binding, or, when its id is stored already, replace that key's
+        binding (tenants, all tenants, maintenance scopes) and keep its PEM and ``added_at_ms``."""
+        ...
+
+    def remove_trusted_host_key(self, key_id: str) -> bool: ...
+    def meta(self, key: str) -> str | None: ...
+    def set_meta(self, key: str, value: str) -> None: ...
+    def meta_with_prefix(self, prefix: str) -> dict[str, str]: ...
+    def is_empty(self) -> bool:
+        """Nothing but trusted host keys and metadata was ever written (a restore target)."""
+        ...
+
+    def schema_version(self) -> int: ...
+
+
+class IndexScan(Protocol):
+    """One consistent snapshot of what the search index is built from."""
+
+    def indexed_rows(self) -> Iterator[tuple[Any, ...]]:
+        """The rows (``RecordRow`` field order) of records that have a projection."""
+        ...
+
+    def projection_blobs(self) -> Iterator[tuple[str, bytes]]:
+        """(record id, sealed projection) of every projection, in any order."""
+        ...
+
+    def scopes(self) -> dict[tuple[str, str], ScopeRow]: ...
+
+
+class Engine(Protocol):
+    """A storage engine: transactions, migrations, and the scans the kernel builds from."""
+
+    sole_writer: bool  # no other process writes its database (the kernel's copies are then exact)
+    # The engine records the KEK generation wrapping a destroyed key itself, read in the destroying
+    # transaction after the key's ledger row is gone (its vault's keys are in its own database), so
+    # a rotation on another process cannot re-wrap the key after the generation was read: the
+    # kernel then passes no generation and asks the vault for none (one round trip fewer).
+    records_key_generations: bool
+
+    def set_hooks(self, hooks: CommitHooks) -> None: ...
+
+    def write(self, *, batched: bool, effects: TxEffects) -> AbstractContextManager[EngineTx]:
+        """A read-write transaction (see the guarantees above); ``batched``: the engine may commit
+        it together with other batched transactions, each member's ``effects`` handed to the
+        hooks; a failure of the shared commit is raised from every member's ``with``."""
+        ...
+
+    def read(self, *, snapshot: bool = True) -> AbstractContextManager[EngineTx]: ...
+
+    def in_write(self) -> bool:
+        """This thread is inside a write transaction."""
+        ...
+
+    def index_scan(self) -> AbstractContextManager[IndexScan]: ...
+
+    def scope_now(self, tenant: str, workspace: str) -> ScopeRow | None:
+        """The scope row as last committed by anyone (a query unless ``sole_writer``)."""
+        ...
+
+    def migrate(self) -> list[int]: ...
+    def migration_ledger(self) -> list[dict[str, Any]]: ...
+    def migration_code(self) -> list[dict[str, Any]]: ...
+    def schema_version(self) -> int: ...
+    def checkpoint(self) -> None: ...
+    def describe(self) -> dict[str, Any]:
+        """What the start-up summary says of the store: engine, location, migrations applied at
+        open, rows by kind."""
+        ...
+
+    def is_open(self) -> bool: ...
+    def close(self) -> None: ...
+
+

@@ -1,0 +1,731 @@
+"""The store kernel: what every engine's store does the same way, above the engine port.
+
+Services see the kernel as the ``Store`` port (``port.py``); under it an engine
+(``engine.py``: DuckDB, PostgreSQL) keeps rows. The kernel owns, for every engine:
+
+- **Hash chains**: journal event digests (computed from the scope head the engine holds for
+  the transaction) and audit chaining (``chain.py``): a write transaction's rows join their
+  scopes' chains when it commits (the engine's ``prepare`` hook), the rows of calls that change
+  nothing join this process's writer chain at once.
+- **The audit spool and devices**: a standalone row is durable before its call answers,
+  appended to the spool (``audit_spool.py``; engines where a row of its own costs milliseconds)
+  or written by the engine at once; every row goes to the audit devices first
+  (``audit_device.py``), and a row no device took fails its call (SPEC §10 fail closed).
+- **Sealed projections**: a record's postings and vector sealed under its own data key
+  (``projection.py``) before the engine sees them; opened with the key when read.
+- **Key durability around COMMIT**: data keys created unsynced are synced before the
+  transaction naming them commits (beside the engine's own statements), destroyed keys are
+  zeroed only after it committed.
+- **The search index** (``search_index.py``), fed after each COMMIT with the transaction's
+  committed changes (``changes.py``) under one publish lock, together with the committed scope
+  rows searches pin. An engine whose database others also write (``sole_writer`` False) is
+  asked for the scope head instead, and the index catches up from the journal when it is
+  behind (``catch_up``), so a read on one core sees what another core acknowledged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from engram_core.crypto.keyvault import KeyVault
+from engram_core.errors import Code, EngramError
+from engram_core.store.audit_spool import AuditSpool
+from engram_core.store.chain import audit_doc, chain_heads, event_digest_of, new_writer_chain, scope_chain
+from engram_core.store.changes import (
+    Posting,
+    RecordIndexed,
+    RecordRowChanged,
+    RecordStateChanged,
+    RecordUnindexed,
+    ScopeProjectionsDropped,
+    VectorIndexed,
+)
+from engram_core.store.engine import Engine, EngineTx, TxEffects
+from engram_core.store.page_pins import PinStore
+from engram_core.store.port import AuditRow, Event, LexicalPage, LexicalStats, RecordRow, ScopeRow
+from engram_core.store.projection import Projection, open_plain, open_projection, seal_projection
+from engram_core.store.search_index import FIELD_CODE, FIELDS, IndexBuilder, SearchIndex
+from engram_core.store.usage_counters import QuotaCounters
+
+SPOOL_BATCH = 512  # spooled audit rows moved into the engine in one transaction
+log = logging.getLogger(__name__)
+
+
+class StoreKernel:
+    """The ``Store`` port over one engine, one key vault and (optionally) a spool directory."""
+
+    def __init__(self, engine: Engine, keys: KeyVault | None, *, spool_dir: Path | None = None,
+                 load_index: bool = True, recover: bool = True) -> None:
+        """``keys``: the key vault (projections are sealed under record keys; a kernel opened
+        without one, for offline tools, has no search index). ``spool_dir``: where standalone
+        audit rows are spooled (None: the engine writes each at once). ``load_index=False``
+        leaves the search index to ``reload_indexes`` (the server builds it after it listens);
+        ``recover=False`` leaves rows a previous process spooled where they are (offline tools
+        that read what a crash left)."""
+        self.engine = engine
+        self._keys = keys
+        engine.set_hooks(self)
+        self.writer_chain = new_writer_chain()
+        # The writer chain's head and who may append to it: a standalone row holds this lock
+        # from taking its place in the chain until it is durable.
+        self._audit_lock = threading.RLock()
+        self._writer_head: tuple[int, str] = (0, "sha256:" + "0" * 64)
+        self._devices: Any = None
+        self._spool = AuditSpool(spool_dir) if spool_dir is not None else None
+        # Rows a previous process acknowledged but did not move in (it did not close cleanly).
+        self.spool_replayed_rows = len(self._spool.pending) if self._spool is not None else 0
+        self._mover = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engram-audit-move")
+        self._move_scheduled = False
+        self._syncer: ThreadPoolExecutor | None = None  # the key vault's sync beside a commit's statements
+        # Observability hook (engram_core/observability/ports.py): seconds and documents per rebuild.
+        self.on_index_rebuild: Callable[[float, int], None] | None = None
+        # What searches read instead of the database: the search index and the scope rows as of
+        # the last commit, published together after each COMMIT under one lock. Stale after a
+        # commit of unknown outcome or a failed apply: rebuilt from one snapshot before next use.
+        self._publish = threading.Lock()
+        self._index = SearchIndex()
+        self._scopes: dict[tuple[str, str], ScopeRow] | None = None
+        # Per scope, the journal cursor up to which the index holds every committed change.
+        self._applied: dict[tuple[str, str], int] = {}
+        self._stale = True
+        self._open = True
+        if recover and self._spool is not None and self._spool.pending:
+            self._move_spool()
+        if load_index:
+            with self._publish:
+                self._reload()
+
+    # -- transactions ------------------------------------------------------------------------------
+    @contextmanager
+    def write(self, *, batched: bool = False) -> Iterator[KernelTx]:
+        self._require_open()
+        effects = TxEffects()
+        with self.engine.write(batched=batched, effects=effects) as etx:
+            yield KernelTx(self, etx, effects)
+
+    @contextmanager
+    def read(self, *, snapshot: bool = True) -> Iterator[KernelTx]:
+        self._require_open()
+        if snapshot and self._spool is not None and self._spool.pending and not self.engine.in_write():
+            # A snapshot sees every audit row acknowledged before it began (audit export,
+            # verification and backup read the engine's rows).
+            self._move_spool()
+        with self.engine.read(snapshot=snapshot) as etx:
+            yield KernelTx(self, etx, None, latest=not snapshot)
+
+    # -- standalone audit rows (the writer chain) -----------------------------------------------------
+    def append_audit(self, row: AuditRow) -> str:
+        """Audit a call that changed nothing, durably, on this process's writer chain; its digest."""
+        self._require_open()
+        if self.engine.in_write():
+            # Its durability would wait for, or be undone with, the open transaction.
+            raise EngramError(Code.STORE_UNAVAILABLE, "standalone audit row inside a write transaction")
+        with self._audit_lock:
+            doc = audit_doc(row, self.writer_chain, self._writer_head)
+            if self._devices:
+                self._devices.write_rows([doc])  # STORE_UNAVAILABLE when no device took it: nothing written
+            try:
+                if self._spool is not None:
+                    self._spool.append(doc)
+                else:
+                    with self.engine.write(effects=TxEffects(spooled_audit=[doc])):
+                        pass
+            except EngramError:
+                if self._devices:
+                    self._devices.abort(self.writer_chain, [doc["seq"]])
+                raise
+            self._writer_head = (doc["seq"], doc["row_digest"])
+            due = self._spool is not None and len(self._spool.pending) >= SPOOL_BATCH and not self._move_scheduled
+            if due:
+                self._move_scheduled = True
+        if due:
+            self._mover.submit(self._move_spool_quietly)
+        return doc["row_digest"]
+
+    def _move_spool_quietly(self) -> None:
+        try:
+            self._move_spool()
+        except EngramError as exc:  # the rows stay durable in the spool; moved later
+            log.warning("audit spool not moved: %s", exc.detail)
+
+    def _move_spool(self) -> None:
+        """Move the spooled rows into the engine in one transaction; rows already there (moved
+        before a crash cut the spool's truncation) are skipped by the engine's key."""
+        spool = self._spool
+        assert spool is not None
+        with self._audit_lock:
+            self._move_scheduled = False
+            if not spool.pending:
+                return
+            with self.engine.write(effects=TxEffects(spooled_audit=list(spool.pending))):
+                pass
+            spool.clear()
+
+    def recent_context_nonces(self, since_ms: int) -> list[tuple[str, int]]:
+        """The context nonces claimed by calls audited since ``since_ms``: (nonce ref, at_ms),
+        from the engine's rows and the spool's."""
+        with self.engine.read(snapshot=False) as tx:
+            found = tx.recent_context_nonces(since_ms)
+        pending = self._spool.pending if self._spool is not None else []
+        found += [(d["context_nonce"], int(d["at_ms"])) for d in pending
+                  if d.get("context_nonce") and int(d["at_ms"]) >= since_ms]
+        return found
+
+    def claim_context_nonce(self, ref: str, expires_at_ms: int) -> bool:
+        """Claim a context's nonce where every core of the store sees it: True when it was not
+        claimed before. An engine that is the sole writer of its database needs no such claim
+        (the process's ledger, seeded from the audit log at open, is exact), so True."""
+        if self.engine.sole_writer:
+            return True
+        return self.engine.claim_context_nonce(ref, expires_at_ms)  # type: ignore[attr-defined]
+
+    def page_pins(self, now_ms: Callable[[], int]) -> PinStore:
+        """Where search pins are kept: this process's memory, and the database too when other
+        cores share it (a cursor from one core pages on another)."""
+        return PinStore(now_ms=now_ms, shelf=None if self.engine.sole_writer else self.engine)  # type: ignore[arg-type]
+
+    def usage_counters(self, now_ms: Callable[[], int]) -> QuotaCounters:
+        """The usage counters quotas are decided on: in memory for the sole writer, the database's
+        when other cores share it (one quota however a principal's calls are spread)."""
+        return QuotaCounters(now_ms, shared=None if self.engine.sole_writer else self.engine)  # type: ignore[arg-type]
+
+    def audit_spool_state(self) -> tuple[int, int | None]:
+        """(audit rows spooled but not yet in the engine, ``at_ms`` of the oldest of them)."""
+        pending = self._spool.pending if self._spool is not None else []
+        return len(pending), (int(pending[0]["at_ms"]) if pending else None)
+
+    def attach_audit_devices(self, devices: Any) -> None:
+        """Stream every audit row written from now on to ``devices`` (``AuditDevices``), fail closed."""
+        with self._audit_lock:
+            with self.read() as tx:
+                heads = tx.audit_heads()
+            self._devices = devices
+            devices.opened(heads)
+
+    def audit_device_failures(self) -> dict[str, int]:
+        """Failed writes per configured audit device since start (empty without devices)."""
+        devices = self._devices
+        return dict(devices.failures) if devices else {}
+
+    # -- commit hooks (engine.CommitHooks) --------------------------------------------------------------
+    def before_flush(self, effects: list[TxEffects]) -> Future[None] | None:
+        if self._keys is None or not any(e.names_new_keys for e in effects):
+            return None
+        # The key vault's fdatasync (~0.4 ms) runs while the engine executes the statements; the
+        # COMMIT waits for it (``prepare``): no row naming a key commits before the key is durable.
+        if self._syncer is None:
+            self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engram-keysync")
+        return self._syncer.submit(self._keys.sync)
+
+    def prepare(self, effects: list[TxEffects], tx: Any, token: Future[None] | None) -> None:
+        if token is not None:
+            token.result()
+        spooled = [d for e in effects for d in e.spooled_audit]
+        if spooled:
+            tx.insert_audit(spooled, if_absent=True)
+        restored = [d for e in effects for d in e.restored_audit]
+        if restored:  # verbatim, before the rows chained after them (a restore's own row)
+            tx.insert_audit(restored)
+        rows = [(e, r) for e in effects for r in e.audit_rows]
+        fresh = []
+        if rows:
+            chains = sorted({scope_chain(r.tenant, r.workspace) for _, r in rows})
+            heads = tx.audit_heads(chains)
+            for e, r in rows:
+                chain = scope_chain(r.tenant, r.workspace)
+                doc = audit_doc(r, chain, heads[chain])
+                heads[chain] = (doc["seq"], doc["row_digest"])
+                e.audit_docs.append(doc)
+                fresh.append(doc)
+            tx.insert_audit(fresh)
+        if self._devices and (restored or fresh):
+            # Before COMMIT: a row no device accepted must not become a mutation (fail closed).
+            self._devices.write_rows(restored + fresh)
+
+    def committed(self, effects: list[TxEffects], scopes: dict[tuple[str, str], ScopeRow]) -> None:
+        changes = [c for e in effects for c in e.changes]
+        appended = sorted({c for e in effects for c in e.appended_cursors})
+        if changes or scopes:
+            with self._publish:
+                try:
+                    self._index.apply(changes)
+                    if self._scopes is not None:
+                        self._scopes.update(scopes)
+                    for (t, w), cursors in _runs(appended).items():
+                        if self._applied.get((t, w), 0) == cursors[0] - 1:  # no other core's event between
+                            self._applied[(t, w)] = cursors[-1]
+                except Exception:
+                    log.exception("search index change not applied; rebuilding before the next search")
+                    self._stale = True
+        for e in effects:
+            if e.destroyed_slots and self._keys is not None:
+                try:
+                    self._keys.destroy_many(e.destroyed_slots)
+                except OSError:
+                    e.key_destruction_outcome = "pending"  # reconcile at next start completes it
+                    e.keys_zeroed = False
+                    continue
+                if not all(self._keys.destruction_complete(g) for g in e.destroyed_generations):
+                    e.key_destruction_outcome = "pending"  # copies under retained generations remain
+
+    def rolled_back(self, effects: list[TxEffects]) -> None:
+        for e in effects:
+            e.audit_docs.clear()
+
+    def commit_unknown(self) -> None:
+        with self._publish:
+            self._stale, self._scopes = True, None
+
+    # -- the search index ---------------------------------------------------------------------------------
+    @contextmanager
+    def search_index(self) -> Iterator[SearchIndex]:
+        """The in-memory search index (rebuilt from the engine first if it may be behind)."""
+        with self._publish:
+            if self._stale:
+                self._reload()
+            yield self._index
+
+    def committed_scope(self, tenant: str, workspace: str) -> ScopeRow | None:
+        """The scope row as of the last commit whose changes the search index holds: the index is
+        at least as new as this row, so its ``last_cursor`` can pin a search. Where other cores
+        write the same database, the row is read from it and the index caught up to its head
+        first (``catch_up``): a read here sees what any core acknowledged before it."""
+        if not self.engine.sole_writer:
+            row = self.engine.scope_now(tenant, workspace)
+            if row is not None:
+                self.catch_up(tenant, workspace, row.last_cursor)
+            return row
+        with self._publish:
+            if self._stale:
+                self._reload()
+            return self._scopes.get((tenant, workspace)) if self._scopes is not None else None
+
+    def catch_up(self, tenant: str, workspace: str, head: int) -> int:
+        """Bring the scope's part of the search index to journal cursor ``head``: the records the
+        events since the index's cursor touched are read again from the engine (row and sealed
+        projection) and indexed as they are now (an event that rebuilt or dropped the scope's
+        projections reloads the scope). Returns how many records it re-read."""
+        key = (tenant, workspace)
+        with self._publish:
+            if self._stale:
+                self._reload()
+            applied = self._applied.get(key, 0)
+        if applied >= head:
+            return 0
+        with self.engine.read(snapshot=True) as etx:
+            events = etx.events(tenant, workspace, applied + 1, head)
+            if any(e.operation in SCOPE_WIDE_OPERATIONS for e in events):
+                touched = [r.record_id for r in etx.scope_records(tenant, workspace)]
+                dropped = True
+            else:
+                touched = list(dict.fromkeys(rid for e in events for rid in _records_of(e)))
+                dropped = False
+            rows = etx.records(tenant, workspace, touched)
+            blobs = {rid: etx.projection_blob(rid) for rid in touched if rid in rows}
+            reached = max((e.cursor for e in events), default=applied)
+        changes: list[Any] = [ScopeProjectionsDropped(tenant, workspace)] if dropped else []
+        for rid in touched:
+            row, blob = rows.get(rid), blobs.get(rid)
+            key_bytes = self._record_key(row) if row is not None and blob is not None else None
+            if row is None or blob is None or key_bytes is None:
+                changes.append(RecordUnindexed(tenant, workspace, rid))
+                continue
+            projection = open_projection(key_bytes, rid, blob[0])
+            changes.append(RecordIndexed(row, _postings_of(projection)))
+            if projection.vector is not None:
+                changes.append(VectorIndexed(tenant, workspace, rid, projection.model, projection.vector))
+        with self._publish:
+            # What this core committed itself meanwhile is newer than what was read: keep it.
+            changes = [c for c in changes if not _older_than_indexed(self._index, c)] if not dropped else changes
+            self._index.apply(changes)
+            self._applied[key] = max(self._applied.get(key, 0), reached)
+        return len(touched)
+
+    def index_ready(self) -> bool:
+        """The search index is built and current (readiness)."""
+        return not self._stale
+
+    def reload_indexes(self, *, key_digests: bool = True) -> None:
+        """Rebuild the search index and committed scope rows from the engine (after writes that
+        bypassed the kernel); ``key_digests``: the engine's own caches too."""
+        if key_digests:
+            reload = getattr(self.engine, "reload", None)
+            if reload is not None:
+                reload()
+        with self._publish:
+            self._reload()
+
+    def _reload(self) -> None:
+        started = time.perf_counter()
+        builder = IndexBuilder()
+        with self.engine.index_scan() as scan:
+            if self._keys is not None:
+                for values in scan.indexed_rows():
+                    builder.add_values(values)
+                for record_id, sealed in scan.projection_blobs():
+                    rec = builder.row(record_id)
+                    if rec is None:
+                        continue
+                    key = self._record_key(rec)
+                    if key is None:  # destroyed with a forget whose commit raced a crash: the body is gone too
+                        log.warning("record %s has a projection but no data key; not indexed", record_id)
+                        continue
+                    builder.add_projection(record_id, open_plain(key, record_id, sealed))
+            scopes = scan.scopes()
+        index = builder.finish()
+        self._index, self._scopes, self._stale = index, scopes, False
+        self._applied = {k: row.last_cursor for k, row in scopes.items()}
+        if self.on_index_rebuild is not None:
+            self.on_index_rebuild(time.perf_counter() - started, index.document_count())
+
+    def document_count(self) -> int | None:
+        """Records the search index holds (None while it is being built)."""
+        return self._index.document_count() if not self._stale else None
+
+    # -- keys -------------------------------------------------------------------------------------------------
+    def _record_key(self, rec: RecordRow) -> bytes | None:
+        if self._keys is None:
+            raise EngramError(Code.STORE_UNAVAILABLE, "search projections need the key vault")
+        if rec.key_slot is None:
+            return None
+        return self._keys.data_key(int(rec.key_slot), f"record:{rec.record_id}")
+
+    def data_key(self, rec: RecordRow) -> bytes:
+        """The record's data key, which seals its search projection."""
+        key = self._record_key(rec)
+        if key is None:
+            raise EngramError(Code.BLOB_MISSING, "record data key missing")
+        return key
+
+    # -- the store as a whole ---------------------------------------------------------------------------------
+    def _require_open(self) -> None:
+        if not self._open:
+            raise EngramError(Code.STORE_UNAVAILABLE, "store closed")
+
+    def is_open(self) -> bool:
+        return self._open and self.engine.is_open()
+
+    def schema_version(self) -> int:
+        return self.engine.schema_version()
+
+    def migrate(self) -> list[int]:
+        return self.engine.migrate()
+
+    def migration_ledger(self) -> list[dict[str, Any]]:
+        return self.engine.migration_ledger()
+
+    def migration_code(self) -> list[dict[str, Any]]:
+        return self.engine.migration_code()
+
+    def checkpoint(self) -> None:
+        self.engine.checkpoint()
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.engine.describe(), "audit_spool_replayed_rows": self.spool_replayed_rows}
+
+    def close(self) -> None:
+        if not self._open:
+            return
+        self._mover.shutdown(wait=True)
+        try:
+            if self._spool is not None and self._spool.pending:
+                self._move_spool()
+        except EngramError:
+            pass  # still durable in the spool: moved at the next open
+        self._open = False
+        # An index build in progress (the server builds it after it listens) reads the engine:
+        # it finishes before the engine closes (a stop right after a start raced it).
+        with self._publish:
+            if self._spool is not None:
+                self._spool.close()
+            if self._devices:
+                self._devices.close()
+            self.engine.close()
+        if self._syncer is not None:
+            self._syncer.shutdown()
+
+
+class KernelTx:
+    """The ``Tx`` port: one engine transaction, with the kernel's chains, sealing and index.
+
+    Everything not defined here is the engine's persistence, unchanged (``engine.EngineTx``)."""
+
+    def __init__(self, kernel: StoreKernel, etx: EngineTx, effects: TxEffects | None, *, latest: bool = False) -> None:
+        self._kernel = kernel
+        self._etx = etx
+        self._effects = effects if effects is not None else TxEffects()
+        # A reader without a snapshot (each statement reads the latest commit) may also read the
+        # committed copies published with each commit; a snapshot or a writer may not.
+        self._latest = latest
+        self._inserted: dict[str, RecordRow] = {}  # records this transaction inserted (index_record needs them)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._etx, name)
+
+    @property
+    def destroyed_slots(self) -> list[int]:
+        return self._effects.destroyed_slots
+
+    @property
+    def keys_zeroed(self) -> bool:
+        """After the commit: every key this transaction destroyed is gone from the live vault."""
+        return self._effects.keys_zeroed
+
+    @property
+    def key_destruction_outcome(self) -> str:
+        """After the commit: "complete" once every key this transaction destroyed is zeroed."""
+        return self._effects.key_destruction_outcome
+
+    # -- the journal ------------------------------------------------------------------------------------------
+    def append_event(
+        self, tenant: str, workspace: str, *, event_id: str, operation: str, target: str,
+        from_state: str, to_state: str, at_ms: int, body: dict[str, Any],
+    ) -> Event:
+        scope = self._etx.scope_for_update(tenant, workspace)
+        cursor = scope.last_cursor + 1
+        doc = {
+            "tenant": tenant, "workspace": workspace, "cursor": str(cursor), "event_id": event_id,
+            "operation": operation, "target": target, "from_state": from_state, "to_state": to_state,
+            "at_ms": at_ms, "body": body, "prev_digest": scope.last_event_digest,
+        }
+        event = Event(tenant, workspace, cursor, event_id, operation, target, from_state, to_state, at_ms, body,
+                      scope.last_event_digest, event_digest_of(doc))
+        self._etx.insert_event(event)
+        self._effects.appended_cursors.append((tenant, workspace, cursor))
+        return event
+
+    # -- audit -------------------------------------------------------------------------------------------------
+    def append_audit(self, row: AuditRow) -> str:
+        """The transaction's audit row; it takes its place in its scope's chain at commit."""
+        self._effects.audit_rows.append(row)
+        return ""
+
+    def restore_audit_row(self, doc: dict[str, Any]) -> None:
+        """A verified audit row, verbatim (restore)."""
+        self._effects.restored_audit.append(doc)
+
+    def audit_heads(self) -> dict[str, tuple[int, str]]:
+        """Every audit chain's head: the engine's rows, then the spooled rows after them."""
+        heads = self._etx.all_audit_heads()
+        spool = self._kernel._spool
+        if spool is not None and spool.pending:
+            heads.update(chain_heads(spool.pending))
+        return heads
+
+    # -- data keys ------------------------------------------------------------------------------------------------
+    def put_data_key(self, owner: str, slot: int, at_ms: int) -> None:
+        self._etx.put_data_key(owner, slot, at_ms)
+        self._effects.names_new_keys = True
+
+    def drop_data_key(self, owner: str, at_ms: int, reason: str, *, slot: int | None = None,
+                      generation: int | None = None) -> int | None:
+        """Destroy ``owner``'s data key: its ledger row goes now, its slot is zeroed once this
+        commits, and the destruction records the KEK generation wrapping it (``generation``: the
+        caller knows it; else it is read from the vault, or by the engine itself where it
+        ``records_key_generations``)."""
+        keys = self._kernel._keys
+        if slot is None:
+            slot = self._etx.data_key_slot(owner)
+        asks_vault = keys is not None and not self._kernel.engine.records_key_generations
+        if generation is None and slot is not None and asks_vault:
+            generation = keys.generation_of(slot)  # type: ignore[union-attr]
+        dropped = self._etx.drop_data_key(owner, at_ms, reason, slot=slot, generation=generation)
+        if dropped is not None:
+            self._effects.destroyed_slots.append(dropped)
+            self._effects.destroyed_generations.append(generation)
+        return dropped
+
+    # -- records ------------------------------------------------------------------------------------------------------
+    def insert_record(self, row: RecordRow) -> None:
+        self._etx.insert_record(row)
+        self._inserted[row.record_id] = row
+
+    def record(self, tenant: str, workspace: str, record_id: str) -> RecordRow | None:
+        if self._latest:  # the committed copy where the index holds one (a forget's first look)
+            return self.records(tenant, workspace, [record_id]).get(record_id)
+        return self._etx.record(tenant, workspace, record_id)
+
+    def records(self, tenant: str, workspace: str, record_ids: list[str]) -> dict[str, RecordRow]:
+        """These records' rows in the scope. A reader without a snapshot gets the latest committed
+        rows, from the search index's copy where it holds one (published with each commit)."""
+        if not record_ids:
+            return {}
+        if not self._latest or not self._kernel.engine.sole_writer:
+            return self._etx.records(tenant, workspace, record_ids)
+        with self._kernel.search_index() as index:
+            found = index.rows(tenant, workspace, record_ids)
+        missing = [rid for rid in record_ids if rid not in found]
+        if missing:
+            found.update(self._etx.records(tenant, workspace, missing))
+        return found
+
+    def set_record_state(self, record_id: str, state: str, *, state_cursor: int, successor_id: str | None = None,
+                         drop_body: bool = False) -> None:
+        self._etx.set_record_state(record_id, state, state_cursor=state_cursor, successor_id=successor_id,
+                                   drop_body=drop_body)
+        self._effects.changes.append(RecordStateChanged(record_id, state == "accepted_current", state_cursor,
+                                                        drop_body))
+        self._inserted.pop(record_id, None)
+
+    def set_record_trust_class(self, record_id: str, trust_class: str) -> None:
+        self._etx.set_record_trust_class(record_id, trust_class)
+        self._effects.changes.append(RecordRowChanged(record_id))  # the index's copy shows the old class
+
+    # -- projections ---------------------------------------------------------------------------------------------------
+    def index_record(self, tenant: str, workspace: str, record_id: str, fields: dict[str, Counter[int]],
+                     vector: tuple[str, list[float]] | None = None) -> None:
+        """The search projection of one accepted record (after ``insert_record``, in the same
+        transaction): postings and the vector (model id, values), stored as one blob sealed under
+        the record's own data key (store/projection.py), so a forget shreds them with the body."""
+        inserted = self._inserted.get(record_id)
+        if inserted is not None and inserted.state == "accepted_current":
+            r = inserted
+        else:  # a record inserted earlier (rebuild, restore), or whose state changed since
+            found = self._etx.records(tenant, workspace, [record_id]).get(record_id)
+            if found is None:
+                raise EngramError(Code.STORE_UNAVAILABLE, "index_record before insert_record")
+            r = found
+        projection = Projection.of({FIELD_CODE[name]: counts for name, counts in fields.items()},
+                                   *(vector if vector is not None else ("", None)))
+        sealed = seal_projection(self._kernel.data_key(r), record_id, projection)
+        self._etx.put_projection(tenant, workspace, record_id, sealed, new=inserted is not None)
+        postings = tuple(Posting(term, name, tf, sum(counts.values()))
+                         for name, counts in fields.items() for term, tf in counts.items())
+        self._effects.changes.append(RecordIndexed(r, postings))
+        if vector is not None:
+            self._effects.changes.append(VectorIndexed(tenant, workspace, record_id, vector[0], vector[1]))
+
+    def unindex_record(self, tenant: str, workspace: str, record_id: str) -> int:
+        """Delete the record's sealed projection; returns how many postings it held (as the
+        committed index counts them)."""
+        with self._kernel.search_index() as index:
+            removed = index.postings_of(tenant, workspace, record_id)
+        self._etx.delete_projection(record_id)
+        self._effects.changes.append(RecordUnindexed(tenant, workspace, record_id))
+        return removed
+
+    def projection(self, record_id: str) -> Projection | None:
+        """The record's search projection, opened with its data key (None: it has none)."""
+        found = self._etx.projection_blob(record_id)
+        if found is None:
+            return None
+        sealed, rec = found
+        return open_projection(self._kernel.data_key(rec), record_id, sealed)
+
+    def postings_count(self, record_id: str) -> int:
+        projection = self.projection(record_id)
+        return projection.postings if projection is not None else 0
+
+    def vector_count(self, record_id: str) -> int:
+        projection = self.projection(record_id)
+        return int(projection is not None and projection.vector is not None)
+
+    def _scope_projections(self, tenant: str, workspace: str) -> Iterator[tuple[RecordRow, bytes, Projection]]:
+        """Every sealed projection of a scope with its record row and data key, opened (maintenance)."""
+        for rec, sealed in self._etx.scope_projection_blobs(tenant, workspace):
+            key = self._kernel.data_key(rec)
+            yield rec, key, open_projection(key, rec.record_id, sealed)
+
+    def reseal_projections(self, tenant: str, workspace: str,
+                           rewrite: Callable[[RecordRow, Projection], Projection | None]) -> int:
+        """Replace the projection of every record in a scope with ``rewrite(record, projection)``
+        (None: leave it). The search index is not told: the caller reloads it after the commit."""
+        resealed = []
+        for rec, key, old in self._scope_projections(tenant, workspace):
+            projection = rewrite(rec, old)
+            if projection is not None:
+                resealed.append((rec.record_id, seal_projection(key, rec.record_id, projection)))
+        self._etx.update_projection_blobs(resealed)
+        return len(resealed)
+
+    def projection_counts(self, tenant: str, workspace: str) -> dict[str, int]:
+        """Postings and vectors in the scope's sealed projections (opened: maintenance only)."""
+        counts = {"projections": 0, "postings": 0, "vectors": 0}
+        for _, _, projection in self._scope_projections(tenant, workspace):
+            counts["projections"] += 1
+            counts["postings"] += projection.postings
+            counts["vectors"] += int(projection.vector is not None)
+        return counts
+
+    def drop_projections(self, tenant: str, workspace: str) -> dict[str, int]:
+        """Delete the sealed projections of one scope; returns what they held (postings, vectors)."""
+        counts = self.projection_counts(tenant, workspace)
+        self._etx.drop_scope_projections(tenant, workspace)
+        self._effects.changes.append(ScopeProjectionsDropped(tenant, workspace))
+        return counts
+
+    # -- ranking (the search index) ----------------------------------------------------------------------------------------
+    def lexical_stats(self, tenant: str, workspace: str, terms: list[int]) -> LexicalStats:
+        """Corpus statistics BM25 needs for ``terms`` in one scope. Search pins them with the first
+        page, so later pages score every record as the first page did (SPEC §5)."""
+        with self._kernel.search_index() as index:
+            return index.stats(tenant, workspace, terms)
+
+    def rank_lexical(
+        self, tenant: str, workspace: str, stats: LexicalStats, weights: dict[str, float], *, k1: float, b: float,
+        now_ms: int, half_life_ms: int, lexical_weight: float, max_accepted_cursor: int,
+        best_bm25: float | None, after: tuple[float, int, str] | None, limit: int,
+        window: tuple[int, int] | None = None, neighbours: tuple[int, float, int, int] | None = None,
+    ) -> LexicalPage:
+        """BM25F ranking of the scope's eligible records (see ``SearchIndex.rank``)."""
+        with self._kernel.search_index() as index:
+            return index.rank(tenant, workspace, stats, weights, k1=k1, b=b, now_ms=now_ms, half_life_ms=half_life_ms,
+                              lexical_weight=lexical_weight, max_accepted_cursor=max_accepted_cursor,
+                              best_bm25=best_bm25, after=after, limit=limit, window=window, neighbours=neighbours)
+
+    def rank_vectors(
+        self, tenant: str, workspace: str, model: str, vector: list[float], *, now_ms: int,
+        max_accepted_cursor: int, min_similarity: float, limit: int,
+        neighbours: tuple[int, float, int, int] | None = None,
+    ) -> list[tuple[str, float, int]]:
+        """Nearest eligible records by cosine similarity (see ``SearchIndex.nearest``)."""
+        with self._kernel.search_index() as index:
+            return index.nearest(tenant, workspace, model, vector, now_ms=now_ms,
+                                 max_accepted_cursor=max_accepted_cursor, min_similarity=min_similarity, limit=limit,
+                                 neighbours=neighbours)
+
+
+# Journal operations after which a replica reloads the scope's index rather than single records.
+SCOPE_WIDE_OPERATIONS = frozenset({"invalidate_projections", "rebuild_projections"})
+
+
+def _records_of(event: Event) -> list[str]:
+    """The records a journal event changed: its target when that is a record, and the record an
+    admission created."""
+    out = [event.target] if event.target.startswith("mem_") else []
+    created = event.body.get("record_id") if isinstance(event.body, dict) else None
+    if isinstance(created, str) and created.startswith("mem_"):
+        out.append(created)
+    return out
+
+
+def _postings_of(projection: Projection) -> tuple[Posting, ...]:
+    out = []
+    for code, (terms, tfs) in sorted(projection.fields.items()):
+        name, length = FIELDS[code], int(tfs.sum())
+        out += [Posting(int(t), name, int(tf), length) for t, tf in zip(terms.tolist(), tfs.tolist(), strict=True)]
+    return tuple(out)
+
+
+def _older_than_indexed(index: SearchIndex, change: Any) -> bool:
+    if not isinstance(change, (RecordIndexed, VectorIndexed)):
+        return False
+    if isinstance(change, VectorIndexed):
+        return False
+    held = index.state_cursor_of(change.row.tenant, change.row.workspace, change.row.record_id)
+    return held is not None and held > change.row.state_cursor
+
+
+def _runs(appended: list[tuple[str, str, int]]) -> dict[tuple[str, str], list[int]]:
+    out: dict[tuple[str, str], list[int]] = {}
+    for t, w, c in appended:
+        out.setdefault((t, w), []).append(c)
+    return out

@@ -1,0 +1,155 @@
+"""Search pins (SPEC §5 paging): the snapshot a paged search orders, fixed at its first page.
+
+A cursor names its pin; later pages read it back. Pins live in memory, bounded in number (per
+scope and in total) and age: a cursor whose pin is gone (expired, evicted, a restart) is
+STALE_PAGE, which the contract allows (the client restarts the search). Where several cores
+share one store, the store also keeps each pin in the database (``SharedPins``), so a cursor
+from one core pages on another.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+from engram_core.store.port import LexicalStats
+
+PAGE_PIN_TTL_MS = 15 * 60_000
+MAX_PINS_PER_SCOPE = 1_024  # one scope's open cursors; its own least recently used go first
+MAX_PINS = 4_096  # all scopes together (the memory bound); beyond it the largest scope gives one up
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What a cursor is bound to; any difference on a later page is STALE_PAGE."""
+
+    principal: str
+    tenant: str
+    workspace: str
+    request_digest: str
+    profile_digest: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"principal": self.principal, "tenant": self.tenant, "workspace": self.workspace,
+                "request_digest": self.request_digest, "profile_digest": self.profile_digest}
+
+
+@dataclass
+class Pin:
+    """The snapshot a paged search orders: fixed at the first page."""
+
+    binding: Binding
+    system_as_of: int
+    valid_as_of: int
+    candidate_count: int
+    created_ms: int
+    lexical_stats: LexicalStats | None = None
+    best_bm25: float | None = None
+    window: tuple[int, int] | None = None  # the valid-time window the query named (timeq)
+    relevance: float = 1.0  # the reported scores' factor (reading.query_relevance), same on every page
+    ordered: list[tuple[str, float, int]] = field(default_factory=list)  # semantic: (record_id, score, valid_t)
+
+
+Scope = tuple[str, str]  # (tenant, workspace)
+
+
+class PinStore:
+    """In-memory pins kept per scope; not durable by design.
+
+    Eviction never crosses scopes in a tenant's favour: a scope beyond ``per_scope`` loses
+    its own least recently used pin, and when all scopes together exceed ``capacity`` the
+    scope holding the most pins loses its least recently used one. So one tenant's flood of
+    searches cannot turn another tenant's open cursor into STALE_PAGE unless that tenant
+    holds at least as many pins itself; memory stays bounded by ``capacity``."""
+
+    def __init__(self, *, now_ms: Callable[[], int], ttl_ms: int = PAGE_PIN_TTL_MS,
+                 per_scope: int = MAX_PINS_PER_SCOPE, capacity: int = MAX_PINS, shelf: PinShelf | None = None) -> None:
+        """``shelf``: a store several cores share, where each pin is also put and looked up when
+        this process does not hold it (a cursor from another core)."""
+        self._now_ms = now_ms
+        self._shelf = shelf
+        self._ttl_ms = ttl_ms
+        self._per_scope = per_scope
+        self._capacity = capacity
+        self._scopes: dict[Scope, OrderedDict[str, Pin]] = {}
+        self._scope_of: dict[str, Scope] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._scope_of)
+
+    def put(self, pin: Pin) -> str:
+        pin_id = secrets.token_urlsafe(12)
+        scope = (pin.binding.tenant, pin.binding.workspace)
+        if self._shelf is not None:
+            self._shelf.put_page_pin(pin_id, *scope, pin_to_json(pin), pin.created_ms + self._ttl_ms)
+        with self._lock:
+            pins = self._scopes.setdefault(scope, OrderedDict())
+            pins[pin_id] = pin
+            self._scope_of[pin_id] = scope
+            if len(pins) > self._per_scope:
+                self._evict_oldest(scope)
+            while len(self._scope_of) > self._capacity:
+                self._evict_oldest(max(self._scopes, key=lambda s: len(self._scopes[s])))
+        return pin_id
+
+    def _evict_oldest(self, scope: Scope) -> None:
+        pins = self._scopes[scope]
+        pin_id, _ = pins.popitem(last=False)
+        del self._scope_of[pin_id]
+        if not pins:
+            del self._scopes[scope]
+
+    def get(self, pin_id: str) -> Pin | None:
+        with self._lock:
+            scope = self._scope_of.get(pin_id)
+        if scope is None:
+            if self._shelf is None:
+                return None
+            raw = self._shelf.page_pin(pin_id, self._now_ms())
+            return pin_from_json(raw) if raw is not None else None
+        with self._lock:
+            if pin_id not in self._scope_of:
+                return None
+            pins = self._scopes[scope]
+            pin = pins[pin_id]
+            if self._now_ms() - pin.created_ms > self._ttl_ms:
+                del pins[pin_id], self._scope_of[pin_id]
+                if not pins:
+                    del self._scopes[scope]
+                return None
+            pins.move_to_end(pin_id)
+            return pin
+
+
+def pin_to_json(pin: Pin) -> bytes:
+    """A pin as stored where every core reads it (identifiers, cursors, keyed term hashes)."""
+    doc = asdict(pin)
+    if pin.lexical_stats is not None:
+        doc["lexical_stats"] = {"docs": pin.lexical_stats.docs, "avg_len": pin.lexical_stats.avg_len,
+                                "df": [[t, n] for t, n in sorted(pin.lexical_stats.df.items())]}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def pin_from_json(raw: bytes) -> Pin:
+    doc = json.loads(raw)
+    stats = doc.pop("lexical_stats")
+    window = doc.pop("window")
+    return Pin(binding=Binding(**doc.pop("binding")),
+               lexical_stats=(LexicalStats(stats["docs"], stats["avg_len"], {int(t): int(n) for t, n in stats["df"]})
+                              if stats is not None else None),
+               window=tuple(window) if window is not None else None,  # type: ignore[arg-type]
+               ordered=[tuple(o) for o in doc.pop("ordered")],  # type: ignore[misc]
+               **doc)
+
+
+class PinShelf(Protocol):
+    """Where pins are kept besides this process's memory (a store several cores share)."""
+
+    def put_page_pin(self, pin_id: str, tenant: str, workspace: str, pin: bytes, expires_at_ms: int) -> None: ...
+    def page_pin(self, pin_id: str, now_ms: int) -> bytes | None: ...

@@ -1,0 +1,207 @@
+"""Versioned schema migrations of the PostgreSQL engine (SPEC §10), with a ledger.
+
+As the DuckDB engine's (``store/duckdb/migrations.py``): each migration has a version, a name
+and its SQL; the ledger (``schema_migrations``) records the checksum of what was applied, and a
+ledger that disagrees with this code (an unknown version, another checksum, a gap) is
+MIGRATION_LEDGER_INVALID. An engine older than its database (the ledger holds versions this
+code does not know) refuses to open rather than write rows a newer schema means differently.
+Migrations run under a session advisory lock (``engine.PostgresEngine.check_migrations``), so
+replicas starting together on an empty database apply each migration once.
+
+Migration 1 is the whole schema as DuckDB's stands after its migration 10 (the same tables,
+columns and meaning; PostgreSQL has no history of its own to replay), plus what several writers
+need that one writer kept in memory: ``audit_heads`` (each audit chain's head, locked by the
+transaction that extends the chain) and the key vault's ``vault_keys``, ``vault_state`` and ``vault_rings``
+(``engram_core/store/postgres/keyvault.py``). Migrations 2 and 3 are DuckDB's 11 and 12; 4 holds
+what one DuckDB core keeps in memory and several cores must share (context nonce claims, page
+pins, usage buckets). Types: identifiers ``TEXT COLLATE "C"`` (ordered by
+code point, as DuckDB orders VARCHAR, whatever the database's default collation), cursors and
+instants ``BIGINT``, sealed bytes ``BYTEA``, and JSON documents ``TEXT`` holding the exact
+bytes the core wrote (``JSONB`` would re-serialize them, and stored outcomes are replayed
+byte-identical, SPEC §7).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+# Identifiers compare and sort by code point (DuckDB's VARCHAR order) in any database.
+_ID = 'TEXT COLLATE "C"'
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return "sha256:" + hashlib.sha256(self.sql.encode()).hexdigest()
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "initial schema (DuckDB's after its migration 10), audit chain heads, the key vault",
+        f"""
+CREATE TABLE scopes (
+  tenant {_ID} NOT NULL, workspace {_ID} NOT NULL,
+  activated BOOLEAN NOT NULL, tools TEXT NOT NULL,
+  authorization_epoch BIGINT NOT NULL,
+  last_cursor BIGINT NOT NULL, last_event_digest TEXT NOT NULL,
+  PRIMARY KEY (tenant, workspace));
+CREATE TABLE journal (
+  tenant {_ID} NOT NULL, workspace {_ID} NOT NULL, cursor BIGINT NOT NULL,
+  event_id {_ID} NOT NULL, operation TEXT NOT NULL, target {_ID} NOT NULL,
+  from_state TEXT NOT NULL, to_state TEXT NOT NULL, at_ms BIGINT NOT NULL,
+  body TEXT NOT NULL, prev_digest TEXT NOT NULL, event_digest TEXT NOT NULL,
+  PRIMARY KEY (tenant, workspace, cursor));
+CREATE INDEX journal_event_id ON journal (tenant, workspace, event_id);
+CREATE TABLE candidates (
+  candidate_id {_ID} PRIMARY KEY, tenant {_ID} NOT NULL, workspace {_ID} NOT NULL,
+  principal {_ID} NOT NULL, agent_id {_ID} NOT NULL, session {_ID} NOT NULL,
+  state TEXT NOT NULL, payload_digest TEXT NOT NULL, record_digest TEXT NOT NULL,
+  trust_class TEXT NOT NULL, facts TEXT NOT NULL, sealed_envelope BYTEA,
+  captured_at_ms BIGINT NOT NULL, cursor BIGINT NOT NULL, decision TEXT, key_slot BIGINT);
+CREATE INDEX candidates_scope_state ON candidates (tenant, workspace, state, cursor);
+CREATE TABLE data_keys (
+  owner {_ID} PRIMARY KEY, slot BIGINT NOT NULL, created_at_ms BIGINT NOT NULL);
+CREATE INDEX data_keys_slot ON data_keys (slot);
+CREATE TABLE key_destructions (
+  owner {_ID} PRIMARY KEY, destroyed_at_ms BIGINT NOT NULL, reason TEXT NOT NULL, generation BIGINT);
+-- doc: the record's place in document order (rows appended under the scope lock, so within a
+-- scope it is commit order), which the search index's neighbourhoods follow (DuckDB: migration 2).
+CREATE TABLE records (
+  record_id {_ID} PRIMARY KEY, tenant {_ID} NOT NULL, workspace {_ID} NOT NULL,
+  candidate_id {_ID} NOT NULL, record_digest TEXT NOT NULL, payload_digest TEXT NOT NULL,
+  state TEXT NOT NULL, trust_class TEXT NOT NULL, principal {_ID} NOT NULL, agent_id {_ID} NOT NULL,
+  valid_t BIGINT NOT NULL, valid_t_end BIGINT, expires_at_ms BIGINT, derivative_rule TEXT NOT NULL,
+  accepted_at_ms BIGINT NOT NULL, accepted_cursor BIGINT NOT NULL, state_cursor BIGINT NOT NULL,
+  successor_id {_ID}, sealed_body BYTEA, key_slot BIGINT,
+  doc BIGINT GENERATED ALWAYS AS IDENTITY);
+CREATE INDEX records_scope ON records (tenant, workspace, accepted_cursor);
+CREATE INDEX records_payload ON records (tenant, workspace, payload_digest);
+CREATE INDEX records_doc ON records (doc);
+CREATE TABLE tombstones (
+  tenant {_ID} NOT NULL, workspace {_ID} NOT NULL, payload_digest TEXT NOT NULL,
+  record_id {_ID} NOT NULL, cursor BIGINT NOT NULL, at_ms BIGINT NOT NULL,
+  PRIMARY KEY (tenant, workspace, payload_digest, record_id));
+CREATE TABLE idempotency (
+  tenant {_ID} NOT NULL, workspace {_ID} NOT NULL, principal {_ID} NOT NULL, key {_ID} NOT NULL,
+  tool TEXT NOT NULL, target {_ID} NOT NULL, request_digest TEXT NOT NULL,
+  outcome TEXT NOT NULL, created_at_ms BIGINT NOT NULL,
+  PRIMARY KEY (tenant, workspace, principal, key));
+CREATE TABLE used_confirmations (
+  grant_id {_ID} PRIMARY KEY, tenant {_ID} NOT NULL, workspace {_ID} NOT NULL, used_at_ms BIGINT NOT NULL);
+CREATE TABLE audit (
+  chain {_ID} NOT NULL, seq BIGINT NOT NULL, at_ms BIGINT NOT NULL, audit_id {_ID} NOT NULL,
+  tenant {_ID} NOT NULL, workspace {_ID} NOT NULL, principal {_ID} NOT NULL, agent_id {_ID} NOT NULL,
+  operation TEXT NOT NULL, outcome TEXT NOT NULL, target_digest TEXT NOT NULL,
+  decisions TEXT NOT NULL, prev_digest TEXT NOT NULL, row_digest TEXT NOT NULL,
+  PRIMARY KEY (chain, seq));
+CREATE INDEX audit_scope ON audit (tenant, workspace);
+-- Each chain's last row (seq 0: none yet), kept with the rows in the same transaction: the
+-- transaction that extends a chain locks its head (SELECT ... FOR UPDATE), so under several
+-- writers each chain stays dense and unforked (DuckDB's one writer kept the heads in memory).
+CREATE TABLE audit_heads (
+  chain {_ID} PRIMARY KEY, seq BIGINT NOT NULL, row_digest TEXT NOT NULL);
+CREATE TABLE record_families (
+  tenant {_ID} NOT NULL, workspace {_ID} NOT NULL, family_ref {_ID} NOT NULL,
+  record_id {_ID} NOT NULL, primary_kind TEXT NOT NULL,
+  PRIMARY KEY (tenant, workspace, family_ref, record_id));
+CREATE INDEX record_families_record ON record_families (record_id);
+CREATE TABLE record_sources (
+  tenant {_ID} NOT NULL, workspace {_ID} NOT NULL, source_id {_ID} NOT NULL, record_id {_ID} NOT NULL,
+  PRIMARY KEY (tenant, workspace, source_id, record_id));
+CREATE INDEX record_sources_record ON record_sources (record_id);
+CREATE INDEX record_sources_source ON record_sources (source_id);
+CREATE TABLE projections (
+  record_id {_ID} PRIMARY KEY, tenant {_ID} NOT NULL, workspace {_ID} NOT NULL, sealed BYTEA NOT NULL);
+CREATE INDEX projections_scope ON projections (tenant, workspace);
+CREATE TABLE trusted_host_keys (
+  key_id {_ID} PRIMARY KEY, public_key_pem TEXT NOT NULL, added_at_ms BIGINT NOT NULL);
+CREATE TABLE store_meta (k {_ID} PRIMARY KEY, v TEXT NOT NULL);
+-- The key vault of several cores (crypto/pg_keyvault.py): data keys wrapped by the KEK ring kept
+-- outside the database (62 bytes: nonce, wrapped key, tag), addressed by the ref the engines
+-- store in key_slot. owner: the identifier the wrapping is bound to (reconcile uses it).
+CREATE TABLE vault_keys (
+  ref BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, owner {_ID} NOT NULL,
+  version SMALLINT NOT NULL, generation INTEGER NOT NULL, wrapped BYTEA NOT NULL,
+  created_at TIMESTAMPTZ NOT NULL DEFAULT now());
+CREATE INDEX vault_keys_generation ON vault_keys (generation);
+CREATE INDEX vault_keys_owner ON vault_keys (owner);
+-- The ring's active generation as the cores last agreed on it: a key is only inserted wrapped by
+-- it, so no core with a stale copy of the ring file wraps a key by a generation being retired.
+CREATE TABLE vault_state (
+  id INTEGER PRIMARY KEY CHECK (id = 1), active_generation INTEGER NOT NULL);
+-- Which ring this store's keys are wrapped by: per generation, a constant sealed by that KEK (the
+-- first core to use the generation writes it). A core whose key directory holds another ring
+-- cannot open it and refuses to start, instead of wrapping keys no other core could open.
+CREATE TABLE vault_rings (
+  generation INTEGER PRIMARY KEY, canary BYTEA NOT NULL);
+""",
+    ),
+    Migration(
+        2,
+        "audit rows name the context nonce their call claimed (DuckDB's migration 11)",
+        # A restarted core refuses a context used just before the restart: the nonces of the last
+        # context lifetime are read back from the audit log at open (context_nonces.py), by time.
+        """
+ALTER TABLE audit ADD COLUMN context_nonce TEXT NOT NULL DEFAULT '';
+CREATE INDEX audit_nonce_at ON audit (at_ms) WHERE context_nonce <> '';
+""",
+    ),
+    Migration(
+        3,
+        "records carry their capture session and instant (DuckDB's migration 12)",
+        # Copied from the candidate at admission (search profile v4's neighbours); records admitted
+        # before take them from their candidate row, which outlives admission.
+        f"""
+ALTER TABLE records ADD COLUMN session {_ID};
+ALTER TABLE records ADD COLUMN captured_at_ms BIGINT;
+UPDATE records SET session = c.session, captured_at_ms = c.captured_at_ms
+  FROM candidates c WHERE c.candidate_id = records.candidate_id;
+""",
+    ),
+    Migration(
+        4,
+        "state every core shares: context nonce claims, search page pins, usage buckets",
+        # What one DuckDB core keeps in its memory (no DuckDB migration): a context replayed on
+        # another core is refused, a cursor from one core pages on another, and a principal's quota
+        # is one quota however its calls are spread (docs/architecture.md, "several cores").
+        f"""
+CREATE TABLE context_nonce_claims (ref {_ID} PRIMARY KEY, expires_at_ms BIGINT NOT NULL);
+CREATE INDEX context_nonce_claims_expiry ON context_nonce_claims (expires_at_ms);
+CREATE TABLE page_pins (
+  pin_id {_ID} PRIMARY KEY, tenant {_ID} NOT NULL, workspace {_ID} NOT NULL, pin BYTEA NOT NULL,
+  expires_at_ms BIGINT NOT NULL);
+CREATE INDEX page_pins_expiry ON page_pins (expires_at_ms);
+CREATE TABLE usage_buckets (
+  subject {_ID} NOT NULL, time_window TEXT NOT NULL, bucket_start_ms BIGINT NOT NULL, metric TEXT NOT NULL,
+  amount BIGINT NOT NULL, PRIMARY KEY (subject, time_window, bucket_start_ms, metric));
+CREATE INDEX usage_buckets_start ON usage_buckets (bucket_start_ms);
+""",
+    ),
+    Migration(
+        5,
+        "trusted host keys carry the tenants and maintenance scopes they serve (DuckDB's migration 13)",
+        # Issue 26.3: each key names what it serves and the authz policy decides on it; a key
+        # trusted before gets the defaults, which serve nothing until the operator binds it again.
+        """
+ALTER TABLE trusted_host_keys ADD COLUMN tenants TEXT NOT NULL DEFAULT '[]';
+ALTER TABLE trusted_host_keys ADD COLUMN all_tenants BOOLEAN NOT NULL DEFAULT false;
+ALTER TABLE trusted_host_keys ADD COLUMN maintenance_scopes TEXT NOT NULL DEFAULT '[]';
+""",
+    ),
+)
+
+LEDGER_DDL = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+  version INTEGER PRIMARY KEY, name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at_ms BIGINT NOT NULL)
+"""
+
+# pg_advisory_lock keys (one bigint each): migrations, and the KEK ring's rotation and retirement.
+MIGRATION_LOCK = 0x656E6772616D0001  # "engram" + 1
+RING_LOCK = 0x656E6772616D0002

@@ -1,0 +1,125 @@
+"""Usage counters the authorization policy decides quotas on (issue 18; SPEC §3 RATE_LIMITED).
+
+Per principal (tenant, workspace, principal) and per scope (tenant, workspace), what agents do
+(captures, admissions, searches, gets, withdrawals, forgets, and bytes stored) over sliding windows (a minute and an hour), each kept as ``BUCKETS`` buckets, so a count
+leaves the window at most one bucket late and memory per subject is bounded. The policy reads
+the counts (``input.usage``) and decides; limits live in ``data.json``.
+
+Counters are soft: concurrent calls read the counts before either is counted, so a burst may
+overshoot a limit by the number of calls in flight. One core keeps them in memory; where several
+cores share one store the counters are the store's (``shared``: a bucket row per subject,
+window, bucket and metric, added to by every core), so a principal's quota is one quota however
+its calls are spread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+WINDOWS_MS: dict[str, int] = {"minute": 60_000, "hour": 3_600_000}
+BUCKETS = 60
+METRICS = ("captures", "admissions", "searches", "gets", "withdrawals", "forgets", "bytes_stored")
+# Subjects idle longer than the longest window are dropped on the next sweep.
+_SWEEP_EVERY_MS = 60_000
+
+
+class SharedUsage(Protocol):
+    """Usage buckets in a store several cores share."""
+
+    def add_usage(self, subject: str, window: str, bucket_start_ms: int, metric: str, amount: int) -> None: ...
+    def usage_buckets(self, subject: str, window: str, since_ms: int) -> list[tuple[int, str, int]]: ...
+
+
+@dataclass
+class _Window:
+    """One sliding window as ring buckets: bucket start time and per-metric sums."""
+
+    width_ms: int
+    starts: list[int]
+    sums: list[dict[str, int]]
+
+    @classmethod
+    def new(cls, window_ms: int) -> _Window:
+        return cls(window_ms // BUCKETS, [-1] * BUCKETS, [{} for _ in range(BUCKETS)])
+
+    def add(self, now_ms: int, metric: str, amount: int) -> None:
+        start = now_ms - now_ms % self.width_ms
+        i = (start // self.width_ms) % BUCKETS
+        if self.starts[i] != start:
+            self.starts[i], self.sums[i] = start, {}
+        self.sums[i][metric] = self.sums[i].get(metric, 0) + amount
+
+    def usage(self, now_ms: int) -> dict[str, int]:
+        """Counts over the window ending now, and when the oldest counted bucket leaves it."""
+        floor = now_ms - self.width_ms * BUCKETS
+        totals = dict.fromkeys(METRICS, 0)
+        oldest = None
+        for start, sums in zip(self.starts, self.sums, strict=True):
+            if start > floor and sums:
+                for k, v in sums.items():
+                    totals[k] = totals.get(k, 0) + v
+                oldest = start if oldest is None else min(oldest, start)
+        # The earliest moment any count drops out: retry-after material for the policy.
+        totals["retry_after_ms"] = (oldest + self.width_ms * BUCKETS - now_ms) if oldest is not None else 0
+        return totals
+
+
+class QuotaCounters:
+    def __init__(self, now_ms: Callable[[], int], *, shared: SharedUsage | None = None) -> None:
+        self._now = now_ms
+        self._shared = shared
+        self._lock = threading.Lock()
+        self._subjects: dict[tuple[str, ...], tuple[dict[str, _Window], list[int]]] = {}
+        self._swept = 0
+
+    @staticmethod
+    def _keys(tenant: str, workspace: str, principal: str) -> dict[str, tuple[str, ...]]:
+        return {"principal": ("principal", tenant, workspace, principal), "scope": ("scope", tenant, workspace)}
+
+    def usage(self, tenant: str, workspace: str, principal: str) -> dict[str, object]:
+        """``input.usage`` for the authz policy."""
+        now = self._now()
+        out: dict[str, object] = {"windows": {name: {"ms": ms} for name, ms in WINDOWS_MS.items()}}
+        if self._shared is not None:
+            for subject, key in self._keys(tenant, workspace, principal).items():
+                out[subject] = {name: self._shared_window(key, name, now) for name in WINDOWS_MS}
+            return out
+        with self._lock:
+            for subject, key in self._keys(tenant, workspace, principal).items():
+                entry = self._subjects.get(key)
+                out[subject] = {name: (entry[0][name].usage(now) if entry else {**dict.fromkeys(METRICS, 0),
+                                                                                 "retry_after_ms": 0})
+                                for name in WINDOWS_MS}
+        return out
+
+    def _shared_window(self, key: tuple[str, ...], name: str, now: int) -> dict[str, int]:
+        window = _Window.new(WINDOWS_MS[name])
+        for start, metric, total in self._shared.usage_buckets(  # type: ignore[union-attr]
+                "\x00".join(key), name, now - window.width_ms * BUCKETS):
+            window.add(start, metric, total)
+        return window.usage(now)
+
+    def add(self, tenant: str, workspace: str, principal: str, metric: str, amount: int = 1) -> None:
+        now = self._now()
+        if self._shared is not None:
+            for key in self._keys(tenant, workspace, principal).values():
+                for name, ms in WINDOWS_MS.items():
+                    width = ms // BUCKETS
+                    self._shared.add_usage("\x00".join(key), name, now - now % width, metric, amount)
+            return
+        with self._lock:
+            for key in self._keys(tenant, workspace, principal).values():
+                entry = self._subjects.get(key)
+                if entry is None:
+                    entry = self._subjects[key] = ({n: _Window.new(ms) for n, ms in WINDOWS_MS.items()}, [now])
+                for window in entry[0].values():
+                    window.add(now, metric, amount)
+                entry[1][0] = now
+            if now - self._swept > _SWEEP_EVERY_MS:
+                self._swept = now
+                horizon = now - max(WINDOWS_MS.values())
+                for key in [k for k, (_, seen) in self._subjects.items() if seen[0] < horizon]:
+                    del self._subjects[key]

@@ -1,0 +1,120 @@
+"""What the agent is told lets it get unstuck on its own (issue 31 items 1, 2, 8), and what it is
+told is what happens: the guide (instructions and `engram://guide`) says where its purpose comes
+from and what a mismatch looks like; it says which protocol errors mean stop and which retry; it
+shows the chain of ids (capture -> candidate_id -> request_admission -> record_id -> get) by the
+result paths an agent reads, and following those paths through the adapter works; the `get`,
+`request_admission`, `withdraw` and `forget` schemas say their examples' ids are placeholders
+and which earlier result to copy instead. Real core, real `engram mcp`, the SDK's own client."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp.shared.exceptions import MCPError
+from mcp_helpers import (
+    PURPOSE,
+    approve,
+    binding_for,
+    capture_args,
+    envelope_of,
+    error_code,
+    stdio_client,
+    unique,
+    write_config,
+)
+
+from adapters.mcp.envelope import (
+    TEMPORARILY_UNAVAILABLE,
+    TEMPORARILY_UNAVAILABLE_CODE,
+    TRUSTED_CONTEXT_UNAVAILABLE,
+)
+from adapters.mcp.guidance import GUIDE_RESOURCE_URI
+from engram_core.schema_examples import EXAMPLE_ID_NOTES, TOOL_EXAMPLES
+
+pytestmark = pytest.mark.anyio
+
+ID_TOOLS = ("engram_memory_get", "engram_memory_request_admission", "engram_memory_withdraw", "engram_memory_forget")
+
+
+@pytest.fixture
+def acme(core, tmp_path: Path) -> Path:
+    return write_config(tmp_path / "acme.toml", address=core.address, signing_key=core.host_key_path,
+                        binding=binding_for("acme", principal="agent-guided"))
+
+
+async def _guides(client) -> list[str]:
+    resource = await client.read_resource(GUIDE_RESOURCE_URI)
+    return [client.instructions or "", resource.contents[0].text]
+
+
+def _at(envelope: dict[str, Any], path: str) -> Any:
+    """The value at a dotted result path as the guide writes it (output.value.outcome.record_id)."""
+    value: Any = envelope
+    for part in path.split("."):
+        value = value[part]
+    return value
+
+
+async def test_the_guide_says_where_the_purpose_comes_from_and_a_mismatch_is_what_it_says(acme: Path) -> None:
+    async with stdio_client(acme) as client:
+        for text in await _guides(client):
+            flat = " ".join(text.split())
+            assert f"Your bound purpose_ref is {PURPOSE!r}. It comes from your host, not from you" in flat
+            assert "[binding] purpose_ref" in flat and "`engram doctor` shows it" in flat
+            assert f'JSON-RPC -32603 "{TRUSTED_CONTEXT_UNAVAILABLE}", which never says why' in flat
+            assert "resend once with exactly that value" in flat
+        # what the guide describes is what a wrong purpose gets, and its fix works
+        with pytest.raises(MCPError) as wrong:
+            await client.call_tool("engram_memory_search", {"query": "anything", "purpose_ref": "purpose:other"})
+        assert (wrong.value.code, wrong.value.message) == (-32603, TRUSTED_CONTEXT_UNAVAILABLE)
+        fixed = envelope_of(await client.call_tool("engram_memory_search",
+                                                   {"query": "anything", "purpose_ref": PURPOSE}))
+        assert fixed["ok"] is True
+
+
+async def test_the_guide_says_which_protocol_errors_mean_stop_and_which_retry(acme: Path) -> None:
+    async with stdio_client(acme) as client:
+        for text in await _guides(client):
+            flat = " ".join(text.split())
+            assert f'{TEMPORARILY_UNAVAILABLE_CODE} "{TEMPORARILY_UNAVAILABLE}" (tools/list while the memory core ' \
+                   "is not answering): retry." in flat
+            assert f'-32603 "{TRUSTED_CONTEXT_UNAVAILABLE}": stop.' in flat
+            assert '-32602 "Unknown tool": stop using that tool' in flat
+
+
+async def test_the_guide_shows_the_chain_of_ids_and_following_it_works(acme: Path) -> None:
+    async with stdio_client(acme, elicitation=approve) as client:
+        guide = " ".join((await _guides(client))[1].split())
+        chain = re.search(r"engram_memory_capture -> (\S+) -> engram_memory_request_admission \{candidate_id, "
+                          r"idempotency_key\} -> (\S+) .*?-> engram_memory_get \{record_id, purpose_ref\}", guide)
+        assert chain, guide
+        candidate_path, record_path = chain.groups()
+        assert (candidate_path, record_path) == ("output.value.candidate_id", "output.value.outcome.record_id")
+
+        word = unique("chain").replace("-", "")
+        captured = envelope_of(await client.call_tool("engram_memory_capture", capture_args(
+            unique("chain-capture"), f"Chains of {word} ids come from results.")))
+        admitted = envelope_of(await client.call_tool("engram_memory_request_admission", {
+            "candidate_id": _at(captured, candidate_path), "idempotency_key": unique("chain-admit")}))
+        record_id = _at(admitted, record_path)
+        got = envelope_of(await client.call_tool("engram_memory_get", {"record_id": record_id, "purpose_ref": PURPOSE}))
+        assert got["output"]["value"]["record"]["record_id"] == record_id
+
+
+async def test_examples_with_ids_say_where_the_id_comes_from_and_their_placeholders_are_not_found(acme: Path) -> None:
+    async with stdio_client(acme, elicitation=approve) as client:
+        listed = {tool.name: tool for tool in (await client.list_tools()).tools}
+        for name in ID_TOOLS:
+            schema = listed[name].input_schema
+            assert schema["description"].endswith(EXAMPLE_ID_NOTES[name]), name
+            assert "earlier call's result" in schema["description"] and "placeholder" in listed[name].description
+        assert "engram_memory_capture returned" in EXAMPLE_ID_NOTES["engram_memory_request_admission"]
+        assert "records[].record.record_id of engram_memory_search" in EXAMPLE_ID_NOTES["engram_memory_get"]
+        # the note tells the truth: the examples, copied as listed, name nothing
+        for name in ID_TOOLS:
+            example = listed[name].input_schema["examples"][0]
+            assert example == {**TOOL_EXAMPLES[name][0], **({"purpose_ref": PURPOSE} if "purpose_ref" in example else {})}
+            assert error_code(await client.call_tool(name, example)) == "NOT_FOUND", name

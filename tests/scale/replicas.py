@@ -1,0 +1,50 @@
+"""`engram serve --store postgresql://…` as a subprocess, as an operator starts a replica."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from mcp_helpers import ENGRAM, REPO
+
+
+@dataclass
+class Replica:
+    """One running core: what tests/core/core_support.Client needs (``address``, ``host_key_path``)."""
+
+    proc: subprocess.Popen[str]
+    address: str
+    key_dir: Path
+    ready: str
+    opened: str
+
+    @property
+    def host_key_path(self) -> Path:
+        return self.key_dir / "host.key"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def serve_store(conninfo: str, key_dir: Path, env: dict[str, str], *flags: str) -> Replica:
+    """Start `engram serve --store` on the database, the password reaching it through PGPASSFILE
+    (``env``) only; returns once it listens."""
+    proc = subprocess.Popen(
+        [ENGRAM, "serve", "--store", conninfo, "--key-dir", str(key_dir), "--listen", "127.0.0.1:0", *flags],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **env, "ENGRAM_SEMANTIC": "off"})
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    if "listening on" not in first:
+        proc.kill()
+        raise AssertionError(f"engram serve --store did not start: {first!r} {proc.stderr.read()[-3000:]}")
+    opened = proc.stdout.readline()
+    return Replica(proc=proc, address=first.split("listening on ", 1)[1].split()[0], key_dir=key_dir, ready=first,
+                   opened=opened)

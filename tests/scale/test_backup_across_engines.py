@@ -1,0 +1,57 @@
+"""A backup is engine-neutral (issue 27): made by a DuckDB core, it restores into an empty
+PostgreSQL store served by `engram serve --store`, bodies re-sealed under the target's vault,
+and the restored records answer search and get there; a record forgotten before the backup
+stays gone."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from core_support import Client, activate
+from mcp_helpers import ENGRAM, REPO
+from pg_cluster import Database
+from replicas import serve_store
+
+from engram_core.app.composition import start_core
+from engram_core.errors import Code
+
+
+def _admin(address: str, host_key: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([ENGRAM, "admin", "--core", address, "--host-key", str(host_key), *argv], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_duckdb_backup_restores_into_postgresql(pg_database: Database, tmp_path: Path) -> None:
+    source_dir = tmp_path / "duck"
+    source = start_core(source_dir, semantic=False)
+    try:
+        activate(source)
+        ana = Client(source)
+        kept = ana.remember("Cross-engine restore: the shearwater decision is kept.")
+        gone = ana.remember("Cross-engine restore: the skua note is forgotten before the backup.")
+        ana.call("forget", {"record_id": gone, "idempotency_key": "cross-engine-forget-01", "reason_ref": "r:x"},
+                 grant=True)
+        ana.channel.close()
+        made = _admin(source.address, source.host_key_path, "backup", "--out", str(tmp_path / "b.jsonl"))
+        assert made.returncode == 0, made.stderr
+        keys = _admin(source.address, source.host_key_path, "signing-keys", "--out-dir", str(tmp_path / "pub"))
+        assert keys.returncode == 0, keys.stderr
+    finally:
+        source.stop()
+
+    replica = serve_store(pg_database.conninfo, tmp_path / "pg-keys", pg_database.env)
+    try:
+        restored = _admin(replica.address, replica.host_key_path, "restore", "--in", str(tmp_path / "b.jsonl"),
+                          "--key-dir", str(source_dir), "--trust-backup-key", str(tmp_path / "pub" / "backup.pub"))
+        assert restored.returncode == 0, restored.stdout + restored.stderr
+        ana = Client(replica)  # type: ignore[arg-type]
+        assert ana.get(kept)["record"]["record_id"] == kept
+        assert [r["record"]["record_id"] for r in ana.search("shearwater decision")["records"]] == [kept]
+        assert ana.fails("get", {"record_id": gone, "purpose_ref": ana.purpose_ref}) == Code.NOT_FOUND
+        assert ana.search("skua note")["records"] == []
+        ana.channel.close()
+    finally:
+        replica.stop()
+    with pg_database.connect() as con:
+        assert con.execute("SELECT state FROM records WHERE record_id = %s", [kept]).fetchone() == ("accepted_current",)

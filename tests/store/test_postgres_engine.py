@@ -1,0 +1,400 @@
+"""What the PostgreSQL engine guarantees beyond the conformance suite, on a real cluster
+(tests/pg_cluster.py): migrations under the advisory lock, the ledger refusing a newer database,
+the scope lock (and that without it the guarantee breaks), round trips under the lock counted on
+the wire, one effect per idempotency key across processes, commit outcomes, and surviving a
+database restart."""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from pg_cluster import Database, PgCluster, wait_until
+from pg_race import idempotent_effects
+from pg_wire import RoundTripProxy
+from store_checks import T, W, audit_row, candidate, event
+from store_targets import PostgresTarget
+
+from engram_core.errors import Code, EngramError
+from engram_core.services.maintenance import check_journal
+from engram_core.store.chain import scope_chain
+from engram_core.store.port import IdempotencyRow
+from engram_core.store.postgres.engine import PostgresEngine, PostgresEngineTx
+from engram_core.store.postgres.migrations import MIGRATIONS, Migration
+
+P = "user:ana"
+
+
+@pytest.fixture
+def target(tmp_path: Path, pg_database: Database) -> Iterator[PostgresTarget]:
+    made = PostgresTarget(tmp_path, pg_database)
+    yield made
+    made.close_all()
+
+
+def ledger(db: Database) -> list[tuple[int, str]]:
+    with db.connect() as con:
+        return [(int(v), c) for v, c in con.execute("SELECT version, checksum FROM schema_migrations ORDER BY version")]
+
+
+# -- migrations ----------------------------------------------------------------------------------------------------
+def test_engines_racing_on_an_empty_database_apply_each_migration_once(pg_database: Database) -> None:
+    engines: list[PostgresEngine] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def open_one() -> None:
+        try:
+            barrier.wait(30)
+            engines.append(PostgresEngine(pg_database.conninfo, pool_size=1))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    try:
+        assert errors == []
+        applied = sorted(v for e in engines for v in e.migrations_applied_at_open)
+        assert applied == [m.version for m in MIGRATIONS]  # each once, by one of the four
+        assert ledger(pg_database) == [(m.version, m.checksum) for m in MIGRATIONS]
+    finally:
+        for e in engines:
+            e.close()
+
+
+def test_an_engine_older_than_the_ledger_refuses_to_open(pg_database: Database) -> None:
+    newer = (*MIGRATIONS, Migration(len(MIGRATIONS) + 1, "a newer engine's", "CREATE TABLE newer_thing (x INTEGER);"))
+    PostgresEngine(pg_database.conninfo, migrations=newer, pool_size=1).close()
+    with pytest.raises(EngramError) as refused:
+        PostgresEngine(pg_database.conninfo, pool_size=1)
+    assert refused.value.code == Code.MIGRATION_LEDGER_INVALID and "newer engine" in refused.value.detail
+    PostgresEngine(pg_database.conninfo, migrations=newer, pool_size=1).close()  # the newer one still opens
+
+
+def test_a_ledger_that_disagrees_with_the_code_is_refused(pg_database: Database) -> None:
+    PostgresEngine(pg_database.conninfo, pool_size=1).close()
+    with pytest.raises(EngramError) as pending:  # a migration the code has and the ledger lacks, not applied
+        PostgresEngine(pg_database.conninfo, pool_size=1, migrate=False,
+                       migrations=(*MIGRATIONS, Migration(len(MIGRATIONS) + 1, "pending", "SELECT 1;")))
+    assert pending.value.code == Code.MIGRATION_LEDGER_INVALID
+    with pg_database.connect() as con:
+        con.execute("UPDATE schema_migrations SET checksum = 'sha256:other' WHERE version = 1")
+    with pytest.raises(EngramError) as other:
+        PostgresEngine(pg_database.conninfo, pool_size=1)
+    assert other.value.code == Code.MIGRATION_LEDGER_INVALID and "does not match" in other.value.detail
+    with pg_database.connect() as con:  # every later version recorded, with its checksum, but not 1
+        con.execute("DELETE FROM schema_migrations WHERE version = 1")
+    with pytest.raises(EngramError) as gap:
+        PostgresEngine(pg_database.conninfo, pool_size=1)
+    assert gap.value.code == Code.MIGRATION_LEDGER_INVALID and "gaps" in gap.value.detail
+
+
+def test_a_password_in_the_connection_string_is_refused() -> None:
+    with pytest.raises(ValueError, match="PGPASSFILE"):
+        PostgresEngine("postgresql://engram:secret@127.0.0.1:1/engram")
+    with pytest.raises(ValueError, match="PGPASSFILE"):
+        PostgresEngine("host=127.0.0.1 port=1 dbname=engram password=secret")
+
+
+# -- the scope lock --------------------------------------------------------------------------------------------------
+class _UnlockedTx(PostgresEngineTx):
+    """The engine with its scope lock taken out (the scope row read without FOR UPDATE): what the
+    lock test must catch."""
+
+    def _touch(self, tenant: str, workspace: str) -> Any:
+        lock = super()._touch(tenant, workspace)
+        for st in self._pending:
+            st.sql = st.sql.replace(" FOR UPDATE", "")
+        return lock
+
+
+class _UnlockedEngine(PostgresEngine):
+    tx_class = _UnlockedTx
+
+
+def backends_waiting_on_a_lock(db: Database) -> int:
+    with db.connect() as con:
+        return int(con.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = 'engram-core' AND wait_event_type = 'Lock'").fetchone()[0])  # type: ignore[index]
+
+
+def second_writer_waits(target: PostgresTarget) -> bool:
+    """Core A holds a write transaction on the scope (its first statement made); core B starts one
+    on the same scope. True when B waits on a lock until A commits (and then follows A's head);
+    False when B got through while A held the scope."""
+    a, b = target.open(), target.open()
+    with a.write() as tx:
+        event(tx, "setup")
+    done = threading.Event()
+    cursor: list[int] = []
+
+    def second() -> None:
+        with b.write() as tx2:
+            cursor.append(event(tx2, "b"))
+        done.set()
+
+    held = a.write()
+    tx = held.__enter__()
+    try:
+        event(tx, "a")
+        t = threading.Thread(target=second)
+        t.start()
+        waited = wait_until(lambda: done.is_set() or backends_waiting_on_a_lock(target.database) > 0, 30)
+        blocked = waited and not done.is_set()
+        if blocked:
+            assert not done.wait(0.5)  # still there while A holds the scope
+    finally:
+        try:
+            held.__exit__(None, None, None)
+        except EngramError:
+            pass  # without the lock, A's commit collides with the cursor B took
+    t.join(60)
+    if blocked:
+        assert cursor == [3]  # B allocated its cursor from the head A committed
+    return blocked
+
+
+def test_a_second_writer_of_a_scope_waits_for_the_first_to_commit(target: PostgresTarget) -> None:
+    assert second_writer_waits(target)
+    store = target.open()
+    with store.read() as tx:
+        scope, events = tx.scope(T, W), tx.events(T, W, 0, None)
+    assert [e.target for e in events] == ["setup", "a", "b"] and check_journal(scope, events) == []  # type: ignore[arg-type]
+
+
+def test_without_for_update_the_second_writer_gets_through(tmp_path: Path, pg_database: Database) -> None:
+    """The lock test is not vacuous: with the scope row read but not locked, B runs while A holds
+    the scope, allocates the cursor A took, and A's commit fails on the journal's key."""
+    broken = PostgresTarget(tmp_path, pg_database, engine_class=_UnlockedEngine)
+    try:
+        assert not second_writer_waits(broken)
+    finally:
+        broken.close_all()
+
+
+def test_writers_of_different_scopes_do_not_wait_for_each_other(target: PostgresTarget) -> None:
+    """No global lock: while A holds scope (acme, alpha), B commits in (globex, beta)."""
+    a, b = target.open(), target.open()
+    with a.write() as tx:
+        event(tx, "a")
+        with b.write() as other:
+            assert event(other, "b", tenant="globex", workspace="beta") == 1
+        with b.read() as snap:
+            assert [e.target for e in snap.events("globex", "beta", 0, None)] == ["b"]
+
+
+# -- round trips under the scope lock ---------------------------------------------------------------------------------
+@pytest.fixture
+def proxied(tmp_path: Path, pg_database: Database) -> Iterator[tuple[Any, RoundTripProxy, RoundTripProxy]]:
+    """A store whose engine (one connection) and key vault reach the database through proxies
+    that count round trips."""
+    from engram_core.store.kernel import StoreKernel
+    from engram_core.store.postgres.keyvault import PgKeyVault
+
+    PostgresEngine(pg_database.conninfo, pool_size=1).close()  # migrated, outside the count
+    engine_wire, vault_wire = RoundTripProxy(pg_database.conninfo), RoundTripProxy(pg_database.conninfo)
+    vault = PgKeyVault(vault_wire.conninfo, tmp_path, pool_size=1)
+    store = StoreKernel(PostgresEngine(engine_wire.conninfo, pool_size=1), vault, spool_dir=None)
+    store.vault = vault  # type: ignore[attr-defined]
+    try:
+        yield store, engine_wire, vault_wire
+    finally:
+        store.close()
+        vault.close()
+        engine_wire.close()
+        vault_wire.close()
+
+
+def capture_shaped(store: Any, n: int, *, grant: bool) -> tuple[int, int]:
+    """A capture's write transaction as services/memory.py makes it (replay check, grant, event,
+    candidate, data key, idempotency outcome, audit row); the round trips the engine and the vault
+    made from its first statement to its COMMIT's answer."""
+    engine_wire, vault_wire = store.wires
+    slot, _ = store.vault.new_data_key(f"candidate:cand_rt{n}", durable=False)  # before the transaction
+    engine_wire.reset()
+    vault_wire.reset()
+    key = f"key-rt-{n:04d}"
+    with store.write(batched=True) as tx:
+        assert tx.idempotency_get(T, W, P, key) is None
+        if grant:
+            assert tx.use_confirmation(f"grant-rt-{n}", T, W, 1)
+        cursor = event(tx, f"cand_rt{n}")
+        tx.insert_candidate(candidate(f"cand_rt{n}", cursor=cursor))
+        tx.put_data_key(f"candidate:cand_rt{n}", slot, 1)
+        tx.idempotency_put(T, W, P, key, IdempotencyRow("engram_memory_capture", f"cand_rt{n}", "sha256:" + "0" * 64,
+                                                        {"status": "committed_pending"}), 1)
+        tx.append_audit(audit_row(n))
+    return engine_wire.round_trips, vault_wire.round_trips
+
+
+def test_a_capture_holds_its_scope_lock_for_at_most_three_round_trips(proxied: Any) -> None:
+    store, engine_wire, vault_wire = proxied
+    store.wires = (engine_wire, vault_wire)
+    # The scope's first capture (scope row and audit chain created), later ones, and ones with a grant.
+    counts = [capture_shaped(store, n, grant=n % 2 == 1) for n in range(6)]
+    assert all(v == 0 for _, v in counts)  # the vault has nothing to do while the scope is held
+    engine = [e for e, _ in counts]
+    assert max(engine) <= 3, engine
+    # As the engine's docstring counts them: [lock + replay check], [grant], [writes + COMMIT].
+    assert engine == [2, 3, 2, 3, 2, 3], engine
+    with store.read() as tx:
+        events = tx.events(T, W, 0, None)
+        heads = tx.audit_heads()
+    assert [e.cursor for e in events] == list(range(1, 7)) and heads[scope_chain(T, W)][0] == 6
+
+
+def test_the_round_trip_count_sees_a_statement_that_waits_for_its_answer(proxied: Any) -> None:
+    """The counter is not vacuous: each read inside the transaction is one more round trip."""
+    store, engine_wire, _ = proxied
+    engine_wire.reset()
+    with store.write() as tx:
+        for n in range(4):
+            tx.idempotency_get(T, W, P, f"key-probe-{n}")
+        event(tx, "probe")
+    assert engine_wire.round_trips == 5
+
+
+# -- one effect per idempotency key, across processes ------------------------------------------------------------------
+def test_two_cores_sending_the_same_key_at_once_have_one_effect_every_time(target: PostgresTarget,
+                                                                          pg_cluster: PgCluster) -> None:
+    rounds = 200
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=idempotent_effects, args=(target.database.conninfo, str(target.key_dir),
+                                                          str(pg_cluster.passfile), name, rounds, barrier, results))
+             for name in ("core-a", "core-b")]
+    for p in procs:
+        p.start()
+    outcomes: dict[str, list[str]] = {}
+    deadline = time.monotonic() + 300
+    while len(outcomes) < len(procs) and time.monotonic() < deadline:
+        try:
+            name, outcome = results.get(timeout=1)
+            outcomes[name] = outcome
+        except queue.Empty:
+            assert all(p.exitcode in (None, 0) for p in procs), [p.exitcode for p in procs]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    a, b = outcomes["core-a"], outcomes["core-b"]
+    for n in range(rounds):
+        pair = sorted([a[n], b[n]])
+        # Exactly one effect, and the other core replayed that core's outcome.
+        assert pair in (["effect", "replay:core-a"], ["effect", "replay:core-b"]), (n, pair)
+        assert (a[n] == "effect") == (b[n] == "replay:core-a")
+    store = target.open()
+    with store.read() as tx:
+        events = tx.events(T, W, 0, None)
+        scope = tx.scope(T, W)
+    assert Counter(e.target for e in events) == {f"key-race-{n:04d}": 1 for n in range(rounds)}
+    assert check_journal(scope, events) == []  # type: ignore[arg-type]
+    # Both cores won some rounds: the race was a race, not one core always first.
+    assert 0 < sum(x == "effect" for x in a) < rounds
+
+
+# -- commit outcomes -----------------------------------------------------------------------------------------------------
+def test_a_statement_refused_at_commit_is_a_definite_rollback(target: PostgresTarget) -> None:
+    store = target.open()
+    row = IdempotencyRow("engram_memory_capture", "cand_x", "sha256:" + "0" * 64, {"status": "committed_pending"})
+    with pytest.raises(EngramError) as refused:
+        with store.write() as tx:
+            event(tx, "doomed")
+            tx.idempotency_put(T, W, P, "key-twice", row, 1)
+            tx.idempotency_put(T, W, P, "key-twice", row, 1)  # the primary key refuses it, at COMMIT
+    assert refused.value.code == Code.STORE_UNAVAILABLE
+    with store.read() as tx:
+        assert tx.events(T, W, 0, None) == [] and tx.idempotency_get(T, W, P, "key-twice") is None
+        assert tx.scope(T, W) is None  # the scope row it created to lock is gone with it
+    with store.write() as tx:
+        assert event(tx, "next") == 1
+
+
+def _slow_commit(db: Database, seconds: float) -> None:
+    """Make COMMIT of a transaction that wrote a journal row take ``seconds`` (a deferred trigger)."""
+    with db.connect() as con:
+        con.execute(f"""
+            CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN PERFORM pg_sleep({seconds}); RETURN NULL; END $$;
+            CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON journal DEFERRABLE INITIALLY DEFERRED
+              FOR EACH ROW EXECUTE FUNCTION slow_commit();""")
+
+
+def test_a_connection_lost_during_commit_is_an_unknown_outcome_that_a_retry_settles(target: PostgresTarget) -> None:
+    store = target.open()
+    _slow_commit(target.database, 30)
+    row = IdempotencyRow("engram_memory_capture", "cand_x", "sha256:" + "0" * 64, {"status": "committed_pending"})
+
+    def kill_the_committer() -> None:
+        def committing() -> bool:
+            with target.database.connect() as con:
+                return bool(con.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'engram-core' "
+                    "AND query = 'COMMIT' AND state = 'active'").fetchone()[0])  # type: ignore[index]
+        assert wait_until(committing, 30)
+        with target.database.connect() as con:
+            con.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = "
+                        "'engram-core' AND query = 'COMMIT' AND state = 'active'")
+
+    killer = threading.Thread(target=kill_the_committer)
+    killer.start()
+    with pytest.raises(EngramError) as unknown:
+        with store.write() as tx:
+            if tx.idempotency_get(T, W, P, "key-lost") is None:
+                event(tx, "lost")
+                tx.idempotency_put(T, W, P, "key-lost", row, 1)
+    killer.join(60)
+    assert unknown.value.code == Code.MUTATION_OUTCOME_UNKNOWN
+    with target.database.connect() as con:
+        con.execute("DROP TRIGGER slow_commit ON journal")
+    # The retry with the same key decides: here the commit never happened, so it takes effect once.
+    with store.write() as tx:
+        assert tx.idempotency_get(T, W, P, "key-lost") is None
+        assert event(tx, "retried") == 1
+        tx.idempotency_put(T, W, P, "key-lost", row, 1)
+    with store.read() as tx:
+        assert [e.target for e in tx.events(T, W, 0, None)] == ["retried"]
+
+
+def test_the_cores_carry_on_after_the_database_restarts(target: PostgresTarget, pg_cluster: PgCluster) -> None:
+    """Pooled connections die with the server; the next calls find new ones (no core restart),
+    including a transaction whose only round trip is its COMMIT (a standalone audit row)."""
+    store = target.open()
+    with store.write() as tx:
+        event(tx, "before")
+    pg_cluster.restart("immediate")  # a crash: recovery from the WAL
+    store.append_audit(audit_row(1))  # a write transaction with no read: its COMMIT is its first round trip
+    with store.write() as tx:
+        event(tx, "after")
+    with store.read() as tx:
+        assert [e.target for e in tx.events(T, W, 0, None)] == ["before", "after"]
+        assert len(tx.audit_rows(None, None, 0, None)) == 1
+
+
+def test_a_scope_only_looked_at_is_not_created(target: PostgresTarget) -> None:
+    """Locking a scope never written inserts its row to lock it; the row goes with the commit, so
+    (as on DuckDB) a scope exists once something was written to it."""
+    store = target.open()
+    with store.write() as tx:
+        assert tx.scope(T, W) is None
+        assert tx.idempotency_get(T, W, P, "key-none") is None
+        tx.set_meta("looked", "yes")
+    with store.read() as tx:
+        assert tx.scope(T, W) is None and tx.scopes() == [] and tx.meta("looked") == "yes"
+    with pg_database_connect(target) as con:
+        assert con.execute("SELECT count(*) FROM scopes").fetchone()[0] == 0  # type: ignore[index]
+
+
+def pg_database_connect(target: PostgresTarget) -> psycopg.Connection:
+    return target.database.connect()

@@ -1,0 +1,68 @@
+"""The conformance suite catches what a careless engine gets wrong: each broken engine here makes
+one shortcut an engine is tempted by, and the checks that guard against it fail on it (while the
+real engine passes them, test_store_conformance.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from store_checks import (
+    check_a_key_written_is_found_again_after_reopening,
+    check_journal_cursors_stay_dense_under_racing_writers,
+    check_the_scope_head_is_read_from_storage_not_remembered,
+)
+from store_targets import DuckDBTarget
+
+from engram_core.store.duckdb.engine import DuckDBEngine, DuckDBEngineTx
+from engram_core.store.key_digests import KeyDigests
+from engram_core.store.port import ScopeRow
+
+
+class _ForgetfulDigests(DuckDBEngine):
+    """A negative-lookup cache that answers "absent" wrongly: built empty at open instead of from
+    the table, so a key written before the store was reopened reads as never written."""
+
+    def _load_key_digests(self) -> None:
+        super()._load_key_digests()
+        self.idempotency_keys = KeyDigests()
+        self.used_grants = KeyDigests()
+        self.payload_keys = KeyDigests()
+
+
+class _RememberedCursorTx(DuckDBEngineTx):
+    """A cursor taken from memory: the scope head as it was when the engine opened, never the
+    committed one."""
+
+    def scope_for_update(self, tenant: str, workspace: str) -> ScopeRow:
+        remembered = self._store.opened_heads.get((tenant, workspace))
+        if remembered is None:
+            remembered = self._store.opened_heads[(tenant, workspace)] = super().scope_for_update(tenant, workspace)
+        return remembered
+
+
+class _RememberedCursor(DuckDBEngine):
+    tx_class = _RememberedCursorTx
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        self.opened_heads: dict[tuple[str, str], ScopeRow] = {}
+        super().__init__(*args, **kw)
+
+
+@pytest.mark.parametrize(("engine", "check"), [
+    (_ForgetfulDigests, check_a_key_written_is_found_again_after_reopening),
+    (_RememberedCursor, check_the_scope_head_is_read_from_storage_not_remembered),
+    (_RememberedCursor, check_journal_cursors_stay_dense_under_racing_writers),
+], ids=["negative-cache-answers-absent", "cursor-from-memory", "cursor-from-memory-racing"])
+def test_a_broken_engine_fails_the_check_that_guards_its_shortcut(
+        tmp_path: Path, engine: type[DuckDBEngine], check: Callable[[Any], None]) -> None:
+    target = DuckDBTarget(tmp_path, engine_class=engine)
+    try:
+        with pytest.raises(Exception) as err:  # an assertion, or the database's own constraint refusing
+            check(target)
+    finally:
+        target.close_all()
+    # The check failed on what it guards, not on a mistake of the test's own.
+    assert not isinstance(err.value, (TypeError, AttributeError, NameError, ImportError, KeyError)), err.value
