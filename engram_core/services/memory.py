@@ -591,18 +591,28 @@ class MemoryService(ReadService):
     # -- withdraw ------------------------------------------------------------------------------
     def withdraw(self, ctx: BoundContext, args: dict[str, Any], grant: bytes | None) -> dict[str, Any]:
         call = CallRecord()
-        prepared = prepare(ctx, WITHDRAW_TOOL, args)
-        self.core.authorize(ctx, WITHDRAW_TOOL, call, stored_strings=stored_strings(args))
-        standing = gated_precondition(
-            self.core, ctx, prepared.guard, grant=grant, grant_required=True, what="candidate",
+        started = self._start_gated(
+            ctx, WITHDRAW_TOOL, args, grant, call, what="candidate",
             lookup=lambda tx: tx.candidate(ctx.tenant, ctx.workspace, args["candidate_id"]),
             check_state=lambda state: lifecycle.check_candidate("withdraw", state))
+        if isinstance(started, dict):
+            return started
+        cand, guard, grant_id = started
+        return self.withdraw_candidate(ctx, cand, call, guard=guard, grant_id=grant_id, reason_ref=args["reason_ref"])
+
+    def _start_gated(self, ctx: BoundContext, tool: str, args: dict[str, Any], grant: bytes | None,
+                     call: CallRecord, *, what: str, lookup: Any, check_state: Any) -> Any:
+        """What withdraw and forget share before their write: the call prepared once, authorized,
+        then the one gated precondition (a replay answers its stored outcome, no grant needed),
+        then the grant verified. Returns the replayed answer, or (target, guard, grant id)."""
+        prepared = prepare(ctx, tool, args)
+        self.core.authorize(ctx, tool, call, stored_strings=stored_strings(args))
+        standing = gated_precondition(self.core, ctx, prepared.guard, grant=grant, grant_required=True, what=what,
+                                      lookup=lookup, check_state=check_state)
         if standing.replay is not None:
             return {**standing.replay, "replayed": True}
         assert standing.target is not None and grant is not None
-        grant_obj = self._verify_grant(ctx, prepared, grant)
-        return self.withdraw_candidate(ctx, standing.target, call, guard=prepared.guard, grant_id=grant_obj.grant_id,
-                                       reason_ref=args["reason_ref"])
+        return standing.target, prepared.guard, self._verify_grant(ctx, prepared, grant).grant_id
 
     def withdraw_candidate(self, ctx: BoundContext, cand: CandidateRow, call: CallRecord, *, guard: Guard | None,
                            grant_id: str | None, reason_ref: str,
@@ -645,18 +655,14 @@ class MemoryService(ReadService):
     # -- forget ----------------------------------------------------------------------------------
     def forget(self, ctx: BoundContext, args: dict[str, Any], grant: bytes | None) -> dict[str, Any]:
         call = CallRecord()
-        prepared = prepare(ctx, FORGET_TOOL, args)
-        self.core.authorize(ctx, FORGET_TOOL, call, stored_strings=stored_strings(args))
-        standing = gated_precondition(
-            self.core, ctx, prepared.guard, grant=grant, grant_required=True, what="record",
+        started = self._start_gated(
+            ctx, FORGET_TOOL, args, grant, call, what="record",
             lookup=lambda tx: tx.record(ctx.tenant, ctx.workspace, args["record_id"]),
             check_state=lambda state: lifecycle.check_record("tombstone", state))
-        if standing.replay is not None:
-            return {**standing.replay, "replayed": True}
-        assert standing.target is not None and grant is not None
-        grant_obj = self._verify_grant(ctx, prepared, grant)
-        return self.tombstone(ctx, standing.target.record_id, call, guard=prepared.guard, grant_id=grant_obj.grant_id,
-                              reason_ref=args["reason_ref"])
+        if isinstance(started, dict):
+            return started
+        rec, guard, grant_id = started
+        return self.tombstone(ctx, rec.record_id, call, guard=guard, grant_id=grant_id, reason_ref=args["reason_ref"])
 
     def tombstone(self, ctx: BoundContext, record_id: str, call: CallRecord, *, guard: Guard | None,
                   grant_id: str | None, reason_ref: str, event_id: str | None = None,
