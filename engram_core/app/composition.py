@@ -17,9 +17,9 @@ from typing import Any, NamedTuple
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from engram_core import secrets_scan
-from engram_core.app.engines import VAULTS, StoreConfig, open_store
+from engram_core.app.engines import VAULTS, StoreConfig, open_key_source, open_store
 from engram_core.clock import Clock
-from engram_core.crypto.keyvault import FileKeyVault, KeyVault, open_key_directory
+from engram_core.crypto.keyvault import FileKeyVault, KeyVault
 from engram_core.embedding.port import Embedder
 from engram_core.errors import Code, EngramError
 from engram_core.hostkeys import (
@@ -190,7 +190,7 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
     _trust_stored_keys(store, keys.trusted, keys.host_public)
     core = Core(data_dir=data_dir, store=store, vault=vault, policy=policy or build_policy(policies_dir, opa_url),
                 trusted=keys.trusted, clock=clock, embedder=build_embedder(semantic), key_schedule=key_schedule,
-                open_key_dir=open_key_directory)
+                open_key_dir=open_key_source)
     try:
         CoreSigners.load(data_dir)  # the backup and anchor keys exist before their fingerprints are checked
         check_shared_secrets(store, data_dir, vault.ring.ring_id)  # a store opened with other key files refuses

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from engram_core.crypto.keyvault import KeyVault
+from engram_core.crypto.keyvault import KeyVault, open_key_directory
 from engram_core.store.port import Store
 
 DEFAULT_ENGINE = "duckdb"
@@ -118,9 +118,36 @@ def _postgresql_vault(config: StoreConfig) -> KeyVault:
     return PgKeyVault(config.url, config.data_dir)
 
 
+def _postgresql_key_source(config: StoreConfig) -> KeyVault:
+    """The wrapped keys of an existing PostgreSQL store, read with its ring: never migrated here
+    (a restore reads its source as it is; one that is not an Engram store is STORE_UNAVAILABLE)."""
+    from engram_core.store.postgres.keyvault import PgKeyVault
+
+    assert config.url is not None
+    return PgKeyVault(config.url, config.data_dir, pool_size=1)
+
+
 ENGINES: dict[str, EngineOpener] = {DEFAULT_ENGINE: _open_duckdb, POSTGRESQL: _open_postgresql}
 # Engines whose key vault is their own (else the data directory's FileKeyVault).
 VAULTS: dict[str, Callable[[StoreConfig], KeyVault]] = {POSTGRESQL: _postgresql_vault}
+# Another store's vault opened as a restore's source of keys, for engines with a vault of their own.
+KEY_SOURCES: dict[str, Callable[[StoreConfig], KeyVault]] = {POSTGRESQL: _postgresql_key_source}
+
+
+def open_key_source(directory: Path, store: str | None = None) -> KeyVault | None:
+    """Another store's key vault, a restore's source of data keys: the file vault kept in
+    ``directory`` or, with ``store`` (a store URL), the vault that store's engine keeps its keys
+    in, under the KEK ring of ``directory``. None when ``directory`` holds no ring (or, for a file
+    vault, no slot file): nothing is created in a directory a restore only reads. ValueError for
+    a store URL this build has no vault for, or one carrying a password."""
+    if not store:
+        return open_key_directory(directory)
+    config = StoreConfig.from_options(directory, store)
+    if config.engine not in KEY_SOURCES:
+        raise ValueError(f"the {config.engine} engine keeps its keys in its key directory: name only that")
+    if not (directory / "store.kek").is_file():
+        return None
+    return KEY_SOURCES[config.engine](config)
 
 
 def open_store(config: StoreConfig, *, vault: KeyVault, load_index: bool = True, audit_devices: Any = None) -> Store:

@@ -13,7 +13,7 @@ import sys
 def _admin(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("admin", help="host maintenance through AdminService")
     p.add_argument("--core", default="127.0.0.1:50051", help="core address HOST:PORT (default: %(default)s)")
-    p.add_argument("--host-key", required=True, help="host signing key (PEM)")
+    p.add_argument("--host-key", default="", help="host signing key (PEM); every command but migrate-store needs it")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     from engram_core.cli.admin import register
     from engram_core.cli.channel import add_tls_flags

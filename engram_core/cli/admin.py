@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 
+from engram_core.cli import migrate_store
 from engram_core.cli.channel import admin_metadata, client_tls, core_channel
 
 
@@ -54,11 +55,15 @@ def register(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--tool", action="append", help="only this tool (repeatable); default all six")
         p.set_defaults(func=lambda a, act=activated: _run(a, lambda: _activation(a, activated=act)))
     register_more(sub, _run)
+    migrate_store.register(sub)  # offline: it opens the two stores itself, no --core
 
 
 def _run(args: argparse.Namespace, fn) -> int:
     from engram_core.rpc.status import error_from_rpc_error, operator_detail
 
+    if not args.host_key:
+        print("engram admin: --host-key KEY is required (the host signing key, PEM)", file=sys.stderr)
+        return 2
     if not Path(args.host_key).exists():
         print(f"engram admin: host key {args.host_key} not found", file=sys.stderr)
         return 2
@@ -428,7 +433,7 @@ def _restore(args: argparse.Namespace) -> int:
             _progress(f"restore sent {min(i + step, len(data))}/{len(data)} bytes")
             if i == 0:
                 yield admin_pb2.BackupChunk(data=data[i:i + step], total_bytes=len(data), key_dir=args.key_dir or "",
-                                            trusted_backup_key_pem=pems,
+                                            key_store=args.key_store or "", trusted_backup_key_pem=pems,
                                             restore_trusted_host_keys=args.restore_trusted_host_keys)
             else:
                 yield admin_pb2.BackupChunk(data=data[i:i + step], total_bytes=len(data))
@@ -596,7 +601,11 @@ def register_more(sub: argparse._SubParsersAction, run: Callable[[argparse.Names
     p.add_argument("--out", required=True)
     p = add("restore", _restore, "restore a backup into an empty store", scope=None)
     p.add_argument("--in", dest="in_file", required=True)
-    p.add_argument("--key-dir", default="", help="key-vault directory (store.kek, datakeys.bin) on the core's host")
+    p.add_argument("--key-dir", default="", help="key-vault directory (store.kek, datakeys.bin) on the core's host; "
+                                                 "with --key-store, that store's key directory (its KEK ring)")
+    p.add_argument("--key-store", default="", metavar="URL",
+                   help="the PostgreSQL store the backup's data keys are wrapped in (a backup made by a core "
+                        "serving --store URL); its password from PGPASSFILE on the core's host, never in URL")
     p.add_argument("--trust-backup-key", action="append", default=[], metavar="PEM",
                    help="backup public key of the core that made the backup (repeatable; the restoring core's "
                         "own is always trusted); see `engram admin signing-keys`")

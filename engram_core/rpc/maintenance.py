@@ -125,7 +125,7 @@ class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, CallHandler):
                 parts.append(chunk.data)
             return json_result(self.backups.restore(
                 ctx, b"".join(parts), first.key_dir, trusted_backup_key_pems=tuple(first.trusted_backup_key_pem),
-                restore_trusted_host_keys=first.restore_trusted_host_keys))
+                restore_trusted_host_keys=first.restore_trusted_host_keys, key_store=first.key_store))
 
         return self.run(context, go)
 

@@ -263,10 +263,15 @@ class BackupService:
         return data
 
     def restore(self, ctx: BoundContext, data: bytes, key_dir: str, *, trusted_backup_key_pems: tuple[str, ...] = (),
-                restore_trusted_host_keys: bool = False) -> dict[str, Any]:
+                restore_trusted_host_keys: bool = False, key_store: str = "") -> dict[str, Any]:
         """Restore into an empty store. The backup must verify (BACKUP_INVALID) and be signed by one
         of the backup keys the operator names or this core's own (RESTORE_REFUSED otherwise).
-        Trusted host keys in it are restored only with ``restore_trusted_host_keys``."""
+        Trusted host keys in it are restored only with ``restore_trusted_host_keys``.
+
+        Data keys come from ``key_dir``: a file vault, or, with ``key_store`` (the URL of the
+        store a PostgreSQL core kept its wrapped keys in: the live database, or one restored
+        from a dump taken no earlier than the backup), that store's vault under the ring of
+        ``key_dir``. So a backup made on either engine restores on either."""
         call = CallRecord()
         self.core.authorize(ctx, "admin.restore", call)
         try:
@@ -279,7 +284,17 @@ class BackupService:
             if not tx.is_empty():
                 raise EngramError(Code.RESTORE_REFUSED, "target store is not empty")
         source_dir = Path(key_dir) if key_dir else self.core.data_dir
-        source = self.core.vault if source_dir == self.core.data_dir else self.core.open_key_dir(source_dir)
+        if key_store:
+            if not key_dir:
+                raise EngramError(Code.INVALID_SCHEMA, "a key store needs the key directory of its KEK ring")
+            try:
+                source = self.core.open_key_dir(source_dir, key_store)
+            except ValueError as exc:
+                raise EngramError(Code.INVALID_SCHEMA, f"key store: {exc}") from None
+        elif source_dir == self.core.data_dir:
+            source = self.core.vault
+        else:
+            source = self.core.open_key_dir(source_dir, None)
         if source is None:
             raise EngramError(Code.RESTORE_REFUSED, "key directory has no key vault")
         created: list[int] = []

@@ -104,7 +104,7 @@ class Core:
         clock: Clock | None = None,
         embedder: Embedder | None = None,
         key_schedule: KeySchedule | None = None,
-        open_key_dir: Callable[[Path], KeyVault | None] | None = None,
+        open_key_dir: Callable[[Path, str | None], KeyVault | None] | None = None,
     ) -> None:
         self.data_dir = data_dir
         # The semantic channel's local model (SPEC §11), or None: then lexical_and_semantic
@@ -114,8 +114,9 @@ class Core:
         self.vault = vault
         # When KEK generations rotate and retire (services/keyring.py).
         self.key_schedule: KeySchedule = key_schedule or KeySchedule()
-        # Another core's key directory (a restore's source), opened as a vault, None if it holds none.
-        self.open_key_dir: Callable[[Path], KeyVault | None] = open_key_dir or (lambda _dir: None)
+        # Another core's key directory (a restore's source) and, for an engine keeping its keys in
+        # its database, that store's URL: opened as a vault, None if the directory holds none.
+        self.open_key_dir: Callable[[Path, str | None], KeyVault | None] = open_key_dir or (lambda _d, _s: None)
         self.policy = policy
         self.trusted = trusted
         self.clock: Clock = clock or SystemClock()

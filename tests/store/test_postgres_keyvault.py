@@ -47,8 +47,10 @@ def test_a_destroyed_key_is_gone_for_the_vault_that_destroyed_it_at_once(cores: 
     a, b = cores
     ref, _ = a.new_data_key("record:mem_2")
     assert a.data_key(ref, "record:mem_2") is not None  # cached now
+    assert not b.is_destroyed(ref)
     a.destroy_many([ref])
     assert a.data_key(ref, "record:mem_2") is None and b.data_key(ref, "record:mem_2") is None
+    assert b.is_destroyed(ref)  # what a restore reading this store as its key source is told
     with pg_database.connect() as con:
         assert con.execute("SELECT count(*) FROM vault_keys WHERE ref = %s", [ref]).fetchone()[0] == 0  # type: ignore[index]
 

@@ -247,6 +247,13 @@ class PgKeyVault:
         return int(row[0]) if row else None
 
     # -- destruction -----------------------------------------------------------------------------------------------
+    def is_destroyed(self, ref: int) -> bool:
+        """No row at ``ref``: the database allocates refs and never reuses one, so a ref a store
+        named once and that holds nothing now was destroyed (a row this ring cannot unwrap, or
+        one of another owner, is not destroyed: it is another store's key)."""
+        with self._connection() as conn:
+            return conn.execute("SELECT 1 FROM vault_keys WHERE ref = %s", [ref]).fetchone() is None
+
     def destroy(self, ref: int) -> None:
         self.destroy_many([ref])
 
