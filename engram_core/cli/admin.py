@@ -230,9 +230,9 @@ def _verify(args: argparse.Namespace) -> int:
     bad += [f"anchor: {p['problem']}" + (f" ({p['chain']} at {p.get('seq') or p.get('cursor')})" if "chain" in p else "")
             for p in value.get("anchor", {}).get("problems", [])]
     if args.device:
-        from engram_core.store.audit_device import check_device_file
+        from engram_core.store.audit_device import check_device_files
 
-        value["device"] = check_device_file(Path(args.device), _audit_rows(args))
+        value["device"] = check_device_files([Path(d) for d in args.device], _audit_rows(args))
         bad += [f"device{' ' + p['chain'] if p.get('chain') else ''}: {p['problem']} at seq {p['seq']}"
                 for p in value["device"]["problems"]]
         value["ok"] = value["ok"] and value["device"]["ok"]
@@ -566,8 +566,9 @@ def register_more(sub: argparse._SubParsersAction, run: Callable[[argparse.Names
                    help="an anchor from `engram admin anchor`: the chains must still reach its heads")
     p.add_argument("--anchor-key", action="append", default=[], metavar="PEM",
                    help="anchor public key the anchor must be signed by (repeatable; default: the core's own)")
-    p.add_argument("--device", default="", metavar="FILE",
-                   help="an audit device file (`engram serve --audit-device file:…`): every audit row must be on it")
+    p.add_argument("--device", action="append", default=[], metavar="FILE",
+                   help="an audit device file (`engram serve --audit-device file:…`): every audit row must be on it; "
+                        "repeat it with every core's device when several cores serve one store")
     p = add("anchor", _anchor, "write the signed heads of every journal (or one scope's) and the audit chain",
             scope="optional")
     p.add_argument("--out", required=True, help="anchor file (keep it outside the data directory)")

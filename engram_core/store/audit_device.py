@@ -216,10 +216,13 @@ class AuditDevices:
 class _ChainOnDevice:
     """One chain as the device's lines tell it (see ``check_device``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, shared: bool = False) -> None:
         self.rows: dict[int, tuple[str, str]] = {}  # seq -> (prev_digest, row_digest)
         self.heads: set[tuple[int, str]] = set()  # where the next row may attach (empty: anywhere)
         self.first: int | None = None
+        # One of several cores' devices: a chain the cores share (a scope's) has the other cores'
+        # rows between this one's, so a gap is no fork here; the merged devices are linked instead.
+        self.shared = shared
 
     def abort(self, seqs: list[int]) -> None:
         if seqs and seqs[0] in self.rows:
@@ -231,7 +234,7 @@ class _ChainOnDevice:
     def opened(self, chain: str, seq: int, digest: str, problems: list[dict[str, Any]]) -> None:
         if self.first is None:
             self.first = seq + 1  # rows up to the head at the first open predate the device
-        elif seq > 0 and self.rows.get(seq, ("", ""))[1] != digest:
+        elif seq > 0 and (seq in self.rows or not self.shared) and self.rows.get(seq, ("", ""))[1] != digest:
             problems.append(_where(chain, seq, "device_fork"))  # the store's head is not ours
         lost = sorted(x for x in self.rows if x > seq)
         if lost:
@@ -241,7 +244,10 @@ class _ChainOnDevice:
         self.heads = {(seq, digest if seq > 0 else GENESIS)}
 
     def row(self, chain: str, seq: int, prev: str, digest: str, problems: list[dict[str, Any]]) -> None:
-        if self.heads and (seq - 1, prev) not in self.heads:
+        if self.shared:
+            if seq in self.rows and self.rows[seq][1] != digest:
+                problems.append(_where(chain, seq, "device_fork"))  # this core wrote that position before
+        elif self.heads and (seq - 1, prev) not in self.heads:
             problems.append(_where(chain, seq, "device_fork"))
         self.first = seq if self.first is None else self.first
         for x in [x for x in self.rows if x >= seq]:
@@ -255,6 +261,10 @@ def _where(chain: str, seq: int | str, problem: str) -> dict[str, Any]:
 
 
 def check_device(rows: list[dict[str, Any]], lines: list[bytes]) -> dict[str, Any]:
+    return check_devices(rows, [lines])
+
+
+def check_devices(rows: list[dict[str, Any]], devices: list[list[bytes]]) -> dict[str, Any]:
     """Problems between the store's audit rows and a device's lines, chain by chain.
 
     The device is read as the chains the core wrote: each row must follow the one before it in
@@ -265,37 +275,17 @@ def check_device(rows: list[dict[str, Any]], lines: list[bytes]) -> dict[str, An
     ``device_mismatch``), except rows older than the chain's first line on the device (a device
     added to a running store). Lines past the store's heads are rows of calls made after the rows
     were read (this check's own).
+
+    Several devices are those of the several cores of one store, each holding the rows its core
+    wrote: a chain the cores share has the others' rows between one core's, so each device is read
+    without the next-row rule, and the devices merged must link (each row's ``prev_digest`` the
+    digest of the row before it, on whichever device) and hold every row from the earliest
+    device's first line on.
     """
     problems: list[dict[str, Any]] = []
-    chains: dict[str, _ChainOnDevice] = {}
-    for n, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
-        try:
-            doc = json.loads(raw)
-            kind = doc.pop("kind")
-            if kind == "abort":
-                chains.setdefault(str(doc.get("chain", LEGACY_CHAIN)), _ChainOnDevice()).abort(
-                    sorted(int(x) for x in doc["seqs"]))
-                continue
-            if kind == "open":
-                heads = ({str(c): (int(h[0]), str(h[1])) for c, h in doc["heads"].items()} if "heads" in doc
-                         else {LEGACY_CHAIN: (int(doc["seq"]), str(doc["row_digest"]))})
-                # The open line names every chain the store holds: one it does not name has lost
-                # every row it had on the device.
-                for chain in sorted(set(chains) | set(heads)):
-                    seq, digest = heads.get(chain, (0, GENESIS))
-                    chains.setdefault(chain, _ChainOnDevice()).opened(chain, seq, digest, problems)
-                continue
-            chain = str(doc.get("chain", LEGACY_CHAIN))
-            seq, prev, digest = int(doc["seq"]), str(doc["prev_digest"]), str(doc["row_digest"])
-        except (ValueError, KeyError, TypeError, AttributeError):
-            problems.append({"seq": f"line {n}", "problem": "device_line_unreadable"})
-            continue
-        if audit_digest_of(doc) != digest:
-            problems.append(_where(chain, seq, "device_line_digest"))
-            continue
-        chains.setdefault(chain, _ChainOnDevice()).row(chain, seq, prev, digest, problems)
+    shared = len(devices) > 1
+    per_device = [_read_device(lines, shared, problems) for lines in devices]
+    chains = per_device[0] if not shared else _merged(per_device, problems)
     for r in rows:
         chain, seq = str(r.get("chain", LEGACY_CHAIN)), int(r["seq"])
         on_device = chains.get(chain)
@@ -311,5 +301,62 @@ def check_device(rows: list[dict[str, Any]], lines: list[bytes]) -> dict[str, An
             "problems": problems}
 
 
-def check_device_file(path: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return check_device(rows, path.read_bytes().split(b"\n"))
+def _read_device(lines: list[bytes], shared: bool, problems: list[dict[str, Any]]) -> dict[str, _ChainOnDevice]:
+    """One device's lines, chain by chain (its forks and unreadable lines added to ``problems``)."""
+    chains: dict[str, _ChainOnDevice] = {}
+    for n, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            doc = json.loads(raw)
+            kind = doc.pop("kind")
+            if kind == "abort":
+                chains.setdefault(str(doc.get("chain", LEGACY_CHAIN)), _ChainOnDevice(shared)).abort(
+                    sorted(int(x) for x in doc["seqs"]))
+                continue
+            if kind == "open":
+                heads = ({str(c): (int(h[0]), str(h[1])) for c, h in doc["heads"].items()} if "heads" in doc
+                         else {LEGACY_CHAIN: (int(doc["seq"]), str(doc["row_digest"]))})
+                # The open line names every chain the store holds: one it does not name has lost
+                # every row it had on the device.
+                for chain in sorted(set(chains) | set(heads)):
+                    seq, digest = heads.get(chain, (0, GENESIS))
+                    chains.setdefault(chain, _ChainOnDevice(shared)).opened(chain, seq, digest, problems)
+                continue
+            chain = str(doc.get("chain", LEGACY_CHAIN))
+            seq, prev, digest = int(doc["seq"]), str(doc["prev_digest"]), str(doc["row_digest"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            problems.append({"seq": f"line {n}", "problem": "device_line_unreadable"})
+            continue
+        if audit_digest_of(doc) != digest:
+            problems.append(_where(chain, seq, "device_line_digest"))
+            continue
+        chains.setdefault(chain, _ChainOnDevice(shared)).row(chain, seq, prev, digest, problems)
+    return chains
+
+
+def _merged(per_device: list[dict[str, _ChainOnDevice]], problems: list[dict[str, Any]]) -> dict[str, _ChainOnDevice]:
+    """The devices of several cores as one: a position two devices hold with different rows, or a
+    row that does not link to the one before it on whichever device holds that one, is a fork."""
+    merged: dict[str, _ChainOnDevice] = {}
+    for chains in per_device:
+        for chain, on_device in chains.items():
+            into = merged.setdefault(chain, _ChainOnDevice(shared=True))
+            if on_device.first is not None:
+                into.first = on_device.first if into.first is None else min(into.first, on_device.first)
+            for seq, row in on_device.rows.items():
+                if seq in into.rows and into.rows[seq] != row:
+                    problems.append(_where(chain, seq, "device_fork"))
+                into.rows.setdefault(seq, row)
+    for chain, into in merged.items():
+        for seq, (prev, _digest) in sorted(into.rows.items()):
+            before = into.rows.get(seq - 1)
+            if before is not None and before[1] != prev:
+                problems.append(_where(chain, seq, "device_fork"))
+    return merged
+
+
+def check_device_files(paths: list[Path], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``engram admin verify --device FILE…``: one file per core (every core of a store with several
+    writes a device of its own; together they must hold every row)."""
+    return check_devices(rows, [p.read_bytes().split(b"\n") for p in paths])

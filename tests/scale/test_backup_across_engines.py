@@ -10,7 +10,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from core_support import Client, activate
 from mcp_helpers import ENGRAM, REPO
 from pg_cluster import Database

@@ -5,7 +5,7 @@ chains still reads); the last ones interleave several."""
 from __future__ import annotations
 
 from engram_core.canonical import canonical_json
-from engram_core.store.audit_device import check_device
+from engram_core.store.audit_device import check_device, check_devices
 from engram_core.store.chain import GENESIS, LEGACY_CHAIN, audit_doc, scope_chain
 from engram_core.store.port import AuditRow
 
@@ -91,3 +91,28 @@ def test_interleaved_chains_are_each_read_as_their_own() -> None:
     lost = _row((3, rb[2]["row_digest"]), who="never-committed", chain=b)
     report = check_device(ra + rb, [*lines, *_lines(lost), canonical_json({"kind": "abort", "chain": b, "seqs": [4]})])
     assert report["ok"]
+
+
+def test_the_devices_of_several_cores_are_read_as_one() -> None:
+    """Two cores share a scope's chain: each device holds the rows its core wrote, with the other
+    core's between them. Merged, they must link and hold every row."""
+    shared, wa, wb = scope_chain("t", "w"), "writer:" + "a" * 24, "writer:" + "b" * 24
+    rs, ra, rb = _chain(5, chain=shared), _chain(2, chain=wa), _chain(2, chain=wb)
+    opened = canonical_json({"kind": "open", "heads": {}})
+    dev_a = [opened, *_lines(rs[0], ra[0], rs[2], rs[3], ra[1])]
+    dev_b = [opened, *_lines(rs[1], rb[0], rs[4], rb[1])]
+    rows = rs + ra + rb
+    assert check_devices(rows, [dev_a, dev_b])["ok"]
+    # Alone, one core's device is short of the other's rows (and sees their gaps as forks).
+    alone = check_device(rows, dev_a)
+    assert {"chain": shared, "seq": "2", "problem": "device_missing"} in alone["problems"]
+    # A row neither device holds is missing.
+    report = check_devices(rows, [dev_a[:-1], dev_b])
+    assert report["problems"] == [{"chain": wa, "seq": "2", "problem": "device_missing"}]
+    # A position two devices hold with different rows is a fork; so is a row that does not link.
+    other = _row((1, rs[0]["row_digest"]), who="user:mallory", chain=shared)
+    report = check_devices(rows, [[*dev_a, *_lines(other)], dev_b])
+    assert {"chain": shared, "seq": "2", "problem": "device_fork"} in report["problems"]
+    unlinked = _row((2, "sha256:" + "1" * 64), who="user:mallory", chain=shared)
+    report = check_devices(rs[:2] + [unlinked], [[opened, *_lines(rs[0], unlinked)], [opened, *_lines(rs[1])]])
+    assert {"chain": shared, "seq": "3", "problem": "device_fork"} in report["problems"]
