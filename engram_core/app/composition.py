@@ -174,14 +174,15 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
               extra_trusted_pems: list[str] | None = None, clock: Clock | None = None,
               semantic: bool | None = None, policy: PolicyEngine | None = None,
               audit_devices: list[str] | None = None, load_index: bool = True,
-              store_url: str | None = None, key_schedule: KeySchedule | None = None) -> OpenedCore:
+              store_url: str | None = None, key_schedule: KeySchedule | None = None,
+              index_max_records: int = 0) -> OpenedCore:
     """Open (creating on first run) the data directory and the store its configuration names.
 
     ``policy`` overrides the backend (tests, embedding); ``audit_devices`` are ``--audit-device``
     specs (engram_core/store/audit_device.py); ``store_url`` selects another engine than the
     data directory's DuckDB file (``engines.StoreConfig``); ``load_index`` False leaves the
     search index to the server, which builds it after it listens."""
-    config = StoreConfig.from_options(data_dir, store_url)
+    config = StoreConfig.from_options(data_dir, store_url, index_max_records=index_max_records)
     make_private(data_dir)  # keys and the store: owner only, also in a directory that already existed
     devices = _open_audit_devices(data_dir, audit_devices or [])
     keys = _local_keys(data_dir, extra_trusted_pems or [])
@@ -222,7 +223,7 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
                max_workers: int = 16, semantic: bool | None = None, policy: PolicyEngine | None = None,
                audit_devices: list[str] | None = None, metrics: CoreMetrics | None = None,
                tls: ServerTls | None = None, store_url: str | None = None,
-               key_schedule: KeySchedule | None = None) -> RunningCore:
+               key_schedule: KeySchedule | None = None, index_max_records: int = 0) -> RunningCore:
     """Open the core and serve it. The search index is built after the server listens: until
     it is, the health of the engram services is NOT_SERVING (readiness) while ``liveness``
     is SERVING; a call that comes early waits for the index instead of failing.
@@ -233,6 +234,7 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
     opened = open_core(
         data_dir, policies_dir=policies_dir, opa_url=opa_url, extra_trusted_pems=extra_trusted_pems, clock=clock,
         semantic=semantic, policy=policy, audit_devices=audit_devices, load_index=False, store_url=store_url,
+        index_max_records=index_max_records,
         key_schedule=key_schedule)
     try:
         services = build_services(opened, metrics)

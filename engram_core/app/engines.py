@@ -32,9 +32,12 @@ class StoreConfig:
     data_dir: Path
     engine: str = DEFAULT_ENGINE
     url: str | None = None
+    # A store other cores share loads each scope's search index on first use; at most this many
+    # records indexed across the loaded scopes, least recently used evicted (0: no budget).
+    index_max_records: int = 0
 
     @classmethod
-    def from_options(cls, data_dir: Path, store_url: str | None = None) -> StoreConfig:
+    def from_options(cls, data_dir: Path, store_url: str | None = None, *, index_max_records: int = 0) -> StoreConfig:
         """The configuration ``--data DIR`` or ``--store URL --key-dir DIR`` describes (``data_dir``:
         the data directory, or the key directory of a store kept elsewhere). ValueError when the
         URL names no engine this build has (the message names the ones it has), or when it is a
@@ -42,10 +45,12 @@ class StoreConfig:
         if store_url is None:
             return cls(data_dir=data_dir)
         if "://" not in store_url:  # a libpq key=value string or a service name: PostgreSQL's
-            return cls(data_dir=data_dir, engine=POSTGRESQL, url=store_conninfo(store_url))
+            return cls(data_dir=data_dir, engine=POSTGRESQL, url=store_conninfo(store_url),
+                       index_max_records=index_max_records)
         engine = urlsplit(store_url).scheme
         if engine in POSTGRESQL_SCHEMES:
-            return cls(data_dir=data_dir, engine=POSTGRESQL, url=store_conninfo(store_url))
+            return cls(data_dir=data_dir, engine=POSTGRESQL, url=store_conninfo(store_url),
+                       index_max_records=index_max_records)
         if engine not in ENGINES:
             raise ValueError(f"no store engine for {engine or store_url!r} in this build "
                              f"(engines: {', '.join(sorted(ENGINES))})")
@@ -99,7 +104,9 @@ def _open_postgresql(config: StoreConfig, vault: KeyVault, load_index: bool, aud
     engine = PostgresEngine(config.url)  # 20 connections: engram serve's 16 gRPC workers + 4
     try:
         # No audit spool: a read's row goes to the database at once (every core's rows in one place).
-        store = StoreKernel(engine, vault, spool_dir=None, load_index=load_index)
+        # Each scope's index is loaded on its first read (every read checks the scope's head anyway).
+        store = StoreKernel(engine, vault, spool_dir=None, load_index=load_index, lazy_scopes=True,
+                            index_max_records=config.index_max_records)
     except BaseException:
         engine.close()
         raise

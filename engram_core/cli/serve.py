@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--key-dir", metavar="DIR",
                    help="with --store: the directory of the KEK ring and the other secrets (host.key, index.key, "
                         "page.key, ...), the same files on every core of the store")
+    p.add_argument("--index-max-records", type=int, default=0, metavar="N",
+                   help="with --store: each scope's search index is loaded on first use; keep at most N records "
+                        "indexed, evicting the least recently used scopes (default 0: no budget)")
     p.add_argument("--listen", default="127.0.0.1:50051", help="HOST:PORT (default: %(default)s)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--policies", default=None,

@@ -71,6 +71,8 @@ def serve_main(args: argparse.Namespace) -> int:
         except ValueError as exc:
             return _fail(str(exc))
         args.data = args.key_dir  # the directory of this core's keys and files, as --data is for DuckDB
+    elif getattr(args, "index_max_records", 0):
+        return _fail("--index-max-records goes with --store (a DuckDB core holds every scope's index)")
     elif getattr(args, "key_dir", None):
         return _fail("--key-dir goes with --store (a DuckDB store keeps its keys in --data)")
     problem = listen_problem(args.listen)
@@ -109,7 +111,7 @@ def serve_main(args: argparse.Namespace) -> int:
             metrics=metrics, tls=tls, policy=serving.engine,
             key_schedule=KeySchedule(rotation_interval_ms=getattr(args, "key_rotation_interval", DAY_MS),
                                      retention_ms=getattr(args, "key_retention", DAY_MS)),
-            store_url=store_url,
+            store_url=store_url, index_max_records=getattr(args, "index_max_records", 0),
         )
     except EngramError as exc:
         serving.engine.close()

@@ -67,6 +67,9 @@ class CoreMetrics:
         self.index_rebuild_seconds = Histogram(f"{prefix}_search_index_rebuild_duration_seconds",
                                                "Time to build the in-memory search index from the store",
                                                buckets=LATENCY_BUCKETS, registry=r)
+        self.scope_load_seconds = Histogram(f"{prefix}_search_index_scope_load_duration_seconds",
+                                            "What a scope's cold first read costs: loading its index (--store)",
+                                            buckets=LATENCY_BUCKETS, registry=r)
         self.last_activation_ns = 0
         self.active_revision = ""
 
@@ -154,6 +157,16 @@ class _CoreLevels(Collector):
         docs = _index_documents(store)
         if docs is not None:
             yield _gauge("engram_search_index_documents", "Records in the in-memory search index", docs)
+        resident = store.residency()
+        if resident is not None:
+            yield _gauge("engram_search_index_scopes_loaded", "Scopes whose index this core holds", resident.scopes_loaded)
+            yield _gauge("engram_search_index_budget_records", "--index-max-records (0: no budget)",
+                         resident.max_records)
+            yield CounterMetricFamily("engram_search_index_scope_loads", "Scope indexes loaded on first use",
+                                      value=resident.loads)
+            yield CounterMetricFamily("engram_search_index_scope_evictions",
+                                      "Scope indexes evicted to keep within --index-max-records",
+                                      value=resident.evictions)
         slots = self._key_slots()
         if slots is not None:
             fam = GaugeMetricFamily("engram_keyvault_slots", "Data-key slots by state (destroyed = zeroed)",

@@ -169,3 +169,9 @@ def observe_store(store: Any, metrics: CoreMetrics | None) -> None:
         log_event("search_index_built", documents=documents, seconds=round(seconds, 3))
 
     store.on_index_rebuild = rebuilt
+
+    def loaded(seconds: float, records: int) -> None:
+        if metrics is not None:
+            metrics.scope_load_seconds.observe(seconds)
+
+    store.on_scope_load = loaded

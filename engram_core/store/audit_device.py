@@ -356,6 +356,10 @@ def _merged(per_device: list[dict[str, _ChainOnDevice]], problems: list[dict[str
     return merged
 
 
+def check_device_file(path: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return check_device_files([path], rows)
+
+
 def check_device_files(paths: list[Path], rows: list[dict[str, Any]]) -> dict[str, Any]:
     """``engram admin verify --device FILE…``: one file per core (every core of a store with several
     writes a device of its own; together they must hold every row)."""

@@ -49,6 +49,7 @@ from engram_core.store.changes import (
     VectorIndexed,
 )
 from engram_core.store.engine import Engine, EngineTx, TxEffects
+from engram_core.store.index_residency import IndexResidency, ResidencyStats
 from engram_core.store.page_pins import PinStore
 from engram_core.store.port import AuditRow, Event, LexicalPage, LexicalStats, RecordRow, ScopeRow
 from engram_core.store.projection import Projection, open_plain, open_projection, seal_projection
@@ -63,13 +64,17 @@ class StoreKernel:
     """The ``Store`` port over one engine, one key vault and (optionally) a spool directory."""
 
     def __init__(self, engine: Engine, keys: KeyVault | None, *, spool_dir: Path | None = None,
-                 load_index: bool = True, recover: bool = True) -> None:
+                 load_index: bool = True, recover: bool = True, lazy_scopes: bool = False,
+                 index_max_records: int = 0) -> None:
         """``keys``: the key vault (projections are sealed under record keys; a kernel opened
         without one, for offline tools, has no search index). ``spool_dir``: where standalone
         audit rows are spooled (None: the engine writes each at once). ``load_index=False``
         leaves the search index to ``reload_indexes`` (the server builds it after it listens);
         ``recover=False`` leaves rows a previous process spooled where they are (offline tools
-        that read what a crash left)."""
+        that read what a crash left). ``lazy_scopes``, for an engine other cores share (a read
+        reads the scope's head from the database anyway): a scope's index is loaded on its first
+        read, not at open, and the least recently used scopes are evicted once the loaded ones
+        hold more than ``index_max_records`` records (0: never; ``index_residency.py``)."""
         self.engine = engine
         self._keys = keys
         engine.set_hooks(self)
@@ -95,6 +100,12 @@ class StoreKernel:
         self._scopes: dict[tuple[str, str], ScopeRow] | None = None
         # Per scope, the journal cursor up to which the index holds every committed change.
         self._applied: dict[tuple[str, str], int] = {}
+        # Scopes loaded on first use (None: every scope is loaded at open).
+        self._residency = (IndexResidency(index_max_records) if lazy_scopes and not engine.sole_writer
+                           else None)
+        # Observability hooks: seconds and records of a scope's cold load; scopes evicted.
+        self.on_scope_load: Callable[[float, int], None] | None = None
+        self.on_scope_evict: Callable[[int], None] | None = None
         self._stale = True
         self._open = True
         if recover and self._spool is not None and self._spool.pending:
@@ -256,12 +267,20 @@ class StoreKernel:
         if changes or scopes:
             with self._publish:
                 try:
+                    runs = _runs(appended)
+                    if self._residency is not None:
+                        # A scope not loaded here is loaded whole by its first read: its part of a
+                        # commit would make a partial index of it.
+                        changes = [c for c in changes if self._loaded_or_unknown(c)]
+                        runs = {k: v for k, v in runs.items() if k in self._residency}
                     self._index.apply(changes)
                     if self._scopes is not None:
                         self._scopes.update(scopes)
-                    for (t, w), cursors in _runs(appended).items():
+                    for (t, w), cursors in runs.items():
                         if self._applied.get((t, w), 0) == cursors[0] - 1:  # no other core's event between
                             self._applied[(t, w)] = cursors[-1]
+                        if self._residency is not None:
+                            self._residency.resized((t, w), self._index.scope_documents(t, w))
                 except Exception:
                     log.exception("search index change not applied; rebuilding before the next search")
                     self._stale = True
@@ -286,12 +305,72 @@ class StoreKernel:
 
     # -- the search index ---------------------------------------------------------------------------------
     @contextmanager
-    def search_index(self) -> Iterator[SearchIndex]:
-        """The in-memory search index (rebuilt from the engine first if it may be behind)."""
+    def search_index(self, scope: tuple[str, str] | None = None) -> Iterator[SearchIndex]:
+        """The in-memory search index (rebuilt from the engine first if it may be behind), with
+        ``scope``'s part loaded when scopes are loaded on first use."""
+        for _ in range(8):
+            if scope is not None and self._residency is not None:
+                with self._publish:
+                    loaded = scope in self._residency and not self._stale
+                if not loaded:
+                    self._load_scope(*scope)
+            with self._publish:
+                if self._stale:
+                    self._reload()
+                if scope is None or self._residency is None or scope in self._residency:
+                    if scope is not None and self._residency is not None:
+                        self._residency.touch(scope)
+                    yield self._index
+                    return
+            # Evicted by another scope's load between the two: load it again.
+        raise EngramError(Code.STORE_UNAVAILABLE, "the search index budget is too small for the scopes in use")
+
+    def _loaded_or_unknown(self, change: Any) -> bool:
+        scope = _scope_of_change(change)
+        return scope is None or scope in self._residency  # type: ignore[operator]
+
+    def _load_scope(self, tenant: str, workspace: str) -> int:
+        """Load one scope's index from its sealed projections at one snapshot (outside the
+        publish lock: other scopes' reads go on), then evict what the budget no longer holds."""
+        key = (tenant, workspace)
+        started = time.perf_counter()
+        builder = IndexBuilder()
+        with self.engine.read(snapshot=True) as etx:
+            row = etx.scope(tenant, workspace)
+            head = row.last_cursor if row is not None else 0
+            blobs = etx.scope_projection_blobs(tenant, workspace) if row is not None else []
+        for rec, _ in blobs:
+            builder.add_row(rec)
+        for rec, sealed in blobs:
+            record_key = self._record_key(rec)
+            if record_key is not None:  # destroyed by a forget committing now: not indexed
+                builder.add_projection(rec.record_id, open_plain(record_key, rec.record_id, sealed))
+        built = builder.finish()
+        evicted: list[tuple[str, str]] = []
         with self._publish:
             if self._stale:
                 self._reload()
-            yield self._index
+            assert self._residency is not None
+            if key not in self._residency:  # else another read loaded it meanwhile: keep that one
+                self._index.replace_scope(tenant, workspace, built)
+                self._applied[key] = head
+                self._residency.loaded(key, self._index.scope_documents(tenant, workspace))
+                evicted = self._residency.victims(keep=key)
+                for victim in evicted:
+                    self._index.drop_scope(*victim)
+                    self._applied.pop(victim, None)
+        if self.on_scope_load is not None:
+            self.on_scope_load(time.perf_counter() - started, len(blobs))
+        if evicted and self.on_scope_evict is not None:
+            self.on_scope_evict(len(evicted))
+        return len(blobs)
+
+    def residency(self) -> ResidencyStats | None:
+        """The loaded scopes (metrics), or None when every scope is loaded at open."""
+        if self._residency is None:
+            return None
+        with self._publish:
+            return self._residency.stats()
 
     def committed_scope(self, tenant: str, workspace: str) -> ScopeRow | None:
         """The scope row as of the last commit whose changes the search index holds: the index is
@@ -317,7 +396,10 @@ class StoreKernel:
         with self._publish:
             if self._stale:
                 self._reload()
-            applied = self._applied.get(key, 0)
+            known = self._applied.get(key)
+        if known is None and self._residency is not None:
+            return self._load_scope(tenant, workspace)  # not loaded here yet: the whole scope at its head
+        applied = known or 0
         if applied >= head:
             return 0
         with self.engine.read(snapshot=True) as etx:
@@ -367,7 +449,7 @@ class StoreKernel:
         started = time.perf_counter()
         builder = IndexBuilder()
         with self.engine.index_scan() as scan:
-            if self._keys is not None:
+            if self._keys is not None and self._residency is None:
                 for values in scan.indexed_rows():
                     builder.add_values(values)
                 for record_id, sealed in scan.projection_blobs():
@@ -382,7 +464,11 @@ class StoreKernel:
             scopes = scan.scopes()
         index = builder.finish()
         self._index, self._scopes, self._stale = index, scopes, False
-        self._applied = {k: row.last_cursor for k, row in scopes.items()}
+        if self._residency is not None:
+            self._residency.clear()  # every scope loads again on its first read
+            self._applied = {}
+        else:
+            self._applied = {k: row.last_cursor for k, row in scopes.items()}
         if self.on_index_rebuild is not None:
             self.on_index_rebuild(time.perf_counter() - started, index.document_count())
 
@@ -606,7 +692,7 @@ class KernelTx:
     def unindex_record(self, tenant: str, workspace: str, record_id: str) -> int:
         """Delete the record's sealed projection; returns how many postings it held (as the
         committed index counts them)."""
-        with self._kernel.search_index() as index:
+        with self._kernel.search_index((tenant, workspace)) as index:
             removed = index.postings_of(tenant, workspace, record_id)
         self._etx.delete_projection(record_id)
         self._effects.changes.append(RecordUnindexed(tenant, workspace, record_id))
@@ -666,7 +752,7 @@ class KernelTx:
     def lexical_stats(self, tenant: str, workspace: str, terms: list[int]) -> LexicalStats:
         """Corpus statistics BM25 needs for ``terms`` in one scope. Search pins them with the first
         page, so later pages score every record as the first page did (SPEC §5)."""
-        with self._kernel.search_index() as index:
+        with self._kernel.search_index((tenant, workspace)) as index:
             return index.stats(tenant, workspace, terms)
 
     def rank_lexical(
@@ -676,7 +762,7 @@ class KernelTx:
         window: tuple[int, int] | None = None, neighbours: tuple[int, float, int, int] | None = None,
     ) -> LexicalPage:
         """BM25F ranking of the scope's eligible records (see ``SearchIndex.rank``)."""
-        with self._kernel.search_index() as index:
+        with self._kernel.search_index((tenant, workspace)) as index:
             return index.rank(tenant, workspace, stats, weights, k1=k1, b=b, now_ms=now_ms, half_life_ms=half_life_ms,
                               lexical_weight=lexical_weight, max_accepted_cursor=max_accepted_cursor,
                               best_bm25=best_bm25, after=after, limit=limit, window=window, neighbours=neighbours)
@@ -687,7 +773,7 @@ class KernelTx:
         neighbours: tuple[int, float, int, int] | None = None,
     ) -> list[tuple[str, float, int]]:
         """Nearest eligible records by cosine similarity (see ``SearchIndex.nearest``)."""
-        with self._kernel.search_index() as index:
+        with self._kernel.search_index((tenant, workspace)) as index:
             return index.nearest(tenant, workspace, model, vector, now_ms=now_ms,
                                  max_accepted_cursor=max_accepted_cursor, min_similarity=min_similarity, limit=limit,
                                  neighbours=neighbours)
@@ -713,6 +799,15 @@ def _postings_of(projection: Projection) -> tuple[Posting, ...]:
         name, length = FIELDS[code], int(tfs.sum())
         out += [Posting(int(t), name, int(tf), length) for t, tf in zip(terms.tolist(), tfs.tolist(), strict=True)]
     return tuple(out)
+
+
+def _scope_of_change(change: Any) -> tuple[str, str] | None:
+    """The scope a committed change is about (None: one named by its record alone)."""
+    if isinstance(change, RecordIndexed):
+        return (change.row.tenant, change.row.workspace)
+    if isinstance(change, (RecordUnindexed, VectorIndexed, ScopeProjectionsDropped)):
+        return (change.tenant, change.workspace)
+    return None
 
 
 def _older_than_indexed(index: SearchIndex, change: Any) -> bool:

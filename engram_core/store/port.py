@@ -453,6 +453,12 @@ class Store(Protocol):
         """Records the search index holds (None while it is being built): metrics."""
         ...
 
+    def residency(self) -> Any:
+        """Where scopes' indexes are loaded on first use (a store other cores share): the loaded
+        scopes and records, loads and evictions so far (``index_residency.ResidencyStats``);
+        None when every scope is loaded at open (metrics)."""
+        ...
+
     def attach_audit_devices(self, devices: Any) -> None:
         """Stream every audit row written from now on to ``devices`` before it is durable; a row
         no device accepts fails its call (SPEC §10 fail closed)."""

@@ -682,6 +682,24 @@ class SearchIndex:
         """Records indexed across all scopes (the metrics' index size)."""
         return sum(scope.docs for scope in self._scopes.values())
 
+    def scope_documents(self, tenant: str, workspace: str) -> int:
+        """Records indexed in one scope."""
+        scope = self._scopes.get((tenant, workspace))
+        return scope.docs if scope is not None else 0
+
+    def replace_scope(self, tenant: str, workspace: str, built: SearchIndex) -> None:
+        """Hold ``built``'s index of the scope instead of this one's (a scope loaded on first use)."""
+        self.drop_scope(tenant, workspace)
+        scope = built._scopes.get((tenant, workspace))
+        if scope is not None:
+            self._scopes[(tenant, workspace)] = scope
+            for record_id in scope.local:
+                self._scope_of[record_id] = (tenant, workspace)
+
+    def drop_scope(self, tenant: str, workspace: str) -> None:
+        """Forget the scope's index (evicted, or about to be replaced)."""
+        self.apply([ScopeProjectionsDropped(tenant, workspace)])
+
     def vector_models(self) -> set[str]:
         """The models whose vectors some scope holds (start-up: vectors of an older model)."""
         return {model for scope in self._scopes.values() for model in scope.vectors}
