@@ -14,16 +14,19 @@ ENGRAM = str(Path(sys.executable).with_name("engram"))
 class Served:
     """``engram serve`` on a data directory, in its own process (the clients do not share its GIL)."""
 
-    def __init__(self, data_dir: Path, semantic: bool, *, metrics: bool = False, tree: Path | None = None) -> None:
+    def __init__(self, data_dir: Path, semantic: bool, *, metrics: bool = False, tree: Path | None = None,
+                 store: str | None = None) -> None:
         """``metrics``: serve the Prometheus endpoint too, its URL in ``metrics_url``. ``tree``:
         another checkout of this repository (its generated stubs included) whose core to run,
-        for a before/after in one run; by default this checkout's ``engram``."""
+        for a before/after in one run; by default this checkout's ``engram``. ``store``: a
+        PostgreSQL store (``--store``) with ``data_dir`` its key directory."""
         env = {**os.environ, "ENGRAM_SEMANTIC": "on" if semantic else "off"}
         cli = [ENGRAM]
         if tree is not None:
             env["PYTHONPATH"] = str(tree)
             cli = [sys.executable, "-c", "import sys; from engram_core.cli import main; sys.exit(main())"]
-        argv = [*cli, "serve", "--data", str(data_dir), "--listen", "127.0.0.1:0"]
+        where = ["--store", store, "--key-dir", str(data_dir)] if store else ["--data", str(data_dir)]
+        argv = [*cli, "serve", *where, "--listen", "127.0.0.1:0"]
         if metrics:
             argv += ["--metrics", "127.0.0.1:0"]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,

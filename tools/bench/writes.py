@@ -53,22 +53,26 @@ def _load(data: Path, size: int) -> None:
         core.store.close()
 
 
-def _commits(server: Served) -> tuple[float, float]:
-    """(COMMITs, transactions they carried) so far, from the core's metrics."""
-    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+def _commits(servers: list[Any]) -> tuple[float, float]:
+    """(COMMITs, transactions they carried) so far, from the cores' metrics (summed)."""
     count = total = 0.0
-    for line in text.splitlines():
-        if line.startswith("engram_store_commit_batch_transactions_count"):
-            count = float(line.split()[-1])
-        elif line.startswith("engram_store_commit_batch_transactions_sum"):
-            total = float(line.split()[-1])
+    for server in servers:
+        text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+        for line in text.splitlines():
+            if line.startswith("engram_store_commit_batch_transactions_count"):
+                count += float(line.split()[-1])
+            elif line.startswith("engram_store_commit_batch_transactions_sum"):
+                total += float(line.split()[-1])
     return count, total
 
 
-def _point(server: Served, key_path: Path, clients: int, duration: float, phase: str,
+def _point(server: Any, key_path: Path, clients: int, duration: float, phase: str,
            corpus: Corpus, admitted: list[str], *, searcher: bool = False) -> dict[str, Any]:
     """``clients`` writers doing ``phase`` (pair or forget); ``searcher``: one more client searching
-    (lexical) all the while, in a process of its own, its latencies reported as ``search``."""
+    (lexical) all the while, in a process of its own, its latencies reported as ``search``.
+    ``server``: one served core, or a list of cores over one store (client n talks to core n mod
+    their number; CPU and COMMITs are summed over them)."""
+    servers = server if isinstance(server, list) else [server]
     lat: dict[str, list[float]] = {"pair": [], "capture": [], "request_admission": [], "forget": [], "search": []}
     errors = [0]
     stop = time.monotonic() + duration
@@ -79,7 +83,7 @@ def _point(server: Served, key_path: Path, clients: int, duration: float, phase:
     salt = f"w{next(_POINTS)}-{clients}"
 
     def client(n: int) -> None:
-        agent = GrpcAgent(server.address, key_path, tenant=TENANT, workspace=WORKSPACE)
+        agent = GrpcAgent(servers[n % len(servers)].address, key_path, tenant=TENANT, workspace=WORKSPACE)
         i = 0
         try:
             while time.monotonic() < stop:
@@ -113,7 +117,7 @@ def _point(server: Served, key_path: Path, clients: int, duration: float, phase:
         finally:
             agent.close()
 
-    cpu0, (c0, t0) = process_cpu_s(server.proc.pid), _commits(server)
+    cpu0, (c0, t0) = sum(process_cpu_s(s.proc.pid) for s in servers), _commits(servers)
     mine0, (busy0, all0) = time.process_time(), machine_busy_s()
     began = time.perf_counter()
     threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
@@ -122,7 +126,7 @@ def _point(server: Served, key_path: Path, clients: int, duration: float, phase:
         # process's GIL behind the writers' clients (measured: ~1 ms of its p50 at 100k).
         receive, send = multiprocessing.Pipe(duplex=False)
         child = multiprocessing.get_context("spawn").Process(
-            target=_search_until, args=(server.address, key_path, corpus.queries(200), stop, send))
+            target=_search_until, args=(servers[-1].address, key_path, corpus.queries(200), stop, send))
         child.start()
     for t in threads:
         t.start()
@@ -134,11 +138,11 @@ def _point(server: Served, key_path: Path, clients: int, duration: float, phase:
         lat["search"].extend(found)
         errors[0] += failed
     wall = time.perf_counter() - began
-    cpu1, (c1, t1) = process_cpu_s(server.proc.pid), _commits(server)
+    cpu1, (c1, t1) = sum(process_cpu_s(s.proc.pid) for s in servers), _commits(servers)
     mine1, (busy1, all1) = time.process_time(), machine_busy_s()
     ops = len(lat["pair"]) if phase == "pair" else len(lat["forget"])
     out: dict[str, Any] = {
-        "clients": clients, "phase": phase + ("+search" if searcher else ""), "operations": ops,
+        "clients": clients, "cores": len(servers), "phase": phase + ("+search" if searcher else ""), "operations": ops,
         "errors": errors[0],
         "server_cpu_ms_per_op": round((cpu1 - cpu0) / ops * 1000, 2) if ops else None,
         "server_cpu_share_of_a_core": round((cpu1 - cpu0) / wall, 2),

@@ -1,0 +1,137 @@
+"""Several cores over one PostgreSQL store (issue 28): the write path and search through one and
+two ``engram serve --store`` processes, against the same figures on the embedded DuckDB store in
+the same run.
+
+    .venv/bin/python -m tools.bench.postgres [--size 10000] [--clients 1,4,16] [--duration 10] [--out FILE]
+
+A PostgreSQL 15 cluster of its own is started in a temporary directory (as the tests start theirs:
+tests/pg_cluster.py; as root through ``runuser -u postgres``), on this machine, so the database
+shares its cores with the cores and the clients. The DuckDB store is bulk-loaded to ``--size``
+records (tools/bench/loader.py) and moved into PostgreSQL with ``engram admin migrate-store``
+(timed; lexical only, so the move does not embed). Then, per engine and number of cores: pairs and
+forgets per client count (tools/bench/writes.py's points: throughput, p50/p99 per call, server
+CPU per operation, transactions per COMMIT), a scope's first search on a fresh core (the cold
+load of its index) and one client's lexical searches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tools.bench.corpus import PURPOSE, Corpus
+from tools.bench.grpc_client import GrpcAgent, activate
+from tools.bench.machine import facts, loadavg
+from tools.bench.serving import ENGRAM, REPO, Served
+from tools.bench.stats import run_summary
+from tools.bench.writes import TENANT, WORKSPACE, _load, _point
+
+sys.path.insert(0, str(REPO / "tests"))
+from pg_cluster import start_cluster  # noqa: E402  (the tests' own cluster helper)
+
+
+def _searches(address: str, key_path: Path, queries: list[str], n: int) -> dict[str, Any]:
+    agent = GrpcAgent(address, key_path, tenant=TENANT, workspace=WORKSPACE)
+    try:
+        started = time.perf_counter()
+        agent.call("search", {"query": queries[0], "purpose_ref": PURPOSE})
+        cold = time.perf_counter() - started
+        lat = []
+        began = time.perf_counter()
+        for i in range(n):
+            t = time.perf_counter()
+            agent.call("search", {"query": queries[i % len(queries)], "purpose_ref": PURPOSE})
+            lat.append(time.perf_counter() - t)
+        return {"first_search_ms": round(cold * 1000, 2), **run_summary(lat, time.perf_counter() - began)}
+    finally:
+        agent.close()
+
+
+def _run(servers: list[Served], key_path: Path, a: argparse.Namespace, corpus: Corpus, label: str,
+         summary: dict[str, Any]) -> None:
+    search = _searches(servers[-1].address, key_path, corpus.queries(200), a.searches)
+    summary["points"].append({"engine": label, "cores": len(servers), "phase": "search", "search": search})
+    print(f"[postgres] {label} x{len(servers)} search: first {search['first_search_ms']} ms, "
+          f"p50 {search['p50_ms']} ms p99 {search['p99_ms']} ms", file=sys.stderr)
+    for clients in (int(c) for c in a.clients.split(",")):
+        admitted: list[str] = []
+        for phase in ("pair", "forget"):
+            point = _point(servers if len(servers) > 1 else servers[0], key_path, clients, a.duration, phase,
+                           corpus, admitted)
+            point["engine"] = label
+            summary["points"].append(point)
+            main = point.get(phase, {})
+            print(f"[postgres] {label} x{len(servers)} clients={clients} {phase}: {main.get('throughput_per_s')}/s "
+                  f"p50={main.get('p50_ms')} ms p99={main.get('p99_ms')} ms, "
+                  f"{point['transactions_per_commit']} tx/COMMIT, errors {point['errors']}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", type=int, default=10000, help="accepted records loaded first (default 10000)")
+    p.add_argument("--clients", default="1,4,16")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds of pairs per client count")
+    p.add_argument("--searches", type=int, default=300, help="lexical searches by one client per setup")
+    p.add_argument("--cores", default="1,2", help="numbers of PostgreSQL cores to run (default 1,2)")
+    p.add_argument("--no-duckdb", action="store_true", help="skip the embedded store's figures")
+    p.add_argument("--out", default=None, help="write the JSON summary here")
+    a = p.parse_args(argv)
+    summary: dict[str, Any] = {"machine": facts(), "command": " ".join(sys.argv), "size": a.size, "points": []}
+    cluster = start_cluster()
+    os.environ["PGPASSFILE"] = str(cluster.passfile)
+    try:
+        with tempfile.TemporaryDirectory(prefix="engram-bench-pg-") as tmp:
+            data, keys = Path(tmp) / "data", Path(tmp) / "keys"
+            print(f"[postgres] loading {a.size:,} records", file=sys.stderr)
+            _load(data, a.size)
+            corpus = Corpus(seed=41)
+            if not a.no_duckdb:
+                server = Served(data, semantic=True, metrics=True)
+                try:
+                    activate(server.address, data / "host.key", TENANT, WORKSPACE)
+                    _run([server], data / "host.key", a, corpus, "duckdb", summary)
+                finally:
+                    server.stop()
+            db = cluster.create_database("bench")
+            started = time.perf_counter()
+            moved = subprocess.run([ENGRAM, "admin", "--json", "migrate-store", "--from", str(data), "--to",
+                                    db.conninfo, "--key-dir", str(keys)], capture_output=True, text=True,
+                                   env={**os.environ, **db.env, "ENGRAM_SEMANTIC": "off"}, cwd=REPO)
+            if moved.returncode != 0:
+                raise RuntimeError(f"migrate-store failed: {moved.stderr[-2000:]}")
+            seconds = time.perf_counter() - started
+            records = json.loads(moved.stdout)["records_restored"]
+            summary["migrate_store"] = {"seconds": round(seconds, 2), "records": records,
+                                        "records_per_s": round(records / seconds, 1)}
+            print(f"[postgres] migrate-store: {records} records in {seconds:.1f} s", file=sys.stderr)
+            key_path = data / "host.key"  # copied into the key directory: the hosts' key signs there too
+            for n in (int(c) for c in a.cores.split(",")):
+                servers: list[Served] = []
+                try:
+                    for _ in range(n):
+                        servers.append(Served(keys, semantic=True, metrics=True, store=db.conninfo))
+                    _run(servers, key_path, a, corpus, "postgresql", summary)
+                finally:
+                    for s in servers:
+                        s.stop()
+    finally:
+        cluster.destroy()
+    summary["loadavg_at_end"] = loadavg()
+    text = json.dumps(summary, indent=1)
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
