@@ -153,9 +153,10 @@ def serve_main(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGHUP, reload)
     # Machine-readable ready line, always the first line on stdout: tests and scripts wait for it.
-    where = f"store {running.core.store.describe()['store']}, key dir {args.data}" if store_url else f"data {args.data}"
+    described = _described(running.core.store)
+    where = f"store {described['store']}, key dir {args.data}" if store_url else f"data {args.data}"
     print(f"engram core listening on {running.address} ({where}, host key {running.host_key_path})", flush=True)
-    opened = opened_summary(running, args, metrics_address)
+    opened = opened_summary(running, args, metrics_address, described)
     opened.update(serving.describe())
     if not running.core.policy.active() and (serving.refused or serving.unavailable):
         problem = serving.refused or {}
@@ -165,7 +166,6 @@ def serve_main(args: argparse.Namespace) -> int:
         opened["policy_revision"] = f"NONE (not serving: {why})"
     print("engram core opened: " + ", ".join(f"{k} {v}" for k, v in opened.items()), flush=True)
     log_event("started", **opened)
-    described = running.core.store.describe()
     if described["migrations_applied"]:
         log_event("migration", applied=described["migrations_applied"], trigger="open")
     if described["audit_spool_replayed_rows"]:
@@ -235,16 +235,32 @@ def tls_mode(args: argparse.Namespace) -> str:
     return "on (mutual: client certificates required)" if getattr(args, "client_ca", None) else "on"
 
 
-def opened_summary(running: Any, args: argparse.Namespace, metrics_address: str) -> dict[str, Any]:
+def _described(store: Any) -> dict[str, Any]:
+    """The store's start-up summary (``Store.describe``), or what is known without it when the
+    database does not answer now: a store that went away after the core opened it (PostgreSQL
+    restarting) leaves this core serving, its calls answering STORE_UNAVAILABLE until it is back."""
+    from engram_core.observability.logs import log_event
+
+    try:
+        return {**store.describe(), "schema_version": max((m["version"] for m in store.migration_ledger()),
+                                                          default=0)}
+    except EngramError as exc:
+        log_event("store_summary_unavailable", logging.WARNING, code=exc.code.value)
+        return {"store": f"unavailable ({exc.code.value})", "schema_version": "?", "migrations_applied": [],
+                "audit_spool_replayed_rows": 0, "scopes": "?", "records": {}, "candidates": {}, "audit_rows": "?"}
+
+
+def opened_summary(running: Any, args: argparse.Namespace, metrics_address: str,
+                   counts: dict[str, Any] | None = None) -> dict[str, Any]:
     """What start-up opened, as identifiers and counts (also the ``started`` log event)."""
     from engram_core.observability import tracing
 
-    core, store = running.core, running.core.store
-    counts = store.describe()
+    core = running.core
+    counts = counts if counts is not None else _described(core.store)
     revision = core.policy.revision()
     return {
         "store": counts["store"],
-        "schema_version": max((m["version"] for m in store.migration_ledger()), default=0),
+        "schema_version": counts["schema_version"],
         "migrations_applied": counts["migrations_applied"] or "none",
         "audit_spool_replayed_rows": counts["audit_spool_replayed_rows"],
         "scopes": counts["scopes"],
