@@ -360,14 +360,8 @@ def canonical_arguments(tool: str, args: Any) -> Canonical:
     except (_Recheck, UnicodeEncodeError, RecursionError):
         validate_arguments(tool, args)  # raises: the refusal this input has always had
         raise _fail("arguments are not canonical JSON", "wrong_type") from None
-    if size > MAX_ARGUMENT_BYTES:
-        raise _fail("arguments too large", "too_large")
-    try:
-        validator(args)
-    except fastjsonschema.JsonSchemaValueException:
-        raise _explain(tool, args) from None
-    if tool == CAPTURE_TOOL:
-        _check_capture(args)
+    _check_size(size)
+    _check_schema(tool, validator, args)
     return body
 
 
@@ -383,13 +377,22 @@ def validate_arguments(tool: str, args: Any) -> dict[str, Any]:
         size = len(json.dumps(args, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
     except (UnicodeEncodeError, ValueError, TypeError, RecursionError):
         raise _fail("arguments are not valid JSON text", "wrong_type") from None
+    _check_size(size)
+    _check_strings(args, None, [])
+    _check_schema(tool, validator, args)
+    return args
+
+
+def _check_size(size: int) -> None:
     if size > MAX_ARGUMENT_BYTES:
         raise _fail("arguments too large", "too_large")
-    _check_strings(args, None, [])
+
+
+def _check_schema(tool: str, validator: Any, args: dict[str, Any]) -> None:
+    """The tool's JSON Schema, then what a schema cannot say of a capture."""
     try:
         validator(args)
     except fastjsonschema.JsonSchemaValueException:
         raise _explain(tool, args) from None
     if tool == CAPTURE_TOOL:
         _check_capture(args)
-    return args

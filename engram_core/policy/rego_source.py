@@ -43,14 +43,8 @@ def _tokens(text: str) -> Iterator[tuple[int, str, int]]:
     depth, i, n = 0, 0, len(text)
     while i < n:
         c = text[i]
-        if c == '"':
-            i += 1
-            while i < n and text[i] != '"':
-                i += 2 if text[i] == "\\" else 1
-        elif c == "`":
-            i += 1
-            while i < n and text[i] != "`":
-                i += 1
+        if c in _QUOTES:
+            i = _string_end(text, i)
         elif c == "#":
             while i < n and text[i] != "\n":
                 i += 1
@@ -71,18 +65,24 @@ def _cut_comment(line: str) -> str:
     i, n = 0, len(line)
     while i < n:
         c = line[i]
-        if c == '"':
-            i += 1
-            while i < n and line[i] != '"':
-                i += 2 if line[i] == "\\" else 1
-        elif c == "`":
-            i += 1
-            while i < n and line[i] != "`":
-                i += 1
+        if c in _QUOTES:
+            i = _string_end(line, i)
         elif c == "#":
             return line[:i].rstrip()
         i += 1
     return line.rstrip()
+
+
+_QUOTES = ('"', "`")
+
+
+def _string_end(text: str, i: int) -> int:
+    """The index of the quote closing the string that opens at ``text[i]`` (``"…"`` with
+    backslash escapes, or a raw ```…```), or ``len(text)`` when it is not closed."""
+    quote, i, n = text[i], i + 1, len(text)
+    while i < n and text[i] != quote:
+        i += 2 if quote == '"' and text[i] == "\\" else 1
+    return i
 
 
 def test_rules(source: str) -> list[TestRule]:
