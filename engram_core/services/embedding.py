@@ -1,4 +1,4 @@
-"""Embedding record texts for admission off the caller's thread (SPEC §11 ``semantic_v4``).
+"""Embedding record texts for admission off the caller's thread (SPEC §11 ``semantic_v5``).
 
 The model is behind the Embedder port (``engram_core.embedding.port``); the composition root
 loads the local one (``engram_core.embedding.onnx_minilm``).

@@ -81,6 +81,14 @@ def query_terms(text: str) -> list[str]:
     return _stem([t for t in tokenize(text) if t not in _QUERY_STOP])
 
 
+def query_words(text: str) -> list[tuple[str, str | None]]:
+    """Each word of a query with its term (``None`` for a stop or question word, which has none)."""
+    words = tokenize(text)
+    content = [w for w in words if w not in _QUERY_STOP]
+    stems = dict(zip(content, _stem(content), strict=True))
+    return [(w, stems.get(w)) for w in words]
+
+
 class TermHasher:
     def __init__(self, key: bytes) -> None:
         self._key = key

@@ -99,6 +99,9 @@ class Profile:
     model_id: str | None = None
     fusion: Fusion | None = None
     needs_network: bool = False
+    # From semantic_v5: the query's embedding leaves out the words found in more than this share
+    # of the scope's indexed records (0: none left out). See ``embedding_text``.
+    embed_common_share: float = 0.0
 
     @property
     def semantic(self) -> bool:
@@ -119,6 +122,10 @@ class Profile:
             cfg["neighbours"] = self.neighbours.config()
         if self.model_id is not None and self.fusion is not None:
             cfg["semantic"] = {"model_id": self.model_id, **self.fusion.config()}
+            if self.embed_common_share:
+                cfg["semantic"]["query_embedding"] = {
+                    "drops": "words whose term is in more than this share of the scope's indexed records",
+                    "share": str(self.embed_common_share), "all_dropped": "the whole query"}
         return cfg
 
     def config_digest(self) -> str:
@@ -163,6 +170,25 @@ def semantic_v3(model_id: str, *, needs_network: bool = False, fusion: Fusion = 
 
 
 def semantic_v4(model_id: str, *, needs_network: bool = False, fusion: Fusion = DEFAULT_FUSION) -> Profile:
-    """The ``semantic_v4`` profile (the default): ``semantic_v3`` with v4's neighbours in both lists."""
+    """The ``semantic_v4`` profile: ``semantic_v3`` with v4's neighbours in both lists."""
     return replace(OFFLINE_LEXICAL_V4, name="semantic_v4", model_id=model_id, fusion=fusion,
                    needs_network=needs_network)
+
+
+# Version 5 of the semantic profile (the default): semantic_v4 whose query embedding leaves out
+# the words that most of the scope's records contain. In a conversation between two people each
+# name is in half the turns ("Caroline: ..."), and in a project's workspace its name is in most
+# notes: such a word says nothing about which record answers, but it dominates the embedding of
+# a short question, so the vector list ranked every turn of that speaker alike. BM25 already
+# gives such words a low IDF, so the lexical list is unchanged (offline_lexical_v4); leaving them
+# out of the lexical query lost (docs/retrieval-quality.md, "Version 5"). 0.35: conversations
+# gain the same from 0.1 to 0.4 (names are in about half the turns), the synthetic notes lose
+# below 0.3 (their services' names are in a fifth of a workspace).
+EMBED_COMMON_SHARE = 0.35
+
+
+def semantic_v5(model_id: str, *, needs_network: bool = False, fusion: Fusion = DEFAULT_FUSION) -> Profile:
+    """The ``semantic_v5`` profile (the default): ``semantic_v4`` whose query embedding leaves out
+    the scope's most common words (``embedding_text``)."""
+    return replace(semantic_v4(model_id, needs_network=needs_network, fusion=fusion), name="semantic_v5",
+                   version="5", embed_common_share=EMBED_COMMON_SHARE)

@@ -21,9 +21,11 @@ from engram_core.errors import Code, EngramError
 from engram_core.hostctx import BoundContext
 from engram_core.observability.tracing import traced
 from engram_core.policy.port import REDACTION, Decision
+from engram_core.services import lexical
 from engram_core.services.core import CallRecord, Core, context_facts
+from engram_core.services.lexical import TermHasher
 from engram_core.services.paging import Binding, CursorCodec, Pin
-from engram_core.services.ranking import OFFLINE_LEXICAL_V4, Profile, semantic_v4
+from engram_core.services.ranking import OFFLINE_LEXICAL_V4, Profile, semantic_v5
 from engram_core.services.timeq import TimeWindow, parse_time, proximity
 from engram_core.store.port import LexicalStats, RecordRow, ScopeRow, Tx
 from engram_core.tools import GET_TOOL, SEARCH_TOOL
@@ -107,7 +109,8 @@ class ReadService:
         embedder = getattr(core, "embedder", None)
         if embedder is not None:
             # SPEC §11: the model id is pinned in the profile config digest.
-            self.profiles["semantic"] = semantic_v4(embedder.model_id,
+            # semantic_v4 stays selectable (ranking.semantic_v4) with its own digest.
+            self.profiles["semantic"] = semantic_v5(embedder.model_id,
                                                     needs_network=getattr(embedder, "needs_network", True))
         self.pins = core.store.page_pins(core.now_ms)
         self.cursors = CursorCodec(core.page_key)
@@ -256,11 +259,10 @@ class ReadService:
                 # A time the query names becomes a valid-time window; its words are not evidence.
                 text, window = parse_time(args["query"], valid_as_of)
                 text = text or args["query"]
-                query_vector = self.core.embedder.embed(text) if profile.semantic else None
                 pin = Pin(binding=binding, system_as_of=scope.last_cursor if scope else 0,
                           valid_as_of=valid_as_of, candidate_count=0, created_ms=self.core.now_ms(),
                           window=(window.start_ms, window.end_ms) if window else None)
-                rows = self._first_rows(tx, ctx, profile, pin, text, query_vector, limit=limit + 1)
+                rows = self._first_rows(tx, ctx, profile, pin, text, limit=limit + 1)
             recs = tx.records(ctx.tenant, ctx.workspace, [r[0] for r in rows[:limit]])
             more = len(rows) > limit
             if more and not pin_id:
@@ -338,7 +340,7 @@ class ReadService:
 
     @traced("engram.search.rank")
     def _first_rows(self, tx: Tx, ctx: BoundContext, profile: Profile, pin: Pin, query: str,
-                    query_vector: list[float] | None, *, limit: int) -> list[tuple[str, float, int]]:
+                    *, limit: int) -> list[tuple[str, float, int]]:
         """Rank the snapshot and fill ``pin`` with what later pages need to continue it exactly."""
         terms = self.core.hasher.query_terms(query)
         pin.lexical_stats = tx.lexical_stats(ctx.tenant, ctx.workspace, terms)
@@ -347,7 +349,8 @@ class ReadService:
             pin.best_bm25, pin.candidate_count = page.best_bm25, page.total
             pin.relevance = query_relevance(profile, pin.lexical_stats, terms, page.own_best_bm25 if page.rows else 0.0)
             return page.rows
-        assert profile.fusion is not None and query_vector is not None and profile.model_id is not None
+        assert profile.fusion is not None and profile.model_id is not None
+        query_vector = self.core.embedder.embed(embedding_text(profile, self.core.hasher, query, pin.lexical_stats))
         lexical = self._lexical(tx, ctx, profile, pin, best_bm25=None, after=None, limit=profile.fusion.depth,
                                 lexical_weight=1.0)
         vector = tx.rank_vectors(ctx.tenant, ctx.workspace, profile.model_id, query_vector, now_ms=pin.valid_as_of,
@@ -409,6 +412,22 @@ def query_relevance(profile: Profile, stats: LexicalStats, terms: list[int], bes
     idf = sum(math.log(1 + (n - d + 0.5) / (d + 0.5)) for d in (stats.df.get(t, 0) for t in unique))
     ideal = profile.weights.get("primary", 1.0) * idf  # tf 1 at average length: (k1+1)·1/(1+k1) = 1
     return min(1.0, best_bm25 / ideal) if ideal > 0 else 0.0
+
+
+def embedding_text(profile: Profile, hasher: TermHasher, text: str, stats: LexicalStats) -> str:
+    """The text the query embedding is computed from (``ranking.semantic_v5``): the query without
+    the words whose term is in more than ``embed_common_share`` of the scope's indexed records (a
+    speaker's name in a conversation, a project's in its workspace), or the whole query if
+    nothing is left out or nothing would remain. The share is of ``stats``, the document
+    frequencies the lexical list uses: the scope's own projections, nothing of another scope."""
+    share = profile.embed_common_share
+    if share <= 0 or stats.docs == 0:
+        return text
+    words = lexical.query_words(text)
+    kept = [w for w, term in words if term is None or stats.df.get(hasher.term(term), 0) <= share * stats.docs]
+    if not kept or len(kept) == len(words):
+        return text
+    return " ".join(kept)
 
 
 def fuse(profile: Profile, lexical: list[tuple[str, int]], vector: list[tuple[str, int]], *,

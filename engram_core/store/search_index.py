@@ -1,4 +1,4 @@
-"""The search projections' read side, held in memory (SPEC §11 ``offline_lexical_v4``, ``semantic_v4``).
+"""The search projections' read side, held in memory (SPEC §11 ``offline_lexical_v4``, ``semantic_v4``, ``semantic_v5``).
 
 DuckDB holds the durable projection (``postings``, ``field_stats``),
 written in the admission and forget transactions. Scoring it with SQL meant reading

@@ -91,7 +91,7 @@ def test_semantic_profile_lends_in_both_lists(core: RunningCore) -> None:
     query = "What breed is Luna?"
     res = ana.search(query, capability_policy=SEMANTIC)
     ids = [p["record"]["record_id"] for p in res["records"]]
-    assert res["rank_receipt"]["profile"] == "semantic_v4"
+    assert res["rank_receipt"]["profile"] == "semantic_v5"
     assert ids[0] == ask and beside in ids and elsewhere not in ids
     # The vector list itself lends: "beside" is below the threshold on its own similarity.
     with core.core.store.read() as tx:

@@ -77,7 +77,7 @@ def test_semantic_profile_finds_paraphrases_lexical_cannot(ana: Client) -> None:
     assert rid not in lexical
     assert rid in [p["record"]["record_id"] for p in semantic["records"]]
     receipt = semantic["rank_receipt"]
-    assert receipt["profile"] == "semantic_v4"
+    assert receipt["profile"] == "semantic_v5"
     assert receipt["profile_config_digest"] != OFFLINE_LEXICAL_V4.config_digest()
 
 
@@ -111,7 +111,7 @@ def test_embedder_that_needs_the_network_is_unavailable_under_forbid(core: Runni
     with pytest.raises(Exception) as err:
         svc._profile_for({"capability_policy": SEMANTIC})
     assert getattr(err.value, "code", None) == Code.RANKING_UNAVAILABLE
-    assert svc._profile_for({"capability_policy": {**SEMANTIC, "network": "allow"}}).name == "semantic_v4"
+    assert svc._profile_for({"capability_policy": {**SEMANTIC, "network": "allow"}}).name == "semantic_v5"
     assert svc._profile_for({}).name == "offline_lexical_v4"
 
 

@@ -12,7 +12,10 @@ at query time:
   kept when the scope has them);
 - neighbours: records captured one after another with the same valid time (turns of one
   session) lend each other part of their score; and (version 4) records of one agent session
-  captured within a window of each other.
+  captured within a window of each other; and (tried for version 5, not kept) each query term's
+  contribution lent on its own (``nbt_weight``);
+- for the semantic profile (``--fusion``): the query's embedding without the scope's most common
+  words (``vdrop``, semantic_v5).
 
 The conversations are loaded as either harness mode captures them (``--mode``): ``session``
 (every turn dated with its session's date, all captured in one burst) or ``live`` (every turn
@@ -117,6 +120,11 @@ class Config:
     nb_session_ms: int = 0
     nb_session_vt: bool = False  # and only if their valid times are within the window as well
     time_weight: float = 0.5  # closeness to a window the query names (ranking.Profile.time_weight)
+    # version 5 candidates: each query term's contribution is lent separately (a record gains
+    # ``nbt_weight`` times its best linked neighbour's contribution of each term, summed over
+    # terms), so that a question's words spread over neighbouring turns add up
+    nbt_weight: float = 0.0
+    nbt_mode: str = "max"  # or "sum" (the neighbours' contributions of a term added up)
 
 
 def load(which: str, mode: str = "session") -> tuple[dict[str, Scope], list[dict[str, Any]], int]:
@@ -199,6 +207,28 @@ def bm25(scope: Scope, weights: dict[str, float], cfg: Config) -> list[float]:
     return s
 
 
+def bm25_terms(scope: Scope, weights: dict[str, float], cfg: Config) -> list[list[float]]:
+    """Each query term's BM25 contribution per document (their sum is ``bm25``)."""
+    return [bm25(scope, {t: w}, cfg) for t, w in weights.items()]
+
+
+def lend_terms(scope: Scope, per_term: list[list[float]], cfg: Config) -> list[float]:
+    """The documents' own BM25 plus ``nbt_weight`` times, per term, their linked neighbours'."""
+    docs = scope.docs
+    n = len(docs)
+    out = [sum(c[i] for c in per_term) for i in range(n)]
+    for i in range(n):
+        near = [j for j in range(max(0, i - cfg.nb_span), min(n, i + cfg.nb_span + 1))
+                if j != i and linked(docs[i], docs[j], cfg)]
+        if not near:
+            continue
+        for c in per_term:
+            vals = [c[j] for j in near if c[j] > 0]
+            if vals:
+                out[i] += cfg.nbt_weight * (max(vals) if cfg.nbt_mode == "max" else sum(vals))
+    return out
+
+
 def linked(a: Doc, b: Doc, cfg: Config) -> bool:
     """Whether two records within the span lend each other (the core's ``_Columns`` rule)."""
     if abs(a.vt - b.vt) <= cfg.nb_tolerance_ms:
@@ -236,6 +266,11 @@ def query_weights(scope: Scope, q: dict[str, Any], cfg: Config) -> dict[str, flo
 
 def first_pass(scope: Scope, q: dict[str, Any], cfg: Config) -> list[float]:
     w = query_weights(scope, q, cfg)
+    if cfg.nbt_weight:
+        own = bm25(scope, w, cfg)
+        termlent = lend_terms(scope, bm25_terms(scope, w, cfg), cfg)
+        whole = neighbours(scope, own, cfg)
+        return [t + (x - o) for t, x, o in zip(termlent, whole, own, strict=True)]
     s = bm25(scope, w, cfg)
     if cfg.fb_docs:
         top = sorted((i for i in range(len(s)) if s[i] > 0), key=lambda i: -s[i])[: cfg.fb_docs]
@@ -309,6 +344,9 @@ GRIDS: dict[str, list[dict[str, Any]]] = {
     "nb": [{"nb_weight": w, "nb_span": s, "nb_mode": m} for w, s, m in
            itertools.product((0.1, 0.2, 0.3, 0.5), (1, 2, 3), ("max", "mean"))],
     # version 4: the session window (on top of v3's neighbours: span 3, weight 0.5, same valid time)
+    # version 5: per-term lending on top of v4's neighbours
+    "terms": [{"nbt_weight": w, "nb_weight": nw, "nbt_mode": m} for w, nw, m in
+              itertools.product((0.1, 0.2, 0.3, 0.5), (0.5, 0.3, 0.0), ("max", "sum"))],
     "window": [{"nb_weight": 0.5, "nb_span": 3, "nb_session_ms": m * 60_000, "nb_session_vt": v}
                for v in (False, True) for m in (1, 3, 5, 10, 30, 60, 180, 1440)],
 }
@@ -355,10 +393,20 @@ class _E5:
         return list(self.model.passage(texts))
 
 
+def embedding_text(scope: Scope, text: str, share: float) -> str:
+    """The query text semantic_v5 embeds (services/reading.embedding_text): without the words whose
+    term is in more than ``share`` of the scope's records, or whole if none or all would go."""
+    words = lexical.query_words(text)
+    n = len(scope.docs)
+    kept = [w for w, term in words if term is None or scope.df.get(term, 0) <= share * n]
+    return text if not kept or len(kept) == len(words) else " ".join(kept)
+
+
 def fusion_sweep(configs: list[dict[str, Any]], mode: str = "session", model: str = "minilm") -> None:
     """The semantic profile's list with each configuration: ``lex`` (Config overrides of the
     lexical list), ``vnb`` (weight the vector list's neighbours lend: span 3, same valid time),
-    ``fuse`` (fuse() overrides). Vectors of the core's model, cached as tune_fusion.py caches them."""
+    ``fuse`` (fuse() overrides), ``vdrop`` (semantic_v5: the query's embedding without the words
+    in more than this share of the scope). Vectors of the core's model, cached as tune_fusion.py caches them."""
     import numpy as np
     from tune_fusion import doc_texts, embed_texts
 
@@ -373,6 +421,9 @@ def fusion_sweep(configs: list[dict[str, Any]], mode: str = "session", model: st
         if model == "minilm":
             matrix = embed_texts(embedder, [texts[i] for i in ids], "minilm-docs")
             qmat = embed_texts(embedder, [q["clean"] for q in queries], "minilm-queries-clean")  # time words out
+            drops = sorted({c["vdrop"] for c in configs if c.get("vdrop")})
+            qdrop = {d: embed_texts(embedder, [embedding_text(scopes[q["workspace"]], q["clean"], d) for q in queries],
+                                    f"minilm-queries-drop-{d}") for d in drops}
         else:
             matrix = np.asarray(embed_texts(_E5("passage"), [texts[i] for i in ids], f"{model}-docs"))
             qmat = np.asarray(embed_texts(_E5("query"), [q["clean"] for q in queries], f"{model}-queries-clean"))
@@ -387,7 +438,8 @@ def fusion_sweep(configs: list[dict[str, Any]], mode: str = "session", model: st
                     lex = [(rid, 0.0) for rid in rank(sc, q, cfg, now_ms, limit=100)]
                 else:
                     lex = rank(sc, q, cfg, now_ms, limit=100, raw=True)
-                sims = matrix[[row[d.rid] for d in sc.docs]] @ qmat[qi]
+                qv = qdrop[c["vdrop"]][qi] if c.get("vdrop") else qmat[qi]
+                sims = matrix[[row[d.rid] for d in sc.docs]] @ qv
                 if c.get("vnb"):
                     base = np.maximum(sims, 0)
                     lent = base.copy()
