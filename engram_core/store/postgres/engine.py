@@ -71,8 +71,9 @@ A bounded ``psycopg_pool.ConnectionPool`` (``pool_size``): a replica needs at mo
 connection per gRPC worker thread running a transaction, plus a few for the index build, the
 audit mover and maintenance: connections per replica at most its gRPC workers + 4 (the default,
 20, is ``engram serve``'s 16 workers + 4; the key vault has a pool of its own, 4 by default, used
-outside the engine's transactions). A replica never holds more, and a caller waiting longer than
-``pool_timeout_s`` for one is refused, STORE_UNAVAILABLE. A connection idle for ``IDLE_CHECK_S``,
+outside the engine's transactions, and leader leases one session of their own, ``leases.py``). A
+replica never holds more, and a caller waiting longer than ``pool_timeout_s`` for one is refused,
+STORE_UNAVAILABLE. A connection idle for ``IDLE_CHECK_S``,
 or one the server wrote to while idle (it closed it), is checked before use (one empty query), so
 a database restarted meanwhile costs no caller an error. The engine opens from a libpq connection
 string or service name; a password in it is refused (``PGPASSFILE`` or the libpq environment
