@@ -481,8 +481,8 @@ class Store(Protocol):
         session lives, and loses it when its process dies or its session is cut (then another
         core takes it at its next tick). A lease only keeps a job from running twice at once in
         normal operation; a tick that outlives a cut session can overlap the next leader's, so
-        every job stays correct (if wasteful) when two ticks overlap. Ticks of one job in one
-        process are serialized."""
+        every job stays correct (if wasteful) when two ticks overlap. The lease is the
+        process's, not a thread's: a job runs its ticks on one thread of its own."""
         ...
 
     def committed_scope(self, tenant: str, workspace: str) -> ScopeRow | None:

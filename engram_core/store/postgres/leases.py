@@ -54,7 +54,7 @@ class LeaderLeases:
     def __init__(self, conninfo: str, *, connect_timeout_s: float) -> None:
         self._conninfo = conninfo
         self._connect_timeout_s = connect_timeout_s
-        self._lock = threading.Lock()  # one statement at a time on the session; ticks serialized
+        self._lock = threading.Lock()  # one statement at a time on the session
         self._conn: psycopg.Connection | None = None
         self._held: set[str] = set()
         self._closed = False
