@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,9 @@ class TrustedHostKeys:
         self._keys: dict[str, Ed25519PublicKey] = {}
         self._bindings: dict[str, HostKeyBinding] = {}
         self._grant_signers: dict[str, Ed25519PublicKey] = {}
+        # Asked before a key id is answered as unknown (``on_unknown``): brings the copy up to date
+        # where other cores change the trusted keys; None where nobody else does.
+        self._refresh: Callable[[], None] | None = None
         for g in grant_signers or []:
             self.add_grant_signer(g)
         for k in keys or []:
@@ -158,6 +162,44 @@ class TrustedHostKeys:
             self._bindings.pop(kid, None)
             return self._keys.pop(kid, None) is not None
 
+    def on_unknown(self, refresh: Callable[[], None] | None) -> None:
+        """Call ``refresh`` (which may ``sync_stored``) before answering that a key id is not
+        trusted, so a key another core trusted a moment ago is never refused from a stale copy."""
+        self._refresh = refresh
+
+    def sync_stored(self, stored: list[tuple[Ed25519PublicKey, HostKeyBinding]]) -> None:
+        """Make the keys trusted through the store exactly ``stored`` (each with its binding), as
+        the store holds them now: keys another core trusted are added, re-bound ones take their
+        new binding, untrusted ones are dropped. The operator's own keys (``local``) are this
+        core's configuration and stay as they are; a stored key that is a grant signer is left
+        out (``KeyRoleConflict`` at start names it)."""
+        with self._lock:
+            wanted = {b.key_id: (k, b) for k, b in stored if b.key_id not in self._grant_signers}
+            for kid in [k for k in self._keys if k not in wanted and not self._is_local(k)]:
+                del self._keys[kid]
+                self._bindings.pop(kid, None)
+            for kid, (key, binding) in wanted.items():
+                if self._is_local(kid):
+                    continue
+                self._keys[kid] = key
+                self._bindings[kid] = binding
+
+    def _is_local(self, kid: str) -> bool:
+        binding = self._bindings.get(kid)
+        return binding is not None and binding.local
+
+    def trusts(self, kid: str) -> bool:
+        """Whether ``kid`` is a trusted host key in this copy (no refresh)."""
+        with self._lock:
+            return kid in self._keys
+
+    def _refreshed(self) -> bool:
+        refresh = self._refresh
+        if refresh is None:
+            return False
+        refresh()
+        return True
+
     def is_grant_signer(self, kid: str) -> bool:
         with self._lock:
             return kid in self._grant_signers
@@ -165,12 +207,20 @@ class TrustedHostKeys:
     def context_key(self, kid: str) -> Ed25519PublicKey | None:
         """The key that may have signed a host context: host keys only."""
         with self._lock:
-            return self._keys.get(kid)
+            found = self._keys.get(kid)
+        if found is None and self._refreshed():
+            with self._lock:
+                found = self._keys.get(kid)
+        return found
 
     def grant_key(self, kid: str) -> Ed25519PublicKey | None:
         """The key that may have signed a confirmation grant: host keys and grant signers."""
         with self._lock:
-            return self._keys.get(kid) or self._grant_signers.get(kid)
+            found = self._keys.get(kid) or self._grant_signers.get(kid)
+        if found is None and self._refreshed():
+            with self._lock:
+                found = self._keys.get(kid)
+        return found
 
     def ids(self) -> list[str]:
         """The trusted host keys (grant signers are not host keys)."""

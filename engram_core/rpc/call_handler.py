@@ -84,6 +84,8 @@ class CallHandler:
                     # (a flood leaves its trace), and answered with the retriable code.
                     raise self.refused(ctx, _refused_operation(calls), exc) from None
                 raise
+        else:
+            ctx = self.core.host_trust.checked(ctx)  # the claim reads the trust version; this call has none
         return ctx
 
     def refused(self, ctx: BoundContext, operation: str, exc: EngramError, target: str = "") -> EngramError:

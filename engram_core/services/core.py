@@ -26,6 +26,7 @@ from engram_core.hostctx import CLOCK_SKEW_MS, MAX_CONTEXT_TTL_MS, BoundContext
 from engram_core.hostkeys import HostKeyBinding, TrustedHostKeys
 from engram_core.policy.port import AUTHZ, Decision, PolicyEngine
 from engram_core.secrets_scan import scan
+from engram_core.services.host_trust import SharedHostTrust
 from engram_core.services.key_schedule import KeySchedule
 from engram_core.services.lexical import TermHasher
 from engram_core.services.projection_status import ProjectionStatus
@@ -119,6 +120,8 @@ class Core:
         self.open_key_dir: Callable[[Path, str | None], KeyVault | None] = open_key_dir or (lambda _d, _s: None)
         self.policy = policy
         self.trusted = trusted
+        # Where other cores change the trusted keys too, the copy follows the store's (host_trust.py).
+        self.host_trust = SharedHostTrust(store, trusted)
         self.clock: Clock = clock or SystemClock()
         # Usage the authz policy decides quotas on (in memory; see services.quotas).
         self.quotas = store.usage_counters(self.clock.now_ms)
@@ -148,12 +151,15 @@ class Core:
     def claim_context(self, ctx: BoundContext) -> BoundContext:
         """Spend a verified context's nonce (SPEC §2: single use), per signing key and lane
         (context_nonces.py); the context returned names the claim for its audit rows.
-        TRUSTED_CONTEXT_UNAVAILABLE for a replay, RATE_LIMITED when the key's lane is full."""
+        TRUSTED_CONTEXT_UNAVAILABLE for a replay, RATE_LIMITED when the key's lane is full.
+        The claim also reads the store's host-key trust version: a key another core untrusted
+        (or re-bound) since this core's copy was loaded is refused (or re-bound) here."""
         ref = self.context_nonces.claim(ctx.host_key_id, ctx.nonce, issued_at_ms=ctx.issued_at_ms,
                                         expires_at_ms=ctx.expires_at_ms, now_ms=self.now_ms(), lane=ctx.nonce_lane)
-        if not self.store.claim_context_nonce(ref, ctx.expires_at_ms):  # claimed on another core of the store
+        claim = self.store.claim_context(ref, ctx.expires_at_ms)
+        if not claim.claimed:  # claimed on another core of the store
             raise EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, "context replayed", reasons=("CONTEXT_REPLAYED",))
-        return dataclasses.replace(ctx, nonce_ref=ref)
+        return dataclasses.replace(self.host_trust.current(ctx, claim.host_keys_version), nonce_ref=ref)
 
     def instant(self, ms: int | None = None) -> str:
         return format_instant(self.now_ms() if ms is None else ms)

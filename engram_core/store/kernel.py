@@ -51,7 +51,15 @@ from engram_core.store.changes import (
 from engram_core.store.engine import Engine, EngineTx, TxEffects
 from engram_core.store.index_residency import IndexResidency, ResidencyStats
 from engram_core.store.page_pins import PinStore
-from engram_core.store.port import AuditRow, Event, LexicalPage, LexicalStats, RecordRow, ScopeRow
+from engram_core.store.port import (
+    AuditRow,
+    ContextClaim,
+    Event,
+    LexicalPage,
+    LexicalStats,
+    RecordRow,
+    ScopeRow,
+)
 from engram_core.store.projection import Projection, open_plain, open_projection, seal_projection
 from engram_core.store.search_index import FIELD_CODE, FIELDS, IndexBuilder, SearchIndex
 from engram_core.store.usage_counters import QuotaCounters
@@ -197,6 +205,27 @@ class StoreKernel:
         if self.engine.sole_writer:
             return True
         return self.engine.claim_context_nonce(ref, expires_at_ms)  # type: ignore[attr-defined]
+
+    def claim_context(self, ref: str, expires_at_ms: int) -> ContextClaim:
+        """The claim and the host-key trust version, in one statement of the engine's (``port.py``)."""
+        if self.engine.sole_writer:
+            return ContextClaim(claimed=True, host_keys_version=None)
+        claimed, version = self.engine.claim_context_nonce_and_trust(ref, expires_at_ms)  # type: ignore[attr-defined]
+        return ContextClaim(claimed=claimed, host_keys_version=version)
+
+    def host_keys_version(self) -> int | None:
+        if self.engine.sole_writer:
+            return None
+        return self.engine.host_keys_version()  # type: ignore[attr-defined]
+
+    @contextmanager
+    def leader_lease(self, job: str) -> Iterator[bool]:
+        """The job's leader lease (``port.py``): held by the sole writer, else the engine's."""
+        if self.engine.sole_writer:
+            yield True
+            return
+        with self.engine.leader_lease(job) as held:  # type: ignore[attr-defined]
+            yield held
 
     def page_pins(self, now_ms: Callable[[], int]) -> PinStore:
         """Where search pins are kept: this process's memory, and the database too when other

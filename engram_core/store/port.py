@@ -176,6 +176,17 @@ class HostKeyRow:
     maintenance_scopes: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class ContextClaim:
+    """A context nonce claimed where every core of the store sees it (``Store.claim_context``),
+    and the host-key trust version the same statement read."""
+
+    claimed: bool  # False: claimed before, on this core or another
+    # The store's trust version (``Store.host_keys_version``) as of the claim; None when this
+    # process is the store's sole writer (its copy of the trusted keys is then exact).
+    host_keys_version: int | None
+
+
 class Tx(Protocol):
     # Slots of data keys destroyed in this transaction; the store zeroes them in the key vault
     # once it commits (SPEC §10 crypto-shredding), and ``key_destruction_outcome`` then says
@@ -436,6 +447,42 @@ class Store(Protocol):
 
     def claim_context_nonce(self, ref: str, expires_at_ms: int) -> bool:
         """Claim a context's nonce where every core of the store sees it; False: claimed before."""
+        ...
+
+    def claim_context(self, ref: str, expires_at_ms: int) -> ContextClaim:
+        """``claim_context_nonce`` and ``host_keys_version`` in one statement (one round trip on an
+        engine several cores share; nothing asked of the sole writer's). What a call that spends
+        its context uses: the trust version it returns is at least as new as every host-key
+        change acknowledged before the claim began, on any core."""
+        ...
+
+    def host_keys_version(self) -> int | None:
+        """The trust version: a counter the store moves in the same transaction as every change
+        to the trusted host keys (one trusted, re-bound or untrusted, by any core, a restore
+        too). None when this process is the store's sole writer: its own changes update its copy
+        of the keys, and nobody else changes them. Where several cores share the store, one
+        statement reading the latest committed value: a core whose copy of the keys was loaded
+        at an older version reloads it before it trusts a context (docs/security.md, "Host keys
+        on several cores")."""
+        ...
+
+    def leader_lease(self, job: str) -> AbstractContextManager[bool]:
+        """Whether this core holds ``job``'s leader lease, for the ``with`` block: the block runs
+        one tick of a job that must run on one core at a time across every core of the store
+        (``services/keyring.py``'s rotation and retirement), and does its work only when the
+        value is True.
+
+        ``job``: a stable name of the job (each job has a lease of its own). Never blocks: a
+        core that does not hold the lease learns so at once (False) and tries again at its next
+        tick. The sole writer of its store holds every lease (True): no other process opens its
+        database. Where several cores share the store, the lease is the engine's (PostgreSQL: a
+        ``pg_try_advisory_lock`` on a session of its own, held from the tick that took it until
+        that session ends): one core holds it at a time, keeps it from tick to tick while its
+        session lives, and loses it when its process dies or its session is cut (then another
+        core takes it at its next tick). A lease only keeps a job from running twice at once in
+        normal operation; a tick that outlives a cut session can overlap the next leader's, so
+        every job stays correct (if wasteful) when two ticks overlap. The lease is the
+        process's, not a thread's: a job runs its ticks on one thread of its own."""
         ...
 
     def committed_scope(self, tenant: str, workspace: str) -> ScopeRow | None:

@@ -8,37 +8,17 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-from core_support import PURPOSE, Client, Failed, activate, capture_args, now_ms
+from core_support import PURPOSE, Client, Failed, capture_args, now_ms
 from pg_cluster import Database
-from replicas import Replica, serve_store
+from replicas import Replica
 
 from engram_core.api import admin_pb2
 from engram_core.errors import Code
 from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
 
 ROUNDS = 20
-
-
-@pytest.fixture
-def replicas(pg_database: Database, tmp_path: Path) -> Iterator[tuple[Replica, Replica]]:
-    key_dir = tmp_path / "keys"
-    a = serve_store(pg_database.conninfo, key_dir, pg_database.env)  # creates the ring and the secrets
-    try:
-        b = serve_store(pg_database.conninfo, key_dir, pg_database.env)  # mounts the same key directory
-    except BaseException:
-        a.stop()
-        raise
-    try:
-        activate(a)  # type: ignore[arg-type]
-        yield a, b
-    finally:
-        b.stop()
-        a.stop()
 
 
 def _ids(result: dict[str, Any]) -> list[str]:

@@ -20,7 +20,15 @@ from engram_core.services.maintenance import check_audit, check_journal
 from engram_core.store.chain import scope_chain
 from engram_core.store.engine import TxEffects
 from engram_core.store.page_pins import Binding, Pin
-from engram_core.store.port import AuditRow, CandidateRow, HostKeyRow, IdempotencyRow, LexicalStats, RecordRow
+from engram_core.store.port import (
+    AuditRow,
+    CandidateRow,
+    ContextClaim,
+    HostKeyRow,
+    IdempotencyRow,
+    LexicalStats,
+    RecordRow,
+)
 
 T, W = "acme", "alpha"
 OTHER = ("globex", "beta")
@@ -546,6 +554,81 @@ def check_what_cores_share_is_shared(target: Any) -> None:
     assert counters_a.usage(T, W, "user:ana")["principal"]["hour"]["searches"] == 0  # type: ignore[index]
 
 
+class _Abandoned(Exception):
+    """Raised inside a write transaction to roll it back."""
+
+
+def check_the_trust_version_moves_with_every_host_key_change(target: Any) -> None:
+    """``Store.host_keys_version``: where several cores share the store, every change to the
+    trusted host keys (a key stored, re-bound or removed, by any core) moves it in its own
+    transaction, one that changes nothing leaves it, and a context's claim reads it in the same
+    statement; a sole writer has none (its copy of the keys is exact) and claims without a query."""
+    expires = 1_800_000_060_000
+    a = target.open()
+    if not target.several_writers:
+        assert a.host_keys_version() is None
+        assert a.claim_context("k1:lane0:trust", expires) == ContextClaim(claimed=True, host_keys_version=None)
+        return
+    b = target.open()
+    seen = [b.host_keys_version()]
+
+    def moved() -> bool:
+        now = b.host_keys_version()
+        assert now is not None and now >= seen[-1]
+        seen.append(now)
+        return seen[-1] > seen[-2]
+
+    with a.write() as tx:
+        tx.add_trusted_host_key("hk_new", "PEM-new", 5)
+    assert moved()
+    with a.write() as tx:
+        tx.add_trusted_host_key("hk_new", "PEM-new", 6)  # stored already: nothing changes
+    assert not moved()
+    with a.write() as tx:
+        tx.bind_trusted_host_key(HostKeyRow("hk_new", "PEM-new", 5, ("acme",), False, ()))
+    assert moved()
+    claim = b.claim_context("k1:lane0:trust", expires)
+    assert claim == ContextClaim(claimed=True, host_keys_version=seen[-1])
+    with a.write() as tx:
+        assert tx.remove_trusted_host_key("hk_new")
+    assert moved()
+    with a.write() as tx:
+        assert not tx.remove_trusted_host_key("hk_new")
+    assert not moved()
+    assert b.claim_context("k1:lane0:trust", expires) == ContextClaim(claimed=False, host_keys_version=seen[-1])
+    try:
+        with a.write() as tx:
+            tx.add_trusted_host_key("hk_gone", "PEM-gone", 7)
+            raise _Abandoned
+    except _Abandoned:
+        pass
+    assert not moved()  # a change rolled back moves nothing
+
+
+def check_a_job_lease_has_one_holder_at_a_time(target: Any) -> None:
+    """``Store.leader_lease``: a sole writer holds every lease; where several cores share the
+    store, one core holds a job's lease at a time and keeps it from tick to tick, another job's
+    lease is independent, and a core that closes gives its leases up to the next core that asks."""
+    a = target.open()
+    for _ in range(2):
+        with a.leader_lease("key-ring") as held:
+            assert held
+    if not target.several_writers:
+        return
+    b = target.open()
+    with b.leader_lease("key-ring") as held:
+        assert not held
+    with b.leader_lease("another-job") as held:
+        assert held
+    with a.leader_lease("another-job") as held:
+        assert not held
+    with a.leader_lease("key-ring") as held:
+        assert held  # still a's
+    target.close(a)
+    with b.leader_lease("key-ring") as held:
+        assert held
+
+
 def check_a_read_sees_what_another_core_committed(target: Any) -> None:
     """Read-your-writes across cores: a core's committed scope row is read from the database and its
     search index caught up to that head, so a record another core admitted (or forgot) shows (or
@@ -593,5 +676,7 @@ CHECKS: list[Callable[[Any], None]] = [
     check_records_keep_their_capture_session_and_instant,
     check_audit_rows_keep_the_context_nonce_their_call_claimed,
     check_what_cores_share_is_shared,
+    check_the_trust_version_moves_with_every_host_key_change,
+    check_a_job_lease_has_one_holder_at_a_time,
     check_a_read_sees_what_another_core_committed,
 ]

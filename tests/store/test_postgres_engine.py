@@ -266,6 +266,20 @@ def test_the_round_trip_count_sees_a_statement_that_waits_for_its_answer(proxied
     assert engine_wire.round_trips == 5
 
 
+def test_a_context_claim_reads_the_trust_version_in_its_own_round_trip(proxied: Any) -> None:
+    """What host-key trust across cores costs a call that spends its context: nothing more than its
+    nonce claim (one round trip, as before); the calls that spend none read the version in one."""
+    store, engine_wire, _ = proxied
+    store.claim_context("k1:lane0:warm", 1_800_000_060_000)  # the pool's connection made, outside the count
+    engine_wire.reset()
+    claim = store.claim_context("k1:lane0:rt", 1_800_000_060_000)
+    assert claim.claimed and claim.host_keys_version is not None
+    assert engine_wire.round_trips == 1
+    engine_wire.reset()
+    assert store.host_keys_version() == claim.host_keys_version
+    assert engine_wire.round_trips == 1
+
+
 # -- one effect per idempotency key, across processes ------------------------------------------------------------------
 def test_two_cores_sending_the_same_key_at_once_have_one_effect_every_time(target: PostgresTarget,
                                                                           pg_cluster: PgCluster) -> None:

@@ -71,8 +71,9 @@ A bounded ``psycopg_pool.ConnectionPool`` (``pool_size``): a replica needs at mo
 connection per gRPC worker thread running a transaction, plus a few for the index build, the
 audit mover and maintenance: connections per replica at most its gRPC workers + 4 (the default,
 20, is ``engram serve``'s 16 workers + 4; the key vault has a pool of its own, 4 by default, used
-outside the engine's transactions). A replica never holds more, and a caller waiting longer than
-``pool_timeout_s`` for one is refused, STORE_UNAVAILABLE. A connection idle for ``IDLE_CHECK_S``,
+outside the engine's transactions, and leader leases one session of their own, ``leases.py``). A
+replica never holds more, and a caller waiting longer than ``pool_timeout_s`` for one is refused,
+STORE_UNAVAILABLE. A connection idle for ``IDLE_CHECK_S``,
 or one the server wrote to while idle (it closed it), is checked before use (one empty query), so
 a database restarted meanwhile costs no caller an error. The engine opens from a libpq connection
 string or service name; a password in it is refused (``PGPASSFILE`` or the libpq environment
@@ -110,6 +111,7 @@ from engram_core.store.port import (
     ScopeRow,
     iter_chunks,
 )
+from engram_core.store.postgres.leases import LeaderLeases
 from engram_core.store.postgres.migrations import LEDGER_DDL, MIGRATION_LOCK, MIGRATIONS, Migration
 from engram_core.store.postgres.pool import Pool, failure
 
@@ -973,6 +975,9 @@ class PostgresEngine:
                               f"SET lock_timeout = {int(lock_timeout_s * 1000)}",
                               "SET application_name = 'engram-core'"])
         self.location = self._pool.location
+        # The jobs one core at a time runs (Store.leader_lease): a session of their own, opened at
+        # the first tick (offline tools never open it).
+        self.leases = LeaderLeases(conninfo, connect_timeout_s=connect_timeout_s)
         self._open = True
         try:
             self.migrations_applied_at_open = self.check_migrations(apply=migrate)
@@ -1170,6 +1175,32 @@ class PostgresEngine:
             ([expires_at_ms - CLAIM_RETAIN_MS] if sweep else []) + [ref, expires_at_ms])
         return bool(rows)
 
+    def claim_context_nonce_and_trust(self, ref: str, expires_at_ms: int) -> tuple[bool, int]:
+        """``claim_context_nonce`` and the host-key trust version (``host_keys_version``), read by
+        the same statement: one round trip, the one every call that spends its context makes
+        anyway. The version is the statement's snapshot's, so it is at least as new as every
+        host-key change committed before the claim began."""
+        sweep = self._sweep_due("nonces")
+        rows = self._autocommit(
+            "WITH " + ("swept AS (DELETE FROM context_nonce_claims WHERE expires_at_ms < %s), " if sweep else "")
+            + "claimed AS (INSERT INTO context_nonce_claims VALUES (%s, %s) ON CONFLICT (ref) DO NOTHING "
+            "RETURNING true) SELECT EXISTS (SELECT 1 FROM claimed), (SELECT version FROM host_key_trust WHERE id = 1)",
+            ([expires_at_ms - CLAIM_RETAIN_MS] if sweep else []) + [ref, expires_at_ms])
+        return bool(rows[0][0]), int(rows[0][1])
+
+    def host_keys_version(self) -> int:
+        """The trust version as last committed: migration 6's ``host_key_trust`` row, which a
+        trigger on ``trusted_host_keys`` moves in the transaction of every insert, re-binding or
+        delete of a key (whichever core, or a restore, made it)."""
+        return int(self._autocommit("SELECT version FROM host_key_trust WHERE id = 1", [])[0][0])
+
+    @contextmanager
+    def leader_lease(self, job: str) -> Iterator[bool]:
+        """``Store.leader_lease`` on PostgreSQL: ``leases.LeaderLeases`` (a session advisory lock
+        per job, held while this core leads it)."""
+        self._require_open()
+        yield self.leases.hold(job)
+
     def put_page_pin(self, pin_id: str, tenant: str, workspace: str, pin: bytes, expires_at_ms: int) -> None:
         """A search pin where every core reads it (``page_pins.PinShelf``)."""
         self._autocommit("INSERT INTO page_pins VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING true",
@@ -1220,4 +1251,5 @@ class PostgresEngine:
         if not self._open and self._pool.closed:
             return
         self._open = False
+        self.leases.close()
         self._pool.close()

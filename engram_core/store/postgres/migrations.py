@@ -14,9 +14,10 @@ need that one writer kept in memory: ``audit_heads`` (each audit chain's head, l
 transaction that extends the chain) and the key vault's ``vault_keys``, ``vault_state`` and ``vault_rings``
 (``engram_core/store/postgres/keyvault.py``). Migrations 2 and 3 are DuckDB's 11 and 12; 4 holds
 what one DuckDB core keeps in memory and several cores must share (context nonce claims, page
-pins, usage buckets). Types: identifiers ``TEXT COLLATE "C"`` (ordered by
-code point, as DuckDB orders VARCHAR, whatever the database's default collation), cursors and
-instants ``BIGINT``, sealed bytes ``BYTEA``, and JSON documents ``TEXT`` holding the exact
+pins, usage buckets); 5 is DuckDB's 13; 6 the trusted host keys' trust version (``host_key_trust``,
+moved by a trigger on every change, which each core compares its copy of the keys against). Types:
+identifiers ``TEXT COLLATE "C"`` (ordered by code point, as DuckDB orders VARCHAR, whatever the
+database's default collation), cursors and instants ``BIGINT``, sealed bytes ``BYTEA``, and JSON documents ``TEXT`` holding the exact
 bytes the core wrote (``JSONB`` would re-serialize them, and stored outcomes are replayed
 byte-identical, SPEC §7).
 """
@@ -193,6 +194,25 @@ CREATE INDEX usage_buckets_start ON usage_buckets (bucket_start_ms);
 ALTER TABLE trusted_host_keys ADD COLUMN tenants TEXT NOT NULL DEFAULT '[]';
 ALTER TABLE trusted_host_keys ADD COLUMN all_tenants BOOLEAN NOT NULL DEFAULT false;
 ALTER TABLE trusted_host_keys ADD COLUMN maintenance_scopes TEXT NOT NULL DEFAULT '[]';
+""",
+    ),
+    Migration(
+        6,
+        "a trust version every change to the trusted host keys moves (no DuckDB migration)",
+        # Each core keeps the trusted keys in memory; a core that finds the version moved past the
+        # one its copy was loaded at reloads it before it trusts a context (docs/security.md). The
+        # trigger moves it in the changing transaction itself, whoever changed a row (any core, a
+        # restore), and only for rows changed (a re-insert that does nothing moves nothing).
+        """
+CREATE TABLE host_key_trust (id INTEGER PRIMARY KEY CHECK (id = 1), version BIGINT NOT NULL);
+INSERT INTO host_key_trust VALUES (1, 0);
+CREATE FUNCTION host_key_trust_moved() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  UPDATE host_key_trust SET version = version + 1 WHERE id = 1;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER trusted_host_keys_changed AFTER INSERT OR UPDATE OR DELETE ON trusted_host_keys
+  FOR EACH ROW EXECUTE FUNCTION host_key_trust_moved();
 """,
     ),
 )
