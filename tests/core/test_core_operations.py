@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from core_engines import EngineStores
 from core_support import PURPOSE, Client, capture_args, now_ms
 
 from engram_core.errors import Code
@@ -187,12 +188,10 @@ def test_search_is_deterministic(ana: Client) -> None:
     assert a["rank_receipt"]["ordered_ids_digest"] == b["rank_receipt"]["ordered_ids_digest"]
 
 
-def test_semantic_channel_unavailable_is_an_error_not_a_fallback(tmp_path) -> None:
+def test_semantic_channel_unavailable_is_an_error_not_a_fallback(stores: EngineStores, tmp_path) -> None:
     from core_support import activate
 
-    from engram_core.app.composition import start_core
-
-    running = start_core(tmp_path / "lexical-only", semantic=False)
+    running = stores.start_core(tmp_path / "lexical-only", semantic=False)
     try:
         activate(running)
         c = Client(running)
