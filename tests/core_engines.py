@@ -13,7 +13,8 @@ test, ``module_stores`` per module).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ class EngineStores:
         self.engine = engine
         self._pg = cluster
         self._databases: dict[Path, Database] = {}
+        self._made: dict[str, float] = {}  # database name -> when it was made (its WAL is newer)
 
     @property
     def is_postgresql(self) -> bool:
@@ -49,7 +51,9 @@ class EngineStores:
         assert self.is_postgresql, "a DuckDB store has no database"
         key = Path(data_dir).resolve()
         if key not in self._databases:
+            made = time.time() - 1.0  # file times may be coarser than the clock
             self._databases[key] = self._cluster().create_database("core")
+            self._made[self._databases[key].name] = made
         return self._databases[key]
 
     def store_url(self, data_dir: Path) -> str | None:
@@ -94,18 +98,23 @@ class EngineStores:
             if closer is not None:
                 closer()
 
-    def files(self, data_dir: Path) -> list[Path]:
-        """Every file a store's bytes can be in: the data directory's and, on PostgreSQL, the
-        database's heap files and the cluster's WAL (what a test that no secret reached storage
-        must read)."""
-        roots = [Path(data_dir)]
+    def blobs(self, data_dir: Path) -> dict[str, bytes]:
+        """The bytes of every file a store's contents can be in, by path: the data directory's and,
+        on PostgreSQL, the database's heap files (after a CHECKPOINT: what the server holds in
+        shared buffers is written out) and the WAL segments written since the database was made
+        (the cluster's WAL is shared by the session's databases: older segments hold none of it).
+        What a test that nothing secret or forgotten reached storage reads."""
+        files = [p for p in sorted(Path(data_dir).rglob("*")) if p.is_file()]
         if self.is_postgresql:
             cluster = self._cluster()
             db = self.database(data_dir)
             with db.connect() as con:
-                con.execute("CHECKPOINT")  # what the server holds in shared buffers reaches the heap files
-            roots += [cluster.database_dir(db), cluster.data / "pg_wal"]
-        return [p for root in roots for p in sorted(root.rglob("*")) if p.is_file()]
+                con.execute("CHECKPOINT")
+            files += [p for p in sorted(cluster.database_dir(db).rglob("*")) if p.is_file()]
+            since = self._made[db.name]
+            files += [p for p in sorted((cluster.data / "pg_wal").glob("0*"))
+                      if p.is_file() and p.stat().st_mtime >= since]
+        return {str(p): p.read_bytes() for p in files}
 
     def close(self) -> None:
         """Drop the databases made (their cores are stopped by then: fixtures end in reverse)."""
@@ -114,7 +123,20 @@ class EngineStores:
             self._cluster().drop_database(db)
 
 
-def rows(tx: Any, sql: str) -> list[tuple[Any, ...]]:
-    """Rows of a plain SQL statement on either engine's transaction (tests that read tables)."""
-    run = getattr(tx, "_all", None) or tx._query
-    return list(run(sql))
+def _run(tx: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    duck = getattr(tx, "_all", None)
+    if duck is not None:
+        return list(duck(sql, list(params)))
+    return list(tx._query(sql.replace("?", "%s"), list(params)))  # psycopg's placeholders
+
+
+def rows(tx: Any, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    """Rows of a plain SQL statement (``?`` placeholders) on either engine's transaction, for
+    tests that read tables straight."""
+    return _run(tx, sql, params)
+
+
+def one(tx: Any, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+    """The first row of ``rows`` (None when there is none)."""
+    found = _run(tx, sql, params)
+    return found[0] if found else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from core_engines import EngineStores
+from core_engines import EngineStores, one
 from core_support import PURPOSE, Client, capture_args, now_ms
 
 from engram_core.errors import Code
@@ -118,11 +118,11 @@ def test_admission_replay(ana: Client) -> None:
 def test_secret_in_capture_is_refused_and_nothing_stored(ana: Client) -> None:
     before = ana.core.core.store.read
     with before() as tx:
-        n = tx._one("SELECT count(*) FROM candidates")[0]
+        n = one(tx, "SELECT count(*) FROM candidates")[0]
     code = ana.fails("capture", capture_args("Deploy with AWS key AKIAIOSFODNN7EXAMPLE and go."))
     assert code == Code.UNAUTHORIZED
     with before() as tx:
-        assert tx._one("SELECT count(*) FROM candidates")[0] == n
+        assert one(tx, "SELECT count(*) FROM candidates")[0] == n
 
 
 def test_retain_needs_host_permission(ana: Client) -> None:
