@@ -9,11 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpc
+from core_engines import POSTGRESQL, EngineStores
 from core_support import Client, activate
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from pg_cluster import Database, PgCluster, wait_until
-
-from engram_core.app.composition import start_core
+from pg_cluster import PgCluster, wait_until
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -24,8 +23,9 @@ def _readiness(address: str) -> int:
 
 
 def test_readiness_follows_a_postgresql_outage_and_recovers_without_a_restart(
-        pg_cluster: PgCluster, pg_database: Database, tmp_path: Path) -> None:
-    running = start_core(tmp_path / "keys", store_url=pg_database.conninfo, semantic=False)
+        pg_cluster: PgCluster, tmp_path: Path) -> None:
+    stores = EngineStores(POSTGRESQL, pg_cluster)  # PostgreSQL's leg only: the outage is its server's
+    running = stores.start_core(tmp_path / "keys", semantic=False)
     try:
         activate(running)
         ana = Client(running)
@@ -44,3 +44,4 @@ def test_readiness_follows_a_postgresql_outage_and_recovers_without_a_restart(
         assert [r["record"]["record_id"] for r in ana.search("godwit")["records"]] == [rid]
     finally:
         running.stop()
+        stores.close()
