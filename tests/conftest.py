@@ -29,7 +29,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """The engine legs: every test whose cores come from ``stores``/``module_stores`` runs on each
     engine, unless it is marked ``duckdb_only`` with its reason."""
-    if "engine" not in metafunc.fixturenames:
+    if "store_engine" not in metafunc.fixturenames:
         return
     marker = metafunc.definition.get_closest_marker("duckdb_only")
     engines: tuple[str, ...] = ENGINES
@@ -37,12 +37,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if not (marker.kwargs.get("reason") or marker.args):
             raise pytest.UsageError(f"{metafunc.definition.nodeid}: duckdb_only needs a reason")
         engines = (DUCKDB,)
-    metafunc.parametrize("engine", engines, indirect=True, scope="module")
+    metafunc.parametrize("store_engine", engines, indirect=True, scope="module")
 
 
 @pytest.fixture(scope="module")
-def engine(request: pytest.FixtureRequest) -> str:
-    """The engine of this leg (``duckdb`` or ``postgresql``): parametrized by pytest_generate_tests."""
+def store_engine(request: pytest.FixtureRequest) -> str:
+    """The store engine of this leg (``duckdb`` or ``postgresql``): parametrized by
+    pytest_generate_tests. (Not ``engine``: tests/policy names its policy engine so.)"""
     return str(request.param)
 
 
@@ -57,15 +58,15 @@ def _engine_stores(engine: str, request: pytest.FixtureRequest) -> Iterator[Engi
 
 
 @pytest.fixture
-def stores(engine: str, request: pytest.FixtureRequest) -> Iterator[EngineStores]:
+def stores(store_engine: str, request: pytest.FixtureRequest) -> Iterator[EngineStores]:
     """The stores of this test's cores on the leg's engine (a database per data directory, dropped after)."""
-    yield from _engine_stores(engine, request)
+    yield from _engine_stores(store_engine, request)
 
 
 @pytest.fixture(scope="module")
-def module_stores(engine: str, request: pytest.FixtureRequest) -> Iterator[EngineStores]:
+def module_stores(store_engine: str, request: pytest.FixtureRequest) -> Iterator[EngineStores]:
     """As ``stores``, for a module-scoped core (its database lives as long as the module)."""
-    yield from _engine_stores(engine, request)
+    yield from _engine_stores(store_engine, request)
 
 
 @pytest.fixture(scope="session")
