@@ -316,7 +316,7 @@ def test_plain_facts_an_older_store_wrote_are_emptied_by_forget_withdraw_and_rej
     from governance_support import Host, consent, start_with_bundle
 
     families = [f"family:zq{_r(16, string.ascii_lowercase)}" for _ in range(3)]
-    running = start_with_bundle(tmp_path, edit=consent(*families))
+    running = start_with_bundle(tmp_path, stores, edit=consent(*families))
     c = Client(running)
     t = now_ms() - 60_000
     captured = [c.call("capture", capture_args(f"A decision on topic {i} of the drill.", t=t,
