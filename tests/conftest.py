@@ -1,7 +1,14 @@
-"""Session-wide test fixtures: the PostgreSQL cluster the PostgreSQL tests run on (``pg_cluster.py``).
+"""Session-wide test fixtures: the PostgreSQL cluster the PostgreSQL tests run on (``pg_cluster.py``),
+and the engine legs of the core-level suites (``core_engines.py``).
 
 The cluster starts on first use only, so a run that needs no PostgreSQL starts none; a test
 that needs it and finds PostgreSQL 15 missing fails (never skips), saying to run tools/setup.
+
+A test that starts a core through ``stores`` (per test) or ``module_stores`` (per module), or
+through a fixture that does (``core``, ``fresh_core``, ...), runs once per engine, its id naming
+the engine (``test_x[duckdb]``, ``test_x[postgresql]``). A test about DuckDB itself (its file,
+its lock, its group commit, its migrations) is marked ``@pytest.mark.duckdb_only(reason=...)``:
+it then runs on DuckDB only, and its reason is shown in the collection report.
 """
 
 from __future__ import annotations
@@ -10,7 +17,56 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from core_engines import DUCKDB, ENGINES, EngineStores
 from pg_cluster import Database, PgCluster, PostgresMissing, start_cluster
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "duckdb_only(reason): a test about the DuckDB engine itself: no PostgreSQL leg (say why)")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """The engine legs: every test whose cores come from ``stores``/``module_stores`` runs on each
+    engine, unless it is marked ``duckdb_only`` with its reason."""
+    if "store_engine" not in metafunc.fixturenames:
+        return
+    marker = metafunc.definition.get_closest_marker("duckdb_only")
+    engines: tuple[str, ...] = ENGINES
+    if marker is not None:
+        if not (marker.kwargs.get("reason") or marker.args):
+            raise pytest.UsageError(f"{metafunc.definition.nodeid}: duckdb_only needs a reason")
+        engines = (DUCKDB,)
+    metafunc.parametrize("store_engine", engines, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def store_engine(request: pytest.FixtureRequest) -> str:
+    """The store engine of this leg (``duckdb`` or ``postgresql``): parametrized by
+    pytest_generate_tests. (Not ``engine``: tests/policy names its policy engine so.)"""
+    return str(request.param)
+
+
+def _engine_stores(engine: str, request: pytest.FixtureRequest) -> Iterator[EngineStores]:
+    # The cluster is asked for on the PostgreSQL leg only: a DuckDB run starts none.
+    cluster = request.getfixturevalue("pg_cluster") if engine != DUCKDB else None
+    made = EngineStores(engine, cluster)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture
+def stores(store_engine: str, request: pytest.FixtureRequest) -> Iterator[EngineStores]:
+    """The stores of this test's cores on the leg's engine (a database per data directory, dropped after)."""
+    yield from _engine_stores(store_engine, request)
+
+
+@pytest.fixture(scope="module")
+def module_stores(store_engine: str, request: pytest.FixtureRequest) -> Iterator[EngineStores]:
+    """As ``stores``, for a module-scoped core (its database lives as long as the module)."""
+    yield from _engine_stores(store_engine, request)
 
 
 @pytest.fixture(scope="session")

@@ -134,6 +134,10 @@ class PgCluster:
     def stop(self, mode: str = "fast") -> None:
         self._pg_ctl("stop", "-w", "-m", mode)
 
+    def resume(self) -> None:
+        """Start the server again after ``stop`` (same data directory, same port)."""
+        self._pg_ctl("start", "-w", "-t", "60", "-o", f"-p {self.port}")
+
     def restart(self, mode: str = "fast") -> None:
         """Stop (``immediate``: a crash, recovered from the WAL at start) and start again."""
         self.stop(mode)

@@ -266,7 +266,16 @@ def _watch_health(running: RunningCore, host: HostServiceCore) -> None:
 
     def loop() -> None:
         while running.core.store.is_open():
-            _health_update(running, host)
+            try:
+                _health_update(running, host)
+            except EngramError as exc:
+                # The store did not answer (a PostgreSQL server restarting, or the store closing
+                # under stop): not ready until it answers again. The watcher must outlive it, or
+                # readiness keeps its last value for the life of the process.
+                if not running.stopping:
+                    log.warning("store did not answer the health check: %s", exc.code.value)
+                    for svc in ("", *HEALTH_SERVICES):
+                        running.health.set(svc, health_pb2.HealthCheckResponse.NOT_SERVING)
             threading.Event().wait(1.0)
 
     threading.Thread(target=loop, name="engram-health", daemon=True).start()

@@ -1,5 +1,6 @@
-"""Fixtures for core tests: a real gRPC server on loopback over a real DuckDB
-file in a temp dir, evaluated by the real bundled Rego policies."""
+"""Fixtures for core tests: a real gRPC server on loopback over a real store (a DuckDB file in a
+temp dir, or a fresh database of the session's PostgreSQL cluster: each test runs on both engines,
+tests/conftest.py), evaluated by the real bundled Rego policies."""
 
 from __future__ import annotations
 
@@ -7,14 +8,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from core_engines import EngineStores
 from core_support import Client, activate
 
-from engram_core.app.composition import RunningCore, start_core
+from engram_core.app.composition import RunningCore
 
 
 @pytest.fixture(scope="module")
-def core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCore]:
-    running = start_core(tmp_path_factory.mktemp("core"))
+def core(tmp_path_factory: pytest.TempPathFactory, module_stores: EngineStores) -> Iterator[RunningCore]:
+    running = module_stores.start_core(tmp_path_factory.mktemp("core"))
     activate(running)
     activate(running, "acme", "beta")
     activate(running, "globex", "alpha")
@@ -23,8 +25,8 @@ def core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCore]:
 
 
 @pytest.fixture
-def fresh_core(tmp_path: Path) -> Iterator[RunningCore]:
-    running = start_core(tmp_path / "data")
+def fresh_core(tmp_path: Path, stores: EngineStores) -> Iterator[RunningCore]:
+    running = stores.start_core(tmp_path / "data")
     activate(running)
     yield running
     running.stop()

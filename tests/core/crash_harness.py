@@ -3,7 +3,9 @@ workload, SIGKILL it at a random point, restart, and check that every
 acknowledged mutation survived and nothing is half-applied (SPEC §7).
 
 Used by tests/core/test_crash_safety.py (a few kill points) and by the
-reliability suite with more points.
+reliability suite with more points, on each engine: the process is `engram serve --data DIR`
+or `engram serve --store URL --key-dir DIR` (tests/core_engines.py), killed and restarted over
+the same store and key directory.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -33,8 +36,9 @@ def free_port() -> int:
 
 
 class CoreProcess:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, stores: Any = None) -> None:
         self.data_dir = data_dir
+        self.stores = stores  # core_engines.EngineStores; None: DuckDB in data_dir
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
 
@@ -43,9 +47,11 @@ class CoreProcess:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30) -> None:
+        where = self.stores.serve_args(self.data_dir) if self.stores else ["--data", str(self.data_dir)]
+        env = self.stores.process_env() if self.stores else None
         self.proc = subprocess.Popen(
-            [ENGRAM, "serve", "--data", str(self.data_dir), "--listen", self.address],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            [ENGRAM, "serve", *where, "--listen", self.address],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
         )
         deadline = time.monotonic() + timeout
         with grpc.insecure_channel(self.address) as ch:

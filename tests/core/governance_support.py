@@ -11,20 +11,21 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from core_engines import EngineStores
 from core_support import activate, now_ms
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
-from engram_core.app.composition import RunningCore, default_policies_dir, start_core
+from engram_core.app.composition import RunningCore, default_policies_dir
 from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
 from engram_core.hostkeys import load_private_key_file
 
 
-def start_with_bundle(tmp_path: Path, *, edit: Callable[[dict], None] | None = None,
+def start_with_bundle(tmp_path: Path, stores: EngineStores, *, edit: Callable[[dict], None] | None = None,
                       files: dict[str, str | None] | None = None, scopes: tuple[tuple[str, str], ...] = (("acme", "alpha"),),
                       **kw: Any) -> RunningCore:
     """Start a core on a copy of policies/ with ``edit`` applied to data.engram.config and
     ``files`` (bundle-relative path -> Rego text, or None to delete it) written over the copy;
-    activate ``scopes``."""
+    activate ``scopes``. The core's store is on ``stores``' engine (the test's leg)."""
     bundle = tmp_path / "policies"
     shutil.copytree(default_policies_dir(), bundle)
     data = json.loads((bundle / "data.json").read_text())
@@ -37,7 +38,7 @@ def start_with_bundle(tmp_path: Path, *, edit: Callable[[dict], None] | None = N
         else:
             (bundle / rel).write_text(text)
     kw.setdefault("semantic", False)  # the lexical channel is enough here, and starts faster
-    running = start_core(tmp_path / "data", policies_dir=bundle, **kw)
+    running = stores.start_core(tmp_path / "data", policies_dir=bundle, **kw)
     for tenant, workspace in scopes:
         activate(running, tenant, workspace)
     return running

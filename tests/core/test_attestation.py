@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from core_engines import EngineStores
 from core_support import Client, capture_args, now_ms
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -33,8 +34,8 @@ def _edit(cfg: dict) -> None:
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[tuple[RunningCore, Client, Host]]:
-    core = start_with_bundle(tmp_path, edit=_edit)
+def env(tmp_path: Path, stores: EngineStores) -> Iterator[tuple[RunningCore, Client, Host]]:
+    core = start_with_bundle(tmp_path, stores, edit=_edit)
     try:
         yield core, Client(core), Host(core)
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+from core_engines import one
 from core_support import PURPOSE, Client, capture_args
 from google.protobuf import json_format
 
@@ -60,7 +61,7 @@ def test_malformed_capture_changes_nothing(ana: Client, name: str, args: dict, c
     assert exc.value.code == code  # type: ignore[attr-defined]
     store = ana.core.core.store
     with store.read() as tx:
-        before = [tx._one(f"SELECT count(*) FROM {t}")[0] for t in ("candidates", "journal", "idempotency")]
+        before = [one(tx, f"SELECT count(*) FROM {t}")[0] for t in ("candidates", "journal", "idempotency")]
     try:
         got = ana.fails("capture", args)
     except json_format.ParseError:
@@ -68,7 +69,7 @@ def test_malformed_capture_changes_nothing(ana: Client, name: str, args: dict, c
         got = _raw_capture_with_unknown_field(ana)
     assert got == code
     with store.read() as tx:
-        after = [tx._one(f"SELECT count(*) FROM {t}")[0] for t in ("candidates", "journal", "idempotency")]
+        after = [one(tx, f"SELECT count(*) FROM {t}")[0] for t in ("candidates", "journal", "idempotency")]
     assert before == after
 
 

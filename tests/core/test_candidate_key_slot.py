@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import duckdb
+from core_engines import one, rows
 from core_support import Client
 
 from engram_core.crypto.keyvault import FileKeyVault
@@ -19,8 +20,8 @@ from engram_core.store.duckdb.migrations import LEDGER_DDL, MIGRATIONS
 def _slot_rows(ana: Client, candidate_id: str) -> tuple[int | None, list[int]]:
     """(the candidate row's key_slot, the data_keys slots of the candidate's key)."""
     with ana.core.core.store.read() as tx:
-        row = tx._one("SELECT key_slot FROM candidates WHERE candidate_id = ?", [candidate_id])
-        keys = [int(r[0]) for r in tx._all("SELECT slot FROM data_keys WHERE owner = ?", [f"candidate:{candidate_id}"])]
+        row = one(tx, "SELECT key_slot FROM candidates WHERE candidate_id = ?", [candidate_id])
+        keys = [int(r[0]) for r in rows(tx, "SELECT slot FROM data_keys WHERE owner = ?", [f"candidate:{candidate_id}"])]
     return (None if row is None or row[0] is None else int(row[0])), keys
 
 

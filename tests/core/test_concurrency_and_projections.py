@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+from core_engines import one
 from core_support import Client, capture_args
 
 from engram_core.errors import Code
@@ -16,8 +17,8 @@ def test_sixteen_concurrent_identical_captures_make_one_candidate(ana: Client) -
     assert len({r["candidate_id"] for r in results}) == 1
     assert sum(r["status"] == "committed_pending" for r in results) == 1
     with ana.core.core.store.read() as tx:
-        n = tx._one("SELECT count(*) FROM candidates WHERE candidate_id = ?", [results[0]["candidate_id"]])[0]
-        events = tx._one("SELECT count(*) FROM journal WHERE target = ?", [results[0]["candidate_id"]])[0]
+        n = one(tx, "SELECT count(*) FROM candidates WHERE candidate_id = ?", [results[0]["candidate_id"]])[0]
+        events = one(tx, "SELECT count(*) FROM journal WHERE target = ?", [results[0]["candidate_id"]])[0]
     assert n == 1 and events == 1
 
 
@@ -52,15 +53,15 @@ def test_forget_removes_postings_in_same_transaction(ana: Client) -> None:
     store = ana.core.core.store
     with store.read() as tx:
         assert tx.postings_count(rid) > 0
-        journal_before = tx._one("SELECT count(*) FROM journal")[0]
+        journal_before = one(tx, "SELECT count(*) FROM journal")[0]
     ana.call("forget", {"record_id": rid, "idempotency_key": "proj-forget-00001", "reason_ref": "r:x"}, grant=True)
     with store.read() as tx:
         assert tx.postings_count(rid) == 0
-        row = tx._one("SELECT state, sealed_body FROM records WHERE record_id = ?", [rid])
+        row = one(tx, "SELECT state, sealed_body FROM records WHERE record_id = ?", [rid])
         assert row == ("tombstoned", None)
         assert tx.data_key_slot(f"record:{rid}") is None
         # exactly one journal event carried the state change, postings and key together
-        assert tx._one("SELECT count(*) FROM journal")[0] == journal_before + 1
+        assert one(tx, "SELECT count(*) FROM journal")[0] == journal_before + 1
 
 
 def test_forgotten_body_key_is_zeroed(ana: Client) -> None:

@@ -10,10 +10,11 @@ import collections
 
 import grpc
 import pytest
+from core_engines import EngineStores
 from core_support import PURPOSE, Client, activate, capture_args, now_ms
 
 from engram_core.api import context_pb2, host_pb2, memory_pb2, memory_pb2_grpc
-from engram_core.app.composition import RunningCore, start_core
+from engram_core.app.composition import RunningCore
 from engram_core.context_nonces import ContextNonceLedger
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import CLOCK_SKEW_MS, CONTEXT_METADATA_KEY, sign_context
@@ -86,9 +87,9 @@ def test_context_without_nonce_is_refused(ana: Client) -> None:
         == Code.TRUSTED_CONTEXT_UNAVAILABLE
 
 
-def test_context_signed_before_a_restart_is_refused_after_it(tmp_path) -> None:
+def test_context_signed_before_a_restart_is_refused_after_it(stores: EngineStores, tmp_path) -> None:
     data = tmp_path / "data"
-    running = start_core(data)
+    running = stores.start_core(data)
     activate(running)
     ana = Client(running)
     # Signed before the restart (by more than the clock-skew allowance), never used, and still
@@ -96,7 +97,7 @@ def test_context_signed_before_a_restart_is_refused_after_it(tmp_path) -> None:
     early = ana.context("search", now_ms=now_ms() - SIGNED_BEFORE_START_MS)
     running.stop()
     # The restarted core has an empty ledger; a context it could not have seen claimed is refused.
-    running = start_core(data)
+    running = stores.start_core(data)
     try:
         ana = Client(running)
         assert ana.fails("search", {"query": "x", "purpose_ref": PURPOSE}, context=early) \
@@ -202,15 +203,15 @@ def test_a_context_signed_for_the_tool_listing_cannot_act(ana: Client) -> None:
         == Code.TRUSTED_CONTEXT_UNAVAILABLE
 
 
-def test_a_context_used_before_a_quick_restart_is_refused_after_it(tmp_path) -> None:
+def test_a_context_used_before_a_quick_restart_is_refused_after_it(stores: EngineStores, tmp_path) -> None:
     data = tmp_path / "data"
-    running = start_core(data, semantic=False)
+    running = stores.start_core(data, semantic=False)
     activate(running)
     ana = Client(running)
     used = ana.context("search")
     ana.call("search", {"query": "x", "purpose_ref": PURPOSE}, context=used)
     running.stop()
-    running = start_core(data, semantic=False)  # within the clock-skew allowance of the first start
+    running = stores.start_core(data, semantic=False)  # within the clock-skew allowance of the first start
     try:
         ana = Client(running)
         assert ana.fails("search", {"query": "x", "purpose_ref": PURPOSE}, context=used) \

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from core_engines import EngineStores, one
 from core_support import PURPOSE, Client, capture_args, now_ms
 
 from engram_core.errors import Code
@@ -117,11 +118,11 @@ def test_admission_replay(ana: Client) -> None:
 def test_secret_in_capture_is_refused_and_nothing_stored(ana: Client) -> None:
     before = ana.core.core.store.read
     with before() as tx:
-        n = tx._one("SELECT count(*) FROM candidates")[0]
+        n = one(tx, "SELECT count(*) FROM candidates")[0]
     code = ana.fails("capture", capture_args("Deploy with AWS key AKIAIOSFODNN7EXAMPLE and go."))
     assert code == Code.UNAUTHORIZED
     with before() as tx:
-        assert tx._one("SELECT count(*) FROM candidates")[0] == n
+        assert one(tx, "SELECT count(*) FROM candidates")[0] == n
 
 
 def test_retain_needs_host_permission(ana: Client) -> None:
@@ -187,12 +188,10 @@ def test_search_is_deterministic(ana: Client) -> None:
     assert a["rank_receipt"]["ordered_ids_digest"] == b["rank_receipt"]["ordered_ids_digest"]
 
 
-def test_semantic_channel_unavailable_is_an_error_not_a_fallback(tmp_path) -> None:
+def test_semantic_channel_unavailable_is_an_error_not_a_fallback(stores: EngineStores, tmp_path) -> None:
     from core_support import activate
 
-    from engram_core.app.composition import start_core
-
-    running = start_core(tmp_path / "lexical-only", semantic=False)
+    running = stores.start_core(tmp_path / "lexical-only", semantic=False)
     try:
         activate(running)
         c = Client(running)

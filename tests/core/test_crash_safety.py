@@ -1,4 +1,5 @@
-"""SIGKILL mid-workload loses no acknowledged write and leaves no half-applied one (SPEC §7)."""
+"""SIGKILL mid-workload loses no acknowledged write and leaves no half-applied one (SPEC §7), on
+each engine: the core is killed and restarted over the same store and key directory."""
 
 from __future__ import annotations
 
@@ -7,13 +8,12 @@ import threading
 import time
 
 import pytest
+from core_engines import EngineStores, rows
 from core_support import Client, Failed, activate, capture_args
 from crash_harness import Acked, CoreProcess, run_workload
 
-from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.errors import Code
 from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
-from engram_core.store.duckdb import open_duckdb_store
 
 KILL_POINTS = 3
 
@@ -26,10 +26,9 @@ class _Proc:
         self.host_key_path = proc.data_dir / "host.key"
 
 
-def verify_store(data_dir) -> None:
-    """Chains verify and no mutation is half-applied, read straight from the file."""
-    store = open_duckdb_store(data_dir, keys=FileKeyVault(data_dir))  # postings_count opens sealed projections
-    try:
+def verify_store(stores: EngineStores, data_dir) -> None:
+    """Chains verify and no mutation is half-applied, read straight from the store (its core stopped)."""
+    with stores.open_store(data_dir) as store:  # postings_count opens sealed projections: the vault is needed
         with store.read() as tx:
             for scope in tx.scopes():
                 prev = GENESIS
@@ -48,27 +47,25 @@ def verify_store(data_dir) -> None:
                 prev[chain] = row["row_digest"]
             live = tx.live_key_slots()
             owners = set(live.values())
-            for (cid, state) in tx._all("SELECT candidate_id, state FROM candidates"):
+            for (cid, state) in rows(tx, "SELECT candidate_id, state FROM candidates"):
                 has_key = f"candidate:{cid}" in owners
                 assert has_key == (state in ("pending", "pending_adjudication")), (cid, state)
-            for (rid, state, body) in tx._all("SELECT record_id, state, sealed_body IS NOT NULL FROM records"):
+            for (rid, state, body) in rows(tx, "SELECT record_id, state, sealed_body IS NOT NULL FROM records"):
                 if state == "tombstoned":
                     assert not body and f"record:{rid}" not in owners and tx.postings_count(rid) == 0
                 else:
                     assert body and f"record:{rid}" in owners and tx.postings_count(rid) > 0
             # every journal event of a candidate/record matches its current state
-            n_candidates = tx._one("SELECT count(*) FROM candidates")[0]
-            n_capture_events = tx._one("SELECT count(*) FROM journal WHERE operation = 'capture'")[0]
+            n_candidates = rows(tx, "SELECT count(*) FROM candidates")[0][0]
+            n_capture_events = rows(tx, "SELECT count(*) FROM journal WHERE operation = 'capture'")[0][0]
             assert n_candidates == n_capture_events
-    finally:
-        store.close()
 
 
 @pytest.mark.timeout(600)
-def test_sigkill_mid_workload_loses_nothing_acknowledged(tmp_path) -> None:
+def test_sigkill_mid_workload_loses_nothing_acknowledged(stores: EngineStores, tmp_path) -> None:
     rng = random.Random(20261130)
     data = tmp_path / "data"
-    proc = CoreProcess(data)
+    proc = CoreProcess(data, stores)
     acked = Acked()
     try:
         for point in range(KILL_POINTS):
@@ -84,7 +81,7 @@ def test_sigkill_mid_workload_loses_nothing_acknowledged(tmp_path) -> None:
             stop.set()
             worker.join(timeout=30)
             client.channel.close()
-        verify_store(data)
+        verify_store(stores, data)
         proc.start()
         client = Client(_Proc(proc))  # type: ignore[arg-type]
         assert acked.captures, "workload acknowledged nothing"

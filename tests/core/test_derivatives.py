@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from core_engines import EngineStores
 from core_support import Client, capture_args, now_ms
 from governance_support import Host, consent, start_with_bundle
 
@@ -17,8 +18,8 @@ from engram_core.validation import format_instant
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[tuple[RunningCore, Client, Host]]:
-    core = start_with_bundle(tmp_path, edit=consent(retain=True), scopes=(("acme", "alpha"), ("globex", "alpha")))
+def env(tmp_path: Path, stores: EngineStores) -> Iterator[tuple[RunningCore, Client, Host]]:
+    core = start_with_bundle(tmp_path, stores, edit=consent(retain=True), scopes=(("acme", "alpha"), ("globex", "alpha")))
     try:
         yield core, Client(core), Host(core)
     finally:
@@ -80,10 +81,10 @@ def test_a_citation_naming_a_record_of_another_tenant_links_nothing(env) -> None
     assert host.state(mine) == "accepted_current"
 
 
-def test_links_written_before_a_restart_still_reach_their_derivatives(tmp_path: Path) -> None:
+def test_links_written_before_a_restart_still_reach_their_derivatives(tmp_path: Path, stores: EngineStores) -> None:
     """The store answers 'no links' for most records from memory (record_links.py); what it
     knows at open comes from the tables, so a restarted core still finds every derivative."""
-    core = start_with_bundle(tmp_path, edit=consent(retain=True))
+    core = start_with_bundle(tmp_path, stores, edit=consent(retain=True))
     try:
         c = Client(core)
         source = _remember(c, "The release train leaves every Tuesday.")
@@ -92,7 +93,7 @@ def test_links_written_before_a_restart_still_reach_their_derivatives(tmp_path: 
     finally:
         core.stop()
     (tmp_path / "policies").rename(tmp_path / "policies-first")
-    core = start_with_bundle(tmp_path, edit=consent(retain=True))
+    core = start_with_bundle(tmp_path, stores, edit=consent(retain=True))
     try:
         host = Host(core)
         with core.core.store.read() as tx:

@@ -7,13 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from core_engines import EngineStores
 from core_support import Client, activate, capture_args
 
-from engram_core.app.composition import start_core
 
-
-def test_the_early_vector_is_the_records_own_and_goes_with_its_candidate(tmp_path: Path) -> None:
-    running = start_core(tmp_path / "data", semantic=True)
+def test_the_early_vector_is_the_records_own_and_goes_with_its_candidate(stores: EngineStores, tmp_path: Path) -> None:
+    running = stores.start_core(tmp_path / "data", semantic=True)
     try:
         assert running.core.embedder is not None and running.memory is not None
         activate(running)
@@ -38,12 +37,12 @@ def test_the_early_vector_is_the_records_own_and_goes_with_its_candidate(tmp_pat
         running.stop()
 
 
-def test_captures_that_do_not_commit_keep_no_vector(tmp_path: Path) -> None:
+def test_captures_that_do_not_commit_keep_no_vector(stores: EngineStores, tmp_path: Path) -> None:
     """The model starts on a capture's text before its write; only a committed capture keeps
     the vector. Eight identical captures at once (one key): one candidate, one vector held."""
     from concurrent.futures import ThreadPoolExecutor
 
-    running = start_core(tmp_path / "data", semantic=True)
+    running = stores.start_core(tmp_path / "data", semantic=True)
     try:
         assert running.memory is not None
         activate(running)

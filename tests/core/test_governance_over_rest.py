@@ -8,17 +8,18 @@ import shutil
 import sys
 from pathlib import Path
 
+from core_engines import EngineStores
 from core_support import Client, activate, capture_args, now_ms
 from governance_support import Host
 
-from engram_core.app.composition import default_policies_dir, start_core
+from engram_core.app.composition import default_policies_dir
 from engram_core.errors import Code
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "policy"))
 from opa_rest_server import OpaRestTestServer  # noqa: E402
 
 
-def test_reconciliation_and_rate_limits_over_the_rest_backend(tmp_path: Path) -> None:
+def test_reconciliation_and_rate_limits_over_the_rest_backend(stores: EngineStores, tmp_path: Path) -> None:
     bundle = tmp_path / "policies"
     shutil.copytree(default_policies_dir(), bundle)
     data = json.loads((bundle / "data.json").read_text())
@@ -26,7 +27,7 @@ def test_reconciliation_and_rate_limits_over_the_rest_backend(tmp_path: Path) ->
                                                     quotas={"principal": {"minute": {"captures": 3}}})
     (bundle / "data.json").write_text(json.dumps(data))
     with OpaRestTestServer(bundle) as server:
-        core = start_core(tmp_path / "data", opa_url=server.url, semantic=False)
+        core = stores.start_core(tmp_path / "data", opa_url=server.url, semantic=False)
         try:
             activate(core)
             c, host = Client(core), Host(core)

@@ -7,9 +7,10 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
+from core_engines import EngineStores
 from core_support import Client, activate, capture_args
 
-from engram_core.app.composition import start_core
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.services.maintenance import check_audit, check_journal
 from engram_core.store.duckdb import open_duckdb_store
@@ -18,9 +19,11 @@ CLIENTS = 12
 PAIRS = 4
 
 
-def test_concurrent_pairs_share_commits_and_every_acknowledged_one_is_durable(tmp_path: Path) -> None:
+@pytest.mark.duckdb_only(reason="DuckDB's group commit (one writer, transactions batched into a COMMIT); "
+                                "PostgreSQL commits each transaction on its own connection")
+def test_concurrent_pairs_share_commits_and_every_acknowledged_one_is_durable(stores: EngineStores, tmp_path: Path) -> None:
     data = tmp_path / "data"
-    running = start_core(data)
+    running = stores.start_core(data)
     activate(running)
     store = running.core.store
     batches: list[int] = []

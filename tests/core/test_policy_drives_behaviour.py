@@ -8,16 +8,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from core_engines import EngineStores
 from core_support import Client, activate, capture_args, now_ms
 
-from engram_core.app.composition import RunningCore, default_policies_dir, start_core
+from engram_core.app.composition import RunningCore, default_policies_dir
 from engram_core.errors import Code
 
 Edit = Callable[[dict], None]
 
 
 @pytest.fixture
-def core_with(tmp_path: Path) -> Iterator[Callable[[Edit], RunningCore]]:
+def core_with(stores: EngineStores, tmp_path: Path) -> Iterator[Callable[[Edit], RunningCore]]:
     started: list[RunningCore] = []
 
     def start(edit: Edit) -> RunningCore:
@@ -26,7 +27,7 @@ def core_with(tmp_path: Path) -> Iterator[Callable[[Edit], RunningCore]]:
         data = json.loads((bundle / "data.json").read_text())
         edit(data["engram"]["config"])
         (bundle / "data.json").write_text(json.dumps(data))
-        running = start_core(tmp_path / "data", policies_dir=bundle)
+        running = stores.start_core(tmp_path / "data", policies_dir=bundle)
         started.append(running)
         activate(running)
         return running
@@ -101,11 +102,11 @@ def test_policy_reload_changes_behaviour_and_receipts_carry_revision(core_with, 
     assert {"engram-policies-1", "engram-policies-test-2"} <= revisions
 
 
-def test_broken_bundle_fails_closed_and_health_not_serving(tmp_path: Path) -> None:
+def test_broken_bundle_fails_closed_and_health_not_serving(stores: EngineStores, tmp_path: Path) -> None:
     bundle = tmp_path / "policies"
     shutil.copytree(default_policies_dir(), bundle)
     (bundle / "engram" / "authz" / "authz.rego").write_text("package engram.authz\n\nthis is not rego\n")
-    running = start_core(tmp_path / "data", policies_dir=bundle)
+    running = stores.start_core(tmp_path / "data", policies_dir=bundle)
     try:
         from engram_core.api import host_pb2
 

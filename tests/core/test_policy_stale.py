@@ -7,9 +7,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from core_engines import EngineStores
 from core_support import Client, activate
 
-from engram_core.app.composition import default_policies_dir, start_core
+from engram_core.app.composition import default_policies_dir
 from engram_core.errors import Code
 from engram_core.policy.embedded import EmbeddedPolicyEngine
 from engram_core.policy.port import ADMISSION
@@ -30,12 +31,12 @@ class ReloadAfterAdmissionDecision(EmbeddedPolicyEngine):
         return decision
 
 
-def test_reload_between_decision_and_commit_is_policy_stale(tmp_path: Path) -> None:
+def test_reload_between_decision_and_commit_is_policy_stale(stores: EngineStores, tmp_path: Path) -> None:
     bundle = tmp_path / "policies"
     shutil.copytree(default_policies_dir(), bundle)
     engine = ReloadAfterAdmissionDecision(bundle)
     engine.reload()
-    running = start_core(tmp_path / "data", policy=engine)
+    running = stores.start_core(tmp_path / "data", policy=engine)
     try:
         activate(running)
         c = Client(running)

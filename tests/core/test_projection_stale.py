@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core_engines import EngineStores
 from core_support import Client
 from governance_support import Host, start_with_bundle
 
 from engram_core.api import admin_pb2
-from engram_core.app.composition import start_core
 from engram_core.errors import Code
 
 
-def test_invalidated_projections_are_stale_until_rebuilt_even_after_restart(tmp_path: Path) -> None:
-    core = start_with_bundle(tmp_path, scopes=(("acme", "alpha"), ("acme", "beta")))
+def test_invalidated_projections_are_stale_until_rebuilt_even_after_restart(tmp_path: Path, stores: EngineStores) -> None:
+    core = start_with_bundle(tmp_path, stores, scopes=(("acme", "alpha"), ("acme", "beta")))
     c, beta, host = Client(core), Client(core, workspace="beta"), Host(core)
     rid = c.remember("Tracing uses OpenTelemetry collectors.")
     beta_id = beta.remember("Beta also uses OpenTelemetry.")
@@ -26,7 +26,7 @@ def test_invalidated_projections_are_stale_until_rebuilt_even_after_restart(tmp_
     host.close()
     core.stop()
 
-    core = start_core(tmp_path / "data", policies_dir=tmp_path / "policies", semantic=False)
+    core = stores.start_core(tmp_path / "data", policies_dir=tmp_path / "policies", semantic=False)
     try:
         c, host = Client(core), Host(core)
         assert c.fails("search", {"query": "OpenTelemetry", "purpose_ref": c.purpose_ref}) == Code.PROJECTION_STALE

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from core_engines import EngineStores
 from core_support import Client, Failed, capture_args
 from governance_support import start_with_bundle
 
@@ -33,8 +34,8 @@ def _retry_delay_ms(err: grpc.RpcError) -> int:
     raise AssertionError("no RetryInfo")
 
 
-def test_flooding_principal_is_rate_limited_others_are_not(tmp_path: Path) -> None:
-    core = start_with_bundle(tmp_path, edit=_tiny, scopes=(("acme", "alpha"), ("globex", "alpha")))
+def test_flooding_principal_is_rate_limited_others_are_not(tmp_path: Path, stores: EngineStores) -> None:
+    core = start_with_bundle(tmp_path, stores, edit=_tiny, scopes=(("acme", "alpha"), ("globex", "alpha")))
     try:
         ana, bo = Client(core, principal="user:ana"), Client(core, principal="user:bo")
         globex = Client(core, tenant="globex", principal="user:ana")
@@ -95,12 +96,12 @@ def _check(c: Client, tool: str, target: str, key: str) -> str:
         return code_from_rpc_error(err).value
 
 
-def test_forget_checks_and_forgets_are_counted(tmp_path: Path) -> None:
+def test_forget_checks_and_forgets_are_counted(tmp_path: Path, stores: EngineStores) -> None:
     """Issue 26.7: a principal already RATE_LIMITED made 300 forget checks (each an audit row).
     Forget and withdraw, and the check a host makes before asking a human, now count against
     quotas of their own."""
     limits = {"principal": {"minute": {"forgets": 3, "withdrawals": 2, "searches": 1}}}
-    core = start_with_bundle(tmp_path, edit=lambda cfg: cfg["tenants"]["*"].update(quotas=limits))
+    core = start_with_bundle(tmp_path, stores, edit=lambda cfg: cfg["tenants"]["*"].update(quotas=limits))
     try:
         ana, bo = Client(core, principal="user:ana"), Client(core, principal="user:bo")
         rid = ana.remember("A record ana may forget one day.")

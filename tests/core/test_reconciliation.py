@@ -24,8 +24,8 @@ def started(tmp_path: Path) -> Iterator[list[RunningCore]]:
         r.stop()
 
 
-def _core(started, tmp_path, **kw) -> tuple[RunningCore, Client, Host]:
-    core = start_with_bundle(tmp_path, edit=consent("family:store-choice", "family:other"), **kw)
+def _core(started, stores, tmp_path, **kw) -> tuple[RunningCore, Client, Host]:
+    core = start_with_bundle(tmp_path, stores, edit=consent("family:store-choice", "family:other"), **kw)
     started.append(core)
     return core, Client(core), Host(core)
 
@@ -35,8 +35,8 @@ def _remember(c: Client, text: str, *, t: int, family=FAMILY) -> dict:
     return c.admit(cap["candidate_id"])["outcome"]
 
 
-def test_newer_decision_supersedes_the_older_member_in_the_admission_transaction(started, tmp_path) -> None:
-    core, c, host = _core(started, tmp_path)
+def test_newer_decision_supersedes_the_older_member_in_the_admission_transaction(started, stores, tmp_path) -> None:
+    core, c, host = _core(started, stores, tmp_path)
     old = _remember(c, "We store memory in SQLite.", t=now_ms() - 120_000)
     new = _remember(c, "We store memory in DuckDB instead of SQLite.", t=now_ms() - 60_000)
     assert old["status"] == new["status"] == "accepted"
@@ -58,8 +58,8 @@ def test_newer_decision_supersedes_the_older_member_in_the_admission_transaction
     assert "SQLite" not in str(ev.body)
 
 
-def test_members_outside_the_family_or_scope_are_untouched(started, tmp_path) -> None:
-    core, c, host = _core(started, tmp_path, scopes=(("acme", "alpha"), ("acme", "beta"), ("globex", "alpha")))
+def test_members_outside_the_family_or_scope_are_untouched(started, stores, tmp_path) -> None:
+    core, c, host = _core(started, stores, tmp_path, scopes=(("acme", "alpha"), ("acme", "beta"), ("globex", "alpha")))
     t = now_ms() - 120_000
     other_family = _remember(c, "A decision in another family.", t=t, family={"family_refs": ["family:other"]})
     no_family = c.admit(c.capture("A decision naming no family.")["candidate_id"])["outcome"]
@@ -73,8 +73,8 @@ def test_members_outside_the_family_or_scope_are_untouched(started, tmp_path) ->
     assert host.state(globex["record_id"], tenant="globex") == "accepted_current"
 
 
-def test_older_newcomer_goes_to_adjudication_and_host_accept_keeps_the_member(started, tmp_path) -> None:
-    core, c, host = _core(started, tmp_path)
+def test_older_newcomer_goes_to_adjudication_and_host_accept_keeps_the_member(started, stores, tmp_path) -> None:
+    core, c, host = _core(started, stores, tmp_path)
     current = _remember(c, "The current decision.", t=now_ms() - 60_000)
     late = _remember(c, "An older decision captured late.", t=now_ms() - 3_600_000)
     assert late["status"] == "pending_adjudication" and "record_id" not in late
@@ -100,8 +100,8 @@ decision := {
 """
 
 
-def test_a_policy_author_can_make_newcomers_dispute_members(started, tmp_path) -> None:
-    core, c, host = _core(started, tmp_path, files={"engram/reconciliation/reconciliation.rego": DISPUTE_ALL,
+def test_a_policy_author_can_make_newcomers_dispute_members(started, stores, tmp_path) -> None:
+    core, c, host = _core(started, stores, tmp_path, files={"engram/reconciliation/reconciliation.rego": DISPUTE_ALL,
                                                     "engram/reconciliation/reconciliation_test.rego": None})
     first = _remember(c, "First claim.", t=now_ms() - 60_000)
     second = _remember(c, "Conflicting claim.", t=now_ms() - 30_000)
@@ -126,8 +126,8 @@ decision := {
 """
 
 
-def test_an_answer_about_other_records_fails_closed_and_changes_nothing(started, tmp_path) -> None:
-    core, c, host = _core(started, tmp_path, files={"engram/reconciliation/reconciliation.rego": WRONG_MEMBERS,
+def test_an_answer_about_other_records_fails_closed_and_changes_nothing(started, stores, tmp_path) -> None:
+    core, c, host = _core(started, stores, tmp_path, files={"engram/reconciliation/reconciliation.rego": WRONG_MEMBERS,
                                                     "engram/reconciliation/reconciliation_test.rego": None})
     cap = c.call("capture", capture_args("Newcomer under a broken policy.", reconciliation=FAMILY))
     assert c.fails("request_admission", {"candidate_id": cap["candidate_id"],
@@ -137,12 +137,12 @@ def test_an_answer_about_other_records_fails_closed_and_changes_nothing(started,
         assert tx.scope_records("acme", "alpha") == []
 
 
-def test_members_changed_after_the_decision_is_policy_stale(started, tmp_path, monkeypatch) -> None:
+def test_members_changed_after_the_decision_is_policy_stale(started, stores, tmp_path, monkeypatch) -> None:
     """The answer was given for a set of members; if another change moved that set before the
     commit, applying the old answer would be wrong: POLICY_STALE, and the retry decides again."""
     from engram_core.services.reconciliation import Reconciler
 
-    core, c, host = _core(started, tmp_path)
+    core, c, host = _core(started, stores, tmp_path)
     first = _remember(c, "First decision.", t=now_ms() - 120_000)
     cap = c.call("capture", capture_args("Second decision.", t=now_ms() - 60_000, reconciliation=FAMILY))
     original = Reconciler.decide
@@ -162,13 +162,13 @@ def test_members_changed_after_the_decision_is_policy_stale(started, tmp_path, m
     assert host.state(first["record_id"]) == "historical"
 
 
-def test_concurrent_newcomers_leave_exactly_one_current_decision(started, tmp_path) -> None:
+def test_concurrent_newcomers_leave_exactly_one_current_decision(started, stores, tmp_path) -> None:
     """Admissions into one family race; each decision is applied only to the member set it saw
     (else POLICY_STALE and the client retries), so the family never ends with two current
     decisions: the newest is current, the others historical or waiting for a host."""
     import threading
 
-    core, c, host = _core(started, tmp_path)
+    core, c, host = _core(started, stores, tmp_path)
     base = now_ms() - 600_000
     caps = [c.call("capture", capture_args(f"Queue decision version {i}.", t=base + i * 1000, reconciliation=FAMILY))
             for i in range(6)]

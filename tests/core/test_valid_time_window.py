@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from core_engines import EngineStores
 from core_support import Client, Failed, capture_args, now_ms
 from governance_support import Host, consent, start_with_bundle
 
@@ -26,8 +27,8 @@ SAFE_MAX = 2**53 - 1
 
 
 @pytest.fixture
-def scope(tmp_path: Path) -> Iterator[tuple[RunningCore, Client, Client, Host]]:
-    core = start_with_bundle(tmp_path, edit=consent("family:store-choice"))
+def scope(tmp_path: Path, stores: EngineStores) -> Iterator[tuple[RunningCore, Client, Client, Host]]:
+    core = start_with_bundle(tmp_path, stores, edit=consent("family:store-choice"))
     try:
         yield core, Client(core, principal="user:ana"), Client(core, principal="user:mallory"), Host(core)
     finally:

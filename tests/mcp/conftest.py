@@ -1,7 +1,8 @@
 """Fixtures for the MCP adapter tests: one real core per module, real adapter
 processes (`engram mcp` over stdio and streamable HTTP), the SDK's own client.
 
-Nothing of ours is mocked: the core is `engram_core.app.composition.start_core`, the
+Nothing of ours is mocked: the core is `engram_core.app.composition.start_core` (on each
+engine: tests/conftest.py), the
 adapter is the installed console script, and scopes are activated through
 AdminService exactly as `engram admin activate` does.
 """
@@ -12,9 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from core_engines import EngineStores
 from mcp_helpers import WORKSPACE, Core, activate
-
-from engram_core.app.composition import start_core
 
 
 @pytest.fixture
@@ -23,8 +23,8 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="module")
-def core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Core]:
-    running = start_core(tmp_path_factory.mktemp("core-data"))
+def core(tmp_path_factory: pytest.TempPathFactory, module_stores: EngineStores) -> Iterator[Core]:
+    running = module_stores.start_core(tmp_path_factory.mktemp("core-data"))
     try:
         found = Core(address=running.address, host_key_path=Path(running.host_key_path))
         activate(found, "acme", WORKSPACE)

@@ -11,16 +11,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from core_engines import EngineStores
 from mcp_helpers import ENGRAM, REPO, WORKSPACE, Core, activate, binding_for, write_config
 
-from engram_core.app.composition import start_core
 from engram_core.install_hints import SEMANTIC_INSTALL
 
 
 @pytest.fixture(scope="module")
-def lexical_core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Core]:
+def lexical_core(module_stores: EngineStores, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Core]:
     """A core as a plain `pip install .` runs it: no semantic channel."""
-    running = start_core(tmp_path_factory.mktemp("lexical-core"), semantic=False)
+    running = module_stores.start_core(tmp_path_factory.mktemp("lexical-core"), semantic=False)
     try:
         found = Core(address=running.address, host_key_path=Path(running.host_key_path))
         activate(found, "acme", WORKSPACE)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import mcp_types as types
 import pytest
+from core_engines import EngineStores
 from mcp_helpers import (
     WORKSPACE,
     Core,
@@ -36,8 +37,8 @@ _confirmation_required if input.components.count > 1
 
 
 @pytest.fixture(scope="module")
-def capture_gated(tmp_path_factory) -> Path:
-    from engram_core.app.composition import default_policies_dir, start_core
+def capture_gated(module_stores: EngineStores, tmp_path_factory) -> Path:
+    from engram_core.app.composition import default_policies_dir
 
     root = tmp_path_factory.mktemp("capture-gated")
     bundle = root / "policies"
@@ -46,7 +47,7 @@ def capture_gated(tmp_path_factory) -> Path:
     rego.write_text(rego.read_text() + _AUTHOR_RULE)
     data = json.loads((bundle / "data.json").read_text())
     assert data["engram"]["config"]["tenants"]["*"]["confirmation_required_tools"] == []  # authz asks nothing
-    running = start_core(root / "data", policies_dir=bundle, semantic=False)
+    running = module_stores.start_core(root / "data", policies_dir=bundle, semantic=False)
     try:
         core = Core(address=running.address, host_key_path=Path(running.host_key_path))
         activate(core, "acme", WORKSPACE)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from core_engines import EngineStores
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mcp.shared.exceptions import MCPError
@@ -28,7 +29,6 @@ from mcp_helpers import (
 )
 
 from adapters.mcp.envelope import TEMPORARILY_UNAVAILABLE, TEMPORARILY_UNAVAILABLE_CODE
-from engram_core.app.composition import start_core
 from engram_core.errors import MESSAGES, Code
 from engram_core.schemas import TOOL_NAMES
 
@@ -52,9 +52,9 @@ async def _listed_again(client) -> list[str]:
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_a_core_that_stops_answering_is_retriable_on_list_and_call_and_the_retry_succeeds(
-        tmp_path: Path, mode: str) -> None:
+        stores: EngineStores, tmp_path: Path, mode: str) -> None:
     data, address = tmp_path / "core", f"127.0.0.1:{free_port()}"
-    running = start_core(data, listen=address)
+    running = stores.start_core(data, listen=address)
     try:
         activate(Core(address, Path(running.host_key_path)), "acme", WORKSPACE)
         config = write_config(tmp_path / "acme.toml", address=address, signing_key=Path(running.host_key_path),
@@ -75,7 +75,7 @@ async def test_a_core_that_stops_answering_is_retriable_on_list_and_call_and_the
                                                         {"query": "anything", "purpose_ref": PURPOSE}))
             assert called["error"] == listed.value.data  # one failure, one error object, on both paths
 
-            running = start_core(data, listen=address)
+            running = stores.start_core(data, listen=address)
             assert await _listed_again(client) == list(TOOL_NAMES)
     finally:
         if running is not None:

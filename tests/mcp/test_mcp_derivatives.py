@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from core_engines import EngineStores
 from mcp_helpers import (
     PURPOSE,
     WORKSPACE,
@@ -35,9 +36,9 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture(scope="module")
-def governed(tmp_path_factory):
+def governed(module_stores: EngineStores, tmp_path_factory):
     """A core whose bundle lets agents ask for `retain` (data only, no Python change)."""
-    from engram_core.app.composition import default_policies_dir, start_core
+    from engram_core.app.composition import default_policies_dir
 
     root = tmp_path_factory.mktemp("derivatives")
     bundle = root / "policies"
@@ -45,7 +46,7 @@ def governed(tmp_path_factory):
     data = json.loads((bundle / "data.json").read_text())
     data["engram"]["config"]["tenants"]["*"]["retain_allowed"] = True
     (bundle / "data.json").write_text(json.dumps(data))
-    running = start_core(root / "data", policies_dir=bundle, semantic=False)
+    running = module_stores.start_core(root / "data", policies_dir=bundle, semantic=False)
     try:
         core = Core(address=running.address, host_key_path=Path(running.host_key_path))
         activate(core, "acme", WORKSPACE)

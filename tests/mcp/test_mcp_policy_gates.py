@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from core_engines import EngineStores
 from mcp_helpers import (
     WORKSPACE,
     Core,
@@ -28,9 +29,9 @@ MODES = ["auto", "legacy"]
 
 
 @pytest.fixture(scope="module")
-def gated(tmp_path_factory) -> Path:
+def gated(module_stores: EngineStores, tmp_path_factory) -> Path:
     """A core whose bundle (data only, no Python change) requires confirmation for capture and admission."""
-    from engram_core.app.composition import default_policies_dir, start_core
+    from engram_core.app.composition import default_policies_dir
 
     root = tmp_path_factory.mktemp("gated")
     bundle = root / "policies"
@@ -39,7 +40,7 @@ def gated(tmp_path_factory) -> Path:
     data["engram"]["config"]["tenants"]["*"]["confirmation_required_tools"] = [
         "engram_memory_capture", "engram_memory_request_admission"]
     (bundle / "data.json").write_text(json.dumps(data))
-    running = start_core(root / "data", policies_dir=bundle, semantic=False)
+    running = module_stores.start_core(root / "data", policies_dir=bundle, semantic=False)
     try:
         core = Core(address=running.address, host_key_path=Path(running.host_key_path))
         activate(core, "acme", WORKSPACE)

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from core_engines import EngineStores
 from mcp_helpers import (
     PURPOSE,
     WORKSPACE,
@@ -21,15 +22,15 @@ from mcp_helpers import (
 pytestmark = pytest.mark.anyio
 
 
-async def test_used_up_search_quota_is_a_retriable_rate_limited_envelope(tmp_path) -> None:
-    from engram_core.app.composition import default_policies_dir, start_core
+async def test_used_up_search_quota_is_a_retriable_rate_limited_envelope(stores: EngineStores, tmp_path) -> None:
+    from engram_core.app.composition import default_policies_dir
 
     bundle = tmp_path / "policies"
     shutil.copytree(default_policies_dir(), bundle)
     data = json.loads((bundle / "data.json").read_text())
     data["engram"]["config"]["tenants"]["*"]["quotas"] = {"principal": {"minute": {"searches": 2}}}
     (bundle / "data.json").write_text(json.dumps(data))
-    running = start_core(tmp_path / "data", policies_dir=bundle, semantic=False)
+    running = stores.start_core(tmp_path / "data", policies_dir=bundle, semantic=False)
     try:
         core = Core(address=running.address, host_key_path=Path(running.host_key_path))
         activate(core, "acme", WORKSPACE)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import mcp_types as types
 import pytest
+from core_engines import EngineStores
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mcp.shared.exceptions import MCPError
@@ -33,7 +34,6 @@ from mcp_helpers import (
     write_config,
 )
 
-from engram_core.app.composition import start_core
 from engram_core.errors import REFUSALS, Code
 from engram_core.observability.logs import CALL_LOGGER
 from engram_core.schemas import INPUT_SCHEMAS, TOOL_NAMES, output_schema
@@ -468,13 +468,13 @@ async def test_request_state_is_single_use_and_tamper_proof(acme):
         assert error_code(replayed) == "gate_failed"
 
 
-async def test_core_deadline_comes_back_as_a_retriable_envelope(tmp_path, cfg_dir):
+async def test_core_deadline_comes_back_as_a_retriable_envelope(stores: EngineStores, tmp_path, cfg_dir):
     """A core that does not answer within the host's deadline: the agent gets a retriable
     DEADLINE_EXCEEDED envelope. The core is held busy for real (the writer chain's audit lock,
     which the search's own audit row needs, is held), not raced against a 1 ms deadline: that
     version also sent the SDK's own tools/list (for the output schema) past the deadline now and
     then, and failed in CI."""
-    running = start_core(tmp_path / "data")
+    running = stores.start_core(tmp_path / "data")
     try:
         activate(Core(address=running.address, host_key_path=Path(running.host_key_path)), "acme", WORKSPACE)
         config = write_config(

@@ -1,5 +1,6 @@
 """Crash soak pieces: a mixed workload against a subprocess core that records what
-was acknowledged and what was in flight, and checks read straight from the file.
+was acknowledged and what was in flight, and checks read straight from the store (on either
+engine: tests/core_engines.py).
 
 The workload runs in a few threads, each on its own records (so lifecycle
 errors between workers cannot happen and any non-transport error is a bug):
@@ -20,17 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from core_engines import EngineStores, one, rows
 from core_support import Client, Failed, capture_args
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
 from engram_core.canonical import digest
-from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.errors import Code
 from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
 from engram_core.hostkeys import load_private_key_file
 from engram_core.rpc.status import code_from_rpc_error
 from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
-from engram_core.store.duckdb import open_duckdb_store
 from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, WITHDRAW_TOOL
 
 TENANT, WORKSPACE = "acme", "alpha"
@@ -230,11 +230,11 @@ def check_replays(client: Client, admin: HostAdmin, ledger: Ledger) -> int:
     return len(ledger.acked)
 
 
-def verify_file(data_dir: Path, ledger: Ledger) -> dict[str, int]:
-    """Read straight from the DuckDB file (core stopped): chains verify, nothing half-applied,
-    every acknowledged mutation has its journal event and its audit row."""
-    store = open_duckdb_store(data_dir, keys=FileKeyVault(data_dir))  # postings_count opens sealed projections
-    try:
+def verify_file(stores: EngineStores, data_dir: Path, ledger: Ledger) -> dict[str, int]:
+    """Read straight from the store (core stopped; the DuckDB file or the PostgreSQL database):
+    chains verify, nothing half-applied, every acknowledged mutation has its journal event and
+    its audit row."""
+    with stores.open_store(data_dir) as store:  # postings_count opens sealed projections: the vault is needed
         with store.read() as tx:
             targets_by_op: dict[str, set[str]] = {}
             n_events = 0
@@ -268,20 +268,20 @@ def verify_file(data_dir: Path, ledger: Ledger) -> dict[str, int]:
             missing = [a for a in ledger.reads if a not in audit_ids]
             assert not missing, ("acknowledged reads without an audit row", missing[:5])
             owners = set(tx.live_key_slots().values())
-            for cid, state, env in tx._all("SELECT candidate_id, state, sealed_envelope IS NOT NULL FROM candidates"):
+            for cid, state, env in rows(tx, "SELECT candidate_id, state, sealed_envelope IS NOT NULL FROM candidates"):
                 live = state in ("pending", "pending_adjudication")
                 assert (f"candidate:{cid}" in owners) == live and bool(env) == live, (cid, state)
-            for rid, state, body in tx._all("SELECT record_id, state, sealed_body IS NOT NULL FROM records"):
+            for rid, state, body in rows(tx, "SELECT record_id, state, sealed_body IS NOT NULL FROM records"):
                 if state == "tombstoned":
                     assert not body and f"record:{rid}" not in owners and tx.postings_count(rid) == 0
                     assert tx.vector_count(rid) == 0
                 else:
                     assert body and f"record:{rid}" in owners and tx.postings_count(rid) > 0, (rid, state)
-            assert tx._one("SELECT count(*) FROM candidates")[0] == len(targets_by_op.get("capture", ()))
-            accepted = tx._one("SELECT count(*) FROM candidates WHERE state = 'accepted'")[0]
-            assert tx._one("SELECT count(*) FROM records")[0] == accepted == len(targets_by_op.get("accept", ()))
-            tomb = tx._one("SELECT count(*) FROM records WHERE state = 'tombstoned'")[0]
-            assert tomb == tx._one("SELECT count(*) FROM tombstones")[0]
+            assert one(tx, "SELECT count(*) FROM candidates")[0] == len(targets_by_op.get("capture", ()))
+            accepted = one(tx, "SELECT count(*) FROM candidates WHERE state = 'accepted'")[0]
+            assert one(tx, "SELECT count(*) FROM records")[0] == accepted == len(targets_by_op.get("accept", ()))
+            tomb = one(tx, "SELECT count(*) FROM records WHERE state = 'tombstoned'")[0]
+            assert tomb == one(tx, "SELECT count(*) FROM tombstones")[0]
             # every acknowledged mutation: its journal event and its audit row
             journal_op = {"capture": "capture", "withdraw": "withdraw", "forget": "tombstone"}
             for kind, args, result in ledger.acked:
@@ -298,8 +298,6 @@ def verify_file(data_dir: Path, ledger: Ledger) -> dict[str, int]:
                 assert target in targets_by_op.get(op, set()), ("no journal event", kind, args)
                 assert (audit_op, digest("request", {"target": target})) in audited, ("no audit row", kind, args)
             return {"events": n_events, "audit_rows": n_audit, "reads": len(ledger.reads)}
-    finally:
-        store.close()
 
 
 def activate_scope(core: Any, tenant: str = TENANT, workspace: str = WORKSPACE, attempts: int = 20) -> None:
@@ -323,8 +321,8 @@ DOMAIN_TABLES = ("candidates", "records", "journal", "idempotency", "used_confir
 def domain_state(running: Any) -> dict[str, Any]:
     """Row counts and the state columns of an in-process core: what a side effect would change."""
     with running.core.store.read() as tx:
-        out: dict[str, Any] = {t: tx._one(f"SELECT count(*) FROM {t}")[0] for t in DOMAIN_TABLES}
-        out["candidate_states"] = sorted(tx._all("SELECT candidate_id, state FROM candidates"))
-        out["record_states"] = sorted(tx._all("SELECT record_id, state FROM records"))
-        out["heads"] = sorted(tx._all("SELECT tenant, workspace, last_cursor, last_event_digest FROM scopes"))
+        out: dict[str, Any] = {t: one(tx, f"SELECT count(*) FROM {t}")[0] for t in DOMAIN_TABLES}
+        out["candidate_states"] = sorted(rows(tx, "SELECT candidate_id, state FROM candidates"))
+        out["record_states"] = sorted(rows(tx, "SELECT record_id, state FROM records"))
+        out["heads"] = sorted(rows(tx, "SELECT tenant, workspace, last_cursor, last_event_digest FROM scopes"))
         return out

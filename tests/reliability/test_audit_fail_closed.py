@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import duckdb
 import pytest
+from core_engines import EngineStores
 from core_support import Client, capture_args
 from reliability_crash import HostAdmin, activate_scope, domain_state
 
-from engram_core.app.composition import start_core
 from engram_core.errors import Code
 from engram_core.store.duckdb import engine as duckdb_engine
 
+pytestmark = pytest.mark.duckdb_only(
+    reason="injects duckdb.IOException into the DuckDB engine's audit insert (and its batch) and reads the "
+           "file vault's datakeys.bin")
+
 
 @pytest.fixture
-def core(tmp_path):
-    running = start_core(tmp_path / "data", semantic=False)
+def core(stores: EngineStores, tmp_path):
+    running = stores.start_core(tmp_path / "data", semantic=False)
     activate_scope(running)
     yield running
     running.stop()

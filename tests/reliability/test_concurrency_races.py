@@ -15,11 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from core_engines import EngineStores, rows
 from core_support import Client, Failed, capture_args
 from reliability_crash import HostAdmin, activate_scope
 from reliability_support import scaled
 
-from engram_core.app.composition import start_core
 from engram_core.errors import Code
 
 RACERS = 8
@@ -27,8 +27,8 @@ ROUNDS = scaled(4, 40)
 
 
 @pytest.fixture(scope="module")
-def core(tmp_path_factory):
-    running = start_core(tmp_path_factory.mktemp("races"), semantic=False, max_workers=32)
+def core(module_stores: EngineStores, tmp_path_factory):
+    running = module_stores.start_core(tmp_path_factory.mktemp("races"), semantic=False, max_workers=32)
     activate_scope(running)
     yield running
     running.stop()
@@ -53,7 +53,7 @@ def race(calls: list[Callable[[], Any]]) -> list[Any]:
 
 def journal_ops(core, target: str) -> list[str]:
     with core.core.store.read() as tx:
-        return [r[0] for r in tx._all("SELECT operation FROM journal WHERE target = ? ORDER BY cursor", [target])]
+        return [r[0] for r in rows(tx, "SELECT operation FROM journal WHERE target = ? ORDER BY cursor", [target])]
 
 
 def test_same_idempotency_key_on_every_mutation_makes_one_effect(core) -> None:

@@ -4,8 +4,9 @@ Every cycle starts `engram serve` on the same data directory (the database must
 reopen without manual repair), retries what was in flight at the previous kill
 (a definitive outcome, never an error), verifies the journal and audit chains
 through AdminService, runs the workload from a few threads, and SIGKILLs the
-process after a random short delay. At the end, with the core stopped, the file
-itself is checked (chains, nothing half-applied, every acknowledged mutation has
+process after a random short delay (on each engine: the PostgreSQL leg restarts
+`engram serve --store` over the same database and key directory). At the end, with the core
+stopped, the store itself is checked (chains, nothing half-applied, every acknowledged mutation has
 its journal event and audit row); then every acknowledged mutation is retried
 with its idempotency key and must return its original outcome.
 
@@ -20,6 +21,7 @@ import threading
 import time
 
 import pytest
+from core_engines import EngineStores
 from core_support import Client
 from crash_harness import CoreProcess
 from reliability_crash import (
@@ -40,11 +42,11 @@ SEED = int(os.environ.get("ENGRAM_SOAK_SEED", "20261207"))
 
 
 @pytest.mark.timeout(3600 if SOAK else 600)
-def test_random_sigkills_lose_nothing_acknowledged_and_leave_nothing_half_applied(tmp_path, monkeypatch, record_property) -> None:
+def test_random_sigkills_lose_nothing_acknowledged_and_leave_nothing_half_applied(stores: EngineStores, tmp_path, monkeypatch, record_property) -> None:
     monkeypatch.setenv("ENGRAM_SEMANTIC", os.environ.get("ENGRAM_SEMANTIC", "" if SOAK else "off"))
     rng = random.Random(SEED)
     data = tmp_path / "data"
-    proc = CoreProcess(data)
+    proc = CoreProcess(data, stores)
     ledger = Ledger()
     retried = 0
     try:
@@ -77,7 +79,7 @@ def test_random_sigkills_lose_nothing_acknowledged_and_leave_nothing_half_applie
                 c.channel.close()
             admin.close()
         assert not ledger.unexpected, ledger.unexpected
-        counts = verify_file(data, ledger)
+        counts = verify_file(stores, data, ledger)
         proc.start()
         core = SubprocessCore(proc.address, data)
         client, admin = Client(core), HostAdmin(core)  # type: ignore[arg-type]

@@ -27,13 +27,13 @@ from typing import Any
 
 import grpc
 import pytest
+from core_engines import EngineStores, one
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 from reliability_support import SOAK, deep, derive_cases, draw_pool, mutated, scaled
 
 from engram_core.api import memory_pb2, memory_pb2_grpc
-from engram_core.app.composition import start_core
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import CONFIRMATION_METADATA_KEY, CONTEXT_METADATA_KEY, make_context, make_grant
 from engram_core.hostkeys import load_private_key_file
@@ -244,8 +244,8 @@ def test_validator_is_total_and_precise(pool) -> None:
 # -- the gRPC surface ------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def fuzz_core(tmp_path_factory):
-    running = start_core(tmp_path_factory.mktemp("fuzz"))
+def fuzz_core(module_stores: EngineStores, tmp_path_factory):
+    running = module_stores.start_core(tmp_path_factory.mktemp("fuzz"))
     from core_support_fuzz import activate_scope
 
     activate_scope(running)
@@ -259,7 +259,7 @@ _COUNT_SQL = "SELECT " + ", ".join(f"(SELECT count(*) FROM {t})" for t in COUNTE
 
 def _counts(core) -> tuple[int, ...]:
     with core.core.store.read() as tx:
-        return tuple(tx._one(_COUNT_SQL))
+        return tuple(one(tx, _COUNT_SQL))
 
 
 class StoresNothing:

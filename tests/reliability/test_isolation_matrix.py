@@ -10,10 +10,10 @@ import statistics
 import time
 
 import pytest
+from core_engines import EngineStores
 from core_support import Client, Failed
 from reliability_crash import activate_scope, domain_state
 
-from engram_core.app.composition import start_core
 from engram_core.errors import Code
 
 NEVER_RECORD = "mem_" + "a" * 52
@@ -21,8 +21,8 @@ NEVER_CANDIDATE = "cand_" + "b" * 26
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    running = start_core(tmp_path_factory.mktemp("iso") / "data", semantic=False)
+def world(module_stores: EngineStores, tmp_path_factory):
+    running = module_stores.start_core(tmp_path_factory.mktemp("iso") / "data", semantic=False)
     for t, w in (("acme", "alpha"), ("acme", "beta"), ("globex", "alpha")):
         activate_scope(running, t, w)
     owner = Client(running)

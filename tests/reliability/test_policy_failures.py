@@ -19,13 +19,14 @@ from typing import Any
 
 import grpc
 import pytest
+from core_engines import EngineStores
 from core_support import Client
 from crash_harness import free_port
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from reliability_crash import domain_state
 
 from engram_core.api import admin_pb2, host_pb2
-from engram_core.app.composition import default_policies_dir, start_core
+from engram_core.app.composition import default_policies_dir
 from engram_core.errors import Code
 
 sys.path.append(str(Path(__file__).resolve().parent.parent / "policy"))
@@ -78,10 +79,10 @@ def every_operation_fails_closed(c: Client, cid: str, rid: str) -> None:
 
 
 @pytest.fixture
-def opa_core(tmp_path):
+def opa_core(stores: EngineStores, tmp_path):
     server = KnobServer(default_policies_dir(), delay_s=2.5)
     server.__enter__()
-    running = start_core(tmp_path / "data", opa_url=server.url, semantic=False)
+    running = stores.start_core(tmp_path / "data", opa_url=server.url, semantic=False)
     from reliability_crash import activate_scope
 
     activate_scope(running)
@@ -108,9 +109,9 @@ def test_opa_failure_fails_closed_with_no_side_effect_and_not_serving(opa_core, 
     assert c.admit(cid)["outcome"]["status"] == "accepted"
 
 
-def test_engine_down_at_start_is_not_serving_and_changes_nothing(tmp_path) -> None:
+def test_engine_down_at_start_is_not_serving_and_changes_nothing(stores: EngineStores, tmp_path) -> None:
     with KnobServer(default_policies_dir()) as server:
-        running = start_core(tmp_path / "data", opa_url=server.url, semantic=False)
+        running = stores.start_core(tmp_path / "data", opa_url=server.url, semantic=False)
         from reliability_crash import activate_scope
 
         activate_scope(running)
@@ -118,7 +119,7 @@ def test_engine_down_at_start_is_not_serving_and_changes_nothing(tmp_path) -> No
         rid = c.remember("The engine outage drill keeps this plover record.")
         cid = c.capture("The engine outage drill keeps this plover candidate.")["candidate_id"]
         running.stop()
-    down = start_core(tmp_path / "data", opa_url=f"http://127.0.0.1:{free_port()}", semantic=False)
+    down = stores.start_core(tmp_path / "data", opa_url=f"http://127.0.0.1:{free_port()}", semantic=False)
     try:
         c = Client(down)
         before = domain_state(down)
@@ -129,10 +130,10 @@ def test_engine_down_at_start_is_not_serving_and_changes_nothing(tmp_path) -> No
         down.stop()
 
 
-def test_embedded_undefined_admission_decision_changes_nothing(tmp_path) -> None:
+def test_embedded_undefined_admission_decision_changes_nothing(stores: EngineStores, tmp_path) -> None:
     bundle = tmp_path / "policies"
     shutil.copytree(default_policies_dir(), bundle)
-    running = start_core(tmp_path / "data", policies_dir=bundle, semantic=False)
+    running = stores.start_core(tmp_path / "data", policies_dir=bundle, semantic=False)
     try:
         from reliability_crash import activate_scope
 

@@ -1,12 +1,17 @@
 """Audit rows of reads (SPEC §1: a call's auditId appears in the audit log) go to the audit
 spool: durable before the read answers, on the process's writer chain, moved into the table
-in batches, at snapshot reads, at close and at the open after a crash."""
+in batches, at snapshot reads, at close and at the open after a crash.
+
+DuckDB only: the spool is the DuckDB store's (a file beside it). A PostgreSQL core has none: a
+read's row is in the database before the read answers, which the crash soak checks on both
+engines (tests/reliability/test_crash_soak.py: every acknowledged read has its row)."""
 
 from __future__ import annotations
 
 import errno
 
 import pytest
+from core_engines import EngineStores
 from core_support import Client, activate
 from crash_harness import CoreProcess
 
@@ -18,6 +23,8 @@ from engram_core.store.chain import scope_chain
 from engram_core.store.duckdb import open_duckdb_store
 from engram_core.store.kernel import StoreKernel
 from engram_core.store.port import AuditRow
+
+pytestmark = pytest.mark.duckdb_only(reason="the audit spool is the DuckDB store's; PostgreSQL has none")
 
 
 class _Proc:
@@ -60,9 +67,9 @@ def _table_raw(data) -> list[int]:
 
 
 @pytest.mark.timeout(300)
-def test_acknowledged_reads_are_in_the_audit_log_after_sigkill(tmp_path) -> None:
+def test_acknowledged_reads_are_in_the_audit_log_after_sigkill(stores: EngineStores, tmp_path) -> None:
     data = tmp_path / "data"
-    proc = CoreProcess(data)
+    proc = CoreProcess(data, stores)
     proc.start()
     try:
         activate(_Proc(proc))  # type: ignore[arg-type]
@@ -189,11 +196,10 @@ def test_a_failed_spool_write_fails_the_read_and_leaves_the_chain_intact(tmp_pat
         store.close()
 
 
-def test_a_read_through_the_service_is_audited_before_it_answers(tmp_path) -> None:
+def test_a_read_through_the_service_is_audited_before_it_answers(stores: EngineStores, tmp_path) -> None:
     """The service path: a search's audit row is in the spool file when the answer arrives."""
-    from engram_core.app.composition import start_core
 
-    running = start_core(tmp_path / "data", semantic=False)
+    running = stores.start_core(tmp_path / "data", semantic=False)
     try:
         activate(running)
         client = Client(running)

@@ -21,11 +21,11 @@ import string
 from pathlib import Path
 
 import pytest
+from core_engines import EngineStores
 from core_support import Client, capture_args, now_ms
 from reliability_crash import HostAdmin, activate_scope, domain_state
 
 from engram_core.api import admin_pb2
-from engram_core.app.composition import start_core
 from engram_core.crypto.sealing import unseal
 from engram_core.errors import Code
 from engram_core.secrets_scan import scan
@@ -109,15 +109,17 @@ def test_scanner_flags_the_whole_corpus_and_no_prose() -> None:
 
 
 @pytest.fixture(scope="module")
-def core(tmp_path_factory):
-    running = start_core(tmp_path_factory.mktemp("bytes") / "data", semantic=False)
+def core(module_stores: EngineStores, tmp_path_factory):
+    running = module_stores.start_core(tmp_path_factory.mktemp("bytes") / "data", semantic=False)
     activate_scope(running)
     yield running
     running.stop()
 
 
-def _files_contain(data_dir: Path, needle: bytes) -> list[str]:
-    return [p.name for p in sorted(data_dir.iterdir()) if p.is_file() and needle in p.read_bytes()]
+def _files_contain(blobs: dict[str, bytes], needle: bytes) -> list[str]:
+    """Which of the store's files (``EngineStores.blobs``: the data directory's and, on PostgreSQL,
+    the database's heap files and WAL) hold ``needle``."""
+    return [name for name, blob in blobs.items() if needle in blob]
 
 
 def _needles(secret: str) -> list[bytes]:
@@ -153,7 +155,7 @@ def _with_secret(field: str, secret: str) -> dict:
     return args
 
 
-def test_secrets_in_every_field_are_refused_and_stored_nowhere(core) -> None:
+def test_secrets_in_every_field_are_refused_and_stored_nowhere(core, module_stores: EngineStores) -> None:
     c = Client(core)
     before = domain_state(core)
     data_dir = core.core.data_dir
@@ -163,20 +165,22 @@ def test_secrets_in_every_field_are_refused_and_stored_nowhere(core) -> None:
             assert c.fails("capture", _with_secret(f, secret)) == Code.UNAUTHORIZED, (name, f)
         c.search(secret[:8000])  # a query is not stored either
     assert domain_state(core) == before
+    blobs = module_stores.blobs(data_dir)
     for name, secret in SECRETS.items():  # WAL and file before the checkpoint
         for needle in _needles(secret):
-            assert not _files_contain(data_dir, needle), (name, "before checkpoint")
+            assert not _files_contain(blobs, needle), (name, "before checkpoint")
     core.core.store.checkpoint()
+    blobs = module_stores.blobs(data_dir)
     for name, secret in SECRETS.items():
         for needle in _needles(secret):
-            assert not _files_contain(data_dir, needle), (name, "after checkpoint")
+            assert not _files_contain(blobs, needle), (name, "after checkpoint")
 
 
 def _backup(host: HostAdmin) -> bytes:
     return b"".join(ch.data for ch in host.stub.Backup(admin_pb2.ScopeRequest(), metadata=host.md(), timeout=60))
 
 
-def test_forgotten_text_is_nowhere_and_an_earlier_backup_cannot_open_it(core) -> None:
+def test_forgotten_text_is_nowhere_and_an_earlier_backup_cannot_open_it(core, module_stores: EngineStores) -> None:
     c = Client(core)
     host = HostAdmin(core)
     data_dir = core.core.data_dir
@@ -185,7 +189,7 @@ def test_forgotten_text_is_nowhere_and_an_earlier_backup_cannot_open_it(core) ->
     rid = c.remember(text)
     assert [r["record"]["record_id"] for r in c.search(word)["records"]] == [rid]
     core.core.store.checkpoint()
-    assert not _files_contain(data_dir, word.encode()), "plaintext at rest before forget"
+    assert not _files_contain(module_stores.blobs(data_dir), word.encode()), "plaintext at rest before forget"
     backup_before = _backup(host)
     assert word.encode() not in backup_before
     item = next(json.loads(line) for line in backup_before.splitlines()
@@ -199,24 +203,25 @@ def test_forgotten_text_is_nowhere_and_an_earlier_backup_cannot_open_it(core) ->
                  grant=True)
     assert out["projection_invalidation"] == "complete"
     assert c.search(word)["records"] == []
-    assert not _files_contain(data_dir, word.encode()), "forgotten text in the data directory"
+    assert not _files_contain(module_stores.blobs(data_dir), word.encode()), "forgotten text in the store's files"
     # The old ciphertext may survive in freed DuckDB blocks (DuckDB does not zero them; measured and
     # documented in docs/reliability.md). What makes every copy unreadable is the destroyed key:
     assert core.core.vault.data_key(slot, owner) is None  # the slot is zeroed: no copy can be opened
-    assert b"\0" * 64 == (data_dir / "datakeys.bin").read_bytes()[slot * 64:(slot + 1) * 64]
+    if not module_stores.is_postgresql:  # the file vault's slot (PostgreSQL's wrapped keys: tests/store)
+        assert b"\0" * 64 == (data_dir / "datakeys.bin").read_bytes()[slot * 64:(slot + 1) * 64]
     backup_after = _backup(host)
     assert word.encode() not in backup_after and base64.b64encode(sealed[:48]) not in backup_after
     host.close()
 
 
-def test_forget_leaves_no_term_hash_and_no_embedding_run_in_any_file(tmp_path: Path) -> None:
+def test_forget_leaves_no_term_hash_and_no_embedding_run_in_any_file(stores: EngineStores, tmp_path: Path) -> None:
     """The attack of issue 14: with DIR/index.key in hand, hash the words one suspects a forgotten
     record held and grep every file of the data directory for those hashes, and for any 16-byte
     run of the record's embedding. Postings and vectors are sealed under the record's key
     (store/projection.py), so after the forget (and closing the store) there is nothing to find;
     before the change 7 of 7 hashes and 95 of 95 runs were found."""
     data_dir = tmp_path / "data"
-    running = start_core(data_dir, semantic=True)
+    running = stores.start_core(data_dir, semantic=True)
     try:
         activate_scope(running)
         c = Client(running)
@@ -237,7 +242,7 @@ def test_forget_leaves_no_term_hash_and_no_embedding_run_in_any_file(tmp_path: P
     finally:
         running.stop()
 
-    blobs = {p.name: p.read_bytes() for p in data_dir.rglob("*") if p.is_file()}
+    blobs = stores.blobs(data_dir)
     forms = [t.to_bytes(8, order, signed=True) for t in terms for order in ("little", "big")]
     found = sum(any(form in blob for blob in blobs.values()) for form in forms)
     assert found == 0, f"{found} keyed term hashes of {len(terms)} still in the files"
@@ -247,7 +252,7 @@ def test_forget_leaves_no_term_hash_and_no_embedding_run_in_any_file(tmp_path: P
     assert left == 0, f"{left} of {len(runs)} embedding runs still in the files"
 
 
-def test_nothing_content_derived_outlives_a_candidate_in_its_facts(tmp_path: Path) -> None:
+def test_nothing_content_derived_outlives_a_candidate_in_its_facts(stores: EngineStores, tmp_path: Path) -> None:
     """Issue 26.7: after a forget, `candidates.facts` still held the record's family refs, text
     and payload sizes in plain text. A candidate's facts are now sealed in its envelope (and the
     plain column, which older candidates filled, is emptied by forget, withdraw and rejection in
@@ -256,7 +261,7 @@ def test_nothing_content_derived_outlives_a_candidate_in_its_facts(tmp_path: Pat
     from governance_support import Host, consent, start_with_bundle
 
     gone, withdrawn, kept = (f"family:zq{_r(16, string.ascii_lowercase)}" for _ in range(3))
-    running = start_with_bundle(tmp_path, edit=consent(gone, withdrawn, kept))
+    running = start_with_bundle(tmp_path, stores, edit=consent(gone, withdrawn, kept))
     data_dir = running.core.data_dir
     try:
         c = Client(running)
@@ -293,7 +298,7 @@ def test_nothing_content_derived_outlives_a_candidate_in_its_facts(tmp_path: Pat
         host.channel.close()
     finally:
         running.stop()
-    blobs = {p.name: p.read_bytes() for p in data_dir.rglob("*") if p.is_file()}
+    blobs = stores.blobs(data_dir)
     # The withdrawn candidate's family was only ever in its facts. (A forgotten record's families
     # were also in its record links, whose deleted rows DuckDB may leave in freed blocks: the limit
     # docs/security.md names; the live record's are still there, as they should be.)
@@ -301,7 +306,9 @@ def test_nothing_content_derived_outlives_a_candidate_in_its_facts(tmp_path: Pat
     assert any(kept.encode() in blob for blob in blobs.values())
 
 
-def test_plain_facts_an_older_store_wrote_are_emptied_by_forget_withdraw_and_reject(tmp_path: Path) -> None:
+@pytest.mark.duckdb_only(reason="rewrites the DuckDB file's candidates.facts as a store written before facts "
+                                "were sealed; no PostgreSQL store was ever written that way")
+def test_plain_facts_an_older_store_wrote_are_emptied_by_forget_withdraw_and_reject(stores: EngineStores, tmp_path: Path) -> None:
     """Issue 26.7 on a store written before facts were sealed: its candidates hold family refs and
     sizes in the plain `candidates.facts` column. Forget, withdraw and rejection empty it in their
     own transaction (the engine's `scrub_candidate_facts`), so none of it outlives the content."""
@@ -309,7 +316,7 @@ def test_plain_facts_an_older_store_wrote_are_emptied_by_forget_withdraw_and_rej
     from governance_support import Host, consent, start_with_bundle
 
     families = [f"family:zq{_r(16, string.ascii_lowercase)}" for _ in range(3)]
-    running = start_with_bundle(tmp_path, edit=consent(*families))
+    running = start_with_bundle(tmp_path, stores, edit=consent(*families))
     c = Client(running)
     t = now_ms() - 60_000
     captured = [c.call("capture", capture_args(f"A decision on topic {i} of the drill.", t=t,
@@ -326,7 +333,7 @@ def test_plain_facts_an_older_store_wrote_are_emptied_by_forget_withdraw_and_rej
                         [json.dumps({"family_refs": [family], "payload_bytes": 321, "text_bytes": 42}), cid])
     finally:
         con.close()
-    running = start_core(tmp_path / "data", policies_dir=tmp_path / "policies", semantic=False)
+    running = stores.start_core(tmp_path / "data", policies_dir=tmp_path / "policies", semantic=False)
     try:
         c, host = Client(running), Host(running)
         with running.core.store.read() as tx:

@@ -19,10 +19,10 @@ import string
 from pathlib import Path
 
 import pytest
+from core_engines import EngineStores
 from core_support import Client, Failed, capture_args
 from reliability_crash import HostAdmin, activate_scope, domain_state
 
-from engram_core.app.composition import start_core
 from engram_core.errors import Code
 
 _rng = random.Random()
@@ -31,19 +31,20 @@ GITHUB_TOKEN = "ghp_" + "".join(_rng.choice(string.ascii_letters + string.digits
 
 
 @pytest.fixture(scope="module")
-def core(tmp_path_factory):
-    running = start_core(tmp_path_factory.mktemp("request-fields") / "data", semantic=False)
+def core(module_stores: EngineStores, tmp_path_factory):
+    running = module_stores.start_core(tmp_path_factory.mktemp("request-fields") / "data", semantic=False)
     activate_scope(running)
     yield running
     running.stop()
 
 
-def _files_containing(data_dir: Path, needle: bytes) -> list[str]:
-    return [str(p.relative_to(data_dir)) for p in sorted(data_dir.rglob("*"))
-            if p.is_file() and needle in p.read_bytes()]
+def _files_containing(stores: EngineStores, data_dir: Path, needle: bytes) -> list[str]:
+    """Files of the store holding ``needle``: the data directory's and, on PostgreSQL, the
+    database's heap files and WAL (core_engines.EngineStores.blobs)."""
+    return [name for name, blob in stores.blobs(data_dir).items() if needle in blob]
 
 
-def test_secrets_in_idempotency_keys_reason_refs_and_event_ids_are_refused_and_stored_nowhere(core) -> None:
+def test_secrets_in_idempotency_keys_reason_refs_and_event_ids_are_refused_and_stored_nowhere(core, module_stores: EngineStores) -> None:
     c = Client(core)
     host = HostAdmin(core)
     record_id = c.remember("We cache search pages for five minutes; the pin is per scope.")
@@ -85,8 +86,8 @@ def test_secrets_in_idempotency_keys_reason_refs_and_event_ids_are_refused_and_s
     data_dir = core.core.data_dir
     core.core.store.checkpoint()
     for secret in (AWS_KEY_ID, GITHUB_TOKEN):
-        assert _files_containing(data_dir, secret.encode()) == [], secret
-        assert _files_containing(data_dir, secret[4:].encode()) == [], secret  # not even its random part
+        assert _files_containing(module_stores, data_dir, secret.encode()) == [], secret
+        assert _files_containing(module_stores, data_dir, secret[4:].encode()) == [], secret  # not even its random part
 
     # Control: an ordinary reason_ref is stored in plain (journal), so the grep above would
     # have seen a secret stored there.
@@ -95,7 +96,7 @@ def test_secrets_in_idempotency_keys_reason_refs_and_event_ids_are_refused_and_s
                             "reason_ref": marker}, grant=True)
     assert out["receipt"]["to_state"] == "tombstoned"
     core.core.store.checkpoint()
-    assert _files_containing(data_dir, marker.encode()), "the control marker should be on disk"
+    assert _files_containing(module_stores, data_dir, marker.encode()), "the control marker should be on disk"
     host.close()
 
 

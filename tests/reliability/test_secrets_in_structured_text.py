@@ -22,10 +22,10 @@ import string
 from pathlib import Path
 
 import pytest
+from core_engines import EngineStores
 from core_support import Client, Failed, capture_args
 from reliability_crash import activate_scope, domain_state
 
-from engram_core.app.composition import start_core
 from engram_core.errors import Code
 from engram_core.rpc.status import error_from_rpc_error
 
@@ -77,20 +77,21 @@ FORMS = _forms()
 
 
 @pytest.fixture(scope="module")
-def core(tmp_path_factory):
-    running = start_core(tmp_path_factory.mktemp("structured") / "data", semantic=False)
+def core(module_stores: EngineStores, tmp_path_factory):
+    running = module_stores.start_core(tmp_path_factory.mktemp("structured") / "data", semantic=False)
     activate_scope(running)
     yield running
     running.stop()
 
 
-def _files_containing(data_dir: Path, needle: bytes) -> list[str]:
-    return [str(p.relative_to(data_dir)) for p in sorted(data_dir.rglob("*"))
-            if p.is_file() and needle in p.read_bytes()]
+def _files_containing(stores: EngineStores, data_dir: Path, needle: bytes) -> list[str]:
+    """Files of the store holding ``needle``: the data directory's and, on PostgreSQL, the
+    database's heap files and WAL (core_engines.EngineStores.blobs)."""
+    return [name for name, blob in stores.blobs(data_dir).items() if needle in blob]
 
 
 @pytest.mark.parametrize("name", sorted(FORMS))
-def test_a_credential_in_structured_text_or_disguise_is_refused_and_stored_nowhere(core, name: str) -> None:
+def test_a_credential_in_structured_text_or_disguise_is_refused_and_stored_nowhere(core, module_stores: EngineStores, name: str) -> None:
     c = Client(core)
     text, secret = FORMS[name]
     before = domain_state(core)
@@ -100,7 +101,7 @@ def test_a_credential_in_structured_text_or_disguise_is_refused_and_stored_nowhe
     assert error_from_rpc_error(refused.value.err).reason_class == "credential"
     assert domain_state(core) == before  # nothing captured, nothing journalled
     core.core.store.checkpoint()
-    assert _files_containing(core.core.data_dir, secret.encode()) == []
+    assert _files_containing(module_stores, core.core.data_dir, secret.encode()) == []
 
 
 def test_a_config_whose_password_is_a_reference_is_remembered(core) -> None:
