@@ -152,6 +152,21 @@ def check_the_scope_head_is_read_from_storage_not_remembered(target: Any) -> Non
         assert [e.target for e in tx.events(T, W, 0, None)] == ["first", "second", "third"]
 
 
+def check_an_idempotency_key_is_any_text_nul_included(target: Any) -> None:
+    """SPEC §4: a key is 16-256 bytes of NFC text, a NUL as good as any character (PostgreSQL's
+    text holds none: its engine stores such a key in a form of its own, one to one)."""
+    store = target.open()
+    keys = ["key-with-\x00-nul-inside", "key-with-\x00-nul-other", "\x01engram-hex:6b6579", "key-plain-0000001"]
+    rows = {k: IdempotencyRow("engram_memory_capture", f"cand_{n}", "sha256:" + str(n) * 64, {"n": n})
+            for n, k in enumerate(keys)}
+    with store.write() as tx:
+        for k, row in rows.items():
+            tx.idempotency_put(T, W, "user:ana", k, row, 1)
+    with store.read() as tx:
+        assert {k: tx.idempotency_get(T, W, "user:ana", k) for k in keys} == rows
+        assert tx.idempotency_get(T, W, "user:ana", "key-with-\x00-nul-absent") is None
+
+
 def check_one_effect_per_idempotency_key_under_racing_writers(target: Any) -> None:
     store = target.open()
     stores = writers(target, store, 6)
@@ -658,6 +673,7 @@ CHECKS: list[Callable[[Any], None]] = [
     check_journal_cursors_stay_dense_under_racing_writers,
     check_the_scope_head_is_read_from_storage_not_remembered,
     check_one_effect_per_idempotency_key_under_racing_writers,
+    check_an_idempotency_key_is_any_text_nul_included,
     check_a_key_written_is_found_again_after_reopening,
     check_a_grant_is_used_once_under_racing_writers,
     check_rows_of_another_scope_are_unknown,

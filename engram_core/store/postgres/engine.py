@@ -196,6 +196,18 @@ def _conflict(exc: BaseException) -> bool:
     return getattr(exc, "sqlstate", None) in ("40P01", "40001", "55P03")
 
 
+_NUL_FREE = "\x01engram-hex:"
+
+
+def text_key(key: str) -> str:
+    """A key as a PostgreSQL text column can hold it, one to one: a key without NUL (and not
+    starting with the marker) is itself; any other is the marker and its UTF-8 bytes in hex, so
+    two keys never share a stored form."""
+    if "\x00" not in key and not key.startswith(_NUL_FREE):
+        return key
+    return _NUL_FREE + key.encode("utf-8").hex()
+
+
 @dataclass
 class _Statement:
     sql: str
@@ -537,11 +549,13 @@ class PostgresEngineTx:
                      e.at_ms, json.dumps(e.body, sort_keys=True), e.prev_digest, e.event_digest])
 
     # -- idempotency, confirmations, tombstones -------------------------------------------------------------------------
+    # (text_key: an idempotency key is any NFC text of 16-256 bytes, NUL included, which a
+    # PostgreSQL text column cannot hold.)
     def idempotency_get(self, tenant: str, workspace: str, principal: str, key: str) -> IdempotencyRow | None:
         self._touch(tenant, workspace)
         row = self._one("SELECT tool, target, request_digest, outcome FROM idempotency "
                         "WHERE tenant = %s AND workspace = %s AND principal = %s AND key = %s",
-                        [tenant, workspace, principal, key])
+                        [tenant, workspace, principal, text_key(key)])
         return IdempotencyRow(row[0], row[1], row[2], json.loads(row[3])) if row else None
 
     def idempotency_put(self, tenant: str, workspace: str, principal: str, key: str, row: IdempotencyRow,
@@ -549,7 +563,7 @@ class PostgresEngineTx:
         self._touch(tenant, workspace)
         # A plain INSERT: the primary key refuses a second outcome for one key (it never commits).
         self._write("INSERT INTO idempotency VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                    [tenant, workspace, principal, key, row.tool, row.target, row.request_digest,
+                    [tenant, workspace, principal, text_key(key), row.tool, row.target, row.request_digest,
                      json.dumps(row.outcome, sort_keys=True), at_ms])
 
     def use_confirmation(self, grant_id: str, tenant: str, workspace: str, at_ms: int) -> bool:
