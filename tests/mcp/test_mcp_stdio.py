@@ -80,6 +80,13 @@ async def _admitted_record(client, text: str) -> str:
     return adm["outcome"]["record_id"]
 
 
+def _first(ids: list[str]) -> str | None:
+    """The best hit of a search for a word one record holds. Records captured next to it in the
+    same host-bound session (the earlier tests', through the same binding) may follow it, lent
+    part of its score (docs/search.md, "Neighbours"); none can come before it."""
+    return ids[0] if ids else None
+
+
 def _forget(record_id: str) -> dict:
     return {"record_id": record_id, "idempotency_key": unique("fgt"), "reason_ref": "reason:obsolete"}
 
@@ -313,7 +320,7 @@ async def test_every_tool_happy_path_and_forget_with_approval(acme, mode):
     word = token("okapi")
     async with stdio_client(acme, mode=mode, elicitation=approve) as client:
         record_id = await _admitted_record(client, f"We chose {word} for the store because it is embedded")
-        assert await _search_ids(client, word) == [record_id]
+        assert _first(await _search_ids(client, word)) == record_id
         got = value_of(
             await client.call_tool("engram_memory_get", {"record_id": record_id, "purpose_ref": PURPOSE})
         )
@@ -352,7 +359,7 @@ async def test_forget_declined_or_cancelled_is_gate_failed_and_record_stays(acme
     async with stdio_client(acme, mode=mode, elicitation=answer) as client:
         record_id = await _admitted_record(client, f"Keep {word}")
         assert error_code(await client.call_tool("engram_memory_forget", _forget(record_id))) == "gate_failed"
-        assert await _search_ids(client, word) == [record_id]
+        assert _first(await _search_ids(client, word)) == record_id
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -361,7 +368,7 @@ async def test_client_without_elicitation_gets_gate_failed(acme, mode):
     async with stdio_client(acme, mode=mode) as client:  # declares no elicitation capability
         record_id = await _admitted_record(client, f"Keep {word}")
         assert error_code(await client.call_tool("engram_memory_forget", _forget(record_id))) == "gate_failed"
-        assert await _search_ids(client, word) == [record_id]
+        assert _first(await _search_ids(client, word)) == record_id
 
 
 async def test_idempotency_replay_conflict_and_forgotten_content(acme):
@@ -447,7 +454,7 @@ async def test_request_state_is_single_use_and_tamper_proof(acme):
             allow_input_required=True,
         )
         assert error_code(other) == "gate_failed"  # state is bound to the exact arguments
-        assert await _search_ids(client, word) == [record_id]
+        assert _first(await _search_ids(client, word)) == record_id
 
         second = await client.session.call_tool("engram_memory_forget", args, allow_input_required=True)
         done = await client.session.call_tool(
