@@ -18,21 +18,11 @@ for _sub in ("core", "mcp"):
 
 from core_support import activate  # noqa: E402 - found through the path set above
 from pg_cluster import Database  # noqa: E402
-from replicas import Replica, serve_store  # noqa: E402
+from replicas import Replica, replica_pair  # noqa: E402
 
 
 @pytest.fixture
 def replicas(pg_database: Database, tmp_path: Path) -> Iterator[tuple[Replica, Replica]]:
-    key_dir = tmp_path / "keys"
-    a = serve_store(pg_database.conninfo, key_dir, pg_database.env)  # creates the ring and the secrets
-    try:
-        b = serve_store(pg_database.conninfo, key_dir, pg_database.env)  # mounts the same key directory
-    except BaseException:
-        a.stop()
-        raise
-    try:
+    with replica_pair(pg_database.conninfo, tmp_path / "keys", pg_database.env) as (a, b):
         activate(a)  # type: ignore[arg-type]
         yield a, b
-    finally:
-        b.stop()
-        a.stop()

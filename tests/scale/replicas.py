@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,3 +50,21 @@ def serve_store(conninfo: str, key_dir: Path, env: dict[str, str], *flags: str) 
     opened = proc.stdout.readline()
     return Replica(proc=proc, address=first.split("listening on ", 1)[1].split()[0], key_dir=key_dir, ready=first,
                    opened=opened)
+
+
+@contextmanager
+def replica_pair(conninfo: str, key_dir: Path, env: dict[str, str], flags_a: tuple[str, ...] = (),
+                 flags_b: tuple[str, ...] = ()) -> Iterator[tuple[Replica, Replica]]:
+    """Two replicas over one database and key directory (the first creates the ring and the
+    secrets, the second mounts them), stopped on leaving."""
+    a = serve_store(conninfo, key_dir, env, *flags_a)
+    try:
+        b = serve_store(conninfo, key_dir, env, *flags_b)
+    except BaseException:
+        a.stop()
+        raise
+    try:
+        yield a, b
+    finally:
+        b.stop()
+        a.stop()

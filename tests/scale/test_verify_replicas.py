@@ -14,7 +14,7 @@ import pytest
 from core_support import Client, activate
 from mcp_helpers import ENGRAM, REPO
 from pg_cluster import Database
-from replicas import Replica, serve_store
+from replicas import Replica, replica_pair
 
 
 def _admin(replica: Replica, *argv: str) -> subprocess.CompletedProcess[str]:
@@ -24,20 +24,11 @@ def _admin(replica: Replica, *argv: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def replicas(pg_database: Database, tmp_path: Path) -> Iterator[tuple[Replica, Replica]]:
-    key_dir = tmp_path / "keys"
-    a = serve_store(pg_database.conninfo, key_dir, pg_database.env, "--audit-device", f"file:{tmp_path / 'a.audit'}")
-    try:
-        b = serve_store(pg_database.conninfo, key_dir, pg_database.env, "--audit-device",
-                        f"file:{tmp_path / 'b.audit'}")
-    except BaseException:
-        a.stop()
-        raise
-    try:
+    with replica_pair(pg_database.conninfo, tmp_path / "keys", pg_database.env,
+                      ("--audit-device", f"file:{tmp_path / 'a.audit'}"),
+                      ("--audit-device", f"file:{tmp_path / 'b.audit'}")) as (a, b):
         activate(a)  # type: ignore[arg-type]
         yield a, b
-    finally:
-        b.stop()
-        a.stop()
 
 
 def _write_on_both(a: Replica, b: Replica, n: int, word: str) -> None:

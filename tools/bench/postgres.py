@@ -28,10 +28,10 @@ from typing import Any
 
 from tools.bench.corpus import PURPOSE, Corpus
 from tools.bench.grpc_client import GrpcAgent, activate
-from tools.bench.machine import facts, loadavg
+from tools.bench.machine import facts
 from tools.bench.serving import ENGRAM, REPO, Served
 from tools.bench.stats import run_summary
-from tools.bench.writes import TENANT, WORKSPACE, _load, _point
+from tools.bench.writes import TENANT, WORKSPACE, _load, _point, emit
 
 sys.path.insert(0, str(REPO / "tests"))
 from pg_cluster import start_cluster  # noqa: E402  (the tests' own cluster helper)
@@ -123,13 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                         s.stop()
     finally:
         cluster.destroy()
-    summary["loadavg_at_end"] = loadavg()
-    text = json.dumps(summary, indent=1)
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(text)
-    else:
-        print(text)
+    emit(summary, a.out)
     return 0
 
 

@@ -218,14 +218,19 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
         finally:
             server.stop()
+    emit(summary, a.out)
+    return 0
+
+
+def emit(summary: dict[str, Any], out: str | None) -> None:
+    """The run's JSON summary, with the load at its end, to ``out`` (or stdout)."""
     summary["loadavg_at_end"] = loadavg()
     text = json.dumps(summary, indent=1)
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(text)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text)
     else:
         print(text)
-    return 0
 
 
 if __name__ == "__main__":
