@@ -370,8 +370,9 @@ class StoreKernel:
             blobs = etx.scope_projection_blobs(tenant, workspace) if row is not None else []
         for rec, _ in blobs:
             builder.add_row(rec)
+        keys = self._record_keys([rec for rec, _ in blobs])
         for rec, sealed in blobs:
-            record_key = self._record_key(rec)
+            record_key = keys.get(rec.record_id)
             if record_key is not None:  # destroyed by a forget committing now: not indexed
                 builder.add_projection(rec.record_id, open_plain(record_key, rec.record_id, sealed))
         built = builder.finish()
@@ -443,9 +444,10 @@ class StoreKernel:
             blobs = {rid: etx.projection_blob(rid) for rid in touched if rid in rows}
             reached = max((e.cursor for e in events), default=applied)
         changes: list[Any] = [ScopeProjectionsDropped(tenant, workspace)] if dropped else []
+        keys = self._record_keys([rows[rid] for rid in touched if rid in rows and blobs.get(rid) is not None])
         for rid in touched:
             row, blob = rows.get(rid), blobs.get(rid)
-            key_bytes = self._record_key(row) if row is not None and blob is not None else None
+            key_bytes = keys.get(rid) if row is not None and blob is not None else None
             if row is None or blob is None or key_bytes is None:
                 changes.append(RecordUnindexed(tenant, workspace, rid))
                 continue
@@ -512,6 +514,14 @@ class StoreKernel:
         if rec.key_slot is None:
             return None
         return self._keys.data_key(int(rec.key_slot), f"record:{rec.record_id}")
+
+    def _record_keys(self, recs: list[RecordRow]) -> dict[str, bytes]:
+        """The data keys of many records at once, by record id (one vault read where it is remote)."""
+        if self._keys is None:
+            raise EngramError(Code.STORE_UNAVAILABLE, "search projections need the key vault")
+        owners = {int(r.key_slot): r.record_id for r in recs if r.key_slot is not None}
+        found = self._keys.data_keys([(slot, f"record:{rid}") for slot, rid in owners.items()])
+        return {owners[slot]: key for slot, key in found.items()}
 
     def data_key(self, rec: RecordRow) -> bytes:
         """The record's data key, which seals its search projection."""

@@ -36,6 +36,10 @@ class DataKeys(Protocol):
 
     def data_key(self, slot: int, owner: str) -> bytes | None: ...
 
+    def data_keys(self, wanted: list[tuple[int, str]]) -> dict[int, bytes]:
+        """``data_key`` for many (slot, owner) pairs at once: the keys found, by slot."""
+        ...
+
     def sync(self) -> None:
         """Make every slot written so far durable (before a commit that names new slots)."""
         ...

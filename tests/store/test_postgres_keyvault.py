@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from pg_cluster import Database, wait_until
+from pg_wire import RoundTripProxy
 from store_targets import PostgresTarget
 
 from engram_core.crypto.keyvault import KekRing
@@ -40,6 +41,37 @@ def test_a_key_made_on_one_core_opens_on_another_bound_to_its_owner(cores: tuple
     assert b.data_key(ref, "record:mem_1") == key and b.generation_of(ref) == a.active_generation()
     assert b.data_key(ref, "record:mem_other") is None  # another owner's ref opens nothing
     assert b.data_key(ref + 1000, "record:mem_1") is None
+
+
+def test_many_keys_are_read_in_one_round_trip_each_still_bound_to_its_owner(tmp_path: Path,
+                                                                          pg_database: Database) -> None:
+    """A scope's load opens every record's projection: ``data_keys`` reads the keys the cache
+    does not hold in one query, with ``data_key``'s answers (another owner's ref, a destroyed
+    key and an unknown ref open nothing)."""
+    PostgresEngine(pg_database.conninfo, pool_size=1).close()
+    maker = PgKeyVault(pg_database.conninfo, tmp_path, pool_size=1)
+    wire = RoundTripProxy(pg_database.conninfo)
+    reader = PgKeyVault(wire.conninfo, tmp_path, pool_size=1)
+    try:
+        made = {f"record:mem_b{n}": maker.new_data_key(f"record:mem_b{n}") for n in range(40)}
+        gone = made.pop("record:mem_b39")[0]
+        maker.destroy_many([gone])
+        wanted = [(ref, owner) for owner, (ref, _) in made.items()]
+        wanted += [(gone, "record:mem_b39"), (gone + 999, "record:x")]
+        wire.reset()
+        found = reader.data_keys(wanted)
+        assert wire.round_trips == 1
+        assert found == {ref: key for ref, key in made.values()}
+        assert maker.data_keys([(made["record:mem_b0"][0], "record:mem_other")]) == {}  # from the cache
+        maker._cache.clear()  # not from the cache either
+        assert maker.data_keys([(made["record:mem_b0"][0], "record:mem_other")]) == {}
+        wire.reset()
+        assert reader.data_keys(wanted[:5]) == {ref: made[owner][1] for ref, owner in wanted[:5]}
+        assert wire.round_trips == 0  # all cached now
+    finally:
+        reader.close()
+        maker.close()
+        wire.close()
 
 
 def test_a_destroyed_key_is_gone_for_the_vault_that_destroyed_it_at_once(cores: tuple[PgKeyVault, PgKeyVault],

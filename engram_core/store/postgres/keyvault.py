@@ -59,6 +59,7 @@ from engram_core.store.postgres.pool import Pool, failure
 RING_NAME = "store.kek"
 _V2 = 2  # the wrapping format KekRing.wrap makes (associated data v2: generation and owner)
 # The constant each generation seals in vault_rings, under an owner no data key can have.
+_FETCH_BATCH = 5000  # refs per query of data_keys (a scope's load): bounded parameter arrays
 _CANARY, _CANARY_OWNER = b"\0" * 32, "engram/ring-check"
 log = logging.getLogger(__name__)
 
@@ -233,6 +234,37 @@ class PgKeyVault:
         if key is not None:
             self._remember(ref, owner, key)
         return key
+
+    def data_keys(self, wanted: list[tuple[int, str]]) -> dict[int, bytes]:
+        """Cached keys from the cache, the others in one query per ``_FETCH_BATCH`` refs."""
+        found: dict[int, bytes] = {}
+        owners: dict[int, str] = {}
+        for ref, owner in wanted:
+            cached = self._cached(ref, owner)
+            if cached is not None:
+                found[ref] = cached
+            else:
+                owners[ref] = owner
+        missing = list(owners)
+        rows: list[tuple[Any, ...]] = []
+        if missing:
+            with self._connection() as conn:
+                for start in range(0, len(missing), _FETCH_BATCH):
+                    rows += conn.execute("SELECT ref, owner, version, generation, wrapped FROM vault_keys "
+                                         "WHERE ref = ANY(%s)", [missing[start:start + _FETCH_BATCH]]).fetchall()
+        refreshed = False
+        for ref, owner, version, generation, wrapped in rows:
+            if owners.get(ref) != owner:
+                continue
+            key = self.ring.unwrap(int(version), int(generation), wrapped, owner)
+            if key is None and not refreshed and int(generation) not in {g.generation for g in self.ring.generations()}:
+                self._fresh_ring()  # another core made a generation since this ring was read
+                refreshed = True
+                key = self.ring.unwrap(int(version), int(generation), wrapped, owner)
+            if key is not None:
+                self._remember(ref, owner, key)
+                found[ref] = key
+        return found
 
     def sync(self) -> None:
         """Nothing to do: a key's row was committed by ``new_data_key``, before the transaction that
