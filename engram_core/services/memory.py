@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -193,6 +194,12 @@ class MemoryService(ReadService):
         if grant_id is not None:
             self._consume_grant(tx, ctx, grant_id)
         return target
+
+    def _read_ahead(self, tx: Tx, ctx: BoundContext, guard: Guard | None, *reads: Callable[[], object]) -> None:
+        """A write transaction's reads before its first write, and the replay check of
+        ``_recheck``, in one round trip with the scope lock where the store is remote
+        (``Tx.read_ahead``): each mutation then holds its scope for at most three."""
+        tx.read_ahead(*reads, *([lambda: self._replay(tx, ctx, guard)] if guard is not None else []))
 
     def _consume_grant(self, tx: Tx, ctx: BoundContext, grant_id: str) -> None:
         if not tx.use_confirmation(grant_id, ctx.tenant, ctx.workspace, self.core.now_ms()):
@@ -416,6 +423,10 @@ class MemoryService(ReadService):
             vector = (self.core.embedder.model_id, embedding.result()) if embedding is not None else None
         try:
             with self.core.store.write(batched=True) as tx:
+                standing_read = ([lambda: tx.payload_standing(ctx.tenant, ctx.workspace, cand.payload_digest)]
+                                 if forced is None and status in ("accepted", "duplicate_exact") else [])  # _recheck_duplicate's
+                self._read_ahead(tx, ctx, guard, lambda: tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id),
+                                 *standing_read)
                 current = self._recheck(tx, ctx, guard, call, grant_id,
                                         tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id),
                                         lambda state: lifecycle.check_candidate("accept", state))
@@ -623,6 +634,7 @@ class MemoryService(ReadService):
         self._take_early(cand.candidate_id)  # its content goes: so does a vector computed early
         try:
             with self.core.store.write(batched=True) as tx:
+                self._read_ahead(tx, ctx, guard, lambda: tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id))
                 current = self._recheck(tx, ctx, guard, call, grant_id,
                                         tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id),
                                         lambda state: lifecycle.check_candidate(operation, state))
@@ -672,6 +684,10 @@ class MemoryService(ReadService):
         authz_digest = self.core.decision_receipt(call.decisions[0])["receipt_digest"]
         try:
             with self.core.store.write(batched=True) as tx:
+                # The derivatives too: what the forget writes before it reads them (its own event,
+                # record, key and tombstone rows) does not change the derivatives' rows.
+                self._read_ahead(tx, ctx, guard, lambda: tx.record(ctx.tenant, ctx.workspace, record_id),
+                                 lambda: tx.derivatives(ctx.tenant, ctx.workspace, record_id))
                 rec = self._recheck(tx, ctx, guard, call, grant_id,
                                     tx.record(ctx.tenant, ctx.workspace, record_id),
                                     lambda state: lifecycle.check_record("tombstone", state))

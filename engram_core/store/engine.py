@@ -47,7 +47,7 @@ conformance suite (``tests/store/``), which is the executable form of this page.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -117,6 +117,10 @@ class CommitHooks(Protocol):
 
 class EngineTx(Protocol):
     """Persistence inside one transaction. Rows are the frozen dataclasses of ``port.py``."""
+
+    def read_ahead(self, *reads: Callable[[], object]) -> None:
+        """See ``port.Tx.read_ahead``."""
+        ...
 
     # -- scopes and the journal -------------------------------------------------------------
     def scope(self, tenant: str, workspace: str) -> ScopeRow | None:

@@ -194,6 +194,16 @@ class Tx(Protocol):
     destroyed_slots: list[int]
     key_destruction_outcome: str
 
+    def read_ahead(self, *reads: Callable[[], object]) -> None:
+        """A hint: ``reads`` (calls of this transaction's read methods, e.g. ``lambda:
+        tx.candidate(t, w, cid)``) are about to be made. An engine that reads over a network may
+        send them now, together with whatever it holds back (its scope lock: one round trip for
+        all), and answer each of those calls, once, with what it got. The answer is the one the
+        call would have had at this point of the transaction, so a caller reads ahead only what
+        its own writes before the call cannot change. Reads only: nothing that writes. An engine
+        that reads locally does nothing."""
+        ...
+
     # scopes and cursors
     def scope(self, tenant: str, workspace: str) -> ScopeRow | None:
         """The scope row (activation, tools, authorization epoch, journal head) as this transaction sees it, or None."""

@@ -27,10 +27,15 @@ _SWEEP_EVERY_MS = 60_000
 
 
 class SharedUsage(Protocol):
-    """Usage buckets in a store several cores share."""
+    """Usage buckets in a store several cores share: each call one round trip for all its rows."""
 
-    def add_usage(self, subject: str, window: str, bucket_start_ms: int, metric: str, amount: int) -> None: ...
-    def usage_buckets(self, subject: str, window: str, since_ms: int) -> list[tuple[int, str, int]]: ...
+    def add_usage(self, rows: list[tuple[str, str, int, str, int]]) -> None:
+        """Add (subject, window, bucket start, metric, amount) rows to the buckets."""
+        ...
+
+    def usage_buckets(self, wanted: list[tuple[str, str, int]]) -> dict[tuple[str, str], list[tuple[int, str, int]]]:
+        """For each (subject, window, floor): (bucket start, metric, total) of its buckets after the floor."""
+        ...
 
 
 @dataclass
@@ -67,6 +72,10 @@ class _Window:
         return totals
 
 
+def _subject(key: tuple[str, ...]) -> str:
+    return "\x00".join(key)
+
+
 class QuotaCounters:
     def __init__(self, now_ms: Callable[[], int], *, shared: SharedUsage | None = None) -> None:
         self._now = now_ms
@@ -84,8 +93,13 @@ class QuotaCounters:
         now = self._now()
         out: dict[str, object] = {"windows": {name: {"ms": ms} for name, ms in WINDOWS_MS.items()}}
         if self._shared is not None:
-            for subject, key in self._keys(tenant, workspace, principal).items():
-                out[subject] = {name: self._shared_window(key, name, now) for name in WINDOWS_MS}
+            keys = self._keys(tenant, workspace, principal)
+            floors = {name: now - (ms // BUCKETS) * BUCKETS for name, ms in WINDOWS_MS.items()}
+            found = self._shared.usage_buckets([(_subject(key), name, floor)
+                                                for key in keys.values() for name, floor in floors.items()])
+            for subject, key in keys.items():
+                out[subject] = {name: self._shared_window(found[(_subject(key), name)], name, now)
+                                for name in WINDOWS_MS}
             return out
         with self._lock:
             for subject, key in self._keys(tenant, workspace, principal).items():
@@ -95,20 +109,19 @@ class QuotaCounters:
                                 for name in WINDOWS_MS}
         return out
 
-    def _shared_window(self, key: tuple[str, ...], name: str, now: int) -> dict[str, int]:
+    @staticmethod
+    def _shared_window(buckets: list[tuple[int, str, int]], name: str, now: int) -> dict[str, int]:
         window = _Window.new(WINDOWS_MS[name])
-        for start, metric, total in self._shared.usage_buckets(  # type: ignore[union-attr]
-                "\x00".join(key), name, now - window.width_ms * BUCKETS):
+        for start, metric, total in buckets:
             window.add(start, metric, total)
         return window.usage(now)
 
     def add(self, tenant: str, workspace: str, principal: str, metric: str, amount: int = 1) -> None:
         now = self._now()
         if self._shared is not None:
-            for key in self._keys(tenant, workspace, principal).values():
-                for name, ms in WINDOWS_MS.items():
-                    width = ms // BUCKETS
-                    self._shared.add_usage("\x00".join(key), name, now - now % width, metric, amount)
+            self._shared.add_usage([(_subject(key), name, now - now % (ms // BUCKETS), metric, amount)
+                                    for key in self._keys(tenant, workspace, principal).values()
+                                    for name, ms in WINDOWS_MS.items()])
             return
         with self._lock:
             for key in self._keys(tenant, workspace, principal).values():

@@ -266,6 +266,70 @@ def test_the_round_trip_count_sees_a_statement_that_waits_for_its_answer(proxied
     assert engine_wire.round_trips == 5
 
 
+def test_reads_ahead_go_with_the_scope_lock_in_one_round_trip_and_answer_as_the_reads_would(proxied: Any) -> None:
+    store, engine_wire, _ = proxied
+    with store.write() as tx:
+        event(tx, "ahead-0")
+        tx.idempotency_put(T, W, P, "key-ahead-1", IdempotencyRow("engram_memory_capture", "c", "sha256:" + "1" * 64,
+                                                                 {"status": "x"}), 1)
+    engine_wire.reset()
+    with store.write() as tx:
+        keys = [f"key-ahead-{n}" for n in range(4)]
+        tx.read_ahead(*[lambda k=k: tx.idempotency_get(T, W, P, k) for k in keys], lambda: tx.scope(T, W))
+        assert engine_wire.round_trips == 1  # the lock and the five reads
+        got = [tx.idempotency_get(T, W, P, k) for k in keys]
+        scope = tx.scope(T, W)
+        assert engine_wire.round_trips == 1  # answered from what came back
+        assert [g is not None for g in got] == [False, True, False, False] and got[1].outcome == {"status": "x"}
+        assert scope is not None and scope.last_cursor == 1
+        assert tx.idempotency_get(T, W, P, keys[1]) is not None  # asked again: read again
+        assert engine_wire.round_trips == 2
+        event(tx, "ahead-1")
+    assert engine_wire.round_trips == 3  # with the COMMIT
+    with store.write() as tx, pytest.raises(RuntimeError, match="for reads"):
+        tx.read_ahead(lambda: event(tx, "ahead-2"))
+
+
+def test_each_mutation_holds_its_scope_lock_for_at_most_three_round_trips(tmp_path: Path,
+                                                                       pg_database: Database) -> None:
+    """Capture, admission, withdrawal and forget as the services make them, through a core: each
+    write transaction's round trips from its first statement (which takes the scope lock) to
+    its COMMIT, as the engine counts them (the proxied tests above check that count on the wire)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
+    from core_support import Client, activate
+
+    from engram_core.app.composition import start_core
+
+    counted: list[int] = []
+
+    class Counted(PostgresEngineTx):
+        def commit(self) -> None:
+            super().commit()
+            if self._writing:
+                counted.append(self.round_trips)
+
+    running = start_core(tmp_path / "core", store_url=pg_database.conninfo, semantic=False)
+    try:
+        running.core.store.engine.tx_class = Counted
+        activate(running)
+        c = Client(running)
+        for _ in range(2):  # the scope's first writes and later ones
+            counted.clear()
+            cap = c.capture(f"We chose PostgreSQL for the shared store, take {len(counted)}-{time.monotonic()}")
+            rid = c.admit(cap["candidate_id"])["outcome"]["record_id"]
+            gone = c.capture(f"A candidate taken back {time.monotonic()}")
+            c.call("withdraw", {"candidate_id": gone["candidate_id"], "idempotency_key": f"wd-{gone['candidate_id']}",
+                                "reason_ref": "reason:changed-mind"}, grant=True)
+            c.call("forget", {"record_id": rid, "idempotency_key": f"fg-{rid}", "reason_ref": "reason:asked"}, grant=True)
+            # capture [lock + replay], [writes + COMMIT]; admission the same; withdrawal and forget
+            # [lock + target + replay (+ derivatives)], [grant], [writes + COMMIT].
+            assert counted == [2, 2, 2, 3, 3], counted
+    finally:
+        running.stop()
+
+
 def test_a_context_claim_reads_the_trust_version_in_its_own_round_trip(proxied: Any) -> None:
     """What host-key trust across cores costs a call that spends its context: nothing more than its
     nonce claim (one round trip, as before); the calls that spend none read the version in one."""

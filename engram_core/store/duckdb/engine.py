@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -136,6 +136,9 @@ class DuckDBEngineTx(RecordLinks, TrustClasses):
         self._member = Member() if batch is not None else None
         self.scope_changes: dict[tuple[str, str], ScopeRow] = {}
         self.audit_heads_changed: dict[str, tuple[int, str]] = {}
+
+    def read_ahead(self, *reads: Callable[[], object]) -> None:
+        """Nothing to do: a read here is a local call (``port.Tx.read_ahead``)."""
 
     # -- statements: run now, or prepared for the group commit --------------------------------
     def _before_read(self, sql: str, overlaid: frozenset[str]) -> None:

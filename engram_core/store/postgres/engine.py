@@ -199,6 +199,17 @@ def _conflict(exc: BaseException) -> bool:
 _NUL_FREE = "\x01engram-hex:"
 
 
+class _WritesAhead(RuntimeError):
+    """A call given to ``read_ahead`` wrote (a caller's mistake, never swallowed)."""
+
+
+def _frozen(value: Any) -> Any:
+    """``value`` (statement parameters) hashable: lists as tuples."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
 def text_key(key: str) -> str:
     """A key as a PostgreSQL text column can hold it, one to one: a key without NUL (and not
     starting with the marker) is itself; any other is the marker and its UTF-8 bytes in hex, so
@@ -246,6 +257,9 @@ class PostgresEngineTx:
         self._last_sent = time.monotonic()
         self.round_trips = 0
         self.failed = False
+        # read_ahead: statements recorded instead of sent, then their answers until asked for.
+        self._recording: list[_Statement] | None = None
+        self._ahead: dict[tuple[str, Any], list[tuple[Any, ...]]] = {}
 
     # -- the connection and round trips -------------------------------------------------------------------
     def _connection(self) -> psycopg.Connection:
@@ -322,8 +336,37 @@ class PostgresEngineTx:
                 cursors.append(cur)
         return cursors
 
+    def read_ahead(self, *reads: Callable[[], object]) -> None:
+        """``port.Tx.read_ahead``: each read is run once with its statements recorded (answered
+        with no rows, its result ignored), then all of them go in one round trip with the
+        buffered scope locks and writes; each statement's rows answer the first identical one."""
+        self._recording = recorded = []
+        try:
+            for read in reads:
+                try:
+                    read()
+                except _WritesAhead:
+                    raise
+                except Exception:  # noqa: BLE001 - a read that cannot take "no rows" is just not read ahead
+                    pass
+        finally:
+            self._recording = None
+        if not recorded:
+            return
+        try:
+            self._send(recorded)
+        except psycopg.Error as exc:
+            raise self._store_error(exc) from None
+
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        """Rows of one statement, in one round trip with everything buffered before it."""
+        """Rows of one statement, in one round trip with everything buffered before it (or as
+        read ahead)."""
+        key = (sql, _frozen(params))
+        if key in self._ahead:
+            return self._ahead.pop(key)
+        if self._recording is not None:
+            self._recording.append(_Statement(sql, params, on_rows=lambda rows: self._ahead.setdefault(key, rows)))
+            return []
         out: list[list[tuple[Any, ...]]] = []
         try:
             self._send([_Statement(sql, params, on_rows=out.append)])
@@ -343,6 +386,8 @@ class PostgresEngineTx:
 
     def _write(self, sql: str, params: Sequence[Any] = (), *, many: bool = False) -> None:
         """A write: buffered until the next round trip (a read, or the COMMIT)."""
+        if self._recording is not None:
+            raise _WritesAhead("read_ahead is for reads: this call writes")
         if not self._writing:
             raise EngramError(Code.STORE_UNAVAILABLE, "write outside a write transaction")
         self._pending.append(_Statement(sql, params, many=many))
@@ -450,7 +495,7 @@ class PostgresEngineTx:
         lock = self._touch(tenant, workspace)
         if lock is None:
             raise EngramError(Code.STORE_UNAVAILABLE, "a scope change outside a write transaction")
-        if not lock.known:
+        if not lock.known and self._recording is None:  # read ahead: the lock goes with the reads
             try:
                 self._send([])
             except psycopg.Error as exc:
@@ -478,6 +523,8 @@ class PostgresEngineTx:
     def scope_for_update(self, tenant: str, workspace: str) -> ScopeRow:
         if not self._writing:
             raise EngramError(Code.STORE_UNAVAILABLE, "scope_for_update outside a write transaction")
+        if self._recording is not None:
+            raise _WritesAhead("read_ahead is for reads: this call changes the scope")
         lock = self._lock(tenant, workspace)
         lock.materialized = True
         assert lock.row is not None
@@ -1229,24 +1276,40 @@ class PostgresEngine:
             ([now_ms] if sweep else []) + [pin_id, now_ms])
         return bytes(rows[0][0]) if rows else None
 
-    def add_usage(self, subject: str, window: str, bucket_start_ms: int, metric: str, amount: int) -> None:
-        """Add to a usage bucket every core adds to (``usage_counters.SharedUsage``); buckets older
-        than ``USAGE_RETAIN_MS`` before this one are swept now and then."""
+    def add_usage(self, rows: list[tuple[str, str, int, str, int]]) -> None:
+        """Add to usage buckets every core adds to (``usage_counters.SharedUsage``), all of
+        ``rows`` (subject, window, bucket start, metric, amount) in one statement; buckets older
+        than ``USAGE_RETAIN_MS`` before the first are swept now and then."""
+        if not rows:
+            return
+        summed: dict[tuple[str, str, int, str], int] = {}
+        for subject, window, start, metric, amount in rows:  # ON CONFLICT may touch a row only once
+            k = (_subject(subject), window, start, metric)
+            summed[k] = summed.get(k, 0) + amount
+        cols = list(zip(*[(*k, v) for k, v in summed.items()], strict=True))
         sweep = self._sweep_due("usage")
         self._autocommit(
             ("WITH swept AS (DELETE FROM usage_buckets WHERE bucket_start_ms < %s) " if sweep else "")
-            + "INSERT INTO usage_buckets AS u VALUES (%s, %s, %s, %s, %s) ON CONFLICT "
-            "(subject, time_window, bucket_start_ms, metric) DO UPDATE SET amount = u.amount + EXCLUDED.amount "
-            "RETURNING true",
-            ([bucket_start_ms - USAGE_RETAIN_MS] if sweep else [])
-            + [_subject(subject), window, bucket_start_ms, metric, amount])
+            + "INSERT INTO usage_buckets AS u SELECT * FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::text[], "
+            "%s::bigint[]) ON CONFLICT (subject, time_window, bucket_start_ms, metric) "
+            "DO UPDATE SET amount = u.amount + EXCLUDED.amount RETURNING true",
+            ([min(r[2] for r in rows) - USAGE_RETAIN_MS] if sweep else []) + [list(c) for c in cols])
 
-    def usage_buckets(self, subject: str, window: str, since_ms: int) -> list[tuple[int, str, int]]:
-        """(bucket start, metric, total) of the subject's buckets of ``window`` that start after
-        ``since_ms`` (the window's floor)."""
-        return [(int(r[0]), r[1], int(r[2])) for r in self._autocommit(
-            "SELECT bucket_start_ms, metric, amount FROM usage_buckets WHERE subject = %s AND time_window = %s "
-            "AND bucket_start_ms > %s", [_subject(subject), window, since_ms])]
+    def usage_buckets(self, wanted: list[tuple[str, str, int]]) -> dict[tuple[str, str], list[tuple[int, str, int]]]:
+        """For each (subject, window, floor) of ``wanted``, in one query: (bucket start, metric,
+        total) of the subject's buckets of that window that start after the floor."""
+        found: dict[tuple[str, str], list[tuple[int, str, int]]] = {(s, w): [] for s, w, _ in wanted}
+        if not wanted:
+            return found
+        stored = {_subject(s): s for s, _, _ in wanted}
+        rows = self._autocommit(
+            "SELECT u.subject, u.time_window, u.bucket_start_ms, u.metric, u.amount FROM usage_buckets u "
+            "JOIN unnest(%s::text[], %s::text[], %s::bigint[]) AS q(subject, time_window, floor_ms) "
+            "ON u.subject = q.subject AND u.time_window = q.time_window AND u.bucket_start_ms > q.floor_ms",
+            [[_subject(s) for s, _, _ in wanted], [w for _, w, _ in wanted], [f for _, _, f in wanted]])
+        for subject, window, start, metric, amount in rows:
+            found[(stored[subject], window)].append((int(start), metric, int(amount)))
+        return found
 
     # -- the store as a whole -------------------------------------------------------------------------------------------
     def checkpoint(self) -> None:
