@@ -476,3 +476,21 @@ def test_a_scope_only_looked_at_is_not_created(target: PostgresTarget) -> None:
 
 def pg_database_connect(target: PostgresTarget) -> psycopg.Connection:
     return target.database.connect()
+
+
+# -- the start-up summary on a large store ----------------------------------------------------------------------------
+def test_the_start_up_summary_counts_a_large_table_by_its_estimate_not_a_scan(proxied: Any, pg_database: Database,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import engram_core.store.postgres.engine as pg_engine
+
+    store, _, _ = proxied
+    for n in range(12):
+        store.append_audit(audit_row(100 + n))
+    exact = store.engine.describe()
+    assert exact["audit_rows"] == 12 and isinstance(exact["records"], dict)
+    with pg_database.connect() as con:
+        con.execute("ANALYZE audit")
+    monkeypatch.setattr(pg_engine, "EXACT_COUNTS_UP_TO", 10)
+    estimated = store.engine.describe()
+    assert estimated["audit_rows"] == "~12"
+    assert estimated["records"] == {} and estimated["scopes"] == exact["scopes"]  # small tables: still exact

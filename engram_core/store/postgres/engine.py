@@ -122,6 +122,7 @@ FLUSH_IDLE_S = 5.0  # buffered statements sent early once the server has not hea
 MAX_BIGINT = 2**63 - 1
 SWEEP_EVERY_S = 60.0  # expired shared rows (nonce claims, page pins, usage buckets) deleted this often
 CLAIM_RETAIN_MS = 24 * 3_600_000  # nonce claims kept: far longer than any context lives (300 s)
+EXACT_COUNTS_UP_TO = 1_000_000  # rows (planner estimate) up to which the start-up summary counts exactly
 USAGE_RETAIN_MS = 2 * 3_600_000  # usage buckets kept: the longest quota window (an hour), twice
 log = logging.getLogger(__name__)
 
@@ -1316,8 +1317,28 @@ class PostgresEngine:
         """A no-op: see the module docstring (a forget shreds by key destruction, not by pages)."""
 
     def describe(self) -> dict[str, Any]:
+        """The start-up summary. Exact counts scan their tables, so a table the planner's
+        statistics put above ``EXACT_COUNTS_UP_TO`` rows is reported by that estimate instead
+        (``"~N"``; records and candidates then without their split by state): a core over a very
+        large store starts without reading it all."""
         with self.read() as tx:
-            counts = tx.counts()
+            estimates = {name: float(n) for name, n in tx._query(
+                "SELECT relname, reltuples FROM pg_class WHERE relkind = 'r' AND relnamespace = "
+                "current_schema()::regnamespace AND relname = ANY(%s)", [["records", "candidates", "audit"]])}
+            if not any(n > EXACT_COUNTS_UP_TO for n in estimates.values()):
+                counts = tx.counts()
+            else:
+                def count(table: str, by_state: bool) -> Any:
+                    if estimates.get(table, 0) > EXACT_COUNTS_UP_TO:
+                        n = f"~{int(estimates[table])}"
+                        return {"all": n} if by_state else n
+                    if by_state:
+                        return dict(tx._query(f"SELECT state, count(*) FROM {table} GROUP BY state ORDER BY state"))
+                    return int(tx._one(f"SELECT count(*) FROM {table}")[0])  # type: ignore[index]
+
+                counts = {"scopes": int(tx._one("SELECT count(*) FROM scopes")[0]),  # type: ignore[index]
+                          "records": count("records", True), "candidates": count("candidates", True),
+                          "audit_rows": count("audit", False)}
         return {"engine": "postgresql", "store": self.location, "migrations_applied": self.migrations_applied_at_open,
                 **counts}
 
