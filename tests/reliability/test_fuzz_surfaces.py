@@ -229,14 +229,17 @@ class Tally:
 def test_validator_is_total_and_precise(pool) -> None:
     tally = Tally("validator")
     for tool, args, origin in tally.cases(pool, CASES["validator"]):
-        started = time.perf_counter()
+        # This thread's CPU time, not the wall clock: the bound is on the validator's work (linear
+        # in its input), which other processes on a loaded machine do not change; wall time does
+        # (a 1.29 s case at load 7 was this machine's scheduler, not the validator).
+        started = time.thread_time()
         try:
             validate_arguments(tool, args)
             code = "ok"
         except EngramError as exc:
             assert exc.code in SCHEMA_CODES, (tool, exc)
             code = exc.code.value
-        tally.record(tool, code, code == "ok", origin, time.perf_counter() - started)
+        tally.record(tool, code, code == "ok", origin, time.thread_time() - started)
     tally.report()
     assert tally.codes["ok"] > 0 and tally.codes["INVALID_SCHEMA"] > 0, tally.codes
 
