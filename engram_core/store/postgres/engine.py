@@ -44,9 +44,11 @@ about the scope. A capture is then two round trips under its scope lock (three w
 consume): ``[BEGIN, lock scope, lock audit head, read idempotency key]``, ``[insert event, move
 head, insert candidate, data key, idempotency outcome, audit row, audit head, COMMIT]``
 (tests/store/test_postgres_engine.py counts them on the wire). Every read a service makes inside
-the transaction is one more: an admission is four (target, replay check, payload standing,
-COMMIT), a withdrawal four with its grant, a forget five (its derivatives too); fewer would take
-services asking for those reads together. A long transaction's buffer is sent early once it
+the transaction is one more, unless it was read ahead (``read_ahead``): the services name the
+reads they make before their first write (target, replay check, payload standing, a forget's
+derivatives), and those go with the lock statements in the first round trip. An admission is
+then two (``[lock, target, replay check, payload standing]``, ``[writes, COMMIT]``), a withdrawal
+and a forget three (their grant's insert-if-absent between: an insert is not read ahead). A long transaction's buffer is sent early once it
 holds ``FLUSH_STATEMENTS`` statements or has not reached the server for ``FLUSH_IDLE_S`` (so the
 server's idle-in-transaction timeout, which frees the locks of a core that died mid-transaction,
 never fires on a live one).
