@@ -9,7 +9,11 @@ in the same transaction), searches there answer PROJECTION_STALE (retriable:
 the rebuild is an operator's next step), and the rebuild clears the mark in its
 transaction. ``get`` does not read projections and is unaffected. The marks are
 loaded at open and mirrored in memory after each commit, so a search pays a set
-lookup, not a statement.
+lookup, not a statement. Where several cores share the store, a mark another core
+set or cleared is read again when this core's copy of the scope may have missed
+it (``Store.on_scope_refresh``): a search reads the scope's head and catches its
+index up first, which sees the invalidation or rebuild event, and a scope loaded
+afresh is read with its mark.
 """
 
 from __future__ import annotations
@@ -33,6 +37,13 @@ class ProjectionStatus:
         with store.read() as tx:
             marks = tx.meta_with_prefix(_PREFIX)
         self._stale = {tuple(json.loads(k[len(_PREFIX):])) for k, v in marks.items() if v == "1"}
+        self._store = store
+        store.on_scope_refresh = self._refresh
+
+    def _refresh(self, tenant: str, workspace: str) -> None:
+        with self._store.read(snapshot=False) as tx:
+            stale = tx.meta(_key(tenant, workspace)) == "1"
+        self.published(tenant, workspace, stale=stale)
 
     def check(self, tenant: str, workspace: str) -> None:
         """PROJECTION_STALE when the scope's projections were invalidated and not rebuilt."""

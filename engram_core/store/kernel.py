@@ -114,6 +114,7 @@ class StoreKernel:
         # Observability hooks: seconds and records of a scope's cold load; scopes evicted.
         self.on_scope_load: Callable[[float, int], None] | None = None
         self.on_scope_evict: Callable[[int], None] | None = None
+        self.on_scope_refresh: Callable[[str, str], None] | None = None  # Store.on_scope_refresh
         self._stale = True
         self._open = True
         if recover and self._spool is not None and self._spool.pending:
@@ -391,6 +392,8 @@ class StoreKernel:
                     self._applied.pop(victim, None)
         if self.on_scope_load is not None:
             self.on_scope_load(time.perf_counter() - started, len(blobs))
+        if self.on_scope_refresh is not None:
+            self.on_scope_refresh(tenant, workspace)
         if evicted and self.on_scope_evict is not None:
             self.on_scope_evict(len(evicted))
         return len(blobs)
@@ -460,6 +463,8 @@ class StoreKernel:
             changes = [c for c in changes if not _older_than_indexed(self._index, c)] if not dropped else changes
             self._index.apply(changes)
             self._applied[key] = max(self._applied.get(key, 0), reached)
+        if dropped and self.on_scope_refresh is not None:  # a scope-wide change another core made
+            self.on_scope_refresh(tenant, workspace)
         return len(touched)
 
     def index_ready(self) -> bool:

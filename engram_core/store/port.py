@@ -442,6 +442,13 @@ class Store(Protocol):
         """Audit a call that changed nothing, in its own durable transaction."""
         ...
 
+    # Set by a service that keeps scope state in memory (services/projection_status.py): called,
+    # outside any transaction, when this core's copy of a scope may have missed a scope-wide change
+    # another core made (the scope's index loaded afresh, or caught up past an invalidation or a
+    # rebuild of its projections), so that the service reads that scope's state again. Never
+    # called where one core is the only writer.
+    on_scope_refresh: Callable[[str, str], None] | None
+
     def page_pins(self, now_ms: Callable[[], int]) -> Any:
         """Where search pins are kept (``store/page_pins.py`` ``PinStore``): shared by every core
         of a store several share."""

@@ -10,7 +10,7 @@ import json
 import threading
 from typing import Any
 
-from core_support import PURPOSE, Client, Failed, capture_args, now_ms
+from core_support import PURPOSE, Client, Failed, activate, capture_args, now_ms
 from pg_cluster import Database
 from replicas import Replica
 
@@ -98,4 +98,37 @@ def test_a_context_used_on_one_replica_is_refused_on_the_other(replicas: tuple[R
     assert b.fails("get", args, context=leaked) == Code.AUTHORIZATION_REVOKED
     assert b.call("get", args, context=b.context("get", authorization_epoch=1))["record"]["record_id"] == rid
     for c in (a, b):
+        c.channel.close()
+
+
+def _operator(client: Client) -> list[tuple[str, bytes]]:
+    ctx = make_context(client.key, call=ADMIN_CALL, tenant="_host", workspace="_admin", principal="host:operator",
+                       now_ms=now_ms(), host_principal=True, maintenance_scopes=("read", "maintain"),
+                       memory_enabled=False)
+    return [(CONTEXT_METADATA_KEY, ctx)]
+
+
+def test_projections_one_replica_invalidated_are_stale_on_the_other_until_rebuilt(
+        replicas: tuple[Replica, Replica]) -> None:
+    """SPEC §3: a scope whose projections an operator dropped answers PROJECTION_STALE, never an
+    empty page, on every core: B had alpha's index loaded (it catches up past the invalidation)
+    and had never loaded beta's (it loads it afresh, with its mark)."""
+    activate(replicas[0], workspace="beta")  # type: ignore[arg-type]
+    a, b = (Client(r) for r in replicas)  # type: ignore[arg-type]
+    a_beta, b_beta = (Client(r, workspace="beta") for r in replicas)  # type: ignore[arg-type]
+    rid = a.remember("Replicas: the petrel dashboard shows the queue depth.")
+    beta_id = a_beta.remember("Replicas: the petrel pager goes to beta's on-call.")
+    assert _ids(b.search("petrel dashboard")) == [rid]  # alpha loaded on B; beta not
+    for c in (a, a_beta):
+        a.admin.InvalidateProjections(admin_pb2.ScopeRequest(tenant=c.tenant, workspace=c.workspace),
+                                      metadata=_operator(a), timeout=10)
+    for c in (a, b, a_beta, b_beta):
+        assert c.fails("search", {"query": "petrel", "purpose_ref": PURPOSE}) == Code.PROJECTION_STALE
+    assert b.get(rid)["record"]["record_id"] == rid  # get reads no projection
+    for c in (b, b_beta):
+        b.admin.RebuildProjections(admin_pb2.ScopeRequest(tenant=c.tenant, workspace=c.workspace),
+                                   metadata=_operator(b), timeout=10)
+    for c, expected in ((a, rid), (b, rid), (a_beta, beta_id), (b_beta, beta_id)):
+        assert _ids(c.search("petrel")) == [expected]
+    for c in (a, b, a_beta, b_beta):
         c.channel.close()
