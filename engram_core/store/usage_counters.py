@@ -9,12 +9,17 @@ Counters are soft: concurrent calls read the counts before either is counted, so
 overshoot a limit by the number of calls in flight. One core keeps them in memory; where several
 cores share one store the counters are the store's (``shared``: a bucket row per subject,
 window, bucket and metric, added to by every core), so a principal's quota is one quota however
-its calls are spread.
+its calls are spread. A core holds its own adds back to send them with its next read of the
+counts, in the same statement (one round trip for both, the read answering with them included),
+or ``FLUSH_AFTER_S`` later when no read comes: other cores see a count that much later at most
+(a burst may overshoot by that much more), and a core that dies loses its last ``FLUSH_AFTER_S``
+of counts.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,6 +29,8 @@ BUCKETS = 60
 METRICS = ("captures", "admissions", "searches", "gets", "withdrawals", "forgets", "bytes_stored")
 # Subjects idle longer than the longest window are dropped on the next sweep.
 _SWEEP_EVERY_MS = 60_000
+FLUSH_AFTER_S = 0.05  # a shared add not sent with a read by then is sent on its own
+_FLUSHER_IDLE_S = 30.0  # the flusher thread ends after this long with nothing to send
 
 
 class SharedUsage(Protocol):
@@ -33,8 +40,11 @@ class SharedUsage(Protocol):
         """Add (subject, window, bucket start, metric, amount) rows to the buckets."""
         ...
 
-    def usage_buckets(self, wanted: list[tuple[str, str, int]]) -> dict[tuple[str, str], list[tuple[int, str, int]]]:
-        """For each (subject, window, floor): (bucket start, metric, total) of its buckets after the floor."""
+    def usage_buckets(self, wanted: list[tuple[str, str, int]], *, adding: list[tuple[str, str, int, str, int]] = (),
+                      ) -> dict[tuple[str, str], list[tuple[int, str, int]]]:
+        """For each (subject, window, floor): (bucket start, metric, total) of its buckets after the
+        floor, as they were before ``adding`` (rows as ``add_usage`` takes them), which are added in
+        the same round trip."""
         ...
 
 
@@ -83,6 +93,41 @@ class QuotaCounters:
         self._lock = threading.Lock()
         self._subjects: dict[tuple[str, ...], tuple[dict[str, _Window], list[int]]] = {}
         self._swept = 0
+        # Shared adds not sent yet, and the thread that sends them when no read takes them.
+        self._pending: list[tuple[str, str, int, str, int]] = []
+        self._wake = threading.Event()
+        self._flusher: threading.Thread | None = None
+
+    def _take_pending(self) -> list[tuple[str, str, int, str, int]]:
+        with self._lock:
+            rows, self._pending = self._pending, []
+            return rows
+
+    def _requeue(self, rows: list[tuple[str, str, int, str, int]]) -> None:
+        with self._lock:
+            self._pending[:0] = rows
+
+    def _flush_loop(self) -> None:
+        while True:
+            woke = self._wake.wait(_FLUSHER_IDLE_S)
+            with self._lock:
+                if not woke and not self._pending:
+                    self._flusher = None
+                    return
+            time.sleep(FLUSH_AFTER_S)  # a read in the meantime takes them with it
+            self._wake.clear()  # before taking: an add after this wakes the loop again
+            rows = self._take_pending()
+            if rows:
+                try:
+                    self._shared.add_usage(rows)  # type: ignore[union-attr]
+                except Exception:  # noqa: BLE001 - the store is away: kept for the next read or flush
+                    self._requeue(rows)
+
+    def flush(self) -> None:
+        """Send the held-back shared adds now (tests; a core closing)."""
+        rows = self._take_pending()
+        if rows and self._shared is not None:
+            self._shared.add_usage(rows)
 
     @staticmethod
     def _keys(tenant: str, workspace: str, principal: str) -> dict[str, tuple[str, ...]]:
@@ -95,8 +140,17 @@ class QuotaCounters:
         if self._shared is not None:
             keys = self._keys(tenant, workspace, principal)
             floors = {name: now - (ms // BUCKETS) * BUCKETS for name, ms in WINDOWS_MS.items()}
-            found = self._shared.usage_buckets([(_subject(key), name, floor)
-                                                for key in keys.values() for name, floor in floors.items()])
+            wanted = [(_subject(key), name, floor) for key in keys.values() for name, floor in floors.items()]
+            adding = self._take_pending()
+            try:
+                found = self._shared.usage_buckets(wanted, adding=adding)
+            except BaseException:
+                self._requeue(adding)
+                raise
+            floor_of = {(s, w): f for s, w, f in wanted}
+            for subject, window, start, metric, amount in adding:  # read as they were before these
+                if (subject, window) in floor_of and start > floor_of[(subject, window)]:
+                    found[(subject, window)].append((start, metric, amount))
             for subject, key in keys.items():
                 out[subject] = {name: self._shared_window(found[(_subject(key), name)], name, now)
                                 for name in WINDOWS_MS}
@@ -119,9 +173,14 @@ class QuotaCounters:
     def add(self, tenant: str, workspace: str, principal: str, metric: str, amount: int = 1) -> None:
         now = self._now()
         if self._shared is not None:
-            self._shared.add_usage([(_subject(key), name, now - now % (ms // BUCKETS), metric, amount)
-                                    for key in self._keys(tenant, workspace, principal).values()
-                                    for name, ms in WINDOWS_MS.items()])
+            rows = [(_subject(key), name, now - now % (ms // BUCKETS), metric, amount)
+                    for key in self._keys(tenant, workspace, principal).values() for name, ms in WINDOWS_MS.items()]
+            with self._lock:
+                self._pending += rows
+                if self._flusher is None:
+                    self._flusher = threading.Thread(target=self._flush_loop, daemon=True, name="engram-usage-flush")
+                    self._flusher.start()
+            self._wake.set()
             return
         with self._lock:
             for key in self._keys(tenant, workspace, principal).values():

@@ -494,3 +494,35 @@ def test_the_start_up_summary_counts_a_large_table_by_its_estimate_not_a_scan(pr
     estimated = store.engine.describe()
     assert estimated["audit_rows"] == "~12"
     assert estimated["records"] == {} and estimated["scopes"] == exact["scopes"]  # small tables: still exact
+
+
+# -- usage counters every core adds to ------------------------------------------------------------------------------------
+def test_usage_counts_are_one_count_across_cores_and_a_cores_adds_ride_on_its_next_read(
+        proxied: Any, pg_database: Database) -> None:
+    """Two cores' counters over one database (usage_counters.QuotaCounters, shared): a core reads
+    its own adds at once, sent with that read (one round trip for both); another core sees them
+    once they were sent, by a read or at the latest FLUSH_AFTER_S later."""
+    from engram_core.store.usage_counters import FLUSH_AFTER_S, QuotaCounters
+
+    store, engine_wire, _ = proxied
+    now = [1_800_000_000_000]
+    other = PostgresEngine(pg_database.conninfo, pool_size=1)
+    try:
+        a = QuotaCounters(lambda: now[0], shared=store.engine)
+        b = QuotaCounters(lambda: now[0], shared=other)
+        a.usage(T, W, P)  # the connection made, outside the count
+        for _ in range(3):
+            a.add(T, W, P, "searches")
+        engine_wire.reset()
+        seen = a.usage(T, W, P)
+        assert engine_wire.round_trips == 1  # the three adds and the read, one statement
+        assert seen["principal"]["minute"]["searches"] == 3 and seen["scope"]["hour"]["searches"] == 3  # type: ignore[index]
+        assert b.usage(T, W, P)["principal"]["minute"]["searches"] == 3  # type: ignore[index]
+        b.add(T, W, "user:bo", "gets")  # B's add, no read of B's after it: its flusher sends it
+        assert wait_until(lambda: a.usage(T, W, P)["scope"]["minute"]["gets"] == 1, timeout=10 * FLUSH_AFTER_S + 5)  # type: ignore[index]
+        assert a.usage(T, W, P)["principal"]["minute"]["gets"] == 0  # type: ignore[index]  (bo's, not ana's)
+        now[0] += 61_000  # the minute window moves past them; the hour keeps them
+        later = b.usage(T, W, P)
+        assert later["principal"]["minute"]["searches"] == 0 and later["principal"]["hour"]["searches"] == 3  # type: ignore[index]
+    finally:
+        other.close()

@@ -1279,37 +1279,49 @@ class PostgresEngine:
             ([now_ms] if sweep else []) + [pin_id, now_ms])
         return bytes(rows[0][0]) if rows else None
 
-    def add_usage(self, rows: list[tuple[str, str, int, str, int]]) -> None:
-        """Add to usage buckets every core adds to (``usage_counters.SharedUsage``), all of
-        ``rows`` (subject, window, bucket start, metric, amount) in one statement; buckets older
-        than ``USAGE_RETAIN_MS`` before the first are swept now and then."""
-        if not rows:
-            return
+    def _usage_insert(self, rows: list[tuple[str, str, int, str, int]]) -> tuple[list[str], list[Any]]:
+        """The statements adding ``rows`` to the usage buckets, as WITH clauses (the old buckets'
+        sweep, now and then: those ``USAGE_RETAIN_MS`` older than the first row's), and their
+        parameters. A data-modifying WITH clause runs once, whether the statement reads it or not."""
         summed: dict[tuple[str, str, int, str], int] = {}
         for subject, window, start, metric, amount in rows:  # ON CONFLICT may touch a row only once
             k = (_subject(subject), window, start, metric)
             summed[k] = summed.get(k, 0) + amount
-        cols = list(zip(*[(*k, v) for k, v in summed.items()], strict=True))
-        sweep = self._sweep_due("usage")
-        self._autocommit(
-            ("WITH swept AS (DELETE FROM usage_buckets WHERE bucket_start_ms < %s) " if sweep else "")
-            + "INSERT INTO usage_buckets AS u SELECT * FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::text[], "
-            "%s::bigint[]) ON CONFLICT (subject, time_window, bucket_start_ms, metric) "
-            "DO UPDATE SET amount = u.amount + EXCLUDED.amount RETURNING true",
-            ([min(r[2] for r in rows) - USAGE_RETAIN_MS] if sweep else []) + [list(c) for c in cols])
+        cols = [list(c) for c in zip(*[(*k, v) for k, v in summed.items()], strict=True)]
+        clauses: list[str] = []
+        params: list[Any] = []
+        if self._sweep_due("usage"):
+            clauses.append("swept AS (DELETE FROM usage_buckets WHERE bucket_start_ms < %s)")
+            params.append(min(r[2] for r in rows) - USAGE_RETAIN_MS)
+        clauses.append("added AS (INSERT INTO usage_buckets AS u SELECT * FROM unnest(%s::text[], %s::text[], "
+                       "%s::bigint[], %s::text[], %s::bigint[]) ON CONFLICT (subject, time_window, bucket_start_ms, "
+                       "metric) DO UPDATE SET amount = u.amount + EXCLUDED.amount RETURNING true)")
+        return clauses, params + cols
 
-    def usage_buckets(self, wanted: list[tuple[str, str, int]]) -> dict[tuple[str, str], list[tuple[int, str, int]]]:
-        """For each (subject, window, floor) of ``wanted``, in one query: (bucket start, metric,
-        total) of the subject's buckets of that window that start after the floor."""
+    def add_usage(self, rows: list[tuple[str, str, int, str, int]]) -> None:
+        """Add to usage buckets every core adds to (``usage_counters.SharedUsage``): all of
+        ``rows`` (subject, window, bucket start, metric, amount) in one statement."""
+        if rows:
+            clauses, params = self._usage_insert(rows)
+            self._autocommit("WITH " + ", ".join(clauses) + " SELECT count(*) FROM added", params)
+
+    def usage_buckets(self, wanted: list[tuple[str, str, int]], *, adding: Sequence[tuple[str, str, int, str, int]] = (),
+                      ) -> dict[tuple[str, str], list[tuple[int, str, int]]]:
+        """For each (subject, window, floor) of ``wanted``, in one statement with the insert of
+        ``adding`` (whose rows it does not see: one statement reads one snapshot): (bucket start,
+        metric, total) of the subject's buckets of that window that start after the floor."""
         found: dict[tuple[str, str], list[tuple[int, str, int]]] = {(s, w): [] for s, w, _ in wanted}
         if not wanted:
+            self.add_usage(list(adding))
             return found
         stored = {_subject(s): s for s, _, _ in wanted}
+        clauses, params = self._usage_insert(list(adding)) if adding else ([], [])
         rows = self._autocommit(
-            "SELECT u.subject, u.time_window, u.bucket_start_ms, u.metric, u.amount FROM usage_buckets u "
+            ("WITH " + ", ".join(clauses) + " " if clauses else "")
+            + "SELECT u.subject, u.time_window, u.bucket_start_ms, u.metric, u.amount FROM usage_buckets u "
             "JOIN unnest(%s::text[], %s::text[], %s::bigint[]) AS q(subject, time_window, floor_ms) "
             "ON u.subject = q.subject AND u.time_window = q.time_window AND u.bucket_start_ms > q.floor_ms",
-            [[_subject(s) for s, _, _ in wanted], [w for _, w, _ in wanted], [f for _, _, f in wanted]])
+            params + [[_subject(s) for s, _, _ in wanted], [w for _, w, _ in wanted], [f for _, _, f in wanted]])
         for subject, window, start, metric, amount in rows:
             found[(stored[subject], window)].append((int(start), metric, int(amount)))
         return found
