@@ -41,6 +41,8 @@ class CoreProcess:
         self.stores = stores  # core_engines.EngineStores; None: DuckDB in data_dir
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
+        self.starts = 0
+        self.log: Path | None = None  # the last start's output (stdout and stderr)
 
     @property
     def address(self) -> str:
@@ -49,22 +51,31 @@ class CoreProcess:
     def start(self, timeout: float = 30) -> None:
         where = self.stores.serve_args(self.data_dir) if self.stores else ["--data", str(self.data_dir)]
         env = self.stores.process_env() if self.stores else None
-        self.proc = subprocess.Popen(
-            [ENGRAM, "serve", *where, "--listen", self.address],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-        )
-        deadline = time.monotonic() + timeout
+        self.starts += 1
+        # A file, not a pipe nobody reads (a full pipe would stop the core mid-write), kept per
+        # start so that a start that fails says why.
+        self.log = self.data_dir.parent / f"core-{self.port}-start-{self.starts:03d}.log"
+        with self.log.open("w") as out:
+            self.proc = subprocess.Popen([ENGRAM, "serve", *where, "--listen", self.address],
+                                         stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
+        started = time.monotonic()
+        deadline = started + timeout
         with grpc.insecure_channel(self.address) as ch:
             stub = host_pb2_grpc.HostServiceStub(ch)
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"core exited with {self.proc.returncode}")
+                    raise RuntimeError(f"core exited with {self.proc.returncode}:\n{self._log_tail()}")
                 try:
                     if stub.Health(host_pb2.HealthRequest(), timeout=1).status == "SERVING":
                         return
                 except grpc.RpcError:
                     time.sleep(0.05)
-        raise RuntimeError("core did not become healthy")
+        raise RuntimeError(f"core did not become healthy in {time.monotonic() - started:.0f} s (start "
+                           f"{self.starts}):\n{self._log_tail()}")
+
+    def _log_tail(self, lines: int = 40) -> str:
+        text = self.log.read_text(errors="replace") if self.log is not None and self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
