@@ -81,9 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--searches", type=int, default=300, help="lexical searches by one client per setup")
     p.add_argument("--cores", default="1,2", help="numbers of PostgreSQL cores to run (default 1,2)")
     p.add_argument("--no-duckdb", action="store_true", help="skip the embedded store's figures")
+    p.add_argument("--semantic", choices=("on", "off"), default="on",
+                   help="the cores' semantic channel (default on: each admission embeds)")
     p.add_argument("--out", default=None, help="write the JSON summary here")
     a = p.parse_args(argv)
-    summary: dict[str, Any] = {"machine": facts(), "command": " ".join(sys.argv), "size": a.size, "points": []}
+    summary: dict[str, Any] = {"machine": facts(), "command": " ".join(sys.argv), "size": a.size,
+                               "semantic": a.semantic, "points": []}
     cluster = start_cluster()
     os.environ["PGPASSFILE"] = str(cluster.passfile)
     try:
@@ -93,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             _load(data, a.size)
             corpus = Corpus(seed=41)
             if not a.no_duckdb:
-                server = Served(data, semantic=True, metrics=True)
+                server = Served(data, semantic=a.semantic == "on", metrics=True)
                 try:
                     activate(server.address, data / "host.key", TENANT, WORKSPACE)
                     _run([server], data / "host.key", a, corpus, "duckdb", summary)
@@ -116,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                 servers: list[Served] = []
                 try:
                     for _ in range(n):
-                        servers.append(Served(keys, semantic=True, metrics=True, store=db.conninfo))
+                        servers.append(Served(keys, semantic=a.semantic == "on", metrics=True, store=db.conninfo))
                     _run(servers, key_path, a, corpus, "postgresql", summary)
                 finally:
                     for s in servers:
