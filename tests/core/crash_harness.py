@@ -48,7 +48,10 @@ class CoreProcess:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30) -> None:
+    def start(self, timeout: float = 120) -> None:
+        """Start the core and wait until it serves. The bound is for a start that hangs, not a
+        speed bound: a start is seconds (the policy bundle compiled, the model loaded, the
+        journal replayed), and at soak size on a loaded 2-core machine, niced, one took over 30."""
         where = self.stores.serve_args(self.data_dir) if self.stores else ["--data", str(self.data_dir)]
         env = self.stores.process_env() if self.stores else None
         self.starts += 1
