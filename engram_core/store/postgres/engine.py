@@ -1210,11 +1210,23 @@ class PostgresEngine:
             return tx.scope(tenant, workspace)
 
     # -- state every core shares (the kernel asks for it because ``sole_writer`` is False) ---------------------------
-    def _autocommit(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        """One statement on its own (autocommit), outside any transaction of the caller's."""
+    def _autocommit(self, sql: str, params: Sequence[Any], *, durable: bool = True) -> list[tuple[Any, ...]]:
+        """One statement on its own (autocommit), outside any transaction of the caller's.
+        ``durable=False``, for rows a database crash may take back without harm (quota counts,
+        which are soft, and page pins, whose cursor then answers as an expired one): its
+        transaction commits with ``synchronous_commit = off``, visible to every core at once but
+        not waiting for the WAL flush (the WAL writer flushes it within a few hundred ms)."""
         self._require_open()
         with self.read(snapshot=False) as tx:
-            return tx._query(sql, params)
+            if durable:
+                return tx._query(sql, params)
+            out: list[list[tuple[Any, ...]]] = []
+            try:
+                tx._send([_Statement("BEGIN"), _Statement("SET LOCAL synchronous_commit = off"),
+                          _Statement(sql, params, on_rows=out.append), _Statement("COMMIT")])
+            except psycopg.Error as exc:
+                raise tx._store_error(exc) from None
+            return out[0]
 
     def _sweep_due(self, what: str) -> bool:
         """True at most once per ``SWEEP_EVERY_S`` per kind of shared row: expired rows are deleted
@@ -1268,7 +1280,7 @@ class PostgresEngine:
     def put_page_pin(self, pin_id: str, tenant: str, workspace: str, pin: bytes, expires_at_ms: int) -> None:
         """A search pin where every core reads it (``page_pins.PinShelf``)."""
         self._autocommit("INSERT INTO page_pins VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING true",
-                         [pin_id, tenant, workspace, pin, expires_at_ms])
+                         [pin_id, tenant, workspace, pin, expires_at_ms], durable=False)
 
     def page_pin(self, pin_id: str, now_ms: int) -> bytes | None:
         """The pin, unless it expired by ``now_ms`` (expired pins are swept now and then)."""
@@ -1303,7 +1315,7 @@ class PostgresEngine:
         ``rows`` (subject, window, bucket start, metric, amount) in one statement."""
         if rows:
             clauses, params = self._usage_insert(rows)
-            self._autocommit("WITH " + ", ".join(clauses) + " SELECT count(*) FROM added", params)
+            self._autocommit("WITH " + ", ".join(clauses) + " SELECT count(*) FROM added", params, durable=False)
 
     def usage_buckets(self, wanted: list[tuple[str, str, int]], *, adding: Sequence[tuple[str, str, int, str, int]] = (),
                       ) -> dict[tuple[str, str], list[tuple[int, str, int]]]:
@@ -1321,7 +1333,8 @@ class PostgresEngine:
             + "SELECT u.subject, u.time_window, u.bucket_start_ms, u.metric, u.amount FROM usage_buckets u "
             "JOIN unnest(%s::text[], %s::text[], %s::bigint[]) AS q(subject, time_window, floor_ms) "
             "ON u.subject = q.subject AND u.time_window = q.time_window AND u.bucket_start_ms > q.floor_ms",
-            params + [[_subject(s) for s, _, _ in wanted], [w for _, w, _ in wanted], [f for _, _, f in wanted]])
+            params + [[_subject(s) for s, _, _ in wanted], [w for _, w, _ in wanted], [f for _, _, f in wanted]],
+            durable=not adding)
         for subject, window, start, metric, amount in rows:
             found[(stored[subject], window)].append((int(start), metric, int(amount)))
         return found
