@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from engram_core.crypto.keyvault import KeyVault, open_key_directory
+from engram_core.errors import Code, EngramError
 from engram_core.store.port import Store
 
 DEFAULT_ENGINE = "duckdb"
@@ -127,11 +128,16 @@ def _postgresql_vault(config: StoreConfig) -> KeyVault:
 
 def _postgresql_key_source(config: StoreConfig) -> KeyVault:
     """The wrapped keys of an existing PostgreSQL store, read with its ring: never migrated here
-    (a restore reads its source as it is; one that is not an Engram store is STORE_UNAVAILABLE)."""
-    from engram_core.store.postgres.keyvault import PgKeyVault
+    (a restore reads its source as it is; one that is not an Engram store is STORE_UNAVAILABLE).
+    A ring that is not the store's (an older copy, another store's) is RESTORE_REFUSED: the key
+    directory does not match, and retrying it would never succeed (docs/admin.md)."""
+    from engram_core.store.postgres.keyvault import PgKeyVault, RingMismatch
 
     assert config.url is not None
-    return PgKeyVault(config.url, config.data_dir, pool_size=1)
+    try:
+        return PgKeyVault(config.url, config.data_dir, pool_size=1)
+    except RingMismatch as exc:
+        raise EngramError(Code.RESTORE_REFUSED, f"key directory does not match the key store: {exc.detail}") from None
 
 
 ENGINES: dict[str, EngineOpener] = {DEFAULT_ENGINE: _open_duckdb, POSTGRESQL: _open_postgresql}

@@ -57,6 +57,12 @@ from engram_core.store.postgres.migrations import RING_LOCK
 from engram_core.store.postgres.pool import Pool, failure
 
 RING_NAME = "store.kek"
+
+
+class RingMismatch(EngramError):
+    """The key directory's KEK ring is not the store's (behind it, or another ring): a serving
+    core cannot open the store (STORE_UNAVAILABLE, until its key directory is fixed); a restore
+    reading the store as its key source refuses (app/engines.py)."""
 _V2 = 2  # the wrapping format KekRing.wrap makes (associated data v2: generation and owner)
 # The constant each generation seals in vault_rings, under an owner no data key can have.
 _CANARY, _CANARY_OWNER = b"\0" * 32, "engram/ring-check"
@@ -135,9 +141,9 @@ class PgKeyVault:
             self.ring.reload()
             self._ring_seen = self._ring_stamp()
             if agreed > self.ring.active_generation():
-                raise EngramError(Code.STORE_UNAVAILABLE,
-                                  f"the KEK ring in {self._ring_path.parent} is behind this store's (generation "
-                                  f"{agreed}): every core must mount the same key directory")
+                raise RingMismatch(Code.STORE_UNAVAILABLE,
+                                   f"the KEK ring in {self._ring_path.parent} is behind this store's (generation "
+                                   f"{agreed}): every core must mount the same key directory")
         self._check_ring(conn)
         return agreed
 
@@ -150,10 +156,10 @@ class PgKeyVault:
         held = {g.generation for g in self.ring.generations() if g.state != "retired"}
         for generation, canary in conn.execute("SELECT generation, canary FROM vault_rings").fetchall():
             if generation in held and self.ring.unwrap(_V2, generation, canary, _CANARY_OWNER) != _CANARY:
-                raise EngramError(Code.STORE_UNAVAILABLE,
-                                  f"the KEK ring in {self._ring_path.parent} is not this store's (its generation "
-                                  f"{generation} does not open the store's check): every core must mount the same "
-                                  "key directory")
+                raise RingMismatch(Code.STORE_UNAVAILABLE,
+                                   f"the KEK ring in {self._ring_path.parent} is not this store's (its generation "
+                                   f"{generation} does not open the store's check): every core must mount the same "
+                                   "key directory")
 
     # -- the cache ------------------------------------------------------------------------------------------------
     def _cached(self, ref: int, owner: str) -> bytes | None:
@@ -248,11 +254,16 @@ class PgKeyVault:
 
     # -- destruction -----------------------------------------------------------------------------------------------
     def is_destroyed(self, ref: int) -> bool:
-        """No row at ``ref``: the database allocates refs and never reuses one, so a ref a store
-        named once and that holds nothing now was destroyed (a row this ring cannot unwrap, or
-        one of another owner, is not destroyed: it is another store's key)."""
+        """No row at ``ref``, which this database allocated: it allocates refs and never reuses
+        one, so a ref it issued that holds nothing now was destroyed. A ref it never issued is
+        not destroyed but another store's key (a backup restored against the wrong key store,
+        which restore then refuses instead of restoring every record as forgotten), and so is a
+        row this ring cannot unwrap, or one of another owner."""
         with self._connection() as conn:
-            return conn.execute("SELECT 1 FROM vault_keys WHERE ref = %s", [ref]).fetchone() is None
+            present, issued = conn.execute(  # type: ignore[misc]
+                "SELECT EXISTS (SELECT 1 FROM vault_keys WHERE ref = %s), "
+                "pg_sequence_last_value(pg_get_serial_sequence('vault_keys', 'ref')::regclass)", [ref]).fetchone()
+        return not present and issued is not None and ref <= int(issued)
 
     def destroy(self, ref: int) -> None:
         self.destroy_many([ref])
