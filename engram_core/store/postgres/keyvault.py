@@ -63,6 +63,8 @@ class RingMismatch(EngramError):
     """The key directory's KEK ring is not the store's (behind it, or another ring): a serving
     core cannot open the store (STORE_UNAVAILABLE, until its key directory is fixed); a restore
     reading the store as its key source refuses (app/engines.py)."""
+
+
 _V2 = 2  # the wrapping format KekRing.wrap makes (associated data v2: generation and owner)
 # The constant each generation seals in vault_rings, under an owner no data key can have.
 _CANARY, _CANARY_OWNER = b"\0" * 32, "engram/ring-check"
