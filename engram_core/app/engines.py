@@ -143,7 +143,7 @@ def _postgresql_key_source(config: StoreConfig) -> KeyVault:
 
     assert config.url is not None
     try:
-        return PgKeyVault(config.url, config.data_dir, pool_size=1)
+        return PgKeyVault(config.url, config.data_dir, pool_size=1, read_only=True)
     except RingMismatch as exc:
         raise EngramError(Code.RESTORE_REFUSED, f"key directory does not match the key store: {exc.detail}") from None
 

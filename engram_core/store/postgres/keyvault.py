@@ -81,11 +81,14 @@ class PgKeyVault:
 
     The database's schema comes from the PostgreSQL engine's migrations (open the engine
     first). ``pool_size``: this vault's connections (it runs one statement at a time per caller,
-    outside the engine's transactions)."""
+    outside the engine's transactions). ``read_only``: another store's vault a restore reads its
+    keys from; opening it records nothing there (no agreed generation, no ring check constant),
+    so a key directory that is not that store's cannot change the ring its cores agree on."""
 
     def __init__(self, conninfo: str, key_dir: Path, *, pool_size: int = 4, cache_size: int = 4096,
                  cache_ttl_s: float = 30.0, reconcile_after_s: float = 600.0, connect_timeout_s: float = 30.0,
-                 pool_timeout_s: float = 30.0) -> None:
+                 pool_timeout_s: float = 30.0, read_only: bool = False) -> None:
+        self._read_only = read_only
         self._pool = Pool(conninfo, name="engram-vault", size=pool_size, connect_timeout_s=connect_timeout_s,
                           timeout_s=pool_timeout_s, settings=["SET application_name = 'engram-vault'"])
         self._ring_path = key_dir / RING_NAME
@@ -131,10 +134,13 @@ class PgKeyVault:
         return the one the database holds; a ring behind the database is re-read, and one that
         stays behind is not this store's ring."""
         try:
-            row = conn.execute(
-                "INSERT INTO vault_state VALUES (1, %s) ON CONFLICT (id) DO UPDATE SET active_generation = "
-                "GREATEST(vault_state.active_generation, EXCLUDED.active_generation) RETURNING active_generation",
-                [self.ring.active_generation()]).fetchone()
+            if self._read_only:
+                row = conn.execute("SELECT active_generation FROM vault_state WHERE id = 1").fetchone() or (0,)
+            else:
+                row = conn.execute(
+                    "INSERT INTO vault_state VALUES (1, %s) ON CONFLICT (id) DO UPDATE SET active_generation = "
+                    "GREATEST(vault_state.active_generation, EXCLUDED.active_generation) RETURNING active_generation",
+                    [self.ring.active_generation()]).fetchone()
         except psycopg.errors.UndefinedTable:
             raise EngramError(Code.STORE_UNAVAILABLE,
                               "the store's schema is missing: open the PostgreSQL engine (it migrates) first") from None
@@ -152,9 +158,10 @@ class PgKeyVault:
     def _check_ring(self, conn: psycopg.Connection) -> None:
         """This ring is the store's: every generation it holds opens the constant the store keeps
         for it, and the active one's is recorded (by the first core to use it)."""
-        active = self.ring.active_generation()
-        sealed = self.ring.wrap(_CANARY, _CANARY_OWNER)[1]
-        conn.execute("INSERT INTO vault_rings VALUES (%s, %s) ON CONFLICT DO NOTHING", [active, sealed])
+        if not self._read_only:
+            active = self.ring.active_generation()
+            sealed = self.ring.wrap(_CANARY, _CANARY_OWNER)[1]
+            conn.execute("INSERT INTO vault_rings VALUES (%s, %s) ON CONFLICT DO NOTHING", [active, sealed])
         held = {g.generation for g in self.ring.generations() if g.state != "retired"}
         for generation, canary in conn.execute("SELECT generation, canary FROM vault_rings").fetchall():
             if generation in held and self.ring.unwrap(_V2, generation, canary, _CANARY_OWNER) != _CANARY:
