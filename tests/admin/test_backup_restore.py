@@ -171,3 +171,42 @@ def test_scope_backup_holds_one_scope_and_restores_it_identically(tmp_path, cloc
     with pytest.raises(grpc.RpcError) as err:
         list(env.admin_stub.Backup(admin_pb2.ScopeRequest(tenant=TENANT), metadata=env.host_md(), timeout=30))
     assert code_of(err.value) == "INVALID_SCHEMA"
+
+
+def _key_state(env) -> object:
+    """What a key source holds that a restore reading it must leave as it is: the file vault's
+    bytes (DuckDB), or the ring the database agreed on (vault_state, vault_rings: PostgreSQL)."""
+    if env.stores.is_postgresql:
+        with env.stores.sql(env.data_dir) as con:
+            return (con.all("SELECT active_generation FROM vault_state"),
+                    con.all("SELECT generation, canary FROM vault_rings ORDER BY generation"))
+    return {name: (env.data_dir / name).read_bytes() for name in ("store.kek", "datakeys.bin")}
+
+
+def test_a_restore_naming_the_wrong_key_directory_changes_nothing_in_the_key_store(tmp_path, clock, env):
+    """A restore reads its key source and nothing else: pointed at the live store with another
+    core's key directory (a ring further on than the store's), it is refused and the live store
+    keeps serving, its ring as it was (it once took the other ring's generation as its own, and
+    then no key could be made: every capture STORE_UNAVAILABLE)."""
+    rid = env.record("a record of the live store")
+    data = _backup(env)
+    other = start_env(env.stores, tmp_path / "other", clock)
+    try:
+        for _ in range(2):
+            other.admin("RotateKeys", admin_pb2.ScopeRequest())  # its ring at generation 3
+    finally:
+        other.stop()
+    before = _key_state(env)
+    target = start_env(env.stores, tmp_path / "restored", clock, activate=False)
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            _restore(target, data, key_dir=str(tmp_path / "other"), trust=(signing_public_pem_of(str(env.data_dir)),),
+                     key_store=env.key_store)
+        assert code_of(err.value) == "RESTORE_REFUSED"
+        with target.core.store.read() as tx:
+            assert tx.is_empty()
+    finally:
+        target.stop()
+    assert _key_state(env) == before
+    assert env.get(rid)["record"]["record_id"] == rid
+    assert env.admit(env.capture("the live store still makes keys"))["status"] == "accepted"
