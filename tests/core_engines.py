@@ -66,6 +66,27 @@ class EngineStores:
 
         return start_core(Path(data_dir), store_url=self.store_url(data_dir), **kw)
 
+    def open_core(self, data_dir: Path, **kw: Any) -> Any:  # -> (Core, bound, TrustedHostKeys)
+        """``engram_core.app.composition.open_core`` on this engine (a core without a server)."""
+        from engram_core.app.composition import open_core
+
+        return open_core(Path(data_dir), store_url=self.store_url(data_dir), **kw)
+
+    def key_store(self, data_dir: Path) -> str:
+        """A restore's ``key_store`` naming where the data keys of the core of ``data_dir`` are
+        (its database; "" on DuckDB: ``key_dir``'s file vault holds them)."""
+        return self.database(data_dir).conninfo if self.is_postgresql else ""
+
+    def restore_key_args(self, key_dir: Path, store_of: Path | None = None) -> list[str]:
+        """``engram admin restore``'s options naming the key store of a backup's source core:
+        ``--key-dir DIR`` (its file vault) on DuckDB, ``--key-dir DIR --key-store URL`` (its KEK
+        ring and the database its data keys are wrapped in) on PostgreSQL. ``store_of``: the data
+        directory whose store holds the keys, when ``key_dir`` is a copy of its key files."""
+        args = ["--key-dir", str(key_dir)]
+        if self.is_postgresql:
+            args += ["--key-store", self.key_store(store_of or key_dir)]
+        return args
+
     def serve_args(self, data_dir: Path) -> list[str]:
         """Where ``engram serve`` keeps its store: ``--data DIR`` or ``--store URL --key-dir DIR``."""
         if self.is_postgresql:
@@ -98,6 +119,38 @@ class EngineStores:
             if closer is not None:
                 closer()
 
+    @contextmanager
+    def sql(self, data_dir: Path) -> Iterator[SqlSession]:
+        """A plain SQL connection to the (stopped) store of ``data_dir``, as someone who can write
+        the database file (DuckDB) or the database (PostgreSQL) has: what a test that tampers
+        with the store uses. Its changes are committed when the block ends."""
+        if self.is_postgresql:
+            with self.database(data_dir).connect() as con:
+                yield SqlSession(con, "%s")
+        else:
+            import duckdb
+
+            con = duckdb.connect(str(Path(data_dir) / "engram.duckdb"))
+            try:
+                yield SqlSession(con, "?")
+            finally:
+                con.close()
+
+    def tamper(self, data_dir: Path, statement: str) -> None:
+        """Run one SQL statement on the (stopped) store of ``data_dir``. On DuckDB in a process of
+        its own, so that DuckDB's per-process instance cache cannot hide the change from the core
+        started next; on PostgreSQL over a connection of its own."""
+        if self.is_postgresql:
+            with self.sql(data_dir) as session:
+                session.run(statement)
+            return
+        import subprocess
+        import sys
+
+        path = str(Path(data_dir) / "engram.duckdb")
+        code = f"import duckdb; c = duckdb.connect({path!r}); c.execute({statement!r}); c.close()"
+        subprocess.run([sys.executable, "-c", code], check=True)
+
     def blobs(self, data_dir: Path) -> dict[str, bytes]:
         """The bytes of every file a store's contents can be in, by path: the data directory's and,
         on PostgreSQL, the database's heap files (after a CHECKPOINT: what the server holds in
@@ -121,6 +174,26 @@ class EngineStores:
         databases, self._databases = list(self._databases.values()), {}
         for db in databases:
             self._cluster().drop_database(db)
+
+
+class SqlSession:
+    """A plain SQL connection of either engine, statements written with ``?`` placeholders."""
+
+    def __init__(self, con: Any, placeholder: str) -> None:
+        self._con, self._placeholder = con, placeholder
+
+    def _execute(self, sql: str, params: Sequence[Any]) -> Any:
+        return self._con.execute(sql.replace("?", self._placeholder), list(params) or None)
+
+    def run(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self._execute(sql, params)
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return [tuple(row) for row in self._execute(sql, params).fetchall()]
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        found = self.all(sql, params)
+        return found[0] if found else None
 
 
 def _run(tx: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from engram_core.crypto.keyvault import KeyVault, open_key_directory
+from engram_core.errors import Code, EngramError
 from engram_core.store.port import Store
 
 DEFAULT_ENGINE = "duckdb"
@@ -102,6 +103,8 @@ def _open_postgresql(config: StoreConfig, vault: KeyVault, load_index: bool, aud
 
     assert config.url is not None
     engine = PostgresEngine(config.url)  # 20 connections: engram serve's 16 gRPC workers + 4
+    before = getattr(vault, "migrations_applied_at_open", [])  # applied when the vault opened first
+    engine.migrations_applied_at_open = sorted({*before, *engine.migrations_applied_at_open})
     try:
         # No audit spool: a read's row goes to the database at once (every core's rows in one place).
         # Each scope's index is loaded on its first read (every read checks the scope's head anyway).
@@ -121,17 +124,28 @@ def _postgresql_vault(config: StoreConfig) -> KeyVault:
     from engram_core.store.postgres.keyvault import PgKeyVault
 
     assert config.url is not None
-    PostgresEngine(config.url, pool_size=1).close()  # the vault's tables come with the engine's migrations
-    return PgKeyVault(config.url, config.data_dir)
+    migrating = PostgresEngine(config.url, pool_size=1)  # the vault's tables come with the engine's migrations
+    applied = list(migrating.migrations_applied_at_open)
+    migrating.close()
+    vault = PgKeyVault(config.url, config.data_dir)
+    # The store's engine opens next and finds these applied already: they were applied at this
+    # open all the same, and the start-up summary and `migration` event say so (_open_postgresql).
+    vault.migrations_applied_at_open = applied  # type: ignore[attr-defined]
+    return vault
 
 
 def _postgresql_key_source(config: StoreConfig) -> KeyVault:
     """The wrapped keys of an existing PostgreSQL store, read with its ring: never migrated here
-    (a restore reads its source as it is; one that is not an Engram store is STORE_UNAVAILABLE)."""
-    from engram_core.store.postgres.keyvault import PgKeyVault
+    (a restore reads its source as it is; one that is not an Engram store is STORE_UNAVAILABLE).
+    A ring that is not the store's (an older copy, another store's) is RESTORE_REFUSED: the key
+    directory does not match, and retrying it would never succeed (docs/admin.md)."""
+    from engram_core.store.postgres.keyvault import PgKeyVault, RingMismatch
 
     assert config.url is not None
-    return PgKeyVault(config.url, config.data_dir, pool_size=1)
+    try:
+        return PgKeyVault(config.url, config.data_dir, pool_size=1, read_only=True)
+    except RingMismatch as exc:
+        raise EngramError(Code.RESTORE_REFUSED, f"key directory does not match the key store: {exc.detail}") from None
 
 
 ENGINES: dict[str, EngineOpener] = {DEFAULT_ENGINE: _open_duckdb, POSTGRESQL: _open_postgresql}

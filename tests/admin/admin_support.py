@@ -1,4 +1,5 @@
-"""Helpers for the maintenance API tests: a real core over gRPC on tmp_path.
+"""Helpers for the maintenance API tests: a real core over gRPC on tmp_path, its store on the
+test's engine leg (``stores``: tests/core_engines.py).
 
 Agents capture and admit through MemoryService exactly as the adapter would;
 hosts call AdminService with signed host contexts. A settable clock lets the
@@ -13,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from core_engines import EngineStores
 
 from engram_core.api import admin_pb2, admin_pb2_grpc, memory_pb2, memory_pb2_grpc
-from engram_core.app.composition import RunningCore, start_core
+from engram_core.app.composition import RunningCore
 from engram_core.clock import FixedClock
 from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
 from engram_core.hostkeys import load_private_key_file
@@ -61,10 +63,12 @@ class AgentMd:
 class Env:
     """One running core and typed helpers for agents and hosts."""
 
-    def __init__(self, data_dir: Path, clock: FixedClock, *, audit_devices: list[str] | None = None) -> None:
+    def __init__(self, stores: EngineStores, data_dir: Path, clock: FixedClock, *,
+                 audit_devices: list[str] | None = None, **core_kw: Any) -> None:
+        self.stores = stores
         self.data_dir = data_dir
         self.clock = clock
-        self.running: RunningCore = start_core(data_dir, clock=clock, audit_devices=audit_devices)
+        self.running: RunningCore = stores.start_core(data_dir, clock=clock, audit_devices=audit_devices, **core_kw)
         self.key = load_private_key_file(self.running.host_key_path)
         self.channel = grpc.insecure_channel(self.running.address)
         self.admin_stub = admin_pb2_grpc.AdminServiceStub(self.channel)
@@ -77,6 +81,16 @@ class Env:
     def stop(self) -> None:
         self.channel.close()
         self.running.stop()
+
+    def restore_key_args(self, key_dir: Path | None = None) -> list[str]:
+        """``engram admin restore``'s options naming this core's keys (``key_dir``: a copy of its
+        key files instead of its own directory)."""
+        return self.stores.restore_key_args(key_dir or self.data_dir, store_of=self.data_dir)
+
+    @property
+    def key_store(self) -> str:
+        """A restore's ``key_store`` for this core's data keys ("" on DuckDB: its file vault)."""
+        return self.stores.key_store(self.data_dir)
 
     # -- contexts ----------------------------------------------------------------------
     def host_md(self, scopes: tuple[str, ...] = ("read", "maintain"), key=None) -> list[tuple[str, bytes]]:
@@ -150,8 +164,8 @@ def code_of(err: grpc.RpcError) -> str:
     return code_from_rpc_error(err).value
 
 
-def start_env(data_dir: Path, clock: FixedClock, *, activate: bool = True) -> Env:
-    env = Env(data_dir, clock)
+def start_env(stores: EngineStores, data_dir: Path, clock: FixedClock, *, activate: bool = True) -> Env:
+    env = Env(stores, data_dir, clock)
     if activate:
         env.activate()
     return env

@@ -1,4 +1,5 @@
-"""Fixtures for the maintenance API tests (helpers live in admin_support.py)."""
+"""Fixtures for the maintenance API tests (helpers live in admin_support.py): every core on both
+engine legs (``stores``, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from admin_support import Env, start_env
+from core_engines import EngineStores
 
 from engram_core.clock import FixedClock
 
@@ -18,8 +20,8 @@ def clock() -> FixedClock:
 
 
 @pytest.fixture
-def env(tmp_path: Path, clock: FixedClock) -> Iterator[Env]:
-    e = start_env(tmp_path / "core", clock)
+def env(tmp_path: Path, clock: FixedClock, stores: EngineStores) -> Iterator[Env]:
+    e = start_env(stores, tmp_path / "core", clock)
     try:
         yield e
     finally:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import duckdb
 import grpc
@@ -83,14 +81,8 @@ def test_export_journal_and_audit_by_cursor_range(env):
     assert code_of(err.value) == "INVALID_SCHEMA"
 
 
-def _tamper(data_dir, sql: str) -> None:
-    # A separate process so DuckDB's per-process instance cache cannot hide the change.
-    code = f"import duckdb; c = duckdb.connect({str(data_dir / 'engram.duckdb')!r}); c.execute({sql!r}); c.close()"
-    subprocess.run([sys.executable, "-c", code], check=True)
-
-
-def test_verify_detects_a_tampered_journal_row(tmp_path, clock):
-    env = start_env(tmp_path / "core", clock)
+def test_verify_detects_a_tampered_journal_row(tmp_path, clock, stores):
+    env = start_env(stores, tmp_path / "core", clock)
     try:
         env.record("verify me")
         env.record("verify me too")
@@ -98,8 +90,8 @@ def test_verify_detects_a_tampered_journal_row(tmp_path, clock):
         assert report["ok"] is True and report["audit"]["ok"] is True
     finally:
         env.stop()
-    _tamper(tmp_path / "core", "UPDATE journal SET to_state = 'historical' WHERE cursor = 2")
-    env = start_env(tmp_path / "core", clock, activate=False)
+    stores.tamper(tmp_path / "core", "UPDATE journal SET to_state = 'historical' WHERE cursor = 2")
+    env = start_env(stores, tmp_path / "core", clock, activate=False)
     try:
         with pytest.raises(grpc.RpcError) as err:
             env.admin("Verify", env.scope_req())
@@ -112,13 +104,13 @@ def test_verify_detects_a_tampered_journal_row(tmp_path, clock):
         env.stop()
 
 
-def test_verify_detects_a_tampered_audit_row(tmp_path, clock):
-    env = start_env(tmp_path / "core", clock)
+def test_verify_detects_a_tampered_audit_row(tmp_path, clock, stores):
+    env = start_env(stores, tmp_path / "core", clock)
     env.record("audit chain")
     env.stop()
     chain = scope_chain("acme", "main")
-    _tamper(tmp_path / "core", f"UPDATE audit SET outcome = 'ok-forged' WHERE chain = '{chain}' AND seq = 2")
-    env = start_env(tmp_path / "core", clock, activate=False)
+    stores.tamper(tmp_path / "core", f"UPDATE audit SET outcome = 'ok-forged' WHERE chain = '{chain}' AND seq = 2")
+    env = start_env(stores, tmp_path / "core", clock, activate=False)
     try:
         report = env.admin("Verify", env.scope_req(report_only=True))
         assert report["audit"]["problems"] == [{"chain": chain, "seq": 2, "problem": "row_digest"}]

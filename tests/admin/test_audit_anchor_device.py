@@ -1,8 +1,8 @@
 """A rewritten audit log is detected (issue 13, finding 5), attacked as someone who can write the data directory.
 
-The attack: stop the core, open ``engram.duckdb`` with duckdb, delete the forget's audit row and
-everything after it, rename the principal, recompute the chain (or cut the journal back and move
-the scope head). Plain ``engram admin verify`` cannot see that: every link recomputes. What sees
+The attack: stop the core, open its store (``engram.duckdb`` with duckdb, or the PostgreSQL
+database with a client), delete the forget's audit row and everything after it, rename the
+principal, recompute the chain (or cut the journal back and move the scope head). Plain ``engram admin verify`` cannot see that: every link recomputes. What sees
 it: an anchor the operator exported earlier (signed heads, kept outside the data directory) and
 an audit device that received every row before its call answered.
 """
@@ -14,10 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import duckdb
 import grpc
 import pytest
 from admin_support import TENANT, WORKSPACE, Env, code_of
+from core_engines import EngineStores, SqlSession
 
 from engram_core.api import admin_pb2
 from engram_core.clock import SystemClock
@@ -37,26 +37,28 @@ def admin(env: Env, *argv: str, json_out: bool = True) -> subprocess.CompletedPr
     return subprocess.run([*cmd, *(["--json"] if json_out else []), *argv], capture_output=True, text=True, timeout=60)
 
 
-def _start(data_dir: Path, devices: list[str] | None = None, *, activate: bool = False) -> Env:
-    env = Env(data_dir, SystemClock(), audit_devices=devices)  # type: ignore[arg-type]
+def _start(stores: EngineStores, data_dir: Path, devices: list[str] | None = None, *, activate: bool = False) -> Env:
+    env = Env(stores, data_dir, SystemClock(), audit_devices=devices)  # type: ignore[arg-type]
     if activate:
         env.activate()
     return env
 
 
-def rewrite_audit(db: Path, *, drop_from_operation: str | None = None, rename: tuple[str, str] | None = None) -> None:
+def rewrite_audit(stores: EngineStores, data_dir: Path, *, drop_from_operation: str | None = None,
+                  rename: tuple[str, str] | None = None) -> None:
     """Delete rows from the first row of ``drop_from_operation`` on (in its chain and every later row
-    of the others), rename a principal, re-chain every chain: what an attacker with the file does."""
-    con = duckdb.connect(str(db))
-    try:
+    of the others), rename a principal, re-chain every chain: what an attacker with the file (or
+    the database) does."""
+    with stores.sql(data_dir) as con:
         if drop_from_operation:
-            first = con.execute("SELECT min(at_ms) FROM audit WHERE operation = ?", [drop_from_operation]).fetchone()[0]
+            (first,) = con.one("SELECT min(at_ms) FROM audit WHERE operation = ?", [drop_from_operation]) or (None,)
             assert first is not None
-            con.execute("DELETE FROM audit WHERE at_ms >= ?", [first])
+            con.run("DELETE FROM audit WHERE at_ms >= ?", [first])
         if rename:
-            con.execute("UPDATE audit SET principal = ? WHERE principal = ?", [rename[1], rename[0]])
+            con.run("UPDATE audit SET principal = ? WHERE principal = ?", [rename[1], rename[0]])
         prev: dict[str, str] = {}
-        for row in con.execute(f"SELECT {', '.join(AUDIT_COLUMNS)} FROM audit ORDER BY chain, seq").fetchall():
+        last: dict[str, int] = {}
+        for row in con.all(f"SELECT {', '.join(AUDIT_COLUMNS)} FROM audit ORDER BY chain, seq"):
             doc = dict(zip(AUDIT_COLUMNS, row, strict=True))
             chain = doc["chain"]
             if not chain:
@@ -66,26 +68,29 @@ def rewrite_audit(db: Path, *, drop_from_operation: str | None = None, rename: t
             doc["seq"], doc["decisions"] = int(doc["seq"]), json.loads(doc["decisions"])
             doc["prev_digest"] = prev.get(chain, GENESIS)
             doc["row_digest"] = audit_digest_of(doc)
-            con.execute("UPDATE audit SET prev_digest = ?, row_digest = ? WHERE chain = ? AND seq = ?",
-                        [doc["prev_digest"], doc["row_digest"], chain, doc["seq"]])
-            prev[chain] = doc["row_digest"]
-    finally:
-        con.close()
+            con.run("UPDATE audit SET prev_digest = ?, row_digest = ? WHERE chain = ? AND seq = ?",
+                    [doc["prev_digest"], doc["row_digest"], chain, doc["seq"]])
+            prev[chain], last[chain] = doc["row_digest"], doc["seq"]
+        if stores.is_postgresql:
+            _move_audit_heads(con, prev, last)
 
 
-def cut_journal(db: Path, tenant: str, workspace: str) -> None:
+def _move_audit_heads(con: SqlSession, digests: dict[str, str], seqs: dict[str, int]) -> None:
+    """PostgreSQL keeps each chain's head in a row of its own (audit_heads): the attacker moves
+    it onto the rewritten chain's last row, as DuckDB's store reads it from the rows at open."""
+    con.run("DELETE FROM audit_heads")
+    for chain, digest_ in digests.items():
+        con.run("INSERT INTO audit_heads (chain, seq, row_digest) VALUES (?, ?, ?)", [chain, seqs[chain], digest_])
+
+
+def cut_journal(con: SqlSession, tenant: str, workspace: str) -> None:
     """Drop the scope's last journal event and move the scope head back onto the one before."""
-    con = duckdb.connect(str(db))
-    try:
-        last = con.execute("SELECT max(cursor) FROM journal WHERE tenant = ? AND workspace = ?",
-                           [tenant, workspace]).fetchone()[0]
-        con.execute("DELETE FROM journal WHERE tenant = ? AND workspace = ? AND cursor = ?", [tenant, workspace, last])
-        prev = con.execute("SELECT event_digest FROM journal WHERE tenant = ? AND workspace = ? AND cursor = ?",
-                           [tenant, workspace, last - 1]).fetchone()[0]
-        con.execute("UPDATE scopes SET last_cursor = ?, last_event_digest = ? WHERE tenant = ? AND workspace = ?",
-                    [last - 1, prev, tenant, workspace])
-    finally:
-        con.close()
+    (last,) = con.one("SELECT max(cursor) FROM journal WHERE tenant = ? AND workspace = ?", [tenant, workspace]) or (None,)
+    con.run("DELETE FROM journal WHERE tenant = ? AND workspace = ? AND cursor = ?", [tenant, workspace, last])
+    (prev,) = con.one("SELECT event_digest FROM journal WHERE tenant = ? AND workspace = ? AND cursor = ?",
+                      [tenant, workspace, last - 1]) or (None,)
+    con.run("UPDATE scopes SET last_cursor = ?, last_event_digest = ? WHERE tenant = ? AND workspace = ?",
+            [last - 1, prev, tenant, workspace])
 
 
 def _forget_scenario(env: Env) -> str:
@@ -96,9 +101,9 @@ def _forget_scenario(env: Env) -> str:
     return keep
 
 
-def test_rewritten_audit_log_fails_verify_against_anchor(tmp_path):
+def test_rewritten_audit_log_fails_verify_against_anchor(tmp_path, stores):
     data = tmp_path / "core"
-    env = _start(data, activate=True)
+    env = _start(stores, data, activate=True)
     try:
         _forget_scenario(env)
         keys = tmp_path / "operator"
@@ -113,8 +118,8 @@ def test_rewritten_audit_log_fails_verify_against_anchor(tmp_path):
     finally:
         env.stop()
 
-    rewrite_audit(data / "engram.duckdb", drop_from_operation="admin.tombstone", rename=("host:operator", "host:someone"))
-    env = _start(data)
+    rewrite_audit(stores, data, drop_from_operation="admin.tombstone", rename=("host:operator", "host:someone"))
+    env = _start(stores, data)
     try:
         plain = admin(env, "verify", json_out=False)
         assert plain.returncode == 0 and "all chains intact" in plain.stdout  # the rewrite recomputes
@@ -144,28 +149,25 @@ def test_rewritten_audit_log_fails_verify_against_anchor(tmp_path):
         env.stop()
 
 
-def test_rewrite_without_truncation_and_cut_journal_are_detected(tmp_path):
+def test_rewrite_without_truncation_and_cut_journal_are_detected(tmp_path, stores):
     data = tmp_path / "core"
-    env = _start(data, activate=True)
+    env = _start(stores, data, activate=True)
     try:
         _forget_scenario(env)
         anchor = env.admin("Anchor", admin_pb2.ScopeRequest(), scopes=("read",))
         anchor_pub = env.admin("SigningKeys", admin_pb2.ScopeRequest(), scopes=("read",))["anchor"]["public_key_pem"]
     finally:
         env.stop()
-    rewrite_audit(data / "engram.duckdb", rename=("host:operator", "host:someone"))  # every row kept, renamed
-    cut_journal(data / "engram.duckdb", TENANT, WORKSPACE)  # the tombstone event gone
+    rewrite_audit(stores, data, rename=("host:operator", "host:someone"))  # every row kept, renamed
     # The attacker also replaces the core's anchor key: the operator's copy of the public key still decides.
-    # With the file, they also rewrite the key file's fingerprint the store holds (shared_secrets.py).
+    # With the store, they also rewrite the key file's fingerprint the store holds (shared_secrets.py).
     (data / "anchor.key").unlink()
     create_private_key_file(data / "anchor.key")
-    con = duckdb.connect(str(data / "engram.duckdb"))
-    try:
-        con.execute("UPDATE store_meta SET v = ? WHERE k = ?", [
+    with stores.sql(data) as con:
+        cut_journal(con, TENANT, WORKSPACE)  # the tombstone event gone
+        con.run("UPDATE store_meta SET v = ? WHERE k = ?", [
             fingerprint("anchor.key", (data / "anchor.key").read_bytes()), META_PREFIX + "anchor.key"])
-    finally:
-        con.close()
-    env = _start(data)
+    env = _start(stores, data)
     try:
         report = env.admin("Verify", admin_pb2.ScopeRequest(report_only=True))
         assert report["ok"] is True  # without an anchor both rewrites verify
@@ -184,11 +186,11 @@ def test_rewrite_without_truncation_and_cut_journal_are_detected(tmp_path):
         env.stop()
 
 
-def test_every_acknowledged_call_is_on_the_device_and_a_rewrite_shows(tmp_path):
+def test_every_acknowledged_call_is_on_the_device_and_a_rewrite_shows(tmp_path, stores):
     device = tmp_path / "elsewhere" / "audit.log"
     device.parent.mkdir()
     data = tmp_path / "core"
-    env = _start(data, [f"file:{device}"], activate=True)
+    env = _start(stores, data, [f"file:{device}"], activate=True)
     try:
         keep = _forget_scenario(env)
         env.get(keep)
@@ -210,8 +212,8 @@ def test_every_acknowledged_call_is_on_the_device_and_a_rewrite_shows(tmp_path):
         assert ok.returncode == 0 and "device lines" in ok.stdout, ok.stdout + ok.stderr
     finally:
         env.stop()
-    rewrite_audit(data / "engram.duckdb", drop_from_operation="admin.tombstone", rename=("host:operator", "host:x"))
-    env = _start(data, [f"file:{device}"])
+    rewrite_audit(stores, data, drop_from_operation="admin.tombstone", rename=("host:operator", "host:x"))
+    env = _start(stores, data, [f"file:{device}"])
     try:
         res = admin(env, "verify", "--device", str(device))
         assert res.returncode == 1
@@ -224,9 +226,9 @@ def test_every_acknowledged_call_is_on_the_device_and_a_rewrite_shows(tmp_path):
         env.stop()
 
 
-def test_calls_fail_closed_when_no_device_accepts(tmp_path):
+def test_calls_fail_closed_when_no_device_accepts(tmp_path, stores):
     data = tmp_path / "core"
-    env = _start(data, ["file:/dev/full"])  # every write: ENOSPC
+    env = _start(stores, data, ["file:/dev/full"])  # every write: ENOSPC
     try:
         with pytest.raises(grpc.RpcError) as err:
             env.activate()
@@ -240,7 +242,7 @@ def test_calls_fail_closed_when_no_device_accepts(tmp_path):
         env.stop()
     # One device failing of two: the other one takes the rows and calls go through.
     good = tmp_path / "good.log"
-    env = _start(data, ["file:/dev/full", f"file:{good}?fsync=1"], activate=True)  # the good one fdatasyncs
+    env = _start(stores, data, ["file:/dev/full", f"file:{good}?fsync=1"], activate=True)  # the good one fdatasyncs
     try:
         env.record("recorded while one device is down")
         assert check_device_file(good, [])["lines"] >= 3  # activate, capture, admission
@@ -270,10 +272,10 @@ purpose_ref = "purpose:eng"
     return res.stdout
 
 
-def test_doctor_warns_when_nothing_outside_the_data_directory_keeps_the_audit_log(tmp_path):
+def test_doctor_warns_when_nothing_outside_the_data_directory_keeps_the_audit_log(tmp_path, stores):
     """Issue 26 "Also": the doctor asks the core (HostService.Health) for its audit devices and
     last anchor, and warns when there is neither."""
-    env = _start(tmp_path / "core", activate=True)
+    env = _start(stores, tmp_path / "core", activate=True)
     try:
         out = _doctor(env, tmp_path)
         assert "warn  neither an audit device nor a signed anchor" in out and "--audit-device" in out
@@ -282,14 +284,14 @@ def test_doctor_warns_when_nothing_outside_the_data_directory_keeps_the_audit_lo
         assert "ok    last signed anchor " in out and "neither" not in out
     finally:
         env.stop()
-    env = _start(tmp_path / "core", [f"file:{tmp_path / 'audit.log'}"])
+    env = _start(stores, tmp_path / "core", [f"file:{tmp_path / 'audit.log'}"])
     try:
         assert "ok    audit rows go to 1 audit device(s)" in _doctor(env, tmp_path)
     finally:
         env.stop()
 
 
-def test_a_device_file_that_exists_with_a_wider_mode_is_tightened(tmp_path, caplog):
+def test_a_device_file_that_exists_with_a_wider_mode_is_tightened(tmp_path, caplog, stores):
     """Issue 26.7: a device file made beforehand (by an operator, a log rotation, an older
     version) kept its 0644 and any local user read the audit rows on it. Opening it now makes it
     0600, with a warning naming the mode it had; new rows go on being appended."""
@@ -297,7 +299,7 @@ def test_a_device_file_that_exists_with_a_wider_mode_is_tightened(tmp_path, capl
     device.write_text("")
     device.chmod(0o644)
     with caplog.at_level("WARNING", logger="engram.audit_device"):
-        env = _start(tmp_path / "core", [f"file:{device}"], activate=True)
+        env = _start(stores, tmp_path / "core", [f"file:{device}"], activate=True)
     try:
         assert oct(device.stat().st_mode & 0o777) == "0o600"
         assert any("had mode 0644; now 0600" in r.getMessage() for r in caplog.records)
@@ -306,7 +308,7 @@ def test_a_device_file_that_exists_with_a_wider_mode_is_tightened(tmp_path, capl
     finally:
         env.stop()
     device.chmod(0o640)  # loosened again while the core was stopped: tightened at the next open
-    env = _start(tmp_path / "core", [f"file:{device}"])
+    env = _start(stores, tmp_path / "core", [f"file:{device}"])
     try:
         assert oct(device.stat().st_mode & 0o777) == "0o600"
         assert env.search("tightened")["records"]  # served (after the index is built) and audited
@@ -314,16 +316,16 @@ def test_a_device_file_that_exists_with_a_wider_mode_is_tightened(tmp_path, capl
         env.stop()
 
 
-def test_serve_refuses_a_device_it_cannot_open(tmp_path):
-    res = subprocess.run([ENGRAM, "serve", "--data", str(tmp_path / "core"), "--listen", "127.0.0.1:0",
+def test_serve_refuses_a_device_it_cannot_open(tmp_path, stores):
+    res = subprocess.run([ENGRAM, "serve", *stores.serve_args(tmp_path / "core"), "--listen", "127.0.0.1:0",
                           "--audit-device", f"file:{tmp_path / 'missing-dir' / 'audit.log'}"],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, env=stores.process_env())
     assert res.returncode == 2 and "audit device" in res.stderr
 
 
-def test_forged_anchor_signature_is_reported(tmp_path):
+def test_forged_anchor_signature_is_reported(tmp_path, stores):
     data = tmp_path / "core"
-    env = _start(data, activate=True)
+    env = _start(stores, data, activate=True)
     try:
         env.record("anchored")
         anchor = env.admin("Anchor", admin_pb2.ScopeRequest(), scopes=("read",))
@@ -349,7 +351,7 @@ def test_forged_anchor_signature_is_reported(tmp_path):
         env.stop()
 
 
-def test_unix_socket_device_receives_every_row_and_its_loss_fails_closed(tmp_path):
+def test_unix_socket_device_receives_every_row_and_its_loss_fails_closed(tmp_path, stores):
     import socket
     import threading
 
@@ -374,7 +376,7 @@ def test_unix_socket_device_receives_every_row_and_its_loss_fails_closed(tmp_pat
                 return
 
     threading.Thread(target=serve, daemon=True).start()
-    env = _start(tmp_path / "core", [f"unix:{path}"], activate=True)
+    env = _start(stores, tmp_path / "core", [f"unix:{path}"], activate=True)
     try:
         env.record("streamed to a log shipper")
         rows = env.admin("Export", admin_pb2.ExportRequest(what="audit"), scopes=("read",))["items"]
@@ -398,12 +400,10 @@ def test_unix_socket_device_receives_every_row_and_its_loss_fails_closed(tmp_pat
         env.stop()
 
 
-def _serve(data: Path, *extra: str) -> tuple[subprocess.Popen, str]:
-    import os
-
-    proc = subprocess.Popen([ENGRAM, "serve", "--data", str(data), "--listen", "127.0.0.1:0", *extra],
+def _serve(stores: EngineStores, data: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([ENGRAM, "serve", *stores.serve_args(data), "--listen", "127.0.0.1:0", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "ENGRAM_SEMANTIC": "off"})
+                            env={**stores.process_env(), "ENGRAM_SEMANTIC": "off"})
     first = proc.stdout.readline() if proc.stdout else ""
     if "listening on" not in first:
         proc.kill()
@@ -419,11 +419,11 @@ def _cli(address: str, data: Path, *argv: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "ENGRAM_AUDIT_PAGE_ROWS": "2"})  # rows fetched over many pages
 
 
-def test_engram_serve_audit_device_across_restarts(tmp_path):
+def test_engram_serve_audit_device_across_restarts(tmp_path, stores):
     data, device = tmp_path / "core", tmp_path / "outside" / "audit.log"
     device.parent.mkdir()
     for run in range(2):
-        proc, address = _serve(data, "--audit-device", f"file:{device}")
+        proc, address = _serve(stores, data, "--audit-device", f"file:{device}")
         try:
             done = _cli(address, data, "activate", "--tenant", TENANT, "--workspace", f"w{run}")
             assert done.returncode == 0, done.stderr
@@ -437,8 +437,8 @@ def test_engram_serve_audit_device_across_restarts(tmp_path):
     kinds = [json.loads(line)["kind"] for line in device.read_text().splitlines()]
     assert kinds.count("open") == 2 and kinds.count("audit") >= 4  # two activations, two verifies
     # Rows cut from the store while it was stopped: seen across pages on the next start.
-    rewrite_audit(data / "engram.duckdb", drop_from_operation="admin.activate")
-    proc, address = _serve(data, "--audit-device", f"file:{device}")
+    rewrite_audit(stores, data, drop_from_operation="admin.activate")
+    proc, address = _serve(stores, data, "--audit-device", f"file:{device}")
     try:
         res = _cli(address, data, "--json", "verify", "--device", str(device))
         assert res.returncode == 1, res.stdout

@@ -36,8 +36,8 @@ def admin(env, *argv: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture
-def source(tmp_path):
-    env = start_env(tmp_path / "source", SystemClock())  # type: ignore[arg-type]
+def source(tmp_path, stores):
+    env = start_env(stores, tmp_path / "source", SystemClock())  # type: ignore[arg-type]
     try:
         yield env
     finally:
@@ -45,8 +45,8 @@ def source(tmp_path):
 
 
 @pytest.fixture
-def target(tmp_path):
-    env = start_env(tmp_path / "target", SystemClock(), activate=False)  # type: ignore[arg-type]
+def target(tmp_path, stores):
+    env = start_env(stores, tmp_path / "target", SystemClock(), activate=False)  # type: ignore[arg-type]
     try:
         yield env
     finally:
@@ -105,7 +105,7 @@ def test_forged_trusted_host_key_line_is_refused(tmp_path, source, target):
                          ("self-signed", _forge(data, [line], resign=CoreSigner(attacker, BACKUP_DOMAIN)))):
         path = tmp_path / f"{name}.jsonl"
         path.write_bytes(forged)
-        res = admin(target, "restore", "--in", str(path), "--key-dir", str(source.data_dir),
+        res = admin(target, "restore", "--in", str(path), *source.restore_key_args(),
                     "--trust-backup-key", str(pub), "--restore-trusted-host-keys")
         assert res.returncode == 1, (name, res.stdout, res.stderr)
         out = json.loads(res.stdout)
@@ -125,7 +125,7 @@ def _scope_exists(env) -> bool:
 
 def test_backup_of_another_core_needs_its_key_named(tmp_path, source, target):
     source.record("a record of the source core")
-    other = start_env(tmp_path / "other", SystemClock())  # type: ignore[arg-type]
+    other = start_env(source.stores, tmp_path / "other", SystemClock())  # type: ignore[arg-type]
     try:
         other.record("a record of some other core")
         other_pub = _export_keys(other, tmp_path / "other-keys")
@@ -136,12 +136,12 @@ def test_backup_of_another_core_needs_its_key_named(tmp_path, source, target):
     # Signed by a real core, but not the one the operator named: refused, and stderr says so.
     res = subprocess.run([ENGRAM, "admin", "--core", target.running.address, "--host-key",
                           str(target.running.host_key_path), "restore", "--in", str(tmp_path / "other.jsonl"),
-                          "--key-dir", str(tmp_path / "other"), "--trust-backup-key", str(source_pub)],
+                          *other.restore_key_args(), "--trust-backup-key", str(source_pub)],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 1 and "RESTORE_REFUSED" in res.stderr and "--trust-backup-key" in res.stderr
     assert not _scope_exists(target)
     # Named, it restores.
-    ok = admin(target, "restore", "--in", str(tmp_path / "other.jsonl"), "--key-dir", str(tmp_path / "other"),
+    ok = admin(target, "restore", "--in", str(tmp_path / "other.jsonl"), *other.restore_key_args(),
                "--trust-backup-key", str(other_pub))
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["records_restored"] == 1
@@ -152,7 +152,7 @@ def test_valid_backup_restores_without_its_host_keys_unless_asked(tmp_path, sour
     pub = _export_keys(source, tmp_path / "keys")
     _backup(source, tmp_path / "b.jsonl")
     source_host = source.key  # listed in the source's trusted host keys, so in the backup
-    res = admin(target, "restore", "--in", str(tmp_path / "b.jsonl"), "--key-dir", str(source.data_dir),
+    res = admin(target, "restore", "--in", str(tmp_path / "b.jsonl"), *source.restore_key_args(),
                 "--trust-backup-key", str(pub))
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
@@ -174,7 +174,7 @@ def test_trusted_host_keys_restored_on_request(tmp_path, source, target):
                                                           tenants=["globex"], maintenance_scopes=["read"]))
     pub = _export_keys(source, tmp_path / "keys")
     _backup(source, tmp_path / "b.jsonl")
-    res = admin(target, "restore", "--in", str(tmp_path / "b.jsonl"), "--key-dir", str(source.data_dir),
+    res = admin(target, "restore", "--in", str(tmp_path / "b.jsonl"), *source.restore_key_args(),
                 "--trust-backup-key", str(pub), "--restore-trusted-host-keys")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["trusted_host_keys_restored"] >= 2

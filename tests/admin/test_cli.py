@@ -16,8 +16,8 @@ ENGRAM = str(Path(sys.executable).with_name("engram"))
 
 
 @pytest.fixture
-def live(tmp_path):
-    env = start_env(tmp_path / "core", SystemClock(), activate=False)  # type: ignore[arg-type]
+def live(tmp_path, stores):
+    env = start_env(stores, tmp_path / "core", SystemClock(), activate=False)  # type: ignore[arg-type]
     try:
         yield env
     finally:
@@ -63,14 +63,14 @@ def test_cli_backup_restore_with_progress(live, tmp_path):
     rotated = admin(live, "rotate-keys", json_out=False)
     assert rotated.returncode == 0 and "rotating" in rotated.stderr
     assert admin(live, "signing-keys", "--out-dir", str(tmp_path / "keys")).returncode == 0
-    target = start_env(tmp_path / "target", SystemClock(), activate=False)  # type: ignore[arg-type]
+    target = start_env(live.stores, tmp_path / "target", SystemClock(), activate=False)  # type: ignore[arg-type]
     try:
-        res = admin(target, "restore", "--in", str(tmp_path / "b.jsonl"), "--key-dir", str(live.data_dir),
+        res = admin(target, "restore", "--in", str(tmp_path / "b.jsonl"), *live.restore_key_args(),
                     "--trust-backup-key", str(tmp_path / "keys" / "backup.pub"))
         assert res.returncode == 0, res.stderr
         assert json.loads(res.stdout)["records_restored"] == 1 and "restore sent" in res.stderr
         assert target.get(rid)["record"]["record_id"] == rid
-        again = admin(target, "restore", "--in", str(tmp_path / "b.jsonl"), "--key-dir", str(live.data_dir))
+        again = admin(target, "restore", "--in", str(tmp_path / "b.jsonl"), *live.restore_key_args())
         assert again.returncode == 1 and json.loads(again.stdout)["code"] == "RESTORE_REFUSED"
     finally:
         target.stop()

@@ -18,11 +18,11 @@ from pathlib import Path
 import grpc
 import pytest
 from admin_support import PURPOSE, TENANT, WORKSPACE, Env, code_of
+from core_engines import EngineStores
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from engram_core.api import admin_pb2, host_pb2, host_pb2_grpc, memory_pb2
-from engram_core.app.composition import start_core
 from engram_core.clock import SystemClock
 from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, HOST_CALL, TOOLS_LIST_CALL, make_context
 from engram_core.hostkeys import key_id, public_pem
@@ -63,9 +63,9 @@ def _refused(call) -> str:
 
 
 @pytest.fixture
-def live(tmp_path: Path):
+def live(tmp_path: Path, stores: EngineStores):
     """A core on the system clock (the CLI signs with the real time)."""
-    env = Env(tmp_path / "live", SystemClock())  # type: ignore[arg-type]
+    env = Env(stores, tmp_path / "live", SystemClock())  # type: ignore[arg-type]
     env.activate()
     try:
         yield env
@@ -199,9 +199,9 @@ def test_a_binding_must_name_what_it_serves(env: Env) -> None:
         == {key_id(env.key.public_key())}
 
 
-def test_bindings_persist_and_a_key_stored_without_one_serves_nothing(tmp_path: Path) -> None:
+def test_bindings_persist_and_a_key_stored_without_one_serves_nothing(tmp_path: Path, stores: EngineStores) -> None:
     data = tmp_path / "core"
-    env = Env(data, SystemClock())  # type: ignore[arg-type]
+    env = Env(stores, data, SystemClock())  # type: ignore[arg-type]
     env.activate()
     bound, unbound = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
     env.admin("TrustHostKey", admin_pb2.HostKeyRequest(public_key_pem=public_pem(bound.public_key()),
@@ -209,7 +209,7 @@ def test_bindings_persist_and_a_key_stored_without_one_serves_nothing(tmp_path: 
     with env.core.store.write() as tx:  # as migration 13 leaves a key trusted before bindings existed
         tx.add_trusted_host_key(key_id(unbound.public_key()), public_pem(unbound.public_key()), 1)
     env.stop()
-    env = Env(data, SystemClock())  # type: ignore[arg-type]
+    env = Env(stores, data, SystemClock())  # type: ignore[arg-type]
     try:
         rid = env.record("bindings survive a restart")
         assert env.get(rid, md=_agent_md(env, bound, TENANT))["record"]["record_id"] == rid
@@ -224,9 +224,9 @@ def test_bindings_persist_and_a_key_stored_without_one_serves_nothing(tmp_path: 
         env.stop()
 
 
-def test_a_key_named_at_serve_time_is_the_operators_own(tmp_path: Path) -> None:
+def test_a_key_named_at_serve_time_is_the_operators_own(tmp_path: Path, stores: EngineStores) -> None:
     operator = Ed25519PrivateKey.generate()
-    running = start_core(tmp_path / "core", extra_trusted_pems=[public_pem(operator.public_key())], semantic=False)
+    running = stores.start_core(tmp_path / "core", extra_trusted_pems=[public_pem(operator.public_key())], semantic=False)
     try:
         channel = grpc.insecure_channel(running.address)
         clock = SystemClock()

@@ -15,13 +15,15 @@ from test_backup_restore import _backup, _restore, signing_public_pem_of
 from engram_core.api import admin_pb2
 
 DAY_MS = 86_400_000
-KEY_FILES = ("store.kek", "datakeys.bin")  # what docs/admin.md says to copy after each rotation
 
 
-def _copy_keys(data_dir: Path, to: Path) -> Path:
+def _copy_keys(env, to: Path) -> Path:
+    """What docs/admin.md says to copy after each rotation: the key files ``store.kek`` and
+    ``datakeys.bin`` (DuckDB); a PostgreSQL store keeps its data keys in the database, so of its
+    key directory the ring ``store.kek``."""
     to.mkdir(parents=True)
-    for name in KEY_FILES:
-        shutil.copy2(data_dir / name, to / name)
+    for name in ("store.kek",) if env.stores.is_postgresql else ("store.kek", "datakeys.bin"):
+        shutil.copy2(env.data_dir / name, to / name)
     return to
 
 
@@ -34,15 +36,17 @@ def _destruction(env, record_id: str) -> str:
     return entry["destruction"]
 
 
-def _files_hold(root: Path, needle: bytes) -> list[str]:
-    return [str(p) for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
+def _files_hold(env, needle: bytes) -> list[str]:
+    """The files of ``env``'s store holding ``needle``: its data directory's and, on PostgreSQL,
+    its database's heap files and WAL (``EngineStores.blobs``)."""
+    return [path for path, blob in env.stores.blobs(env.data_dir).items() if needle in blob]
 
 
 def test_the_documented_procedure_restores_nothing_forgotten_once_destruction_is_complete(tmp_path, clock, env):
     kept = env.record("ledger decision kept: the osprey migration runs on tuesdays")
     doomed = env.record("ledger decision to forget: the kestrel rotation plan")
     data = _backup(env)  # the data backup, and the key files copied as the docs say
-    keys_at_backup = _copy_keys(env.data_dir, tmp_path / "keys-at-backup")
+    keys_at_backup = _copy_keys(env, tmp_path / "keys-at-backup")
     env.transition("tombstone", doomed)
     assert _destruction(env, doomed) == "pending"  # zeroed here, but generation 1 is still in the ring
 
@@ -58,11 +62,11 @@ def test_the_documented_procedure_restores_nothing_forgotten_once_destruction_is
 
     # The docs: copy the key files again after a rotation, and delete the copies that hold a
     # retired generation. What is kept then is this copy only.
-    keys_kept = _copy_keys(env.data_dir, tmp_path / "keys-after-rotation")
+    keys_kept = _copy_keys(env, tmp_path / "keys-after-rotation")
     trust = (signing_public_pem_of(str(env.data_dir)),)
-    target = start_env(tmp_path / "restored", clock, activate=False)
+    target = start_env(env.stores, tmp_path / "restored", clock, activate=False)
     try:
-        out = _restore(target, data, key_dir=str(keys_kept), trust=trust)
+        out = _restore(target, data, key_dir=str(keys_kept), trust=trust, key_store=env.key_store)
         assert out["records_restored"] == 1 and out["records_unrecoverable"] == [doomed]
         assert target.get(kept)["record"]["record_id"] == kept
         with pytest.raises(grpc.RpcError) as err:
@@ -71,15 +75,27 @@ def test_the_documented_procedure_restores_nothing_forgotten_once_destruction_is
         assert target.search_ids("kestrel rotation plan") == []
     finally:
         target.stop()
-    assert _files_hold(tmp_path / "restored", b"kestrel") == []
+    assert _files_hold(target, b"kestrel") == []
 
-    # What docs/admin.md says plainly: key material kept beyond that (the copy made at backup
-    # time still holds generation 1) brings the forgotten record back into a new store.
-    elsewhere = start_env(tmp_path / "restored-with-an-old-copy", clock, activate=False)
+    elsewhere = start_env(env.stores, tmp_path / "restored-with-an-old-copy", clock, activate=False)
     try:
-        out = _restore(elsewhere, data, key_dir=str(keys_at_backup), trust=trust)
-        assert doomed not in out["records_unrecoverable"]
-        assert elsewhere.get(doomed)["record"]["record_id"] == doomed
+        if env.stores.is_postgresql:
+            # The ring copied at backup time is behind the live store's (generation 2 wraps its
+            # keys now), and the forgotten key's row left the database at the forget: the old copy
+            # does not match the key store (RESTORE_REFUSED, never a retry-later), and nothing is
+            # written. Only a database copy taken before the forget could bring it back
+            # (docs/admin.md, "A backup of a PostgreSQL store").
+            with pytest.raises(grpc.RpcError) as err:
+                _restore(elsewhere, data, key_dir=str(keys_at_backup), trust=trust, key_store=env.key_store)
+            assert code_of(err.value) == "RESTORE_REFUSED"
+            with elsewhere.core.store.read() as tx:
+                assert tx.is_empty()
+        else:
+            # What docs/admin.md says plainly: key material kept beyond that (the copy made at
+            # backup time still holds generation 1) brings the forgotten record back into a new store.
+            out = _restore(elsewhere, data, key_dir=str(keys_at_backup), trust=trust, key_store=env.key_store)
+            assert doomed not in out["records_unrecoverable"]
+            assert elsewhere.get(doomed)["record"]["record_id"] == doomed
     finally:
         elsewhere.stop()
 
@@ -95,10 +111,10 @@ def test_withdraw_reports_its_key_destruction_pending_until_the_generation_retir
     assert _status(env)["destructions_pending"] == 0
 
 
-def test_the_schedule_rotates_and_retires_on_its_own(tmp_path, clock):
+def test_the_schedule_rotates_and_retires_on_its_own(tmp_path, clock, stores):
     from engram_core.services.keyring import KeyRingScheduler, KeySchedule
 
-    env = start_env(tmp_path / "core", clock)
+    env = start_env(stores, tmp_path / "core", clock)
     try:
         rid = env.record("scheduled rotation keeps the bittern note readable")
         env.transition("tombstone", env.record("scheduled rotation shreds the dunlin note"))

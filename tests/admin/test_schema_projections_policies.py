@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import grpc
 import pytest
 from admin_support import TENANT, WORKSPACE, code_of, start_env
 
 from engram_core.api import admin_pb2
-from engram_core.app.composition import start_core
 from engram_core.errors import EngramError
 
 
@@ -20,15 +16,13 @@ def test_migrate_reports_a_ledger_that_matches_the_code(env):
     assert [(m["version"], m["checksum"]) for m in out["ledger"]] == [(m["version"], m["checksum"]) for m in out["code"]]
 
 
-def test_a_tampered_migration_ledger_stops_the_core(tmp_path, clock):
-    env = start_env(tmp_path / "core", clock)
+def test_a_tampered_migration_ledger_stops_the_core(tmp_path, clock, stores):
+    env = start_env(stores, tmp_path / "core", clock)
     env.stop()
-    path = str(tmp_path / "core" / "engram.duckdb")
-    sql = "UPDATE schema_migrations SET checksum = 'sha256:' || repeat('0', 64) WHERE version = 1"
-    code = f"import duckdb; c = duckdb.connect({path!r}); c.execute({sql!r}); c.close()"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    stores.tamper(tmp_path / "core",
+                  "UPDATE schema_migrations SET checksum = 'sha256:' || repeat('0', 64) WHERE version = 1")
     with pytest.raises(EngramError) as err:
-        start_core(tmp_path / "core", clock=clock)
+        stores.start_core(tmp_path / "core", clock=clock)
     assert err.value.code.value == "MIGRATION_LEDGER_INVALID"
 
 

@@ -1,4 +1,5 @@
-"""The core-level suites run on both engines (issue 28), and nothing lets a PostgreSQL leg go
+"""The core-level suites (core, MCP, reliability, admin, operations, search) run on both engines
+(issue 28), and nothing lets a PostgreSQL leg go
 missing unnoticed: a test that starts a core other than through the engine fixtures (which
 would run on DuckDB only) fails here, and a run without PostgreSQL fails its legs, never skips
 them (tests/conftest.py, tests/core_engines.py)."""
@@ -13,13 +14,15 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
-SUITES = ("core", "mcp", "reliability")
+SUITES = ("core", "mcp", "reliability", "admin", "ops", "search")
 
 # Files that start a core on the embedded store on purpose, each with why: they are about the
 # one-machine experience itself, which is DuckDB (`engram init`, `engram serve --data`).
 EMBEDDED_ON_PURPOSE = {
     "mcp/test_first_run.py": "a new user's first run: engram init and engram serve --data, as the README says",
     "mcp/test_mcp_local_users.py": "local users' setup: engram serve --data in a home directory",
+    "admin/test_first_steps.py": "a new user's first minutes: engram init, tools/serve and the files a data "
+                                 "directory holds (git ignores them all), as the README says",
 }
 # A core started in-process (start_core/open_core called bare) or `engram serve --data`.
 _BARE_START = re.compile(r"(?<![\w.])(?:start_core|open_core)\(|\"serve\",\s*\"--data\"")

@@ -1,4 +1,5 @@
-"""`engram serve` in a subprocess with its stderr (the log) kept in a file, as an operator runs it."""
+"""`engram serve` in a subprocess with its stderr (the log) kept in a file, as an operator runs it,
+its store on the test's engine leg (``stores``: tests/core_engines.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from core_engines import EngineStores
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 ENGRAM = str(Path(sys.executable).with_name("engram"))
@@ -68,12 +70,14 @@ class Served:
         return [json.loads(line) for line in self.log_text().splitlines() if line.strip()]
 
 
-def serve(data_dir: Path, *extra: str, env: dict[str, str] | None = None, log_name: str = "serve.log") -> Served:
+def serve(stores: EngineStores, data_dir: Path, *extra: str, env: dict[str, str] | None = None,
+          log_name: str = "serve.log") -> Served:
     log_path = data_dir.parent / log_name
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([ENGRAM, "serve", "--data", str(data_dir), "--listen", "127.0.0.1:0", *extra],
+        proc = subprocess.Popen([ENGRAM, "serve", *stores.serve_args(data_dir), "--listen", "127.0.0.1:0", *extra],
                                 stdout=subprocess.PIPE, stderr=log, text=True,
-                                env={**os.environ, "ENGRAM_SEMANTIC": "off", "PYTHONFAULTHANDLER": "1", **(env or {})})
+                                env={**stores.process_env(), "ENGRAM_SEMANTIC": "off", "PYTHONFAULTHANDLER": "1",
+                                     **(env or {})})
     assert proc.stdout is not None
     first = proc.stdout.readline()
     if "listening on" not in first:

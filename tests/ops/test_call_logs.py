@@ -37,8 +37,8 @@ def _wait_for(served, predicate, timeout: float = 20) -> list[dict]:
 
 
 @pytest.fixture
-def served(tmp_path: Path):
-    s = serve(tmp_path / "data", "--log-format", "json")
+def served(tmp_path: Path, stores):
+    s = serve(stores, tmp_path / "data", "--log-format", "json")
     s.wait_ready()
     yield s
     s.stop()
@@ -120,8 +120,8 @@ def test_operational_events_are_logged_as_events(served) -> None:
     assert {"draining", "stopped"} <= after
 
 
-def test_text_format_is_the_default_and_names_scope_and_outcome(tmp_path: Path) -> None:
-    s = serve(tmp_path / "data")
+def test_text_format_is_the_default_and_names_scope_and_outcome(tmp_path: Path, stores) -> None:
+    s = serve(stores, tmp_path / "data")
     try:
         s.wait_ready()
         outsider = Client(s, tenant="initech", workspace="nowhere")

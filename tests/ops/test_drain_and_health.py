@@ -17,7 +17,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ops_support import serve
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
-from engram_core.app.composition import start_core
 from engram_core.cli.channel import admin_metadata
 from engram_core.rpc.server import LIVENESS_SERVICE
 from engram_core.store.audit_spool import SPOOL_NAME
@@ -26,9 +25,9 @@ WORKERS = 6
 DRAIN_S = 20.0
 
 
-def test_sigterm_under_load_loses_no_acknowledged_call_and_needs_no_replay(tmp_path: Path) -> None:
+def test_sigterm_under_load_loses_no_acknowledged_call_and_needs_no_replay(tmp_path: Path, stores) -> None:
     data = tmp_path / "data"
-    served = serve(data, "--drain-seconds", str(DRAIN_S))
+    served = serve(stores, data, "--drain-seconds", str(DRAIN_S))
     served.wait_ready()
     activate(served)
     acked_captures: list[tuple[dict, str]] = []  # (arguments, candidate id)
@@ -73,12 +72,13 @@ def test_sigterm_under_load_loses_no_acknowledged_call_and_needs_no_replay(tmp_p
     assert served.proc.returncode == 0
     assert stopped_in < DRAIN_S + 10, stopped_in
     assert len(acked_captures) >= 30 and acked_reads
-    # Closed cleanly: no audit rows left to replay, DuckDB's WAL checkpointed away.
-    assert (data / SPOOL_NAME).stat().st_size == 0
-    wal = data / "engram.duckdb.wal"
-    assert not wal.exists() or wal.stat().st_size == 0
+    if not stores.is_postgresql:  # PostgreSQL's store has no audit spool and no file of its own
+        # Closed cleanly: no audit rows left to replay, DuckDB's WAL checkpointed away.
+        assert (data / SPOOL_NAME).stat().st_size == 0
+        wal = data / "engram.duckdb.wal"
+        assert not wal.exists() or wal.stat().st_size == 0
 
-    again = serve(data, log_name="restart.log")
+    again = serve(stores, data, log_name="restart.log")
     try:
         assert "audit_spool_replayed_rows 0" in again.opened
         again.wait_ready()
@@ -103,8 +103,8 @@ def test_sigterm_under_load_loses_no_acknowledged_call_and_needs_no_replay(tmp_p
     assert not [e for e in events if e.get("event") == "audit_spool_replayed"]
 
 
-def test_start_up_prints_what_it_opened(tmp_path: Path) -> None:
-    served = serve(tmp_path / "data")
+def test_start_up_prints_what_it_opened(tmp_path: Path, stores) -> None:
+    served = serve(stores, tmp_path / "data")
     try:
         served.wait_ready()
     finally:
@@ -127,9 +127,9 @@ def _until(address: str, service: str, status: int, timeout: float = 10) -> None
         time.sleep(0.05)
 
 
-def test_readiness_waits_for_the_search_index_while_liveness_serves(tmp_path: Path) -> None:
+def test_readiness_waits_for_the_search_index_while_liveness_serves(tmp_path: Path, stores) -> None:
     serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
-    running = start_core(tmp_path / "data")
+    running = stores.start_core(tmp_path / "data")
     try:
         activate(running)
         for service in ("", "engram.v1.MemoryService", LIVENESS_SERVICE):
@@ -156,12 +156,10 @@ def _health_after_stop_refused(address: str) -> bool:
     return False
 
 
-def test_a_core_stopped_right_after_it_started_closes_cleanly(tmp_path) -> None:
+def test_a_core_stopped_right_after_it_started_closes_cleanly(tmp_path, stores) -> None:
     """The search index is built after the server listens, on a thread of its own; a stop right
     then closed the store under the build (the file stayed locked for the next start, or the
     process aborted). The store now lets the build finish before it closes."""
-    from engram_core.app.composition import start_core
-
     for _ in range(4):
-        start_core(tmp_path / "data", semantic=False).stop()
-    start_core(tmp_path / "data", semantic=False).stop()  # and the store opens again
+        stores.start_core(tmp_path / "data", semantic=False).stop()
+    stores.start_core(tmp_path / "data", semantic=False).stop()  # and the store opens again

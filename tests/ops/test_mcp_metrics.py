@@ -34,8 +34,6 @@ from mcp_helpers import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from engram_core.app.composition import start_core
-
 pytestmark = pytest.mark.anyio
 QUERY = "cormorant lantern protocol"
 
@@ -46,8 +44,8 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-def adapter(tmp_path: Path):
-    running = start_core(tmp_path / "core")
+def adapter(tmp_path: Path, stores):
+    running = stores.start_core(tmp_path / "core")
     core = Core(address=running.address, host_key_path=Path(running.host_key_path))
     activate(core, "acme", WORKSPACE)
     secret, http = http_token(tmp_path)

@@ -28,7 +28,6 @@ from opentelemetry.trace import SpanKind
 
 from adapters.mcp.config import load_host_config
 from adapters.mcp.main import build_adapter
-from engram_core.app.composition import start_core
 from engram_core.hostkeys import load_private_key_file
 from engram_core.observability import tracing
 
@@ -44,10 +43,10 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-def traced_stack(tmp_path: Path):
+def traced_stack(tmp_path: Path, stores):
     exporter = InMemorySpanExporter()
     tracing.configure("engram-test", exporter=exporter, batch=False)
-    running = start_core(tmp_path / "core")
+    running = stores.start_core(tmp_path / "core")
     try:
         core = Core(address=running.address, host_key_path=Path(running.host_key_path))
         activate(core, "acme", WORKSPACE)
@@ -147,7 +146,7 @@ def test_tracing_is_off_by_default_and_on_by_environment() -> None:
     assert not tracing.wanted(True, env={"OTEL_SDK_DISABLED": "true"})
 
 
-def test_engram_serve_exports_over_otlp_configured_by_environment(tmp_path: Path) -> None:
+def test_engram_serve_exports_over_otlp_configured_by_environment(tmp_path: Path, stores) -> None:
     """A real `engram serve` with only OTEL_EXPORTER_OTLP_ENDPOINT set exports its spans to an
     OTLP/gRPC collector (here a loopback one in the test) and flushes them at SIGTERM."""
     from concurrent import futures
@@ -170,7 +169,7 @@ def test_engram_serve_exports_over_otlp_configured_by_environment(tmp_path: Path
     port = collector.add_insecure_port("127.0.0.1:0")
     collector.start()
     try:
-        served = serve(tmp_path / "data", env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        served = serve(stores, tmp_path / "data", env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
                                                "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_SERVICE_NAME": "engram-ci"})
         try:
             assert "tracing on" in served.opened

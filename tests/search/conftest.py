@@ -1,4 +1,5 @@
-"""Fixtures for search tests: real gRPC servers over real DuckDB files and the bundled
+"""Fixtures for search tests: real gRPC servers over a real store on each engine leg (a DuckDB
+file, a PostgreSQL database: ``stores``/``module_stores``, tests/conftest.py) and the bundled
 Rego policies; one with the semantic channel (the local ONNX model) and one without."""
 
 from __future__ import annotations
@@ -7,9 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from core_engines import EngineStores
 from search_support import Client, activate
 
-from engram_core.app.composition import RunningCore, start_core
+from engram_core.app.composition import RunningCore
 from engram_core.clock import FixedClock
 from engram_core.embedding.onnx_minilm import try_load_local_embedder
 
@@ -20,18 +22,19 @@ def semantic_installed() -> bool:
 
 
 @pytest.fixture(scope="module")
-def core(tmp_path_factory: pytest.TempPathFactory, semantic_installed: bool) -> Iterator[RunningCore]:
+def core(tmp_path_factory: pytest.TempPathFactory, semantic_installed: bool,
+         module_stores: EngineStores) -> Iterator[RunningCore]:
     # tools/setup installs the semantic extra: its absence is a broken set-up, not a reason to skip
     assert semantic_installed, "the 'semantic' extra is missing: run tools/setup"
-    running = start_core(tmp_path_factory.mktemp("search"), semantic=True)
+    running = module_stores.start_core(tmp_path_factory.mktemp("search"), semantic=True)
     activate(running)
     yield running
     running.stop()
 
 
 @pytest.fixture(scope="module")
-def lexical_core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCore]:
-    running = start_core(tmp_path_factory.mktemp("lexical"), semantic=False)
+def lexical_core(tmp_path_factory: pytest.TempPathFactory, module_stores: EngineStores) -> Iterator[RunningCore]:
+    running = module_stores.start_core(tmp_path_factory.mktemp("lexical"), semantic=False)
     activate(running)
     yield running
     running.stop()
@@ -49,11 +52,11 @@ class TestClock(FixedClock):
 
 
 @pytest.fixture
-def clocked(tmp_path: Path) -> Iterator[tuple[RunningCore, TestClock]]:
+def clocked(tmp_path: Path, stores: EngineStores) -> Iterator[tuple[RunningCore, TestClock]]:
     import time
 
     clock = TestClock(time.time_ns() // 1_000_000)
-    running = start_core(tmp_path / "data", clock=clock)
+    running = stores.start_core(tmp_path / "data", clock=clock)
     activate(running, clock=clock)
     yield running, clock
     running.stop()

@@ -7,11 +7,10 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-import duckdb
+from core_engines import EngineStores
 from search_support import Client, activate
 
-from engram_core.app.composition import RunningCore, start_core
-from engram_core.crypto.keyvault import FileKeyVault
+from engram_core.app.composition import RunningCore
 from engram_core.services.lexical import ANALYZER_ID, analyze, query_terms, tokenize
 from engram_core.services.maintenance import ANALYZER_META
 from engram_core.store.projection import Projection, seal_projection
@@ -45,9 +44,9 @@ def test_word_forms_match_through_stems(lexical_core: RunningCore) -> None:
     assert other not in bob.ids("adopting puppy")
 
 
-def test_postings_of_an_older_analyzer_are_rederived_at_start(tmp_path: Path) -> None:
+def test_postings_of_an_older_analyzer_are_rederived_at_start(tmp_path: Path, stores: EngineStores) -> None:
     data = tmp_path / "old-store"
-    running = start_core(data, semantic=False)
+    running = stores.start_core(data, semantic=False)
     try:
         activate(running)
         ana = Client(running)
@@ -60,19 +59,18 @@ def test_postings_of_an_older_analyzer_are_rederived_at_start(tmp_path: Path) ->
     # Make it a store written by the v1 analyzer: postings of unstemmed tokens, stop words
     # included, no analyzer id (stores before v2 had none).
     # The projection is sealed under the record's key (store/projection.py): re-seal a v1 one.
-    con = duckdb.connect(str(data / "engram.duckdb"))
     v1 = Counter(hasher.term(t) for t in tokenize("Melanie adopted puppies; the shelter called them the twins."))
-    slot = con.execute("SELECT key_slot FROM records WHERE record_id = ?", [rid]).fetchone()[0]
-    vault = FileKeyVault(data)
-    key = vault.data_key(int(slot), f"record:{rid}")
-    vault.close()
-    assert key is not None
+    with stores.open_store(data) as store:
+        with store.read() as tx:
+            rec = tx.record("acme", "alpha", rid)
+        assert rec is not None
+        key = store.data_key(rec)
     sealed = seal_projection(key, rid, Projection.of({FIELD_CODE["primary"]: v1}))
-    con.execute("UPDATE projections SET sealed = ? WHERE record_id = ?", [sealed, rid])
-    con.execute("DELETE FROM store_meta WHERE k = ?", [ANALYZER_META])
-    con.close()
+    with stores.sql(data) as con:
+        con.run("UPDATE projections SET sealed = ? WHERE record_id = ?", [sealed, rid])
+        con.run("DELETE FROM store_meta WHERE k = ?", [ANALYZER_META])
 
-    running = start_core(data, semantic=False)
+    running = stores.start_core(data, semantic=False)
     try:
         ana = Client(running)
         # "adopting a puppy" analyzes to adopt + puppi: only re-derived postings can match it.

@@ -10,9 +10,9 @@ from typing import Any
 
 import duckdb
 import numpy as np
+import pytest
 from search_support import SEMANTIC, Client, activate
 
-from engram_core.app.composition import start_core
 from engram_core.clock import FixedClock
 from engram_core.store.duckdb import engine as duckdb_store
 from engram_core.store.search_index import IndexBuilder
@@ -37,9 +37,9 @@ def _answers(ana: Client) -> list[Any]:
     return out
 
 
-def test_a_restarted_core_answers_every_search_as_before(tmp_path: Path) -> None:
+def test_a_restarted_core_answers_every_search_as_before(tmp_path: Path, stores) -> None:
     clock = FixedClock(time.time_ns() // 1_000_000)  # the same instant in both processes: recency is equal
-    running = start_core(tmp_path / "data", clock=clock, semantic=True)
+    running = stores.start_core(tmp_path / "data", clock=clock, semantic=True)
     try:
         activate(running, clock=clock)
         ana = Client(running, clock=clock)
@@ -59,7 +59,7 @@ def test_a_restarted_core_answers_every_search_as_before(tmp_path: Path) -> None
         assert ids[3] not in str(before) and ids[0] in str(before) and ids[1] in str(before)
     finally:
         running.stop()
-    running = start_core(tmp_path / "data", clock=clock, semantic=True)
+    running = stores.start_core(tmp_path / "data", clock=clock, semantic=True)
     try:
         assert _answers(Client(running, clock=clock)) == before
     finally:
@@ -99,12 +99,14 @@ def _cached(con: duckdb.DuckDBPyConnection) -> int:
                if tag == "BASE_TABLE")
 
 
+@pytest.mark.duckdb_only(reason="DuckDB's block cache and memory limit after the index build (PostgreSQL's "
+                               "shared buffers are the server's, sized by its operator)")
 def test_building_the_index_leaves_no_table_blocks_cached_and_the_limit_as_it_was(
-        tmp_path: Path, monkeypatch) -> None:
+        tmp_path: Path, monkeypatch, stores) -> None:
     """The build reads every row and projection once; DuckDB would keep those blocks cached (up
     to 80% of RAM by default: gigabytes at a million records). After the build they are evicted
     and DuckDB's memory limit is the one it had."""
-    running = start_core(tmp_path / "data", semantic=False)
+    running = stores.start_core(tmp_path / "data", semantic=False)
     try:
         activate(running)
         ana = Client(running)

@@ -8,9 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from core_engines import EngineStores
 from search_support import Client, activate
 
-from engram_core.app.composition import RunningCore, default_policies_dir, start_core
+from engram_core.app.composition import RunningCore, default_policies_dir
 from engram_core.errors import Code
 
 NARROW = "purpose:audit-narrow"
@@ -48,7 +49,7 @@ def test_limit_bounds_the_page(ana: Client) -> None:
 
 
 @pytest.fixture(scope="module")
-def narrow_core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCore]:
+def narrow_core(tmp_path_factory: pytest.TempPathFactory, module_stores: EngineStores) -> Iterator[RunningCore]:
     root = tmp_path_factory.mktemp("redaction")
     bundle = root / "policies"
     shutil.copytree(default_policies_dir(), bundle)
@@ -56,7 +57,7 @@ def narrow_core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCor
     data["engram"]["config"]["redaction"]["purposes"] = {
         NARROW: {"allow_fields": NARROW_FIELDS, "max_packet_bytes": 8_192}}
     (bundle / "data.json").write_text(json.dumps(data))
-    running = start_core(root / "data", policies_dir=bundle, semantic=False)
+    running = module_stores.start_core(root / "data", policies_dir=bundle, semantic=False)
     activate(running)
     yield running
     running.stop()

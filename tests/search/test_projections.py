@@ -4,28 +4,35 @@ transactions, hashed terms only, nothing for candidates that were never accepted
 from __future__ import annotations
 
 import pytest
+from core_engines import one, rows
 from search_support import Client
 
 from engram_core.rpc.server import RunningCore
 from engram_core.services.lexical import analyze
-from engram_core.store.duckdb.record_sql import RECORD_COLS, record_of
+from engram_core.store.duckdb import record_sql as duckdb_records
+from engram_core.store.postgres import engine as postgres_records
 from engram_core.store.projection import Projection, open_projection
 from engram_core.store.search_index import FIELDS
 
 
 def _rows(core: RunningCore, sql: str, params: list) -> list[tuple]:
     with core.core.store.read() as tx:
-        return tx._all(sql, params)
+        return rows(tx, sql, params)
+
+
+def _is_postgresql(core: RunningCore) -> bool:
+    return isinstance(core.core.store.engine, postgres_records.PostgresEngine)
 
 
 def _opened(core: RunningCore, tenant: str = "acme", workspace: str = "alpha") -> dict[str, Projection]:
     """Every sealed projection of the scope, opened with its record's data key."""
+    records = postgres_records if _is_postgresql(core) else duckdb_records
     with core.core.store.read() as tx:
-        found = tx._all(f"SELECT p.sealed, {RECORD_COLS} FROM records JOIN (SELECT record_id, sealed FROM "
-                        "projections WHERE tenant = ? AND workspace = ?) p USING (record_id)", [tenant, workspace])
+        found = rows(tx, f"SELECT p.sealed, {records.RECORD_COLS} FROM records JOIN (SELECT record_id, sealed FROM "
+                         "projections WHERE tenant = ? AND workspace = ?) p USING (record_id)", [tenant, workspace])
     store = core.core.store
-    return {rec.record_id: open_projection(store.data_key(rec), rec.record_id, sealed)
-            for sealed, rec in ((row[0], record_of(row[1:])) for row in found)}
+    return {rec.record_id: open_projection(store.data_key(rec), rec.record_id, bytes(sealed))
+            for sealed, rec in ((row[0], records.record_of(row[1:])) for row in found)}
 
 
 def _docs(core: RunningCore) -> int:
@@ -51,7 +58,7 @@ def test_forget_removes_postings_and_vector_in_same_transaction(core: RunningCor
     assert out["projection_invalidation"] == "complete"
     with core.core.store.read() as tx:
         assert tx.postings_count(rid) == 0 and tx.vector_count(rid) == 0
-        assert tx._one("SELECT count(*) FROM projections WHERE record_id = ?", [rid])[0] == 0
+        assert one(tx, "SELECT count(*) FROM projections WHERE record_id = ?", [rid])[0] == 0
     assert _docs(core) == docs - 1
 
 
@@ -63,11 +70,11 @@ def test_projections_are_sealed_and_hold_keyed_hashes_never_words(core: RunningC
     hasher = core.core.hasher
     columns = _rows(core, "SELECT column_name, data_type FROM information_schema.columns "
                           "WHERE table_name = 'projections'", [])
-    assert sorted(columns) == [("record_id", "VARCHAR"), ("sealed", "BLOB"), ("tenant", "VARCHAR"),
-                               ("workspace", "VARCHAR")]
+    text, blob = ("text", "bytea") if _is_postgresql(core) else ("VARCHAR", "BLOB")
+    assert sorted(columns) == [("record_id", text), ("sealed", blob), ("tenant", text), ("workspace", text)]
     for table in ("postings", "vectors", "field_stats"):
         assert not _rows(core, "SELECT 1 FROM information_schema.tables WHERE table_name = ?", [table])
-    sealed = _rows(core, "SELECT sealed FROM projections WHERE record_id = ?", [rid])[0][0]
+    sealed = bytes(_rows(core, "SELECT sealed FROM projections WHERE record_id = ?", [rid])[0][0])
     terms = {hasher.term(t) for t in analyze("quokka zebrafish")}
     for term in terms:
         assert term.to_bytes(8, "little", signed=True) not in sealed
@@ -179,6 +186,7 @@ def test_search_reads_a_record_from_the_index_copy_only_while_it_equals_the_data
         assert rows[ids[2]].state == "disputed" and rows[ids[1]].sealed_body is None
         assert tx.records("acme", "beta", ids) == {}  # another scope's ids are unknown here
     store.reload_indexes()  # as at open: the copy is loaded with the postings, from the same rows
+    ana.ids("goldeneye")  # (PostgreSQL loads a scope's index at its first read)
     assert set(held()) == {ids[0], ids[2]} and held() == {k: v for k, v in from_db().items() if k in held()}
     # A writer reads its own transaction, never the committed copy.
     with pytest.raises(RuntimeError), store.write() as tx:

@@ -57,6 +57,14 @@ from engram_core.store.postgres.migrations import RING_LOCK
 from engram_core.store.postgres.pool import Pool, failure
 
 RING_NAME = "store.kek"
+
+
+class RingMismatch(EngramError):
+    """The key directory's KEK ring is not the store's (behind it, or another ring): a serving
+    core cannot open the store (STORE_UNAVAILABLE, until its key directory is fixed); a restore
+    reading the store as its key source refuses (app/engines.py)."""
+
+
 _V2 = 2  # the wrapping format KekRing.wrap makes (associated data v2: generation and owner)
 # The constant each generation seals in vault_rings, under an owner no data key can have.
 _FETCH_BATCH = 5000  # refs per query of data_keys (a scope's load): bounded parameter arrays
@@ -74,11 +82,14 @@ class PgKeyVault:
 
     The database's schema comes from the PostgreSQL engine's migrations (open the engine
     first). ``pool_size``: this vault's connections (it runs one statement at a time per caller,
-    outside the engine's transactions)."""
+    outside the engine's transactions). ``read_only``: another store's vault a restore reads its
+    keys from; opening it records nothing there (no agreed generation, no ring check constant),
+    so a key directory that is not that store's cannot change the ring its cores agree on."""
 
     def __init__(self, conninfo: str, key_dir: Path, *, pool_size: int = 4, cache_size: int = 4096,
                  cache_ttl_s: float = 30.0, reconcile_after_s: float = 600.0, connect_timeout_s: float = 30.0,
-                 pool_timeout_s: float = 30.0) -> None:
+                 pool_timeout_s: float = 30.0, read_only: bool = False) -> None:
+        self._read_only = read_only
         self._pool = Pool(conninfo, name="engram-vault", size=pool_size, connect_timeout_s=connect_timeout_s,
                           timeout_s=pool_timeout_s, settings=["SET application_name = 'engram-vault'"])
         self._ring_path = key_dir / RING_NAME
@@ -124,10 +135,13 @@ class PgKeyVault:
         return the one the database holds; a ring behind the database is re-read, and one that
         stays behind is not this store's ring."""
         try:
-            row = conn.execute(
-                "INSERT INTO vault_state VALUES (1, %s) ON CONFLICT (id) DO UPDATE SET active_generation = "
-                "GREATEST(vault_state.active_generation, EXCLUDED.active_generation) RETURNING active_generation",
-                [self.ring.active_generation()]).fetchone()
+            if self._read_only:
+                row = conn.execute("SELECT active_generation FROM vault_state WHERE id = 1").fetchone() or (0,)
+            else:
+                row = conn.execute(
+                    "INSERT INTO vault_state VALUES (1, %s) ON CONFLICT (id) DO UPDATE SET active_generation = "
+                    "GREATEST(vault_state.active_generation, EXCLUDED.active_generation) RETURNING active_generation",
+                    [self.ring.active_generation()]).fetchone()
         except psycopg.errors.UndefinedTable:
             raise EngramError(Code.STORE_UNAVAILABLE,
                               "the store's schema is missing: open the PostgreSQL engine (it migrates) first") from None
@@ -136,25 +150,26 @@ class PgKeyVault:
             self.ring.reload()
             self._ring_seen = self._ring_stamp()
             if agreed > self.ring.active_generation():
-                raise EngramError(Code.STORE_UNAVAILABLE,
-                                  f"the KEK ring in {self._ring_path.parent} is behind this store's (generation "
-                                  f"{agreed}): every core must mount the same key directory")
+                raise RingMismatch(Code.STORE_UNAVAILABLE,
+                                   f"the KEK ring in {self._ring_path.parent} is behind this store's (generation "
+                                   f"{agreed}): every core must mount the same key directory")
         self._check_ring(conn)
         return agreed
 
     def _check_ring(self, conn: psycopg.Connection) -> None:
         """This ring is the store's: every generation it holds opens the constant the store keeps
         for it, and the active one's is recorded (by the first core to use it)."""
-        active = self.ring.active_generation()
-        sealed = self.ring.wrap(_CANARY, _CANARY_OWNER)[1]
-        conn.execute("INSERT INTO vault_rings VALUES (%s, %s) ON CONFLICT DO NOTHING", [active, sealed])
+        if not self._read_only:
+            active = self.ring.active_generation()
+            sealed = self.ring.wrap(_CANARY, _CANARY_OWNER)[1]
+            conn.execute("INSERT INTO vault_rings VALUES (%s, %s) ON CONFLICT DO NOTHING", [active, sealed])
         held = {g.generation for g in self.ring.generations() if g.state != "retired"}
         for generation, canary in conn.execute("SELECT generation, canary FROM vault_rings").fetchall():
             if generation in held and self.ring.unwrap(_V2, generation, canary, _CANARY_OWNER) != _CANARY:
-                raise EngramError(Code.STORE_UNAVAILABLE,
-                                  f"the KEK ring in {self._ring_path.parent} is not this store's (its generation "
-                                  f"{generation} does not open the store's check): every core must mount the same "
-                                  "key directory")
+                raise RingMismatch(Code.STORE_UNAVAILABLE,
+                                   f"the KEK ring in {self._ring_path.parent} is not this store's (its generation "
+                                   f"{generation} does not open the store's check): every core must mount the same "
+                                   "key directory")
 
     # -- the cache ------------------------------------------------------------------------------------------------
     def _cached(self, ref: int, owner: str) -> bytes | None:
@@ -280,11 +295,16 @@ class PgKeyVault:
 
     # -- destruction -----------------------------------------------------------------------------------------------
     def is_destroyed(self, ref: int) -> bool:
-        """No row at ``ref``: the database allocates refs and never reuses one, so a ref a store
-        named once and that holds nothing now was destroyed (a row this ring cannot unwrap, or
-        one of another owner, is not destroyed: it is another store's key)."""
+        """No row at ``ref``, which this database allocated: it allocates refs and never reuses
+        one, so a ref it issued that holds nothing now was destroyed. A ref it never issued is
+        not destroyed but another store's key (a backup restored against the wrong key store,
+        which restore then refuses instead of restoring every record as forgotten), and so is a
+        row this ring cannot unwrap, or one of another owner."""
         with self._connection() as conn:
-            return conn.execute("SELECT 1 FROM vault_keys WHERE ref = %s", [ref]).fetchone() is None
+            present, issued = conn.execute(  # type: ignore[misc]
+                "SELECT EXISTS (SELECT 1 FROM vault_keys WHERE ref = %s), "
+                "pg_sequence_last_value(pg_get_serial_sequence('vault_keys', 'ref')::regclass)", [ref]).fetchone()
+        return not present and issued is not None and ref <= int(issued)
 
     def destroy(self, ref: int) -> None:
         self.destroy_many([ref])
