@@ -7,7 +7,11 @@ evaluations, and it evaluates without Python's interpreter lock; so a bundle
 keeps a few engines, each decision taking one that is free (a search's decision
 does not queue behind the writers', and two run on two cores). A call cannot
 be interrupted, so ``timeout_s`` is checked after the fact and a late answer is
-discarded (fail closed).
+discarded (fail closed). It bounds the evaluation, from the moment an engine is
+free, not the wait for one: a busy core queues its decisions (sixteen concurrent
+captures on a loaded 2-core machine waited over a second), and that wait is the
+call's deadline's business, not a sign of a runaway policy; it is bounded by
+``LEASE_WAIT_S``.
 
 Bundles come from a source (``sources.py``: a directory or archive on disk, or a bundle
 server) and, with a verifier, must carry a valid signature. A bundle that cannot be read,
@@ -44,6 +48,7 @@ from engram_core.policy.signing import BundleVerifier
 from engram_core.policy.sources import BundleSource, DiskSource, SourceUnavailable
 
 ENGINES = max(2, min(4, os.cpu_count() or 1))  # engines per bundle; more would only wait for a core
+LEASE_WAIT_S = 30.0  # the longest a decision waits for a free engine (see the module docstring)
 _PATH = re2.compile(r"^[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*$")
 _MASK_REF = "data." + LOG_MASK.replace("/", ".")
 _PATH_MASK_QUERY = f"x := [m | m := data.{LOG_PATH_MASK.replace('/', '.')}(input.path)]"
@@ -74,7 +79,10 @@ class _Active:
 
     @contextmanager
     def lease(self) -> Iterator[OpaEngine]:
-        engine = self._free.get()
+        try:
+            engine = self._free.get(timeout=LEASE_WAIT_S)
+        except queue.Empty:
+            raise _unavailable(f"no policy engine free within {LEASE_WAIT_S:.0f}s") from None
         try:
             yield engine
         finally:
@@ -186,14 +194,14 @@ class EmbeddedPolicyEngine:
         return self._source
 
     def decide(self, path: str, input: Mapping[str, Any], *, timeout_s: float | None = None) -> Decision:
-        started = time.monotonic()
         active = self._active_bundle()  # one reference for the whole decision: one bundle, one revision
         input_digest = _input_digest(input)
         dotted = _dotted(path)
         if self._log_mask and active.has_mask:
-            return self._decide_masked(path, dotted, input, active, input_digest, started, timeout_s)
+            return self._decide_masked(path, dotted, input, active, input_digest, timeout_s)
         try:
             with active.lease() as engine:
+                started = time.monotonic()
                 result = engine.eval_document(dotted, dict(input))
         except OpaError as exc:  # includes OpaUndefinedError
             raise _unavailable(f"{path}: {exc}") from exc
@@ -201,15 +209,17 @@ class EmbeddedPolicyEngine:
         return _decision(path, result, active, input_digest, active.path_mask(path) if self._log_mask else None)
 
     def _decide_masked(self, path: str, dotted: str, input: Mapping[str, Any], active: _Active,
-                       input_digest: str, started: float, timeout_s: float | None) -> Decision:
+                       input_digest: str, timeout_s: float | None) -> Decision:
         query = f"d0 := data.{dotted}; event_input := input; " + _mask_clause(0, path, "event_input")
         try:
             with active.lease() as engine:
+                started = time.monotonic()
                 bindings = engine.eval_query(query, dict(input))
         except OpaError as exc:
             # The mask may be what failed: the decision alone decides whether this is an answer.
             try:
                 with active.lease() as engine:
+                    started = time.monotonic()
                     result = engine.eval_document(dotted, dict(input))
             except OpaError as again:
                 raise _unavailable(f"{path}: {again}") from again
@@ -228,7 +238,6 @@ class EmbeddedPolicyEngine:
         search asks for authorization and redaction together (~1 ms less per search)."""
         if len(requests) == 1:
             return [self.decide(*requests[0], timeout_s=timeout_s)]
-        started = time.monotonic()
         active = self._active_bundle()
         digests = [_input_digest(input) for _, input in requests]
         masked = self._log_mask and active.has_mask  # mask(event) asked in this same call
@@ -242,6 +251,7 @@ class EmbeddedPolicyEngine:
         names = ", ".join(path for path, _ in requests)
         try:
             with active.lease() as engine:
+                started = time.monotonic()
                 bindings = engine.eval_query("; ".join(clauses), [dict(input) for _, input in requests])
         except OpaError as exc:
             if masked:  # the mask may be what failed: decide each alone, the mask marked failed
