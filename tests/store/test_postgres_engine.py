@@ -498,13 +498,17 @@ def test_the_start_up_summary_counts_a_large_table_by_its_estimate_not_a_scan(pr
 
 # -- usage counters every core adds to ------------------------------------------------------------------------------------
 def test_usage_counts_are_one_count_across_cores_and_a_cores_adds_ride_on_its_next_read(
-        proxied: Any, pg_database: Database) -> None:
+        proxied: Any, pg_database: Database, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two cores' counters over one database (usage_counters.QuotaCounters, shared): a core reads
     its own adds at once, sent with that read (one round trip for both); another core sees them
     once they were sent, by a read or at the latest FLUSH_AFTER_S later."""
+    import engram_core.store.usage_counters as usage_counters
     from engram_core.store.usage_counters import FLUSH_AFTER_S, QuotaCounters
 
     store, engine_wire, _ = proxied
+    # A's flusher must not send the adds on its own before A's read (a loaded machine may take
+    # longer than the interval between the adds and the read): A's adds ride on that read here.
+    monkeypatch.setattr(usage_counters, "FLUSH_AFTER_S", 600.0)
     now = [1_800_000_000_000]
     other = PostgresEngine(pg_database.conninfo, pool_size=1)
     try:
@@ -518,6 +522,7 @@ def test_usage_counts_are_one_count_across_cores_and_a_cores_adds_ride_on_its_ne
         assert engine_wire.round_trips == 1  # the three adds and the read, one statement
         assert seen["principal"]["minute"]["searches"] == 3 and seen["scope"]["hour"]["searches"] == 3  # type: ignore[index]
         assert b.usage(T, W, P)["principal"]["minute"]["searches"] == 3  # type: ignore[index]
+        monkeypatch.setattr(usage_counters, "FLUSH_AFTER_S", FLUSH_AFTER_S)  # B's flusher starts with its add
         b.add(T, W, "user:bo", "gets")  # B's add, no read of B's after it: its flusher sends it
         assert wait_until(lambda: a.usage(T, W, P)["scope"]["minute"]["gets"] == 1, timeout=10 * FLUSH_AFTER_S + 5)  # type: ignore[index]
         assert a.usage(T, W, P)["principal"]["minute"]["gets"] == 0  # type: ignore[index]  (bo's, not ana's)
