@@ -250,7 +250,7 @@ def _explain(tool: str, args: dict[str, Any]) -> EngramError:
     schema = INPUT_SCHEMAS[tool]
     if not any(name in args for name in schema["required"]):
         return _fail("no required field present", "wrong_shape")
-    errors = list(_EXPLAINERS[tool].iter_errors(args))
+    errors = list(_EXPLAINERS[tool].iter_errors(_pruned(args)))
     if not errors:  # the two engines disagree: still a refusal, just without a class
         return EngramError(Code.INVALID_SCHEMA, "schema", pointer="")
     err = min(errors, key=lambda e: (_KEYWORD_RANK.get(str(e.validator), len(_KEYWORD_RANK)), -len(e.absolute_path)))
@@ -262,6 +262,28 @@ def _explain(tool: str, args: dict[str, Any]) -> EngramError:
     if reason_class == "length_out_of_range":
         reason_class = _length_class(path)
     return _fail(f"schema keyword {keyword}", reason_class, path)
+
+
+def _max_items(node: Any) -> int:
+    if isinstance(node, dict):
+        return max([int(node.get("maxItems", 0)), *map(_max_items, node.values())])
+    if isinstance(node, list):
+        return max(map(_max_items, node), default=0)
+    return 0
+
+
+# Lists are cut to one item more than any schema allows before an explanation is asked for: the
+# pure-Python explainer walks every item of every list (an extra field beside a 5000-item list
+# cost 0.7 s of CPU), and a list cut so is still too long, so the refusal stays a refusal.
+_EXPLAIN_ITEMS = _max_items(INPUT_SCHEMAS) + 1
+
+
+def _pruned(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _pruned(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_pruned(v) for v in value[:_EXPLAIN_ITEMS]]
+    return value
 
 
 class _Recheck(Exception):
