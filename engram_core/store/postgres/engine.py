@@ -364,12 +364,14 @@ class PostgresEngineTx:
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Rows of one statement, in one round trip with everything buffered before it (or as
         read ahead)."""
-        key = (sql, _frozen(params))
-        if key in self._ahead:
-            return self._ahead.pop(key)
-        if self._recording is not None:
-            self._recording.append(_Statement(sql, params, on_rows=lambda rows: self._ahead.setdefault(key, rows)))
-            return []
+        if self._ahead or self._recording is not None:  # else no statement is read ahead: no key to make
+            key = (sql, _frozen(params))
+            if key in self._ahead:
+                return self._ahead.pop(key)
+            if self._recording is not None:
+                self._recording.append(_Statement(sql, params,
+                                                  on_rows=lambda rows: self._ahead.setdefault(key, rows)))
+                return []
         out: list[list[tuple[Any, ...]]] = []
         try:
             self._send([_Statement(sql, params, on_rows=out.append)])
@@ -966,15 +968,20 @@ class PostgresEngineTx:
         row = self._one("SELECT " + " OR ".join(f"EXISTS (SELECT 1 FROM {t})" for t in tables))
         return not (row and row[0])
 
-    def counts(self) -> dict[str, Any]:
-        """What the store holds, for the start-up summary: scopes, records and candidates by state."""
-        return {
-            "scopes": int(self._one("SELECT count(*) FROM scopes")[0]),  # type: ignore[index]
-            "records": dict(self._query("SELECT state, count(*) FROM records GROUP BY state ORDER BY state")),  # type: ignore[arg-type]
-            "candidates": dict(self._query(  # type: ignore[arg-type]
-                "SELECT state, count(*) FROM candidates GROUP BY state ORDER BY state")),
-            "audit_rows": int(self._one("SELECT count(*) FROM audit")[0]),  # type: ignore[index]
-        }
+    def counts(self, estimates: dict[str, float] | None = None) -> dict[str, Any]:
+        """What the store holds, for the start-up summary: scopes, records and candidates by state.
+        A table ``estimates`` (planner row estimates by table) puts above ``EXACT_COUNTS_UP_TO`` is
+        reported by its estimate (``"~N"``, without its split by state) instead of counted."""
+        def count(table: str, *, by_state: bool) -> Any:
+            estimate = (estimates or {}).get(table, 0)
+            if estimate > EXACT_COUNTS_UP_TO:
+                return {"all": f"~{int(estimate)}"} if by_state else f"~{int(estimate)}"
+            if by_state:
+                return dict(self._query(f"SELECT state, count(*) FROM {table} GROUP BY state ORDER BY state"))
+            return int(self._one(f"SELECT count(*) FROM {table}")[0])  # type: ignore[index]
+
+        return {"scopes": count("scopes", by_state=False), "records": count("records", by_state=True),
+                "candidates": count("candidates", by_state=True), "audit_rows": count("audit", by_state=False)}
 
 
 class _IndexScan:
@@ -1352,20 +1359,7 @@ class PostgresEngine:
             estimates = {name: float(n) for name, n in tx._query(
                 "SELECT relname, reltuples FROM pg_class WHERE relkind = 'r' AND relnamespace = "
                 "current_schema()::regnamespace AND relname = ANY(%s)", [["records", "candidates", "audit"]])}
-            if not any(n > EXACT_COUNTS_UP_TO for n in estimates.values()):
-                counts = tx.counts()
-            else:
-                def count(table: str, by_state: bool) -> Any:
-                    if estimates.get(table, 0) > EXACT_COUNTS_UP_TO:
-                        n = f"~{int(estimates[table])}"
-                        return {"all": n} if by_state else n
-                    if by_state:
-                        return dict(tx._query(f"SELECT state, count(*) FROM {table} GROUP BY state ORDER BY state"))
-                    return int(tx._one(f"SELECT count(*) FROM {table}")[0])  # type: ignore[index]
-
-                counts = {"scopes": int(tx._one("SELECT count(*) FROM scopes")[0]),  # type: ignore[index]
-                          "records": count("records", True), "candidates": count("candidates", True),
-                          "audit_rows": count("audit", False)}
+            counts = tx.counts(estimates)
         return {"engine": "postgresql", "store": self.location, "migrations_applied": self.migrations_applied_at_open,
                 **counts}
 

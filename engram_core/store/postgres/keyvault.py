@@ -233,22 +233,7 @@ class PgKeyVault:
         return int(row[0]) if row is not None else None
 
     def data_key(self, ref: int, owner: str) -> bytes | None:
-        cached = self._cached(ref, owner)
-        if cached is not None:
-            return cached
-        with self._connection() as conn:
-            row = conn.execute("SELECT owner, version, generation, wrapped FROM vault_keys WHERE ref = %s",
-                               [ref]).fetchone()
-        if row is None or row[0] != owner:
-            return None
-        _, version, generation, wrapped = row
-        key = self.ring.unwrap(int(version), int(generation), wrapped, owner)
-        if key is None and int(generation) not in {g.generation for g in self.ring.generations()}:
-            self._fresh_ring()  # wrapped by a generation another core made since this ring was read
-            key = self.ring.unwrap(int(version), int(generation), wrapped, owner)
-        if key is not None:
-            self._remember(ref, owner, key)
-        return key
+        return self.data_keys([(ref, owner)]).get(ref)
 
     def data_keys(self, wanted: list[tuple[int, str]]) -> dict[int, bytes]:
         """Cached keys from the cache, the others in one query per ``_FETCH_BATCH`` refs."""
