@@ -10,11 +10,12 @@ stores of one database and processes of their own.
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
+
+from pg_cluster import wait_until
 
 from engram_core.errors import Code, EngramError
 from engram_core.services.maintenance import check_audit, check_journal
@@ -567,19 +568,10 @@ def check_what_cores_share_is_shared(target: Any) -> None:
     # A core reads its own adds at once, another core's within FLUSH_AFTER_S (they ride on that
     # core's next read of the counts, or are sent on their own by then).
     assert counters_a.usage(T, W, "user:ana")["principal"]["minute"]["searches"] >= 2  # type: ignore[index]
-    assert _soon(lambda: counters_b.usage(T, W, "user:ana")["scope"]["hour"]["searches"] == 3)  # type: ignore[index]
-    assert _soon(lambda: counters_a.usage(T, W, "user:ana")["principal"]["minute"]["searches"] == 3)  # type: ignore[index]
+    assert wait_until(lambda: counters_b.usage(T, W, "user:ana")["scope"]["hour"]["searches"] == 3, 5)  # type: ignore[index]
+    assert wait_until(lambda: counters_a.usage(T, W, "user:ana")["principal"]["minute"]["searches"] == 3, 5)  # type: ignore[index]
     now[0] += 61 * 60_000  # past the longest window
     assert counters_a.usage(T, W, "user:ana")["principal"]["hour"]["searches"] == 0  # type: ignore[index]
-
-
-def _soon(predicate: Callable[[], bool], within_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 class _Abandoned(Exception):
