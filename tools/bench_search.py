@@ -77,7 +77,7 @@ def payload(text: str, t: int, i: int) -> dict[str, Any]:
         "primary_event": {"at": t, "type_ref": "event:decision", "citation_id": "cit1"},
         "citations": [{"citation_id": "cit1", "source_ref": f"ticket:BEN-{i % 997}",
                        "locator": {"scheme": "ticket", "value": f"BEN-{i}"}, "content_digest": "sha256:" + "a" * 64}],
-        "scope_ref": f"{TENANT}/{WORKSPACE}",
+        "scope_ref": {"tenant": TENANT, "workspace": WORKSPACE},
     }
 
 

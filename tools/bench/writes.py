@@ -106,6 +106,11 @@ def _point(server: Any, key_path: Path, clients: int, duration: float, phase: st
                         if not todo:
                             return
                         rid = todo.pop()
+                    # Forgets count against a per-principal quota (600 a minute, policies/data.json):
+                    # one principal for every client and point measured refusals once a minute's
+                    # forgets added up. Each client of each point forgets as principals of its own,
+                    # a new one every 500 forgets, so every forget measured is a forget done.
+                    agent.principal = f"agent:bench-forget-{salt}-{n}-{i // 500}"
                     started = time.perf_counter()
                     agent.call("forget", {"record_id": rid, "idempotency_key": f"bench-forget-{rid}"[:200],
                                           "reason_ref": "bench"}, confirm=True)
