@@ -11,7 +11,9 @@ records (tools/bench/loader.py) and moved into PostgreSQL with ``engram admin mi
 (timed; lexical only, so the move does not embed). Then, per engine and number of cores: pairs and
 forgets per client count (tools/bench/writes.py's points: throughput, p50/p99 per call, server
 CPU per operation, transactions per COMMIT), a scope's first search on a fresh core (the cold
-load of its index) and one client's lexical searches.
+load of its index) and one client's lexical searches; with several cores, what read-your-writes
+costs a search (``--catch-up``: a search on the last core right after a write acknowledged by
+the first, against one with nothing new, interleaved).
 """
 
 from __future__ import annotations
@@ -54,12 +56,46 @@ def _searches(address: str, key_path: Path, queries: list[str], n: int) -> dict[
         agent.close()
 
 
+def _catch_up(writer: str, reader: str, key_path: Path, corpus: Corpus, n: int) -> dict[str, Any]:
+    """What read-your-writes costs a search: one client alternates a search on ``reader`` right
+    after a capture + admission acknowledged by ``writer`` (the reader's index is one record and
+    its events behind the scope's head, and catches up before it answers) with a search on
+    ``reader`` when nothing was written since its last one (head unchanged: only the head read).
+    Both kinds are interleaved, so drift of the machine falls on both alike."""
+    w = GrpcAgent(writer, key_path, tenant=TENANT, workspace=WORKSPACE)
+    r = GrpcAgent(reader, key_path, tenant=TENANT, workspace=WORKSPACE)
+    queries = corpus.queries(200)
+    after_write: list[float] = []
+    quiet: list[float] = []
+    try:
+        for i in range(2 * n + 4):
+            if i % 2 == 0:
+                cap = w.call("capture", corpus.capture_args("catch-up", i))
+                w.call("request_admission", {"candidate_id": cap["candidate_id"],
+                                             "idempotency_key": f"bench-catch-up-{i:08d}"})
+            t = time.perf_counter()
+            r.call("search", {"query": queries[i % len(queries)], "purpose_ref": PURPOSE})
+            if i >= 4:  # the first rounds warm both cores' paths
+                (after_write if i % 2 == 0 else quiet).append(time.perf_counter() - t)
+        return {"after_a_write_on_the_other_core": run_summary(after_write, sum(after_write)),
+                "nothing_written_since": run_summary(quiet, sum(quiet))}
+    finally:
+        w.close()
+        r.close()
+
+
 def _run(servers: list[Served], key_path: Path, a: argparse.Namespace, corpus: Corpus, label: str,
          summary: dict[str, Any]) -> None:
     search = _searches(servers[-1].address, key_path, corpus.queries(200), a.searches)
     summary["points"].append({"engine": label, "cores": len(servers), "phase": "search", "search": search})
     print(f"[postgres] {label} x{len(servers)} search: first {search['first_search_ms']} ms, "
           f"p50 {search['p50_ms']} ms p99 {search['p99_ms']} ms", file=sys.stderr)
+    if len(servers) > 1 and a.catch_up:
+        caught = _catch_up(servers[0].address, servers[-1].address, key_path, corpus, a.catch_up)
+        summary["points"].append({"engine": label, "cores": len(servers), "phase": "catch-up", **caught})
+        print(f"[postgres] {label} x{len(servers)} catch-up: search p50 "
+              f"{caught['after_a_write_on_the_other_core']['p50_ms']} ms after a write on the other core, "
+              f"{caught['nothing_written_since']['p50_ms']} ms with nothing new", file=sys.stderr)
     for clients in (int(c) for c in a.clients.split(",")):
         admitted: list[str] = []
         for phase in ("pair", "forget"):
@@ -81,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--searches", type=int, default=300, help="lexical searches by one client per setup")
     p.add_argument("--cores", default="1,2", help="numbers of PostgreSQL cores to run (default 1,2)")
     p.add_argument("--no-duckdb", action="store_true", help="skip the embedded store's figures")
+    p.add_argument("--catch-up", type=int, default=200,
+                   help="with several cores: searches on one after a write on another, and as many with "
+                        "nothing new, interleaved (read-your-writes' cost; 0: skip)")
     p.add_argument("--semantic", choices=("on", "off"), default="on",
                    help="the cores' semantic channel (default on: each admission embeds)")
     p.add_argument("--out", default=None, help="write the JSON summary here")
