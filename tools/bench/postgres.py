@@ -56,7 +56,7 @@ def _searches(address: str, key_path: Path, queries: list[str], n: int) -> dict[
         agent.close()
 
 
-def _catch_up(writer: str, reader: str, key_path: Path, corpus: Corpus, n: int) -> dict[str, Any]:
+def _catch_up(writer: str, reader: str, key_path: Path, corpus: Corpus, queries: list[str], n: int) -> dict[str, Any]:
     """What read-your-writes costs a search: one client alternates a search on ``reader`` right
     after a capture + admission acknowledged by ``writer`` (the reader's index is one record and
     its events behind the scope's head, and catches up before it answers) with a search on
@@ -64,7 +64,6 @@ def _catch_up(writer: str, reader: str, key_path: Path, corpus: Corpus, n: int) 
     Both kinds are interleaved, so drift of the machine falls on both alike."""
     w = GrpcAgent(writer, key_path, tenant=TENANT, workspace=WORKSPACE)
     r = GrpcAgent(reader, key_path, tenant=TENANT, workspace=WORKSPACE)
-    queries = corpus.queries(200)
     after_write: list[float] = []
     quiet: list[float] = []
     try:
@@ -86,12 +85,13 @@ def _catch_up(writer: str, reader: str, key_path: Path, corpus: Corpus, n: int) 
 
 def _run(servers: list[Served], key_path: Path, a: argparse.Namespace, corpus: Corpus, label: str,
          summary: dict[str, Any]) -> None:
-    search = _searches(servers[-1].address, key_path, corpus.queries(200), a.searches)
+    queries = corpus.queries(200)
+    search = _searches(servers[-1].address, key_path, queries, a.searches)
     summary["points"].append({"engine": label, "cores": len(servers), "phase": "search", "search": search})
     print(f"[postgres] {label} x{len(servers)} search: first {search['first_search_ms']} ms, "
           f"p50 {search['p50_ms']} ms p99 {search['p99_ms']} ms", file=sys.stderr)
     if len(servers) > 1 and a.catch_up:
-        caught = _catch_up(servers[0].address, servers[-1].address, key_path, corpus, a.catch_up)
+        caught = _catch_up(servers[0].address, servers[-1].address, key_path, corpus, queries, a.catch_up)
         summary["points"].append({"engine": label, "cores": len(servers), "phase": "catch-up", **caught})
         print(f"[postgres] {label} x{len(servers)} catch-up: search p50 "
               f"{caught['after_a_write_on_the_other_core']['p50_ms']} ms after a write on the other core, "
