@@ -412,6 +412,7 @@ class BackupService:
                                            self.core.vault.active_generation())
                 shredded.append(rec.record_id)
             tx.append_audit(self.core.audit_row(ctx, "admin.restore", "ok", "", call))
+        self.core.store.analyze()  # the planner has no statistics of what one transaction just filled
         return {"scopes": len(parsed.scopes), "events": len(parsed.events), "records_restored": len(bodies),
                 "records_unrecoverable": sorted(shredded), "audit_rows": len(parsed.audit),
                 "trusted_host_keys_restored": len(parsed.trusted_keys) if restore_trusted_host_keys else 0,

@@ -65,6 +65,44 @@ from engram_core.store.port import (
 )
 
 
+@dataclass(frozen=True)
+class ScopeChanges:
+    """What a core whose index holds a scope's journal up to a cursor must read to catch up
+    (``Engine.changes_since``): all of it as of one committed state."""
+
+    row: ScopeRow | None  # the scope row (None: the scope was never written)
+    events: list[Event]  # the journal after the cursor, up to ``row.last_cursor``, in order
+    rows: dict[str, RecordRow]  # the records those events name (``records_of_event``) that exist, by id
+    blobs: dict[str, bytes]  # the sealed projections of those of them that have one, by record id
+
+
+def records_of_event(event: Event) -> list[str]:
+    """The records a journal event changed: its target when that is a record, and the record an
+    admission created (its body's ``record_id``)."""
+    out = [event.target] if event.target.startswith("mem_") else []
+    created = event.body.get("record_id") if isinstance(event.body, dict) else None
+    if isinstance(created, str) and created.startswith("mem_"):
+        out.append(created)
+    return out
+
+
+def read_changes_since(tx: EngineTx, tenant: str, workspace: str, after: int) -> ScopeChanges:
+    """``Engine.changes_since`` from the transaction's own reads (``tx`` a snapshot): for an
+    engine whose reads are local calls, or as the reference the one-round-trip versions keep."""
+    row = tx.scope(tenant, workspace)
+    if row is None or row.last_cursor <= after:
+        return ScopeChanges(row, [], {}, {})
+    events = tx.events(tenant, workspace, after + 1, row.last_cursor)
+    touched = list(dict.fromkeys(rid for e in events for rid in records_of_event(e)))
+    rows = tx.records(tenant, workspace, touched)
+    blobs = {}
+    for rid in touched:
+        found = tx.projection_blob(rid) if rid in rows else None
+        if found is not None:
+            blobs[rid] = found[0]
+    return ScopeChanges(row, events, rows, blobs)
+
+
 @dataclass
 class TxEffects:
     """What one write transaction hands the kernel at commit, collected as it runs.
@@ -340,11 +378,23 @@ class Engine(Protocol):
         """The scope row as last committed by anyone (a query unless ``sole_writer``)."""
         ...
 
+    def changes_since(self, tenant: str, workspace: str, after: int) -> ScopeChanges:
+        """The scope row as last committed by anyone, with the journal events after cursor
+        ``after`` up to its head and the current rows and sealed projections of the records they
+        name, all from one snapshot (``read_changes_since`` is the reference): so a core whose
+        index holds the journal up to ``after`` catches up to exactly the head it answers from.
+        With nothing after ``after``, only the row. An engine over a network answers it in one
+        round trip: it is asked before every read of a scope another process may write."""
+        ...
+
     def migrate(self) -> list[int]: ...
     def migration_ledger(self) -> list[dict[str, Any]]: ...
     def migration_code(self) -> list[dict[str, Any]]: ...
     def schema_version(self) -> int: ...
     def checkpoint(self) -> None: ...
+    def analyze(self) -> None:
+        """The planner statistics, refreshed after a bulk change (``Store.analyze``)."""
+        ...
     def describe(self) -> dict[str, Any]:
         """What the start-up summary says of the store: engine, location, migrations applied at
         open, rows by kind."""

@@ -48,7 +48,7 @@ from engram_core.store.changes import (
     ScopeProjectionsDropped,
     VectorIndexed,
 )
-from engram_core.store.engine import Engine, EngineTx, TxEffects
+from engram_core.store.engine import Engine, EngineTx, TxEffects, records_of_event
 from engram_core.store.index_residency import IndexResidency, ResidencyStats
 from engram_core.store.page_pins import PinStore
 from engram_core.store.port import (
@@ -411,53 +411,63 @@ class StoreKernel:
         write the same database, the row is read from it and the index caught up to its head
         first (``catch_up``): a read here sees what any core acknowledged before it."""
         if not self.engine.sole_writer:
-            row = self.engine.scope_now(tenant, workspace)
-            if row is not None:
-                self.catch_up(tenant, workspace, row.last_cursor)
-            return row
+            return self.catch_up(tenant, workspace)
         with self._publish:
             if self._stale:
                 self._reload()
             return self._scopes.get((tenant, workspace)) if self._scopes is not None else None
 
-    def catch_up(self, tenant: str, workspace: str, head: int) -> int:
-        """Bring the scope's part of the search index to journal cursor ``head``: the records the
-        events since the index's cursor touched are read again from the engine (row and sealed
-        projection) and indexed as they are now (an event that rebuilt or dropped the scope's
-        projections reloads the scope). Returns how many records it re-read."""
+    def catch_up(self, tenant: str, workspace: str) -> ScopeRow | None:
+        """The scope row as last committed by any core, with the scope's part of the search
+        index brought to its head first: the records the events since the index's cursor named
+        are indexed as they are in the same snapshot as the row (``Engine.changes_since``: one
+        round trip, the one a read with nothing new makes too); an event that rebuilt or dropped
+        the scope's projections reloads the scope. A scope not loaded here yet is loaded whole."""
         key = (tenant, workspace)
         with self._publish:
             if self._stale:
                 self._reload()
             known = self._applied.get(key)
         if known is None and self._residency is not None:
-            return self._load_scope(tenant, workspace)  # not loaded here yet: the whole scope at its head
+            row = self.engine.scope_now(tenant, workspace)
+            if row is not None:
+                self._load_scope(tenant, workspace)  # the whole scope, at a head no older than ``row``
+            return row
         applied = known or 0
-        if applied >= head:
-            return 0
-        with self.engine.read(snapshot=True) as etx:
-            events = etx.events(tenant, workspace, applied + 1, head)
-            if any(e.operation in SCOPE_WIDE_OPERATIONS for e in events):
+        found = self.engine.changes_since(tenant, workspace, applied)
+        if not found.events:
+            return found.row
+        if any(e.operation in SCOPE_WIDE_OPERATIONS for e in found.events):
+            with self.engine.read(snapshot=True) as etx:
+                events = etx.events(tenant, workspace, applied + 1, None)
                 touched = [r.record_id for r in etx.scope_records(tenant, workspace)]
-                dropped = True
-            else:
-                touched = list(dict.fromkeys(rid for e in events for rid in _records_of(e)))
-                dropped = False
-            rows = etx.records(tenant, workspace, touched)
-            blobs = {rid: etx.projection_blob(rid) for rid in touched if rid in rows}
-            reached = max((e.cursor for e in events), default=applied)
+                rows = etx.records(tenant, workspace, touched)
+                blobs = {rid: b[0] for rid in touched if rid in rows and (b := etx.projection_blob(rid)) is not None}
+            self._index_caught_up(tenant, workspace, touched, rows, blobs, events, applied, dropped=True)
+            return found.row
+        touched = list(dict.fromkeys(rid for e in found.events for rid in records_of_event(e)))
+        self._index_caught_up(tenant, workspace, touched, found.rows, found.blobs, found.events, applied,
+                              dropped=False)
+        return found.row
+
+    def _index_caught_up(self, tenant: str, workspace: str, touched: list[str], rows: dict[str, RecordRow],
+                         blobs: dict[str, bytes], events: list[Event], applied: int, *, dropped: bool) -> None:
+        """Index ``touched`` records as read (``rows``, ``blobs``: one snapshot that also held
+        ``events``); ``dropped``: the scope's projections are replaced by these."""
         changes: list[Any] = [ScopeProjectionsDropped(tenant, workspace)] if dropped else []
-        keys = self._record_keys([rows[rid] for rid in touched if rid in rows and blobs.get(rid) is not None])
+        keys = self._record_keys([rows[rid] for rid in touched if rid in rows and rid in blobs])
         for rid in touched:
             row, blob = rows.get(rid), blobs.get(rid)
             key_bytes = keys.get(rid) if row is not None and blob is not None else None
             if row is None or blob is None or key_bytes is None:
                 changes.append(RecordUnindexed(tenant, workspace, rid))
                 continue
-            projection = open_projection(key_bytes, rid, blob[0])
+            projection = open_projection(key_bytes, rid, blob)
             changes.append(RecordIndexed(row, _postings_of(projection)))
             if projection.vector is not None:
                 changes.append(VectorIndexed(tenant, workspace, rid, projection.model, projection.vector))
+        reached = max((e.cursor for e in events), default=applied)
+        key = (tenant, workspace)
         with self._publish:
             # What this core committed itself meanwhile is newer than what was read: keep it.
             changes = [c for c in changes if not _older_than_indexed(self._index, c)] if not dropped else changes
@@ -465,7 +475,6 @@ class StoreKernel:
             self._applied[key] = max(self._applied.get(key, 0), reached)
         if dropped and self.on_scope_refresh is not None:  # a scope-wide change another core made
             self.on_scope_refresh(tenant, workspace)
-        return len(touched)
 
     def index_ready(self) -> bool:
         """The search index is built and current (readiness)."""
@@ -557,6 +566,9 @@ class StoreKernel:
 
     def checkpoint(self) -> None:
         self.engine.checkpoint()
+
+    def analyze(self) -> None:
+        self.engine.analyze()
 
     def describe(self) -> dict[str, Any]:
         return {**self.engine.describe(), "audit_spool_replayed_rows": self.spool_replayed_rows}
@@ -825,16 +837,6 @@ class KernelTx:
 
 # Journal operations after which a replica reloads the scope's index rather than single records.
 SCOPE_WIDE_OPERATIONS = frozenset({"invalidate_projections", "rebuild_projections"})
-
-
-def _records_of(event: Event) -> list[str]:
-    """The records a journal event changed: its target when that is a record, and the record an
-    admission created."""
-    out = [event.target] if event.target.startswith("mem_") else []
-    created = event.body.get("record_id") if isinstance(event.body, dict) else None
-    if isinstance(created, str) and created.startswith("mem_"):
-        out.append(created)
-    return out
 
 
 def _postings_of(projection: Projection) -> tuple[Posting, ...]:

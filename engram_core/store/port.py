@@ -565,6 +565,12 @@ class Store(Protocol):
         """Make freed pages durable-and-reused (after forget, SPEC §10)."""
         ...
 
+    def analyze(self) -> None:
+        """Bring the engine's query-planner statistics up to date after a bulk change (a
+        restore, so also ``migrate-store``). Changes nothing a reader sees; only the speed of
+        later queries depends on it."""
+        ...
+
     def close(self) -> None: ...
 
 

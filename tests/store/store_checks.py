@@ -674,6 +674,30 @@ def check_a_read_sees_what_another_core_committed(target: Any) -> None:
     assert search(a, [5]) == []
 
 
+def check_changes_since_a_cursor_name_the_records_they_touched(target: Any) -> None:
+    """``Engine.changes_since``: the scope row, the journal after the cursor, and the rows and
+    sealed projections of the records those events name (a record target, an admission's
+    ``record_id``), none of another scope's; nothing after the head: the row alone."""
+    store = target.open()
+    admit(store, "mem_one", [5])
+    with store.write() as tx:
+        first = event(tx, "cand_one")
+        tx.append_event(T, W, event_id="evt_adm", operation="admit", target="cand_one", from_state="pending",
+                        to_state="accepted", at_ms=2, body={"record_id": "mem_one"})
+        event(tx, "mem_gone")  # names a record that does not exist: no row
+        event(tx, "cand_other", tenant=OTHER[0], workspace=OTHER[1])
+    found = store.engine.changes_since(T, W, first - 1)
+    assert found.row is not None and found.row.last_cursor == first + 2
+    assert [e.cursor for e in found.events] == [first, first + 1, first + 2]
+    assert set(found.rows) == {"mem_one"} and found.rows["mem_one"].tenant == T
+    assert set(found.blobs) == {"mem_one"} and isinstance(found.blobs["mem_one"], bytes)
+    later = store.engine.changes_since(T, W, first + 1)
+    assert [e.target for e in later.events] == ["mem_gone"] and later.rows == {} and later.blobs == {}
+    quiet = store.engine.changes_since(T, W, first + 2)
+    assert quiet.row == found.row and quiet.events == [] and quiet.rows == {}
+    assert store.engine.changes_since("nobody", "nowhere", 0).row is None
+
+
 CHECKS: list[Callable[[Any], None]] = [
     check_journal_cursors_stay_dense_under_racing_writers,
     check_the_scope_head_is_read_from_storage_not_remembered,
@@ -700,4 +724,5 @@ CHECKS: list[Callable[[Any], None]] = [
     check_the_trust_version_moves_with_every_host_key_change,
     check_a_job_lease_has_one_holder_at_a_time,
     check_a_read_sees_what_another_core_committed,
+    check_changes_since_a_cursor_name_the_records_they_touched,
 ]

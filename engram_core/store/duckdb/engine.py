@@ -38,7 +38,7 @@ from engram_core.store.duckdb.migrations import LEDGER_DDL, MIGRATIONS
 from engram_core.store.duckdb.record_links import RecordLinks
 from engram_core.store.duckdb.record_sql import RECORD_COLS, RECORD_COLS_BEFORE_12, record_of
 from engram_core.store.duckdb.trust import TrustClasses
-from engram_core.store.engine import CommitHooks, TxEffects
+from engram_core.store.engine import CommitHooks, ScopeChanges, TxEffects, read_changes_since
 from engram_core.store.key_digests import KeyDigests
 from engram_core.store.port import (
     CandidateRow,
@@ -884,6 +884,10 @@ class DuckDBEngine:
         with self.read(snapshot=False) as tx:
             return tx.scope(tenant, workspace)
 
+    def changes_since(self, tenant: str, workspace: str, after: int) -> ScopeChanges:
+        with self.read(snapshot=True) as tx:
+            return read_changes_since(tx, tenant, workspace, after)
+
     def audit_head(self, chain: str) -> tuple[int, str]:
         """A chain's committed head ((0, GENESIS) for a chain with no row yet)."""
         heads = self._heads
@@ -1190,6 +1194,9 @@ class DuckDBEngine:
 
     def is_open(self) -> bool:
         return self._open
+
+    def analyze(self) -> None:
+        """Nothing to do: DuckDB keeps its tables' statistics as it writes them."""
 
     def checkpoint(self, *, attempts: int = 20, pause_s: float = 0.01) -> None:
         """CHECKPOINT under the writer lock. DuckDB refuses while it still counts another

@@ -102,7 +102,7 @@ import psycopg
 from engram_core.errors import Code, EngramError
 from engram_core.observability import tracing
 from engram_core.store.chain import GENESIS, LEGACY_CHAIN, scope_chain
-from engram_core.store.engine import CommitHooks, TxEffects
+from engram_core.store.engine import CommitHooks, ScopeChanges, TxEffects, records_of_event
 from engram_core.store.port import (
     CandidateRow,
     Event,
@@ -1216,6 +1216,40 @@ class PostgresEngine:
         with self.read(snapshot=False) as tx:
             return tx.scope(tenant, workspace)
 
+    def changes_since(self, tenant: str, workspace: str, after: int) -> ScopeChanges:
+        """The scope row and the journal after ``after`` in one round trip (two statements in
+        one pipeline), which is all a read with nothing new costs; then, only when the events
+        name records, their rows and projections by primary key in a second. Each statement
+        sees the latest commit, so the events may go past the row's head and the rows past the
+        events: the index is then newer than the row, which ``StoreKernel.committed_scope``
+        allows, and a change that made a row newer is read again at the next catch-up. A
+        snapshot, the events, the rows, each projection and the end of the snapshot one after
+        the other were five round trips after a write on another core."""
+        with self.read(snapshot=False) as tx:
+            try:
+                scope: list[list[tuple[Any, ...]]] = []
+                journal: list[list[tuple[Any, ...]]] = []
+                tx._send([_Statement(f"SELECT {_SCOPE_COLS} FROM scopes WHERE tenant = %s AND workspace = %s",
+                                     [tenant, workspace], on_rows=scope.append),
+                          _Statement(f"SELECT {_EVENT_COLS} FROM journal WHERE tenant = %s AND workspace = %s "
+                                     "AND cursor > %s ORDER BY cursor", [tenant, workspace, after],
+                                     on_rows=journal.append)])
+                if not scope[0]:
+                    return ScopeChanges(None, [], {}, {})
+                row = _scope(scope[0][0])
+                events = [_event(r) for r in journal[0]]
+                touched = list(dict.fromkeys(rid for e in events for rid in records_of_event(e)))
+                if not touched:
+                    return ScopeChanges(row, events, {}, {})
+                read = tx._query(f"SELECT {_RECORD_COLS_R}, p.sealed FROM records r LEFT JOIN projections p "
+                                 "ON p.record_id = r.record_id WHERE r.record_id = ANY(%s) AND r.tenant = %s "
+                                 "AND r.workspace = %s", [touched, tenant, workspace])
+            except psycopg.Error as exc:
+                raise tx._store_error(exc) from None
+        rows = {r[0]: record_of(r) for r in read}
+        blobs = {r[0]: r[RECORD_WIDTH] for r in read if r[RECORD_WIDTH] is not None}
+        return ScopeChanges(row, events, rows, blobs)
+
     # -- state every core shares (the kernel asks for it because ``sole_writer`` is False) ---------------------------
     def _autocommit(self, sql: str, params: Sequence[Any], *, durable: bool = True) -> list[tuple[Any, ...]]:
         """One statement on its own (autocommit), outside any transaction of the caller's.
@@ -1349,6 +1383,18 @@ class PostgresEngine:
     # -- the store as a whole -------------------------------------------------------------------------------------------
     def checkpoint(self) -> None:
         """A no-op: see the module docstring (a forget shreds by key destruction, not by pages)."""
+
+    def analyze(self) -> None:
+        """ANALYZE every table. Tables filled by one restore have no statistics until
+        autovacuum's next pass (up to a minute away): the planner then takes each scope to hold
+        one row and answered a lookup by record id from the scope's index, reading the whole
+        scope (6 ms per lookup at 10k records, against 0.05 ms by the primary key)."""
+        self._require_open()
+        with self.read(snapshot=False) as tx:
+            try:
+                tx._send([_Statement("ANALYZE")])
+            except psycopg.Error as exc:
+                raise tx._store_error(exc) from None
 
     def describe(self) -> dict[str, Any]:
         """The start-up summary. Exact counts scan their tables, so a table the planner's
