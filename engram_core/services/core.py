@@ -31,7 +31,7 @@ from engram_core.services.key_schedule import KeySchedule
 from engram_core.services.lexical import TermHasher
 from engram_core.services.projection_status import ProjectionStatus
 from engram_core.services.quotas import TOOL_METRIC, RateLimited
-from engram_core.store.port import AuditRow, ScopeRow, Store, Tx
+from engram_core.store.port import AuditRow, RecordRow, ScopeRow, Store, Tx
 from engram_core.validation import format_instant
 
 # Longer than a loaded 2-core machine needs for an embedded decision (~0.5 ms idle),
@@ -177,6 +177,14 @@ class Core:
                 slot = own.data_key_slot(owner)
         key = self.vault.data_key(slot, owner) if slot is not None else None
         return None if key is None or slot is None else (slot, key)
+
+    def data_keys(self, records: list[RecordRow]) -> dict[str, tuple[int, bytes]]:
+        """``data_key`` of many records that name their slot, at once (one read of a remote
+        vault), by record id; a record whose key is destroyed, or that names no slot, is left
+        out (``data_key`` answers for it)."""
+        wanted = {int(r.key_slot): r.record_id for r in records if r.key_slot is not None}
+        found = self.vault.data_keys([(slot, f"record:{rid}") for slot, rid in wanted.items()])
+        return {wanted[slot]: (slot, key) for slot, key in found.items()}
 
     def decide(self, path: str, input: dict[str, Any], call: CallRecord) -> Decision:
         return call.add(self.policy.decide(path, input, timeout_s=POLICY_TIMEOUT_S))

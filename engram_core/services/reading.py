@@ -121,11 +121,13 @@ class ReadService:
             raise EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, "purpose mismatch")
 
     # -- record views -----------------------------------------------------------------
-    def _record_view(self, tx: Tx, rec: RecordRow, redaction: Redaction) -> tuple[dict[str, Any], Canonical | None]:
+    def _record_view(self, tx: Tx, rec: RecordRow, redaction: Redaction,
+                     key: tuple[int, bytes] | None = None) -> tuple[dict[str, Any], Canonical | None]:
         """The record as ``redaction`` shows it, and its payload's canonical form when shown. The
         body is unsealed and parsed only when the payload is shown; its key is looked up either
-        way (a key destroyed by a forget is how a record forgotten meanwhile is recognized)."""
-        found = self.core.data_key(tx, f"record:{rec.record_id}", rec.key_slot)
+        way (a key destroyed by a forget is how a record forgotten meanwhile is recognized).
+        ``key``: the key as ``Core.data_keys`` just found it (None: looked up here)."""
+        found = key if key is not None else self.core.data_key(tx, f"record:{rec.record_id}", rec.key_slot)
         if found is None or rec.sealed_body is None:
             raise EngramError(Code.BLOB_MISSING, "record body unreadable")
         payload = None
@@ -143,13 +145,13 @@ class ReadService:
                 view[name] = getattr(rec, name)
         return view, payload
 
-    def _view_unless_forgotten(self, tx: Tx, rec: RecordRow, now: int,
-                               redaction: Redaction) -> tuple[dict[str, Any], Canonical | None] | None:
+    def _view_unless_forgotten(self, tx: Tx, rec: RecordRow, now: int, redaction: Redaction,
+                               key: tuple[int, bytes] | None = None) -> tuple[dict[str, Any], Canonical | None] | None:
         """The record's view, or None if it was forgotten after it was read: its data key is
         destroyed by the forget's commit, which can land between two of search's statements.
         A key missing from a record that is still eligible is a real BLOB_MISSING."""
         try:
-            return self._record_view(tx, rec, redaction)
+            return self._record_view(tx, rec, redaction, key)
         except EngramError as exc:
             if exc.code is not Code.BLOB_MISSING:
                 raise
@@ -276,8 +278,10 @@ class ReadService:
             max_bytes = min(args.get("max_packet_bytes", DEFAULT_PACKET), cap)
             packets = []
             payloads: list[Canonical | None] = []
+            # Every hit's key at once: one read of a vault in the database instead of one per hit.
+            keys = self.core.data_keys([recs[rid] for _, (rid, _s, _v) in kept])
             for i, (rid, score, _vt) in kept:
-                viewed = self._view_unless_forgotten(tx, recs[rid], now, shown)
+                viewed = self._view_unless_forgotten(tx, recs[rid], now, shown, keys.get(rid))
                 if viewed is not None:
                     record, payload = viewed
                     packets.append({"record": record, "redacted_fields": shown.omitted,
