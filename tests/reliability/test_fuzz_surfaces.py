@@ -92,6 +92,17 @@ def _nfc(value: Any) -> Any:
     return value
 
 
+# Payload times a capture keeps as drawn: from the policy's default floor (1971-01-01) to
+# 2026-01-01, before any run's now; others are mapped into it.
+_IN_WINDOW = (31_536_000_000, 1_767_225_600_000)
+
+
+def _in_window(t: int) -> int:
+    if _IN_WINDOW[0] <= t <= _IN_WINDOW[1]:
+        return t
+    return _IN_WINDOW[0] + t % (_IN_WINDOW[1] - _IN_WINDOW[0])
+
+
 def _resolved(args: dict[str, Any]) -> dict[str, Any]:
     """A schema-valid capture made to pass the checks JSON Schema cannot express (cross-references
     resolve, ids unique, t_end ≥ t, real instants, sorted family refs), so valid captures reach the
@@ -108,12 +119,28 @@ def _resolved(args: dict[str, Any]) -> dict[str, Any]:
     payload.update(citations=citations, components=components, primary_component_id=primary["component_id"],
                    primary_event={**payload["primary_event"], "citation_id": primary["citation_ids"][0]})
     vt = payload["valid_time"]
+    if not _IN_WINDOW[0] <= vt["t"] <= _IN_WINDOW[1]:
+        # Drawn integers are almost never inside the host's payload-time window (the capture
+        # policy's floor and horizon), and a capture refused there never reaches the store.
+        # Out-of-window times still arrive through the hostile mutations of these cases.
+        span = abs(vt.get("t_end", vt["t"]) - vt["t"]) % 86_400_000
+        vt = {**vt, "t": _in_window(vt["t"])}
+        if "t_end" in payload["valid_time"]:
+            vt["t_end"] = vt["t"] + span
+        payload["valid_time"] = vt
     if vt.get("t_end", vt["t"]) < vt["t"]:
         payload["valid_time"] = {**vt, "t_end": vt["t"]}
+    payload["primary_event"] = {**payload["primary_event"], "at": _in_window(payload["primary_event"]["at"])}
     if "expires_at" in payload.get("retention", {}):
-        payload["retention"] = {**payload["retention"], "expires_at": "2099-01-01T00:00:00.000Z"}
+        # A week from now: inside any tenant's expiry cap the policies set (2099 was beyond them).
+        week = time.gmtime(time.time() + 7 * 86_400)
+        payload["retention"] = {**payload["retention"], "expires_at": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", week)}
     if "reconciliation" in payload:
-        payload["reconciliation"] = {"family_refs": sorted(payload["reconciliation"]["family_refs"])}
+        refs = payload["reconciliation"]["family_refs"]
+        if refs:  # families the host never consented to: refused by policy before the store
+            del payload["reconciliation"]
+        else:
+            payload["reconciliation"] = {"family_refs": []}
     evidence = {**args["evidence"], "citation_ids": [c for c in args["evidence"]["citation_ids"] if c in known]
                 or known[:1]}
     return {**args, "payload": payload, "evidence": evidence}
@@ -336,6 +363,9 @@ def test_grpc_surface_never_internal(fuzz_core, pool) -> None:
     channel.close()
     tally.report()
     assert tally.codes["INVALID_SCHEMA"] > 0 and tally.codes["ok"] > 0, tally.codes
+    # Valid captures must reach the store, or admissions, withdrawals and forgets never get a real
+    # id (wave 3's payload-time window once refused every drawn capture, and nothing said so).
+    assert tally.by_tool[("capture", "ok")] > 0, dict(tally.by_tool)
 
 
 def test_raw_garbage_bytes_never_internal(fuzz_core) -> None:
