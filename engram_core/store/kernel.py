@@ -440,8 +440,8 @@ class StoreKernel:
         if any(e.operation in SCOPE_WIDE_OPERATIONS for e in found.events):
             with self.engine.read(snapshot=True) as etx:
                 events = etx.events(tenant, workspace, applied + 1, None)
-                touched = [r.record_id for r in etx.scope_records(tenant, workspace)]
-                rows = etx.records(tenant, workspace, touched)
+                rows = {r.record_id: r for r in etx.scope_records(tenant, workspace)}
+                touched = list(rows)
                 blobs = {rid: b[0] for rid in touched if rid in rows and (b := etx.projection_blob(rid)) is not None}
             self._index_caught_up(tenant, workspace, touched, rows, blobs, events, applied, dropped=True)
             return found.row

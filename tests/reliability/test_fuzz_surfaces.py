@@ -119,14 +119,13 @@ def _resolved(args: dict[str, Any]) -> dict[str, Any]:
     payload.update(citations=citations, components=components, primary_component_id=primary["component_id"],
                    primary_event={**payload["primary_event"], "citation_id": primary["citation_ids"][0]})
     vt = payload["valid_time"]
-    if not _IN_WINDOW[0] <= vt["t"] <= _IN_WINDOW[1]:
-        # Drawn integers are almost never inside the host's payload-time window (the capture
-        # policy's floor and horizon), and a capture refused there never reaches the store.
-        # Out-of-window times still arrive through the hostile mutations of these cases.
+    # Drawn integers are almost never inside the host's payload-time window (the capture
+    # policy's floor and horizon), and a capture refused there never reaches the store.
+    # Out-of-window times still arrive through the hostile mutations of these cases.
+    t = _in_window(vt["t"])
+    if t != vt["t"]:
         span = abs(vt.get("t_end", vt["t"]) - vt["t"]) % 86_400_000
-        vt = {**vt, "t": _in_window(vt["t"])}
-        if "t_end" in payload["valid_time"]:
-            vt["t_end"] = vt["t"] + span
+        vt = {**vt, "t": t, **({"t_end": t + span} if "t_end" in vt else {})}
         payload["valid_time"] = vt
     if vt.get("t_end", vt["t"]) < vt["t"]:
         payload["valid_time"] = {**vt, "t_end": vt["t"]}
