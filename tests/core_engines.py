@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pg_cluster import Database, PgCluster
+from pg_cluster import Database, PgCluster, wal_stream
 
 DUCKDB, POSTGRESQL = "duckdb", "postgresql"
 ENGINES = (DUCKDB, POSTGRESQL)
@@ -165,8 +165,12 @@ class EngineStores:
                 con.execute("CHECKPOINT")
             files += [p for p in sorted(cluster.database_dir(db).rglob("*")) if p.is_file()]
             since = self._made[db.name]
-            files += [p for p in sorted((cluster.data / "pg_wal").glob("0*"))
-                      if p.is_file() and p.stat().st_mtime >= since]
+            segments = [p for p in sorted((cluster.data / "pg_wal").glob("0*"))
+                        if p.is_file() and p.stat().st_mtime >= since]
+            blobs = {str(p): p.read_bytes() for p in files + segments}
+            # A record split across WAL pages is whole only with the page headers cut out.
+            blobs["pg_wal (records joined across pages)"] = wal_stream(segments)
+            return blobs
         return {str(p): p.read_bytes() for p in files}
 
     def close(self) -> None:
