@@ -35,6 +35,7 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -132,6 +133,24 @@ class KeyVault(Protocol):
     def status(self) -> dict[str, int | str]: ...
 
     def close(self) -> None: ...
+
+
+class KeyedRecord(Protocol):
+    """What ``record_data_keys`` reads of a record row: its id and the ref its key is at."""
+
+    @property
+    def record_id(self) -> str: ...
+
+    @property
+    def key_slot(self) -> int | None: ...
+
+
+def record_data_keys(vault: KeyVault, records: Iterable[KeyedRecord]) -> dict[str, tuple[int, bytes]]:
+    """The live data keys of many records, by record id, with the ref each is at: one
+    ``data_keys`` read for all. A record naming no ref, or whose key is destroyed, is left out."""
+    owners = {int(r.key_slot): r.record_id for r in records if r.key_slot is not None}
+    found = vault.data_keys([(ref, f"record:{rid}") for ref, rid in owners.items()])
+    return {owners[ref]: (ref, key) for ref, key in found.items()}
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 from engram_core.canonical import digest, with_receipt_digest
 from engram_core.clock import Clock, SystemClock
 from engram_core.context_nonces import ContextNonceLedger
-from engram_core.crypto.keyvault import KeyVault
+from engram_core.crypto.keyvault import KeyVault, record_data_keys
 from engram_core.embedding.port import Embedder
 from engram_core.errors import Code, EngramError, class_of_reasons
 from engram_core.hostctx import CLOCK_SKEW_MS, MAX_CONTEXT_TTL_MS, BoundContext
@@ -182,9 +182,7 @@ class Core:
         """``data_key`` of many records that name their slot, at once (one read of a remote
         vault), by record id; a record whose key is destroyed, or that names no slot, is left
         out (``data_key`` answers for it)."""
-        wanted = {int(r.key_slot): r.record_id for r in records if r.key_slot is not None}
-        found = self.vault.data_keys([(slot, f"record:{rid}") for slot, rid in wanted.items()])
-        return {wanted[slot]: (slot, key) for slot, key in found.items()}
+        return record_data_keys(self.vault, records)
 
     def decide(self, path: str, input: dict[str, Any], call: CallRecord) -> Decision:
         return call.add(self.policy.decide(path, input, timeout_s=POLICY_TIMEOUT_S))

@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from engram_core.crypto.keyvault import KeyVault
+from engram_core.crypto.keyvault import KeyVault, record_data_keys
 from engram_core.errors import Code, EngramError
 from engram_core.store.audit_spool import AuditSpool
 from engram_core.store.chain import audit_doc, chain_heads, event_digest_of, new_writer_chain, scope_chain
@@ -533,9 +533,7 @@ class StoreKernel:
         """The data keys of many records at once, by record id (one vault read where it is remote)."""
         if self._keys is None:
             raise EngramError(Code.STORE_UNAVAILABLE, "search projections need the key vault")
-        owners = {int(r.key_slot): r.record_id for r in recs if r.key_slot is not None}
-        found = self._keys.data_keys([(slot, f"record:{rid}") for slot, rid in owners.items()])
-        return {owners[slot]: key for slot, key in found.items()}
+        return {rid: key for rid, (_ref, key) in record_data_keys(self._keys, recs).items()}
 
     def data_key(self, rec: RecordRow) -> bytes:
         """The record's data key, which seals its search projection."""
