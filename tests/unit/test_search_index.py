@@ -352,3 +352,83 @@ def test_a_new_posting_shows_in_the_next_search_even_when_the_statistics_stay_th
     assert [r[0] for r in _rank(index, [7], 100).rows] == ["rec_1", "rec_2", "rec_3"]
     index.apply([RecordUnindexed("t", "w", "rec_2")])
     assert [r[0] for r in _rank(index, [7], 100).rows] == ["rec_1", "rec_3"]
+
+
+def _direct_mask(cols: search_index._Columns, now: int, cursor: int) -> list[bool]:
+    n = cols.n
+    return [bool(cols.live[d] and cols.current[d] and cols.accepted[d] <= cursor and cols.changed[d] <= cursor
+                 and cols.valid_t[d] <= now and cols.valid_end[d] >= now and cols.expires[d] > now) for d in range(n)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32))
+def test_eligibility_kept_through_admissions_between_searches_is_always_the_direct_answer(seed: int) -> None:
+    """Admissions (and state changes and forgets) between searches update the kept eligibility
+    mask instead of dropping it; at every instant and cursor it equals the direct computation,
+    including for a record whose valid time or expiry flips while the mask is kept."""
+    rnd = random.Random(seed)
+    index = SearchIndex()
+    t0 = NOW
+    metas: list[RecordMeta] = []
+    cursor_now = 0
+
+    def admit() -> None:
+        nonlocal cursor_now
+        cursor_now += 1
+        meta = RecordMeta(f"rec_{cursor_now:03d}", rnd.random() < 0.9, cursor_now, cursor_now,
+                          t0 + rnd.randrange(-5, 30), rnd.choice([None, t0 + rnd.randrange(0, 30)]),
+                          rnd.choice([None, t0 + rnd.randrange(0, 30)]))
+        index.apply([_indexed(meta, [Posting(1, "primary", 1, 1)])])
+        metas.append(meta)
+
+    admit()
+    cols = index._scopes[("t", "w")].columns
+    now = t0 - 6
+    for _ in range(80):
+        now += rnd.choice([0, 0, 1, 1, 2, 5])
+        for _ in range(rnd.choice([0, 0, 1, 1, 3])):
+            admit()
+        if rnd.random() < 0.15 and len(metas) > 1:
+            meta = rnd.choice(metas)
+            if rnd.random() < 0.5:
+                cursor_now += 1
+                meta.current, meta.state_cursor = not meta.current, cursor_now
+                index.apply([RecordStateChanged(meta.record_id, meta.current, meta.state_cursor)])
+            else:
+                index.apply([RecordUnindexed("t", "w", meta.record_id)])
+                metas.remove(meta)
+        cursor = rnd.choice([cursor_now, cursor_now + 5, 2**62, rnd.randrange(1, cursor_now + 2)])
+        assert cols.eligible(now_ms=now, max_cursor=cursor).tolist() == _direct_mask(cols, now, cursor), (now, cursor)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32), st.integers(1, 3), st.sampled_from([0, 2]), st.sampled_from([0, 3]))
+def test_neighbourhood_kept_through_admissions_is_always_the_direct_answer(seed: int, span: int, within: int,
+                                                                           session_ms: int) -> None:
+    """Each admission extends the kept neighbourhood (live documents in order, their places, the
+    links per step and the linked pairs) instead of dropping it; after any sequence of
+    admissions, forgets and state changes it is exactly what computing it afresh gives."""
+    rnd = random.Random(seed)
+    index = SearchIndex()
+    rids: list[str] = []
+    for i in range(rnd.randint(1, 70)):
+        if rids and rnd.random() < 0.15:
+            rid = rids.pop(rnd.randrange(len(rids)))
+            index.apply([RecordUnindexed("t", "w", rid)])
+        elif rids and rnd.random() < 0.1:
+            index.apply([RecordStateChanged(rnd.choice(rids), rnd.random() < 0.5, 1000 + i)])
+        else:
+            meta = RecordMeta(f"rec_{i:03d}", True, i + 1, i + 1, NOW + rnd.randrange(4), None, None,
+                              rnd.choice([None, "u\x00a\x00s1", "u\x00a\x00s2"]), NOW + rnd.randrange(6))
+            index.apply([_indexed(meta, [Posting(1, "primary", 1, 1)])])
+            rids.append(meta.record_id)
+        cols = index._scopes[("t", "w")].columns
+        if rnd.random() < 0.5:  # a search in between: the neighbourhood is kept from here on
+            kept = cols._neighbourhood(span, within, session_ms)
+            cols._order = None
+            fresh = cols._neighbourhood(span, within, session_ms)
+            live, position, close, pairs = kept
+            assert live.tolist() == fresh[0].tolist() and position.tolist() == fresh[1].tolist()
+            assert [c.tolist() for c in close] == [c.tolist() for c in fresh[2]]
+            assert [(a.tolist(), b.tolist()) for a, b in pairs] == [(a.tolist(), b.tolist()) for a, b in fresh[3]]
+            assert live.dtype == fresh[0].dtype and [c.dtype for c in close] == [c.dtype for c in fresh[2]]
