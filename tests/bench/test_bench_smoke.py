@@ -102,3 +102,19 @@ def test_writes_reports_throughput_commits_and_server_cpu(tmp_path: Path) -> Non
         assert p["commits"] > 0 and p["transactions"] >= p["operations"], p
         assert p["server_cpu_ms_per_op"] > 0
     assert points[0]["pair"]["p50_ms"] > points[0]["capture"]["p50_ms"] > 0
+
+
+def test_after_write_measures_both_kinds_of_search_for_both_trees(tmp_path: Path) -> None:
+    """tools/bench/after_write.py at 60 records, with this checkout as its own baseline: a search
+    after a write and one with nothing new, per tree and round."""
+    from tools.bench.after_write import main as after_write_main
+    from tools.bench.mcp_hop import REPO
+
+    out = tmp_path / "after.json"
+    assert after_write_main(["--data", str(tmp_path / "data"), "--records", "60", "--baseline", str(REPO),
+                             "--rounds", "2", "--writes", "3", "--out", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["tree"], r["round"]) for r in runs] == [("baseline", 0), ("this checkout", 0),
+                                                      ("this checkout", 1), ("baseline", 1)]
+    for r in runs:
+        assert r["searches"] == 3 and r["after_a_write_p50_ms"] > 0 and r["nothing_new_p50_ms"] > 0
