@@ -218,6 +218,7 @@ class Tally:
         self.codes: Counter[str] = Counter()
         self.by_tool: Counter[tuple[str, str]] = Counter()
         self.slowest = 0.0
+        self.slowest_case = ""
         self.progress_every = 0
 
     def cases(self, pool: dict[str, list[Any]], target: int) -> Iterator[tuple[str, Any, str]]:
@@ -234,7 +235,8 @@ class Tally:
         self.valid += valid
         self.drawn += origin == "drawn"
         self.codes[code] += 1
-        self.slowest = max(self.slowest, elapsed)
+        if elapsed > self.slowest:
+            self.slowest, self.slowest_case = elapsed, f"{tool.removeprefix('engram_memory_')} {origin} {code}"
         assert elapsed < LATENCY_S[self.surface], (self.surface, tool, origin, code, elapsed)
         if self.progress_every and self.sent % self.progress_every == 0:
             print(f"\n  fuzz {self.surface}: {self.sent} sent, {time.perf_counter() - self.started:.0f} s", flush=True)
@@ -244,7 +246,7 @@ class Tally:
         print(f"\nfuzz {self.surface}: {self.sent} cases sent ({self.drawn} as drawn, {self.sent - self.drawn} "
               f"with cheap mutations; {self.valid} valid, {self.sent - self.valid} invalid), {self.unsendable} not "
               f"expressible by the client (not sent); answers {dict(self.codes.most_common())}; slowest "
-              f"{self.slowest:.3f} s; {took:.0f} s ({self.sent / took:.0f} cases/s){extra}")
+              f"{self.slowest:.3f} s ({self.slowest_case}); {took:.0f} s ({self.sent / took:.0f} cases/s){extra}")
         for tool in sorted({t for t, _ in self.by_tool}):
             answers = {code: n for (t, code), n in self.by_tool.most_common() if t == tool}
             print(f"  {tool}: {answers}")
@@ -252,20 +254,34 @@ class Tally:
 
 # -- the validator ---------------------------------------------------------------------------------------
 
+def _validated(tool: str, args: Any) -> tuple[str, float]:
+    """The validator's answer to ``args`` and the CPU time it took this thread."""
+    started = time.thread_time()
+    try:
+        validate_arguments(tool, args)
+        code = "ok"
+    except EngramError as exc:
+        assert exc.code in SCHEMA_CODES, (tool, exc)
+        code = exc.code.value
+    return code, time.thread_time() - started
+
+
 def test_validator_is_total_and_precise(pool) -> None:
     tally = Tally("validator")
     for tool, args, origin in tally.cases(pool, CASES["validator"]):
         # This thread's CPU time, not the wall clock: the bound is on the validator's work, which
-        # other processes on a loaded machine do not change (wall time does). At soak size an
-        # extra field plus a 5000-item array still took 1.34 s of it (tracemalloc on): open.
-        started = time.thread_time()
-        try:
-            validate_arguments(tool, args)
-            code = "ok"
-        except EngramError as exc:
-            assert exc.code in SCHEMA_CODES, (tool, exc)
-            code = exc.code.value
-        tally.record(tool, code, code == "ok", origin, time.thread_time() - started)
+        # other processes on a loaded machine do not change (wall time does), or change less. The
+        # slowest cases are refusals of large nested lists (0.1-0.2 s since the explainer sees
+        # lists cut where the schema bounds them, validation._pruned).
+        code, took = _validated(tool, args)
+        if took >= LATENCY_S["validator"]:
+            # Validating is deterministic: a case over the bound is timed again, and only the
+            # validator's own work counts (the lesser time). A case of 0.1-0.2 s in a process of
+            # its own once measured over 1 s here, with this process's heap and the machine's other
+            # work on the same cores; a case really that slow is that slow twice.
+            code, again = _validated(tool, args)
+            took = min(took, again)
+        tally.record(tool, code, code == "ok", origin, took)
     tally.report()
     assert tally.codes["ok"] > 0 and tally.codes["INVALID_SCHEMA"] > 0, tally.codes
 
