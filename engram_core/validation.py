@@ -292,12 +292,20 @@ def _alternatives(schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _member_schema(schema: dict[str, Any], key: str) -> dict[str, Any] | None:
+    """What ``schema`` checks a member ``key`` of an object against, if anything."""
+    if key in schema.get("properties", {}):
+        return schema["properties"][key]
+    extra = schema.get("additionalProperties")
+    return extra if isinstance(extra, dict) else None
+
+
 def _pruned(value: Any, schemas: list[dict[str, Any]]) -> Any:
     """``value`` with its lists cut as the explainer needs them (above), ``schemas`` being what
     the schema checks at its place."""
     here = _alternatives(schemas)
     if isinstance(value, dict):
-        return {k: _pruned(v, [s["properties"][k] for s in here if k in s.get("properties", {})])
+        return {k: _pruned(v, [_member_schema(s, k) for s in here if _member_schema(s, k) is not None])
                 for k, v in value.items()}
     if isinstance(value, list):
         arrays = [s for s in here if "items" in s or "maxItems" in s]
