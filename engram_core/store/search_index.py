@@ -112,6 +112,29 @@ def session_of(row: RecordRow) -> str | None:
     return f"{row.principal}\x00{row.agent_id}\x00{row.session}"
 
 
+def _linked(vt: np.ndarray, vt_before: np.ndarray, session: np.ndarray, session_before: np.ndarray,
+            captured: np.ndarray, captured_before: np.ndarray, within_ms: int, session_ms: int) -> np.ndarray:
+    """Per pair of documents (later, earlier), whether neighbours link them (``_Columns._neighbourhood``):
+    valid times within ``within_ms``, or (``session_ms`` > 0) one known capture session with
+    capture instants and valid times each within ``session_ms``."""
+    gap = np.abs(vt - vt_before)
+    link = gap <= within_ms
+    if session_ms > 0:
+        link |= ((session == session_before) & (session >= 0) & (np.abs(captured - captured_before) <= session_ms)
+                 & (gap <= session_ms))
+    return link
+
+
+def _next_flip(valid_t: np.ndarray, valid_end: np.ndarray, expires: np.ndarray, now_ms: int) -> int:
+    """The first instant after ``now_ms`` at which ``valid_t <= now``, ``valid_end >= now`` or
+    ``expires > now`` changes for any of these documents (NEVER: none does)."""
+    later = [int(a.min()) for a in (valid_t[valid_t > now_ms], expires[expires > now_ms]) if len(a)]
+    ending = valid_end[(valid_end >= now_ms) & (valid_end < NEVER)]
+    if len(ending):
+        later.append(int(ending.min()) + 1)
+    return min(later, default=NEVER)
+
+
 class _Columns:
     """Growable per-record columns of one scope, indexed by the scope's local document number."""
 
@@ -230,13 +253,11 @@ class _Columns:
         are taken at ``_mask_from``, and the instants after it at which they flip end the
         mask's span as ``eligible`` ends it for every document."""
         assert self._mask is not None
-        now = self._mask_from
-        valid_t, valid_end, expires = self.valid_t[doc], self.valid_end[doc], self.expires[doc]
-        entry = bool(self.live[doc] and self.current[doc] and valid_t <= now and valid_end >= now and expires > now)
-        later = [int(t) for t in (valid_t, expires) if t > now]
-        if now <= valid_end < NEVER:
-            later.append(int(valid_end) + 1)
-        self._mask_until = min([self._mask_until, *later])
+        now, one = self._mask_from, slice(doc, doc + 1)
+        valid_t, valid_end, expires = self.valid_t[one], self.valid_end[one], self.expires[one]
+        entry = bool(self.live[doc] and self.current[doc] and valid_t[0] <= now and valid_end[0] >= now
+                     and expires[0] > now)
+        self._mask_until = min(self._mask_until, _next_flip(valid_t, valid_end, expires, now))
         if appended:
             mask = np.append(self._mask, entry)
         else:
@@ -261,14 +282,11 @@ class _Columns:
             if at - step < 0:
                 break
             before = live[at - step]
-            vt_gap = np.abs(self.valid_t[doc] - self.valid_t[before])
-            linked = bool(vt_gap <= within_ms)
-            if session_ms > 0 and not linked:
-                linked = bool(self.session[doc] == self.session[before] and self.session[doc] >= 0
-                              and np.abs(self.captured[doc] - self.captured[before]) <= session_ms
-                              and vt_gap <= session_ms)
-            close[step - 1] = np.append(close[step - 1], linked)
-            if linked:
+            this, prev = slice(doc, doc + 1), slice(before, before + 1)
+            link = _linked(self.valid_t[this], self.valid_t[prev], self.session[this], self.session[prev],
+                           self.captured[this], self.captured[prev], within_ms, session_ms)
+            close[step - 1] = np.append(close[step - 1], link)
+            if link[0]:
                 a, b = pairs[step - 1]
                 pairs[step - 1] = (np.append(a, before), np.append(b, doc))
         return ((span, within_ms, session_ms), live, position, close, pairs)
@@ -348,15 +366,9 @@ class _Columns:
             live = np.flatnonzero(self.live[: self.n])
             position = np.full(self.n, -1, dtype=np.int64)
             position[live] = np.arange(len(live))
-            vt = self.valid_t[live]
-            close = [np.abs(vt[step:] - vt[:-step]) <= within_ms for step in range(1, span + 1)]
-            if session_ms > 0:
-                session, captured = self.session[live], self.captured[live]
-                for step in range(1, span + 1):
-                    same = ((session[step:] == session[:-step]) & (session[step:] >= 0)
-                            & (np.abs(captured[step:] - captured[:-step]) <= session_ms)
-                            & (np.abs(vt[step:] - vt[:-step]) <= session_ms))
-                    close[step - 1] |= same
+            vt, session, captured = self.valid_t[live], self.session[live], self.captured[live]
+            close = [_linked(vt[step:], vt[:-step], session[step:], session[:-step], captured[step:],
+                             captured[:-step], within_ms, session_ms) for step in range(1, span + 1)]
             pairs = [(live[np.flatnonzero(c)], live[np.flatnonzero(c) + step]) for step, c in enumerate(close, 1)]
             self._order = ((span, within_ms, session_ms), live, position, close, pairs)
         _, live, position, close, pairs = self._order
@@ -376,13 +388,9 @@ class _Columns:
         mask = (self.live[:n] & self.current[:n] & (self.accepted[:n] <= max_cursor) & (self.changed[:n] <= max_cursor)
                 & (valid_t <= now_ms) & (valid_end >= now_ms) & (expires > now_ms))
         if max_cursor >= self.cursor_bound:
-            # The next instant at which valid_t <= now, valid_end >= now or expires > now flips.
-            later = [int(a.min()) for a in (valid_t[valid_t > now_ms], expires[expires > now_ms]) if len(a)]
-            ending = valid_end[(valid_end >= now_ms) & (valid_end < NEVER)]
-            if len(ending):
-                later.append(int(ending.min()) + 1)
             mask.flags.writeable = False
-            self._mask, self._mask_from, self._mask_until = mask, now_ms, min(later, default=NEVER)
+            self._mask, self._mask_from = mask, now_ms
+            self._mask_until = _next_flip(valid_t, valid_end, expires, now_ms)
         return mask
 
 
