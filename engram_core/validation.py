@@ -305,8 +305,7 @@ def _pruned(value: Any, schemas: list[dict[str, Any]]) -> Any:
     the schema checks at its place."""
     here = _alternatives(schemas)
     if isinstance(value, dict):
-        return {k: _pruned(v, [_member_schema(s, k) for s in here if _member_schema(s, k) is not None])
-                for k, v in value.items()}
+        return {k: _pruned(v, [m for s in here if (m := _member_schema(s, k)) is not None]) for k, v in value.items()}
     if isinstance(value, list):
         arrays = [s for s in here if "items" in s or "maxItems" in s]
         if not arrays:
