@@ -3,6 +3,7 @@ two ``engram serve --store`` processes, against the same figures on the embedded
 the same run.
 
     .venv/bin/python -m tools.bench.postgres [--size 10000] [--clients 1,4,16] [--duration 10] [--out FILE]
+        [--baseline CHECKOUT --rounds 2]
 
 A PostgreSQL 15 cluster of its own is started in a temporary directory (as the tests start theirs:
 tests/pg_cluster.py; as root through ``runuser -u postgres``), on this machine, so the database
@@ -56,7 +57,8 @@ def _searches(address: str, key_path: Path, queries: list[str], n: int) -> dict[
         agent.close()
 
 
-def _catch_up(writer: str, reader: str, key_path: Path, corpus: Corpus, queries: list[str], n: int) -> dict[str, Any]:
+def _catch_up(writer: str, reader: str, key_path: Path, corpus: Corpus, queries: list[str], n: int,
+              salt: str) -> dict[str, Any]:
     """What read-your-writes costs a search: one client alternates a search on ``reader`` right
     after a capture + admission acknowledged by ``writer`` (the reader's index is one record and
     its events behind the scope's head, and catches up before it answers) with a search on
@@ -69,9 +71,9 @@ def _catch_up(writer: str, reader: str, key_path: Path, corpus: Corpus, queries:
     try:
         for i in range(2 * n + 4):
             if i % 2 == 0:
-                cap = w.call("capture", corpus.capture_args("catch-up", i))
+                cap = w.call("capture", corpus.capture_args(f"catch-up-{salt}", i))
                 w.call("request_admission", {"candidate_id": cap["candidate_id"],
-                                             "idempotency_key": f"bench-catch-up-{i:08d}"})
+                                             "idempotency_key": f"bench-catch-up-{salt}-{i:08d}"})
             t = time.perf_counter()
             r.call("search", {"query": queries[i % len(queries)], "purpose_ref": PURPOSE})
             if i >= 4:  # the first rounds warm both cores' paths
@@ -91,7 +93,8 @@ def _run(servers: list[Served], key_path: Path, a: argparse.Namespace, corpus: C
     print(f"[postgres] {label} x{len(servers)} search: first {search['first_search_ms']} ms, "
           f"p50 {search['p50_ms']} ms p99 {search['p99_ms']} ms", file=sys.stderr)
     if len(servers) > 1 and a.catch_up:
-        caught = _catch_up(servers[0].address, servers[-1].address, key_path, corpus, queries, a.catch_up)
+        caught = _catch_up(servers[0].address, servers[-1].address, key_path, corpus, queries, a.catch_up,
+                           salt=f"{time.time_ns()}")
         summary["points"].append({"engine": label, "cores": len(servers), "phase": "catch-up", **caught})
         print(f"[postgres] {label} x{len(servers)} catch-up: search p50 "
               f"{caught['after_a_write_on_the_other_core']['p50_ms']} ms after a write on the other core, "
@@ -122,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
                         "nothing new, interleaved (read-your-writes' cost; 0: skip)")
     p.add_argument("--semantic", choices=("on", "off"), default="on",
                    help="the cores' semantic channel (default on: each admission embeds)")
+    p.add_argument("--baseline", type=Path, default=None,
+                   help="another checkout (its stubs generated) whose cores run over the same database, "
+                        "alternated with this checkout's (before/after in one run)")
+    p.add_argument("--rounds", type=int, default=1, help="with --baseline: rounds of both, alternated")
     p.add_argument("--out", default=None, help="write the JSON summary here")
     a = p.parse_args(argv)
     summary: dict[str, Any] = {"machine": facts(), "command": " ".join(sys.argv), "size": a.size,
@@ -154,15 +161,21 @@ def main(argv: list[str] | None = None) -> int:
                                         "records_per_s": round(records / seconds, 1)}
             print(f"[postgres] migrate-store: {records} records in {seconds:.1f} s", file=sys.stderr)
             key_path = data / "host.key"  # copied into the key directory: the hosts' key signs there too
+            trees: list[tuple[str, Path | None]] = [("postgresql", None)]
+            if a.baseline is not None:
+                trees.insert(0, ("postgresql (baseline)", a.baseline))
             for n in (int(c) for c in a.cores.split(",")):
-                servers: list[Served] = []
-                try:
-                    for _ in range(n):
-                        servers.append(Served(keys, semantic=a.semantic == "on", metrics=True, store=db.conninfo))
-                    _run(servers, key_path, a, corpus, "postgresql", summary)
-                finally:
-                    for s in servers:
-                        s.stop()
+                for r in range(a.rounds if a.baseline is not None else 1):
+                    for label, tree in trees if r % 2 == 0 else trees[::-1]:
+                        servers: list[Served] = []
+                        try:
+                            for _ in range(n):
+                                servers.append(Served(keys, semantic=a.semantic == "on", metrics=True,
+                                                      store=db.conninfo, tree=tree))
+                            _run(servers, key_path, a, corpus, label, summary)
+                        finally:
+                            for s in servers:
+                                s.stop()
     finally:
         cluster.destroy()
     emit(summary, a.out)
