@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import EllipsisType
@@ -31,7 +31,7 @@ from engram_core.services.key_schedule import KeySchedule
 from engram_core.services.lexical import TermHasher
 from engram_core.services.projection_status import ProjectionStatus
 from engram_core.services.quotas import TOOL_METRIC, RateLimited
-from engram_core.store.port import AuditRow, RecordRow, ScopeRow, Store, Tx
+from engram_core.store.port import AuditRow, RecordRow, ScopeRow, SharedPin, Store, Tx
 from engram_core.validation import format_instant
 
 # Longer than a loaded 2-core machine needs for an embedded decision (~0.5 ms idle),
@@ -280,9 +280,11 @@ class Core:
             context_nonce=ctx.nonce_ref,
         )
 
-    def audit_standalone(self, ctx: BoundContext, operation: str, outcome: str, target: str, call: CallRecord) -> None:
-        """Audit a call that changed nothing (reads, refusals) in its own transaction."""
-        self.store.append_audit(self.audit_row(ctx, operation, outcome, target, call))
+    def audit_standalone(self, ctx: BoundContext, operation: str, outcome: str, target: str, call: CallRecord,
+                         *, page_pins: Sequence[SharedPin] = ()) -> None:
+        """Audit a call that changed nothing (reads, refusals) in its own transaction, with the
+        search pins ``page_pins`` it held back (``Store.append_audit``)."""
+        self.store.append_audit(self.audit_row(ctx, operation, outcome, target, call), page_pins=page_pins)
 
     def audit_refusal(self, ctx: BoundContext, operation: str, error: EngramError, target: str = "", *,
                       origin: str = "core") -> None:

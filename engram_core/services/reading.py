@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Sequence
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
@@ -27,7 +28,7 @@ from engram_core.services.lexical import TermHasher
 from engram_core.services.paging import Binding, CursorCodec, Pin
 from engram_core.services.ranking import OFFLINE_LEXICAL_V4, Profile, semantic_v5
 from engram_core.services.timeq import TimeWindow, parse_time, proximity
-from engram_core.store.port import LexicalStats, RecordRow, ScopeRow, Tx
+from engram_core.store.port import LexicalStats, RecordRow, ScopeRow, SharedPin, Tx
 from engram_core.tools import GET_TOOL, SEARCH_TOOL
 from engram_core.validation import validate_arguments
 
@@ -220,8 +221,9 @@ class ReadService:
         self._audit_read(ctx, GET_TOOL, "ok", rec.record_id, call)
         return packet
 
-    def _audit_read(self, ctx: BoundContext, op: str, outcome: str, target: str, call: CallRecord) -> None:
-        self.core.audit_standalone(ctx, op, outcome, target, call)
+    def _audit_read(self, ctx: BoundContext, op: str, outcome: str, target: str, call: CallRecord,
+                    page_pins: Sequence[SharedPin] = ()) -> None:
+        self.core.audit_standalone(ctx, op, outcome, target, call, page_pins=page_pins)
 
     # -- search ---------------------------------------------------------------------------
     def _profile_for(self, args: dict[str, Any]) -> Profile:
@@ -243,6 +245,7 @@ class ReadService:
         # row pins the search (system_as_of), ranking only admits records accepted and unchanged
         # as of the pin, and the final revalidation re-checks every returned record, so a
         # transaction would only add statements (SPEC §11: revalidate after ranking).
+        shared_pins: list[SharedPin] = []
         with self.core.store.read(snapshot=False) as tx:
             scope = self.core.store.committed_scope(ctx.tenant, ctx.workspace)  # pins the search
             authz, redaction = self._authorize_and_redaction(ctx, SEARCH_TOOL, call, scope)
@@ -268,7 +271,9 @@ class ReadService:
             recs = tx.records(ctx.tenant, ctx.workspace, [r[0] for r in rows[:limit]])
             more = len(rows) > limit
             if more and not pin_id:
-                pin_id = self.pins.put(pin)  # only searches with a next page keep a pin
+                # Only searches with a next page keep a pin; a shared one is written with the
+                # audit row below, which the answer waits for anyway.
+                pin_id = self.pins.put(pin, hold=shared_pins)
             rows = rows[:limit]
             # Final revalidation at read time (SPEC §11): anything no longer eligible is dropped,
             # and its slot is never refilled from an unvalidated list.
@@ -317,7 +322,7 @@ class ReadService:
         size = len(raw) + len(b',"response_digest":""') + len(response["response_digest"])
         if size > max_bytes:
             self._refuse_packet(ctx, call, spliced, max_bytes)
-        self._audit_read(ctx, SEARCH_TOOL, "ok", "", call)
+        self._audit_read(ctx, SEARCH_TOOL, "ok", "", call, shared_pins)
         return response
 
     def _refuse_packet(self, ctx: BoundContext, call: CallRecord, response: dict[str, Any], max_bytes: int) -> None:

@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,6 +59,7 @@ from engram_core.store.port import (
     LexicalStats,
     RecordRow,
     ScopeRow,
+    SharedPin,
 )
 from engram_core.store.projection import Projection, open_plain, open_projection, seal_projection
 from engram_core.store.search_index import FIELD_CODE, FIELDS, IndexBuilder, SearchIndex
@@ -150,12 +151,21 @@ class StoreKernel:
             yield KernelTx(self, etx, None, latest=not snapshot)
 
     # -- standalone audit rows (the writer chain) -----------------------------------------------------
-    def append_audit(self, row: AuditRow) -> str:
-        """Audit a call that changed nothing, durably, on this process's writer chain; its digest."""
+    def append_audit(self, row: AuditRow, *, page_pins: Sequence[SharedPin] = ()) -> str:
+        """Audit a call that changed nothing, durably, on this process's writer chain; its digest.
+        ``page_pins`` go into the engine with it: in the row's own transaction where the engine
+        writes the row at once, else each on its own first."""
         self._require_open()
         if self.engine.in_write():
             # Its durability would wait for, or be undone with, the open transaction.
             raise EngramError(Code.STORE_UNAVAILABLE, "standalone audit row inside a write transaction")
+        if page_pins and self.engine.sole_writer:
+            raise ValueError("page pins are shared only where other cores write the store")
+        if page_pins and self._spool is not None:
+            for pin in page_pins:
+                self.engine.put_page_pin(pin.pin_id, pin.tenant, pin.workspace, pin.pin,  # type: ignore[attr-defined]
+                                         pin.expires_at_ms)
+            page_pins = ()
         with self._audit_lock:
             doc = audit_doc(row, self.writer_chain, self._writer_head)
             if self._devices:
@@ -164,8 +174,9 @@ class StoreKernel:
                 if self._spool is not None:
                     self._spool.append(doc)
                 else:
-                    with self.engine.write(effects=TxEffects(spooled_audit=[doc])):
-                        pass
+                    with self.engine.write(effects=TxEffects(spooled_audit=[doc])) as etx:
+                        for pin in page_pins:
+                            etx.put_page_pin(pin)  # type: ignore[attr-defined]
             except EngramError:
                 if self._devices:
                     self._devices.abort(self.writer_chain, [doc["seq"]])

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from engram_core.store.port import LexicalStats
+from engram_core.store.port import LexicalStats, SharedPin
 
 PAGE_PIN_TTL_MS = 15 * 60_000
 MAX_PINS_PER_SCOPE = 1_024  # one scope's open cursors; its own least recently used go first
@@ -83,11 +83,19 @@ class PinStore:
     def __len__(self) -> int:
         return len(self._scope_of)
 
-    def put(self, pin: Pin) -> str:
+    def put(self, pin: Pin, *, hold: list[SharedPin] | None = None) -> str:
+        """Keep ``pin``; its id. Where pins are shared, the pin is also put on the shelf now, or,
+        with ``hold``, appended there for the caller to write with its audit row
+        (``Store.append_audit(page_pins=...)``) before it answers: no round trip of its own."""
         pin_id = secrets.token_urlsafe(12)
         scope = (pin.binding.tenant, pin.binding.workspace)
         if self._shelf is not None:
-            self._shelf.put_page_pin(pin_id, *scope, pin_to_json(pin), pin.created_ms + self._ttl_ms)
+            shared = SharedPin(pin_id, *scope, pin_to_json(pin), pin.created_ms + self._ttl_ms)
+            if hold is not None:
+                hold.append(shared)
+            else:
+                self._shelf.put_page_pin(shared.pin_id, shared.tenant, shared.workspace, shared.pin,
+                                         shared.expires_at_ms)
         with self._lock:
             pins = self._scopes.setdefault(scope, OrderedDict())
             pins[pin_id] = pin

@@ -17,7 +17,7 @@ conformance suite (``tests/store/``) proves both.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -145,6 +145,18 @@ class LexicalPage:
     rows: list[tuple[str, float, int]]
     best_bm25: float
     own_best_bm25: float = 0.0
+
+
+@dataclass(frozen=True)
+class SharedPin:
+    """A search pin as every core reads it (``page_pins.PinStore``): its id, scope, JSON and
+    expiry."""
+
+    pin_id: str
+    tenant: str
+    workspace: str
+    pin: bytes
+    expires_at_ms: int
 
 
 @dataclass(frozen=True)
@@ -438,8 +450,11 @@ class Store(Protocol):
         the latest committed state."""
         ...
 
-    def append_audit(self, row: AuditRow) -> str:
-        """Audit a call that changed nothing, in its own durable transaction."""
+    def append_audit(self, row: AuditRow, *, page_pins: Sequence[SharedPin] = ()) -> str:
+        """Audit a call that changed nothing, in its own durable transaction. ``page_pins``:
+        search pins to put where every core reads them (``PinStore.put(hold=...)``), written
+        with the row (on PostgreSQL in its transaction: no round trip of their own) and, like
+        it, before the call answers; only where pins are shared (``page_pins``)."""
         ...
 
     # Set by a service that keeps scope state in memory (services/projection_status.py): called,

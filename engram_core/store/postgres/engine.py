@@ -111,6 +111,7 @@ from engram_core.store.port import (
     KeyDestruction,
     RecordRow,
     ScopeRow,
+    SharedPin,
     iter_chunks,
 )
 from engram_core.store.postgres.change_feed import Announcer, Listener
@@ -889,6 +890,12 @@ class PostgresEngineTx:
             except psycopg.Error as exc:
                 raise self._store_error(exc) from None
         return {c: self._heads.get(c, (0, GENESIS)) for c in chains}
+
+    def put_page_pin(self, pin: SharedPin) -> None:
+        """A search pin every core reads (``page_pins``), written with this transaction: a
+        standalone audit row's (``StoreKernel.append_audit``), so it costs no round trip."""
+        self._write("INSERT INTO page_pins VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    [pin.pin_id, pin.tenant, pin.workspace, pin.pin, pin.expires_at_ms])
 
     def insert_audit(self, docs: list[dict[str, Any]], *, if_absent: bool = False) -> None:
         if not docs:
