@@ -66,7 +66,6 @@ from engram_core.store.search_index import FIELD_CODE, FIELDS, IndexBuilder, Sea
 from engram_core.store.usage_counters import QuotaCounters
 
 SPOOL_BATCH = 512  # spooled audit rows moved into the engine in one transaction
-FOLLOW_WAIT_S = 0.05  # a read waits this long at most for a background catch-up of its scope
 log = logging.getLogger(__name__)
 
 
@@ -119,18 +118,11 @@ class StoreKernel:
         self.on_scope_refresh: Callable[[str, str], None] | None = None  # Store.on_scope_refresh
         self._stale = True
         self._open = True
-        # Scopes a background catch-up (``_heard``) is bringing to an announced head: a read of
-        # one waits for it (``FOLLOW_WAIT_S`` at most) rather than reading the same changes again.
-        self._following: dict[tuple[str, str], threading.Event] = {}
-        self._feed: Any = None
         if recover and self._spool is not None and self._spool.pending:
             self._move_spool()
         if load_index:
             with self._publish:
                 self._reload()
-        # Other cores' commit announcements (sole writers hear none); opened after the index
-        # exists, so an announcement never finds a half-built one.
-        self._feed = engine.follow(self._heard) if keys is not None and not engine.sole_writer else None
 
     # -- transactions ------------------------------------------------------------------------------
     @contextmanager
@@ -436,37 +428,12 @@ class StoreKernel:
                 self._reload()
             return self._scopes.get((tenant, workspace)) if self._scopes is not None else None
 
-    def _heard(self, tenant: str, workspace: str, cursor: int) -> None:
-        """Another core announced that it committed ``tenant``/``workspace`` up to ``cursor``
-        (``Engine.follow``; on the engine's listening thread): a scope loaded here and behind
-        it is caught up now, before a read of it comes. Scopes not loaded here are left to
-        their first read, and a read never depends on this having happened."""
-        key = (tenant, workspace)
-        with self._publish:
-            if not self._open or self._stale or self._applied.get(key, cursor) >= cursor or key in self._following:
-                return
-            done = self._following[key] = threading.Event()
-        try:
-            self._catch_up(tenant, workspace)
-        finally:
-            with self._publish:
-                self._following.pop(key, None)
-            done.set()
-
     def catch_up(self, tenant: str, workspace: str) -> ScopeRow | None:
         """The scope row as last committed by any core, with the scope's part of the search
         index brought to its head first: the records the events since the index's cursor named
         are indexed as they are in the same snapshot as the row (``Engine.changes_since``: one
         round trip, the one a read with nothing new makes too); an event that rebuilt or dropped
-        the scope's projections reloads the scope. A scope not loaded here yet is loaded whole.
-        Where a background catch-up of the scope is under way (``_heard``), it is waited for
-        first: this read then usually finds nothing new."""
-        following = self._following.get((tenant, workspace))
-        if following is not None:
-            following.wait(FOLLOW_WAIT_S)
-        return self._catch_up(tenant, workspace)
-
-    def _catch_up(self, tenant: str, workspace: str) -> ScopeRow | None:
+        the scope's projections reloads the scope. A scope not loaded here yet is loaded whole."""
         key = (tenant, workspace)
         with self._publish:
             if self._stale:
@@ -514,7 +481,7 @@ class StoreKernel:
         key = (tenant, workspace)
         with self._publish:
             if dropped and reached <= self._applied.get(key, 0):
-                return  # another catch-up put a snapshot at least as new in meanwhile: keep that one
+                return  # another read's catch-up put a snapshot at least as new in meanwhile: keep that one
             # What this core committed itself meanwhile is newer than what was read: keep it.
             changes = [c for c in changes if not _older_than_indexed(self._index, c)] if not dropped else changes
             self._index.apply(changes)
@@ -620,8 +587,6 @@ class StoreKernel:
     def close(self) -> None:
         if not self._open:
             return
-        if self._feed is not None:  # before the publish lock below, which a catch-up it runs may wait on
-            self._feed.close()
         self._mover.shutdown(wait=True)
         try:
             if self._spool is not None and self._spool.pending:

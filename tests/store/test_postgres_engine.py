@@ -206,9 +206,7 @@ def proxied(tmp_path: Path, pg_database: Database) -> Iterator[tuple[Any, RoundT
     PostgresEngine(pg_database.conninfo, pool_size=1).close()  # migrated, outside the count
     engine_wire, vault_wire = RoundTripProxy(pg_database.conninfo), RoundTripProxy(pg_database.conninfo)
     vault = PgKeyVault(vault_wire.conninfo, tmp_path, pool_size=1)
-    # The change feed's sessions (announcements go out after COMMIT, never under the scope lock)
-    # are left out, so that the count is the pool connection's alone.
-    store = StoreKernel(PostgresEngine(engine_wire.conninfo, pool_size=1, change_feed=False), vault, spool_dir=None)
+    store = StoreKernel(PostgresEngine(engine_wire.conninfo, pool_size=1), vault, spool_dir=None)
     store.vault = vault  # type: ignore[attr-defined]
     try:
         yield store, engine_wire, vault_wire

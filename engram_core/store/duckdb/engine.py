@@ -888,10 +888,6 @@ class DuckDBEngine:
         with self.read(snapshot=True) as tx:
             return read_changes_since(tx, tenant, workspace, after)
 
-    def follow(self, heard: Callable[[str, str, int], None]) -> None:
-        """Nothing to hear: no other process writes this file (``sole_writer``)."""
-        return None
-
     def audit_head(self, chain: str) -> tuple[int, str]:
         """A chain's committed head ((0, GENESIS) for a chain with no row yet)."""
         heads = self._heads

@@ -114,7 +114,6 @@ from engram_core.store.port import (
     SharedPin,
     iter_chunks,
 )
-from engram_core.store.postgres.change_feed import Announcer, Listener
 from engram_core.store.postgres.leases import LeaderLeases
 from engram_core.store.postgres.migrations import LEDGER_DDL, MIGRATION_LOCK, MIGRATIONS, Migration
 from engram_core.store.postgres.pool import Pool, failure
@@ -1029,10 +1028,7 @@ class PostgresEngine:
     MIGRATION_LEDGER_INVALID). ``migrations``: the code's migrations (tests give a newer list).
     ``idle_in_transaction_timeout_s``: the server ends a session that holds a transaction open
     without a statement this long (a core that died mid-transaction frees its scope locks);
-    ``lock_timeout_s``: a writer waiting this long for a scope is refused (STORE_UNAVAILABLE).
-    ``change_feed``: announce each commit to the other cores and hear theirs (``change_feed.py``;
-    advisory, so a tool that works alone, or a test that counts the pool's round trips, may leave
-    it out)."""
+    ``lock_timeout_s``: a writer waiting this long for a scope is refused (STORE_UNAVAILABLE)."""
 
     sole_writer = False  # other cores write the same database
     # A destroyed key's KEK generation is read from vault_keys in the destroying transaction, after
@@ -1043,7 +1039,7 @@ class PostgresEngine:
     def __init__(self, conninfo: str, *, pool_size: int = 20, migrate: bool = True,
                  migrations: tuple[Migration, ...] = MIGRATIONS, connect_timeout_s: float = 30.0,
                  pool_timeout_s: float = 30.0, idle_in_transaction_timeout_s: float = 60.0,
-                 lock_timeout_s: float = 30.0, change_feed: bool = True) -> None:
+                 lock_timeout_s: float = 30.0) -> None:
         self._migrations = migrations
         self._hooks: CommitHooks | None = None
         self.on_commit: Any = None  # observability: seconds per COMMIT round trip, transactions (1)
@@ -1060,12 +1056,6 @@ class PostgresEngine:
         # The jobs one core at a time runs (Store.leader_lease): a session of their own, opened at
         # the first tick (offline tools never open it).
         self.leases = LeaderLeases(conninfo, connect_timeout_s=connect_timeout_s)
-        # Committed scope heads, announced to the other cores (change_feed.py), on a session of
-        # its own opened at the first commit; ``follow`` opens the listening one.
-        self._conninfo = conninfo
-        self._connect_timeout_s = connect_timeout_s
-        self._announcer = Announcer(conninfo, connect_timeout_s=connect_timeout_s, enabled=change_feed)
-        self._change_feed = change_feed
         self._open = True
         try:
             self.migrations_applied_at_open = self.check_migrations(apply=migrate)
@@ -1196,9 +1186,7 @@ class PostgresEngine:
                     raise
                 if self.on_commit is not None:
                     self.on_commit(time.perf_counter() - started, 1)
-                moved = tx.scope_changes()
-                hooks.committed([effects], moved)
-                self._announcer.announce({key: row.last_cursor for key, row in moved.items()})
+                hooks.committed([effects], tx.scope_changes())
             finally:
                 tx.release()
 
@@ -1230,13 +1218,6 @@ class PostgresEngine:
             self._discard(conn)  # left inside its transaction: not handed out again
             raise
         self._putconn(conn)
-
-    def follow(self, heard: Callable[[str, str, int], None]) -> Listener | None:
-        """``Engine.follow``: the other cores' announcements (``change_feed.Listener``)."""
-        self._require_open()
-        if not self._change_feed:
-            return None
-        return Listener(self._conninfo, heard, connect_timeout_s=self._connect_timeout_s)
 
     def scope_now(self, tenant: str, workspace: str) -> ScopeRow | None:
         with self.read(snapshot=False) as tx:
@@ -1442,6 +1423,5 @@ class PostgresEngine:
         if not self._open and self._pool.closed:
             return
         self._open = False
-        self._announcer.close()
         self.leases.close()
         self._pool.close()
