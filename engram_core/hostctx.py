@@ -8,7 +8,7 @@ hosts and the MCP adapter sign, the core verifies.
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -62,6 +62,9 @@ class BoundContext:
     call: str = ""  # what the host signed it for (HostContext.call)
     nonce: str = ""
     nonce_ref: str = ""  # set once this call claimed the nonce (context_nonces.nonce_ref): its audit rows name it
+    # The shared usage counts read with the claim (``Core.claim_context``), as the authz policy
+    # sees them (``input.usage``): this call is decided on the counts as they were when it began.
+    usage: dict[str, object] | None = field(default=None, compare=False, repr=False)
 
     @property
     def nonce_lane(self) -> str:

@@ -156,10 +156,19 @@ class Core:
         (or re-bound) since this core's copy was loaded is refused (or re-bound) here."""
         ref = self.context_nonces.claim(ctx.host_key_id, ctx.nonce, issued_at_ms=ctx.issued_at_ms,
                                         expires_at_ms=ctx.expires_at_ms, now_ms=self.now_ms(), lane=ctx.nonce_lane)
-        claim = self.store.claim_context(ref, ctx.expires_at_ms)
+        # Where the usage counts are the store's, the claim's statement reads them too (one
+        # round trip fewer for every call the quotas decide on).
+        usage = self.quotas.begin_read(ctx.tenant, ctx.workspace, ctx.principal) if self.quotas.shared else None
+        try:
+            claim = self.store.claim_context(ref, ctx.expires_at_ms, usage=usage)
+        except BaseException:
+            if usage is not None:
+                self.quotas.abandon_read(usage)
+            raise
         if not claim.claimed:  # claimed on another core of the store
             raise EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, "context replayed", reasons=("CONTEXT_REPLAYED",))
-        return dataclasses.replace(self.host_trust.current(ctx, claim.host_keys_version), nonce_ref=ref)
+        counts = self.quotas.finish_read(usage, claim.usage) if usage is not None and claim.usage is not None else None
+        return dataclasses.replace(self.host_trust.current(ctx, claim.host_keys_version), nonce_ref=ref, usage=counts)
 
     def instant(self, ms: int | None = None) -> str:
         return format_instant(self.now_ms() if ms is None else ms)
@@ -226,7 +235,8 @@ class Core:
             "findings": scan(stored_strings),
         }
         if operation in TOOL_METRIC:
-            out["usage"] = self.quotas.usage(ctx.tenant, ctx.workspace, ctx.principal)
+            out["usage"] = (ctx.usage if ctx.usage is not None
+                            else self.quotas.usage(ctx.tenant, ctx.workspace, ctx.principal))
         return out
 
     def _admitted(self, ctx: BoundContext, d: Decision, operation: str) -> Decision:

@@ -63,7 +63,7 @@ from engram_core.store.port import (
 )
 from engram_core.store.projection import Projection, open_plain, open_projection, seal_projection
 from engram_core.store.search_index import FIELD_CODE, FIELDS, IndexBuilder, SearchIndex
-from engram_core.store.usage_counters import QuotaCounters
+from engram_core.store.usage_counters import QuotaCounters, UsageRead
 
 SPOOL_BATCH = 512  # spooled audit rows moved into the engine in one transaction
 log = logging.getLogger(__name__)
@@ -218,12 +218,14 @@ class StoreKernel:
             return True
         return self.engine.claim_context_nonce(ref, expires_at_ms)  # type: ignore[attr-defined]
 
-    def claim_context(self, ref: str, expires_at_ms: int) -> ContextClaim:
-        """The claim and the host-key trust version, in one statement of the engine's (``port.py``)."""
+    def claim_context(self, ref: str, expires_at_ms: int, *, usage: UsageRead | None = None) -> ContextClaim:
+        """The claim, the host-key trust version and ``usage``'s buckets, in one statement of the
+        engine's (``port.py``)."""
         if self.engine.sole_writer:
             return ContextClaim(claimed=True, host_keys_version=None)
-        claimed, version = self.engine.claim_context_nonce_and_trust(ref, expires_at_ms)  # type: ignore[attr-defined]
-        return ContextClaim(claimed=claimed, host_keys_version=version)
+        claimed, version, found = self.engine.claim_context_nonce_and_trust(  # type: ignore[attr-defined]
+            ref, expires_at_ms, usage=usage)
+        return ContextClaim(claimed=claimed, host_keys_version=version, usage=found)
 
     def host_keys_version(self) -> int | None:
         if self.engine.sole_writer:

@@ -20,9 +20,12 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engram_core.store.projection import Projection
+
+if TYPE_CHECKING:
+    from engram_core.store.usage_counters import UsageRead
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,9 @@ class ContextClaim:
     # The store's trust version (``Store.host_keys_version``) as of the claim; None when this
     # process is the store's sole writer (its copy of the trusted keys is then exact).
     host_keys_version: int | None
+    # The usage buckets the claim was asked to read with it (``usage_counters.UsageRead``), as
+    # ``SharedUsage.usage_buckets`` answers; None when it was not asked, or by the sole writer.
+    usage: dict[tuple[str, str], list[tuple[int, str, int]]] | None = None
 
 
 class Tx(Protocol):
@@ -481,11 +487,14 @@ class Store(Protocol):
         """Claim a context's nonce where every core of the store sees it; False: claimed before."""
         ...
 
-    def claim_context(self, ref: str, expires_at_ms: int) -> ContextClaim:
+    def claim_context(self, ref: str, expires_at_ms: int, *, usage: UsageRead | None = None) -> ContextClaim:
         """``claim_context_nonce`` and ``host_keys_version`` in one statement (one round trip on an
         engine several cores share; nothing asked of the sole writer's). What a call that spends
         its context uses: the trust version it returns is at least as new as every host-key
-        change acknowledged before the claim began, on any core."""
+        change acknowledged before the claim began, on any core. ``usage``: the call's read of
+        the shared usage counts (``QuotaCounters.begin_read``), made and its adds sent by the
+        same statement (``ContextClaim.usage``), so the call's quota check costs no round trip
+        of its own. Nothing is added or read when the statement fails (the caller re-queues)."""
         ...
 
     def host_keys_version(self) -> int | None:

@@ -10,7 +10,8 @@ overshoot a limit by the number of calls in flight. One core keeps them in memor
 cores share one store the counters are the store's (``shared``: a bucket row per subject,
 window, bucket and metric, added to by every core), so a principal's quota is one quota however
 its calls are spread. A core holds its own adds back to send them with its next read of the
-counts, in the same statement (one round trip for both, the read answering with them included),
+counts, in the same statement (one round trip for both, the read answering with them included;
+a call's read itself rides on the statement that claims its context's nonce, ``begin_read``),
 or ``FLUSH_AFTER_S`` later when no read comes: other cores see a count that much later at most
 (a burst may overshoot by that much more), and a core that dies loses its last ``FLUSH_AFTER_S``
 of counts.
@@ -46,6 +47,22 @@ class SharedUsage(Protocol):
         floor, as they were before ``adding`` (rows as ``add_usage`` takes them), which are added in
         the same round trip."""
         ...
+
+
+Row = tuple[str, str, int, str, int]  # (subject, window, bucket start, metric, amount)
+
+
+@dataclass(frozen=True)
+class UsageRead:
+    """A read of shared counts for one call, made ready to ride on another statement of the store
+    (``Store.claim_context``): the buckets wanted, and the held-back adds sent with it."""
+
+    tenant: str
+    workspace: str
+    principal: str
+    now_ms: int
+    wanted: list[tuple[str, str, int]]  # (subject, window, floor)
+    adding: list[Row]
 
 
 @dataclass
@@ -133,28 +150,50 @@ class QuotaCounters:
     def _keys(tenant: str, workspace: str, principal: str) -> dict[str, tuple[str, ...]]:
         return {"principal": ("principal", tenant, workspace, principal), "scope": ("scope", tenant, workspace)}
 
+    @property
+    def shared(self) -> bool:
+        """The counts are the store's (several cores), not this process's."""
+        return self._shared is not None
+
+    def begin_read(self, tenant: str, workspace: str, principal: str) -> UsageRead:
+        """A shared read of ``usage``'s counts, taking the held-back adds with it: hand it to the
+        store with the statement it rides on, then to ``finish_read`` with what that answered, or
+        to ``abandon_read`` when the statement failed (the adds are kept for the next read)."""
+        now = self._now()
+        keys = self._keys(tenant, workspace, principal)
+        floors = {name: now - (ms // BUCKETS) * BUCKETS for name, ms in WINDOWS_MS.items()}
+        wanted = [(_subject(key), name, floor) for key in keys.values() for name, floor in floors.items()]
+        return UsageRead(tenant, workspace, principal, now, wanted, self._take_pending())
+
+    def abandon_read(self, read: UsageRead) -> None:
+        self._requeue(read.adding)
+
+    def finish_read(self, read: UsageRead, found: dict[tuple[str, str], list[tuple[int, str, int]]],
+                    ) -> dict[str, object]:
+        """``usage``'s answer from the buckets the store read (as they were before ``read.adding``)."""
+        found = {k: list(v) for k, v in found.items()}
+        floor_of = {(s, w): f for s, w, f in read.wanted}
+        for subject, window, start, metric, amount in read.adding:  # read as they were before these
+            if (subject, window) in floor_of and start > floor_of[(subject, window)]:
+                found.setdefault((subject, window), []).append((start, metric, amount))
+        out: dict[str, object] = {"windows": {name: {"ms": ms} for name, ms in WINDOWS_MS.items()}}
+        for subject, key in self._keys(read.tenant, read.workspace, read.principal).items():
+            out[subject] = {name: self._shared_window(found.get((_subject(key), name), []), name, read.now_ms)
+                            for name in WINDOWS_MS}
+        return out
+
     def usage(self, tenant: str, workspace: str, principal: str) -> dict[str, object]:
         """``input.usage`` for the authz policy."""
+        if self._shared is not None:
+            read = self.begin_read(tenant, workspace, principal)
+            try:
+                found = self._shared.usage_buckets(read.wanted, adding=read.adding)
+            except BaseException:
+                self.abandon_read(read)
+                raise
+            return self.finish_read(read, found)
         now = self._now()
         out: dict[str, object] = {"windows": {name: {"ms": ms} for name, ms in WINDOWS_MS.items()}}
-        if self._shared is not None:
-            keys = self._keys(tenant, workspace, principal)
-            floors = {name: now - (ms // BUCKETS) * BUCKETS for name, ms in WINDOWS_MS.items()}
-            wanted = [(_subject(key), name, floor) for key in keys.values() for name, floor in floors.items()]
-            adding = self._take_pending()
-            try:
-                found = self._shared.usage_buckets(wanted, adding=adding)
-            except BaseException:
-                self._requeue(adding)
-                raise
-            floor_of = {(s, w): f for s, w, f in wanted}
-            for subject, window, start, metric, amount in adding:  # read as they were before these
-                if (subject, window) in floor_of and start > floor_of[(subject, window)]:
-                    found[(subject, window)].append((start, metric, amount))
-            for subject, key in keys.items():
-                out[subject] = {name: self._shared_window(found[(_subject(key), name)], name, now)
-                                for name in WINDOWS_MS}
-            return out
         with self._lock:
             for subject, key in self._keys(tenant, workspace, principal).items():
                 entry = self._subjects.get(key)

@@ -344,6 +344,30 @@ def test_a_context_claim_reads_the_trust_version_in_its_own_round_trip(proxied: 
     assert engine_wire.round_trips == 1
 
 
+
+def test_a_context_claim_carries_the_calls_quota_read_and_held_back_adds(proxied: Any) -> None:
+    """A call's quota counts on a shared store cost no round trip of their own: the claim's
+    statement sends the held-back adds and reads the buckets, and the counts it answers are
+    those ``usage`` would answer (the adds included, read as they were before them)."""
+    store, engine_wire, _ = proxied
+    now = [1_800_000_000_000]
+    counters, other_core = store.usage_counters(lambda: now[0]), store.usage_counters(lambda: now[0])
+    store.claim_context("k1:lane0:qwarm", 1_800_000_060_000)  # the pool's connection made, outside the count
+    for _ in range(3):
+        counters.add(T, W, P, "searches")
+    counters.add(T, W, "someone-else", "captures")
+    engine_wire.reset()
+    read = counters.begin_read(T, W, P)
+    claim = store.claim_context("k1:lane0:quota", 1_800_000_060_000, usage=read)
+    assert engine_wire.round_trips == 1
+    assert claim.claimed and claim.usage is not None
+    usage = counters.finish_read(read, claim.usage)
+    assert usage["principal"]["minute"]["searches"] == 3 and usage["scope"]["minute"]["captures"] == 1
+    assert usage == other_core.usage(T, W, P)  # the adds reached the database with the claim
+    replay = store.claim_context("k1:lane0:quota", 1_800_000_060_000, usage=other_core.begin_read(T, W, P))
+    assert not replay.claimed and replay.usage is not None
+
+
 # -- one effect per idempotency key, across processes ------------------------------------------------------------------
 def test_two_cores_sending_the_same_key_at_once_have_one_effect_every_time(target: PostgresTarget,
                                                                           pg_cluster: PgCluster) -> None:

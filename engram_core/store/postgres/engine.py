@@ -117,6 +117,7 @@ from engram_core.store.port import (
 from engram_core.store.postgres.leases import LeaderLeases
 from engram_core.store.postgres.migrations import LEDGER_DDL, MIGRATION_LOCK, MIGRATIONS, Migration
 from engram_core.store.postgres.pool import Pool, failure
+from engram_core.store.usage_counters import UsageRead
 
 SCHEMA_VERSION = max(m.version for m in MIGRATIONS)  # what this engine writes
 OPEN_CHUNK = 4096  # rows fetched per round trip while the search index is built
@@ -1299,18 +1300,33 @@ class PostgresEngine:
             ([expires_at_ms - CLAIM_RETAIN_MS] if sweep else []) + [ref, expires_at_ms])
         return bool(rows)
 
-    def claim_context_nonce_and_trust(self, ref: str, expires_at_ms: int) -> tuple[bool, int]:
+    def claim_context_nonce_and_trust(self, ref: str, expires_at_ms: int, *, usage: UsageRead | None = None,
+                                      ) -> tuple[bool, int, dict[tuple[str, str], list[tuple[int, str, int]]] | None]:
         """``claim_context_nonce`` and the host-key trust version (``host_keys_version``), read by
         the same statement: one round trip, the one every call that spends its context makes
         anyway. The version is the statement's snapshot's, so it is at least as new as every
-        host-key change committed before the claim began."""
+        host-key change committed before the claim began. ``usage``: the same statement adds
+        its held-back rows and reads its buckets (``usage_buckets``; the third value, None
+        without it), so the call's quota check makes no round trip of its own."""
         sweep = self._sweep_due("nonces")
-        rows = self._autocommit(
-            "WITH " + ("swept AS (DELETE FROM context_nonce_claims WHERE expires_at_ms < %s), " if sweep else "")
-            + "claimed AS (INSERT INTO context_nonce_claims VALUES (%s, %s) ON CONFLICT (ref) DO NOTHING "
-            "RETURNING true) SELECT EXISTS (SELECT 1 FROM claimed), (SELECT version FROM host_key_trust WHERE id = 1)",
-            ([expires_at_ms - CLAIM_RETAIN_MS] if sweep else []) + [ref, expires_at_ms])
-        return bool(rows[0][0]), int(rows[0][1])
+        clauses = ["swept AS (DELETE FROM context_nonce_claims WHERE expires_at_ms < %s)"] if sweep else []
+        params: list[Any] = [expires_at_ms - CLAIM_RETAIN_MS] if sweep else []
+        clauses.append("claimed AS (INSERT INTO context_nonce_claims VALUES (%s, %s) ON CONFLICT (ref) DO NOTHING "
+                       "RETURNING true)")
+        params += [ref, expires_at_ms]
+        select = "SELECT EXISTS (SELECT 1 FROM claimed), (SELECT version FROM host_key_trust WHERE id = 1)"
+        if usage is not None:
+            if usage.adding:
+                added, added_params = self._usage_insert(usage.adding)
+                clauses += added
+                params += added_params
+            buckets, bucket_params = self._bucket_query(usage.wanted)
+            select += (", (SELECT coalesce(json_agg(json_build_array(b.subject, b.time_window, b.bucket_start_ms, "
+                       f"b.metric, b.amount)), '[]'::json) FROM ({buckets}) AS b)")
+            params += bucket_params
+        rows = self._autocommit("WITH " + ", ".join(clauses) + " " + select, params)
+        found = self._buckets_found(usage.wanted, rows[0][2]) if usage is not None else None
+        return bool(rows[0][0]), int(rows[0][1]), found
 
     def host_keys_version(self) -> int:
         """The trust version as last committed: migration 6's ``host_key_trust`` row, which a
@@ -1370,19 +1386,29 @@ class PostgresEngine:
         """For each (subject, window, floor) of ``wanted``, in one statement with the insert of
         ``adding`` (whose rows it does not see: one statement reads one snapshot): (bucket start,
         metric, total) of the subject's buckets of that window that start after the floor."""
-        found: dict[tuple[str, str], list[tuple[int, str, int]]] = {(s, w): [] for s, w, _ in wanted}
         if not wanted:
             self.add_usage(list(adding))
-            return found
-        stored = {_subject(s): s for s, _, _ in wanted}
+            return {}
         clauses, params = self._usage_insert(list(adding)) if adding else ([], [])
-        rows = self._autocommit(
-            ("WITH " + ", ".join(clauses) + " " if clauses else "")
-            + "SELECT u.subject, u.time_window, u.bucket_start_ms, u.metric, u.amount FROM usage_buckets u "
-            "JOIN unnest(%s::text[], %s::text[], %s::bigint[]) AS q(subject, time_window, floor_ms) "
-            "ON u.subject = q.subject AND u.time_window = q.time_window AND u.bucket_start_ms > q.floor_ms",
-            params + [[_subject(s) for s, _, _ in wanted], [w for _, w, _ in wanted], [f for _, _, f in wanted]],
-            durable=not adding)
+        query, query_params = self._bucket_query(wanted)
+        rows = self._autocommit(("WITH " + ", ".join(clauses) + " " if clauses else "") + query,
+                                params + query_params, durable=not adding)
+        return self._buckets_found(wanted, rows)
+
+    @staticmethod
+    def _bucket_query(wanted: Sequence[tuple[str, str, int]]) -> tuple[str, list[Any]]:
+        """The SELECT of ``usage_buckets``' rows (subject, window, start, metric, amount) and its
+        parameters."""
+        return ("SELECT u.subject, u.time_window, u.bucket_start_ms, u.metric, u.amount FROM usage_buckets u "
+                "JOIN unnest(%s::text[], %s::text[], %s::bigint[]) AS q(subject, time_window, floor_ms) "
+                "ON u.subject = q.subject AND u.time_window = q.time_window AND u.bucket_start_ms > q.floor_ms",
+                [[_subject(s) for s, _, _ in wanted], [w for _, w, _ in wanted], [f for _, _, f in wanted]])
+
+    @staticmethod
+    def _buckets_found(wanted: Sequence[tuple[str, str, int]], rows: Sequence[Sequence[Any]],
+                       ) -> dict[tuple[str, str], list[tuple[int, str, int]]]:
+        found: dict[tuple[str, str], list[tuple[int, str, int]]] = {(s, w): [] for s, w, _ in wanted}
+        stored = {_subject(s): s for s, _, _ in wanted}
         for subject, window, start, metric, amount in rows:
             found[(stored[subject], window)].append((int(start), metric, int(amount)))
         return found
