@@ -368,28 +368,6 @@ def test_a_context_claim_carries_the_calls_quota_read_and_held_back_adds(proxied
     assert not replay.claimed and replay.usage is not None
 
 
-def test_a_catch_up_after_a_write_is_one_round_trip_with_the_records_it_names(proxied: Any) -> None:
-    """What read-your-writes costs a read on a core that did not write: the scope row, the events
-    and the rows and projections of the records they name in one round trip, after a write as
-    with nothing new (the records found through the journal by the same pipeline)."""
-    from store_checks import admit
-
-    store, engine_wire, _ = proxied
-    admit(store, "mem_rt_one", [5])
-    with store.write() as tx:
-        before = event(tx, "cand_rt_one")
-        tx.append_event(T, W, event_id="evt_rt_adm", operation="admit", target="cand_rt_one", from_state="pending",
-                        to_state="accepted", at_ms=2, body={"record_id": "mem_rt_one"})
-    engine_wire.reset()
-    found = store.engine.changes_since(T, W, before - 1)
-    assert engine_wire.round_trips == 1
-    assert [e.target for e in found.events] == ["cand_rt_one", "cand_rt_one"]
-    assert set(found.rows) == {"mem_rt_one"} and set(found.blobs) == {"mem_rt_one"}
-    engine_wire.reset()
-    quiet = store.engine.changes_since(T, W, before + 1)
-    assert engine_wire.round_trips == 1 and quiet.events == [] and quiet.rows == {}
-
-
 # -- one effect per idempotency key, across processes ------------------------------------------------------------------
 def test_two_cores_sending_the_same_key_at_once_have_one_effect_every_time(target: PostgresTarget,
                                                                           pg_cluster: PgCluster) -> None:

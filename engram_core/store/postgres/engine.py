@@ -152,16 +152,6 @@ _INSERT_AUDIT = f"INSERT INTO audit ({', '.join(_AUDIT_KEYS)}) VALUES ({', '.joi
 # moves it back.
 _UPSERT_HEAD = ("INSERT INTO audit_heads (chain, seq, row_digest) VALUES (%s, %s, %s) ON CONFLICT (chain) DO UPDATE "
                 "SET seq = EXCLUDED.seq, row_digest = EXCLUDED.row_digest WHERE audit_heads.seq < EXCLUDED.seq")
-# The records the journal after a cursor names (``records_of_event`` in SQL: a record target, and
-# the record an admission's body created), with their projections: ``changes_since``'s third
-# statement, which finds them without waiting for the events. ``ANY(ARRAY(...))`` is evaluated
-# once before the scan (an InitPlan), so the records are found by primary key whatever the planner
-# guesses about how many events there are (an ``IN`` semi-join may be planned as a scan of them all).
-_NAMED_RECORDS = (
-    f"SELECT {_RECORD_COLS_R}, p.sealed FROM records r LEFT JOIN projections p ON p.record_id = r.record_id "
-    "WHERE r.record_id = ANY(ARRAY(SELECT x.id FROM journal j, LATERAL (VALUES (j.target), "
-    "((j.body::json) ->> 'record_id')) AS x(id) WHERE j.tenant = %s AND j.workspace = %s AND j.cursor > %s "
-    "AND left(x.id, 4) = 'mem_')) AND r.tenant = %s AND r.workspace = %s")
 
 
 def record_of(row: Sequence[Any]) -> RecordRow:
@@ -1235,36 +1225,35 @@ class PostgresEngine:
             return tx.scope(tenant, workspace)
 
     def changes_since(self, tenant: str, workspace: str, after: int) -> ScopeChanges:
-        """The scope row, the journal after ``after``, and the rows and projections of the
-        records those events name, in one round trip (three statements in one pipeline; the
-        third finds the records through the journal itself, so it needs nothing from the
-        second's answer). With nothing new the third reads nothing. Each statement sees the
-        latest commit, so the events may go past the row's head and the rows past the events
-        (a record an event committed between the statements names is read but not touched): the
-        index is then newer than the row, which ``StoreKernel.committed_scope`` allows, and a
-        change that made a row newer is read again at the next catch-up. The rows took a second
-        round trip until 2026-12-04; before that a snapshot, the events, the rows, each
-        projection and the end of the snapshot one after the other were five."""
+        """The scope row and the journal after ``after`` in one round trip (two statements in
+        one pipeline), which is all a read with nothing new costs; then, only when the events
+        name records, their rows and projections by primary key in a second. Each statement
+        sees the latest commit, so the events may go past the row's head and the rows past the
+        events: the index is then newer than the row, which ``StoreKernel.committed_scope``
+        allows, and a change that made a row newer is read again at the next catch-up. A
+        snapshot, the events, the rows, each projection and the end of the snapshot one after
+        the other were five round trips after a write on another core."""
         with self.read(snapshot=False) as tx:
             try:
                 scope: list[list[tuple[Any, ...]]] = []
                 journal: list[list[tuple[Any, ...]]] = []
-                named: list[list[tuple[Any, ...]]] = []
                 tx._send([_Statement(f"SELECT {_SCOPE_COLS} FROM scopes WHERE tenant = %s AND workspace = %s",
                                      [tenant, workspace], on_rows=scope.append),
                           _Statement(f"SELECT {_EVENT_COLS} FROM journal WHERE tenant = %s AND workspace = %s "
                                      "AND cursor > %s ORDER BY cursor", [tenant, workspace, after],
-                                     on_rows=journal.append),
-                          _Statement(_NAMED_RECORDS, [tenant, workspace, after, tenant, workspace],
-                                     on_rows=named.append)])
+                                     on_rows=journal.append)])
+                if not scope[0]:
+                    return ScopeChanges(None, [], {}, {})
+                row = _scope(scope[0][0])
+                events = [_event(r) for r in journal[0]]
+                touched = list(dict.fromkeys(rid for e in events for rid in records_of_event(e)))
+                if not touched:
+                    return ScopeChanges(row, events, {}, {})
+                read = tx._query(f"SELECT {_RECORD_COLS_R}, p.sealed FROM records r LEFT JOIN projections p "
+                                 "ON p.record_id = r.record_id WHERE r.record_id = ANY(%s) AND r.tenant = %s "
+                                 "AND r.workspace = %s", [touched, tenant, workspace])
             except psycopg.Error as exc:
                 raise tx._store_error(exc) from None
-        if not scope[0]:
-            return ScopeChanges(None, [], {}, {})
-        row = _scope(scope[0][0])
-        events = [_event(r) for r in journal[0]]
-        touched = {rid for e in events for rid in records_of_event(e)}
-        read = [r for r in named[0] if r[0] in touched]
         rows = {r[0]: record_of(r) for r in read}
         blobs = {r[0]: r[RECORD_WIDTH] for r in read if r[RECORD_WIDTH] is not None}
         return ScopeChanges(row, events, rows, blobs)
