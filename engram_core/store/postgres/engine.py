@@ -1305,28 +1305,42 @@ class PostgresEngine:
         """``claim_context_nonce`` and the host-key trust version (``host_keys_version``), read by
         the same statement: one round trip, the one every call that spends its context makes
         anyway. The version is the statement's snapshot's, so it is at least as new as every
-        host-key change committed before the claim began. ``usage``: the same statement adds
+        host-key change committed before the claim began. ``usage``: the same round trip adds
         its held-back rows and reads its buckets (``usage_buckets``; the third value, None
-        without it), so the call's quota check makes no round trip of its own."""
+        without it), so the call's quota check makes no round trip of its own. They go in a
+        transaction of their own ahead of the claim's, committed without waiting for the WAL
+        flush as ``usage_buckets`` commits them: every call of a scope adds to the scope's
+        bucket rows, and in the claim's durable transaction their row locks were held through
+        its flush, so the scope's calls queued behind one another's flushes. A failure after
+        the adds committed may send them again with the next read (soft counts, as the
+        flusher's retry)."""
         sweep = self._sweep_due("nonces")
         clauses = ["swept AS (DELETE FROM context_nonce_claims WHERE expires_at_ms < %s)"] if sweep else []
         params: list[Any] = [expires_at_ms - CLAIM_RETAIN_MS] if sweep else []
         clauses.append("claimed AS (INSERT INTO context_nonce_claims VALUES (%s, %s) ON CONFLICT (ref) DO NOTHING "
                        "RETURNING true)")
         params += [ref, expires_at_ms]
-        select = "SELECT EXISTS (SELECT 1 FROM claimed), (SELECT version FROM host_key_trust WHERE id = 1)"
-        if usage is not None:
-            if usage.adding:
-                added, added_params = self._usage_insert(usage.adding)
-                clauses += added
-                params += added_params
-            buckets, bucket_params = self._bucket_query(usage.wanted)
-            select += (", (SELECT coalesce(json_agg(json_build_array(b.subject, b.time_window, b.bucket_start_ms, "
-                       f"b.metric, b.amount)), '[]'::json) FROM ({buckets}) AS b)")
-            params += bucket_params
-        rows = self._autocommit("WITH " + ", ".join(clauses) + " " + select, params)
-        found = self._buckets_found(usage.wanted, rows[0][2]) if usage is not None else None
-        return bool(rows[0][0]), int(rows[0][1]), found
+        claim = ("WITH " + ", ".join(clauses) + " SELECT EXISTS (SELECT 1 FROM claimed), "
+                 "(SELECT version FROM host_key_trust WHERE id = 1)")
+        if usage is None:
+            rows = self._autocommit(claim, params)
+            return bool(rows[0][0]), int(rows[0][1]), None
+        added, added_params = self._usage_insert(usage.adding) if usage.adding else ([], [])
+        buckets, bucket_params = self._bucket_query(usage.wanted)
+        read: list[list[tuple[Any, ...]]] = []
+        claimed: list[list[tuple[Any, ...]]] = []
+        self._require_open()
+        with self.read(snapshot=False) as tx:
+            try:
+                # One Sync: the adds' explicit transaction ends at its COMMIT, and the claim runs
+                # in a transaction of its own after it, committed (durably) at the Sync.
+                tx._send([_Statement("BEGIN"), _Statement("SET LOCAL synchronous_commit = off"),
+                          _Statement(("WITH " + ", ".join(added) + " " if added else "") + buckets,
+                                     added_params + bucket_params, on_rows=read.append),
+                          _Statement("COMMIT"), _Statement(claim, params, on_rows=claimed.append)])
+            except psycopg.Error as exc:
+                raise tx._store_error(exc) from None
+        return bool(claimed[0][0][0]), int(claimed[0][0][1]), self._buckets_found(usage.wanted, read[0])
 
     def host_keys_version(self) -> int:
         """The trust version as last committed: migration 6's ``host_key_trust`` row, which a
