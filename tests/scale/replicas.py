@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mcp_helpers import ENGRAM, REPO
@@ -21,6 +23,19 @@ class Replica:
     key_dir: Path
     ready: str
     opened: str
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=200))  # filled by ``drain``
+
+    def drain(self) -> Replica:
+        """Read the core's stdout and stderr on threads of their own, keeping the last lines in
+        ``tail``: a core that runs long and logs (a pool reconnecting through database restarts)
+        otherwise fills a pipe nobody reads and blocks on its next log line, answering nothing."""
+        for stream in (self.proc.stdout, self.proc.stderr):
+            threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+        return self
+
+    def _read(self, stream: object) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            self.tail.append(line)
 
     @property
     def host_key_path(self) -> Path:
