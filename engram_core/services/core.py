@@ -156,7 +156,7 @@ class Core:
         (or re-bound) since this core's copy was loaded is refused (or re-bound) here."""
         ref = self.context_nonces.claim(ctx.host_key_id, ctx.nonce, issued_at_ms=ctx.issued_at_ms,
                                         expires_at_ms=ctx.expires_at_ms, now_ms=self.now_ms(), lane=ctx.nonce_lane)
-        # Where the usage counts are the store's, the claim's statement reads them too (one
+        # Where the usage counts are the store's, the claim's round trip reads them too (one
         # round trip fewer for every call the quotas decide on).
         usage = self.quotas.begin_read(ctx.tenant, ctx.workspace, ctx.principal) if self.quotas.shared else None
         try:

@@ -219,7 +219,7 @@ class StoreKernel:
         return self.engine.claim_context_nonce(ref, expires_at_ms)  # type: ignore[attr-defined]
 
     def claim_context(self, ref: str, expires_at_ms: int, *, usage: UsageRead | None = None) -> ContextClaim:
-        """The claim, the host-key trust version and ``usage``'s buckets, in one statement of the
+        """The claim, the host-key trust version and ``usage``'s buckets, in one round trip of the
         engine's (``port.py``)."""
         if self.engine.sole_writer:
             return ContextClaim(claimed=True, host_keys_version=None)

@@ -492,9 +492,11 @@ class Store(Protocol):
         engine several cores share; nothing asked of the sole writer's). What a call that spends
         its context uses: the trust version it returns is at least as new as every host-key
         change acknowledged before the claim began, on any core. ``usage``: the call's read of
-        the shared usage counts (``QuotaCounters.begin_read``), made and its adds sent by the
-        same statement (``ContextClaim.usage``), so the call's quota check costs no round trip
-        of its own. Nothing is added or read when the statement fails (the caller re-queues)."""
+        the shared usage counts (``QuotaCounters.begin_read``), made and its adds sent in the
+        same round trip (``ContextClaim.usage``), so the call's quota check costs no round trip
+        of its own; the adds commit in a transaction of their own, ahead of the claim's. When
+        this raises, the caller re-queues the adds (a failure after they committed may count
+        them twice: the counts are soft)."""
         ...
 
     def host_keys_version(self) -> int | None:

@@ -11,7 +11,7 @@ cores share one store the counters are the store's (``shared``: a bucket row per
 window, bucket and metric, added to by every core), so a principal's quota is one quota however
 its calls are spread. A core holds its own adds back to send them with its next read of the
 counts, in the same statement (one round trip for both, the read answering with them included;
-a call's read itself rides on the statement that claims its context's nonce, ``begin_read``),
+a call's read itself rides in the round trip that claims its context's nonce, ``begin_read``),
 or ``FLUSH_AFTER_S`` later when no read comes: other cores see a count that much later at most
 (a burst may overshoot by that much more), and a core that dies loses its last ``FLUSH_AFTER_S``
 of counts.
