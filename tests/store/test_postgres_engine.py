@@ -344,10 +344,9 @@ def test_a_context_claim_reads_the_trust_version_in_its_own_round_trip(proxied: 
     assert engine_wire.round_trips == 1
 
 
-
 def test_a_context_claim_carries_the_calls_quota_read_and_held_back_adds(proxied: Any) -> None:
     """A call's quota counts on a shared store cost no round trip of their own: the claim's
-    statement sends the held-back adds and reads the buckets, and the counts it answers are
+    round trip sends the held-back adds and reads the buckets, and the counts it answers are
     those ``usage`` would answer (the adds included, read as they were before them)."""
     store, engine_wire, _ = proxied
     now = [1_800_000_000_000]

@@ -232,6 +232,13 @@ class _Statement:
     many: bool = False  # params is a sequence of parameter rows (executemany)
 
 
+def _unflushed(statement: _Statement) -> list[_Statement]:
+    """``statement`` in a transaction of its own that commits with ``synchronous_commit = off``:
+    visible to every core at once, not waiting for the WAL flush (the WAL writer flushes it within
+    a few hundred ms). Statements after these in the same pipeline run in a transaction of theirs."""
+    return [_Statement("BEGIN"), _Statement("SET LOCAL synchronous_commit = off"), statement, _Statement("COMMIT")]
+
+
 @dataclass
 class _ScopeLock:
     """A scope this write transaction locked: its row as this transaction sees it."""
@@ -1271,8 +1278,7 @@ class PostgresEngine:
                 return tx._query(sql, params)
             out: list[list[tuple[Any, ...]]] = []
             try:
-                tx._send([_Statement("BEGIN"), _Statement("SET LOCAL synchronous_commit = off"),
-                          _Statement(sql, params, on_rows=out.append), _Statement("COMMIT")])
+                tx._send(_unflushed(_Statement(sql, params, on_rows=out.append)))
             except psycopg.Error as exc:
                 raise tx._store_error(exc) from None
             return out[0]
@@ -1334,10 +1340,9 @@ class PostgresEngine:
             try:
                 # One Sync: the adds' explicit transaction ends at its COMMIT, and the claim runs
                 # in a transaction of its own after it, committed (durably) at the Sync.
-                tx._send([_Statement("BEGIN"), _Statement("SET LOCAL synchronous_commit = off"),
-                          _Statement(("WITH " + ", ".join(added) + " " if added else "") + buckets,
-                                     added_params + bucket_params, on_rows=read.append),
-                          _Statement("COMMIT"), _Statement(claim, params, on_rows=claimed.append)])
+                tx._send([*_unflushed(_Statement(("WITH " + ", ".join(added) + " " if added else "") + buckets,
+                                                 added_params + bucket_params, on_rows=read.append)),
+                          _Statement(claim, params, on_rows=claimed.append)])
             except psycopg.Error as exc:
                 raise tx._store_error(exc) from None
         return bool(claimed[0][0][0]), int(claimed[0][0][1]), self._buckets_found(usage.wanted, read[0])
