@@ -157,8 +157,10 @@ class Core:
         ref = self.context_nonces.claim(ctx.host_key_id, ctx.nonce, issued_at_ms=ctx.issued_at_ms,
                                         expires_at_ms=ctx.expires_at_ms, now_ms=self.now_ms(), lane=ctx.nonce_lane)
         # Where the usage counts are the store's, the claim's round trip reads them too (one
-        # round trip fewer for every call the quotas decide on).
-        usage = self.quotas.begin_read(ctx.tenant, ctx.workspace, ctx.principal) if self.quotas.shared else None
+        # round trip fewer for every call the quotas decide on); host and admin calls, which
+        # the quotas do not decide on, read nothing.
+        usage = (self.quotas.begin_read(ctx.tenant, ctx.workspace, ctx.principal)
+                 if self.quotas.shared and ctx.call in TOOL_METRIC else None)
         try:
             claim = self.store.claim_context(ref, ctx.expires_at_ms, usage=usage)
         except BaseException:
