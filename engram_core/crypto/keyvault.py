@@ -55,6 +55,11 @@ RING_FORMAT = 2
 class KeyVault(Protocol):
     """Data keys by owner, wrapped by a ring of KEK generations (see the module docstring)."""
 
+    # Whether ``sync`` has work to do. False: a key is durable no later than the commit that
+    # names it (PgKeyVault), so that commit waits for nothing (the store kernel then skips it:
+    # handing a no-op to another thread would cost the writer two thread switches under its lock).
+    syncs: bool
+
     def new_data_key(self, owner: str, *, durable: bool = True) -> tuple[int, bytes]:
         """Create a data key for ``owner``, wrapped by the active generation; returns (ref, key).
         ``durable=False``: written but not yet synced; ``sync`` must run before anything naming
@@ -312,6 +317,8 @@ class FileKeyVault:
     Not an HSM: whoever reads the key files and the database reads the bodies. A KMS-backed
     implementation of the same port replaces it in deployments.
     """
+
+    syncs = True  # new keys are written, then fdatasync'd before the row naming them commits
 
     def __init__(self, directory: Path) -> None:
         self.ring = KekRing(directory / "store.kek")

@@ -271,7 +271,7 @@ class StoreKernel:
 
     # -- commit hooks (engine.CommitHooks) --------------------------------------------------------------
     def before_flush(self, effects: list[TxEffects]) -> Future[None] | None:
-        if self._keys is None or not any(e.names_new_keys for e in effects):
+        if self._keys is None or not self._keys.syncs or not any(e.names_new_keys for e in effects):
             return None
         # The key vault's fdatasync (~0.4 ms) runs while the engine executes the statements; the
         # COMMIT waits for it (``prepare``): no row naming a key commits before the key is durable.

@@ -86,6 +86,8 @@ class PgKeyVault:
     keys from; opening it records nothing there (no agreed generation, no ring check constant),
     so a key directory that is not that store's cannot change the ring its cores agree on."""
 
+    syncs = False  # see ``sync``
+
     def __init__(self, conninfo: str, key_dir: Path, *, pool_size: int = 4, cache_size: int = 4096,
                  cache_ttl_s: float = 30.0, reconcile_after_s: float = 600.0, connect_timeout_s: float = 30.0,
                  pool_timeout_s: float = 30.0, read_only: bool = False) -> None:
