@@ -26,6 +26,9 @@ from engram_core.observability.calls import CallObservation, DecisionFact
 # Sub-millisecond policy decisions to multi-second restores.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                    1.0, 2.5, 5.0, 10.0, 30.0)
+# Finer where a scope lock's hold lives (a few round trips: 1-50 ms).
+LOCK_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
+                0.25, 0.5, 1.0, 2.5, 10.0)
 BUNDLE_NAME = "engram"  # the one bundle; OPA's bundle metrics are labelled by bundle name
 KEY_SLOT_CACHE_S = 30.0  # counting key slots reads the whole slot file: at most this often
 
@@ -61,6 +64,16 @@ class CoreMetrics:
             f"{prefix}_store_commit_batch_transactions",
             "Write transactions made durable by one COMMIT (group commit batch size)",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+        # PostgreSQL: a write transaction's scope lock (its scope row, FOR UPDATE), the bound on
+        # how fast one scope's writes go: waited for, then held until COMMIT returned.
+        self.scope_lock_wait_seconds = Histogram(
+            f"{prefix}_store_scope_lock_wait_duration_seconds",
+            "Time a write transaction waited for its first scope lock (the round trip that took it)",
+            buckets=LOCK_BUCKETS, registry=r)
+        self.scope_lock_hold_seconds = Histogram(
+            f"{prefix}_store_scope_lock_hold_duration_seconds",
+            "Time a write transaction held its scope lock, until COMMIT or ROLLBACK returned",
+            buckets=LOCK_BUCKETS, registry=r)
         self.embed_seconds = Histogram(f"{prefix}_semantic_embed_duration_seconds",
                                        "Latency of the local embedding model, per call", ["kind"],
                                        buckets=LATENCY_BUCKETS, registry=r)
@@ -97,6 +110,10 @@ class CoreMetrics:
     def observe_commit(self, seconds: float, transactions: int = 1) -> None:
         self.commit_seconds.observe(seconds)
         self.commit_batch.observe(transactions)
+
+    def observe_scope_lock(self, wait_s: float, hold_s: float) -> None:
+        self.scope_lock_wait_seconds.observe(wait_s)
+        self.scope_lock_hold_seconds.observe(hold_s)
 
     def observe_index_rebuild(self, seconds: float, documents: int) -> None:
         self.index_rebuild_seconds.observe(seconds)

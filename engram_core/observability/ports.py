@@ -162,6 +162,7 @@ class ObservedEmbedder:
 def observe_store(store: Any, metrics: CoreMetrics | None) -> None:
     if metrics is not None:
         store.engine.on_commit = metrics.observe_commit
+        store.engine.on_scope_lock = metrics.observe_scope_lock
 
     def rebuilt(seconds: float, documents: int) -> None:
         if metrics is not None:

@@ -691,6 +691,8 @@ class DuckDBEngine:
         self._hooks: CommitHooks | None = None
         # Observability hook (engram_core/observability/ports.py sets it): seconds per COMMIT.
         self.on_commit: Any = None
+        # Never called: one writer lock, not scope locks (PostgresEngine.on_scope_lock).
+        self.on_scope_lock: Any = None
         self.path = data_dir / "engram.duckdb"
         # Held for the process lifetime; created owner-only whatever the process umask.
         self._lock_file = os.fdopen(os.open(data_dir / "engram.lock", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600),

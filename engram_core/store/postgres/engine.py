@@ -269,6 +269,11 @@ class PostgresEngineTx:
         self._last_sent = time.monotonic()
         self.round_trips = 0
         self.failed = False
+        # Observability: a scope lock is asked for with the next round trip (_locking); when that
+        # round trip answered, the lock was held, and for how long it was waited for.
+        self._locking = False
+        self.locked_at: float | None = None
+        self.lock_wait_s = 0.0
         # read_ahead: statements recorded instead of sent, then their answers until asked for.
         self._recording: list[_Statement] | None = None
         self._ahead: dict[tuple[str, Any], list[tuple[Any, ...]]] = {}
@@ -311,6 +316,7 @@ class PostgresEngineTx:
         self._pending = []
         conn = self._connection()
         first = self.round_trips == 0
+        sent = time.perf_counter()
         try:
             cursors = self._pipeline(conn, batch)
         except psycopg.OperationalError as exc:
@@ -329,6 +335,9 @@ class PostgresEngineTx:
         finally:
             self.round_trips += 1
             self._last_sent = time.monotonic()
+        if self._locking and self.locked_at is None:
+            self.locked_at = time.perf_counter()
+            self.lock_wait_s = self.locked_at - sent
         for st, cur in zip(batch, cursors, strict=True):
             if st.on_rows is not None:
                 st.on_rows(cur.fetchall())
@@ -479,6 +488,7 @@ class PostgresEngineTx:
         if lock is not None:
             return lock
         lock = self._scopes[key] = _ScopeLock()
+        self._locking = True
 
         def inserted(rows: list[tuple[Any, ...]]) -> None:
             lock.created = bool(rows)
@@ -521,6 +531,7 @@ class PostgresEngineTx:
         scope: lock the row's scope in the same round trip as the write."""
         if value in self._seen or not self._writing:
             return
+        self._locking = True
         self._pending.append(_Statement(
             f"SELECT 1 FROM scopes s JOIN {table} x ON s.tenant = x.tenant AND s.workspace = x.workspace "
             f"WHERE x.{id_col} = %s FOR UPDATE OF s", [value]))
@@ -1051,6 +1062,9 @@ class PostgresEngine:
         self._migrations = migrations
         self._hooks: CommitHooks | None = None
         self.on_commit: Any = None  # observability: seconds per COMMIT round trip, transactions (1)
+        # observability: (seconds waited for a write transaction's first scope lock, seconds it was
+        # held until COMMIT or ROLLBACK returned), once per write transaction that locked a scope
+        self.on_scope_lock: Any = None
         self._local = threading.local()
         self._sweep_lock = threading.Lock()
         self._swept: dict[str, float] = {}
@@ -1196,6 +1210,8 @@ class PostgresEngine:
                     self.on_commit(time.perf_counter() - started, 1)
                 hooks.committed([effects], tx.scope_changes())
             finally:
+                if tx.locked_at is not None and self.on_scope_lock is not None:
+                    self.on_scope_lock(tx.lock_wait_s, time.perf_counter() - tx.locked_at)
                 tx.release()
 
     @contextmanager
