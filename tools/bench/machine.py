@@ -68,6 +68,27 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_s(root_pid: int) -> float:
+    """CPU seconds of a process and its direct children: its own, its reaped children's, and its
+    live children's (a PostgreSQL postmaster: every backend, checkpointer and WAL writer)."""
+    def stat(pid: int) -> list[str]:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+    hz = os.sysconf("SC_CLK_TCK")
+    fields = stat(root_pid)
+    total = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            child = stat(int(entry.name))
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited meanwhile (its time now counts as reaped, or soon will)
+        if int(child[1]) == root_pid:  # ppid
+            total += int(child[11]) + int(child[12])
+    return total / hz
+
+
 def machine_busy_s() -> tuple[float, float]:
     """(busy, total) CPU seconds of the whole machine so far (/proc/stat, all cores)."""
     fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]

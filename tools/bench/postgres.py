@@ -26,12 +26,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tools.bench.corpus import PURPOSE, Corpus
 from tools.bench.grpc_client import GrpcAgent, activate
-from tools.bench.machine import facts
+from tools.bench.machine import facts, tree_cpu_s
 from tools.bench.serving import ENGRAM, REPO, Served
 from tools.bench.stats import run_summary
 from tools.bench.writes import TENANT, WORKSPACE, _load, _point, emit
@@ -86,7 +87,7 @@ def _catch_up(writer: str, reader: str, key_path: Path, corpus: Corpus, queries:
 
 
 def _run(servers: list[Served], key_path: Path, a: argparse.Namespace, corpus: Corpus, label: str,
-         summary: dict[str, Any]) -> None:
+         summary: dict[str, Any], database_cpu: Callable[[], float] | None = None) -> None:
     queries = corpus.queries(200)
     search = _searches(servers[-1].address, key_path, queries, a.searches)
     summary["points"].append({"engine": label, "cores": len(servers), "phase": "search", "search": search})
@@ -103,13 +104,15 @@ def _run(servers: list[Served], key_path: Path, a: argparse.Namespace, corpus: C
         admitted: list[str] = []
         for phase in ("pair", "forget"):
             point = _point(servers if len(servers) > 1 else servers[0], key_path, clients, a.duration, phase,
-                           corpus, admitted)
+                           corpus, admitted, database_cpu=database_cpu)
             point["engine"] = label
             summary["points"].append(point)
             main = point.get(phase, {})
             print(f"[postgres] {label} x{len(servers)} clients={clients} {phase}: {main.get('throughput_per_s')}/s "
                   f"p50={main.get('p50_ms')} ms p99={main.get('p99_ms')} ms, "
-                  f"{point['transactions_per_commit']} tx/COMMIT, errors {point['errors']}", file=sys.stderr)
+                  f"{point['transactions_per_commit']} tx/COMMIT, scope lock {point['scope_lock']}, "
+                  f"CPU ms/op server {point['server_cpu_ms_per_op']} database {point['database_cpu_ms_per_op']}, "
+                  f"errors {point['errors']}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
                                "semantic": a.semantic, "points": []}
     cluster = start_cluster()
     os.environ["PGPASSFILE"] = str(cluster.passfile)
+    postmaster = int((cluster.data / "postmaster.pid").read_text().split()[0])
+
+    def database_cpu() -> float:
+        return tree_cpu_s(postmaster)
     try:
         with tempfile.TemporaryDirectory(prefix="engram-bench-pg-") as tmp:
             data, keys = Path(tmp) / "data", Path(tmp) / "keys"
@@ -172,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                             for _ in range(n):
                                 servers.append(Served(keys, semantic=a.semantic == "on", metrics=True,
                                                       store=db.conninfo, tree=tree))
-                            _run(servers, key_path, a, corpus, label, summary)
+                            _run(servers, key_path, a, corpus, label, summary, database_cpu=database_cpu)
                         finally:
                             for s in servers:
                                 s.stop()

@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,25 +54,66 @@ def _load(data: Path, size: int) -> None:
         core.store.close()
 
 
-def _commits(servers: list[Any]) -> tuple[float, float]:
-    """(COMMITs, transactions they carried) so far, from the cores' metrics (summed)."""
-    count = total = 0.0
+_LOCK_SERIES = ("engram_store_scope_lock_wait_duration_seconds", "engram_store_scope_lock_hold_duration_seconds")
+
+
+def _scrape(servers: list[Any]) -> dict[str, Any]:
+    """The cores' metrics this benchmark reads, summed over them: COMMITs and the transactions
+    they carried, and the scope-lock histograms' cumulative bucket counts (by upper bound)."""
+    out: dict[str, Any] = {"commits": 0.0, "transactions": 0.0, **{name: {} for name in _LOCK_SERIES}}
     for server in servers:
         text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
         for line in text.splitlines():
             if line.startswith("engram_store_commit_batch_transactions_count"):
-                count += float(line.split()[-1])
+                out["commits"] += float(line.split()[-1])
             elif line.startswith("engram_store_commit_batch_transactions_sum"):
-                total += float(line.split()[-1])
-    return count, total
+                out["transactions"] += float(line.split()[-1])
+            else:
+                for name in _LOCK_SERIES:
+                    if line.startswith(name + "_bucket{"):
+                        le = float(line.split('le="', 1)[1].split('"', 1)[0])
+                        out[name][le] = out[name].get(le, 0.0) + float(line.split()[-1])
+    return out
+
+
+def _quantile_ms(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
+    """The q-quantile (0..1) of what a histogram observed between two scrapes, interpolated
+    linearly inside its bucket (as PromQL's histogram_quantile does), in ms."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1] if counts else 0.0
+    if total <= 0:
+        return None
+    want, lower, below = q * total, 0.0, 0.0
+    for bound, cumulative in zip(bounds, counts, strict=True):
+        if cumulative >= want:
+            if bound == float("inf"):
+                return round(lower * 1000, 2)
+            share = (want - below) / (cumulative - below) if cumulative > below else 1.0
+            return round((lower + (bound - lower) * share) * 1000, 2)
+        lower, below = bound, cumulative
+    return None
+
+
+def _lock_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any] | None:
+    """Scope-lock wait and hold p50/p99 (PostgreSQL; None for DuckDB, which has no scope locks)."""
+    out: dict[str, Any] = {}
+    for name, label in zip(_LOCK_SERIES, ("wait", "hold"), strict=True):
+        if after[name]:
+            n = max(after[name].values()) - max(before[name].values(), default=0.0)
+            out[label] = {"n": int(n), "p50_ms": _quantile_ms(before[name], after[name], 0.5),
+                          "p99_ms": _quantile_ms(before[name], after[name], 0.99)}
+    return out or None
 
 
 def _point(server: Any, key_path: Path, clients: int, duration: float, phase: str,
-           corpus: Corpus, admitted: list[str], *, searcher: bool = False) -> dict[str, Any]:
+           corpus: Corpus, admitted: list[str], *, searcher: bool = False,
+           database_cpu: Callable[[], float] | None = None) -> dict[str, Any]:
     """``clients`` writers doing ``phase`` (pair or forget); ``searcher``: one more client searching
     (lexical) all the while, in a process of its own, its latencies reported as ``search``.
     ``server``: one served core, or a list of cores over one store (client n talks to core n mod
-    their number; CPU and COMMITs are summed over them)."""
+    their number; CPU and COMMITs are summed over them). ``database_cpu``: the CPU seconds a
+    database server has spent so far (PostgreSQL's processes), reported per operation too."""
     servers = server if isinstance(server, list) else [server]
     lat: dict[str, list[float]] = {"pair": [], "capture": [], "request_admission": [], "forget": [], "search": []}
     errors = [0]
@@ -122,7 +164,8 @@ def _point(server: Any, key_path: Path, clients: int, duration: float, phase: st
         finally:
             agent.close()
 
-    cpu0, (c0, t0) = sum(process_cpu_s(s.proc.pid) for s in servers), _commits(servers)
+    cpu0, scraped0 = sum(process_cpu_s(s.proc.pid) for s in servers), _scrape(servers)
+    db0 = database_cpu() if database_cpu is not None else 0.0
     mine0, (busy0, all0) = time.process_time(), machine_busy_s()
     began = time.perf_counter()
     threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
@@ -143,7 +186,9 @@ def _point(server: Any, key_path: Path, clients: int, duration: float, phase: st
         lat["search"].extend(found)
         errors[0] += failed
     wall = time.perf_counter() - began
-    cpu1, (c1, t1) = sum(process_cpu_s(s.proc.pid) for s in servers), _commits(servers)
+    cpu1, scraped1 = sum(process_cpu_s(s.proc.pid) for s in servers), _scrape(servers)
+    db1 = database_cpu() if database_cpu is not None else 0.0
+    (c0, t0), (c1, t1) = ((m["commits"], m["transactions"]) for m in (scraped0, scraped1))
     mine1, (busy1, all1) = time.process_time(), machine_busy_s()
     ops = len(lat["pair"]) if phase == "pair" else len(lat["forget"])
     out: dict[str, Any] = {
@@ -151,12 +196,15 @@ def _point(server: Any, key_path: Path, clients: int, duration: float, phase: st
         "errors": errors[0],
         "server_cpu_ms_per_op": round((cpu1 - cpu0) / ops * 1000, 2) if ops else None,
         "server_cpu_share_of_a_core": round((cpu1 - cpu0) / wall, 2),
+        "database_cpu_ms_per_op": round((db1 - db0) / ops * 1000, 2) if ops and database_cpu is not None else None,
+        "database_cpu_share_of_a_core": round((db1 - db0) / wall, 2) if database_cpu is not None else None,
         # The benchmark's own gRPC clients share the machine: what they spent, and how busy all
         # cores were (1.0 = every core busy all the time).
         "clients_cpu_ms_per_op": round((mine1 - mine0) / ops * 1000, 2) if ops else None,
         "machine_busy_share": round((busy1 - busy0) / (all1 - all0), 2) if all1 > all0 else None,
         "commits": int(c1 - c0), "transactions": int(t1 - t0),
         "transactions_per_commit": round((t1 - t0) / (c1 - c0), 2) if c1 > c0 else None,
+        "scope_lock": _lock_figures(scraped0, scraped1),
         "loadavg_after": loadavg(),
     }
     for name, values in lat.items():
