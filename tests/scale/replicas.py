@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,7 +24,8 @@ class Replica:
     key_dir: Path
     ready: str
     opened: str
-    tail: deque[str] = field(default_factory=lambda: deque(maxlen=200))  # filled by ``drain``
+    # (time.monotonic() when read, line): the last lines, filled by ``drain``
+    tail: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=2000))
 
     def drain(self) -> Replica:
         """Read the core's stdout and stderr on threads of their own, keeping the last lines in
@@ -35,7 +37,11 @@ class Replica:
 
     def _read(self, stream: object) -> None:
         for line in stream:  # type: ignore[attr-defined]
-            self.tail.append(line)
+            self.tail.append((time.monotonic(), line))
+
+    def times(self, text: str) -> list[float]:
+        """When the kept lines holding ``text`` were read (``drain`` first)."""
+        return [at for at, line in list(self.tail) if text in line]
 
     @property
     def host_key_path(self) -> Path:

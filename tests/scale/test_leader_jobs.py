@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from pg_cluster import Database
-from replicas import Replica, serve_store
+from replicas import serve_store
 
 from engram_core.app.composition import RunningCore, start_core
 from engram_core.clock import FixedClock
@@ -80,23 +80,6 @@ def test_a_rotation_due_on_both_cores_at_once_happens_once(
     assert follower.tick()["rotated"]["active_generation"] == 6
 
 
-class _Log:
-    """A replica's stderr, read on a thread of its own (the pipe never fills)."""
-
-    def __init__(self, replica: Replica) -> None:
-        self.lines: list[tuple[float, str]] = []
-        self._replica = replica
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self._replica.proc.stderr is not None
-        for line in self._replica.proc.stderr:
-            self.lines.append((time.monotonic(), line))
-
-    def times(self, text: str) -> list[float]:
-        return [at for at, line in list(self.lines) if text in line]
-
-
 def _until(predicate: Any, timeout_s: float) -> float:
     """Wait for ``predicate()`` (polled); the time it took."""
     started = time.monotonic()
@@ -114,7 +97,7 @@ def test_one_replica_rotates_on_schedule_and_another_takes_over_when_it_is_kille
     replicas = [serve_store(pg_database.conninfo, key_dir, pg_database.env, *flags)]
     try:
         replicas.append(serve_store(pg_database.conninfo, key_dir, pg_database.env, *flags))
-        logs = [_Log(r) for r in replicas]
+        logs = [r.drain() for r in replicas]
         _until(lambda: any(log.times(LEADS) for log in logs), 15)
         leader = next(i for i, log in enumerate(logs) if log.times(LEADS))
         _until(lambda: len(logs[leader].times(ROTATED)) >= 3, 6 * INTERVAL_S + 15)

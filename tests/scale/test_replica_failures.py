@@ -99,7 +99,7 @@ def _until_definitive(cores: Cores, n: int, op: str, args: dict, seen: list[str]
             finally:
                 client.channel.close()
         if time.monotonic() > deadline:
-            logs = {r.address: list(r.tail)[-5:] for r in cores.running if r is not None}
+            logs = {r.address: [line for _, line in list(r.tail)[-5:]] for r in cores.running if r is not None}
             raise AssertionError(f"{op} got no definitive answer in {DEADLINE_S} s (last: {last}; the cores' "
                                  f"last lines: {logs})")
         time.sleep(0.2)
