@@ -280,7 +280,7 @@ class MemoryService(ReadService):
                                              "facts": sealed_facts}),
                         kind="candidate", owner=candidate_id)
         try:
-            with self.core.store.write(batched=True) as tx:
+            with self.core.store.write(batched=True, scope=(ctx.tenant, ctx.workspace)) as tx:
                 prior = self._replay(tx, ctx, prepared.guard)
                 if prior is not None:
                     raise _Replayed(prior)
@@ -422,7 +422,7 @@ class MemoryService(ReadService):
             # inside the transaction it would serialize every other write behind it.
             vector = (self.core.embedder.model_id, embedding.result()) if embedding is not None else None
         try:
-            with self.core.store.write(batched=True) as tx:
+            with self.core.store.write(batched=True, scope=(ctx.tenant, ctx.workspace)) as tx:
                 standing_read = ([lambda: tx.payload_standing(ctx.tenant, ctx.workspace, cand.payload_digest)]
                                  if forced is None and status in ("accepted", "duplicate_exact") else [])  # _recheck_duplicate's
                 self._read_ahead(tx, ctx, guard, lambda: tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id),
@@ -533,7 +533,7 @@ class MemoryService(ReadService):
             outcome["record_id"] = record_id_of(cand.record_digest)
         elif isinstance(decision.get("record_id"), str):
             outcome["record_id"] = decision["record_id"]  # the current record it duplicated
-        with self.core.store.write(batched=True) as tx:
+        with self.core.store.write(batched=True, scope=(ctx.tenant, ctx.workspace)) as tx:
             if guard is not None:
                 prior = self._replay(tx, ctx, guard)
                 if prior is not None:
@@ -633,7 +633,7 @@ class MemoryService(ReadService):
         authz_digest = self.core.decision_receipt(call.decisions[0])["receipt_digest"]
         self._take_early(cand.candidate_id)  # its content goes: so does a vector computed early
         try:
-            with self.core.store.write(batched=True) as tx:
+            with self.core.store.write(batched=True, scope=(ctx.tenant, ctx.workspace)) as tx:
                 self._read_ahead(tx, ctx, guard, lambda: tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id))
                 current = self._recheck(tx, ctx, guard, call, grant_id,
                                         tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id),
@@ -683,7 +683,7 @@ class MemoryService(ReadService):
         now = self.core.now_ms()
         authz_digest = self.core.decision_receipt(call.decisions[0])["receipt_digest"]
         try:
-            with self.core.store.write(batched=True) as tx:
+            with self.core.store.write(batched=True, scope=(ctx.tenant, ctx.workspace)) as tx:
                 # The derivatives too: what the forget writes before it reads them (its own event,
                 # record, key and tombstone rows) does not change the derivatives' rows.
                 self._read_ahead(tx, ctx, guard, lambda: tx.record(ctx.tenant, ctx.workspace, record_id),

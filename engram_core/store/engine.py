@@ -360,10 +360,12 @@ class Engine(Protocol):
 
     def set_hooks(self, hooks: CommitHooks) -> None: ...
 
-    def write(self, *, batched: bool, effects: TxEffects) -> AbstractContextManager[EngineTx]:
+    def write(self, *, batched: bool, effects: TxEffects,
+              scope: tuple[str, str] | None = None) -> AbstractContextManager[EngineTx]:
         """A read-write transaction (see the guarantees above); ``batched``: the engine may commit
         it together with other batched transactions, each member's ``effects`` handed to the
-        hooks; a failure of the shared commit is raised from every member's ``with``."""
+        hooks; a failure of the shared commit is raised from every member's ``with``. ``scope``:
+        the scope a batched transaction writes (an engine may batch by scope)."""
         ...
 
     def read(self, *, snapshot: bool = True) -> AbstractContextManager[EngineTx]: ...

@@ -126,10 +126,10 @@ class StoreKernel:
 
     # -- transactions ------------------------------------------------------------------------------
     @contextmanager
-    def write(self, *, batched: bool = False) -> Iterator[KernelTx]:
+    def write(self, *, batched: bool = False, scope: tuple[str, str] | None = None) -> Iterator[KernelTx]:
         self._require_open()
         effects = TxEffects()
-        with self.engine.write(batched=batched, effects=effects) as etx:
+        with self.engine.write(batched=batched, effects=effects, scope=scope) as etx:
             yield KernelTx(self, etx, effects)
 
     @contextmanager

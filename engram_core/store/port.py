@@ -444,11 +444,13 @@ class Tx(Protocol):
 
 
 class Store(Protocol):
-    def write(self, *, batched: bool = False) -> AbstractContextManager[Tx]:
+    def write(self, *, batched: bool = False, scope: tuple[str, str] | None = None) -> AbstractContextManager[Tx]:
         """A serialized read-write transaction; durable when the ``with`` block exits normally.
         ``batched``: the engine may commit it together with other batched transactions (group
         commit); what it wrote becomes visible to others and durable together with them, and a
-        failure of the shared commit is raised from the ``with`` of every member."""
+        failure of the shared commit is raised from the ``with`` of every member. ``scope``: the
+        one (tenant, workspace) a batched transaction writes, which an engine may batch by
+        (PostgreSQL: the transactions of one scope queue on its lock anyway)."""
         ...
 
     def read(self, *, snapshot: bool = True) -> AbstractContextManager[Tx]:

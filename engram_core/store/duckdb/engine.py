@@ -947,9 +947,11 @@ class DuckDBEngine:
             yield
 
     @contextmanager
-    def write(self, *, batched: bool = False, effects: TxEffects | None = None) -> Iterator[DuckDBEngineTx]:
+    def write(self, *, batched: bool = False, effects: TxEffects | None = None,
+              scope: tuple[str, str] | None = None) -> Iterator[DuckDBEngineTx]:
         """A read-write transaction. ``batched``: a member of a group commit (group_commit.py),
-        for the mutations agents make at rate; otherwise a transaction of its own."""
+        for the mutations agents make at rate; otherwise a transaction of its own. ``scope`` is
+        not needed: one writer batches every scope's members."""
         self._require_open()
         effects = effects if effects is not None else TxEffects()
         if batched:

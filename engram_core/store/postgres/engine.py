@@ -94,7 +94,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psycopg
@@ -124,6 +124,7 @@ OPEN_CHUNK = 4096  # rows fetched per round trip while the search index is built
 FLUSH_STATEMENTS = 256  # buffered statements sent early (a long maintenance transaction)
 FLUSH_IDLE_S = 5.0  # buffered statements sent early once the server has not heard from us this long
 MAX_BIGINT = 2**63 - 1
+BATCH_MEMBERS = 32  # a scope's batch commits at this size even with members queued (bounds latency)
 SWEEP_EVERY_S = 60.0  # expired shared rows (nonce claims, page pins, usage buckets) deleted this often
 CLAIM_RETAIN_MS = 24 * 3_600_000  # nonce claims kept: far longer than any context lives (300 s)
 EXACT_COUNTS_UP_TO = 1_000_000  # rows (planner estimate) up to which the start-up summary counts exactly
@@ -248,6 +249,19 @@ class _ScopeLock:
     created: bool = False  # the lock inserted the row (the scope was never written)
     materialized: bool = False  # something was written to it: a created row stays
     dirty: bool = False  # changed here: an UPDATE goes with the next round trip
+
+
+@dataclass
+class _Mark:
+    """Where a batch member began (``PostgresEngineTx.member_begin``): its savepoint and what
+    the transaction held in memory then, restored if the member fails."""
+
+    savepoint: str
+    pending: int  # len(_pending) with the SAVEPOINT statement in it
+    round_trips: int
+    scopes: dict[tuple[str, str], _ScopeLock]
+    heads: dict[str, tuple[int, str]]
+    seen: set[str]
 
 
 class PostgresEngineTx:
@@ -419,6 +433,44 @@ class PostgresEngineTx:
                 self._send([])
             except psycopg.Error as exc:
                 raise self._store_error(exc) from None
+
+    # -- members of a scope's batch (PostgresEngine.write, batched) ------------------------------------------
+    def member_begin(self, n: int) -> _Mark:
+        """A batch's member ``n`` (1, 2, …) starts after those before it: a savepoint (sent with
+        its first round trip, so it costs none) and a copy of what this object holds in memory."""
+        self._ahead.clear()  # reads ahead that an earlier member did not use are not this one's
+        if any(not lock.known for lock in self._scopes.values()) or any(st.on_rows for st in self._pending):
+            # Answers still owed to what the copy below holds: have them first.
+            try:
+                self._send([])
+            except psycopg.Error as exc:
+                raise self._store_error(exc) from None
+        self._pending += self._scope_updates()  # earlier members' scope rows go before the savepoint
+        name = f"member_{n}"
+        self._pending.append(_Statement(f"SAVEPOINT {name}"))
+        return _Mark(name, len(self._pending), self.round_trips,
+                     {k: replace(lock) for k, lock in self._scopes.items()}, dict(self._heads), set(self._seen))
+
+    def member_undo(self, mark: _Mark) -> bool:
+        """Undo what the member that began at ``mark`` did, keeping the members before it; False
+        when that cannot be done (the connection is gone: the whole batch is lost)."""
+        self._ahead.clear()
+        self._scopes, self._heads, self._seen = mark.scopes, mark.heads, mark.seen
+        if self.round_trips == mark.round_trips and not self.failed:
+            del self._pending[mark.pending - 1:]  # nothing of it reached the server, the savepoint included
+            return True
+        conn = self._conn
+        if conn is None or conn.broken or conn.info.transaction_status not in (
+                psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR):
+            return False
+        self._pending = [_Statement(f"ROLLBACK TO SAVEPOINT {mark.savepoint}")]
+        self.failed = False
+        try:
+            self._send([])
+        except psycopg.Error:
+            self.failed = True
+            return False
+        return True
 
     # -- end of the transaction ------------------------------------------------------------------------------------
     def commit(self) -> None:
@@ -1038,6 +1090,28 @@ class _IndexScan:
         return {(r[0], r[1]): _scope(r) for r in self._conn.execute(f"SELECT {_SCOPE_COLS} FROM scopes").fetchall()}
 
 
+@dataclass
+class _Batch:
+    """One scope's open group commit on this core: its transaction and the members in it."""
+
+    tx: PostgresEngineTx
+    members: list[TxEffects] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+@dataclass
+class _Lane:
+    """One scope's batched writers on this core: one at a time is ``busy``; ``queued`` wait for
+    their turn on ``turns`` (a condition on the engine's lanes lock)."""
+
+    scope: tuple[str, str]
+    turns: threading.Condition
+    busy: bool = False
+    queued: int = 0
+    batch: _Batch | None = None
+
+
 class PostgresEngine:
     """The PostgreSQL engine (``engine.Engine``): a pool of connections to one database.
 
@@ -1065,6 +1139,9 @@ class PostgresEngine:
         # observability: (seconds waited for a write transaction's first scope lock, seconds it was
         # held until COMMIT or ROLLBACK returned), once per write transaction that locked a scope
         self.on_scope_lock: Any = None
+        self._lanes: dict[tuple[str, str], _Lane] = {}  # group commit, per scope (``_member``)
+        self._lanes_lock = threading.Lock()
+        self._lock_timeout_s = lock_timeout_s
         self._local = threading.local()
         self._sweep_lock = threading.Lock()
         self._swept: dict[str, float] = {}
@@ -1169,12 +1246,16 @@ class PostgresEngine:
         return getattr(self._local, "writing", False)
 
     @contextmanager
-    def write(self, *, batched: bool = False, effects: TxEffects | None = None) -> Iterator[PostgresEngineTx]:
-        """A read-write transaction. ``batched`` is accepted and changes nothing: transactions of
-        different scopes commit side by side on their own connections, and those of one scope
-        queue on its row lock, so there is no shared commit to join."""
+    def write(self, *, batched: bool = False, effects: TxEffects | None = None,
+              scope: tuple[str, str] | None = None) -> Iterator[PostgresEngineTx]:
+        """A read-write transaction. ``batched`` with its ``scope``: a member of that scope's batch
+        on this core (group commit, below); otherwise a transaction of its own."""
         self._require_open()
         effects = effects if effects is not None else TxEffects()
+        if batched and scope is not None:
+            with tracing.span("engram.store.transaction"):
+                yield from self._member(scope, effects)
+            return
         hooks = self._hooks
         assert hooks is not None, "the store kernel sets the commit hooks"
         tx = self.tx_class(self, "write")
@@ -1196,23 +1277,165 @@ class PostgresEngine:
                     hooks.rolled_back([effects])
                     raise exc if isinstance(exc, EngramError) else EngramError(
                         Code.STORE_UNAVAILABLE, f"commit refused: {type(exc).__name__}") from None
-                started = time.perf_counter()
-                try:
-                    tx.commit()
-                except EngramError as exc:
-                    if exc.code == Code.MUTATION_OUTCOME_UNKNOWN:
-                        hooks.commit_unknown()
-                    else:
-                        tx.rollback()
-                        hooks.rolled_back([effects])
-                    raise
-                if self.on_commit is not None:
-                    self.on_commit(time.perf_counter() - started, 1)
-                hooks.committed([effects], tx.scope_changes())
+                self._commit(tx, [effects])
             finally:
-                if tx.locked_at is not None and self.on_scope_lock is not None:
-                    self.on_scope_lock(tx.lock_wait_s, time.perf_counter() - tx.locked_at)
+                self._observe_lock(tx)
                 tx.release()
+
+    def _commit(self, tx: PostgresEngineTx, effects: list[TxEffects]) -> None:
+        """COMMIT ``tx`` for ``effects`` (one transaction's, or a batch's members'), and tell the
+        hooks; raises what the members are answered when it cannot."""
+        hooks = self._hooks
+        assert hooks is not None
+        started = time.perf_counter()
+        try:
+            tx.commit()
+        except EngramError as exc:
+            if exc.code == Code.MUTATION_OUTCOME_UNKNOWN:
+                hooks.commit_unknown()
+            else:
+                tx.rollback()
+                hooks.rolled_back(effects)
+            raise
+        if self.on_commit is not None:
+            self.on_commit(time.perf_counter() - started, len(effects))
+        hooks.committed(effects, tx.scope_changes())
+
+    def _observe_lock(self, tx: PostgresEngineTx) -> None:
+        if tx.locked_at is not None and self.on_scope_lock is not None:
+            self.on_scope_lock(tx.lock_wait_s, time.perf_counter() - tx.locked_at)
+
+    # -- group commit, per scope -----------------------------------------------------------------------------------
+    # The writes of one scope queue on its row lock whichever core makes them, and each paid its
+    # own lock round trip and COMMIT (a WAL flush) while the others waited: under load the lock's
+    # hold, not the database, bounded a scope's writes (measured: 3 ms held alone, 17 ms with 16
+    # writers, most of it this process's other threads holding the interpreter between the
+    # holder's round trips). So on each core the batched writes of one scope take turns in one
+    # transaction: the first member opens it (and takes the lock), each later one runs after a
+    # SAVEPOINT, and the member that finds nobody queued behind it (or the BATCH_MEMBERS-th)
+    # commits for all. A member that fails is rolled back to its savepoint and answered alone;
+    # the others go on. Nothing is acknowledged before the batch's COMMIT returned; a COMMIT that
+    # fails answers every member alike (refused, or MUTATION_OUTCOME_UNKNOWN).
+    def _turn(self, scope: tuple[str, str]) -> _Lane:
+        """Wait for this core's turn to write ``scope`` (STORE_UNAVAILABLE after the lock timeout)."""
+        with self._lanes_lock:
+            lane = self._lanes.get(scope)
+            if lane is None:
+                lane = self._lanes[scope] = _Lane(scope, threading.Condition(self._lanes_lock))
+            lane.queued += 1
+            try:
+                deadline = time.monotonic() + self._lock_timeout_s
+                while lane.busy:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise EngramError(Code.STORE_UNAVAILABLE, "timed out waiting for the scope's writers")
+                    lane.turns.wait(left)
+                lane.busy = True
+            finally:
+                lane.queued -= 1
+            return lane
+
+    def _end_turn(self, lane: _Lane, *, settle: bool) -> None:
+        """End a member's turn. ``settle``: commit the open batch first unless a member is queued
+        (or the batch is full); decided and released under the lanes lock, so that a member that
+        gives up waiting cannot leave a batch nobody commits."""
+        with self._lanes_lock:
+            now = lane.batch is not None and settle and (
+                lane.queued == 0 or len(lane.batch.members) >= BATCH_MEMBERS)
+            if not now:
+                self._free(lane)
+                return
+        try:
+            self._settle(lane)
+        finally:
+            with self._lanes_lock:
+                self._free(lane)
+
+    def _free(self, lane: _Lane) -> None:
+        """The turn is free (under the lanes lock); a lane nobody waits for is forgotten."""
+        lane.busy = False
+        if lane.queued:
+            lane.turns.notify()
+        elif lane.batch is None:
+            del self._lanes[lane.scope]
+
+    def _member(self, scope: tuple[str, str], effects: TxEffects) -> Iterator[PostgresEngineTx]:
+        hooks = self._hooks
+        assert hooks is not None, "the store kernel sets the commit hooks"
+        lane = self._turn(scope)
+        settle = False
+        try:
+            batch = lane.batch
+            if batch is None:
+                batch = lane.batch = _Batch(self.tx_class(self, "write"))
+                mark = None
+            else:
+                try:
+                    mark = batch.tx.member_begin(len(batch.members) + 1)
+                except BaseException:
+                    self._abandon(lane, [effects])
+                    raise
+            tx = batch.tx
+            self._local.writing = True
+            try:
+                yield tx
+                failure: BaseException | None = None
+            except BaseException as exc:
+                failure = exc
+            finally:
+                self._local.writing = False
+            if failure is None:
+                try:
+                    hooks.prepare([effects], tx, hooks.before_flush([effects]))
+                except BaseException as exc:
+                    failure = exc if isinstance(exc, EngramError) else EngramError(
+                        Code.STORE_UNAVAILABLE, f"commit refused: {type(exc).__name__}")
+            if failure is not None:
+                if mark is None or not tx.member_undo(mark):
+                    self._abandon(lane, [effects])  # the first member, or a batch that cannot go on
+                else:
+                    hooks.rolled_back([effects])
+                    settle = True  # the members before it, if nobody comes after
+                raise failure
+            batch.members.append(effects)
+            settle = True
+        finally:
+            self._end_turn(lane, settle=settle)
+        batch.done.wait()
+        if batch.error is not None:
+            raise batch.error
+
+    def _settle(self, lane: _Lane) -> None:
+        """Commit the lane's open batch and answer its members (on the lane's turn)."""
+        batch, lane.batch = lane.batch, None
+        assert batch is not None
+        if not batch.members:  # its only member failed: nothing to commit
+            batch.tx.rollback()
+            batch.tx.release()
+            batch.done.set()
+            return
+        try:
+            self._commit(batch.tx, batch.members)
+        except EngramError as exc:
+            batch.error = exc
+        except BaseException as exc:  # noqa: BLE001 - a hook failed after COMMIT: the members' writes stand
+            log.exception("after a batch's COMMIT")
+            batch.error = EngramError(Code.MUTATION_OUTCOME_UNKNOWN, f"after commit: {type(exc).__name__}")
+        finally:
+            self._observe_lock(batch.tx)
+            batch.tx.release()
+            batch.done.set()
+
+    def _abandon(self, lane: _Lane, extra: list[TxEffects]) -> None:
+        """Roll the lane's open batch back: its members are refused, retriably (on the lane's turn)."""
+        batch, lane.batch = lane.batch, None
+        assert batch is not None and self._hooks is not None
+        batch.tx.rollback()
+        self._hooks.rolled_back([*batch.members, *extra])
+        self._observe_lock(batch.tx)
+        batch.tx.release()
+        batch.error = EngramError(Code.STORE_UNAVAILABLE, "write batch rolled back: retry")
+        batch.done.set()
 
     @contextmanager
     def read(self, *, snapshot: bool = True) -> Iterator[PostgresEngineTx]:
