@@ -112,7 +112,7 @@ def _run(servers: list[Served], key_path: Path, a: argparse.Namespace, corpus: C
                   f"p50={main.get('p50_ms')} ms p99={main.get('p99_ms')} ms, "
                   f"{point['transactions_per_commit']} tx/COMMIT, scope lock {point['scope_lock']}, "
                   f"CPU ms/op server {point['server_cpu_ms_per_op']} database {point['database_cpu_ms_per_op']}, "
-                  f"errors {point['errors']}", file=sys.stderr)
+                  f"errors {point['errors']} {point.get('error_samples', '')}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,8 +29,14 @@ class Served:
         argv = [*cli, "serve", *where, "--listen", "127.0.0.1:0"]
         if metrics:
             argv += ["--metrics", "127.0.0.1:0"]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+        # Its log goes to a file (ENGRAM_BENCH_LOG_DIR, else nowhere): a failed call's cause is there.
+        log_dir = os.environ.get("ENGRAM_BENCH_LOG_DIR")
+        self.log_path = Path(log_dir) / f"serve-{os.getpid()}-{id(self)}.log" if log_dir else None
+        stderr = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - the child's
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
                                      cwd=tree or REPO)
+        if self.log_path:
+            stderr.close()  # type: ignore[union-attr]  # the child holds it
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if "listening on" not in line:
             self.stop()

@@ -117,6 +117,7 @@ def _point(server: Any, key_path: Path, clients: int, duration: float, phase: st
     servers = server if isinstance(server, list) else [server]
     lat: dict[str, list[float]] = {"pair": [], "capture": [], "request_admission": [], "forget": [], "search": []}
     errors = [0]
+    error_samples: list[str] = []  # what the first few failed calls answered
     stop = time.monotonic() + duration
     lock = threading.Lock()
     todo = list(admitted) if phase == "forget" else []
@@ -158,9 +159,11 @@ def _point(server: Any, key_path: Path, clients: int, duration: float, phase: st
                                           "reason_ref": "bench"}, confirm=True)
                     with lock:
                         lat["forget"].append(time.perf_counter() - started)
-        except Exception:  # noqa: BLE001 - counted and reported, the run goes on
+        except Exception as exc:  # noqa: BLE001 - counted and reported, the run goes on
             with lock:
                 errors[0] += 1
+                if len(error_samples) < 5:
+                    error_samples.append(f"{type(exc).__name__}: {str(exc)[:300]}")
         finally:
             agent.close()
 
@@ -194,6 +197,7 @@ def _point(server: Any, key_path: Path, clients: int, duration: float, phase: st
     out: dict[str, Any] = {
         "clients": clients, "cores": len(servers), "phase": phase + ("+search" if searcher else ""), "operations": ops,
         "errors": errors[0],
+        **({"error_samples": error_samples} if error_samples else {}),
         "server_cpu_ms_per_op": round((cpu1 - cpu0) / ops * 1000, 2) if ops else None,
         "server_cpu_share_of_a_core": round((cpu1 - cpu0) / wall, 2),
         "database_cpu_ms_per_op": round((db1 - db0) / ops * 1000, 2) if ops and database_cpu is not None else None,
