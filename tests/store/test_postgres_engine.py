@@ -367,6 +367,23 @@ def test_a_context_claim_carries_the_calls_quota_read_and_held_back_adds(proxied
     assert not replay.claimed and replay.usage is not None
 
 
+def test_a_claims_quota_adds_commit_in_a_transaction_of_their_own(proxied: Any, pg_database: Database) -> None:
+    """The held-back adds ride on the claim's round trip but not in its transaction: the claim's
+    is durable, and the scope's bucket rows must not stay locked through its WAL flush (two
+    transactions: the rows carry different xmins)."""
+    store, _, _ = proxied
+    now = [1_800_000_000_000]
+    counters = store.usage_counters(lambda: now[0])
+    counters.add(T, W, P, "searches")
+    claim = store.claim_context("k1:lane0:apart", 1_800_000_060_000, usage=counters.begin_read(T, W, P))
+    assert claim.claimed
+    with pg_database.connect() as con:
+        claim_tx = con.execute("SELECT xmin::text FROM context_nonce_claims WHERE ref = %s",
+                               ["k1:lane0:apart"]).fetchone()[0]  # type: ignore[index]
+        bucket_txs = {r[0] for r in con.execute("SELECT xmin::text FROM usage_buckets WHERE metric = 'searches'")}
+    assert bucket_txs and claim_tx not in bucket_txs
+
+
 # -- one effect per idempotency key, across processes ------------------------------------------------------------------
 def test_two_cores_sending_the_same_key_at_once_have_one_effect_every_time(target: PostgresTarget,
                                                                           pg_cluster: PgCluster) -> None:
