@@ -167,11 +167,11 @@ class EngineStores:
             since = self._made[db.name]
             segments = [p for p in sorted((cluster.data / "pg_wal").glob("0*"))
                         if p.is_file() and p.stat().st_mtime >= since]
-            blobs = {str(p): p.read_bytes() for p in files + segments}
+            blobs = _read_present(files + segments)
             # A record split across WAL pages is whole only with the page headers cut out.
             blobs["pg_wal (records joined across pages)"] = wal_stream(segments)
             return blobs
-        return {str(p): p.read_bytes() for p in files}
+        return _read_present(files)
 
     def close(self) -> None:
         """Drop the databases made (their cores are stopped by then: fixtures end in reverse)."""
@@ -217,3 +217,16 @@ def one(tx: Any, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None
     """The first row of ``rows`` (None when there is none)."""
     found = _run(tx, sql, params)
     return found[0] if found else None
+
+
+def _read_present(paths: list[Path]) -> dict[str, bytes]:
+    """The bytes of each file by path, leaving out those gone since they were listed: the server
+    deletes and rewrites some of its own (its relation cache's ``pg_internal.init``, temp files)
+    while it runs, and a file no longer there holds nothing."""
+    out: dict[str, bytes] = {}
+    for p in paths:
+        try:
+            out[str(p)] = p.read_bytes()
+        except FileNotFoundError:
+            continue
+    return out
