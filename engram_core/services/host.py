@@ -75,7 +75,7 @@ class HostServiceCore:
         to sign with after a revoke (any key holder can sign any epoch; revoke cuts off
         contexts and grants already signed, not keys — untrust a key for that)."""
         call = CallRecord()
-        scope = self.core.store.committed_scope(ctx.tenant, ctx.workspace)
+        scope = self.core.store.latest_scope(ctx.tenant, ctx.workspace)
         self.core.authorize(ctx, "host.authorization_epoch", call, scope=scope, epoch_bound=False)
         self.core.audit_standalone(ctx, "host.authorization_epoch", "ok", "", call)
         return {"authorization_epoch": scope.authorization_epoch if scope else 0}

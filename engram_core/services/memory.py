@@ -148,7 +148,7 @@ class MemoryService(ReadService):
         except EngramError as exc:
             raise EngramError(exc.code, exc.detail, reason_class="confirmation_invalid",
                               reasons=("GRANT_INVALID",)) from None
-        require_current_epoch(parsed.authorization_epoch, self.core.store.committed_scope(ctx.tenant, ctx.workspace),
+        require_current_epoch(parsed.authorization_epoch, self.core.store.latest_scope(ctx.tenant, ctx.workspace),
                               "grant issued before revocation")
         return parsed
 
@@ -234,7 +234,7 @@ class MemoryService(ReadService):
         # The capture decision is asked with the authorization (one engine call) and counts only
         # once the authorization allowed the call and it is not a replay.
         authz, decision = self.core.authorize_with(
-            ctx, CAPTURE_TOOL, call, self.core.store.committed_scope(ctx.tenant, ctx.workspace), CAPTURE,
+            ctx, CAPTURE_TOOL, call, self.core.store.latest_scope(ctx.tenant, ctx.workspace), CAPTURE,
             {"context": context_facts(ctx), "now_ms": now, "retention": requested, "family_refs": family_refs,
              "findings": findings, **facts,
              # Payload times (epoch ms), which the policy bounds to the host's window (issue 26.5).

@@ -181,8 +181,9 @@ class ReadService:
         call = CallRecord()
         validate_arguments(GET_TOOL, args)
         self.bind_purpose(ctx, args["purpose_ref"])
-        authz, redaction = self._authorize_and_redaction(
-            ctx, GET_TOOL, call, self.core.store.committed_scope(ctx.tenant, ctx.workspace))
+        # A get reads the record's row and body, not the search index: the row alone serves.
+        scope = self.core.store.latest_scope(ctx.tenant, ctx.workspace)
+        authz, redaction = self._authorize_and_redaction(ctx, GET_TOOL, call, scope)
         now = self.core.now_ms()
         with self.core.store.read(snapshot=False) as tx:  # one statement: no snapshot to hold
             rec = tx.record(ctx.tenant, ctx.workspace, args["record_id"])
@@ -198,9 +199,8 @@ class ReadService:
         record, payload = viewed
         max_bytes = min(args.get("max_packet_bytes", DEFAULT_PACKET), cap)
         instant = self.core.instant(now)
-        # The record was read on its own, not in a snapshot with the scope row: the cursor the
+        # The record was read after the scope row, not in a snapshot with it: the cursor the
         # receipt names covers at least what the record row shows.
-        scope = self.core.store.committed_scope(ctx.tenant, ctx.workspace)
         as_of = max(scope.last_cursor if scope else 0, rec.accepted_cursor, rec.state_cursor)
         revalidation = with_receipt_digest({"kind": "revalidation", "record_ids": [rec.record_id], "checked_at": instant,
                                             "eligible": True})["receipt_digest"]

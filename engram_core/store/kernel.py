@@ -430,6 +430,15 @@ class StoreKernel:
                 self._reload()
             return self._scopes.get((tenant, workspace)) if self._scopes is not None else None
 
+    def latest_scope(self, tenant: str, workspace: str) -> ScopeRow | None:
+        """The scope row as last committed by any core, without bringing the index to it: a
+        write's authorization reads the row alone, so a write on a core another core writes
+        beside costs one round trip here instead of a catch-up (a second round trip, the new
+        records' keys and indexing them) on every call; reads catch up, several writes at once."""
+        if self.engine.sole_writer:
+            return self.committed_scope(tenant, workspace)
+        return self.engine.scope_now(tenant, workspace)
+
     def catch_up(self, tenant: str, workspace: str) -> ScopeRow | None:
         """The scope row as last committed by any core, with the scope's part of the search
         index brought to its head first: the records the events since the index's cursor named

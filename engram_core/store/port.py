@@ -531,7 +531,18 @@ class Store(Protocol):
         ...
 
     def committed_scope(self, tenant: str, workspace: str) -> ScopeRow | None:
-        """The scope row as of the last commit (kept in memory, published with commits)."""
+        """The scope row as of the last commit whose changes the search index holds, for a read
+        that answers from the index (search, get): the index is brought to the row's head first
+        where other processes write the store, so the read sees every mutation any core
+        acknowledged before it began. Costs a round trip there, and more when there is news."""
+        ...
+
+    def latest_scope(self, tenant: str, workspace: str) -> ScopeRow | None:
+        """The scope row as last committed by any core, for a decision that reads the row alone
+        (a write's authorization: activation, tools and the revocation epoch) and not the index.
+        Never older than ``committed_scope`` would answer; the search index may be behind it
+        (the next read that answers from the index catches up, several writes at once). Where
+        one process writes, the same as ``committed_scope``."""
         ...
 
     def is_open(self) -> bool: ...

@@ -84,8 +84,12 @@ def test_scopes_load_on_first_use_and_the_least_recently_used_is_evicted(
     mine = own.remember("Residency: a storm petrel note admitted by the budgeted core itself.")
     assert mine in _ids(own.search("storm petrel note"))
 
+    # Alpha loaded whole by that read (its four records, with the one just admitted) does not fit
+    # beside the others in the budget of six: it is the one scope held.
+    stats = budgeted.core.store.residency()
+    assert (stats.scopes_loaded, stats.records_loaded) == (1, PER_SCOPE + 1)
     scraped = generate_latest(metrics.registry).decode()
-    for name in ("engram_search_index_scopes_loaded 2.0", "engram_search_index_scope_loads_total",
+    for name in ("engram_search_index_scopes_loaded 1.0", "engram_search_index_scope_loads_total",
                  "engram_search_index_scope_evictions_total", "engram_search_index_budget_records 6.0",
                  "engram_search_index_scope_load_duration_seconds_count"):
         assert name in scraped, name

@@ -674,6 +674,36 @@ def check_a_read_sees_what_another_core_committed(target: Any) -> None:
     assert search(a, [5]) == []
 
 
+def check_latest_scope_is_the_row_any_core_committed(target: Any) -> None:
+    """``latest_scope``: the row as last committed by any core (a write's authorization reads
+    the revocation epoch from it), without the index caught up; a core that then commits a
+    write of its own still finds the other core's record at its next read (its index is not
+    marked current past the events it skipped)."""
+    a = target.open()
+    b = target.open() if target.several_writers else a
+    search(a, [5])
+    with b.write() as tx:
+        event(tx, "mem_other")
+    admit(b, "mem_other", [5, 6])
+    with b.write() as tx:
+        tx.append_event(T, W, event_id="evt_adm", operation="admit", target="mem_other", from_state="",
+                        to_state="accepted_current", at_ms=2, body={"record_id": "mem_other"})
+        epoch = tx.bump_epoch(T, W)
+        head = tx.scope(T, W).last_cursor
+    seen = a.latest_scope(T, W)
+    assert seen is not None and seen.authorization_epoch == epoch and seen.last_cursor == head
+    with a.write() as tx:  # a's own write, its index still behind b's events
+        event(tx, "mem_own")
+    admit(a, "mem_own", [5])
+    with a.write() as tx:
+        tx.append_event(T, W, event_id="evt_adm_own", operation="admit", target="mem_own", from_state="",
+                        to_state="accepted_current", at_ms=3, body={"record_id": "mem_own"})
+    row = a.committed_scope(T, W)
+    assert row is not None and row.authorization_epoch == epoch and row.last_cursor == head + 2
+    assert sorted(search(a, [5])) == ["mem_other", "mem_own"]
+    assert a.latest_scope("nobody", "nowhere") is None
+
+
 def check_changes_since_a_cursor_name_the_records_they_touched(target: Any) -> None:
     """``Engine.changes_since``: the scope row, the journal after the cursor, and the rows and
     sealed projections of the records those events name (a record target, an admission's
@@ -724,5 +754,6 @@ CHECKS: list[Callable[[Any], None]] = [
     check_the_trust_version_moves_with_every_host_key_change,
     check_a_job_lease_has_one_holder_at_a_time,
     check_a_read_sees_what_another_core_committed,
+    check_latest_scope_is_the_row_any_core_committed,
     check_changes_since_a_cursor_name_the_records_they_touched,
 ]
