@@ -35,7 +35,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -50,6 +50,19 @@ _SLOT = 64
 _V1, _V2 = 1, 2
 MAX_GENERATION = (1 << 24) - 1
 RING_FORMAT = 2
+
+
+@dataclass(frozen=True)
+class WrappedKey:
+    """A data key as a vault stores it (wrapped by a KEK generation), read by someone other than
+    the vault: the PostgreSQL engine reads it with the records that name it, in the same query,
+    and hands it to the vault to unwrap (``KeyVault.data_keys``'s ``stored``), which saves the
+    vault's own round trip. Nothing here is key material until the ring unwraps it."""
+
+    owner: str
+    version: int
+    generation: int
+    wrapped: bytes
 
 
 class KeyVault(Protocol):
@@ -71,11 +84,16 @@ class KeyVault(Protocol):
         generation no longer in the ring."""
         ...
 
-    def data_keys(self, wanted: list[tuple[int, str]]) -> dict[int, bytes]:
+    def data_keys(self, wanted: list[tuple[int, str]], *,
+                  stored: Mapping[int, WrappedKey] | None = None) -> dict[int, bytes]:
         """``data_key`` for many (ref, owner) pairs (each ref once), by ref, leaving out those it
         would answer None for. One read of the vault for all of them where the vault is remote (a scope's load
         opens every record's projection: one query per key made a cold 10k-record scope cost
-        seconds)."""
+        seconds). ``stored``: wrapped keys by ref that the caller read from where this vault
+        keeps them, in the same committed state (the PostgreSQL engine's catch-up reads them
+        with the records); a vault that keeps its keys there unwraps those instead of reading
+        them again (the owner and the ring decide as for a read), and reads the others; any
+        other vault ignores them."""
         ...
 
     def sync(self) -> None:
@@ -150,11 +168,13 @@ class KeyedRecord(Protocol):
     def key_slot(self) -> int | None: ...
 
 
-def record_data_keys(vault: KeyVault, records: Iterable[KeyedRecord]) -> dict[str, tuple[int, bytes]]:
+def record_data_keys(vault: KeyVault, records: Iterable[KeyedRecord], *,
+                     stored: Mapping[int, WrappedKey] | None = None) -> dict[str, tuple[int, bytes]]:
     """The live data keys of many records, by record id, with the ref each is at: one
-    ``data_keys`` read for all. A record naming no ref, or whose key is destroyed, is left out."""
+    ``data_keys`` read for all (``stored``: see there). A record naming no ref, or whose key is
+    destroyed, is left out."""
     owners = {int(r.key_slot): r.record_id for r in records if r.key_slot is not None}
-    found = vault.data_keys([(ref, f"record:{rid}") for ref, rid in owners.items()])
+    found = vault.data_keys([(ref, f"record:{rid}") for ref, rid in owners.items()], stored=stored)
     return {owners[ref]: (ref, key) for ref, key in found.items()}
 
 
@@ -359,7 +379,8 @@ class FileKeyVault:
         version, generation = found
         return self.ring.unwrap(version, generation, raw[2:62], owner)
 
-    def data_keys(self, wanted: list[tuple[int, str]]) -> dict[int, bytes]:
+    def data_keys(self, wanted: list[tuple[int, str]], *,
+                  stored: Mapping[int, WrappedKey] | None = None) -> dict[int, bytes]:
         found = {}
         for ref, owner in wanted:  # a local file: a pread each is as cheap as one batch
             key = self.data_key(ref, owner)

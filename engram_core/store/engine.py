@@ -52,6 +52,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from engram_core.crypto.keyvault import WrappedKey
 from engram_core.store.changes import Change
 from engram_core.store.port import (
     AuditRow,
@@ -74,6 +75,9 @@ class ScopeChanges:
     events: list[Event]  # the journal after the cursor, up to ``row.last_cursor``, in order
     rows: dict[str, RecordRow]  # the records those events name (``records_of_event``) that exist, by id
     blobs: dict[str, bytes]  # the sealed projections of those of them that have one, by record id
+    # Their data keys as the key vault stores them, by ref, where the engine holds the vault's
+    # rows and read them in the same query (PostgreSQL); empty otherwise: the vault reads them.
+    keys: dict[int, WrappedKey] = field(default_factory=dict)
 
 
 def records_of_event(event: Event) -> list[str]:

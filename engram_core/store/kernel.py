@@ -29,13 +29,13 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from engram_core.crypto.keyvault import KeyVault, record_data_keys
+from engram_core.crypto.keyvault import KeyVault, WrappedKey, record_data_keys
 from engram_core.errors import Code, EngramError
 from engram_core.store.audit_spool import AuditSpool
 from engram_core.store.chain import audit_doc, chain_heads, event_digest_of, new_writer_chain, scope_chain
@@ -469,18 +469,20 @@ class StoreKernel:
             return found.row
         touched = list(dict.fromkeys(rid for e in found.events for rid in records_of_event(e)))
         self._index_caught_up(tenant, workspace, touched, found.rows, found.blobs, found.events, applied,
-                              dropped=False)
+                              dropped=False, keys=found.keys)
         return found.row
 
     def _index_caught_up(self, tenant: str, workspace: str, touched: list[str], rows: dict[str, RecordRow],
-                         blobs: dict[str, bytes], events: list[Event], applied: int, *, dropped: bool) -> None:
+                         blobs: dict[str, bytes], events: list[Event], applied: int, *, dropped: bool,
+                         keys: Mapping[int, WrappedKey] | None = None) -> None:
         """Index ``touched`` records as read (``rows``, ``blobs``: one snapshot that also held
-        ``events``); ``dropped``: the scope's projections are replaced by these."""
+        ``events``; ``keys``: their wrapped data keys where the engine read them too);
+        ``dropped``: the scope's projections are replaced by these."""
         changes: list[Any] = [ScopeProjectionsDropped(tenant, workspace)] if dropped else []
-        keys = self._record_keys([rows[rid] for rid in touched if rid in rows and rid in blobs])
+        data_keys = self._record_keys([rows[rid] for rid in touched if rid in rows and rid in blobs], stored=keys)
         for rid in touched:
             row, blob = rows.get(rid), blobs.get(rid)
-            key_bytes = keys.get(rid) if row is not None and blob is not None else None
+            key_bytes = data_keys.get(rid) if row is not None and blob is not None else None
             if row is None or blob is None or key_bytes is None:
                 changes.append(RecordUnindexed(tenant, workspace, rid))
                 continue
@@ -553,11 +555,12 @@ class StoreKernel:
             return None
         return self._keys.data_key(int(rec.key_slot), f"record:{rec.record_id}")
 
-    def _record_keys(self, recs: list[RecordRow]) -> dict[str, bytes]:
-        """The data keys of many records at once, by record id (one vault read where it is remote)."""
+    def _record_keys(self, recs: list[RecordRow], *, stored: Mapping[int, WrappedKey] | None = None) -> dict[str, bytes]:
+        """The data keys of many records at once, by record id (one vault read where it is remote,
+        none for those in ``stored``)."""
         if self._keys is None:
             raise EngramError(Code.STORE_UNAVAILABLE, "search projections need the key vault")
-        return {rid: key for rid, (_ref, key) in record_data_keys(self._keys, recs).items()}
+        return {rid: key for rid, (_ref, key) in record_data_keys(self._keys, recs, stored=stored).items()}
 
     def data_key(self, rec: RecordRow) -> bytes:
         """The record's data key, which seals its search projection."""

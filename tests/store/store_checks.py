@@ -721,8 +721,16 @@ def check_changes_since_a_cursor_name_the_records_they_touched(target: Any) -> N
     assert [e.cursor for e in found.events] == [first, first + 1, first + 2]
     assert set(found.rows) == {"mem_one"} and found.rows["mem_one"].tenant == T
     assert set(found.blobs) == {"mem_one"} and isinstance(found.blobs["mem_one"], bytes)
+    # An engine that holds the key vault's rows reads the records' wrapped keys with them; the
+    # vault opens them as it opens its own reads.
+    slot = found.rows["mem_one"].key_slot
+    assert set(found.keys) == ({slot} if target.name == "postgresql" else set())
+    if found.keys:
+        assert store.vault.data_keys([(slot, "record:mem_one")], stored=found.keys) == \
+            {slot: store.vault.data_key(slot, "record:mem_one")}
     later = store.engine.changes_since(T, W, first + 1)
-    assert [e.target for e in later.events] == ["mem_gone"] and later.rows == {} and later.blobs == {}
+    assert [e.target for e in later.events] == ["mem_gone"] and later.rows == {} and later.blobs == {} \
+        and later.keys == {}
     quiet = store.engine.changes_since(T, W, first + 2)
     assert quiet.row == found.row and quiet.events == [] and quiet.rows == {}
     assert store.engine.changes_since("nobody", "nowhere", 0).row is None

@@ -13,7 +13,7 @@ from pg_cluster import Database, wait_until
 from pg_wire import RoundTripProxy
 from store_targets import PostgresTarget
 
-from engram_core.crypto.keyvault import KekRing
+from engram_core.crypto.keyvault import KekRing, WrappedKey
 from engram_core.errors import Code, EngramError
 from engram_core.store.postgres.engine import PostgresEngine
 from engram_core.store.postgres.keyvault import PgKeyVault
@@ -41,6 +41,38 @@ def test_a_key_made_on_one_core_opens_on_another_bound_to_its_owner(cores: tuple
     assert b.data_key(ref, "record:mem_1") == key and b.generation_of(ref) == a.active_generation()
     assert b.data_key(ref, "record:mem_other") is None  # another owner's ref opens nothing
     assert b.data_key(ref + 1000, "record:mem_1") is None
+
+
+def test_keys_read_with_the_records_are_unwrapped_without_a_round_trip(tmp_path: Path,
+                                                                       pg_database: Database) -> None:
+    """A catch-up reads the records' wrapped keys with the records (``stored``): the vault
+    unwraps those as if it had read them (another owner's row opens nothing, a row the ring did
+    not wrap opens nothing) and reads only the refs not given."""
+    PostgresEngine(pg_database.conninfo, pool_size=1).close()
+    maker = PgKeyVault(pg_database.conninfo, tmp_path, pool_size=1)
+    wire = RoundTripProxy(pg_database.conninfo)
+    reader = PgKeyVault(wire.conninfo, tmp_path, pool_size=1)
+    try:
+        made = {f"record:mem_s{n}": maker.new_data_key(f"record:mem_s{n}") for n in range(4)}
+        with pg_database.connect() as con:
+            stored = {ref: WrappedKey(owner, version, generation, bytes(wrapped))
+                      for ref, owner, version, generation, wrapped in con.execute(
+                          "SELECT ref, owner, version, generation, wrapped FROM vault_keys").fetchall()}
+        (r0, k0), (r1, k1), (r2, _), (r3, k3) = made.values()
+        given = {r0: stored[r0], r1: stored[r1], r2: WrappedKey("record:mem_s2", stored[r2].version,
+                                                                stored[r2].generation, b"\x00" * len(stored[r2].wrapped))}
+        wire.reset()
+        found = reader.data_keys([(r0, "record:mem_s0"), (r1, "record:mem_other"), (r2, "record:mem_s2")],
+                                 stored=given)
+        assert wire.round_trips == 0
+        assert found == {r0: k0}
+        wire.reset()
+        assert reader.data_keys([(r3, "record:mem_s3")], stored=given) == {r3: k3}
+        assert wire.round_trips == 1  # not given: read
+    finally:
+        reader.close()
+        maker.close()
+        wire.close()
 
 
 def test_many_keys_are_read_in_one_round_trip_each_still_bound_to_its_owner(tmp_path: Path,

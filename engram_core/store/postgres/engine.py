@@ -99,6 +99,7 @@ from typing import Any
 
 import psycopg
 
+from engram_core.crypto.keyvault import WrappedKey
 from engram_core.errors import Code, EngramError
 from engram_core.observability import tracing
 from engram_core.store.chain import GENESIS, LEGACY_CHAIN, scope_chain
@@ -1495,14 +1496,21 @@ class PostgresEngine:
                 touched = list(dict.fromkeys(rid for e in events for rid in records_of_event(e)))
                 if not touched:
                     return ScopeChanges(row, events, {}, {})
-                read = tx._query(f"SELECT {_RECORD_COLS_R}, p.sealed FROM records r LEFT JOIN projections p "
-                                 "ON p.record_id = r.record_id WHERE r.record_id = ANY(%s) AND r.tenant = %s "
-                                 "AND r.workspace = %s", [touched, tenant, workspace])
+                # The records' wrapped data keys ride along (the key vault's rows, in this
+                # database): the vault unwraps them instead of reading them in a round trip of its own.
+                read = tx._query(f"SELECT {_RECORD_COLS_R}, p.sealed, v.owner, v.version, v.generation, v.wrapped "
+                                 "FROM records r LEFT JOIN projections p ON p.record_id = r.record_id "
+                                 "LEFT JOIN vault_keys v ON v.ref = r.key_slot "
+                                 "WHERE r.record_id = ANY(%s) AND r.tenant = %s AND r.workspace = %s",
+                                 [touched, tenant, workspace])
             except psycopg.Error as exc:
                 raise tx._store_error(exc) from None
         rows = {r[0]: record_of(r) for r in read}
         blobs = {r[0]: r[RECORD_WIDTH] for r in read if r[RECORD_WIDTH] is not None}
-        return ScopeChanges(row, events, rows, blobs)
+        keys = {int(rows[r[0]].key_slot): WrappedKey(r[RECORD_WIDTH + 1], int(r[RECORD_WIDTH + 2]),  # type: ignore[arg-type]
+                                                     int(r[RECORD_WIDTH + 3]), bytes(r[RECORD_WIDTH + 4]))
+                for r in read if r[RECORD_WIDTH + 1] is not None}
+        return ScopeChanges(row, events, rows, blobs, keys)
 
     # -- state every core shares (the kernel asks for it because ``sole_writer`` is False) ---------------------------
     def _autocommit(self, sql: str, params: Sequence[Any], *, durable: bool = True) -> list[tuple[Any, ...]]:

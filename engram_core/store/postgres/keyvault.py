@@ -45,13 +45,14 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from engram_core.crypto.keyvault import GenerationState, KekRing
+from engram_core.crypto.keyvault import GenerationState, KekRing, WrappedKey
 from engram_core.errors import Code, EngramError
 from engram_core.store.postgres.migrations import RING_LOCK
 from engram_core.store.postgres.pool import Pool, failure
@@ -237,8 +238,11 @@ class PgKeyVault:
     def data_key(self, ref: int, owner: str) -> bytes | None:
         return self.data_keys([(ref, owner)]).get(ref)
 
-    def data_keys(self, wanted: list[tuple[int, str]]) -> dict[int, bytes]:
-        """Cached keys from the cache, the others in one query per ``_FETCH_BATCH`` refs."""
+    def data_keys(self, wanted: list[tuple[int, str]], *,
+                  stored: Mapping[int, WrappedKey] | None = None) -> dict[int, bytes]:
+        """Cached keys from the cache, those in ``stored`` (rows of ``vault_keys`` the caller
+        read in its own query) unwrapped as read, the others in one query per ``_FETCH_BATCH``
+        refs."""
         found: dict[int, bytes] = {}
         owners: dict[int, str] = {}
         for ref, owner in wanted:
@@ -247,8 +251,12 @@ class PgKeyVault:
                 found[ref] = cached
             else:
                 owners[ref] = owner
-        missing = list(owners)
         rows: list[tuple[Any, ...]] = []
+        if stored:
+            rows = [(ref, k.owner, k.version, k.generation, k.wrapped) for ref in owners
+                    if (k := stored.get(ref)) is not None]
+        given = {r[0] for r in rows}
+        missing = [ref for ref in owners if ref not in given]
         if missing:
             with self._connection() as conn:
                 for start in range(0, len(missing), _FETCH_BATCH):
