@@ -384,6 +384,46 @@ def test_a_claims_quota_adds_commit_in_a_transaction_of_their_own(proxied: Any, 
     assert bucket_txs and claim_tx not in bucket_txs
 
 
+def test_usage_adds_lock_bucket_rows_in_one_order_whatever_order_they_were_counted_in(
+        pg_database: Database) -> None:
+    """Two adds that lock the same bucket rows in different orders deadlock, and PostgreSQL fails
+    one of them (a call answered STORE_UNAVAILABLE). An add locks its rows in key order whatever
+    order its caller counted them in: here another transaction holds the first row and then asks
+    for the second, which an add counted first; the add must wait for the first row without
+    holding the second."""
+    engine = PostgresEngine(pg_database.conninfo, pool_size=2)
+    try:
+        first, second = ("user:a", "minute", 0, "m_a", 1), ("user:a", "minute", 0, "m_b", 1)
+        engine.add_usage([first, second])  # both rows exist
+        failures: list[BaseException] = []
+
+        def add_in_reverse() -> None:
+            try:
+                engine.add_usage([second, first])
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                failures.append(exc)
+
+        with pg_database.connect() as other:
+            other.execute("SET lock_timeout = '5s'")
+            other.execute("BEGIN")
+            other.execute("UPDATE usage_buckets SET amount = amount WHERE metric = 'm_a'")
+            adder = threading.Thread(target=add_in_reverse)
+            adder.start()
+            assert wait_until(lambda: other.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()").fetchone()[0] == 1, timeout=10)  # type: ignore[index]
+            # In the counted order the add would hold m_b now, and this would deadlock with it.
+            other.execute("UPDATE usage_buckets SET amount = amount WHERE metric = 'm_b'")
+            other.execute("COMMIT")
+            adder.join(timeout=10)
+        assert not adder.is_alive() and failures == []
+        with pg_database.connect() as con:
+            amounts = dict(con.execute("SELECT metric, amount FROM usage_buckets").fetchall())
+        assert amounts == {"m_a": 2, "m_b": 2}
+    finally:
+        engine.close()
+
+
 # -- one effect per idempotency key, across processes ------------------------------------------------------------------
 def test_two_cores_sending_the_same_key_at_once_have_one_effect_every_time(target: PostgresTarget,
                                                                           pg_cluster: PgCluster) -> None:

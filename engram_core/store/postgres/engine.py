@@ -1373,8 +1373,8 @@ class PostgresEngine:
             else:
                 try:
                     mark = batch.tx.member_begin(len(batch.members) + 1)
-                except BaseException:
-                    self._abandon(lane, [effects])
+                except BaseException as exc:
+                    self._abandon(lane, [effects], exc)
                     raise
             tx = batch.tx
             self._local.writing = True
@@ -1393,7 +1393,7 @@ class PostgresEngine:
                         Code.STORE_UNAVAILABLE, f"commit refused: {type(exc).__name__}")
             if failure is not None:
                 if mark is None or not tx.member_undo(mark):
-                    self._abandon(lane, [effects])  # the first member, or a batch that cannot go on
+                    self._abandon(lane, [effects], failure)  # the first member, or a batch that cannot go on
                 else:
                     hooks.rolled_back([effects])
                     settle = True  # the members before it, if nobody comes after
@@ -1427,15 +1427,17 @@ class PostgresEngine:
             batch.tx.release()
             batch.done.set()
 
-    def _abandon(self, lane: _Lane, extra: list[TxEffects]) -> None:
-        """Roll the lane's open batch back: its members are refused, retriably (on the lane's turn)."""
+    def _abandon(self, lane: _Lane, extra: list[TxEffects], cause: BaseException) -> None:
+        """Roll the lane's open batch back: its members are refused, retriably (on the lane's turn).
+        ``cause``: what made the batch unable to go on, named in the members' (logged) detail."""
         batch, lane.batch = lane.batch, None
         assert batch is not None and self._hooks is not None
         batch.tx.rollback()
         self._hooks.rolled_back([*batch.members, *extra])
         self._observe_lock(batch.tx)
         batch.tx.release()
-        batch.error = EngramError(Code.STORE_UNAVAILABLE, "write batch rolled back: retry")
+        why = (f"{cause.code.value}: {cause.detail}" if isinstance(cause, EngramError) else type(cause).__name__)
+        batch.error = EngramError(Code.STORE_UNAVAILABLE, f"write batch rolled back ({why}): retry")
         batch.done.set()
 
     @contextmanager
@@ -1629,15 +1631,19 @@ class PostgresEngine:
         for subject, window, start, metric, amount in rows:  # ON CONFLICT may touch a row only once
             k = (_subject(subject), window, start, metric)
             summed[k] = summed.get(k, 0) + amount
-        cols = [list(c) for c in zip(*[(*k, v) for k, v in summed.items()], strict=True)]
+        # In key order, as every writer adds (the statement inserts them in its input's order and
+        # ORDER BY keeps it): two adds that lock the same bucket rows in different orders deadlock,
+        # and one of them fails its call (seen under load on two cores as STORE_UNAVAILABLE).
+        cols = [list(c) for c in zip(*[(*k, summed[k]) for k in sorted(summed)], strict=True)]
         clauses: list[str] = []
         params: list[Any] = []
         if self._sweep_due("usage"):
             clauses.append("swept AS (DELETE FROM usage_buckets WHERE bucket_start_ms < %s)")
             params.append(min(r[2] for r in rows) - USAGE_RETAIN_MS)
         clauses.append("added AS (INSERT INTO usage_buckets AS u SELECT * FROM unnest(%s::text[], %s::text[], "
-                       "%s::bigint[], %s::text[], %s::bigint[]) ON CONFLICT (subject, time_window, bucket_start_ms, "
-                       "metric) DO UPDATE SET amount = u.amount + EXCLUDED.amount RETURNING true)")
+                       "%s::bigint[], %s::text[], %s::bigint[]) AS n(s, w, b, m, a) ORDER BY s, w, b, m "
+                       "ON CONFLICT (subject, time_window, bucket_start_ms, metric) DO UPDATE SET amount = "
+                       "u.amount + EXCLUDED.amount RETURNING true)")
         return clauses, params + cols
 
     def add_usage(self, rows: list[tuple[str, str, int, str, int]]) -> None:
