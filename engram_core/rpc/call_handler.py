@@ -29,6 +29,11 @@ from engram_core.services.core import Core
 from engram_core.tools import GATED_TOOLS, TOOL_NAMES
 
 log = logging.getLogger("engram.core")
+
+# A store failure's detail is for the operator's log, never the caller: which kind of failure
+# (a driver error's class and SQLSTATE, a lock wait that timed out, a batch rolled back), never
+# a database message (those quote row values: engram_core/store/postgres/pool.py ``failure``).
+STORE_FAILURE_CODES = frozenset({Code.STORE_UNAVAILABLE, Code.MUTATION_OUTCOME_UNKNOWN})
 # What a context must have been signed for (HostContext.call), per kind of call (docs/security.md):
 # an acting call accepts only a context signed for it; the calls that act on nothing also accept
 # the context of the tool call they serve (one context per request from a fronting host).
@@ -133,7 +138,7 @@ class CallHandler:
                 raise EngramError(Code.DEADLINE_EXCEEDED, "deadline passed before start")
             return fn()
         except EngramError as exc:
-            if exc.code in OPERATOR_DETAIL_CODES:
+            if exc.code in OPERATOR_DETAIL_CODES or exc.code in STORE_FAILURE_CODES:
                 log.warning("call refused: %s: %s", exc.code.value, exc.detail)
             abort(context, exc)  # every call is logged once by engram_core.observability.interceptor
         except grpc.RpcError:
