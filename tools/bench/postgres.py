@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -195,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
                             for s in servers:
                                 s.stop()
     finally:
+        log_dir = os.environ.get("ENGRAM_BENCH_LOG_DIR")
+        if log_dir:  # the database's own log beside the cores' (a deadlock names both statements there)
+            shutil.copyfile(cluster.root / "server.log", Path(log_dir) / f"postgresql-{os.getpid()}.log")
         cluster.destroy()
     emit(summary, a.out)
     return 0
