@@ -83,6 +83,17 @@ def admit_row(store: Any, row: RecordRow, terms: list[int]) -> None:
         tx.index_record(row.tenant, row.workspace, row.record_id, {"primary": Counter(terms)})
 
 
+def admit_journaled(store: Any, rid: str, terms: list[int], *, event_id: str, at_ms: int = 2) -> None:
+    """A record captured, admitted and journaled as the services do it: its capture event, the
+    record with its projection, then the admission event naming it (which a catch-up follows)."""
+    with store.write() as tx:
+        event(tx, rid)
+    admit(store, rid, terms)
+    with store.write() as tx:
+        tx.append_event(T, W, event_id=event_id, operation="admit", target=rid, from_state="",
+                        to_state="accepted_current", at_ms=at_ms, body={"record_id": rid})
+
+
 def search(store: Any, terms: list[int], *, tenant: str = T, workspace: str = W) -> list[str]:
     with store.read(snapshot=False) as tx:
         stats = tx.lexical_stats(tenant, workspace, terms)
@@ -657,12 +668,7 @@ def check_a_read_sees_what_another_core_committed(target: Any) -> None:
         return  # one writer: its own commits publish to its index (check_committed_projections...)
     a, b = target.open(), target.open()
     search(a, [5])  # a's index built before b writes
-    with b.write() as tx:
-        event(tx, "mem_other")
-    admit(b, "mem_other", [5, 6])
-    with b.write() as tx:
-        tx.append_event(T, W, event_id="evt_adm", operation="admit", target="mem_other", from_state="",
-                        to_state="accepted_current", at_ms=2, body={"record_id": "mem_other"})
+    admit_journaled(b, "mem_other", [5, 6], event_id="evt_adm")
     assert a.committed_scope(T, W) is not None
     assert search(a, [5]) == ["mem_other"]
     with b.write() as tx:
@@ -682,22 +688,13 @@ def check_latest_scope_is_the_row_any_core_committed(target: Any) -> None:
     a = target.open()
     b = target.open() if target.several_writers else a
     search(a, [5])
+    admit_journaled(b, "mem_other", [5, 6], event_id="evt_adm")
     with b.write() as tx:
-        event(tx, "mem_other")
-    admit(b, "mem_other", [5, 6])
-    with b.write() as tx:
-        tx.append_event(T, W, event_id="evt_adm", operation="admit", target="mem_other", from_state="",
-                        to_state="accepted_current", at_ms=2, body={"record_id": "mem_other"})
         epoch = tx.bump_epoch(T, W)
         head = tx.scope(T, W).last_cursor
     seen = a.latest_scope(T, W)
     assert seen is not None and seen.authorization_epoch == epoch and seen.last_cursor == head
-    with a.write() as tx:  # a's own write, its index still behind b's events
-        event(tx, "mem_own")
-    admit(a, "mem_own", [5])
-    with a.write() as tx:
-        tx.append_event(T, W, event_id="evt_adm_own", operation="admit", target="mem_own", from_state="",
-                        to_state="accepted_current", at_ms=3, body={"record_id": "mem_own"})
+    admit_journaled(a, "mem_own", [5], event_id="evt_adm_own", at_ms=3)  # a's index still behind b's events
     row = a.committed_scope(T, W)
     assert row is not None and row.authorization_epoch == epoch and row.last_cursor == head + 2
     assert sorted(search(a, [5])) == ["mem_other", "mem_own"]

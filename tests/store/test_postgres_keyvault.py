@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,16 +44,27 @@ def test_a_key_made_on_one_core_opens_on_another_bound_to_its_owner(cores: tuple
     assert b.data_key(ref + 1000, "record:mem_1") is None
 
 
+@contextmanager
+def _maker_and_counted_reader(tmp_path: Path, db: Database) -> Iterator[tuple[PgKeyVault, PgKeyVault, RoundTripProxy]]:
+    """Two cores' vaults over one database, the second's round trips counted on the wire."""
+    PostgresEngine(db.conninfo, pool_size=1).close()
+    maker = PgKeyVault(db.conninfo, tmp_path, pool_size=1)
+    wire = RoundTripProxy(db.conninfo)
+    reader = PgKeyVault(wire.conninfo, tmp_path, pool_size=1)
+    try:
+        yield maker, reader, wire
+    finally:
+        reader.close()
+        maker.close()
+        wire.close()
+
+
 def test_keys_read_with_the_records_are_unwrapped_without_a_round_trip(tmp_path: Path,
                                                                        pg_database: Database) -> None:
     """A catch-up reads the records' wrapped keys with the records (``stored``): the vault
     unwraps those as if it had read them (another owner's row opens nothing, a row the ring did
     not wrap opens nothing) and reads only the refs not given."""
-    PostgresEngine(pg_database.conninfo, pool_size=1).close()
-    maker = PgKeyVault(pg_database.conninfo, tmp_path, pool_size=1)
-    wire = RoundTripProxy(pg_database.conninfo)
-    reader = PgKeyVault(wire.conninfo, tmp_path, pool_size=1)
-    try:
+    with _maker_and_counted_reader(tmp_path, pg_database) as (maker, reader, wire):
         made = {f"record:mem_s{n}": maker.new_data_key(f"record:mem_s{n}") for n in range(4)}
         with pg_database.connect() as con:
             stored = {ref: WrappedKey(owner, version, generation, bytes(wrapped))
@@ -69,10 +81,6 @@ def test_keys_read_with_the_records_are_unwrapped_without_a_round_trip(tmp_path:
         wire.reset()
         assert reader.data_keys([(r3, "record:mem_s3")], stored=given) == {r3: k3}
         assert wire.round_trips == 1  # not given: read
-    finally:
-        reader.close()
-        maker.close()
-        wire.close()
 
 
 def test_many_keys_are_read_in_one_round_trip_each_still_bound_to_its_owner(tmp_path: Path,
@@ -80,11 +88,7 @@ def test_many_keys_are_read_in_one_round_trip_each_still_bound_to_its_owner(tmp_
     """A scope's load opens every record's projection: ``data_keys`` reads the keys the cache
     does not hold in one query, with ``data_key``'s answers (another owner's ref, a destroyed
     key and an unknown ref open nothing)."""
-    PostgresEngine(pg_database.conninfo, pool_size=1).close()
-    maker = PgKeyVault(pg_database.conninfo, tmp_path, pool_size=1)
-    wire = RoundTripProxy(pg_database.conninfo)
-    reader = PgKeyVault(wire.conninfo, tmp_path, pool_size=1)
-    try:
+    with _maker_and_counted_reader(tmp_path, pg_database) as (maker, reader, wire):
         made = {f"record:mem_b{n}": maker.new_data_key(f"record:mem_b{n}") for n in range(40)}
         gone = made.pop("record:mem_b39")[0]
         maker.destroy_many([gone])
@@ -100,10 +104,6 @@ def test_many_keys_are_read_in_one_round_trip_each_still_bound_to_its_owner(tmp_
         wire.reset()
         assert reader.data_keys(wanted[:5]) == {ref: made[owner][1] for ref, owner in wanted[:5]}
         assert wire.round_trips == 0  # all cached now
-    finally:
-        reader.close()
-        maker.close()
-        wire.close()
 
 
 def test_a_destroyed_key_is_gone_for_the_vault_that_destroyed_it_at_once(cores: tuple[PgKeyVault, PgKeyVault],
