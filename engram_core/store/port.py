@@ -532,7 +532,7 @@ class Store(Protocol):
 
     def committed_scope(self, tenant: str, workspace: str) -> ScopeRow | None:
         """The scope row as of the last commit whose changes the search index holds, for a read
-        that answers from the index (search, get): the index is brought to the row's head first
+        that answers from the index (a search): the index is brought to the row's head first
         where other processes write the store, so the read sees every mutation any core
         acknowledged before it began. Costs a round trip there, and more when there is news."""
         ...

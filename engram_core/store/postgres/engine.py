@@ -1631,15 +1631,15 @@ class PostgresEngine:
         for subject, window, start, metric, amount in rows:  # ON CONFLICT may touch a row only once
             k = (_subject(subject), window, start, metric)
             summed[k] = summed.get(k, 0) + amount
-        # In key order, as every writer adds (the statement inserts them in its input's order and
-        # ORDER BY keeps it): two adds that lock the same bucket rows in different orders deadlock,
-        # and one of them fails its call (seen under load on two cores as STORE_UNAVAILABLE).
-        cols = [list(c) for c in zip(*[(*k, summed[k]) for k in sorted(summed)], strict=True)]
+        cols = [list(c) for c in zip(*[(*k, v) for k, v in summed.items()], strict=True)]
         clauses: list[str] = []
         params: list[Any] = []
         if self._sweep_due("usage"):
             clauses.append("swept AS (DELETE FROM usage_buckets WHERE bucket_start_ms < %s)")
             params.append(min(r[2] for r in rows) - USAGE_RETAIN_MS)
+        # The statement's ORDER BY locks the rows in key order whichever order they were counted
+        # in: two adds that lock the same bucket rows in different orders deadlock, and one of them
+        # fails its call (seen under load on two cores as STORE_UNAVAILABLE).
         clauses.append("added AS (INSERT INTO usage_buckets AS u SELECT * FROM unnest(%s::text[], %s::text[], "
                        "%s::bigint[], %s::text[], %s::bigint[]) AS n(s, w, b, m, a) ORDER BY s, w, b, m "
                        "ON CONFLICT (subject, time_window, bucket_start_ms, metric) DO UPDATE SET amount = "
