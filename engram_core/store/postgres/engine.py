@@ -139,6 +139,7 @@ RECORD_COLS = (
 )
 RECORD_WIDTH = 22  # columns in RECORD_COLS: a query's extra columns start here
 _RECORD_COLS_R = ", ".join("r." + c.strip() for c in RECORD_COLS.split(","))
+
 _CANDIDATE_COLS = (
     "candidate_id, tenant, workspace, principal, agent_id, session, state, payload_digest, record_digest, "
     "trust_class, facts, sealed_envelope, captured_at_ms, cursor, decision, key_slot"
@@ -146,6 +147,36 @@ _CANDIDATE_COLS = (
 _SCOPE_COLS = "tenant, workspace, activated, tools, authorization_epoch, last_cursor, last_event_digest"
 _EVENT_COLS = ("tenant, workspace, cursor, event_id, operation, target, from_state, to_state, at_ms, body, "
                "prev_digest, event_digest")
+# Reads by key within a scope. psycopg prepares a statement a connection has run a few times, and
+# the server may then keep a generic plan, chosen without the parameters' values: for ``record_id
+# = $1 AND tenant = $2 AND workspace = $3`` that plan may take a (tenant, workspace, ...) index and
+# filter the whole scope (measured: the catch-up's records took 1.3 ms at 5,000 records, growing
+# with the scope, where the primary key takes 0.1), and for ``cursor > $3`` it estimates a third of
+# the journal and may scan all of it. So the key lookups sit behind a MATERIALIZED fence that leaves
+# the planner nothing but the key, the scope checked on the row found, and a journal range is
+# bounded on both sides (a generic plan estimates a closed range as narrow). Test:
+# test_postgres_engine.py's plans.
+_RECORD_BY_ID = (f"WITH r AS MATERIALIZED (SELECT {RECORD_COLS} FROM records WHERE record_id = %s) "
+                 "SELECT * FROM r WHERE tenant = %s AND workspace = %s")
+_RECORDS_BY_ID = (f"WITH r AS MATERIALIZED (SELECT {RECORD_COLS} FROM records WHERE record_id = ANY(%s)) "
+                  "SELECT * FROM r WHERE tenant = %s AND workspace = %s")
+_CANDIDATE_BY_ID = (f"WITH c AS MATERIALIZED (SELECT {_CANDIDATE_COLS} FROM candidates WHERE candidate_id = %s) "
+                    "SELECT * FROM c WHERE tenant = %s AND workspace = %s")
+_EVENTS_BETWEEN = (f"SELECT {_EVENT_COLS} FROM journal WHERE tenant = %s AND workspace = %s AND cursor >= %s "
+                   "AND cursor <= %s ORDER BY cursor")
+_EVENT_BY_ID = (f"WITH e AS MATERIALIZED (SELECT {_EVENT_COLS} FROM journal WHERE tenant = %s AND workspace = %s "
+                "AND event_id = %s) SELECT * FROM e ORDER BY cursor LIMIT 1")  # the fence: not the scope in cursor order
+# The records the journal's events from a cursor on name (``records_of_event``: a record target,
+# an admission body's ``record_id``), with their sealed projections and wrapped data keys.
+_CHANGED_RECORDS = (
+    "WITH j AS MATERIALIZED (SELECT target, body FROM journal WHERE tenant = %s AND workspace = %s "
+    "AND cursor >= %s AND cursor <= %s ORDER BY cursor), "
+    "ids AS MATERIALIZED (SELECT DISTINCT x.id FROM j, "
+    "LATERAL (VALUES (j.target), (j.body::jsonb ->> 'record_id')) AS x(id) WHERE x.id LIKE 'mem\\_%%'), "
+    f"r AS MATERIALIZED (SELECT {RECORD_COLS} FROM records WHERE record_id = ANY(ARRAY(SELECT id FROM ids))) "
+    f"SELECT {_RECORD_COLS_R}, p.sealed, v.owner, v.version, v.generation, v.wrapped FROM r "
+    "LEFT JOIN projections p ON p.record_id = r.record_id LEFT JOIN vault_keys v ON v.ref = r.key_slot "
+    "WHERE r.tenant = %s AND r.workspace = %s")
 _AUDIT_KEYS = ("chain", "seq", "at_ms", "audit_id", "tenant", "workspace", "principal", "agent_id", "operation",
                "outcome", "target_digest", "decisions", "prev_digest", "row_digest", "context_nonce")
 _OPTIONAL_AUDIT = {"chain": LEGACY_CHAIN, "context_nonce": ""}  # absent from a document: this value
@@ -648,16 +679,13 @@ class PostgresEngineTx:
 
     def events(self, tenant: str, workspace: str, from_cursor: int, to_cursor: int | None) -> list[Event]:
         self._touch(tenant, workspace)
-        rows = self._query(
-            f"SELECT {_EVENT_COLS} FROM journal WHERE tenant = %s AND workspace = %s AND cursor >= %s "
-            "AND cursor <= %s ORDER BY cursor",
-            [tenant, workspace, from_cursor, to_cursor if to_cursor is not None else MAX_BIGINT])
+        rows = self._query(_EVENTS_BETWEEN,
+                           [tenant, workspace, from_cursor, to_cursor if to_cursor is not None else MAX_BIGINT])
         return [_event(r) for r in rows]
 
     def event_by_id(self, tenant: str, workspace: str, event_id: str) -> Event | None:
         self._touch(tenant, workspace)
-        row = self._one(f"SELECT {_EVENT_COLS} FROM journal WHERE tenant = %s AND workspace = %s AND event_id = %s "
-                        "ORDER BY cursor LIMIT 1", [tenant, workspace, event_id])
+        row = self._one(_EVENT_BY_ID, [tenant, workspace, event_id])
         return _event(row) if row else None
 
     def restore_scope(self, row: ScopeRow) -> None:
@@ -729,8 +757,7 @@ class PostgresEngineTx:
 
     def candidate(self, tenant: str, workspace: str, candidate_id: str) -> CandidateRow | None:
         self._touch(tenant, workspace)
-        row = self._one(f"SELECT {_CANDIDATE_COLS} FROM candidates WHERE candidate_id = %s AND tenant = %s "
-                        "AND workspace = %s", [candidate_id, tenant, workspace])
+        row = self._one(_CANDIDATE_BY_ID, [candidate_id, tenant, workspace])
         if row is None:
             return None
         self._seen.add(candidate_id)
@@ -769,8 +796,7 @@ class PostgresEngineTx:
 
     def record(self, tenant: str, workspace: str, record_id: str) -> RecordRow | None:
         self._touch(tenant, workspace)
-        row = self._one(f"SELECT {RECORD_COLS} FROM records WHERE record_id = %s AND tenant = %s AND workspace = %s",
-                        [record_id, tenant, workspace])
+        row = self._one(_RECORD_BY_ID, [record_id, tenant, workspace])
         if row is None:
             return None
         self._seen.add(record_id)
@@ -782,8 +808,7 @@ class PostgresEngineTx:
         self._touch(tenant, workspace)
         out = {}
         for chunk in iter_chunks(record_ids, 1000):
-            for r in self._query(f"SELECT {RECORD_COLS} FROM records WHERE record_id = ANY(%s) AND tenant = %s "
-                                 "AND workspace = %s", [chunk, tenant, workspace]):
+            for r in self._query(_RECORDS_BY_ID, [chunk, tenant, workspace]):
                 out[r[0]] = record_of(r)
         self._seen.update(out)
         return out
@@ -1474,44 +1499,38 @@ class PostgresEngine:
             return tx.scope(tenant, workspace)
 
     def changes_since(self, tenant: str, workspace: str, after: int) -> ScopeChanges:
-        """The scope row and the journal after ``after`` in one round trip (two statements in
-        one pipeline), which is all a read with nothing new costs; then, only when the events
-        name records, their rows and projections by primary key in a second. Each statement
+        """The scope row, the journal after ``after``, and the rows, sealed projections and
+        wrapped data keys of the records those events name, in one round trip (three statements
+        in one pipeline; the third finds the records from the journal itself). Each statement
         sees the latest commit, so the events may go past the row's head and the rows past the
         events: the index is then newer than the row, which ``StoreKernel.committed_scope``
-        allows, and a change that made a row newer is read again at the next catch-up. A
-        snapshot, the events, the rows, each projection and the end of the snapshot one after
-        the other were five round trips after a write on another core."""
+        allows, and a change that made a row newer is read again at the next catch-up. (The
+        records were a second round trip after the events until 2026-12-05; a snapshot, the
+        events, the rows and each projection one after the other were five before that.)"""
         with self.read(snapshot=False) as tx:
             try:
                 scope: list[list[tuple[Any, ...]]] = []
                 journal: list[list[tuple[Any, ...]]] = []
+                read: list[list[tuple[Any, ...]]] = []
                 tx._send([_Statement(f"SELECT {_SCOPE_COLS} FROM scopes WHERE tenant = %s AND workspace = %s",
                                      [tenant, workspace], on_rows=scope.append),
-                          _Statement(f"SELECT {_EVENT_COLS} FROM journal WHERE tenant = %s AND workspace = %s "
-                                     "AND cursor > %s ORDER BY cursor", [tenant, workspace, after],
-                                     on_rows=journal.append)])
-                if not scope[0]:
-                    return ScopeChanges(None, [], {}, {})
-                row = _scope(scope[0][0])
-                events = [_event(r) for r in journal[0]]
-                touched = list(dict.fromkeys(rid for e in events for rid in records_of_event(e)))
-                if not touched:
-                    return ScopeChanges(row, events, {}, {})
-                # The records' wrapped data keys ride along (the key vault's rows, in this
-                # database): the vault unwraps them instead of reading them in a round trip of its own.
-                read = tx._query(f"SELECT {_RECORD_COLS_R}, p.sealed, v.owner, v.version, v.generation, v.wrapped "
-                                 "FROM records r LEFT JOIN projections p ON p.record_id = r.record_id "
-                                 "LEFT JOIN vault_keys v ON v.ref = r.key_slot "
-                                 "WHERE r.record_id = ANY(%s) AND r.tenant = %s AND r.workspace = %s",
-                                 [touched, tenant, workspace])
+                          _Statement(_EVENTS_BETWEEN, [tenant, workspace, after + 1, MAX_BIGINT],
+                                     on_rows=journal.append),
+                          _Statement(_CHANGED_RECORDS, [tenant, workspace, after + 1, MAX_BIGINT, tenant, workspace],
+                                     on_rows=read.append)])
             except psycopg.Error as exc:
                 raise tx._store_error(exc) from None
-        rows = {r[0]: record_of(r) for r in read}
-        blobs = {r[0]: r[RECORD_WIDTH] for r in read if r[RECORD_WIDTH] is not None}
+        if not scope[0]:
+            return ScopeChanges(None, [], {}, {})
+        row = _scope(scope[0][0])
+        events = [_event(r) for r in journal[0]]
+        touched = set(rid for e in events for rid in records_of_event(e))
+        found = [r for r in read[0] if r[0] in touched]  # the third statement may see later events
+        rows = {r[0]: record_of(r) for r in found}
+        blobs = {r[0]: r[RECORD_WIDTH] for r in found if r[RECORD_WIDTH] is not None}
         keys = {int(rows[r[0]].key_slot): WrappedKey(r[RECORD_WIDTH + 1], int(r[RECORD_WIDTH + 2]),  # type: ignore[arg-type]
                                                      int(r[RECORD_WIDTH + 3]), bytes(r[RECORD_WIDTH + 4]))
-                for r in read if r[RECORD_WIDTH + 1] is not None}
+                for r in found if r[RECORD_WIDTH + 1] is not None}
         return ScopeChanges(row, events, rows, blobs, keys)
 
     # -- state every core shares (the kernel asks for it because ``sole_writer`` is False) ---------------------------

@@ -1,0 +1,118 @@
+"""What read-your-writes costs a PostgreSQL core in-process: two store kernels (two cores) over one
+database; the second admits a record, the first catches its search index up (``committed_scope``,
+what every search on a core beside others calls first), timed, against the same call right after
+with nothing new. No gRPC and no other process in the measured path, so the difference of the two
+p50s is the catch-up's own work: its round trips beyond the head check and the indexing.
+
+    .venv/bin/python -m tools.bench.catch_up [--records 2000] [--catch-ups 400] [--baseline CHECKOUT]
+                                             [--rounds 2] [--out FILE]
+
+A PostgreSQL 15 cluster of its own is started in a temporary directory (tests/pg_cluster.py).
+Each round runs in a process of its own on a fresh database; with ``--baseline``, that checkout's
+``engram_core`` runs the same rounds alternated with this tree's, so drift falls on both alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _child(conninfo: str, key_dir: Path, records: int, catch_ups: int) -> dict[str, Any]:
+    from store_checks import T, W, admit_journaled  # tests/store: the conformance suite's builders
+    from store_targets import PostgresTarget
+
+    class _Db:  # what PostgresTarget reads of tests/pg_cluster.Database
+        def __init__(self, conninfo: str) -> None:
+            self.conninfo = conninfo
+            self.env: dict[str, str] = {}
+
+    target = PostgresTarget(key_dir, _Db(conninfo))
+    reader, writer = target.open(), target.open()
+    try:
+        for i in range(records):
+            admit_journaled(writer, f"mem_load{i:07d}", [i % 97, 1000 + i % 13], event_id=f"evt_load{i:07d}")
+        reader.committed_scope(T, W)  # loads the scope: what follows is catch-ups only
+        after_write, nothing_new = [], []
+        for i in range(catch_ups):
+            admit_journaled(writer, f"mem_new{i:07d}", [i % 97, 2000 + i % 11], event_id=f"evt_new{i:07d}")
+            t = time.perf_counter()
+            row = reader.committed_scope(T, W)
+            after_write.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            again = reader.committed_scope(T, W)
+            nothing_new.append(time.perf_counter() - t)
+            assert row is not None and again is not None and again.last_cursor == row.last_cursor
+        return {"after_a_write_ms": _summary(after_write), "nothing_new_ms": _summary(nothing_new),
+                "catch_up_adds_p50_ms": round((statistics.median(after_write) - statistics.median(nothing_new)) * 1000,
+                                              3)}
+    finally:
+        target.close_all()
+
+
+def _summary(xs: list[float]) -> dict[str, float]:
+    s = sorted(xs)
+    return {"p50": round(statistics.median(s) * 1000, 3), "p90": round(s[int(len(s) * 0.9)] * 1000, 3),
+            "p99": round(s[min(len(s) - 1, int(len(s) * 0.99))] * 1000, 3)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--records", type=int, default=2000, help="records in the scope before the catch-ups")
+    p.add_argument("--catch-ups", type=int, default=400)
+    p.add_argument("--baseline", type=Path, help="another checkout to alternate with (before/after)")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--child", nargs=2, metavar=("CONNINFO", "KEY_DIR"), help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        print(json.dumps(_child(a.child[0], Path(a.child[1]), a.records, a.catch_ups)))
+        return
+    sys.path.insert(0, str(REPO / "tests"))
+    from pg_cluster import start_cluster
+
+    from tools.bench.machine import facts, loadavg
+
+    trees = [("this", REPO)] + ([("baseline", a.baseline.resolve())] if a.baseline else [])
+    cluster = start_cluster()
+    results: list[dict[str, Any]] = []
+    try:
+        env = {**os.environ, **cluster.env}
+        for r in range(a.rounds):
+            order = trees[::-1] if r % 2 == 0 else trees  # baseline, this, this, baseline, ...
+            for label, tree in order:
+                db = cluster.create_database("catchup")
+                with tempfile.TemporaryDirectory(prefix="engram-catchup-") as keys:
+                    child_env = {**env, "PYTHONPATH": os.pathsep.join(
+                        [str(tree), str(REPO / "tests" / "store"), str(REPO / "tests"), str(REPO)])}
+                    out = subprocess.run(
+                        [sys.executable, str(Path(__file__).resolve()), "--records", str(a.records),
+                         "--catch-ups", str(a.catch_ups), "--child", db.conninfo, keys],
+                        cwd=tree, env=child_env, capture_output=True, text=True, check=False)
+                cluster.drop_database(db)
+                if out.returncode != 0:
+                    raise SystemExit(f"{label} round {r + 1} failed:\n{out.stderr[-4000:]}")
+                found = json.loads(out.stdout.strip().splitlines()[-1])
+                results.append({"tree": label, "round": r + 1, "loadavg": loadavg(), **found})
+                print(f"[catch-up] {label} round {r + 1}: after a write p50 {found['after_a_write_ms']['p50']} ms, "
+                      f"nothing new {found['nothing_new_ms']['p50']} ms, adds {found['catch_up_adds_p50_ms']} ms",
+                      flush=True)
+    finally:
+        cluster.destroy()
+    doc = {"machine": facts(), "records": a.records, "catch_ups": a.catch_ups, "results": results}
+    if a.out:
+        a.out.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
