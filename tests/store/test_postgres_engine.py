@@ -784,10 +784,21 @@ BY_KEY: dict[str, tuple[str, list[Any], dict[str, str]]] = {
     "candidate": (E._CANDIDATE_BY_ID, ["cand_000007", T, W], {"candidates": "candidates_pkey"}),
     "events between": (E._EVENTS_BETWEEN, [T, W, 19_990, TOP], {"journal": "journal_pkey"}),
     "event by id": (E._EVENT_BY_ID, [T, W, "evt_000007"], {"journal": "journal_event_id"}),
-    "changed records": (E._CHANGED_RECORDS, [T, W, 19_990, TOP, T, W],
+    "events with records": (E._EVENTS_WITH_RECORDS, [T, W, 19_990, TOP],
                         {"journal": "journal_pkey", "records": "records_pkey", "projections": "projections_pkey",
                          "vault_keys": "vault_keys_pkey"}),
+    # The joins below are checked with statistics only: without them the planner estimates one row
+    # for every condition and may read them through a scope's index; autovacuum gives a table
+    # statistics within a minute of its growth, and a restore (so a migrate-store) ends with ANALYZE.
+    "payload standing": (E._PAYLOAD_STANDING, [T, W, "p7"] * 2, {"records": "records_payload",
+                                                                 "tombstones": "tombstones_pkey"}),
+    "family members": (E._FAMILY_MEMBERS, [T, W, ["fam_7"], ["accepted_current"], T, W],
+                       {"record_families": "record_families_pkey", "records": "records_pkey"}),
+    "derivatives": (E._DERIVATIVES, [T, W, "mem_000007", T, W],
+                    {"record_sources": "record_sources_pkey", "records": "records_pkey"}),
 }
+
+ANALYZED_ONLY = {"payload standing", "family members", "derivatives"}
 
 
 def _fill(con: psycopg.Connection, n: int) -> None:
@@ -806,6 +817,13 @@ def _fill(con: psycopg.Connection, n: int) -> None:
                     "NULL, '\\x00', i, 's', 1 FROM generate_series(1, %s) i", [prefix, tenant, workspace, n])
         con.execute("INSERT INTO projections SELECT %s || 'mem_' || lpad(i::text, 6, '0'), %s, %s, '\\x00' "
                     "FROM generate_series(1, %s) i", [prefix, tenant, workspace, n])
+        con.execute("INSERT INTO record_families SELECT %s, %s, 'fam_' || (i %% 1000), %s || 'mem_' || "
+                    "lpad(i::text, 6, '0'), 'fact' FROM generate_series(1, %s) i", [tenant, workspace, prefix, n])
+        con.execute("INSERT INTO record_sources SELECT %s, %s, %s || 'mem_' || lpad((i / 2 + 1)::text, 6, '0'), "
+                    "%s || 'mem_' || lpad(i::text, 6, '0') FROM generate_series(1, %s) i",
+                    [tenant, workspace, prefix, prefix, n])
+        con.execute("INSERT INTO tombstones SELECT %s, %s, 'gone' || i, %s || 'mem_gone' || i, i, i "
+                    "FROM generate_series(1, %s) i", [tenant, workspace, prefix, n])
         con.execute(f"INSERT INTO candidates ({E._CANDIDATE_COLS}) SELECT %s || 'cand_' || lpad(i::text, 6, '0'), "
                     "%s, %s, 'p', 'a', 's', 'pending', 'p', 'd', 'asserted', '{}', NULL, 1, i, NULL, NULL "
                     "FROM generate_series(1, %s) i", [prefix, tenant, workspace, n])
@@ -850,7 +868,20 @@ def test_reads_by_key_within_a_scope_keep_to_their_index_in_a_generic_plan(pg_da
         if analyzed:
             con.execute("ANALYZE")
         for n, (name, (sql, params, indexes)) in enumerate(BY_KEY.items()):
+            if name in ANALYZED_ONLY and not analyzed:
+                continue
             plan = generic_plan(con, f"q{n}", sql, params)
             used = [(table, index) for table, index in scans(plan) if table in indexes]
             assert {table for table, _ in used} == set(indexes), (name, plan)
             assert all(index == indexes[table] for table, index in used), (name, plan)
+
+
+def test_a_cores_sessions_keep_generic_plans_for_the_statements_they_prepare(target: PostgresTarget) -> None:
+    """What the plans above are checked under is what the core runs with: planning the catch-up's
+    statement per call cost 0.3 ms of a 0.6 ms read with nothing new (2026-12-05)."""
+    store = target.open()
+    conn = store.engine._getconn()
+    try:
+        assert conn.execute("SHOW plan_cache_mode").fetchone() == ("force_generic_plan",)
+    finally:
+        store.engine._putconn(conn)

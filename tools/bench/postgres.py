@@ -61,7 +61,7 @@ def _searches(address: str, key_path: Path, queries: list[str], n: int) -> dict[
 
 
 def _catch_up(writer: str, reader: str, key_path: Path, corpus: Corpus, queries: list[str], n: int,
-              salt: str) -> dict[str, Any]:
+              salt: str, pause_s: float = 0.0) -> dict[str, Any]:
     """What read-your-writes costs a search: one client cycles through three kinds of search on
     ``reader``: right after a capture + admission acknowledged by ``writer`` (the reader's index
     is one record and its events behind the scope's head, and catches up before it answers);
@@ -70,7 +70,9 @@ def _catch_up(writer: str, reader: str, key_path: Path, corpus: Corpus, queries:
     after-effects, such as the audit spool's move and the database's WAL writer, share the CPUs
     with the search); and when nothing was written since its last one. The first minus the
     second is the catch-up's own cost; the first minus the third is what a client sees. The
-    kinds are interleaved, so drift of the machine falls on all alike."""
+    kinds are interleaved, so drift of the machine falls on all alike. ``pause_s``: a wait
+    between the write's answer and the search (every kind), so that the writing core's work after
+    it answered is over when the search starts."""
     w = GrpcAgent(writer, key_path, tenant=TENANT, workspace=WORKSPACE)
     r = GrpcAgent(reader, key_path, tenant=TENANT, workspace=WORKSPACE)
     kinds: dict[str, list[float]] = {"after_a_write_on_the_other_core": [], "after_a_write_on_the_same_core": [],
@@ -84,6 +86,8 @@ def _catch_up(writer: str, reader: str, key_path: Path, corpus: Corpus, queries:
                 cap = by.call("capture", corpus.capture_args(f"catch-up-{salt}", i))
                 by.call("request_admission", {"candidate_id": cap["candidate_id"],
                                               "idempotency_key": f"bench-catch-up-{salt}-{i:08d}"})
+            if pause_s:
+                time.sleep(pause_s)
             t = time.perf_counter()
             r.call("search", {"query": queries[i % len(queries)], "purpose_ref": PURPOSE})
             if i >= 6:  # the first rounds warm both cores' paths
@@ -106,8 +110,9 @@ def _run(servers: list[Served], key_path: Path, a: argparse.Namespace, corpus: C
           f"p50 {search['p50_ms']} ms p99 {search['p99_ms']} ms", file=sys.stderr)
     if len(servers) > 1 and a.catch_up:
         caught = _catch_up(servers[0].address, servers[-1].address, key_path, corpus, queries, a.catch_up,
-                           salt=f"{time.time_ns()}")
-        summary["points"].append({"engine": label, "cores": len(servers), "phase": "catch-up", **caught})
+                           salt=f"{time.time_ns()}", pause_s=a.catch_up_pause_ms / 1000)
+        summary["points"].append({"engine": label, "cores": len(servers), "phase": "catch-up",
+                                  "pause_ms": a.catch_up_pause_ms, **caught})
         print(f"[postgres] {label} x{len(servers)} catch-up: search p50 "
               f"{caught['after_a_write_on_the_other_core']['p50_ms']} ms after a write on the other core, "
               f"{caught['after_a_write_on_the_same_core']['p50_ms']} ms after one on the same core, "
@@ -138,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--catch-up", type=int, default=200,
                    help="with several cores: searches on one after a write on another, as many after a write "
                         "on the same core and with nothing new, interleaved (read-your-writes' cost; 0: skip)")
+    p.add_argument("--catch-up-pause-ms", type=float, default=0.0,
+                   help="a wait between each write's answer and the search that follows it (the writing core's "
+                        "work after it answered then falls outside the search)")
     p.add_argument("--semantic", choices=("on", "off"), default="on",
                    help="the cores' semantic channel (default on: each admission embeds)")
     p.add_argument("--baseline", type=Path, default=None,

@@ -32,6 +32,8 @@ class Served:
         # Its log goes to a file (ENGRAM_BENCH_LOG_DIR, else nowhere): a failed call's cause is there.
         log_dir = os.environ.get("ENGRAM_BENCH_LOG_DIR")
         self.log_path = Path(log_dir) / f"serve-{os.getpid()}-{id(self)}.log" if log_dir else None
+        if self.log_path:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
         stderr = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - the child's
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
                                      cwd=tree or REPO)

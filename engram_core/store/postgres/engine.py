@@ -103,7 +103,7 @@ from engram_core.crypto.keyvault import WrappedKey
 from engram_core.errors import Code, EngramError
 from engram_core.observability import tracing
 from engram_core.store.chain import GENESIS, LEGACY_CHAIN, scope_chain
-from engram_core.store.engine import CommitHooks, ScopeChanges, TxEffects, records_of_event
+from engram_core.store.engine import CommitHooks, ScopeChanges, TxEffects
 from engram_core.store.port import (
     CandidateRow,
     Event,
@@ -147,6 +147,7 @@ _CANDIDATE_COLS = (
 _SCOPE_COLS = "tenant, workspace, activated, tools, authorization_epoch, last_cursor, last_event_digest"
 _EVENT_COLS = ("tenant, workspace, cursor, event_id, operation, target, from_state, to_state, at_ms, body, "
                "prev_digest, event_digest")
+_EVENT_WIDTH = 12
 # Reads by key within a scope. psycopg prepares a statement a connection has run a few times, and
 # the server may then keep a generic plan, chosen without the parameters' values: for ``record_id
 # = $1 AND tenant = $2 AND workspace = $3`` that plan may take a (tenant, workspace, ...) index and
@@ -166,17 +167,32 @@ _EVENTS_BETWEEN = (f"SELECT {_EVENT_COLS} FROM journal WHERE tenant = %s AND wor
                    "AND cursor <= %s ORDER BY cursor")
 _EVENT_BY_ID = (f"WITH e AS MATERIALIZED (SELECT {_EVENT_COLS} FROM journal WHERE tenant = %s AND workspace = %s "
                 "AND event_id = %s) SELECT * FROM e ORDER BY cursor LIMIT 1")  # the fence: not the scope in cursor order
-# The records the journal's events from a cursor on name (``records_of_event``: a record target,
-# an admission body's ``record_id``), with their sealed projections and wrapped data keys.
-_CHANGED_RECORDS = (
-    "WITH j AS MATERIALIZED (SELECT target, body FROM journal WHERE tenant = %s AND workspace = %s "
-    "AND cursor >= %s AND cursor <= %s ORDER BY cursor), "
-    "ids AS MATERIALIZED (SELECT DISTINCT x.id FROM j, "
-    "LATERAL (VALUES (j.target), (j.body::jsonb ->> 'record_id')) AS x(id) WHERE x.id LIKE 'mem\\_%%'), "
-    f"r AS MATERIALIZED (SELECT {RECORD_COLS} FROM records WHERE record_id = ANY(ARRAY(SELECT id FROM ids))) "
-    f"SELECT {_RECORD_COLS_R}, p.sealed, v.owner, v.version, v.generation, v.wrapped FROM r "
-    "LEFT JOIN projections p ON p.record_id = r.record_id LEFT JOIN vault_keys v ON v.ref = r.key_slot "
-    "WHERE r.tenant = %s AND r.workspace = %s")
+_PAYLOAD_STANDING = (
+    "SELECT state, accepted_cursor, record_id, false FROM records "
+    "WHERE tenant = %s AND workspace = %s AND payload_digest = %s UNION ALL "
+    "SELECT '', 0, record_id, true FROM tombstones WHERE tenant = %s AND workspace = %s AND payload_digest = %s")
+_FAMILY_MEMBERS = (
+    f"SELECT {_RECORD_COLS_R}, f.primary_kind, array_agg(f.family_ref ORDER BY f.family_ref) "
+    "FROM record_families f JOIN records r ON r.record_id = f.record_id "
+    "WHERE f.tenant = %s AND f.workspace = %s AND f.family_ref = ANY(%s) AND r.state = ANY(%s) "
+    "AND r.tenant = %s AND r.workspace = %s GROUP BY r.record_id, f.primary_kind ORDER BY r.record_id")
+_DERIVATIVES = (
+    f"SELECT {_RECORD_COLS_R} FROM record_sources s JOIN records r ON r.record_id = s.record_id "
+    "WHERE s.tenant = %s AND s.workspace = %s AND s.source_id = %s AND r.tenant = %s AND r.workspace = %s "
+    "ORDER BY r.record_id")
+# The journal from a cursor on, each event with the records it names (``records_of_event``: a
+# record target, an admission body's ``record_id``), their sealed projections and wrapped data keys:
+# one row per event and record (one with NULLs for an event that names none). The lateral read is
+# fenced (OFFSET 0) so that it stays a lookup by primary key per event whatever the plan; the scope
+# of a record found is checked by the caller.
+_EVENT_RECORD_COLS = ", ".join("c." + c.strip() for c in RECORD_COLS.split(","))
+_EVENTS_WITH_RECORDS = (
+    f"SELECT {', '.join('j.' + c.strip() for c in _EVENT_COLS.split(','))}, {_EVENT_RECORD_COLS}, c.sealed, c.owner, "
+    "c.version, c.generation, c.wrapped FROM "
+    f"(SELECT {_EVENT_COLS} FROM journal WHERE tenant = %s AND workspace = %s AND cursor >= %s AND cursor <= %s) j "
+    f"LEFT JOIN LATERAL (SELECT {_RECORD_COLS_R}, p.sealed, v.owner, v.version, v.generation, v.wrapped "
+    "FROM records r LEFT JOIN projections p ON p.record_id = r.record_id LEFT JOIN vault_keys v ON v.ref = r.key_slot "
+    "WHERE r.record_id = ANY(ARRAY[j.target, j.body::jsonb ->> 'record_id']) OFFSET 0) c ON true ORDER BY j.cursor")
 _AUDIT_KEYS = ("chain", "seq", "at_ms", "audit_id", "tenant", "workspace", "principal", "agent_id", "operation",
                "outcome", "target_digest", "decisions", "prev_digest", "row_digest", "context_nonce")
 _OPTIONAL_AUDIT = {"chain": LEGACY_CHAIN, "context_nonce": ""}  # absent from a document: this value
@@ -840,11 +856,7 @@ class PostgresEngineTx:
 
     def payload_standing(self, tenant: str, workspace: str, payload_digest: str) -> tuple[str | None, bool]:
         self._touch(tenant, workspace)
-        rows = self._query(
-            "SELECT state, accepted_cursor, record_id, false FROM records "
-            "WHERE tenant = %s AND workspace = %s AND payload_digest = %s UNION ALL "
-            "SELECT '', 0, record_id, true FROM tombstones WHERE tenant = %s AND workspace = %s AND payload_digest = %s",
-            [tenant, workspace, payload_digest] * 2)
+        rows = self._query(_PAYLOAD_STANDING, [tenant, workspace, payload_digest] * 2)
         current = min(((int(r[1]), r[2]) for r in rows if not r[3] and r[0] == "accepted_current"),
                       default=(0, None))[1]
         return current, any(r[3] for r in rows)
@@ -870,22 +882,14 @@ class PostgresEngineTx:
         if not family_refs:
             return []
         self._touch(tenant, workspace)
-        rows = self._query(
-            f"SELECT {_RECORD_COLS_R}, f.primary_kind, array_agg(f.family_ref ORDER BY f.family_ref) "
-            "FROM record_families f JOIN records r ON r.record_id = f.record_id "
-            "WHERE f.tenant = %s AND f.workspace = %s AND f.family_ref = ANY(%s) AND r.state = ANY(%s) "
-            "AND r.tenant = %s AND r.workspace = %s GROUP BY r.record_id, f.primary_kind ORDER BY r.record_id",
-            [tenant, workspace, list(family_refs), list(states), tenant, workspace])
+        rows = self._query(_FAMILY_MEMBERS, [tenant, workspace, list(family_refs), list(states), tenant, workspace])
         out = [(record_of(r), r[RECORD_WIDTH], list(r[RECORD_WIDTH + 1])) for r in rows]
         self._seen.update(m[0].record_id for m in out)
         return out
 
     def derivatives(self, tenant: str, workspace: str, source_id: str) -> list[RecordRow]:
         self._touch(tenant, workspace)
-        rows = [record_of(r) for r in self._query(
-            f"SELECT {_RECORD_COLS_R} FROM record_sources s JOIN records r ON r.record_id = s.record_id "
-            "WHERE s.tenant = %s AND s.workspace = %s AND s.source_id = %s AND r.tenant = %s AND r.workspace = %s "
-            "ORDER BY r.record_id", [tenant, workspace, source_id, tenant, workspace])]
+        rows = [record_of(r) for r in self._query(_DERIVATIVES, [tenant, workspace, source_id, tenant, workspace])]
         self._seen.update(r.record_id for r in rows)
         return rows
 
@@ -1176,7 +1180,11 @@ class PostgresEngine:
                           timeout_s=pool_timeout_s, settings=[
                               f"SET idle_in_transaction_session_timeout = {int(idle_in_transaction_timeout_s * 1000)}",
                               f"SET lock_timeout = {int(lock_timeout_s * 1000)}",
-                              "SET application_name = 'engram-core'"])
+                              "SET application_name = 'engram-core'",
+                              # Statements run often are prepared (psycopg, after 5 runs); a custom plan per
+                              # call cost the catch-up's statement 0.3 ms of planning each time. The hot
+                              # statements are written to keep to their keys in a generic plan (tested).
+                              "SET plan_cache_mode = force_generic_plan"])
         self.location = self._pool.location
         # The jobs one core at a time runs (Store.leader_lease): a session of their own, opened at
         # the first tick (offline tools never open it).
@@ -1500,37 +1508,41 @@ class PostgresEngine:
 
     def changes_since(self, tenant: str, workspace: str, after: int) -> ScopeChanges:
         """The scope row, the journal after ``after``, and the rows, sealed projections and
-        wrapped data keys of the records those events name, in one round trip (three statements
-        in one pipeline; the third finds the records from the journal itself). Each statement
-        sees the latest commit, so the events may go past the row's head and the rows past the
-        events: the index is then newer than the row, which ``StoreKernel.committed_scope``
-        allows, and a change that made a row newer is read again at the next catch-up. (The
-        records were a second round trip after the events until 2026-12-05; a snapshot, the
-        events, the rows and each projection one after the other were five before that.)"""
+        wrapped data keys of the records those events name, in one round trip of two statements
+        (the second reads each event with its records). Each statement sees the latest commit, so
+        the events may go past the row's head: the index is then newer than the row, which
+        ``StoreKernel.committed_scope`` allows. (The records were a second round trip after the
+        events until 2026-12-05; a snapshot, the events, the rows and each projection one after
+        the other were five before that.)"""
         with self.read(snapshot=False) as tx:
             try:
                 scope: list[list[tuple[Any, ...]]] = []
                 journal: list[list[tuple[Any, ...]]] = []
-                read: list[list[tuple[Any, ...]]] = []
                 tx._send([_Statement(f"SELECT {_SCOPE_COLS} FROM scopes WHERE tenant = %s AND workspace = %s",
                                      [tenant, workspace], on_rows=scope.append),
-                          _Statement(_EVENTS_BETWEEN, [tenant, workspace, after + 1, MAX_BIGINT],
-                                     on_rows=journal.append),
-                          _Statement(_CHANGED_RECORDS, [tenant, workspace, after + 1, MAX_BIGINT, tenant, workspace],
-                                     on_rows=read.append)])
+                          _Statement(_EVENTS_WITH_RECORDS, [tenant, workspace, after + 1, MAX_BIGINT],
+                                     on_rows=journal.append)])
             except psycopg.Error as exc:
                 raise tx._store_error(exc) from None
         if not scope[0]:
             return ScopeChanges(None, [], {}, {})
         row = _scope(scope[0][0])
-        events = [_event(r) for r in journal[0]]
-        touched = set(rid for e in events for rid in records_of_event(e))
-        found = [r for r in read[0] if r[0] in touched]  # the third statement may see later events
-        rows = {r[0]: record_of(r) for r in found}
-        blobs = {r[0]: r[RECORD_WIDTH] for r in found if r[RECORD_WIDTH] is not None}
-        keys = {int(rows[r[0]].key_slot): WrappedKey(r[RECORD_WIDTH + 1], int(r[RECORD_WIDTH + 2]),  # type: ignore[arg-type]
-                                                     int(r[RECORD_WIDTH + 3]), bytes(r[RECORD_WIDTH + 4]))
-                for r in found if r[RECORD_WIDTH + 1] is not None}
+        events: list[Event] = []
+        rows: dict[str, RecordRow] = {}
+        blobs: dict[str, bytes] = {}
+        keys: dict[int, WrappedKey] = {}
+        for r in journal[0]:
+            if not events or events[-1].cursor != int(r[2]):
+                events.append(_event(r))
+            found = r[_EVENT_WIDTH:]
+            if found[0] is None or found[1] != tenant or found[2] != workspace:
+                continue  # the event names no record (or none of this scope's)
+            rec = rows[found[0]] = record_of(found)
+            if found[RECORD_WIDTH] is not None:
+                blobs[rec.record_id] = found[RECORD_WIDTH]
+            if found[RECORD_WIDTH + 1] is not None:
+                keys[int(rec.key_slot)] = WrappedKey(found[RECORD_WIDTH + 1], int(found[RECORD_WIDTH + 2]),  # type: ignore[arg-type]
+                                                     int(found[RECORD_WIDTH + 3]), bytes(found[RECORD_WIDTH + 4]))
         return ScopeChanges(row, events, rows, blobs, keys)
 
     # -- state every core shares (the kernel asks for it because ``sole_writer`` is False) ---------------------------
