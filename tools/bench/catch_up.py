@@ -33,6 +33,8 @@ def _child(conninfo: str, key_dir: Path, records: int, catch_ups: int) -> dict[s
     from store_checks import T, W, admit_journaled, search  # tests/store: the conformance suite's builders
     from store_targets import PostgresTarget
 
+    from tools.bench.stats import run_summary
+
     class _Db:  # what PostgresTarget reads of tests/pg_cluster.Database
         def __init__(self, conninfo: str) -> None:
             self.conninfo = conninfo
@@ -60,20 +62,14 @@ def _child(conninfo: str, key_dir: Path, records: int, catch_ups: int) -> dict[s
             kinds[kind].append(caught - t)
             searched[kind].append(time.perf_counter() - caught)
             assert row is not None
-        return {"catch_up_ms": {k: _summary(v) for k, v in kinds.items()},
-                "search_after_ms": {k: _summary(v) for k, v in searched.items()},
+        return {"catch_up_ms": {k: run_summary(v, sum(v)) for k, v in kinds.items()},
+                "search_after_ms": {k: run_summary(v, sum(v)) for k, v in searched.items()},
                 "catch_up_adds_p50_ms": round((statistics.median(kinds["other"]) - statistics.median(kinds["none"]))
                                               * 1000, 3),
                 "search_after_other_adds_p50_ms": round((statistics.median(searched["other"])
                                                          - statistics.median(searched["own"])) * 1000, 3)}
     finally:
         target.close_all()
-
-
-def _summary(xs: list[float]) -> dict[str, float]:
-    s = sorted(xs)
-    return {"p50": round(statistics.median(s) * 1000, 3), "p90": round(s[int(len(s) * 0.9)] * 1000, 3),
-            "p99": round(s[min(len(s) - 1, int(len(s) * 0.99))] * 1000, 3)}
 
 
 def main() -> None:
@@ -116,8 +112,8 @@ def main() -> None:
                 results.append({"tree": label, "round": r + 1, "loadavg": loadavg(), **found})
                 c, q = found["catch_up_ms"], found["search_after_ms"]
                 print(f"[catch-up] {label} round {r + 1}: catch-up p50 after the other core's write "
-                      f"{c['other']['p50']} ms, after its own {c['own']['p50']}, nothing new {c['none']['p50']}; "
-                      f"the search after it {q['other']['p50']} / {q['own']['p50']} / {q['none']['p50']} ms",
+                      f"{c['other']['p50_ms']} ms, after its own {c['own']['p50_ms']}, nothing new {c['none']['p50_ms']}; "
+                      f"the search after it {q['other']['p50_ms']} / {q['own']['p50_ms']} / {q['none']['p50_ms']} ms",
                       flush=True)
     finally:
         cluster.destroy()

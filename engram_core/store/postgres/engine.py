@@ -138,8 +138,14 @@ RECORD_COLS = (
     "state_cursor, successor_id, sealed_body, key_slot, session, captured_at_ms"
 )
 RECORD_WIDTH = 22  # columns in RECORD_COLS: a query's extra columns start here
-_RECORD_COLS_R = ", ".join("r." + c.strip() for c in RECORD_COLS.split(","))
 
+
+def _qualified(cols: str, alias: str) -> str:
+    """``cols`` (a comma-separated column list) each prefixed with ``alias``."""
+    return ", ".join(f"{alias}.{c.strip()}" for c in cols.split(","))
+
+
+_RECORD_COLS_R = _qualified(RECORD_COLS, "r")
 _CANDIDATE_COLS = (
     "candidate_id, tenant, workspace, principal, agent_id, session, state, payload_digest, record_digest, "
     "trust_class, facts, sealed_envelope, captured_at_ms, cursor, decision, key_slot"
@@ -147,7 +153,7 @@ _CANDIDATE_COLS = (
 _SCOPE_COLS = "tenant, workspace, activated, tools, authorization_epoch, last_cursor, last_event_digest"
 _EVENT_COLS = ("tenant, workspace, cursor, event_id, operation, target, from_state, to_state, at_ms, body, "
                "prev_digest, event_digest")
-_EVENT_WIDTH = 12
+_EVENT_WIDTH = len(_EVENT_COLS.split(","))  # an events-with-records row's record columns start here
 # Reads by key within a scope. psycopg prepares a statement a connection has run a few times, and
 # the server may then keep a generic plan, chosen without the parameters' values: for ``record_id
 # = $1 AND tenant = $2 AND workspace = $3`` that plan may take a (tenant, workspace, ...) index and
@@ -185,9 +191,8 @@ _DERIVATIVES = (
 # one row per event and record (one with NULLs for an event that names none). The lateral read is
 # fenced (OFFSET 0) so that it stays a lookup by primary key per event whatever the plan; the scope
 # of a record found is checked by the caller.
-_EVENT_RECORD_COLS = ", ".join("c." + c.strip() for c in RECORD_COLS.split(","))
 _EVENTS_WITH_RECORDS = (
-    f"SELECT {', '.join('j.' + c.strip() for c in _EVENT_COLS.split(','))}, {_EVENT_RECORD_COLS}, c.sealed, c.owner, "
+    f"SELECT {_qualified(_EVENT_COLS, 'j')}, {_qualified(RECORD_COLS, 'c')}, c.sealed, c.owner, "
     "c.version, c.generation, c.wrapped FROM "
     f"(SELECT {_EVENT_COLS} FROM journal WHERE tenant = %s AND workspace = %s AND cursor >= %s AND cursor <= %s) j "
     f"LEFT JOIN LATERAL (SELECT {_RECORD_COLS_R}, p.sealed, v.owner, v.version, v.generation, v.wrapped "
