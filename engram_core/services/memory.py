@@ -685,9 +685,11 @@ class MemoryService(ReadService):
         try:
             with self.core.store.write(batched=True, scope=(ctx.tenant, ctx.workspace)) as tx:
                 # The derivatives too: what the forget writes before it reads them (its own event,
-                # record, key and tombstone rows) does not change the derivatives' rows.
+                # record, key and tombstone rows) does not change the derivatives' rows. And the
+                # projection, which a core whose index does not hold the record counts postings in.
                 self._read_ahead(tx, ctx, guard, lambda: tx.record(ctx.tenant, ctx.workspace, record_id),
-                                 lambda: tx.derivatives(ctx.tenant, ctx.workspace, record_id))
+                                 lambda: tx.derivatives(ctx.tenant, ctx.workspace, record_id),
+                                 lambda: tx.projection(record_id))
                 rec = self._recheck(tx, ctx, guard, call, grant_id,
                                     tx.record(ctx.tenant, ctx.workspace, record_id),
                                     lambda state: lifecycle.check_record("tombstone", state))

@@ -368,6 +368,21 @@ class StoreKernel:
             # Evicted by another scope's load between the two: load it again.
         raise EngramError(Code.STORE_UNAVAILABLE, "the search index budget is too small for the scopes in use")
 
+    def indexed_postings(self, tenant: str, workspace: str, record_id: str) -> int | None:
+        """How many postings the search index holds for a record; None when it does not hold it
+        here, without loading its scope: a write that asks under its scope lock (a forget's
+        coverage count) must not wait for a whole scope's load there, which stalled every core's
+        writes to the scope for seconds at 100k records."""
+        scope = (tenant, workspace)
+        if self._residency is not None:
+            with self._publish:
+                if self._stale or scope not in self._residency:
+                    return None
+                self._residency.touch(scope)
+                return self._index.indexed_postings(tenant, workspace, record_id)
+        with self.search_index(scope) as index:
+            return index.indexed_postings(tenant, workspace, record_id)
+
     def _loaded_or_unknown(self, change: Any) -> bool:
         scope = _scope_of_change(change)
         return scope is None or scope in self._residency  # type: ignore[operator]
@@ -772,9 +787,11 @@ class KernelTx:
 
     def unindex_record(self, tenant: str, workspace: str, record_id: str) -> int:
         """Delete the record's sealed projection; returns how many postings it held (as the
-        committed index counts them)."""
-        with self._kernel.search_index((tenant, workspace)) as index:
-            removed = index.postings_of(tenant, workspace, record_id)
+        committed index counts them, or, where this core's index does not hold the record, as
+        its sealed projection does)."""
+        removed = self._kernel.indexed_postings(tenant, workspace, record_id)
+        if removed is None:
+            removed = self.postings_count(record_id)
         self._etx.delete_projection(record_id)
         self._effects.changes.append(RecordUnindexed(tenant, workspace, record_id))
         return removed

@@ -347,7 +347,7 @@ class Tx(Protocol):
         """The search projection of an accepted record (after ``insert_record`` in the same transaction): postings and vector sealed under the record's data key before the engine sees them; searches see them once this commits."""
         ...
     def unindex_record(self, tenant: str, workspace: str, record_id: str) -> int:
-        """Delete the record's sealed projection (forget); how many postings the search index held for it."""
+        """Delete the record's sealed projection (forget); how many postings it held: the search index's count, or, where this process's index does not hold the record (its scope not loaded here, or behind another core's writes), the sealed projection's. Never loads a scope."""
         ...
     def lexical_stats(self, tenant: str, workspace: str, terms: list[int]) -> LexicalStats:
         """BM25 statistics of ``terms`` in the scope (search pins them with its first page)."""

@@ -815,10 +815,14 @@ class SearchIndex:
 
     def postings_of(self, tenant: str, workspace: str, record_id: str) -> int:
         """How many postings the index holds for one record (0 when it holds none)."""
+        return self.indexed_postings(tenant, workspace, record_id) or 0
+
+    def indexed_postings(self, tenant: str, workspace: str, record_id: str) -> int | None:
+        """How many postings the index holds for one record; None when it does not hold the record."""
         scope = self._scopes.get((tenant, workspace))
         doc = scope.local.get(record_id) if scope is not None else None
         if scope is None or doc is None:
-            return 0
+            return None
         rows = scope.terms_of.get(doc)
         return len(rows) if rows is not None else len(scope._rows_of(doc))
 

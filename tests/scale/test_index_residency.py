@@ -14,6 +14,7 @@ from pg_cluster import Database
 from prometheus_client import generate_latest
 
 from engram_core.app.composition import RunningCore, start_core
+from engram_core.canonical import with_receipt_digest
 from engram_core.errors import Code
 from engram_core.observability.metrics import CoreMetrics
 
@@ -93,3 +94,40 @@ def test_scopes_load_on_first_use_and_the_least_recently_used_is_evicted(
                  "engram_search_index_scope_evictions_total", "engram_search_index_budget_records 6.0",
                  "engram_search_index_scope_load_duration_seconds_count"):
         assert name in scraped, name
+
+
+def test_a_forget_on_a_core_that_has_not_loaded_the_scope_neither_loads_it_nor_miscounts(
+        cores: tuple[RunningCore, RunningCore, CoreMetrics]) -> None:
+    """A forget counts the postings it removes for its coverage receipt, under the scope lock.
+    Counted from a scope's index that this core had not loaded, it loaded the whole scope there
+    first (seconds at 100k records, every core's writes to the scope waiting); counted from an
+    index behind another core's writes, it said 0. The sealed projection counts them instead."""
+    writer, budgeted, _ = cores
+    store = budgeted.core.store
+
+    def forget_counted(rid: str, key: str) -> None:
+        with store.read() as tx:
+            rec = tx.record("acme", "alpha", rid)
+            postings = tx.postings_count(rid)
+        assert rec is not None and postings > 0
+        out = Client(budgeted).call("forget", {"record_id": rid, "idempotency_key": key, "reason_ref": "r:x"},
+                                    grant=True)
+        coverage = with_receipt_digest({
+            "kind": "coverage", "record_id": rid, "postings_removed": postings, "vectors_removed": True,
+            "body_dropped": True, "key_destroyed": True, "tombstone_ledgered": True,
+            "cursor": out["receipt"]["cursor"], "derivative_rule": rec.derivative_rule,
+            "derivatives": []})["receipt_digest"]
+        assert out["coverage_receipt_digest"] == coverage
+        for core in (writer, budgeted):  # total on both cores all the same
+            assert Client(core).fails("get", {"record_id": rid, "purpose_ref": Client(core).purpose_ref}) \
+                == Code.NOT_FOUND
+
+    forget_counted(Client(writer).remember("Residency: a grebe note forgotten on a core that never searched alpha."),
+                   "residency-forget-cold-01")
+    stats = store.residency()
+    assert (stats.loads, stats.scopes_loaded) == (0, 0)
+    # Loaded, then behind: a record the other core wrote since this core's last read.
+    Client(budgeted).search("grebe note")
+    forget_counted(Client(writer).remember("Residency: a second grebe note, written after alpha was loaded here."),
+                   "residency-forget-behind-01")
+    assert store.residency().loads == 1
