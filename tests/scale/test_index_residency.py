@@ -126,6 +126,7 @@ def test_a_forget_on_a_core_that_has_not_loaded_the_scope_neither_loads_it_nor_m
                    "residency-forget-cold-01")
     stats = store.residency()
     assert (stats.loads, stats.scopes_loaded) == (0, 0)
+    assert writer.core.store.residency().loads == 0  # its capture and admission loaded nothing either
     # Loaded, then behind: a record the other core wrote since this core's last read.
     Client(budgeted).search("grebe note")
     forget_counted(Client(writer).remember("Residency: a second grebe note, written after alpha was loaded here."),
