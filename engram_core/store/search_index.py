@@ -813,10 +813,6 @@ class SearchIndex:
         doc = scope.local.get(record_id) if scope is not None else None
         return int(scope.columns.changed[doc]) if scope is not None and doc is not None else None
 
-    def postings_of(self, tenant: str, workspace: str, record_id: str) -> int:
-        """How many postings the index holds for one record (0 when it holds none)."""
-        return self.indexed_postings(tenant, workspace, record_id) or 0
-
     def indexed_postings(self, tenant: str, workspace: str, record_id: str) -> int | None:
         """How many postings the index holds for one record; None when it does not hold the record."""
         scope = self._scopes.get((tenant, workspace))

@@ -47,7 +47,7 @@ def test_admission_indexes_postings_stats_and_vector_in_one_go(core: RunningCore
     with core.core.store.read() as tx:
         assert tx.postings_count(rid) > 0 and tx.vector_count(rid) == 1
     assert _docs(core) == before + 1
-    assert _opened(core)[rid].postings == core.core.store._index.postings_of("acme", "alpha", rid)
+    assert _opened(core)[rid].postings == core.core.store._index.indexed_postings("acme", "alpha", rid)
 
 
 def test_forget_removes_postings_and_vector_in_same_transaction(core: RunningCore) -> None:

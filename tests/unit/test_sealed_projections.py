@@ -83,7 +83,7 @@ def test_migration_seals_a_legacy_store_and_leaves_no_plain_rows_in_the_file(tmp
             assert not tables & {"postings", "vectors", "field_stats"}
             assert not tx._all("SELECT 1 FROM store_meta WHERE k = 'compact_pending'")
         with store.search_index() as index:
-            assert index.postings_of("acme", "alpha", rid) == 3
+            assert index.indexed_postings("acme", "alpha", rid) == 3
     finally:
         store.close()
     files = [p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()]
