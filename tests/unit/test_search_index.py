@@ -267,6 +267,59 @@ def test_nearest_matches_a_direct_scan(seed: int, n: int, min_similarity: float,
                          min_similarity=-1.0, limit=7) == []
 
 
+def _float64_nearest(index: SearchIndex, model: str, query: list[float], *, min_similarity: float, limit: int,
+                     neighbours: tuple[int, float, int, int] | None) -> list[tuple[str, float, int]]:
+    """``nearest`` as it was before its float32 first pass: every row's similarity in float64."""
+    import numpy as np
+
+    scope = index._scopes[("t", "w")]
+    matrix, present = scope.vectors[model]
+    cols = scope.columns
+    n = min(cols.n, len(matrix))
+    sims = np.round(search_index._similarities(matrix[:n], np.asarray(query, dtype=np.float64)), 9)
+    ok = present[:n] & cols.eligible(now_ms=NOW, max_cursor=10**9)[:n]
+    key = sims
+    if neighbours is not None:
+        base = np.zeros(cols.n)
+        base[:n] = np.where(ok, np.maximum(sims, 0.0), 0.0)
+        key = np.round(cols.lend(base, base > 0, *neighbours)[:n], 9)
+    rows = [(cols.record_ids[d], float(key[d]), float(sims[d]), int(cols.valid_t[d]))
+            for d in np.flatnonzero(ok & (key >= min_similarity)).tolist()]
+    rows.sort(key=lambda r: (-r[1], r[0]))
+    return [(rid, sim, vt) for rid, _, sim, vt in rows[:limit]]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32), st.sampled_from([1, 5, 40]), NEIGHBOURS)
+def test_nearest_is_the_float64_answer_among_near_ties(seed: int, limit: int,
+                                                       neighbours: tuple[int, float, int, int] | None) -> None:
+    """``nearest`` ranks from float32 similarities first, then recomputes in float64 only the
+    rows near the page. Rows here are one direction plus noise far below float32's error on a
+    384-term product (~1e-5), so the float32 pass alone would misorder them and misplace the
+    threshold; the answer must still be, bit for bit, the all-float64 one."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    index = SearchIndex()
+    direction = rng.standard_normal(384)
+    direction /= np.linalg.norm(direction)
+    for i in range(300):
+        v = direction + rng.standard_normal(384) * rng.choice([1e-7, 1e-6, 1e-2, 1.0])
+        v = (v / np.linalg.norm(v)).astype(np.float32)
+        meta = RecordMeta(f"rec_{i:04d}", True, i + 1, i + 1, NOW - (i // 4) * HOUR, None, None,
+                          session=f"s{i // 20}", captured_at_ms=NOW - (i // 4) * HOUR)
+        index.apply([_indexed(meta, [Posting(1, "primary", 1, 1)]), VectorIndexed("t", "w", meta.record_id, "m", v.tolist())])
+    query = direction + rng.standard_normal(384) * 1e-3
+    query = (query / np.linalg.norm(query)).tolist()
+    exact = _float64_nearest(index, "m", query, min_similarity=-1.0, limit=300, neighbours=neighbours)
+    # Thresholds on a similarity some row has, and between two nearly equal ones.
+    for min_similarity in (-1.0, exact[len(exact) // 2][1], exact[3][1] - 1e-9, 0.9999):
+        got = index.nearest("t", "w", "m", query, now_ms=NOW, max_accepted_cursor=10**9,
+                            min_similarity=min_similarity, limit=limit, neighbours=neighbours)
+        assert got == _float64_nearest(index, "m", query, min_similarity=min_similarity, limit=limit,
+                                       neighbours=neighbours)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32))
 def test_eligibility_kept_between_searches_is_always_the_direct_answer(seed: int) -> None:
