@@ -180,6 +180,7 @@ class _Order:
     position: _Tail  # each document's place among the live ones (-1: not live)
     close: list[_Tail]  # per step 1..span: whether the live documents ``step`` places apart are linked
     pairs: list[tuple[_Tail, _Tail]]  # per step: those linked pairs, as documents (earlier, later)
+    apart: list[_Tail]  # per step: the places p whose documents p and p + step are not linked
 
 
 class _Columns:
@@ -334,6 +335,8 @@ class _Columns:
                 a, b = order.pairs[step - 1]
                 a.append(before)
                 b.append(doc)
+            else:
+                order.apart[step - 1].append(at - step)
         return True
 
     def lend(self, scores: np.ndarray, eligible: np.ndarray, span: int, weight: float, within_ms: int,
@@ -350,7 +353,7 @@ class _Columns:
         match, the linked pairs when few are linked, else shifted passes over the scope."""
         if span <= 0 or weight == 0:
             return scores
-        live, position, close, pairs = self._neighbourhood(span, within_ms, session_ms)
+        live, position, close, pairs, apart = self._neighbourhood(span, within_ms, session_ms)
         linked = sum(len(a) for a, _ in pairs)
         if linked == 0:
             return scores
@@ -359,7 +362,10 @@ class _Columns:
             path = "pairs"
         if path in (None, "sparse"):
             src = np.flatnonzero((scores > 0) & eligible[: len(scores)])
-            path = path or ("sparse" if len(src) * 8 < linked else "dense")
+            # With a span of 3, visiting the matches' neighbours costs ~70 ns a match, the dense
+            # passes ~6 ns a document (at 100k documents captured live: 0.58 ms dense against
+            # 1.56 ms sparse for the median query's 18k matches); below one match in 20, sparse wins.
+            path = path or ("sparse" if len(src) * 20 < len(live) else "dense")
         lent = np.zeros(len(scores))
         if path == "sparse":  # few matches: visit each match's neighbours
             src_pos, src_score = position[src], scores[src]
@@ -384,25 +390,37 @@ class _Columns:
             every = len(live) == len(scores)  # no document forgotten: no gathering needed
             dense = np.where(eligible[: len(scores)], scores, 0.0) if every else np.where(eligible[live], scores[live], 0.0)
             run = lent if every else np.zeros(len(live))
+            # Each step: the scores ``step`` places on, with the unlinked places zeroed, then the
+            # maximum. A copy and a scatter of the unlinked places cost a fifth of ``np.where``
+            # over the link mask (~0.12 ms at 100k documents, per step and direction).
+            shifted = np.empty(len(dense))
             for step in range(1, span + 1):
-                c = close[step - 1]
-                np.maximum(run[:-step], np.where(c, dense[step:], 0.0), out=run[:-step])
-                np.maximum(run[step:], np.where(c, dense[:-step], 0.0), out=run[step:])
+                far, to = apart[step - 1], len(dense) - step
+                shifted[:to] = dense[step:]
+                shifted[far] = 0.0
+                np.maximum(run[:-step], shifted[:to], out=run[:-step])
+                shifted[:to] = dense[:-step]
+                shifted[far] = 0.0
+                np.maximum(run[step:], shifted[:to], out=run[step:])
             if not every:
                 lent[live] = run
-        return scores + weight * lent
+        lent *= weight  # in place: two passes over the scope fewer than ``scores + weight * lent``
+        lent += scores
+        return lent
 
     def neighbour_order(self, neighbours: tuple[int, float, int, int]) -> tuple[np.ndarray, np.ndarray]:
         """(live documents in order, each document's place among them) as ``lend`` sees them."""
         span, _, within_ms, session_ms = neighbours
-        live, position, _, _ = self._neighbourhood(span, within_ms, session_ms)
+        live, position, _, _, _ = self._neighbourhood(span, within_ms, session_ms)
         return live, position
 
     def _neighbourhood(self, span: int, within_ms: int, session_ms: int = 0
-                       ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], list[tuple[np.ndarray, np.ndarray]]]:
+                       ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], list[tuple[np.ndarray, np.ndarray]],
+                                  list[np.ndarray]]:
         """(live documents in order, each document's place among them (-1: not live), per step
-        1..span whether the live documents ``step`` places apart are linked, and those pairs as
-        documents), kept until a document is added, removed or changed.
+        1..span whether the live documents ``step`` places apart are linked, those pairs as
+        documents, and the places not linked to the one ``step`` on), kept until a document is
+        removed or changed (an admission extends them).
 
         Two documents are linked when their valid times are within ``within_ms`` of each other
         (v3: a session's turns captured after the fact with the session's date), or, with
@@ -423,9 +441,10 @@ class _Columns:
                              captured[:-step], within_ms, session_ms) for step in range(1, span + 1)]
             pairs = [(live[np.flatnonzero(c)], live[np.flatnonzero(c) + step]) for step, c in enumerate(close, 1)]
             self._order = _Order(key, _Tail(live), _Tail(position), [_Tail(c) for c in close],
-                                 [(_Tail(a), _Tail(b)) for a, b in pairs])
+                                 [(_Tail(a), _Tail(b)) for a, b in pairs], [_Tail(np.flatnonzero(~c)) for c in close])
         o = self._order
-        return o.live.view, o.position.view, [c.view for c in o.close], [(a.view, b.view) for a, b in o.pairs]
+        return (o.live.view, o.position.view, [c.view for c in o.close], [(a.view, b.view) for a, b in o.pairs],
+                [f.view for f in o.apart])
 
     def eligible(self, *, now_ms: int, max_cursor: int) -> np.ndarray:
         """SPEC §5 eligibility as of the pin, over every local document.

@@ -459,8 +459,10 @@ def test_eligibility_kept_through_admissions_between_searches_is_always_the_dire
 def test_neighbourhood_kept_through_admissions_is_always_the_direct_answer(seed: int, span: int, within: int,
                                                                            session_ms: int) -> None:
     """Each admission extends the kept neighbourhood (live documents in order, their places, the
-    links per step and the linked pairs) instead of dropping it; after any sequence of
+    links per step, the linked pairs and the unlinked places) instead of dropping it; after any sequence of
     admissions, forgets and state changes it is exactly what computing it afresh gives."""
+    import numpy as np
+
     rnd = random.Random(seed)
     index = SearchIndex()
     rids: list[str] = []
@@ -480,8 +482,10 @@ def test_neighbourhood_kept_through_admissions_is_always_the_direct_answer(seed:
             kept = cols._neighbourhood(span, within, session_ms)
             cols._order = None
             fresh = cols._neighbourhood(span, within, session_ms)
-            live, position, close, pairs = kept
+            live, position, close, pairs, apart = kept
             assert live.tolist() == fresh[0].tolist() and position.tolist() == fresh[1].tolist()
             assert [c.tolist() for c in close] == [c.tolist() for c in fresh[2]]
             assert [(a.tolist(), b.tolist()) for a, b in pairs] == [(a.tolist(), b.tolist()) for a, b in fresh[3]]
+            assert [f.tolist() for f in apart] == [f.tolist() for f in fresh[4]]
+            assert all(f.dtype == np.int64 for f in apart + fresh[4])
             assert live.dtype == fresh[0].dtype and [c.dtype for c in close] == [c.dtype for c in fresh[2]]
