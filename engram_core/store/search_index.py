@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -408,11 +408,33 @@ class _Columns:
         lent += scores
         return lent
 
-    def neighbour_order(self, neighbours: tuple[int, float, int, int]) -> tuple[np.ndarray, np.ndarray]:
-        """(live documents in order, each document's place among them) as ``lend`` sees them."""
+    def neighbourhood_of(self, neighbours: tuple[int, float, int, int]
+                         ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], list[tuple[np.ndarray, np.ndarray]],
+                                    list[np.ndarray]]:
+        """``_neighbourhood`` for a profile's (span, weight, within_ms, session_ms)."""
         span, _, within_ms, session_ms = neighbours
-        live, position, _, _, _ = self._neighbourhood(span, within_ms, session_ms)
-        return live, position
+        return self._neighbourhood(span, within_ms, session_ms)
+
+    def best_neighbour(self, docs: np.ndarray, value_of: Callable[[np.ndarray], np.ndarray],
+                       neighbours: tuple[int, float, int, int]) -> np.ndarray:
+        """For each of ``docs`` (live), the best non-negative ``value_of`` among its neighbours as
+        ``lend`` finds them, 0 if none: ``lend``'s lent value at these documents alone, when the
+        lenders are the documents whose value is above 0 (``value_of`` is asked only for
+        neighbours of ``docs``)."""
+        live, position, close, _, _ = self.neighbourhood_of(neighbours)
+        at = position[docs]
+        best = np.zeros(len(docs))
+        for step in range(1, neighbours[0] + 1):
+            c = close[step - 1]
+            before = at - step
+            ok = before >= 0
+            ok[ok] = c[before[ok]]
+            best[ok] = np.maximum(best[ok], value_of(live[before[ok]]))
+            after = at + step
+            ok = after < len(live)
+            ok[ok] = c[at[ok]]
+            best[ok] = np.maximum(best[ok], value_of(live[after[ok]]))
+        return best
 
     def _neighbourhood(self, span: int, within_ms: int, session_ms: int = 0
                        ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], list[tuple[np.ndarray, np.ndarray]],
@@ -1036,24 +1058,29 @@ class SearchIndex:
         # every live document within ``span`` places of one (whoever may lend to it).
         exact_rows = cand
         if neighbours is not None:
-            live, position = cols.neighbour_order(neighbours)
+            live, position, _, _, _ = cols.neighbourhood_of(neighbours)
             span = neighbours[0]
             places = (position[cand][:, None] + np.arange(-span, span + 1)).ravel()
             exact_rows = np.union1d(cand, live[places[(places >= 0) & (places < len(live))]])
-        sims = np.zeros(n)
-        sims[exact_rows] = np.round(_similarities(matrix[exact_rows], query), 9)
-        key = _semantic_keys(cols, ok, sims, n, neighbours)  # exact wherever a candidate is
-        hit = cand[key[cand] >= min_similarity]
+        sims = np.round(_similarities(matrix[exact_rows], query), 9)  # by place in exact_rows
+        at = np.searchsorted(exact_rows, cand)
+        if neighbours is None:
+            key = sims[at]
+        else:  # as _semantic_keys over every row, but only where a candidate is
+            base = np.where(ok[exact_rows], np.maximum(sims, 0.0), 0.0)
+            lent = cols.best_neighbour(cand, lambda docs: base[np.searchsorted(exact_rows, docs)], neighbours)
+            key = np.round(base[at] + neighbours[1] * lent, 9)
+        keep = key >= min_similarity
+        hit, score, own = cand[keep], key[keep], sims[at[keep]]
         if len(hit) == 0:
             return []
-        score = key[hit]
         if len(hit) > limit:
             kth = np.partition(score, len(score) - limit)[len(score) - limit]
             keep = score >= kth
-            hit, score = hit[keep], score[keep]
+            hit, score, own = hit[keep], score[keep], own[keep]
         ids = cols.record_ids
-        rows = [(ids[d], float(x), float(sims[d]), int(cols.valid_t[d]))
-                for d, x in zip(hit.tolist(), score.tolist(), strict=True)]
+        rows = [(ids[d], float(x), float(sim), int(cols.valid_t[d]))
+                for d, x, sim in zip(hit.tolist(), score.tolist(), own.tolist(), strict=True)]
         rows.sort(key=lambda r: (-r[1], r[0]))
         return [(rid, sim, vt) for rid, _, sim, vt in rows[:limit]]
 
