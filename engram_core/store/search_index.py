@@ -396,6 +396,8 @@ class _Columns:
             shifted = np.empty(len(dense))
             for step in range(1, span + 1):
                 far, to = apart[step - 1], len(dense) - step
+                if to <= 0:  # fewer live documents than the step: nobody that far apart
+                    break
                 shifted[:to] = dense[step:]
                 shifted[far] = 0.0
                 np.maximum(run[:-step], shifted[:to], out=run[:-step])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -120,6 +121,26 @@ def _rank(index: SearchIndex, query: list[int], max_cursor: int, *, after=None, 
 NEIGHBOURS = st.one_of(st.none(), st.tuples(st.integers(1, 3), st.sampled_from([0.5, 1.0]),
                                             st.sampled_from([0, 86_400_000]), st.sampled_from([0, 2 * HOUR, 3 * HOUR])))
 LEND_PATHS = st.sampled_from([None, "sparse", "pairs", "dense"])
+
+
+@pytest.mark.parametrize("lend_path", [None, "sparse", "pairs", "dense"])
+@pytest.mark.parametrize("forgotten", [False, True])
+def test_fewer_live_documents_than_the_span_lend_each_other(lend_path: str | None, forgotten: bool) -> None:
+    """Two linked documents and a span of 3: steps 2 and 3 have nobody that far apart (the dense
+    passes once sliced past the ends), with and without a forgotten document among them."""
+    index = SearchIndex()
+    for i, term in enumerate([1, 2, 3] if forgotten else [1, 2]):
+        meta = RecordMeta(f"rec_{i}", True, i + 1, i + 1, NOW, None, None)
+        index.apply([_indexed(meta, [Posting(term, "primary", 1, 1)])])
+    if forgotten:
+        index.apply([RecordUnindexed("t", "w", "rec_2")])
+    saved = search_index.LEND_PATH
+    search_index.LEND_PATH = lend_path
+    try:
+        page = _rank(index, [1], 100, neighbours=(3, 0.5, 86_400_000, 0))
+    finally:
+        search_index.LEND_PATH = saved
+    assert [r[0] for r in page.rows] == ["rec_0", "rec_1"]  # rec_1 matches nothing: its neighbour lends
 
 
 @settings(max_examples=60, deadline=None)
