@@ -173,11 +173,112 @@ def test_rank_matches_direct_bm25f(seed: int, n: int, query: list[int], merge_at
         search_index.MERGE_AT, search_index.LEND_PATH = saved
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32), st.integers(2, 250), NEIGHBOURS, st.booleans())
+def test_a_first_page_scored_from_the_best_raw_bm25s_is_the_whole_ranking_s_first_page(
+        seed: int, n: int, neighbours: tuple[int, float, int, int] | None, windowed: bool) -> None:
+    """Where the hits outnumber the page, ranking scores the best raw BM25s first and stops when
+    nothing below them can reach the page. Valid times spread over years make recency (up to
+    0.15 of a score) decide between raw BM25s close together, where a wrong bound would show."""
+    rnd = random.Random(seed)
+    index = SearchIndex()
+    for i in range(n):
+        tf, length = rnd.randint(1, 6), rnd.randint(1, 30)
+        vt = NOW - rnd.choice([rnd.randrange(0, 3), rnd.randrange(0, 3 * 365)]) * 86_400_000 - rnd.choice([0, HOUR])
+        meta = RecordMeta(f"rec_{i:04d}", True, i + 1, i + 1, vt, None, None,
+                          rnd.choice([None, "u\x00a\x00s1"]), vt)
+        postings = [Posting(1, rnd.choice(["primary", "context"]), tf, length)] if rnd.random() < 0.6 else []
+        index.apply([_indexed(meta, postings + [Posting(2, "primary", 1, length)])])
+    window = (NOW - 400 * 86_400_000, NOW - 300 * 86_400_000) if windowed else None
+
+    def ranked(limit: int, prune_from: int) -> object:
+        saved = search_index.PRUNE_FROM
+        search_index.PRUNE_FROM = prune_from
+        try:
+            stats = index.stats("t", "w", [1])
+            return index.rank("t", "w", stats, WEIGHTS, k1=K1, b=B, now_ms=NOW, half_life_ms=HALF_LIFE,
+                              lexical_weight=LW, max_accepted_cursor=n + 1, best_bm25=None, after=None, limit=limit,
+                              window=window, neighbours=neighbours)
+        finally:
+            search_index.PRUNE_FROM = saved
+
+    for limit in (1, 2, 3, 7, 11):
+        assert ranked(limit, 1) == ranked(limit, 10**9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32), st.integers(1, 12), st.sampled_from([0.85, 0.6, 1.0]))
+def test_first_page_bound_holds_at_its_edge(seed: int, limit: int, lexical_weight: float) -> None:
+    """``_first_page`` against scoring every hit, on raw BM25s crowded just below and above the
+    floors it tries and recencies from 0 to 1: a hit just below a floor with recency 1 is the
+    one a loose bound would leave off the page."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(limit * search_index.PRUNE_FROM + 1, 400))
+    best = 7.0
+    # A few hits at or just above a floor (about a page of them), the rest just below one.
+    floors = np.array([best * f for f in search_index.PRUNE_FRACTIONS])
+    raw = rng.choice(floors, n) * (1 - rng.choice([1e-3, 1e-9, 0.02, 0.3], n))
+    above = rng.choice(n, min(n, int(rng.integers(limit, 2 * limit + 1))), replace=False)
+    raw[above] = rng.choice(floors, len(above)) * (1 + rng.choice([0.0, 1e-9, 1e-3], len(above)))
+    raw[0] = best
+    recency = rng.choice([0.0, 0.05, 0.5, 0.93, 0.97, 1.0], n) * (1 - rng.random(n) * rng.choice([0, 1e-3], n))
+    vt = rng.integers(0, 5, n)
+    record_ids = [f"rec_{i:04d}" for i in range(n)]
+
+    def scored(at):
+        return search_index._score(raw[at], best, recency[at], lexical_weight), vt[at]
+
+    everything = search_index._top(np.arange(n), *scored(np.arange(n)), record_ids, limit)
+    found = search_index._first_page(raw, best, limit, lexical_weight, scored)
+    if found is not None:
+        at, score, v = found
+        assert search_index._top(at, score, v, record_ids, limit) == everything
+
+
+def test_first_page_bound_is_strict_a_hit_below_the_floor_may_tie_and_win_on_valid_time() -> None:
+    """The limit-th best at or above the floor scores exactly the ceiling, and a hit a hair
+    below the floor rounds to the same score with a later valid time: it is on the page, so
+    pruning must not stop there."""
+    import numpy as np
+
+    best, lw, limit = 7.0, 0.85, 2
+    floor = best * search_index.PRUNE_FRACTIONS[0]
+    n = limit * search_index.PRUNE_FROM + 5
+    raw = np.full(n, best * 0.1)
+    raw[0], raw[1], raw[2] = best, floor, floor * (1 - 1e-10)
+    recency = np.ones(n)
+    vt = np.zeros(n, dtype=np.int64)
+    vt[2] = 1
+    record_ids = [f"rec_{i:04d}" for i in range(n)]
+
+    def scored(at):
+        return search_index._score(raw[at], best, recency[at], lw), vt[at]
+
+    score = scored(np.arange(n))[0]
+    assert score[1] == score[2]  # the tie this test is about
+    everything = search_index._top(np.arange(n), score, vt, record_ids, limit)
+    assert [r[0] for r in everything] == ["rec_0000", "rec_0002"]
+    found = search_index._first_page(raw, best, limit, lw, scored)
+    assert found is None or search_index._top(found[0], found[1], found[2], record_ids, limit) == everything
+
+
 def _check_ranking(index: SearchIndex, query: list[int], max_cursor: int, neighbours, total, rows, best,
                    own: float) -> None:
     page = _rank(index, query, max_cursor, neighbours=neighbours)
     assert page.total == total
     assert [r[0] for r in page.rows] == [r[0] for r in rows]
+    # Small first pages, scored from the best raw BM25s first wherever the hits outnumber the page.
+    saved = search_index.PRUNE_FROM
+    search_index.PRUNE_FROM = 1
+    try:
+        for limit in (1, 2, 3, 5):
+            first = _rank(index, query, max_cursor, limit=limit, neighbours=neighbours)
+            assert first.total == total
+            assert first.rows == page.rows[:limit]
+    finally:
+        search_index.PRUNE_FROM = saved
     assert all(math.isclose(a[1], b[1], abs_tol=2e-9) for a, b in zip(page.rows, rows, strict=True))
     if rows:
         assert math.isclose(page.best_bm25, best, rel_tol=1e-12)
