@@ -1179,8 +1179,8 @@ def _first_page(raw: np.ndarray, best: float, limit: int, lexical_weight: float,
     hits at or above ``floor`` all score more than ``ceiling``, no hit below it is on the page,
     nor ties with one that is. Scoring every hit was a third of ranking at 100k records captured
     live (neighbours make most documents hits)."""
-    if limit <= 0 or len(raw) <= PRUNE_FROM * limit:
-        return None
+    if limit <= 0 or len(raw) <= PRUNE_FROM * limit or not 0.0 <= lexical_weight <= 1.0:
+        return None  # (a weight outside [0, 1] would make the score fall with recency or BM25)
     for fraction in PRUNE_FRACTIONS:
         floor = best * fraction
         at = np.flatnonzero(raw >= floor)
