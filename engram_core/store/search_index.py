@@ -1122,8 +1122,10 @@ def _float32_error(dims: int, row_norm: float, query_norm: float) -> float:
 
 def _semantic_keys(cols: _Columns, ok: np.ndarray, sims: np.ndarray, n: int,
                    neighbours: tuple[int, float, int, int] | None) -> np.ndarray:
-    """What orders and thresholds the semantic channel: the similarity, or with neighbours its
-    eligible non-negative part plus ``weight`` times the best eligible neighbour's."""
+    """What orders and thresholds the semantic channel, for every row at once: the similarity,
+    or with neighbours its eligible non-negative part plus ``weight`` times the best eligible
+    neighbour's. ``nearest`` takes it over the float32 similarities, then the same formula at
+    the candidates alone (``_Columns.best_neighbour``) over the float64 ones."""
     if neighbours is None:
         return sims
     base = np.zeros(cols.n)
