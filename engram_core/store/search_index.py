@@ -325,18 +325,19 @@ class _Columns:
         at = order.live.n  # the new document's place among the live ones
         order.live.append(doc)
         order.position.append(at)
-        live = order.live.view
-        for step in range(1, span + 1):
-            if at - step < 0:
-                break
-            before = int(live[at - step])
-            this, prev = slice(doc, doc + 1), slice(before, before + 1)
-            link = _linked(self.valid_t[this], self.valid_t[prev], self.session[this], self.session[prev],
-                           self.captured[this], self.captured[prev], within_ms, session_ms)
-            order.close[step - 1].append(link[0])
-            if link[0]:
+        steps = min(span, at)
+        if steps == 0:
+            return True
+        # The documents 1..steps places before, and their links to ``doc`` in one call of the rule.
+        before = order.live.view[at - steps : at][::-1]
+        this = np.full(steps, doc)
+        links = _linked(self.valid_t[this], self.valid_t[before], self.session[this], self.session[before],
+                        self.captured[this], self.captured[before], within_ms, session_ms).tolist()
+        for step, (prev, link) in enumerate(zip(before.tolist(), links, strict=True), 1):
+            order.close[step - 1].append(link)
+            if link:
                 a, b = order.pairs[step - 1]
-                a.append(before)
+                a.append(prev)
                 b.append(doc)
             else:
                 order.apart[step - 1].append(at - step)
@@ -899,7 +900,10 @@ class SearchIndex:
         for change in changes:
             if isinstance(change, RecordIndexed):
                 key = (change.row.tenant, change.row.workspace)
-                self._scopes.setdefault(key, _Scope()).add(RecordMeta.of(change.row), change.postings)
+                scope = self._scopes.get(key)
+                if scope is None:  # (not setdefault: a scope's arrays are made only for a new one)
+                    scope = self._scopes[key] = _Scope()
+                scope.add(RecordMeta.of(change.row), change.postings)
                 self._scope_of[change.row.record_id] = key
             elif isinstance(change, RecordStateChanged):
                 key = self._scope_of.get(change.record_id)
