@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import math
 import random
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engram_core.store import search_index
+from engram_core.store import search_index, vector_sketch
 from engram_core.store.changes import (
     RecordIndexed,
     RecordStateChanged,
@@ -21,6 +22,9 @@ from engram_core.store.changes import (
 )
 from engram_core.store.port import RecordRow
 from engram_core.store.search_index import FIELDS, Posting, RecordMeta, SearchIndex
+
+if TYPE_CHECKING:
+    import numpy as np
 
 WEIGHTS = {"primary": 3.0, "decision": 2.0, "evidence": 1.5, "context": 1.0, "citations": 0.5}
 K1, B, HALF_LIFE, LW = 1.2, 0.75, 30 * 86_400_000, 0.85
@@ -338,10 +342,33 @@ def test_stats_track_adds_and_removals_like_the_database() -> None:
     assert index.stats("t", "w", [1]).docs == 0
 
 
+class _Sketched:
+    """``nearest``'s first pass forced onto the int8 sketch (``vector_sketch``) from the first row,
+    in blocks of 16 rows so that a few dozen rows span several blocks and a growing last one."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+
+    def __enter__(self) -> None:
+        self.saved = search_index.SKETCH_FROM, vector_sketch.BLOCK
+        if self.on:
+            search_index.SKETCH_FROM, vector_sketch.BLOCK = 0, 16
+
+    def __exit__(self, *exc: object) -> None:
+        search_index.SKETCH_FROM, vector_sketch.BLOCK = self.saved
+
+
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2**32), st.integers(1, 60), st.floats(-0.5, 0.9), NEIGHBOURS, LEND_PATHS)
+@given(st.integers(0, 2**32), st.integers(1, 60), st.floats(-0.5, 0.9), NEIGHBOURS, LEND_PATHS, st.booleans())
 def test_nearest_matches_a_direct_scan(seed: int, n: int, min_similarity: float,
-                                       neighbours: tuple[int, float, int, int] | None, lend_path: str | None) -> None:
+                                       neighbours: tuple[int, float, int, int] | None, lend_path: str | None,
+                                       sketched: bool) -> None:
+    with _Sketched(sketched):
+        _nearest_matches_a_direct_scan(seed, n, min_similarity, neighbours, lend_path)
+
+
+def _nearest_matches_a_direct_scan(seed: int, n: int, min_similarity: float,
+                                   neighbours: tuple[int, float, int, int] | None, lend_path: str | None) -> None:
     import numpy as np
 
     rnd = random.Random(seed)
@@ -412,25 +439,45 @@ def _float64_nearest(index: SearchIndex, model: str, query: list[float], *, min_
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.integers(0, 2**32), st.sampled_from([1, 5, 40]), NEIGHBOURS)
+@given(st.integers(0, 2**32), st.sampled_from([1, 5, 40]), NEIGHBOURS, st.booleans())
 def test_nearest_is_the_float64_answer_among_near_ties(seed: int, limit: int,
-                                                       neighbours: tuple[int, float, int, int] | None) -> None:
-    """``nearest`` ranks from float32 similarities first, then recomputes in float64 only the
-    rows near the page. Rows here are one direction plus noise far below float32's error on a
-    384-term product (~1e-5), so the float32 pass alone would misorder them and misplace the
-    threshold; the answer must still be, bit for bit, the all-float64 one."""
+                                                       neighbours: tuple[int, float, int, int] | None,
+                                                       sketched: bool) -> None:
+    """``nearest`` ranks from approximate similarities first (float32, or the int8 sketch), then
+    recomputes in float64 only the rows near the page. Rows here are one direction plus noise
+    far below float32's error on a 384-term product (~1e-5), so the first pass alone would
+    misorder them and misplace the threshold; the answer must still be, bit for bit, the
+    all-float64 one. With the sketch, half the rows are put after the first search built it."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     index = SearchIndex()
     direction = rng.standard_normal(384)
     direction /= np.linalg.norm(direction)
-    for i in range(300):
-        v = direction + rng.standard_normal(384) * rng.choice([1e-7, 1e-6, 1e-2, 1.0])
-        v = (v / np.linalg.norm(v)).astype(np.float32)
-        meta = RecordMeta(f"rec_{i:04d}", True, i + 1, i + 1, NOW - (i // 4) * HOUR, None, None,
-                          session=f"s{i // 20}", captured_at_ms=NOW - (i // 4) * HOUR)
-        index.apply([_indexed(meta, [Posting(1, "primary", 1, 1)]), VectorIndexed("t", "w", meta.record_id, "m", v.tolist())])
+    with _Sketched(sketched):
+        for i in range(300):
+            if i == 150 and sketched:
+                index.nearest("t", "w", "m", direction.tolist(), now_ms=NOW, max_accepted_cursor=10**9,
+                              min_similarity=-1.0, limit=1)
+                assert "m" in index._scopes[("t", "w")].sketches
+            _near_tie_row(index, rng, direction, i)
+        _nearest_is_the_float64_answer(index, rng, direction, limit, neighbours)
+
+
+def _near_tie_row(index: SearchIndex, rng: np.random.Generator, direction: np.ndarray, i: int) -> None:
+    import numpy as np
+
+    v = direction + rng.standard_normal(384) * rng.choice([1e-7, 1e-6, 1e-2, 1.0])
+    v = (v / np.linalg.norm(v)).astype(np.float32)
+    meta = RecordMeta(f"rec_{i:04d}", True, i + 1, i + 1, NOW - (i // 4) * HOUR, None, None,
+                      session=f"s{i // 20}", captured_at_ms=NOW - (i // 4) * HOUR)
+    index.apply([_indexed(meta, [Posting(1, "primary", 1, 1)]), VectorIndexed("t", "w", meta.record_id, "m", v.tolist())])
+
+
+def _nearest_is_the_float64_answer(index: SearchIndex, rng: np.random.Generator, direction: np.ndarray, limit: int,
+                                   neighbours: tuple[int, float, int, int] | None) -> None:
+    import numpy as np
+
     query = direction + rng.standard_normal(384) * 1e-3
     query = (query / np.linalg.norm(query)).tolist()
     exact = _float64_nearest(index, "m", query, min_similarity=-1.0, limit=300, neighbours=neighbours)
@@ -440,6 +487,35 @@ def test_nearest_is_the_float64_answer_among_near_ties(seed: int, limit: int,
                             min_similarity=min_similarity, limit=limit, neighbours=neighbours)
         assert got == _float64_nearest(index, "m", query, min_similarity=min_similarity, limit=limit,
                                        neighbours=neighbours)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32), st.integers(0, 70), st.sampled_from([4, 16, 384]))
+def test_the_sketch_bounds_its_error_however_its_rows_came(seed: int, n: int, dims: int) -> None:
+    """The int8 sketch's similarities are within the bound it reports of the float64 ones, for
+    rows of any scale (zero rows, tiny ones, one huge component) and any query; rows put one by
+    one across blocks sketch exactly as the same rows sketched at once."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    kinds = [lambda: rng.standard_normal(dims), lambda: np.zeros(dims), lambda: rng.standard_normal(dims) * 1e-30,
+             lambda: np.eye(dims)[rng.integers(dims)] * 1e3 + rng.standard_normal(dims)]
+    matrix = np.array([kinds[rng.integers(4)]() for _ in range(n)], dtype=np.float32).reshape(n, dims)
+    saved = vector_sketch.BLOCK
+    vector_sketch.BLOCK = 16
+    try:
+        whole = vector_sketch.VectorSketch.of(matrix, n)
+        grown = vector_sketch.VectorSketch(dims)
+        for doc in rng.permutation(n).tolist():
+            grown.put(doc, matrix[doc])
+        for query in (rng.standard_normal(dims), np.zeros(dims), rng.standard_normal(dims) * 1e6):
+            exact = search_index._similarities(matrix, query)
+            approx, bound = whole.similarities(query, n + 3)  # rows past the sketch's are zero
+            assert np.all(np.abs(approx[:n] - exact) <= bound) and not approx[n:].any()
+            again, bound_again = grown.similarities(query, n)
+            assert np.array_equal(again, approx[:n]) and bound_again == bound
+    finally:
+        vector_sketch.BLOCK = saved
 
 
 @settings(max_examples=60, deadline=None)
