@@ -654,6 +654,15 @@ class _Scope:
             return
         self.columns.kill(doc)
         self.forget_contributions()
+        # The vector goes too (the row a killed document keeps is never read again): a forget
+        # leaves nothing of the record's content in this process's index (docs/security.md).
+        for model, (matrix, present) in self.vectors.items():
+            if doc < len(matrix):
+                matrix[doc] = 0.0
+                present[doc] = False
+                sketch = self.sketches.get(model)
+                if sketch is not None:
+                    sketch.put(doc, matrix[doc])
         rows = self.terms_of.pop(doc, None)
         if rows is None:
             rows = self._rows_of(doc)

@@ -518,6 +518,37 @@ def test_the_sketch_bounds_its_error_however_its_rows_came(seed: int, n: int, di
         vector_sketch.BLOCK = saved
 
 
+@pytest.mark.parametrize("sketched", [False, True])
+def test_a_forgotten_records_vector_leaves_the_index(sketched: bool) -> None:
+    """A forget removes the record's content from the index in memory too: its float32 row is
+    zeroed and so are its codes in the int8 sketch, which the next search still reads."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    index = SearchIndex()
+    with _Sketched(sketched):
+        for i in range(40):
+            meta = RecordMeta(f"rec_{i:02d}", True, i + 1, i + 1, NOW - HOUR, None, None)
+            v = rng.standard_normal(384).astype(np.float32)
+            index.apply([_indexed(meta, [Posting(1, "primary", 1, 1)]),
+                         VectorIndexed("t", "w", meta.record_id, "m", (v / np.linalg.norm(v)).tolist())])
+        query = rng.standard_normal(384)
+        before = index.nearest("t", "w", "m", query.tolist(), now_ms=NOW, max_accepted_cursor=10**9,
+                               min_similarity=-1.0, limit=40)
+        scope = index._scopes[("t", "w")]
+        assert ("m" in scope.sketches) is sketched
+        doc = scope.local["rec_07"]
+        index.apply([RecordUnindexed("t", "w", "rec_07")])
+        matrix, present = scope.vectors["m"]
+        assert not matrix[doc].any() and not present[doc]
+        if sketched:
+            approx, _ = scope.sketches["m"].similarities(query, doc + 1)
+            assert approx[doc] == 0.0
+        after = index.nearest("t", "w", "m", query.tolist(), now_ms=NOW, max_accepted_cursor=10**9,
+                              min_similarity=-1.0, limit=40)
+        assert after == [r for r in before if r[0] != "rec_07"]
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32))
 def test_eligibility_kept_between_searches_is_always_the_direct_answer(seed: int) -> None:
