@@ -10,19 +10,20 @@ computes the integer products with onnxruntime's ``MatMulInteger`` (MLAS's u8×s
 at 100k rows on two threads), so the first pass costs about a fifth.
 
 A row ``x`` is held as codes ``c`` (int8, |c_i| ≤ 127) and a scale ``s = max|x_i| / 127``, with
-``e = x − s·c`` its error; the query ``q`` as codes ``d`` (uint8 around 128) and a scale ``t``,
-with ``f = q − t·d``. The integer product ``c·d`` is exact (int32: 384 × 255 × 127 < 2³¹), and
+``e = x − s·c`` its error; the query ``q`` as codes ``d`` (|d_i| ≤ 127) and a scale ``t``, with
+``f = q − t·d``. The kernel multiplies ``d + 128`` (uint8) and ``c``, and 128 times each row's
+code sum is subtracted after, so ``c·d`` is exact (int32: 384 × 255 × 127 < 2³¹), and
 
     x·q − s·t·(c·d) = e·q + s·c·f,   so   |x·q − s·t·(c·d)| ≤ ‖e‖·‖q‖ + ‖s·c‖·‖f‖,
 
-which ``error_bound`` takes with the largest ``‖e‖`` and ``‖s·c‖`` of any row (kept as rows are
-put) plus the float64 reference's own rounding. The answer ``nearest`` returns is therefore the
+which ``similarities`` bounds with the largest ``‖e‖`` and ``‖s·c‖`` of any row (kept as rows
+are put) plus the float64 reference's own rounding. The answer ``nearest`` returns is therefore the
 float64 answer whatever the sketch's values: a row the first pass leaves out cannot be on the
 page.
 
 The codes are held transposed, in blocks of ``BLOCK`` rows (``MatMulInteger``'s right operand is
 ``dims × rows``), so that rows are appended without copying the others; the last block grows by
-doubling. Without onnxruntime (the ``semantic`` extra), ``available()`` is false and ``nearest``
+a quarter (every search reads all of it). Without onnxruntime (the ``semantic`` extra), ``available()`` is false and ``nearest``
 keeps the float32 pass.
 """
 
