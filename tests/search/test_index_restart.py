@@ -14,6 +14,7 @@ import pytest
 from search_support import SEMANTIC, Client, activate
 
 from engram_core.clock import FixedClock
+from engram_core.store import search_index
 from engram_core.store.duckdb import engine as duckdb_store
 from engram_core.store.search_index import IndexBuilder
 
@@ -62,6 +63,46 @@ def test_a_restarted_core_answers_every_search_as_before(tmp_path: Path, stores)
     running = stores.start_core(tmp_path / "data", clock=clock, semantic=True)
     try:
         assert _answers(Client(running, clock=clock)) == before
+    finally:
+        running.stop()
+
+
+def test_the_vector_sketch_changes_no_answer(tmp_path: Path, stores, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The int8 sketch (``engram_core/store/vector_sketch.py``) changes which rows the float64
+    pass computes, never an answer: through a real core, with the sketch from the first vector,
+    records admitted after a search built it and one forgotten, every page of every search equals
+    what a restarted core answers without a sketch."""
+    clock = FixedClock(time.time_ns() // 1_000_000)
+    monkeypatch.setattr(search_index, "SKETCH_FROM", 0)
+    running = stores.start_core(tmp_path / "data", clock=clock, semantic=True)
+    try:
+        activate(running, clock=clock)
+        ana = Client(running, clock=clock)
+        t = clock.now_ms() - 86_400_000
+        ids = [ana.remember(text, t=t) for text in [
+            "Pintail rollout uses a canary in one region first.",
+            "Eider migration plan: dual writes for a week, then cut over.",
+            "Rollback of the pintail canary takes one command.",
+        ]]
+        ana.search(QUERIES[0], limit=3, capability_policy=SEMANTIC)  # builds the sketch
+        ids += [ana.remember(text, t=t) for text in [
+            "Pintail checklist: canary, then rollback drill, then the rest.",
+            "The pintail service is released behind a flag, region by region.",
+            "Eider migration plan was approved by the data team.",
+        ]]
+        ana.forget(ids[1])
+        with running.core.store.search_index(("acme", "alpha")) as index:
+            assert index._scopes[("acme", "alpha")].sketches  # the searches below read it
+        sketched = _answers(ana)
+        assert ids[1] not in str(sketched) and ids[5] in str(sketched)
+    finally:
+        running.stop()
+    monkeypatch.setattr(search_index, "SKETCH_FROM", 10**9)
+    running = stores.start_core(tmp_path / "data", clock=clock, semantic=True)
+    try:
+        with running.core.store.search_index(("acme", "alpha")) as index:
+            assert not index._scopes[("acme", "alpha")].sketches
+        assert _answers(Client(running, clock=clock)) == sketched
     finally:
         running.stop()
 
