@@ -393,7 +393,12 @@ async def test_identical_content_admitted_again_is_duplicate_exact_naming_the_cu
         assert other_key["outcome"]["status"] == "duplicate_exact"
         assert other_key["outcome"]["record_id"] == adm1["record_id"]
         hits = value_of(await client.call_tool("engram_memory_search", {"query": word, "purpose_ref": PURPOSE}))
-        assert [h["record"]["record_id"] for h in hits["records"]] == [adm1["record_id"]]
+        # The content comes back once. Another test's record captured beside it in this host-bound
+        # session may come back too, lent a share of its score (docs/search.md, "Neighbours"): the
+        # texts' valid times (capture_args: spread over 194 days by a hash of the text) fall within
+        # the 2-hour link of one of its six nearest neighbours' about once in two hundred runs.
+        holding = [h["record"]["record_id"] for h in hits["records"] if word in json.dumps(h["record"])]
+        assert holding == [adm1["record_id"]] and hits["records"][0]["record"]["record_id"] == adm1["record_id"]
         # the duplicate candidate is gone for good: it cannot be withdrawn, and nothing is asked
         withdraw = envelope_of(await client.call_tool("engram_memory_withdraw", {
             "candidate_id": cap2["candidate_id"], "idempotency_key": unique("wd-dup"), "reason_ref": "reason:dup"}))
