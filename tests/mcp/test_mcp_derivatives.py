@@ -80,8 +80,12 @@ async def _forget(client, record_id: str) -> dict[str, Any]:
 
 
 async def _search_ids(client, word: str) -> list[str]:
+    """The hits that hold ``word``, best first. A record captured beside one of them in this
+    host-bound session can come back too, lent a share of its score (docs/search.md,
+    "Neighbours"), whenever the two texts' valid times (``capture_args``: a hash of the text over
+    194 days) fall within the 2-hour link: rarely, but not never; it holds no word searched for."""
     found = value_of(await client.call_tool("engram_memory_search", {"query": word, "purpose_ref": PURPOSE}))
-    return [r["record"]["record_id"] for r in found["records"]]
+    return [r["record"]["record_id"] for r in found["records"] if word in json.dumps(r["record"])]
 
 
 def _state(running, record_id: str) -> str:
