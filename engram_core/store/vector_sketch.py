@@ -17,14 +17,14 @@ code sum is subtracted after, so ``c·d`` is exact (int32: 384 × 255 × 127 < 2
     x·q − s·t·(c·d) = e·q + s·c·f,   so   |x·q − s·t·(c·d)| ≤ ‖e‖·‖q‖ + ‖s·c‖·‖f‖,
 
 which ``similarities`` bounds with the largest ``‖e‖`` and ``‖s·c‖`` of any row (kept as rows
-are put) plus the float64 reference's own rounding. The answer ``nearest`` returns is therefore the
-float64 answer whatever the sketch's values: a row the first pass leaves out cannot be on the
-page.
+are put) plus the float64 reference's own rounding. The answer ``nearest`` returns is therefore
+the float64 answer whatever the sketch's values: a row the first pass leaves out cannot be on
+the page.
 
 The codes are held transposed, in blocks of ``BLOCK`` rows (``MatMulInteger``'s right operand is
 ``dims × rows``), so that rows are appended without copying the others; the last block grows by
-a quarter (every search reads all of it). Without onnxruntime (the ``semantic`` extra), ``available()`` is false and ``nearest``
-keeps the float32 pass.
+a quarter (every search reads all of it). Without onnxruntime (the ``semantic`` extra),
+``available()`` is false and ``nearest`` keeps the float32 pass.
 """
 
 from __future__ import annotations
