@@ -21,6 +21,16 @@ from engram_core.store.search_index import IndexBuilder
 QUERIES = ["pintail rollout canary", "pintail checklist", "rollback of the pintail canary", "eider migration plan",
            "how do we release the pintail service safely"]
 
+TEXTS = [
+    "Pintail rollout uses a canary in one region first.",
+    "First a canary in one region uses pintail rollout.",  # the same words: a lexical tie, the id decides
+    "Pintail checklist: canary, then rollback drill, then the rest.",
+    "Eider migration plan: dual writes for a week, then cut over.",
+    "Rollback of the pintail canary takes one command.",
+    "The pintail service is released behind a flag, region by region.",
+    "Eider migration plan was approved by the data team.",
+]
+
 
 def _answers(ana: Client) -> list[Any]:
     """Every page of every query, lexical and semantic: ids, scores and the receipts' counts."""
@@ -45,15 +55,7 @@ def test_a_restarted_core_answers_every_search_as_before(tmp_path: Path, stores)
         activate(running, clock=clock)
         ana = Client(running, clock=clock)
         t = clock.now_ms() - 86_400_000
-        ids = [ana.remember(text, t=t) for text in [
-            "Pintail rollout uses a canary in one region first.",
-            "First a canary in one region uses pintail rollout.",  # the same words: a lexical tie, the id decides
-            "Pintail checklist: canary, then rollback drill, then the rest.",
-            "Eider migration plan: dual writes for a week, then cut over.",
-            "Rollback of the pintail canary takes one command.",
-            "The pintail service is released behind a flag, region by region.",
-            "Eider migration plan was approved by the data team.",
-        ]]
+        ids = [ana.remember(text, t=t) for text in TEXTS]
         ana.forget(ids[3])
         before = _answers(ana)
         assert any(len(pages) > 1 for _, _, pages in before)  # paging is covered
@@ -79,17 +81,9 @@ def test_the_vector_sketch_changes_no_answer(tmp_path: Path, stores, monkeypatch
         activate(running, clock=clock)
         ana = Client(running, clock=clock)
         t = clock.now_ms() - 86_400_000
-        ids = [ana.remember(text, t=t) for text in [
-            "Pintail rollout uses a canary in one region first.",
-            "Eider migration plan: dual writes for a week, then cut over.",
-            "Rollback of the pintail canary takes one command.",
-        ]]
+        ids = [ana.remember(TEXTS[i], t=t) for i in (0, 3, 4)]
         ana.search(QUERIES[0], limit=3, capability_policy=SEMANTIC)  # builds the sketch
-        ids += [ana.remember(text, t=t) for text in [
-            "Pintail checklist: canary, then rollback drill, then the rest.",
-            "The pintail service is released behind a flag, region by region.",
-            "Eider migration plan was approved by the data team.",
-        ]]
+        ids += [ana.remember(TEXTS[i], t=t) for i in (2, 5, 6)]
         ana.forget(ids[1])
         with running.core.store.search_index(("acme", "alpha")) as index:
             assert index._scopes[("acme", "alpha")].sketches  # the searches below read it
