@@ -162,10 +162,9 @@ class VectorSketch:
         float64 similarity ``_similarities`` computes). Rows never put are zero."""
         session = _product_session()
         q = np.asarray(query, dtype=np.float64)
-        t = float(np.abs(q).max()) / 127 if len(q) else 0.0
-        d = np.clip(np.rint(q / t), -127, 127) if t > 0 else np.zeros(len(q))
-        f = float(np.linalg.norm(q - d * t))
-        codes = (d + 128).astype(np.uint8).reshape(1, -1)
+        d, scale, rounding, _ = _quantize(q.reshape(1, -1))  # the query is quantized as a row is
+        t, f = float(scale[0]), float(rounding[0])
+        codes = (d.astype(np.int16) + 128).astype(np.uint8)
         out = np.zeros(n)
         for block, lo in enumerate(range(0, min(n, self.n), BLOCK)):
             hi = min(n, self.n, lo + BLOCK)
