@@ -140,7 +140,8 @@ def pin_to_json(pin: Pin) -> bytes:
     doc = asdict(pin)
     if pin.lexical_stats is not None:
         doc["lexical_stats"] = {"docs": pin.lexical_stats.docs, "avg_len": pin.lexical_stats.avg_len,
-                                "df": [[t, n] for t, n in sorted(pin.lexical_stats.df.items())]}
+                                "df": [[t, n] for t, n in sorted(pin.lexical_stats.df.items())],
+                                "weights": [[t, w] for t, w in sorted(pin.lexical_stats.weights.items())]}
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -149,7 +150,8 @@ def pin_from_json(raw: bytes) -> Pin:
     stats = doc.pop("lexical_stats")
     window = doc.pop("window")
     return Pin(binding=Binding(**doc.pop("binding")),
-               lexical_stats=(LexicalStats(stats["docs"], stats["avg_len"], {int(t): int(n) for t, n in stats["df"]})
+               lexical_stats=(LexicalStats(stats["docs"], stats["avg_len"], {int(t): int(n) for t, n in stats["df"]},
+                                           {int(t): float(w) for t, w in stats.get("weights", ())})
                               if stats is not None else None),
                window=tuple(window) if window is not None else None,  # type: ignore[arg-type]
                ordered=[tuple(o) for o in doc.pop("ordered")],  # type: ignore[misc]

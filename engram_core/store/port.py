@@ -131,11 +131,14 @@ class LexicalHit:
 
 @dataclass(frozen=True)
 class LexicalStats:
-    """BM25 corpus statistics of one scope for one query (pinned by search paging)."""
+    """BM25 corpus statistics of one scope for one query (pinned by search paging). ``weights``:
+    the query weight of each term that does not weigh 1 (the thesaurus's related terms,
+    ``ranking.Expansion``); a term's BM25 contribution is multiplied by it."""
 
     docs: int
     avg_len: dict[str, float]
     df: dict[int, int]
+    weights: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -1021,7 +1021,9 @@ class SearchIndex:
         matches are candidates too.
         """
         scope = self._scopes.get((tenant, workspace))
-        idf = [(t, math.log(1 + (stats.docs - n + 0.5) / (n + 0.5))) for t, n in sorted(stats.df.items()) if n > 0]
+        # A term's weight in the query (1, or the thesaurus's for a related term) times its IDF.
+        idf = [(t, stats.weights.get(t, 1.0) * math.log(1 + (stats.docs - n + 0.5) / (n + 0.5)))
+               for t, n in sorted(stats.df.items()) if n > 0]
         weight = np.zeros(len(FIELDS))
         inv_avg = np.zeros(len(FIELDS))
         for name, w in weights.items():
