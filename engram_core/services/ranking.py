@@ -82,6 +82,27 @@ class Neighbours:
 
 
 @dataclass(frozen=True)
+class Expansion:
+    """Query words expanded with their WordNet relatives (``services/thesaurus.py``, from
+    ``offline_lexical_v5``): each query word's first ``senses`` senses in every part of speech,
+    their synonyms and the ``relations`` of those senses, as terms of weight ``weight`` (a query's
+    own terms weigh 1). A related term counts only where the scope has it and the query does not.
+    Chosen on both retrieval harnesses and both capture modes (docs/retrieval-quality.md,
+    "Version 6"): weights 0.2-0.4 and 2-5 senses measured alike; the hypernyms are what the
+    synthetic notes gain from, the hyponyms what the conversations gain from."""
+
+    weight: float = 0.3
+    senses: int = 3
+    relations: tuple[str, ...] = ("hyponyms", "hypernyms")
+
+    def config(self) -> dict[str, Any]:
+        from engram_core.services.thesaurus import SOURCE
+
+        return {"source": SOURCE, "senses": self.senses, "relations": ["synonyms", *self.relations],
+                "weight": str(self.weight), "counts": "terms the scope has and the query does not"}
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     version: str
@@ -102,6 +123,8 @@ class Profile:
     # From semantic_v5: the query's embedding leaves out the words found in more than this share
     # of the scope's indexed records (0: none left out). See ``embedding_text``.
     embed_common_share: float = 0.0
+    # From offline_lexical_v5 and semantic_v6: the query's words expanded by the thesaurus.
+    expansion: Expansion | None = None
 
     @property
     def semantic(self) -> bool:
@@ -120,6 +143,8 @@ class Profile:
         }
         if self.neighbours is not None:
             cfg["neighbours"] = self.neighbours.config()
+        if self.expansion is not None:
+            cfg["query_expansion"] = self.expansion.config()
         if self.model_id is not None and self.fusion is not None:
             cfg["semantic"] = {"model_id": self.model_id, **self.fusion.config()}
             if self.embed_common_share:
@@ -192,3 +217,15 @@ def semantic_v5(model_id: str, *, needs_network: bool = False, fusion: Fusion = 
     the scope's most common words (``embedding_text``)."""
     return replace(semantic_v4(model_id, needs_network=needs_network, fusion=fusion), name="semantic_v5",
                    version="5", embed_common_share=EMBED_COMMON_SHARE)
+
+
+# Version 5 of the lexical profile and 6 of the semantic one (the defaults when the thesaurus's
+# data is installed): version 4's lists whose query words are expanded with their WordNet
+# relatives (``Expansion``). Same analyzer, so the postings stay.
+OFFLINE_LEXICAL_V5 = replace(OFFLINE_LEXICAL_V4, name="offline_lexical_v5", version="5", expansion=Expansion())
+
+
+def semantic_v6(model_id: str, *, needs_network: bool = False, fusion: Fusion = DEFAULT_FUSION) -> Profile:
+    """The ``semantic_v6`` profile: ``semantic_v5`` fusing the v5 lexical list."""
+    return replace(semantic_v5(model_id, needs_network=needs_network, fusion=fusion), name="semantic_v6",
+                   version="6", expansion=Expansion())

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import logging
 import math
 from collections.abc import Sequence
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
@@ -22,11 +24,18 @@ from engram_core.errors import Code, EngramError
 from engram_core.hostctx import BoundContext
 from engram_core.observability.tracing import traced
 from engram_core.policy.port import REDACTION, Decision
-from engram_core.services import lexical
+from engram_core.services import lexical, thesaurus
 from engram_core.services.core import CallRecord, Core, context_facts
 from engram_core.services.lexical import TermHasher
 from engram_core.services.paging import Binding, CursorCodec, Pin
-from engram_core.services.ranking import OFFLINE_LEXICAL_V4, Profile, semantic_v5
+from engram_core.services.ranking import (
+    OFFLINE_LEXICAL_V4,
+    OFFLINE_LEXICAL_V5,
+    Expansion,
+    Profile,
+    semantic_v5,
+    semantic_v6,
+)
 from engram_core.services.timeq import TimeWindow, parse_time, proximity
 from engram_core.store.port import LexicalStats, RecordRow, ScopeRow, SharedPin, Tx
 from engram_core.tools import GET_TOOL, SEARCH_TOOL
@@ -103,16 +112,32 @@ def _scope_member(tenant: str, workspace: str) -> str:
     return "," + encode_basestring("scope_ref") + ":" + canonical({"tenant": tenant, "workspace": workspace}).text
 
 
+logger = logging.getLogger(__name__)
+
+
+def _thesaurus_installed(expansion: Expansion) -> bool:
+    try:
+        thesaurus.load(expansion.senses, expansion.relations)
+    except (thesaurus.ThesaurusUnavailable, OSError) as exc:
+        logger.warning("query expansion unavailable (%s): searching with offline_lexical_v4 / semantic_v5", exc)
+        return False
+    return True
+
+
 class ReadService:
     def __init__(self, core: Core) -> None:
         self.core = core
-        self.profiles: dict[str, Profile] = {"lexical": OFFLINE_LEXICAL_V4}
+        # The thesaurus's data is a dependency (pyproject); without it the versions before it serve,
+        # under their own config digests, so receipts say which ranked.
+        expanded = _thesaurus_installed(OFFLINE_LEXICAL_V5.expansion)  # type: ignore[arg-type]
+        self.profiles: dict[str, Profile] = {"lexical": OFFLINE_LEXICAL_V5 if expanded else OFFLINE_LEXICAL_V4}
         embedder = getattr(core, "embedder", None)
         if embedder is not None:
             # SPEC §11: the model id is pinned in the profile config digest.
-            # semantic_v4 stays selectable (ranking.semantic_v4) with its own digest.
-            self.profiles["semantic"] = semantic_v5(embedder.model_id,
-                                                    needs_network=getattr(embedder, "needs_network", True))
+            # semantic_v4 and v5 stay selectable (ranking.semantic_v4, v5) with their own digests.
+            semantic = semantic_v6 if expanded else semantic_v5
+            self.profiles["semantic"] = semantic(embedder.model_id,
+                                                 needs_network=getattr(embedder, "needs_network", True))
         self.pins = core.store.page_pins(core.now_ms)
         self.cursors = CursorCodec(core.page_key)
 
@@ -352,7 +377,7 @@ class ReadService:
                     *, limit: int) -> list[tuple[str, float, int]]:
         """Rank the snapshot and fill ``pin`` with what later pages need to continue it exactly."""
         terms = self.core.hasher.query_terms(query)
-        pin.lexical_stats = tx.lexical_stats(ctx.tenant, ctx.workspace, terms)
+        pin.lexical_stats = self._lexical_stats(tx, ctx, profile, query, terms)
         if not profile.semantic:
             page = self._lexical(tx, ctx, profile, pin, best_bm25=None, after=None, limit=limit)
             pin.best_bm25, pin.candidate_count = page.best_bm25, page.total
@@ -375,6 +400,16 @@ class ReadService:
                                             lexical.own_best_bm25 if lexical.rows else 0.0), best_cosine)
         pin.candidate_count = len(pin.ordered)
         return pin.ordered[:limit]
+
+    def _lexical_stats(self, tx: Tx, ctx: BoundContext, profile: Profile, query: str, terms: list[int]) -> LexicalStats:
+        """The scope's statistics of the query's terms and, with an ``Expansion``, of its words'
+        related terms (``expanded_terms``) the scope has, with their weights."""
+        if profile.expansion is None:
+            return tx.lexical_stats(ctx.tenant, ctx.workspace, terms)
+        related = expanded_terms(profile.expansion, self.core.hasher, query, terms)
+        stats = tx.lexical_stats(ctx.tenant, ctx.workspace, [*terms, *related])
+        weights = {t: w for t, w in related.items() if t in stats.df}
+        return dataclasses.replace(stats, weights=weights) if weights else stats
 
     @traced("engram.search.rank")
     def _next_rows(self, tx: Tx, ctx: BoundContext, profile: Profile, pin: Pin, *, after: tuple[float, int, str],
@@ -421,6 +456,31 @@ def query_relevance(profile: Profile, stats: LexicalStats, terms: list[int], bes
     idf = sum(math.log(1 + (n - d + 0.5) / (d + 0.5)) for d in (stats.df.get(t, 0) for t in unique))
     ideal = profile.weights.get("primary", 1.0) * idf  # tf 1 at average length: (k1+1)·1/(1+k1) = 1
     return min(1.0, best_bm25 / ideal) if ideal > 0 else 0.0
+
+
+@functools.lru_cache(maxsize=65_536)
+def _related_terms(expansion: Expansion, word: str) -> tuple[str, ...]:
+    """The terms of ``word``'s related words (stems, without stop and question words)."""
+    related = thesaurus.load(expansion.senses, expansion.relations).related(word)
+    return tuple(sorted(set(lexical.query_terms(" ".join(sorted(related))))))
+
+
+def expanded_terms(expansion: Expansion, hasher: TermHasher, text: str, terms: list[int]) -> dict[int, float]:
+    """The hashed terms of the query words' related words (``ranking.Expansion``) that are not
+    terms of the query itself, each with the expansion's weight. Only alphabetic words that are
+    query terms are expanded (not stop or question words, not numbers or identifiers)."""
+    own = set(terms)
+    out: dict[int, float] = {}
+    for word, term in lexical.query_words(text):
+        if term is None or not word.isalpha():
+            continue
+        for related in _related_terms(expansion, word):
+            if related == term:
+                continue
+            hashed = hasher.term(related)
+            if hashed not in own:
+                out[hashed] = expansion.weight
+    return out
 
 
 def embedding_text(profile: Profile, hasher: TermHasher, text: str, stats: LexicalStats) -> str:

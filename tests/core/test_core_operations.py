@@ -34,7 +34,7 @@ def test_capture_admit_search_get_happy_path(ana: Client) -> None:
                   "profile_config_digest", "valid_as_of", "system_as_of", "candidate_count", "ordered_ids_digest",
                   "revalidation_receipt_digest", "issued_at", "receipt_digest"):
         assert field in receipt, field
-    assert receipt["profile"] == "offline_lexical_v4"
+    assert receipt["profile"] == "offline_lexical_v5"
 
     got = ana.get(outcome["record_id"])
     assert got["record"]["record_id"] == outcome["record_id"]
@@ -200,7 +200,7 @@ def test_semantic_channel_unavailable_is_an_error_not_a_fallback(stores: EngineS
                                   "capability_policy": {"minimum_channels": "lexical_and_semantic",
                                                         "network": "forbid"}})
         assert code == Code.RANKING_UNAVAILABLE
-        assert c.search("grebe cache")["rank_receipt"]["profile"] == "offline_lexical_v4"
+        assert c.search("grebe cache")["rank_receipt"]["profile"] == "offline_lexical_v5"
     finally:
         running.stop()
 

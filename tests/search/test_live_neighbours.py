@@ -44,7 +44,7 @@ def test_turns_captured_live_in_one_session_lend_each_other(clocked: tuple[Runni
     chat = _live_chat(ana, clock)
     res = ana.search(QUESTION)
     ids = [p["record"]["record_id"] for p in res["records"]]
-    assert res["rank_receipt"]["profile"] == "offline_lexical_v4"
+    assert res["rank_receipt"]["profile"] == "offline_lexical_v5"
     # "answer" holds no query term: its neighbour "ask" (two places on, same session) lends to it.
     assert ids[0] == chat["ask"]
     assert set(ids) == {chat["ask"], chat["hello"], chat["answer"]}

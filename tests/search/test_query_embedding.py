@@ -1,4 +1,4 @@
-"""semantic_v5 through the real core (docs/search.md, "The query's embedding"): the query's
+"""semantic_v5 (and v6, which keeps it) through the real core (docs/search.md, "The query's embedding"): the query's
 embedding leaves out the words most of the scope's records contain, such as a speaker's name in
 a conversation captured one turn per memory. The name still counts in the lexical list (BM25
 gives it a low IDF), but it no longer makes every turn of that speaker look alike to the vector
@@ -47,7 +47,7 @@ def chat(core: RunningCore) -> dict[str, str]:
 def test_the_answer_in_other_words_is_found_once_the_name_is_left_out(core: RunningCore, chat: dict[str, str]) -> None:
     ana = Client(core, workspace="chat-v5")
     res = ana.search("What did Caroline cook?", capability_policy=SEMANTIC)
-    assert res["rank_receipt"]["profile"] == "semantic_v5" and res["rank_receipt"]["profile_version"] == "5"
+    assert res["rank_receipt"]["profile"] == "semantic_v6" and res["rank_receipt"]["profile_version"] == "6"
     ids = [p["record"]["record_id"] for p in res["records"]]
     assert ids[0] == chat["Caroline: made lasagna last night, recipe from my grandma"]
 

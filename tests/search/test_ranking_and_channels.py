@@ -8,7 +8,12 @@ from search_support import SEMANTIC, Client, activate
 from engram_core.errors import Code
 from engram_core.rpc.server import RunningCore
 from engram_core.services.lexical import ANALYZER_ID
-from engram_core.services.ranking import OFFLINE_LEXICAL_V2, OFFLINE_LEXICAL_V3, OFFLINE_LEXICAL_V4
+from engram_core.services.ranking import (
+    OFFLINE_LEXICAL_V2,
+    OFFLINE_LEXICAL_V3,
+    OFFLINE_LEXICAL_V4,
+    OFFLINE_LEXICAL_V5,
+)
 
 RECEIPT_FIELDS = {"request_digest", "authorization_receipt_digest", "profile", "profile_version",
                   "profile_config_digest", "valid_as_of", "system_as_of", "candidate_count", "ordered_ids_digest",
@@ -50,11 +55,13 @@ def test_rank_receipt_binds_every_contract_field(ana: Client, lanterns: list[str
     res = ana.search("lantern")
     receipt = res["rank_receipt"]
     assert set(receipt) == RECEIPT_FIELDS
-    assert receipt["profile"] == "offline_lexical_v4" and receipt["profile_version"] == "4"
-    assert receipt["profile_config_digest"] == OFFLINE_LEXICAL_V4.config_digest()
-    # Each version pins its neighbours in the digest: a receipt or cursor of another never passes.
-    digests = {p.config_digest() for p in (OFFLINE_LEXICAL_V2, OFFLINE_LEXICAL_V3, OFFLINE_LEXICAL_V4)}
-    assert len(digests) == 3
+    assert receipt["profile"] == "offline_lexical_v5" and receipt["profile_version"] == "5"
+    assert receipt["profile_config_digest"] == OFFLINE_LEXICAL_V5.config_digest()
+    # Each version pins its neighbours and its expansion in the digest: a receipt or cursor of
+    # another never passes.
+    digests = {p.config_digest() for p in (OFFLINE_LEXICAL_V2, OFFLINE_LEXICAL_V3, OFFLINE_LEXICAL_V4,
+                                           OFFLINE_LEXICAL_V5)}
+    assert len(digests) == 4
     assert OFFLINE_LEXICAL_V3.config()["neighbours"]["span"] == 3
     assert "session" not in OFFLINE_LEXICAL_V3.config()["neighbours"]
     assert OFFLINE_LEXICAL_V4.config()["neighbours"]["session"]["window_ms"] == 2 * 3_600_000
@@ -77,8 +84,8 @@ def test_semantic_profile_finds_paraphrases_lexical_cannot(ana: Client) -> None:
     assert rid not in lexical
     assert rid in [p["record"]["record_id"] for p in semantic["records"]]
     receipt = semantic["rank_receipt"]
-    assert receipt["profile"] == "semantic_v5"
-    assert receipt["profile_config_digest"] != OFFLINE_LEXICAL_V4.config_digest()
+    assert receipt["profile"] == "semantic_v6"
+    assert receipt["profile_config_digest"] != OFFLINE_LEXICAL_V5.config_digest()
 
 
 def test_semantic_profile_adds_vector_hits_without_any_shared_word(ana: Client) -> None:
@@ -111,8 +118,8 @@ def test_embedder_that_needs_the_network_is_unavailable_under_forbid(core: Runni
     with pytest.raises(Exception) as err:
         svc._profile_for({"capability_policy": SEMANTIC})
     assert getattr(err.value, "code", None) == Code.RANKING_UNAVAILABLE
-    assert svc._profile_for({"capability_policy": {**SEMANTIC, "network": "allow"}}).name == "semantic_v5"
-    assert svc._profile_for({}).name == "offline_lexical_v4"
+    assert svc._profile_for({"capability_policy": {**SEMANTIC, "network": "allow"}}).name == "semantic_v6"
+    assert svc._profile_for({}).name == "offline_lexical_v5"
 
 
 def test_profile_config_pins_tokenizer_model_and_fusion(core: RunningCore) -> None:

@@ -15,7 +15,10 @@ at query time:
   captured within a window of each other; and (tried for version 5, not kept) each query term's
   contribution lent on its own (``nbt_weight``);
 - for the semantic profile (``--fusion``): the query's embedding without the scope's most common
-  words (``vdrop``, semantic_v5).
+  words (``vdrop``, semantic_v5);
+- (version 6: offline_lexical_v5, semantic_v6) each query word's WordNet relatives as terms of a
+  lower weight (``exp_weight``, ``exp_senses``, ``exp_relations``; services/thesaurus.py, the
+  core's own rule: ``reading.expanded_terms``).
 
 The conversations are loaded as either harness mode captures them (``--mode``): ``session``
 (every turn dated with its session's date, all captured in one burst) or ``live`` (every turn
@@ -47,7 +50,7 @@ from harness_conversations import CORPUS as CONVERSATIONS  # noqa: E402
 from harness_conversations import render, session_noon, turn_instants, turns_of  # noqa: E402
 from tune_lexical import summary  # noqa: E402
 
-from engram_core.services import lexical  # noqa: E402
+from engram_core.services import lexical, thesaurus  # noqa: E402
 from engram_core.services.timeq import parse_time, proximity  # noqa: E402
 
 DAY_MS = 86_400_000
@@ -125,6 +128,10 @@ class Config:
     # terms), so that a question's words spread over neighbouring turns add up
     nbt_weight: float = 0.0
     nbt_mode: str = "max"  # or "sum" (the neighbours' contributions of a term added up)
+    # version 6: the query words' WordNet relatives (ranking.Expansion; 0: off)
+    exp_weight: float = 0.0
+    exp_senses: int = 3
+    exp_relations: tuple[str, ...] = ("hyponyms", "hypernyms")
 
 
 def load(which: str, mode: str = "session") -> tuple[dict[str, Scope], list[dict[str, Any]], int]:
@@ -253,6 +260,14 @@ def neighbours(scope: Scope, s: list[float], cfg: Config) -> list[float]:
 
 def query_weights(scope: Scope, q: dict[str, Any], cfg: Config) -> dict[str, float]:
     w: dict[str, float] = {t: 1.0 for t in q["terms"]}
+    if cfg.exp_weight:
+        th = thesaurus.load(cfg.exp_senses, tuple(cfg.exp_relations))
+        for word, term in lexical.query_words(q["clean"]):
+            if term is None or not word.isalpha():
+                continue
+            for v in set(lexical.query_terms(" ".join(sorted(th.related(word))))):
+                if v != term and v in scope.df and v not in w:
+                    w[v] = cfg.exp_weight
     if cfg.typo_weight:
         for tok in q["tokens"]:
             if len(tok) < cfg.typo_min_len or not tok.isalpha():
@@ -349,6 +364,11 @@ GRIDS: dict[str, list[dict[str, Any]]] = {
               itertools.product((0.1, 0.2, 0.3, 0.5), (0.5, 0.3, 0.0), ("max", "sum"))],
     "window": [{"nb_weight": 0.5, "nb_span": 3, "nb_session_ms": m * 60_000, "nb_session_vt": v}
                for v in (False, True) for m in (1, 3, 5, 10, 30, 60, 180, 1440)],
+    # version 6, on top of v4's neighbours (--base '{"nb_weight": 0.5, "nb_span": 3,
+    # "nb_session_ms": 7200000, "nb_session_vt": true}')
+    "expansion": [{"exp_weight": w, "exp_senses": n, "exp_relations": r}
+                  for r in ((), ("hyponyms",), ("hypernyms",), ("hyponyms", "hypernyms"))
+                  for n in (1, 2, 3, 5) for w in (0.2, 0.3, 0.4)],
 }
 
 
