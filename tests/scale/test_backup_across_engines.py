@@ -97,7 +97,8 @@ def test_a_postgresql_backup_restores_into_duckdb(pg_database: Database, tmp_pat
         assert ana.get(kept)["record"]["record_id"] == kept
         assert [r["record"]["record_id"] for r in ana.search("petrel decision")["records"]] == [kept]
         assert ana.fails("get", {"record_id": later, "purpose_ref": ana.purpose_ref}) == Code.NOT_FOUND
-        assert ana.search("fulmar note")["records"] == []
+        # Only the kept record can answer (a fulmar is a petrel: WordNet relates the two words).
+        assert [r["record"]["record_id"] for r in ana.search("fulmar note")["records"]] in ([], [kept])
         ana.channel.close()
     finally:
         target.stop()
