@@ -7,7 +7,7 @@ import functools
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
@@ -139,6 +139,8 @@ class ReadService:
             self.profiles["semantic"] = semantic(embedder.model_id,
                                                  needs_network=getattr(embedder, "needs_network", True))
         self.pins = core.store.page_pins(core.now_ms)
+        # A word's related terms, hashed with this core's key (``expanded_terms``).
+        self._hashed_relatives = functools.lru_cache(maxsize=65_536)(self._relatives_of)
         self.cursors = CursorCodec(core.page_key)
 
     def bind_purpose(self, ctx: BoundContext, purpose_ref: str) -> None:
@@ -401,15 +403,23 @@ class ReadService:
         pin.candidate_count = len(pin.ordered)
         return pin.ordered[:limit]
 
+    def _relatives_of(self, expansion: Expansion, word: str) -> tuple[tuple[str, int], ...]:
+        return tuple((term, self.core.hasher.term(term)) for term in _related_terms(expansion, word))
+
     def _lexical_stats(self, tx: Tx, ctx: BoundContext, profile: Profile, query: str, terms: list[int]) -> LexicalStats:
         """The scope's statistics of the query's terms and, with an ``Expansion``, of its words'
         related terms (``expanded_terms``) the scope has, with their weights."""
         if profile.expansion is None:
             return tx.lexical_stats(ctx.tenant, ctx.workspace, terms)
-        related = expanded_terms(profile.expansion, self.core.hasher, query, terms)
+        expansion = profile.expansion
+        related = expanded_terms(expansion, self._hashed_relatives, query, terms)
         stats = tx.lexical_stats(ctx.tenant, ctx.workspace, [*terms, *related])
-        weights = {t: w for t, w in related.items() if t in stats.df}
-        return dataclasses.replace(stats, weights=weights) if weights else stats
+        common = expansion.max_share * stats.docs
+        weights = {t: w for t, w in related.items() if 0 < stats.df.get(t, 0) <= common}
+        if len(weights) == len(related.keys() & stats.df.keys()):
+            return dataclasses.replace(stats, weights=weights) if weights else stats
+        df = {t: n for t, n in stats.df.items() if t not in related or t in weights}
+        return dataclasses.replace(stats, df=df, weights=weights)
 
     @traced("engram.search.rank")
     def _next_rows(self, tx: Tx, ctx: BoundContext, profile: Profile, pin: Pin, *, after: tuple[float, int, str],
@@ -465,22 +475,26 @@ def _related_terms(expansion: Expansion, word: str) -> tuple[str, ...]:
     return tuple(sorted(set(lexical.query_terms(" ".join(sorted(related))))))
 
 
-def expanded_terms(expansion: Expansion, hasher: TermHasher, text: str, terms: list[int]) -> dict[int, float]:
+def expanded_terms(expansion: Expansion, relatives: Callable[[Expansion, str], tuple[tuple[str, int], ...]],
+                   text: str, terms: list[int]) -> dict[int, float]:
     """The hashed terms of the query words' related words (``ranking.Expansion``) that are not
-    terms of the query itself, each with the expansion's weight. Only alphabetic words that are
-    query terms are expanded (not stop or question words, not numbers or identifiers)."""
+    terms of the query itself, each with the expansion's weight; ``relatives`` gives a word's
+    related (term, hashed term) pairs. Only alphabetic words that are query terms are expanded
+    (not stop or question words, not numbers or identifiers)."""
     own = set(terms)
     out: dict[int, float] = {}
     for word, term in lexical.query_words(text):
         if term is None or not word.isalpha():
             continue
-        for related in _related_terms(expansion, word):
-            if related == term:
-                continue
-            hashed = hasher.term(related)
-            if hashed not in own:
+        for related, hashed in relatives(expansion, word):
+            if related != term and hashed not in own:
                 out[hashed] = expansion.weight
     return out
+
+
+def hashed_relatives(hasher: TermHasher) -> Callable[[Expansion, str], tuple[tuple[str, int], ...]]:
+    """``expanded_terms``'s ``relatives`` for ``hasher``, uncached (tools and tests)."""
+    return lambda expansion, word: tuple((t, hasher.term(t)) for t in _related_terms(expansion, word))
 
 
 def embedding_text(profile: Profile, hasher: TermHasher, text: str, stats: LexicalStats) -> str:

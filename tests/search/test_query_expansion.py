@@ -61,6 +61,8 @@ def test_the_query_s_own_word_outweighs_a_related_one(lexical_core: RunningCore)
     ana = Client(lexical_core, workspace="own-word")
     activate(lexical_core, workspace="own-word")
     t = ana.clock.now_ms() - DAY
+    for n in range(3):  # so that "bake" is in fewer than 35 % of the scope's records
+        ana.remember(f"Garden note {n}: water the tomatoes.", t=t - (n + 90) * DAY)
     related = ana.remember("Dinner plan: bake the salmon on Friday.", t=t)
     own = ana.remember("Dinner plan: cook the salmon on Friday.", t=t - 60 * DAY)  # older: only its word can lift it
     assert ana.ids("cook salmon")[:2] == [own, related]
@@ -80,6 +82,18 @@ def test_a_scope_without_the_relatives_ranks_as_version_4(lexical_core: RunningC
     assert [p["record"]["record_id"] for p in v5["records"]] == [p["record"]["record_id"] for p in v4["records"]]
     # The same scores but for recency's drift between the two calls' instants.
     assert [p["score"] for p in v5["records"]] == pytest.approx([p["score"] for p in v4["records"]], abs=1e-6)
+
+
+def test_a_relative_most_of_the_scope_holds_counts_nowhere(lexical_core: RunningCore) -> None:
+    """A related term in more than 35 % of the scope's records says nothing about which answers."""
+    ana = Client(lexical_core, workspace="common-relative")
+    activate(lexical_core, workspace="common-relative")
+    t = ana.clock.now_ms() - DAY
+    baked = [ana.remember(f"Bakery log {n}: we bake rye at dawn.", t=t - n * DAY) for n in range(2)]
+    assert ana.ids("cook") == []  # "bake" is in every record of the scope
+    others = [ana.remember(f"Bakery log {n}: the oven was serviced.", t=t - n * DAY) for n in range(2, 6)]
+    assert set(ana.ids("cook")) == set(baked)  # in 2 of 6 records now: a relative that tells
+    assert not set(ana.ids("cook")) & set(others)
 
 
 def test_later_pages_score_with_the_pinned_weights(lexical_core: RunningCore) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from engram_core.services import lexical, thesaurus
 from engram_core.services.ranking import OFFLINE_LEXICAL_V4, OFFLINE_LEXICAL_V5, Expansion
-from engram_core.services.reading import expanded_terms
+from engram_core.services.reading import expanded_terms, hashed_relatives
 
 _POS = {"n": "noun", "v": "verb", "a": "adj", "r": "adv"}
 
@@ -56,17 +56,18 @@ def test_the_expansion_adds_weighted_terms_the_query_does_not_have() -> None:
     hasher = lexical.TermHasher(b"k" * 32)
     query = "What did Caroline cook?"
     own = hasher.query_terms(query)
-    related = expanded_terms(Expansion(), hasher, query, own)
+    related = expanded_terms(Expansion(), hashed_relatives(hasher), query, own)
     assert hasher.term("made") in related and hasher.term("bake") in related
     assert set(related.values()) == {0.3}
     assert not set(own) & set(related)
     # Names, numbers and question words are not expanded.
-    assert expanded_terms(Expansion(), hasher, "what 2024", hasher.query_terms("what 2024")) == {}
+    assert expanded_terms(Expansion(), hashed_relatives(hasher), "what 2024", hasher.query_terms("what 2024")) == {}
 
 
 def test_the_expansion_is_pinned_in_the_profile_config_digest() -> None:
     config = OFFLINE_LEXICAL_V5.config()["query_expansion"]
     assert config["source"] == thesaurus.SOURCE and config["weight"] == "0.3" and config["senses"] == 3
+    assert config["max_share"] == "0.35"
     assert OFFLINE_LEXICAL_V5.config_digest() != OFFLINE_LEXICAL_V4.config_digest()
     assert "query_expansion" not in OFFLINE_LEXICAL_V4.config()
 

@@ -17,7 +17,7 @@ at query time:
 - for the semantic profile (``--fusion``): the query's embedding without the scope's most common
   words (``vdrop``, semantic_v5);
 - (version 6: offline_lexical_v5, semantic_v6) each query word's WordNet relatives as terms of a
-  lower weight (``exp_weight``, ``exp_senses``, ``exp_relations``; services/thesaurus.py, the
+  lower weight (``exp_weight``, ``exp_senses``, ``exp_relations``, ``exp_max_share``; services/thesaurus.py, the
   core's own rule: ``reading.expanded_terms``).
 
 The conversations are loaded as either harness mode captures them (``--mode``): ``session``
@@ -132,6 +132,7 @@ class Config:
     exp_weight: float = 0.0
     exp_senses: int = 3
     exp_relations: tuple[str, ...] = ("hyponyms", "hypernyms")
+    exp_max_share: float = 0.35  # a relative in more of the scope's records is left out
 
 
 def load(which: str, mode: str = "session") -> tuple[dict[str, Scope], list[dict[str, Any]], int]:
@@ -266,7 +267,7 @@ def query_weights(scope: Scope, q: dict[str, Any], cfg: Config) -> dict[str, flo
             if term is None or not word.isalpha():
                 continue
             for v in set(lexical.query_terms(" ".join(sorted(th.related(word))))):
-                if v != term and v in scope.df and v not in w:
+                if v != term and 0 < scope.df.get(v, 0) <= cfg.exp_max_share * len(scope.docs) and v not in w:
                     w[v] = cfg.exp_weight
     if cfg.typo_weight:
         for tok in q["tokens"]:
