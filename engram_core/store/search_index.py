@@ -558,6 +558,13 @@ class _Postings:
         i = int(np.searchsorted(self.terms, term))
         return int(self.df[i]) if i < len(self.terms) and self.terms[i] == term else 0
 
+    def dfs_of(self, terms: np.ndarray) -> np.ndarray:
+        """``df_of`` of each of ``terms`` in one search (a query with related words has ~100)."""
+        if len(self.terms) == 0:
+            return np.zeros(len(terms), dtype=np.int64)
+        at = np.minimum(np.searchsorted(self.terms, terms), len(self.terms) - 1)
+        return np.where(self.terms[at] == terms, self.df[at], 0)
+
 
 class _Scope:
     def __init__(self) -> None:
@@ -626,6 +633,12 @@ class _Scope:
 
     def df(self, term: int) -> int:
         return self.base.df_of(term) + self.df_delta.get(term, 0)
+
+    def dfs(self, terms: list[int]) -> list[int]:
+        """``df`` of each of ``terms``."""
+        base = self.base.dfs_of(np.array(terms, dtype=np.int64)).tolist()
+        delta = self.df_delta
+        return [n + delta.get(t, 0) for t, n in zip(terms, base, strict=True)] if delta else base
 
     def add(self, meta: RecordMeta, postings: Sequence[Posting]) -> None:
         if meta.record_id in self.local:
@@ -998,7 +1011,8 @@ class SearchIndex:
             return LexicalStats(docs=0, avg_len={}, df={})
         avg = {FIELDS[c]: scope.field_len[c] / max(scope.field_docs[c], 1)
                for c in range(len(FIELDS)) if scope.field_docs[c] > 0}
-        df = {t: n for t in sorted(set(terms)) if (n := scope.df(t)) > 0}
+        unique = sorted(set(terms))
+        df = {t: n for t, n in zip(unique, scope.dfs(unique), strict=True) if n > 0}
         return LexicalStats(docs=scope.docs, avg_len=avg, df=df)
 
     def rank(

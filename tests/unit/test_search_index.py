@@ -4,6 +4,7 @@ state changes and paging."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from typing import TYPE_CHECKING
@@ -72,7 +73,10 @@ def _corpus(rnd: random.Random, n: int) -> list[tuple[RecordMeta, list[Posting]]
 
 
 def _reference(records: dict[str, tuple[RecordMeta, list[Posting]]], query: list[int], max_cursor: int,
-               neighbours: tuple[int, float, int, int] | None = None) -> tuple[int, list[tuple[str, float, int]], float]:
+               neighbours: tuple[int, float, int, int] | None = None,
+               qweights: dict[int, float] | None = None) -> tuple[int, list[tuple[str, float, int]], float]:
+    """Ranking computed directly; ``qweights``: query terms weighing other than 1 (related words)."""
+    qweights = qweights or {}
     docs = len(records)
     df = {t: sum(1 for _, ps in records.values() if any(p.term == t for p in ps)) for t in set(query)}
     fields: dict[str, list[int]] = {}
@@ -89,7 +93,8 @@ def _reference(records: dict[str, tuple[RecordMeta, list[Posting]]], query: list
         for p in ps:
             if p.term in df and df[p.term] > 0:
                 idf = math.log(1 + (docs - df[p.term] + 0.5) / (df[p.term] + 0.5))
-                bm25 += WEIGHTS[p.field] * idf * p.tf * (K1 + 1) / (p.tf + K1 * (1 - B + B * p.field_len / avg[p.field]))
+                bm25 += qweights.get(p.term, 1.0) * WEIGHTS[p.field] * idf * p.tf * (K1 + 1) / (
+                    p.tf + K1 * (1 - B + B * p.field_len / avg[p.field]))
         if ok:
             scored[rid] = (bm25, meta.valid_t)
     if neighbours is not None:
@@ -116,8 +121,10 @@ def _reference(records: dict[str, tuple[RecordMeta, list[Posting]]], query: list
 
 
 def _rank(index: SearchIndex, query: list[int], max_cursor: int, *, after=None, best=None, limit=1000,
-          neighbours=None):
+          neighbours=None, qweights=None):
     stats = index.stats("t", "w", query)
+    if qweights:
+        stats = dataclasses.replace(stats, weights={t: w for t, w in qweights.items() if t in stats.df})
     return index.rank("t", "w", stats, WEIGHTS, k1=K1, b=B, now_ms=NOW, half_life_ms=HALF_LIFE, lexical_weight=LW,
                       max_accepted_cursor=max_cursor, best_bm25=best, after=after, limit=limit, neighbours=neighbours)
 
@@ -149,9 +156,11 @@ def test_fewer_live_documents_than_the_span_lend_each_other(lend_path: str | Non
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32), st.integers(1, 80), st.lists(st.integers(0, 14), min_size=1, max_size=4),
-       st.sampled_from([4, 1_000_000]), NEIGHBOURS, LEND_PATHS)
+       st.sampled_from([4, 1_000_000]), NEIGHBOURS, LEND_PATHS,
+       st.sampled_from([{}, {t: 0.3 for t in range(0, 15, 2)}, {t: 0.25 for t in range(1, 15, 3)}]))
 def test_rank_matches_direct_bm25f(seed: int, n: int, query: list[int], merge_at: int,
-                                   neighbours: tuple[int, float, int, int] | None, lend_path: str | None) -> None:
+                                   neighbours: tuple[int, float, int, int] | None, lend_path: str | None,
+                                   qweights: dict[int, float]) -> None:
     rnd = random.Random(seed)
     saved = search_index.MERGE_AT, search_index.LEND_PATH
     search_index.MERGE_AT = merge_at  # small: most records pass through a merge
@@ -170,9 +179,14 @@ def test_rank_matches_direct_bm25f(seed: int, n: int, query: list[int], merge_at
             meta.current, meta.state_cursor = not meta.current, meta.state_cursor + 1
             index.apply([RecordStateChanged(rid, meta.current, meta.state_cursor)])
         max_cursor = n + 25
-        total, rows, best = _reference(records, query, max_cursor, neighbours)
-        own = _reference(records, query, max_cursor)[2]  # the best record's own BM25, nothing lent
-        _check_ranking(index, query, max_cursor, neighbours, total, rows, best, own)
+        total, rows, best = _reference(records, query, max_cursor, neighbours, qweights)
+        own = _reference(records, query, max_cursor, qweights=qweights)[2]  # the best record's own BM25, nothing lent
+        _check_ranking(index, query, max_cursor, neighbours, total, rows, best, own, qweights)
+        # Statistics looked up together are each term's own (query terms absent, below and above).
+        unique = sorted({*query, -5, 99})
+        assert index.stats("t", "w", unique).df == {t: n for t in unique
+                                                    if (n := sum(any(p.term == t for p in ps)
+                                                                 for _, ps in records.values()))}
     finally:
         search_index.MERGE_AT, search_index.LEND_PATH = saved
 
@@ -269,8 +283,8 @@ def test_first_page_bound_is_strict_a_hit_below_the_floor_may_tie_and_win_on_val
 
 
 def _check_ranking(index: SearchIndex, query: list[int], max_cursor: int, neighbours, total, rows, best,
-                   own: float) -> None:
-    page = _rank(index, query, max_cursor, neighbours=neighbours)
+                   own: float, qweights: dict[int, float] | None = None) -> None:
+    page = _rank(index, query, max_cursor, neighbours=neighbours, qweights=qweights)
     assert page.total == total
     assert [r[0] for r in page.rows] == [r[0] for r in rows]
     # Small first pages, scored from the best raw BM25s first wherever the hits outnumber the page.
@@ -278,7 +292,7 @@ def _check_ranking(index: SearchIndex, query: list[int], max_cursor: int, neighb
     search_index.PRUNE_FROM = 1
     try:
         for limit in (1, 2, 3, 5):
-            first = _rank(index, query, max_cursor, limit=limit, neighbours=neighbours)
+            first = _rank(index, query, max_cursor, limit=limit, neighbours=neighbours, qweights=qweights)
             assert first.total == total
             assert first.rows == page.rows[:limit]
     finally:
@@ -291,7 +305,8 @@ def _check_ranking(index: SearchIndex, query: list[int], max_cursor: int, neighb
         # Paging: pages of 3 continue exactly after the last row, with the pinned best score.
         seen, after = [], None
         while True:
-            nxt = _rank(index, query, max_cursor, after=after, best=page.best_bm25, limit=3, neighbours=neighbours)
+            nxt = _rank(index, query, max_cursor, after=after, best=page.best_bm25, limit=3, neighbours=neighbours,
+                        qweights=qweights)
             if not nxt.rows:
                 break
             seen += [r[0] for r in nxt.rows]
