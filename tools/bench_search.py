@@ -159,6 +159,9 @@ def main() -> int:
     ap.add_argument("--session-size", type=int, default=0, help="capture live, in sessions of this many records")
     ap.add_argument("--data", type=Path, help="reuse this data dir (loaded once)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--tree", type=Path,
+                    help="serve another checkout's core (its stubs built) on --data: a before/after in one run "
+                         "with this client; the store is loaded by this checkout")
     args = ap.parse_args()
     data = args.data or Path(tempfile.mkdtemp(prefix="engram-bench-")) / "data"
     fresh = not (data / "engram.duckdb").exists()
@@ -172,13 +175,14 @@ def main() -> int:
         running.stop()
     # Measured against `engram serve` in its own process, as deployed: an in-process server
     # would share the client's GIL and inflate every figure.
-    served = Served(data, semantic)
+    served = Served(data, semantic, tree=args.tree)
     try:
         agent = Agent(served, TENANT, WORKSPACE)  # type: ignore[arg-type]
         report: dict[str, Any] = {
             "records": args.records, "load_seconds": round(load_s, 1), "cpus": os.cpu_count(),
             "machine": platform.machine(), "python": platform.python_version(), "rounds": args.rounds,
-            "queries": len(QUERIES), "session_size": args.session_size, "loadavg_before": os.getloadavg()}
+            "queries": len(QUERIES), "session_size": args.session_size, "tree": str(args.tree or "this checkout"),
+            "loadavg_before": os.getloadavg()}
         for channel in (False, True) if semantic else (False,):
             profile, figures = measure(agent, semantic=channel, rounds=args.rounds)
             report[profile] = figures
