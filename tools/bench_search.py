@@ -44,16 +44,8 @@ from engram_core.crypto.sealing import seal  # noqa: E402
 from engram_core.services.core import record_id_of  # noqa: E402
 from engram_core.services.lexical import record_fields  # noqa: E402
 from engram_core.store.port import RecordRow  # noqa: E402
+from tools.bench.search_queries import QUERIES, TENANT, WORKSPACE  # noqa: E402
 from tools.bench.serving import Served  # noqa: E402
-
-TENANT, WORKSPACE = "bench", "main"
-QUERIES = [
-    "which database does the ledger service use", "deploy canary rollout", "memory leak cache fix",
-    "timeouts connection pool", "who owns the migration to kubernetes", "authentication tokens gateway",
-    "on-call runbook latency alert", "branch naming convention", "kafka events", "contract tests before review",
-    "why was the sync engine hanging", "warehouse loader backfill", "push gateway certificates",
-    "feature store retention", "secrets vault rotation policy", "dns failover",
-]
 
 
 def texts(n_distinct: int, rng: random.Random) -> list[str]:

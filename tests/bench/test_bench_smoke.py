@@ -118,3 +118,24 @@ def test_after_write_measures_both_kinds_of_search_for_both_trees(tmp_path: Path
                                                       ("this checkout", 1), ("baseline", 1)]
     for r in runs:
         assert r["searches"] == 3 and r["after_a_write_p50_ms"] > 0 and r["nothing_new_p50_ms"] > 0
+
+
+def test_search_inprocess_alternates_two_checkouts_each_in_its_own_process(tmp_path: Path) -> None:
+    """tools.bench.search_inprocess at 60 records, with this checkout as the other tree: every
+    run names the code it measured and the profile its receipts named."""
+    from tools.bench.after_write import load_store
+    from tools.bench.mcp_hop import REPO
+    from tools.bench.search_inprocess import main as inprocess_main
+
+    data = tmp_path / "data"
+    load_store(data, 60)
+    out = tmp_path / "inprocess.json"
+    assert inprocess_main(["--data", str(data), "--tree", str(REPO), "--runs", "2", "--rounds", "2",
+                           "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["runs"]) == {"tree", "this"}
+    for runs in report["runs"].values():
+        assert len(runs) == 2
+        for r in runs:
+            assert r["code"] == str(REPO) and r["profile"].startswith("offline_lexical_v")
+            assert r["searches"] == 32 and 0 < r["p50_ms"] <= r["p90_ms"]

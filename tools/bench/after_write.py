@@ -32,10 +32,11 @@ from tools.bench.serving import Served
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: bench_search's loader and queries
 from bench_search import QUERIES, bulk_load  # noqa: E402
 
-TENANT, WORKSPACE = "bench", "main"
+from tools.bench.search_queries import TENANT, WORKSPACE  # noqa: E402
 
 
-def _load(data: Path, records: int) -> None:
+def load_store(data: Path, records: int) -> None:
+    """``records`` accepted records in the bench scope of a new data directory, semantic channel off."""
     from agent import Agent
 
     from engram_core.app.composition import start_core
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path)
     a = p.parse_args(argv)
     if not (a.data / "engram.duckdb").exists():
-        _load(a.data, a.records)
+        load_store(a.data, a.records)
     trees: list[tuple[str, Path | None]] = [("this checkout", None)]
     if a.baseline:
         trees.insert(0, ("baseline", a.baseline))
