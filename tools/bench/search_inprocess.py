@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -33,6 +34,7 @@ def worker(data: Path, *, rounds: int, semantic: bool) -> dict[str, Any]:
     # checkout PYTHONPATH names, which may predate these tools.
     from corpus import PURPOSE  # type: ignore[import-not-found]
     from search_queries import QUERIES, TENANT, WORKSPACE  # type: ignore[import-not-found]
+    from stats import percentile  # type: ignore[import-not-found]
 
     import engram_core
     from engram_core.api import memory_pb2
@@ -73,7 +75,7 @@ def worker(data: Path, *, rounds: int, semantic: bool) -> dict[str, Any]:
         core.close()
     lat.sort()
     return {"code": str(Path(engram_core.__file__).resolve().parents[1]), "profile": profile,
-            "p50_ms": round(lat[len(lat) // 2], 3), "p90_ms": round(lat[int(len(lat) * 0.9)], 3),
+            "p50_ms": round(percentile(lat, 50), 3), "p90_ms": round(percentile(lat, 90), 3),
             "mean_ms": round(sum(lat) / len(lat), 3), "searches": len(lat), "loadavg": os.getloadavg()[0]}
 
 
@@ -110,9 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run {i + 1} {name:4} {figures['profile']:20} p50 {figures['p50_ms']:6.3f} ms "
                   f"mean {figures['mean_ms']:6.3f} ms (load {figures['loadavg']:.2f})", flush=True)
     for name, runs in report["runs"].items():
-        p50s = sorted(r["p50_ms"] for r in runs)
-        report[f"{name}_median_p50_ms"] = p50s[len(p50s) // 2]
-        print(f"{name}: median p50 {p50s[len(p50s) // 2]:.3f} ms over {len(p50s)} runs")
+        report[f"{name}_median_p50_ms"] = median = round(statistics.median(r["p50_ms"] for r in runs), 3)
+        print(f"{name}: median p50 {median:.3f} ms over {len(runs)} runs")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0
