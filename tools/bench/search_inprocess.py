@@ -102,8 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(worker(args.data, rounds=args.rounds, semantic=args.semantic)))
         return 0
+    from tools.bench.search_queries import QUERIES
+
     trees = {"tree": args.tree.resolve(), "this": REPO} if args.tree else {"this": REPO}
-    report: dict[str, Any] = {"data": str(args.data), "rounds": args.rounds, "queries": 16, "cpus": os.cpu_count(),
+    report: dict[str, Any] = {"data": str(args.data), "rounds": args.rounds, "queries": len(QUERIES),
+                              "cpus": os.cpu_count(),
                               "semantic": args.semantic, "runs": {name: [] for name in trees}}
     for i in range(args.runs):
         for name, tree in trees.items():
