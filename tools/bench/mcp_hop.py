@@ -107,6 +107,9 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
 
             wall.update({f"{p}:admission": [] for p in paths} if a.writes else {})
             made = [0]
+            # Keys and texts of this run alone: a reused --data holds an earlier run's captures,
+            # and the same key (or content) again would measure replays, not writes.
+            salt = f"hop{time.time_ns():x}"
 
             async def call(path: str, op: str, args: dict[str, Any]) -> dict[str, Any]:
                 if path in agents:
@@ -117,10 +120,14 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
                 t0, c0 = time.perf_counter(), time.process_time()
                 if a.writes:  # a capture, then the admission of its candidate: two timings
                     made[0] += 1
-                    cap = await call(path, "capture", corpus.capture_args("hop", made[0]))
+                    cap = await call(path, "capture", corpus.capture_args(salt, made[0]))
+                    if cap.get("status") != "committed_pending":
+                        raise SystemExit(f"capture {made[0]}: {cap.get('status')}, not a new candidate")
                     t1 = time.perf_counter()
-                    await call(path, "request_admission", {"candidate_id": cap["candidate_id"],
-                                                           "idempotency_key": f"hop-admission-{made[0]:010d}"})
+                    adm = await call(path, "request_admission", {"candidate_id": cap["candidate_id"],
+                                                                 "idempotency_key": f"{salt}-admission-{made[0]:010d}"})
+                    if adm.get("replayed"):
+                        raise SystemExit(f"admission {made[0]} was a replay: the keys are not this run's")
                     if record:
                         wall[path].append(t1 - t0)
                         wall[f"{path}:admission"].append(time.perf_counter() - t1)
