@@ -182,7 +182,9 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
     specs (engram_core/store/audit_device.py); ``store_url`` selects another engine than the
     data directory's DuckDB file (``engines.StoreConfig``); ``load_index`` False leaves the
     search index to the server, which builds it after it listens."""
-    config = StoreConfig.from_options(data_dir, store_url, index_max_records=index_max_records)
+    embedder = build_embedder(semantic)
+    config = StoreConfig.from_options(data_dir, store_url, index_max_records=index_max_records,
+                                      vector_search=embedder is not None)
     make_private(data_dir)  # keys and the store: owner only, also in a directory that already existed
     devices = _open_audit_devices(data_dir, audit_devices or [])
     keys = _local_keys(data_dir, extra_trusted_pems or [])
@@ -190,7 +192,7 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
     store = open_store(config, vault=vault, load_index=load_index, audit_devices=devices)
     _trust_stored_keys(store, keys.trusted, keys.host_public)
     core = Core(data_dir=data_dir, store=store, vault=vault, policy=policy or build_policy(policies_dir, opa_url),
-                trusted=keys.trusted, clock=clock, embedder=build_embedder(semantic), key_schedule=key_schedule,
+                trusted=keys.trusted, clock=clock, embedder=embedder, key_schedule=key_schedule,
                 open_key_dir=open_key_source)
     try:
         CoreSigners.load(data_dir)  # the backup and anchor keys exist before their fingerprints are checked

@@ -36,26 +36,30 @@ class StoreConfig:
     # A store other cores share loads each scope's search index on first use; at most this many
     # records indexed across the loaded scopes, least recently used evicted (0: no budget).
     index_max_records: int = 0
+    # Whether the core serves the semantic channel. Without it no search reads the vectors, and
+    # their int8 sketch is not built at open (0.5 s per 100k vectors; a search would build it).
+    vector_search: bool = True
 
     @classmethod
-    def from_options(cls, data_dir: Path, store_url: str | None = None, *, index_max_records: int = 0) -> StoreConfig:
+    def from_options(cls, data_dir: Path, store_url: str | None = None, *, index_max_records: int = 0,
+                     vector_search: bool = True) -> StoreConfig:
         """The configuration ``--data DIR`` or ``--store URL --key-dir DIR`` describes (``data_dir``:
         the data directory, or the key directory of a store kept elsewhere). ValueError when the
         URL names no engine this build has (the message names the ones it has), or when it is a
         PostgreSQL connection string carrying a password (``store_conninfo``)."""
         if store_url is None:
-            return cls(data_dir=data_dir)
+            return cls(data_dir=data_dir, vector_search=vector_search)
         if "://" not in store_url:  # a libpq key=value string or a service name: PostgreSQL's
             return cls(data_dir=data_dir, engine=POSTGRESQL, url=store_conninfo(store_url),
-                       index_max_records=index_max_records)
+                       index_max_records=index_max_records, vector_search=vector_search)
         engine = urlsplit(store_url).scheme
         if engine in POSTGRESQL_SCHEMES:
             return cls(data_dir=data_dir, engine=POSTGRESQL, url=store_conninfo(store_url),
-                       index_max_records=index_max_records)
+                       index_max_records=index_max_records, vector_search=vector_search)
         if engine not in ENGINES:
             raise ValueError(f"no store engine for {engine or store_url!r} in this build "
                              f"(engines: {', '.join(sorted(ENGINES))})")
-        return cls(data_dir=data_dir, engine=engine, url=store_url)
+        return cls(data_dir=data_dir, engine=engine, url=store_url, vector_search=vector_search)
 
 
 # Opens the engine's store: (config, key vault, build the search index now, audit devices) -> Store.
@@ -68,7 +72,7 @@ def _open_duckdb(config: StoreConfig, vault: KeyVault, load_index: bool, audit_d
 
     # Search projections are sealed under record keys: the kernel and the engine's migration 6 need the vault.
     store = StoreKernel(DuckDBEngine(config.data_dir, keys=vault), vault, spool_dir=config.data_dir,
-                        load_index=load_index)
+                        load_index=load_index, sketch_vectors=config.vector_search)
     if audit_devices is not None:
         store.attach_audit_devices(audit_devices)
     return store
@@ -109,7 +113,7 @@ def _open_postgresql(config: StoreConfig, vault: KeyVault, load_index: bool, aud
         # No audit spool: a read's row goes to the database at once (every core's rows in one place).
         # Each scope's index is loaded on its first read (every read checks the scope's head anyway).
         store = StoreKernel(engine, vault, spool_dir=None, load_index=load_index, lazy_scopes=True,
-                            index_max_records=config.index_max_records)
+                            index_max_records=config.index_max_records, sketch_vectors=config.vector_search)
     except BaseException:
         engine.close()
         raise

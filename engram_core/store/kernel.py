@@ -74,7 +74,7 @@ class StoreKernel:
 
     def __init__(self, engine: Engine, keys: KeyVault | None, *, spool_dir: Path | None = None,
                  load_index: bool = True, recover: bool = True, lazy_scopes: bool = False,
-                 index_max_records: int = 0) -> None:
+                 index_max_records: int = 0, sketch_vectors: bool = True) -> None:
         """``keys``: the key vault (projections are sealed under record keys; a kernel opened
         without one, for offline tools, has no search index). ``spool_dir``: where standalone
         audit rows are spooled (None: the engine writes each at once). ``load_index=False``
@@ -83,7 +83,9 @@ class StoreKernel:
         that read what a crash left). ``lazy_scopes``, for an engine other cores share (a read
         reads the scope's head from the database anyway): a scope's index is loaded on its first
         read, not at open, and the least recently used scopes are evicted once the loaded ones
-        hold more than ``index_max_records`` records (0: never; ``index_residency.py``)."""
+        hold more than ``index_max_records`` records (0: never; ``index_residency.py``).
+        ``sketch_vectors`` False: a core that serves no semantic search does not build the
+        vectors' int8 sketch when it loads a scope (``IndexBuilder``)."""
         self.engine = engine
         self._keys = keys
         engine.set_hooks(self)
@@ -116,6 +118,7 @@ class StoreKernel:
         self.on_scope_load: Callable[[float, int], None] | None = None
         self.on_scope_evict: Callable[[int], None] | None = None
         self.on_scope_refresh: Callable[[str, str], None] | None = None  # Store.on_scope_refresh
+        self._sketch_vectors = sketch_vectors
         self._stale = True
         self._open = True
         if recover and self._spool is not None and self._spool.pending:
@@ -392,7 +395,7 @@ class StoreKernel:
         publish lock: other scopes' reads go on), then evict what the budget no longer holds."""
         key = (tenant, workspace)
         started = time.perf_counter()
-        builder = IndexBuilder()
+        builder = IndexBuilder(sketch_vectors=self._sketch_vectors)
         with self.engine.read(snapshot=True) as etx:
             row = etx.scope(tenant, workspace)
             head = row.last_cursor if row is not None else 0
@@ -533,7 +536,7 @@ class StoreKernel:
 
     def _reload(self) -> None:
         started = time.perf_counter()
-        builder = IndexBuilder()
+        builder = IndexBuilder(sketch_vectors=self._sketch_vectors)
         with self.engine.index_scan() as scan:
             if self._keys is not None and self._residency is None:
                 for values in scan.indexed_rows():

@@ -797,7 +797,7 @@ class _Loading:
             found[0][doc] = vector
             found[1][doc] = True
 
-    def finish(self) -> _Scope:
+    def finish(self, *, sketch: bool = True) -> _Scope:
         scope = self.scope
         counts = np.frombuffer(self.counts, dtype=np.uint32).astype(np.int64)
         if counts.sum():
@@ -821,8 +821,8 @@ class _Loading:
             scope.base = _Postings.build_owned(arrays)
         for model in sorted(self.vectors):
             scope.vectors[model] = self.vectors[model]
-            # At open rather than in the first search that needs it (0.5 s at 100k records).
-            scope.sketch(model, len(self.vectors[model][0]))
+            if sketch:  # at open rather than in the first search that needs it (0.5 s at 100k records)
+                scope.sketch(model, len(self.vectors[model][0]))
         return scope
 
 
@@ -837,10 +837,12 @@ class IndexBuilder:
     join, sort or hold a million projections and rows at once: ``add_row`` for every record
     that has a projection, in document order (a scope's local document numbers follow it), then
     ``add_projection`` with each one's opened bytes, in any order. A row whose projection never
-    came (its key is gone) is not indexed."""
+    came (its key is gone) is not indexed. ``sketch_vectors`` False: the vectors' int8 sketch
+    is left to the first search that reads it (a core that serves no semantic search)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, sketch_vectors: bool = True) -> None:
         self.index = SearchIndex()
+        self._sketch_vectors = sketch_vectors
         self._loading: dict[tuple[str, str], _Loading] = {}
         # Repeated row values (scope, state, principal, ...) share one string object.
         self._interned: dict[str, str] = {}
@@ -899,7 +901,7 @@ class IndexBuilder:
                 del scope.local[record_id]
                 del index._scope_of[record_id]
             scope.docs = len(scope.local)
-            index._scopes[key] = part.finish()
+            index._scopes[key] = part.finish(sketch=self._sketch_vectors)
         self._loading = {}
         return index
 
