@@ -75,13 +75,14 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
     rnd = random.Random(7)
     baseline = Path(a.baseline).resolve() if a.baseline else None
     trees = {} if a.grpc_only else {"mcp": REPO} | ({"mcp_baseline": baseline} if baseline else {})
-    served = Served(data, semantic=True)  # as tools.bench serves it
+    semantic = a.semantic == "on"  # on: as tools.bench serves it (an admission embeds its record)
+    served = Served(data, semantic=semantic)
     cores = {"mcp": served, "grpc": served}
     if baseline is not None and a.baseline_core:
         copy = data.parent / f"{data.name}-baseline"
         shutil.rmtree(copy, ignore_errors=True)
         shutil.copytree(data, copy)
-        cores["mcp_baseline"] = cores["grpc_baseline"] = Served(copy, semantic=True, tree=baseline)
+        cores["mcp_baseline"] = cores["grpc_baseline"] = Served(copy, semantic=semantic, tree=baseline)
     else:
         cores["mcp_baseline"] = served
     load_before = machine.loadavg()
@@ -159,7 +160,7 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
     finally:
         for core in {id(c): c for c in cores.values()}.values():
             core.stop()
-    out: dict[str, Any] = {"records": a.records, "rounds": a.rounds, "calls": "capture, admission" if a.writes else "search",
+    out: dict[str, Any] = {"records": a.records, "rounds": a.rounds, "semantic": a.semantic, "calls": "capture, admission" if a.writes else "search",
                            "loadavg_before": load_before,
                            "loadavg_after": machine.loadavg(), "paths": {}}
     for path, xs in wall.items():
@@ -207,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grpc-only", action="store_true", help="no MCP paths: the gRPC path(s) alone")
     p.add_argument("--writes", action="store_true",
                    help="rounds of a capture and its admission per path instead of a search")
+    p.add_argument("--semantic", choices=("on", "off"), default="on",
+                   help="whether the cores serve the semantic channel (on: admissions embed their records)")
     p.add_argument("--out", default=None, help="write the result as JSON here too")
     a = p.parse_args(argv)
     corpus = Corpus()
