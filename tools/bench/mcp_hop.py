@@ -14,7 +14,9 @@ shared, loaded machine slows every path alike. ``--baseline`` adds a second adap
 another checkout of this repository (its generated stubs included), for a before/after in the
 same run. With ``--baseline-core`` the baseline's own ``engram serve`` serves a copy of the same
 data directory, and the baseline paths (``grpc_baseline``, ``mcp_baseline``) go to it: the
-before/after of a change to the core and the adapter together. ``--grpc-only`` leaves the MCP
+before/after of a change to the core and the adapter together (a new --data directory is then
+loaded by the baseline's own loader, and copied before this checkout's core migrates it, so an
+older checkout can serve it too). ``--grpc-only`` leaves the MCP
 paths out. Prints p50/p90/mean per path, the MCP paths' p50 minus gRPC's, the load average, and
 CPU per call: the client's (this process), each adapter's and each core's (from /proc).
 """
@@ -29,6 +31,7 @@ import os
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -58,6 +61,15 @@ def load(data: Path, records: int, corpus: Corpus) -> None:
         core.close()
 
 
+def load_with(tree: Path, data: Path, records: int) -> None:
+    """Load ``data`` with another checkout's own loader, so that its core (older) and this
+    checkout's (which migrates its copy forward) can both serve it."""
+    code = ("import sys; from pathlib import Path; from tools.bench.corpus import Corpus; "
+            "from tools.bench.mcp_hop import load; load(Path(sys.argv[1]), int(sys.argv[2]), Corpus())")
+    subprocess.run([sys.executable, "-c", code, str(data), str(records)], cwd=tree, check=True,
+                   env={**os.environ, "PYTHONPATH": str(tree)})
+
+
 def _ms(xs: list[float], q: float) -> float:
     ordered = sorted(xs)
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 2)
@@ -76,12 +88,16 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
     baseline = Path(a.baseline).resolve() if a.baseline else None
     trees = {} if a.grpc_only else {"mcp": REPO} | ({"mcp_baseline": baseline} if baseline else {})
     semantic = a.semantic == "on"  # on: as tools.bench serves it (an admission embeds its record)
-    served = Served(data, semantic=semantic)
-    cores = {"mcp": served, "grpc": served}
+    copy = None
     if baseline is not None and a.baseline_core:
+        # Copied before this checkout's core opens the data: its migrations move the store
+        # forward, and an older core refuses a store newer than itself.
         copy = data.parent / f"{data.name}-baseline"
         shutil.rmtree(copy, ignore_errors=True)
         shutil.copytree(data, copy)
+    served = Served(data, semantic=semantic)
+    cores = {"mcp": served, "grpc": served}
+    if copy is not None:
         cores["mcp_baseline"] = cores["grpc_baseline"] = Served(copy, semantic=semantic, tree=baseline)
     else:
         cores["mcp_baseline"] = served
@@ -216,7 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="engram-hop-") as tmp:
         data = Path(a.data) if a.data else Path(tmp) / "data"
         if not data.exists():
-            load(data, a.records, corpus)
+            if a.baseline and a.baseline_core:
+                load_with(Path(a.baseline).resolve(), data, a.records)
+            else:
+                load(data, a.records, corpus)
         result = asyncio.run(measure(a, data, corpus))
     text = json.dumps(result, indent=1)
     print(text)
