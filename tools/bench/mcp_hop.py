@@ -15,8 +15,8 @@ another checkout of this repository (its generated stubs included), for a before
 same run. With ``--baseline-core`` the baseline's own ``engram serve`` serves a copy of the same
 data directory, and the baseline paths (``grpc_baseline``, ``mcp_baseline``) go to it: the
 before/after of a change to the core and the adapter together (a new --data directory is then
-loaded by the baseline's own loader, and copied before this checkout's core migrates it, so an
-older checkout can serve it too). ``--grpc-only`` leaves the MCP
+loaded by the baseline's own loader and kept as loaded beside it, ``DIR-as-loaded``, whose copy
+the baseline serves in every run: a core refuses a store its migrations have not reached). ``--grpc-only`` leaves the MCP
 paths out. Prints p50/p90/mean per path, the MCP paths' p50 minus gRPC's, the load average, and
 CPU per call: the client's (this process), each adapter's and each core's (from /proc).
 """
@@ -61,6 +61,11 @@ def load(data: Path, records: int, corpus: Corpus) -> None:
         core.close()
 
 
+def as_loaded(data: Path) -> Path:
+    """Where a data directory loaded by a baseline is kept as loaded (``load_with``)."""
+    return data.parent / f"{data.name}-as-loaded"
+
+
 def load_with(tree: Path, data: Path, records: int) -> None:
     """Load ``data`` with another checkout's own loader, so that its core (older) and this
     checkout's (which migrates its copy forward) can both serve it."""
@@ -90,11 +95,13 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
     semantic = a.semantic == "on"  # on: as tools.bench serves it (an admission embeds its record)
     copy = None
     if baseline is not None and a.baseline_core:
-        # Copied before this checkout's core opens the data: its migrations move the store
-        # forward, and an older core refuses a store newer than itself.
+        # The baseline serves a fresh copy of the data as loaded (``as_loaded``), never one this
+        # checkout's core has opened: its migrations move a store forward, and an older core
+        # refuses a store newer than itself.
         copy = data.parent / f"{data.name}-baseline"
         shutil.rmtree(copy, ignore_errors=True)
-        shutil.copytree(data, copy)
+        pristine = as_loaded(data)
+        shutil.copytree(pristine if pristine.exists() else data, copy)
     served = Served(data, semantic=semantic)
     cores = {"mcp": served, "grpc": served}
     if copy is not None:
@@ -233,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         data = Path(a.data) if a.data else Path(tmp) / "data"
         if not data.exists():
             if a.baseline and a.baseline_core:
-                load_with(Path(a.baseline).resolve(), data, a.records)
+                load_with(Path(a.baseline).resolve(), as_loaded(data), a.records)
+                shutil.copytree(as_loaded(data), data)
             else:
                 load(data, a.records, corpus)
         result = asyncio.run(measure(a, data, corpus))
