@@ -22,6 +22,8 @@ import argparse
 import itertools
 import json
 import multiprocessing
+import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -245,14 +247,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=10.0, help="seconds of pairs per client count")
     p.add_argument("--search-writers", type=int, default=4,
                    help="then one client searching while this many write pairs (0: skip)")
+    p.add_argument("--tree", default=None,
+                   help="another checkout of this repository (its stubs generated): its loader fills the "
+                        "store and its core serves it, for a before/after of two checkouts")
     p.add_argument("--out", default=None, help="write the JSON summary here")
     a = p.parse_args(argv)
-    summary: dict[str, Any] = {"machine": facts(), "command": " ".join(sys.argv), "size": a.size, "points": []}
+    tree = Path(a.tree).resolve() if a.tree else None
+    summary: dict[str, Any] = {"machine": facts(), "command": " ".join(sys.argv), "size": a.size,
+                               "tree": str(tree) if tree else None, "points": []}
     with tempfile.TemporaryDirectory(prefix="engram-bench-writes-") as tmp:
         data = Path(tmp) / "data"
         print(f"[writes] loading {a.size:,} records", file=sys.stderr)
-        _load(data, a.size)
-        server = Served(data, semantic=True, metrics=True)
+        if tree is None:
+            _load(data, a.size)
+        else:  # the other checkout's own loader: its core refuses a store newer than itself
+            code = ("import sys; from pathlib import Path; from tools.bench.writes import _load; "
+                    "_load(Path(sys.argv[1]), int(sys.argv[2]))")
+            subprocess.run([sys.executable, "-c", code, str(data), str(a.size)], cwd=tree, check=True,
+                           env={**os.environ, "PYTHONPATH": str(tree)})
+        server = Served(data, semantic=True, metrics=True, tree=tree)
         try:
             activate(server.address, data / "host.key", TENANT, WORKSPACE)
             corpus = Corpus(seed=41)

@@ -359,6 +359,8 @@ class DuckDBEngineTx(RecordLinks, TrustClasses):
              json.dumps(row.decision, sort_keys=True) if row.decision else None, row.key_slot],
             cols=f" ({_CANDIDATE_COLS})",
         )
+        if row.facts:
+            self._store.facts_in_clear.add(row.candidate_id)
         if self._member is not None:
             self._member.pending.candidates[row.candidate_id] = row
 
@@ -398,7 +400,10 @@ class DuckDBEngineTx(RecordLinks, TrustClasses):
         self._write(("candidate_state", candidate_id, state, decided, drop_envelope))
 
     def scrub_candidate_facts(self, candidate_id: str) -> None:
-        self._exec("UPDATE candidates SET facts = '{}' WHERE candidate_id = ?", [candidate_id])
+        # Sole writer: ``facts_in_clear`` holds every candidate that may have facts (loaded at
+        # open, added to by every insert; an entry left after its scrub costs a no-op UPDATE).
+        if candidate_id in self._store.facts_in_clear:
+            self._exec("UPDATE candidates SET facts = '{}' WHERE candidate_id = ?", [candidate_id])
 
     # -- data keys ---------------------------------------------------------------
     def put_data_key(self, owner: str, slot: int, at_ms: int) -> None:
@@ -1102,6 +1107,11 @@ class DuckDBEngine:
             self.linked_ids = {r[0] for r in cur.execute(
                 "SELECT record_id FROM record_families UNION SELECT record_id FROM record_sources "
                 "UNION SELECT source_id FROM record_sources").fetchall()}
+            # Candidates whose facts are stored in clear: only those captured before the facts
+            # were sealed in the envelope (issue 26.7), never scrubbed since. Every other one
+            # stores '{}', and scrubbing it is a statement (0.34 ms) that changes nothing.
+            self.facts_in_clear = {r[0] for r in cur.execute(
+                "SELECT candidate_id FROM candidates WHERE facts <> '{}'").fetchall()}
         finally:
             cur.close()
 
