@@ -85,6 +85,25 @@ def test_mcp_hop_measures_grpc_and_both_adapters_in_one_run(tmp_path: Path) -> N
         assert paths[name]["p50_ms"] > 0 and paths[name]["adapter_cpu_ms_per_call"] is not None
 
 
+def test_mcp_hop_writes_twice_on_one_store_beside_a_baseline_core(tmp_path: Path) -> None:
+    """``--writes`` twice on one --data, the baseline's core serving a copy of the store as its
+    own loader left it: the second run writes new captures (a replay would stop it) and the
+    baseline can still open its copy (this checkout's core migrated only its own)."""
+    from tools.bench.mcp_hop import REPO, as_loaded
+    from tools.bench.mcp_hop import main as hop_main
+
+    data = tmp_path / "data"
+    for run in (1, 2):
+        out = tmp_path / f"hop{run}.json"
+        assert hop_main(["--records", "30", "--rounds", "3", "--warmup", "1", "--data", str(data), "--writes",
+                         "--semantic", "off", "--baseline", str(REPO), "--baseline-core", "--grpc-only",
+                         "--out", str(out)]) == 0
+        result = json.loads(out.read_text())
+        assert result["semantic"] == "off"
+        assert set(result["paths"]) == {"grpc", "grpc:admission", "grpc_baseline", "grpc_baseline:admission"}
+    assert (as_loaded(data) / "engram.duckdb").is_file()
+
+
 def test_writes_reports_throughput_commits_and_server_cpu(tmp_path: Path) -> None:
     """tools/bench/writes.py at 40 records: pairs and forgets from 1 and 3 clients, with the
     COMMITs read from the served core's metrics."""
@@ -102,6 +121,20 @@ def test_writes_reports_throughput_commits_and_server_cpu(tmp_path: Path) -> Non
         assert p["commits"] > 0 and p["transactions"] >= p["operations"], p
         assert p["server_cpu_ms_per_op"] > 0
     assert points[0]["pair"]["p50_ms"] > points[0]["capture"]["p50_ms"] > 0
+
+
+def test_writes_serves_another_checkouts_core_with_tree(tmp_path: Path) -> None:
+    """``--tree``: that checkout's loader fills the store and its own ``engram serve`` serves it
+    (here this checkout again, run from its directory rather than the venv's script)."""
+    from tools.bench.mcp_hop import REPO
+    from tools.bench.writes import main as writes_main
+
+    out = tmp_path / "writes.json"
+    assert writes_main(["--size", "20", "--clients", "1", "--duration", "0.5", "--search-writers", "0",
+                        "--tree", str(REPO), "--out", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["tree"] == str(REPO)
+    assert [(p["clients"], p["phase"], p["errors"]) for p in summary["points"]] == [(1, "pair", 0), (1, "forget", 0)]
 
 
 def test_after_write_measures_both_kinds_of_search_for_both_trees(tmp_path: Path) -> None:
