@@ -16,8 +16,8 @@ same run. With ``--baseline-core`` the baseline's own ``engram serve`` serves a 
 data directory, and the baseline paths (``grpc_baseline``, ``mcp_baseline``) go to it: the
 before/after of a change to the core and the adapter together (a new --data directory is then
 loaded by the baseline's own loader and kept as loaded beside it, ``DIR-as-loaded``, whose copy
-the baseline serves in every run: a core refuses a store its migrations have not reached). ``--grpc-only`` leaves the MCP
-paths out. Prints p50/p90/mean per path, the MCP paths' p50 minus gRPC's, the load average, and
+the baseline serves in every run: a core refuses a store its migrations have not reached).
+``--grpc-only`` leaves the MCP paths out. Prints p50/p90/mean per path, the MCP paths' p50 minus gRPC's, the load average, and
 CPU per call: the client's (this process), each adapter's and each core's (from /proc).
 """
 
@@ -31,7 +31,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -69,10 +68,11 @@ def as_loaded(data: Path) -> Path:
 def load_with(tree: Path, data: Path, records: int) -> None:
     """Load ``data`` with another checkout's own loader, so that its core (older) and this
     checkout's (which migrates its copy forward) can both serve it."""
-    code = ("import sys; from pathlib import Path; from tools.bench.corpus import Corpus; "
-            "from tools.bench.mcp_hop import load; load(Path(sys.argv[1]), int(sys.argv[2]), Corpus())")
-    subprocess.run([sys.executable, "-c", code, str(data), str(records)], cwd=tree, check=True,
-                   env={**os.environ, "PYTHONPATH": str(tree)})
+    from tools.bench.serving import run_in_tree
+
+    run_in_tree(tree, "import sys; from pathlib import Path; from tools.bench.corpus import Corpus; "
+                      "from tools.bench.mcp_hop import load; load(Path(sys.argv[1]), int(sys.argv[2]), Corpus())",
+                str(data), str(records))
 
 
 def _ms(xs: list[float], q: float) -> float:
@@ -183,7 +183,8 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
     finally:
         for core in {id(c): c for c in cores.values()}.values():
             core.stop()
-    out: dict[str, Any] = {"records": a.records, "rounds": a.rounds, "semantic": a.semantic, "calls": "capture, admission" if a.writes else "search",
+    out: dict[str, Any] = {"records": a.records, "rounds": a.rounds, "semantic": a.semantic,
+                           "calls": "capture, admission" if a.writes else "search",
                            "loadavg_before": load_before,
                            "loadavg_after": machine.loadavg(), "paths": {}}
     for path, xs in wall.items():

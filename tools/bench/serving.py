@@ -11,6 +11,14 @@ REPO = Path(__file__).resolve().parents[2]
 ENGRAM = str(Path(sys.executable).with_name("engram"))
 
 
+def run_in_tree(tree: Path, code: str, *argv: str) -> None:
+    """Run ``code`` (``python -c``, with ``argv`` as ``sys.argv[1:]``) on another checkout's
+    code: this interpreter, that checkout first on the path and as the working directory. The
+    venv's ``engram`` and its editable install are always this checkout's."""
+    subprocess.run([sys.executable, "-c", code, *argv], cwd=tree, check=True,
+                   env={**os.environ, "PYTHONPATH": str(tree)})
+
+
 class Served:
     """``engram serve`` on a data directory, in its own process (the clients do not share its GIL)."""
 

@@ -22,8 +22,6 @@ import argparse
 import itertools
 import json
 import multiprocessing
-import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -36,7 +34,7 @@ from typing import Any
 from tools.bench.corpus import PURPOSE, Corpus
 from tools.bench.grpc_client import GrpcAgent, activate
 from tools.bench.machine import facts, loadavg, machine_busy_s, process_cpu_s
-from tools.bench.serving import Served
+from tools.bench.serving import Served, run_in_tree
 from tools.bench.stats import run_summary
 
 TENANT, WORKSPACE = "bench", "writes"
@@ -261,10 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         if tree is None:
             _load(data, a.size)
         else:  # the other checkout's own loader: its core refuses a store newer than itself
-            code = ("import sys; from pathlib import Path; from tools.bench.writes import _load; "
-                    "_load(Path(sys.argv[1]), int(sys.argv[2]))")
-            subprocess.run([sys.executable, "-c", code, str(data), str(a.size)], cwd=tree, check=True,
-                           env={**os.environ, "PYTHONPATH": str(tree)})
+            run_in_tree(tree, "import sys; from pathlib import Path; from tools.bench.writes import _load; "
+                              "_load(Path(sys.argv[1]), int(sys.argv[2]))", str(data), str(a.size))
         server = Served(data, semantic=True, metrics=True, tree=tree)
         try:
             activate(server.address, data / "host.key", TENANT, WORKSPACE)
