@@ -48,13 +48,22 @@ def _answers(ana: Client) -> list[Any]:
     return out
 
 
-def test_a_restarted_core_answers_every_search_as_before(tmp_path: Path, stores) -> None:
-    clock = FixedClock(time.time_ns() // 1_000_000)  # the same instant in both processes: recency is equal
+def _first_core(tmp_path: Path, stores, clock: FixedClock) -> tuple[Any, Client, int]:
+    """A core serving the semantic channel on a new data directory, its scope activated: the
+    core, a client and a valid time a day back (the tests' records' time)."""
     running = stores.start_core(tmp_path / "data", clock=clock, semantic=True)
     try:
         activate(running, clock=clock)
-        ana = Client(running, clock=clock)
-        t = clock.now_ms() - 86_400_000
+        return running, Client(running, clock=clock), clock.now_ms() - 86_400_000
+    except BaseException:
+        running.stop()
+        raise
+
+
+def test_a_restarted_core_answers_every_search_as_before(tmp_path: Path, stores) -> None:
+    clock = FixedClock(time.time_ns() // 1_000_000)  # the same instant in both processes: recency is equal
+    running, ana, t = _first_core(tmp_path, stores, clock)
+    try:
         ids = [ana.remember(text, t=t) for text in TEXTS]
         ana.forget(ids[3])
         before = _answers(ana)
@@ -76,11 +85,8 @@ def test_the_vector_sketch_changes_no_answer(tmp_path: Path, stores, monkeypatch
     what a restarted core answers without a sketch."""
     clock = FixedClock(time.time_ns() // 1_000_000)
     monkeypatch.setattr(search_index, "SKETCH_FROM", 0)
-    running = stores.start_core(tmp_path / "data", clock=clock, semantic=True)
+    running, ana, t = _first_core(tmp_path, stores, clock)
     try:
-        activate(running, clock=clock)
-        ana = Client(running, clock=clock)
-        t = clock.now_ms() - 86_400_000
         ids = [ana.remember(TEXTS[i], t=t) for i in (0, 3, 4)]
         ana.search(QUERIES[0], limit=3, capability_policy=SEMANTIC)  # builds the sketch
         ids += [ana.remember(TEXTS[i], t=t) for i in (2, 5, 6)]
@@ -108,11 +114,8 @@ def test_a_core_without_the_semantic_channel_builds_no_sketch_at_open(tmp_path: 
     builds it then, and the lexical answers are the same either way."""
     clock = FixedClock(time.time_ns() // 1_000_000)
     monkeypatch.setattr(search_index, "SKETCH_FROM", 0)
-    running = stores.start_core(tmp_path / "data", clock=clock, semantic=True)
+    running, ana, t = _first_core(tmp_path, stores, clock)
     try:
-        activate(running, clock=clock)
-        ana = Client(running, clock=clock)
-        t = clock.now_ms() - 86_400_000
         for text in TEXTS:
             ana.remember(text, t=t)
     finally:
