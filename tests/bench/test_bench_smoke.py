@@ -172,3 +172,17 @@ def test_search_inprocess_alternates_two_checkouts_each_in_its_own_process(tmp_p
         for r in runs:
             assert r["code"] == str(REPO) and r["profile"].startswith("offline_lexical_v")
             assert r["searches"] == 32 and 0 < r["p50_ms"] <= r["p90_ms"]
+
+
+def test_fsync_beside_cpu_measures_alone_and_beside_a_hog_on_each_cpu(tmp_path: Path) -> None:
+    import os
+
+    from tools.bench.fsync_beside_cpu import main as fsync_main
+    out = tmp_path / "fsync.json"
+    assert fsync_main(["--dir", str(tmp_path), "--samples", "5", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    cases = result["cases"]
+    assert set(cases) == {"alone", *(f"beside a CPU-bound process on cpu {c}" for c in os.sched_getaffinity(0))}
+    assert all(case["p50_ms"] > 0 and case["p90_ms"] >= case["p50_ms"] for case in cases.values())
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("fsync-bench-")]  # its file is gone
+    assert "block_interrupts_by_cpu" in result["machine"]

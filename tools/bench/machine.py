@@ -55,7 +55,26 @@ def facts() -> dict[str, Any]:
         "grpcio": grpc.__version__,
         "node": _version(["node", "--version"]),
         "loadavg_at_start": [round(x, 2) for x in load] if load else None,
+        # A CPU-bound thread on the CPU that takes these delays fsyncs (tools/bench/fsync_beside_cpu.py).
+        "block_interrupts_by_cpu": block_interrupts_by_cpu(),
     }
+
+
+def block_interrupts_by_cpu() -> dict[str, list[int]]:
+    """The block devices' completion interrupts taken by each CPU so far (/proc/interrupts;
+    virtio-blk request queues and NVMe queues), by interrupt name."""
+    try:
+        lines = Path("/proc/interrupts").read_text().splitlines()
+    except OSError:
+        return {}
+    cpus = len(lines[0].split()) if lines else 0
+    out = {}
+    for line in lines[1:]:
+        parts = line.split()
+        name = parts[-1] if parts else ""
+        if ("virtio" in name and "-req" in name) or name.startswith("nvme"):
+            out[name] = [int(v) for v in parts[1:1 + cpus] if v.isdigit()]
+    return out
 
 
 def loadavg() -> list[float] | None:
