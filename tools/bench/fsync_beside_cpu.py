@@ -4,9 +4,9 @@ process pinned to each CPU in turn.
     .venv/bin/python -m tools.bench.fsync_beside_cpu                 # 200 syncs per case, in the working directory
     .venv/bin/python -m tools.bench.fsync_beside_cpu --dir /data --samples 50 --out r.json
 
-Every Engram call that writes waits for fsyncs (the key vault's, the store's WAL, the read audit
-spool's), and the record's vector is computed beside them on a thread that keeps one CPU busy for
-~5 ms. On the project's 2-core VM the disk's completion interrupts all land on one CPU, and a
+Every Engram call waits for an fsync (a write for the key vault's and the store's WAL, a search
+or a get for its audit row in the spool), and the record's vector is computed beside a capture on
+a thread that keeps one CPU busy for ~5 ms. On the project's 2-core VM the disk's completion interrupts all land on one CPU, and a
 CPU-bound task there delays every fdatasync from ~0.1 ms to 6–9 ms (docs/performance.md, "The
 model beside the capture: fsyncs wait for the disk's interrupt CPU"). Whether a benchmark's
 model thread ran there is up to the scheduler, which is one reason the same code's write latency
@@ -29,10 +29,12 @@ from typing import Any
 
 from tools.bench.machine import block_interrupts_by_cpu, facts
 
-_HOG = ("import hashlib, os, sys, time\n"
+# Pinned to the CPU it is given; busy until killed, or until its parent is gone.
+_HOG = ("import hashlib, os, sys\n"
+        "os.sched_setaffinity(0, {int(sys.argv[1])})\n"
+        "parent = os.getppid()\n"
         "buf = os.urandom(1 << 22)\n"
-        "end = time.monotonic() + float(sys.argv[1])\n"
-        "while time.monotonic() < end:\n"
+        "while os.getppid() == parent:\n"
         "    hashlib.sha256(buf).digest()\n")
 
 
@@ -64,9 +66,8 @@ def _summary(latencies: list[float]) -> dict[str, float]:
 def measure(directory: Path, samples: int) -> dict[str, Any]:
     """{"alone": ..., "beside a CPU-bound process on cpu N": ...} for every CPU this process may use."""
     cases: dict[str, Any] = {"alone": _summary(_syncs(directory, samples))}
-    budget_s = samples * 0.02 + 2  # the hog outlives the measurement
     for cpu in sorted(os.sched_getaffinity(0)):
-        hog = subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", _HOG, str(budget_s)])
+        hog = subprocess.Popen([sys.executable, "-c", _HOG, str(cpu)])
         try:
             time.sleep(0.2)  # running, and pinned
             cases[f"beside a CPU-bound process on cpu {cpu}"] = _summary(_syncs(directory, samples))
