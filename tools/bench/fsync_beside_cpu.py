@@ -17,7 +17,6 @@ one without the effect every case is within noise of "alone".
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.bench.machine import block_interrupts_by_cpu, facts
+from tools.bench.report import print_and_save
 
 # Pinned to the CPU it is given; busy until killed, or until its parent is gone.
 _HOG = ("import hashlib, os, sys\n"
@@ -86,10 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"machine": facts(), "dir": str(args.dir), "samples": args.samples,
               "cases": measure(args.dir, args.samples),
               "block_interrupts_by_cpu_after": block_interrupts_by_cpu()}
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    print_and_save(result, args.out)
     return 0
 
 

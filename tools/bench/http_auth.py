@@ -45,6 +45,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
 from tools.bench import machine
+from tools.bench.report import print_and_save
 from tools.bench.stats import percentile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -310,10 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             (Path(tmp) / "e2e").mkdir()
             result["end_to_end"] = asyncio.run(_end_to_end(a.rounds, Path(tmp) / "e2e"))
     result["loadavg_after"] = machine.loadavg()
-    text = json.dumps(result, indent=1)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    print_and_save(result, a.out)
     return 0
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import random
 import shutil
@@ -40,6 +39,7 @@ from typing import Any
 from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, SEARCH_TOOL
 from tools.bench import machine
 from tools.bench.corpus import PURPOSE, Corpus
+from tools.bench.report import print_and_save
 
 TENANT, WORKSPACE = "bench", "main"
 REPO = Path(__file__).resolve().parents[2]
@@ -246,10 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 load(data, a.records, corpus)
         result = asyncio.run(measure(a, data, corpus))
-    text = json.dumps(result, indent=1)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    print_and_save(result, a.out)
     return 0
 
 

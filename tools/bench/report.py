@@ -7,7 +7,16 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
+
+
+def print_and_save(result: dict[str, Any], out: str | Path | None, *, indent: int = 1) -> None:
+    """A run's result as JSON on stdout, and in ``out`` too when one is named."""
+    text = json.dumps(result, indent=indent)
+    print(text)
+    if out:
+        Path(out).write_text(text + "\n")
 
 
 def _pt(doc: dict[str, Any], size: int | str, surface: str, op: str, clients: int = 1) -> dict[str, Any] | None:

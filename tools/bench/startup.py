@@ -32,6 +32,7 @@ import numpy as np
 from tools.bench import machine
 from tools.bench.corpus import Corpus
 from tools.bench.loader import Progress, activate_scope, load_scope
+from tools.bench.report import print_and_save
 
 TENANT, WORKSPACE = "bench", "main"
 DIMENSION = 384
@@ -138,10 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="engram-startup-") as tmp:
             results = [measure(s, Path(tmp), batch=args.batch) for s in sizes]
     report = {"machine": facts, "load_average": machine.loadavg(), "results": results}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    print_and_save(report, args.out, indent=2)
     return 0
 
 
