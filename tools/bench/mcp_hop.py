@@ -40,6 +40,7 @@ from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, SEARCH_TOOL
 from tools.bench import machine
 from tools.bench.corpus import PURPOSE, Corpus
 from tools.bench.report import print_and_save
+from tools.bench.serving import Served, run_in_tree
 
 TENANT, WORKSPACE = "bench", "main"
 REPO = Path(__file__).resolve().parents[2]
@@ -68,8 +69,6 @@ def as_loaded(data: Path) -> Path:
 def load_with(tree: Path, data: Path, records: int) -> None:
     """Load ``data`` with another checkout's own loader, so that its core (older) and this
     checkout's (which migrates its copy forward) can both serve it."""
-    from tools.bench.serving import run_in_tree
-
     run_in_tree(tree, "import sys; from pathlib import Path; from tools.bench.corpus import Corpus; "
                       "from tools.bench.mcp_hop import load; load(Path(sys.argv[1]), int(sys.argv[2]), Corpus())",
                 str(data), str(records))
@@ -86,7 +85,6 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
 
     from tools.bench.grpc_client import GrpcAgent
     from tools.bench.mcp_client import approve, value_of, write_config
-    from tools.bench.serving import Served
 
     queries = corpus.queries(200)
     rnd = random.Random(7)
