@@ -100,7 +100,15 @@ def test_mcp_hop_writes_twice_on_one_store_beside_a_baseline_core(tmp_path: Path
                          "--out", str(out)]) == 0
         result = json.loads(out.read_text())
         assert result["semantic"] == "off"
-        assert set(result["paths"]) == {"grpc", "grpc:admission", "grpc_baseline", "grpc_baseline:admission"}
+        assert set(result["paths"]) == {f"{path}{leg}" for path in ("grpc", "grpc_baseline")
+                                        for leg in ("", ":admission", ":pair")}
+        assert result["machine"]["logical_cores"] > 0
+        for timings in result["paths"].values():
+            assert 0 < timings["p50_ms"] <= timings["p90_ms"] <= timings["p99_ms"]
+        for path in ("grpc", "grpc_baseline"):  # a pair is its capture and its admission, round by round
+            pair = result["paths"][f"{path}:pair"]["mean_ms"]
+            legs = result["paths"][path]["mean_ms"] + result["paths"][f"{path}:admission"]["mean_ms"]
+            assert abs(pair - legs) <= 0.05, (path, pair, legs)
     assert (as_loaded(data) / "engram.duckdb").is_file()
 
 

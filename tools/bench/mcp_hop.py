@@ -17,8 +17,11 @@ data directory, and the baseline paths (``grpc_baseline``, ``mcp_baseline``) go 
 before/after of a change to the core and the adapter together (a new --data directory is then
 loaded by the baseline's own loader and kept as loaded beside it, ``DIR-as-loaded``, whose copy
 the baseline serves in every run: a core refuses a store its migrations have not reached).
-``--grpc-only`` leaves the MCP paths out. Prints p50/p90/mean per path, the MCP paths' p50 minus gRPC's, the load average, and
-CPU per call: the client's (this process), each adapter's and each core's (from /proc).
+``--grpc-only`` leaves the MCP paths out. Prints p50/p90/p99/mean per path, the MCP paths' p50
+minus gRPC's, the machine's facts and load average, and CPU per call: the client's (this
+process), each adapter's and each core's (from /proc). With ``--writes`` each path has three
+timings: ``PATH`` (the capture), ``PATH:admission``, and ``PATH:pair`` (the two of one round
+together: a pair's own percentiles, not a sum of two medians).
 """
 
 from __future__ import annotations
@@ -127,7 +130,7 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
             wall: dict[str, list[float]] = {p: [] for p in paths}
             client_cpu = dict.fromkeys(paths, 0.0)
 
-            wall.update({f"{p}:admission": [] for p in paths} if a.writes else {})
+            wall.update({f"{p}:{leg}": [] for p in paths for leg in ("admission", "pair")} if a.writes else {})
             made = [0]
             # Keys and texts of this run alone: a reused --data holds an earlier run's captures,
             # and the same key (or content) again would measure replays, not writes.
@@ -151,8 +154,10 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
                     if adm.get("replayed"):
                         raise SystemExit(f"admission {made[0]} was a replay: the keys are not this run's")
                     if record:
+                        t2 = time.perf_counter()
                         wall[path].append(t1 - t0)
-                        wall[f"{path}:admission"].append(time.perf_counter() - t1)
+                        wall[f"{path}:admission"].append(t2 - t1)
+                        wall[f"{path}:pair"].append(t2 - t0)
                         client_cpu[path] += time.process_time() - c0
                     return
                 await call(path, "search", {"query": rnd.choice(queries), "purpose_ref": PURPOSE})
@@ -181,16 +186,17 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
     finally:
         for core in {id(c): c for c in cores.values()}.values():
             core.stop()
-    out: dict[str, Any] = {"records": a.records, "rounds": a.rounds, "semantic": a.semantic,
-                           "calls": "capture, admission" if a.writes else "search",
+    out: dict[str, Any] = {"machine": machine.facts(), "records": a.records, "rounds": a.rounds,
+                           "semantic": a.semantic, "calls": "capture, admission" if a.writes else "search",
                            "loadavg_before": load_before,
                            "loadavg_after": machine.loadavg(), "paths": {}}
     for path, xs in wall.items():
-        base = path.split(":")[0]
+        base, _, leg = path.partition(":")
         reference = "grpc_baseline" if base.endswith("baseline") and "grpc_baseline" in wall else "grpc"
-        grpc = wall[f"{reference}:admission" if path.endswith(":admission") else reference]
+        grpc = wall[f"{reference}:{leg}" if leg else reference]
         out["paths"][path] = {
-            "p50_ms": _ms(xs, 0.5), "p90_ms": _ms(xs, 0.9), "mean_ms": round(statistics.mean(xs) * 1000, 2),
+            "p50_ms": _ms(xs, 0.5), "p90_ms": _ms(xs, 0.9), "p99_ms": _ms(xs, 0.99),
+            "mean_ms": round(statistics.mean(xs) * 1000, 2),
             "p50_minus_grpc_ms": round(_ms(xs, 0.5) - _ms(grpc, 0.5), 2),
             "client_cpu_ms_per_call": round(client_cpu[base] / calls * 1000, 2),
             "adapter_cpu_ms_per_call": round(adapter_cpu[base], 2) if base in adapter_cpu else None,
