@@ -44,6 +44,7 @@ from tools.bench import machine
 from tools.bench.corpus import PURPOSE, Corpus
 from tools.bench.report import print_and_save
 from tools.bench.serving import Served, run_in_tree
+from tools.bench.stats import percentile
 
 TENANT, WORKSPACE = "bench", "main"
 REPO = Path(__file__).resolve().parents[2]
@@ -78,8 +79,7 @@ def load_with(tree: Path, data: Path, records: int) -> None:
 
 
 def _ms(xs: list[float], q: float) -> float:
-    ordered = sorted(xs)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 2)
+    return round(percentile(sorted(xs), q * 100) * 1000, 2)
 
 
 async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str, Any]:
