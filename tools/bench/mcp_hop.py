@@ -109,7 +109,8 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
         cores["mcp_baseline"] = cores["grpc_baseline"] = Served(copy, semantic=semantic, tree=baseline)
     else:
         cores["mcp_baseline"] = served
-    load_before = machine.loadavg()
+    # Before the run: the facts carry the load average at their start, and cores are not yet busy.
+    facts, load_before = machine.facts(), machine.loadavg()
     try:
         agents = {name: GrpcAgent(core.address, core.key_path, tenant=TENANT, workspace=WORKSPACE)
                   for name, core in cores.items() if name.startswith("grpc")}
@@ -186,7 +187,7 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
     finally:
         for core in {id(c): c for c in cores.values()}.values():
             core.stop()
-    out: dict[str, Any] = {"machine": machine.facts(), "records": a.records, "rounds": a.rounds,
+    out: dict[str, Any] = {"machine": facts, "records": a.records, "rounds": a.rounds,
                            "semantic": a.semantic, "calls": "capture, admission" if a.writes else "search",
                            "loadavg_before": load_before,
                            "loadavg_after": machine.loadavg(), "paths": {}}
