@@ -28,6 +28,7 @@ from typing import Any
 
 from tools.bench.machine import block_interrupts_by_cpu, facts
 from tools.bench.report import print_and_save
+from tools.bench.stats import percentile
 
 # Pinned to the CPU it is given; busy until killed, or until its parent is gone.
 _HOG = ("import hashlib, os, sys\n"
@@ -58,8 +59,7 @@ def _syncs(directory: Path, samples: int) -> list[float]:
 
 def _summary(latencies: list[float]) -> dict[str, float]:
     ordered = sorted(latencies)
-    return {"p50_ms": round(statistics.median(ordered), 3),
-            "p90_ms": round(ordered[int(len(ordered) * 0.9)], 3),
+    return {"p50_ms": round(percentile(ordered, 50), 3), "p90_ms": round(percentile(ordered, 90), 3),
             "mean_ms": round(statistics.mean(ordered), 3)}
 
 
