@@ -27,6 +27,7 @@ from typing import Any
 from tools.bench.corpus import PURPOSE, Corpus
 from tools.bench.grpc_client import GrpcAgent
 from tools.bench.machine import facts, loadavg
+from tools.bench.report import print_and_save
 from tools.bench.serving import Served
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: bench_search's loader and queries
@@ -123,11 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     summary["loadavg_after"] = loadavg()
-    text = json.dumps(summary, indent=1)
-    print(text)
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(text + "\n")
+    print_and_save(summary, a.out)
     return 0
 
 

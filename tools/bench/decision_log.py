@@ -15,7 +15,6 @@ facts and load averages go with the figures: on a shared VM they say how much to
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -31,6 +30,7 @@ from typing import Any
 from tools.bench.corpus import PURPOSE, Corpus
 from tools.bench.grpc_client import GrpcAgent, activate
 from tools.bench.machine import facts, loadavg, process_cpu_s
+from tools.bench.report import print_and_save
 from tools.bench.stats import percentile
 
 TENANT, WORKSPACE = "bench", "dlog"
@@ -210,11 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                 row[k] = {"off": round(o, 3), "on": round(w, 3), "overhead_pct": round(100 * (w - o) / o, 1)}
             row["calls"] = {"off": off["n"], "on": on["n"]}
             summary["ops"][f"{n} clients/{op}"] = row
-    text = json.dumps(summary, indent=2)
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(text + "\n")
-    print(text)
+    print_and_save(summary, a.out, indent=2)
     return 0
 
 

@@ -12,10 +12,12 @@ from typing import Any
 
 
 def print_and_save(result: dict[str, Any], out: str | Path | None, *, indent: int = 1) -> None:
-    """A run's result as JSON on stdout, and in ``out`` too when one is named."""
+    """A run's result as JSON on stdout, and in ``out`` too when one is named (its directory
+    made if missing)."""
     text = json.dumps(result, indent=indent)
     print(text)
     if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(text + "\n")
 
 
