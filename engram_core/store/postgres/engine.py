@@ -116,7 +116,7 @@ from engram_core.store.port import (
     iter_chunks,
 )
 from engram_core.store.postgres.leases import LeaderLeases
-from engram_core.store.postgres.migrations import LEDGER_DDL, MIGRATION_LOCK, MIGRATIONS, Migration
+from engram_core.store.postgres.migrations import MIGRATION_LOCK, MIGRATIONS, Migration, run_migrations
 from engram_core.store.postgres.pool import Pool, failure
 from engram_core.store.usage_counters import UsageRead
 
@@ -1232,35 +1232,7 @@ class PostgresEngine:
             self._putconn(conn)
 
     def _migrate_locked(self, conn: psycopg.Connection, *, apply: bool) -> list[int]:
-        conn.execute(LEDGER_DDL)
-        ledger = {int(v): c for v, c in conn.execute("SELECT version, checksum FROM schema_migrations").fetchall()}
-        known = {m.version: m for m in self._migrations}
-        newer = sorted(v for v in ledger if v not in known)
-        if newer:
-            raise EngramError(Code.MIGRATION_LEDGER_INVALID,
-                              f"the database was migrated by a newer engine (ledger versions {newer}; this engine "
-                              f"knows up to {max(known)}): upgrade this core")
-        for version, checksum in ledger.items():
-            if known[version].checksum != checksum:
-                raise EngramError(Code.MIGRATION_LEDGER_INVALID, f"ledger version {version} does not match code")
-        if ledger and sorted(ledger) != list(range(1, max(ledger) + 1)):
-            raise EngramError(Code.MIGRATION_LEDGER_INVALID, "ledger has gaps")
-        pending = [m for m in self._migrations if m.version not in ledger]
-        if pending and not apply:
-            raise EngramError(Code.MIGRATION_LEDGER_INVALID, "migrations pending")
-        applied = []
-        for m in pending:
-            conn.execute("BEGIN")
-            try:
-                conn.execute(m.sql)  # type: ignore[arg-type]  # several statements: the simple protocol
-                conn.execute("INSERT INTO schema_migrations VALUES (%s, %s, %s, %s)",
-                             [m.version, m.name, m.checksum, time.time_ns() // 1_000_000])
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            applied.append(m.version)
-        return applied
+        return run_migrations(conn, self._migrations, apply=apply)  # no DDL when nothing is pending
 
     def migrate(self) -> list[int]:
         return self.check_migrations(apply=True)

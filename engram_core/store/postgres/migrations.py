@@ -8,6 +8,13 @@ code does not know) refuses to open rather than write rows a newer schema means 
 Migrations run under a session advisory lock (``engine.PostgresEngine.check_migrations``), so
 replicas starting together on an empty database apply each migration once.
 
+Applying and checking are apart (``run_migrations``): a store whose ledger is current is checked with reads
+alone (no ``CREATE TABLE IF NOT EXISTS``, which PostgreSQL refuses a role without CREATE on the
+schema even when the table exists), so a serving role without DDL rights opens it. What is
+pending is applied in one transaction, ledger included: a role that may not apply all of it
+applies none of it, and is told to run ``engram admin migrate --store URL`` as the schema's owner
+(docs/deployment.md, "Roles: an owner migrates, a serving role serves").
+
 Migration 1 is the whole schema as DuckDB's stands after its migration 10 (the same tables,
 columns and meaning; PostgreSQL has no history of its own to replay), plus what several writers
 need that one writer kept in memory: ``audit_heads`` (each audit chain's head, locked by the
@@ -25,7 +32,12 @@ byte-identical, SPEC §7).
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
+
+import psycopg
+
+from engram_core.errors import Code, EngramError
 
 # Identifiers compare and sort by code point (DuckDB's VARCHAR order) in any database.
 _ID = 'TEXT COLLATE "C"'
@@ -225,3 +237,68 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 # pg_advisory_lock keys (one bigint each): migrations, and the KEK ring's rotation and retirement.
 MIGRATION_LOCK = 0x656E6772616D0001  # "engram" + 1
 RING_LOCK = 0x656E6772616D0002
+
+
+# What a core that may not change the schema is told to run, as the role that owns it.
+MIGRATE_COMMAND = "engram admin migrate --store URL"
+
+
+def read_ledger(conn: psycopg.Connection) -> dict[int, str]:
+    """The ledger's versions and checksums; empty when there is no ledger yet. Reads only:
+    a role without CREATE on the schema gets here on a store that is already migrated."""
+    found = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()
+    if not found or not found[0]:
+        return {}
+    return {int(v): c for v, c in conn.execute("SELECT version, checksum FROM schema_migrations").fetchall()}
+
+
+def pending_migrations(ledger: dict[int, str], migrations: tuple[Migration, ...]) -> list[Migration]:
+    """What of ``migrations`` the ledger lacks, after checking it against them: versions the
+    code does not know (a newer engine migrated the database), another checksum, or a gap are
+    MIGRATION_LEDGER_INVALID."""
+    known = {m.version: m for m in migrations}
+    newer = sorted(v for v in ledger if v not in known)
+    if newer:
+        raise EngramError(Code.MIGRATION_LEDGER_INVALID,
+                          f"the database was migrated by a newer engine (ledger versions {newer}; this engine "
+                          f"knows up to {max(known)}): upgrade this core")
+    for version, checksum in ledger.items():
+        if known[version].checksum != checksum:
+            raise EngramError(Code.MIGRATION_LEDGER_INVALID, f"ledger version {version} does not match code")
+    if ledger and sorted(ledger) != list(range(1, max(ledger) + 1)):
+        raise EngramError(Code.MIGRATION_LEDGER_INVALID, "ledger has gaps")
+    return [m for m in migrations if m.version not in ledger]
+
+
+def run_migrations(conn: psycopg.Connection, migrations: tuple[Migration, ...], *, apply: bool) -> list[int]:
+    """Check the ledger against ``migrations`` and apply what is pending (``apply``; else a
+    pending one is MIGRATION_LEDGER_INVALID); the versions applied. The caller holds
+    ``MIGRATION_LOCK``. Everything pending goes in one transaction with the ledger's rows, so a
+    failure leaves the schema as it was; a role lacking the privileges is
+    MIGRATION_LEDGER_INVALID naming ``MIGRATE_COMMAND`` (one line: ``engram serve`` prints it)."""
+    pending = pending_migrations(read_ledger(conn), migrations)
+    if not pending:
+        return []
+    versions = [m.version for m in pending]
+    if not apply:
+        raise EngramError(Code.MIGRATION_LEDGER_INVALID, "migrations pending")
+    conn.execute("BEGIN")
+    try:
+        conn.execute(LEDGER_DDL)  # type: ignore[arg-type]
+        for m in pending:
+            conn.execute(m.sql)  # type: ignore[arg-type]  # several statements: the simple protocol
+            conn.execute("INSERT INTO schema_migrations VALUES (%s, %s, %s, %s)",
+                         [m.version, m.name, m.checksum, time.time_ns() // 1_000_000])
+        conn.execute("COMMIT")
+    except psycopg.errors.InsufficientPrivilege:
+        conn.execute("ROLLBACK")
+        row = conn.execute("SELECT current_user").fetchone()
+        role = row[0] if row else "?"
+        raise EngramError(Code.MIGRATION_LEDGER_INVALID,
+                          f"the store's schema is behind this core (migrations {versions} pending) and role "
+                          f"{role} may not change it: run `{MIGRATE_COMMAND}` as the role that owns the "
+                          f"schema, then start again") from None
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return versions
