@@ -27,7 +27,7 @@ from pathlib import Path
 
 PG_BIN = Path(os.environ.get("ENGRAM_PG_BIN", "/usr/lib/postgresql/15/bin"))
 SUPERUSER = "engram_test"
-SETUP_HINT = "run tools/setup (it installs the postgresql-15 package when it is missing)"
+SETUP_HINT = "run tools/setup --tests (it installs the postgresql-15 package when it is missing)"
 
 
 class PostgresMissing(RuntimeError):

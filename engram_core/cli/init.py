@@ -189,26 +189,33 @@ def http_instructions(engram: str, host_config: Path, token_file: Path | None, t
             f"    Over HTTP instead ({serve}): {host_config} names no [http] token_file, so the",
             "    adapter refuses to serve HTTP; rewrite it with --force to get one (docs/mcp-clients.md §3).",
         ])
-    header = f"Bearer {token}"
-    cursor = json.dumps({"mcpServers": {"engram": {"url": url, "headers": {"Authorization": header}}}}, indent=2)
-    vscode = json.dumps({"servers": {"engram": {"type": "http", "url": url, "headers": {"Authorization": header}}}},
+    # The token itself is never printed (docs/mcp-clients.md): each registration reads it from the
+    # file at the moment it is used, or says which file to paste it from.
+    read = f"$(cat {shlex.quote(str(token_file))})"
+    cursor = json.dumps({"mcpServers": {"engram": {"url": url,
+                                                   "headers": {"Authorization": "Bearer ${env:ENGRAM_MCP_TOKEN}"}}}},
                         indent=2)
+    vscode = json.dumps({"servers": {"engram": {"type": "http", "url": url,
+                                                "headers": {"Authorization": "Bearer ${input:engram-token}"}}},
+                         "inputs": [{"id": "engram-token", "type": "promptString", "password": True,
+                                     "description": f"the token in {token_file}"}]}, indent=2)
     desktop = json.dumps({"mcpServers": {"engram": {
         "command": "npx", "args": ["-y", "mcp-remote", url, "--allow-http", "--header", "Authorization:${ENGRAM_AUTH}"],
-        "env": {"ENGRAM_AUTH": header}}}}, indent=2)
+        "env": {"ENGRAM_AUTH": f"Bearer <the token in {token_file}>"}}}}, indent=2)
     indent = lambda text: "\n".join("      " + line for line in text.splitlines())  # noqa: E731
     return "\n".join([
         "    Or over HTTP, one adapter for several clients on this machine:",
         f"      {serve}",
         f"      Every request needs the token in {token_file} (0600: yours alone; other users of",
-        "      this machine reach 127.0.0.1 too, so the adapter refuses anything without it):",
+        "      this machine reach 127.0.0.1 too, so the adapter refuses anything without it).",
+        f"      It is not printed here: read it with  cat {shlex.quote(str(token_file))}",
         "    Claude Code (HTTP):",
-        f"      claude mcp add --transport http engram {url} --header {shlex.quote('Authorization: ' + header)}",
-        "    Cursor (~/.cursor/mcp.json, HTTP):",
+        f"      claude mcp add --transport http engram {url} --header \"Authorization: Bearer {read}\"",
+        f"    Cursor (~/.cursor/mcp.json, HTTP; start Cursor with ENGRAM_MCP_TOKEN={read} in its environment):",
         indent(cursor),
-        "    VS Code (.vscode/mcp.json, HTTP):",
+        "    VS Code (.vscode/mcp.json, HTTP; it asks for the token once and keeps it in its secret storage):",
         indent(vscode),
-        "    Claude Desktop (claude_desktop_config.json, HTTP through the mcp-remote bridge):",
+        "    Claude Desktop (claude_desktop_config.json, HTTP through the mcp-remote bridge; paste the token):",
         indent(desktop),
     ])
 

@@ -8,6 +8,8 @@ surface: `engram init` and `tools/serve` as subprocesses, git's own ignore rules
 - `tools/serve` takes ENGRAM_HOST_CONFIG, so a second data directory gets its own host TOML.
 - git ignores every file a data directory of any name holds, and the host TOMLs and their bearer
   token files beside it.
+- `engram init` never prints the HTTP bearer token (issue 60 item 10): each registration reads it
+  from the token file, or says which file to paste it from.
 """
 
 from __future__ import annotations
@@ -60,6 +62,17 @@ def _wait_until_ready(address: str) -> None:
                 health_pb2.HealthCheckResponse.SERVING:
             assert time.monotonic() < deadline, "the core did not become ready"
             time.sleep(0.05)
+
+
+def test_init_never_prints_the_bearer_token_only_where_to_read_it(tmp_path: Path) -> None:
+    result = _engram("init", str(tmp_path / "engram-data"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    token_file = tmp_path / "host.token"
+    token = token_file.read_text(encoding="utf-8").strip()
+    assert len(token) >= 16
+    assert token not in result.stdout and token not in result.stderr
+    assert f"$(cat {token_file})" in result.stdout  # Claude Code's registration reads the file itself
+    assert "${input:engram-token}" in result.stdout and "${env:ENGRAM_MCP_TOKEN}" in result.stdout
 
 
 def test_the_next_steps_are_numbered_without_gaps(tmp_path: Path) -> None:

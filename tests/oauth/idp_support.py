@@ -91,7 +91,7 @@ def node_ready() -> None:
     if shutil.which("node") is None:
         raise AssertionError("the OAuth tests need node 20 on PATH (they run a real OpenID provider)")
     if not (IDP_DIR / "node_modules" / "oidc-provider").is_dir():
-        raise AssertionError(f"oidc-provider is not installed: run tools/setup (npm ci in {IDP_DIR})")
+        raise AssertionError(f"oidc-provider is not installed: run tools/setup --tests (npm ci in {IDP_DIR})")
 
 
 def _public_client(client_id: str, ttl: int) -> dict[str, Any]:
