@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from engram_core.cli import migrate_store
+from engram_core.cli import migrate_schema, migrate_store
 from engram_core.cli.channel import admin_metadata, client_tls, core_channel
 
 
@@ -56,6 +56,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         p.set_defaults(func=lambda a, act=activated: _run(a, lambda: _activation(a, activated=act)))
     register_more(sub, _run)
     migrate_store.register(sub)  # offline: it opens the two stores itself, no --core
+    migrate_schema.register(sub)  # `migrate --store URL`: offline, as the schema's owner
 
 
 def _run(args: argparse.Namespace, fn) -> int:
@@ -243,6 +244,11 @@ def _verify(args: argparse.Namespace) -> int:
     if "device" in value:
         checked += f", {value['device']['lines']} device lines"
     value["limits"] = _verify_limits(value)
+    if len(args.device) == 1 and any(p["problem"] == "device_missing" for p in value.get("device", {}).get("problems", [])):
+        # One core's device holds only the rows that core wrote: with several cores, rows of the
+        # others are "missing" from it until every core's device is named.
+        value["limits"].append("rows are missing from the one device named: if several cores serve this store, "
+                               "name every core's device (repeat --device FILE)")
     human = "verified: " + checked + ", all chains intact" if value["ok"] else "JOURNAL_CORRUPT\n" + "\n".join(bad)
     human += "".join(f"\nnote: {limit}" for limit in value["limits"])
     _emit(args, value, human)

@@ -59,21 +59,26 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if key_dir.resolve() == source.resolve():
         return _fail("--key-dir must not be the source directory (the new store's ring is its own)")
+    made_key_dir = not key_dir.exists()
     copied = _prepare_key_dir(source, key_dir)
     try:
         value = _migrate(source, key_dir, args.target)
     except EngramError as exc:
-        _undo(key_dir, copied)
+        _undo(key_dir, copied, made_key_dir)
+        if exc.code.value == "FENCE_LOST":
+            # The source's flock is held: a core still serves it. Retrying cannot help until it stops.
+            return _fail(f"a core is still serving {source} (it holds the store's lock): stop that core, "
+                         "then run this command again")
         return _fail(f"{exc.code.value}: {exc.message}")
     except grpc.RpcError as err:
         from engram_core.rpc.status import error_from_rpc_error, operator_detail
 
-        _undo(key_dir, copied)
+        _undo(key_dir, copied, made_key_dir)
         error = error_from_rpc_error(err)
         detail = operator_detail(err)
         return _fail(f"{error.code.value}: {error.message}" + (f" ({detail})" if detail else ""))
     except BaseException:
-        _undo(key_dir, copied)
+        _undo(key_dir, copied, made_key_dir)
         raise
     value["key_files_copied"] = copied
     if args.json:
@@ -83,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
               f"unrecoverable (key destroyed): {len(value['records_unrecoverable'])}; trusted host keys: "
               f"{value['trusted_host_keys_restored']}; key files copied: {', '.join(copied) or 'none'}")
         print(f"serve it with: engram serve --store '{args.target}' --key-dir {key_dir}")
+        if "host.key" in copied:
+            print(f"re-point every host TOML whose signing_key names {source / 'host.key'} to "
+                  f"{key_dir / 'host.key'} (the same key, copied there)")
         print(f"then delete {source}: its key files still open every record it held (docs/admin.md)")
     return 0
 
@@ -101,9 +109,13 @@ def _prepare_key_dir(source: Path, key_dir: Path) -> list[str]:
     return copied
 
 
-def _undo(key_dir: Path, copied: list[str]) -> None:
+def _undo(key_dir: Path, copied: list[str], made_key_dir: bool) -> None:
+    """Leave the key directory as it was: the files copied into it removed, and the directory
+    itself when this command made it and nothing else is in it."""
     for name in copied:
         (key_dir / name).unlink(missing_ok=True)
+    if made_key_dir and key_dir.is_dir() and not any(key_dir.iterdir()):
+        key_dir.rmdir()
 
 
 def _migrate(source: Path, key_dir: Path, target_url: str) -> dict[str, Any]:
