@@ -128,7 +128,9 @@ def _postgresql_vault(config: StoreConfig) -> KeyVault:
     from engram_core.store.postgres.keyvault import PgKeyVault
 
     assert config.url is not None
-    migrating = PostgresEngine(config.url, pool_size=1)  # the vault's tables come with the engine's migrations
+    # The vault's tables come with the engine's migrations: applied here when pending and this
+    # role may (else one line names `engram admin migrate --store`); a current schema is only read.
+    migrating = PostgresEngine(config.url, pool_size=1)
     applied = list(migrating.migrations_applied_at_open)
     migrating.close()
     vault = PgKeyVault(config.url, config.data_dir)
@@ -152,11 +154,41 @@ def _postgresql_key_source(config: StoreConfig) -> KeyVault:
         raise EngramError(Code.RESTORE_REFUSED, f"key directory does not match the key store: {exc.detail}") from None
 
 
+def _migrate_postgresql(config: StoreConfig) -> dict[str, Any]:
+    from engram_core.store.postgres.engine import PostgresEngine
+
+    assert config.url is not None
+    engine = PostgresEngine(config.url, pool_size=1)  # opening applies what is pending
+    try:
+        return {"applied": engine.migrations_applied_at_open, "ledger": engine.migration_ledger(),
+                "code": engine.migration_code(), "store": engine.location}
+    finally:
+        engine.close()
+
+
 ENGINES: dict[str, EngineOpener] = {DEFAULT_ENGINE: _open_duckdb, POSTGRESQL: _open_postgresql}
 # Engines whose key vault is their own (else the data directory's FileKeyVault).
 VAULTS: dict[str, Callable[[StoreConfig], KeyVault]] = {POSTGRESQL: _postgresql_vault}
 # Another store's vault opened as a restore's source of keys, for engines with a vault of their own.
 KEY_SOURCES: dict[str, Callable[[StoreConfig], KeyVault]] = {POSTGRESQL: _postgresql_key_source}
+# Engines whose schema an operator migrates apart from serving, with a role of its own (the owner).
+MIGRATORS: dict[str, Callable[[StoreConfig], dict[str, Any]]] = {POSTGRESQL: _migrate_postgresql}
+
+
+def migrate_schema(store: str) -> dict[str, Any]:
+    """Apply the pending schema migrations of the store at ``store`` (a store URL) and return
+    ``applied`` (versions applied now), ``ledger``, ``code`` (as ``engram admin migrate`` through a
+    core) and ``store`` (where, redacted). Nothing but the schema: no key material is read or made
+    (the PostgreSQL migrations are SQL alone), so the owner's role migrates with no key directory
+    and the cores serve with a role that may not change the schema (docs/deployment.md).
+    ValueError for a URL of an engine migrated only by the core that opens it (DuckDB: one
+    process owns the file), one carrying a password, or one libpq cannot parse."""
+    config = StoreConfig.from_options(Path(), store)  # no directory: migrations need no keys
+    migrator = MIGRATORS.get(config.engine)
+    if migrator is None:
+        raise ValueError(f"--store: the {config.engine} engine is migrated by the core that opens it "
+                         "(engram serve --data DIR, or engram admin migrate through that core)")
+    return migrator(config)
 
 
 def open_key_source(directory: Path, store: str | None = None) -> KeyVault | None:

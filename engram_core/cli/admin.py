@@ -327,13 +327,21 @@ def _rotate(args: argparse.Namespace) -> int:
 def _key_status(args: argparse.Namespace) -> int:
     value = _call(args, "KeyStatus", _scope_req(args), READ_SCOPES)
     v = value["vault"]
-    human = (f"active KEK {v['active_kek']} ({v['keks']} held, {v.get('retired_keks', 0)} retired); "
+    generations = value.get("generations", [])
+    by_state: dict[str, int] = {}
+    for g in generations:
+        by_state[g["state"]] = by_state.get(g["state"], 0) + 1
+    ring = ", ".join(f"{n} {state}" for state, n in sorted(by_state.items())) or "none listed"
+    human = (f"active KEK generation {v['active_kek']}; {len(generations)} generation(s): {ring}; "
              f"{value['live_data_keys']} live data keys, {value['destroyed_data_keys']} destroyed "
              f"({value.get('destructions_pending', 0)} destruction(s) pending until the generations that "
              "wrapped them retire)")
-    for g in value.get("generations", []):
-        when = g.get("retires_after") or g.get("retired_at") or g.get("created_at", "")
-        human += f"\ngeneration {g['generation']}  {g['state']}" + (f"  {when}" if when else "")
+    for g in generations:
+        # Each date says what it is: one column for several meanings misread "retires after" as done.
+        dates = [f"{label} {g[key]}" for key, label in (("created_at", "created"), ("deactivated_at", "deactivated"),
+                                                         ("retires_after", "retires after"),
+                                                         ("retired_at", "retired")) if g.get(key)]
+        human += f"\ngeneration {g['generation']}  {g['state']}" + ("  " + ", ".join(dates) if dates else "")
     for r in value.get("scope", {}).get("records", []):
         human += f"\n{r['record_id']}  {r['state']}  key {r['key']}"
         if "destruction" in r:
