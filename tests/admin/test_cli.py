@@ -84,3 +84,17 @@ def test_inspect_with_a_record_id_says_which_command_reads_records(live):
     rid = live.record("a record an operator tries to inspect")
     out = admin(live, "inspect", rid, *scope, json_out=False)
     assert out.returncode == 2 and "is a record id" in out.stderr and "--record" in out.stderr
+
+
+def test_key_status_counts_generations_by_state_and_names_each_date(live):
+    """Two generations after a rotation read as two (issue 60 item 9: "active KEK 2 (1 held, 0
+    retired)" counted one), and each date says what it is: the retained generation's date is when
+    it will retire, not when it did."""
+    assert admin(live, "rotate-keys").returncode == 0
+    out = admin(live, "key-status", json_out=False)
+    assert out.returncode == 0, out.stderr
+    first, *generations = out.stdout.splitlines()
+    assert first.startswith("active KEK generation 2; 2 generation(s): 1 active, 1 retained;"), first
+    assert generations[0].startswith("generation 1  retained  created ") and "retires after " in generations[0]
+    assert "retired " not in generations[0].replace("retires after", "")
+    assert generations[1].startswith("generation 2  active  created "), generations
