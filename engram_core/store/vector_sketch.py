@@ -10,9 +10,9 @@ computes the integer products with onnxruntime's ``MatMulInteger`` (MLAS's u8×s
 at 100k rows on two threads), so the first pass costs about a fifth.
 
 A row ``x`` is held as codes ``c`` (int8, |c_i| ≤ 127) and a scale ``s = max|x_i| / 127``, with
-``e = x − s·c`` its error; the query ``q`` as codes ``d`` (|d_i| ≤ 127) and a scale ``t``, with
-``f = q − t·d``. The kernel multiplies ``d + 128`` (uint8) and ``c``, and 128 times each row's
-code sum is subtracted after, so ``c·d`` is exact (int32: 384 × 255 × 127 < 2³¹), and
+``e = x − s·c`` its error; the query ``q`` as codes ``d`` (|d_i| ≤ 63) and a scale
+``t = max|q_i| / 63``, with ``f = q − t·d``. The kernel multiplies ``d + 64`` (uint8, at most
+127) and ``c``, and 64 times each row's code sum is subtracted after, so ``c·d`` is exact, and
 
     x·q − s·t·(c·d) = e·q + s·c·f,   so   |x·q − s·t·(c·d)| ≤ ‖e‖·‖q‖ + ‖s·c‖·‖f‖,
 
@@ -20,6 +20,18 @@ which ``similarities`` bounds with the largest ``‖e‖`` and ``‖s·c‖`` of
 are put) plus the float64 reference's own rounding. The answer ``nearest`` returns is therefore
 the float64 answer whatever the sketch's values: a row the first pass leaves out cannot be on
 the page.
+
+The query has seven bits, not eight, because the kernel is exact only so. MLAS multiplies u8 by s8
+on x86 CPUs without VNNI (AVX2, AVX-512BW) with ``vpmaddubsw``, which adds two adjacent products
+into an int16 **with saturation**: with ``d + 128`` up to 255 a pair reached 2 × 255 × 127 =
+64,770 and was clipped to 32,767, so on such a machine (issue 58: a 2-core CI runner) a
+similarity was off by 1.24 against a bound of 0.137 and ``nearest`` returned other records than
+the float64 answer, while VNNI and AMX machines, which add in int32, were exact. With the query's
+codes at most 127 a pair is at most 2 × 127 × 127 = 32,258 and every kernel is exact (int32 sums:
+384 × 127 × 127 < 2³¹); the price is a coarser query, ``‖f‖`` about twice as large (the bound
+~0.025 instead of ~0.018 for unit vectors of 384 dimensions). The session is also checked once,
+when it is made, on operands at those limits (``_exact``): a kernel found inexact leaves the
+sketch unavailable, and ``nearest`` keeps the float32 pass rather than risk a wrong page.
 
 The codes are held transposed, in blocks of ``BLOCK`` rows (``MatMulInteger``'s right operand is
 ``dims × rows``), so that rows are appended without copying the others; the last block grows by
@@ -29,6 +41,7 @@ a quarter (every search reads all of it). Without onnxruntime (the ``semantic`` 
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
@@ -38,7 +51,11 @@ import numpy as np
 
 BLOCK = 32_768  # rows per block of codes (12.6 MB at 384 dimensions)
 _U64 = 2.0**-53
+ROW_LEVELS = 127  # a row's codes: |c_i| ≤ 127
+QUERY_LEVELS = 63  # the query's: |d_i| ≤ 63, offset by 64 to uint8 [1, 127] (the module docstring)
+QUERY_OFFSET = QUERY_LEVELS + 1
 
+_log = logging.getLogger(__name__)
 _session: Any = None
 _session_lock = threading.Lock()
 _unavailable = False
@@ -61,7 +78,7 @@ def _product_session() -> Any:
             _unavailable = True
             return None
         # No zero-point input: with one, MLAS took a path three times slower (2.4 vs 0.8 ms for
-        # 65,536 rows); ``similarities`` subtracts 128 × each row's code sum instead.
+        # 65,536 rows); ``similarities`` subtracts 64 × each row's code sum instead.
         a = helper.make_tensor_value_info("d", TensorProto.UINT8, [1, None])
         b = helper.make_tensor_value_info("codes", TensorProto.INT8, [None, None])
         y = helper.make_tensor_value_info("y", TensorProto.INT32, [1, None])
@@ -76,24 +93,57 @@ def _product_session() -> Any:
         # 3.1 without spinning, for 0.1 ms of latency: CPU the other calls on the core need.
         options.intra_op_num_threads = min(os.cpu_count() or 1, 4)
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        _session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        if not _exact(session):
+            _log.warning("onnxruntime's integer product is not exact on this CPU: the vector list's "
+                         "first pass reads the float32 rows instead of the int8 sketch")
+            _unavailable = True
+            return None
+        _session = session
         return _session
+
+
+def _exact(session: Any) -> bool:
+    """Whether ``session`` multiplies the operands ``similarities`` gives it exactly: uint8 query
+    codes up to 127 by int8 codes in [−127, 127], at the limits (all 127 against rows of ±127,
+    where a saturating kernel clips) and at random, in a few shapes (MLAS picks its path by
+    shape)."""
+    rng = np.random.default_rng(58)
+    top = QUERY_OFFSET + QUERY_LEVELS
+    for dims, rows in ((384, 67), (16, 16), (7, 5)):
+        codes = rng.choice(np.array([-ROW_LEVELS, ROW_LEVELS]), size=(rows, dims))
+        codes[0], codes[1] = ROW_LEVELS, -ROW_LEVELS
+        codes[-1] = rng.integers(-ROW_LEVELS, ROW_LEVELS + 1, size=dims)
+        block = np.ascontiguousarray(codes.T.astype(np.int8))
+        for d in (np.full(dims, top), rng.integers(0, top + 1, size=dims)):
+            got = session.run(None, {"d": d.astype(np.uint8).reshape(1, -1), "codes": block})[0]
+            if not np.array_equal(np.asarray(got, dtype=np.int64).reshape(-1), codes @ d):
+                return False
+    return True
 
 
 def available() -> bool:
     return _product_session() is not None
 
 
-def _quantize(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(codes int8, scales, ‖e‖ per row, ‖s·c‖ per row) of float rows, computed in float64."""
+def _quantize(rows: np.ndarray, levels: int = ROW_LEVELS) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(codes int8 in [−levels, levels], scales, ‖e‖ per row, ‖s·c‖ per row) of float rows,
+    computed in float64."""
     x = np.asarray(rows, dtype=np.float64)
-    scale = np.abs(x).max(axis=1) / 127 if x.shape[1] else np.zeros(len(x))
+    scale = np.abs(x).max(axis=1) / levels if x.shape[1] else np.zeros(len(x))
     safe = np.where(scale > 0, scale, 1.0)
-    codes = np.clip(np.rint(x / safe[:, None]), -127, 127)
+    codes = np.clip(np.rint(x / safe[:, None]), -levels, levels)
     codes[scale == 0] = 0
     approx = codes * scale[:, None]
     err = np.linalg.norm(x - approx, axis=1)
     return codes.astype(np.int8), scale, err, np.linalg.norm(approx, axis=1)
+
+
+def query_codes(query: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """(the kernel's uint8 operand ``d + 64``, 1 × dims, each in [1, 127]; the scale ``t``;
+    ``‖f‖``) of a query: quantized as a row is, with seven bits (the module docstring)."""
+    d, scale, rounding, _ = _quantize(np.asarray(query, dtype=np.float64).reshape(1, -1), QUERY_LEVELS)
+    return (d.astype(np.int16) + QUERY_OFFSET).astype(np.uint8), float(scale[0]), float(rounding[0])
 
 
 class VectorSketch:
@@ -105,7 +155,7 @@ class VectorSketch:
         self.n = 0  # rows [0, n) are sketched (a row never put has zero codes)
         self._blocks: list[np.ndarray] = []  # dims × rows, int8; all but the last hold BLOCK rows
         self._scale = np.zeros(0)
-        self._sums = np.zeros(0, dtype=np.int64)  # each row's codes summed: ``d`` is offset by 128
+        self._sums = np.zeros(0, dtype=np.int64)  # each row's codes summed: ``d`` is offset by 64
         self.max_error = 0.0  # largest ‖e‖ of any row
         self.max_norm = 0.0  # largest ‖s·c‖ of any row
 
@@ -162,14 +212,12 @@ class VectorSketch:
         float64 similarity ``_similarities`` computes). Rows never put are zero."""
         session = _product_session()
         q = np.asarray(query, dtype=np.float64)
-        d, scale, rounding, _ = _quantize(q.reshape(1, -1))  # the query is quantized as a row is
-        t, f = float(scale[0]), float(rounding[0])
-        codes = (d.astype(np.int16) + 128).astype(np.uint8)
+        codes, t, f = query_codes(q)
         out = np.zeros(n)
         for block, lo in enumerate(range(0, min(n, self.n), BLOCK)):
             hi = min(n, self.n, lo + BLOCK)
             product = session.run(None, {"d": codes, "codes": self._blocks[block]})[0][0, : hi - lo]
-            np.multiply(product - 128 * self._sums[lo:hi], self._scale[lo:hi], out=out[lo:hi])
+            np.multiply(product - QUERY_OFFSET * self._sums[lo:hi], self._scale[lo:hi], out=out[lo:hi])
         out *= t
         q_norm = float(np.linalg.norm(q))
         # The sketch's error; the float64 reference's own (γ_dims in float64, on ‖x‖‖q‖ ≤
