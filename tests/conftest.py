@@ -9,21 +9,63 @@ through a fixture that does (``core``, ``fresh_core``, ...), runs once per engin
 the engine (``test_x[duckdb]``, ``test_x[postgresql]``). A test about DuckDB itself (its file,
 its lock, its group commit, its migrations) is marked ``@pytest.mark.duckdb_only(reason=...)``:
 it then runs on DuckDB only, and its reason is shown in the collection report.
+
+Hypothesis (property tests) runs under the ``engram`` profile: no example database (a failure
+must be reproducible from the CI log alone, not from a ``.hypothesis`` directory left on one
+machine) and the failing example's blob printed. Every run has one seed, given with
+``--hypothesis-seed=N`` or else drawn at start, printed in the report's header (and again after
+a failure): rerunning with that option generates the same examples.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Iterator
 
+import hypothesis
+import hypothesis.core
 import pytest
 from core_engines import DUCKDB, ENGINES, EngineStores
 from pg_cluster import Database, PgCluster, PostgresMissing, start_cluster
+
+hypothesis.settings.register_profile("engram", database=None, print_blob=True)
+hypothesis.settings.load_profile("engram")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "duckdb_only(reason): a test about the DuckDB engine itself: no PostgreSQL leg (say why)")
+    _hypothesis_seed(config)
+
+
+def _hypothesis_seed(config: pytest.Config) -> int | str:
+    """The run's Hypothesis seed: ``--hypothesis-seed`` if given, else one drawn now and set as
+    Hypothesis's pytest plugin sets the option's (``hypothesis.core.global_force_seed``, which
+    every ``@given`` test then draws from), so that the printed seed reproduces the run."""
+    given = config.getoption("hypothesis_seed", None)
+    if given is None:
+        given = str(secrets.randbelow(2**32))
+        config.option.hypothesis_seed = given  # as if given: the plugin, configured before or after, agrees
+    seed: int | str = int(given) if given.isdigit() else given  # the plugin takes any string too
+    hypothesis.core.global_force_seed = seed
+    return seed
+
+
+def _seed_line(config: pytest.Config) -> str:
+    seed = config.getoption("hypothesis_seed")
+    return f"hypothesis seed: {seed} (rerun with --hypothesis-seed={seed})"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return _seed_line(config)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int,
+                            config: pytest.Config) -> None:
+    # The header is thousands of lines above the failures in a whole-suite log.
+    if terminalreporter.stats.get("failed") or terminalreporter.stats.get("error"):
+        terminalreporter.write_line(_seed_line(config))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
