@@ -47,7 +47,11 @@ def _hypothesis_seed(config: pytest.Config) -> int | str:
     if given is None:
         given = str(secrets.randbelow(2**32))
         config.option.hypothesis_seed = given  # as if given: the plugin, configured before or after, agrees
-    seed: int | str = int(given) if given.isdigit() else given  # the plugin takes any string too
+    seed: int | str = given
+    try:
+        seed = int(given)
+    except ValueError:
+        pass  # as the plugin: any string seeds too
     hypothesis.core.global_force_seed = seed
     return seed
 
