@@ -294,8 +294,10 @@ def run_migrations(conn: psycopg.Connection, migrations: tuple[Migration, ...], 
         conn.execute("ROLLBACK")
         row = conn.execute("SELECT current_user").fetchone()
         role = row[0] if row else "?"
+        # Pending versions are always the code's last ones (the ledger has no gaps): first to last.
+        which = f"migration {versions[0]}" if len(versions) == 1 else f"migrations {versions[0]} to {versions[-1]}"
         raise EngramError(Code.MIGRATION_LEDGER_INVALID,
-                          f"the store's schema is behind this core (migrations {versions} pending) and role "
+                          f"the store's schema is behind this core ({which} pending) and role "
                           f"{role} may not change it: run `{MIGRATE_COMMAND}` as the role that owns the "
                           f"schema, then start again") from None
     except BaseException:
