@@ -150,10 +150,11 @@ def verify_context(raw: bytes | None, trusted: TrustedHostKeys, *, now_ms: int,
     ``calls``: what the context must have been signed for (``HostContext.call``); None only
     for in-process callers that sign a context for themselves. With ``nonces`` the context
     is also single use: its nonce is claimed, and a second presentation is refused like a
-    bad context. Every gRPC call that acts passes the core's ledger; the calls that act on
-    nothing (the tool listing, CheckGated, RecordRefusal, which a fronting host's one context
-    per request is also used for) leave it out, and a context signed for one of those cannot
-    act, because acting calls accept only the context signed for them.
+    bad context. Over gRPC every call spends the nonce of the context it sees
+    (``Core.claim_context``, ``rpc/call_handler.py`` ``CallHandler.bind``), so a context shown
+    to any call cannot act afterwards; the one exception is a tool call's own context shown to
+    the tool listing or CheckGated (a fronting host's one context per request), left for its
+    tool call to spend.
     """
     if not raw:
         raise EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, "no host context")

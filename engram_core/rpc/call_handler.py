@@ -42,8 +42,13 @@ GATED_CALLS = frozenset(GATED_TOOLS)
 LISTING_CALLS = TOOL_CALLS | {TOOLS_LIST_CALL}
 HOST_CALLS = frozenset({HOST_CALL})
 ADMIN_CALLS = frozenset({ADMIN_CALL})
+# What CheckGated and RecordRefusal accept: the context of the tool call they serve (a fronting
+# host's one context per request), or one signed for a host call (what the adapter signs for them
+# when it signs its own contexts, so that none of its contexts could act as the tool).
+GATED_CHECK_CALLS = GATED_CALLS | HOST_CALLS
+REFUSAL_RECORD_CALLS = LISTING_CALLS | HOST_CALLS
 # Any call at all: what a request that cannot even be decoded is authenticated as before it is
-# refused (it acts on nothing, so it spends no nonce either).
+# refused (and its nonce spent, like every other context the core sees).
 ANY_CALLS = LISTING_CALLS | HOST_CALLS | ADMIN_CALLS
 
 
@@ -70,28 +75,30 @@ class CallHandler:
     def __init__(self, core: Core) -> None:
         self.core = core
 
-    def bind(self, context: grpc.ServicerContext, *, calls: frozenset[str], single_use: bool = True) -> BoundContext:
-        """The verified context of this call. ``single_use`` claims its nonce (a replay is
-        refused). False only for the host calls that read or change nothing of the scope and
-        that the adapter makes with the same context as the tool call itself (one context per
-        HTTP request from a fronting host): the tool listing, the check before a confirmation
-        is asked, and the record of a refusal the adapter decided. ``calls``: what the context
-        must have been signed for."""
+    def bind(self, context: grpc.ServicerContext, *, calls: frozenset[str],
+             serves_tool_call: bool = False) -> BoundContext:
+        """The verified context of this call, its nonce spent (claimed): a second presentation,
+        to this call or any other, is refused as a replay, so a context seen by any call cannot
+        act afterwards (issue 57). ``calls``: what the context must have been signed for.
+
+        One exception, ``serves_tool_call`` (the tool listing and CheckGated, which read nothing
+        of a record and change nothing): shown the context of the tool call they serve (signed
+        for a tool), they leave its nonce for that tool call to spend. A fronting host sends one
+        context per HTTP request, and the adapter shows it to these two before it makes the
+        call. Any other context they are shown (``tools/list``, ``host``) is spent here."""
         ctx = verify_context(metadata_value(context, CONTEXT_METADATA_KEY), self.core.trusted,
                              now_ms=self.core.now_ms(), calls=calls)
         observed_calls.note_context(ctx)  # the call's log line and metrics name who called
-        if single_use:
-            try:
-                ctx = self.core.claim_context(ctx)
-            except EngramError as exc:
-                if exc.code is Code.RATE_LIMITED:
-                    # A verified context refused for its key's full lane: audited like any refusal
-                    # (a flood leaves its trace), and answered with the retriable code.
-                    raise self.refused(ctx, _refused_operation(calls), exc) from None
-                raise
-        else:
-            ctx = self.core.host_trust.checked(ctx)  # the claim reads the trust version; this call has none
-        return ctx
+        if serves_tool_call and ctx.call in TOOL_CALLS:
+            return self.core.host_trust.checked(ctx)  # the claim reads the trust version; this call has none
+        try:
+            return self.core.claim_context(ctx)
+        except EngramError as exc:
+            if exc.code is Code.RATE_LIMITED:
+                # A verified context refused for its key's full lane: audited like any refusal
+                # (a flood leaves its trace), and answered with the retriable code.
+                raise self.refused(ctx, _refused_operation(calls), exc) from None
+            raise
 
     def refused(self, ctx: BoundContext, operation: str, exc: EngramError, target: str = "") -> EngramError:
         """Audit a refusal after the context was verified (its audit id is then the host's): the
@@ -115,11 +122,11 @@ class CallHandler:
 
     def audited(self, context: grpc.ServicerContext, operation: str, fn: Callable[[BoundContext], Any],
                 target: Callable[[], str] = lambda: "", *, calls: frozenset[str],
-                single_use: bool = True) -> Any:
+                serves_tool_call: bool = False) -> Any:
         """``fn`` with the verified context; a refusal after verification is logged and audited.
-        ``calls`` and ``single_use`` as for :meth:`bind`."""
+        ``calls`` and ``serves_tool_call`` as for :meth:`bind`."""
         def go() -> Any:
-            ctx = self.bind(context, calls=calls, single_use=single_use)
+            ctx = self.bind(context, calls=calls, serves_tool_call=serves_tool_call)
             try:
                 return fn(ctx)
             except EngramError as exc:

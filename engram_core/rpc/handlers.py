@@ -3,7 +3,7 @@
 grpcio answers a request its deserializer cannot parse (invalid UTF-8 in a
 string field, garbage bytes) with INTERNAL. The contract says client input
 never gets INTERNAL: here the deserializer returns a marker instead, and the
-handler answers UNAUTHENTICATED (no valid context) or INVALID_SCHEMA.
+handler answers UNAUTHENTICATED (no valid context) or INVALID_SCHEMA, its context spent.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def _refuse(servicer: Any, context: grpc.ServicerContext) -> None:
     bind = getattr(servicer, "bind", None)
     try:
         if bind is not None:
-            bind(context, calls=ANY_CALLS, single_use=False)
+            bind(context, calls=ANY_CALLS)  # its nonce is spent: the context cannot act afterwards
     except EngramError as exc:
         abort(context, exc)
     abort(context, EngramError(Code.INVALID_SCHEMA, "undecodable request"))

@@ -24,7 +24,14 @@ from engram_core.errors import Code, EngramError
 from engram_core.hostctx import CONFIRMATION_METADATA_KEY, BoundContext
 from engram_core.observability.metrics import CoreMetrics
 from engram_core.operation import target_of
-from engram_core.rpc.call_handler import GATED_CALLS, HOST_CALLS, LISTING_CALLS, CallHandler, metadata_value
+from engram_core.rpc.call_handler import (
+    GATED_CHECK_CALLS,
+    HOST_CALLS,
+    LISTING_CALLS,
+    REFUSAL_RECORD_CALLS,
+    CallHandler,
+    metadata_value,
+)
 from engram_core.rpc.convert import has_unknown_fields, message_of, message_to_value
 from engram_core.rpc.handlers import add_servicer
 from engram_core.rpc.maintenance import MaintenanceServicer
@@ -108,22 +115,26 @@ class HostServicer(host_pb2_grpc.HostServiceServicer, CallHandler):
         self.memory = memory
 
     def CheckGated(self, request, context):
-        # Audited as the refusal of the tool itself: it is that tool call's answer.
+        # Audited as the refusal of the tool itself: it is that tool call's answer. A context signed
+        # for a host call is spent here; the tool call's own (a fronting host's one context per
+        # request) is left for that call to spend (CallHandler.bind).
         tool = request.tool if request.tool in GATED_TOOLS else "host.check_gated"
         args = {"tool": request.tool, "target": request.target, "idempotency_key": request.idempotency_key,
                 "reason_ref": request.reason_ref}
         return self.audited(context, tool, lambda ctx: host_pb2.CheckGatedResponse(
-            **self.memory.check_gated(ctx, args)), lambda: request.target, calls=GATED_CALLS, single_use=False)
+            **self.memory.check_gated(ctx, args)), lambda: request.target, calls=GATED_CHECK_CALLS,
+            serves_tool_call=True)
 
     def Health(self, request, context):
         return host_pb2.HealthResponse(**self.host.health())
 
     def ListCapabilities(self, request, context):
-        # Not single use: a fronting host sends one context per HTTP request, and the adapter
-        # lists the tools with it besides making the call (SPEC §2 tools/list).
+        # A context signed for the listing is spent here. A tool call's own is not: a fronting host
+        # sends one context per HTTP request, and the adapter lists the tools with it before making
+        # the call, which spends it (SPEC §2 tools/list; CallHandler.bind).
         return self.audited(context, "host.list_capabilities",
                             lambda ctx: host_pb2.ListCapabilitiesResponse(**self.host.list_capabilities(ctx)),
-                            calls=LISTING_CALLS, single_use=False)
+                            calls=LISTING_CALLS, serves_tool_call=True)
 
     def AuthorizationEpoch(self, request, context):
         return self.audited(context, "host.authorization_epoch", lambda ctx: host_pb2.AuthorizationEpochResponse(
@@ -138,12 +149,13 @@ class HostServicer(host_pb2_grpc.HostServiceServicer, CallHandler):
         return self.audited(context, "host.issue_confirmation", go, lambda: request.target, calls=HOST_CALLS)
 
     def RecordRefusal(self, request, context):
+        # Spends the context's nonce, whatever it was signed for: a refusal is the last thing a
+        # host does with a call's context, so one shown here cannot act afterwards (issue 57).
         return self.audited(context, "host.record_refusal", lambda ctx: host_pb2.RecordRefusalResponse(
             **self.host.record_refusal(ctx, operation=request.operation, code=request.code,
                                        reason_class=request.reason_class, reason_codes=list(request.reason_codes),
-                                       pointer=request.pointer, target=request.target)), calls=LISTING_CALLS,
-                            single_use=False)
-
+                                       pointer=request.pointer, target=request.target)),
+                            calls=REFUSAL_RECORD_CALLS)
 
     def Attest(self, request, context):
         def go():

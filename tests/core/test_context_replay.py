@@ -178,9 +178,9 @@ def test_ledger_memory_stays_bounded_under_a_stream_of_calls() -> None:
 # protection survives a restart; one key's flood fills only its own lane ----------------
 
 def test_a_context_signed_for_the_tool_listing_cannot_act(ana: Client) -> None:
-    """The tool listing, CheckGated and RecordRefusal do not spend a nonce (a fronting host's one
+    """The tool listing, CheckGated and RecordRefusal did not spend a nonce (a fronting host's one
     context per request also serves them); a context signed for the listing, seen there, was
-    then good for one search, get or capture. Now it acts nowhere."""
+    then good for one search, get or capture. Now it acts nowhere (and the listing spends it)."""
     rid = ana.remember("Call binding: the wigeon note.")
     listing = ana.context()  # signed for tools/list
     assert sorted(ana.host.ListCapabilities(host_pb2.ListCapabilitiesRequest(),
@@ -270,3 +270,80 @@ def test_one_keys_flood_fills_its_own_lane_only_and_is_audited(fresh_core: Runni
                    and r["outcome"] == "RATE_LIMITED"]
     assert len(refused) == 5
     assert all("NONCE_LEDGER_FULL" in json.dumps(r["decisions"]) for r in refused)
+
+
+# ---- issue 57 hole 7: every call that sees a context spends it -------------------------------
+
+def _host_call(ana: Client, method: str, request, context: bytes) -> Code | object:
+    try:
+        return getattr(ana.host, method)(request, metadata=[(CONTEXT_METADATA_KEY, context)], timeout=10)
+    except grpc.RpcError as err:
+        return code_from_rpc_error(err)
+
+
+_REFUSAL = dict(code="INVALID_SCHEMA", reason_class="unknown_field", reason_codes=["unknown_field"])
+
+
+def test_a_context_shown_to_record_refusal_cannot_act_afterwards(ana: Client) -> None:
+    """The review's replay: a context that reached only RecordRefusal (an adapter-decided refusal,
+    read off the adapter-to-core traffic) then got once and captured once as its tool. Now
+    RecordRefusal spends it: the tool call, and RecordRefusal itself, refuse it as a replay."""
+    rid = ana.remember("Spent contexts: the shoveler note.")
+    get_ctx = ana.context("get")
+    recorded = _host_call(ana, "RecordRefusal", host_pb2.RecordRefusalRequest(
+        operation="engram_memory_get", **_REFUSAL), get_ctx)
+    assert isinstance(recorded, host_pb2.RecordRefusalResponse)
+    assert ana.fails("get", {"record_id": rid, "purpose_ref": PURPOSE}, context=get_ctx) \
+        == Code.TRUSTED_CONTEXT_UNAVAILABLE
+    capture_ctx = ana.context("capture")
+    assert isinstance(_host_call(ana, "RecordRefusal", host_pb2.RecordRefusalRequest(
+        operation="engram_memory_capture", **_REFUSAL), capture_ctx), host_pb2.RecordRefusalResponse)
+    args = capture_args("Spent contexts: a capture riding on a refusal's context.")
+    assert ana.fails("capture", args, context=capture_ctx) == Code.TRUSTED_CONTEXT_UNAVAILABLE
+    assert _host_call(ana, "RecordRefusal", host_pb2.RecordRefusalRequest(
+        operation="engram_memory_capture", **_REFUSAL), capture_ctx) == Code.TRUSTED_CONTEXT_UNAVAILABLE
+    assert ana.search("riding")["records"] == []
+    # The refusal's row names the claim, so a restart seeds it (Attack 4 in docs/security.md).
+    audit_id = _body(capture_ctx).audit_id
+    with ana.core.core.store.read() as tx:
+        rows = [r for r in tx.audit_rows(None, None, 0, None) if r["audit_id"] == audit_id]
+    assert rows and all(r["context_nonce"] for r in rows)
+
+
+def test_the_host_calls_spend_the_contexts_signed_for_them(ana: Client) -> None:
+    """What the adapter signs for the listing (``tools/list``) and for CheckGated and
+    RecordRefusal (``host``) is spent by the call it is sent to: shown again, anywhere, refused."""
+    rid = ana.remember("Spent contexts: the pochard note, checked before a forget.")
+    listing = ana.context()
+    assert _host_call(ana, "ListCapabilities", host_pb2.ListCapabilitiesRequest(), listing).tools
+    assert _host_call(ana, "ListCapabilities", host_pb2.ListCapabilitiesRequest(), listing) \
+        == Code.TRUSTED_CONTEXT_UNAVAILABLE
+    args = {"record_id": rid, "idempotency_key": "fg-spent-" + rid[4:30], "reason_ref": "reason:test"}
+    check = host_pb2.CheckGatedRequest(tool="engram_memory_forget", target=rid,
+                                       idempotency_key=args["idempotency_key"], reason_ref=args["reason_ref"])
+    host_ctx = ana.context(call="host")  # the agent's binding, signed for a host call
+    assert _host_call(ana, "CheckGated", check, host_ctx).status == "ready"
+    assert _host_call(ana, "CheckGated", check, host_ctx) == Code.TRUSTED_CONTEXT_UNAVAILABLE
+    assert ana.fails("forget", args, context=host_ctx, grant=True) == Code.TRUSTED_CONTEXT_UNAVAILABLE
+    # A tool call's own context (a fronting host's one per request) is left for its call to spend:
+    # CheckGated, then the forget it served, once.
+    forget_ctx = ana.context("forget")
+    assert _host_call(ana, "CheckGated", check, forget_ctx).status == "ready"
+    assert ana.call("forget", args, context=forget_ctx, grant=True)["receipt"]["to_state"] == "tombstoned"
+    assert ana.fails("forget", args, context=forget_ctx, grant=True) == Code.TRUSTED_CONTEXT_UNAVAILABLE
+    assert _host_call(ana, "RecordRefusal", host_pb2.RecordRefusalRequest(
+        operation="engram_memory_forget", **_REFUSAL), forget_ctx) == Code.TRUSTED_CONTEXT_UNAVAILABLE
+
+
+def test_a_context_sent_with_an_undecodable_request_is_spent(ana: Client) -> None:
+    """A request whose bytes do not decode is refused INVALID_SCHEMA after its context verified;
+    that context is spent with it, so the bytes on the wire cannot be sent again as a search."""
+    search_ctx = ana.context("search")
+    raw = memory_pb2.SearchRequest(query="x").SerializeToString() + b"\x0a\xff"  # truncated field
+    call = ana.channel.unary_unary("/engram.v1.MemoryService/Search", request_serializer=None,
+                                   response_deserializer=None)
+    with pytest.raises(grpc.RpcError) as err:
+        call(raw, metadata=[(CONTEXT_METADATA_KEY, search_ctx)], timeout=10)
+    assert code_from_rpc_error(err.value) == Code.INVALID_SCHEMA
+    assert ana.fails("search", {"query": "x", "purpose_ref": PURPOSE}, context=search_ctx) \
+        == Code.TRUSTED_CONTEXT_UNAVAILABLE
