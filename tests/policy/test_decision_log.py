@@ -199,6 +199,25 @@ def test_the_file_sink_rotates_and_keeps_max_files(tmp_path):
     assert newest[-1] == 199 and older[-1] == newest[0] - 1
 
 
+def test_a_log_file_that_already_exists_with_a_wider_mode_is_narrowed_to_0600(tmp_path, caplog):
+    """Issue 57.6: ``os.open``'s mode applies only to a file it creates, so a log file left 0644
+    (by an older version, a copy, a umask) stayed readable by every local user."""
+    log_file = tmp_path / "logs" / "decisions.jsonl"
+    log_file.parent.mkdir()
+    log_file.write_text("")
+    log_file.chmod(0o644)
+    serving = _serving(tmp_path, f"file:{log_file}")
+    running = start_core(tmp_path / "data", policy=serving.engine, semantic=False)
+    try:
+        activate(running)
+        Client(running).remember(SECRET_TEXT)
+    finally:
+        running.stop()
+    assert log_file.stat().st_mode & 0o777 == 0o600
+    assert log_file.read_text() and serving.logger.written
+    assert "had mode 0644; now 0600" in caplog.text
+
+
 def test_http_sink_uploads_in_opas_format_retrying_after_failures(tmp_path):
     with LogCollector(fail_first=2) as collector:
         sink = HttpSink(collector.url, upload_size_limit_bytes=2048, min_delay_seconds=0.05, max_delay_seconds=0.2)
