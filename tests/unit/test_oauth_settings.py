@@ -31,6 +31,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert oauth is not None and oauth.issuer == "https://idp.example.com/realms/acme"
     assert oauth.algorithms == DEFAULT_ALGORITHMS and "none" not in oauth.algorithms
     assert (oauth.clock_skew_s, oauth.jwks_max_age_s, oauth.jwks_refresh_cooldown_s) == (30, 300, 30)
+    assert (oauth.introspection_cache_s, oauth.introspection_budget_per_s) == (30, 5)
     assert oauth.resource is None and oauth.introspection_client is None and oauth.policies is None
 
 
@@ -54,6 +55,7 @@ def test_relative_policies_resolve_beside_the_config_and_the_secret_comes_from_t
     (ISSUER + "\nalgorithms = []", "non-empty list"),
     (ISSUER + "\nclock_skew_s = 3600", "clock_skew_s"),
     (ISSUER + "\nclock_skew_s = true", "clock_skew_s"),
+    (ISSUER + "\nintrospection_budget_per_s = 0", "introspection_budget_per_s"),
     (ISSUER + '\nintrospection_client_id = "x"', "go together"),
     (ISSUER + '\nintrospection_endpoint = "https://idp.example.com/introspect"', "needs introspection_client_id"),
     (ISSUER + '\nintrospection_client_id = "x"\nintrospection_secret_env = "ENGRAM_TEST_NO_SUCH_SECRET"',

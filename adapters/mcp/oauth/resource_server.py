@@ -3,7 +3,9 @@ key set, introspection, the token verifier and the binding policy's answers.
 
 The issuer's metadata is fetched when first needed (not at start-up: the adapter starts while
 the provider is down, and then answers 503 until it is back), once, and again only after a
-failure, at most every ``RETRY_S``.
+failure, at most every ``RETRY_S``. Its lock is held across the fetch, which is bounded by
+``FETCH_DEADLINE_S`` for all candidate URLs together: a caller waiting on it waits no longer than
+that (and the verifier's own ``CHECK_DEADLINE_S`` bounds every caller regardless).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import httpx2
 from adapters.mcp.http_app import OAuthResource
 from adapters.mcp.oauth.caller_binding import CallerBindings
 from adapters.mcp.oauth.fetch import FetchFailed, IssuerMetadata, fetch_issuer_metadata, fetch_json
-from adapters.mcp.oauth.introspection import Introspector
+from adapters.mcp.oauth.introspection import IntrospectionBudget, Introspector
 from adapters.mcp.oauth.jwks import JwksCache
 from adapters.mcp.oauth.settings import OAuthSettings
 from adapters.mcp.oauth.verifier import OAuthTokenVerifier
@@ -82,7 +84,8 @@ def build_resource_server(settings: OAuthSettings, *, served_url: str, callers: 
     introspector = None
     if settings.introspection_client is not None:
         introspector = Introspector(http, endpoint=introspection_endpoint, client=settings.introspection_client,
-                                    cache_s=settings.introspection_cache_s)
+                                    cache_s=settings.introspection_cache_s,
+                                    budget=IntrospectionBudget(settings.introspection_budget_per_s))
     resource = settings.resource or served_url
     verifier = OAuthTokenVerifier(
         issuer=settings.issuer, resource=resource, algorithms=settings.algorithms,

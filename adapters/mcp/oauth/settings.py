@@ -12,6 +12,7 @@
     introspection_client_id = "engram-mcp"          # how the adapter authenticates to it ...
     introspection_secret_env = "ENGRAM_INTROSPECTION_SECRET"  # ... the secret, from this variable
     introspection_cache_s = 30                      # how long an introspection answer is reused, 0..300
+    introspection_budget_per_s = 5                  # introspections of not-yet-known tokens a second, 1..1000
     binding_cache_s = 60                            # how long a binding decision is reused, 0..600
     scopes_supported = ["engram:read", ...]         # published metadata; default: what the policy maps
     policies = "DIR"                                # the bundle deciding engram/binding (default: bundled)
@@ -39,12 +40,13 @@ MAX_CLOCK_SKEW_S = 300
 DEFAULT_JWKS_MAX_AGE_S = 300
 DEFAULT_JWKS_REFRESH_COOLDOWN_S = 30
 DEFAULT_INTROSPECTION_CACHE_S = 30
+DEFAULT_INTROSPECTION_BUDGET_PER_S = 5
 DEFAULT_BINDING_CACHE_S = 60
 
 OAUTH_FIELDS = (
     "issuer", "resource", "jwks_uri", "algorithms", "clock_skew_s", "jwks_max_age_s", "jwks_refresh_cooldown_s",
     "introspection_endpoint", "introspection_client_id", "introspection_secret_env", "introspection_cache_s",
-    "binding_cache_s", "scopes_supported", "policies", "opa_url",
+    "introspection_budget_per_s", "binding_cache_s", "scopes_supported", "policies", "opa_url",
 )
 
 
@@ -75,6 +77,7 @@ class OAuthSettings:
     introspection_endpoint: str | None = None
     introspection_client: IntrospectionClient | None = None
     introspection_cache_s: int = DEFAULT_INTROSPECTION_CACHE_S
+    introspection_budget_per_s: int = DEFAULT_INTROSPECTION_BUDGET_PER_S
     binding_cache_s: int = DEFAULT_BINDING_CACHE_S
     scopes_supported: tuple[str, ...] | None = None
     policies: Path | None = None
@@ -157,6 +160,8 @@ def parse_oauth(table: dict[str, Any], base: Path) -> OAuthSettings:
         introspection_endpoint=urls.get("introspection_endpoint"),
         introspection_client=client,
         introspection_cache_s=_int(table, "introspection_cache_s", DEFAULT_INTROSPECTION_CACHE_S, 0, 300),
+        introspection_budget_per_s=_int(table, "introspection_budget_per_s", DEFAULT_INTROSPECTION_BUDGET_PER_S,
+                                        1, 1000),
         binding_cache_s=_int(table, "binding_cache_s", DEFAULT_BINDING_CACHE_S, 0, 600),
         scopes_supported=_strings(table, "scopes_supported"),
         policies=(Path(policies).expanduser() if Path(policies).expanduser().is_absolute()

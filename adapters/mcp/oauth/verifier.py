@@ -25,6 +25,11 @@ A token that is not a JWS goes to introspection when one is configured. A refuse
 ``None`` (the SDK answers 401 ``invalid_token``); when the issuer's keys or its introspection
 endpoint cannot be reached at all the request fails with :class:`AuthorizationServerUnavailable`
 (503), so an outage is not mistaken for a bad token.
+
+A check that needs the issuer ends within ``CHECK_DEADLINE_S`` of wall clock, whatever the issuer
+does (issue 57): each fetch has its own deadline (``fetch.py``), but a check may wait for another
+caller's fetch (the key set's and the metadata's locks) and then make its own, and a client gives
+up after ~16 s. Past the deadline the request is the retriable 503, never a hang.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import jwt
 from mcp.server.auth.provider import AccessToken
 
@@ -50,6 +56,7 @@ _JWS_SHAPE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*")
 _ACCESS_TOKEN_TYPES = frozenset({"at+jwt", "application/at+jwt", "jwt", "application/jwt"})
 MAX_TOKEN_CHARS = 16_384
 VERIFIED_CACHE_ENTRIES = 4096
+CHECK_DEADLINE_S = 8.0
 
 
 class AuthorizationServerUnavailable(Exception):
@@ -113,11 +120,12 @@ class OAuthTokenVerifier:
     async def verify_token(self, token: str) -> AccessToken | None:
         if not token or len(token) > MAX_TOKEN_CHARS:
             return self._refused("size")
-        if _JWS_SHAPE.fullmatch(token):
-            return await self._verify_jwt(token)
-        if self._introspector is not None:
-            return await self._verify_introspected(token)
-        return self._refused("not_a_jwt")
+        is_jws = _JWS_SHAPE.fullmatch(token) is not None
+        if not is_jws and self._introspector is None:
+            return self._refused("not_a_jwt")
+        with anyio.move_on_after(CHECK_DEADLINE_S):
+            return await (self._verify_jwt(token) if is_jws else self._verify_introspected(token))
+        raise AuthorizationServerUnavailable(f"the issuer did not answer within {CHECK_DEADLINE_S:g} s")
 
     def _refused(self, reason: str) -> None:
         logger.info("access token refused: reason=%s", reason)  # never the token, never its claims
