@@ -1,7 +1,8 @@
 """A least-privilege PostgreSQL deployment (issue 57), on the session's real cluster: an owner role
 migrates the schema with `engram admin migrate --store URL`, and `engram serve --store` runs as a
 serving role that may read and write the tables but change no schema (docs/deployment.md, "Roles:
-an owner migrates, a serving role serves"; the SQL below is the SQL that section gives).
+an owner migrates, a serving role serves": the SQL run here is read from that section, so what it
+tells operators to run is what is tested).
 
 - A serving role on an empty or behind schema refuses to start with one line naming the migrate
   command, and changes nothing; a role that may apply part of what is pending applies none of it.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -71,46 +73,89 @@ class Roles:
             return [(int(v), c) for v, c in con.execute("SELECT version, checksum FROM schema_migrations ORDER BY 1")]
 
 
+DEPLOYMENT = _TESTS.parent / "docs" / "deployment.md"
+SECTION = "## Roles: an owner migrates, a serving role serves"
+
+
+def documented_sql() -> tuple[list[str], list[str]]:
+    """The statements of the docs' section: (the superuser's, the owner's), in order, psql's
+    meta-commands (``\\password ROLE``, ``\\c DB``) in their places, comments dropped."""
+    text = DEPLOYMENT.read_text()
+    section = text[text.index(SECTION):]
+    section = section[:section.index("\n## ", len(SECTION))]
+    blocks = re.findall(r"^```sql\n(.*?)^```", section, re.M | re.S)
+    assert len(blocks) == 2, "the section gives the superuser's SQL, then the owner's"
+    parsed: list[list[str]] = []
+    for block in blocks:
+        statements, pending = [], ""
+        for line in block.splitlines():
+            line = re.sub(r"\s*--.*$", "", line).strip()
+            if line.startswith("\\"):
+                statements.append(line)
+                continue
+            pending = f"{pending} {line}".strip()
+            while ";" in pending:
+                statement, pending = pending.split(";", 1)
+                statements.append(" ".join(statement.split()))
+                pending = pending.strip()
+        assert not pending, f"a statement without its semicolon: {pending!r}"
+        parsed.append(statements)
+    return parsed[0], parsed[1]
+
+
+def _named(statement: str, names: dict[str, str]) -> str:
+    """``statement`` with the docs' role and database names replaced by this test's."""
+    for doc_name, name in names.items():
+        statement = re.sub(rf"\b{doc_name}\b", name, statement)
+    return statement
+
+
 @pytest.fixture
 def roles(pg_cluster: PgCluster, tmp_path: Path) -> Iterator[Roles]:
-    """The superuser's part of the docs' section: the two roles and the database, owned by the
-    owner, that only the serving role (and the owner) may connect to."""
+    """The superuser's part of the docs' section, run as written (names made unique to the test):
+    the two roles with their passwords and the database the owner owns and only the serving role
+    (and the owner) may connect to."""
     suffix = secrets.token_hex(4)
     owner, serve, dbname = f"engram_owner_{suffix}", f"engram_serve_{suffix}", f"engram_roles_{suffix}"
+    names = {"engram_owner": owner, "engram_serve": serve, "engram": dbname}
     passwords = {owner: secrets.token_urlsafe(18), serve: secrets.token_urlsafe(18)}
     passfile = tmp_path / "pgpass"
     lines = pg_cluster.passfile.read_text() + "".join(f"127.0.0.1:*:*:{r}:{p}\n" for r, p in passwords.items())
     with open(os.open(passfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         f.write(lines)
-    with pg_cluster.admin() as con:
-        for role, password in passwords.items():
-            con.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
-        con.execute(f"CREATE DATABASE {dbname} OWNER {owner} TEMPLATE template0")
-        con.execute(f"REVOKE ALL ON DATABASE {dbname} FROM PUBLIC")  # CONNECT and TEMPORARY
-        con.execute(f"GRANT CONNECT ON DATABASE {dbname} TO {serve}")
+    as_superuser, _ = documented_sql()
+    con = pg_cluster.admin()
+    try:
+        for statement in (_named(s, names) for s in as_superuser):
+            if statement.startswith("\\password "):  # psql asks for it; the test has it
+                role = statement.split()[1]
+                con.execute(f"ALTER ROLE {role} PASSWORD '{passwords[role]}'")
+            elif statement.startswith("\\c "):
+                con.close()
+                con = psycopg.connect(pg_cluster.conninfo(statement.split()[1]), autocommit=True)
+            else:
+                con.execute(statement)  # type: ignore[arg-type]
+    finally:
+        con.close()
     made = Roles(pg_cluster, dbname, owner, serve, passfile)
-    with made.connect(owner) as con:  # PostgreSQL 14 and older let PUBLIC create in `public`
-        con.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
     try:
         yield made
     finally:
-        with pg_cluster.admin() as con:
-            con.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
+        with pg_cluster.admin() as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
             for role in passwords:
-                con.execute(f"DROP ROLE IF EXISTS {role}")
+                admin.execute(f"DROP ROLE IF EXISTS {role}")
 
 
 def grant_serving_role(roles: Roles) -> None:
-    """The owner's part of the docs' section, once migrated: the serving role reads and writes
-    every table (the ledger: reads only), and so every table a later migration creates."""
+    """The owner's part of the docs' section, once migrated, run as written: the serving role
+    reads and writes every table (the ledger: reads only), and so every table a later migration
+    creates."""
+    _, as_owner = documented_sql()
+    names = {"engram_owner": roles.owner, "engram_serve": roles.serve, "engram": roles.dbname}
     with roles.connect(roles.owner) as con:
-        con.execute(f"GRANT USAGE ON SCHEMA public TO {roles.serve}")
-        con.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {roles.serve}")
-        con.execute(f"REVOKE INSERT, UPDATE, DELETE ON schema_migrations FROM {roles.serve}")
-        con.execute(f"ALTER DEFAULT PRIVILEGES FOR ROLE {roles.owner} IN SCHEMA public "
-                    f"GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {roles.serve}")
-        con.execute(f"ALTER DEFAULT PRIVILEGES FOR ROLE {roles.owner} IN SCHEMA public "
-                    f"GRANT USAGE ON SEQUENCES TO {roles.serve}")
+        for statement in as_owner:
+            con.execute(_named(statement, names))  # type: ignore[arg-type]
 
 
 def engram(roles: Roles, *argv: str) -> subprocess.CompletedProcess[str]:
