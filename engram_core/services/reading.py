@@ -299,7 +299,8 @@ class ReadService:
             more = len(rows) > limit
             if more and not pin_id:
                 # Only searches with a next page keep a pin; a shared one is written with the
-                # audit row below, which the answer waits for anyway.
+                # audit row below, which the answer waits for anyway, sealed under a key only the
+                # cursor carries (pin_id is the pin's reference: its id and that key).
                 pin_id = self.pins.put(pin, hold=shared_pins)
             rows = rows[:limit]
             # Final revalidation at read time (SPEC §11): anything no longer eligible is dropped,

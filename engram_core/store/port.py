@@ -155,8 +155,8 @@ class LexicalPage:
 
 @dataclass(frozen=True)
 class SharedPin:
-    """A search pin as every core reads it (``page_pins.PinStore``): its id, scope, JSON and
-    expiry."""
+    """A search pin as every core reads it (``page_pins.PinStore``): its id, scope, its JSON
+    sealed under a key only the cursor carries (``page_pins.seal_pin``), and expiry."""
 
     pin_id: str
     tenant: str
