@@ -120,6 +120,25 @@ REFUSALS: dict[Code, dict[str, str]] = {
                       "epoch-millisecond integers).",
         "value_not_allowed": "A field has a value its schema does not allow; see the field's enum or const.",
         "out_of_range": "A number or the length of a list is outside the bounds its schema states.",
+        # Ranges and formats named by their field (issue 60 item 3): the field and its bound are the
+        # schema's, never the caller's input.
+        "limit_out_of_range": "limit is outside its bounds: an integer from 1 to 50.",
+        "max_packet_bytes_out_of_range": "max_packet_bytes is outside its bounds: an integer from 4,096 to "
+                                         "1,048,576.",
+        "time_out_of_range": "A time (valid_time.t, valid_time.t_end or primary_event.at) is outside its "
+                             "bounds: epoch milliseconds within ±9,007,199,254,740,991.",
+        "components_count": "payload.components must hold 1 to 64 components.",
+        "citations_count": "payload.citations must hold 1 to 256 citations.",
+        "citation_ids_count": "A citation_ids list must hold 1 to 256 ids.",
+        "family_refs_count": "reconciliation.family_refs holds at most 64 refs.",
+        "record_id_format": "record_id must be a record id: mem_ followed by 52 characters a-z and 2-7, "
+                            "copied exactly as search, get or the admission returned it (a candidate id, "
+                            "cand_..., is not a record id).",
+        "candidate_id_format": "candidate_id must be a candidate id: cand_ followed by characters a-z and "
+                               "2-7, copied exactly as the capture returned it (a record id, mem_..., is not "
+                               "a candidate id).",
+        "instant_format": "An instant (retention.expires_at, observed_at) must be written "
+                          "YYYY-MM-DDTHH:mm:ss.sssZ, in UTC with exactly milliseconds.",
         # One class per byte-bounded field, so the message names the bound that was broken.
         "query_length": "query is outside its bounds: 1-8,192 UTF-8 bytes.",
         "text_length": "A component's text is outside its bounds: 1-65,536 UTF-8 bytes.",
@@ -151,6 +170,10 @@ REFUSALS: dict[Code, dict[str, str]] = {
         "families_unsorted": "reconciliation.family_refs must be sorted ascending.",
         "too_large": "The serialized arguments exceed 1,048,576 bytes.",
         "too_deep": "The arguments are nested deeper than any tool's schema.",
+    },
+    Code.INVALID_DIGEST: {
+        "format": "A digest is not in the required format: sha256: followed by 64 lowercase hex digits "
+                  "(content_digest, evidence_digest).",
     },
     Code.UNAUTHORIZED: {
         "credential": "The content looks like a credential or secret (a key, token, password, connection "

@@ -81,10 +81,37 @@ _LENGTH_CLASSES: dict[str, str] = {
     "attestation": "attestation_length",
     "idempotency_key": "idempotency_key_length",
     "page_cursor": "page_cursor_length",
-    "record_id": "format",
-    "candidate_id": "format",
+    "record_id": "record_id_format",
+    "candidate_id": "candidate_id_format",
     **{name: "ref_length" for name in (*_REF_FIELDS, "citation_ids", "family_refs")},
 }
+
+
+# The refusal class of a range (minimum/maximum, minItems/maxItems) or pattern failure, per field,
+# so the message names the field and its bound; others keep the generic class.
+_RANGE_CLASSES: dict[str, str] = {
+    "limit": "limit_out_of_range",
+    "max_packet_bytes": "max_packet_bytes_out_of_range",
+    "t": "time_out_of_range",
+    "t_end": "time_out_of_range",
+    "at": "time_out_of_range",
+    "components": "components_count",
+    "citations": "citations_count",
+    "citation_ids": "citation_ids_count",
+    "family_refs": "family_refs_count",
+}
+_FORMAT_CLASSES: dict[str, str] = {
+    "record_id": "record_id_format",
+    "candidate_id": "candidate_id_format",
+    "expires_at": "instant_format",
+    "observed_at": "instant_format",
+}
+
+
+def _named_class(path: Any, classes: dict[str, str], generic: str) -> str:
+    """The class named by the failing field (the last property name on ``path``), else ``generic``."""
+    field = next((part for part in reversed(list(path)) if isinstance(part, str)), "")
+    return classes.get(field, generic)
 
 
 def _length_class(path: Any) -> str:
@@ -261,6 +288,10 @@ def _explain(tool: str, args: dict[str, Any]) -> EngramError:
     reason_class = _KEYWORD_CLASS.get(keyword, "")
     if reason_class == "length_out_of_range":
         reason_class = _length_class(path)
+    elif reason_class == "out_of_range":
+        reason_class = _named_class(path, _RANGE_CLASSES, reason_class)
+    elif reason_class == "format":
+        reason_class = _named_class(path, _FORMAT_CLASSES, reason_class)
     return _fail(f"schema keyword {keyword}", reason_class, path)
 
 

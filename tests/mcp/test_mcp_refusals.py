@@ -95,7 +95,7 @@ def _nine_mistakes(word: str) -> list[tuple[str, str, dict[str, Any], str, str]]
          "/payload/components/0"),
         ("missing purpose_ref", "engram_memory_search", {"query": word}, "missing_field", ""),
         ("limit 100", "engram_memory_search", {"query": word, "purpose_ref": PURPOSE, "limit": 100},
-         "out_of_range", "/limit"),
+         "limit_out_of_range", "/limit"),
         ('kind "fact"', "engram_memory_capture", _mutated(word, fact), "value_not_allowed",
          "/payload/components/0/kind"),
         ("dangling citation", "engram_memory_capture", _mutated(word, dangling), "citation_unresolved",
@@ -355,7 +355,7 @@ async def test_the_adapter_log_names_tool_scope_audit_id_and_reason(core, tmp_pa
     lines = [line for line in stderr.splitlines() if env["auditId"] in line and "call refused" in line]
     assert len(lines) == 1, stderr
     for part in ("call refused", "decided_by=adapter", "tool=engram_memory_search", "tenant=acme",
-                 "workspace=ws-main", "code=INVALID_SCHEMA", "reason_class=out_of_range", "pointer=/limit"):
+                 "workspace=ws-main", "code=INVALID_SCHEMA", "reason_class=limit_out_of_range", "pointer=/limit"):
         assert part in lines[0], (part, lines[0])
 
 
