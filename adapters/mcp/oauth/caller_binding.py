@@ -145,11 +145,19 @@ class CallerBindings:
             binding=binding, tools=tools, step_up=step_up, decision_id=decision.decision_id,
             revision=decision.revision, reasons=tuple(r.get("code", "") for r in result.get("reasons", ())))
         b = binding
-        logger.info("caller bound: issuer=%s client=%s principal=%s tenant=%s workspace=%s tools=%s "
-                    "decision_id=%s revision=%s reasons=%s",
-                    policy_input(token, now_ms=0)["issuer"], token.client_id, b.principal if b else "-",
-                    b.tenant if b else "-", b.workspace if b else "-", ",".join(sorted(tools)) or "-",
-                    decision.decision_id, decision.revision, ",".join(resolved.reasons) or "-")
+        issuer = policy_input(token, now_ms=0)["issuer"]
+        if b is None or not tools:
+            # A signed-in person with no tools must be able to learn why from the text log too
+            # (issue 60 item 14): a refusal, at warning, with the policy's reason codes.
+            logger.warning("caller refused: the binding policy gave this caller %s: issuer=%s client=%s "
+                           "decision_id=%s revision=%s reasons=%s",
+                           "no binding" if b is None else "no tools", issuer, token.client_id,
+                           decision.decision_id, decision.revision, ",".join(resolved.reasons) or "-")
+        else:
+            logger.info("caller bound: issuer=%s client=%s principal=%s tenant=%s workspace=%s tools=%s "
+                        "decision_id=%s revision=%s reasons=%s",
+                        issuer, token.client_id, b.principal, b.tenant, b.workspace, ",".join(sorted(tools)),
+                        decision.decision_id, decision.revision, ",".join(resolved.reasons) or "-")
         if self._cache_s > 0:
             until = now + self._cache_s
             if token.expires_at is not None:
