@@ -46,6 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     bundles.add_argument("--bundle-verification-key", default=None, metavar="PEM_FILE",
                          help="refuse bundles whose .signatures.json does not verify with this public key "
                               "(unsigned or tampered bundles are refused at start and at every reload)")
+    bundles.add_argument("--bundle-allow-rollback", default=None, metavar="REVISION",
+                         help="with --bundle-verification-key: allow activating this one revision once even "
+                              "though it was signed before the bundle accepted last (signed bundles are "
+                              "otherwise never rolled back; logged and recorded)")
     bundles.add_argument("--bundle-poll-min-seconds", type=float, default=10.0, metavar="S",
                          help="with --bundle-url: wait at least S seconds between polls (default: %(default)s)")
     bundles.add_argument("--bundle-poll-max-seconds", type=float, default=20.0, metavar="S",

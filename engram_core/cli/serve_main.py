@@ -206,7 +206,8 @@ def policy_settings(args: argparse.Namespace) -> PolicySettings:
         policies=Path(args.policies) if args.policies else None, opa_url=args.opa_url,
         bundle_url=getattr(args, "bundle_url", None), verification_key=Path(key) if key else None,
         poll_min_s=poll_min, poll_max_s=poll_max, bundle_token=token,
-        decision_log=parse_decision_log(log_spec) if log_spec else None)
+        decision_log=parse_decision_log(log_spec) if log_spec else None,
+        allow_rollback=getattr(args, "bundle_allow_rollback", None))
 
 
 def _server_tls(args: argparse.Namespace) -> ServerTls | None:

@@ -18,7 +18,7 @@ import io
 import json
 import tarfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +76,8 @@ class Bundle:
     # .signatures.json excluded: what a signature covers.
     files: Mapping[str, bytes] = field(default_factory=dict)
     signatures: bytes | None = None  # the .signatures.json, if the bundle carries one
+    # The archive's bytes when read from one (a pulled bundle is kept as received: ordering.py).
+    archive: bytes | None = field(default=None, repr=False, compare=False)
 
     def policy_modules(self) -> dict[str, str]:
         """The modules that decide: everything but ``*_test.rego``."""
@@ -162,7 +164,8 @@ def read_bundle_archive(blob: bytes, *, origin: Path | str = "bundle.tar.gz") ->
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise BundleError(f"not a bundle archive (gzipped tar): {exc}") from exc
     # OPA signs and loads every member; Engram loads the bundle files among them.
-    return bundle_of_files(files, origin=Path(str(origin)), signatures=signatures, all_files=True)
+    bundle = bundle_of_files(files, origin=Path(str(origin)), signatures=signatures, all_files=True)
+    return replace(bundle, archive=blob)
 
 
 def _gunzip_bounded(blob: bytes) -> bytes:

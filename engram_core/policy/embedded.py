@@ -14,7 +14,8 @@ call's deadline's business, not a sign of a runaway policy; it is bounded by
 ``LEASE_WAIT_S``.
 
 Bundles come from a source (``sources.py``: a directory or archive on disk, or a bundle
-server) and, with a verifier, must carry a valid signature. A bundle that cannot be read,
+server) and, with a verifier, must carry a valid signature (and, with a guard, be signed no
+earlier than the bundle accepted last: ``ordering.py``). A bundle that cannot be read,
 verified or compiled is refused (``BundleRefused``, naming the file and line) and the previous
 revision keeps answering.
 
@@ -42,6 +43,7 @@ from opa_bindings.engine import OpaEngine, OpaError
 from engram_core.canonical import digest
 from engram_core.errors import Code, EngramError
 from engram_core.policy.bundle import MANIFEST, Bundle, BundleError, build_engine
+from engram_core.policy.ordering import RollbackGuard, Ticket
 from engram_core.policy.port import DECISION_PATHS, LOG_MASK, LOG_PATH_MASK, BundleRefused, Decision
 from engram_core.policy.shapes import shape_error
 from engram_core.policy.signing import BundleVerifier
@@ -175,7 +177,9 @@ class EmbeddedPolicyEngine:
 
     def __init__(self, bundle_dir: Path | None = None, *, expected_revision: str | None = None,
                  source: BundleSource | None = None, verifier: BundleVerifier | None = None,
-                 log_mask: bool = False) -> None:
+                 log_mask: bool = False, guard: RollbackGuard | None = None) -> None:
+        if guard is not None and verifier is None:
+            raise ValueError("ordering bundles needs their signatures verified (a verifier)")
         if source is None:
             if bundle_dir is None:
                 raise ValueError("a bundle directory or a source is needed")
@@ -183,6 +187,7 @@ class EmbeddedPolicyEngine:
         self._bundle_dir = Path(bundle_dir) if bundle_dir is not None else None
         self._source = source
         self._verifier = verifier
+        self._guard = guard
         self._expected_revision = expected_revision
         self._log_mask = log_mask
         self._lock = threading.Lock()
@@ -287,18 +292,28 @@ class EmbeddedPolicyEngine:
     def reload(self) -> str:
         """Read, verify and compile the bundle and swap it in; on any failure the previous
         revision stays active (BundleRefused names the file, line and error)."""
+        return self._load(self._source)
+
+    def restore(self, source: BundleSource) -> str:
+        """Activate the bundle ``source`` holds (the pulled bundle accepted before a restart)
+        with every check a reload makes; the engine's own source stays the one reloads read."""
+        return self._load(source)
+
+    def _load(self, source: BundleSource) -> str:
         with self._lock:
             if self._closed:
                 raise _unavailable("policy engine is closed")
             previous = self._active.revision if self._active is not None else ""
             try:
-                bundle = self._source.load()
-                self._check(bundle)
+                bundle = source.load()
+                ticket = self._check(bundle)
                 engines = [build_engine(bundle) for _ in range(ENGINES)]
             except SourceUnavailable as exc:
-                raise _unavailable(f"policy bundle not loaded: {self._source.describe()}: {exc}") from exc
+                raise _unavailable(f"policy bundle not loaded: {source.describe()}: {exc}") from exc
             except BundleError as exc:
                 raise BundleRefused(exc.problem(), previous) from exc
+            if ticket is not None and self._guard is not None:
+                self._guard.accepted(bundle, ticket)  # before it answers: a restart resumes from here
             has_mask = self._log_mask and _defines(engines[0], f'{_MASK_REF}({{"path": "", "input": {{}}, "result": {{}}}})')
             path_masks = None
             if self._log_mask and _defines(engines[0], f'data.{LOG_PATH_MASK.replace("/", ".")}("")'):
@@ -308,12 +323,16 @@ class EmbeddedPolicyEngine:
             self._active = _Active(engines, bundle.revision, has_mask=has_mask, path_masks=path_masks)
             return bundle.revision
 
-    def _check(self, bundle: Bundle) -> None:
+    def _check(self, bundle: Bundle) -> Ticket | None:
+        ticket = None
         if self._verifier is not None:
-            self._verifier.verify(bundle.files, bundle.signatures)
+            claims = self._verifier.verify(bundle.files, bundle.signatures)
+            if self._guard is not None:  # after the signature verified: its iat is the order
+                ticket = self._guard.check(bundle, claims)
         if self._expected_revision is not None and bundle.revision != self._expected_revision:
             raise BundleError(f"bundle revision {bundle.revision!r} is not the expected {self._expected_revision!r}",
                               file=MANIFEST)
+        return ticket
 
     def close(self) -> None:
         with self._lock:

@@ -9,7 +9,9 @@ do not poll in step) and, when a new archive arrived, reloads the core's policy 
 verifies and compiles it exactly like a bundle read from disk: a refused bundle leaves the
 previous revision active and is logged with the file that failed. Failures back off
 exponentially from ``min_delay`` up to ``max_delay`` (OPA's downloader does the same).
-Every replica pointed at the same URL converges on the revision the server serves.
+Every replica pointed at the same URL converges on the revision the server serves, unless it
+is signed before the one a replica accepted last (``ordering.py``: refused as a rollback; the
+accepted archive is kept, so a restart does not fall back to the server's older one).
 """
 
 from __future__ import annotations

@@ -12,12 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from engram_core.errors import EngramError
+from engram_core.observability.logs import log_event
 from engram_core.policy import OPA_BINDINGS_HINT, default_bundle_dir
 from engram_core.policy.decisionlog.config import DecisionLogConfig, open_decision_logger
 from engram_core.policy.decisionlog.logger import DecisionLogger, LoggedPolicyEngine
+from engram_core.policy.ordering import RollbackGuard
 from engram_core.policy.port import DECISION_PATHS, BundleRefused
 from engram_core.policy.pull import BundlePuller, HttpBundleSource
 from engram_core.policy.signing import BundleVerifier
+from engram_core.policy.sources import DiskSource
 
 log = logging.getLogger("engram.core")
 
@@ -32,6 +35,7 @@ class PolicySettings:
     poll_max_s: float = 20.0
     bundle_token: str | None = None
     decision_log: DecisionLogConfig | None = None
+    allow_rollback: str | None = None  # the one older signed revision an operator allows (ordering.py)
 
 
 @dataclass
@@ -41,6 +45,7 @@ class ServingPolicy:
     source: HttpBundleSource | None = None
     logger: DecisionLogger | None = None
     verifier: BundleVerifier | None = None
+    guard: RollbackGuard | None = None
     refused: dict[str, Any] | None = None  # why the first load was refused, if it was
     unavailable: str = ""  # why no bundle could be had at start (a bundle server down), if so
     puller: BundlePuller | None = None
@@ -67,6 +72,8 @@ class ServingPolicy:
         out = {"policy_bundle": where,
                "bundle_verification": f"on ({self.verifier.origin})" if self.verifier else "off",
                "decision_log": "off"}
+        if self.guard is not None:
+            out["bundle_ordering"] = self.guard.describe()
         if self.logger is not None:
             out["decision_log"] = f"{self.logger.sink.name} (pseudonym key {self.logger.labels['pseudonym_key']})"
         return out
@@ -80,6 +87,9 @@ def build_serving_policy(settings: PolicySettings, data_dir: Path) -> ServingPol
         raise ValueError("--opa-url asks an OPA server, which owns its bundle: --bundle-url and "
                          "--bundle-verification-key configure the embedded engine (configure OPA's own "
                          "bundle signing instead)")
+    if settings.allow_rollback and (settings.verification_key is None or settings.opa_url):
+        raise ValueError("--bundle-allow-rollback orders signed bundles: it needs --bundle-verification-key "
+                         "(and the embedded engine)")
     verifier = None
     if settings.verification_key is not None:
         try:
@@ -91,6 +101,7 @@ def build_serving_policy(settings: PolicySettings, data_dir: Path) -> ServingPol
             raise ValueError(f"--bundle-verification-key {settings.verification_key}: {exc}") from None
     logging_on = settings.decision_log is not None
     source = None
+    guard = None
     if settings.opa_url:
         from engram_core.policy.opa_rest import OpaRestPolicyEngine
 
@@ -102,13 +113,19 @@ def build_serving_policy(settings: PolicySettings, data_dir: Path) -> ServingPol
             if exc.name != "opa_bindings":
                 raise
             raise ValueError(OPA_BINDINGS_HINT) from None
+        # Signed bundles are ordered by their signing time, kept beside the core's keys.
+        guard = RollbackGuard(data_dir, keep_bundle=bool(settings.bundle_url),
+                              allow_rollback_to=settings.allow_rollback) if verifier is not None else None
         if settings.bundle_url:
             source = HttpBundleSource(settings.bundle_url, bearer_token=settings.bundle_token)
-            backend = EmbeddedPolicyEngine(source=source, verifier=verifier, log_mask=logging_on)
+            backend = EmbeddedPolicyEngine(source=source, verifier=verifier, log_mask=logging_on, guard=guard)
         else:
             backend = EmbeddedPolicyEngine(settings.policies or default_bundle_dir(), verifier=verifier,
-                                           log_mask=logging_on)
-    serving = ServingPolicy(engine=backend, backend=backend, source=source, verifier=verifier)
+                                           log_mask=logging_on, guard=guard)
+    serving = ServingPolicy(engine=backend, backend=backend, source=source, verifier=verifier,
+                            guard=guard)
+    if serving.guard is not None and (saved := serving.guard.saved_bundle()) is not None:
+        _restore(backend, saved)
     try:
         backend.reload()
     except BundleRefused as exc:
@@ -133,3 +150,16 @@ def build_serving_policy(settings: PolicySettings, data_dir: Path) -> ServingPol
             log.warning("decision log: the bundle defines no engram.log.mask(event); every event is dropped "
                         "(counted as mask_missing) until one is loaded")
     return serving
+
+
+def _restore(backend: Any, saved: Path) -> None:
+    """Activate the pulled bundle accepted before this start (re-verified), so the server's
+    answer, asked next, is ordered after it and a server down at start is no outage."""
+    try:
+        revision = backend.restore(DiskSource(saved))
+    except BundleRefused as exc:
+        log.error("saved policy bundle %s refused (the bundle server's is asked next): %s", saved, exc.detail)
+    except EngramError as exc:
+        log.error("saved policy bundle %s not active: %s", saved, exc.detail)
+    else:
+        log_event("policy_bundle_restored", revision=revision, path=str(saved))

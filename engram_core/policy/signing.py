@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -137,8 +138,11 @@ def load_verification_key(pem: bytes) -> Any:
 
 
 def sign_files(files: Mapping[str, bytes], key: Any, *, key_id: str = DEFAULT_KEY_ID,
-               algorithm: str | None = None, issuer: str = "engram", scope: str = "") -> bytes:
-    """``.signatures.json`` for ``files`` (relative path -> bytes, the signatures file excluded)."""
+               algorithm: str | None = None, issuer: str = "engram", scope: str = "",
+               issued_at: int | None = None) -> bytes:
+    """``.signatures.json`` for ``files`` (relative path -> bytes, the signatures file excluded).
+    ``iat`` (now, or ``issued_at``) orders signed bundles: a core refuses one signed before the
+    bundle it last accepted (``engram_core/policy/ordering.py``)."""
     allowed = _algorithms_for(key)
     algorithm = algorithm or allowed[0]
     if algorithm not in allowed:
@@ -146,7 +150,7 @@ def sign_files(files: Mapping[str, bytes], key: Any, *, key_id: str = DEFAULT_KE
     payload: dict[str, Any] = {
         "files": [{"name": rel, "hash": file_digest(rel, blob), "algorithm": HASH_ALGORITHM}
                   for rel, blob in sorted(files.items())],
-        "iat": int(time.time()),
+        "iat": int(time.time()) if issued_at is None else issued_at,
         "iss": issuer,
     }
     if scope:
@@ -169,8 +173,9 @@ class BundleVerifier:
         with open(path, "rb") as f:
             return cls(load_verification_key(f.read()), origin=path)
 
-    def verify(self, files: Mapping[str, bytes], signatures: bytes | None) -> None:
-        """Raise BundleError naming the file that fails, else return (the bundle is authentic)."""
+    def verify(self, files: Mapping[str, bytes], signatures: bytes | None) -> dict[str, Any]:
+        """Raise BundleError naming the file that fails, else return the verified claims (the
+        bundle is authentic; ``signed_at(claims)`` is when it was signed)."""
         if signatures is None:
             raise BundleError("the bundle is not signed (no .signatures.json) and a verification key is configured",
                               file=SIGNATURES)
@@ -191,6 +196,7 @@ class BundleVerifier:
         if signed:
             missing = sorted(signed)
             raise BundleError("signed but missing from the bundle", file=missing[0])
+        return claims
 
     def _claims(self, signatures: bytes) -> dict[str, Any]:
         try:
@@ -208,3 +214,12 @@ class BundleVerifier:
         if (claims.get("scope") or "") != self.scope:
             raise BundleError("signature scope mismatch", file=SIGNATURES)
         return claims
+
+
+def signed_at(claims: Mapping[str, Any]) -> float | None:
+    """The verified ``iat`` (seconds since the epoch), or None when the signature carries none
+    usable (``opa sign`` adds it only from a ``--claims-file``)."""
+    value = claims.get("iat")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        return None
+    return value
