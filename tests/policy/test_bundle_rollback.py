@@ -26,6 +26,7 @@ from engram_core.policy.embedded import EmbeddedPolicyEngine
 from engram_core.policy.ordering import PULLED_FILE, STATE_FILE, RollbackGuard
 from engram_core.policy.port import AUTHZ, BundleRefused
 from engram_core.policy.signing import BundleVerifier, file_digest, load_signing_key, sign_files
+from engram_core.policy.sources import DiskSource
 
 # Signing times (JWT iat, seconds) far enough apart that no test depends on the clock.
 T1, T2, T3 = 1_760_000_000, 1_760_086_400, 1_760_172_800
@@ -179,8 +180,6 @@ def test_a_deliberate_rollback_is_allowed_once_logged_and_recorded(tmp_path):
     engine = EmbeddedPolicyEngine(tmp_path / "unused", verifier=BundleVerifier.from_pem_file(str(public)),
                                   guard=guard)
     (tmp_path / "old.tar.gz").write_bytes(rev1)
-    from engram_core.policy.sources import DiskSource
-
     assert engine.restore(DiskSource(data / PULLED_FILE)) == "rev-2"
     with pytest.raises(BundleRefused) as caught:
         engine.restore(DiskSource(tmp_path / "old.tar.gz"))
