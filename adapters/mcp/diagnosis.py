@@ -101,6 +101,12 @@ def check(config: HostConfig, config_path: str, *, address: str | None = None,
                         "read the core's log (a bundle that fails to load is named there; `engram policy check`)")
         else:
             report.ok(f"core {health.version} SERVING; policy revision {health.policy_revision}")
+        if b is None and config.http.oauth:
+            # OAuth binds each caller by the binding policy (docs/mcp-clients.md §3a says not to add
+            # [binding]); the http checks above already said what they could about it.
+            report.ok("no [binding], as OAuth wants: each caller's scope and tools come from the binding policy "
+                      "(sign in with a client to see a caller's tools)")
+            return report
         if b is None:
             report.warn("no [binding]: the scope is chosen per HTTP request",
                         "add a [binding] section to check one scope's tools here")

@@ -88,6 +88,9 @@ def test_doctor_checks_the_issuer_keys_and_the_binding_policy(world) -> None:
     assert "binds each OAuth caller by the binding policy" in done.stdout
     assert f"OAuth issuer {world.idp.issuer}: 1 signing key(s) (ES256)" in done.stdout
     assert f"has an entry for {world.idp.issuer}" in done.stdout
+    # The documented OAuth TOML has no [binding], as docs/mcp-clients.md §3a says: doctor must not
+    # tell the operator to add one (issue 60 item 15).
+    assert "add a [binding]" not in done.stdout and "no [binding], as OAuth wants" in done.stdout
 
 
 def test_doctor_says_the_default_bundle_binds_nobody_and_names_an_unreachable_issuer(world, tmp_path: Path) -> None:
