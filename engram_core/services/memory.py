@@ -31,6 +31,7 @@ from engram_core.hostctx import BoundContext, verify_grant
 from engram_core.policy.port import ADMISSION, CAPTURE
 from engram_core.secrets_scan import scan
 from engram_core.services import lifecycle
+from engram_core.services.content_signals import ContentSignals, capture_facts, future_vector
 from engram_core.services.core import (
     CallRecord,
     Core,
@@ -121,6 +122,7 @@ class MemoryService(ReadService):
     def __init__(self, core: Core) -> None:
         super().__init__(core)
         self.reconciler = Reconciler(core)
+        self.content_signals = ContentSignals(core, self.profiles["lexical"])  # issue 59
         # Admissions' record texts: concurrent admissions share a model run.
         self._record_embeddings = EmbeddingBatcher(lambda: getattr(self.core, "embedder", None))
         # Vectors of just-captured candidates, computed while the agent turns round to request
@@ -236,7 +238,7 @@ class MemoryService(ReadService):
         authz, decision = self.core.authorize_with(
             ctx, CAPTURE_TOOL, call, self.core.store.latest_scope(ctx.tenant, ctx.workspace), CAPTURE,
             {"context": context_facts(ctx), "now_ms": now, "retention": requested, "family_refs": family_refs,
-             "findings": findings, **facts,
+             "findings": findings, **facts, **capture_facts(payload),
              # Payload times (epoch ms), which the policy bounds to the host's window (issue 26.5).
              "valid_time": payload["valid_time"], "primary_event_at": payload["primary_event"]["at"]},
             stored_strings=stored_strings(args))
@@ -374,11 +376,16 @@ class MemoryService(ReadService):
         embedding = self._take_early(cand.candidate_id) or self._start_embedding(effective)
         with self.core.store.read(snapshot=False) as tx:
             duplicate_of, tombstoned = tx.payload_standing(ctx.tenant, ctx.workspace, cand.payload_digest)
+            content = (self.content_signals.admission_facts(tx, ctx.tenant, ctx.workspace, effective, now=now,
+                                                            vector=future_vector(embedding))
+                       if forced is None else {})
         if forced is None:
             decision = self.core.decide(
                 ADMISSION,
                 {"context": context_facts(ctx), "now_ms": now,
-                 "candidate": {**candidate_facts(cand, envelope), "trust_class": cand.trust_class,
+                 "candidate": {**candidate_facts(cand, envelope), **content, "trust_class": cand.trust_class,
+                               "principal": cand.principal, "agent_id": cand.agent_id,
+                               "record_digest": cand.record_digest, "payload_digest": cand.payload_digest,
                                "duplicate_of_current": duplicate_of is not None}},
                 call,
             )

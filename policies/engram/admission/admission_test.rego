@@ -88,3 +88,156 @@ test_missing_candidate_rejected if {
 	admission.decision.decision == "reject" with input as {}
 	_r("INVALID_INPUT", "The policy input lacks a candidate.") in admission.decision.reasons with input as {}
 }
+
+# --- content signals (issue 59) ---
+
+_sig(code, count, quoted, negated) := {"code": code, "count": count, "quoted": quoted, "negated": negated, "kinds": ["decision"]}
+
+_pipe(hosts) := object.union(_sig("PIPE_TO_SHELL", 1, 0, 0), {"hosts": hosts})
+
+# A current record compared with the candidate; `overrides` replaces comparison facts.
+_sim(overrides) := object.union(
+	{
+		"record_id": "mem_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "lexical": 0.4,
+		"same_text": false, "same_kind": true, "same_family": false, "distinct_shared": 0,
+		"distinct_differ": 0, "polarity_differs": false, "slot_edit": false,
+	},
+	overrides,
+)
+
+_near_msg := "The candidate restates current record mem_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa."
+
+test_golden_hold_instruction_signal if {
+	admission.decision == {"decision": "adjudication_required", "reasons": [
+		_r("AGENT_ADDRESSED", "Instruction signal AGENT_ADDRESSED: 1 occurrence(s) in decision."),
+	]} with input as _in({"instructions": [_sig("AGENT_ADDRESSED", 1, 0, 0)]})
+}
+
+test_golden_reject_near_duplicate if {
+	admission.decision == {"decision": "reject", "reasons": [_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg)]}
+		with input as _in({"similar": [_sim({"same_text": true, "lexical": 1})]})
+}
+
+test_quoted_occurrence_of_exempt_code_does_not_hold if {
+	admission.decision == {"decision": "accept", "reasons": []}
+		with input as _in({"instructions": [_sig("OVERRIDE_PHRASE", 1, 1, 0)]})
+}
+
+test_quoted_occurrence_of_other_code_holds if {
+	admission.decision == {"decision": "adjudication_required", "reasons": [
+		_r("TOOL_CALL_SHAPE", "Instruction signal TOOL_CALL_SHAPE: 1 occurrence(s) in decision."),
+	]} with input as _in({"instructions": [_sig("TOOL_CALL_SHAPE", 1, 1, 0)]})
+}
+
+test_negated_verification_advice_does_not_hold if {
+	admission.decision == {"decision": "accept", "reasons": []}
+		with input as _in({"instructions": [_sig("DISABLES_VERIFICATION", 2, 0, 2)]})
+}
+
+test_one_plain_occurrence_among_negated_holds if {
+	admission.decision == {"decision": "adjudication_required", "reasons": [
+		_r("DISABLES_VERIFICATION", "Instruction signal DISABLES_VERIFICATION: 2 occurrence(s) in decision."),
+	]} with input as _in({"instructions": [_sig("DISABLES_VERIFICATION", 3, 1, 1)]})
+}
+
+test_pipe_to_shell_from_trusted_host_accepted if {
+	admission.decision == {"decision": "accept", "reasons": []}
+		with input as _in({"instructions": [_pipe(["sh.rustup.rs", "static.sh.rustup.rs"])]})
+}
+
+test_pipe_to_shell_from_unlisted_or_unread_host_held if {
+	every hosts in [["get.tools-mirror.io"], [""], ["sh.rustup.rs", "evil.example"], ["notsh.rustup.rs"]] {
+		admission.decision == {"decision": "adjudication_required", "reasons": [
+			_r("PIPE_TO_SHELL", "Instruction signal PIPE_TO_SHELL: 1 occurrence(s) in decision."),
+		]} with input as _in({"instructions": [_pipe(hosts)]})
+	}
+}
+
+test_tenant_trusts_its_own_shell_host if {
+	admission.decision == {"decision": "accept", "reasons": []}
+		with input as _in({"instructions": [_pipe(["tools.acme.internal"])]})
+		with data.engram.config.tenants.acme as {"trusted_shell_hosts": ["acme.internal"]}
+}
+
+test_tenant_rejects_a_code if {
+	admission.decision == {"decision": "reject", "reasons": [
+		_r("OVERRIDE_PHRASE", "Instruction signal OVERRIDE_PHRASE: 2 occurrence(s) in context, decision."),
+	]} with input as _in({"instructions": [object.union(_sig("OVERRIDE_PHRASE", 2, 0, 0), {"kinds": ["context", "decision"]})]})
+		with data.engram.config.tenants.acme as {"instruction_reject_codes": ["OVERRIDE_PHRASE"]}
+}
+
+test_tenant_stops_holding_a_code if {
+	admission.decision == {"decision": "accept", "reasons": []}
+		with input as _in({"instructions": [_sig("MIXED_SCRIPT", 1, 0, 0)]})
+		with data.engram.config.tenants.acme as {"instruction_hold_codes": ["AGENT_ADDRESSED"]}
+}
+
+test_restatement_with_shared_distinct_terms_rejected if {
+	admission.decision == {"decision": "reject", "reasons": [_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg)]}
+		with input as _in({"similar": [_sim({"lexical": 0.5, "distinct_shared": 1})]})
+}
+
+test_restatement_by_lexical_similarity_alone_rejected if {
+	admission.decision == {"decision": "reject", "reasons": [_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg)]}
+		with input as _in({"similar": [_sim({"lexical": 0.7})]})
+}
+
+test_restatement_by_semantic_similarity_rejected if {
+	admission.decision == {"decision": "reject", "reasons": [_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg)]}
+		with input as _in({"similar": [_sim({"lexical": 0.3, "semantic": 0.9})]})
+}
+
+test_below_thresholds_accepted if {
+	every overrides in [
+		{"lexical": 0.69},
+		{"lexical": 0.49, "distinct_shared": 3},
+		{"lexical": 0.3, "semantic": 0.89},
+	] {
+		admission.decision == {"decision": "accept", "reasons": []} with input as _in({"similar": [_sim(overrides)]})
+	}
+}
+
+test_near_miss_is_a_different_decision_accepted if {
+	every overrides in [
+		{"lexical": 0.95, "distinct_differ": 2},
+		{"lexical": 0.95, "polarity_differs": true},
+		{"lexical": 0.95, "slot_edit": true},
+		{"lexical": 0.8, "semantic": 0.97, "distinct_shared": 2, "distinct_differ": 1},
+	] {
+		admission.decision == {"decision": "accept", "reasons": []} with input as _in({"similar": [_sim(overrides)]})
+	}
+}
+
+test_exact_duplicate_stays_duplicate if {
+	admission.decision == {"decision": "duplicate", "reasons": [
+		_r("DUPLICATE_OF_CURRENT", "The candidate duplicates a current record."),
+	]} with input as _in({"duplicate_of_current": true, "similar": [_sim({"same_text": true, "lexical": 1})]})
+}
+
+test_tightened_threshold_rejects_more if {
+	admission.decision == {"decision": "reject", "reasons": [_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg)]}
+		with input as _in({"similar": [_sim({"lexical": 0.6})]})
+		with data.engram.config.tenants.acme as {"near_duplicate": {"action": "reject", "lexical": 0.6, "lexical_with_shared": 0.5, "shared_distinct": 1, "semantic": 0.9}}
+}
+
+test_near_duplicate_held_when_tenant_adjudicates if {
+	admission.decision == {"decision": "adjudication_required", "reasons": [_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg)]}
+		with input as _in({"similar": [_sim({"same_text": true})]})
+		with data.engram.config.tenants.acme as {"near_duplicate": {"action": "adjudicate", "lexical": 0.7, "lexical_with_shared": 0.5, "shared_distinct": 1, "semantic": 0.9}}
+}
+
+test_untrusted_source_held_only_when_listed if {
+	admission.decision == {"decision": "accept", "reasons": []}
+		with input as _in({"provenance": {"source_hosts": ["evil.example"]}})
+	admission.decision == {"decision": "adjudication_required", "reasons": [
+		_r("UNTRUSTED_SOURCE", "A citation's host evil.example is not among the tenant's trusted sources."),
+	]} with input as _in({"provenance": {"source_hosts": ["evil.example", "git.acme.dev"]}})
+		with data.engram.config.tenants.acme as {"trusted_source_hosts": ["git.acme.dev"]}
+}
+
+test_signals_and_near_duplicate_reasons_together if {
+	admission.decision == {"decision": "reject", "reasons": [
+		_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg),
+		_r("ROLE_MARKUP", "Instruction signal ROLE_MARKUP: 2 occurrence(s) in decision."),
+	]} with input as _in({"instructions": [_sig("ROLE_MARKUP", 2, 0, 0)], "similar": [_sim({"same_text": true})]})
+}

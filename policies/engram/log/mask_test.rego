@@ -10,6 +10,7 @@ _known := {
 	_p("/input/attestation/tenant"), _p("/input/attestation/workspace"), _p("/input/purpose_ref"),
 	_p("/input/context/host_key/tenants"), _p("/input/target/tenant"), _p("/input/target/workspace"),
 	_p("/input/family_refs"), _p("/input/candidate/family_refs"),
+	_p("/input/candidate/principal"), _p("/input/candidate/agent_id"),
 	_p("/input/record/principal"), _p("/input/record/agent_id"), _p("/input/record/family_refs"),
 	_p("/input/members/*/principal"), _p("/input/members/*/agent_id"), _p("/input/members/*/family_refs"),
 	"/result/reasons/*/message",
