@@ -3,9 +3,11 @@
 Three sources, chosen by the host configuration, never by the agent:
 
 * **File binding** (stdio, or HTTP with a ``[binding]`` section): the adapter
-  signs a fresh ``HostContext`` with the host key for every gRPC call it makes
-  (each context's nonce is single use at the core), all carrying the MCP call's
-  one audit id, and the scope's current authorization epoch (re-read from the
+  signs a fresh ``HostContext`` with the host key for every gRPC call it makes,
+  right before sending it, for that call only (the tool call, ``tools/list`` for a
+  listing, ``host`` for CheckGated and RecordRefusal), so the call that receives it
+  spends its nonce and no signed context is left able to act; all carry the MCP
+  call's one audit id, and the scope's current authorization epoch (re-read from the
   core after ``engram admin revoke``).
 * **Header binding** (HTTP without ``[binding]``): a deployment in front of
   many agents sends ``X-Engram-Host-Context: base64(SignedEnvelope)`` on every
@@ -84,7 +86,16 @@ class CallContext:
     call: str = TOOLS_LIST_CALL
 
     def signed(self) -> bytes:
+        """A context for the MCP request's own call (the tool call, or the listing of tools/list)."""
         return self._signer(self.call)
+
+    def signed_for(self, call: str) -> bytes:
+        """A context for one gRPC call that is not the request's own: ``TOOLS_LIST_CALL`` for the
+        tool listing made before a tool call, ``HOST_CALL`` for CheckGated and RecordRefusal. Each
+        of those calls spends what it is shown, and a context signed for them acts nowhere else,
+        so nothing the adapter signs is left able to act (issue 57). A fronting host's header is
+        the same bytes whatever it is sent to (the core leaves its nonce to its tool call)."""
+        return self._signer(call)
 
     def authorization_epoch(self) -> int:
         return self._epoch()

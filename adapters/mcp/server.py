@@ -45,7 +45,7 @@ from adapters.mcp.core_client import CoreClient
 from adapters.mcp.guidance import GUIDE_PROMPT_NAME, GUIDE_RESOURCE_URI, TOOL_DESCRIPTIONS, TOOL_TITLES, guide
 from adapters.mcp.refusal_log import log_call_refusal, log_list_refusal
 from engram_core.errors import Code, EngramError
-from engram_core.hostctx import TOOLS_LIST_CALL, make_grant
+from engram_core.hostctx import HOST_CALL, TOOLS_LIST_CALL, make_grant
 from engram_core.operation import operation_digest, target_of
 from engram_core.schema_examples import EXAMPLE_PURPOSE
 from engram_core.schemas import INPUT_SCHEMAS, output_schema
@@ -269,7 +269,7 @@ class EngramMcp:
         """(granted tools, granted tools the policy gates behind a confirmation)."""
         if not call.memory_enabled:
             return frozenset(), frozenset()  # SPEC §2: memory is off unless the host opted in
-        names, gated = await self._following_epoch(call, self._core.granted_tools)
+        names, gated = await self._following_epoch(call, self._core.granted_tools, TOOLS_LIST_CALL)
         granted, gated = frozenset(names) & frozenset(TOOL_NAMES), frozenset(gated) & frozenset(TOOL_NAMES)
         if call.tools is not None:  # token binding: only what the caller's scopes open
             granted, gated = granted & call.tools, gated & call.tools
@@ -278,13 +278,19 @@ class EngramMcp:
         self._straight_tools[call.binding] = granted - gated
         return granted, gated
 
-    async def _following_epoch(self, call: CallContext, rpc: Callable[[bytes], Awaitable[_T]]) -> _T:
-        """One gRPC call under a freshly signed context. After AUTHORIZATION_REVOKED, an
-        adapter that signs its own contexts asks the core for the bound scope's current
-        epoch (a host-only call) once and retries once: revoke cuts off contexts and
-        grants signed before it, not the host that holds the key (docs/security.md)."""
+    async def _following_epoch(self, call: CallContext, rpc: Callable[[bytes], Awaitable[_T]],
+                               for_call: str | None = None) -> _T:
+        """One gRPC call under a context signed right before it is sent, for that call
+        (``for_call``; default the MCP request's own call): the call spends it, so nothing
+        signed here is left able to act. After AUTHORIZATION_REVOKED, an adapter that signs
+        its own contexts asks the core for the bound scope's current epoch (a host-only call)
+        once and retries once under a new context: revoke cuts off contexts and grants signed
+        before it, not the host that holds the key (docs/security.md)."""
+        def signed() -> bytes:
+            return call.signed() if for_call is None else call.signed_for(for_call)
+
         try:
-            return await rpc(call.signed())
+            return await rpc(signed())
         except EngramError as exc:
             if exc.code is not Code.AUTHORIZATION_REVOKED or not call.resignable:
                 raise
@@ -296,7 +302,7 @@ class EngramMcp:
             raise refused from None
         logger.info("following authorization epoch %d of the bound scope", epoch)
         self._contexts.follow_epoch(epoch, (call.binding.tenant, call.binding.workspace))
-        return await rpc(call.signed())
+        return await rpc(signed())
 
     async def _invoke(self, name: str, arguments: dict[str, Any], call: CallContext,
                       confirmed_digest: str | None = None) -> dict[str, Any]:
@@ -356,8 +362,11 @@ class EngramMcp:
         if state is not None:
             state.call, state.tool = call, name
         arguments: Any = params.arguments if params.arguments is not None else {}
+        # A write goes straight only where the adapter signs each call's context: a fronting host's
+        # one context is spent by the write, and a write the core then gates would need it again
+        # (for the grant, or to record the human's refusal; the core spends every context it sees).
         if call.memory_enabled and (name in READ_TOOLS or (
-                name in CONFIRMED_ON_POLICY and params.request_state is None
+                name in CONFIRMED_ON_POLICY and params.request_state is None and call.resignable
                 and name in self._straight_tools.get(call.binding, ()))):
             return await self._call_straight(ctx, params, name, arguments, call, state)
         refused, gated = await self._check_granted(name, call)
@@ -400,7 +409,8 @@ class EngramMcp:
         auditId that points nowhere."""
         _log_refusal("adapter", call, name, exc)
         try:
-            await self._core.record_refusal(context=call.signed(), operation=name, error=exc, target=target)
+            await self._core.record_refusal(context=call.signed_for(HOST_CALL), operation=name, error=exc,
+                                            target=target)
         except EngramError as failed:
             logger.warning("refusal not audited: tool=%s audit_id=%s code=%s", name, call.audit_id, failed.code.value)
             return envelope.failure(Code.STORE_UNAVAILABLE, audit_id=call.audit_id)
@@ -412,7 +422,7 @@ class EngramMcp:
         exc = EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, reason.lower(), reasons=(reason,))
         _log_refusal("adapter", call, name, exc)
         try:
-            await self._core.record_refusal(context=call.signed(), operation=name, error=exc)
+            await self._core.record_refusal(context=call.signed_for(HOST_CALL), operation=name, error=exc)
         except EngramError as failed:
             logger.warning("refusal not audited: tool=%s audit_id=%s code=%s", name, call.audit_id, failed.code.value)
         return envelope.trusted_context_unavailable()
@@ -485,8 +495,8 @@ class EngramMcp:
             # Ask nobody about a target that is not there (or cannot make this transition): the
             # core answers what the tool itself would, audited as that tool's refusal.
             try:
-                status = await self._following_epoch(call, lambda c: self._core.check_gated(name, arguments,
-                                                                                            context=c))
+                status = await self._following_epoch(
+                    call, lambda c: self._core.check_gated(name, arguments, context=c), HOST_CALL)
             except EngramError as exc:
                 return self._core_refused(call, name, exc)
             if status == "replay":
