@@ -1,5 +1,9 @@
-"""Complete, valid example arguments of the six tools (published as ``examples`` in each
-input schema, rendered as worked captures in the agent guide).
+"""Complete, valid example arguments of the six tools: the worked calls of the agent guide
+(``engram://guide``), and the few the input schemas publish (``SCHEMA_EXAMPLES``).
+
+The schemas carry only what a first call copies (issue 60: every agent pays for tools/list
+in every session): capture's one compact example, complete and valid, and one search. The
+worked captures per kind of memory and the other tools' calls are in the guide.
 
 One capture per kind of memory agents keep (SPEC §13's "what memory is for", the guide's
 §1): a decision with its reason, a verified fact, a known problem and its fix, a
@@ -9,9 +13,9 @@ example against its schema and runs each through a real adapter and core.
 
 The ids in the non-capture examples (candidate_id, record_id) are placeholders that say so
 in their own letters: no call can succeed with them, since an id exists only once a previous
-call returned it. ``EXAMPLE_ID_NOTES`` says in each such schema's description which earlier
-result the id comes from. ``purpose_ref`` stands for the purpose the host bound; the adapter
-writes the bound one into the examples it lists.
+call returned it; ``EXAMPLE_ID_NOTES`` says, in the guide, which earlier result the id comes
+from. ``purpose_ref`` stands for the purpose the host bound; the adapter writes the bound one
+into the examples it lists and the guide it serves.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ _RECORD_ID_NOTE = ("The example's record_id is a placeholder (it answers NOT_FOU
                    "outcome.record_id of an accepted engram_memory_request_admission.")
 _CANDIDATE_ID_NOTE = ("The example's candidate_id is a placeholder (it answers NOT_FOUND): copy the candidate_id "
                       "from an earlier call's result, the one engram_memory_capture returned.")
-# Appended to the description of each tool whose examples need an id from an earlier call.
+# Said in the guide beside each example that needs an id from an earlier call.
 EXAMPLE_ID_NOTES: dict[str, str] = {
     GET_TOOL: _RECORD_ID_NOTE,
     ADMISSION_TOOL: _CANDIDATE_ID_NOTE,
@@ -238,4 +242,26 @@ TOOL_EXAMPLES: dict[str, list[dict[str, Any]]] = {
     ADMISSION_TOOL: ADMISSION_EXAMPLES,
     WITHDRAW_TOOL: WITHDRAW_EXAMPLES,
     FORGET_TOOL: FORGET_EXAMPLES,
+}
+
+# The capture a first try copies (published in engram_memory_capture's inputSchema): every
+# required field once, one component citing one source, nothing optional. Kept compact: it is
+# read in every session (tests/mcp/test_mcp_context_budget.py).
+SCHEMA_CAPTURE_EXAMPLE: dict[str, Any] = _capture(
+    "capture-adr-0007-store",
+    t=_T0,
+    event_type="event:decision-made",
+    primary="d",
+    components=[{"component_id": "d", "kind": "decision", "text": "The store is one DuckDB file with one writer.",
+                 "citation_ids": ["adr"]}],
+    citations=[_citation("adr", "repo:engram", "path", "docs/adr/0007.md",
+                         "367b2ee17dcac6bb6a53a3ef0c2b60a016ea705eed3b6da7e5845e03020c4a7e")],
+    evidence_ref="evidence:adr-0007",
+    evidence_digest_hex="5d0d4ba0c1e6cbd6a4d5a3b7a8e0b1c2d3e4f5061728394a5b6c7d8e9f0a1b2c",
+)
+
+# What the input schemas publish as ``examples``; every other tool has its calls in the guide.
+SCHEMA_EXAMPLES: dict[str, list[dict[str, Any]]] = {
+    SEARCH_TOOL: SEARCH_EXAMPLES[:1],
+    CAPTURE_TOOL: [SCHEMA_CAPTURE_EXAMPLE],
 }

@@ -38,9 +38,6 @@ _NON_ASCII = "[^\\x00-\\x7f]"
 
 __all__ = ["TOOL_NAMES"]  # the tool list, with the schemas it names (engram_core.tools)
 
-# Said once, appended to the description of every string with a byte bound.
-_BYTES_NOTE = "Sizes are UTF-8 bytes (the schema's length counts characters); NFC only."
-
 
 def _d(schema: dict[str, Any], description: str) -> dict[str, Any]:
     """A copy of ``schema`` with its description (every published property has one)."""
@@ -53,43 +50,56 @@ def _obj(properties: dict[str, Any], required: list[str], description: str | Non
     return _d(schema, description) if description else schema
 
 
-def _ref(description: str) -> dict[str, Any]:
+def _cursor(description: str) -> dict[str, Any]:
+    return {"type": "string", "pattern": CURSOR_PATTERN,
+            "description": f"{description} Decimal string, per scope, dense and monotonic."}
+
+
+# ---- input schemas ------------------------------------------------------------
+#
+# What a model reads of tools/list is each tool's name, description and inputSchema, in every
+# session of every agent that enables Engram (issue 60): the six together stay under 10 KB,
+# capture's under 5 KB (tests/mcp/test_mcp_context_budget.py). So each property says what it
+# is in one line, definitions used more than once are written once under ``$defs`` and named by
+# ``$ref``, and the worked examples and long explanations live in the agent guide
+# (``engram://guide``, adapters/mcp/guidance.py). Every bound, enum, pattern, required list and
+# ``additionalProperties: false`` stays: ``enforced`` inlines the references, and that is the
+# schema the core validates against (engram_core.validation), the same as before they were shared.
+
+# Shared definitions: name -> schema. A property that is one of them is {"$ref", "description"}.
+DEFS: dict[str, dict[str, Any]] = {
+    "ref": {"type": "string", "minLength": 1, "maxLength": 512, "description": "1-512 UTF-8 bytes, NFC."},
+    "ms": {"type": "integer", "minimum": -SAFE_INT, "maximum": SAFE_INT,
+           "description": "Epoch milliseconds, UTC. Not epoch seconds."},
+    "instant": {"type": "string", "pattern": INSTANT_PATTERN, "description": "UTC YYYY-MM-DDTHH:mm:ss.sssZ."},
+    "digest": {"type": "string", "pattern": DIGEST_PATTERN, "description": "sha256: + 64 lowercase hex."},
+    "ids": {"type": "array", "items": {"$ref": "#/$defs/ref"}, "minItems": 1, "maxItems": 256, "uniqueItems": True,
+            "description": "Unique ids of payload.citations."},
+}
+_REF_PREFIX = "#/$defs/"
+_REF_ITEMS = {"$ref": _REF_PREFIX + "ref"}
+
+
+def _use(name: str, description: str | None = None) -> dict[str, Any]:
+    """A property that is the shared definition ``name``. Its own one-line description only where
+    its name, its object's description and the definition's leave something unsaid: each costs
+    every agent a few tokens in every session."""
+    node: dict[str, Any] = {"$ref": _REF_PREFIX + name}
+    return _d(node, description) if description else node
+
+
+def _ref(description: str | None = None) -> dict[str, Any]:
     """Opaque ref: 1–512 UTF-8 bytes (byte bound checked in validation)."""
-    return {"type": "string", "minLength": 1, "maxLength": 512,
-            "description": f"{description} Opaque reference, 1-512 UTF-8 bytes, NFC."}
+    return _use("ref", description)
 
 
 def _text(max_bytes: int, description: str) -> dict[str, Any]:
     return {"type": "string", "minLength": 1, "maxLength": max_bytes,
-            "description": f"{description} 1-{max_bytes:,} UTF-8 bytes. {_BYTES_NOTE}"}
+            "description": f"{description}; 1-{max_bytes:,} UTF-8 bytes, NFC."}
 
 
-def _int(description: str, minimum: int = -SAFE_INT, maximum: int = SAFE_INT) -> dict[str, Any]:
-    return {"type": "integer", "minimum": minimum, "maximum": maximum,
-            "description": f"{description} An integer written without fraction or exponent."}
-
-
-def _epoch_ms(description: str) -> dict[str, Any]:
-    return _int(f"{description} Epoch milliseconds (UTC), a safe integer (|n| <= 2^53-1), "
-                "e.g. 1764547200000 is 2025-12-01T00:00:00.000Z. Not epoch seconds: 1764547200 would mean "
-                "1970-01-21. Times outside the host's window (too early, or too far ahead) are refused "
-                "with UNAUTHORIZED.")
-
-
-def _digest(description: str) -> dict[str, Any]:
-    return {"type": "string", "pattern": DIGEST_PATTERN,
-            "description": f"{description} Format: sha256: + 64 lowercase hex digits (INVALID_DIGEST otherwise)."}
-
-
-def _instant(description: str) -> dict[str, Any]:
-    return {"type": "string", "pattern": INSTANT_PATTERN,
-            "description": f"{description} Instant YYYY-MM-DDTHH:mm:ss.sssZ: UTC, exactly milliseconds, "
-                           "a real calendar date."}
-
-
-def _cursor(description: str) -> dict[str, Any]:
-    return {"type": "string", "pattern": CURSOR_PATTERN,
-            "description": f"{description} Decimal string, per scope, dense and monotonic."}
+def _int(description: str, minimum: int, maximum: int) -> dict[str, Any]:
+    return {"type": "integer", "minimum": minimum, "maximum": maximum, "description": description}
 
 
 def record_id_schema(description: str) -> dict[str, Any]:
@@ -97,10 +107,12 @@ def record_id_schema(description: str) -> dict[str, Any]:
             "description": f"{description} mem_ + 52 lowercase base32 characters; copy it exactly as returned."}
 
 
-def candidate_id_schema(description: str) -> dict[str, Any]:
-    return {"type": "string", "pattern": CANDIDATE_ID_PATTERN, "maxLength": 64,
-            "description": f"{description} cand_ + lowercase base32; copy it exactly as capture returned it. "
-                           "Never a record_id."}
+def _record_id(description: str) -> dict[str, Any]:
+    return {"type": "string", "pattern": RECORD_ID_PATTERN, "maxLength": 56, "description": description}
+
+
+def _candidate_id(description: str) -> dict[str, Any]:
+    return {"type": "string", "pattern": CANDIDATE_ID_PATTERN, "maxLength": 64, "description": description}
 
 
 def _idempotency_key(description: str) -> dict[str, Any]:
@@ -113,128 +125,141 @@ def _idempotency_key(description: str) -> dict[str, Any]:
         "minLength": min_chars,
         "maxLength": IDEMPOTENCY_KEY_MAX_BYTES,
         "anyOf": [{"minLength": IDEMPOTENCY_KEY_MIN_BYTES}, {"pattern": _NON_ASCII}],
-        "description": f"{description} 16-256 UTF-8 bytes, NFC: use 16 or more ASCII characters, e.g. "
-                       "a UUID or a name of the operation. One key per logical operation, scoped to "
-                       "your principal; record it before the call and retry with the same key and "
-                       "identical arguments. The same key with other content, target or tool is "
-                       "DIGEST_CONFLICT.",
+        "description": f"16-256 UTF-8 bytes, one per {description}; retries reuse it.",
     }
 
 
-def _unique_refs(description: str, item: str, *, min_items: int = 1, max_items: int = 256) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "array", "items": _ref(item), "maxItems": max_items, "uniqueItems": True,
-                              "description": description}
-    if min_items:
-        schema["minItems"] = min_items
+def _uses(node: Any) -> list[str]:
+    """The definitions ``node`` names, once per ``$ref``."""
+    if isinstance(node, dict):
+        own = [node["$ref"][len(_REF_PREFIX):]] if isinstance(node.get("$ref"), str) else []
+        return own + [name for k, v in node.items() if k != "$defs" for name in _uses(v)]
+    if isinstance(node, list):
+        return [name for v in node for name in _uses(v)]
+    return []
+
+
+def _inlined(node: Any, names: set[str]) -> Any:
+    """``node`` with each ``$ref`` to one of ``names`` replaced by that definition; a
+    description of the property's own goes before the definition's."""
+    if isinstance(node, dict):
+        name = node["$ref"][len(_REF_PREFIX):] if isinstance(node.get("$ref"), str) else None
+        if name in names:
+            own = node.get("description")
+            merged = {**DEFS[name], **{k: v for k, v in node.items() if k not in ("$ref", "description")}}
+            if own:
+                merged["description"] = f"{own} {DEFS[name]['description']}"
+            return _inlined(merged, names)
+        return {k: _inlined(v, names) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_inlined(v, names) for v in node]
+    return node
+
+
+def _tool(properties: dict[str, Any], required: list[str], description: str) -> dict[str, Any]:
+    """A tool's closed input schema with the shared definitions it names more than once (and
+    theirs) under ``$defs``; one named once is written in place, where it costs less."""
+    schema = _obj(properties, required, description)
+    while True:
+        uses = _uses(schema)
+        kept = set(uses)
+        while more := {n for d in kept for n in _uses(DEFS[d])} - kept:
+            kept |= more
+        counts = {name: uses.count(name) + sum(_uses(DEFS[d]).count(name) for d in kept) for name in kept}
+        once = {name for name, count in counts.items() if count == 1}
+        if not once:
+            break
+        schema = _inlined(schema, once)
+    if kept:
+        schema["$defs"] = {name: DEFS[name] for name in sorted(kept)}
     return schema
 
 
-def _citation_ids(description: str) -> dict[str, Any]:
-    return _unique_refs(f"{description} 1-256 unique ids; each must equal a citation_id in payload.citations.",
-                        "A citation_id of payload.citations.")
+def enforced(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with every ``$ref`` replaced by the definition it names (the property's own
+    description kept) and no ``$defs``: what each published input schema says, in the shape the
+    core's validators and walkers expect (engram_core.validation)."""
+    defs = schema.get("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                if not ref.startswith(_REF_PREFIX) or ref[len(_REF_PREFIX):] not in defs:
+                    raise ValueError(f"unresolvable $ref {ref!r}")
+                rest = {k: v for k, v in node.items() if k != "$ref"}
+                return inline({**defs[ref[len(_REF_PREFIX):]], **rest})
+            return {k: inline(v) for k, v in node.items() if k != "$defs"}
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    return inline(schema)
 
 
-PURPOSE_REF = _ref("The purpose your host bound to this session; pass exactly that value (a different "
-                   "one is refused as a protocol error).")
-MAX_PACKET_BYTES = _int("Upper bound on the answer's size in bytes (4,096-1,048,576, default 65,536); the "
-                        "host's redaction policy may lower it. RESULT_TOO_LARGE / PROJECTION_OVERSIZED when "
-                        "the answer does not fit.", 4_096, 1_048_576)
+PURPOSE_REF = _ref("Your bound purpose_ref, exactly.")
+MAX_PACKET_BYTES = _int("Answer size cap in bytes; default 65,536.", 4_096, 1_048_576)
 
 PAYLOAD = _obj(
     {
-        "schema_version": {"type": "integer", "const": 2, "description": "Payload format version: always 2."},
+        "schema_version": {"type": "integer", "const": 2, "description": "Always 2."},
         "purpose_ref": PURPOSE_REF,
-        "valid_time": _obj(
-            {"t": _epoch_ms("When the knowledge became true (the decision was made, the fact observed). "
-                            "A record is returned only once t is in the past."),
-             "t_end": _epoch_ms("Optional: when it stopped being true; >= t. Omit for knowledge that "
-                                "still holds.")},
-            ["t"],
-            "The time the knowledge is valid for (valid time, not capture time).",
-        ),
+        "valid_time": _obj({"t": _use("ms"), "t_end": _use("ms")}, ["t"],
+                           "When it holds; t_end >= t."),
         "components": {
             "type": "array",
             "minItems": 1,
             "maxItems": 64,
-            "description": "The knowledge itself, 1-64 parts. Map what you keep onto kinds: a decision with "
-                           "its reason = decision + context; a verified fact = evidence; a known problem "
-                           "and its fix = context (problem) + decision (fix) + evidence (verification); a "
-                           "convention = decision (rule) + context (where it applies); a hand-off = "
-                           "context (state) + decision (next step). component_id values are unique.",
+            "description": "1-64 parts; one is primary.",
             "items": _obj(
                 {
-                    "component_id": _ref("Your name for this part, unique within the payload, e.g. "
-                                         "\"decision\" or \"reason\"."),
+                    "component_id": _ref(),
                     "kind": {"type": "string", "enum": ["context", "decision", "evidence"],
-                             "description": "decision: what was decided, a fix, a rule, a next step. "
-                                            "context: background, reasons, symptoms, scope, state. "
-                                            "evidence: an observed, checkable fact or how something "
-                                            "was verified."},
-                    "text": _text(65_536, "The durable knowledge in plain words. Never secrets, credentials, "
-                                          "tokens, drafts, chat logs or raw tool output (a credential is "
-                                          "refused)."),
-                    "citation_ids": _citation_ids("The citations this part rests on."),
+                             "description": "decision: a choice, fix, rule; context: reason, background; "
+                                            "evidence: a checked fact."},
+                    "text": _text(65_536, "No secrets"),
+                    "citation_ids": _use("ids"),
                 },
                 ["component_id", "kind", "text", "citation_ids"],
-                "One part of the knowledge.",
             ),
         },
-        "primary_component_id": _ref("The component_id of the main part (the decision, the fact, the fix, "
-                                     "the rule, the state); must name one of components."),
+        "primary_component_id": _ref(),
         "primary_event": _obj(
-            {"at": _epoch_ms("When the event happened."),
-             "type_ref": _ref("What kind of event made this knowledge, e.g. \"event:decision-made\", "
-                              "\"event:fact-verified\"."),
-             "citation_id": _ref("The citation recording the event; must be in payload.citations and in "
-                                 "the primary component's citation_ids.")},
+            {"at": _use("ms"), "type_ref": _ref(), "citation_id": _ref()},
             ["at", "type_ref", "citation_id"],
-            "The event that produced the primary component.",
+            "The primary part cites its citation_id.",
         ),
         "citations": {
             "type": "array",
             "minItems": 1,
             "maxItems": 256,
-            "description": "The sources, 1-256, with unique citation_id values; every id cited anywhere "
-                           "must resolve here.",
+            "description": "The sources.",
             "items": _obj(
                 {
-                    "citation_id": _ref("Your name for this source, unique within the payload; components, "
-                                        "primary_event and evidence cite it."),
-                    "source_ref": _ref("Which source, e.g. \"repo:engram/docs/adr/0007.md\", "
-                                       "\"tracker:engram/issues/15\"."),
-                    "locator": _obj(
-                        {"scheme": _ref("How value locates the content: e.g. \"path\", \"url\", \"issue\", "
-                                        "\"line-range\"."),
-                         "value": _ref("Where in the source, in that scheme, e.g. \"docs/adr/0007.md\".")},
-                        ["scheme", "value"],
-                        "Where in the source the cited content is.",
-                    ),
-                    "content_digest": _digest("Digest of the cited content as you read it."),
-                    "observed_at": _instant("Optional: when you read the source."),
+                    "citation_id": _ref(),
+                    "source_ref": _ref(),
+                    "locator": _obj({"scheme": _ref(), "value": _ref()}, ["scheme", "value"],
+                                    "Where in the source."),
+                    "content_digest": _use("digest"),
+                    "observed_at": _use("instant"),
                 },
                 ["citation_id", "source_ref", "locator", "content_digest"],
-                "One source.",
             ),
         },
         "retention": _obj(
             {
                 "derivative_rule": {"type": "string", "enum": ["retain", "make-ineligible"],
-                                    "description": "What happens to derivatives when this record is forgotten: "
-                                                   "make-ineligible (default) or retain (needs host "
-                                                   "permission, else UNAUTHORIZED)."},
-                "expires_at": _instant("When the record stops being returned; must be after the capture time "
-                                       "(INVALID_SCHEMA otherwise) and within the host's cap (UNAUTHORIZED "
-                                       "beyond it)."),
+                                    "description": "Default make-ineligible."},
+                "expires_at": _use("instant"),
             },
             [],
-            "Optional; omit it unless your host told you otherwise.",
+            "Omit unless told.",
         ),
         "reconciliation": _obj(
-            {"family_refs": _unique_refs("Families this record belongs to, sorted ascending, unique, at most "
-                                         "64; each needs the host's consent (UNAUTHORIZED otherwise).",
-                                         "A reconciliation family ref.", min_items=0, max_items=64)},
+            {"family_refs": {"type": "array", "items": _REF_ITEMS, "maxItems": 64, "uniqueItems": True,
+                             "description": "Sorted."}},
             ["family_refs"],
-            "Optional; omit it unless your host told you otherwise.",
+            "Omit unless told.",
         ),
     },
     [
@@ -246,101 +271,95 @@ PAYLOAD = _obj(
         "primary_event",
         "citations",
     ],
-    "The knowledge to remember, with its sources.",
+    "What to remember.",
 )
 
 EVIDENCE = _obj(
     {
-        "evidence_ref": _ref("What backs the capture as a whole, e.g. \"evidence:adr-0007-accepted\"."),
-        "evidence_digest": _digest("Digest of that evidence."),
-        "citation_ids": _citation_ids("The citations the evidence covers."),
-        "attestation": _text(4_096, "Optional: a host or tool attestation of the evidence."),
+        "evidence_ref": _ref(),
+        "evidence_digest": _use("digest"),
+        "citation_ids": _use("ids"),
+        "attestation": _text(4_096, "Optional"),
     },
     ["evidence_ref", "evidence_digest", "citation_ids"],
-    "What backs the capture; a claim until a host verifier checks it.",
+    "What backs it.",
 )
 
-_ARGS_NOTE = (" Every object is closed (an unknown field is INVALID_SCHEMA); omit optional fields, never "
-              "send null; never pass tenant, workspace, principal or a confirmation. The serialized "
-              "arguments are at most 1,048,576 bytes.")
+_CLOSED = "Closed: no extra fields, no nulls."
+_RECORD_FROM = "From search (records[].record.record_id) or an accepted admission (outcome.record_id)."
+_CANDIDATE_FROM = "The candidate_id capture returned."
 
 INPUT_SCHEMAS: dict[str, dict[str, Any]] = {
-    SEARCH_TOOL: _obj(
+    SEARCH_TOOL: _tool(
         {
-            "query": _text(8_192, "What you are looking for, in words."),
+            "query": _text(8_192, "What you look for"),
             "purpose_ref": PURPOSE_REF,
-            "limit": _int("How many records per page (1-50, default 10).", 1, 50),
+            "limit": _int("Per page; default 10.", 1, 50),
             "max_packet_bytes": MAX_PACKET_BYTES,
             "capability_policy": _obj(
                 {
                     "minimum_channels": {"type": "string", "enum": ["lexical", "lexical_and_semantic"],
-                                         "description": "lexical (default) or lexical_and_semantic, which "
-                                                        "needs the semantic channel (RANKING_UNAVAILABLE "
-                                                        "when it is not available; never a silent fallback)."},
+                                         "description": "Default lexical."},
                     "network": {"type": "string", "enum": ["forbid", "allow"],
-                                "description": "forbid (default) or allow a ranking channel that needs the "
-                                               "network; allow grants nothing by itself."},
+                                "description": "Default forbid."},
                 },
                 [],
-                "Optional: which ranking channels the search must use.",
+                "Ranking channels required.",
             ),
             "page_cursor": {"type": "string", "minLength": 1, "maxLength": 4_096,
-                            "description": "Optional: next_page_cursor of the previous page, copied exactly, "
-                                           "with the same query and parameters. STALE_PAGE: search again "
-                                           "without it."},
+                            "description": "The last page's next_page_cursor; same query."},
         },
         ["query", "purpose_ref"],
-        "Search current, accepted records." + _ARGS_NOTE,
+        _CLOSED,
     ),
-    GET_TOOL: _obj(
-        {"record_id": record_id_schema("The record to read, as search returned it."),
+    GET_TOOL: _tool(
+        {"record_id": _record_id(_RECORD_FROM),
          "purpose_ref": PURPOSE_REF,
          "max_packet_bytes": MAX_PACKET_BYTES},
         ["record_id", "purpose_ref"],
-        "Read one current record." + _ARGS_NOTE,
+        _CLOSED,
     ),
-    CAPTURE_TOOL: _obj(
-        {"idempotency_key": _idempotency_key("Names this capture."), "payload": PAYLOAD, "evidence": EVIDENCE},
+    CAPTURE_TOOL: _tool(
+        {"idempotency_key": _idempotency_key("capture"), "payload": PAYLOAD, "evidence": EVIDENCE},
         ["idempotency_key", "payload", "evidence"],
-        "Submit cited knowledge as a pending candidate. Cross-references: citation_ids and component_ids "
-        "unique; every cited id resolves into payload.citations; primary_component_id names a component; "
-        "primary_event.citation_id is in citations and in the primary component." + _ARGS_NOTE,
+        _CLOSED,
     ),
-    ADMISSION_TOOL: _obj(
-        {"candidate_id": candidate_id_schema("The pending candidate to decide."),
-         "idempotency_key": _idempotency_key("Names this admission request.")},
+    ADMISSION_TOOL: _tool(
+        {"candidate_id": _candidate_id(_CANDIDATE_FROM),
+         "idempotency_key": _idempotency_key("request")},
         ["candidate_id", "idempotency_key"],
-        "Ask the admission policy to decide a candidate." + _ARGS_NOTE,
+        _CLOSED,
     ),
-    WITHDRAW_TOOL: _obj(
-        {"candidate_id": candidate_id_schema("Your pending candidate to withdraw."),
-         "idempotency_key": _idempotency_key("Names this withdrawal."),
-         "reason_ref": _ref("Why, e.g. \"reason:captured-by-mistake\"; shown to the human who confirms.")},
+    WITHDRAW_TOOL: _tool(
+        {"candidate_id": _candidate_id(_CANDIDATE_FROM),
+         "idempotency_key": _idempotency_key("withdrawal"),
+         "reason_ref": _ref("Why, e.g. \"reason:captured-by-mistake\"; shown to the human.")},
         ["candidate_id", "idempotency_key", "reason_ref"],
-        "Withdraw a pending candidate; a human confirms through the host." + _ARGS_NOTE,
+        _CLOSED,
     ),
-    FORGET_TOOL: _obj(
-        {"record_id": record_id_schema("The record to forget."),
-         "idempotency_key": _idempotency_key("Names this forget."),
-         "reason_ref": _ref("Why, e.g. \"reason:superseded-by-adr-0012\"; shown to the human who confirms.")},
+    FORGET_TOOL: _tool(
+        {"record_id": _record_id(_RECORD_FROM),
+         "idempotency_key": _idempotency_key("forget"),
+         "reason_ref": _ref("Why, e.g. \"reason:superseded-by-adr-0012\"; shown to the human.")},
         ["record_id", "idempotency_key", "reason_ref"],
-        "Forget a record for good; a human confirms through the host." + _ARGS_NOTE,
+        _CLOSED,
     ),
 }
 
 
 def _with_examples() -> None:
-    """Attach each tool's complete examples (engram_core.schema_examples) to its input schema,
-    and say in the description where an example's placeholder id really comes from."""
-    from engram_core.schema_examples import EXAMPLE_ID_NOTES, TOOL_EXAMPLES
+    """Publish the examples a first call copies (engram_core.schema_examples.SCHEMA_EXAMPLES):
+    capture's one complete, compact example and search's; the rest are in the guide."""
+    from engram_core.schema_examples import SCHEMA_EXAMPLES
 
-    for tool, schema in INPUT_SCHEMAS.items():
-        schema["examples"] = TOOL_EXAMPLES[tool]
-        if tool in EXAMPLE_ID_NOTES:
-            schema["description"] = f"{schema['description']} {EXAMPLE_ID_NOTES[tool]}"
+    for tool, examples in SCHEMA_EXAMPLES.items():
+        INPUT_SCHEMAS[tool]["examples"] = examples
 
 
 _with_examples()
+
+# What the core validates against: the published schemas with their references inlined.
+ENFORCED_SCHEMAS: dict[str, dict[str, Any]] = {name: enforced(schema) for name, schema in INPUT_SCHEMAS.items()}
 
 # ---- output schemas (the whole success envelope, SPEC §3) -------------------
 
@@ -445,10 +464,9 @@ OUTPUT_VALUES: dict[str, dict[str, Any]] = {
                         "redacted_fields": _REDACTED_FIELDS,
                         "redaction_receipt_digest": _receipt_digest("redaction decision"),
                         "score": {"type": "number", "description": (
-                            "Ranking score of this hit, 0 to 1, comparable across searches: the query's "
-                            "relevance (how much of the query the best hit holds) times the hit's place "
-                            "in this ranking. A top score below about 0.2 (lexical) or 0.4 (lexical_and_semantic) "
-                            "usually means nothing in memory answers the query.")},
+                            "Ranking score of this hit, 0 to 1: the query's relevance (how much of the "
+                            "query the best hit holds) times the hit's place in this ranking. It orders "
+                            "hits; no threshold tells an answer from a miss in every store: read the record.")},
                         "rank": {"type": "integer", "description": "Position in the whole result, from 1."},
                     },
                     ["record", "redacted_fields", "redaction_receipt_digest", "score", "rank"],

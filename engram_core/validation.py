@@ -26,8 +26,12 @@ import jsonschema
 from engram_core.canonical import SAFE_INTEGER, Canonical, canonical_object
 from engram_core.errors import Code, EngramError
 from engram_core.observability.tracing import traced
-from engram_core.schemas import INPUT_SCHEMAS, MAX_ARGUMENT_BYTES
+from engram_core.schemas import ENFORCED_SCHEMAS, MAX_ARGUMENT_BYTES
 from engram_core.tools import CAPTURE_TOOL
+
+# The published input schemas with their shared definitions ($defs) inlined: the walkers below
+# read properties and items directly, and the bounds are exactly the published ones.
+INPUT_SCHEMAS = ENFORCED_SCHEMAS
 
 _VALIDATORS = {name: fastjsonschema.compile(schema) for name, schema in INPUT_SCHEMAS.items()}
 # Only on the failure path: every error with its path and keyword, to name the reason.

@@ -1,7 +1,9 @@
 """The advertised schema is what the core enforces (issue 15): every bounded field of every tool,
 walked at min-1, min, max and max+1 through a real adapter and core, is accepted exactly when the
 published inputSchema says it is valid. Strings are ASCII here, where characters and UTF-8 bytes
-agree; where they do not, the description states the byte bound (checked below)."""
+agree; where they do not, the description states the byte bound (checked below). The bounds are
+walked on the enforced schemas, the published ones with their shared definitions ($defs) inlined;
+the client validates against the published ones, references and all."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 from mcp_helpers import PURPOSE, approve, binding_for, envelope_of, stdio_client, write_config
 
-from engram_core.schemas import INPUT_SCHEMAS
+from engram_core.schemas import ENFORCED_SCHEMAS, INPUT_SCHEMAS
 from engram_core.validation import _BYTE_BOUNDS
 
 pytestmark = pytest.mark.anyio
@@ -142,7 +144,7 @@ def string_of(tool: str, path: tuple[str, ...], n: int) -> str:
 
 
 def cases() -> Iterator[tuple[str, str, int | str, Callable[[dict[str, Any]], Any]]]:
-    for tool, schema in INPUT_SCHEMAS.items():
+    for tool, schema in ENFORCED_SCHEMAS.items():
         for path, bounds in bounded_fields(schema):
             joined = "/".join(path)
             if joined in BOUND_BY_HOST:
@@ -167,7 +169,7 @@ CASES = list(cases())
 
 def test_every_bounded_field_is_walked() -> None:
     walked = {(tool, path) for tool, path, _, _ in CASES}
-    for tool, schema in INPUT_SCHEMAS.items():
+    for tool, schema in ENFORCED_SCHEMAS.items():
         for path, _ in bounded_fields(schema):
             joined = "/".join(path)
             assert (tool, joined) in walked or joined in BOUND_BY_HOST, (tool, joined)
@@ -176,16 +178,19 @@ def test_every_bounded_field_is_walked() -> None:
 
 def test_byte_bounded_strings_say_so_in_their_description() -> None:
     """Where characters and bytes differ (non-ASCII), JSON Schema cannot state the bound: the
-    description does."""
-    for tool, schema in INPUT_SCHEMAS.items():
+    description does, the property's own or, for a shared definition, the definition's."""
+    for tool, schema in ENFORCED_SCHEMAS.items():
+        published = INPUT_SCHEMAS[tool]
         for path, _ in bounded_fields(schema):
             name = path[-1] if path[-1] != "*" else {"citation_ids": "citation_id",
                                                       "family_refs": "citation_id"}.get(path[-2], "")
             if name in _BYTE_BOUNDS and path[-1] != "*":
-                node: Any = schema
+                node: Any = published
                 for part in path:
                     node = node["items"] if part == "*" else node["properties"][part]
-                assert "UTF-8 bytes" in node["description"], (tool, path)
+                ref = node.get("$ref", "")
+                shared = published["$defs"][ref.rsplit("/", 1)[1]]["description"] if ref else ""
+                assert "UTF-8 bytes" in node.get("description", "") + shared, (tool, path)
 
 
 @pytest.fixture

@@ -44,9 +44,12 @@ async def test_seconds_and_microseconds_are_refused_and_the_log_names_the_unit(c
     try:
         async with http_client(adapter.url, headers=bearer(secret)) as client:
             tools = {t.name: t for t in (await client.list_tools()).tools}
-            valid_time = tools["engram_memory_capture"].input_schema["properties"]["payload"]["properties"]["valid_time"]
+            schema = tools["engram_memory_capture"].input_schema
+            valid_time = schema["properties"]["payload"]["properties"]["valid_time"]
             for field in ("t", "t_end"):
-                described = valid_time["properties"][field]["description"]
+                node = valid_time["properties"][field]  # its own description, or its shared definition's
+                shared = schema["$defs"][node["$ref"].rsplit("/", 1)[1]] if "$ref" in node else {}
+                described = node.get("description", "") + shared.get("description", "")
                 assert "Epoch milliseconds" in described and "Not epoch seconds" in described
             guide = (await client.read_resource("engram://guide")).contents[0].text
             assert "epoch milliseconds" in guide and "1767225600000" in guide and "January 1970" in guide
