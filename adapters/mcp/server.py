@@ -244,6 +244,7 @@ class EngramMcp:
             on_get_prompt=self.get_prompt,
             on_list_resources=self.list_resources,
             on_read_resource=self.read_resource,
+            on_list_resource_templates=self.list_resource_templates,
         )
         # Outermost first: the observer sees final answers, our mapping the boundary's rejections.
         if self._observer is not None:
@@ -673,6 +674,13 @@ class EngramMcp:
                 )
             ]
         )
+
+    async def list_resource_templates(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        """None: the guide is one fixed resource. Answered, not -32601, so inspectors do not
+        print an error for a server that has resources (issue 60)."""
+        return types.ListResourceTemplatesResult(resource_templates=[])
 
     async def read_resource(
         self, ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams
