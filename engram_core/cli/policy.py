@@ -294,8 +294,12 @@ def run_bundle(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     members = write_tarball(bundle, args.out, include_tests=args.include_tests, signatures=signatures)
-    signed = f", signed with {args.signing_key.name} (kid {args.key_id})" if signatures else ""
-    print(f"wrote {args.out} (revision {bundle.revision}, {len(members)} files{signed})")
+    # Counted as `check` and `sign` count: the bundle's own files, not .signatures.json beside them.
+    files = len(members) - (1 if signatures else 0)
+    tests = "tests included" if args.include_tests else "tests left out"
+    signed = (f"; {files} files signed with {args.signing_key.name} (kid {args.key_id}) in .signatures.json"
+              if signatures else "")
+    print(f"wrote {args.out} (revision {bundle.revision}, {files} files, {tests}{signed})")
     return 0
 
 
@@ -313,7 +317,7 @@ def run_sign(args: argparse.Namespace) -> int:
         return 1
     (Path(bundle_dir) / SIGNATURES).write_bytes(signatures)
     print(f"wrote {Path(bundle_dir) / SIGNATURES} (revision {bundle.revision}, {len(bundle.files)} files signed, "
-          f"kid {args.key_id})")
+          f"tests included: a directory bundle is signed as it is on disk; kid {args.key_id})")
     return 0
 
 

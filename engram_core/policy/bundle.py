@@ -123,11 +123,14 @@ def read_bundle(root: Path) -> Bundle:
         raise BundleError(f"bundle directory {root} does not exist")
     files: dict[str, bytes] = {}
     signatures = None
+    # Resolved once: when ``root`` is a symlink an operator swaps to a new revision's directory
+    # (docs/policies.md, "Swapping a directory bundle"), one read sees one revision, never a mix.
+    walk = root.resolve()
     try:
-        for path in sorted(root.rglob("*")):
+        for path in sorted(walk.rglob("*")):
             if not path.is_file():
                 continue
-            rel = path.relative_to(root).as_posix()
+            rel = path.relative_to(walk).as_posix()
             if rel == SIGNATURES:
                 signatures = path.read_bytes()
             elif is_bundle_file(rel):

@@ -390,6 +390,11 @@ def render(report: dict[str, Any]) -> str:
                              + (f" ({ex['error']})" if ex.get("error") else ""))
     if report["skipped"]:
         lines.append("skipped: " + ", ".join(f"{reason} {n}" for reason, n in sorted(report["skipped"].items())))
+    if report["candidate_revision"] in report["logged_revisions"]:
+        # Receipts and audit rows name the revision: a changed bundle deployed under a logged one
+        # makes two different policies indistinguishable there (issue 60 item 13).
+        lines.append(f"note: the candidate's revision {report['candidate_revision']} is one the log was decided "
+                     "under: bump the revision in .manifest before deploying a changed bundle")
     ps = report["pseudonyms"]
     if ps["keys_missing"]:
         lines.append(f"note: no --pseudonym-key for key(s) {', '.join(ps['keys_missing'])}: names stay pseudonymized, "

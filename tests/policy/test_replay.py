@@ -129,6 +129,10 @@ def test_a_new_deny_rule_reports_the_refused_captures_their_reason_and_tenant(lo
                   "--pseudonym-key", str(logged["key"]), "--names", str(logged["names"])).stdout
     assert "engram/capture/decision: 6 replayed, 2 would change" in text
     assert "reasons appearing: TOO_MANY_COMPONENTS ×2" in text and "tenants: acme ×2" in text
+    # The candidate still carries the logged revision: replay says to bump it (issue 60 item 13).
+    assert report["candidate_revision"] in report["logged_revisions"]
+    assert f"note: the candidate's revision {report['candidate_revision']} is one the log was decided under: " \
+           "bump the revision in .manifest" in text
 
 
 def test_a_rule_naming_a_tenant_is_replayed_faithfully_with_the_key(logged):
