@@ -78,9 +78,11 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
      r"(?i)(?:^|[.!?;:\n]\s*|\b(?:note to|attention|dear|hey|to|for)\s+(?:all\s+|any\s+|the\s+|future\s+|other\s+)*)"
      r"(?:ai\s+)?" + _AI + r"s?\s*[,:!]\s*(?:you\s+)?" + _MODAL + r"\b"),
     ("AGENT_ADDRESSED",
-     r"(?i)\b(?:any|every|all|future|the|an?)\s+(?:ai\s+)?" + _AI + r"s?\s+(?:that\s+|who\s+|which\s+)?(?:is\s+|are\s+)?"
-     r"(?:reading|reads|retrieving|retrieves|recalling|recalls|processing|processes|seeing|sees|loading|loads|"
-     r"encountering|encounters)\s+(?:this|these)\b"),
+     r"(?i)\b(?:ai\s+)?" + _AI + r"s?\s+(?:that\s+|who\s+|which\s+)?(?:is\s+|are\s+|will\s+|later\s+)?"
+     r"(?:read|retriev|recall|process|see|load|encounter|find|us)\w*\s+(?:this|these)\s+"
+     r"(?:memory|memories|note|notes|record|records|entry|entries|message|messages|text|summary|summaries)\b"),
+    ("AGENT_ADDRESSED",
+     r"(?i)\b(?:ai\s+)?" + _AI + r"s?\s+(?:that\s+|who\s+|which\s+)?(?:is\s+|are\s+)?(?:reading|reads)\s+this\b"),
     ("AGENT_ADDRESSED", r"(?i)\bif\s+you\s+are\s+(?:an?\s+)?(?:ai|llm|language model|assistant|chatbot|bot|ai agent|agent|model)\b"),
     ("AGENT_ADDRESSED", r"(?i)\bwhen(?:ever)?\s+you\s*[,(]\s*(?:the\s+)?(?:ai|assistant|agent|model|llm|bot)\b"),
     ("AGENT_ADDRESSED", r"(?i)\b(?:you|the|any|all|future)\s+" + _AI_STRICT + r"s?\s+" + _MODAL + r"\b"),
@@ -98,7 +100,7 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
      r"[^.\n]*?\b(?:always\s+|instead\s+|you\s+(?:must|should)\s+|must\s+|should\s+)?" + _ORDER + r"\b"),
     ("OVERRIDE_PHRASE",
      r"(?i)\b(?:ignore|disregard|forget|override|overrule|bypass|drop|discard)\s+(?:all\s+|any\s+|the\s+|your\s+|every\s+|of\s+)*"
-     r"(?:previous|prior|above|earlier|preceding|existing|original|system|safety|other|old|initial)\s+"
+     r"(?:previous|prior|above|earlier|preceding|existing|original|system|safety|other|old|initial)\s+(?:[a-z]+\s+)?"
      r"(?:instructions?|prompts?|rules?|directives?|guidelines?|guardrails?|policies|context|messages?|constraints?)"),
     ("OVERRIDE_PHRASE", r"(?i)\b(?:ignore|disregard)\s+(?:all|everything)\s+(?:above|before|else|previous|prior)\b"),
     ("OVERRIDE_PHRASE", r"(?i)\b(?:new|updated|real|actual|hidden|secret)\s+(?:system\s+)?instructions?\s*:"),
@@ -133,7 +135,7 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
      r"(?:(?:all|any|every|the|this|these|your|their|our|full|entire|complete|whole|user's|users'|recent|current|previous)\s+)*"
      r"(?:conversations?|chat(?:\s+history|\s+logs?)?|history|transcripts?|messages|credentials?|secrets?|tokens?|"
      r"api\s+keys?|passwords?|memories|memory|context|session\s+data|environment\s+variables|env\s+vars?|\.env)\b"
-     r"[^.\n]*?\b(?:to|into|at)\b"),
+     r"[^.;\n]*?\b(?:to|into|at)\b"),
     ("CONCEAL_FROM_USER",
      r"(?i)\b(?:do not|don't|never|without)\s+(?:tell(?:ing)?|inform(?:ing)?|mention(?:ing)?(?:\s+this)?|reveal(?:ing)?|"
      r"alert(?:ing)?|notify(?:ing)?|warn(?:ing)?|show(?:ing)?|let(?:ting)?)\s+(?:it\s+|this\s+)?(?:to\s+)?(?:the\s+)?"

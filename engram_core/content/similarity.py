@@ -5,10 +5,12 @@ Memcached for the session cache" share almost every word and say different thing
 paraphrase may share half its words and say the same thing. So besides the lexical similarity
 the comparison reports the evidence of a *different* decision:
 
-* ``distinct_differ`` / ``distinct_shared``: distinctive tokens (names and acronyms written with
-  a capital inside a sentence, tokens with digits, identifiers such as ``--flag``, ``a.b``,
-  ``snake_case``, number words, weekdays and months) in one text and not the other, and in both.
-  A paraphrase keeps its names and numbers; a near miss swaps one.
+* ``distinct_added`` / ``distinct_missing`` / ``distinct_shared``: distinctive tokens (names and
+  acronyms written with a capital inside a sentence, tokens with digits, identifiers such as
+  ``--flag``, ``a.b``, ``snake_case``, number words, weekdays and months) of the candidate that
+  the record's text lacks, of the record that the candidate lacks, and that both have. A
+  paraphrase keeps its names and numbers (it may drop or add one); a near miss swaps one: both
+  an added and a missing one.
 * ``polarity_differs``: one text negates or flips what the other says (not/never/no, enable vs
   disable, allow vs deny, sync vs async ...).
 * ``slot_edit``: the two texts are the same words in the same order except one short span
@@ -73,11 +75,16 @@ class TextProfile:
 
     terms: frozenset[str]  # analyzed terms (stop words out, stemmed)
     distinct: frozenset[str]
+    surface: frozenset[str]  # every token as ``distinct`` reads them (a name at a sentence's start too)
     polarity: tuple[tuple[str, int], ...]  # polarity classes with their counts
     words: tuple[str, ...]  # case-folded tokens, in order
     normalized: tuple[str, ...]  # each component's text, NFKC, case-folded, spacing collapsed (sorted)
     primary_kind: str
     family_refs: frozenset[str]
+
+
+def _surface(text: str) -> set[str]:
+    return {unicodedata.normalize("NFKC", m.group(0).strip(".:/-")).casefold() for m in _WORD.finditer(text)}
 
 
 def _distinct(text: str) -> set[str]:
@@ -109,6 +116,7 @@ def profile(effective: dict[str, Any]) -> TextProfile:
     return TextProfile(
         terms=frozenset(analyze(joined)),
         distinct=frozenset(_distinct(joined)),
+        surface=frozenset(_surface(joined)),
         polarity=tuple(sorted(Counter(_POLARITY[w] for w in words if w in _POLARITY).items())),
         words=words,
         normalized=tuple(sorted(" ".join(tokenize(t)) for t in texts)),
@@ -149,8 +157,11 @@ def compare(cand: TextProfile, other: TextProfile) -> dict[str, Any]:
         "same_text": cand.normalized == other.normalized,
         "same_kind": cand.primary_kind == other.primary_kind,
         "same_family": bool(cand.family_refs & other.family_refs),
-        "distinct_shared": len(cand.distinct & other.distinct),
-        "distinct_differ": len(cand.distinct ^ other.distinct),
+        # A distinctive token of either text that the other has too (as a name at the start of a
+        # sentence, say), or that the other lacks.
+        "distinct_shared": len((cand.distinct | other.distinct) & cand.surface & other.surface),
+        "distinct_added": len(cand.distinct - other.surface),
+        "distinct_missing": len(other.distinct - cand.surface),
         "polarity_differs": _flipped(cand.polarity, other.polarity),
         "slot_edit": _slot_edit(cand.words, other.words),
     }

@@ -176,8 +176,9 @@ adjudicate contains _signal_reason(s) if {
 }
 
 # A restatement of a current record: the same text, or close enough with nothing that says a
-# different decision (a distinctive term or number that differs, a flipped polarity, one slot
-# of the same sentence changed).
+# different decision (a distinctive term or number swapped for another, a flipped polarity,
+# one slot of the same sentence changed, more than max_distinct_changes names or numbers
+# added or dropped: a memory that says more or less than the record is not a restatement).
 _restates(s) if s.same_text == true
 
 _restates(s) if {
@@ -197,9 +198,17 @@ _restates(s) if {
 }
 
 _unchanged(s) if {
-	s.distinct_differ == 0
+	not _swapped(s)
+	s.distinct_added + s.distinct_missing <= _near.max_distinct_changes
 	s.polarity_differs == false
 	s.slot_edit == false
+}
+
+# A distinctive term (a name, a number, an identifier) of each text that the other lacks: one
+# value replaced by another (Redis for Memcached, 30 for 60 seconds), a different decision.
+_swapped(s) if {
+	s.distinct_added > 0
+	s.distinct_missing > 0
 }
 
 _near_duplicate contains lib.reason("NEAR_DUPLICATE_OF_CURRENT", sprintf("The candidate restates current record %s.", [s.record_id])) if {

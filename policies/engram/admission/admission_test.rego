@@ -100,7 +100,7 @@ _sim(overrides) := object.union(
 	{
 		"record_id": "mem_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "lexical": 0.4,
 		"same_text": false, "same_kind": true, "same_family": false, "distinct_shared": 0,
-		"distinct_differ": 0, "polarity_differs": false, "slot_edit": false,
+		"distinct_added": 0, "distinct_missing": 0, "polarity_differs": false, "slot_edit": false,
 	},
 	overrides,
 )
@@ -187,6 +187,16 @@ test_restatement_by_semantic_similarity_rejected if {
 		with input as _in({"similar": [_sim({"lexical": 0.3, "semantic": 0.9})]})
 }
 
+test_restatement_that_adds_or_drops_a_detail_rejected if {
+	every overrides in [
+		{"lexical": 0.8, "distinct_shared": 2, "distinct_added": 1},
+		{"lexical": 0.8, "distinct_shared": 2, "distinct_missing": 1},
+	] {
+		admission.decision == {"decision": "reject", "reasons": [_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg)]}
+			with input as _in({"similar": [_sim(overrides)]})
+	}
+}
+
 test_below_thresholds_accepted if {
 	every overrides in [
 		{"lexical": 0.69},
@@ -199,10 +209,12 @@ test_below_thresholds_accepted if {
 
 test_near_miss_is_a_different_decision_accepted if {
 	every overrides in [
-		{"lexical": 0.95, "distinct_differ": 2},
+		{"lexical": 0.95, "distinct_added": 1, "distinct_missing": 1},
 		{"lexical": 0.95, "polarity_differs": true},
 		{"lexical": 0.95, "slot_edit": true},
-		{"lexical": 0.8, "semantic": 0.97, "distinct_shared": 2, "distinct_differ": 1},
+		{"lexical": 0.8, "semantic": 0.97, "distinct_shared": 2, "distinct_added": 2, "distinct_missing": 1},
+		{"lexical": 0.8, "distinct_shared": 2, "distinct_missing": 2},
+		{"lexical": 0.8, "semantic": 0.95, "distinct_shared": 1, "distinct_added": 2},
 	] {
 		admission.decision == {"decision": "accept", "reasons": []} with input as _in({"similar": [_sim(overrides)]})
 	}
@@ -217,13 +229,13 @@ test_exact_duplicate_stays_duplicate if {
 test_tightened_threshold_rejects_more if {
 	admission.decision == {"decision": "reject", "reasons": [_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg)]}
 		with input as _in({"similar": [_sim({"lexical": 0.6})]})
-		with data.engram.config.tenants.acme as {"near_duplicate": {"action": "reject", "lexical": 0.6, "lexical_with_shared": 0.5, "shared_distinct": 1, "semantic": 0.9}}
+		with data.engram.config.tenants.acme as {"near_duplicate": {"action": "reject", "lexical": 0.6, "lexical_with_shared": 0.5, "shared_distinct": 1, "max_distinct_changes": 1, "semantic": 0.9}}
 }
 
 test_near_duplicate_held_when_tenant_adjudicates if {
 	admission.decision == {"decision": "adjudication_required", "reasons": [_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg)]}
 		with input as _in({"similar": [_sim({"same_text": true})]})
-		with data.engram.config.tenants.acme as {"near_duplicate": {"action": "adjudicate", "lexical": 0.7, "lexical_with_shared": 0.5, "shared_distinct": 1, "semantic": 0.9}}
+		with data.engram.config.tenants.acme as {"near_duplicate": {"action": "adjudicate", "lexical": 0.7, "lexical_with_shared": 0.5, "shared_distinct": 1, "max_distinct_changes": 1, "semantic": 0.9}}
 }
 
 test_untrusted_source_held_only_when_listed if {
