@@ -49,10 +49,11 @@ def _refusal(client: Client, op: str, args: dict[str, Any]) -> tuple[Code, str]:
 
 
 def _listing_refusal(client: Client) -> tuple[grpc.StatusCode, str]:
-    """The tool listing, which spends no nonce (its own read of the trust version)."""
+    """The tool listing shown a tool call's own context, which it leaves for that call to spend
+    (issue 57), so its own read of the trust version decides."""
     try:
         client.host.ListCapabilities(host_pb2.ListCapabilitiesRequest(),
-                                     metadata=[(CONTEXT_METADATA_KEY, client.context())], timeout=10)
+                                     metadata=[(CONTEXT_METADATA_KEY, client.context("search"))], timeout=10)
     except grpc.RpcError as err:
         return err.code(), err.details()
     raise AssertionError("the tool listing unexpectedly succeeded")
