@@ -229,6 +229,15 @@ def run_init(args: argparse.Namespace) -> int:
     if data_dir.exists() and not data_dir.is_dir():
         print(f"engram init: {data_dir} exists and is not a directory", file=sys.stderr)
         return 2
+    store = getattr(args, "store", None)
+    if store is not None:
+        from engram_core.app.engines import store_conninfo
+
+        try:
+            store_conninfo(store)  # a password in the URL is refused before anything is written
+        except ValueError as exc:
+            print(f"engram init: {exc}", file=sys.stderr)
+            return 2
     data_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(data_dir, 0o700)
     host_key = data_dir / "host.key"
@@ -236,7 +245,12 @@ def run_init(args: argparse.Namespace) -> int:
 
     init_file = data_dir / INIT_FILE
     scope = read_first_serve_scope(data_dir)
-    if scope is None:
+    if store is not None:
+        # Cores over a shared store may be running already: a first-serve activation would wait for
+        # a restart, so the operator activates the scope now (a step below), and DIR, the shared key
+        # directory, gets no init.toml.
+        scope = scope or FirstServeScope(args.tenant, args.workspace)
+    elif scope is None:
         scope = FirstServeScope(args.tenant, args.workspace)
         init_file.write_text(
             "# Written by `engram init`: the scope the first `engram serve` on this directory activates.\n"
@@ -270,18 +284,32 @@ def run_init(args: argparse.Namespace) -> int:
 
     token = ensure_token_file(token_file)[0] if token_file is not None else None
     engram = _engram_command()
-    steps = [] if args.serving else \
-        [f"Start the core:     {shlex.join([engram, 'serve', '--data', str(data_dir), '--listen', core])}"]
+    if store is not None:
+        steps = [
+            f"Start each core:    {shlex.join([engram, 'serve', '--store', store, '--key-dir', str(data_dir), '--listen', core])}"
+            "\n     (every core mounts this key directory; the first one creates the KEK ring and secrets in it;"
+            "\n     with a role without DDL rights, first: engram admin migrate --store URL as the schema's owner)",
+            "Activate the scope: " + shlex.join([engram, "admin", "--core", core, "--host-key", str(host_key),
+                                                 "activate", "--tenant", scope.tenant, "--workspace", scope.workspace]),
+        ]
+    else:
+        steps = [] if args.serving else \
+            [f"Start the core:     {shlex.join([engram, 'serve', '--data', str(data_dir), '--listen', core])}"]
     steps += [
         f"Check the chain:    {shlex.join([engram, 'doctor', '--host-config', str(host_config)])}"
         + ("   (in another terminal, once the core below says it is listening)" if args.serving else ""),
         "Register the adapter with your MCP client:\n" + client_instructions(engram, host_config)
         + "\n" + http_instructions(engram, host_config, token_file, token),
     ]
+    what = (f"key directory {data_dir} (of the PostgreSQL store {store})" if store is not None
+            else f"data directory {data_dir}")
+    activation = (f"engram init: activate {scope.tenant}/{scope.workspace} with step 2 (cores over a shared store "
+                  "may be running already)" if store is not None
+                  else f"engram init: the first `engram serve` on it activates {scope.tenant}/{scope.workspace}")
     print("\n".join([
-        f"engram init: data directory {data_dir}",
+        f"engram init: {what}",
         f"engram init: {wrote}",
-        f"engram init: the first `engram serve` on it activates {scope.tenant}/{scope.workspace}",
+        activation,
         "",
         "Next:",
         *(f"  {number}. {step}" for number, step in enumerate(steps, start=1)),
@@ -298,6 +326,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--core", default=None, help=f"core address the host TOML names (default: {DEFAULT_CORE})")
     p.add_argument("--tenant", default=DEFAULT_TENANT, help="tenant of the first scope (default: %(default)s)")
     p.add_argument("--workspace", default=DEFAULT_WORKSPACE, help="workspace of the first scope (default: %(default)s)")
+    p.add_argument("--store", default=None, metavar="URL",
+                   help="cores serve a PostgreSQL store (engram serve --store URL --key-dir DIR): DIR is their "
+                        "shared key directory; the next steps say how to serve it and activate the scope")
     p.add_argument("--force", action="store_true", help="rewrite an existing host TOML")
     p.add_argument("--serving", action="store_true",
                    help="the caller starts the core next (tools/serve): leave that step out of the next steps")

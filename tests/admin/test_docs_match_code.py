@@ -242,7 +242,7 @@ def test_the_checker_catches_what_issue_31_found() -> None:
     assert _check("engram serve --listen H:P", kind=INVOCATION) == ["engram serve requires --data or --store"]
     assert _check("engram serve --store URL --key-dir DIR", kind=INVOCATION) == []
     assert _check("engram serve --metrics", kind=MENTION) == []
-    assert "engram init: the synopsis leaves out --force --serving" in \
+    assert "engram init: the synopsis leaves out --force --serving --store" in \
         _check("engram init [DIR] [--host-config FILE] [--core HOST:PORT] [--tenant T] [--workspace W]", kind=SYNOPSIS)
     assert _check("engram init [DIR] [--host-config FILE] ...", kind=SYNOPSIS) == []
     problems = _check("engram admin --host-key K [--tenant T] activate --workspace W", kind=SYNOPSIS)

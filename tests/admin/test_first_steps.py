@@ -156,3 +156,20 @@ def test_git_ignores_every_file_of_a_data_directory_with_another_name(tmp_path: 
                              input="\n".join(paths) + "\n", capture_output=True, text=True, timeout=60)
     assert ignored.returncode in (0, 1), ignored.stderr
     assert sorted(ignored.stdout.split()) == sorted(paths)
+
+
+def test_init_for_a_postgresql_store_names_serve_store_and_an_explicit_activation(tmp_path: Path) -> None:
+    """`engram init K --store URL` (issue 60 item 6): K is the cores' shared key directory, so no
+    init.toml goes into it (cores may be running already: a first-serve activation would wait for a
+    restart), and the steps say `serve --store … --key-dir K` and `admin activate`, never `--data K`."""
+    url = "postgresql://engram@db.internal:5432/engram"
+    result = _engram("init", str(tmp_path / "keys"), "--store", url, "--core", "127.0.0.1:50071", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "keys" / "init.toml").exists() and (tmp_path / "keys" / "host.key").exists()
+    out = result.stdout
+    assert f"serve --store {url} --key-dir {tmp_path / 'keys'} --listen 127.0.0.1:50071" in out
+    assert "activate --tenant local --workspace default" in out and "--data" not in out
+    assert "the first `engram serve` on it activates" not in out
+    assert _steps(out)[:3] == [(1, "Start each"), (2, "Activate the"), (3, "Check the")], out
+    refused = _engram("init", str(tmp_path / "k2"), "--store", "postgresql://engram:secret@db/engram", cwd=tmp_path)
+    assert refused.returncode == 2 and "password" in refused.stderr and not (tmp_path / "k2").exists()
