@@ -14,10 +14,12 @@ tenant's host, say) fills its own lane and is refused RATE_LIMITED there, while 
 other key, and its own maintenance, keeps its full capacity. The bound is a refusal,
 never an eviction: forgetting a live nonce would reopen its replay.
 
-**Restarts.** Every call that claims a nonce writes an audit row naming it
+**Restarts.** Every call that acts writes an audit row naming its claim
 (``AuditRow.context_nonce``: the key id and a digest of the nonce) before it answers, so the
 store seeds the ledger at open from the audit rows of the last context lifetime: a context
-used before a restart is a replay after it. Contexts issued before the process started (by
+used before a restart is a replay after it. (The calls that spend a context and write no row —
+the tool listing, a CheckGated that answers, an undecodable request — are not seeded on a
+single-writer core; docs/security.md says what that leaves.) Contexts issued before the process started (by
 more than the clock-skew allowance) are refused as well. Where several cores share one
 store, the store also claims each nonce in the database (docs/architecture.md).
 """
