@@ -32,7 +32,7 @@ def _policy(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line: what `--help` prints at every level, and what the docs' synopses
     are checked against (tests/admin/test_docs_match_code.py)."""
-    from engram_core.cli import doctor, init, mcp, serve
+    from engram_core.cli import console, doctor, init, mcp, serve
 
     parser = argparse.ArgumentParser(prog="engram", description="Engram: governed long-term memory for agents")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.register(sub)
     mcp.register(sub)
     doctor.register(sub)
+    console.register(sub)
     _admin(sub)
     _policy(sub)
     return parser

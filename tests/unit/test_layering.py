@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     "engram_core.cli": 0,
     "engram_core.app": 1,
     "adapters": 2,
+    "engram_core.console": 2,  # `engram console`: a host service beside the adapter (docs/console.md)
     "engram_core.rpc": 3,
     "engram_core.services": 4,
     "engram_core.store": 5,

@@ -1,0 +1,324 @@
+"""The console's web application: Starlette routes over server-rendered Jinja templates.
+
+Every page is rendered on the server with autoescaping (no memory text, reason or identifier
+reaches the page unescaped), served with a strict Content-Security-Policy (no script at all,
+styles from our one CSS file), and answers "not found" for any scope the console does not serve
+or on which the policy grants the person nothing: another tenant's ids in a URL are not found,
+never forbidden, so a URL reveals nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from engram_core.console.auth import (
+    LOCAL_ISSUER,
+    LOCAL_SUBJECT,
+    OpenIdSignIn,
+    Session,
+    Sessions,
+    SignInFailed,
+    local_token_matches,
+    same,
+)
+from engram_core.console.core_client import Actor, CoreClient, CoreError
+from engram_core.console.roles import NOTHING, Grant, RoleOracle
+from engram_core.console.settings import ConsoleSettings
+
+HERE = Path(__file__).resolve().parent
+CSP = ("default-src 'self'; script-src 'none'; style-src 'self'; img-src 'self'; font-src 'self'; "
+       "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+AUDIT_WINDOW = 500  # audit rows (by sequence number) per page
+PRE_COOKIE = "engram_console_pre"
+STATE_COOKIE = "engram_console_oidc"
+logger = logging.getLogger("engram.console")
+
+
+class _Headers(BaseHTTPMiddleware):
+    async def dispatch(self, request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        response = await call_next(request)
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
+        if request.app.state.console.settings.tls:
+            response.headers.setdefault("Strict-Transport-Security", "max-age=31536000")
+        return response
+
+
+def _when(ms: Any) -> str:
+    try:
+        return datetime.fromtimestamp(int(ms) / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return str(ms)
+
+
+class Console:
+    """The application's state: settings, the core client, the policy, sessions."""
+
+    def __init__(self, settings: ConsoleSettings, core: CoreClient, roles: RoleOracle) -> None:
+        self.settings = settings
+        self.core = core
+        self.roles = roles
+        self.sessions = Sessions()
+        self.oidc = OpenIdSignIn(settings.providers, settings.base_url() + "/oidc/callback")
+        self.cookie = ("__Host-" if settings.tls else "") + "engram_console"
+        self.templates = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
+                                            undefined=jinja2.StrictUndefined)
+        self.templates.filters["when"] = _when
+
+    # -- rendering and cookies -----------------------------------------------------------------
+    def page(self, name: str, http_status: int = 200, **values: Any) -> HTMLResponse:
+        values.setdefault("session", None)
+        values.setdefault("scope", None)
+        values.setdefault("grant", NOTHING)
+        values.setdefault("tab", "")
+        return HTMLResponse(self.templates.get_template(name).render(**values), status_code=http_status)
+
+    def not_found(self, session: Session | None) -> HTMLResponse:
+        return self.page("error.html", 404, session=session, title="Not found",
+                         message="There is nothing here for you.")
+
+    def set_cookie(self, response: Response, name: str, value: str, *, path: str = "/", same_site: str = "strict",
+                   max_age: int | None = None) -> None:
+        response.set_cookie(name, value, path=path, httponly=True, samesite=same_site, secure=self.settings.tls,
+                            max_age=max_age)
+
+    def session_of(self, request: Request) -> Session | None:
+        return self.sessions.get(request.cookies.get(self.cookie))
+
+    def grant(self, session: Session, tenant: str, workspace: str) -> Grant:
+        if (tenant, workspace) not in self.settings.scopes:
+            return NOTHING  # a scope the console does not serve is nobody's
+        return self.roles.grant(subject=session.subject, issuer=session.issuer, claims=session.claims,
+                                tenant=tenant, workspace=workspace)
+
+    @staticmethod
+    def actor(session: Session) -> Actor:
+        return Actor(session.principal, session.audit_session)
+
+
+def _console(request: Request) -> Console:
+    return request.app.state.console
+
+
+def _signin_redirect() -> RedirectResponse:
+    return RedirectResponse("/signin", status_code=303)
+
+
+# -- sign-in ---------------------------------------------------------------------------------------
+async def signin_form(request: Request) -> Response:
+    c = _console(request)
+    pre = request.cookies.get(PRE_COOKIE) or _new_token()
+    response = c.page("signin.html", pre=pre, local=bool(c.settings.token_file),
+                      issuers=sorted(c.oidc.providers), failed=request.query_params.get("failed") == "1")
+    c.set_cookie(response, PRE_COOKIE, pre, max_age=3600)
+    return response
+
+
+def _new_token() -> str:
+    import secrets
+
+    return secrets.token_urlsafe(32)
+
+
+async def signin(request: Request) -> Response:
+    c = _console(request)
+    form = await request.form()
+    cookie, field = request.cookies.get(PRE_COOKIE, ""), str(form.get("csrf", ""))
+    if not cookie or not same(cookie, field):
+        return c.page("error.html", 403, title="Refused", message="The form was not this browser's. Reload and try again.")
+    path = Path(c.settings.token_file) if c.settings.token_file else None
+    if not await run_in_threadpool(local_token_matches, path, str(form.get("token", ""))):
+        return RedirectResponse("/signin?failed=1", status_code=303)
+    return _signed_in(c, c.sessions.create(LOCAL_SUBJECT, LOCAL_ISSUER, {}), RedirectResponse("/", status_code=303))
+
+
+def _signed_in(c: Console, session: Session, response: Response) -> Response:
+    c.set_cookie(response, c.cookie, session.sid, max_age=int(8 * 3600))
+    response.delete_cookie(PRE_COOKIE, path="/")
+    logger.info("console sign-in: %s", session.principal)
+    return response
+
+
+async def oidc_begin(request: Request) -> Response:
+    c = _console(request)
+    try:
+        url, state = await c.oidc.begin(request.query_params.get("issuer", ""))
+    except Exception as exc:  # discovery failures of any kind: the page says so, the log says why
+        logger.warning("console OpenID sign-in cannot start: %s", exc)
+        return c.page("error.html", 502, title="Sign-in unavailable", message="The identity provider cannot be reached.")
+    response = RedirectResponse(url, status_code=303)
+    # Lax, not Strict: the provider's redirect back is a cross-site navigation, which must carry it.
+    c.set_cookie(response, STATE_COOKIE, state, path="/oidc/callback", same_site="lax", max_age=600)
+    return response
+
+
+async def oidc_callback(request: Request) -> Response:
+    c = _console(request)
+    q = request.query_params
+    try:
+        subject, issuer, claims = await c.oidc.complete(q.get("state", ""), request.cookies.get(STATE_COOKIE, ""),
+                                                        q.get("code", ""))
+    except SignInFailed as exc:
+        logger.warning("console OpenID sign-in refused: %s", exc)
+        return c.page("error.html", 403, title="Sign-in refused", message="The sign-in could not be verified.")
+    # A page, not a redirect: the browser arrived cross-site, and a SameSite=Strict cookie set now
+    # is sent from the next same-site navigation on (which this page makes, without script).
+    response = c.page("continue.html")
+    response.delete_cookie(STATE_COOKIE, path="/oidc/callback")
+    return _signed_in(c, c.sessions.create(subject, issuer, claims), response)
+
+
+async def signout(request: Request) -> Response:
+    c = _console(request)
+    session = c.session_of(request)
+    form = await request.form()
+    if session is None or not same(session.csrf, str(form.get("csrf", ""))):
+        return c.page("error.html", 403, session=session, title="Refused", message="Missing or wrong form token.")
+    c.sessions.drop(session.sid)
+    response = _signin_redirect()
+    response.delete_cookie(c.cookie, path="/")
+    return response
+
+
+# -- pages -----------------------------------------------------------------------------------------
+async def home(request: Request) -> Response:
+    c = _console(request)
+    session = c.session_of(request)
+    if session is None:
+        return _signin_redirect()
+    scopes = []
+    for tenant, workspace in c.settings.scopes:
+        g = await run_in_threadpool(c.grant, session, tenant, workspace)
+        if g.actions:
+            scopes.append({"tenant": tenant, "workspace": workspace, "grant": g})
+    return c.page("home.html", session=session, scopes=scopes)
+
+
+def _scoped(action: str):
+    """A page of one scope: signed in, served scope, the action granted; else sign-in or not found."""
+
+    def wrap(fn: Callable[..., Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            c = _console(request)
+            session = c.session_of(request)
+            if session is None:
+                return _signin_redirect()
+            tenant, workspace = request.path_params["tenant"], request.path_params["workspace"]
+            g = await run_in_threadpool(c.grant, session, tenant, workspace)
+            if not g.may(action):
+                return c.not_found(session)
+            scope = {"tenant": tenant, "workspace": workspace}
+            try:
+                return await fn(request, c, session, g, scope)
+            except CoreError as err:
+                if err.code == "NOT_FOUND":
+                    return c.not_found(session)
+                http_status = 409 if err.code in ("ILLEGAL_TRANSITION", "CONFLICT") else 502
+                return c.page("error.html", http_status, session=session, scope=scope, grant=g, title="The core refused",
+                              message=f"{err.code}: {err.message}")
+        return endpoint
+    return wrap
+
+
+@_scoped("review.view")
+async def review(request: Request, c: Console, session: Session, g: Grant, scope: dict[str, str]) -> Response:
+    items = await run_in_threadpool(c.core.adjudication_list, c.actor(session), scope["tenant"], scope["workspace"])
+    return c.page("review.html", session=session, scope=scope, grant=g, items=items, tab="review",
+                  decided=request.query_params.get("decided", ""))
+
+
+@_scoped("review.view")
+async def candidate(request: Request, c: Console, session: Session, g: Grant, scope: dict[str, str]) -> Response:
+    view = await run_in_threadpool(c.core.inspect, c.actor(session), scope["tenant"], scope["workspace"],
+                                   request.path_params["candidate"])
+    return c.page("candidate.html", session=session, scope=scope, grant=g, c=view, tab="review")
+
+
+@_scoped("review.decide")
+async def decide(request: Request, c: Console, session: Session, g: Grant, scope: dict[str, str]) -> Response:
+    form = await request.form()
+    if not same(session.csrf, str(form.get("csrf", ""))):
+        return c.page("error.html", 403, session=session, scope=scope, grant=g, title="Refused",
+                      message="Missing or wrong form token: nothing was changed.")
+    decision, reason = str(form.get("decision", "")), str(form.get("reason", "")).strip()
+    if decision not in ("accept", "reject") or not reason or len(reason.encode()) > 512:
+        return c.page("error.html", 400, session=session, scope=scope, grant=g, title="Not sent",
+                      message="Choose accept or reject and give a reason (1 to 512 bytes).")
+    outcome = await run_in_threadpool(c.core.adjudicate, c.actor(session), scope["tenant"], scope["workspace"],
+                                      request.path_params["candidate"], decision, reason)
+    url = request.url_for("review", tenant=scope["tenant"], workspace=scope["workspace"]).path
+    return RedirectResponse(url + "?decided=" + outcome.get("status", ""), status_code=303)
+
+
+@_scoped("audit.view")
+async def audit(request: Request, c: Console, session: Session, g: Grant, scope: dict[str, str]) -> Response:
+    actor = c.actor(session)
+    report = await run_in_threadpool(c.core.verify, actor, scope["tenant"], scope["workspace"])
+    head = int(report["audit"]["rows"])  # no chain's sequence number exceeds the row count
+    try:
+        before = min(head + 1, max(1, int(request.query_params.get("before", head + 1))))
+    except ValueError:
+        before = head + 1
+    low = max(1, before - AUDIT_WINDOW)
+    rows = await run_in_threadpool(c.core.audit, actor, scope["tenant"], scope["workspace"], low, before - 1) \
+        if before > 1 else []
+    rows.sort(key=lambda r: (int(r["at_ms"]), int(r["seq"])), reverse=True)
+    return c.page("audit.html", session=session, scope=scope, grant=g, report=report, rows=rows, tab="audit",
+                  older=low if low > 1 else None, newer=before + AUDIT_WINDOW if before <= head else None)
+
+
+@_scoped("keys.view")
+async def keys(request: Request, c: Console, session: Session, g: Grant, scope: dict[str, str]) -> Response:
+    report = await run_in_threadpool(c.core.key_status, c.actor(session), scope["tenant"], scope["workspace"])
+    return c.page("keys.html", session=session, scope=scope, grant=g, status=report, tab="keys")
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    c = _console(request)
+    return c.not_found(c.session_of(request))
+
+
+def build_app(settings: ConsoleSettings, core: CoreClient, roles: RoleOracle) -> Starlette:
+    scope = "/s/{tenant}/{workspace}"
+    app = Starlette(
+        routes=[
+            Route("/", home, name="home"),
+            Route("/signin", signin_form, methods=["GET"]),
+            Route("/signin", signin, methods=["POST"]),
+            Route("/signin/oidc", oidc_begin, methods=["GET"]),
+            Route("/oidc/callback", oidc_callback, methods=["GET"]),
+            Route("/signout", signout, methods=["POST"]),
+            Route(scope + "/review", review, name="review"),
+            Route(scope + "/candidates/{candidate}", candidate, name="candidate"),
+            Route(scope + "/candidates/{candidate}/decide", decide, methods=["POST"], name="decide"),
+            Route(scope + "/audit", audit, name="audit"),
+            Route(scope + "/keys", keys, name="keys"),
+            Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        ],
+        middleware=[Middleware(_Headers)],
+        exception_handlers={404: _not_found},
+    )
+    app.state.console = Console(settings, core, roles)
+    return app

@@ -1,0 +1,105 @@
+"""The console's calls to the core: AdminService over gRPC, each with a host context signed for
+that one call in the name of the person acting.
+
+The context names the person as its principal (``local:owner``, or ``oidc:<sub>@<issuer host>``),
+so every audit row the core writes for a console action names who did it, not the console. The
+core still decides on its own policy whether the console's host key may do the operation: the
+console's roles only narrow what a person can ask for, they never widen what the key may do.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from engram_core.api import admin_pb2, admin_pb2_grpc
+from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
+from engram_core.hostkeys import load_private_key_file
+from engram_core.rpc.status import error_from_rpc_error
+from engram_core.rpc.tls import ClientTls
+from engram_core.rpc.tls import channel as tls_channel
+
+READ = ("read",)
+MAINTAIN = ("read", "maintain")
+AGENT_ID = "engram-console"
+
+
+class CoreError(Exception):
+    """A refusal or failure of the core, with the contract's error code (``NOT_FOUND``, ...)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who a call is made for: the principal the core audits, and the console session it came from."""
+
+    principal: str
+    session: str
+
+
+class CoreClient:
+    """One channel to the core, shared by every request (gRPC channels are thread-safe)."""
+
+    def __init__(self, address: str, host_key_path: str, tls: ClientTls | None = None, *,
+                 timeout_s: float = 30.0) -> None:
+        self._key = load_private_key_file(host_key_path)
+        self._channel = tls_channel(address, tls)
+        self._stub = admin_pb2_grpc.AdminServiceStub(self._channel)
+        self._timeout_s = timeout_s
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _metadata(self, actor: Actor, scopes: tuple[str, ...]) -> list[tuple[str, bytes]]:
+        ctx = make_context(self._key, call=ADMIN_CALL, tenant="_host", workspace="_admin", principal=actor.principal,
+                           agent_id=AGENT_ID, session=actor.session, now_ms=time.time_ns() // 1_000_000,
+                           host_principal=True, maintenance_scopes=scopes, memory_enabled=False)
+        return [(CONTEXT_METADATA_KEY, ctx)]
+
+    def _call(self, actor: Actor, rpc: str, request: Any, scopes: tuple[str, ...]) -> dict[str, Any]:
+        try:
+            result = getattr(self._stub, rpc)(request, metadata=self._metadata(actor, scopes), timeout=self._timeout_s)
+        except grpc.RpcError as err:
+            error = error_from_rpc_error(err)
+            raise CoreError(error.code.value, error.message) from None
+        return json.loads(result.json)
+
+    # -- the calls the pages make ----------------------------------------------------------------
+    def adjudication_list(self, actor: Actor, tenant: str, workspace: str) -> list[dict[str, Any]]:
+        req = admin_pb2.ScopeRequest(tenant=tenant, workspace=workspace)
+        return self._call(actor, "ListAdjudication", req, READ)["candidates"]
+
+    def inspect(self, actor: Actor, tenant: str, workspace: str, candidate_id: str) -> dict[str, Any]:
+        req = admin_pb2.InspectRequest(tenant=tenant, workspace=workspace, candidate_id=candidate_id)
+        return self._call(actor, "InspectCandidate", req, READ)
+
+    def adjudicate(self, actor: Actor, tenant: str, workspace: str, candidate_id: str, decision: str,
+                   reason: str) -> dict[str, Any]:
+        """Accept or reject a held candidate; the event id is fresh, so a form sent twice acts once
+        at most (the second finds the candidate no longer pending)."""
+        req = admin_pb2.AdjudicateRequest(tenant=tenant, workspace=workspace, candidate_id=candidate_id,
+                                          decision=decision, reason_ref=reason,
+                                          event_id="evt_console_" + secrets.token_hex(12))
+        return self._call(actor, "Adjudicate", req, MAINTAIN)["outcome"]
+
+    def audit(self, actor: Actor, tenant: str, workspace: str, from_seq: int, to_seq: int) -> list[dict[str, Any]]:
+        req = admin_pb2.ExportRequest(tenant=tenant, workspace=workspace, what="audit", from_cursor=str(from_seq),
+                                      to_cursor=str(to_seq))
+        return self._call(actor, "Export", req, READ)["items"]
+
+    def verify(self, actor: Actor, tenant: str, workspace: str) -> dict[str, Any]:
+        req = admin_pb2.ScopeRequest(tenant=tenant, workspace=workspace, report_only=True)
+        return self._call(actor, "Verify", req, READ)
+
+    def key_status(self, actor: Actor, tenant: str, workspace: str) -> dict[str, Any]:
+        req = admin_pb2.ScopeRequest(tenant=tenant, workspace=workspace)
+        return self._call(actor, "KeyStatus", req, READ)

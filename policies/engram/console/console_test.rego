@@ -1,0 +1,84 @@
+package engram.console_test
+
+import data.engram.console
+
+_iss := "https://idp.example.com"
+
+_all := ["audit.view", "keys.view", "policy.view", "review.decide", "review.view"]
+
+_config := {
+	"role_actions": {
+		"reviewer": ["review.view", "review.decide"],
+		"operator": ["audit.view", "keys.view"],
+		"auditor": ["audit.view"],
+		"policy_author": ["policy.view"],
+	},
+	"local_owner_roles": ["auditor", "operator", "policy_author", "reviewer"],
+	"issuers": {_iss: {
+		"groups_claim": "groups",
+		"subjects": {"ada": [{"tenant": "acme", "workspaces": ["main"], "roles": ["reviewer"]}]},
+		"groups": {"sre": [{"tenant": "acme", "workspaces": ["*"], "roles": ["operator", "auditor"]}]},
+	}},
+}
+
+_in(o) := object.union({"subject": "ada", "issuer": _iss, "claims": {"sub": "ada"}, "tenant": "acme", "workspace": "main"}, o)
+
+test_local_owner_holds_every_role if {
+	d := console.decision with input as _in({"subject": "local:owner", "issuer": "local", "claims": {}})
+		with data.engram.config.console as _config
+	d.roles == ["auditor", "operator", "policy_author", "reviewer"]
+	d.actions == _all
+	d.reasons == []
+}
+
+test_local_subject_from_an_issuer_is_not_the_owner if {
+	d := console.decision with input as _in({"subject": "local:owner"}) with data.engram.config.console as _config
+	d.roles == []
+	d.reasons[0].code == "NO_CONSOLE_ROLE"
+}
+
+test_subject_grant_on_its_workspace_only if {
+	d := console.decision with input as _in({}) with data.engram.config.console as _config
+	d.roles == ["reviewer"]
+	d.actions == ["review.decide", "review.view"]
+	other := console.decision with input as _in({"workspace": "ops"}) with data.engram.config.console as _config
+	other.roles == []
+}
+
+test_group_grant_every_workspace_of_its_tenant_only if {
+	d := console.decision with input as _in({"subject": "bo", "claims": {"groups": ["sre"]}, "workspace": "ops"})
+		with data.engram.config.console as _config
+	d.roles == ["auditor", "operator"]
+	d.actions == ["audit.view", "keys.view"]
+	g := console.decision with input as _in({"subject": "bo", "claims": {"groups": ["sre"]}, "tenant": "globex"})
+		with data.engram.config.console as _config
+	g.roles == []
+}
+
+test_no_rule_no_access if {
+	d := console.decision with input as _in({"subject": "eve", "claims": {"groups": "sre"}})
+		with data.engram.config.console as _config
+	d.roles == []
+	d.actions == []
+	u := console.decision with input as _in({"issuer": "https://other.example"}) with data.engram.config.console as _config
+	u.roles == []
+}
+
+test_unknown_role_grants_nothing if {
+	cfg := json.patch(_config, [{"op": "add", "path": "/issuers/https:~1~1idp.example.com/subjects/ada/0/roles", "value": ["root"]}])
+	d := console.decision with input as _in({}) with data.engram.config.console as cfg
+	d.roles == []
+}
+
+test_empty_scope_grants_nothing if {
+	d := console.decision with input as _in({"subject": "local:owner", "issuer": "local", "tenant": ""})
+		with data.engram.config.console as _config
+	d.roles == []
+}
+
+test_bundled_default_gives_oidc_users_nothing if {
+	d := console.decision with input as _in({})
+	d.roles == []
+	o := console.decision with input as _in({"subject": "local:owner", "issuer": "local", "claims": {}})
+	count(o.roles) == 4
+}

@@ -1,0 +1,172 @@
+"""The console in a real browser (issue 61): sign in with the local token, clear held captures
+through the review queue, find the adjudication in the audit under the person, and the security
+properties a person relies on: CSP, cookies, CSRF, escaping, tenant isolation, no role no access.
+
+One core, one console process and one headless Chromium for the module; the tests run in order
+(the queue they clear is the one the first test filled)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import World
+from console_support import OTHER, TENANT, WORKSPACE, http, policies_copy, start_console
+from selenium.common.exceptions import NoAlertPresentException
+from selenium.webdriver.common.by import By
+
+SCOPE = f"/s/{TENANT}/{WORKSPACE}"
+SCRIPT = "<script>alert('reason')</script>"
+
+
+def _shot(browser, shots: Path, name: str) -> None:
+    path = shots / f"{name}.png"
+    browser.save_screenshot(str(path))
+    print(f"screenshot: {path}")
+
+
+def _no_alert(browser) -> None:
+    with pytest.raises(NoAlertPresentException):
+        browser.switch_to.alert  # noqa: B018 - the property raises when no alert is open
+
+
+def _sign_in(browser, url: str, token: str) -> None:
+    browser.get(url + "/signin")
+    field = browser.find_element(By.ID, "token")
+    field.send_keys(token)
+    browser.find_element(By.ID, "signin").click()
+
+
+def _cookie_header(browser, world: World) -> str:
+    return "; ".join(f"{c['name']}={c['value']}" for c in browser.get_cookies())
+
+
+def _csrf(browser) -> str:
+    return browser.find_element(By.CSS_SELECTOR, "form.signout input[name=csrf]").get_attribute("value")
+
+
+def test_sign_in_with_the_local_token(world: World, browser, shots: Path) -> None:
+    browser.get(world.console.url + "/")
+    assert browser.current_url.endswith("/signin")  # nothing without a session
+    _shot(browser, shots, "01-signin")
+    _sign_in(browser, world.console.url, "not-the-token")
+    assert "not this installation's" in browser.find_element(By.ID, "failed").text
+    _sign_in(browser, world.console.url, world.token)
+    assert browser.find_element(By.ID, "who").text == "local:owner"
+    assert f"{TENANT}/{WORKSPACE}" in browser.find_element(By.TAG_NAME, "table").text
+    cookie = browser.get_cookie("engram_console")
+    assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict"
+    _shot(browser, shots, "02-home")
+
+
+def test_review_queue_accept_and_reject(world: World, browser, shots: Path) -> None:
+    held = [world.hand.capture_and_admit(TENANT, WORKSPACE, f"decision {i}: cache tier {i} uses redis")
+            for i in range(3)]
+    assert {status for _, status in held} == {"pending_adjudication"}
+    browser.get(world.console.url + SCOPE + "/review")
+    listed = [a.text for a in browser.find_elements(By.CSS_SELECTOR, "#queue a.cid")]
+    assert sorted(listed) == sorted(c for c, _ in held)
+    assert "TRUST_CLASS_REQUIRES_ADJUDICATION" in browser.find_element(By.ID, "queue").text
+    assert "redis" not in browser.page_source  # a held capture's text never reaches the page
+    _shot(browser, shots, "03-review-queue")
+
+    accept, reject, keep = (c for c, _ in held)
+    browser.find_element(By.ID, f"reason-{accept}").send_keys("reviewed: matches ADR 7")
+    browser.find_element(By.CSS_SELECTOR, f"form[action$='/{accept}/decide'] button.accept").click()
+    assert browser.find_element(By.ID, "decided").text == "Decided: accepted."
+    browser.find_element(By.ID, f"reason-{reject}").send_keys(SCRIPT)
+    browser.find_element(By.CSS_SELECTOR, f"form[action$='/{reject}/decide'] button.reject").click()
+    assert browser.find_element(By.ID, "decided").text == "Decided: rejected."
+    listed = [a.text for a in browser.find_elements(By.CSS_SELECTOR, "#queue a.cid")]
+    assert listed == [keep]
+    assert world.hand.state_of(TENANT, WORKSPACE, accept) == "accepted"
+    assert world.hand.state_of(TENANT, WORKSPACE, reject) == "rejected"
+
+    # The reason a person typed is shown as text, never run as markup.
+    browser.get(world.console.url + f"{SCOPE}/candidates/{reject}")
+    assert SCRIPT in [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#events td.reason-text")]
+    assert browser.find_elements(By.TAG_NAME, "script") == []
+    _no_alert(browser)
+    _shot(browser, shots, "04-candidate")
+
+
+def test_audit_shows_the_adjudication_under_the_person(world: World, browser, shots: Path) -> None:
+    browser.get(world.console.url + SCOPE + "/audit")
+    assert browser.find_element(By.ID, "verify").text.startswith("Verified:")
+    rows = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+            for tr in browser.find_elements(By.CSS_SELECTOR, "#audit tbody tr")]
+    adjudications = [r for r in rows if r[3] == "admin.adjudicate"]
+    assert len(adjudications) == 2 and {r[1] for r in adjudications} == {"local:owner"}
+    assert {r[2] for r in adjudications} == {"engram-console"}
+    _shot(browser, shots, "05-audit")
+
+
+def test_keys_page(world: World, browser, shots: Path) -> None:
+    browser.get(world.console.url + SCOPE + "/keys")
+    assert "Active KEK generation" in browser.find_element(By.ID, "kek").text
+    assert browser.find_elements(By.CSS_SELECTOR, "#generations tbody tr")
+    _shot(browser, shots, "06-keys")
+
+
+def test_another_tenants_ids_are_not_found(world: World, browser, shots: Path) -> None:
+    theirs, _ = world.hand.capture_and_admit(OTHER, WORKSPACE, "globex decision: ship on fridays")
+    before = world.hand.state_of(OTHER, WORKSPACE, theirs)
+    browser.get(world.console.url + f"{SCOPE}/candidates/{theirs}")
+    assert browser.find_element(By.TAG_NAME, "h1").text == "Not found"
+    browser.get(world.console.url + f"/s/{OTHER}/{WORKSPACE}/review")  # a scope this console does not serve
+    assert browser.find_element(By.TAG_NAME, "h1").text == "Not found"
+    _shot(browser, shots, "07-not-found")
+    browser.get(world.console.url + SCOPE + "/review")
+    cookie, csrf = _cookie_header(browser, world), _csrf(browser)
+    for path in (f"{SCOPE}/candidates/{theirs}/decide", f"/s/{OTHER}/{WORKSPACE}/candidates/{theirs}/decide"):
+        status, _, body = http("POST", world.console.url + path, cookie=cookie,
+                               form={"csrf": csrf, "decision": "accept", "reason": "not mine"})
+        assert status == 404 and "Not found" in body
+    assert world.hand.state_of(OTHER, WORKSPACE, theirs) == before
+
+
+def test_csrf_missing_or_wrong_is_refused_and_changes_nothing(world: World, browser) -> None:
+    browser.get(world.console.url + SCOPE + "/review")
+    keep = browser.find_element(By.CSS_SELECTOR, "#queue a.cid").text
+    cookie = _cookie_header(browser, world)
+    url = world.console.url + f"{SCOPE}/candidates/{keep}/decide"
+    for form in ({"decision": "accept", "reason": "r"}, {"csrf": "forged", "decision": "accept", "reason": "r"}):
+        status, _, body = http("POST", url, cookie=cookie, form=form)
+        assert status == 403 and "nothing was changed" in body
+    assert world.hand.state_of(TENANT, WORKSPACE, keep) == "pending_adjudication"
+    status, _, _ = http("POST", url, form={"csrf": _csrf(browser), "decision": "accept", "reason": "r"})
+    assert status == 303  # no session: to the sign-in page, nothing decided
+    assert world.hand.state_of(TENANT, WORKSPACE, keep) == "pending_adjudication"
+
+
+def test_every_page_carries_the_security_headers(world: World, browser) -> None:
+    browser.get(world.console.url + SCOPE + "/review")
+    cookie = _cookie_header(browser, world)
+    keep = browser.find_element(By.CSS_SELECTOR, "#queue a.cid").text
+    pages = ["/signin", "/", f"{SCOPE}/review", f"{SCOPE}/candidates/{keep}", f"{SCOPE}/audit", f"{SCOPE}/keys",
+             "/static/console.css", "/no/such/page"]
+    for page in pages:
+        status, headers, _ = http("GET", world.console.url + page, cookie=cookie)
+        assert status in (200, 404), page
+        csp = headers["content-security-policy"]
+        assert "default-src 'self'" in csp and "script-src 'none'" in csp and "frame-ancestors 'none'" in csp
+        assert headers["x-content-type-options"] == "nosniff"
+
+
+def test_a_person_without_a_role_gets_nothing(world: World, browser, shots: Path) -> None:
+    def no_roles(data: dict) -> None:
+        data["engram"]["config"]["console"]["local_owner_roles"] = []
+
+    bare = start_console(world.running.address, world.running.host_key_path, world.token_file,
+                         [f"{TENANT}/{WORKSPACE}"], world.root / "bare-console.log",
+                         policies=policies_copy(world.root / "bare-policies", no_roles))
+    try:
+        browser.delete_all_cookies()
+        _sign_in(browser, bare.url, world.token)
+        assert browser.find_element(By.ID, "no-scopes").is_displayed()
+        _shot(browser, shots, "08-no-role")
+        for page in ("/review", "/audit", "/keys"):
+            browser.get(bare.url + SCOPE + page)
+            assert browser.find_element(By.TAG_NAME, "h1").text == "Not found"
+    finally:
+        bare.stop()
