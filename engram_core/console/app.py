@@ -81,7 +81,7 @@ class Console:
         self.core = core
         self.roles = roles
         self.sessions = Sessions()
-        self.oidc = OpenIdSignIn(settings.providers, settings.base_url() + "/oidc/callback")
+        self.oidc = OpenIdSignIn(settings.providers, settings.base_url() + "/oauth/callback")
         self.cookie = ("__Host-" if settings.tls else "") + "engram_console"
         self.templates = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
                                             undefined=jinja2.StrictUndefined)
@@ -170,7 +170,7 @@ async def oidc_begin(request: Request) -> Response:
         return c.page("error.html", 502, title="Sign-in unavailable", message="The identity provider cannot be reached.")
     response = RedirectResponse(url, status_code=303)
     # Lax, not Strict: the provider's redirect back is a cross-site navigation, which must carry it.
-    c.set_cookie(response, STATE_COOKIE, state, path="/oidc/callback", same_site="lax", max_age=600)
+    c.set_cookie(response, STATE_COOKIE, state, path="/oauth/callback", same_site="lax", max_age=600)
     return response
 
 
@@ -186,7 +186,7 @@ async def oidc_callback(request: Request) -> Response:
     # A page, not a redirect: the browser arrived cross-site, and a SameSite=Strict cookie set now
     # is sent from the next same-site navigation on (which this page makes, without script).
     response = c.page("continue.html")
-    response.delete_cookie(STATE_COOKIE, path="/oidc/callback")
+    response.delete_cookie(STATE_COOKIE, path="/oauth/callback")
     return _signed_in(c, c.sessions.create(subject, issuer, claims), response)
 
 
@@ -275,18 +275,32 @@ async def decide(request: Request, c: Console, session: Session, g: Grant, scope
 @_scoped("audit.view")
 async def audit(request: Request, c: Console, session: Session, g: Grant, scope: dict[str, str]) -> Response:
     actor = c.actor(session)
-    report = await run_in_threadpool(c.core.verify, actor, scope["tenant"], scope["workspace"])
-    head = int(report["audit"]["rows"])  # no chain's sequence number exceeds the row count
     try:
-        before = min(head + 1, max(1, int(request.query_params.get("before", head + 1))))
+        report: dict[str, Any] | None = await run_in_threadpool(c.core.verify, actor, scope["tenant"],
+                                                                scope["workspace"])
+    except CoreError as err:
+        # Verify reads every chain of the store: a console key bound to some tenants only may not
+        # (HOST_KEY_NOT_BOUND). The timeline is still this scope's to show.
+        report, refusal = None, err.code
+    else:
+        refusal = ""
+    head = int(report["audit"]["rows"]) if report else 0  # no chain's sequence number exceeds the row count
+    try:
+        before = min(head + 1, max(1, int(request.query_params.get("before", head + 1)))) if report else 0
     except ValueError:
         before = head + 1
-    low = max(1, before - AUDIT_WINDOW)
-    rows = await run_in_threadpool(c.core.audit, actor, scope["tenant"], scope["workspace"], low, before - 1) \
-        if before > 1 else []
+    if report is None:  # no head known: the scope's whole timeline, newest AUDIT_WINDOW shown
+        rows = await run_in_threadpool(c.core.audit, actor, scope["tenant"], scope["workspace"], 1, 0)
+        low = 1
+    else:
+        low = max(1, before - AUDIT_WINDOW)
+        rows = await run_in_threadpool(c.core.audit, actor, scope["tenant"], scope["workspace"], low, before - 1) \
+            if before > 1 else []
     rows.sort(key=lambda r: (int(r["at_ms"]), int(r["seq"])), reverse=True)
-    return c.page("audit.html", session=session, scope=scope, grant=g, report=report, rows=rows, tab="audit",
-                  older=low if low > 1 else None, newer=before + AUDIT_WINDOW if before <= head else None)
+    return c.page("audit.html", session=session, scope=scope, grant=g, report=report, refusal=refusal,
+                  rows=rows[:AUDIT_WINDOW] if report is None else rows, tab="audit",
+                  older=low if report and low > 1 else None,
+                  newer=before + AUDIT_WINDOW if report and before <= head else None)
 
 
 @_scoped("keys.view")
@@ -308,7 +322,7 @@ def build_app(settings: ConsoleSettings, core: CoreClient, roles: RoleOracle) ->
             Route("/signin", signin_form, methods=["GET"]),
             Route("/signin", signin, methods=["POST"]),
             Route("/signin/oidc", oidc_begin, methods=["GET"]),
-            Route("/oidc/callback", oidc_callback, methods=["GET"]),
+            Route("/oauth/callback", oidc_callback, methods=["GET"]),
             Route("/signout", signout, methods=["POST"]),
             Route(scope + "/review", review, name="review"),
             Route(scope + "/candidates/{candidate}", candidate, name="candidate"),

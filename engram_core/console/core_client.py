@@ -92,8 +92,9 @@ class CoreClient:
         return self._call(actor, "Adjudicate", req, MAINTAIN)["outcome"]
 
     def audit(self, actor: Actor, tenant: str, workspace: str, from_seq: int, to_seq: int) -> list[dict[str, Any]]:
+        """The scope's audit rows with sequence numbers in [from_seq, to_seq] (to_seq 0: no bound)."""
         req = admin_pb2.ExportRequest(tenant=tenant, workspace=workspace, what="audit", from_cursor=str(from_seq),
-                                      to_cursor=str(to_seq))
+                                      to_cursor=str(to_seq) if to_seq else "")
         return self._call(actor, "Export", req, READ)["items"]
 
     def verify(self, actor: Actor, tenant: str, workspace: str) -> dict[str, Any]:
