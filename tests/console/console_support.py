@@ -133,17 +133,7 @@ def start_console(address: str, host_key: str, token_file: Path, scopes: list[st
         cmd += ["--policies", str(policies)]
     out = log.open("wb")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(url + "/signin", timeout=2).close()
-            return ConsoleProc(proc, url, log)
-        except (urllib.error.URLError, ConnectionError, OSError):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"engram console did not start: {log.read_text(errors='replace')}") from None
-            time.sleep(0.2)
+    return _wait_ready(proc, f"http://127.0.0.1:{port}", log)
 
 
 def http(method: str, url: str, *, cookie: str = "", form: dict[str, str] | None = None
@@ -180,3 +170,65 @@ def chrome():
     os.environ.setdefault("SE_AVOID_STATS", "true")
     os.environ.setdefault("SE_OFFLINE", "true")  # never a browser or driver download
     return webdriver.Chrome(service=Service(executable_path=driver), options=options)
+
+
+def start_console_toml(config: Path, log: Path) -> ConsoleProc:
+    """`engram console --config FILE` (its [console] table names everything, the listen address too)."""
+    import tomllib
+
+    listen = tomllib.loads(config.read_text())["console"]["listen"]
+    out = log.open("wb")
+    proc = subprocess.Popen([str(ENGRAM), "console", "--config", str(config)], stdout=out, stderr=subprocess.STDOUT)
+    return _wait_ready(proc, f"http://{listen}", log)
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> ConsoleProc:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url + "/signin", timeout=2).close()
+            return ConsoleProc(proc, url, log)
+        except (urllib.error.URLError, ConnectionError, OSError):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"engram console did not start: {log.read_text(errors='replace')}") from None
+            time.sleep(0.2)
+
+
+def openid_authorize(console_url: str, issuer: str, login: str, password: str) -> tuple[str, str]:
+    """What a person does at the tests' OpenID provider (its interaction is a JSON API, no pages):
+    start at the console's sign-in link, sign in, consent. Returns (the console callback URL the
+    provider redirects to, the state cookie the console set for it)."""
+    import http.cookiejar
+    from urllib.parse import urljoin, urlsplit
+
+    class _NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *a: Any, **k: Any) -> None:
+            return None
+
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar), _NoRedirect)
+
+    def send(url: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, str], str]:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+        try:
+            with opener.open(req, timeout=30) as resp:
+                return resp.status, dict(resp.headers), resp.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, dict(err.headers), err.read().decode()
+
+    url = console_url + "/signin/oidc?" + urllib.parse.urlencode({"issuer": issuer})
+    for _ in range(12):
+        status, headers, body = send(url)
+        if "/interaction/" in urlsplit(url).path:
+            prompt = json.loads(body)["prompt"]
+            status, headers, body = send(url + ("/login" if prompt == "login" else "/consent"),
+                                         {"login": login, "password": password} if prompt == "login" else {"reject": []})
+        location = headers.get("Location") or headers.get("location")
+        assert location, f"the sign-in stopped at {status} {url}: {body[-500:]}"
+        url = urljoin(url, location)
+        if url.startswith(console_url + "/oauth/callback"):
+            state = next(c.value for c in jar if c.name == "engram_console_oidc")
+            return url, state
+    raise AssertionError("too many redirects")

@@ -11,9 +11,21 @@ from pathlib import Path
 
 import pytest
 from conftest import World
-from console_support import OTHER, TENANT, WORKSPACE, http, policies_copy, start_console
+from console_support import (
+    OTHER,
+    TENANT,
+    WORKSPACE,
+    free_port,
+    http,
+    openid_authorize,
+    policies_copy,
+    start_console,
+    start_console_toml,
+)
 from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver.common.by import By
+
+from engram_core.api import admin_pb2
 
 SCOPE = f"/s/{TENANT}/{WORKSPACE}"
 SCRIPT = "<script>alert('reason')</script>"
@@ -170,3 +182,66 @@ def test_a_person_without_a_role_gets_nothing(world: World, browser, shots: Path
             assert browser.find_element(By.TAG_NAME, "h1").text == "Not found"
     finally:
         bare.stop()
+
+
+def test_sign_in_with_openid_connect(world: World, browser, shots: Path) -> None:
+    """A team's sign-in: authorization code + PKCE at the tests' real OpenID provider (public
+    client mcp-client), roles from the policy data for that issuer's subjects: alice reviews
+    acme/main (and her decision is audited under her), bob holds nothing."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "oauth"))
+    from idp_support import PASSWORDS, PUBLIC_CLIENT, start_idp
+
+    idp = start_idp(world.root, resources={})
+    port = free_port()
+    try:
+        def alice_reviews(data: dict) -> None:
+            data["engram"]["config"]["console"]["issuers"] = {idp.issuer: {"groups_claim": "groups", "groups": {},
+                "subjects": {"alice": [{"tenant": TENANT, "workspaces": [WORKSPACE], "roles": ["reviewer"]}]}}}
+
+        policies = policies_copy(world.root / "team-policies", alice_reviews)
+        config = world.root / "console.toml"
+        config.write_text(
+            f'[console]\ncore = "{world.running.address}"\nhost_key = "{world.running.host_key_path}"\n'
+            f'listen = "127.0.0.1:{port}"\nscopes = ["{TENANT}/{WORKSPACE}"]\npolicies = "{policies}"\n'
+            f'[[console.oidc]]\nissuer = "{idp.issuer}"\nclient_id = "{PUBLIC_CLIENT}"\nscopes = "openid"\n')
+        team = start_console_toml(config, world.root / "team-console.log")
+        try:
+            browser.delete_all_cookies()
+            browser.get(team.url + "/signin")
+            assert browser.find_elements(By.LINK_TEXT, f"Sign in with {idp.issuer}")
+            assert not browser.find_elements(By.ID, "token")  # no local token configured
+            callback, state = openid_authorize(team.url, idp.issuer, "alice", PASSWORDS["alice"])
+            browser.add_cookie({"name": "engram_console_oidc", "value": state, "path": "/oauth/callback",
+                                "httpOnly": True, "sameSite": "Lax"})
+            browser.get(callback)  # the provider's redirect back; the page continues to / without script
+            principal = browser.find_element(By.ID, "who").text
+            assert principal == f"oidc:alice@{idp.issuer.removeprefix('http://')}"
+            assert "reviewer" in browser.find_element(By.TAG_NAME, "table").text
+            _shot(browser, shots, "09-openid-home")
+            browser.get(team.url + SCOPE + "/audit")  # a reviewer is no auditor
+            assert browser.find_element(By.TAG_NAME, "h1").text == "Not found"
+            keep, status = world.hand.capture_and_admit(TENANT, WORKSPACE, "decision: alice's queue item")
+            assert status == "pending_adjudication"
+            browser.get(team.url + SCOPE + "/review")
+            browser.find_element(By.ID, f"reason-{keep}").send_keys("alice reviewed it")
+            browser.find_element(By.CSS_SELECTOR, f"form[action$='/{keep}/decide'] button.accept").click()
+            assert browser.find_element(By.ID, "decided").text == "Decided: accepted."
+            rows = world.hand.admin("Export", admin_pb2.ExportRequest(tenant=TENANT, workspace=WORKSPACE,
+                                                                       what="audit"))["items"]
+            assert [r["principal"] for r in rows if r["operation"] == "admin.adjudicate"][-1] == principal
+
+            browser.delete_all_cookies()
+            browser.get(team.url + "/signin")
+            callback, state = openid_authorize(team.url, idp.issuer, "bob", PASSWORDS["bob"])
+            browser.add_cookie({"name": "engram_console_oidc", "value": state, "path": "/oauth/callback",
+                                "httpOnly": True, "sameSite": "Lax"})
+            browser.get(callback)
+            assert browser.find_element(By.ID, "no-scopes").is_displayed()
+            browser.get(team.url + SCOPE + "/review")
+            assert browser.find_element(By.TAG_NAME, "h1").text == "Not found"
+        finally:
+            team.stop()
+    finally:
+        idp.stop()
