@@ -14,12 +14,14 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import jinja2
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -38,6 +40,7 @@ from engram_core.console.auth import (
 from engram_core.console.core_client import Actor, CoreClient, CoreError
 from engram_core.console.roles import NOTHING, Grant, RoleOracle
 from engram_core.console.settings import ConsoleSettings
+from engram_core.rpc.tls import is_loopback_listen, split_listen
 
 HERE = Path(__file__).resolve().parent
 CSP = ("default-src 'self'; script-src 'none'; style-src 'self'; img-src 'self'; font-src 'self'; "
@@ -246,7 +249,8 @@ def _scoped(action: str):
 async def review(request: Request, c: Console, session: Session, g: Grant, scope: dict[str, str]) -> Response:
     items = await run_in_threadpool(c.core.adjudication_list, c.actor(session), scope["tenant"], scope["workspace"])
     return c.page("review.html", session=session, scope=scope, grant=g, items=items, tab="review",
-                  decided=request.query_params.get("decided", ""))
+                  decided=request.query_params.get("decided", ""),
+                  decided_id=request.query_params.get("candidate", ""))
 
 
 @_scoped("review.view")
@@ -269,7 +273,8 @@ async def decide(request: Request, c: Console, session: Session, g: Grant, scope
     outcome = await run_in_threadpool(c.core.adjudicate, c.actor(session), scope["tenant"], scope["workspace"],
                                       request.path_params["candidate"], decision, reason)
     url = request.url_for("review", tenant=scope["tenant"], workspace=scope["workspace"]).path
-    return RedirectResponse(url + "?decided=" + outcome.get("status", ""), status_code=303)
+    query = urlencode({"decided": outcome.get("status", ""), "candidate": request.path_params["candidate"]})
+    return RedirectResponse(url + "?" + query, status_code=303)
 
 
 @_scoped("audit.view")
@@ -314,6 +319,32 @@ async def _not_found(request: Request, exc: Exception) -> Response:
     return c.not_found(c.session_of(request))
 
 
+async def _failed(request: Request, exc: Exception) -> Response:
+    # Outside the header middleware (Starlette answers a 500 from its outermost layer): set them here.
+    logger.exception("console page failed", exc_info=exc)
+    response = HTMLResponse("<!doctype html><title>Error</title><h1>Something went wrong</h1>"
+                            "<p>The console logged the error.</p>", status_code=500)
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+def allowed_hosts(settings: ConsoleSettings) -> list[str]:
+    """The Host headers the console answers (DNS rebinding: a page of another site that resolves
+    its name to the console's address gets 400, not the sign-in form). A wildcard listen address
+    without --public-url names no host, so any is answered."""
+    from urllib.parse import urlsplit
+
+    host, _ = split_listen(settings.listen)
+    hosts = {"127.0.0.1", "localhost"} if is_loopback_listen(settings.listen) else set()
+    if host not in ("", "0.0.0.0", "::"):
+        hosts.add(host.lower())
+    if settings.public_url:
+        hosts.add((urlsplit(settings.public_url).hostname or "").lower())
+    elif not is_loopback_listen(settings.listen) and host in ("", "0.0.0.0", "::"):
+        return ["*"]
+    return sorted(h for h in hosts if h)
+
+
 def build_app(settings: ConsoleSettings, core: CoreClient, roles: RoleOracle) -> Starlette:
     scope = "/s/{tenant}/{workspace}"
     app = Starlette(
@@ -331,8 +362,8 @@ def build_app(settings: ConsoleSettings, core: CoreClient, roles: RoleOracle) ->
             Route(scope + "/keys", keys, name="keys"),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ],
-        middleware=[Middleware(_Headers)],
-        exception_handlers={404: _not_found},
+        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(settings)), Middleware(_Headers)],
+        exception_handlers={404: _not_found, 500: _failed},
     )
     app.state.console = Console(settings, core, roles)
     return app

@@ -136,15 +136,16 @@ def start_console(address: str, host_key: str, token_file: Path, scopes: list[st
     return _wait_ready(proc, f"http://127.0.0.1:{port}", log)
 
 
-def http(method: str, url: str, *, cookie: str = "", form: dict[str, str] | None = None
-         ) -> tuple[int, dict[str, str], str]:
+def http(method: str, url: str, *, cookie: str = "", form: dict[str, str] | None = None,
+         headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], str]:
     """(status, headers, body) of one request, redirects not followed."""
     class _NoRedirect(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *a: Any, **k: Any) -> None:
             return None
 
     data = None if form is None else urllib.parse.urlencode(form).encode()
-    req = urllib.request.Request(url, data=data, method=method, headers={"Cookie": cookie} if cookie else {})
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={**({"Cookie": cookie} if cookie else {}), **(headers or {})})
     opener = urllib.request.build_opener(_NoRedirect)
     try:
         with opener.open(req, timeout=30) as resp:

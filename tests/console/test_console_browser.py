@@ -24,6 +24,7 @@ from console_support import (
 )
 from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.wait import WebDriverWait
 
 from engram_core.api import admin_pb2
 
@@ -51,6 +52,12 @@ def _sign_in(browser, url: str, token: str) -> None:
 
 def _cookie_header(browser, world: World) -> str:
     return "; ".join(f"{c['name']}={c['value']}" for c in browser.get_cookies())
+
+
+def _after_continue(browser):
+    """The browser once the sign-in's continue page has moved on to / (a meta refresh, no script)."""
+    WebDriverWait(browser, 30).until(lambda b: b.find_elements(By.ID, "who"))
+    return browser
 
 
 def _csrf(browser) -> str:
@@ -163,6 +170,9 @@ def test_every_page_carries_the_security_headers(world: World, browser) -> None:
         csp = headers["content-security-policy"]
         assert "default-src 'self'" in csp and "script-src 'none'" in csp and "frame-ancestors 'none'" in csp
         assert headers["x-content-type-options"] == "nosniff"
+    # DNS rebinding: another site's name pointed at the console's address is not answered.
+    status, _, _ = http("GET", world.console.url + "/signin", headers={"Host": "attacker.example"})
+    assert status == 400
 
 
 def test_a_person_without_a_role_gets_nothing(world: World, browser, shots: Path) -> None:
@@ -216,7 +226,7 @@ def test_sign_in_with_openid_connect(world: World, browser, shots: Path) -> None
             browser.add_cookie({"name": "engram_console_oidc", "value": state, "path": "/oauth/callback",
                                 "httpOnly": True, "sameSite": "Lax"})
             browser.get(callback)  # the provider's redirect back; the page continues to / without script
-            principal = browser.find_element(By.ID, "who").text
+            principal = _after_continue(browser).find_element(By.ID, "who").text
             assert principal == f"oidc:alice@{idp.issuer.removeprefix('http://')}"
             assert "reviewer" in browser.find_element(By.TAG_NAME, "table").text
             _shot(browser, shots, "09-openid-home")
@@ -238,7 +248,7 @@ def test_sign_in_with_openid_connect(world: World, browser, shots: Path) -> None
             browser.add_cookie({"name": "engram_console_oidc", "value": state, "path": "/oauth/callback",
                                 "httpOnly": True, "sameSite": "Lax"})
             browser.get(callback)
-            assert browser.find_element(By.ID, "no-scopes").is_displayed()
+            assert _after_continue(browser).find_element(By.ID, "no-scopes").is_displayed()
             browser.get(team.url + SCOPE + "/review")
             assert browser.find_element(By.TAG_NAME, "h1").text == "Not found"
         finally:
