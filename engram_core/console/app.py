@@ -277,8 +277,9 @@ async def decide(request: Request, c: Console, session: Session, g: Grant, scope
     return RedirectResponse(url + "?" + query, status_code=303)
 
 
-@_scoped("audit.view")
-async def audit(request: Request, c: Console, session: Session, g: Grant, scope: dict[str, str]) -> Response:
+async def _audit_window(request: Request, c: Console, session: Session, scope: dict[str, str]) -> dict[str, Any]:
+    """The verification report (None when the console key may not verify the store, with the
+    refusal's code) and the page of the scope's audit rows ``?before=SEQ`` asks for, newest first."""
     actor = c.actor(session)
     try:
         report: dict[str, Any] | None = await run_in_threadpool(c.core.verify, actor, scope["tenant"],
@@ -289,23 +290,49 @@ async def audit(request: Request, c: Console, session: Session, g: Grant, scope:
         report, refusal = None, err.code
     else:
         refusal = ""
-    head = int(report["audit"]["rows"]) if report else 0  # no chain's sequence number exceeds the row count
-    try:
-        before = min(head + 1, max(1, int(request.query_params.get("before", head + 1)))) if report else 0
-    except ValueError:
-        before = head + 1
     if report is None:  # no head known: the scope's whole timeline, newest AUDIT_WINDOW shown
         rows = await run_in_threadpool(c.core.audit, actor, scope["tenant"], scope["workspace"], 1, 0)
-        low = 1
-    else:
-        low = max(1, before - AUDIT_WINDOW)
-        rows = await run_in_threadpool(c.core.audit, actor, scope["tenant"], scope["workspace"], low, before - 1) \
-            if before > 1 else []
+        rows.sort(key=lambda r: (int(r["at_ms"]), int(r["seq"])), reverse=True)
+        return {"report": None, "refusal": refusal, "rows": rows[:AUDIT_WINDOW], "older": None, "newer": None}
+    head = int(report["audit"]["rows"])  # no chain's sequence number exceeds the row count
+    try:
+        before = min(head + 1, max(1, int(request.query_params.get("before", head + 1))))
+    except ValueError:
+        before = head + 1
+    low = max(1, before - AUDIT_WINDOW)
+    rows = await run_in_threadpool(c.core.audit, actor, scope["tenant"], scope["workspace"], low, before - 1) \
+        if before > 1 else []
     rows.sort(key=lambda r: (int(r["at_ms"]), int(r["seq"])), reverse=True)
-    return c.page("audit.html", session=session, scope=scope, grant=g, report=report, refusal=refusal,
-                  rows=rows[:AUDIT_WINDOW] if report is None else rows, tab="audit",
-                  older=low if report and low > 1 else None,
-                  newer=before + AUDIT_WINDOW if report and before <= head else None)
+    return {"report": report, "refusal": refusal, "rows": rows, "older": low if low > 1 else None,
+            "newer": before + AUDIT_WINDOW if before <= head else None}
+
+
+@_scoped("audit.view")
+async def audit(request: Request, c: Console, session: Session, g: Grant, scope: dict[str, str]) -> Response:
+    window = await _audit_window(request, c, session, scope)
+    return c.page("audit.html", session=session, scope=scope, grant=g, tab="audit", **window)
+
+
+@_scoped("policy.view")
+async def policy(request: Request, c: Console, session: Session, g: Grant, scope: dict[str, str]) -> Response:
+    """What the core's policy decided in this scope, per decision path and bundle revision, over
+    the same page of the audit the Audit page shows (the audit keeps each decision's path,
+    revision and outcome, never its input)."""
+    window = await _audit_window(request, c, session, scope)
+    counts: dict[tuple[str, str], dict[str, int]] = {}
+    for row in window["rows"]:
+        for d in row.get("decisions") or []:
+            if not isinstance(d, dict):
+                continue
+            result = d.get("result") or {}
+            outcome = next((str(result[k]) for k in ("decision", "admission", "action") if k in result),
+                           "allowed" if result.get("allow") is True else "denied" if "allow" in result else "-")
+            per = counts.setdefault((str(d.get("path", "")), str(d.get("revision", ""))), {})
+            per[outcome] = per.get(outcome, 0) + 1
+    decisions = [{"path": p, "revision": r, "outcomes": sorted(o.items())} for (p, r), o in sorted(counts.items())]
+    return c.page("policy.html", session=session, scope=scope, grant=g, tab="policy", decisions=decisions,
+                  console_revision=c.roles.revision(), rows=len(window["rows"]), older=window["older"],
+                  newer=window["newer"])
 
 
 @_scoped("keys.view")
@@ -360,6 +387,7 @@ def build_app(settings: ConsoleSettings, core: CoreClient, roles: RoleOracle) ->
             Route(scope + "/candidates/{candidate}/decide", decide, methods=["POST"], name="decide"),
             Route(scope + "/audit", audit, name="audit"),
             Route(scope + "/keys", keys, name="keys"),
+            Route(scope + "/policy", policy, name="policy"),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ],
         middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(settings)), Middleware(_Headers)],

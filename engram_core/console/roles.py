@@ -58,5 +58,9 @@ class RoleOracle:
             return NOTHING  # malformed: fail closed
         return Grant(tuple(str(r) for r in roles), frozenset(str(a) for a in actions if a in ACTIONS))
 
+    def revision(self) -> str:
+        """The revision of the bundle the console's roles come from."""
+        return self._engine.revision()
+
     def close(self) -> None:
         self._engine.close()

@@ -24,6 +24,7 @@ from console_support import (
 )
 from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.wait import WebDriverWait
 
 from engram_core.api import admin_pb2
@@ -47,11 +48,18 @@ def _sign_in(browser, url: str, token: str) -> None:
     browser.get(url + "/signin")
     field = browser.find_element(By.ID, "token")
     field.send_keys(token)
-    browser.find_element(By.ID, "signin").click()
+    _submit(browser, browser.find_element(By.ID, "signin"))
 
 
 def _cookie_header(browser, world: World) -> str:
     return "; ".join(f"{c['name']}={c['value']}" for c in browser.get_cookies())
+
+
+def _submit(browser, button) -> None:
+    """Press a form's button and wait for the page it brings (the old page's elements go stale),
+    so nothing is read from the page being left."""
+    button.click()
+    WebDriverWait(browser, 30).until(staleness_of(button))
 
 
 def _after_continue(browser):
@@ -91,10 +99,10 @@ def test_review_queue_accept_and_reject(world: World, browser, shots: Path) -> N
 
     accept, reject, keep = (c for c, _ in held)
     browser.find_element(By.ID, f"reason-{accept}").send_keys("reviewed: matches ADR 7")
-    browser.find_element(By.CSS_SELECTOR, f"form[action$='/{accept}/decide'] button.accept").click()
+    _submit(browser, browser.find_element(By.CSS_SELECTOR, f"form[action$='/{accept}/decide'] button.accept"))
     assert browser.find_element(By.ID, "decided").text == "Decided: accepted."
     browser.find_element(By.ID, f"reason-{reject}").send_keys(SCRIPT)
-    browser.find_element(By.CSS_SELECTOR, f"form[action$='/{reject}/decide'] button.reject").click()
+    _submit(browser, browser.find_element(By.CSS_SELECTOR, f"form[action$='/{reject}/decide'] button.reject"))
     assert browser.find_element(By.ID, "decided").text == "Decided: rejected."
     listed = [a.text for a in browser.find_elements(By.CSS_SELECTOR, "#queue a.cid")]
     assert listed == [keep]
@@ -125,6 +133,15 @@ def test_keys_page(world: World, browser, shots: Path) -> None:
     assert "Active KEK generation" in browser.find_element(By.ID, "kek").text
     assert browser.find_elements(By.CSS_SELECTOR, "#generations tbody tr")
     _shot(browser, shots, "06-keys")
+
+
+def test_policy_page(world: World, browser, shots: Path) -> None:
+    browser.get(world.console.url + SCOPE + "/policy")
+    assert browser.find_element(By.ID, "console-revision").text
+    rows = {tr.find_element(By.CSS_SELECTOR, "td.path").text: tr.text
+            for tr in browser.find_elements(By.CSS_SELECTOR, "#decisions tbody tr")}
+    assert "adjudication_required: 3" in rows["engram/admission/decision"], rows
+    _shot(browser, shots, "065-policy")
 
 
 def test_another_tenants_ids_are_not_found(world: World, browser, shots: Path) -> None:
@@ -162,7 +179,7 @@ def test_every_page_carries_the_security_headers(world: World, browser) -> None:
     browser.get(world.console.url + SCOPE + "/review")
     cookie = _cookie_header(browser, world)
     keep = browser.find_element(By.CSS_SELECTOR, "#queue a.cid").text
-    pages = ["/signin", "/", f"{SCOPE}/review", f"{SCOPE}/candidates/{keep}", f"{SCOPE}/audit", f"{SCOPE}/keys",
+    pages = ["/signin", "/", f"{SCOPE}/review", f"{SCOPE}/candidates/{keep}", f"{SCOPE}/audit", f"{SCOPE}/keys", f"{SCOPE}/policy",
              "/static/console.css", "/no/such/page"]
     for page in pages:
         status, headers, _ = http("GET", world.console.url + page, cookie=cookie)
@@ -236,7 +253,7 @@ def test_sign_in_with_openid_connect(world: World, browser, shots: Path) -> None
             assert status == "pending_adjudication"
             browser.get(team.url + SCOPE + "/review")
             browser.find_element(By.ID, f"reason-{keep}").send_keys("alice reviewed it")
-            browser.find_element(By.CSS_SELECTOR, f"form[action$='/{keep}/decide'] button.accept").click()
+            _submit(browser, browser.find_element(By.CSS_SELECTOR, f"form[action$='/{keep}/decide'] button.accept"))
             assert browser.find_element(By.ID, "decided").text == "Decided: accepted."
             rows = world.hand.admin("Export", admin_pb2.ExportRequest(tenant=TENANT, workspace=WORKSPACE,
                                                                        what="audit"))["items"]
