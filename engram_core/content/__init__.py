@@ -7,6 +7,6 @@ input and the decision log stay content-free.
 * ``instructions``: what in the text addresses the future reader rather than recording
   knowledge (an RE2 catalogue, linear time).
 * ``provenance``: what the citations are (schemes and hosts).
-* ``similarity``: how a candidate compares with a current record's text (restatement or a
-  different decision about the same thing).
+* ``services.content_similarity``: how a candidate compares with a current record's text (a
+  restatement, or a different decision about the same thing; it uses the lexical analyzer).
 """

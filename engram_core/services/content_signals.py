@@ -6,7 +6,7 @@ the sealed payload (a candidate captured before these facts existed gets them to
 current records of the scope most like it (``similar``), found with the search index the core
 already holds: a BM25 ranking with the candidate's own terms as the query and, when the
 semantic channel is served, the nearest vectors; then the few best are opened and compared
-text to text in memory (``content.similarity``). Bounded: at most ``SIMILAR_LIMIT`` records of
+text to text in memory (``content_similarity``). Bounded: at most ``SIMILAR_LIMIT`` records of
 each channel are opened, whatever the scope's size.
 
 Nothing here is stored: the facts go to the policy (and from there, as codes, counts, scores,
@@ -20,9 +20,10 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from engram_core.content import instructions, similarity
+from engram_core.content import instructions
 from engram_core.content.provenance import provenance
 from engram_core.crypto.sealing import unseal
+from engram_core.services import content_similarity as similarity
 from engram_core.services.lexical import analyze
 from engram_core.services.ranking import Profile
 from engram_core.services.reading import in_effect
@@ -31,7 +32,7 @@ from engram_core.validation import parse_instant
 
 SIMILAR_LIMIT = 3  # records opened per channel (lexical, semantic)
 QUERY_TERMS = 128  # the candidate's distinct terms asked of the index, at most
-MIN_LEXICAL = 0.2  # below this a record is not reported as similar
+MIN_LEXICAL = 0.2  # below this a record is not reported as similar (unless semantically)
 MIN_SEMANTIC = 0.5
 
 
@@ -62,11 +63,13 @@ class ContentSignals:
         facts = capture_facts(effective)
         facts["valid_time"] = {k: vt[k] for k in ("t", "t_end") if k in vt}
         facts["eligible_now"] = in_effect(vt["t"], vt.get("t_end"), parse_instant(expires) if expires else None, now)
-        facts["similar"] = self.similar(tx, tenant, workspace, effective, now=now, vector=vector)
+        mine = similarity.profile(effective)
+        facts["text_terms"] = len(mine.terms)
+        facts["similar"] = self.similar(tx, tenant, workspace, mine, effective, now=now, vector=vector)
         return facts
 
-    def similar(self, tx: Tx, tenant: str, workspace: str, effective: dict[str, Any], *, now: int,
-                vector: Callable[[], list[float] | None]) -> list[dict[str, Any]]:
+    def similar(self, tx: Tx, tenant: str, workspace: str, mine: similarity.TextProfile, effective: dict[str, Any],
+                *, now: int, vector: Callable[[], list[float] | None]) -> list[dict[str, Any]]:
         text = "\n".join(c["text"] for c in effective["components"])
         terms = sorted({self.core.hasher.term(t) for t in analyze(text)})[:QUERY_TERMS]
         scope = tx.scope(tenant, workspace)
@@ -90,7 +93,6 @@ class ContentSignals:
             return []
         rows = tx.records(tenant, workspace, sorted(found))
         keys = self.core.data_keys(list(rows.values()))
-        mine = similarity.profile(effective)
         out = []
         for rid, row in rows.items():
             key = keys.get(rid)

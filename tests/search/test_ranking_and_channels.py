@@ -158,7 +158,7 @@ def test_score_says_how_much_of_the_query_the_best_hit_holds(lexical_core: Runni
 
 
 def test_semantic_score_is_the_stronger_evidence(ana: Client) -> None:
-    ana.remember("Our quarterly budget for cloud compute was cut by a fifth.")
+    ana.remember("Our yearly budget for cloud compute was reduced by a fifth.")
     related = ana.search("reduced spending on servers", capability_policy=SEMANTIC)["records"]
     unrelated = ana.search("zebra migration patterns in the serengeti", capability_policy=SEMANTIC)["records"]
     top_unrelated = unrelated[0]["score"] if unrelated else 0.0

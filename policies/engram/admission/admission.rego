@@ -211,8 +211,11 @@ _swapped(s) if {
 	s.distinct_missing > 0
 }
 
+# A text of fewer than near_duplicate.min_terms terms is too short to be judged a restatement:
+# "ok, talk soon" said in two sessions is two turns of a conversation.
 _near_duplicate contains lib.reason("NEAR_DUPLICATE_OF_CURRENT", sprintf("The candidate restates current record %s.", [s.record_id])) if {
 	not _is_duplicate
+	object.get(_candidate, "text_terms", 0) >= _near.min_terms
 	some s in _similar
 	_restates(s)
 }

@@ -105,6 +105,9 @@ _sim(overrides) := object.union(
 	overrides,
 )
 
+# A candidate whose text has `terms` distinct terms and `similar` current records like it.
+_near_in(terms, similar) := _in({"text_terms": terms, "similar": similar})
+
 _near_msg := "The candidate restates current record mem_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa."
 
 test_golden_hold_instruction_signal if {
@@ -115,7 +118,7 @@ test_golden_hold_instruction_signal if {
 
 test_golden_reject_near_duplicate if {
 	admission.decision == {"decision": "reject", "reasons": [_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg)]}
-		with input as _in({"similar": [_sim({"same_text": true, "lexical": 1})]})
+		with input as _near_in(8, [_sim({"same_text": true, "lexical": 1})])
 }
 
 test_quoted_occurrence_of_exempt_code_does_not_hold if {
@@ -174,17 +177,17 @@ test_tenant_stops_holding_a_code if {
 
 test_restatement_with_shared_distinct_terms_rejected if {
 	admission.decision == {"decision": "reject", "reasons": [_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg)]}
-		with input as _in({"similar": [_sim({"lexical": 0.5, "distinct_shared": 1})]})
+		with input as _near_in(8, [_sim({"lexical": 0.5, "distinct_shared": 1})])
 }
 
 test_restatement_by_lexical_similarity_alone_rejected if {
 	admission.decision == {"decision": "reject", "reasons": [_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg)]}
-		with input as _in({"similar": [_sim({"lexical": 0.7})]})
+		with input as _near_in(8, [_sim({"lexical": 0.7})])
 }
 
 test_restatement_by_semantic_similarity_rejected if {
 	admission.decision == {"decision": "reject", "reasons": [_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg)]}
-		with input as _in({"similar": [_sim({"lexical": 0.3, "semantic": 0.9})]})
+		with input as _near_in(8, [_sim({"lexical": 0.3, "semantic": 0.9})])
 }
 
 test_restatement_that_adds_or_drops_a_detail_rejected if {
@@ -193,8 +196,17 @@ test_restatement_that_adds_or_drops_a_detail_rejected if {
 		{"lexical": 0.8, "distinct_shared": 2, "distinct_missing": 1},
 	] {
 		admission.decision == {"decision": "reject", "reasons": [_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg)]}
-			with input as _in({"similar": [_sim(overrides)]})
+			with input as _near_in(8, [_sim(overrides)])
 	}
+}
+
+test_short_texts_are_never_restatements if {
+	admission.decision == {"decision": "accept", "reasons": []}
+		with input as _near_in(4, [_sim({"same_text": true, "lexical": 1})])
+	admission.decision == {"decision": "reject", "reasons": [_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg)]}
+		with input as _near_in(5, [_sim({"same_text": true, "lexical": 1})])
+	admission.decision == {"decision": "accept", "reasons": []}
+		with input as _in({"similar": [_sim({"same_text": true, "lexical": 1})]})
 }
 
 test_below_thresholds_accepted if {
@@ -203,7 +215,7 @@ test_below_thresholds_accepted if {
 		{"lexical": 0.49, "distinct_shared": 3},
 		{"lexical": 0.3, "semantic": 0.89},
 	] {
-		admission.decision == {"decision": "accept", "reasons": []} with input as _in({"similar": [_sim(overrides)]})
+		admission.decision == {"decision": "accept", "reasons": []} with input as _near_in(8, [_sim(overrides)])
 	}
 }
 
@@ -216,26 +228,26 @@ test_near_miss_is_a_different_decision_accepted if {
 		{"lexical": 0.8, "distinct_shared": 2, "distinct_missing": 2},
 		{"lexical": 0.8, "semantic": 0.95, "distinct_shared": 1, "distinct_added": 2},
 	] {
-		admission.decision == {"decision": "accept", "reasons": []} with input as _in({"similar": [_sim(overrides)]})
+		admission.decision == {"decision": "accept", "reasons": []} with input as _near_in(8, [_sim(overrides)])
 	}
 }
 
 test_exact_duplicate_stays_duplicate if {
 	admission.decision == {"decision": "duplicate", "reasons": [
 		_r("DUPLICATE_OF_CURRENT", "The candidate duplicates a current record."),
-	]} with input as _in({"duplicate_of_current": true, "similar": [_sim({"same_text": true, "lexical": 1})]})
+	]} with input as _in({"duplicate_of_current": true, "text_terms": 9, "similar": [_sim({"same_text": true, "lexical": 1})]})
 }
 
 test_tightened_threshold_rejects_more if {
 	admission.decision == {"decision": "reject", "reasons": [_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg)]}
-		with input as _in({"similar": [_sim({"lexical": 0.6})]})
-		with data.engram.config.tenants.acme as {"near_duplicate": {"action": "reject", "lexical": 0.6, "lexical_with_shared": 0.5, "shared_distinct": 1, "max_distinct_changes": 1, "semantic": 0.9}}
+		with input as _near_in(8, [_sim({"lexical": 0.6})])
+		with data.engram.config.tenants.acme as {"near_duplicate": {"action": "reject", "lexical": 0.6, "lexical_with_shared": 0.5, "shared_distinct": 1, "max_distinct_changes": 1, "min_terms": 5, "semantic": 0.9}}
 }
 
 test_near_duplicate_held_when_tenant_adjudicates if {
 	admission.decision == {"decision": "adjudication_required", "reasons": [_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg)]}
-		with input as _in({"similar": [_sim({"same_text": true})]})
-		with data.engram.config.tenants.acme as {"near_duplicate": {"action": "adjudicate", "lexical": 0.7, "lexical_with_shared": 0.5, "shared_distinct": 1, "max_distinct_changes": 1, "semantic": 0.9}}
+		with input as _near_in(8, [_sim({"same_text": true})])
+		with data.engram.config.tenants.acme as {"near_duplicate": {"action": "adjudicate", "lexical": 0.7, "lexical_with_shared": 0.5, "shared_distinct": 1, "max_distinct_changes": 1, "min_terms": 5, "semantic": 0.9}}
 }
 
 test_untrusted_source_held_only_when_listed if {
@@ -251,5 +263,5 @@ test_signals_and_near_duplicate_reasons_together if {
 	admission.decision == {"decision": "reject", "reasons": [
 		_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg),
 		_r("ROLE_MARKUP", "Instruction signal ROLE_MARKUP: 2 occurrence(s) in decision."),
-	]} with input as _in({"instructions": [_sig("ROLE_MARKUP", 2, 0, 0)], "similar": [_sim({"same_text": true})]})
+	]} with input as _in({"instructions": [_sig("ROLE_MARKUP", 2, 0, 0)], "text_terms": 6, "similar": [_sim({"same_text": true})]})
 }

@@ -14,7 +14,9 @@ the comparison reports the evidence of a *different* decision:
 * ``polarity_differs``: one text negates or flips what the other says (not/never/no, enable vs
   disable, allow vs deny, sync vs async ...).
 * ``slot_edit``: the two texts are the same words in the same order except one short span
-  replaced by another (a template with one slot changed): a different value, not a restatement.
+  replaced by another (a template with one slot changed), or the same terms but one or two
+  replaced by as many others, one of them a word the dictionary (WordNet, as the thesaurus reads
+  it) does not know: a different value, not a restatement.
 * ``same_text``: the same component texts (case, spacing and Unicode forms aside): a
   word-for-word re-capture made at another time.
 
@@ -23,7 +25,7 @@ Everything here works on the texts in memory and returns numbers and booleans on
 
 from __future__ import annotations
 
-import math
+import functools
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
@@ -31,7 +33,8 @@ from typing import Any
 
 import re2
 
-from engram_core.services.lexical import analyze, tokenize
+from engram_core.services import thesaurus
+from engram_core.services.lexical import STOP_WORDS, analyze, tokenize
 
 _NUMBER_WORDS = frozenset("""
 zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen
@@ -67,6 +70,7 @@ _DISTINCT_SHAPE = re2.compile(r"[0-9]|[A-Za-z][._/:-]+[A-Za-z0-9]|_|^--?[a-z]")
 _WORD = re2.compile(r"[\w./:+#@-]+")
 _SENTENCE_END = frozenset(".!?:;\n")
 _SLOT_MAX = 3  # the longest span (in words) a template edit replaces
+_SUBSTITUTED_MAX = 2  # the most terms a substitution replaces
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,7 @@ class TextProfile:
     normalized: tuple[str, ...]  # each component's text, NFKC, case-folded, spacing collapsed (sorted)
     primary_kind: str
     family_refs: frozenset[str]
+    unknown: frozenset[str]  # terms of words WordNet does not know (names, products, identifiers)
 
 
 def _surface(text: str) -> set[str]:
@@ -122,7 +127,26 @@ def profile(effective: dict[str, Any]) -> TextProfile:
         normalized=tuple(sorted(" ".join(tokenize(t)) for t in texts)),
         primary_kind=str(primary.get("kind", "")),
         family_refs=frozenset(effective.get("reconciliation", {}).get("family_refs", [])),
+        unknown=frozenset(_unknown_terms(words)),
     )
+
+
+@functools.lru_cache(maxsize=65_536)
+def _known(word: str) -> bool:
+    """Whether WordNet knows ``word`` (any part of speech, any inflection). Without the data
+    (``thesaurus.ThesaurusUnavailable``) every word counts as known: no substitution is then
+    judged by it."""
+    try:
+        words = thesaurus.load(1, ())
+    except (thesaurus.ThesaurusUnavailable, OSError):
+        return True
+    return any(words.lemmas(word, pos) for pos in "nvar")
+
+
+def _unknown_terms(words: tuple[str, ...]) -> set[str]:
+    content = [w for w in words if w.isalpha() and w not in STOP_WORDS]
+    unknown = [w for w in dict.fromkeys(content) if not _known(w)]
+    return set(analyze(" ".join(unknown))) if unknown else set()
 
 
 def _slot_edit(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
@@ -138,6 +162,16 @@ def _slot_edit(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     return 0 < gap_a <= _SLOT_MAX and 0 < gap_b <= _SLOT_MAX
 
 
+def _substitution(a: TextProfile, b: TextProfile) -> bool:
+    """One or two terms of each text replaced by as many others, the rest the same (wherever they
+    stand), and a replaced one is a word no dictionary knows (a name, a product): "the heronry
+    job" and "the grebeline job", "use postgres for the queue" and "... rabbitmq ...". Replaced
+    dictionary words are what paraphrases do ("uses" for "stores")."""
+    only_a, only_b = a.terms - b.terms, b.terms - a.terms
+    return (0 < len(only_a) == len(only_b) <= _SUBSTITUTED_MAX and len(a.terms & b.terms) >= 2 * len(only_a)
+            and bool((only_a & a.unknown) | (only_b & b.unknown)))
+
+
 def _flipped(a: tuple[tuple[str, int], ...], b: tuple[tuple[str, int], ...]) -> bool:
     """One negates and the other does not, or one says a word more often whose opposite the other
     says more often (enable vs disable, sync vs async)."""
@@ -151,9 +185,11 @@ def _flipped(a: tuple[tuple[str, int], ...], b: tuple[tuple[str, int], ...]) -> 
 def compare(cand: TextProfile, other: TextProfile) -> dict[str, Any]:
     """The comparison facts of ``cand`` against a current record's ``other`` (see the module)."""
     shared = len(cand.terms & other.terms)
-    denom = math.sqrt(len(cand.terms) * len(other.terms))
+    larger = max(len(cand.terms), len(other.terms))
     return {
-        "lexical": round(shared / denom, 3) if denom else 0.0,
+        # The share of the larger text's terms that both have: a short text inside a long one
+        # (a question and its answer in a conversation, say) is not a restatement of it.
+        "lexical": round(shared / larger, 3) if larger else 0.0,
         "same_text": cand.normalized == other.normalized,
         "same_kind": cand.primary_kind == other.primary_kind,
         "same_family": bool(cand.family_refs & other.family_refs),
@@ -163,5 +199,5 @@ def compare(cand: TextProfile, other: TextProfile) -> dict[str, Any]:
         "distinct_added": len(cand.distinct - other.surface),
         "distinct_missing": len(other.distinct - cand.surface),
         "polarity_differs": _flipped(cand.polarity, other.polarity),
-        "slot_edit": _slot_edit(cand.words, other.words),
+        "slot_edit": _slot_edit(cand.words, other.words) or _substitution(cand, other),
     }
