@@ -133,7 +133,7 @@ def start_console(address: str, host_key: str, token_file: Path, scopes: list[st
         cmd += ["--policies", str(policies)]
     out = log.open("wb")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    return _wait_ready(proc, f"http://127.0.0.1:{port}", log)
+    return wait_ready(proc, f"http://127.0.0.1:{port}", log)
 
 
 def http(method: str, url: str, *, cookie: str = "", form: dict[str, str] | None = None,
@@ -180,14 +180,14 @@ def start_console_toml(config: Path, log: Path) -> ConsoleProc:
     listen = tomllib.loads(config.read_text())["console"]["listen"]
     out = log.open("wb")
     proc = subprocess.Popen([str(ENGRAM), "console", "--config", str(config)], stdout=out, stderr=subprocess.STDOUT)
-    return _wait_ready(proc, f"http://{listen}", log)
+    return wait_ready(proc, f"http://{listen}", log)
 
 
-def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> ConsoleProc:
+def wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path, ssl_context: Any = None) -> ConsoleProc:
     deadline = time.monotonic() + 60
     while True:
         try:
-            urllib.request.urlopen(url + "/signin", timeout=2).close()
+            urllib.request.urlopen(url + "/signin", timeout=2, context=ssl_context).close()
             return ConsoleProc(proc, url, log)
         except (urllib.error.URLError, ConnectionError, OSError):
             if proc.poll() is not None or time.monotonic() > deadline:
