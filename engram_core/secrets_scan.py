@@ -8,6 +8,10 @@ policy decides what a finding means (``policies/engram/capture`` for memory cont
   so a scan is linear in the input whatever the input is. The one check that is not a
   pattern (a bare 40-character AWS secret key) is vectorised over the text with numpy.
   Counting stops at ``MAX_COUNT`` matches per rule, so no text makes Python loop per match.
+  Linear is not enough: RE2's NFA is 50-100 times slower than its DFA, so nothing here may
+  send a long text to it (``engram_core.secret_spans``, issue 57.8): a slot's content is
+  located in its match with byte methods rather than a submatch, and the rules whose DFA
+  states multiply on a crafted soup of their words find their starts with numpy first.
 * **Normalised input.** Text is scanned after NFKC folding onto ASCII, after folding
   look-alike letters of other scripts onto the ASCII they imitate (Unicode's confusables
   skeleton, UTS #39: ``engram_core.confusables``), and after removing invisible characters
@@ -31,12 +35,13 @@ import functools
 import itertools
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 import numpy as np
 import re2
 
+from engram_core import secret_spans
 from engram_core.confusables import ascii_lookalike
 from engram_core.secret_rules import RULES, Rule
 from engram_core.secret_slots import holds_no_secret
@@ -145,11 +150,19 @@ def normalize(text: str) -> bytes:
     return packed[index].view(np.uint8)[_KEEP[lengths].view(np.bool_)].tobytes()
 
 
+_Locate = Callable[[bytes], "tuple[int, bytes] | None"]
+
+
 class _Compiled(NamedTuple):
     rule: Rule
     regex: re2._Regexp
     keywords: tuple[bytes, ...]
     slot: re2._Regexp | None  # the rule's pattern with groups around the slot's content
+    # Where the slot's content lies in a match, by byte methods (secret_spans); None: ``slot``
+    # runs (RE2's submatch engines: the NFA past a few KiB, 50 ns a byte).
+    locate: _Locate | None = None
+    # The rule's matches found without an unanchored RE2 search whose DFA states multiply.
+    spans: Callable[[re2._Regexp, bytes, int], Iterator[tuple[int, int]]] | None = None
 
 
 def _compile(rule: Rule) -> _Compiled:
@@ -165,7 +178,9 @@ def _compile(rule: Rule) -> _Compiled:
         slot = re2.compile(rule.slot.pattern.encode(), options)
         if not slot.groups or rule.slot.bare_group > slot.groups:
             raise ValueError(f"rule {rule.rule}'s slot pattern does not have the groups it names")
-    return _Compiled(rule, regex, tuple(k.encode() for k in rule.keywords), slot)
+    locate = secret_spans.locator(rule.rule, rule.slot.pattern) if rule.slot is not None else None
+    spans = secret_spans.SPANS.get(rule.pattern)
+    return _Compiled(rule, regex, tuple(k.encode() for k in rule.keywords), slot, locate, spans)
 
 
 _COMPILED: tuple[_Compiled, ...] = tuple(_compile(r) for r in RULES)
@@ -200,21 +215,37 @@ def _count(regex: re2._Regexp, data: bytes) -> int:
     return sum(1 for _ in itertools.islice(regex.finditer(data), MAX_COUNT))
 
 
+def _count_rule(compiled: _Compiled, data: bytes) -> int:
+    if compiled.slot is not None:
+        return _count_slots(compiled, data)
+    if compiled.spans is not None:
+        return sum(1 for _ in compiled.spans(compiled.regex, data, MAX_COUNT))
+    return _count(compiled.regex, data)
+
+
+def _slot_content(compiled: _Compiled, match: bytes) -> tuple[int, bytes] | None:
+    """Which group holds the slot's content and its bytes; None if none does (the match counts)."""
+    if compiled.locate is not None:
+        return compiled.locate(match)
+    assert compiled.slot is not None
+    # The slot pattern is the counted pattern with groups added: it matches the same bytes,
+    # and one of its groups holds the content. Should it not, the match counts.
+    parts = compiled.slot.fullmatch(match)
+    index = next((i for i in range(1, compiled.slot.groups + 1) if parts.span(i)[0] >= 0), 0) if parts else 0
+    return (index, parts.group(index)) if index and parts else None
+
+
 def _count_slots(compiled: _Compiled, data: bytes) -> int:
     """Matches of a slot rule whose slot holds a credential. Past SLOT_BUDGET candidates the
     rest are not judged and at least one finding is reported (fail closed)."""
     assert compiled.slot is not None and compiled.rule.slot is not None
     bare_group, code = compiled.rule.slot.bare_group, compiled.rule.slot.code
-    ngroups = compiled.slot.groups
     found = 0
     for judged, match in enumerate(compiled.regex.finditer(data)):
         if judged == SLOT_BUDGET:
             return max(found, 1)
-        # The slot pattern is the counted pattern with groups added: it matches the same bytes,
-        # and one of its groups holds the content. Should it not, the match counts.
-        parts = compiled.slot.fullmatch(match.group())
-        index = next((i for i in range(1, ngroups + 1) if parts.span(i)[0] >= 0), 0) if parts else 0
-        if not index or not holds_no_secret(parts.group(index), bare=index == bare_group, code=code):
+        content = _slot_content(compiled, match.group())
+        if content is None or not holds_no_secret(content[1], bare=content[0] == bare_group, code=code):
             found += 1
             if found == MAX_COUNT:
                 break
@@ -284,7 +315,7 @@ def scan(texts: Iterable[str]) -> list[dict[str, int | str]]:
     for compiled in _COMPILED:
         if compiled.keywords and present is not None and present.isdisjoint(compiled.keywords):
             continue
-        n = _count(compiled.regex, data) if compiled.slot is None else _count_slots(compiled, data)
+        n = _count_rule(compiled, data)
         if n:
             counts[compiled.rule] += n
     bare = _bare_aws_secret_keys(data)
