@@ -335,6 +335,19 @@ async def policy(request: Request, c: Console, session: Session, g: Grant, scope
                   newer=window["newer"])
 
 
+@_scoped("memory.view")
+async def memory(request: Request, c: Console, session: Session, g: Grant, scope: dict[str, str]) -> Response:
+    """Search the scope as the person, under the purpose the policy gave their role: what the core's
+    redaction policy leaves of each record for that purpose is what the page shows."""
+    query = request.query_params.get("q", "").strip()
+    found: dict[str, Any] = {}
+    if query:
+        found = await run_in_threadpool(c.core.search, c.actor(session), scope["tenant"], scope["workspace"],
+                                        g.memory_purpose, query[:1000], request.query_params.get("page", ""))
+    return c.page("memory.html", session=session, scope=scope, grant=g, tab="memory", query=query,
+                  results=found.get("records", []), next_page=found.get("next_page_cursor", ""))
+
+
 @_scoped("keys.view")
 async def keys(request: Request, c: Console, session: Session, g: Grant, scope: dict[str, str]) -> Response:
     report = await run_in_threadpool(c.core.key_status, c.actor(session), scope["tenant"], scope["workspace"])
@@ -388,6 +401,7 @@ def build_app(settings: ConsoleSettings, core: CoreClient, roles: RoleOracle) ->
             Route(scope + "/audit", audit, name="audit"),
             Route(scope + "/keys", keys, name="keys"),
             Route(scope + "/policy", policy, name="policy"),
+            Route(scope + "/memory", memory, name="memory"),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ],
         middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(settings)), Middleware(_Headers)],

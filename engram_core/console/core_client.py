@@ -17,9 +17,10 @@ from typing import Any
 
 import grpc
 
-from engram_core.api import admin_pb2, admin_pb2_grpc
+from engram_core.api import admin_pb2, admin_pb2_grpc, memory_pb2, memory_pb2_grpc
 from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
 from engram_core.hostkeys import load_private_key_file
+from engram_core.rpc.convert import message_to_value, value_to_message
 from engram_core.rpc.status import error_from_rpc_error
 from engram_core.rpc.tls import ClientTls
 from engram_core.rpc.tls import channel as tls_channel
@@ -54,6 +55,7 @@ class CoreClient:
         self._key = load_private_key_file(host_key_path)
         self._channel = tls_channel(address, tls)
         self._stub = admin_pb2_grpc.AdminServiceStub(self._channel)
+        self._memory = memory_pb2_grpc.MemoryServiceStub(self._channel)
         self._timeout_s = timeout_s
 
     def close(self) -> None:
@@ -72,6 +74,25 @@ class CoreClient:
             error = error_from_rpc_error(err)
             raise CoreError(error.code.value, error.message) from None
         return json.loads(result.json)
+
+    def search(self, actor: Actor, tenant: str, workspace: str, purpose_ref: str, query: str,
+               page_cursor: str = "") -> dict[str, Any]:
+        """A search as the person, under the purpose the console policy gave them: the core's
+        authorization, redaction (per purpose) and audit apply exactly as to an agent's search."""
+        tool = "engram_memory_search"
+        ctx = make_context(self._key, call=tool, tenant=tenant, workspace=workspace, principal=actor.principal,
+                           agent_id=AGENT_ID, session=actor.session, purpose_ref=purpose_ref,
+                           now_ms=time.time_ns() // 1_000_000)
+        args: dict[str, Any] = {"query": query, "purpose_ref": purpose_ref, "limit": 20}
+        if page_cursor:
+            args["page_cursor"] = page_cursor
+        try:
+            resp = self._memory.Search(value_to_message(args, memory_pb2.SearchRequest()),
+                                       metadata=[(CONTEXT_METADATA_KEY, ctx)], timeout=self._timeout_s)
+        except grpc.RpcError as err:
+            error = error_from_rpc_error(err)
+            raise CoreError(error.code.value, error.message) from None
+        return message_to_value(resp)
 
     # -- the calls the pages make ----------------------------------------------------------------
     def adjudication_list(self, actor: Actor, tenant: str, workspace: str) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from engram_core.errors import EngramError
 from engram_core.policy.embedded import EmbeddedPolicyEngine
 
 CONSOLE = "engram/console/decision"
-ACTIONS = ("review.view", "review.decide", "audit.view", "keys.view", "policy.view")
+ACTIONS = ("review.view", "review.decide", "audit.view", "keys.view", "policy.view", "memory.view")
 
 logger = logging.getLogger("engram.console")
 
@@ -29,6 +29,7 @@ class Grant:
 
     roles: tuple[str, ...] = ()
     actions: frozenset[str] = field(default_factory=frozenset)
+    memory_purpose: str = ""  # the purpose the Memory page reads under (the core redacts per purpose)
 
     def may(self, action: str) -> bool:
         return action in self.actions
@@ -56,7 +57,9 @@ class RoleOracle:
         roles, actions = result.get("roles"), result.get("actions")
         if not (isinstance(roles, list) and isinstance(actions, list)):
             return NOTHING  # malformed: fail closed
-        return Grant(tuple(str(r) for r in roles), frozenset(str(a) for a in actions if a in ACTIONS))
+        purpose = result.get("memory_purpose")
+        return Grant(tuple(str(r) for r in roles), frozenset(str(a) for a in actions if a in ACTIONS),
+                     purpose if isinstance(purpose, str) else "")
 
     def revision(self) -> str:
         """The revision of the bundle the console's roles come from."""

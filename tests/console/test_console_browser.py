@@ -144,6 +144,27 @@ def test_policy_page(world: World, browser, shots: Path) -> None:
     _shot(browser, shots, "065-policy")
 
 
+def test_memory_page_searches_as_the_person(world: World, browser, shots: Path) -> None:
+    markup = "<img src=x onerror=alert(1)> saffron pipeline decision"
+    cand, status = world.hand.capture_and_admit(TENANT, WORKSPACE, markup)
+    assert status == "pending_adjudication"
+    world.hand.admin("Adjudicate", admin_pb2.AdjudicateRequest(
+        tenant=TENANT, workspace=WORKSPACE, candidate_id=cand, decision="accept", reason_ref="r:test",
+        event_id="evt_test_" + cand[-12:]))
+    browser.get(world.console.url + SCOPE + "/memory")
+    browser.find_element(By.ID, "q").send_keys("saffron")
+    _submit(browser, browser.find_element(By.ID, "search"))
+    content = browser.find_element(By.CSS_SELECTOR, "#results td.content").text
+    assert markup in content  # shown as text, never as markup
+    assert browser.find_elements(By.CSS_SELECTOR, "#results img") == []
+    _no_alert(browser)
+    _shot(browser, shots, "066-memory")
+    rows = world.hand.admin("Export", admin_pb2.ExportRequest(tenant=TENANT, workspace=WORKSPACE,
+                                                               what="audit"))["items"]
+    searches = [r for r in rows if r["operation"].endswith("engram_memory_search")]
+    assert searches and searches[-1]["principal"] == "local:owner"
+
+
 def test_another_tenants_ids_are_not_found(world: World, browser, shots: Path) -> None:
     theirs, _ = world.hand.capture_and_admit(OTHER, WORKSPACE, "globex decision: ship on fridays")
     before = world.hand.state_of(OTHER, WORKSPACE, theirs)
@@ -179,7 +200,7 @@ def test_every_page_carries_the_security_headers(world: World, browser) -> None:
     browser.get(world.console.url + SCOPE + "/review")
     cookie = _cookie_header(browser, world)
     keep = browser.find_element(By.CSS_SELECTOR, "#queue a.cid").text
-    pages = ["/signin", "/", f"{SCOPE}/review", f"{SCOPE}/candidates/{keep}", f"{SCOPE}/audit", f"{SCOPE}/keys", f"{SCOPE}/policy",
+    pages = ["/signin", "/", f"{SCOPE}/review", f"{SCOPE}/candidates/{keep}", f"{SCOPE}/audit", f"{SCOPE}/keys", f"{SCOPE}/policy", f"{SCOPE}/memory?q=redis",
              "/static/console.css", "/no/such/page"]
     for page in pages:
         status, headers, _ = http("GET", world.console.url + page, cookie=cookie)
@@ -204,7 +225,7 @@ def test_a_person_without_a_role_gets_nothing(world: World, browser, shots: Path
         _sign_in(browser, bare.url, world.token)
         assert browser.find_element(By.ID, "no-scopes").is_displayed()
         _shot(browser, shots, "08-no-role")
-        for page in ("/review", "/audit", "/keys"):
+        for page in ("/review", "/audit", "/keys", "/policy", "/memory"):
             browser.get(bare.url + SCOPE + page)
             assert browser.find_element(By.TAG_NAME, "h1").text == "Not found"
     finally:

@@ -4,20 +4,27 @@
 #   {"subject": "local:owner" | the ID token's sub, "issuer": "local" | the OpenID issuer,
 #    "claims": the verified ID token's claims ({} for the local token),
 #    "tenant": ..., "workspace": ...}
-# Output: decision := {"roles": [...], "actions": [...], "reasons": [...]}
+# Output: decision := {"roles": [...], "actions": [...], "memory_purpose": "...", "reasons": [...]}
 #   roles come from data.engram.config.console: the local token's owner gets local_owner_roles on
 #   every scope the console serves; a person signed in through an issuer gets the roles that
 #   issuer's entry grants their subject or one of their groups on this tenant (and workspace).
 #   actions are the union of role_actions over those roles: the console checks an action, never
 #   a role name, so what a role may do is decided here too. No grant: no roles, no actions
-#   (the console then shows nothing of the scope).
+#   (the console then shows nothing of the scope). memory_purpose is the purpose the Memory page
+#   reads under (the core's redaction policy decides per purpose what it shows): the first entry of
+#   memory_purposes whose role the person holds; "" (and no memory.view) when none applies.
 package engram.console
 
 import data.engram.lib
 
 _config := data.engram.config.console
 
-decision := {"roles": sort(roles), "actions": sort(actions), "reasons": sort(reasons)}
+decision := {
+	"roles": sort(roles),
+	"actions": sort(actions),
+	"memory_purpose": memory_purpose,
+	"reasons": sort(reasons),
+}
 
 # METADATA
 # title: Console roles
@@ -39,11 +46,34 @@ roles contains r if {
 
 # METADATA
 # title: Console actions
-# description: What those roles may do (review.view, review.decide, audit.view, keys.view, policy.view).
+# description: >-
+#   What those roles may do (review.view, review.decide, audit.view, keys.view, policy.view,
+#   memory.view: the last only with a purpose to read under).
 actions contains a if {
 	some r in roles
 	some a in _config.role_actions[r]
+	a != "memory.view"
 }
+
+actions contains "memory.view" if {
+	some r in roles
+	"memory.view" in _config.role_actions[r]
+	memory_purpose != ""
+}
+
+# METADATA
+# title: Memory purpose
+# description: The purpose the Memory page reads under, from the first memory_purposes entry whose role is held.
+default memory_purpose := ""
+
+memory_purpose := _purposes[0] if count(_purposes) > 0
+
+_purposes := [e.purpose_ref |
+	some e in object.get(_config, "memory_purposes", [])
+	e.role in roles
+	is_string(e.purpose_ref)
+	startswith(e.purpose_ref, "purpose:")
+]
 
 reasons contains lib.reason("NO_CONSOLE_ROLE", "No console role is granted to this person on this tenant and workspace.") if {
 	count(roles) == 0

@@ -4,16 +4,20 @@ import data.engram.console
 
 _iss := "https://idp.example.com"
 
-_all := ["audit.view", "keys.view", "policy.view", "review.decide", "review.view"]
+_all := ["audit.view", "keys.view", "memory.view", "policy.view", "review.decide", "review.view"]
 
 _config := {
 	"role_actions": {
-		"reviewer": ["review.view", "review.decide"],
+		"reviewer": ["review.view", "review.decide", "memory.view"],
 		"operator": ["audit.view", "keys.view"],
-		"auditor": ["audit.view"],
+		"auditor": ["audit.view", "memory.view"],
 		"policy_author": ["policy.view"],
 	},
 	"local_owner_roles": ["auditor", "operator", "policy_author", "reviewer"],
+	"memory_purposes": [
+		{"role": "reviewer", "purpose_ref": "purpose:console-review"},
+		{"role": "auditor", "purpose_ref": "purpose:console-audit"},
+	],
 	"issuers": {_iss: {
 		"groups_claim": "groups",
 		"subjects": {"ada": [{"tenant": "acme", "workspaces": ["main"], "roles": ["reviewer"]}]},
@@ -40,7 +44,8 @@ test_local_subject_from_an_issuer_is_not_the_owner if {
 test_subject_grant_on_its_workspace_only if {
 	d := console.decision with input as _in({}) with data.engram.config.console as _config
 	d.roles == ["reviewer"]
-	d.actions == ["review.decide", "review.view"]
+	d.actions == ["memory.view", "review.decide", "review.view"]
+	d.memory_purpose == "purpose:console-review"
 	other := console.decision with input as _in({"workspace": "ops"}) with data.engram.config.console as _config
 	other.roles == []
 }
@@ -49,7 +54,7 @@ test_group_grant_every_workspace_of_its_tenant_only if {
 	d := console.decision with input as _in({"subject": "bo", "claims": {"groups": ["sre"]}, "workspace": "ops"})
 		with data.engram.config.console as _config
 	d.roles == ["auditor", "operator"]
-	d.actions == ["audit.view", "keys.view"]
+	d.actions == ["audit.view", "keys.view", "memory.view"]
 	g := console.decision with input as _in({"subject": "bo", "claims": {"groups": ["sre"]}, "tenant": "globex"})
 		with data.engram.config.console as _config
 	g.roles == []
@@ -81,4 +86,25 @@ test_bundled_default_gives_oidc_users_nothing if {
 	d.roles == []
 	o := console.decision with input as _in({"subject": "local:owner", "issuer": "local", "claims": {}})
 	count(o.roles) == 4
+}
+
+test_first_memory_purpose_of_a_held_role_wins if {
+	d := console.decision with input as _in({"subject": "local:owner", "issuer": "local", "claims": {}})
+		with data.engram.config.console as _config
+	d.memory_purpose == "purpose:console-review"
+	a := console.decision with input as _in({"subject": "bo", "claims": {"groups": ["sre"]}})
+		with data.engram.config.console as _config
+	a.memory_purpose == "purpose:console-audit"
+	"memory.view" in a.actions
+}
+
+test_no_purpose_no_memory_page if {
+	cfg := object.remove(_config, ["memory_purposes"])
+	d := console.decision with input as _in({}) with data.engram.config.console as cfg
+	d.memory_purpose == ""
+	not "memory.view" in d.actions
+	"review.view" in d.actions
+	bad := json.patch(_config, [{"op": "replace", "path": "/memory_purposes/0/purpose_ref", "value": "console"}])
+	b := console.decision with input as _in({}) with data.engram.config.console as bad
+	b.memory_purpose == ""
 }
