@@ -17,8 +17,8 @@ from typing import Any
 
 import grpc
 
-from engram_core.api import admin_pb2, admin_pb2_grpc, memory_pb2, memory_pb2_grpc
-from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
+from engram_core.api import admin_pb2, admin_pb2_grpc, host_pb2, host_pb2_grpc, memory_pb2, memory_pb2_grpc
+from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, HOST_CALL, make_context
 from engram_core.hostkeys import load_private_key_file
 from engram_core.rpc.convert import message_to_value, value_to_message
 from engram_core.rpc.status import error_from_rpc_error
@@ -56,6 +56,8 @@ class CoreClient:
         self._channel = tls_channel(address, tls)
         self._stub = admin_pb2_grpc.AdminServiceStub(self._channel)
         self._memory = memory_pb2_grpc.MemoryServiceStub(self._channel)
+        self._host = host_pb2_grpc.HostServiceStub(self._channel)
+        self._epochs: dict[tuple[str, str], int] = {}  # each scope's authorization epoch, as last learned
         self._timeout_s = timeout_s
 
     def close(self) -> None:
@@ -78,21 +80,40 @@ class CoreClient:
     def search(self, actor: Actor, tenant: str, workspace: str, purpose_ref: str, query: str,
                page_cursor: str = "") -> dict[str, Any]:
         """A search as the person, under the purpose the console policy gave them: the core's
-        authorization, redaction (per purpose) and audit apply exactly as to an agent's search."""
-        tool = "engram_memory_search"
-        ctx = make_context(self._key, call=tool, tenant=tenant, workspace=workspace, principal=actor.principal,
-                           agent_id=AGENT_ID, session=actor.session, purpose_ref=purpose_ref,
-                           now_ms=time.time_ns() // 1_000_000)
+        authorization, redaction (per purpose) and audit apply exactly as to an agent's search.
+        A scope whose authorization epoch moved on (`engram admin revoke`) is asked for its epoch
+        once, as the MCP adapter does, and the search signed again under it."""
         args: dict[str, Any] = {"query": query, "purpose_ref": purpose_ref, "limit": 20}
         if page_cursor:
             args["page_cursor"] = page_cursor
+        request = value_to_message(args, memory_pb2.SearchRequest())
+        for attempt in (0, 1):
+            ctx = make_context(self._key, call="engram_memory_search", tenant=tenant, workspace=workspace,
+                               principal=actor.principal, agent_id=AGENT_ID, session=actor.session,
+                               purpose_ref=purpose_ref, now_ms=time.time_ns() // 1_000_000,
+                               authorization_epoch=self._epochs.get((tenant, workspace), 0))
+            try:
+                resp = self._memory.Search(request, metadata=[(CONTEXT_METADATA_KEY, ctx)], timeout=self._timeout_s)
+            except grpc.RpcError as err:
+                error = error_from_rpc_error(err)
+                if error.code.value == "AUTHORIZATION_REVOKED" and attempt == 0:
+                    self._epochs[(tenant, workspace)] = self._authorization_epoch(actor, tenant, workspace)
+                    continue
+                raise CoreError(error.code.value, error.message) from None
+            return message_to_value(resp)
+        raise AssertionError("unreachable")
+
+    def _authorization_epoch(self, actor: Actor, tenant: str, workspace: str) -> int:
+        ctx = make_context(self._key, call=HOST_CALL, tenant=tenant, workspace=workspace, principal=actor.principal,
+                           agent_id=AGENT_ID, session=actor.session, now_ms=time.time_ns() // 1_000_000,
+                           host_principal=True)
         try:
-            resp = self._memory.Search(value_to_message(args, memory_pb2.SearchRequest()),
-                                       metadata=[(CONTEXT_METADATA_KEY, ctx)], timeout=self._timeout_s)
+            reply = self._host.AuthorizationEpoch(host_pb2.AuthorizationEpochRequest(),
+                                                  metadata=[(CONTEXT_METADATA_KEY, ctx)], timeout=self._timeout_s)
         except grpc.RpcError as err:
             error = error_from_rpc_error(err)
             raise CoreError(error.code.value, error.message) from None
-        return message_to_value(resp)
+        return int(reply.authorization_epoch)
 
     # -- the calls the pages make ----------------------------------------------------------------
     def adjudication_list(self, actor: Actor, tenant: str, workspace: str) -> list[dict[str, Any]]:

@@ -58,6 +58,14 @@ class CoreHand:
         self.channel = grpc.insecure_channel(address)
         self.admin_stub = admin_pb2_grpc.AdminServiceStub(self.channel)
         self.memory_stub = memory_pb2_grpc.MemoryServiceStub(self.channel)
+        self.epochs: dict[tuple[str, str], int] = {}
+
+    def revoke(self, tenant: str, workspace: str) -> int:
+        """`engram admin revoke`: the scope's contexts of older epochs are refused from now on."""
+        epoch = int(self.admin("Revoke", admin_pb2.ScopeRequest(tenant=tenant, workspace=workspace))[
+            "authorization_epoch"])
+        self.epochs[(tenant, workspace)] = epoch
+        return epoch
 
     def close(self) -> None:
         self.channel.close()
@@ -78,7 +86,8 @@ class CoreHand:
 
     def _mem(self, tenant: str, workspace: str, tool: str, rpc: str, args: dict[str, Any], req_cls) -> dict[str, Any]:
         ctx = make_context(self.key, call=tool, tenant=tenant, workspace=workspace, principal="user:ana", agent_id="a",
-                           session="s", purpose_ref=PURPOSE, now_ms=time.time_ns() // 1_000_000)
+                           session="s", purpose_ref=PURPOSE, now_ms=time.time_ns() // 1_000_000,
+                           authorization_epoch=self.epochs.get((tenant, workspace), 0))
         resp = getattr(self.memory_stub, rpc)(value_to_message(args, req_cls()),
                                               metadata=[(CONTEXT_METADATA_KEY, ctx)], timeout=30)
         return message_to_value(resp)

@@ -163,6 +163,10 @@ def test_memory_page_searches_as_the_person(world: World, browser, shots: Path) 
                                                                what="audit"))["items"]
     searches = [r for r in rows if r["operation"].endswith("engram_memory_search")]
     assert searches and searches[-1]["principal"] == "local:owner"
+    # `engram admin revoke` moves the scope's epoch on: the console learns it and searches again.
+    assert world.hand.revoke(TENANT, WORKSPACE) >= 1
+    browser.get(world.console.url + SCOPE + "/memory?q=saffron")
+    assert markup in browser.find_element(By.CSS_SELECTOR, "#results td.content").text
 
 
 def test_another_tenants_ids_are_not_found(world: World, browser, shots: Path) -> None:
