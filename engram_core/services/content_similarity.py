@@ -14,9 +14,11 @@ the comparison reports the evidence of a *different* decision:
 * ``polarity_differs``: one text negates or flips what the other says (not/never/no, enable vs
   disable, allow vs deny, sync vs async ...).
 * ``slot_edit``: the two texts are the same words in the same order except one short span
-  replaced by another (a template with one slot changed), or the same terms but one or two
-  replaced by as many others, one of them a word the dictionary (WordNet, as the thesaurus reads
-  it) does not know: a different value, not a restatement.
+  replaced by another (a template with one slot changed): a different value, not a restatement.
+* ``subject_changed``: each text names a thing the other does not (a word the dictionary —
+  WordNet, as the lexical channel's thesaurus reads it — does not know, or knows only as a noun;
+  synonyms and words of one stem aside): the same sentence about another service, person or
+  product. Paraphrases change verbs and word order, not what they name.
 * ``same_text``: the same component texts (case, spacing and Unicode forms aside): a
   word-for-word re-capture made at another time.
 
@@ -34,7 +36,7 @@ from typing import Any
 import re2
 
 from engram_core.services import thesaurus
-from engram_core.services.lexical import STOP_WORDS, analyze, tokenize
+from engram_core.services.lexical import QUERY_WORDS, STOP_WORDS, analyze, tokenize
 
 _NUMBER_WORDS = frozenset("""
 zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen
@@ -70,7 +72,6 @@ _DISTINCT_SHAPE = re2.compile(r"[0-9]|[A-Za-z][._/:-]+[A-Za-z0-9]|_|^--?[a-z]")
 _WORD = re2.compile(r"[\w./:+#@-]+")
 _SENTENCE_END = frozenset(".!?:;\n")
 _SLOT_MAX = 3  # the longest span (in words) a template edit replaces
-_SUBSTITUTED_MAX = 2  # the most terms a substitution replaces
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,6 @@ class TextProfile:
     normalized: tuple[str, ...]  # each component's text, NFKC, case-folded, spacing collapsed (sorted)
     primary_kind: str
     family_refs: frozenset[str]
-    unknown: frozenset[str]  # terms of words WordNet does not know (names, products, identifiers)
 
 
 def _surface(text: str) -> set[str]:
@@ -127,26 +127,51 @@ def profile(effective: dict[str, Any]) -> TextProfile:
         normalized=tuple(sorted(" ".join(tokenize(t)) for t in texts)),
         primary_kind=str(primary.get("kind", "")),
         family_refs=frozenset(effective.get("reconciliation", {}).get("family_refs", [])),
-        unknown=frozenset(_unknown_terms(words)),
     )
 
 
-@functools.lru_cache(maxsize=65_536)
-def _known(word: str) -> bool:
-    """Whether WordNet knows ``word`` (any part of speech, any inflection). Without the data
-    (``thesaurus.ThesaurusUnavailable``) every word counts as known: no substitution is then
-    judged by it."""
+def _wordnet() -> thesaurus.Thesaurus | None:
     try:
-        words = thesaurus.load(1, ())
+        return thesaurus.load(3, ("hyponyms", "hypernyms"))  # the lexical channel's own (``Expansion``)
     except (thesaurus.ThesaurusUnavailable, OSError):
+        return None
+
+
+@functools.lru_cache(maxsize=65_536)
+def _names_a_thing(word: str) -> bool:
+    """A word that names a thing rather than saying something about it: one the dictionary
+    (WordNet, as the thesaurus reads it) does not know (a name, a product, an identifier), or
+    knows only as a noun. Without the data no word counts (no change is judged by it)."""
+    words = _wordnet()
+    if words is None:
+        return False
+    if not any(words.lemmas(word, pos) for pos in "nvar"):
         return True
-    return any(words.lemmas(word, pos) for pos in "nvar")
+    return bool(words.lemmas(word, "n")) and not words.lemmas(word, "v")
 
 
-def _unknown_terms(words: tuple[str, ...]) -> set[str]:
-    content = [w for w in words if w.isalpha() and w not in STOP_WORDS]
-    unknown = [w for w in dict.fromkeys(content) if not _known(w)]
-    return set(analyze(" ".join(unknown))) if unknown else set()
+@functools.lru_cache(maxsize=65_536)
+def _related(a: str, b: str) -> bool:
+    """Synonyms, or one the other's broader or narrower sense ("client" and "customer")."""
+    words = _wordnet()
+    return words is not None and (b in words.related(a) or a in words.related(b))
+
+
+@functools.lru_cache(maxsize=65_536)
+def _term_of(word: str) -> str:
+    terms = analyze(word)
+    return terms[0] if terms else ""
+
+
+def _term_words(p: TextProfile, terms: frozenset[str]) -> dict[str, str]:
+    """A word of ``p`` for each of ``terms`` (its first occurrence)."""
+    out: dict[str, str] = {}
+    for w in dict.fromkeys(p.words):
+        if w.isalpha() and w not in STOP_WORDS and w not in QUERY_WORDS:
+            t = _term_of(w)
+            if t in terms and t not in out:
+                out[t] = w
+    return out
 
 
 def _slot_edit(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
@@ -162,14 +187,24 @@ def _slot_edit(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     return 0 < gap_a <= _SLOT_MAX and 0 < gap_b <= _SLOT_MAX
 
 
-def _substitution(a: TextProfile, b: TextProfile) -> bool:
-    """One or two terms of each text replaced by as many others, the rest the same (wherever they
-    stand), and a replaced one is a word no dictionary knows (a name, a product): "the heronry
-    job" and "the grebeline job", "use postgres for the queue" and "... rabbitmq ...". Replaced
-    dictionary words are what paraphrases do ("uses" for "stores")."""
-    only_a, only_b = a.terms - b.terms, b.terms - a.terms
-    return (0 < len(only_a) == len(only_b) <= _SUBSTITUTED_MAX and len(a.terms & b.terms) >= 2 * len(only_a)
-            and bool((only_a & a.unknown) | (only_b & b.unknown)))
+def _subject_changed(a: TextProfile, b: TextProfile) -> bool:
+    """The texts name different things: after the words each has that the other lacks are paired
+    off where they say the same in other words (one stem, "data" and "database"; synonyms or a
+    broader sense, "client" and "customer"), both still name a thing the other does not, or one
+    does and the two differ in as many words, at most three ("feature store" for "warehouse
+    loader"). A paraphrase changes verbs and order, not what is named."""
+    only_a = _term_words(a, a.terms - b.terms)
+    only_b = _term_words(b, b.terms - a.terms)
+    for ta, wa in list(only_a.items()):
+        for tb, wb in list(only_b.items()):
+            if tb in only_b and (ta[:4] == tb[:4] or _related(wa, wb)):
+                del only_a[ta], only_b[tb]
+                break
+    named_a = any(_names_a_thing(w) for w in only_a.values())
+    named_b = any(_names_a_thing(w) for w in only_b.values())
+    if named_a and named_b:
+        return True
+    return (named_a or named_b) and 0 < len(only_a) == len(only_b) <= 3
 
 
 def _flipped(a: tuple[tuple[str, int], ...], b: tuple[tuple[str, int], ...]) -> bool:
@@ -199,5 +234,6 @@ def compare(cand: TextProfile, other: TextProfile) -> dict[str, Any]:
         "distinct_added": len(cand.distinct - other.surface),
         "distinct_missing": len(other.distinct - cand.surface),
         "polarity_differs": _flipped(cand.polarity, other.polarity),
-        "slot_edit": _slot_edit(cand.words, other.words) or _substitution(cand, other),
+        "slot_edit": _slot_edit(cand.words, other.words),
+        "subject_changed": _subject_changed(cand, other),
     }

@@ -177,7 +177,7 @@ adjudicate contains _signal_reason(s) if {
 
 # A restatement of a current record: the same text, or close enough with nothing that says a
 # different decision (a distinctive term or number swapped for another, a flipped polarity,
-# one slot of the same sentence changed, more than max_distinct_changes names or numbers
+# one slot of the same sentence changed, another thing named, more than max_distinct_changes names or numbers
 # added or dropped: a memory that says more or less than the record is not a restatement).
 _restates(s) if s.same_text == true
 
@@ -202,6 +202,7 @@ _unchanged(s) if {
 	s.distinct_added + s.distinct_missing <= _near.max_distinct_changes
 	s.polarity_differs == false
 	s.slot_edit == false
+	s.subject_changed == false
 }
 
 # A distinctive term (a name, a number, an identifier) of each text that the other lacks: one
@@ -211,10 +212,13 @@ _swapped(s) if {
 	s.distinct_missing > 0
 }
 
-# A text of fewer than near_duplicate.min_terms terms is too short to be judged a restatement:
-# "ok, talk soon" said in two sessions is two turns of a conversation.
+# Only a candidate whose primary component is of a kind in near_duplicate.kinds (decisions and
+# evidence: knowledge) can restate a record; a context (what was said or happened: a turn of a
+# conversation) said again at another time is another event. A text of fewer than
+# near_duplicate.min_terms terms is too short to be judged a restatement.
 _near_duplicate contains lib.reason("NEAR_DUPLICATE_OF_CURRENT", sprintf("The candidate restates current record %s.", [s.record_id])) if {
 	not _is_duplicate
+	object.get(_candidate, "primary_kind", "") in _near.kinds
 	object.get(_candidate, "text_terms", 0) >= _near.min_terms
 	some s in _similar
 	_restates(s)

@@ -101,12 +101,13 @@ _sim(overrides) := object.union(
 		"record_id": "mem_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "lexical": 0.4,
 		"same_text": false, "same_kind": true, "same_family": false, "distinct_shared": 0,
 		"distinct_added": 0, "distinct_missing": 0, "polarity_differs": false, "slot_edit": false,
+		"subject_changed": false,
 	},
 	overrides,
 )
 
 # A candidate whose text has `terms` distinct terms and `similar` current records like it.
-_near_in(terms, similar) := _in({"text_terms": terms, "similar": similar})
+_near_in(terms, similar) := _in({"primary_kind": "decision", "text_terms": terms, "similar": similar})
 
 _near_msg := "The candidate restates current record mem_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa."
 
@@ -209,6 +210,14 @@ test_short_texts_are_never_restatements if {
 		with input as _in({"similar": [_sim({"same_text": true, "lexical": 1})]})
 }
 
+test_a_context_said_again_is_another_event if {
+	admission.decision == {"decision": "accept", "reasons": []}
+		with input as _in({"primary_kind": "context", "text_terms": 9, "similar": [_sim({"same_text": true, "lexical": 1})]})
+	admission.decision == {"decision": "reject", "reasons": [_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg)]}
+		with input as _in({"primary_kind": "context", "text_terms": 9, "similar": [_sim({"same_text": true, "lexical": 1})]})
+		with data.engram.config.tenants.acme as {"near_duplicate": {"action": "reject", "lexical": 0.7, "lexical_with_shared": 0.5, "shared_distinct": 1, "max_distinct_changes": 1, "min_terms": 5, "semantic": 0.9, "kinds": ["context", "decision", "evidence"]}}
+}
+
 test_below_thresholds_accepted if {
 	every overrides in [
 		{"lexical": 0.69},
@@ -224,6 +233,7 @@ test_near_miss_is_a_different_decision_accepted if {
 		{"lexical": 0.95, "distinct_added": 1, "distinct_missing": 1},
 		{"lexical": 0.95, "polarity_differs": true},
 		{"lexical": 0.95, "slot_edit": true},
+		{"lexical": 0.95, "subject_changed": true},
 		{"lexical": 0.8, "semantic": 0.97, "distinct_shared": 2, "distinct_added": 2, "distinct_missing": 1},
 		{"lexical": 0.8, "distinct_shared": 2, "distinct_missing": 2},
 		{"lexical": 0.8, "semantic": 0.95, "distinct_shared": 1, "distinct_added": 2},
@@ -235,19 +245,19 @@ test_near_miss_is_a_different_decision_accepted if {
 test_exact_duplicate_stays_duplicate if {
 	admission.decision == {"decision": "duplicate", "reasons": [
 		_r("DUPLICATE_OF_CURRENT", "The candidate duplicates a current record."),
-	]} with input as _in({"duplicate_of_current": true, "text_terms": 9, "similar": [_sim({"same_text": true, "lexical": 1})]})
+	]} with input as _in({"duplicate_of_current": true, "primary_kind": "decision", "text_terms": 9, "similar": [_sim({"same_text": true, "lexical": 1})]})
 }
 
 test_tightened_threshold_rejects_more if {
 	admission.decision == {"decision": "reject", "reasons": [_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg)]}
 		with input as _near_in(8, [_sim({"lexical": 0.6})])
-		with data.engram.config.tenants.acme as {"near_duplicate": {"action": "reject", "lexical": 0.6, "lexical_with_shared": 0.5, "shared_distinct": 1, "max_distinct_changes": 1, "min_terms": 5, "semantic": 0.9}}
+		with data.engram.config.tenants.acme as {"near_duplicate": {"action": "reject", "lexical": 0.6, "lexical_with_shared": 0.5, "shared_distinct": 1, "max_distinct_changes": 1, "min_terms": 5, "semantic": 0.9, "kinds": ["decision", "evidence"]}}
 }
 
 test_near_duplicate_held_when_tenant_adjudicates if {
 	admission.decision == {"decision": "adjudication_required", "reasons": [_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg)]}
 		with input as _near_in(8, [_sim({"same_text": true})])
-		with data.engram.config.tenants.acme as {"near_duplicate": {"action": "adjudicate", "lexical": 0.7, "lexical_with_shared": 0.5, "shared_distinct": 1, "max_distinct_changes": 1, "min_terms": 5, "semantic": 0.9}}
+		with data.engram.config.tenants.acme as {"near_duplicate": {"action": "adjudicate", "lexical": 0.7, "lexical_with_shared": 0.5, "shared_distinct": 1, "max_distinct_changes": 1, "min_terms": 5, "semantic": 0.9, "kinds": ["decision", "evidence"]}}
 }
 
 test_untrusted_source_held_only_when_listed if {
@@ -263,5 +273,5 @@ test_signals_and_near_duplicate_reasons_together if {
 	admission.decision == {"decision": "reject", "reasons": [
 		_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg),
 		_r("ROLE_MARKUP", "Instruction signal ROLE_MARKUP: 2 occurrence(s) in decision."),
-	]} with input as _in({"instructions": [_sig("ROLE_MARKUP", 2, 0, 0)], "text_terms": 6, "similar": [_sim({"same_text": true})]})
+	]} with input as _in({"instructions": [_sig("ROLE_MARKUP", 2, 0, 0)], "primary_kind": "evidence", "text_terms": 6, "similar": [_sim({"same_text": true})]})
 }
