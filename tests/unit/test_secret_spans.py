@@ -104,11 +104,26 @@ def test_a_locator_finds_the_group_fullmatch_finds(rule: str, text: str) -> None
         assert compiled.locate(match.group()) == _reference_content(compiled, match.group()), match.group()
 
 
+def _anchored_starts(regex: secrets_scan.re2._Regexp, data: bytes) -> list[int]:
+    return [i for i in range(len(data)) if regex._regexp.Match(secrets_scan.re2._Anchor.ANCHOR_START, data, i,
+                                                                 len(data))[0][0] >= 0]
+
+
+def _check_spans(compiled: secrets_scan._Compiled, starts: object, data: bytes) -> None:
+    """The numpy starts are exactly where RE2 matches anchored; both ways to the spans (numpy
+    starts, or every occurrence of the first word tried) give ``finditer``'s."""
+    expected = [m.span() for m in compiled.regex.finditer(data)]
+    assert compiled.spans is not None
+    assert list(compiled.spans(compiled.regex, data, 10**9)) == expected
+    numpy_starts = starts(data)  # type: ignore[operator]
+    assert numpy_starts.tolist() == _anchored_starts(compiled.regex, data)
+    assert list(secret_spans.anchored_spans(compiled.regex, data, numpy_starts, 10**9)) == expected
+
+
 @_PROPERTY
 @given(text=_texts)
 def test_the_aws_assignment_spans_are_re2s(text: str) -> None:
-    data = normalize(text)
-    assert list(secret_spans.aws_secret_spans(_AWS.regex, data, 10**9)) == [m.span() for m in _AWS.regex.finditer(data)]
+    _check_spans(_AWS, secret_spans.aws_secret_starts, normalize(text))
 
 
 _PEM = ["-----BEGIN", "-----BEGIN ", "-----", "----", "PRIVATE KEY", "PRIVATE KEY-----", " BLOCK-----", " BLOCK",
@@ -118,10 +133,19 @@ _PEM = ["-----BEGIN", "-----BEGIN ", "-----", "----", "PRIVATE KEY", "PRIVATE KE
 @_PROPERTY
 @given(text=st.lists(st.sampled_from(_PEM), min_size=1, max_size=40).map("".join))
 def test_the_private_key_spans_are_re2s(text: str) -> None:
-    compiled = _BY_RULE["private-key"]
-    data = normalize(text)
-    assert list(secret_spans.private_key_spans(compiled.regex, data, 10**9)) == \
-        [m.span() for m in compiled.regex.finditer(data)]
+    _check_spans(_BY_RULE["private-key"], secret_spans.private_key_starts, normalize(text))
+
+
+@pytest.mark.parametrize(("rule", "unit"), [("aws-secret-access-key-assignment", "aws key:"),
+                                            ("private-key", "-----BEGIN ")])
+def test_past_the_candidate_limit_the_numpy_starts_give_re2s_spans(rule: str, unit: str) -> None:
+    """More first words than ``_CANDIDATES_PER_BYTE`` allows: the numpy pass finds the starts."""
+    compiled = _BY_RULE[rule]
+    data = (unit * 3000 + "A" * 40 + " PRIVATE KEY-----" + unit * 100 + "B" * 40).encode()
+    assert secret_spans._occurrences(data.lower(), unit.lower().split()[0].encode()) is None
+    expected = [m.span() for m in compiled.regex.finditer(data)]
+    assert expected and compiled.spans is not None
+    assert list(compiled.spans(compiled.regex, data, 10**9)) == expected
 
 
 @_PROPERTY
@@ -152,5 +176,12 @@ def test_long_values_past_re2s_bit_state_limit_are_located_as_fullmatch_does(sha
     "aws key:" + " \t" * 5000 + '"' + "C" * 40, "aws key:" + "C" * 39, "awskey=" * 2000, "aws secret key" + ":=" * 3 + "D" * 45,
 ])
 def test_aws_assignment_edges_are_re2s(text: str) -> None:
-    data = normalize(text)
-    assert list(secret_spans.aws_secret_spans(_AWS.regex, data, 10**9)) == [m.span() for m in _AWS.regex.finditer(data)]
+    _check_spans(_AWS, secret_spans.aws_secret_starts, normalize(text))
+
+
+@pytest.mark.parametrize("gap", [0, 1, 89, 99, 100, 101, 150])
+@pytest.mark.parametrize("end", ["PRIVATE KEY-----", "PRIVATE KEY BLOCK-----", "PRIVATE KEY----", "PRIVATE KEY BLOCK"])
+def test_private_key_edges_are_re2s(gap: int, end: str) -> None:
+    for filler in ("A", " ", "-", "a"):
+        _check_spans(_BY_RULE["private-key"], secret_spans.private_key_starts,
+                     normalize("-----BEGIN" + filler * gap + end + " -----BEGIN RSA " + end))
