@@ -93,3 +93,8 @@ def test_replaying_a_tightened_threshold_reports_the_restatement(logged):
     assert admission["replayed"] == 3 and admission["changed"] == 1
     change = admission["transitions"]["accept→reject"]
     assert change["count"] == 1 and change["reasons_appeared"] == {"NEAR_DUPLICATE_OF_CURRENT": 1}
+    text = engram("policy", "replay", "--bundle", str(candidate), "--log", str(logged["log"]),
+                  "--pseudonym-key", str(logged["key"]), "--path", "engram/admission/decision").stdout
+    print(text)
+    assert "engram/admission/decision: 3 replayed, 1 would change" in text
+    assert "reasons appearing: NEAR_DUPLICATE_OF_CURRENT ×1" in text
