@@ -350,8 +350,17 @@ async def memory(request: Request, c: Console, session: Session, g: Grant, scope
 
 @_scoped("keys.view")
 async def keys(request: Request, c: Console, session: Session, g: Grant, scope: dict[str, str]) -> Response:
-    report = await run_in_threadpool(c.core.key_status, c.actor(session), scope["tenant"], scope["workspace"])
-    return c.page("keys.html", session=session, scope=scope, grant=g, status=report, tab="keys")
+    # The store's KEK ring and counts, without the per-record list a scoped KeyStatus walks (every
+    # record's key, O(records)). A console key bound to some tenants may not ask store-wide: then
+    # the scope's own report, whose destroyed records are listed below the generations.
+    try:
+        report = await run_in_threadpool(c.core.key_status, c.actor(session), "", "")
+    except CoreError as err:
+        if err.code != "UNAUTHORIZED":
+            raise
+        report = await run_in_threadpool(c.core.key_status, c.actor(session), scope["tenant"], scope["workspace"])
+    destroyed = [r for r in report.get("scope", {}).get("records", []) if r.get("key") == "destroyed"]
+    return c.page("keys.html", session=session, scope=scope, grant=g, status=report, destroyed=destroyed, tab="keys")
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:

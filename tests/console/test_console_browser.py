@@ -236,6 +236,37 @@ def test_a_person_without_a_role_gets_nothing(world: World, browser, shots: Path
         bare.stop()
 
 
+def test_a_console_key_bound_to_one_tenant(world: World, browser, shots: Path) -> None:
+    """The team set-up of docs/console.md: the console's own key, trusted for acme with read and
+    maintain. Pages work; what reads the whole store says so instead (verification), or asks for
+    the scope alone (keys)."""
+    from cryptography.hazmat.primitives import serialization
+
+    from engram_core.hostkeys import load_or_create_private_key
+
+    key_path = world.root / "team-console.key"
+    key = load_or_create_private_key(key_path)
+    pem = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                        serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    world.hand.admin("TrustHostKey", admin_pb2.HostKeyRequest(public_key_pem=pem, tenants=[TENANT],
+                                                              maintenance_scopes=["read", "maintain"]))
+    bound = start_console(world.running.address, str(key_path), world.token_file, [f"{TENANT}/{WORKSPACE}"],
+                          world.root / "bound-console.log")
+    try:
+        browser.delete_all_cookies()
+        _sign_in(browser, bound.url, world.token)
+        browser.get(bound.url + SCOPE + "/audit")
+        assert "Verification unavailable (UNAUTHORIZED)" in browser.find_element(By.ID, "verify").text
+        assert browser.find_elements(By.CSS_SELECTOR, "#audit tbody tr td.op")
+        browser.get(bound.url + SCOPE + "/keys")
+        assert "Active KEK generation" in browser.find_element(By.ID, "kek").text
+        _shot(browser, shots, "085-bound-key-keys")
+        browser.get(bound.url + SCOPE + "/review")
+        assert browser.find_element(By.TAG_NAME, "h1").text == "Review queue"
+    finally:
+        bound.stop()
+
+
 def test_sign_in_with_openid_connect(world: World, browser, shots: Path) -> None:
     """A team's sign-in: authorization code + PKCE at the tests' real OpenID provider (public
     client mcp-client), roles from the policy data for that issuer's subjects: alice reviews
