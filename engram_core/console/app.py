@@ -10,6 +10,8 @@ never forbidden, so a URL reveals nothing.
 from __future__ import annotations
 
 import logging
+import os
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,7 +55,9 @@ SECURITY_HEADERS = {
     "Cross-Origin-Opener-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
-AUDIT_WINDOW = 500  # audit rows (by sequence number) per page
+# Audit rows (by sequence number) per page; ENGRAM_CONSOLE_AUDIT_PAGE overrides it (tests page a
+# small timeline with a tiny window).
+AUDIT_WINDOW = int(os.environ.get("ENGRAM_CONSOLE_AUDIT_PAGE", "500"))
 PRE_COOKIE = "engram_console_pre"
 STATE_COOKIE = "engram_console_oidc"
 logger = logging.getLogger("engram.console")
@@ -89,6 +93,9 @@ class Console:
         self.templates = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
                                             undefined=jinja2.StrictUndefined)
         self.templates.filters["when"] = _when
+        self.templates.filters["clock"] = lambda t: datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        # The last verification per scope: (report or None, refusal code, when), see _verified.
+        self.verified: dict[tuple[str, str], tuple[dict[str, Any] | None, str, float]] = {}
 
     # -- rendering and cookies -----------------------------------------------------------------
     def page(self, name: str, http_status: int = 200, **values: Any) -> HTMLResponse:
@@ -277,34 +284,52 @@ async def decide(request: Request, c: Console, session: Session, g: Grant, scope
     return RedirectResponse(url + "?" + query, status_code=303)
 
 
+async def _verified(request: Request, c: Console, session: Session, scope: dict[str, str]
+                    ) -> tuple[dict[str, Any] | None, str, float]:
+    """(the scope's verification report or None, the refusal's code, when it was made).
+
+    Verify reads every chain of the store, O(store): the console keeps the last report per scope
+    and verifies again only when asked (``?verify=1``, the page's button) or when it has none, so
+    paging the timeline stays fast at any size."""
+    key = (scope["tenant"], scope["workspace"])
+    cached = c.verified.get(key)
+    if cached is not None and request.query_params.get("verify") != "1":
+        return cached
+    try:
+        report: dict[str, Any] | None = await run_in_threadpool(c.core.verify, c.actor(session), *key)
+        refusal = ""
+    except CoreError as err:
+        # A console key bound to some tenants only may not read the whole store (HOST_KEY_NOT_BOUND).
+        report, refusal = None, err.code
+    c.verified[key] = (report, refusal, time.time())
+    return c.verified[key]
+
+
 async def _audit_window(request: Request, c: Console, session: Session, scope: dict[str, str]) -> dict[str, Any]:
     """The verification report (None when the console key may not verify the store, with the
-    refusal's code) and the page of the scope's audit rows ``?before=SEQ`` asks for, newest first."""
+    refusal's code) and the page of the scope's audit rows ``?before=SEQ`` asks for, newest first.
+    The newest page reads from the last known head on without an upper bound, so rows written since
+    the last verification are shown too."""
     actor = c.actor(session)
-    try:
-        report: dict[str, Any] | None = await run_in_threadpool(c.core.verify, actor, scope["tenant"],
-                                                                scope["workspace"])
-    except CoreError as err:
-        # Verify reads every chain of the store: a console key bound to some tenants only may not
-        # (HOST_KEY_NOT_BOUND). The timeline is still this scope's to show.
-        report, refusal = None, err.code
-    else:
-        refusal = ""
+    report, refusal, verified_at = await _verified(request, c, session, scope)
+    tenant, workspace = scope["tenant"], scope["workspace"]
+    facts = {"report": report, "refusal": refusal, "verified_at": verified_at}
     if report is None:  # no head known: the scope's whole timeline, newest AUDIT_WINDOW shown
-        rows = await run_in_threadpool(c.core.audit, actor, scope["tenant"], scope["workspace"], 1, 0)
+        rows = await run_in_threadpool(c.core.audit, actor, tenant, workspace, 1, 0)
         rows.sort(key=lambda r: (int(r["at_ms"]), int(r["seq"])), reverse=True)
-        return {"report": None, "refusal": refusal, "rows": rows[:AUDIT_WINDOW], "older": None, "newer": None}
-    head = int(report["audit"]["rows"])  # no chain's sequence number exceeds the row count
-    try:
-        before = min(head + 1, max(1, int(request.query_params.get("before", head + 1))))
-    except ValueError:
-        before = head + 1
-    low = max(1, before - AUDIT_WINDOW)
-    rows = await run_in_threadpool(c.core.audit, actor, scope["tenant"], scope["workspace"], low, before - 1) \
-        if before > 1 else []
+        return {**facts, "rows": rows[:AUDIT_WINDOW], "older": None, "newer": None}  # one page: all there is
+    head = int(report["audit"]["rows"])  # no chain's sequence number exceeded the row count then
+    raw = request.query_params.get("before", "")
+    before = int(raw) if raw.isdigit() and 1 <= int(raw) <= head else 0  # 0: the newest page
+    if before:
+        low = max(1, before - AUDIT_WINDOW)
+        rows = await run_in_threadpool(c.core.audit, actor, tenant, workspace, low, before - 1)
+    else:
+        low = max(1, head + 1 - AUDIT_WINDOW)
+        rows = await run_in_threadpool(c.core.audit, actor, tenant, workspace, low, 0)
     rows.sort(key=lambda r: (int(r["at_ms"]), int(r["seq"])), reverse=True)
-    return {"report": report, "refusal": refusal, "rows": rows, "older": low if low > 1 else None,
-            "newer": before + AUDIT_WINDOW if before <= head else None}
+    newer = None if not before else (f"?before={before + AUDIT_WINDOW}" if before + AUDIT_WINDOW <= head else "?")
+    return {**facts, "rows": rows, "older": low if low > 1 else None, "newer": newer}
 
 
 @_scoped("audit.view")

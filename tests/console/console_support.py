@@ -132,7 +132,7 @@ class ConsoleProc:
 
 
 def start_console(address: str, host_key: str, token_file: Path, scopes: list[str], log: Path,
-                  policies: Path | None = None) -> ConsoleProc:
+                  policies: Path | None = None, env: dict[str, str] | None = None) -> ConsoleProc:
     port = free_port()
     cmd = [str(ENGRAM), "console", "--core", address, "--host-key", host_key, "--listen", f"127.0.0.1:{port}",
            "--token-file", str(token_file)]
@@ -141,7 +141,7 @@ def start_console(address: str, host_key: str, token_file: Path, scopes: list[st
     if policies is not None:
         cmd += ["--policies", str(policies)]
     out = log.open("wb")
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     return wait_ready(proc, f"http://127.0.0.1:{port}", log)
 
 
