@@ -23,22 +23,29 @@ exempt is a tenant setting (``instruction_quoted_exempt``, ``instruction_negatio
 The catalogue (code: what it finds):
 
 * ``AGENT_ADDRESSED``: text addressed to an assistant, agent, model or AI as its reader
-  ("Assistant, always…", "AI agents reading this must…", "when you (the model) see…", "if you
-  are an AI…", "note to future assistants").
+  ("Assistant, always…", "AI agents reading this must…", "Claude must…", "when you (the model)
+  see…", "if you are an AI…", "note for the assistant:", "future sessions:", "when you next
+  summarize…", "begin every response with…", "… in every reply").
 * ``TRIGGERED_DIRECTIVE``: a trigger and an order ("when the user asks about X, recommend Y",
-  "next time someone mentions X, reply …").
-* ``OVERRIDE_PHRASE``: ignore/disregard/forget previous instructions, "new instructions:",
-  "system prompt", "these instructions take precedence", developer mode, jailbreak.
+  "whenever X comes up, state …", "if asked who …, answer …", "the correct response to any
+  question about X is …").
+* ``OVERRIDE_PHRASE``: ignore/disregard/forget previous instructions or "the above", "new
+  instructions:", revealing or replacing the system prompt, "these instructions take precedence",
+  "previous guidance is obsolete", developer mode, jailbreak, role assumption ("you are now",
+  "pretend you are", "from now on respond only with …").
 * ``ROLE_MARKUP``: fake role and block tags (``<system>``, ``</memory>``, ``[INST]``,
-  ``<|im_start|>``, ``### System:``, ``[SYSTEM NOTE]``, a line opening ``System:``).
+  ``<|im_start|>``, ``### System:``, ``[SYSTEM NOTE]``, ``[note from admin]``, a line opening
+  ``System:`` or ``role: system``) and HTML comments (text a renderer hides).
 * ``TOOL_CALL_SHAPE``: tool-call-shaped JSON (``{"tool": …, "arguments": …}``,
-  ``"function_call"``, ``"tool_calls"``) or a call of one of Engram's own tools.
+  ``"function_call"``, ``"tool_calls"``), a ReAct ``Action Input:`` line, "call the
+  ``purge_all`` tool", or a call of one of Engram's own tools.
 * ``EXFIL_URL``: a link or image whose URL carries a templated parameter (``{…}``, ``${…}``,
   ``%7B``) or a parameter named for what it would carry out (conversation, history, secret,
   token, password, prompt, memory…), or a markdown image with any query parameters. Its
   ``hosts`` say where to.
 * ``EXFIL_DIRECTIVE``: an order to send the conversation, history, credentials or memories
-  somewhere ("forward the chat history to …").
+  somewhere ("forward the chat history to …", "paste any tokens into …"), or to output
+  credentials, secrets or the system prompt.
 * ``CONCEAL_FROM_USER``: "do not tell the user", "without informing the user".
 * ``INVISIBLE_CHARS``: zero-width characters (U+200B–U+200F, U+2060, U+FEFF) and Unicode tag
   characters (U+E0000–U+E007F).
@@ -48,10 +55,11 @@ The catalogue (code: what it finds):
   64, a commit id 40: those are not blobs).
 * ``DISABLES_VERIFICATION``: advice that turns off verification or authentication
   (``--no-verify``, ``verify=False``, ``--insecure``, disable TLS/certificate checks,
-  ``StrictHostKeyChecking no``, ``NODE_TLS_REJECT_UNAUTHORIZED=0``, ``sslmode=disable``, skip
-  authentication, auth off, ``chmod 777``).
+  ``StrictHostKeyChecking no``, ``NODE_TLS_REJECT_UNAUTHORIZED=0``, ``sslmode=disable``,
+  ``http.sslVerify false``, ``rejectUnauthorized: false``, ``curl -k``, skip authentication,
+  disable 2FA, auth off, ``chmod 777``).
 * ``PIPE_TO_SHELL``: a download piped into a shell (``curl … | sh``, ``wget -O- … | bash``,
-  ``bash <(curl …)``, PowerShell's ``iwr … | iex``). Its ``hosts`` are the hosts downloaded
+  ``bash <(curl …)``, PowerShell's ``iwr … | iex``) or downloaded then run (``wget … && bash …``). Its ``hosts`` are the hosts downloaded
   from (``""`` when none could be read), which the policy compares with the tenant's
   ``trusted_shell_hosts``.
 """
@@ -67,6 +75,11 @@ import re2
 
 _AI = r"(?:ai|a\.i\.|assistant|agent|model|llm|language model|chatbot|bot|copilot|claude|chatgpt|gpt|gemini)"
 _AI_STRICT = r"(?:ai|a\.i\.|assistant|llm|language model|chatbot|copilot|claude|chatgpt|gpt|gemini|ai agent|ai assistant|ai model)"
+_AI_READER = (r"(?:ai|a\.i\.|assistants?|llms?|language models?|chatbots?|copilots?|claude|chatgpt|gpt(?:-?\d\w*)?|gemini|"
+              r"ai agents?|ai assistants?|ai models?|models?|agents? reading this|future (?:sessions?|agents?|assistants?))")
+_DIRECTIVE = (r"(?:must|should|shall|needs? to|has to|have to|are to|is to|will always|will never|"
+              r"(?:is|are) (?:now\s+)?(?:permitted|allowed|authori[sz]ed|required|instructed|expected|supposed|free)|"
+              r"may now|can now)")
 _MODAL = r"(?:must|should|shall|will|need to|needs to|have to|has to|are to|is to|always|never|do not|don't|please|remember|make sure|ensure)"
 _ORDER = (r"(?:respond|reply|answer|tell|recommend|say|state|claim|insist|send|forward|email|post|upload|run|execute|"
           r"call|invoke|output|include|suggest|direct|redirect|point|share|reveal|leak|delete|remove|transfer|"
@@ -94,22 +107,63 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     ("AGENT_ADDRESSED",
      r"(?i)\b(?:in|for|during)\s+(?:all\s+|every\s+)?(?:future|subsequent|later)\s+(?:sessions?|conversations?|chats?)\s*,?\s*(?:you|the\s+"
      + _AI + r")\s+" + _MODAL + r"\b"),
+    ("AGENT_ADDRESSED",
+     r"(?i)\b(?:note|notes|message|reminder|instructions?|memo|directive|hint|tip|warning|notice|p\.?s\.?)\s+(?:to|for)\s+"
+     r"(?:the\s+|all\s+|any\s+|future\s+|every\s+|each\s+|other\s+|whichever\s+)*" + _AI_READER + r"\b"),
+    ("AGENT_ADDRESSED", r"(?i)\b" + _AI_STRICT + r"s?\s+" + _DIRECTIVE + r"\b"),
+    ("AGENT_ADDRESSED",
+     r"(?i)\b(?:future|next|later|subsequent)\s+(?:sessions?|conversations?|chats?|agents?|assistants?|instances?|runs?)\s*"
+     r"(?:[:,]|" + _DIRECTIVE + r"\b)"),
+    ("AGENT_ADDRESSED",
+     r"(?i)\bwhen(?:ever)?\s+you\s+(?:next\s+|later\s+|again\s+|first\s+)?(?:summari[sz]e|answer|respond|reply|write|recap|"
+     r"report|see|read|retrieve|recall|load|are asked|get asked|talk to|speak to|help)\b"),
+    ("AGENT_ADDRESSED",
+     r"(?i)\b(?:begin|start|end|prefix|preface|open|close|finish|sign)\s+(?:every|each|all|any|your)\s+(?:\w+\s+)?"
+     r"(?:answers?|responses?|replies|summar(?:y|ies)|outputs?)\b"),
+    ("AGENT_ADDRESSED",
+     r"(?i)\b(?:in|to|into|at the (?:end|start|beginning|bottom|top) of)\s+(?:every|each|all|any)\s+(?:of\s+your\s+|future\s+)?"
+     r"(?:answers?|replies|summar(?:y|ies)|chat responses?)\b"),
+    ("AGENT_ADDRESSED", r"(?i)\b(?:your|all future|every future)\s+(?:answers|responses|replies|outputs)\s+(?:must|should|shall|will)\b"),
     ("TRIGGERED_DIRECTIVE",
      r"(?i)\b(?:when(?:ever)?|if|once|the next time|next time|each time|every time)\s+(?:the\s+|a\s+|any\s+)?"
      r"(?:user|users|someone|anyone|somebody|customer|customers|people|person|they|asked|you(?:'re| are)\s+asked)\b"
      r"[^.\n]*?\b(?:asks?|asked|mentions?|says?|types?|requests?|quer(?:y|ies)|brings? up|talks? about|inquires?|searche?s?)\b"
      r"[^.\n]*?\b(?:always\s+|instead\s+|you\s+(?:must|should)\s+|must\s+|should\s+)?" + _ORDER + r"\b"),
+    ("TRIGGERED_DIRECTIVE",
+     r"(?i)\b(?:when(?:ever)?|if|once|each time|every time|the next time|next time|as soon as)\b[^.,;\n]*,\s*"
+     r"(?:always\s+|then\s+|just\s+|simply\s+|please\s+|immediately\s+|you\s+(?:must|should|will)\s+)?"
+     r"(?:respond|reply|answer|tell (?:them|the user|users|the customer|customers|him|her|people)|recommend|suggest|say|state|"
+     r"claim|insist|deny|reveal|share|ask (?:them|the user|the customer|for)|direct|redirect|point|send|forward)\b"),
+    ("TRIGGERED_DIRECTIVE",
+     r"(?i)\b(?:correct|right|proper|only|official|approved|standard|expected|preferred)\s+(?:response|answer|reply)\s+"
+     r"(?:to|for)\s+(?:any|every|all|each|questions?|queries|requests?)\b"),
+    ("AGENT_ADDRESSED", r"(?i)\b" + _AI_READER + r"\s+(?:instructions?|directives?|rules|notes?|guidance|orders)\s*:"),
     ("OVERRIDE_PHRASE",
      r"(?i)\b(?:ignore|disregard|forget|override|overrule|bypass|drop|discard)\s+(?:all\s+|any\s+|the\s+|your\s+|every\s+|of\s+)*"
      r"(?:previous|prior|above|earlier|preceding|existing|original|system|safety|other|old|initial)\s+(?:[a-z]+\s+)?"
      r"(?:instructions?|prompts?|rules?|directives?|guidelines?|guardrails?|policies|context|messages?|constraints?)"),
     ("OVERRIDE_PHRASE", r"(?i)\b(?:ignore|disregard)\s+(?:all|everything)\s+(?:above|before|else|previous|prior)\b"),
     ("OVERRIDE_PHRASE", r"(?i)\b(?:new|updated|real|actual|hidden|secret)\s+(?:system\s+)?instructions?\s*:"),
-    ("OVERRIDE_PHRASE", r"(?i)\bsystem\s+prompt\b"),
+    ("OVERRIDE_PHRASE",
+     r"(?i)\b(?:reveal|print|show|output|repeat|ignore|override|replace|disregard|leak|new|updated|real|hidden)\s+"
+     r"(?:the\s+|your\s+|this\s+)?system\s+prompt\b|\bsystem\s+prompt\s*:"),
+    ("OVERRIDE_PHRASE", r"(?i)\b(?:ignore|disregard|forget)\s+(?:all\s+|everything\s+|anything\s+)?(?:of\s+)?the\s+(?:above|previous|prior|preceding|earlier)\b"),
+    ("OVERRIDE_PHRASE",
+     r"(?i)\b(?:previous|prior|earlier|old|original|all other|other|existing)\s+(?:instructions?|guidance|rules|directives?|"
+     r"guidelines|prompts?|policies)\s+(?:is|are)\s+(?:now\s+)?(?:obsolete|void|invalid|cancel+ed|revoked|superseded|"
+     r"no longer valid|no longer apply|outdated|replaced)|\bthe only (?:valid|real|true) (?:instruction|rule|directive)\b"),
     ("OVERRIDE_PHRASE",
      r"(?i)\b(?:these|this|the following)\s+(?:instructions?|rules?|directives?|notes?|memor(?:y|ies))\s+"
      r"(?:take|takes|have|has)\s+(?:precedence|priority)\b"),
     ("OVERRIDE_PHRASE", r"(?i)\b(?:developer|god|dan|jailbreak|unrestricted)\s+mode\b|\bjailbr(?:eak|oken)\b"),
+    ("OVERRIDE_PHRASE",
+     r"(?i)(?:^|[.!?;:\n]\s*)(?:please\s+|now\s+|from now on,?\s+)?(?:pretend (?:to be|you are|you're|that you)|"
+     r"act as (?:if|though|an?|the|my)|role-?play as|imagine you are|you are now|you're now|you will now act)\b"),
+    ("OVERRIDE_PHRASE",
+     r"(?i)\b(?:from now on|going forward|henceforth),?\s+(?:you\s+(?:must|should|will)\s+)?(?:always\s+|only\s+)?"
+     r"(?:respond|reply|answer|talk|speak|write)\s+(?:only\s+)?(?:with|in|as|like|to every|to all)\b"),
+    ("OVERRIDE_PHRASE", r"(?i)\b(?:ignore|bypass|skip|disable|override)\s+(?:all\s+|any\s+|your\s+|the\s+)*(?:safety|content|security)\s+(?:rules|filters?|guidelines|checks|policies|restrictions)\b"),
+    ("OVERRIDE_PHRASE", r"(?i)\b(?:without|no)\s+(?:any\s+)?(?:restrictions|limitations|filters|guardrails|censorship)\b[^.\n]*\b(?:answer|respond|reply|comply|do)\b|\bno longer bound by\b"),
     # -- markup, tags, tool calls ----------------------------------------------------------
     ("ROLE_MARKUP",
      r"(?i)</?\s*(?:system|assistant|user|tool|developer|human|memory|memories|instructions?|context|im_start|im_end|"
@@ -118,25 +172,37 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     ("ROLE_MARKUP", r"<\|[A-Za-z_]{2,20}\|>|<<\s*/?SYS\s*>>"),
     ("ROLE_MARKUP", r"(?im)^\s*#{1,6}\s*(?:system|assistant|developer|instructions?)\b\s*(?:message|prompt)?\s*:?\s*$"),
     ("ROLE_MARKUP", r"(?im)^\s*#{1,6}\s*(?:system|assistant|developer)\s*(?:message|prompt)?\s*:"),
-    ("ROLE_MARKUP", r"(?im)^\s*(?:system|developer)\s*(?:message|prompt|note)?\s*:"),
+    ("ROLE_MARKUP", r"(?im)^\s*(?:system|developer|admin|administrator)\s*(?:message|prompt|note|override|update|notice|alert|instructions?)?\s*:"),
+    ("ROLE_MARKUP",
+     r"(?i)\[[^\]\n]*\b(?:system|admin|administrator|developer|operator|moderator|instructions?)\b[^\]\n]*\](?:[^(\[]|$)"),
+    ("ROLE_MARKUP", r"(?s)<!--.*?-->"),
+    ("ROLE_MARKUP", r"(?im)^\s*[\"']?role[\"']?\s*:\s*[\"']?(?:system|assistant|developer|tool)\b"),
     ("ROLE_MARKUP", r"(?i)\b(?:begin|end)\s+(?:system|admin|developer)\s+(?:prompt|instructions?|message|note)\b"),
     ("TOOL_CALL_SHAPE",
      r"(?i)[{,]\s*\"(?:tool|tool_name|function|name|action|recipient_name)\"\s*:\s*\"[^\"\n]+\"\s*,\s*"
      r"\"(?:arguments|args|parameters|params|input|action_input)\"\s*:"),
     ("TOOL_CALL_SHAPE", r"(?i)\"(?:function_call|tool_calls?|tool_use)\"\s*:"),
+    ("TOOL_CALL_SHAPE", r"(?im)^\s*action[ _]input\s*:"),
     ("TOOL_CALL_SHAPE", r"(?i)\bengram_memory_(?:forget|withdraw|capture|request_admission)\s*\("),
+    ("TOOL_CALL_SHAPE",
+     r"(?i)\b(?:call|invoke|run|execute|trigger|use)\s+(?:the\s+)?`?[a-z][a-z0-9]*(?:[_.][a-z0-9]+)+`?\s+(?:tool|function|action)\b"),
     # -- links and orders that carry something out ------------------------------------------
-    ("EXFIL_URL", r"(?i)https?://[^\s)\]>\"'`]*(?:\{\{?|\$\{|\$[A-Z_]{3,}|%7[bB]|\[[A-Z_]{3,}\]|<[A-Z_]{3,}>)"),
+    ("EXFIL_URL", r"(?i)https?://[^\s)\]>\"'`]*(?:\{\{?|\$\{|\$[A-Z_]{3,}|%7[bB]|\[[A-Z][A-Z0-9_]{2,}\]|<[A-Za-z][A-Za-z0-9_]{2,}>)"),
     ("EXFIL_URL",
      r"(?i)https?://[^\s)\]>\"'`]*[?&][a-z_]*(?:conversation|convo|history|chat|transcript|secret|token|password|passwd|"
      r"credential|prompt|memor(?:y|ies)|context|session_data|api_?key|cookie|exfil|dump|leak)[a-z_]*="),
     ("EXFIL_URL", r"(?i)!\[[^\]\n]*\]\(\s*<?https?://[^\s)]*\?[^\s)]*="),
     ("EXFIL_DIRECTIVE",
-     r"(?i)\b(?:send|forward|email|e-mail|post|upload|copy|transmit|exfiltrate|leak|share|append)\s+"
+     r"(?i)\b(?:send|forward|email|e-mail|post|upload|copy|transmit|exfiltrate|leak|share|append|paste|publish|put|dump|"
+     r"write|expose|relay|mirror|sync)\s+"
      r"(?:(?:all|any|every|the|this|these|your|their|our|full|entire|complete|whole|user's|users'|recent|current|previous)\s+)*"
      r"(?:conversations?|chat(?:\s+history|\s+logs?)?|history|transcripts?|messages|credentials?|secrets?|tokens?|"
      r"api\s+keys?|passwords?|memories|memory|context|session\s+data|environment\s+variables|env\s+vars?|\.env)\b"
      r"[^.;\n]*?\b(?:to|into|at)\b"),
+    ("EXFIL_DIRECTIVE",
+     r"(?i)\b(?:output|print|reveal|show|display|dump|paste|echo|cat|leak|include)\s+(?:the\s+|all\s+|any\s+|your\s+)?"
+     r"(?:full\s+|entire\s+|raw\s+|complete\s+)?(?:contents?\s+of\s+)?[^.\n]*?(?:credentials|\.env\b|secrets|api[_ ]?keys?|"
+     r"passwords|private keys?|id_rsa|\.aws|\.ssh|system prompt|environment variables|session tokens?|access tokens?)"),
     ("CONCEAL_FROM_USER",
      r"(?i)\b(?:do not|don't|never|without)\s+(?:tell(?:ing)?|inform(?:ing)?|mention(?:ing)?(?:\s+this)?|reveal(?:ing)?|"
      r"alert(?:ing)?|notify(?:ing)?|warn(?:ing)?|show(?:ing)?|let(?:ting)?)\s+(?:it\s+|this\s+)?(?:to\s+)?(?:the\s+)?"
@@ -155,7 +221,10 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
      r"\bstricthostkeychecking\s*[= ]\s*no\b|\bnode_tls_reject_unauthorized\s*=\s*['\"]?0|"
      r"\bpythonhttpsverify\s*=\s*0|\bgit_ssl_no_verify\b|\bsslmode\s*=\s*disable\b|\bsetenforce\s+0\b|"
      r"--allow-unauthenticated\b|\binsecureskipverify\s*:\s*true\b|\binsecure-skip-tls-verify\b|"
-     r"\bchmod\s+(?:-r\s+)?(?:0?777|a\+rwx)\b|\bauth(?:entication)?\s*[:=]\s*(?:off|false|none|disabled)\b"),
+     r"\bchmod\s+(?:-r\s+)?(?:0?777|a\+rwx)\b|\bauth(?:entication)?\s*[:=]\s*(?:off|false|none|disabled)\b|"
+     r"\bsslverify\s*=?\s*false\b|\brejectunauthorized\s*[:=]\s*false\b|\bcheck_hostname\s*=\s*false\b|\bcert_none\b|"
+     r"\binsecure\s*[:=]\s*true\b|\btls_?verify\s*[:=]\s*(?:false|0|no)\b|--disable-web-security\b|\bverify_peer\s*[:=]\s*false\b|"
+     r"\bcurl\s+(?:-[a-z]*\s+)*-[a-z]*k[a-z]*\s"),
     ("DISABLES_VERIFICATION",
      r"(?i)\b(?:disable|disabling|turn off|turning off|switch off|skip|skipping|bypass|bypassing|ignore|ignoring|remove|drop)\s+"
      r"(?:the\s+|all\s+|any\s+)?(?:tls|ssl|https|cert(?:ificate)?s?|signature|gpg|hostname|host key|2fa|mfa|"
@@ -166,6 +235,9 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
      r"(?:ba|z|k|da|fi)?sh\b|\|\s*(?:iex|invoke-expression|python3?|perl|ruby|node)\b"),
     ("PIPE_TO_SHELL", r"(?i)\b(?:ba|z)?sh\s+(?:-c\s+)?[\"']?\s*<\(\s*(?:curl|wget)\b[^)\n]*\)"),
     ("PIPE_TO_SHELL", r"(?i)\b(?:ba|z)?sh\s+-c\s+[\"']?\$\(\s*(?:curl|wget)\b[^)\n]*\)"),
+    ("PIPE_TO_SHELL",
+     r"(?i)\b(?:curl|wget)\b[^\n|]*?(?:&&|;)\s*(?:chmod\s+\+x\s+\S+\s*(?:&&|;)\s*)?(?:sudo\s+)?"
+     r"(?:(?:ba|z|k|da)?sh\s+\S+|python3?\s+\S+|\./\S+)"),
 )
 
 # The codes whose matches carry hosts (where the download or the link goes).
@@ -176,6 +248,9 @@ _NEGATION = re2.compile(
     r"(?i)\b(?:never|not|don't|dont|do not|doesn't|must not|mustn't|shouldn't|should not|cannot|can't|avoid|avoiding|"
     r"stop|stopped|no longer|instead of|rather than|forbid|forbidden|prohibit|prohibited|ban|banned|disallow|"
     r"without|refuse|reject|rejected|warn|warning|dangerous|unsafe|insecure|bad practice|anti-pattern)\b")
+_NEGATION_AFTER = re2.compile(
+    r"(?i)\b(?:must|should|shall|can|may|will)\s+(?:never|not)\b|\b(?:mustn't|shouldn't|can't|won't)\b|"
+    r"\b(?:is|are)\s+(?:forbidden|prohibited|banned|not allowed|not permitted|dangerous|unsafe|insecure|a bad idea)\b")
 _SENTENCE_END = re2.compile(r"[.!?;\n]")
 _QUOTED = re2.compile(
     r"(?s)```.*?```|`[^`\n]+`|\"[^\"\n]+\"|\x{201C}[^\x{201D}\n]+\x{201D}|"
@@ -228,15 +303,20 @@ def _inside(spans: tuple[list[int], list[int]], start: int, end: int) -> bool:
     return i >= 0 and ends[i] >= end
 
 
-def _negated(text: str, start: int) -> bool:
-    """A negation earlier in the match's sentence, within ``_LOOKBACK`` characters."""
+def _negated(text: str, start: int, end: int) -> bool:
+    """A negation earlier in the match's sentence, within ``_LOOKBACK`` characters, or one that
+    follows it there ("``GIT_SSL_NO_VERIFY`` must never be set")."""
     window = text[max(0, start - _LOOKBACK):start]
     cut = None
     for m in _SENTENCE_END.finditer(window):
         cut = m.end()
     if cut is not None:
         window = window[cut:]
-    return _NEGATION.search(window) is not None
+    if _NEGATION.search(window) is not None:
+        return True
+    after = text[end:end + _LOOKBACK]
+    stop = _SENTENCE_END.search(after)
+    return _NEGATION_AFTER.search(after[:stop.start()] if stop else after) is not None
 
 
 def _hosts(matched: str) -> set[str]:
@@ -277,7 +357,7 @@ def scan(components: Iterable[tuple[str, str]]) -> list[dict[str, Any]]:
                 negated = False
                 if _inside(spans, m.start(), m.end()):
                     tally.quoted += 1
-                elif _negated(text, m.start()):
+                elif _negated(text, m.start(), m.end()):
                     tally.negated += 1
                     negated = True
                 if code in HOST_CODES and not negated and len(tally.hosts) < _MAX_HOSTS:
