@@ -14,7 +14,9 @@ exactly 40 base64 characters, Discord-prefix runs, invisible characters between 
 an 18-fold NFKC expander), those of issue 26's rules (credential slots full of placeholders
 or code, each judged in Python up to the slot budget; an unclosed quote after a key; runs of
 curl flags and of DSN-like colons; look-alike letters; line separators and control
-characters between letters), ordinary prose, and a typical capture's strings. ``python -m
+characters between letters), issue 57's (soups of rule words in mixed case, and folded from
+full-width letters, that sent RE2 to its NFA; ``-----BEGIN`` runs; unterminated values), ordinary
+prose, and a typical capture's strings. ``python -m
 tools.bench`` runs this too (``--no-scanner`` skips it) and stores it under ``"scanner"``.
 
 The shapes depend only on this file, so the same run can measure an older scanner: put this
@@ -90,7 +92,34 @@ def shapes(n_bytes: int, rng: random.Random | None = None) -> dict[str, str]:
         "cyrillic_prose": _fill("Мы храним пароль в хранилище, а токен API меняем каждые 90 дней. ", n_bytes),
         "separator_between_letters": _fill("ghp\u2028", n_bytes),
         "control_between_letters": _fill("ghp\x00", n_bytes),
+        # issue 57 item 8: soups of rule words in mixed case (the slot rules' values run to the
+        # end of the text: 55 ms per MiB each on RE2's NFA; the AWS assignment and private-key
+        # rules' DFA states multiplied), the same folded from full-width letters, and other shapes
+        "mixed_case_key_soup": _soup(["password", "API", "SECRET", "A", "=", "Key", "pass", ";"], n_bytes, rng),
+        "aws_assignment_soup": _soup(["AwS", "x", "kEy", ":", "="], n_bytes, rng),
+        "aws_tab_soup": _soup(["\t", ":", "sk-", "AWS", "secret"], n_bytes, rng),
+        "all_slow_rules_soup": _soup(["AwS", "x", "kEy", ":", "=", "password", "SECRET", "pass"], n_bytes, rng),
+        "fullwidth_key_soup": _full_width(_soup(["AwS", "x", "kEy", ":", "=", "password", "SECRET", "pass"],
+                                                n_bytes // 3, rng)),
+        "fullwidth_letters": _fill("".join(chr(0xFF21 + i) + chr(0xFF41 + i) for i in range(26)), n_bytes),
+        "pem_begin_run": _soup(["-----BEGIN", " "], n_bytes, rng, [6, 4]),
+        "atlassian_prefix_run": _soup(["ATATT3", "a", ":"], n_bytes, rng, [50, 48, 2]),
+        "unterminated_value": "password=" + _fill("a", n_bytes - 9),
+        "base64_long_run": _random(B64, n_bytes, rng),
+        "near_miss_prefixes": _fill("AKIA ghp_ sk- xoxb- glpat- eyJ AIza hf_ npm_ ", n_bytes),
+        "separator_runs": _fill("secret:", n_bytes),
+        "confusable_soup": _fill("\u0440\u0430\u0455\u0455\u0461\u043e\u0433\u0501=", n_bytes),
     }
+
+
+def _soup(words: list[str], n_bytes: int, rng: random.Random, weights: list[int] | None = None) -> str:
+    """Words drawn at random (ASCII), about ``n_bytes`` long."""
+    return "".join(rng.choices(words, weights, k=n_bytes))[:n_bytes]
+
+
+def _full_width(text: str) -> str:
+    """ASCII's printable characters as their full-width forms (U+FF01..U+FF5E), which NFKC folds back."""
+    return "".join(chr(ord(c) - 0x21 + 0xFF01) if "!" <= c <= "~" else c for c in text)
 
 
 def measure(sizes: tuple[int, ...] | list[int] = DEFAULT_SIZES, reps: int = 30,
