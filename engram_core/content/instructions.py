@@ -112,6 +112,16 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
      r"(?:the\s+|all\s+|any\s+|future\s+|every\s+|each\s+|other\s+|whichever\s+)*" + _AI_READER + r"\b"),
     ("AGENT_ADDRESSED", r"(?i)\b" + _AI_STRICT + r"s?\s+" + _DIRECTIVE + r"\b"),
     ("AGENT_ADDRESSED",
+     r"(?i)\b(?:dear|hey|hi|hello|attention|psst|listen|ok|okay|yo)\s*,?\s+(?:the\s+|all\s+|any\s+)?" + _AI_READER + r"\s*[,:!]"),
+    ("AGENT_ADDRESSED", r"(?i)\(\s*(?:the\s+)?(?:ai|agent|assistant|model|llm|bot|copilot)s?\s*\)\s*[:,]"),
+    ("AGENT_ADDRESSED",
+     r"(?i)\b(?:any|every|each|all)\s+(?:ai\s+(?:agents?|assistants?|models?)|assistants?|llms?|language models?|ai)\b"
+     r"[^.\n]*?\b(?:must|should|shall|needs? to|has to|have to|is to|are to)\b"),
+    ("AGENT_ADDRESSED",
+     r"(?i)\b(?:ai\s+)?" + _AI + r"s?\s+(?:that\s+|who\s+|which\s+)?(?:is\s+|are\s+)?(?:using|reading|accessing|querying|"
+     r"consulting|searching)\s+(?:this|these|our)\s+(?:knowledge base|kb|memory|memories|workspace|store|data|information|"
+     r"documents?|notes?|page|file|context|thread)\b"),
+    ("AGENT_ADDRESSED",
      r"(?i)\b(?:future|next|later|subsequent)\s+(?:sessions?|conversations?|chats?|agents?|assistants?|instances?|runs?)\s*"
      r"(?:[:,]|" + _DIRECTIVE + r"\b)"),
     ("AGENT_ADDRESSED",
@@ -149,9 +159,16 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
      r"(?:the\s+|your\s+|this\s+)?system\s+prompt\b|\bsystem\s+prompt\s*:"),
     ("OVERRIDE_PHRASE", r"(?i)\b(?:ignore|disregard|forget)\s+(?:all\s+|everything\s+|anything\s+)?(?:of\s+)?the\s+(?:above|previous|prior|preceding|earlier)\b"),
     ("OVERRIDE_PHRASE",
-     r"(?i)\b(?:previous|prior|earlier|old|original|all other|other|existing)\s+(?:instructions?|guidance|rules|directives?|"
-     r"guidelines|prompts?|policies)\s+(?:is|are)\s+(?:now\s+)?(?:obsolete|void|invalid|cancel+ed|revoked|superseded|"
-     r"no longer valid|no longer apply|outdated|replaced)|\bthe only (?:valid|real|true) (?:instruction|rule|directive)\b"),
+     r"(?i)\b(?:previous|prior|earlier|old|original|all other|other|existing|above|safety|system)\s+(?:\w+\s+)?"
+     r"(?:instructions?|directives?|prompts?|guardrails|restrictions)\s+(?:(?:is|are|have been|has been)\s+)?(?:now\s+)?"
+     r"(?:obsolete|void|invalid|cancel+ed|revoked|superseded|no longer (?:valid|apply|applies|in effect|matter)|outdated|"
+     r"replaced|lifted|suspended|disabled)|\bthe only (?:valid|real|true) (?:instruction|rule|directive)\b"),
+    ("OVERRIDE_PHRASE",
+     r"(?i)\b(?:stop|quit|cease)\s+(?:following|obeying|applying)\s+(?:your|the|all|any|these|those|previous|prior)\s+"
+     r"(?:\w+\s+)?(?:instructions?|guidelines|rules|directives?|policies|prompts?|guardrails)\b"),
+    ("OVERRIDE_PHRASE",
+     r"(?i)\b(?:forget|ignore|disregard)\s+(?:everything|anything|all(?: of)? (?:that|what))\s+(?:you\s+(?:were|have been|was|got)\s+"
+     r"(?:told|taught|instructed|given)|(?:said|written|stated|above)|(?:before|above|earlier))"),
     ("OVERRIDE_PHRASE",
      r"(?i)\b(?:these|this|the following)\s+(?:instructions?|rules?|directives?|notes?|memor(?:y|ies))\s+"
      r"(?:take|takes|have|has)\s+(?:precedence|priority)\b"),
@@ -168,13 +185,16 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     ("ROLE_MARKUP",
      r"(?i)</?\s*(?:system|assistant|user|tool|developer|human|memory|memories|instructions?|context|im_start|im_end|"
      r"function_calls?|function_results?|tool_calls?|tool_results?|tool_use|admin|sys)\b[^<>\n]*>"),
-    ("ROLE_MARKUP", r"(?i)\[/?\s*(?:inst|sys|system|system note|system message|admin|admin note|assistant)\s*\]"),
+    ("ROLE_MARKUP", r"(?i)\[/?\s*(?:inst|sys|system|system note|system message|admin note|admin message|assistant)\s*\]"),
     ("ROLE_MARKUP", r"<\|[A-Za-z_]{2,20}\|>|<<\s*/?SYS\s*>>"),
     ("ROLE_MARKUP", r"(?im)^\s*#{1,6}\s*(?:system|assistant|developer|instructions?)\b\s*(?:message|prompt)?\s*:?\s*$"),
     ("ROLE_MARKUP", r"(?im)^\s*#{1,6}\s*(?:system|assistant|developer)\s*(?:message|prompt)?\s*:"),
     ("ROLE_MARKUP", r"(?im)^\s*(?:system|developer|admin|administrator)\s*(?:message|prompt|note|override|update|notice|alert|instructions?)?\s*:"),
     ("ROLE_MARKUP",
-     r"(?i)\[[^\]\n]*\b(?:system|admin|administrator|developer|operator|moderator|instructions?)\b[^\]\n]*\](?:[^(\[]|$)"),
+     r"(?i)\[[^\]\n]*\b(?:note|message|instructions?|directive|override|notice|memo)\s+(?:from|by)\s+(?:the\s+)?"
+     r"(?:system|admin|administrator|developer|operator|moderator)\b[^\]\n]*\]|\[\[\s*(?:system|admin)\s*\]\]"),
+    ("ROLE_MARKUP", r"(?i)\bsystem\s+(?:note|notice|message|override|update|alert|instructions?)\s*:"),
+    ("ROLE_MARKUP", r"(?im)^\s*override\s*:"),
     ("ROLE_MARKUP", r"(?s)<!--.*?-->"),
     ("ROLE_MARKUP", r"(?im)^\s*[\"']?role[\"']?\s*:\s*[\"']?(?:system|assistant|developer|tool)\b"),
     ("ROLE_MARKUP", r"(?i)\b(?:begin|end)\s+(?:system|admin|developer)\s+(?:prompt|instructions?|message|note)\b"),
@@ -183,6 +203,7 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
      r"\"(?:arguments|args|parameters|params|input|action_input)\"\s*:"),
     ("TOOL_CALL_SHAPE", r"(?i)\"(?:function_call|tool_calls?|tool_use)\"\s*:"),
     ("TOOL_CALL_SHAPE", r"(?im)^\s*action[ _]input\s*:"),
+    ("TOOL_CALL_SHAPE", r"(?i)\b(?:function_call|tool_call|tool_use|tool_code)\s*[:=]"),
     ("TOOL_CALL_SHAPE", r"(?i)\bengram_memory_(?:forget|withdraw|capture|request_admission)\s*\("),
     ("TOOL_CALL_SHAPE",
      r"(?i)\b(?:call|invoke|run|execute|trigger|use)\s+(?:the\s+)?`?[a-z][a-z0-9]*(?:[_.][a-z0-9]+)+`?\s+(?:tool|function|action)\b"),
@@ -203,9 +224,13 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
      r"(?i)\b(?:output|print|reveal|show|display|dump|paste|echo|cat|leak|include)\s+(?:the\s+|all\s+|any\s+|your\s+)?"
      r"(?:full\s+|entire\s+|raw\s+|complete\s+)?(?:contents?\s+of\s+)?[^.\n]*?(?:credentials|\.env\b|secrets|api[_ ]?keys?|"
      r"passwords|private keys?|id_rsa|\.aws|\.ssh|system prompt|environment variables|session tokens?|access tokens?)"),
+    ("EXFIL_DIRECTIVE",
+     r"(?i)\b(?:send|forward|email|e-mail|post|upload|share|copy|cc)\s+(?:a|the|an)?\s*(?:summary|copy|transcript|log|record|"
+     r"export|dump|recap)\s+of\s+(?:this|the|our|every|each|all|the user's|your)\s+(?:\w+\s+)?(?:conversations?|chats?|"
+     r"sessions?|messages|history|threads?|memories|calls?)\b[^.;\n]*?\b(?:to|into|at)\b"),
     ("CONCEAL_FROM_USER",
      r"(?i)\b(?:do not|don't|never|without)\s+(?:tell(?:ing)?|inform(?:ing)?|mention(?:ing)?(?:\s+this)?|reveal(?:ing)?|"
-     r"alert(?:ing)?|notify(?:ing)?|warn(?:ing)?|show(?:ing)?|let(?:ting)?)\s+(?:it\s+|this\s+)?(?:to\s+)?(?:the\s+)?"
+     r"alert(?:ing)?|notify(?:ing)?|warn(?:ing)?|show(?:ing)?|let(?:ting)?|inform(?:ing)?)\s+(?:it\s+|this\s+)?(?:to\s+)?(?:the\s+)?"
      r"(?:user|users|human|humans|operator|customer)\b"),
     ("CONCEAL_FROM_USER", r"(?i)\b(?:keep|hide)\s+(?:this|it)\s+(?:secret\s+|hidden\s+)?from\s+(?:the\s+)?(?:user|human|operator)s?\b"),
     # -- hidden text -------------------------------------------------------------------------

@@ -14,7 +14,8 @@ the comparison reports the evidence of a *different* decision:
 * ``polarity_differs``: one text negates or flips what the other says (not/never/no, enable vs
   disable, allow vs deny, sync vs async ...).
 * ``slot_edit``: the two texts are the same words in the same order except one short span
-  replaced by another (a template with one slot changed): a different value, not a restatement.
+  replaced by another, or a few words replaced in place (a template filled in with other values),
+  the words replaced being content words: a different value, not a restatement.
 * ``subject_changed``: each text names a thing the other does not (a word the dictionary —
   WordNet, as the lexical channel's thesaurus reads it — does not know, or knows only as a noun;
   synonyms and words of one stem aside): the same sentence about another service, person or
@@ -71,6 +72,11 @@ _OPPOSITES = (("on", "off"), ("allow", "deny"), ("sync", "async"), ("up", "down"
 _DISTINCT_SHAPE = re2.compile(r"[0-9]|[A-Za-z][._/:-]+[A-Za-z0-9]|_|^--?[a-z]")
 _WORD = re2.compile(r"[\w./:+#@-]+")
 _SENTENCE_END = frozenset(".!?:;\n")
+# Function words the stop list does not have, which WordNet does not know as content words.
+_FUNCTION_WORDS = frozenset("""
+via per etc vs versus upon within without across toward towards onto amongst whilst thus hence
+also still now then yet already even else instead either neither whether though although unless
+""".split())
 _SLOT_MAX = 3  # the longest span (in words) a template edit replaces
 
 
@@ -167,15 +173,21 @@ def _term_words(p: TextProfile, terms: frozenset[str]) -> dict[str, str]:
     """A word of ``p`` for each of ``terms`` (its first occurrence)."""
     out: dict[str, str] = {}
     for w in dict.fromkeys(p.words):
-        if w.isalpha() and w not in STOP_WORDS and w not in QUERY_WORDS:
+        if w.isalpha() and w not in STOP_WORDS and w not in QUERY_WORDS and w not in _FUNCTION_WORDS:
             t = _term_of(w)
             if t in terms and t not in out:
                 out[t] = w
     return out
 
 
+def _content(words: tuple[str, ...]) -> bool:
+    return any(w not in STOP_WORDS and w not in QUERY_WORDS and w not in _FUNCTION_WORDS for w in words)
+
+
 def _slot_edit(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
-    """Same words in the same order but one short span replaced by a different one."""
+    """Same words in the same order but one short span replaced by a different one, or (texts of
+    as many words) a few words replaced in place, where the words replaced say something (not
+    "a" for "the"): a template filled in with other values, not a restatement."""
     n = min(len(a), len(b))
     prefix = 0
     while prefix < n and a[prefix] == b[prefix]:
@@ -184,14 +196,19 @@ def _slot_edit(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     while suffix < n - prefix and a[len(a) - 1 - suffix] == b[len(b) - 1 - suffix]:
         suffix += 1
     gap_a, gap_b = len(a) - prefix - suffix, len(b) - prefix - suffix
-    return 0 < gap_a <= _SLOT_MAX and 0 < gap_b <= _SLOT_MAX
+    if 0 < gap_a <= _SLOT_MAX and 0 < gap_b <= _SLOT_MAX:
+        return _content(a[prefix:len(a) - suffix]) or _content(b[prefix:len(b) - suffix])
+    if len(a) != len(b):
+        return False
+    differ = [i for i in range(len(a)) if a[i] != b[i]]
+    return 0 < len(differ) <= max(2, len(a) // 5) and _content(tuple(a[i] for i in differ) + tuple(b[i] for i in differ))
 
 
 def _subject_changed(a: TextProfile, b: TextProfile) -> bool:
     """The texts name different things: after the words each has that the other lacks are paired
     off where they say the same in other words (one stem, "data" and "database"; synonyms or a
     broader sense, "client" and "customer"), both still name a thing the other does not, or one
-    does and the two differ in as many words, at most three ("feature store" for "warehouse
+    does and the two differ in as many words, two or three ("feature store" for "warehouse
     loader"). A paraphrase changes verbs and order, not what is named."""
     only_a = _term_words(a, a.terms - b.terms)
     only_b = _term_words(b, b.terms - a.terms)
@@ -204,7 +221,7 @@ def _subject_changed(a: TextProfile, b: TextProfile) -> bool:
     named_b = any(_names_a_thing(w) for w in only_b.values())
     if named_a and named_b:
         return True
-    return (named_a or named_b) and 0 < len(only_a) == len(only_b) <= 3
+    return (named_a or named_b) and 2 <= len(only_a) == len(only_b) <= 3
 
 
 def _flipped(a: tuple[tuple[str, int], ...], b: tuple[tuple[str, int], ...]) -> bool:
