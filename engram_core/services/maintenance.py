@@ -367,7 +367,11 @@ class MaintenanceService:
         with self.core.store.read() as tx:
             cands = tx.candidates_in_state(tenant, workspace, "pending_adjudication")
             reasons: dict[str, set[str]] = {}
-            for e in tx.events(tenant, workspace, 0, None):
+            # A candidate's admission events follow its capture: read the journal from the oldest
+            # pending capture on, not from the scope's first event (the console's review queue at
+            # 100k records in a scope, issue 61).
+            first = min((c.cursor for c in cands), default=None)
+            for e in tx.events(tenant, workspace, first, None) if first is not None else ():
                 if e.operation == "adjudication_required":
                     codes = reasons.setdefault(e.target, set())
                     for d in e.body.get("decisions", []):
