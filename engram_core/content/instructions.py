@@ -270,22 +270,24 @@ HOST_CODES = frozenset({"PIPE_TO_SHELL", "EXFIL_URL"})
 CODES = tuple(dict.fromkeys(code for code, _ in CATALOGUE))
 
 _NEGATION = re2.compile(
-    r"(?i)\b(?:never|not|don't|dont|do not|doesn't|must not|mustn't|shouldn't|should not|cannot|can't|avoid|avoiding|"
-    r"stop|stopped|no longer|instead of|rather than|forbid|forbidden|prohibit|prohibited|ban|banned|disallow|"
-    r"without|refuse|reject|rejected|warn|warning|dangerous|unsafe|insecure|bad practice|anti-pattern)\b")
+    rb"(?i)\b(?:never|not|don't|dont|do not|doesn't|must not|mustn't|shouldn't|should not|cannot|can't|avoid|avoiding|"
+    rb"stop|stopped|no longer|instead of|rather than|forbid|forbidden|prohibit|prohibited|ban|banned|disallow|"
+    rb"without|refuse|reject|rejected|warn|warning|dangerous|unsafe|insecure|bad practice|anti-pattern)\b")
 _NEGATION_AFTER = re2.compile(
-    r"(?i)\b(?:must|should|shall|can|may|will)\s+(?:never|not)\b|\b(?:mustn't|shouldn't|can't|won't)\b|"
-    r"\b(?:is|are)\s+(?:forbidden|prohibited|banned|not allowed|not permitted|dangerous|unsafe|insecure|a bad idea)\b")
-_SENTENCE_END = re2.compile(r"[.!?;\n]")
+    rb"(?i)\b(?:must|should|shall|can|may|will)\s+(?:never|not)\b|\b(?:mustn't|shouldn't|can't|won't)\b|"
+    rb"\b(?:is|are)\s+(?:forbidden|prohibited|banned|not allowed|not permitted|dangerous|unsafe|insecure|a bad idea)\b")
+_SENTENCE_END = re2.compile(rb"[.!?;\n]")
 _QUOTED = re2.compile(
-    r"(?s)```.*?```|`[^`\n]+`|\"[^\"\n]+\"|\x{201C}[^\x{201D}\n]+\x{201D}|"
-    r"\x{2018}[^\x{2019}\n]+\x{2019}|(?:^|[\s(\[:])'[^'\n]+'")
+    br"(?s)```.*?```|`[^`\n]+`|\"[^\"\n]+\"|\x{201C}[^\x{201D}\n]+\x{201D}|"
+    br"\x{2018}[^\x{2019}\n]+\x{2019}|(?:^|[\s(\[:])'[^'\n]+'")
 _URL_HOST = re2.compile(r"(?i)\b(?:https?|ftp)://(?:[^\s/@?#]*@)?([a-z0-9][a-z0-9.-]*[a-z0-9]|[a-z0-9])")
 _BARE_HOST = re2.compile(r"(?i)(?:^|[\s\"'=])((?:[a-z0-9][a-z0-9-]*\.)+[a-z]{2,24})(?:[:/\s\"']|$)")
 _LOOKBACK = 60
 _MAX_HOSTS = 8
 
-COMPILED: tuple[tuple[str, Any], ...] = tuple((code, re2.compile(pattern)) for code, pattern in CATALOGUE)
+# Compiled for UTF-8 bytes: match offsets are byte offsets, so examining a match costs the same
+# wherever it is (offsets into a ``str`` are mapped back from bytes at each match).
+COMPILED: tuple[tuple[str, Any], ...] = tuple((code, re2.compile(pattern.encode())) for code, pattern in CATALOGUE)
 
 
 def _prefilter() -> Any:
@@ -296,7 +298,7 @@ def _prefilter() -> Any:
     options.max_mem = 64 << 20
     rules = re2.Set.SearchSet(options)
     for _, pattern in CATALOGUE:
-        rules.Add(pattern)
+        rules.Add(pattern.encode())
     rules.Compile()
     return rules
 
@@ -313,7 +315,7 @@ class _Tally:
     hosts: set[str] = field(default_factory=set)
 
 
-def _quoted_spans(text: str) -> tuple[list[int], list[int]]:
+def _quoted_spans(text: bytes) -> tuple[list[int], list[int]]:
     starts: list[int] = []
     ends: list[int] = []
     for m in _QUOTED.finditer(text):
@@ -328,7 +330,7 @@ def _inside(spans: tuple[list[int], list[int]], start: int, end: int) -> bool:
     return i >= 0 and ends[i] >= end
 
 
-def _negated(text: str, start: int, end: int) -> bool:
+def _negated(text: bytes, start: int, end: int) -> bool:
     """A negation earlier in the match's sentence, within ``_LOOKBACK`` characters, or one that
     follows it there ("``GIT_SSL_NO_VERIFY`` must never be set")."""
     window = text[max(0, start - _LOOKBACK):start]
@@ -344,17 +346,19 @@ def _negated(text: str, start: int, end: int) -> bool:
     return _NEGATION_AFTER.search(after[:stop.start()] if stop else after) is not None
 
 
-def _hosts(matched: str) -> set[str]:
+def _hosts(raw: bytes) -> set[str]:
+    matched = raw.decode("utf-8", "replace")
     hosts = {m.group(1).lower().rstrip(".") for m in _URL_HOST.finditer(matched)}
     if not hosts:
         hosts = {m.group(1).lower() for m in _BARE_HOST.finditer(matched)}
     return {h for h in hosts if len(h) <= 253}
 
 
-_HEX = re2.compile(r"[0-9a-fA-F]+")
+_HEX = re2.compile(rb"[0-9a-fA-F]+")
+_MAX_EXAMINED = 64  # matches examined per rule and component: counts saturate there
 
 
-def _is_blob(run: str) -> bool:
+def _is_blob(run: bytes) -> bool:
     """A base64-like run of 120+ characters, or a hex run of 128+ (digests and ids are shorter)."""
     if _HEX.fullmatch(run):
         return len(run) >= 128
@@ -366,12 +370,17 @@ def scan(components: Iterable[tuple[str, str]]) -> list[dict[str, Any]]:
     ``{"code", "count", "quoted", "negated", "kinds"}`` and, for ``HOST_CODES``, ``"hosts"``.
     ``quoted``: matches inside quotes; ``negated``: matches not quoted that follow a negation in
     their sentence; so ``count - quoted - negated`` matches stand plainly. ``hosts`` holds the
-    hosts of matches not negated (``""`` for one whose host could not be read)."""
+    hosts of matches not negated (``""`` for one whose host could not be read). At most
+    ``_MAX_EXAMINED`` matches of a rule are examined per component (a count says "at least"):
+    the work per text stays linear whatever it repeats."""
     tallies: dict[str, _Tally] = {}
-    for kind, text in components:
+    for kind, chars in components:
+        text = chars.encode("utf-8", "surrogatepass")
         spans: tuple[list[int], list[int]] | None = None
         for code, regex in (COMPILED[i] for i in sorted(RULE_SET.Match(text) or ())):
-            for m in regex.finditer(text):
+            for examined, m in enumerate(regex.finditer(text)):
+                if examined == _MAX_EXAMINED:
+                    break
                 if spans is None:
                     spans = _quoted_spans(text)
                 if code == "ENCODED_BLOB" and not _is_blob(m.group(0)):

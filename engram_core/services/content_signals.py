@@ -34,6 +34,7 @@ SIMILAR_LIMIT = 3  # records opened per channel (lexical, semantic)
 QUERY_TERMS = 128  # the candidate's distinct terms asked of the index, at most
 MIN_LEXICAL = 0.2  # below this a record is not reported as similar (unless semantically)
 MIN_SEMANTIC = 0.5
+ALL_COMMITTED = 1 << 62  # a cursor beyond any: the index's committed records, however recent
 
 
 def _components(effective: dict[str, Any]) -> list[tuple[str, str]]:
@@ -72,8 +73,7 @@ class ContentSignals:
                 *, now: int, vector: Callable[[], list[float] | None]) -> list[dict[str, Any]]:
         text = "\n".join(c["text"] for c in effective["components"])
         terms = sorted({self.core.hasher.term(t) for t in analyze(text)})[:QUERY_TERMS]
-        scope = tx.scope(tenant, workspace)
-        cursor = scope.last_cursor if scope else 0
+        cursor = ALL_COMMITTED  # every record the index holds (no read of the scope's cursor)
         found: dict[str, float | None] = {}
         if terms:
             stats = tx.lexical_stats(tenant, workspace, terms)

@@ -34,8 +34,6 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-import re2
-
 from engram_core.services import thesaurus
 from engram_core.services.lexical import QUERY_WORDS, STOP_WORDS, analyze, tokenize
 
@@ -69,8 +67,6 @@ _POLARITY = {
 _OPPOSITES = (("on", "off"), ("allow", "deny"), ("sync", "async"), ("up", "down"), ("add", "remove"),
               ("before", "after"), ("min", "max"), ("public", "private"), ("required", "optional"),
               ("start", "stop"), ("open", "close"), ("keep", "remove"))
-_DISTINCT_SHAPE = re2.compile(r"[0-9]|[A-Za-z][._/:-]+[A-Za-z0-9]|_|^--?[a-z]")
-_WORD = re2.compile(r"[\w./:+#@-]+")
 _SENTENCE_END = frozenset(".!?:;\n")
 # Function words the stop list does not have, which WordNet does not know as content words.
 _FUNCTION_WORDS = frozenset("""
@@ -94,28 +90,46 @@ class TextProfile:
     family_refs: frozenset[str]
 
 
-def _surface(text: str) -> set[str]:
-    return {unicodedata.normalize("NFKC", m.group(0).strip(".:/-")).casefold() for m in _WORD.finditer(text)}
+_EDGE = "\"'()[]{}<>,;!?*`\u201c\u201d\u2018\u2019"
 
 
-def _distinct(text: str) -> set[str]:
-    out: set[str] = set()
-    sentence_start = True
-    for m in _WORD.finditer(text):
-        raw = m.group(0).strip(".:/-")
-        if not raw:
-            continue
+def _tokens(text: str) -> list[tuple[str, bool]]:
+    """The text's tokens (split at spaces, surrounding punctuation off), each with whether it
+    starts a sentence. String methods only: one pass, no pattern."""
+    out: list[tuple[str, bool]] = []
+    for line in text.splitlines():
+        start = True
+        for chunk in line.split():
+            raw = chunk.strip(_EDGE).strip(".:/-")
+            if raw[-2:] in ("'s", "\u2019s"):  # a possessive: the name itself
+                raw = raw[:-2]
+            if raw:
+                out.append((raw, start))
+            start = chunk.rstrip(_EDGE)[-1:] in _SENTENCE_END if chunk.rstrip(_EDGE) else start
+    return out
+
+
+def _shaped(raw: str) -> bool:
+    """A token shaped like a number, a version, an identifier, a path, a host or a flag."""
+    if raw.isalpha():
+        return False
+    if any(c.isdigit() for c in raw) or "_" in raw or raw.startswith("-"):
+        return True
+    return any(c in "./:-" and 0 < i < len(raw) - 1 and raw[i - 1].isalpha() for i, c in enumerate(raw))
+
+
+def _surface_and_distinct(text: str) -> tuple[set[str], set[str]]:
+    surface: set[str] = set()
+    distinct: set[str] = set()
+    for raw, sentence_start in _tokens(text):
         folded = unicodedata.normalize("NFKC", raw).casefold()
-        if (_DISTINCT_SHAPE.search(raw) or folded in _NUMBER_WORDS
+        surface.add(folded)
+        if (_shaped(raw) or folded in _NUMBER_WORDS
                 or (raw[0].isupper() and not sentence_start and raw != "I")
                 or (len(raw) > 1 and raw.isupper() and raw.isalpha())
                 or any(c.isupper() for c in raw[1:])):
-            out.add(folded)
-        # The next word starts a sentence when this one ended one.
-        end_char = text[m.end() - 1] if m.end() > 0 else ""
-        nxt = text[m.end()] if m.end() < len(text) else ""
-        sentence_start = end_char in _SENTENCE_END or nxt in _SENTENCE_END
-    return out
+            distinct.add(folded)
+    return surface, distinct
 
 
 def profile(effective: dict[str, Any]) -> TextProfile:
@@ -123,11 +137,12 @@ def profile(effective: dict[str, Any]) -> TextProfile:
     texts = [c["text"] for c in effective["components"]]
     joined = "\n".join(texts)
     words = tuple(tokenize(joined))
+    surface, distinct = _surface_and_distinct(joined)
     primary = next((c for c in effective["components"] if c["component_id"] == effective.get("primary_component_id")), {})
     return TextProfile(
         terms=frozenset(analyze(joined)),
-        distinct=frozenset(_distinct(joined)),
-        surface=frozenset(_surface(joined)),
+        distinct=frozenset(distinct),
+        surface=frozenset(surface),
         polarity=tuple(sorted(Counter(_POLARITY[w] for w in words if w in _POLARITY).items())),
         words=words,
         normalized=tuple(sorted(" ".join(tokenize(t)) for t in texts)),
