@@ -94,7 +94,7 @@ def test_forget_without_confirmation_is_protocol_refusal(ana: Client) -> None:
     {"approved_at_ms": -1},                          # executed more than 30 s after approval (set below)
 ])
 def test_confirmation_that_does_not_verify_is_gate_failed(ana: Client, mutation: dict) -> None:
-    args = _forget_setup(ana, f"Gate: the badger runs {sorted(mutation)} case.")
+    args = _forget_setup(ana, f"Gate: the badger runs {mutation} case.")
     if mutation.get("approved_at_ms") == -1:
         mutation = {"approved_at_ms": now_ms() - 31_000}
     grant = ana.grant("forget", args, **mutation)

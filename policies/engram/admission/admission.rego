@@ -197,7 +197,10 @@ _restates(s) if {
 	object.get(s, "semantic", 0) >= _near.semantic
 }
 
+# A record of a reconciliation family the candidate names too is its reconciliation's business
+# (the newcomer may supersede it): only the same text restates it.
 _unchanged(s) if {
+	s.same_family == false
 	not _swapped(s)
 	s.distinct_added + s.distinct_missing <= _near.max_distinct_changes
 	s.polarity_differs == false

@@ -210,6 +210,11 @@ test_short_texts_are_never_restatements if {
 		with input as _in({"similar": [_sim({"same_text": true, "lexical": 1})]})
 }
 
+test_same_text_in_the_same_family_is_still_a_restatement if {
+	admission.decision == {"decision": "reject", "reasons": [_r("NEAR_DUPLICATE_OF_CURRENT", _near_msg)]}
+		with input as _near_in(8, [_sim({"same_text": true, "same_family": true})])
+}
+
 test_a_context_said_again_is_another_event if {
 	admission.decision == {"decision": "accept", "reasons": []}
 		with input as _in({"primary_kind": "context", "text_terms": 9, "similar": [_sim({"same_text": true, "lexical": 1})]})
@@ -234,6 +239,7 @@ test_near_miss_is_a_different_decision_accepted if {
 		{"lexical": 0.95, "polarity_differs": true},
 		{"lexical": 0.95, "slot_edit": true},
 		{"lexical": 0.95, "subject_changed": true},
+		{"lexical": 0.95, "same_family": true},
 		{"lexical": 0.8, "semantic": 0.97, "distinct_shared": 2, "distinct_added": 2, "distinct_missing": 1},
 		{"lexical": 0.8, "distinct_shared": 2, "distinct_missing": 2},
 		{"lexical": 0.8, "semantic": 0.95, "distinct_shared": 1, "distinct_added": 2},
