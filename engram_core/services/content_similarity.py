@@ -12,7 +12,8 @@ the comparison reports the evidence of a *different* decision:
   paraphrase keeps its names and numbers (it may drop or add one); a near miss swaps one: both
   an added and a missing one.
 * ``polarity_differs``: one text negates or flips what the other says (not/never/no, enable vs
-  disable, allow vs deny, sync vs async ...).
+  disable, allow vs deny, sync vs async ...), or the candidate names something new and says it
+  changed ("DuckDB instead of SQLite") where the record says no change.
 * ``slot_edit``: the two texts are the same words in the same order except one short span
   replaced by another, or a few words replaced in place (a template filled in with other values),
   the words replaced being content words: a different value, not a restatement.
@@ -249,6 +250,19 @@ def _flipped(a: tuple[tuple[str, int], ...], b: tuple[tuple[str, int], ...]) -> 
     return any((more_a[x] and more_b[y]) or (more_a[y] and more_b[x]) for x, y in _OPPOSITES)
 
 
+_CHANGE_WORDS = frozenset("""
+instead replaced replaces replacing switched switching migrated migrating moved deprecated retired
+anymore superseded supersedes
+""".split())
+
+
+def _updates(cand: TextProfile, other: TextProfile) -> bool:
+    """The candidate names something new and says it changed ("DuckDB instead of SQLite", "moved
+    to Dagster") where the record does not: an update, not a restatement."""
+    return bool(cand.distinct - other.surface) and bool(_CHANGE_WORDS & set(cand.words)) \
+        and not _CHANGE_WORDS & set(other.words)
+
+
 def compare(cand: TextProfile, other: TextProfile) -> dict[str, Any]:
     """The comparison facts of ``cand`` against a current record's ``other`` (see the module)."""
     shared = len(cand.terms & other.terms)
@@ -265,7 +279,7 @@ def compare(cand: TextProfile, other: TextProfile) -> dict[str, Any]:
         "distinct_shared": len((cand.distinct | other.distinct) & cand.surface & other.surface),
         "distinct_added": len(cand.distinct - other.surface),
         "distinct_missing": len(other.distinct - cand.surface),
-        "polarity_differs": _flipped(cand.polarity, other.polarity),
+        "polarity_differs": _flipped(cand.polarity, other.polarity) or _updates(cand, other),
         "slot_edit": _slot_edit(cand.words, other.words),
         "subject_changed": _subject_changed(cand, other),
     }

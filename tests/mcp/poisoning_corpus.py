@@ -388,6 +388,7 @@ DUPLICATES: list[tuple[str, str]] = [
 
 # (a, b): the same component, a different decision: both must be admitted.
 NEAR_MISSES: list[tuple[str, str]] = [
+    ('Build artifacts are stored in Artifactory.', 'Build artifacts are stored in S3 instead of Artifactory.'),
     ('We use GitHub Actions for CI.', 'We use GitLab CI for CI.'),
     ('Session cookies issued by the gateway expire after 15 minutes.', 'Session cookies issued by the gateway expire after 60 minutes.'),
     ('Staging is refreshed from production every night.', 'Staging is refreshed from production every week.'),

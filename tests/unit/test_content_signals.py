@@ -134,6 +134,11 @@ def test_restatement_and_near_miss_facts():
     assert negated["polarity_differs"]
     slot = compare(_p("I went to the gym yesterday."), _p("I went to the gym today."))
     assert slot["slot_edit"] and not slot["polarity_differs"]
+    update = compare(_p("We store memory in DuckDB instead of SQLite."), _p("We store memory in SQLite."))
+    assert update["polarity_differs"] and update["distinct_added"] == 1
+    subject = compare(_p("Every new endpoint in feature store needs a property test before review."),
+                      _p("Every new endpoint in warehouse loader needs a property test before review."))
+    assert subject["slot_edit"] or subject["subject_changed"]
     kinds = compare(_p("x y z", kind="context"), _p("x y z"))
     assert kinds["same_kind"] is False and kinds["same_text"] is True
 
