@@ -270,6 +270,18 @@ def test_a_person_without_a_role_gets_nothing(world: World, browser, shots: Path
         bare.stop()
 
 
+def test_sign_out_ends_the_session(world: World, browser) -> None:
+    browser.delete_all_cookies()
+    _sign_in(browser, world.console.url, world.token)
+    browser.get(world.console.url + SCOPE + "/review")
+    old = browser.get_cookie("engram_console")["value"]
+    _submit(browser, browser.find_element(By.CSS_SELECTOR, "form.signout button"))
+    assert browser.current_url.endswith("/signin") and browser.get_cookie("engram_console") is None
+    status, headers, _ = http("GET", world.console.url + SCOPE + "/review", cookie=f"engram_console={old}")
+    assert status == 303 and headers["location"] == "/signin"  # the old cookie is worth nothing now
+    _sign_in(browser, world.console.url, world.token)
+
+
 def test_a_console_key_bound_to_one_tenant(world: World, browser, shots: Path) -> None:
     """The team set-up of docs/console.md: the console's own key, trusted for acme with read and
     maintain. Pages work; what reads the whole store says so instead (verification), or asks for
@@ -328,6 +340,8 @@ def test_sign_in_with_openid_connect(world: World, browser, shots: Path) -> None
             browser.delete_all_cookies()
             browser.get(team.url + "/signin")
             assert browser.find_elements(By.LINK_TEXT, f"Sign in with {idp.issuer}")
+            status, _, body = http("GET", team.url + "/oauth/callback?state=forged&code=forged")
+            assert status == 403 and "could not be verified" in body  # no state of this browser's
             assert not browser.find_elements(By.ID, "token")  # no local token configured
             callback, state = openid_authorize(team.url, idp.issuer, "alice", PASSWORDS["alice"])
             browser.add_cookie({"name": "engram_console_oidc", "value": state, "path": "/oauth/callback",
