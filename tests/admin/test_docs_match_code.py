@@ -29,7 +29,7 @@ from engram_core.store.duckdb.migrations import MIGRATIONS
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 ADMIN_DOC = REPO / "docs" / "admin.md"
-COMMANDS = ("serve", "mcp", "init", "doctor", "admin", "policy")
+COMMANDS = ("serve", "mcp", "init", "doctor", "admin", "policy", "console")
 ELISIONS = ("...", "…")
 _FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.M | re.S)
 _SHELL_FENCES = ("", "sh", "bash", "shell", "console")  # other fences (toml, yaml, text) only mention commands
