@@ -356,6 +356,7 @@ async def policy(request: Request, c: Console, session: Session, g: Grant, scope
             per[outcome] = per.get(outcome, 0) + 1
     decisions = [{"path": p, "revision": r, "outcomes": sorted(o.items())} for (p, r), o in sorted(counts.items())]
     return c.page("policy.html", session=session, scope=scope, grant=g, tab="policy", decisions=decisions,
+                  chart=bar_chart(decisions),
                   console_revision=c.roles.revision(), rows=len(window["rows"]), older=window["older"],
                   newer=window["newer"])
 
@@ -386,6 +387,27 @@ async def keys(request: Request, c: Console, session: Session, g: Grant, scope: 
         report = await run_in_threadpool(c.core.key_status, c.actor(session), scope["tenant"], scope["workspace"])
     destroyed = [r for r in report.get("scope", {}).get("records", []) if r.get("key") == "destroyed"]
     return c.page("keys.html", session=session, scope=scope, grant=g, status=report, destroyed=destroyed, tab="keys")
+
+
+CHART_WIDTH, BAR_HEIGHT, LABEL_WIDTH = 640, 22, 260
+
+
+def bar_chart(decisions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Geometry of a server-rendered SVG bar chart (no script): one bar per decision path and
+    revision, split by outcome, lengths relative to the largest total. The template draws it; the
+    table beside it says the same in words for screen readers."""
+    totals = [sum(n for _, n in d["outcomes"]) for d in decisions]
+    top = max(totals, default=0) or 1
+    bars = []
+    for i, (d, total) in enumerate(zip(decisions, totals, strict=True)):
+        x, parts = float(LABEL_WIDTH), []
+        for k, (outcome, n) in enumerate(d["outcomes"]):
+            w = (CHART_WIDTH - LABEL_WIDTH - 40) * n / top
+            parts.append({"x": round(x, 1), "w": round(w, 1), "outcome": outcome, "n": n, "shade": k % 4})
+            x += w
+        bars.append({"y": i * (BAR_HEIGHT + 6), "label": d["path"], "total": total, "end": round(x + 4, 1),
+                     "parts": parts})
+    return bars
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:

@@ -61,6 +61,9 @@ def _submit(browser, button) -> None:
     so nothing is read from the page being left."""
     button.click()
     WebDriverWait(browser, 30).until(staleness_of(button))
+    # The driver's own probe (DevTools, not page script: the page's CSP allows none): the new
+    # page fully loaded before anything is looked up in it.
+    WebDriverWait(browser, 30).until(lambda b: b.execute_script("return document.readyState") == "complete")
 
 
 def _after_continue(browser):
@@ -175,6 +178,8 @@ def test_policy_page(world: World, browser, shots: Path) -> None:
     rows = {tr.find_element(By.CSS_SELECTOR, "td.path").text: tr.text
             for tr in browser.find_elements(By.CSS_SELECTOR, "#decisions tbody tr")}
     assert "adjudication_required: 3" in rows["engram/admission/decision"], rows
+    bars = browser.find_elements(By.CSS_SELECTOR, "#decision-chart rect")  # the same counts, drawn (no script)
+    assert len(bars) == sum(len(r.split(": ")) - 1 for r in rows.values())
     _shot(browser, shots, "065-policy")
 
 
