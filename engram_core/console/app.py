@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -147,8 +148,6 @@ async def signin_form(request: Request) -> Response:
 
 
 def _new_token() -> str:
-    import secrets
-
     return secrets.token_urlsafe(32)
 
 
@@ -193,6 +192,9 @@ async def oidc_callback(request: Request) -> Response:
     except SignInFailed as exc:
         logger.warning("console OpenID sign-in refused: %s", exc)
         return c.page("error.html", 403, title="Sign-in refused", message="The sign-in could not be verified.")
+    except Exception as exc:  # the provider's token endpoint or key set unreachable, too slow, too big
+        logger.warning("console OpenID sign-in cannot complete: %s", exc)
+        return c.page("error.html", 502, title="Sign-in unavailable", message="The identity provider cannot be reached.")
     # A page, not a redirect: the browser arrived cross-site, and a SameSite=Strict cookie set now
     # is sent from the next same-site navigation on (which this page makes, without script).
     response = c.page("continue.html")

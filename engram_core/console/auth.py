@@ -72,6 +72,9 @@ class Sessions:
         s = Session(secrets.token_urlsafe(32), subject, issuer, claims, secrets.token_urlsafe(32),
                     time.monotonic() + self._ttl_s)
         with self._lock:
+            if len(self._by_id) >= 1024:  # drop the expired ones now and then: the table stays small
+                now = time.monotonic()
+                self._by_id = {k: v for k, v in self._by_id.items() if v.expires_at > now}
             self._by_id[s.sid] = s
         return s
 
