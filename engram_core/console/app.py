@@ -209,6 +209,7 @@ async def signout(request: Request) -> Response:
     if session is None or not same(session.csrf, str(form.get("csrf", ""))):
         return c.page("error.html", 403, session=session, title="Refused", message="Missing or wrong form token.")
     c.sessions.drop(session.sid)
+    logger.info("console sign-out: %s", session.principal)
     response = _signin_redirect()
     response.delete_cookie(c.cookie, path="/")
     return response
