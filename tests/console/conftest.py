@@ -4,7 +4,6 @@ module, one headless Chromium per module (tests/console/console_support.py)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -12,24 +11,14 @@ from console_support import (
     OTHER,
     TENANT,
     WORKSPACE,
-    ConsoleProc,
     CoreHand,
+    World,
     chrome,
     policies_copy,
     start_console,
 )
 
-from engram_core.app.composition import RunningCore, start_core
-
-
-@dataclass
-class World:
-    running: RunningCore
-    hand: CoreHand
-    console: ConsoleProc
-    token: str
-    token_file: Path
-    root: Path
+from engram_core.app.composition import start_core
 
 
 def _held_for_review(data: dict) -> None:

@@ -131,6 +131,16 @@ class ConsoleProc:
             self.process.wait()
 
 
+@dataclass
+class World:
+    running: Any  # engram_core.app.composition.RunningCore
+    hand: CoreHand
+    console: ConsoleProc
+    token: str
+    token_file: Path
+    root: Path
+
+
 def start_console(address: str, host_key: str, token_file: Path, scopes: list[str], log: Path,
                   policies: Path | None = None, env: dict[str, str] | None = None) -> ConsoleProc:
     port = free_port()

@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import World
 from console_support import (
     OTHER,
     TENANT,
     WORKSPACE,
+    World,
     free_port,
     http,
     openid_authorize,
