@@ -15,6 +15,7 @@ schemes, hosts and record ids, to the decision log); the texts compared never le
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -32,6 +33,7 @@ from engram_core.validation import parse_instant
 
 SIMILAR_LIMIT = 3  # records opened per channel (lexical, semantic)
 QUERY_TERMS = 128  # the candidate's distinct terms asked of the index, at most
+RARE_TERMS = 12  # of which the rarest in the scope rank the candidates
 MIN_LEXICAL = 0.2  # below this a record is not reported as similar (unless semantically)
 MIN_SEMANTIC = 0.5
 ALL_COMMITTED = 1 << 62  # a cursor beyond any: the index's committed records, however recent
@@ -77,6 +79,10 @@ class ContentSignals:
         found: dict[str, float | None] = {}
         if terms:
             stats = tx.lexical_stats(tenant, workspace, terms)
+            # Ranked by its rarest terms only: a restatement shares them, and the postings of
+            # common terms (most of a scope's documents) are what a long query would cost.
+            rare = sorted((n, t) for t, n in stats.df.items() if n > 0)[:RARE_TERMS]
+            stats = dataclasses.replace(stats, df={t: n for n, t in rare})
             page = tx.rank_lexical(tenant, workspace, stats, self.profile.weights, k1=self.profile.k1, b=self.profile.b,
                                    now_ms=now, half_life_ms=self.profile.half_life_ms, lexical_weight=1.0,
                                    max_accepted_cursor=cursor, best_bm25=None, after=None, limit=SIMILAR_LIMIT)
