@@ -21,6 +21,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from cryptography.exceptions import InvalidTag
+
 from engram_core.content import instructions
 from engram_core.content.provenance import provenance
 from engram_core.crypto.sealing import unseal
@@ -104,7 +106,10 @@ class ContentSignals:
             key = keys.get(rid)
             if row.state != "accepted_current" or key is None or row.sealed_body is None:
                 continue  # forgotten or superseded meanwhile: not a current record to compare with
-            other = json.loads(unseal(key[1], row.sealed_body, kind="record", owner=rid))
+            try:
+                other = json.loads(unseal(key[1], row.sealed_body, kind="record", owner=rid))
+            except (InvalidTag, ValueError):
+                continue  # its key went with a forget committed meanwhile: nothing to compare
             facts = similarity.compare(mine, similarity.profile(other))
             semantic = found[rid]
             if semantic is not None:
