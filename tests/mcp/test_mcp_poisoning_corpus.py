@@ -152,6 +152,12 @@ async def test_no_captured_text_in_the_decision_log_or_the_audit_log(corpus_core
     admissions = [e for e in events if e["path"] == "engram/admission/decision"]
     assert admissions and any(e["input"]["candidate"].get("instructions") for e in admissions)
     assert any(e["input"]["candidate"].get("similar") for e in admissions)
+    # Hosts read from a text (pipe-to-shell, exfiltrating links) are pseudonymized in the log like
+    # names: the policy compares them, the log keeps no host an attacker wrote.
+    hosts = [h for e in admissions for s in e["input"]["candidate"].get("instructions", []) for h in s.get("hosts", [])]
+    assert hosts and all(h.startswith("masked:") for h in hosts if h)
+    for host in ("get.devtools-fix.io", "contoso-mail.net", "pixel-track.net", "quickprov.io"):
+        assert host not in log and host not in audit, host
     texts = [t for ts in POISONED.values() for t in ts] + LEGITIMATE + [t for pair in DUPLICATES + NEAR_MISSES for t in pair]
     for text in texts:
         # Every run of four words of the text (names, hosts and numbers alone may be facts: a
