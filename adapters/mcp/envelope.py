@@ -73,8 +73,12 @@ def refusal(error: EngramError, *, audit_id: str) -> types.CallToolResult:
     return failure(error.code, audit_id=audit_id, reason_class=error.reason_class)
 
 
-def trusted_context_unavailable() -> MCPError:
-    return MCPError(code=types.INTERNAL_ERROR, message=TRUSTED_CONTEXT_UNAVAILABLE)
+def trusted_context_unavailable(mismatched: str | None = None) -> MCPError:
+    """-32603 with the contract's constant message. ``mismatched``: the host-bound field the
+    call's argument did not match (``purpose_ref``), said in ``data`` (JSON-RPC allows it) so an
+    agent knows what to check; never the bound value, which only the host may tell."""
+    data = {"mismatched": mismatched} if mismatched else None
+    return MCPError(code=types.INTERNAL_ERROR, message=TRUSTED_CONTEXT_UNAVAILABLE, data=data)
 
 
 def temporarily_unavailable(error: EngramError) -> MCPError:

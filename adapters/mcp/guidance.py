@@ -122,9 +122,10 @@ def _purpose_mismatch(which: str) -> str:
     cannot say why; so the guide says what it looks like and the one thing worth checking."""
     return (f"A purpose_ref other than {which}, in engram_memory_search, engram_memory_get or payload.purpose_ref "
             "of engram_memory_capture, is refused before anything happens, and not with an envelope: the call "
-            f"fails with the protocol error JSON-RPC -32603 \"{TRUSTED_CONTEXT_UNAVAILABLE}\", which "
-            "never says why. So when a call that carried a purpose_ref fails with -32603, compare what you sent "
-            "with your bound purpose_ref and resend once with exactly that value; never try other values.")
+            f"fails with the protocol error JSON-RPC -32603 \"{TRUSTED_CONTEXT_UNAVAILABLE}\", whose message "
+            "never says why; its data says {\"mismatched\": \"purpose_ref\"}. So when a call that carried a "
+            "purpose_ref fails with -32603, compare what you sent with your bound purpose_ref and resend once "
+            "with exactly that value; never try other values.")
 
 
 def _purpose(purpose_ref: str | None) -> str:

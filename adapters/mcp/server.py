@@ -64,6 +64,8 @@ from engram_core.tools import (
 from engram_core.validation import validate_arguments
 
 logger = logging.getLogger("engram.mcp")
+# The host-bound field a protocol refusal's reason is about, said in the error's data (issue 60 item 1).
+_MISMATCHED = {"PURPOSE_MISMATCH": "purpose_ref"}
 _T = TypeVar("_T")
 
 SERVER_NAME = "engram"
@@ -426,7 +428,7 @@ class EngramMcp:
             await self._core.record_refusal(context=call.signed_for(HOST_CALL), operation=name, error=exc)
         except EngramError as failed:
             logger.warning("refusal not audited: tool=%s audit_id=%s code=%s", name, call.audit_id, failed.code.value)
-        return envelope.trusted_context_unavailable()
+        return envelope.trusted_context_unavailable(_MISMATCHED.get(reason))
 
     async def _call_straight(self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams, name: str,
                         arguments: Any, call: CallContext, state: _CallState | None,

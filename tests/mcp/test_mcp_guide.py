@@ -68,12 +68,16 @@ async def test_the_guide_says_where_the_purpose_comes_from_and_a_mismatch_is_wha
             flat = " ".join(text.split())
             assert f"Your bound purpose_ref is {PURPOSE!r}. It comes from your host, not from you" in flat
             assert "[binding] purpose_ref" in flat and "`engram doctor` shows it" in flat
-            assert f'JSON-RPC -32603 "{TRUSTED_CONTEXT_UNAVAILABLE}", which never says why' in flat
+            assert f'JSON-RPC -32603 "{TRUSTED_CONTEXT_UNAVAILABLE}", whose message never says why' in flat
+            assert 'its data says {"mismatched": "purpose_ref"}' in flat
             assert "resend once with exactly that value" in flat
         # what the guide describes is what a wrong purpose gets, and its fix works
         with pytest.raises(MCPError) as wrong:
             await client.call_tool("engram_memory_search", {"query": "anything", "purpose_ref": "purpose:other"})
         assert (wrong.value.code, wrong.value.message) == (-32603, TRUSTED_CONTEXT_UNAVAILABLE)
+        # data names the host-bound field that did not match, never its bound value (issue 60 item 1)
+        assert wrong.value.error.data == {"mismatched": "purpose_ref"}
+        assert PURPOSE not in str(wrong.value.error.data)
         fixed = envelope_of(await client.call_tool("engram_memory_search",
                                                    {"query": "anything", "purpose_ref": PURPOSE}))
         assert fixed["ok"] is True
