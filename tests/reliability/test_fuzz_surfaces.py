@@ -13,6 +13,7 @@ ENGRAM_FUZZ_CASES=N overrides the number of cases per surface."""
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import os
@@ -155,7 +156,9 @@ def _prepared(tool: str, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tool_strategy(tool: str) -> st.SearchStrategy[Any]:
-    base = from_schema(INPUT_SCHEMAS[tool]).map(lambda a, t=tool: _prepared(t, a))
+    # A copy: hypothesis-jsonschema resolves $refs in place, which would rewrite the published
+    # INPUT_SCHEMAS (the adapter lists them) for every test collected after this one.
+    base = from_schema(copy.deepcopy(INPUT_SCHEMAS[tool])).map(lambda a, t=tool: _prepared(t, a))
     return st.one_of(base, mutated(base))
 
 

@@ -3,6 +3,7 @@ leaves every value it does not handle to ParseDict (same result or same error)."
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -32,7 +33,9 @@ def _fast(value: Any, cls: Any) -> Any:
 # Drawing a capture from its schema is slow when the machine is busy (seen at load 14 on 2 cores):
 # how long a draw takes is not what this test checks, so the too-slow health check is off.
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(from_schema(INPUT_SCHEMAS["engram_memory_capture"]))
+# A copy: hypothesis-jsonschema resolves $refs in place, which would rewrite the published
+# INPUT_SCHEMAS (the adapter lists them) for every test collected after this one.
+@given(from_schema(copy.deepcopy(INPUT_SCHEMAS["engram_memory_capture"])))
 def test_capture_requests_match_parsedict(value: Any) -> None:
     assert _fast(value, memory_pb2.CaptureRequest) == _reference(value, memory_pb2.CaptureRequest)
 
@@ -97,7 +100,7 @@ REQUESTS = {"engram_memory_search": memory_pb2.SearchRequest, "engram_memory_get
 def test_validated_arguments_by_constructor_match_the_direct_fill(tool: str) -> None:
     """What the adapter sends: arguments its closed schema allows convert alike either way."""
     @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(from_schema(INPUT_SCHEMAS[tool]))
+    @given(from_schema(copy.deepcopy(INPUT_SCHEMAS[tool])))
     def check(value: Any) -> None:
         assert _by_constructor(value, REQUESTS[tool]) == _fast(value, REQUESTS[tool])
 
