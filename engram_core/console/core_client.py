@@ -24,6 +24,7 @@ from engram_core.rpc.convert import message_to_value, value_to_message
 from engram_core.rpc.status import error_from_rpc_error
 from engram_core.rpc.tls import ClientTls
 from engram_core.rpc.tls import channel as tls_channel
+from engram_core.tools import SEARCH_TOOL
 
 READ = ("read",)
 MAINTAIN = ("read", "maintain")
@@ -88,7 +89,7 @@ class CoreClient:
             args["page_cursor"] = page_cursor
         request = value_to_message(args, memory_pb2.SearchRequest())
         for attempt in (0, 1):
-            ctx = make_context(self._key, call="engram_memory_search", tenant=tenant, workspace=workspace,
+            ctx = make_context(self._key, call=SEARCH_TOOL, tenant=tenant, workspace=workspace,
                                principal=actor.principal, agent_id=AGENT_ID, session=actor.session,
                                purpose_ref=purpose_ref, now_ms=time.time_ns() // 1_000_000,
                                authorization_epoch=self._epochs.get((tenant, workspace), 0))
