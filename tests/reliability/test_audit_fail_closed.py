@@ -31,8 +31,8 @@ def core(stores: EngineStores, tmp_path):
 def test_audit_write_failure_aborts_every_mutation(core, monkeypatch) -> None:
     c = Client(core)
     host = HostAdmin(core)
-    rid = c.remember("The audit drill keeps this ptarmigan record.")
-    rid2 = c.remember("The audit drill keeps this second ptarmigan record.")
+    rid = c.remember("The audit drill keeps this ptarmigan record about the Redis cache.")
+    rid2 = c.remember("The audit drill keeps a second ptarmigan record, on the Postgres replica lag of 30 seconds.")
     cid = c.capture("The audit drill keeps this ptarmigan candidate pending.")["candidate_id"]
     cap = capture_args("The audit drill tries to capture this ptarmigan.", key="audit-drill-capture-key-1")
     adm = {"candidate_id": cid, "idempotency_key": "audit-drill-admission-key"}

@@ -27,8 +27,8 @@ def world(module_stores: EngineStores, tmp_path_factory):
         activate_scope(running, t, w)
     owner = Client(running)
     targets = {
-        "existing": owner.remember("Isolation matrix owned heron record."),
-        "tombstoned": owner.remember("Isolation matrix heron record to be forgotten."),
+        "existing": owner.remember("Isolation matrix: the heron service owns the billing ledger in Oslo."),
+        "tombstoned": owner.remember("Isolation matrix: the heron record to be forgotten names the Kafka retention of 7 days."),
         "pending": owner.capture("Isolation matrix heron candidate pending.")["candidate_id"],
         "withdrawn": owner.capture("Isolation matrix heron candidate withdrawn.")["candidate_id"],
     }
