@@ -41,7 +41,6 @@ import json
 import logging
 import os
 import socket
-import stat
 import threading
 from pathlib import Path
 from typing import Any, Protocol
@@ -50,6 +49,7 @@ from urllib.parse import parse_qs
 from engram_core.canonical import canonical_json
 from engram_core.errors import Code, EngramError
 from engram_core.store.chain import GENESIS, LEGACY_CHAIN, audit_digest_of
+from engram_core.store.file_modes import narrow_to_owner
 
 log = logging.getLogger("engram.audit_device")
 
@@ -69,7 +69,9 @@ class FileDevice:
         self._fsync = fsync
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            _owner_only(self._fd, self.name)
+            # Its rows name principals, operations and digests (issue 26.7); the data directory's
+            # files are tightened the same way at every open (make_private).
+            narrow_to_owner(self._fd, f"audit device {self.name}", "rows", log)
         except OSError:
             os.close(self._fd)
             raise
@@ -86,23 +88,6 @@ class FileDevice:
 
     def close(self) -> None:
         os.close(self._fd)
-
-
-def _owner_only(fd: int, name: str) -> None:
-    """A device file that already existed with a wider mode is tightened to 0600 (issue 26.7):
-    its rows name principals, operations and digests, which other local users must not read, and
-    the data directory's files are tightened the same way at every open (store/file_modes.py).
-    If it cannot be (another user owns it), the device is refused: OSError, and `engram serve`
-    stops. Only regular files: a character device or FIFO given as the sink keeps its mode."""
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o077:
-        return
-    try:
-        os.fchmod(fd, 0o600)
-    except OSError as exc:
-        raise OSError(exc.errno, f"mode {stat.S_IMODE(st.st_mode):04o} and not ours to make 0600") from None
-    log.warning("audit device %s had mode %04o; now 0600 (whoever could read it may have read its rows)",
-                name, stat.S_IMODE(st.st_mode))
 
 
 class UnixSocketDevice:

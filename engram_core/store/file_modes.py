@@ -11,6 +11,7 @@ tightening at open; files DuckDB creates later then sit in a 0700 directory.
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from pathlib import Path
@@ -38,3 +39,20 @@ def make_private(data_dir: Path) -> None:
 def private_umask() -> None:
     """For the processes that own a data directory: every file they create is owner-only."""
     os.umask(PRIVATE_UMASK)
+
+
+def narrow_to_owner(fd: int, what: str, holds: str, log: logging.Logger) -> None:
+    """An append-only sink opened on a file that already existed with a wider mode (``os.open``'s
+    mode only applies to a file it creates) is tightened to 0600, and the widening is logged on ``log``: the
+    ``what`` (e.g. "audit device X") ``holds`` things other local users must not read. A file this
+    process cannot tighten (another user owns it) is OSError, so the caller refuses the sink. Only
+    regular files: a character device or FIFO given as the sink keeps its mode."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o077:
+        return
+    mode = stat.S_IMODE(st.st_mode)
+    try:
+        os.fchmod(fd, PRIVATE_FILE)
+    except OSError as exc:
+        raise OSError(exc.errno, f"mode {mode:04o} and not ours to make 0600") from None
+    log.warning("%s had mode %04o; now 0600 (whoever could read it may have read its %s)", what, mode, holds)

@@ -12,13 +12,14 @@ import gzip
 import logging
 import os
 import random
-import stat
 import time
 from collections import deque
 from pathlib import Path
 from typing import Protocol
 
 import requests
+
+from engram_core.store.file_modes import narrow_to_owner
 
 log = logging.getLogger("engram.decision_log")
 
@@ -60,28 +61,12 @@ class FileSink:
     def _open(self) -> int:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            self._owner_only(fd)
-        except OSError:
-            os.close(fd)
-            raise
-        return fd
-
-    def _owner_only(self, fd: int) -> None:
-        """A log file that already existed with a wider mode is tightened to 0600, as the audit
-        device is (issue 57.6; ``store/audit_device.py``): the mode given to ``os.open`` only
-        applies to a file it creates, and its events name pseudonyms, paths and audit ids other
-        local users must not read. If it cannot be (another user owns it), the sink is refused:
-        OSError, as for the audit device. Only regular files: a FIFO keeps its mode."""
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o077:
-            return
-        try:
-            os.fchmod(fd, 0o600)
+            # Its events name pseudonyms, paths and audit ids (issue 57.6), as the audit device's rows do.
+            narrow_to_owner(fd, f"decision log {self.path}", "events", log)
         except OSError as exc:
-            raise OSError(exc.errno, f"decision log {self.path} has mode {stat.S_IMODE(st.st_mode):04o} "
-                                     "and is not ours to make 0600") from None
-        log.warning("decision log %s had mode %04o; now 0600 (whoever could read it may have read its events)",
-                    self.path, stat.S_IMODE(st.st_mode))
+            os.close(fd)
+            raise OSError(exc.errno, f"decision log {self.path}: {exc.strerror}") from None
+        return fd
 
     def write(self, lines: list[bytes]) -> None:
         chunk: list[bytes] = []
