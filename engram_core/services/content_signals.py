@@ -27,7 +27,6 @@ from engram_core.content import instructions
 from engram_core.content.provenance import provenance
 from engram_core.crypto.sealing import unseal
 from engram_core.services import content_similarity as similarity
-from engram_core.services.lexical import analyze
 from engram_core.services.ranking import Profile
 from engram_core.services.reading import in_effect
 from engram_core.store.port import Tx
@@ -70,13 +69,13 @@ class ContentSignals:
         facts["eligible_now"] = in_effect(vt["t"], vt.get("t_end"), parse_instant(expires) if expires else None, now)
         mine = similarity.profile(effective)
         facts["text_terms"] = len(mine.terms)
-        facts["similar"] = self.similar(tx, tenant, workspace, mine, effective, now=now, vector=vector)
+        facts["similar"] = self.similar(tx, tenant, workspace, mine, now=now, vector=vector)
         return facts
 
-    def similar(self, tx: Tx, tenant: str, workspace: str, mine: similarity.TextProfile, effective: dict[str, Any],
-                *, now: int, vector: Callable[[], list[float] | None]) -> list[dict[str, Any]]:
-        text = "\n".join(c["text"] for c in effective["components"])
-        terms = sorted({self.core.hasher.term(t) for t in analyze(text)})[:QUERY_TERMS]
+    def similar(self, tx: Tx, tenant: str, workspace: str, mine: similarity.TextProfile, *, now: int,
+                vector: Callable[[], list[float] | None]) -> list[dict[str, Any]]:
+        # The profile holds the components' analyzed terms already (the text is analyzed once).
+        terms = sorted({self.core.hasher.term(t) for t in mine.terms})[:QUERY_TERMS]
         cursor = ALL_COMMITTED  # every record the index holds (no read of the scope's cursor)
         found: dict[str, float | None] = {}
         if terms:
