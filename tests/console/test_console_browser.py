@@ -169,6 +169,8 @@ def test_keys_page(world: World, browser, shots: Path) -> None:
     browser.get(world.console.url + SCOPE + "/keys")
     assert "Active KEK generation" in browser.find_element(By.ID, "kek").text
     assert browser.find_elements(By.CSS_SELECTOR, "#generations tbody tr")
+    # The title is the page's name alone (its block once swallowed the destroyed-keys table).
+    assert browser.title == f"Keys · {TENANT}/{WORKSPACE}"
     _shot(browser, shots, "06-keys")
 
 
