@@ -44,6 +44,10 @@ def _hypothesis_seed(config: pytest.Config) -> int | str:
     Hypothesis's pytest plugin sets the option's (``hypothesis.core.global_force_seed``, which
     every ``@given`` test then draws from), so that the printed seed reproduces the run."""
     given = config.getoption("hypothesis_seed", None)
+    worker_input = getattr(config, "workerinput", None)  # an xdist worker: the controller's seed
+    if worker_input is not None and worker_input.get("engram_hypothesis_seed") is not None:
+        given = worker_input["engram_hypothesis_seed"]
+        config.option.hypothesis_seed = given
     if given is None:
         given = str(secrets.randbelow(2**32))
         config.option.hypothesis_seed = given  # as if given: the plugin, configured before or after, agrees
@@ -54,6 +58,13 @@ def _hypothesis_seed(config: pytest.Config) -> int | str:
         pass  # as the plugin: any string seeds too
     hypothesis.core.global_force_seed = seed
     return seed
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: object) -> None:
+    """xdist (``tools/test`` runs the suite on worker processes): every worker draws from the
+    controller's seed, so the one seed printed reproduces the whole run."""
+    node.workerinput["engram_hypothesis_seed"] = node.config.getoption("hypothesis_seed")  # type: ignore[attr-defined]
 
 
 def _seed_line(config: pytest.Config) -> str:
