@@ -44,6 +44,7 @@ from engram_core.services.host import HostServiceCore
 from engram_core.services.keyring import KeyRingScheduler
 from engram_core.services.maintenance import MaintenanceService
 from engram_core.services.memory import MemoryService
+from engram_core.services.pending_confirmations import CLAIM, DECIDE, LIST, PARK, PendingConfirmations
 from engram_core.tools import (
     ADMISSION_TOOL,
     CAPTURE_TOOL,
@@ -113,6 +114,7 @@ class HostServicer(host_pb2_grpc.HostServiceServicer, CallHandler):
         self.host = host
         self.attestation = AttestationService(core)
         self.memory = memory
+        self.pending = PendingConfirmations(core)
 
     def CheckGated(self, request, context):
         # Audited as the refusal of the tool itself: it is that tool call's answer. A context signed
@@ -147,6 +149,35 @@ class HostServicer(host_pb2_grpc.HostServiceServicer, CallHandler):
                 approved_at_ms=request.approved_at_ms))
 
         return self.audited(context, "host.issue_confirmation", go, lambda: request.target, calls=HOST_CALLS)
+
+    # -- confirmations in the console's browser page (issue 61; services/pending_confirmations.py) --
+    # The adapter parks and claims under a context of the agent's binding (signed for a host call,
+    # or a fronting host's tool-call context, left for that call to spend, as CheckGated does); the
+    # console lists and decides under a host-principal context naming the person and the scope.
+    def ParkConfirmation(self, request, context):
+        return self.audited(context, PARK, lambda ctx: host_pb2.ParkConfirmationResponse(**self.pending.park(
+            ctx, tool=request.tool, target=request.target, reason_ref=request.reason_ref,
+            digest=request.operation_digest, ttl_ms=request.ttl_ms)), lambda: request.target,
+            calls=GATED_CHECK_CALLS, serves_tool_call=True)
+
+    def ClaimConfirmation(self, request, context):
+        def go(ctx: BoundContext):
+            left = context.time_remaining()
+            return host_pb2.ClaimConfirmationResponse(**self.pending.claim(
+                ctx, confirmation_id=request.confirmation_id, tool=request.tool, target=request.target,
+                digest=request.operation_digest, wait_ms=request.wait_ms,
+                time_left_ms=None if left is None else int(left * 1000)))
+
+        return self.audited(context, CLAIM, go, lambda: request.target, calls=GATED_CHECK_CALLS,
+                            serves_tool_call=True)
+
+    def ListConfirmations(self, request, context):
+        return self.audited(context, LIST, lambda ctx: host_pb2.ConfirmationsResponse(json=canonical_json(
+            self.pending.list(ctx, request.confirmation_id)).decode()), calls=HOST_CALLS)
+
+    def DecideConfirmation(self, request, context):
+        return self.audited(context, DECIDE, lambda ctx: host_pb2.ConfirmationsResponse(json=canonical_json(
+            self.pending.decide(ctx, request.confirmation_id, request.approve)).decode()), calls=HOST_CALLS)
 
     def RecordRefusal(self, request, context):
         # Spends the context's nonce, whatever it was signed for: a refusal is the last thing a

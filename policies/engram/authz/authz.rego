@@ -23,6 +23,12 @@ _config := data.engram.config
 #   call this context was signed for) for any complete context. Every
 #   operation also needs the key that signed the context to serve the tenant
 #   it acts for (input.context.host_key), and maintenance the scope it needs.
+#   Confirmations in the console's browser page (issue 61):
+#   host.park_confirmation and host.claim_confirmation under the agent call's
+#   context, as the agent tools are gated; host.list_confirmations ("read")
+#   and host.decide_confirmation ("maintain") only for a host principal (the
+#   console, naming the person) holding that maintenance scope with a key bound
+#   to it, never for an agent context.
 decision := object.union(
 	{
 		"allow": allow,
@@ -259,6 +265,42 @@ _confirmation_required if {
 }
 
 default _confirmation_required := false
+
+# --- confirmations in the console's browser page (issue 61) ---
+# The MCP adapter parks the exact withdraw or forget an agent asked for, and claims the person's
+# decision, under that agent call's own context: the same gates as an agent tool (complete context,
+# key serving its tenant, memory enabled, activated scope). Listing and deciding are the console's,
+# for a person its own policy (engram/console, confirm.view and confirm.decide) lets confirm: a host
+# principal holding "read" (list) or "maintain" (decide), with a key bound to that scope. An agent
+# context can park and claim, never decide: its only path to an approval is a person.
+
+_is_pending_request if input.operation in {"host.park_confirmation", "host.claim_confirmation"}
+
+_pending_review_scope := "read" if input.operation == "host.list_confirmations"
+
+_pending_review_scope := "maintain" if input.operation == "host.decide_confirmation"
+
+_is_pending_review if _pending_review_scope
+
+_known if _is_pending_request
+
+_is_host_call if _is_pending_review
+
+deny contains r if {
+	_is_pending_request
+	some r in _agent_gate
+}
+
+deny contains lib.reason("MAINTENANCE_SCOPE_REQUIRED", sprintf("The operation requires the %q maintenance scope.", [_pending_review_scope])) if {
+	_is_pending_review
+	not _pending_review_scope in _held_scopes
+}
+
+deny contains lib.reason("HOST_KEY_SCOPE_NOT_BOUND", sprintf("The host key that signed the context is not bound to the %q maintenance scope.", [_pending_review_scope])) if {
+	_is_pending_review
+	_pending_review_scope in _held_scopes
+	not _pending_review_scope in _key_scopes
+}
 
 # --- host.attest: a host verifier raises a trust class (SPEC §5 Trust; issue 18) ---
 # Input carries attestation: {tenant, workspace, trust_class: "signed"|"earned", verifier_key_id,

@@ -48,7 +48,8 @@ roles contains r if {
 # title: Console actions
 # description: >-
 #   What those roles may do (review.view, review.decide, audit.view, keys.view, policy.view,
-#   memory.view: the last only with a purpose to read under).
+#   confirm.view and confirm.decide: see and answer the confirmations agents' withdraw and forget
+#   wait for, issue 61; memory.view: only with a purpose to read under).
 actions contains a if {
 	some r in roles
 	some a in _config.role_actions[r]

@@ -85,7 +85,7 @@ test_bundled_default_gives_oidc_users_nothing if {
 	d := console.decision with input as _in({})
 	d.roles == []
 	o := console.decision with input as _in({"subject": "local:owner", "issuer": "local", "claims": {}})
-	count(o.roles) == 4
+	count(o.roles) == 5
 }
 
 test_first_memory_purpose_of_a_held_role_wins if {
