@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -142,9 +143,16 @@ async def signin_form(request: Request) -> Response:
     c = _console(request)
     pre = request.cookies.get(PRE_COOKIE) or _new_token()
     response = c.page("signin.html", pre=pre, local=bool(c.settings.token_file),
-                      issuers=sorted(c.oidc.providers), failed=request.query_params.get("failed") == "1")
+                      issuers=sorted(c.oidc.providers), failed=request.query_params.get("failed") == "1",
+                      next=_next_page(request.query_params.get("next", "")))
     c.set_cookie(response, PRE_COOKIE, pre, max_age=3600)
     return response
+
+
+def _next_page(path: str) -> str:
+    """Where to go after signing in: only a confirmation page of this console (the link an MCP
+    client opened), never an address a link could choose."""
+    return path if re.fullmatch(r"/confirmations/cfm_[A-Za-z0-9_-]{1,96}", path) else ""
 
 
 def _new_token() -> str:
@@ -160,7 +168,8 @@ async def signin(request: Request) -> Response:
     path = Path(c.settings.token_file) if c.settings.token_file else None
     if not await run_in_threadpool(local_token_matches, path, str(form.get("token", ""))):
         return RedirectResponse("/signin?failed=1", status_code=303)
-    return _signed_in(c, c.sessions.create(LOCAL_SUBJECT, LOCAL_ISSUER, {}), RedirectResponse("/", status_code=303))
+    return _signed_in(c, c.sessions.create(LOCAL_SUBJECT, LOCAL_ISSUER, {}),
+                      RedirectResponse(_next_page(str(form.get("next", ""))) or "/", status_code=303))
 
 
 def _signed_in(c: Console, session: Session, response: Response) -> Response:
@@ -392,6 +401,96 @@ async def keys(request: Request, c: Console, session: Session, g: Grant, scope: 
     return c.page("keys.html", session=session, scope=scope, grant=g, status=report, destroyed=destroyed, tab="keys")
 
 
+# -- confirmations (issue 61): a person approves an agent's withdraw or forget in the browser ------------
+async def _confirming_scopes(c: Console, session: Session, action: str) -> list[tuple[dict[str, str], Grant]]:
+    out = []
+    for tenant, workspace in c.settings.scopes:
+        g = await run_in_threadpool(c.grant, session, tenant, workspace)
+        if g.may(action):
+            out.append(({"tenant": tenant, "workspace": workspace}, g))
+    return out
+
+
+async def confirmations(request: Request) -> Response:
+    """Every confirmation waiting for a person on the scopes where this person may see them."""
+    c = _console(request)
+    session = c.session_of(request)
+    if session is None:
+        return _signin_redirect()
+    pending = []
+    for scope, g in await _confirming_scopes(c, session, "confirm.view"):
+        items = await run_in_threadpool(c.core.confirmations, c.actor(session), scope["tenant"], scope["workspace"])
+        pending.extend({**item, "may_decide": g.may("confirm.decide")} for item in items)
+    pending.sort(key=lambda p: int(p["requested_at_ms"]))
+    return c.page("confirmations.html", session=session, pending=pending)
+
+
+async def _find_confirmation(c: Console, session: Session, cid: str, action: str
+                             ) -> tuple[dict[str, Any], dict[str, str], Grant] | None:
+    """The confirmation ``cid`` in a scope where the person may ``action``, else None: another
+    tenant's, an unknown or a swept id all look the same (not found)."""
+    if not cid.startswith("cfm_") or len(cid) > 100:
+        return None
+    for scope, g in await _confirming_scopes(c, session, action):
+        try:
+            found = await run_in_threadpool(c.core.confirmations, c.actor(session), scope["tenant"],
+                                            scope["workspace"], cid)
+        except CoreError as err:
+            if err.code == "NOT_FOUND":
+                continue
+            raise
+        if found:
+            return found[0], scope, g
+    return None
+
+
+async def confirmation(request: Request) -> Response:
+    """One operation an agent asked for, as the core holds it; Approve and Deny for a person who may
+    decide (the URL an MCP client without form elicitation opens: it carries only the id)."""
+    c = _console(request)
+    session = c.session_of(request)
+    if session is None:
+        return RedirectResponse("/signin?" + urlencode({"next": request.url.path}), status_code=303)
+    found = await _find_confirmation(c, session, request.path_params["confirmation"], "confirm.view")
+    if found is None:
+        return c.not_found(session)
+    item, scope, g = found
+    return c.page("confirmation.html", session=session, scope=scope, grant=g, tab="confirmations", item=item,
+                  done=request.query_params.get("done", ""))
+
+
+async def confirmation_decide(request: Request) -> Response:
+    c = _console(request)
+    session = c.session_of(request)
+    if session is None:
+        return _signin_redirect()
+    form = await request.form()
+    if not same(session.csrf, str(form.get("csrf", ""))):
+        return c.page("error.html", 403, session=session, title="Refused",
+                      message="Missing or wrong form token: nothing was changed.")
+    decision = str(form.get("decision", ""))
+    if decision not in ("approve", "deny"):
+        return c.page("error.html", 400, session=session, title="Not sent", message="Choose approve or deny.")
+    cid = request.path_params["confirmation"]
+    found = await _find_confirmation(c, session, cid, "confirm.decide")
+    if found is None:
+        return c.not_found(session)
+    _, scope, g = found
+    try:
+        outcome = await run_in_threadpool(c.core.decide_confirmation, c.actor(session), scope["tenant"],
+                                          scope["workspace"], cid, decision == "approve")
+    except CoreError as err:
+        if err.code == "NOT_FOUND":
+            return c.not_found(session)
+        if err.code == "ALREADY_TERMINAL":
+            return c.page("error.html", 409, session=session, scope=scope, grant=g, title="Already answered",
+                          message="This confirmation was already answered or has expired: nothing was changed.")
+        raise
+    logger.info("console confirmation %s by %s", outcome.get("state", ""), session.principal)
+    url = request.url_for("confirmation", confirmation=cid).path
+    return RedirectResponse(url + "?" + urlencode({"done": outcome.get("state", "")}), status_code=303)
+
+
 CHART_WIDTH, BAR_HEIGHT, LABEL_WIDTH = 640, 22, 260
 
 
@@ -461,6 +560,9 @@ def build_app(settings: ConsoleSettings, core: CoreClient, roles: RoleOracle) ->
             Route(scope + "/keys", keys, name="keys"),
             Route(scope + "/policy", policy, name="policy"),
             Route(scope + "/memory", memory, name="memory"),
+            Route("/confirmations", confirmations, name="confirmations"),
+            Route("/confirmations/{confirmation}", confirmation, methods=["GET"], name="confirmation"),
+            Route("/confirmations/{confirmation}", confirmation_decide, methods=["POST"]),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ],
         middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(settings)), Middleware(_Headers)],

@@ -144,6 +144,30 @@ class CoreClient:
         req = admin_pb2.ScopeRequest(tenant=tenant, workspace=workspace, report_only=True)
         return self._call(actor, "Verify", req, READ)
 
+    # -- confirmations in the browser (issue 61): host calls bound to the scope, naming the person --
+    def _confirmations(self, actor: Actor, tenant: str, workspace: str, rpc: str, request: Any,
+                       scopes: tuple[str, ...]) -> list[dict[str, Any]]:
+        ctx = make_context(self._key, call=HOST_CALL, tenant=tenant, workspace=workspace, principal=actor.principal,
+                           agent_id=AGENT_ID, session=actor.session, now_ms=time.time_ns() // 1_000_000,
+                           host_principal=True, maintenance_scopes=scopes, memory_enabled=False)
+        try:
+            reply = getattr(self._host, rpc)(request, metadata=[(CONTEXT_METADATA_KEY, ctx)], timeout=self._timeout_s)
+        except grpc.RpcError as err:
+            error = error_from_rpc_error(err)
+            raise CoreError(error.code.value, error.message) from None
+        return json.loads(reply.json)["confirmations"]
+
+    def confirmations(self, actor: Actor, tenant: str, workspace: str, confirmation_id: str = "") -> list[dict[str, Any]]:
+        """The scope's pending confirmations, or the one named (NOT_FOUND if it is not this scope's)."""
+        return self._confirmations(actor, tenant, workspace, "ListConfirmations",
+                                   host_pb2.ListConfirmationsRequest(confirmation_id=confirmation_id), READ)
+
+    def decide_confirmation(self, actor: Actor, tenant: str, workspace: str, confirmation_id: str,
+                            approve: bool) -> dict[str, Any]:
+        """The person's approval or denial, audited by the core under the person's principal."""
+        return self._confirmations(actor, tenant, workspace, "DecideConfirmation", host_pb2.DecideConfirmationRequest(
+            confirmation_id=confirmation_id, approve=approve), MAINTAIN)[0]
+
     def key_status(self, actor: Actor, tenant: str, workspace: str) -> dict[str, Any]:
         req = admin_pb2.ScopeRequest(tenant=tenant, workspace=workspace)
         return self._call(actor, "KeyStatus", req, READ)
