@@ -7,6 +7,8 @@ TOML with these sections (names are a public interface):
     [host]     signing_key = "PATH"              # Ed25519 PEM the core trusts
                memory_enabled = false            # host opt-in, default off
                confirmation_timeout_ms = 120000  # how long a human has to answer
+               console_url = "https://console.example.com"  # `engram console`, for clients that
+                                                 # can only open a URL to confirm (issue 61)
     [binding]  tenant, workspace, principal, agent_id, session, purpose_ref
     [http]     allowed_hosts = ["mcp.example.com:*"]   # Host values accepted besides the bind address
                allowed_origins = ["https://app.example.com"]  # browser Origins accepted
@@ -109,6 +111,7 @@ class HostConfig:
     binding: Binding | None  # None: bind per request from the HTTP header
     http: HttpSettings = HttpSettings()
     core_tls: ClientTls | None = None  # [core] tls_*: reach the core over TLS
+    console_url: str = ""  # [host] console_url: where URL-mode elicitation sends a person to confirm
 
 
 def _table(doc: dict[str, Any], name: str, *, required: bool) -> dict[str, Any]:
@@ -185,6 +188,11 @@ def load_host_config(path: Path | str) -> HostConfig:
     confirmation_timeout_ms = _int(
         host, "host", "confirmation_timeout_ms", DEFAULT_CONFIRMATION_TIMEOUT_MS, low=1_000, high=300_000
     )
+    console_url = _string(host, "host", "console_url", default="").rstrip("/")
+    if console_url and not re.fullmatch(r"https://[^/?#\s]+(/[^?#\s]*)?|http://(127\.0\.0\.1|localhost|\[::1\])(:\d+)?"
+                                        r"(/[^?#\s]*)?", console_url):
+        raise ConfigError("console_url in [host] must be an https URL (plain http only on loopback), "
+                          "without query or fragment")
     key_path: Path | None
     if "signing_key" in host:
         key_path = _resolve(base, _string(host, "host", "signing_key"))
@@ -220,6 +228,7 @@ def load_host_config(path: Path | str) -> HostConfig:
         binding=binding,
         http=http,
         core_tls=core_tls,
+        console_url=console_url,
     )
 
 

@@ -160,3 +160,30 @@ class CoreClient:
             await host.RecordRefusal(request, metadata=_metadata(context, None), timeout=self._timeout)
         except grpc.RpcError as err:
             raise self._error(err, "RecordRefusal failed") from None
+
+    async def park_confirmation(self, *, context: bytes, tool: str, target: str, reason_ref: str,
+                                operation_digest: str, ttl_ms: int) -> tuple[str, int]:
+        """Park a withdraw or forget for a person to confirm in the console (issue 61):
+        (its single-use id, when it expires)."""
+        _, host = self._stubs()
+        request = host_pb2.ParkConfirmationRequest(tool=tool, target=target, reason_ref=reason_ref,
+                                                   operation_digest=operation_digest, ttl_ms=ttl_ms)
+        try:
+            reply = await host.ParkConfirmation(request, metadata=_metadata(context, None), timeout=self._timeout)
+        except grpc.RpcError as err:
+            raise self._error(err, "ParkConfirmation failed") from None
+        return reply.confirmation_id, int(reply.expires_at_ms)
+
+    async def claim_confirmation(self, *, context: bytes, confirmation_id: str, tool: str, target: str,
+                                 operation_digest: str, wait_ms: int) -> str:
+        """The person's decision, waiting up to ``wait_ms`` for it: "approved" (claimed, once),
+        "denied", "expired" or "pending"."""
+        _, host = self._stubs()
+        request = host_pb2.ClaimConfirmationRequest(confirmation_id=confirmation_id, tool=tool, target=target,
+                                                    operation_digest=operation_digest, wait_ms=wait_ms)
+        try:
+            reply = await host.ClaimConfirmation(request, metadata=_metadata(context, None),
+                                                 timeout=self._timeout + wait_ms / 1000)
+        except grpc.RpcError as err:
+            raise self._error(err, "ClaimConfirmation failed") from None
+        return reply.status

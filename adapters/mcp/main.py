@@ -67,6 +67,7 @@ def build_adapter(config: HostConfig, address: str, signing_key: Any, *, metrics
         contexts=ContextSource(config, signing_key, callers=callers),
         signing_key=signing_key,
         confirmation_timeout_ms=config.confirmation_timeout_ms,
+        console_url=config.console_url or None,
     )
 
 

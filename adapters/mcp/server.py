@@ -44,6 +44,7 @@ from adapters.mcp.confirmation import (
 from adapters.mcp.core_client import CoreClient
 from adapters.mcp.guidance import GUIDE_PROMPT_NAME, GUIDE_RESOURCE_URI, TOOL_DESCRIPTIONS, TOOL_TITLES, guide
 from adapters.mcp.refusal_log import log_call_refusal, log_list_refusal
+from adapters.mcp.url_confirmation import UrlConfirmations
 from engram_core.errors import Code, EngramError
 from engram_core.hostctx import HOST_CALL, TOOLS_LIST_CALL, make_grant
 from engram_core.operation import operation_digest, target_of
@@ -214,6 +215,7 @@ class EngramMcp:
         confirmation_timeout_ms: int,
         ledger: ConfirmationLedger | None = None,
         observer: Any = None,
+        console_url: str | None = None,
     ) -> None:
         self._observer = observer  # adapters.mcp.observability.ToolCallObserver: logs, metrics, trace root
         self._core = core
@@ -221,6 +223,9 @@ class EngramMcp:
         self._key = signing_key
         self._confirmation_timeout_ms = confirmation_timeout_ms
         self._ledger = ledger or InMemoryConfirmationLedger()
+        # Clients with URL-mode elicitation only are sent to the console's page (issue 61).
+        self._url = (UrlConfirmations(core, console_url, self._ledger, confirmation_timeout_ms)
+                     if console_url else None)
         # The last tool list the core gave each binding: the tools it may call straight (granted,
         # not gated behind a confirmation). Only a hint to skip asking again: the core authorizes
         # every call itself, and any failure asks for the list afresh (``_call_straight``).
@@ -512,6 +517,19 @@ class EngramMcp:
                 except EngramError as exc:
                     return self._core_refused(call, name, exc)
                 return envelope.success(value, audit_id=call.audit_id)
+        if self._url is not None and self._url.applies(ctx, params, name, _can_elicit_form(ctx)):
+            try:
+                outcome = await self._url.confirm(ctx, params, name, arguments, call, digest, target,
+                                                  lambda rpc: self._following_epoch(call, rpc, HOST_CALL))
+            except EngramError as exc:
+                return self._core_refused(call, name, exc)
+            if isinstance(outcome, types.InputRequiredResult):
+                if state is not None:
+                    state.asked_confirmation = True
+                return outcome
+            if outcome is not None:
+                return await gate_failed(*outcome)
+            return await self._invoke_confirmed(name, arguments, call, digest)
         if first_leg and not _can_elicit_form(ctx):
             return await gate_failed("cannot_elicit", "ELICITATION_UNSUPPORTED")
 
@@ -554,7 +572,11 @@ class EngramMcp:
                 return await gate_failed("cannot_elicit", "ELICITATION_FAILED")
             if not approved(answer.action, answer.content):
                 return await gate_failed("declined", "CONFIRMATION_DECLINED")
+        return await self._invoke_confirmed(name, arguments, call, digest)
 
+    async def _invoke_confirmed(self, name: str, arguments: dict[str, Any], call: CallContext,
+                                digest: str) -> types.CallToolResult:
+        """The call after a human approved this exact operation: under a grant the adapter signs."""
         try:
             value = await self._invoke(name, arguments, call, confirmed_digest=digest)
         except EngramError as exc:
