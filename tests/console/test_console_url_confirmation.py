@@ -80,10 +80,16 @@ def _adapter_config(world: World, directory: Path, *, timeout_ms: int = 60_000) 
     return path
 
 
-def _client(config: Path, mode: str, elicitation: Any, *, url_only: bool = True) -> Client:
+def _client(config: Path, mode: str, elicitation: Any, *, url_only: bool = True,
+            notifications: list[Any] | None = None) -> Client:
     params = StdioServerParameters(command=ENGRAM, args=["mcp", "--host-config", str(config)], cwd=str(REPO))
     cls = UrlOnlyClient if url_only else Client
-    return cls(params, mode=mode, elicitation_callback=elicitation)
+
+    async def keep(message: Any) -> None:
+        if notifications is not None:
+            notifications.append(message)
+
+    return cls(params, mode=mode, elicitation_callback=elicitation, message_handler=keep)
 
 
 def _record(world: World, text: str) -> str:
@@ -131,6 +137,11 @@ def _browser_answers(browser, world: World, record_id: str, decision: str, seen:
 
     def in_browser(url: str) -> None:
         _open_signed_in(browser, url, world.token)
+        # The Confirmations page lists it, and links to the same page.
+        browser.get(world.console.url + "/confirmations")
+        link = browser.find_element(By.CSS_SELECTOR, f"#pending a[href='{urlsplit(url).path}']")
+        assert record_id in browser.find_element(By.ID, "pending").text
+        _submit(browser, link)
         page = {k: browser.find_element(By.ID, k).text for k in ("target", "reason", "agent", "tool", "scope", "state")}
         seen["page"] = page
         seen["csrf"] = browser.find_element(By.CSS_SELECTOR, "form.decide input[name=csrf]").get_attribute("value")
@@ -188,8 +199,9 @@ async def test_forget_confirmed_by_a_person_in_the_console(world: World, person_
                                                            mode: str) -> None:
     record_id = _record(world, f"decision: the {mode} cache tier uses redis cluster {secrets.token_hex(3)}")
     seen: dict[str, Any] = {}
+    notes: list[Any] = []
     async with _client(_adapter_config(world, tmp_path), mode, _browser_answers(
-            person_browser, world, record_id, "approve", seen)) as client:
+            person_browser, world, record_id, "approve", seen), notifications=notes) as client:
         result = await client.call_tool(FORGET_TOOL, _forget_args(record_id))
     env = _envelope(result)
     assert env["ok"] is True, env
@@ -200,6 +212,8 @@ async def test_forget_confirmed_by_a_person_in_the_console(world: World, person_
     assert params.mode == "url"
     # 2025-11-25 carries an elicitationId (for notifications/elicitation/complete); 2026-07-28 has none.
     assert bool(params.elicitation_id) is (mode == "legacy")
+    completed = [n.params.elicitation_id for n in notes if isinstance(n, types.ElicitCompleteNotification)]
+    assert completed == ([params.elicitation_id] if mode == "legacy" else [])
     path = urlsplit(params.url).path
     assert params.url.startswith(world.console.url + "/confirmations/cfm_") and not urlsplit(params.url).query
     assert record_id not in params.url and "reason" not in params.url
