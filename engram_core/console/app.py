@@ -417,12 +417,17 @@ async def confirmations(request: Request) -> Response:
     session = c.session_of(request)
     if session is None:
         return _signin_redirect()
-    pending = []
+    pending, refused = [], []
     for scope, g in await _confirming_scopes(c, session, "confirm.view"):
-        items = await run_in_threadpool(c.core.confirmations, c.actor(session), scope["tenant"], scope["workspace"])
+        try:
+            items = await run_in_threadpool(c.core.confirmations, c.actor(session), scope["tenant"],
+                                            scope["workspace"])
+        except CoreError as err:  # e.g. a console key the core does not let serve this tenant
+            refused.append({**scope, "code": err.code})
+            continue
         pending.extend({**item, "may_decide": g.may("confirm.decide")} for item in items)
     pending.sort(key=lambda p: int(p["requested_at_ms"]))
-    return c.page("confirmations.html", session=session, pending=pending)
+    return c.page("confirmations.html", session=session, pending=pending, refused=refused, tab="confirmations")
 
 
 async def _find_confirmation(c: Console, session: Session, cid: str, action: str
@@ -436,7 +441,7 @@ async def _find_confirmation(c: Console, session: Session, cid: str, action: str
             found = await run_in_threadpool(c.core.confirmations, c.actor(session), scope["tenant"],
                                             scope["workspace"], cid)
         except CoreError as err:
-            if err.code == "NOT_FOUND":
+            if err.code in ("NOT_FOUND", "UNAUTHORIZED"):  # not there, or not this console key's to see
                 continue
             raise
         if found:
@@ -451,7 +456,10 @@ async def confirmation(request: Request) -> Response:
     session = c.session_of(request)
     if session is None:
         return RedirectResponse("/signin?" + urlencode({"next": request.url.path}), status_code=303)
-    found = await _find_confirmation(c, session, request.path_params["confirmation"], "confirm.view")
+    try:
+        found = await _find_confirmation(c, session, request.path_params["confirmation"], "confirm.view")
+    except CoreError as err:
+        return c.page("error.html", 502, session=session, title="The core refused", message=f"{err.code}: {err.message}")
     if found is None:
         return c.not_found(session)
     item, scope, g = found
@@ -472,7 +480,10 @@ async def confirmation_decide(request: Request) -> Response:
     if decision not in ("approve", "deny"):
         return c.page("error.html", 400, session=session, title="Not sent", message="Choose approve or deny.")
     cid = request.path_params["confirmation"]
-    found = await _find_confirmation(c, session, cid, "confirm.decide")
+    try:
+        found = await _find_confirmation(c, session, cid, "confirm.decide")
+    except CoreError as err:
+        return c.page("error.html", 502, session=session, title="The core refused", message=f"{err.code}: {err.message}")
     if found is None:
         return c.not_found(session)
     _, scope, g = found
@@ -485,7 +496,8 @@ async def confirmation_decide(request: Request) -> Response:
         if err.code == "ALREADY_TERMINAL":
             return c.page("error.html", 409, session=session, scope=scope, grant=g, title="Already answered",
                           message="This confirmation was already answered or has expired: nothing was changed.")
-        raise
+        return c.page("error.html", 502, session=session, scope=scope, grant=g, title="The core refused",
+                      message=f"{err.code}: {err.message}")
     logger.info("console confirmation %s by %s", outcome.get("state", ""), session.principal)
     url = request.url_for("confirmation", confirmation=cid).path
     return RedirectResponse(url + "?" + urlencode({"done": outcome.get("state", "")}), status_code=303)
