@@ -1,10 +1,12 @@
-"""Fixtures for the MCP adapter tests: one real core per module, real adapter
-processes (`engram mcp` over stdio and streamable HTTP), the SDK's own client.
+"""Fixtures for the MCP adapter tests: one real core per module, the real adapter, the SDK's
+own client.
 
 Nothing of ours is mocked: the core is `engram_core.app.composition.start_core` (on each
-engine: tests/conftest.py), the
-adapter is the installed console script, and scopes are activated through
-AdminService exactly as `engram admin activate` does.
+engine: tests/conftest.py); the adapter is built as `engram mcp` builds it and served in the
+test process over the SDK's memory streams (``mcp_helpers.adapter_client``), or, where the
+process itself is tested (stdio, HTTP, start-up, stderr, exit codes), the installed console
+script as a subprocess; scopes are activated through AdminService exactly as
+`engram admin activate` does.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, TOOLS_LIST_CAL
 from engram_core.hostkeys import load_private_key_file
 
 REPO = Path(__file__).resolve().parents[2]
-# ENGRAM_MCP_TEST_COMMAND runs the suite against another `engram` executable.
+# ENGRAM_MCP_TEST_COMMAND runs the subprocess tests (stdio_client, start_http_adapter, the CLI)
+# against another `engram` executable; adapter_client serves this checkout's adapter in process.
 ENGRAM = os.environ.get("ENGRAM_MCP_TEST_COMMAND") or str(Path(sys.executable).with_name("engram"))
 PURPOSE = "purpose:engineering-notes"
 WORKSPACE = "ws-main"
@@ -213,9 +214,57 @@ def stop(adapter: HttpAdapter) -> None:
 
 
 def stdio_client(config: Path, *, mode: str = "auto", elicitation: Any = None) -> Client:
-    """The SDK's own client talking to `engram mcp` as a subprocess over stdio."""
+    """The SDK's own client talking to `engram mcp` as a subprocess over stdio: for tests of the
+    process itself (its entry point, stdio wire, stderr, exit, environment). Other tests use
+    :func:`adapter_client`."""
     params = StdioServerParameters(command=ENGRAM, args=["mcp", "--host-config", str(config)], cwd=str(REPO))
     return Client(params, mode=mode, elicitation_callback=elicitation)
+
+
+class InProcessAdapter:
+    """A transport for the SDK's ``Client``: the real adapter, built from a host config as
+    `engram mcp --host-config FILE` builds it for stdio (``load_host_config``, then
+    ``adapters.mcp.main.build_adapter``: the same ``ContextSource`` binds tenant, workspace,
+    principal, agent, session and purpose from ``[binding]`` and signs every context and
+    confirmation grant with the config's host key), served in this process by the SDK's
+    ``InMemoryTransport`` (its memory streams, ``Server.run`` as on stdio) against the core on
+    loopback gRPC. What only a separate process gives (argv, stdin/stdout bytes, stderr, exit
+    code, environment, signals) is not here: those tests use :func:`stdio_client`."""
+
+    def __init__(self, config: Path) -> None:
+        self._config = config
+        self._adapter: Any = None
+        self._transport: Any = None
+
+    async def __aenter__(self) -> Any:
+        from mcp.client._memory import InMemoryTransport
+
+        from adapters.mcp.config import load_host_config
+        from adapters.mcp.main import build_adapter
+
+        config = load_host_config(self._config)
+        # `engram mcp` refuses stdio without a [binding] and an embedded core is a process's own.
+        assert config.binding is not None and config.core_address is not None and config.signing_key is not None
+        self._adapter = build_adapter(config, config.core_address, config.signing_key)
+        self._transport = InMemoryTransport(self._adapter.build())
+        try:
+            return await self._transport.__aenter__()
+        except BaseException:
+            await self._adapter.close()
+            raise
+
+    async def __aexit__(self, *exc: Any) -> None:
+        try:
+            await self._transport.__aexit__(*exc)
+        finally:
+            await self._adapter.close()  # as `engram mcp` does when its stdin closes
+
+
+def adapter_client(config: Path, *, mode: str = "auto", elicitation: Any = None) -> Client:
+    """The SDK's own client talking to the real adapter in this process (:class:`InProcessAdapter`):
+    the same negotiation as over stdio (``server/discover`` first, or ``mode="legacy"``), the
+    elicitation callback for confirmations."""
+    return Client(InProcessAdapter(config), mode=mode, elicitation_callback=elicitation)
 
 
 class FreshHeaders(httpx2.Auth):
@@ -345,14 +394,27 @@ def token(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex}"
 
 
+def admin_json(core: Any, rpc: str, request: Any, *, scopes: tuple[str, ...] = ("read",)) -> dict[str, Any]:
+    """One AdminService call to ``core`` (a :class:`Core`, or anything with its ``address`` and
+    ``host_key_path``) as `engram admin` makes it (``engram_core.cli.admin``'s ``_call``):
+    the same request under the same host-key-signed context (``engram_core.cli.channel.
+    admin_metadata``; ``scopes`` as the command asks: read for reads), sent from this process
+    instead of a new `engram` process; the JSON document the command prints with ``--json``.
+    The commands themselves are tested as subprocesses in tests/admin."""
+    from engram_core.cli.channel import admin_metadata
+
+    with grpc.insecure_channel(core.address) as channel:
+        result = getattr(admin_pb2_grpc.AdminServiceStub(channel), rpc)(
+            request, metadata=admin_metadata(str(core.host_key_path), scopes=scopes), timeout=60)
+    return json.loads(result.json)
+
+
 def audit_rows(core: Core, tenant: str = "acme") -> dict[str, list[dict[str, Any]]]:
-    """Audit rows of ``tenant``/ws-main by audit id, read as an operator does: `engram admin export audit`."""
-    out = Path(core.host_key_path).parent / f"audit-{token('')}.jsonl"
-    subprocess.run([ENGRAM, "admin", "--core", core.address, "--host-key", str(core.host_key_path), "export",
-                    "audit", "--tenant", tenant, "--workspace", WORKSPACE, "--out", str(out)],
-                   check=True, capture_output=True, timeout=60)
+    """Audit rows of ``tenant``/ws-main by audit id: what `engram admin export audit --tenant T
+    --workspace ws-main` writes, read through :func:`admin_json`."""
+    value = admin_json(core, "Export", admin_pb2.ExportRequest(tenant=tenant, workspace=WORKSPACE, what="audit",
+                                                               from_cursor="", to_cursor=""))
     rows: dict[str, list[dict[str, Any]]] = {}
-    for line in out.read_text().splitlines():
-        row = json.loads(line)
+    for row in value["items"]:
         rows.setdefault(row["audit_id"], []).append(row)
     return rows

@@ -1,8 +1,8 @@
 """When only the capture policy asks for a confirmation (SPEC §8; issue 13 finding 10),
 the adapter asks the human by elicitation, as for forget, instead of answering the agent
 -32603. The capture policy decides on the capture's own facts, so the tool list cannot
-say so beforehand. The SDK's own client over stdio, a real core, a bundle whose Rego a
-policy author edited (no Python change)."""
+say so beforehand. The SDK's own client, the real adapter in process (as `engram mcp`
+builds it), a real core, a bundle whose Rego a policy author edited (no Python change)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from mcp_helpers import (
     WORKSPACE,
     Core,
     activate,
+    adapter_client,
     binding_for,
     capture_args,
     error_code,
-    stdio_client,
     unique,
     value_of,
     write_config,
@@ -79,7 +79,7 @@ class _Human:
 @pytest.mark.parametrize("mode", MODES)
 async def test_capture_policy_confirmation_asks_the_human_and_proceeds(capture_gated, mode):
     human = _Human("accept")
-    async with stdio_client(capture_gated, mode=mode, elicitation=human) as client:
+    async with adapter_client(capture_gated, mode=mode, elicitation=human) as client:
         tools = {t.name for t in (await client.list_tools()).tools}
         assert "engram_memory_capture" in tools
         single = value_of(await client.call_tool("engram_memory_capture",
@@ -93,9 +93,9 @@ async def test_capture_policy_confirmation_asks_the_human_and_proceeds(capture_g
 @pytest.mark.parametrize("mode", MODES)
 async def test_capture_policy_confirmation_declined_or_impossible_is_gate_failed(capture_gated, mode):
     human = _Human("decline")
-    async with stdio_client(capture_gated, mode=mode, elicitation=human) as client:
+    async with adapter_client(capture_gated, mode=mode, elicitation=human) as client:
         result = await client.call_tool("engram_memory_capture", _two_components("Declined two part okapi"))
         assert error_code(result) == "gate_failed" and len(human.asked) == 1
-    async with stdio_client(capture_gated, mode=mode) as client:  # a client that cannot elicit
+    async with adapter_client(capture_gated, mode=mode) as client:  # a client that cannot elicit
         result = await client.call_tool("engram_memory_capture", _two_components("Silent two part okapi"))
         assert error_code(result) == "gate_failed"

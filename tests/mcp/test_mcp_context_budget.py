@@ -5,7 +5,8 @@ sends (its JSON dump of each tool, compact). The lighter list loses nothing a fi
 the schemas stay closed and exact (the core enforces the published schema, references inlined),
 the output schemas stay complete, the descriptions point to the guide, the guide is one resource
 read away and holds the worked calls, and the listed capture example, copied as it is, is captured
-and admitted on the first try. Real core, real `engram mcp` over stdio, the SDK's own client.
+and admitted on the first try. Real core, the real adapter in process (as `engram mcp`
+builds it), the SDK's own client.
 
 Sizes when this test was written (compact bytes, as measured here): before, 28,098 in all and
 16,850 for capture (29,057 and 17,535 with json.dumps' default spacing); after, about 9,600 and
@@ -20,7 +21,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from mcp_helpers import PURPOSE, binding_for, stdio_client, unique, value_of, write_config
+from mcp_helpers import PURPOSE, adapter_client, binding_for, unique, value_of, write_config
 
 from adapters.mcp.guidance import GUIDE_RESOURCE_URI
 from engram_core.schema_examples import CAPTURE_EXAMPLES
@@ -54,7 +55,7 @@ def model_facing_bytes(tool: Any) -> int:
 
 
 async def test_the_model_facing_tool_list_fits_the_budget(config: Path) -> None:
-    async with stdio_client(config) as client:
+    async with adapter_client(config) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
     assert list(tools) == list(TOOL_NAMES)
     sizes = {name: model_facing_bytes(tool) for name, tool in tools.items()}
@@ -63,7 +64,7 @@ async def test_the_model_facing_tool_list_fits_the_budget(config: Path) -> None:
 
 
 async def test_the_lighter_list_stays_closed_exact_and_complete(config: Path) -> None:
-    async with stdio_client(config) as client:
+    async with adapter_client(config) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
     for name, tool in tools.items():
         published = tool.input_schema
@@ -80,7 +81,7 @@ async def test_the_lighter_list_stays_closed_exact_and_complete(config: Path) ->
 
 async def test_a_first_capture_from_the_listed_example_succeeds_and_the_guide_is_one_read(config: Path) -> None:
     """What an agent has in hand: the lighter list and, one resources/read away, the guide."""
-    async with stdio_client(config) as client:
+    async with adapter_client(config) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
         (example,) = tools[CAPTURE_TOOL].input_schema["examples"]
         assert example["payload"]["purpose_ref"] == PURPOSE

@@ -19,11 +19,11 @@ from mcp_helpers import (
     WORKSPACE,
     Core,
     activate,
+    adapter_client,
     approve,
     binding_for,
     capture_args,
     error_code,
-    stdio_client,
     token,
     unique,
     value_of,
@@ -106,7 +106,7 @@ def _expected_coverage(running, record_id: str, cursor: str, rule: str, derivati
 async def test_forgetting_a_make_ineligible_source_makes_its_derivatives_ineligible(governed) -> None:
     running, config = governed
     word, dword, d2word = token("heron"), token("egret"), token("ibis")
-    async with stdio_client(config, elicitation=approve) as client:
+    async with adapter_client(config, elicitation=approve) as client:
         source = await _remember(client, f"We deploy with {word} blue-green")
         derived = await _remember(client, f"Rollbacks take one minute {dword} thanks to blue-green", source=source)
         derived2 = await _remember(client, f"On-call runbook {d2word} relies on fast rollbacks", source=derived)
@@ -140,7 +140,7 @@ async def test_forgetting_a_make_ineligible_source_makes_its_derivatives_ineligi
 async def test_forgetting_a_retain_source_leaves_its_derivatives(governed) -> None:
     running, config = governed
     word, dword = token("plover"), token("curlew")
-    async with stdio_client(config, elicitation=approve) as client:
+    async with adapter_client(config, elicitation=approve) as client:
         source = await _remember(client, f"Cache layer {word} uses LRU", rule="retain")
         derived = await _remember(client, f"Eviction metrics {dword} come from the LRU cache", source=source)
         with running.core.store.read() as tx:

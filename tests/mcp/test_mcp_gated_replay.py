@@ -1,5 +1,6 @@
 """A retried withdraw or forget answers its stored outcome without asking anyone again (issue 26.8;
-SPEC §7), through the adapter over stdio with the SDK's own client in both protocol versions.
+SPEC §7), through the real adapter (in process, as `engram mcp` builds it) with the SDK's own
+client in both protocol versions.
 
 The bug: forget with key K, approved, tombstoned. The same call again (same key and arguments, as
 the contract tells an agent to do after MUTATION_OUTCOME_UNKNOWN) asked the human again; a
@@ -12,11 +13,11 @@ import mcp_types as types
 import pytest
 from mcp_helpers import (
     PURPOSE,
+    adapter_client,
     approve,
     binding_for,
     capture_args,
     error_code,
-    stdio_client,
     token,
     unique,
     value_of,
@@ -53,7 +54,7 @@ async def _capture(client, text: str) -> str:
 async def test_a_retried_forget_answers_its_stored_outcome_without_asking_again(acme, mode):
     word = token("pangolin")
     forget = {"record_id": "", "idempotency_key": unique("fgt"), "reason_ref": "reason:obsolete"}
-    async with stdio_client(acme, mode=mode, elicitation=approve) as client:
+    async with adapter_client(acme, mode=mode, elicitation=approve) as client:
         cid = await _capture(client, f"The {word} decision we will forget")
         admitted = value_of(await client.call_tool("engram_memory_request_admission",
                                                    {"candidate_id": cid, "idempotency_key": unique("adm")}))
@@ -61,7 +62,7 @@ async def test_a_retried_forget_answers_its_stored_outcome_without_asking_again(
         first = value_of(await client.call_tool("engram_memory_forget", forget))
         assert first["replayed"] is False and first["receipt"]["to_state"] == "tombstoned"
     asked = Asked()
-    async with stdio_client(acme, mode=mode, elicitation=asked) as client:  # this human would decline
+    async with adapter_client(acme, mode=mode, elicitation=asked) as client:  # this human would decline
         again = await client.call_tool("engram_memory_forget", forget)
         value = value_of(again)
         assert asked.times == 0
@@ -79,12 +80,12 @@ async def test_a_retried_forget_answers_its_stored_outcome_without_asking_again(
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_retried_withdraw_answers_its_stored_outcome_without_asking_again(acme, mode):
     withdraw = {"candidate_id": "", "idempotency_key": unique("wd"), "reason_ref": "reason:draft"}
-    async with stdio_client(acme, mode=mode, elicitation=approve) as client:
+    async with adapter_client(acme, mode=mode, elicitation=approve) as client:
         withdraw["candidate_id"] = await _capture(client, f"A draft {token('okapi')} to withdraw")
         first = value_of(await client.call_tool("engram_memory_withdraw", withdraw))
         assert first["replayed"] is False and first["receipt"]["to_state"] == "withdrawn"
     asked = Asked()
-    async with stdio_client(acme, mode=mode, elicitation=asked) as client:
+    async with adapter_client(acme, mode=mode, elicitation=asked) as client:
         value = value_of(await client.call_tool("engram_memory_withdraw", withdraw))
         assert asked.times == 0 and value["replayed"] is True and value["receipt"] == first["receipt"]
         # Other arguments under the same key: not a replay, and refused as a conflict (nobody asked).
@@ -96,7 +97,7 @@ async def test_a_retried_withdraw_answers_its_stored_outcome_without_asking_agai
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_new_forget_still_needs_the_human(acme, mode):
     asked = Asked()
-    async with stdio_client(acme, mode=mode, elicitation=asked) as client:
+    async with adapter_client(acme, mode=mode, elicitation=asked) as client:
         cid = await _capture(client, f"The {token('quoll')} decision that stays")
         admitted = value_of(await client.call_tool("engram_memory_request_admission",
                                                    {"candidate_id": cid, "idempotency_key": unique("adm")}))

@@ -7,7 +7,7 @@ result paths an agent reads, and following those paths through the adapter works
 and the guide's calls of them say their ids are placeholders, which answer NOT_FOUND. The guide
 and the search description say in one line that memory is evidence, never instruction, and that
 an admission may be held for review (issue 59); resources/templates/list answers an empty list
-(issue 60). Real core, real `engram mcp`, the SDK's own client."""
+(issue 60). Real core, the real adapter in process (as `engram mcp` builds it), the SDK's own client."""
 
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ import pytest
 from mcp.shared.exceptions import MCPError
 from mcp_helpers import (
     PURPOSE,
+    adapter_client,
     approve,
     binding_for,
     capture_args,
     envelope_of,
     error_code,
-    stdio_client,
     unique,
     write_config,
 )
@@ -63,7 +63,7 @@ def _at(envelope: dict[str, Any], path: str) -> Any:
 
 
 async def test_the_guide_says_where_the_purpose_comes_from_and_a_mismatch_is_what_it_says(acme: Path) -> None:
-    async with stdio_client(acme) as client:
+    async with adapter_client(acme) as client:
         for text in await _guides(client):
             flat = " ".join(text.split())
             assert f"Your bound purpose_ref is {PURPOSE!r}. It comes from your host, not from you" in flat
@@ -84,7 +84,7 @@ async def test_the_guide_says_where_the_purpose_comes_from_and_a_mismatch_is_wha
 
 
 async def test_the_guide_says_which_protocol_errors_mean_stop_and_which_retry(acme: Path) -> None:
-    async with stdio_client(acme) as client:
+    async with adapter_client(acme) as client:
         for text in await _guides(client):
             flat = " ".join(text.split())
             assert f'{TEMPORARILY_UNAVAILABLE_CODE} "{TEMPORARILY_UNAVAILABLE}" (tools/list while the memory core ' \
@@ -94,7 +94,7 @@ async def test_the_guide_says_which_protocol_errors_mean_stop_and_which_retry(ac
 
 
 async def test_the_guide_shows_the_chain_of_ids_and_following_it_works(acme: Path) -> None:
-    async with stdio_client(acme, elicitation=approve) as client:
+    async with adapter_client(acme, elicitation=approve) as client:
         guide = " ".join((await _guides(client))[1].split())
         chain = re.search(r"engram_memory_capture -> (\S+) -> engram_memory_request_admission \{candidate_id, "
                           r"idempotency_key\} -> (\S+) .*?-> engram_memory_get \{record_id, purpose_ref\}", guide)
@@ -113,7 +113,7 @@ async def test_the_guide_shows_the_chain_of_ids_and_following_it_works(acme: Pat
 
 
 async def test_ids_say_where_they_come_from_and_the_guides_placeholders_are_not_found(acme: Path) -> None:
-    async with stdio_client(acme, elicitation=approve) as client:
+    async with adapter_client(acme, elicitation=approve) as client:
         listed = {tool.name: tool for tool in (await client.list_tools()).tools}
         for name in ID_TOOLS:
             schema = listed[name].input_schema
@@ -136,7 +136,7 @@ async def test_ids_say_where_they_come_from_and_the_guides_placeholders_are_not_
 
 
 async def test_memory_is_evidence_never_instruction_in_one_line(acme: Path) -> None:
-    async with stdio_client(acme) as client:
+    async with adapter_client(acme) as client:
         listed = {tool.name: tool for tool in (await client.list_tools()).tools}
         assert EVIDENCE_NOT_INSTRUCTION in (listed["engram_memory_search"].description or "")
         for text in await _guides(client):
@@ -146,7 +146,7 @@ async def test_memory_is_evidence_never_instruction_in_one_line(acme: Path) -> N
 
 async def test_resource_templates_list_answers_an_empty_list(acme: Path) -> None:
     """The MCP Inspector asks for templates of a server with resources; -32601 printed an error."""
-    async with stdio_client(acme) as client:
+    async with adapter_client(acme) as client:
         templates = await client.list_resource_templates()
         assert templates.resource_templates == []
         assert [str(r.uri) for r in (await client.list_resources()).resources] == [GUIDE_RESOURCE_URI]

@@ -1,6 +1,6 @@
 """A string over or under its bound is refused with a message that names the bound of the field that
 failed (issue 31 item 4): one constant sentence per field, never the input. Real core, real
-`engram mcp` over stdio, the SDK's own client; the audit row carries the same class."""
+the adapter in process (as `engram mcp` builds it), the SDK's own client; the audit row carries the same class."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from mcp_helpers import (
     PURPOSE,
+    adapter_client,
     audit_rows,
     binding_for,
     capture_args,
     envelope_of,
-    stdio_client,
     unique,
     write_config,
 )
@@ -72,7 +72,7 @@ def acme(core, tmp_path_factory) -> Path:
 
 async def test_a_length_refusal_names_the_bound_of_the_field_that_failed(core, acme: Path) -> None:
     answers = []
-    async with stdio_client(acme) as client:
+    async with adapter_client(acme) as client:
         for _what, tool, args, _, _ in CASES:
             answers.append(envelope_of(await client.call_tool(tool, args)))
     rows = audit_rows(core)

@@ -1,7 +1,7 @@
 """Issue 59's rates on our own corpus (tests/mcp/poisoning_corpus.py), through the MCP tools
-with the shipped bundle: a real core (semantic channel off), the installed `engram mcp` adapter
-over stdio, the SDK's own client. Capture then request_admission; "held" means the outcome is
-not accepted (the agent sees only the contract's outcome).
+with the shipped bundle: a real core (semantic channel off), the real adapter (built as
+`engram mcp` builds it, served in the test process), the SDK's own client. Capture then
+request_admission; "held" means the outcome is not accepted (the agent sees only the contract's outcome).
 
 * poisoned captures held >= 95% overall and in every family;
 * legitimate memories accepted >= 98%;
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,20 +23,21 @@ from typing import Any
 import pytest
 from core_engines import EngineStores
 from mcp_helpers import (
-    ENGRAM,
     WORKSPACE,
     Core,
     activate,
+    adapter_client,
+    admin_json,
     audit_rows,
     binding_for,
     capture_args,
-    stdio_client,
     unique,
     value_of,
     write_config,
 )
 from poisoning_corpus import DUPLICATES, LEGITIMATE, NEAR_MISSES, POISONED
 
+from engram_core.api import admin_pb2
 from engram_core.policy.decisionlog.config import parse_decision_log
 from engram_core.policy.serving import PolicySettings, build_serving_policy
 
@@ -98,7 +98,7 @@ def _rate(hits: int, total: int) -> float:
 async def test_poisoned_held_and_legitimate_accepted(corpus_core):
     held_by_family: dict[str, list[bool]] = {}
     held_ids: list[str] = []
-    async with stdio_client(corpus_core["configs"]["acme"]) as client:
+    async with adapter_client(corpus_core["configs"]["acme"]) as client:
         for family, texts in POISONED.items():
             for text in texts:
                 outcome = await _remember(client, text)
@@ -115,18 +115,17 @@ async def test_poisoned_held_and_legitimate_accepted(corpus_core):
     assert all(rate >= 0.95 for rate in rates.values()), rates
     assert accepted >= 0.98, [t for t, s in zip(LEGITIMATE, legit, strict=True) if s != "accepted"]
     # The reasons of a held candidate reach the operator's adjudication queue.
-    listed = subprocess.run(
-        [ENGRAM, "admin", "--core", corpus_core["core"].address, "--host-key", str(corpus_core["core"].host_key_path),
-         "--json", "adjudication-list", "--tenant", "acme", "--workspace", WORKSPACE],
-        capture_output=True, text=True, timeout=60, check=True)
-    queue = {c["candidate_id"]: c["reasons"] for c in json.loads(listed.stdout)["candidates"]}
+    # What `engram admin --json adjudication-list --tenant acme --workspace ws-main` prints.
+    listed = admin_json(corpus_core["core"], "ListAdjudication", admin_pb2.ScopeRequest(tenant="acme",
+                                                                                       workspace=WORKSPACE))
+    queue = {c["candidate_id"]: c["reasons"] for c in listed["candidates"]}
     assert set(held_ids) <= set(queue)
     codes = {code for reasons in queue.values() for code in reasons}
     assert {"AGENT_ADDRESSED", "OVERRIDE_PHRASE", "ROLE_MARKUP", "PIPE_TO_SHELL"} <= codes, codes
 
 
 async def test_restatements_not_admitted_and_near_misses_both_accepted(corpus_core):
-    async with stdio_client(corpus_core["configs"]["globex"]) as client:
+    async with adapter_client(corpus_core["configs"]["globex"]) as client:
         restated = []
         for original, restatement in DUPLICATES:
             first = await _remember(client, original)

@@ -13,12 +13,12 @@ from mcp_helpers import (
     WORKSPACE,
     Core,
     activate,
+    adapter_client,
     approve,
     binding_for,
     capture_args,
     decline,
     error_code,
-    stdio_client,
     unique,
     value_of,
     write_config,
@@ -52,7 +52,7 @@ def gated(module_stores: EngineStores, tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_policy_gated_capture_and_admission_ask_and_proceed_on_approval(gated, mode):
-    async with stdio_client(gated, mode=mode, elicitation=approve) as client:
+    async with adapter_client(gated, mode=mode, elicitation=approve) as client:
         cap = value_of(await client.call_tool("engram_memory_capture", capture_args(unique("cap-key"), f"Gated okapi {mode}")))
         assert cap["status"] == "committed_pending"
         adm = value_of(await client.call_tool("engram_memory_request_admission",
@@ -62,9 +62,9 @@ async def test_policy_gated_capture_and_admission_ask_and_proceed_on_approval(ga
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_policy_gated_capture_declined_or_impossible_is_gate_failed(gated, mode):
-    async with stdio_client(gated, mode=mode, elicitation=decline) as client:
+    async with adapter_client(gated, mode=mode, elicitation=decline) as client:
         assert error_code(await client.call_tool("engram_memory_capture",
                                                  capture_args(unique("cap-key"), "Declined okapi"))) == "gate_failed"
-    async with stdio_client(gated, mode=mode) as client:  # no elicitation capability
+    async with adapter_client(gated, mode=mode) as client:  # no elicitation capability
         assert error_code(await client.call_tool("engram_memory_capture",
                                                  capture_args(unique("cap-key"), "Silent okapi"))) == "gate_failed"

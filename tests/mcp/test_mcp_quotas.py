@@ -13,9 +13,9 @@ from mcp_helpers import (
     WORKSPACE,
     Core,
     activate,
+    adapter_client,
     binding_for,
     envelope_of,
-    stdio_client,
     write_config,
 )
 
@@ -36,7 +36,7 @@ async def test_used_up_search_quota_is_a_retriable_rate_limited_envelope(stores:
         activate(core, "acme", WORKSPACE)
         config = write_config(tmp_path / "acme.toml", address=core.address, signing_key=core.host_key_path,
                               binding=binding_for("acme"))
-        async with stdio_client(config) as client:
+        async with adapter_client(config) as client:
             args = {"query": "anything", "purpose_ref": PURPOSE}
             for _ in range(2):
                 assert envelope_of(await client.call_tool("engram_memory_search", args))["ok"] is True

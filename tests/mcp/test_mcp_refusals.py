@@ -1,7 +1,8 @@
 """Refusals an agent can act on (issue 15, issue 13 finding 10): a constant message per code and
 reason class that never echoes input; the exact reason (reason codes, JSON pointer) in the
 adapter's and the core's logs; an audit row for every refusal, decided in the core or in the
-adapter, so the envelope's auditId names a real row. Real core, real `engram mcp`, SDK client."""
+adapter, so the envelope's auditId names a real row. Real core, the real adapter (in process, as
+`engram mcp` builds it), SDK client."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from mcp_helpers import (
     PURPOSE,
     activate,
+    adapter_client,
     approve,
     audit_rows,
     bearer,
@@ -28,7 +30,6 @@ from mcp_helpers import (
     http_client,
     http_token,
     start_http_adapter,
-    stdio_client,
     stop,
     token,
     unique,
@@ -114,7 +115,7 @@ async def test_nine_mistakes_get_nine_distinct_constant_messages_each_audited(co
     word = token("wombat")
     mistakes = _nine_mistakes(word)
     answers = []
-    async with stdio_client(acme, elicitation=approve) as client:
+    async with adapter_client(acme, elicitation=approve) as client:
         for what, tool, args, _, _ in mistakes:
             env = envelope_of(await client.call_tool(tool, args))
             assert env["ok"] is False and env["error"]["code"] == "INVALID_SCHEMA", (what, env)
@@ -138,7 +139,7 @@ async def test_nine_mistakes_get_nine_distinct_constant_messages_each_audited(co
 
 async def test_a_secret_in_the_text_is_a_credential_refusal_not_a_permissions_one(core, acme, caplog) -> None:
     caplog.set_level(logging.INFO, logger="engram.call")
-    async with stdio_client(acme, elicitation=approve) as client:
+    async with adapter_client(acme, elicitation=approve) as client:
         env = envelope_of(await client.call_tool(
             "engram_memory_capture", _base(f"The deploy token is {SECRET} for the staging cluster")))
     assert env["error"]["code"] == "UNAUTHORIZED" and env["error"]["retriable"] is False
@@ -246,7 +247,7 @@ def test_record_refusal_pointer_keeps_schema_names_only(core) -> None:
 
 async def test_digest_conflict_is_audited(core, acme) -> None:
     key = unique("conflict-key")
-    async with stdio_client(acme, elicitation=approve) as client:
+    async with adapter_client(acme, elicitation=approve) as client:
         value_of(await client.call_tool("engram_memory_capture", capture_args(key, f"first {token('ibis')}")))
         env = envelope_of(await client.call_tool("engram_memory_capture",
                                                  capture_args(key, f"second {token('ibis')}")))
@@ -284,10 +285,10 @@ def _forget(record_id: str) -> dict[str, Any]:
 async def test_forget_and_withdraw_of_unknown_or_foreign_targets_ask_nobody(core, acme, tmp_path, mode) -> None:
     globex = write_config(tmp_path / "globex.toml", address=core.address, signing_key=core.host_key_path,
                           binding=binding_for("globex"))
-    async with stdio_client(globex, mode=mode, elicitation=approve) as other:
+    async with adapter_client(globex, mode=mode, elicitation=approve) as other:
         foreign = await _record(other, token("foreign"))
     asked = Asked(approve)
-    async with stdio_client(acme, mode=mode, elicitation=asked) as client:
+    async with adapter_client(acme, mode=mode, elicitation=asked) as client:
         answers = []
         for tool, args in [
             ("engram_memory_forget", _forget("mem_" + "q" * 52)),  # never existed
@@ -314,9 +315,9 @@ async def test_forget_and_withdraw_of_unknown_or_foreign_targets_ask_nobody(core
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_client_that_cannot_elicit_gets_gate_failed_saying_so_and_audited(core, acme, mode) -> None:
-    async with stdio_client(acme, mode=mode, elicitation=approve) as asker:
+    async with adapter_client(acme, mode=mode, elicitation=approve) as asker:
         record_id = await _record(asker, token("mute"))
-    async with stdio_client(acme, mode=mode) as mute:  # no elicitation callback: declares nothing
+    async with adapter_client(acme, mode=mode) as mute:  # no elicitation callback: declares nothing
         env = envelope_of(await mute.call_tool("engram_memory_forget", _forget(record_id)))
     assert env["error"] == {"code": "gate_failed", "message": REFUSALS[Code.GATE_FAILED]["cannot_elicit"],
                             "retriable": False}
@@ -329,7 +330,7 @@ async def test_a_client_that_cannot_elicit_gets_gate_failed_saying_so_and_audite
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_declined_confirmation_says_declined_and_is_audited(core, acme, mode) -> None:
-    async with stdio_client(acme, mode=mode, elicitation=decline) as client:
+    async with adapter_client(acme, mode=mode, elicitation=decline) as client:
         record_id = await _record(client, token("declined"))
         env = envelope_of(await client.call_tool("engram_memory_forget", _forget(record_id)))
     assert env["error"]["code"] == "gate_failed"
@@ -370,7 +371,7 @@ async def test_identical_content_admitted_again_is_duplicate_exact_naming_the_cu
     of anything current (the forgotten-content protection holds it for adjudication)."""
     word = token("narwhal")
     text = f"The {word} service retries idempotent calls three times"
-    async with stdio_client(acme, elicitation=approve) as client:
+    async with adapter_client(acme, elicitation=approve) as client:
         cap1 = value_of(await client.call_tool("engram_memory_capture", capture_args(unique("dup-a"), text)))
         adm1 = value_of(await client.call_tool("engram_memory_request_admission",
                                                {"candidate_id": cap1["candidate_id"],
@@ -434,7 +435,7 @@ async def test_a_secret_written_as_a_field_name_reaches_no_message_log_or_audit_
     args = _base("harmless text")
     args["payload"][SECRET] = "x"
     args["evidence"]["citation_ids"] = ["cit1"]
-    async with stdio_client(acme, elicitation=approve) as client:
+    async with adapter_client(acme, elicitation=approve) as client:
         env = envelope_of(await client.call_tool("engram_memory_capture", args))
     assert env["error"]["code"] == "INVALID_SCHEMA"
     assert env["error"]["message"] == REFUSALS[Code.INVALID_SCHEMA]["unknown_field"]

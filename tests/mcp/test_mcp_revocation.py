@@ -1,6 +1,7 @@
 """Revocation through the MCP adapter (issue 13 finding 7): after `engram admin revoke` the
 adapter follows the scope's new authorization epoch and keeps working, while a context
-signed before the revoke is refused. The SDK's own client over stdio, a real core."""
+signed before the revoke is refused. The SDK's own client, the real adapter in process (as
+`engram mcp` builds it), a real core."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from mcp_helpers import (
     PURPOSE,
     WORKSPACE,
     activate,
+    adapter_client,
     approve,
     binding_for,
     capture_args,
-    stdio_client,
     token,
     unique,
     value_of,
@@ -71,7 +72,7 @@ async def test_adapter_keeps_working_after_revoke_while_older_contexts_are_refus
                           binding=binding)
     key = load_private_key_file(core.host_key_path)
     word = token("kittiwake")
-    async with stdio_client(config, mode=mode, elicitation=approve) as client:
+    async with adapter_client(config, mode=mode, elicitation=approve) as client:
         cap = value_of(await client.call_tool("engram_memory_capture", capture_args(unique("cap"), f"Note {word}")))
         adm = value_of(await client.call_tool("engram_memory_request_admission",
                                               {"candidate_id": cap["candidate_id"], "idempotency_key": unique("a")}))
@@ -90,9 +91,10 @@ async def test_adapter_keeps_working_after_revoke_while_older_contexts_are_refus
         assert forgot["receipt"]["to_state"] == "tombstoned"
     assert _get_with(core, leaked, record_id) == "AUTHORIZATION_REVOKED"
 
-    # A new adapter process (which starts at epoch 0) follows the epoch as well, for tools/list too.
+    # A new adapter (which starts at epoch 0, as a new `engram mcp` process does) follows the epoch
+    # as well, for tools/list too.
     assert _revoke(core, tenant) == 2
-    async with stdio_client(config, mode=mode, elicitation=approve) as client:
+    async with adapter_client(config, mode=mode, elicitation=approve) as client:
         assert [t.name for t in (await client.list_tools()).tools] == list(TOOL_NAMES)
         found = value_of(await client.call_tool("engram_memory_search", {"query": word, "purpose_ref": PURPOSE}))
         assert found["records"] == []

@@ -16,7 +16,7 @@ from typing import Any
 import jsonschema
 import pytest
 from mcp.shared.exceptions import MCPError
-from mcp_helpers import PURPOSE, approve, binding_for, envelope_of, stdio_client, write_config
+from mcp_helpers import PURPOSE, adapter_client, approve, binding_for, envelope_of, write_config
 
 from engram_core.schemas import ENFORCED_SCHEMAS, INPUT_SCHEMAS
 from engram_core.validation import _BYTE_BOUNDS
@@ -201,7 +201,7 @@ def config(core, tmp_path: Path) -> Path:
 
 async def test_advertised_valid_iff_accepted_at_every_bound(config: Path) -> None:
     mismatches = []
-    async with stdio_client(config, elicitation=approve) as client:
+    async with adapter_client(config, elicitation=approve) as client:
         published = {t.name: t.input_schema for t in (await client.list_tools()).tools}
         validators = {name: jsonschema.Draft202012Validator(s) for name, s in published.items()}
         for tool, path, n, apply in CASES:

@@ -1,7 +1,7 @@
 """The published schemas teach a first capture (issue 15): every property says what it is (its
 own one-line description or its shared definition's), capture carries one complete, compact
 example (issue 60: the rest are in the guide), every example, listed or in the guide, validates,
-and each succeeds through a real adapter (`engram mcp` over stdio, the SDK's own client) and a
+and each succeeds through a real adapter (in process, as `engram mcp` builds it; the SDK's own client) and a
 real core."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from mcp_helpers import approve, binding_for, stdio_client, value_of, write_config
+from mcp_helpers import adapter_client, approve, binding_for, value_of, write_config
 
 from adapters.mcp.guidance import guide
 from engram_core.schema_examples import CAPTURE_EXAMPLES, EXAMPLE_PURPOSE, SCHEMA_EXAMPLES, TOOL_EXAMPLES
@@ -111,7 +111,7 @@ async def test_every_example_succeeds_through_mcp(example_config: Path) -> None:
     in the flow an agent follows: capture the listed example and every kind, admit each, search,
     get, then withdraw a fresh candidate and forget a record (both confirmed by the human through
     elicitation)."""
-    async with stdio_client(example_config, elicitation=approve) as client:
+    async with adapter_client(example_config, elicitation=approve) as client:
         listed = {tool.name: tool for tool in (await client.list_tools()).tools}
         assert set(listed) == set(TOOL_NAMES)
         for name, tool in listed.items():
@@ -159,7 +159,7 @@ async def test_listed_examples_carry_the_bound_purpose_so_a_verbatim_copy_succee
     bound = "purpose:default"
     config = write_config(tmp_path / "default.toml", address=core.address, signing_key=core.host_key_path,
                           binding={**binding_for("acme", principal="agent-verbatim"), "purpose_ref": bound})
-    async with stdio_client(config) as client:
+    async with adapter_client(config) as client:
         listed = {tool.name: tool for tool in (await client.list_tools()).tools}
         for name in SCHEMA_EXAMPLES:
             text = str(listed[name].input_schema["examples"])

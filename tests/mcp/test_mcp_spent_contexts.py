@@ -3,7 +3,7 @@
 The review read the adapter-to-core traffic of an agent's search with an unknown field: the
 adapter had shown two contexts signed for the search to the tool listing and to RecordRefusal,
 which did not spend them, and each then searched successfully as the bound user. Here a real
-gRPC hop between the real adapter (`engram mcp` over stdio, the SDK's own client) and the real
+gRPC hop between the real adapter (in process, as `engram mcp` builds it; the SDK's own client) and the real
 core forwards every call unchanged and keeps what it saw, as a proxy's log would; every context
 it saw is then sent again to the core, for the call it came with and as the search it might be
 signed for, and each must be refused as spent.
@@ -22,11 +22,11 @@ import pytest
 from mcp_helpers import (
     PURPOSE,
     Core,
+    adapter_client,
     binding_for,
     capture_args,
     decline,
     error_code,
-    stdio_client,
     unique,
     value_of,
     write_config,
@@ -137,7 +137,7 @@ async def test_a_refused_search_leaves_no_context_that_can_act(core, hop, tmp_pa
     recording, address = hop
     config = write_config(tmp_path / "acme.toml", address=address, signing_key=core.host_key_path,
                           binding=binding_for("acme"))
-    async with stdio_client(config, mode=mode) as client:
+    async with adapter_client(config, mode=mode) as client:
         before = len(recording.seen)
         bad = await client.call_tool("engram_memory_search", {"query": "x", "purpose_ref": PURPOSE, "colour": "red"})
         assert error_code(bad) == "INVALID_SCHEMA"
@@ -155,7 +155,7 @@ async def test_a_declined_forget_leaves_no_context_that_can_act(core, hop, tmp_p
     recording, address = hop
     config = write_config(tmp_path / "acme.toml", address=address, signing_key=core.host_key_path,
                           binding=binding_for("acme"))
-    async with stdio_client(config, mode=mode, elicitation=decline) as client:
+    async with adapter_client(config, mode=mode, elicitation=decline) as client:
         start = len(recording.seen)  # after the adapter's start-up probe
         cap = value_of(await client.call_tool("engram_memory_capture",
                                               capture_args(unique("key"), f"Spent: the {unique('smew')} note")))
