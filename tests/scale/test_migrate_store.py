@@ -14,10 +14,11 @@ from pathlib import Path
 
 from core_support import Client, activate
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from mcp_helpers import ENGRAM, REPO
+from mcp_helpers import ENGRAM, REPO, admin_json
 from pg_cluster import Database
 from replicas import serve_store
 
+from engram_core.api import admin_pb2
 from engram_core.app.composition import start_core
 from engram_core.errors import Code
 from engram_core.hostkeys import key_id, public_pem
@@ -89,10 +90,9 @@ def test_an_embedded_store_moves_into_postgresql_and_serves_there(pg_database: D
         assert alpha.search("guillemot note")["records"] == []
         alpha.channel.close()
         beta.channel.close()
-        listed = _engram(pg_database.env, "admin", "--json", "--core", replica.address, "--host-key",
-                         str(replica.host_key_path), "list-host-keys")
-        assert listed.returncode == 0, listed.stderr
-        keys = {k["id"]: k for k in json.loads(listed.stdout)["host_keys"]}
+        # What `engram admin --json list-host-keys` prints (the command is tested in tests/admin).
+        listed = admin_json(replica, "ListHostKeys", admin_pb2.ScopeRequest())
+        keys = {k["id"]: k for k in listed["host_keys"]}
         assert keys[key_id(partner)]["tenants"] == ["globex"]
     finally:
         replica.stop()
