@@ -9,7 +9,7 @@ terms: NFKC, case folding, Unicode word tokens, English stop words dropped, Snow
 stems (PyStemmer). A query also drops the words that frame a question ("do you remember", "tell
 me"). Stored postings were made by the analyzer of their time: the store records its id
 (``store_meta``) and the core re-derives every posting when it changes
-(``services/maintenance.reanalyze_lexical``), so a search never mixes two analyzers.
+(``services/maintenance/projections.reanalyze_lexical``), so a search never mixes two analyzers.
 """
 
 from __future__ import annotations
