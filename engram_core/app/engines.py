@@ -110,9 +110,8 @@ def _open_postgresql(config: StoreConfig, vault: KeyVault, load_index: bool, aud
     before = getattr(vault, "migrations_applied_at_open", [])  # applied when the vault opened first
     engine.migrations_applied_at_open = sorted({*before, *engine.migrations_applied_at_open})
     try:
-        # No audit spool: a read's row goes to the database at once (every core's rows in one place).
-        # Each scope's index is loaded on its first read (every read checks the scope's head anyway).
-        store = StoreKernel(engine, vault, spool_dir=None, load_index=load_index, lazy_scopes=True,
+        # The engine's capabilities say how the kernel keeps it (no audit spool, scopes loaded on first read).
+        store = StoreKernel(engine, vault, spool_dir=config.data_dir, load_index=load_index,
                             index_max_records=config.index_max_records, sketch_vectors=config.vector_search)
     except BaseException:
         engine.close()

@@ -160,19 +160,20 @@ class ObservedEmbedder:
 
 
 def observe_store(store: Any, metrics: CoreMetrics | None) -> None:
-    if metrics is not None:
-        store.engine.on_commit = metrics.observe_commit
-        store.engine.on_scope_lock = metrics.observe_scope_lock
+    """Report the store's commits, scope locks, index builds and scope loads: through the
+    observers the store was built with (``store/engine.py`` ``StoreObservers``, which its engine
+    reports to as well), never by setting attributes of the store or its engine."""
 
     def rebuilt(seconds: float, documents: int) -> None:
         if metrics is not None:
             metrics.observe_index_rebuild(seconds, documents)
         log_event("search_index_built", documents=documents, seconds=round(seconds, 3))
 
-    store.on_index_rebuild = rebuilt
-
     def loaded(seconds: float, records: int) -> None:
         if metrics is not None:
             metrics.scope_load_seconds.observe(seconds)
 
-    store.on_scope_load = loaded
+    observers = store.observers
+    if metrics is not None:
+        observers.observe(on_commit=metrics.observe_commit, on_scope_lock=metrics.observe_scope_lock)
+    observers.observe(on_index_rebuild=rebuilt, on_scope_load=loaded)

@@ -15,8 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from engram_core.store.port import RecordRow
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +49,7 @@ class VectorIndexed:
     workspace: str
     record_id: str
     model: str
-    vector: Sequence[float]  # float32 values as the sealed projection holds them
+    vector: Sequence[float] | NDArray[Any]  # float32 values as the sealed projection holds them
 
 
 @dataclass(frozen=True, slots=True)

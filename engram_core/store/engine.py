@@ -10,9 +10,17 @@ durability around COMMIT, and the in-memory search index, which the kernel feeds
 committed changes (``changes.py``). Services never see an engine: they see the kernel's
 ``Store``/``Tx`` (``port.py``).
 
-Two engines implement it: DuckDB (``store/duckdb``, one process, the embedded default) and
-PostgreSQL (``store/postgres``, several processes over one database). Both pass the store
-conformance suite (``tests/store/``), which is the executable form of this page.
+Three engines implement it: DuckDB (``store/duckdb``, one process, the embedded default),
+PostgreSQL (``store/postgres``, several processes over one database) and an in-memory engine
+(``store/memory``: no durability, the reference and a test bed). All three pass the store
+conformance suite (``store/conformance``, run by ``tests/store/``), which is the executable form
+of this page; an engine outside this repository runs it the same way (docs/engines.md).
+
+An engine declares what it is (``EngineCapabilities``: the sole writer of its database or one of
+several, whether standalone audit rows are spooled, whether scopes load on first use) and the
+kernel reads that; the state several cores share (context-nonce claims, the host-key trust
+version, leader leases, the page-pin shelf, usage counters) is the engine's ``shared``
+(``SharedState``): ``shared_state.SoleWriterState`` for a sole writer, the database's otherwise.
 
 ## Guarantees every engine gives
 
@@ -50,7 +58,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engram_core.crypto.keyvault import WrappedKey
 from engram_core.store.changes import Change
@@ -63,7 +71,107 @@ from engram_core.store.port import (
     KeyDestruction,
     RecordRow,
     ScopeRow,
+    SharedPin,
 )
+
+if TYPE_CHECKING:
+    from engram_core.store.page_pins import PinShelf
+    from engram_core.store.usage_counters import SharedUsage, UsageRead
+
+# Usage buckets as ``SharedUsage.usage_buckets`` answers them: (subject, window) -> (start, metric, total).
+UsageBuckets = dict[tuple[str, str], list[tuple[int, str, int]]]
+
+
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What an engine is, which the kernel reads (nobody else chooses for it).
+
+    ``sole_writer``: no other process writes its database (a fence keeps them out), so the
+    kernel's copies of committed state are exact and what cores share lives in this process
+    (``shared_state.SoleWriterState``); False: other cores write the same database, the kernel
+    asks the engine for scope heads and the engine's ``shared`` is the database's.
+    ``spools_audit``: a standalone audit row of its own transaction costs milliseconds here, so
+    the kernel appends such rows to a spool file in the core's data directory and moves them in
+    by batches (``audit_spool.py``); False: the engine writes each at once.
+    ``lazy_scopes``: each scope's search index loads on its first read and the least recently
+    used are evicted under a budget (``index_residency.py``): for an engine of several writers,
+    whose reads ask the database for the scope head anyway. Only with ``sole_writer`` False.
+    ``records_key_generations``: the engine records the KEK generation wrapping a destroyed
+    key itself, read in the destroying transaction after the key's ledger row is gone (its
+    vault's keys are in its own database), so a rotation on another process cannot re-wrap the
+    key after the generation was read: the kernel then passes no generation and asks the vault
+    for none. ``holds_key_vault``: the engine keeps the key vault's rows in its database and
+    reads records' wrapped keys with them (``ScopeChanges.keys``)."""
+
+    sole_writer: bool
+    spools_audit: bool = False
+    lazy_scopes: bool = False
+    records_key_generations: bool = False
+    holds_key_vault: bool = False
+
+    def __post_init__(self) -> None:
+        if self.lazy_scopes and self.sole_writer:
+            raise ValueError("lazy_scopes is for an engine other cores share (sole_writer False)")
+
+
+class SharedState(Protocol):
+    """The state every core of one store shares, besides its rows (``Engine.shared``).
+
+    Where one process is the sole writer this is that process's memory
+    (``shared_state.SoleWriterState``: every claim succeeds, there is no trust version, every
+    lease is held, pins and usage counts stay in the kernel's in-memory stores). Where several
+    cores share the database it is the database's (``postgres/shared_state.py``), and every
+    answer is what all cores see: a claim is refused to the second core that makes it, a lease
+    is held by one core at a time, a pin put by one core is found by another."""
+
+    def claim_context_nonce(self, ref: str, expires_at_ms: int) -> bool:
+        """Claim a context's nonce for every core: True when none claimed it before."""
+        ...
+
+    def claim_context_nonce_and_trust(self, ref: str, expires_at_ms: int, *, usage: UsageRead | None = None,
+                                      ) -> tuple[bool, int | None, UsageBuckets | None]:
+        """The claim, the host-key trust version (``host_keys_version``) and ``usage``'s buckets
+        (None when not asked), in one round trip (``Store.claim_context``)."""
+        ...
+
+    def host_keys_version(self) -> int | None:
+        """The trust version as last committed by any core (``Store.host_keys_version``); None
+        for a sole writer, whose copy of the keys is exact."""
+        ...
+
+    def leader_lease(self, job: str) -> AbstractContextManager[bool]:
+        """Whether this core holds ``job``'s lease for the block (``Store.leader_lease``)."""
+        ...
+
+    def pin_shelf(self) -> PinShelf | None:
+        """Where search pins are put besides this process's memory (None: memory alone)."""
+        ...
+
+    def shared_usage(self) -> SharedUsage | None:
+        """The usage buckets every core adds to (None: this process's counters alone)."""
+        ...
+
+
+class StoreObservers:
+    """What operators watch of a store (observability/ports.py), handed to the kernel when it is
+    built and by the kernel to its engine (``Engine.set_hooks``): one object both report to.
+    Each is a callable or None (nothing watches). ``observe`` sets them once a watcher exists."""
+
+    def __init__(self) -> None:
+        self.on_commit: Callable[[float, int], None] | None = None  # seconds per COMMIT, transactions
+        # Seconds waited for a write transaction's first scope lock and seconds it was held (an
+        # engine of scope locks; DuckDB has one writer lock and never calls it).
+        self.on_scope_lock: Callable[[float, float], None] | None = None
+        self.on_index_rebuild: Callable[[float, int], None] | None = None  # seconds, documents
+        self.on_scope_load: Callable[[float, int], None] | None = None  # seconds, records of a cold load
+        self.on_scope_evict: Callable[[int], None] | None = None  # scopes evicted
+
+    def observe(self, **callbacks: Callable[..., None] | None) -> None:
+        """Set the named observers (a name that is none of them is a TypeError)."""
+        for name, callback in callbacks.items():
+            if not hasattr(self, name):
+                raise TypeError(f"no store observer {name!r}")
+            setattr(self, name, callback)
 
 
 @dataclass(frozen=True)
@@ -131,6 +239,19 @@ class TxEffects:
     keys_zeroed: bool = True  # every destroyed key is gone from this vault (slot zeroed)
 
 
+class AuditWriter(Protocol):
+    """What the kernel's ``prepare`` writes audit rows through: the committing transaction (an
+    ``EngineTx``), or, for transactions an engine commits together, what writes for all of them."""
+
+    def audit_heads(self, chains: list[str]) -> dict[str, tuple[int, str]]:
+        """As ``EngineTx.audit_heads``."""
+        ...
+
+    def insert_audit(self, docs: list[dict[str, Any]], *, if_absent: bool = False) -> None:
+        """As ``EngineTx.insert_audit``."""
+        ...
+
+
 class CommitHooks(Protocol):
     """The kernel's part of every commit, called by the engine in this order."""
 
@@ -139,7 +260,7 @@ class CommitHooks(Protocol):
         vault's sync); returns a token for ``prepare``."""
         ...
 
-    def prepare(self, effects: list[TxEffects], tx: EngineTx, token: Any) -> None:
+    def prepare(self, effects: list[TxEffects], tx: AuditWriter, token: Any) -> None:
         """Inside the transaction, just before COMMIT: the audit rows chained and written through
         ``tx``, new data keys durable, audit devices written. Raising rolls everything back."""
         ...
@@ -309,6 +430,12 @@ class EngineTx(Protocol):
         """(``context_nonce``, ``at_ms``) of the audit rows written since ``since_ms`` that name one."""
         ...
 
+    def put_page_pin(self, pin: SharedPin) -> None:
+        """A search pin where every core reads it (``SharedState.pin_shelf``), written with this
+        transaction (a standalone audit row's, where the engine spools no rows). Only asked of an
+        engine of several writers; a sole writer's raises ValueError."""
+        ...
+
     # -- trusted host keys, metadata, the store as a whole --------------------------------------------
     def trusted_host_keys(self) -> list[tuple[str, str]]: ...
     def add_trusted_host_key(self, key_id: str, pem: str, at_ms: int) -> None:
@@ -353,18 +480,32 @@ class IndexScan(Protocol):
 
 
 class Engine(Protocol):
-    """A storage engine: transactions, migrations, and the scans the kernel builds from."""
+    """A storage engine: transactions, migrations, and the scans the kernel builds from.
 
-    sole_writer: bool  # no other process writes its database (the kernel's copies are then exact)
-    # The engine records the KEK generation wrapping a destroyed key itself, read in the destroying
-    # transaction after the key's ledger row is gone (its vault's keys are in its own database), so
-    # a rotation on another process cannot re-wrap the key after the generation was read: the
-    # kernel then passes no generation and asks the vault for none (one round trip fewer).
-    records_key_generations: bool
+    Everything the kernel asks of an engine is declared here (a static type checker proves it:
+    tests/unit/test_type_check.py)."""
 
-    def set_hooks(self, hooks: CommitHooks) -> None: ...
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """What the engine is (sole writer or one of several, spool, lazy scopes)."""
+        ...
 
-    def write(self, *, batched: bool, effects: TxEffects,
+    @property
+    def shared(self) -> SharedState:
+        """The state the store's cores share (``SharedState``)."""
+        ...
+
+    def set_hooks(self, hooks: CommitHooks, observers: StoreObservers) -> None:
+        """The kernel's commit hooks, and the observers the engine reports commits and scope
+        locks to (``StoreObservers.on_commit``, ``on_scope_lock``); called once, by the kernel."""
+        ...
+
+    def reload(self) -> None:
+        """Rebuild the engine's own caches (negative-lookup digests, committed copies) from its
+        database, after writes that bypassed it; nothing where it keeps none."""
+        ...
+
+    def write(self, *, batched: bool = False, effects: TxEffects,
               scope: tuple[str, str] | None = None) -> AbstractContextManager[EngineTx]:
         """A read-write transaction (see the guarantees above); ``batched``: the engine may commit
         it together with other batched transactions, each member's ``effects`` handed to the

@@ -21,6 +21,11 @@ Services see the kernel as the ``Store`` port (``port.py``); under it an engine
   rows searches pin. An engine whose database others also write (``sole_writer`` False) is
   asked for the scope head instead, and the index catches up from the journal when it is
   behind (``catch_up``), so a read on one core sees what another core acknowledged.
+
+The kernel reads what the engine is from its ``capabilities`` (``engine.EngineCapabilities``:
+sole writer, spooled audit rows, scopes loaded on first use) and asks the state cores share of
+its ``shared`` (``engine.SharedState``). It calls nothing of an engine that ``engine.Engine``
+does not declare (a type checker proves it: tests/unit/test_type_check.py).
 """
 
 from __future__ import annotations
@@ -28,12 +33,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engram_core.crypto.keyvault import KeyVault, WrappedKey, record_data_keys
 from engram_core.errors import Code, EngramError
@@ -48,8 +52,16 @@ from engram_core.store.changes import (
     ScopeProjectionsDropped,
     VectorIndexed,
 )
-from engram_core.store.engine import Engine, EngineTx, TxEffects, records_of_event
+from engram_core.store.engine import (
+    AuditWriter,
+    Engine,
+    EngineTx,
+    StoreObservers,
+    TxEffects,
+    records_of_event,
+)
 from engram_core.store.index_residency import IndexResidency, ResidencyStats
+from engram_core.store.kernel_projections import ProjectionMaintenance
 from engram_core.store.page_pins import PinStore
 from engram_core.store.port import (
     AuditRow,
@@ -60,9 +72,12 @@ from engram_core.store.port import (
     RecordRow,
     ScopeRow,
     SharedPin,
+    Store,
+    Tx,
 )
-from engram_core.store.projection import Projection, open_plain, open_projection, seal_projection
-from engram_core.store.search_index import FIELD_CODE, FIELDS, IndexBuilder, SearchIndex
+from engram_core.store.projection import Projection, open_plain, open_projection
+from engram_core.store.search_index import FIELDS, IndexBuilder, SearchIndex
+from engram_core.store.tx_delegation import EngineTxDelegation
 from engram_core.store.usage_counters import QuotaCounters, UsageRead
 
 SPOOL_BATCH = 512  # spooled audit rows moved into the engine in one transaction
@@ -73,36 +88,38 @@ class StoreKernel:
     """The ``Store`` port over one engine, one key vault and (optionally) a spool directory."""
 
     def __init__(self, engine: Engine, keys: KeyVault | None, *, spool_dir: Path | None = None,
-                 load_index: bool = True, recover: bool = True, lazy_scopes: bool = False,
-                 index_max_records: int = 0, sketch_vectors: bool = True) -> None:
+                 load_index: bool = True, recover: bool = True, index_max_records: int = 0,
+                 sketch_vectors: bool = True, observers: StoreObservers | None = None) -> None:
         """``keys``: the key vault (projections are sealed under record keys; a kernel opened
-        without one, for offline tools, has no search index). ``spool_dir``: where standalone
-        audit rows are spooled (None: the engine writes each at once). ``load_index=False``
+        without one, for offline tools, has no search index). ``spool_dir``: the core's data
+        directory, where standalone audit rows are spooled if the engine ``spools_audit`` (None,
+        or an engine that does not: the engine writes each at once). ``load_index=False``
         leaves the search index to ``reload_indexes`` (the server builds it after it listens);
         ``recover=False`` leaves rows a previous process spooled where they are (offline tools
-        that read what a crash left). ``lazy_scopes``, for an engine other cores share (a read
-        reads the scope's head from the database anyway): a scope's index is loaded on its first
-        read, not at open, and the least recently used scopes are evicted once the loaded ones
+        that read what a crash left). An engine with ``lazy_scopes`` (one other cores share: a
+        read reads the scope's head from the database anyway) has a scope's index loaded on its
+        first read, not at open, and the least recently used scopes evicted once the loaded ones
         hold more than ``index_max_records`` records (0: never; ``index_residency.py``).
         ``sketch_vectors`` False: a core that serves no semantic search does not build the
-        vectors' int8 sketch when it loads a scope (``IndexBuilder``)."""
+        vectors' int8 sketch when it loads a scope (``IndexBuilder``). ``observers``: what
+        operators watch (``engine.StoreObservers``; the engine reports to the same object)."""
         self.engine = engine
+        self.capabilities = capabilities = engine.capabilities
         self._keys = keys
-        engine.set_hooks(self)
+        self.observers = observers if observers is not None else StoreObservers()
+        engine.set_hooks(self, self.observers)
         self.writer_chain = new_writer_chain()
         # The writer chain's head and who may append to it: a standalone row holds this lock
         # from taking its place in the chain until it is durable.
         self._audit_lock = threading.RLock()
         self._writer_head: tuple[int, str] = (0, "sha256:" + "0" * 64)
         self._devices: Any = None
-        self._spool = AuditSpool(spool_dir) if spool_dir is not None else None
+        self._spool = AuditSpool(spool_dir) if spool_dir is not None and capabilities.spools_audit else None
         # Rows a previous process acknowledged but did not move in (it did not close cleanly).
         self.spool_replayed_rows = len(self._spool.pending) if self._spool is not None else 0
         self._mover = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engram-audit-move")
         self._move_scheduled = False
         self._syncer: ThreadPoolExecutor | None = None  # the key vault's sync beside a commit's statements
-        # Observability hook (engram_core/observability/ports.py): seconds and documents per rebuild.
-        self.on_index_rebuild: Callable[[float, int], None] | None = None
         # What searches read instead of the database: the search index and the scope rows as of
         # the last commit, published together after each COMMIT under one lock. Stale after a
         # commit of unknown outcome or a failed apply: rebuilt from one snapshot before next use.
@@ -112,11 +129,7 @@ class StoreKernel:
         # Per scope, the journal cursor up to which the index holds every committed change.
         self._applied: dict[tuple[str, str], int] = {}
         # Scopes loaded on first use (None: every scope is loaded at open).
-        self._residency = (IndexResidency(index_max_records) if lazy_scopes and not engine.sole_writer
-                           else None)
-        # Observability hooks: seconds and records of a scope's cold load; scopes evicted.
-        self.on_scope_load: Callable[[float, int], None] | None = None
-        self.on_scope_evict: Callable[[int], None] | None = None
+        self._residency = IndexResidency(index_max_records) if capabilities.lazy_scopes else None
         self.on_scope_refresh: Callable[[str, str], None] | None = None  # Store.on_scope_refresh
         self._sketch_vectors = sketch_vectors
         self._stale = True
@@ -154,12 +167,12 @@ class StoreKernel:
         if self.engine.in_write():
             # Its durability would wait for, or be undone with, the open transaction.
             raise EngramError(Code.STORE_UNAVAILABLE, "standalone audit row inside a write transaction")
-        if page_pins and self.engine.sole_writer:
+        shelf = self.engine.shared.pin_shelf()
+        if page_pins and shelf is None:
             raise ValueError("page pins are shared only where other cores write the store")
-        if page_pins and self._spool is not None:
+        if page_pins and shelf is not None and self._spool is not None:
             for pin in page_pins:
-                self.engine.put_page_pin(pin.pin_id, pin.tenant, pin.workspace, pin.pin,  # type: ignore[attr-defined]
-                                         pin.expires_at_ms)
+                shelf.put_page_pin(pin.pin_id, pin.tenant, pin.workspace, pin.pin, pin.expires_at_ms)
             page_pins = ()
         with self._audit_lock:
             doc = audit_doc(row, self.writer_chain, self._writer_head)
@@ -171,7 +184,7 @@ class StoreKernel:
                 else:
                     with self.engine.write(effects=TxEffects(spooled_audit=[doc])) as etx:
                         for pin in page_pins:
-                            etx.put_page_pin(pin)  # type: ignore[attr-defined]
+                            etx.put_page_pin(pin)
             except EngramError:
                 if self._devices:
                     self._devices.abort(self.writer_chain, [doc["seq"]])
@@ -216,43 +229,34 @@ class StoreKernel:
     def claim_context_nonce(self, ref: str, expires_at_ms: int) -> bool:
         """Claim a context's nonce where every core of the store sees it: True when it was not
         claimed before. An engine that is the sole writer of its database needs no such claim
-        (the process's ledger, seeded from the audit log at open, is exact), so True."""
-        if self.engine.sole_writer:
-            return True
-        return self.engine.claim_context_nonce(ref, expires_at_ms)  # type: ignore[attr-defined]
+        (the process's ledger, seeded from the audit log at open, is exact): its shared state
+        (``shared_state.SoleWriterState``) says True."""
+        return self.engine.shared.claim_context_nonce(ref, expires_at_ms)
 
     def claim_context(self, ref: str, expires_at_ms: int, *, usage: UsageRead | None = None) -> ContextClaim:
         """The claim, the host-key trust version and ``usage``'s buckets, in one round trip of the
         engine's (``port.py``)."""
-        if self.engine.sole_writer:
-            return ContextClaim(claimed=True, host_keys_version=None)
-        claimed, version, found = self.engine.claim_context_nonce_and_trust(  # type: ignore[attr-defined]
-            ref, expires_at_ms, usage=usage)
+        claimed, version, found = self.engine.shared.claim_context_nonce_and_trust(ref, expires_at_ms, usage=usage)
         return ContextClaim(claimed=claimed, host_keys_version=version, usage=found)
 
     def host_keys_version(self) -> int | None:
-        if self.engine.sole_writer:
-            return None
-        return self.engine.host_keys_version()  # type: ignore[attr-defined]
+        return self.engine.shared.host_keys_version()
 
     @contextmanager
     def leader_lease(self, job: str) -> Iterator[bool]:
         """The job's leader lease (``port.py``): held by the sole writer, else the engine's."""
-        if self.engine.sole_writer:
-            yield True
-            return
-        with self.engine.leader_lease(job) as held:  # type: ignore[attr-defined]
+        with self.engine.shared.leader_lease(job) as held:
             yield held
 
     def page_pins(self, now_ms: Callable[[], int]) -> PinStore:
         """Where search pins are kept: this process's memory, and the database too when other
         cores share it (a cursor from one core pages on another)."""
-        return PinStore(now_ms=now_ms, shelf=None if self.engine.sole_writer else self.engine)  # type: ignore[arg-type]
+        return PinStore(now_ms=now_ms, shelf=self.engine.shared.pin_shelf())
 
     def usage_counters(self, now_ms: Callable[[], int]) -> QuotaCounters:
         """The usage counters quotas are decided on: in memory for the sole writer, the database's
         when other cores share it (one quota however a principal's calls are spread)."""
-        return QuotaCounters(now_ms, shared=None if self.engine.sole_writer else self.engine)  # type: ignore[arg-type]
+        return QuotaCounters(now_ms, shared=self.engine.shared.shared_usage())
 
     def audit_spool_state(self) -> tuple[int, int | None]:
         """(audit rows spooled but not yet in the engine, ``at_ms`` of the oldest of them)."""
@@ -282,7 +286,7 @@ class StoreKernel:
             self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engram-keysync")
         return self._syncer.submit(self._keys.sync)
 
-    def prepare(self, effects: list[TxEffects], tx: Any, token: Future[None] | None) -> None:
+    def prepare(self, effects: list[TxEffects], tx: AuditWriter, token: Future[None] | None) -> None:
         if token is not None:
             token.result()
         spooled = [d for e in effects for d in e.spooled_audit]
@@ -388,7 +392,8 @@ class StoreKernel:
 
     def _loaded_or_unknown(self, change: Any) -> bool:
         scope = _scope_of_change(change)
-        return scope is None or scope in self._residency  # type: ignore[operator]
+        assert self._residency is not None
+        return scope is None or scope in self._residency
 
     def _load_scope(self, tenant: str, workspace: str) -> int:
         """Load one scope's index from its sealed projections at one snapshot (outside the
@@ -421,12 +426,12 @@ class StoreKernel:
                 for victim in evicted:
                     self._index.drop_scope(*victim)
                     self._applied.pop(victim, None)
-        if self.on_scope_load is not None:
-            self.on_scope_load(time.perf_counter() - started, len(blobs))
+        if self.observers.on_scope_load is not None:
+            self.observers.on_scope_load(time.perf_counter() - started, len(blobs))
         if self.on_scope_refresh is not None:
             self.on_scope_refresh(tenant, workspace)
-        if evicted and self.on_scope_evict is not None:
-            self.on_scope_evict(len(evicted))
+        if evicted and self.observers.on_scope_evict is not None:
+            self.observers.on_scope_evict(len(evicted))
         return len(blobs)
 
     def residency(self) -> ResidencyStats | None:
@@ -441,7 +446,7 @@ class StoreKernel:
         at least as new as this row, so its ``last_cursor`` can pin a search. Where other cores
         write the same database, the row is read from it and the index caught up to its head
         first (``catch_up``): a read here sees what any core acknowledged before it."""
-        if not self.engine.sole_writer:
+        if not self.capabilities.sole_writer:
             return self.catch_up(tenant, workspace)
         with self._publish:
             if self._stale:
@@ -453,7 +458,7 @@ class StoreKernel:
         write's authorization reads the row alone, so a write on a core another core writes
         beside costs one round trip here instead of a catch-up (a second round trip, the new
         records' keys and indexing them) on every call; reads catch up, several writes at once."""
-        if self.engine.sole_writer:
+        if self.capabilities.sole_writer:
             return self.committed_scope(tenant, workspace)
         return self.engine.scope_now(tenant, workspace)
 
@@ -528,9 +533,7 @@ class StoreKernel:
         """Rebuild the search index and committed scope rows from the engine (after writes that
         bypassed the kernel); ``key_digests``: the engine's own caches too."""
         if key_digests:
-            reload = getattr(self.engine, "reload", None)
-            if reload is not None:
-                reload()
+            self.engine.reload()
         with self._publish:
             self._reload()
 
@@ -558,8 +561,8 @@ class StoreKernel:
             self._applied = {}
         else:
             self._applied = {k: row.last_cursor for k, row in scopes.items()}
-        if self.on_index_rebuild is not None:
-            self.on_index_rebuild(time.perf_counter() - started, index.document_count())
+        if self.observers.on_index_rebuild is not None:
+            self.observers.on_index_rebuild(time.perf_counter() - started, index.document_count())
 
     def document_count(self) -> int | None:
         """Records the search index holds (None while it is being built)."""
@@ -638,10 +641,13 @@ class StoreKernel:
             self._syncer.shutdown()
 
 
-class KernelTx:
+class KernelTx(ProjectionMaintenance, EngineTxDelegation):
     """The ``Tx`` port: one engine transaction, with the kernel's chains, sealing and index.
 
-    Everything not defined here is the engine's persistence, unchanged (``engine.EngineTx``)."""
+    The ``Tx`` members not defined here are the engine's persistence, unchanged, each delegated
+    by name (``tx_delegation.py``); nothing else of the engine transaction is reachable."""
+
+    _kernel: StoreKernel
 
     def __init__(self, kernel: StoreKernel, etx: EngineTx, effects: TxEffects | None, *, latest: bool = False) -> None:
         self._kernel = kernel
@@ -652,12 +658,29 @@ class KernelTx:
         self._latest = latest
         self._inserted: dict[str, RecordRow] = {}  # records this transaction inserted (index_record needs them)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._etx, name)
+    # Raw SQL for tests that read tables straight through a store transaction (tests/core_engines.py
+    # ``rows``, tests/search/test_projections.py): the engine transaction's own statement runners
+    # (None where it has no such one). Not part of ``Tx``, and no other engine member is reachable;
+    # to go once those tests read through ``store.engine.read()``.
+    @property
+    def _all(self) -> Any:
+        return getattr(self._etx, "_all", None)
+
+    @property
+    def _one(self) -> Any:
+        return getattr(self._etx, "_one", None)
+
+    @property
+    def _query(self) -> Any:
+        return getattr(self._etx, "_query", None)
 
     @property
     def destroyed_slots(self) -> list[int]:
         return self._effects.destroyed_slots
+
+    @destroyed_slots.setter
+    def destroyed_slots(self, slots: list[int]) -> None:
+        self._effects.destroyed_slots = slots
 
     @property
     def keys_zeroed(self) -> bool:
@@ -668,6 +691,10 @@ class KernelTx:
     def key_destruction_outcome(self) -> str:
         """After the commit: "complete" once every key this transaction destroyed is zeroed."""
         return self._effects.key_destruction_outcome
+
+    @key_destruction_outcome.setter
+    def key_destruction_outcome(self, outcome: str) -> None:
+        self._effects.key_destruction_outcome = outcome
 
     # -- the journal ------------------------------------------------------------------------------------------
     def append_event(
@@ -719,9 +746,9 @@ class KernelTx:
         keys = self._kernel._keys
         if slot is None:
             slot = self._etx.data_key_slot(owner)
-        asks_vault = keys is not None and not self._kernel.engine.records_key_generations
-        if generation is None and slot is not None and asks_vault:
-            generation = keys.generation_of(slot)  # type: ignore[union-attr]
+        if generation is None and slot is not None and keys is not None \
+                and not self._kernel.capabilities.records_key_generations:
+            generation = keys.generation_of(slot)
         dropped = self._etx.drop_data_key(owner, at_ms, reason, slot=slot, generation=generation)
         if dropped is not None:
             self._effects.destroyed_slots.append(dropped)
@@ -743,7 +770,7 @@ class KernelTx:
         rows, from the search index's copy where it holds one (published with each commit)."""
         if not record_ids:
             return {}
-        if not self._latest or not self._kernel.engine.sole_writer:
+        if not self._latest or not self._kernel.capabilities.sole_writer:
             return self._etx.records(tenant, workspace, record_ids)
         with self._kernel.search_index() as index:
             found = index.rows(tenant, workspace, record_ids)
@@ -763,91 +790,6 @@ class KernelTx:
     def set_record_trust_class(self, record_id: str, trust_class: str) -> None:
         self._etx.set_record_trust_class(record_id, trust_class)
         self._effects.changes.append(RecordRowChanged(record_id))  # the index's copy shows the old class
-
-    # -- projections ---------------------------------------------------------------------------------------------------
-    def index_record(self, tenant: str, workspace: str, record_id: str, fields: dict[str, Counter[int]],
-                     vector: tuple[str, list[float]] | None = None) -> None:
-        """The search projection of one accepted record (after ``insert_record``, in the same
-        transaction): postings and the vector (model id, values), stored as one blob sealed under
-        the record's own data key (store/projection.py), so a forget shreds them with the body."""
-        inserted = self._inserted.get(record_id)
-        if inserted is not None and inserted.state == "accepted_current":
-            r = inserted
-        else:  # a record inserted earlier (rebuild, restore), or whose state changed since
-            found = self._etx.records(tenant, workspace, [record_id]).get(record_id)
-            if found is None:
-                raise EngramError(Code.STORE_UNAVAILABLE, "index_record before insert_record")
-            r = found
-        projection = Projection.of({FIELD_CODE[name]: counts for name, counts in fields.items()},
-                                   *(vector if vector is not None else ("", None)))
-        sealed = seal_projection(self._kernel.data_key(r), record_id, projection)
-        self._etx.put_projection(tenant, workspace, record_id, sealed, new=inserted is not None)
-        postings = tuple(Posting(term, name, tf, sum(counts.values()))
-                         for name, counts in fields.items() for term, tf in counts.items())
-        self._effects.changes.append(RecordIndexed(r, postings))
-        if vector is not None:
-            self._effects.changes.append(VectorIndexed(tenant, workspace, record_id, vector[0], vector[1]))
-
-    def unindex_record(self, tenant: str, workspace: str, record_id: str) -> int:
-        """Delete the record's sealed projection; returns how many postings it held (as the
-        committed index counts them, or, where this core's index does not hold the record, as
-        its sealed projection does)."""
-        removed = self._kernel.indexed_postings(tenant, workspace, record_id)
-        if removed is None:
-            removed = self.postings_count(record_id)
-        self._etx.delete_projection(record_id)
-        self._effects.changes.append(RecordUnindexed(tenant, workspace, record_id))
-        return removed
-
-    def projection(self, record_id: str) -> Projection | None:
-        """The record's search projection, opened with its data key (None: it has none)."""
-        found = self._etx.projection_blob(record_id)
-        if found is None:
-            return None
-        sealed, rec = found
-        return open_projection(self._kernel.data_key(rec), record_id, sealed)
-
-    def postings_count(self, record_id: str) -> int:
-        projection = self.projection(record_id)
-        return projection.postings if projection is not None else 0
-
-    def vector_count(self, record_id: str) -> int:
-        projection = self.projection(record_id)
-        return int(projection is not None and projection.vector is not None)
-
-    def _scope_projections(self, tenant: str, workspace: str) -> Iterator[tuple[RecordRow, bytes, Projection]]:
-        """Every sealed projection of a scope with its record row and data key, opened (maintenance)."""
-        for rec, sealed in self._etx.scope_projection_blobs(tenant, workspace):
-            key = self._kernel.data_key(rec)
-            yield rec, key, open_projection(key, rec.record_id, sealed)
-
-    def reseal_projections(self, tenant: str, workspace: str,
-                           rewrite: Callable[[RecordRow, Projection], Projection | None]) -> int:
-        """Replace the projection of every record in a scope with ``rewrite(record, projection)``
-        (None: leave it). The search index is not told: the caller reloads it after the commit."""
-        resealed = []
-        for rec, key, old in self._scope_projections(tenant, workspace):
-            projection = rewrite(rec, old)
-            if projection is not None:
-                resealed.append((rec.record_id, seal_projection(key, rec.record_id, projection)))
-        self._etx.update_projection_blobs(resealed)
-        return len(resealed)
-
-    def projection_counts(self, tenant: str, workspace: str) -> dict[str, int]:
-        """Postings and vectors in the scope's sealed projections (opened: maintenance only)."""
-        counts = {"projections": 0, "postings": 0, "vectors": 0}
-        for _, _, projection in self._scope_projections(tenant, workspace):
-            counts["projections"] += 1
-            counts["postings"] += projection.postings
-            counts["vectors"] += int(projection.vector is not None)
-        return counts
-
-    def drop_projections(self, tenant: str, workspace: str) -> dict[str, int]:
-        """Delete the sealed projections of one scope; returns what they held (postings, vectors)."""
-        counts = self.projection_counts(tenant, workspace)
-        self._etx.drop_scope_projections(tenant, workspace)
-        self._effects.changes.append(ScopeProjectionsDropped(tenant, workspace))
-        return counts
 
     # -- ranking (the search index) ----------------------------------------------------------------------------------------
     def lexical_stats(self, tenant: str, workspace: str, terms: list[int]) -> LexicalStats:
@@ -915,3 +857,11 @@ def _runs(appended: list[tuple[str, str, int]]) -> dict[tuple[str, str], list[in
     for t, w, c in appended:
         out.setdefault((t, w), []).append(c)
     return out
+
+
+if TYPE_CHECKING:  # the kernel is the port: a type checker fails here when it is not (test_type_check.py)
+    def _kernel_is_a_store(kernel: StoreKernel) -> Store:
+        return kernel
+
+    def _kernel_tx_is_a_tx(tx: KernelTx) -> Tx:
+        return tx

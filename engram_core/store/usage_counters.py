@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -41,7 +41,7 @@ class SharedUsage(Protocol):
         """Add (subject, window, bucket start, metric, amount) rows to the buckets."""
         ...
 
-    def usage_buckets(self, wanted: list[tuple[str, str, int]], *, adding: list[tuple[str, str, int, str, int]] = (),
+    def usage_buckets(self, wanted: list[tuple[str, str, int]], *, adding: Sequence[tuple[str, str, int, str, int]] = (),
                       ) -> dict[tuple[str, str], list[tuple[int, str, int]]]:
         """For each (subject, window, floor): (bucket start, metric, total) of its buckets after the
         floor, as they were before ``adding`` (rows as ``add_usage`` takes them), which are added in

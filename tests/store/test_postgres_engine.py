@@ -395,12 +395,12 @@ def test_usage_adds_lock_bucket_rows_in_one_order_whatever_order_they_were_count
     engine = PostgresEngine(pg_database.conninfo, pool_size=2)
     try:
         first, second = ("user:a", "minute", 0, "m_a", 1), ("user:a", "minute", 0, "m_b", 1)
-        engine.add_usage([first, second])  # both rows exist
+        engine.shared.add_usage([first, second])  # both rows exist
         failures: list[BaseException] = []
 
         def add_in_reverse() -> None:
             try:
-                engine.add_usage([second, first])
+                engine.shared.add_usage([second, first])
             except BaseException as exc:  # noqa: BLE001 - reported below
                 failures.append(exc)
 
@@ -593,8 +593,8 @@ def test_usage_counts_are_one_count_across_cores_and_a_cores_adds_ride_on_its_ne
     now = [1_800_000_000_000]
     other = PostgresEngine(pg_database.conninfo, pool_size=1)
     try:
-        a = QuotaCounters(lambda: now[0], shared=store.engine)
-        b = QuotaCounters(lambda: now[0], shared=other)
+        a = QuotaCounters(lambda: now[0], shared=store.engine.shared)
+        b = QuotaCounters(lambda: now[0], shared=other.shared)
         a.usage(T, W, P)  # the connection made, outside the count
         for _ in range(3):
             a.add(T, W, P, "searches")

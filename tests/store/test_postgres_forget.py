@@ -121,7 +121,7 @@ def test_a_forgotten_record_leaves_nothing_readable_in_heap_wal_or_dump(
             tx.drop_data_key("candidate:cand_forget", 2, "accepted", slot=cand_slot)
         term = next(iter(fields["primary"]))
         assert search(store, [term]) == ["mem_forget"]  # admitted and searchable
-        with store.read() as rtx:
+        with store.engine.read() as rtx:  # the sealed blob as the engine keeps it (not a Tx member)
             sealed_projection = rtx.projection_blob("mem_forget")[0]
         wrapped["record"] = _wrapped(pg_database, rec_slot)
         # The candidate's key was destroyed at admission: its row is gone (its bytes are not, below).

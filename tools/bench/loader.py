@@ -28,6 +28,7 @@ from engram_core.services.core import Core, new_id, record_id_of
 from engram_core.services.lexical import record_fields
 from engram_core.services.memory import MemoryService
 from engram_core.store.chain import event_digest_of
+from engram_core.store.engine import TxEffects
 from engram_core.store.fields import FIELD_CODE
 from engram_core.store.projection import Projection, seal_projection
 from engram_core.tools import CAPTURE_TOOL, TOOL_NAMES
@@ -138,7 +139,9 @@ def load_scope(core: Core, corpus: Corpus, tenant: str, workspace: str, n: int, 
             vectors = embedder.embed_batch(["\n".join(c["text"] for c in r["eff"]["components"]) for r in recs])
         slots = _new_slots(core, [(f"record:{r['id']}", r["key"]) for r in recs])
         os.fdatasync(core.vault._fd)  # noqa: SLF001 - durable before the transaction that references them
-        with core.store.write() as tx:
+        # An engine transaction of its own: the rows go in raw, and moving the scope's journal head
+        # past them (``set_scope_head``) is the engine's, not the store port's (issue 62).
+        with core.store.engine.write(effects=TxEffects()) as tx:  # type: ignore[attr-defined]
             con = tx._con  # noqa: SLF001
             scope = tx.scope(tenant, workspace)
             cursor, prev = scope.last_cursor, scope.last_event_digest

@@ -38,7 +38,14 @@ from engram_core.store.duckdb.migrations import LEDGER_DDL, MIGRATIONS
 from engram_core.store.duckdb.record_links import RecordLinks
 from engram_core.store.duckdb.record_sql import RECORD_COLS, RECORD_COLS_BEFORE_12, record_of
 from engram_core.store.duckdb.trust import TrustClasses
-from engram_core.store.engine import CommitHooks, ScopeChanges, TxEffects, read_changes_since
+from engram_core.store.engine import (
+    CommitHooks,
+    EngineCapabilities,
+    ScopeChanges,
+    StoreObservers,
+    TxEffects,
+    read_changes_since,
+)
 from engram_core.store.key_digests import KeyDigests
 from engram_core.store.port import (
     CandidateRow,
@@ -48,10 +55,12 @@ from engram_core.store.port import (
     KeyDestruction,
     RecordRow,
     ScopeRow,
+    SharedPin,
     iter_chunks,
 )
 from engram_core.store.projection import DataKeys, Projection, seal_projection
 from engram_core.store.search_index import FIELD_CODE
+from engram_core.store.shared_state import SOLE_WRITER_STATE
 
 SCHEMA_VERSION = max(m.version for m in MIGRATIONS)  # what this engine writes
 OPEN_CHUNK = 4096  # rows / projections fetched per round trip when the index is built
@@ -123,6 +132,8 @@ def _rollback(con: duckdb.DuckDBPyConnection) -> None:
 
 class DuckDBEngineTx(RecordLinks, TrustClasses):
     """Persistence over one DuckDB connection inside a transaction (``engine.EngineTx``)."""
+
+    _store: DuckDBEngine
 
     def __init__(self, con: duckdb.DuckDBPyConnection, engine: DuckDBEngine, *, writing: bool = False,
                  batch: Batch | None = None) -> None:
@@ -615,6 +626,9 @@ class DuckDBEngineTx(RecordLinks, TrustClasses):
         return [(r[0], int(r[1])) for r in self._all(
             "SELECT context_nonce, at_ms FROM audit WHERE at_ms >= ? AND context_nonce <> ''", [since_ms])]
 
+    def put_page_pin(self, pin: SharedPin) -> None:
+        raise ValueError("page pins are shared only where other cores write the store")
+
     def all_audit_heads(self) -> dict[str, tuple[int, str]]:
         return {r[0]: (int(r[1]), r[2]) for r in self._all(
             "SELECT chain, seq, row_digest FROM audit WHERE (chain, seq) IN "
@@ -684,8 +698,11 @@ class DuckDBEngineTx(RecordLinks, TrustClasses):
 class DuckDBEngine:
     """The DuckDB file engine (``engine.Engine``). ``open`` fences, migrates and loads its caches."""
 
-    sole_writer = True  # the flock fence: no other process opens the file while this one has it
-    records_key_generations = False  # the key vault (a file) says which generation wraps a key
+    # The flock fence: no other process opens the file while this one has it. A standalone audit
+    # row's own transaction would cost a commit: spooled. The key vault (a file) says which KEK
+    # generation wraps a key.
+    capabilities = EngineCapabilities(sole_writer=True, spools_audit=True)
+    shared = SOLE_WRITER_STATE  # nothing to share with another core (shared_state.py)
     tx_class: type[DuckDBEngineTx] = DuckDBEngineTx
 
     def __init__(self, data_dir: Path, *, migrate: bool = True, keys: DataKeys | None = None) -> None:
@@ -694,10 +711,9 @@ class DuckDBEngine:
         self.data_dir = data_dir
         self._keys = keys
         self._hooks: CommitHooks | None = None
-        # Observability hook (engram_core/observability/ports.py sets it): seconds per COMMIT.
-        self.on_commit: Any = None
-        # Never called: one writer lock, not scope locks (PostgresEngine.on_scope_lock).
-        self.on_scope_lock: Any = None
+        # Observability (``StoreObservers``, the kernel's): seconds per COMMIT. Its ``on_scope_lock``
+        # is never called: one writer lock, not scope locks.
+        self.observers = StoreObservers()
         self.path = data_dir / "engram.duckdb"
         # Held for the process lifetime; created owner-only whatever the process umask.
         self._lock_file = os.fdopen(os.open(data_dir / "engram.lock", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600),
@@ -734,8 +750,18 @@ class DuckDBEngine:
         if migrate:
             self._load_copies()
 
-    def set_hooks(self, hooks: CommitHooks) -> None:
+    def set_hooks(self, hooks: CommitHooks, observers: StoreObservers) -> None:
         self._hooks = hooks
+        self.observers = observers
+
+    @property
+    def on_commit(self) -> Any:
+        """``observers.on_commit`` (tests watch commits through it)."""
+        return self.observers.on_commit
+
+    @on_commit.setter
+    def on_commit(self, callback: Any) -> None:
+        self.observers.on_commit = callback
 
     # -- migrations ------------------------------------------------------------------
     def check_migrations(self, *, apply: bool) -> list[int]:
@@ -1078,8 +1104,8 @@ class DuckDBEngine:
         started = time.perf_counter()
         try:
             con.execute("COMMIT")
-            if self.on_commit is not None:
-                self.on_commit(time.perf_counter() - started, transactions)
+            if self.observers.on_commit is not None:
+                self.observers.on_commit(time.perf_counter() - started, transactions)
         except duckdb.Error as exc:
             # The commit may or may not have reached the WAL; the committed copies cannot know either.
             self._stale()

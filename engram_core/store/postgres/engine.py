@@ -103,7 +103,7 @@ from engram_core.crypto.keyvault import WrappedKey
 from engram_core.errors import Code, EngramError
 from engram_core.observability import tracing
 from engram_core.store.chain import GENESIS, LEGACY_CHAIN, scope_chain
-from engram_core.store.engine import CommitHooks, ScopeChanges, TxEffects
+from engram_core.store.engine import CommitHooks, EngineCapabilities, ScopeChanges, StoreObservers, TxEffects
 from engram_core.store.port import (
     CandidateRow,
     Event,
@@ -118,7 +118,7 @@ from engram_core.store.port import (
 from engram_core.store.postgres.leases import LeaderLeases
 from engram_core.store.postgres.migrations import MIGRATION_LOCK, MIGRATIONS, Migration, run_migrations
 from engram_core.store.postgres.pool import Pool, failure
-from engram_core.store.usage_counters import UsageRead
+from engram_core.store.postgres.shared_state import PgSharedState
 
 SCHEMA_VERSION = max(m.version for m in MIGRATIONS)  # what this engine writes
 OPEN_CHUNK = 4096  # rows fetched per round trip while the search index is built
@@ -126,10 +126,7 @@ FLUSH_STATEMENTS = 256  # buffered statements sent early (a long maintenance tra
 FLUSH_IDLE_S = 5.0  # buffered statements sent early once the server has not heard from us this long
 MAX_BIGINT = 2**63 - 1
 BATCH_MEMBERS = 32  # a scope's batch commits at this size even with members queued (bounds latency)
-SWEEP_EVERY_S = 60.0  # expired shared rows (nonce claims, page pins, usage buckets) deleted this often
-CLAIM_RETAIN_MS = 24 * 3_600_000  # nonce claims kept: far longer than any context lives (300 s)
 EXACT_COUNTS_UP_TO = 1_000_000  # rows (planner estimate) up to which the start-up summary counts exactly
-USAGE_RETAIN_MS = 2 * 3_600_000  # usage buckets kept: the longest quota window (an hour), twice
 log = logging.getLogger(__name__)
 
 RECORD_COLS = (
@@ -245,9 +242,6 @@ def _audit_doc(row: Sequence[Any]) -> dict[str, Any]:
     return d
 
 
-def _subject(subject: str) -> str:
-    """A usage subject as stored: its NUL-separated parts as a JSON array (TEXT holds no NUL)."""
-    return json.dumps(subject.split("\x00"), separators=(",", ":"))
 
 
 def _conflict(exc: BaseException) -> bool:
@@ -282,7 +276,7 @@ def text_key(key: str) -> str:
 class _Statement:
     sql: str
     params: Sequence[Any] | None = None
-    on_rows: Callable[[list[tuple[Any, ...]]], None] | None = None  # called with its rows after the round trip
+    on_rows: Callable[[list[tuple[Any, ...]]], object] | None = None  # called with its rows after the round trip
     many: bool = False  # params is a sequence of parameter rows (executemany)
 
 
@@ -428,7 +422,8 @@ class PostgresEngineTx:
         """``port.Tx.read_ahead``: each read is run once with its statements recorded (answered
         with no rows, its result ignored), then all of them go in one round trip with the
         buffered scope locks and writes; each statement's rows answer the first identical one."""
-        self._recording = recorded = []
+        recorded: list[_Statement] = []
+        self._recording = recorded
         try:
             for read in reads:
                 try:
@@ -1158,10 +1153,13 @@ class PostgresEngine:
     without a statement this long (a core that died mid-transaction frees its scope locks);
     ``lock_timeout_s``: a writer waiting this long for a scope is refused (STORE_UNAVAILABLE)."""
 
-    sole_writer = False  # other cores write the same database
-    # A destroyed key's KEK generation is read from vault_keys in the destroying transaction, after
-    # its data_keys row is deleted (which holds off a concurrent re-wrap: keyvault.PgKeyVault.rewrap).
-    records_key_generations = True
+    # Other cores write the same database: no audit spool (a read's row goes to the database at
+    # once, every core's rows in one place), and each scope's index is loaded on its first read
+    # (every read checks the scope's head anyway). A destroyed key's KEK generation is read from
+    # vault_keys in the destroying transaction, after its data_keys row is deleted (which holds off
+    # a concurrent re-wrap: keyvault.PgKeyVault.rewrap); the vault's rows are in this database.
+    capabilities = EngineCapabilities(sole_writer=False, spools_audit=False, lazy_scopes=True,
+                                      records_key_generations=True, holds_key_vault=True)
     tx_class: type[PostgresEngineTx] = PostgresEngineTx  # (tests put a deliberately broken one here)
 
     def __init__(self, conninfo: str, *, pool_size: int = 20, migrate: bool = True,
@@ -1170,16 +1168,15 @@ class PostgresEngine:
                  lock_timeout_s: float = 30.0) -> None:
         self._migrations = migrations
         self._hooks: CommitHooks | None = None
-        self.on_commit: Any = None  # observability: seconds per COMMIT round trip, transactions (1)
-        # observability: (seconds waited for a write transaction's first scope lock, seconds it was
-        # held until COMMIT or ROLLBACK returned), once per write transaction that locked a scope
-        self.on_scope_lock: Any = None
+        # Observability (``StoreObservers``): seconds per COMMIT round trip, transactions (1);
+        # (seconds waited for a write transaction's first scope lock, seconds it was held until
+        # COMMIT or ROLLBACK returned), once per write transaction that locked a scope.
+        self.observers = StoreObservers()
+        self.shared = PgSharedState(self)  # nonce claims, trust version, leases, pins, usage
         self._lanes: dict[tuple[str, str], _Lane] = {}  # group commit, per scope (``_member``)
         self._lanes_lock = threading.Lock()
         self._lock_timeout_s = lock_timeout_s
         self._local = threading.local()
-        self._sweep_lock = threading.Lock()
-        self._swept: dict[str, float] = {}
         self._open = False
         self._pool = Pool(conninfo, name="engram-store", size=pool_size, connect_timeout_s=connect_timeout_s,
                           timeout_s=pool_timeout_s, settings=[
@@ -1211,8 +1208,21 @@ class PostgresEngine:
     def _discard(self, conn: psycopg.Connection) -> None:
         self._pool.discard(conn)
 
-    def set_hooks(self, hooks: CommitHooks) -> None:
+    def set_hooks(self, hooks: CommitHooks, observers: StoreObservers) -> None:
         self._hooks = hooks
+        self.observers = observers
+
+    @property
+    def on_commit(self) -> Any:
+        """``observers.on_commit`` (tests watch commits through it)."""
+        return self.observers.on_commit
+
+    @on_commit.setter
+    def on_commit(self, callback: Any) -> None:
+        self.observers.on_commit = callback
+
+    def reload(self) -> None:
+        """Nothing: the engine keeps no copy of anything another core can change."""
 
     # -- migrations -----------------------------------------------------------------------------------------------------
     def check_migrations(self, *, apply: bool) -> list[int]:
@@ -1252,6 +1262,24 @@ class PostgresEngine:
     def _require_open(self) -> None:
         if not self._open:
             raise EngramError(Code.STORE_UNAVAILABLE, "store closed")
+
+    def autocommit(self, statements: Sequence[tuple[str, Sequence[Any], bool]]) -> list[list[tuple[Any, ...]]]:
+        """Statements on their own, outside any transaction of the caller's, in one round trip
+        (the shared state's: ``shared_state.py``): each ``(sql, params, durable)`` committed in a
+        transaction of its own, in order; ``durable`` False: committed with ``synchronous_commit =
+        off`` (``_unflushed``), for rows a database crash may take back without harm. The rows of each."""
+        self._require_open()
+        out: list[list[tuple[Any, ...]]] = [[] for _ in statements]
+        batch: list[_Statement] = []
+        for i, (sql, params, durable) in enumerate(statements):
+            statement = _Statement(sql, params, on_rows=out[i].extend)
+            batch += [statement] if durable else _unflushed(statement)
+        with self.read(snapshot=False) as tx:
+            try:
+                tx._send(batch)
+            except psycopg.Error as exc:
+                raise tx._store_error(exc) from None
+        return out
 
     def in_write(self) -> bool:
         return getattr(self._local, "writing", False)
@@ -1308,13 +1336,13 @@ class PostgresEngine:
                 tx.rollback()
                 hooks.rolled_back(effects)
             raise
-        if self.on_commit is not None:
-            self.on_commit(time.perf_counter() - started, len(effects))
+        if self.observers.on_commit is not None:
+            self.observers.on_commit(time.perf_counter() - started, len(effects))
         hooks.committed(effects, tx.scope_changes())
 
     def _observe_lock(self, tx: PostgresEngineTx) -> None:
-        if tx.locked_at is not None and self.on_scope_lock is not None:
-            self.on_scope_lock(tx.lock_wait_s, time.perf_counter() - tx.locked_at)
+        if tx.locked_at is not None and self.observers.on_scope_lock is not None:
+            self.observers.on_scope_lock(tx.lock_wait_s, time.perf_counter() - tx.locked_at)
 
     # -- group commit, per scope -----------------------------------------------------------------------------------
     # The writes of one scope queue on its row lock whichever core makes them, and each paid its
@@ -1521,177 +1549,6 @@ class PostgresEngine:
                 keys[int(rec.key_slot)] = WrappedKey(found[RECORD_WIDTH + 1], int(found[RECORD_WIDTH + 2]),  # type: ignore[arg-type]
                                                      int(found[RECORD_WIDTH + 3]), bytes(found[RECORD_WIDTH + 4]))
         return ScopeChanges(row, events, rows, blobs, keys)
-
-    # -- state every core shares (the kernel asks for it because ``sole_writer`` is False) ---------------------------
-    def _autocommit(self, sql: str, params: Sequence[Any], *, durable: bool = True) -> list[tuple[Any, ...]]:
-        """One statement on its own (autocommit), outside any transaction of the caller's.
-        ``durable=False``, for rows a database crash may take back without harm (quota counts,
-        which are soft, and page pins, whose cursor then answers as an expired one): its
-        transaction commits with ``synchronous_commit = off``, visible to every core at once but
-        not waiting for the WAL flush (the WAL writer flushes it within a few hundred ms)."""
-        self._require_open()
-        with self.read(snapshot=False) as tx:
-            if durable:
-                return tx._query(sql, params)
-            out: list[list[tuple[Any, ...]]] = []
-            try:
-                tx._send(_unflushed(_Statement(sql, params, on_rows=out.append)))
-            except psycopg.Error as exc:
-                raise tx._store_error(exc) from None
-            return out[0]
-
-    def _sweep_due(self, what: str) -> bool:
-        """True at most once per ``SWEEP_EVERY_S`` per kind of shared row: expired rows are deleted
-        then, by the statement that found it due (no round trip of its own)."""
-        now = time.monotonic()
-        with self._sweep_lock:
-            if what in self._swept and now - self._swept[what] < SWEEP_EVERY_S:
-                return False
-            self._swept[what] = now
-            return True
-
-    def claim_context_nonce(self, ref: str, expires_at_ms: int) -> bool:
-        """Claim a context's nonce for every core of the database: True when no core claimed it
-        before (the primary key is the arbiter; a claim is never replaced). Claims whose context
-        expired more than ``CLAIM_RETAIN_MS`` before this one's expiry are swept now and then: no
-        context lives that long (SPEC §2: 300 s), so those contexts are refused by their expiry
-        anyway. Every bound here is taken from the caller's instants, not this host's clock."""
-        sweep = self._sweep_due("nonces")
-        rows = self._autocommit(
-            ("WITH swept AS (DELETE FROM context_nonce_claims WHERE expires_at_ms < %s) " if sweep else "")
-            + "INSERT INTO context_nonce_claims VALUES (%s, %s) ON CONFLICT (ref) DO NOTHING RETURNING true",
-            ([expires_at_ms - CLAIM_RETAIN_MS] if sweep else []) + [ref, expires_at_ms])
-        return bool(rows)
-
-    def claim_context_nonce_and_trust(self, ref: str, expires_at_ms: int, *, usage: UsageRead | None = None,
-                                      ) -> tuple[bool, int, dict[tuple[str, str], list[tuple[int, str, int]]] | None]:
-        """``claim_context_nonce`` and the host-key trust version (``host_keys_version``), read by
-        the same statement: one round trip, the one every call that spends its context makes
-        anyway. The version is the statement's snapshot's, so it is at least as new as every
-        host-key change committed before the claim began. ``usage``: the same round trip adds
-        its held-back rows and reads its buckets (``usage_buckets``; the third value, None
-        without it), so the call's quota check makes no round trip of its own. They go in a
-        transaction of their own ahead of the claim's, committed without waiting for the WAL
-        flush as ``usage_buckets`` commits them: every call of a scope adds to the scope's
-        bucket rows, and in the claim's durable transaction their row locks were held through
-        its flush, so the scope's calls queued behind one another's flushes. A failure after
-        the adds committed may send them again with the next read (soft counts, as the
-        flusher's retry)."""
-        sweep = self._sweep_due("nonces")
-        clauses = ["swept AS (DELETE FROM context_nonce_claims WHERE expires_at_ms < %s)"] if sweep else []
-        params: list[Any] = [expires_at_ms - CLAIM_RETAIN_MS] if sweep else []
-        clauses.append("claimed AS (INSERT INTO context_nonce_claims VALUES (%s, %s) ON CONFLICT (ref) DO NOTHING "
-                       "RETURNING true)")
-        params += [ref, expires_at_ms]
-        claim = ("WITH " + ", ".join(clauses) + " SELECT EXISTS (SELECT 1 FROM claimed), "
-                 "(SELECT version FROM host_key_trust WHERE id = 1)")
-        if usage is None:
-            rows = self._autocommit(claim, params)
-            return bool(rows[0][0]), int(rows[0][1]), None
-        added, added_params = self._usage_insert(usage.adding) if usage.adding else ([], [])
-        buckets, bucket_params = self._bucket_query(usage.wanted)
-        read: list[list[tuple[Any, ...]]] = []
-        claimed: list[list[tuple[Any, ...]]] = []
-        self._require_open()
-        with self.read(snapshot=False) as tx:
-            try:
-                # One Sync: the adds' explicit transaction ends at its COMMIT, and the claim runs
-                # in a transaction of its own after it, committed (durably) at the Sync.
-                tx._send([*_unflushed(_Statement(("WITH " + ", ".join(added) + " " if added else "") + buckets,
-                                                 added_params + bucket_params, on_rows=read.append)),
-                          _Statement(claim, params, on_rows=claimed.append)])
-            except psycopg.Error as exc:
-                raise tx._store_error(exc) from None
-        return bool(claimed[0][0][0]), int(claimed[0][0][1]), self._buckets_found(usage.wanted, read[0])
-
-    def host_keys_version(self) -> int:
-        """The trust version as last committed: migration 6's ``host_key_trust`` row, which a
-        trigger on ``trusted_host_keys`` moves in the transaction of every insert, re-binding or
-        delete of a key (whichever core, or a restore, made it)."""
-        return int(self._autocommit("SELECT version FROM host_key_trust WHERE id = 1", [])[0][0])
-
-    @contextmanager
-    def leader_lease(self, job: str) -> Iterator[bool]:
-        """``Store.leader_lease`` on PostgreSQL: ``leases.LeaderLeases`` (a session advisory lock
-        per job, held while this core leads it)."""
-        self._require_open()
-        yield self.leases.hold(job)
-
-    def put_page_pin(self, pin_id: str, tenant: str, workspace: str, pin: bytes, expires_at_ms: int) -> None:
-        """A search pin where every core reads it (``page_pins.PinShelf``)."""
-        self._autocommit("INSERT INTO page_pins VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING true",
-                         [pin_id, tenant, workspace, pin, expires_at_ms], durable=False)
-
-    def page_pin(self, pin_id: str, now_ms: int) -> bytes | None:
-        """The pin, unless it expired by ``now_ms`` (expired pins are swept now and then)."""
-        sweep = self._sweep_due("pins")
-        rows = self._autocommit(
-            ("WITH swept AS (DELETE FROM page_pins WHERE expires_at_ms < %s) " if sweep else "")
-            + "SELECT pin FROM page_pins WHERE pin_id = %s AND expires_at_ms >= %s",
-            ([now_ms] if sweep else []) + [pin_id, now_ms])
-        return bytes(rows[0][0]) if rows else None
-
-    def _usage_insert(self, rows: list[tuple[str, str, int, str, int]]) -> tuple[list[str], list[Any]]:
-        """The statements adding ``rows`` to the usage buckets, as WITH clauses (the old buckets'
-        sweep, now and then: those ``USAGE_RETAIN_MS`` older than the first row's), and their
-        parameters. A data-modifying WITH clause runs once, whether the statement reads it or not."""
-        summed: dict[tuple[str, str, int, str], int] = {}
-        for subject, window, start, metric, amount in rows:  # ON CONFLICT may touch a row only once
-            k = (_subject(subject), window, start, metric)
-            summed[k] = summed.get(k, 0) + amount
-        cols = [list(c) for c in zip(*[(*k, v) for k, v in summed.items()], strict=True)]
-        clauses: list[str] = []
-        params: list[Any] = []
-        if self._sweep_due("usage"):
-            clauses.append("swept AS (DELETE FROM usage_buckets WHERE bucket_start_ms < %s)")
-            params.append(min(r[2] for r in rows) - USAGE_RETAIN_MS)
-        # The statement's ORDER BY locks the rows in key order whichever order they were counted
-        # in: two adds that lock the same bucket rows in different orders deadlock, and one of them
-        # fails its call (seen under load on two cores as STORE_UNAVAILABLE).
-        clauses.append("added AS (INSERT INTO usage_buckets AS u SELECT * FROM unnest(%s::text[], %s::text[], "
-                       "%s::bigint[], %s::text[], %s::bigint[]) AS n(s, w, b, m, a) ORDER BY s, w, b, m "
-                       "ON CONFLICT (subject, time_window, bucket_start_ms, metric) DO UPDATE SET amount = "
-                       "u.amount + EXCLUDED.amount RETURNING true)")
-        return clauses, params + cols
-
-    def add_usage(self, rows: list[tuple[str, str, int, str, int]]) -> None:
-        """Add to usage buckets every core adds to (``usage_counters.SharedUsage``): all of
-        ``rows`` (subject, window, bucket start, metric, amount) in one statement."""
-        if rows:
-            clauses, params = self._usage_insert(rows)
-            self._autocommit("WITH " + ", ".join(clauses) + " SELECT count(*) FROM added", params, durable=False)
-
-    def usage_buckets(self, wanted: list[tuple[str, str, int]], *, adding: Sequence[tuple[str, str, int, str, int]] = (),
-                      ) -> dict[tuple[str, str], list[tuple[int, str, int]]]:
-        """For each (subject, window, floor) of ``wanted``, in one statement with the insert of
-        ``adding`` (whose rows it does not see: one statement reads one snapshot): (bucket start,
-        metric, total) of the subject's buckets of that window that start after the floor."""
-        if not wanted:
-            self.add_usage(list(adding))
-            return {}
-        clauses, params = self._usage_insert(list(adding)) if adding else ([], [])
-        query, query_params = self._bucket_query(wanted)
-        rows = self._autocommit(("WITH " + ", ".join(clauses) + " " if clauses else "") + query,
-                                params + query_params, durable=not adding)
-        return self._buckets_found(wanted, rows)
-
-    @staticmethod
-    def _bucket_query(wanted: Sequence[tuple[str, str, int]]) -> tuple[str, list[Any]]:
-        """The SELECT of ``usage_buckets``' rows (subject, window, start, metric, amount) and its
-        parameters."""
-        return ("SELECT u.subject, u.time_window, u.bucket_start_ms, u.metric, u.amount FROM usage_buckets u "
-                "JOIN unnest(%s::text[], %s::text[], %s::bigint[]) AS q(subject, time_window, floor_ms) "
-                "ON u.subject = q.subject AND u.time_window = q.time_window AND u.bucket_start_ms > q.floor_ms",
-                [[_subject(s) for s, _, _ in wanted], [w for _, w, _ in wanted], [f for _, _, f in wanted]])
-
-    @staticmethod
-    def _buckets_found(wanted: Sequence[tuple[str, str, int]], rows: Sequence[Sequence[Any]],
-                       ) -> dict[tuple[str, str], list[tuple[int, str, int]]]:
-        found: dict[tuple[str, str], list[tuple[int, str, int]]] = {(s, w): [] for s, w, _ in wanted}
-        stored = {_subject(s): s for s, _, _ in wanted}
-        for subject, window, start, metric, amount in rows:
-            found[(stored[subject], window)].append((int(start), metric, int(amount)))
-        return found
 
     # -- the store as a whole -------------------------------------------------------------------------------------------
     def checkpoint(self) -> None:
