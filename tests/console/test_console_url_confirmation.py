@@ -276,11 +276,16 @@ async def test_an_approval_after_expiry_is_refused(world: World, person_browser,
     assert env["ok"] is False and env["error"]["code"] == "gate_failed", env
     assert time.monotonic() - started < 30
     # Too late: the page no longer offers it, and an approval sent anyway is refused.
-    person_browser.get(urls[0])
-    assert "/signin" in person_browser.current_url or person_browser.find_elements(By.ID, "approve") == []
-    status, _, body = http("GET", urls[0], cookie="; ".join(
-        f"{c['name']}={c['value']}" for c in person_browser.get_cookies()))
-    assert status in (404, 200) and 'id="approve"' not in body
+    _open_signed_in(person_browser, urls[0], world.token)
+    assert person_browser.find_elements(By.ID, "approve") == []
+    assert "Not found" in person_browser.title or "nothing here" in person_browser.page_source
+    csrf = person_browser.find_element(By.CSS_SELECTOR, "form.signout input[name=csrf]").get_attribute("value")
+    cookie = "; ".join(f"{c['name']}={c['value']}" for c in person_browser.get_cookies())
+    status, _, _ = http("POST", urls[0], cookie=cookie, form={"csrf": csrf, "decision": "approve"})
+    assert status == 404
+    rows = [r for r in _audit(world) if r["operation"] == "host.claim_confirmation" and r["outcome"] == "expired"]
+    assert rows and not [r for r in _audit(world) if r["operation"] == FORGET_TOOL and r["audit_id"] == env["auditId"]
+                         and r["outcome"] == "tombstoned"]
 
 
 async def test_another_tenants_person_cannot_see_or_approve(world: World, tmp_path: Path) -> None:
