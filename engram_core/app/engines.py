@@ -78,6 +78,22 @@ def _open_duckdb(config: StoreConfig, vault: KeyVault, load_index: bool, audit_d
     return store
 
 
+MEMORY = "memory"
+
+
+def _open_memory(config: StoreConfig, vault: KeyVault, load_index: bool, audit_devices: Any) -> Store:
+    """``--store memory://``: the in-memory engine (store/memory), a reference and a test bed with
+    no durability: everything is gone when the core stops (keys stay in the data directory)."""
+    from engram_core.store.kernel import StoreKernel
+    from engram_core.store.memory import MemoryEngine
+
+    store = StoreKernel(MemoryEngine(), vault, spool_dir=config.data_dir, load_index=load_index,
+                        sketch_vectors=config.vector_search)
+    if audit_devices is not None:
+        store.attach_audit_devices(audit_devices)
+    return store
+
+
 POSTGRESQL = "postgresql"
 POSTGRESQL_SCHEMES = ("postgresql", "postgres")  # the URL schemes libpq accepts
 
@@ -165,7 +181,8 @@ def _migrate_postgresql(config: StoreConfig) -> dict[str, Any]:
         engine.close()
 
 
-ENGINES: dict[str, EngineOpener] = {DEFAULT_ENGINE: _open_duckdb, POSTGRESQL: _open_postgresql}
+ENGINES: dict[str, EngineOpener] = {DEFAULT_ENGINE: _open_duckdb, POSTGRESQL: _open_postgresql,
+                                    MEMORY: _open_memory}
 # Engines whose key vault is their own (else the data directory's FileKeyVault).
 VAULTS: dict[str, Callable[[StoreConfig], KeyVault]] = {POSTGRESQL: _postgresql_vault}
 # Another store's vault opened as a restore's source of keys, for engines with a vault of their own.

@@ -3,7 +3,9 @@ stores over (several at once when the engine allows several writers), and proces
 start against the same database.
 
 A target opens the store the way the composition root does (the store kernel over the engine,
-with the key vault), so the suite proves what services rely on: the ``Store``/``Tx`` port.
+with the key vault), so the suite proves what services rely on: the ``Store``/``Tx`` port. Each
+is an ``engram_core.store.conformance.Target``; the in-memory engine's ships with the suite
+(``conformance/memory_target.py``), as the example for an engine written elsewhere.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from engram_core.crypto.keyvault import FileKeyVault
+from engram_core.store.conformance.memory_target import MemoryTarget
 from engram_core.store.kernel import StoreKernel
+
+__all__ = ["DuckDBTarget", "MemoryTarget", "PostgresTarget"]
 
 
 class DuckDBTarget:
@@ -25,6 +30,7 @@ class DuckDBTarget:
 
     name = "duckdb"
     several_writers = False
+    processes = True  # another process can open its database (and is fenced off while this one has it)
 
     def __init__(self, root: Path, engine_class: Callable[..., Any] | None = None) -> None:
         self.root = root
@@ -85,6 +91,7 @@ class PostgresTarget:
 
     name = "postgresql"
     several_writers = True
+    processes = True
 
     def __init__(self, root: Path, database: Any, engine_class: Callable[..., Any] | None = None,
                  pool_size: int = 4) -> None:

@@ -20,12 +20,12 @@ import pytest
 from pg_cluster import Database, PgCluster, wait_until
 from pg_race import idempotent_effects
 from pg_wire import RoundTripProxy
-from store_checks import T, W, audit_row, candidate, event
 from store_targets import PostgresTarget
 
 from engram_core.errors import Code, EngramError
 from engram_core.services.maintenance import check_journal
 from engram_core.store.chain import scope_chain
+from engram_core.store.conformance.support import T, W, audit_row, candidate, event
 from engram_core.store.port import IdempotencyRow
 from engram_core.store.postgres import engine as engine_module
 from engram_core.store.postgres.engine import PostgresEngine, PostgresEngineTx

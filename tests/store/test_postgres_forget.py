@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 from pg_cluster import Database, PgCluster, wal_stream
-from store_checks import T, W, search
 from store_targets import PostgresTarget
 
 from engram_core.api import admin_pb2
@@ -44,6 +43,7 @@ from engram_core.canonical import canonical_json, digest
 from engram_core.crypto.sealing import seal
 from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
 from engram_core.services.lexical import TermHasher
+from engram_core.store.conformance.support import T, W, search
 from engram_core.store.page_pins import Binding, Pin, PinRef, open_pin, pin_to_json
 from engram_core.store.port import CandidateRow, LexicalStats, RecordRow
 from engram_core.store.projection import Projection, encode

@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from store_checks import (
+from store_targets import DuckDBTarget
+
+from engram_core.store.conformance import validate
+from engram_core.store.conformance.checks_rows import (
     check_a_key_written_is_found_again_after_reopening,
     check_journal_cursors_stay_dense_under_racing_writers,
     check_the_scope_head_is_read_from_storage_not_remembered,
 )
-from store_targets import DuckDBTarget
-
 from engram_core.store.duckdb.engine import DuckDBEngine, DuckDBEngineTx
 from engram_core.store.key_digests import KeyDigests
 from engram_core.store.port import ScopeRow
@@ -66,3 +67,12 @@ def test_a_broken_engine_fails_the_check_that_guards_its_shortcut(
         target.close_all()
     # The check failed on what it guards, not on a mistake of the test's own.
     assert not isinstance(err.value, (TypeError, AttributeError, NameError, ImportError, KeyError)), err.value
+
+
+def test_the_suites_entry_point_reports_a_broken_engine(tmp_path: Path) -> None:
+    """``validate`` (what an engine written elsewhere calls) fails an engine that answers
+    "absent" from a cache built wrong, naming the check that caught it."""
+    report = validate(lambda root: DuckDBTarget(root, engine_class=_ForgetfulDigests),
+                      checks=[check_a_key_written_is_found_again_after_reopening], root=tmp_path)
+    assert not report.passed and list(report.failures) == ["a_key_written_is_found_again_after_reopening"]
+    assert "AssertionError" in report.failures["a_key_written_is_found_again_after_reopening"]

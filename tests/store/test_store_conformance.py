@@ -1,5 +1,6 @@
-"""The store conformance suite: every guarantee of the storage contract (store_checks.py), on
-every engine. An engine is ready when it passes this file unchanged.
+"""The store conformance suite: every guarantee of the storage contract
+(``engram_core/store/conformance``), on every engine. An engine is ready when it passes this file
+unchanged.
 
 PostgreSQL runs on the session's own test cluster (tests/pg_cluster.py), a fresh database per
 check; a missing PostgreSQL fails the run (tools/setup installs it), it never skips."""
@@ -11,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from store_checks import CHECKS
-from store_targets import DuckDBTarget, PostgresTarget
+from store_targets import DuckDBTarget, MemoryTarget, PostgresTarget
+
+from engram_core.store.conformance import CHECKS, check_name, validate
 
 # name -> (the test's request, a directory of its own) -> target
 ENGINES: dict[str, Callable[[pytest.FixtureRequest, Path], Any]] = {
     "duckdb": lambda request, root: DuckDBTarget(root),
+    "memory": lambda request, root: MemoryTarget(root),
     "postgresql": lambda request, root: PostgresTarget(root, request.getfixturevalue("pg_database")),
 }
 
@@ -28,9 +31,17 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     made.close_all()
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
+@pytest.mark.parametrize("check", CHECKS, ids=check_name)
 def test_store_contract(target: Any, check: Callable[[Any], None]) -> None:
     check(target)
+
+
+def test_an_engine_runs_the_whole_suite_through_its_entry_point(tmp_path: Path) -> None:
+    """What an engine written elsewhere calls (``validate`` with a target factory): every check
+    runs, and a report says which passed (here the in-memory engine's target, all of them)."""
+    report = validate(MemoryTarget, root=tmp_path)
+    assert report.passed, report.describe()
+    assert report.passed_checks == [check_name(c) for c in CHECKS] and report.target == "memory"
 
 
 def test_a_store_refuses_to_open_with_other_key_files(tmp_path: Path) -> None:
