@@ -111,11 +111,10 @@ class MemoryEngine:
             try:
                 work = self.database.tables.copy()
                 tx = MemoryEngineTx(lambda: work, writing=True)
-                token = hooks.before_flush([effects]) if hooks is not None else None
                 try:
                     yield tx
-                    if hooks is not None:
-                        hooks.prepare([effects], tx, token)
+                    if hooks is not None:  # what the body did decides what the hooks do (keys to sync)
+                        hooks.prepare([effects], tx, hooks.before_flush([effects]))
                 except BaseException:
                     if hooks is not None:
                         hooks.rolled_back([effects])
@@ -124,10 +123,11 @@ class MemoryEngine:
                 self.database.tables = work  # the commit: one assignment, atomic for every reader
                 if self.observers.on_commit is not None:
                     self.observers.on_commit(time.perf_counter() - started, 1)
+                # Under the writer lock, as the commit itself: the kernel publishes commits in order.
+                if hooks is not None:
+                    hooks.committed([effects], dict(tx.scope_changes))
             finally:
                 self._local.writing = False
-        if hooks is not None:
-            hooks.committed([effects], dict(tx.scope_changes))
 
     @contextmanager
     def read(self, *, snapshot: bool = True) -> Iterator[MemoryEngineTx]:
