@@ -31,6 +31,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from engram_core.console import replaying
 from engram_core.console.auth import (
     LOCAL_ISSUER,
     LOCAL_SUBJECT,
@@ -44,6 +45,7 @@ from engram_core.console.auth import (
 from engram_core.console.core_client import Actor, CoreClient, CoreError
 from engram_core.console.roles import NOTHING, Grant, RoleOracle
 from engram_core.console.settings import ConsoleSettings
+from engram_core.policy.bundle import BundleError
 from engram_core.rpc.tls import is_loopback_listen, split_listen
 
 HERE = Path(__file__).resolve().parent
@@ -60,6 +62,8 @@ SECURITY_HEADERS = {
 # Audit rows (by sequence number) per page; ENGRAM_CONSOLE_AUDIT_PAGE overrides it (tests page a
 # small timeline with a tiny window).
 AUDIT_WINDOW = int(os.environ.get("ENGRAM_CONSOLE_AUDIT_PAGE", "500"))
+# Journal events per page of the Memory page's browsing (each names at most one record read).
+MEMORY_WINDOW = int(os.environ.get("ENGRAM_CONSOLE_MEMORY_PAGE", "50"))
 PRE_COOKIE = "engram_console_pre"
 STATE_COOKIE = "engram_console_oidc"
 logger = logging.getLogger("engram.console")
@@ -149,10 +153,28 @@ async def signin_form(request: Request) -> Response:
     return response
 
 
+# A path of this console and its query: one or more non-empty segments of unreserved characters
+# (so no "//host", no scheme, no backslash, no dot-segment tricks beyond what the router resolves
+# itself), a query of plain characters. Anything else signs in to /.
+_NEXT = re.compile(r"/(?:[A-Za-z0-9_~-][A-Za-z0-9._~-]*(?:/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)*)?"
+                   r"(?:\?[A-Za-z0-9._~=&%+-]{0,400})?")
+
+
 def _next_page(path: str) -> str:
-    """Where to go after signing in: only a confirmation page of this console (the link an MCP
-    client opened), never an address a link could choose."""
-    return path if re.fullmatch(r"/confirmations/cfm_[A-Za-z0-9_-]{1,96}", path) else ""
+    """Where to go after signing in: a same-origin relative path of this console (the page that
+    sent the person to sign in, e.g. a confirmation link an MCP client opened), never an address a
+    link could choose; "" (then /) for anything else, and for the sign-in pages themselves."""
+    if len(path) > 512 or not _NEXT.fullmatch(path) or path.startswith(("/signin", "/oauth", "/signout")):
+        return ""
+    return path
+
+
+def _signin_to_return(request: Request) -> RedirectResponse:
+    """Sign in first, then come back here (a GET's own path and query)."""
+    here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    page = _next_page(here) if request.method == "GET" else ""
+    return RedirectResponse("/signin" + (f"?{urlencode({'next': page})}" if page and page != "/" else ""),
+                            status_code=303)
 
 
 def _new_token() -> str:
@@ -182,7 +204,8 @@ def _signed_in(c: Console, session: Session, response: Response) -> Response:
 async def oidc_begin(request: Request) -> Response:
     c = _console(request)
     try:
-        url, state = await c.oidc.begin(request.query_params.get("issuer", ""))
+        url, state = await c.oidc.begin(request.query_params.get("issuer", ""),
+                                        _next_page(request.query_params.get("next", "")))
     except Exception as exc:  # discovery failures of any kind: the page says so, the log says why
         logger.warning("console OpenID sign-in cannot start: %s", exc)
         return c.page("error.html", 502, title="Sign-in unavailable", message="The identity provider cannot be reached.")
@@ -196,7 +219,7 @@ async def oidc_callback(request: Request) -> Response:
     c = _console(request)
     q = request.query_params
     try:
-        subject, issuer, claims = await c.oidc.complete(q.get("state", ""), request.cookies.get(STATE_COOKIE, ""),
+        subject, issuer, claims, next_page = await c.oidc.complete(q.get("state", ""), request.cookies.get(STATE_COOKIE, ""),
                                                         q.get("code", ""))
     except SignInFailed as exc:
         logger.warning("console OpenID sign-in refused: %s", exc)
@@ -206,7 +229,7 @@ async def oidc_callback(request: Request) -> Response:
         return c.page("error.html", 502, title="Sign-in unavailable", message="The identity provider cannot be reached.")
     # A page, not a redirect: the browser arrived cross-site, and a SameSite=Strict cookie set now
     # is sent from the next same-site navigation on (which this page makes, without script).
-    response = c.page("continue.html")
+    response = c.page("continue.html", next=_next_page(next_page) or "/")
     response.delete_cookie(STATE_COOKIE, path="/oauth/callback")
     return _signed_in(c, c.sessions.create(subject, issuer, claims), response)
 
@@ -246,7 +269,7 @@ def _scoped(action: str):
             c = _console(request)
             session = c.session_of(request)
             if session is None:
-                return _signin_redirect()
+                return _signin_to_return(request)
             tenant, workspace = request.path_params["tenant"], request.path_params["workspace"]
             g = await run_in_threadpool(c.grant, session, tenant, workspace)
             if not g.may(action):
@@ -370,20 +393,117 @@ async def policy(request: Request, c: Console, session: Session, g: Grant, scope
     return c.page("policy.html", session=session, scope=scope, grant=g, tab="policy", decisions=decisions,
                   chart=bar_chart(decisions),
                   console_revision=c.roles.revision(), rows=len(window["rows"]), older=window["older"],
-                  newer=window["newer"])
+                  newer=window["newer"], **_replay_choices(c, g))
+
+
+def _replay_choices(c: Console, g: Grant) -> dict[str, Any]:
+    may = g.may("policy.replay") and bool(c.settings.replay_candidates)
+    return {"may_replay": may, "replay_configured": bool(c.settings.replay_candidates),
+            "candidates": replaying.candidates(c.settings.replay_candidates) if may else [],
+            "windows": list(replaying.WINDOWS)}
+
+
+@_scoped("policy.replay")
+async def policy_replay(request: Request, c: Console, session: Session, g: Grant, scope: dict[str, str]) -> Response:
+    """What a candidate bundle from the configured directory would change in this scope's logged
+    decisions: ``engram policy replay``'s computation, over this scope's events of the log."""
+    form = await request.form()
+    if not same(session.csrf, str(form.get("csrf", ""))):
+        return c.page("error.html", 403, session=session, scope=scope, grant=g, title="Refused",
+                      message="Missing or wrong form token: nothing was run.")
+    if not c.settings.replay_candidates:
+        return c.not_found(session)
+    name, window = str(form.get("candidate", "")), str(form.get("window", "24h"))
+    logger.info("console policy replay of %r over %s by %s on %s/%s", name, window, session.principal,
+                scope["tenant"], scope["workspace"])
+    try:
+        report = await run_in_threadpool(
+            replaying.run, candidates_dir=c.settings.replay_candidates, name=name, logs=c.settings.replay_logs,
+            key_file=c.settings.replay_pseudonym_key, tenant=scope["tenant"], workspace=scope["workspace"],
+            window=window)
+    except replaying.ReplayBusy as exc:
+        return c.page("error.html", 429, session=session, scope=scope, grant=g, title="Busy", message=str(exc))
+    except replaying.ReplayRefused as exc:
+        return c.page("error.html", 400, session=session, scope=scope, grant=g, title="Not run", message=str(exc))
+    except (BundleError, ValueError, OSError) as exc:
+        logger.warning("console policy replay failed: %s", exc)
+        return c.page("error.html", 422, session=session, scope=scope, grant=g, title="Replay failed",
+                      message=f"The candidate or the decision log could not be read: {exc}")
+    return c.page("replay.html", session=session, scope=scope, grant=g, tab="policy", report=report,
+                  candidate=name, window=window, **_replay_choices(c, g))
+
+
+READABLE = ("accepted_current", "accepted_disputed")
+MEMORY_STATES = ("accepted_current", "accepted_disputed", "historical", "expired", "withdrawn", "tombstoned",
+                 "trust_invalid")
 
 
 @_scoped("memory.view")
 async def memory(request: Request, c: Console, session: Session, g: Grant, scope: dict[str, str]) -> Response:
     """Search the scope as the person, under the purpose the policy gave their role: what the core's
-    redaction policy leaves of each record for that purpose is what the page shows."""
+    redaction policy leaves of each record for that purpose is what the page shows. Without a query,
+    the scope's records newest first (see _browse)."""
     query = request.query_params.get("q", "").strip()
-    found: dict[str, Any] = {}
+    state = request.query_params.get("state", "")
+    state = state if state in MEMORY_STATES else ""
+    values: dict[str, Any] = {"query": query, "state": state, "states": MEMORY_STATES, "results": [],
+                              "next_page": "", "older": None, "newer": None}
     if query:
         found = await run_in_threadpool(c.core.search, c.actor(session), scope["tenant"], scope["workspace"],
                                         g.memory_purpose, query[:1000], request.query_params.get("page", ""))
-    return c.page("memory.html", session=session, scope=scope, grant=g, tab="memory", query=query,
-                  results=found.get("records", []), next_page=found.get("next_page_cursor", ""))
+        values.update(results=found.get("records", []), next_page=found.get("next_page_cursor", ""))
+    else:
+        values.update(await _browse(request, c, session, g, scope, state))
+    return c.page("memory.html", session=session, scope=scope, grant=g, tab="memory", **values)
+
+
+async def _browse(request: Request, c: Console, session: Session, g: Grant, scope: dict[str, str],
+                  state: str) -> dict[str, Any]:
+    """The records the journal names in one window of MEMORY_WINDOW events, newest first (the
+    newest window from the last verified head on, ``?before=CURSOR`` for older ones). Each record is
+    read as the person under their purpose (``MemoryService.Get``, redacted and audited like an
+    agent's read); one no longer readable shows the state the journal gives it, without content."""
+    actor, tenant, workspace = c.actor(session), scope["tenant"], scope["workspace"]
+    report, _, _ = await _verified(request, c, session, scope)
+    head = next((int(s["head_cursor"]) for s in (report or {}).get("scopes", [])
+                 if s.get("tenant") == tenant and s.get("workspace") == workspace), None)
+    raw = request.query_params.get("before", "")
+    before = int(raw) if raw.isdigit() and int(raw) >= 1 else 0
+    if head is None:  # no head known (the key may not verify): the scope's whole journal, windowed here
+        events = await run_in_threadpool(c.core.journal, actor, tenant, workspace, 1, 0)
+        events = [e for e in events if not before or int(e["cursor"]) < before]
+    elif before:
+        low = max(1, before - MEMORY_WINDOW)
+        events = await run_in_threadpool(c.core.journal, actor, tenant, workspace, low, before - 1)
+    else:
+        events = await run_in_threadpool(c.core.journal, actor, tenant, workspace, max(1, head + 1 - MEMORY_WINDOW), 0)
+    # Newest first, one window: the newest page read from the last verified head on may hold more
+    # (events written since that verification); the rest are on the next pages.
+    events = sorted(events, key=lambda e: int(e["cursor"]), reverse=True)[:MEMORY_WINDOW]
+    named: dict[str, str] = {}  # record id -> its state in the newest event of this window naming it
+    for e in events:
+        body = e.get("body") or {}
+        rid = body.get("record_id", "") if e.get("operation") == "accept" else e.get("target", "")
+        if isinstance(rid, str) and rid.startswith("mem_") and rid not in named:
+            named[rid] = str(e.get("to_state", ""))
+
+    def read_all() -> list[dict[str, Any]]:
+        rows = []
+        for rid, logged in named.items():
+            if state and logged != state and (state not in READABLE or logged not in READABLE):
+                continue  # the filter needs no read of a record the journal already places elsewhere
+            try:
+                rows.append(c.core.get(actor, tenant, workspace, g.memory_purpose, rid))
+            except CoreError as err:
+                if err.code != "NOT_FOUND":
+                    raise
+                shown = logged if logged not in READABLE else "not readable now"
+                rows.append({"record": {"record_id": rid, "state": shown}, "unreadable": True})
+        return [r for r in rows if not state or r.get("record", {}).get("state") == state]
+
+    low_cursor = min((int(e["cursor"]) for e in events), default=1)
+    return {"results": await run_in_threadpool(read_all), "older": low_cursor if low_cursor > 1 else None,
+            "newer": "?" if before else None}
 
 
 @_scoped("keys.view")
@@ -416,7 +536,7 @@ async def confirmations(request: Request) -> Response:
     c = _console(request)
     session = c.session_of(request)
     if session is None:
-        return _signin_redirect()
+        return _signin_to_return(request)
     pending, refused = [], []
     for scope, g in await _confirming_scopes(c, session, "confirm.view"):
         try:
@@ -455,7 +575,7 @@ async def confirmation(request: Request) -> Response:
     c = _console(request)
     session = c.session_of(request)
     if session is None:
-        return RedirectResponse("/signin?" + urlencode({"next": request.url.path}), status_code=303)
+        return _signin_to_return(request)
     try:
         found = await _find_confirmation(c, session, request.path_params["confirmation"], "confirm.view")
     except CoreError as err:
@@ -571,6 +691,7 @@ def build_app(settings: ConsoleSettings, core: CoreClient, roles: RoleOracle) ->
             Route(scope + "/audit", audit, name="audit"),
             Route(scope + "/keys", keys, name="keys"),
             Route(scope + "/policy", policy, name="policy"),
+            Route(scope + "/policy/replay", policy_replay, methods=["POST"], name="policy_replay"),
             Route(scope + "/memory", memory, name="memory"),
             Route("/confirmations", confirmations, name="confirmations"),
             Route("/confirmations/{confirmation}", confirmation, methods=["GET"], name="confirmation"),

@@ -117,6 +117,7 @@ class Pending:
     verifier: str
     nonce: str
     expires_at: float
+    next_page: str = ""  # where the person goes once signed in: a checked relative path, kept here, never sent out
 
 
 @dataclass
@@ -173,8 +174,10 @@ class OpenIdSignIn:
             p.jwks = JwksCache(fetch_keys, max_age_s=300)
             p.discovered = True
 
-    async def begin(self, issuer: str) -> tuple[str, str]:
-        """(the authorization URL to send the browser to, the state to bind to it by cookie)."""
+    async def begin(self, issuer: str, next_page: str = "") -> tuple[str, str]:
+        """(the authorization URL to send the browser to, the state to bind to it by cookie).
+        ``next_page`` (already checked by the caller: a path of this console) is kept with the
+        state on the server, so neither the provider nor the browser can change where it leads."""
         p = self.providers.get(issuer)
         if p is None:
             raise SignInFailed("unknown issuer")
@@ -184,15 +187,15 @@ class OpenIdSignIn:
         now = time.monotonic()
         with self._lock:
             self._pending = {k: v for k, v in self._pending.items() if v.expires_at > now}
-            self._pending[state] = Pending(issuer, verifier, nonce, now + PENDING_TTL_S)
+            self._pending[state] = Pending(issuer, verifier, nonce, now + PENDING_TTL_S, next_page)
         query = urlencode({"response_type": "code", "client_id": p.client_id, "redirect_uri": self.redirect_uri,
                            "scope": p.scopes, "state": state, "nonce": nonce, "code_challenge": challenge,
                            "code_challenge_method": "S256"})
         sep = "&" if "?" in p.authorization_endpoint else "?"
         return p.authorization_endpoint + sep + query, state
 
-    async def complete(self, state: str, bound_state: str, code: str) -> tuple[str, str, dict[str, Any]]:
-        """(subject, issuer, verified claims) for the code the provider returned."""
+    async def complete(self, state: str, bound_state: str, code: str) -> tuple[str, str, dict[str, Any], str]:
+        """(subject, issuer, verified claims, the page to return to) for the code the provider returned."""
         import httpx2
         import jwt
 
@@ -233,4 +236,4 @@ class OpenIdSignIn:
             raise SignInFailed("ID token nonce does not match")
         if not isinstance(claims.get("sub"), str) or not claims["sub"]:
             raise SignInFailed("ID token has no subject")
-        return claims["sub"], p.issuer, claims
+        return claims["sub"], p.issuer, claims, pending.next_page

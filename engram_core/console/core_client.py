@@ -24,7 +24,7 @@ from engram_core.rpc.convert import message_to_value, value_to_message
 from engram_core.rpc.status import error_from_rpc_error
 from engram_core.rpc.tls import ClientTls
 from engram_core.rpc.tls import channel as tls_channel
-from engram_core.tools import SEARCH_TOOL
+from engram_core.tools import GET_TOOL, SEARCH_TOOL
 
 READ = ("read",)
 MAINTAIN = ("read", "maintain")
@@ -56,7 +56,7 @@ class CoreClient:
         self._key = load_private_key_file(host_key_path)
         self._channel = tls_channel(address, tls)
         self._stub = admin_pb2_grpc.AdminServiceStub(self._channel)
-        self._memory = memory_pb2_grpc.MemoryServiceStub(self._channel)
+        self._memory_stub = memory_pb2_grpc.MemoryServiceStub(self._channel)
         self._host = host_pb2_grpc.HostServiceStub(self._channel)
         self._epochs: dict[tuple[str, str], int] = {}  # each scope's authorization epoch, as last learned
         self._timeout_s = timeout_s
@@ -78,23 +78,20 @@ class CoreClient:
             raise CoreError(error.code.value, error.message) from None
         return json.loads(result.json)
 
-    def search(self, actor: Actor, tenant: str, workspace: str, purpose_ref: str, query: str,
-               page_cursor: str = "") -> dict[str, Any]:
-        """A search as the person, under the purpose the console policy gave them: the core's
-        authorization, redaction (per purpose) and audit apply exactly as to an agent's search.
-        A scope whose authorization epoch moved on (`engram admin revoke`) is asked for its epoch
-        once, as the MCP adapter does, and the search signed again under it."""
-        args: dict[str, Any] = {"query": query, "purpose_ref": purpose_ref, "limit": 20}
-        if page_cursor:
-            args["page_cursor"] = page_cursor
-        request = value_to_message(args, memory_pb2.SearchRequest())
+    def _memory(self, actor: Actor, tenant: str, workspace: str, tool: str, rpc: str, request: Any,
+                purpose_ref: str) -> dict[str, Any]:
+        """One MemoryService call as the person, under their purpose: the core's authorization,
+        redaction (per purpose) and audit apply exactly as to an agent's call. A scope whose
+        authorization epoch moved on (`engram admin revoke`) is asked for its epoch once, as the
+        MCP adapter does, and the call signed again under it."""
         for attempt in (0, 1):
-            ctx = make_context(self._key, call=SEARCH_TOOL, tenant=tenant, workspace=workspace,
+            ctx = make_context(self._key, call=tool, tenant=tenant, workspace=workspace,
                                principal=actor.principal, agent_id=AGENT_ID, session=actor.session,
                                purpose_ref=purpose_ref, now_ms=time.time_ns() // 1_000_000,
                                authorization_epoch=self._epochs.get((tenant, workspace), 0))
             try:
-                resp = self._memory.Search(request, metadata=[(CONTEXT_METADATA_KEY, ctx)], timeout=self._timeout_s)
+                resp = getattr(self._memory_stub, rpc)(request, metadata=[(CONTEXT_METADATA_KEY, ctx)],
+                                                       timeout=self._timeout_s)
             except grpc.RpcError as err:
                 error = error_from_rpc_error(err)
                 if error.code.value == "AUTHORIZATION_REVOKED" and attempt == 0:
@@ -103,6 +100,26 @@ class CoreClient:
                 raise CoreError(error.code.value, error.message) from None
             return message_to_value(resp)
         raise AssertionError("unreachable")
+
+    def search(self, actor: Actor, tenant: str, workspace: str, purpose_ref: str, query: str,
+               page_cursor: str = "") -> dict[str, Any]:
+        """A search as the person, under the purpose the console policy gave them."""
+        args: dict[str, Any] = {"query": query, "purpose_ref": purpose_ref, "limit": 20}
+        if page_cursor:
+            args["page_cursor"] = page_cursor
+        return self._memory(actor, tenant, workspace, SEARCH_TOOL, "Search",
+                            value_to_message(args, memory_pb2.SearchRequest()), purpose_ref)
+
+    def get(self, actor: Actor, tenant: str, workspace: str, purpose_ref: str, record_id: str) -> dict[str, Any]:
+        """One record as the person reads it under their purpose (NOT_FOUND unless readable now)."""
+        request = value_to_message({"record_id": record_id, "purpose_ref": purpose_ref}, memory_pb2.GetRequest())
+        return self._memory(actor, tenant, workspace, GET_TOOL, "Get", request, purpose_ref)
+
+    def journal(self, actor: Actor, tenant: str, workspace: str, from_cursor: int, to_cursor: int) -> list[dict[str, Any]]:
+        """The scope's journal events with cursors in [from_cursor, to_cursor] (to_cursor 0: no bound)."""
+        req = admin_pb2.ExportRequest(tenant=tenant, workspace=workspace, what="journal", from_cursor=str(from_cursor),
+                                      to_cursor=str(to_cursor) if to_cursor else "")
+        return self._call(actor, "Export", req, READ)["items"]
 
     def _authorization_epoch(self, actor: Actor, tenant: str, workspace: str) -> int:
         ctx = make_context(self._key, call=HOST_CALL, tenant=tenant, workspace=workspace, principal=actor.principal,

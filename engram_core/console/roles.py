@@ -18,7 +18,7 @@ from engram_core.errors import EngramError
 from engram_core.policy.embedded import EmbeddedPolicyEngine
 
 CONSOLE = "engram/console/decision"
-ACTIONS = ("review.view", "review.decide", "audit.view", "keys.view", "policy.view", "memory.view",
+ACTIONS = ("review.view", "review.decide", "audit.view", "keys.view", "policy.view", "policy.replay", "memory.view",
            "confirm.view", "confirm.decide")
 
 logger = logging.getLogger("engram.console")

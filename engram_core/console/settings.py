@@ -28,6 +28,11 @@ class ConsoleSettings:
     scopes: list[tuple[str, str]] = field(default_factory=list)  # the tenant/workspace pairs served
     policies: str = ""                # the bundle holding engram/console (default: the bundled one)
     providers: list[Provider] = field(default_factory=list)
+    # The Policy page's replay of a candidate bundle ([console.replay], docs/console.md): candidate
+    # bundles are the entries of one directory on the console's host, replayed against these logs.
+    replay_candidates: str = ""       # a directory: each subdirectory or .tar.gz in it is a candidate
+    replay_logs: list[str] = field(default_factory=list)  # the core's decision log file(s)
+    replay_pseudonym_key: str = ""    # the core's decision-log.key: names restored, the scope found
 
     @property
     def tls(self) -> bool:
@@ -51,6 +56,11 @@ class ConsoleSettings:
             raise ConsoleConfigError("nobody could sign in: give --token-file (one person) or --oauth-issuer (a team)")
         if self.token_file and not Path(self.token_file).exists():
             raise ConsoleConfigError(f"token file {self.token_file} not found")
+        if self.replay_candidates and not Path(self.replay_candidates).is_dir():
+            raise ConsoleConfigError(f"[console.replay] candidates {self.replay_candidates} is not a directory")
+        if self.replay_candidates and not (self.replay_logs and self.replay_pseudonym_key):
+            raise ConsoleConfigError("[console.replay] needs decision_logs and pseudonym_key besides candidates "
+                                     "(the log's names are pseudonyms: without the key no scope can be told apart)")
 
 
 def parse_scope(text: str) -> tuple[str, str]:
@@ -77,7 +87,7 @@ def from_toml(path: Path) -> ConsoleSettings:
     if not isinstance(table, dict):
         raise ConsoleConfigError(f"{path}: [console] must be a table")
     known = {"core", "host_key", "listen", "public_url", "tls_cert", "tls_key", "insecure", "token_file", "scopes",
-             "policies", "oidc"}
+             "policies", "oidc", "replay"}
     unknown = sorted(set(table) - known)
     if unknown:
         raise ConsoleConfigError(f"{path}: unknown [console] key(s): {', '.join(unknown)}")
@@ -85,6 +95,14 @@ def from_toml(path: Path) -> ConsoleSettings:
                                                           "tls_key", "token_file", "policies") if k in table})
     s.insecure = table.get("insecure") is True
     s.scopes = [parse_scope(str(x)) for x in table.get("scopes", [])]
+    replay = table.get("replay", {})
+    if not isinstance(replay, dict) or sorted(set(replay) - {"candidates", "decision_logs", "pseudonym_key"}):
+        raise ConsoleConfigError(f"{path}: [console.replay] takes candidates, decision_logs and pseudonym_key")
+    s.replay_candidates, s.replay_pseudonym_key = _str(replay, "candidates"), _str(replay, "pseudonym_key")
+    logs = replay.get("decision_logs", [])
+    if not isinstance(logs, list) or not all(isinstance(x, str) for x in logs):
+        raise ConsoleConfigError(f"{path}: [console.replay] decision_logs must be a list of paths")
+    s.replay_logs = list(logs)
     for entry in table.get("oidc", []):
         s.providers.append(provider(_str(entry, "issuer"), _str(entry, "client_id"),
                                     _str(entry, "client_secret_file"), _str(entry, "scopes")))

@@ -215,7 +215,7 @@ def wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path, ssl_context: 
             time.sleep(0.2)
 
 
-def openid_authorize(console_url: str, issuer: str, login: str, password: str) -> tuple[str, str]:
+def openid_authorize(console_url: str, issuer: str, login: str, password: str, next_page: str = "") -> tuple[str, str]:
     """What a person does at the tests' OpenID provider (its interaction is a JSON API, no pages):
     start at the console's sign-in link, sign in, consent. Returns (the console callback URL the
     provider redirects to, the state cookie the console set for it)."""
@@ -238,7 +238,7 @@ def openid_authorize(console_url: str, issuer: str, login: str, password: str) -
         except urllib.error.HTTPError as err:
             return err.code, dict(err.headers), err.read().decode()
 
-    url = console_url + "/signin/oidc?" + urllib.parse.urlencode({"issuer": issuer})
+    url = console_url + "/signin/oidc?" + urllib.parse.urlencode({"issuer": issuer, **({"next": next_page} if next_page else {})})
     for _ in range(12):
         status, headers, body = send(url)
         if "/interaction/" in urlsplit(url).path:

@@ -285,7 +285,8 @@ def test_sign_out_ends_the_session(world: World, browser) -> None:
     _submit(browser, browser.find_element(By.CSS_SELECTOR, "form.signout button"))
     assert browser.current_url.endswith("/signin") and browser.get_cookie("engram_console") is None
     status, headers, _ = http("GET", world.console.url + SCOPE + "/review", cookie=f"engram_console={old}")
-    assert status == 303 and headers["location"] == "/signin"  # the old cookie is worth nothing now
+    # The old cookie is worth nothing now: sign in, then back to the page asked for.
+    assert status == 303 and headers["location"] == "/signin?next=%2Fs%2Facme%2Fmain%2Freview"
     _sign_in(browser, world.console.url, world.token)
 
 
@@ -350,12 +351,23 @@ def test_sign_in_with_openid_connect(world: World, browser, shots: Path) -> None
             status, _, body = http("GET", team.url + "/oauth/callback?state=forged&code=forged")
             assert status == 403 and "could not be verified" in body  # no state of this browser's
             assert not browser.find_elements(By.ID, "token")  # no local token configured
-            callback, state = openid_authorize(team.url, idp.issuer, "alice", PASSWORDS["alice"])
+            # Sent to sign in by the review queue, alice comes back to it: the return path is kept
+            # with the state on the console (a relative path of its own), not carried by the provider.
+            browser.get(team.url + SCOPE + "/review")
+            assert browser.current_url == team.url + "/signin?next=%2Fs%2Facme%2Fmain%2Freview"
+            link = browser.find_element(By.LINK_TEXT, f"Sign in with {idp.issuer}").get_attribute("href")
+            assert link.endswith("&next=/s/acme/main/review")
+            callback, state = openid_authorize(team.url, idp.issuer, "alice", PASSWORDS["alice"],
+                                               next_page=SCOPE + "/review")
+            assert "review" not in callback  # nothing of it reaches the provider's redirect
             browser.add_cookie({"name": "engram_console_oidc", "value": state, "path": "/oauth/callback",
                                 "httpOnly": True, "sameSite": "Lax"})
-            browser.get(callback)  # the provider's redirect back; the page continues to / without script
-            principal = _after_continue(browser).find_element(By.ID, "who").text
+            browser.get(callback)  # the provider's redirect back; the page continues without script
+            WebDriverWait(browser, 30).until(lambda b: b.current_url == team.url + SCOPE + "/review")
+            assert browser.find_element(By.TAG_NAME, "h1").text == "Review queue"
+            principal = browser.find_element(By.ID, "who").text
             assert principal == f"oidc:alice@{idp.issuer.removeprefix('http://')}"
+            browser.get(team.url + "/")
             assert "reviewer" in browser.find_element(By.TAG_NAME, "table").text
             _shot(browser, shots, "09-openid-home")
             browser.get(team.url + SCOPE + "/audit")  # a reviewer is no auditor
@@ -372,7 +384,8 @@ def test_sign_in_with_openid_connect(world: World, browser, shots: Path) -> None
 
             browser.delete_all_cookies()
             browser.get(team.url + "/signin")
-            callback, state = openid_authorize(team.url, idp.issuer, "bob", PASSWORDS["bob"])
+            callback, state = openid_authorize(team.url, idp.issuer, "bob", PASSWORDS["bob"],
+                                               next_page="//evil.example/")  # dropped: bob lands on /
             browser.add_cookie({"name": "engram_console_oidc", "value": state, "path": "/oauth/callback",
                                 "httpOnly": True, "sameSite": "Lax"})
             browser.get(callback)

@@ -56,6 +56,13 @@ actions contains a if {
 	a != "memory.view"
 }
 
+# policy.replay (run a candidate bundle against the decision log on the Policy page) goes with the
+# roles of replay_roles, by default the policy author's: data can name others, or none.
+actions contains "policy.replay" if {
+	some r in roles
+	r in object.get(_config, "replay_roles", ["policy_author"])
+}
+
 actions contains "memory.view" if {
 	some r in roles
 	"memory.view" in _config.role_actions[r]

@@ -4,7 +4,7 @@ import data.engram.console
 
 _iss := "https://idp.example.com"
 
-_all := ["audit.view", "keys.view", "memory.view", "policy.view", "review.decide", "review.view"]
+_all := ["audit.view", "keys.view", "memory.view", "policy.replay", "policy.view", "review.decide", "review.view"]
 
 _config := {
 	"role_actions": {
@@ -107,4 +107,19 @@ test_no_purpose_no_memory_page if {
 	bad := json.patch(_config, [{"op": "replace", "path": "/memory_purposes/0/purpose_ref", "value": "console"}])
 	b := console.decision with input as _in({}) with data.engram.config.console as bad
 	b.memory_purpose == ""
+}
+
+test_policy_replay_goes_with_the_policy_author_unless_data_says_otherwise if {
+	owner := _in({"subject": "local:owner", "issuer": "local", "claims": {}})
+	d := console.decision with input as owner with data.engram.config.console as _config
+	"policy.replay" in d.actions
+	none := console.decision with input as owner
+		with data.engram.config.console as object.union(_config, {"replay_roles": []})
+	not "policy.replay" in none.actions
+	"policy.view" in none.actions
+	auditors := console.decision with input as _in({"subject": "bo", "claims": {"groups": ["sre"]}})
+		with data.engram.config.console as object.union(_config, {"replay_roles": ["auditor"]})
+	"policy.replay" in auditors.actions
+	reviewer := console.decision with input as _in({}) with data.engram.config.console as _config
+	not "policy.replay" in reviewer.actions
 }
