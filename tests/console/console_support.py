@@ -173,6 +173,25 @@ def http(method: str, url: str, *, cookie: str = "", form: dict[str, str] | None
         return err.code, dict(err.headers), err.read().decode()
 
 
+DOC_SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
+DOC_SHOT_MAX_BYTES = 150_000
+
+
+def doc_shot(browser, name: str) -> None:
+    """With ENGRAM_CONSOLE_DOC_SHOTS=1, the page as docs/console/NAME.png for docs/console.md, taken
+    at a small window (the tests' scopes hold made-up data only) and refused over 150 KB."""
+    if os.environ.get("ENGRAM_CONSOLE_DOC_SHOTS") != "1":
+        return
+    browser.set_window_size(1100, 820)
+    try:
+        png = browser.get_screenshot_as_png()
+    finally:
+        browser.set_window_size(1280, 900)
+    assert len(png) < DOC_SHOT_MAX_BYTES, f"{name}.png is {len(png)} bytes"
+    DOC_SHOTS.mkdir(exist_ok=True)
+    (DOC_SHOTS / f"{name}.png").write_bytes(png)
+
+
 def chrome():
     """A headless Chromium through the system chromedriver (Debian's chromium, chromium-driver)."""
     from selenium import webdriver

@@ -13,5 +13,7 @@ def test_console_bench_tiny(tmp_path: Path) -> None:
     assert main(["--records", "20", "--requests", "2", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["records"] == 20 and doc["held"] == 5
-    assert set(doc["pages"]) == {"home", "review", "memory", "audit", "policy", "keys", "audit_verify"}
+    assert set(doc["pages"]) == {"signin", "home", "review", "candidate", "memory", "memory_browse",
+                                 "memory_browse_state", "memory_browse_older", "audit", "policy", "keys",
+                                 "confirmations", "audit_verify"}
     assert all(p["n"] == 2 and p["p50_ms"] <= p["p95_ms"] for p in doc["pages"].values())

@@ -16,6 +16,7 @@ from console_support import (
     TENANT,
     WORKSPACE,
     World,
+    doc_shot,
     free_port,
     http,
     openid_authorize,
@@ -80,6 +81,7 @@ def test_sign_in_with_the_local_token(world: World, browser, shots: Path) -> Non
     browser.get(world.console.url + "/")
     assert browser.current_url.endswith("/signin")  # nothing without a session
     _shot(browser, shots, "01-signin")
+    doc_shot(browser, "signin")
     _sign_in(browser, world.console.url, "not-the-token")
     assert "not this installation's" in browser.find_element(By.ID, "failed").text
     _sign_in(browser, world.console.url, world.token)
@@ -88,6 +90,7 @@ def test_sign_in_with_the_local_token(world: World, browser, shots: Path) -> Non
     cookie = browser.get_cookie("engram_console")
     assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict"
     _shot(browser, shots, "02-home")
+    doc_shot(browser, "home")
 
 
 def test_review_queue_accept_and_reject(world: World, browser, shots: Path) -> None:
@@ -100,6 +103,7 @@ def test_review_queue_accept_and_reject(world: World, browser, shots: Path) -> N
     assert "TRUST_CLASS_REQUIRES_ADJUDICATION" in browser.find_element(By.ID, "queue").text
     assert "redis" not in browser.page_source  # a held capture's text never reaches the page
     _shot(browser, shots, "03-review-queue")
+    doc_shot(browser, "review-queue")
 
     accept, reject, keep = (c for c, _ in held)
     browser.find_element(By.ID, f"reason-{accept}").send_keys("reviewed: matches ADR 7")
@@ -119,6 +123,8 @@ def test_review_queue_accept_and_reject(world: World, browser, shots: Path) -> N
     assert browser.find_elements(By.TAG_NAME, "script") == []
     _no_alert(browser)
     _shot(browser, shots, "04-candidate")
+    browser.get(world.console.url + f"{SCOPE}/candidates/{accept}")
+    doc_shot(browser, "candidate")
 
 
 def test_audit_shows_the_adjudication_under_the_person(world: World, browser, shots: Path) -> None:
@@ -130,6 +136,7 @@ def test_audit_shows_the_adjudication_under_the_person(world: World, browser, sh
     assert len(adjudications) == 2 and {r[1] for r in adjudications} == {"local:owner"}
     assert {r[2] for r in adjudications} == {"engram-console"}
     _shot(browser, shots, "05-audit")
+    doc_shot(browser, "audit")
 
 
 def test_audit_pages_cover_the_timeline(world: World, browser) -> None:
@@ -172,6 +179,7 @@ def test_keys_page(world: World, browser, shots: Path) -> None:
     # The title is the page's name alone (its block once swallowed the destroyed-keys table).
     assert browser.title == f"Keys · {TENANT}/{WORKSPACE}"
     _shot(browser, shots, "06-keys")
+    doc_shot(browser, "keys")
 
 
 def test_policy_page(world: World, browser, shots: Path) -> None:
@@ -183,6 +191,7 @@ def test_policy_page(world: World, browser, shots: Path) -> None:
     bars = browser.find_elements(By.CSS_SELECTOR, "#decision-chart rect")  # the same counts, drawn (no script)
     assert len(bars) == sum(len(r.split(": ")) - 1 for r in rows.values())
     _shot(browser, shots, "065-policy")
+    doc_shot(browser, "policy")
 
 
 def test_memory_page_searches_as_the_person(world: World, browser, shots: Path) -> None:

@@ -7,14 +7,16 @@ Loads N accepted records into one scope in-process (tools/bench/loader.py: no au
 them), serves the store with a real core whose policy holds that tenant's asserted captures for
 review, holds five captures an agent makes over gRPC, starts a real `engram console` process,
 signs in with the local token, then times each page (GET, full answer read) ``--requests``
-times, sequentially, one client (the audit page's verification, which reads the whole store, three
-times at most). Prints and writes JSON: p50/p95/max per page.
+times, sequentially, one client: every page, the Memory page's browsing (newest, by state, an older
+page) and the candidate page included, and apart the audit page's **Verify again** action, which
+reads the whole store (three times at most). Prints and writes JSON: p50/p95/max per page.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import secrets
 import shutil
 import subprocess
@@ -137,15 +139,25 @@ def run(records: int, requests: int, root: Path) -> dict[str, Any]:
         cookie = _sign_in(url, token)
         scope = f"/s/{TENANT}/{WORKSPACE}"
         word = Corpus(seed=11).queries(1)[0]
-        pages = {"home": "/", "review": scope + "/review", "memory": scope + "/memory?q=" + urllib.parse.quote(word),
+        _, _, queue = _get(url + scope + "/review", cookie)
+        held = re.search(rb"/candidates/([A-Za-z0-9_]+)\"", queue)
+        if held is None:
+            raise SystemExit("the review queue lists no candidate")
+        # Every page a person opens (GET), the sign-in form included. Verify again is an action
+        # (the audit page's button): it reads the whole store, O(store), and is timed apart, 3 times.
+        pages = {"signin": "/signin", "home": "/", "review": scope + "/review",
+                 "candidate": scope + "/candidates/" + held.group(1).decode(),
+                 "memory": scope + "/memory?q=" + urllib.parse.quote(word),
+                 "memory_browse": scope + "/memory", "memory_browse_state": scope + "/memory?state=accepted_current",
+                 "memory_browse_older": scope + f"/memory?before={records // 2}",
                  "audit": scope + "/audit", "policy": scope + "/policy", "keys": scope + "/keys",
-                 # Verify again: reads the whole store (O(store)); few repetitions
+                 "confirmations": "/confirmations",
                  "audit_verify": scope + "/audit?verify=1"}
         from tools.bench.stats import percentile
 
         results: dict[str, Any] = {}
         for name, path in pages.items():
-            status, _, _ = _get(url + path, cookie)  # warm-up
+            status, _, _ = _get(url + path, cookie)  # warm-up (the first verification of the scope, too)
             if status != 200:
                 raise SystemExit(f"{name} answered {status}")
             times = []
