@@ -262,6 +262,40 @@ def test_memory_browses_a_scope_newest_first_paged_and_by_state(served: Served, 
     assert older and "state=accepted_current" in older[0].get_attribute("href")
 
 
+def test_a_forget_an_agent_asked_for_waits_on_the_confirmations_pages(served: Served, browser) -> None:
+    """What an MCP client without form elicitation sends a person to: the adapter parks the forget
+    in the core (HostService.ParkConfirmation, signed here with the host key as the adapter signs
+    it), and the console lists it and shows what will happen. (The whole flow through the real
+    adapter, approval included, is test_console_url_confirmation.py.)"""
+    import grpc
+
+    from engram_core.api import host_pb2, host_pb2_grpc
+    from engram_core.hostctx import CONTEXT_METADATA_KEY, HOST_CALL, make_context
+    from engram_core.operation import operation_digest
+
+    record = _accept(served, "decision: the staging bucket is deleted after each release")
+    args = {"record_id": record, "reason_ref": "reason:user-asked"}
+    digest = operation_digest(tool="engram_memory_forget", tenant=TENANT, workspace=WORKSPACE, principal="user:ana",
+                              arguments=args)
+    ctx = make_context(served.hand.key, call=HOST_CALL, tenant=TENANT, workspace=WORKSPACE, principal="user:ana",
+                       agent_id="a", session="s", purpose_ref="purpose:eng", now_ms=time.time_ns() // 1_000_000)
+    with grpc.insecure_channel(served.core.address) as channel:
+        parked = host_pb2_grpc.HostServiceStub(channel).ParkConfirmation(host_pb2.ParkConfirmationRequest(
+            tool="engram_memory_forget", target=record, reason_ref="reason:user-asked", operation_digest=digest,
+            ttl_ms=300_000), metadata=[(CONTEXT_METADATA_KEY, ctx)], timeout=30)
+    browser.get(served.console.url + "/confirmations")
+    assert parked.confirmation_id in browser.find_element(By.ID, "main").get_attribute("innerHTML")
+    assert record in browser.find_element(By.ID, "main").text
+    doc_shot(browser, "confirmations")
+    browser.get(served.console.url + "/confirmations/" + parked.confirmation_id)
+    page = browser.find_element(By.ID, "main").text
+    assert record in page and "reason:user-asked" in page and "user:ana" in page
+    assert browser.find_elements(By.CSS_SELECTOR, "button[value=approve]")
+    doc_shot(browser, "confirmation")
+    _submit(browser, browser.find_element(By.CSS_SELECTOR, "button[value=deny]"))  # nobody waits for it here
+    assert "denied" in browser.find_element(By.ID, "main").text.lower()
+
+
 def test_sign_in_returns_to_the_page_that_sent_the_person(served: Served, browser) -> None:
     browser.delete_all_cookies()
     browser.get(served.console.url + SCOPE + "/memory?state=accepted_current")
