@@ -30,6 +30,7 @@ from engram_core.store.port import (
     HostKeyRow,
     IdempotencyRow,
 )
+from engram_core.tools import CAPTURE_TOOL, FORGET_TOOL
 
 
 def check_journal_cursors_stay_dense_under_racing_writers(target: Any) -> None:
@@ -71,7 +72,7 @@ def check_an_idempotency_key_is_any_text_nul_included(target: Any) -> None:
     text holds none: its engine stores such a key in a form of its own, one to one)."""
     store = target.open()
     keys = ["key-with-\x00-nul-inside", "key-with-\x00-nul-other", "\x01engram-hex:6b6579", "key-plain-0000001"]
-    rows = {k: IdempotencyRow("engram_memory_capture", f"cand_{n}", "sha256:" + str(n) * 64, {"n": n})
+    rows = {k: IdempotencyRow(CAPTURE_TOOL, f"cand_{n}", "sha256:" + str(n) * 64, {"n": n})
             for n, k in enumerate(keys)}
     with store.write() as tx:
         for k, row in rows.items():
@@ -85,7 +86,7 @@ def check_one_effect_per_idempotency_key_under_racing_writers(target: Any) -> No
     store = target.open()
     stores = writers(target, store, 6)
     effects: list[str] = []
-    row = IdempotencyRow("engram_memory_capture", "cand_x", "sha256:" + "0" * 64, {"status": "committed_pending"})
+    row = IdempotencyRow(CAPTURE_TOOL, "cand_x", "sha256:" + "0" * 64, {"status": "committed_pending"})
 
     def attempt(k: int) -> Callable[[], None]:
         def go() -> None:
@@ -108,7 +109,7 @@ def check_a_key_written_is_found_again_after_reopening(target: Any) -> None:
     """Negative-lookup caches only ever save a read: every key, grant and payload written is found
     by a store opened afterwards (and by the same one)."""
     store = target.open()
-    row = IdempotencyRow("engram_memory_forget", "mem_x", "sha256:" + "1" * 64, {"receipt": {}})
+    row = IdempotencyRow(FORGET_TOOL, "mem_x", "sha256:" + "1" * 64, {"receipt": {}})
     with store.write() as tx:
         for i in range(20):
             tx.idempotency_put(T, W, "user:ana", f"key-reopened-{i:04d}", row, 1)

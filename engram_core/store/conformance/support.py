@@ -12,6 +12,7 @@ from typing import Any
 
 from engram_core.store.chain import GENESIS, event_digest_of
 from engram_core.store.port import AuditRow, CandidateRow, Event, RecordRow, ScopeRow
+from engram_core.tools import SEARCH_TOOL
 
 T, W = "acme", "alpha"
 OTHER = ("globex", "beta")
@@ -57,7 +58,7 @@ def event(tx: Any, target: str, *, tenant: str = T, workspace: str = W, at_ms: i
 
 def audit_row(n: int, *, tenant: str = T, workspace: str = W) -> AuditRow:
     return AuditRow(at_ms=1_800_000_000_000 + n, audit_id=f"aud_conformance_{n:06d}", tenant=tenant,
-                    workspace=workspace, principal="user:ana", agent_id="agent", operation="engram_memory_search",
+                    workspace=workspace, principal="user:ana", agent_id="agent", operation=SEARCH_TOOL,
                     outcome="ok", target_digest="", decisions=[])
 
 
