@@ -43,6 +43,7 @@ from engram_core.canonical import canonical_json  # noqa: E402
 from engram_core.crypto.sealing import seal  # noqa: E402
 from engram_core.services.core import record_id_of  # noqa: E402
 from engram_core.services.lexical import record_fields  # noqa: E402
+from engram_core.store.engine import TxEffects  # noqa: E402
 from engram_core.store.port import RecordRow  # noqa: E402
 from tools.bench.search_queries import QUERIES, TENANT, WORKSPACE  # noqa: E402
 from tools.bench.serving import Served  # noqa: E402
@@ -118,7 +119,10 @@ def bulk_load(running: RunningCore, n: int, *, distinct: int, batch: int, seed: 
                 tx.put_data_key(f"record:{rid}", slot, now)
                 vector = (core.embedder.model_id, vectors[k]) if vectors is not None else None  # type: ignore[union-attr]
                 tx.index_record(TENANT, WORKSPACE, rid, fields, vector)
-            tx.set_scope_head(TENANT, WORKSPACE, cursor, tx.scope(TENANT, WORKSPACE).last_event_digest)  # type: ignore[union-attr]
+            head = tx.scope(TENANT, WORKSPACE).last_event_digest  # type: ignore[union-attr]
+        # Moving the journal head past raw rows is the engine's, not the store port's (issue 62).
+        with core.store.engine.write(effects=TxEffects()) as etx:  # type: ignore[attr-defined]
+            etx.set_scope_head(TENANT, WORKSPACE, cursor, head)
         print(f"  loaded {min(n, start + batch)}/{n} ({time.perf_counter() - t0:.0f} s)", flush=True)
     core.store.checkpoint()
     return time.perf_counter() - t0
