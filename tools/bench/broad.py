@@ -17,7 +17,11 @@ server's ``search_nodes``, the same SDK client, the same query). ``--baseline CH
 adapter, for a before/after in the same run. Prints per shape and path p50/p90/mean, the peer
 over Engram's MCP p50 ratio, and CPU per call of each process (client, adapter, core, peer, from
 /proc), and what the first search of each shape returned (Engram's candidate count, the peer's
-entity count).
+entity count). ``--py-spy PATH`` samples this checkout's core and adapter during each shape's
+first ``--spy-seconds`` (py-spy is not a dependency: ``pip install --target DIR py-spy``), and
+reports the share of samples per leaf function and per category (self time, idle left out);
+the sampler's stops cost the sampled processes time and CPU, so take a run's timings and CPU
+figures from a run without it (the result says ``py_spy: true``).
 """
 
 from __future__ import annotations
@@ -65,6 +69,48 @@ def _child_pid(needle: bytes) -> int | None:
         if stat.rsplit(")", 1)[1].split()[1] == me and needle in cmdline:
             return int(entry.name)
     return None
+
+
+_WAITING = ("(threading.py:", "(selectors.py:", "(concurrent/futures/thread.py:", "(queue.py:", "_serve (grpc/",
+            "(asyncio/base_events.py:", "(anyio/")
+
+
+def _folded_summary(path: Path, top: int = 12) -> dict[str, Any]:
+    """py-spy's raw (folded) stacks: the share of samples per leaf function and per category
+    (tools.bench.profiling's), leaves only (self time)."""
+    from tools.bench.profiling import category
+
+    leaves: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        leaf = stack.rsplit(";", 1)[-1]
+        if any(w in leaf for w in _WAITING):
+            continue  # a thread waiting for work (py-spy counts some waits as active)
+        leaves[leaf] = leaves.get(leaf, 0) + int(count)
+        total += int(count)
+    cats: dict[str, int] = {}
+    for leaf, k in leaves.items():
+        name, _, where = leaf.partition(" (")
+        cat = category(("/" + where.rstrip(")").rsplit(":", 1)[0], 0, name))
+        cats[cat] = cats.get(cat, 0) + k
+    ranked = sorted(leaves.items(), key=lambda kv: -kv[1])[:top]
+    return {"samples": total, "share_by_category": {c: round(k / max(total, 1), 3) for c, k in
+                                                    sorted(cats.items(), key=lambda kv: -kv[1])},
+            "top_leaves": [{"share": round(k / max(total, 1), 3), "function": f} for f, k in ranked]}
+
+
+def _sampler(py_spy: str | None, pid: int | None, out: Path, seconds: float) -> Any:
+    """``py-spy record`` of ``pid`` for ``seconds`` (idle samples left out), or None."""
+    import subprocess
+
+    if not py_spy or not pid:
+        return None
+    return subprocess.Popen([py_spy, "record", "--pid", str(pid), "--format", "raw", "-o", str(out), "-d",
+                             str(max(1, int(seconds))), "-r", "250"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
 
 
 async def measure(a: argparse.Namespace, data: Path, work: Path) -> dict[str, Any]:
@@ -138,6 +184,8 @@ async def measure(a: argparse.Namespace, data: Path, work: Path) -> dict[str, An
                 wall: dict[str, list[float]] = {p: [] for p in paths}
                 client_cpu = dict.fromkeys(paths, 0.0)
                 cpu0 = {name: machine.process_cpu_s(pid) for name, pid in pids.items() if pid}
+                spies = {name: (_sampler(a.py_spy, pids.get(name), work / f"spy-{shape}-{name}.txt", a.spy_seconds),
+                                work / f"spy-{shape}-{name}.txt") for name in ("grpc", "mcp")}
                 for _ in range(a.rounds):
                     rnd.shuffle(paths)
                     q = rnd.choice(queries)
@@ -148,6 +196,10 @@ async def measure(a: argparse.Namespace, data: Path, work: Path) -> dict[str, An
                         client_cpu[p] += time.process_time() - c0
                 cpu = {name: (machine.process_cpu_s(pid) - cpu0[name]) * 1000 / a.rounds
                        for name, pid in pids.items() if pid}
+                sampled = {}
+                for name, (proc, path) in spies.items():
+                    if proc is not None and proc.wait() == 0 and path.exists():
+                        sampled["core" if name == "grpc" else "adapter"] = _folded_summary(path)
                 out: dict[str, Any] = {}
                 for p in sorted(wall):
                     xs = wall[p]
@@ -175,9 +227,11 @@ async def measure(a: argparse.Namespace, data: Path, work: Path) -> dict[str, An
                         if p in out and f"{p}_baseline" in out:
                             out[p]["baseline_over_this_p50"] = round(out[f"{p}_baseline"]["p50_ms"] / out[p]["p50_ms"],
                                                                      2)
+                if sampled:
+                    out["py_spy"] = sampled
                 shapes[shape] = out
-                print(f"{shape:7} " + "  ".join(f"{p} {f['p50_ms']:.2f}" for p, f in out.items()), file=sys.stderr,
-                      flush=True)
+                print(f"{shape:7} " + "  ".join(f"{p} {f['p50_ms']:.2f}" for p, f in out.items() if p in wall),
+                      file=sys.stderr, flush=True)
         for agent in agents.values():
             agent.close()
     finally:
@@ -185,7 +239,7 @@ async def measure(a: argparse.Namespace, data: Path, work: Path) -> dict[str, An
             core.stop()
     return {"machine": facts, "records": a.records, "rounds": a.rounds, "loadavg_before": load_before,
             "loadavg_after": machine.loadavg(), "peer_version": peer_version, "semantic": "off",
-            "baseline": str(baseline) if baseline else None, "shapes": shapes}
+            "baseline": str(baseline) if baseline else None, "py_spy": bool(a.py_spy), "shapes": shapes}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default=None, help="data directory to load once and reuse (default: a temporary one)")
     p.add_argument("--baseline", default=None, help="another checkout: its core (on a copy of the data) and adapter")
     p.add_argument("--no-peer", action="store_true")
+    p.add_argument("--py-spy", default=None, help="py-spy's path: a sampling profile of this core and adapter per shape")
+    p.add_argument("--spy-seconds", type=float, default=10, help="how long py-spy samples, from each shape's start")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     a.shapes = a.shapes.split(",")
