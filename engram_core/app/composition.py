@@ -208,7 +208,7 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
 
 def build_services(opened: OpenedCore, metrics: CoreMetrics | None = None) -> Services:
     """The services on an open core, with their observers fitted (logs, metrics, spans)."""
-    from engram_core.observability.wiring import observe_core
+    from engram_core.app.observed_ports import observe_core
 
     core = opened.core
     secrets_scan.module_ready()  # the scanner's fold table, before the first capture needs it

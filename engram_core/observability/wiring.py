@@ -1,6 +1,6 @@
-"""Where the core is fitted with its observers: the port wrappers, the store hooks, the
-scrape-time levels, and the gRPC server interceptors (OpenTelemetry's, when tracing is on,
-outside ours so that the core's spans are children of the call's)."""
+"""The gRPC server's interceptors: OpenTelemetry's, when tracing is on, outside ours so that the
+core's spans are children of the call's. (The ports' observers are fitted by the composition
+root: ``engram_core.app.observed_ports``.)"""
 
 from __future__ import annotations
 
@@ -9,16 +9,6 @@ from typing import Any
 from engram_core.observability import tracing
 from engram_core.observability.interceptor import ObservingInterceptor
 from engram_core.observability.metrics import CoreMetrics
-from engram_core.observability.ports import ObservedEmbedder, ObservedPolicyEngine, observe_store
-
-
-def observe_core(core: Any, memory: Any, metrics: CoreMetrics | None) -> None:
-    core.policy = ObservedPolicyEngine(core.policy, metrics)
-    if core.embedder is not None:
-        core.embedder = ObservedEmbedder(core.embedder, metrics)
-    observe_store(core.store, metrics)
-    if metrics is not None:
-        metrics.watch(core, getattr(memory, "pins", None))
 
 
 def server_interceptors(metrics: CoreMetrics | None) -> list[Any]:

@@ -153,7 +153,7 @@ class SharedState(Protocol):
 
 
 class StoreObservers:
-    """What operators watch of a store (observability/ports.py), handed to the kernel when it is
+    """What operators watch of a store (app/observed_ports.py), handed to the kernel when it is
     built and by the kernel to its engine (``Engine.set_hooks``): one object both report to.
     Each is a callable or None (nothing watches). ``observe`` sets them once a watcher exists."""
 

@@ -41,6 +41,9 @@ LAYERS: dict[str, int] = {
     "engram_core.policy": 5,
     "engram_core.crypto": 5,
     "engram_core.embedding": 5,
+    # Logs, metrics and spans: below everything that logs (the ports' observers, which wrap the
+    # ports, are the composition root's: engram_core/app/observed_ports.py).
+    "engram_core.observability": 6,
 }
 SHARED_LAYER = 5  # modules outside the packages above
 SERVICES = "engram_core.services"
