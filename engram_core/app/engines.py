@@ -122,9 +122,13 @@ def _open_postgresql(config: StoreConfig, vault: KeyVault, load_index: bool, aud
     from engram_core.store.postgres.engine import PostgresEngine
 
     assert config.url is not None
-    engine = PostgresEngine(config.url)  # 20 connections: engram serve's 16 gRPC workers + 4
-    before = getattr(vault, "migrations_applied_at_open", [])  # applied when the vault opened first
-    engine.migrations_applied_at_open = sorted({*before, *engine.migrations_applied_at_open})
+    # The engine the vault's opening migrated with (``_postgresql_vault``) is the store's: the
+    # schema is checked and migrated once per open. A vault opened otherwise gets one opened here.
+    engine = getattr(vault, "store_engine_at_open", None)
+    if engine is not None:
+        vault.store_engine_at_open = None  # type: ignore[attr-defined]  # handed over once
+    else:
+        engine = PostgresEngine(config.url)  # 20 connections: engram serve's 16 gRPC workers + 4
     try:
         # The engine's capabilities say how the kernel keeps it (no audit spool, scopes loaded on first read).
         store = StoreKernel(engine, vault, spool_dir=config.data_dir, load_index=load_index,
@@ -145,13 +149,17 @@ def _postgresql_vault(config: StoreConfig) -> KeyVault:
     assert config.url is not None
     # The vault's tables come with the engine's migrations: applied here when pending and this
     # role may (else one line names `engram admin migrate --store`); a current schema is only read.
-    migrating = PostgresEngine(config.url, pool_size=1)
-    applied = list(migrating.migrations_applied_at_open)
-    migrating.close()
-    vault = PgKeyVault(config.url, config.data_dir)
-    # The store's engine opens next and finds these applied already: they were applied at this
-    # open all the same, and the start-up summary and `migration` event say so (_open_postgresql).
-    vault.migrations_applied_at_open = applied  # type: ignore[attr-defined]
+    # The engine that migrates is the store's own (20 connections: engram serve's 16 gRPC workers
+    # + 4), handed to ``_open_postgresql`` through the vault, so a core's open migrates (or checks
+    # the ledger) once; its ``migrations_applied_at_open`` is what the start-up summary and the
+    # ``migration`` event report.
+    engine = PostgresEngine(config.url)
+    try:
+        vault = PgKeyVault(config.url, config.data_dir)
+    except BaseException:
+        engine.close()
+        raise
+    vault.store_engine_at_open = engine  # type: ignore[attr-defined]
     return vault
 
 
