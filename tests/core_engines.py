@@ -4,7 +4,9 @@
 ``duckdb``: the store is the DuckDB file in the core's data directory, as ``engram serve --data``.
 ``postgresql``: a fresh database of the session's cluster (tests/pg_cluster.py) per data
 directory, the data directory being the core's key directory, as ``engram serve --store URL
---key-dir DIR``. The same data directory always maps to the same database, so a test that stops a
+--key-dir DIR``. It is a copy of the session's migrated template (schema only: what a core's first
+open would migrate into an empty database), or, for a test about migrating at open, an empty one
+(``empty_database``). The same data directory always maps to the same database, so a test that stops a
 core and starts another over the same directory (a restart, a crash) finds its store again.
 Databases are dropped when the fixture that made them ends (tests/conftest.py: ``stores`` per
 test, ``module_stores`` per module).
@@ -37,6 +39,7 @@ class EngineStores:
         self._pg = cluster
         self._databases: dict[Path, Database] = {}
         self._made: dict[str, float] = {}  # database name -> when it was made (its WAL is newer)
+        self._empty: set[Path] = set()  # data directories whose database was made empty
 
     @property
     def is_postgresql(self) -> bool:
@@ -47,12 +50,27 @@ class EngineStores:
         return self._pg
 
     def database(self, data_dir: Path) -> Database:
-        """The PostgreSQL database of ``data_dir`` (created on first use)."""
+        """The PostgreSQL database of ``data_dir`` (created on first use: a copy of the session's
+        migrated template, ``PgCluster.migrated_database``)."""
+        return self._database(data_dir, migrated=True)
+
+    def empty_database(self, data_dir: Path) -> Database:
+        """As ``database``, but made empty (from ``template0``): the core that opens it first
+        migrates it, for a test about what that open does. Ask before anything else asks for the
+        database of ``data_dir``."""
+        key = Path(data_dir).resolve()
+        assert key not in self._databases or key in self._empty, f"the database of {data_dir} is made already"
+        return self._database(data_dir, migrated=False)
+
+    def _database(self, data_dir: Path, *, migrated: bool) -> Database:
         assert self.is_postgresql, "a DuckDB store has no database"
         key = Path(data_dir).resolve()
         if key not in self._databases:
             made = time.time() - 1.0  # file times may be coarser than the clock
-            self._databases[key] = self._cluster().create_database("core")
+            cluster = self._cluster()
+            self._databases[key] = cluster.migrated_database("core") if migrated else cluster.create_database("core")
+            if not migrated:
+                self._empty.add(key)
             self._made[self._databases[key].name] = made
         return self._databases[key]
 
@@ -61,15 +79,20 @@ class EngineStores:
         return self.database(data_dir).conninfo if self.is_postgresql else None
 
     def start_core(self, data_dir: Path, **kw: Any) -> Any:  # -> RunningCore
-        """``engram_core.app.composition.start_core`` on this engine."""
+        """``engram_core.app.composition.start_core`` on this engine. The semantic channel is off
+        unless the test asks for it (``semantic=True``): loading the model and embedding every
+        admission is what a test about the semantic channel pays for, and no other."""
         from engram_core.app.composition import start_core
 
+        kw.setdefault("semantic", False)
         return start_core(Path(data_dir), store_url=self.store_url(data_dir), **kw)
 
     def open_core(self, data_dir: Path, **kw: Any) -> Any:  # -> (Core, bound, TrustedHostKeys)
-        """``engram_core.app.composition.open_core`` on this engine (a core without a server)."""
+        """``engram_core.app.composition.open_core`` on this engine (a core without a server;
+        the semantic channel off unless asked for, as ``start_core``)."""
         from engram_core.app.composition import open_core
 
+        kw.setdefault("semantic", False)
         return open_core(Path(data_dir), store_url=self.store_url(data_dir), **kw)
 
     def key_store(self, data_dir: Path) -> str:
@@ -99,7 +122,10 @@ class EngineStores:
         return dict(self._cluster().env) if self.is_postgresql else {}
 
     def process_env(self) -> dict[str, str]:
-        return {**os.environ, **self.env}
+        """The environment of a process the test starts (``engram serve``, ``engram admin``): the
+        semantic channel off (``ENGRAM_SEMANTIC=off``) unless the test's own environment says
+        otherwise, as ``start_core``'s cores."""
+        return {"ENGRAM_SEMANTIC": "off", **os.environ, **self.env}
 
     @contextmanager
     def open_store(self, data_dir: Path) -> Iterator[Any]:  # -> Store
@@ -176,6 +202,7 @@ class EngineStores:
     def close(self) -> None:
         """Drop the databases made (their cores are stopped by then: fixtures end in reverse)."""
         databases, self._databases = list(self._databases.values()), {}
+        self._empty.clear()
         for db in databases:
             self._cluster().drop_database(db)
 

@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,8 @@ class PgCluster:
         self.password = secrets.token_urlsafe(24)
         self.port = 0
         self._counter = 0
+        self._template: str | None = None  # the migrated template (``migrated_database``), made on first use
+        self._template_lock = threading.Lock()
         # The client side (root or the current user): the password file libpq reads (0600).
         self.client_dir = Path(tempfile.mkdtemp(prefix="engram-pg-client-"))
         self.passfile = self.client_dir / "pgpass"
@@ -173,6 +176,41 @@ class PgCluster:
         with self.admin() as con:
             con.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
         return Database(name, self.conninfo(name), self.env, self)
+
+    def migrated_database(self, prefix: str = "t") -> Database:
+        """A new database holding Engram's schema and nothing else: a copy (``CREATE DATABASE …
+        TEMPLATE``) of the session's migrated template, which is made the first time one is asked
+        for. What a core would find after its first open's migrations, without running them per
+        core. Tests about migrations or an empty database use ``create_database``.
+
+        Nothing in the copy must be unique per store: the migrations are SQL alone and write no
+        key, salt or identifier (``engram_core/store/postgres/migrations.py``: their only rows are
+        the ledger's, ``applied_at_ms`` included, and ``host_key_trust``'s version 0); the
+        key vault's rows (``vault_state``, ``vault_rings``, ``vault_keys``) and ``store_meta`` are
+        written by the first core that opens the copy, as they are on a database it migrated."""
+        template = self._migrated_template()
+        self._counter += 1
+        name = f"{prefix}_{os.getpid()}_{self._counter}"
+        with self.admin() as con:
+            con.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        return Database(name, self.conninfo(name), self.env, self)
+
+    def _migrated_template(self) -> str:
+        """The template ``migrated_database`` copies: an empty database migrated by the product's own
+        path (``engram admin migrate --store URL``: ``engines.migrate_schema``, which opens the
+        engine, applies every migration and closes it). It then takes no connection: PostgreSQL copies
+        a template only while nobody is connected to it."""
+        with self._template_lock:
+            if self._template is None:
+                from engram_core.app.engines import migrate_schema
+
+                db = self.create_database("engram_migrated")
+                os.environ.setdefault("PGPASSFILE", str(self.passfile))
+                migrate_schema(db.conninfo)  # its connection is closed when it returns
+                with self.admin() as con:
+                    con.execute(f'ALTER DATABASE "{db.name}" WITH IS_TEMPLATE true ALLOW_CONNECTIONS false')
+                self._template = db.name
+            return self._template
 
     def drop_database(self, db: Database) -> None:
         with self.admin() as con:

@@ -38,6 +38,8 @@ def _wait_for(served, predicate, timeout: float = 20) -> list[dict]:
 
 @pytest.fixture
 def served(tmp_path: Path, stores):
+    if stores.is_postgresql:  # an empty database: the open migrates it (its `migration` event is tested)
+        stores.empty_database(tmp_path / "data")
     s = serve(stores, tmp_path / "data", "--log-format", "json")
     s.wait_ready()
     yield s

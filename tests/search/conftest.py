@@ -51,12 +51,24 @@ class TestClock(FixedClock):
     __test__ = False
 
 
-@pytest.fixture
-def clocked(tmp_path: Path, stores: EngineStores) -> Iterator[tuple[RunningCore, TestClock]]:
+def _clocked(data_dir: Path, stores: EngineStores, *, semantic: bool) -> Iterator[tuple[RunningCore, TestClock]]:
     import time
 
     clock = TestClock(time.time_ns() // 1_000_000)
-    running = stores.start_core(tmp_path / "data", clock=clock)
+    running = stores.start_core(data_dir, clock=clock, semantic=semantic)
     activate(running, clock=clock)
     yield running, clock
     running.stop()
+
+
+@pytest.fixture
+def clocked(tmp_path: Path, stores: EngineStores) -> Iterator[tuple[RunningCore, TestClock]]:
+    """A fresh core on a settable clock, the lexical channel alone."""
+    yield from _clocked(tmp_path / "data", stores, semantic=False)
+
+
+@pytest.fixture
+def semantic_clocked(tmp_path: Path, stores: EngineStores, semantic_installed: bool) -> Iterator[tuple[RunningCore, TestClock]]:
+    """As ``clocked``, with the semantic channel (the local ONNX model)."""
+    assert semantic_installed, "the 'semantic' extra is missing: run tools/setup"
+    yield from _clocked(tmp_path / "data", stores, semantic=True)

@@ -32,8 +32,10 @@ def lanterns(core: RunningCore) -> list[str]:
 
 
 @pytest.mark.parametrize("channels", [{}, {"capability_policy": SEMANTIC}], ids=["lexical", "semantic"])
-def test_same_query_same_snapshot_gives_same_order_scores_and_digests(clocked, channels: dict) -> None:
-    running, clock = clocked
+def test_same_query_same_snapshot_gives_same_order_scores_and_digests(request: pytest.FixtureRequest, stores,
+                                                                       channels: dict) -> None:
+    # ``stores`` named here runs it on each engine leg; the core has the semantic channel only when asked
+    running, clock = request.getfixturevalue("semantic_clocked" if channels else "clocked")
     # tools/setup installs the semantic extra: its absence is a broken set-up, not a reason to skip
     assert not channels or running.core.embedder is not None, "the 'semantic' extra is missing: run tools/setup"
     ana = Client(running, clock=clock)
