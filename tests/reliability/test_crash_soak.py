@@ -10,7 +10,8 @@ stopped, the store itself is checked (chains, nothing half-applied, every acknow
 its journal event and audit row); then every acknowledged mutation is retried
 with its idempotency key and must return its original outcome.
 
-CI: 30 kill points. ENGRAM_SOAK=1: 200.
+CI: 15 kill points (each a restart, a retry of what was in flight and a kill mid-workload: the
+seeded workload acknowledges every kind of mutation within them). ENGRAM_SOAK=1: 200.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from reliability_crash import (
 )
 from reliability_support import SOAK, scaled
 
-KILL_POINTS = int(os.environ.get("ENGRAM_KILL_POINTS", 0)) or scaled(30, 200)
+KILL_POINTS = int(os.environ.get("ENGRAM_KILL_POINTS", 0)) or scaled(15, 200)
 WORKERS = 3
 SEED = int(os.environ.get("ENGRAM_SOAK_SEED", "20261207"))
 
