@@ -62,6 +62,7 @@ SECURITY_HEADERS = {
 # Audit rows (by sequence number) per page; ENGRAM_CONSOLE_AUDIT_PAGE overrides it (tests page a
 # small timeline with a tiny window).
 AUDIT_WINDOW = int(os.environ.get("ENGRAM_CONSOLE_AUDIT_PAGE", "500"))
+TOO_LARGE = "INVALID_SCHEMA"  # the code of an answer over gRPC's message bound (engram_core.rpc.status)
 # Journal events per page of the Memory page's browsing (each names at most one record read).
 MEMORY_WINDOW = int(os.environ.get("ENGRAM_CONSOLE_MEMORY_PAGE", "50"))
 PRE_COOKIE = "engram_console_pre"
@@ -319,7 +320,7 @@ async def decide(request: Request, c: Console, session: Session, g: Grant, scope
     return RedirectResponse(url + "?" + query, status_code=303)
 
 
-async def _verified(request: Request, c: Console, session: Session, scope: dict[str, str]
+async def _verified(request: Request, c: Console, session: Session, scope: dict[str, str], *, again: bool = False
                     ) -> tuple[dict[str, Any] | None, str, float]:
     """(the scope's verification report or None, the refusal's code, when it was made).
 
@@ -328,7 +329,7 @@ async def _verified(request: Request, c: Console, session: Session, scope: dict[
     paging the timeline stays fast at any size."""
     key = (scope["tenant"], scope["workspace"])
     cached = c.verified.get(key)
-    if cached is not None and request.query_params.get("verify") != "1":
+    if cached is not None and request.query_params.get("verify") != "1" and not again:
         return cached
     try:
         report: dict[str, Any] | None = await run_in_threadpool(c.core.verify, c.actor(session), *key)
@@ -361,7 +362,20 @@ async def _audit_window(request: Request, c: Console, session: Session, scope: d
         rows = await run_in_threadpool(c.core.audit, actor, tenant, workspace, low, before - 1)
     else:
         low = max(1, head + 1 - AUDIT_WINDOW)
-        rows = await run_in_threadpool(c.core.audit, actor, tenant, workspace, low, 0)
+        try:
+            rows = await run_in_threadpool(c.core.audit, actor, tenant, workspace, low, 0)
+        except CoreError as err:
+            if err.code != TOO_LARGE:
+                raise
+            # More rows since the last verification than one answer may carry (every read a person
+            # or agent makes is audited): verify again, once, for a newer head, and read from there.
+            report, refusal, verified_at = await _verified(request, c, session, scope, again=True)
+            if report is None:
+                raise
+            facts = {"report": report, "refusal": refusal, "verified_at": verified_at}
+            head = int(report["audit"]["rows"])
+            low = max(1, head + 1 - AUDIT_WINDOW)
+            rows = await run_in_threadpool(c.core.audit, actor, tenant, workspace, low, 0)
     rows.sort(key=lambda r: (int(r["at_ms"]), int(r["seq"])), reverse=True)
     newer = None if not before else (f"?before={before + AUDIT_WINDOW}" if before + AUDIT_WINDOW <= head else "?")
     return {**facts, "rows": rows, "older": low if low > 1 else None, "newer": newer}
@@ -476,7 +490,19 @@ async def _browse(request: Request, c: Console, session: Session, g: Grant, scop
         low = max(1, before - MEMORY_WINDOW)
         events = await run_in_threadpool(c.core.journal, actor, tenant, workspace, low, before - 1)
     else:
-        events = await run_in_threadpool(c.core.journal, actor, tenant, workspace, max(1, head + 1 - MEMORY_WINDOW), 0)
+        try:
+            events = await run_in_threadpool(c.core.journal, actor, tenant, workspace,
+                                             max(1, head + 1 - MEMORY_WINDOW), 0)
+        except CoreError as err:
+            if err.code != TOO_LARGE:
+                raise
+            report, _, _ = await _verified(request, c, session, scope, again=True)  # a newer head, once
+            head = next((int(s["head_cursor"]) for s in (report or {}).get("scopes", [])
+                         if s.get("tenant") == tenant and s.get("workspace") == workspace), None)
+            if head is None:
+                raise
+            events = await run_in_threadpool(c.core.journal, actor, tenant, workspace,
+                                             max(1, head + 1 - MEMORY_WINDOW), 0)
     # Newest first, one window: the newest page read from the last verified head on may hold more
     # (events written since that verification); the rest are on the next pages.
     events = sorted(events, key=lambda e: int(e["cursor"]), reverse=True)[:MEMORY_WINDOW]

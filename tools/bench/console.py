@@ -157,9 +157,11 @@ def run(records: int, requests: int, root: Path) -> dict[str, Any]:
 
         results: dict[str, Any] = {}
         for name, path in pages.items():
-            status, _, _ = _get(url + path, cookie)  # warm-up (the first verification of the scope, too)
+            status, _, body = _get(url + path, cookie)  # warm-up (the first verification of the scope, too)
             if status != 200:
-                raise SystemExit(f"{name} answered {status}")
+                said = re.search(rb"<main[^>]*>(.*?)</main>", body, re.S)
+                text = re.sub(rb"<[^>]+>|\s+", b" ", said.group(1) if said else body)[:400].decode(errors="replace")
+                raise SystemExit(f"{name} answered {status}: {text}")
             times = []
             for _ in range(min(requests, 3) if name == "audit_verify" else requests):
                 t = time.perf_counter()
