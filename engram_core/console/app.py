@@ -15,6 +15,7 @@ import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,7 @@ SECURITY_HEADERS = {
 AUDIT_WINDOW = int(os.environ.get("ENGRAM_CONSOLE_AUDIT_PAGE", "500"))
 TOO_LARGE = "INVALID_SCHEMA"  # the code of an answer over gRPC's message bound (engram_core.rpc.status)
 # Journal events per page of the Memory page's browsing (each names at most one record read).
-MEMORY_WINDOW = int(os.environ.get("ENGRAM_CONSOLE_MEMORY_PAGE", "50"))
+MEMORY_WINDOW = int(os.environ.get("ENGRAM_CONSOLE_MEMORY_PAGE", "25"))
 PRE_COOKIE = "engram_console_pre"
 STATE_COOKIE = "engram_console_oidc"
 logger = logging.getLogger("engram.console")
@@ -101,6 +102,7 @@ class Console:
                                             undefined=jinja2.StrictUndefined)
         self.templates.filters["when"] = _when
         self.templates.filters["clock"] = lambda t: datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        self.readers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="console-read")  # Memory's reads
         # The last verification per scope: (report or None, refusal code, when), see _verified.
         self.verified: dict[tuple[str, str], tuple[dict[str, Any] | None, str, float]] = {}
 
@@ -513,18 +515,21 @@ async def _browse(request: Request, c: Console, session: Session, g: Grant, scop
         if isinstance(rid, str) and rid.startswith("mem_") and rid not in named:
             named[rid] = str(e.get("to_state", ""))
 
+    def read(rid: str, logged: str) -> dict[str, Any]:
+        try:
+            return c.core.get(actor, tenant, workspace, g.memory_purpose, rid)
+        except CoreError as err:
+            if err.code != "NOT_FOUND":
+                raise
+            shown = logged if logged not in READABLE else "not readable now"
+            return {"record": {"record_id": rid, "state": shown}, "unreadable": True}
+
     def read_all() -> list[dict[str, Any]]:
-        rows = []
-        for rid, logged in named.items():
-            if state and logged != state and (state not in READABLE or logged not in READABLE):
-                continue  # the filter needs no read of a record the journal already places elsewhere
-            try:
-                rows.append(c.core.get(actor, tenant, workspace, g.memory_purpose, rid))
-            except CoreError as err:
-                if err.code != "NOT_FOUND":
-                    raise
-                shown = logged if logged not in READABLE else "not readable now"
-                rows.append({"record": {"record_id": rid, "state": shown}, "unreadable": True})
+        # The filter needs no read of a record the journal already places in another state.
+        wanted = [(rid, logged) for rid, logged in named.items()
+                  if not state or logged == state or (state in READABLE and logged in READABLE)]
+        # A few reads at a time (the channel is shared and thread-safe; the core serves them in parallel).
+        rows = list(c.readers.map(lambda item: read(*item), wanted))
         return [r for r in rows if not state or r.get("record", {}).get("state") == state]
 
     low_cursor = min((int(e["cursor"]) for e in events), default=1)
