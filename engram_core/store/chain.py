@@ -58,6 +58,26 @@ def chain_of(doc: dict[str, Any]) -> str:
     return doc.get("chain", LEGACY_CHAIN)
 
 
+# The legacy rule: an audit document has these fields only where they were part of its digest
+# (rows of the one chain before DuckDB's migration 9 have no ``chain``, rows of calls that claimed
+# no nonce no ``context_nonce``); a table's column holds this value for a field absent.
+OPTIONAL_AUDIT_FIELDS = {"chain": LEGACY_CHAIN, "context_nonce": ""}
+
+
+def stored_audit_field(doc: dict[str, Any], key: str) -> Any:
+    """What a table's column holds for ``doc``'s ``key`` (the value for an optional one absent)."""
+    return doc.get(key, OPTIONAL_AUDIT_FIELDS[key]) if key in OPTIONAL_AUDIT_FIELDS else doc[key]
+
+
+def digested_audit_doc(stored: dict[str, Any]) -> dict[str, Any]:
+    """``stored`` (every column of an audit row) as the document its digest covers: an optional
+    field holding its absent value dropped (changed in place, returned)."""
+    for key, absent in OPTIONAL_AUDIT_FIELDS.items():
+        if stored[key] == absent:
+            del stored[key]
+    return stored
+
+
 def audit_doc(row: AuditRow, chain: str, head: tuple[int, str]) -> dict[str, Any]:
     """The audit row document that follows ``head`` (seq, row digest) in ``chain``."""
     doc = {

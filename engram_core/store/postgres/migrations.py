@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import psycopg
 
 from engram_core.errors import Code, EngramError
+from engram_core.store.sql.ledger import pending_migrations as check_ledger
 
 # Identifiers compare and sort by code point (DuckDB's VARCHAR order) in any database.
 _ID = 'TEXT COLLATE "C"'
@@ -255,19 +256,8 @@ def read_ledger(conn: psycopg.Connection) -> dict[int, str]:
 def pending_migrations(ledger: dict[int, str], migrations: tuple[Migration, ...]) -> list[Migration]:
     """What of ``migrations`` the ledger lacks, after checking it against them: versions the
     code does not know (a newer engine migrated the database), another checksum, or a gap are
-    MIGRATION_LEDGER_INVALID."""
-    known = {m.version: m for m in migrations}
-    newer = sorted(v for v in ledger if v not in known)
-    if newer:
-        raise EngramError(Code.MIGRATION_LEDGER_INVALID,
-                          f"the database was migrated by a newer engine (ledger versions {newer}; this engine "
-                          f"knows up to {max(known)}): upgrade this core")
-    for version, checksum in ledger.items():
-        if known[version].checksum != checksum:
-            raise EngramError(Code.MIGRATION_LEDGER_INVALID, f"ledger version {version} does not match code")
-    if ledger and sorted(ledger) != list(range(1, max(ledger) + 1)):
-        raise EngramError(Code.MIGRATION_LEDGER_INVALID, "ledger has gaps")
-    return [m for m in migrations if m.version not in ledger]
+    MIGRATION_LEDGER_INVALID (``sql/ledger.py``)."""
+    return check_ledger(ledger, migrations, newer_engine=True)
 
 
 def run_migrations(conn: psycopg.Connection, migrations: tuple[Migration, ...], *, apply: bool) -> list[int]:
