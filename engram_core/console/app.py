@@ -102,6 +102,8 @@ class Console:
                                             undefined=jinja2.StrictUndefined)
         self.templates.filters["when"] = _when
         self.templates.filters["clock"] = lambda t: datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        # The highest audit sequence number / journal cursor a newest page has read, per scope.
+        self.seen: dict[tuple[str, str, str], int] = {}
         self.readers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="console-read")  # Memory's reads
         # The last verification per scope: (report or None, refusal code, when), see _verified.
         self.verified: dict[tuple[str, str], tuple[dict[str, Any] | None, str, float]] = {}
@@ -356,7 +358,9 @@ async def _audit_window(request: Request, c: Console, session: Session, scope: d
         rows = await run_in_threadpool(c.core.audit, actor, tenant, workspace, 1, 0)
         rows.sort(key=lambda r: (int(r["at_ms"]), int(r["seq"])), reverse=True)
         return {**facts, "rows": rows[:AUDIT_WINDOW], "older": None, "newer": None}  # one page: all there is
-    head = int(report["audit"]["rows"])  # no chain's sequence number exceeded the row count then
+    # No chain's sequence number exceeded the row count at the verification; a newest page read
+    # since may have seen higher numbers, which the next newest page starts from.
+    head = max(int(report["audit"]["rows"]), c.seen.get((tenant, workspace, "audit"), 0))
     raw = request.query_params.get("before", "")
     before = int(raw) if raw.isdigit() and 1 <= int(raw) <= head else 0  # 0: the newest page
     if before:
@@ -375,9 +379,17 @@ async def _audit_window(request: Request, c: Console, session: Session, scope: d
             if report is None:
                 raise
             facts = {"report": report, "refusal": refusal, "verified_at": verified_at}
-            head = int(report["audit"]["rows"])
+            head = max(int(report["audit"]["rows"]), c.seen.get((tenant, workspace, "audit"), 0))
             low = max(1, head + 1 - AUDIT_WINDOW)
             rows = await run_in_threadpool(c.core.audit, actor, tenant, workspace, low, 0)
+        # Every read is audited, so many rows may have come since: the page shows the newest
+        # AUDIT_WINDOW sequence numbers, the rest are Older, and the next newest page reads from here.
+        top = max((int(r["seq"]) for r in rows), default=head)
+        if top > head:
+            c.seen[(tenant, workspace, "audit")] = top
+        if top + 1 - AUDIT_WINDOW > low:
+            low = top + 1 - AUDIT_WINDOW
+            rows = [r for r in rows if int(r["seq"]) >= low]
     rows.sort(key=lambda r: (int(r["at_ms"]), int(r["seq"])), reverse=True)
     newer = None if not before else (f"?before={before + AUDIT_WINDOW}" if before + AUDIT_WINDOW <= head else "?")
     return {**facts, "rows": rows, "older": low if low > 1 else None, "newer": newer}
@@ -483,6 +495,8 @@ async def _browse(request: Request, c: Console, session: Session, g: Grant, scop
     report, _, _ = await _verified(request, c, session, scope)
     head = next((int(s["head_cursor"]) for s in (report or {}).get("scopes", [])
                  if s.get("tenant") == tenant and s.get("workspace") == workspace), None)
+    if head is not None:  # a newest page read since the verification may have seen further
+        head = max(head, c.seen.get((tenant, workspace, "journal"), 0))
     raw = request.query_params.get("before", "")
     before = int(raw) if raw.isdigit() and int(raw) >= 1 else 0
     if head is None:  # no head known (the key may not verify): the scope's whole journal, windowed here
@@ -508,6 +522,8 @@ async def _browse(request: Request, c: Console, session: Session, g: Grant, scop
     # Newest first, one window: the newest page read from the last verified head on may hold more
     # (events written since that verification); the rest are on the next pages.
     events = sorted(events, key=lambda e: int(e["cursor"]), reverse=True)[:MEMORY_WINDOW]
+    if head is not None and not before and events and int(events[0]["cursor"]) > head:
+        c.seen[(tenant, workspace, "journal")] = int(events[0]["cursor"])
     named: dict[str, str] = {}  # record id -> its state in the newest event of this window naming it
     for e in events:
         body = e.get("body") or {}
