@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import logging
 import math
@@ -26,7 +27,7 @@ from engram_core.observability.tracing import traced
 from engram_core.policy.port import REDACTION, Decision
 from engram_core.services import lexical, thesaurus
 from engram_core.services.core import CallRecord, Core, context_facts
-from engram_core.services.lexical import TermHasher
+from engram_core.services.lexical import TermHasher, query_words
 from engram_core.services.paging import Binding, CursorCodec, Pin
 from engram_core.services.ranking import (
     OFFLINE_LEXICAL_V4,
@@ -79,13 +80,18 @@ class Redaction:
         self.omitted_c = canonical(self.omitted)  # every packet's redacted_fields, written once
         self.allow_fields = canonical(sorted(allow))
         self.decision_receipt = decision_receipt
+        # The receipt's canonical text but its record id, written once (keys in RFC 8785 order:
+        # allow_fields, kind, policy_receipt_digest, record_id, redacted_fields).
+        self._head = (f'{{"allow_fields":{self.allow_fields.text},"kind":"redaction",'
+                      f'"policy_receipt_digest":{encode_basestring(decision_receipt)},"record_id":')
+        self._tail = f',"redacted_fields":{self.omitted_c.text}}}'
 
     def receipt(self, record_id: str) -> str:
-        """The record's ``redaction_receipt_digest``."""
-        return with_receipt_digest({
-            "kind": "redaction", "record_id": record_id, "allow_fields": self.allow_fields,
-            "redacted_fields": self.omitted_c, "policy_receipt_digest": self.decision_receipt,
-        })["receipt_digest"]
+        """The record's ``redaction_receipt_digest``: the digest of the receipt
+        ``{"kind": "redaction", "record_id", "allow_fields", "redacted_fields",
+        "policy_receipt_digest"}`` (``with_receipt_digest``), its text composed from the parts
+        every record of the read shares (tests/unit/test_reading_receipts.py checks the two agree)."""
+        return digest_bytes("receipt", (self._head + encode_basestring(record_id) + self._tail).encode("utf-8"))
 
 
 def _payload_shown(plaintext: bytes, tenant: str, workspace: str) -> Canonical:
@@ -141,6 +147,9 @@ class ReadService:
         self.pins = core.store.page_pins(core.now_ms)
         # A word's related terms, hashed with this core's key (``expanded_terms``).
         self._hashed_relatives = functools.lru_cache(maxsize=65_536)(self._relatives_of)
+        self._term = functools.lru_cache(maxsize=65_536)(core.hasher.term)  # a query term's hash
+        self._related_others = functools.lru_cache(maxsize=65_536)(
+            lambda expansion, word, term: related_others(self._hashed_relatives, expansion, word, term))
         self.cursors = CursorCodec(core.page_key)
 
     def bind_purpose(self, ctx: BoundContext, purpose_ref: str) -> None:
@@ -379,8 +388,11 @@ class ReadService:
     def _first_rows(self, tx: Tx, ctx: BoundContext, profile: Profile, pin: Pin, query: str,
                     *, limit: int) -> list[tuple[str, float, int]]:
         """Rank the snapshot and fill ``pin`` with what later pages need to continue it exactly."""
-        terms = self.core.hasher.query_terms(query)
-        pin.lexical_stats = self._lexical_stats(tx, ctx, profile, query, terms)
+        # The query tokenized and stemmed once: its terms (``TermHasher.query_terms``: the words
+        # that have a term, in order) and the words the expansion reads.
+        words = query_words(query)
+        terms = [self._term(term) for _word, term in words if term is not None]
+        pin.lexical_stats = self._lexical_stats(tx, ctx, profile, words, terms)
         if not profile.semantic:
             page = self._lexical(tx, ctx, profile, pin, best_bm25=None, after=None, limit=limit)
             pin.best_bm25, pin.candidate_count = page.best_bm25, page.total
@@ -407,19 +419,23 @@ class ReadService:
     def _relatives_of(self, expansion: Expansion, word: str) -> tuple[tuple[str, int], ...]:
         return tuple((term, self.core.hasher.term(term)) for term in _related_terms(expansion, word))
 
-    def _lexical_stats(self, tx: Tx, ctx: BoundContext, profile: Profile, query: str, terms: list[int]) -> LexicalStats:
+    def _lexical_stats(self, tx: Tx, ctx: BoundContext, profile: Profile, words: list[tuple[str, str | None]],
+                       terms: list[int]) -> LexicalStats:
         """The scope's statistics of the query's terms and, with an ``Expansion``, of its words'
-        related terms (``expanded_terms``) the scope has, with their weights."""
+        (``lexical.query_words``) related terms (``expanded_terms``) the scope has, with their weights."""
         if profile.expansion is None:
             return tx.lexical_stats(ctx.tenant, ctx.workspace, terms)
         expansion = profile.expansion
-        related = expanded_terms(expansion, self._hashed_relatives, query, terms)
+        related = expanded_terms(expansion, self._hashed_relatives, words, terms, others=self._related_others)
         stats = tx.lexical_stats(ctx.tenant, ctx.workspace, [*terms, *related])
         common = expansion.max_share * stats.docs
         weights = {t: w for t, w in related.items() if 0 < stats.df.get(t, 0) <= common}
         if len(weights) == len(related.keys() & stats.df.keys()):
             return dataclasses.replace(stats, weights=weights) if weights else stats
-        df = {t: n for t, n in stats.df.items() if t not in related or t in weights}
+        # The related terms too common to weigh leave the statistics (the rest kept in order).
+        df = dict(stats.df)
+        for t in related.keys() - weights.keys():
+            df.pop(t, None)
         return dataclasses.replace(stats, df=df, weights=weights)
 
     @traced("engram.search.rank")
@@ -477,20 +493,31 @@ def _related_terms(expansion: Expansion, word: str) -> tuple[str, ...]:
 
 
 def expanded_terms(expansion: Expansion, relatives: Callable[[Expansion, str], tuple[tuple[str, int], ...]],
-                   text: str, terms: list[int]) -> dict[int, float]:
+                   text: str | list[tuple[str, str | None]], terms: list[int], *,
+                   others: Callable[[Expansion, str, str], tuple[int, ...]] | None = None) -> dict[int, float]:
     """The hashed terms of the query words' related words (``ranking.Expansion``) that are not
     terms of the query itself, each with the expansion's weight; ``relatives`` gives a word's
     related (term, hashed term) pairs. Only alphabetic words that are query terms are expanded
-    (not stop or question words, not numbers or identifiers)."""
-    own = set(terms)
-    out: dict[int, float] = {}
-    for word, term in lexical.query_words(text):
-        if term is None or not word.isalpha():
-            continue
-        for related, hashed in relatives(expansion, word):
-            if related != term and hashed not in own:
-                out[hashed] = expansion.weight
+    (not stop or question words, not numbers or identifiers). Keys in first-found order (words
+    in query order, each word's related terms in order). ``text``: the query, or its
+    ``lexical.query_words`` when the caller has them.
+
+    ``others``: a word's hashed related terms other than the word's own term (``related_others``
+    over ``relatives``), which a caller may cache: a long query's ~50 words bring thousands of
+    related terms, gathered here in C (``dict.fromkeys``) instead of one Python step each."""
+    pick = others or (lambda e, word, term: related_others(relatives, e, word, term))
+    out = dict.fromkeys(itertools.chain.from_iterable(
+        pick(expansion, word, term) for word, term in (lexical.query_words(text) if isinstance(text, str) else text)
+        if term is not None and word.isalpha()), expansion.weight)
+    for hashed in out.keys() & set(terms):  # the query's own terms are not expansions
+        del out[hashed]
     return out
+
+
+def related_others(relatives: Callable[[Expansion, str], tuple[tuple[str, int], ...]], expansion: Expansion,
+                   word: str, term: str) -> tuple[int, ...]:
+    """``word``'s hashed related terms but its own ``term`` (``expanded_terms``'s ``others``)."""
+    return tuple(hashed for related, hashed in relatives(expansion, word) if related != term)
 
 
 def hashed_relatives(hasher: TermHasher) -> Callable[[Expansion, str], tuple[tuple[str, int], ...]]:
