@@ -26,12 +26,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def worker(data: Path, *, rounds: int, shapes: list[str], profile: bool, records: int) -> dict[str, Any]:
-    # Run as a script: engram_core from the checkout PYTHONPATH names; these tools from this one.
+    # Run as a script: engram_core from the checkout PYTHONPATH names (imported before this
+    # checkout goes first on the path, or --tree would measure this checkout's core twice); these
+    # tools from this one.
+    import engram_core
+
     sys.path.insert(0, str(REPO))
     import cProfile
     import pstats
 
-    import engram_core
     from engram_core.api import memory_pb2
     from engram_core.app.composition import open_core
     from engram_core.hostctx import make_context, verify_context
