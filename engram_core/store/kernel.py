@@ -25,7 +25,8 @@ Services see the kernel as the ``Store`` port (``port.py``); under it an engine
 The kernel reads what the engine is from its ``capabilities`` (``engine.EngineCapabilities``:
 sole writer, spooled audit rows, scopes loaded on first use) and asks the state cores share of
 its ``shared`` (``engine.SharedState``). It calls nothing of an engine that ``engine.Engine``
-does not declare (a type checker proves it: tests/unit/test_type_check.py).
+does not declare (a type checker proves it: tests/unit/test_type_check.py). Its ``Tx``,
+``KernelTx``, is ``kernel_tx.py``.
 """
 
 from __future__ import annotations

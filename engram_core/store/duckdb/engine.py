@@ -10,6 +10,7 @@ the durability point: DuckDB's WAL is flushed before ``COMMIT`` returns, and the
 
 What is not persistence lives in the store kernel (``engram_core/store/kernel.py``): audit
 chaining, the audit spool and devices, projection sealing, key durability, the search index.
+The engine's transaction is ``tx.py``; the SQL it shares with PostgreSQL, ``engram_core/store/sql/``.
 """
 
 from __future__ import annotations

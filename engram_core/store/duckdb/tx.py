@@ -76,6 +76,8 @@ class DuckDBEngineTx(SqlRows, RecordLinks, TrustClasses):
 
     _store: Committed
     dialect = DUCKDB
+    update_blobs_sql = ("UPDATE projections SET sealed = u.sealed FROM (SELECT unnest($1::VARCHAR[]) AS record_id, "
+                        "unnest($2::BLOB[]) AS sealed) u WHERE projections.record_id = u.record_id")
 
     def __init__(self, con: duckdb.DuckDBPyConnection, engine: Committed, *, writing: bool = False,
                  batch: Batch | None = None) -> None:
@@ -477,14 +479,6 @@ class DuckDBEngineTx(SqlRows, RecordLinks, TrustClasses):
         return [(record_of(found[1:]), bytes(found[0])) for found in self._all(
             f"SELECT p.sealed, {_RECORD_COLS_R} FROM projections p JOIN records r USING (record_id) "
             "WHERE p.tenant = ? AND p.workspace = ?", [tenant, workspace])]
-
-    def update_projection_blobs(self, blobs: list[tuple[str, bytes]]) -> None:
-        # One multi-row statement per chunk, not three per record (a store re-analyzed at start-up:
-        # ~5 ms per record that way).
-        for chunk in iter_chunks(blobs, 2048):
-            self._exec("UPDATE projections SET sealed = u.sealed FROM (SELECT unnest($1::VARCHAR[]) AS "
-                       "record_id, unnest($2::BLOB[]) AS sealed) u WHERE projections.record_id = u.record_id",
-                       [[r for r, _ in chunk], [b for _, b in chunk]])
 
     def drop_scope_projections(self, tenant: str, workspace: str) -> None:
         self._exec("DELETE FROM projections WHERE tenant = ? AND workspace = ?", [tenant, workspace])

@@ -3,7 +3,8 @@
 The engine gives the guarantees of ``engram_core/store/engine.py`` with other processes writing
 the same database (``sole_writer`` False), so it keeps no copy of anything another process can
 change: scope rows, audit chain heads, idempotency keys, grants, payload digests and record
-links are read from the database inside each transaction.
+links are read from the database inside each transaction. Its transaction is ``tx.py`` (its own
+statements ``statements.py``); the SQL it shares with DuckDB, ``engram_core/store/sql/``.
 
 ## Isolation and locking: READ COMMITTED, the scope row locked at first touch
 

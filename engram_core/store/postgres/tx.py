@@ -89,6 +89,8 @@ class PostgresEngineTx(SqlRows):
     "snapshot" (REPEATABLE READ READ ONLY) or "latest" (each statement in autocommit)."""
 
     dialect = POSTGRES
+    update_blobs_sql = ("UPDATE projections SET sealed = u.sealed FROM unnest(%s::text[], %s::bytea[]) "
+                        "AS u(record_id, sealed) WHERE projections.record_id = u.record_id")
 
     def __init__(self, engine: Connections, mode: str) -> None:
         self._engine = engine
@@ -709,12 +711,6 @@ class PostgresEngineTx(SqlRows):
         return [(record_of(found[1:]), found[0]) for found in self._query(
             f"SELECT p.sealed, {RECORD_COLS_R} FROM projections p JOIN records r ON r.record_id = p.record_id "
             "WHERE p.tenant = %s AND p.workspace = %s ORDER BY r.doc", [tenant, workspace])]
-
-    def update_projection_blobs(self, blobs: list[tuple[str, bytes]]) -> None:
-        for chunk in iter_chunks(blobs, 2048):
-            self._write("UPDATE projections SET sealed = u.sealed FROM unnest(%s::text[], %s::bytea[]) "
-                        "AS u(record_id, sealed) WHERE projections.record_id = u.record_id",
-                        [[r for r, _ in chunk], [b for _, b in chunk]])
 
     def drop_scope_projections(self, tenant: str, workspace: str) -> None:
         self._touch(tenant, workspace)

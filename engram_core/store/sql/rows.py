@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from engram_core.store.port import HostKeyRow, KeyDestruction
+from engram_core.store.port import HostKeyRow, KeyDestruction, iter_chunks
 from engram_core.store.sql.codecs import (
     AUDIT_KEYS,
     HOST_KEY_COLS,
@@ -50,6 +50,8 @@ class SqlRows:
     """Mixin of ``DuckDBEngineTx`` and ``PostgresEngineTx``: the members written once."""
 
     dialect: Dialect
+    update_blobs_sql: str  # the engine's: projections' sealed blobs set from two arrays, ids and blobs
+
 
     def _sql_all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         raise NotImplementedError  # by the engine
@@ -76,6 +78,13 @@ class SqlRows:
 
     def restore_key_destruction(self, owner: str, at_ms: int, reason: str, generation: int | None) -> None:
         self._sql_exec(self.dialect(RESTORE_KEY_DESTRUCTION), [owner, at_ms, reason, generation])
+
+    # -- sealed projections ----------------------------------------------------------------------
+    def update_projection_blobs(self, blobs: list[tuple[str, bytes]]) -> None:
+        # One multi-row statement per chunk, not three per record (a store re-analyzed at start-up:
+        # ~5 ms per record that way).
+        for chunk in iter_chunks(blobs, 2048):
+            self._sql_exec(self.update_blobs_sql, [[r for r, _ in chunk], [b for _, b in chunk]])
 
     # -- audit rows ------------------------------------------------------------------------------
     def audit_rows(self, tenant: str | None, workspace: str | None, from_seq: int,
