@@ -50,7 +50,10 @@ class ReadOps(HostOps):
         tctx = self.target_ctx(ctx, tenant, workspace)
         with self.core.store.read() as tx:
             c = tx.candidate(tenant, workspace, checked_ref(candidate_id, "candidate_id"))
-            events = [event_summary(e) for e in tx.events(tenant, workspace, 0, None) if e.target == candidate_id] if c else []
+            # Nothing names a candidate before its capture: read the journal from there, not from
+            # the scope's first event (the console's candidate page at 100k records, issue 61).
+            events = [event_summary(e) for e in tx.events(tenant, workspace, c.cursor, None)
+                      if e.target == candidate_id] if c else []
             facts = facts_of(self.core, tx, c) if c is not None else {}
         if c is None:
             raise EngramError(Code.NOT_FOUND, "candidate")
