@@ -114,6 +114,11 @@ class QuotaCounters:
         self._pending: list[tuple[str, str, int, str, int]] = []
         self._wake = threading.Event()
         self._flusher: threading.Thread | None = None
+        # Held by the flusher from taking the held-back adds until the store has them: a read
+        # waits for it, so adds the flusher took are committed before the read's statement
+        # (else the read found them neither held back nor in the store: a principal's fourth
+        # capture in a row was admitted under a limit of three when the flush fell between).
+        self._sending = threading.Lock()
 
     def _take_pending(self) -> list[tuple[str, str, int, str, int]]:
         with self._lock:
@@ -133,18 +138,20 @@ class QuotaCounters:
                     return
             time.sleep(FLUSH_AFTER_S)  # a read in the meantime takes them with it
             self._wake.clear()  # before taking: an add after this wakes the loop again
-            rows = self._take_pending()
-            if rows:
-                try:
-                    self._shared.add_usage(rows)  # type: ignore[union-attr]
-                except Exception:  # noqa: BLE001 - the store is away: kept for the next read or flush
-                    self._requeue(rows)
+            with self._sending:
+                rows = self._take_pending()
+                if rows:
+                    try:
+                        self._shared.add_usage(rows)  # type: ignore[union-attr]
+                    except Exception:  # noqa: BLE001 - the store is away: kept for the next read or flush
+                        self._requeue(rows)
 
     def flush(self) -> None:
         """Send the held-back shared adds now (tests; a core closing)."""
-        rows = self._take_pending()
-        if rows and self._shared is not None:
-            self._shared.add_usage(rows)
+        with self._sending:
+            rows = self._take_pending()
+            if rows and self._shared is not None:
+                self._shared.add_usage(rows)
 
     @staticmethod
     def _keys(tenant: str, workspace: str, principal: str) -> dict[str, tuple[str, ...]]:
@@ -163,7 +170,9 @@ class QuotaCounters:
         keys = self._keys(tenant, workspace, principal)
         floors = {name: now - (ms // BUCKETS) * BUCKETS for name, ms in WINDOWS_MS.items()}
         wanted = [(_subject(key), name, floor) for key in keys.values() for name, floor in floors.items()]
-        return UsageRead(tenant, workspace, principal, now, wanted, self._take_pending())
+        with self._sending:  # a flush in flight lands first; the rest rides with this read
+            adding = self._take_pending()
+        return UsageRead(tenant, workspace, principal, now, wanted, adding)
 
     def abandon_read(self, read: UsageRead) -> None:
         self._requeue(read.adding)

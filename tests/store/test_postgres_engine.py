@@ -614,6 +614,43 @@ def test_usage_counts_are_one_count_across_cores_and_a_cores_adds_ride_on_its_ne
         other.close()
 
 
+def test_a_read_waits_for_the_adds_its_flusher_is_still_sending(
+        proxied: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A core's flusher took its held-back adds and is sending them when a read of the same
+    core begins: the read must count them (it finds them neither held back nor, until that
+    round trip commits, in the database). Seen in a full run under load: a principal's fourth
+    capture admitted under a limit of three. The real shared usage of the store, its add round
+    trip held open until the read has begun."""
+    import engram_core.store.usage_counters as usage_counters
+    from engram_core.store.usage_counters import QuotaCounters
+
+    store, _, _ = proxied
+    real = store.engine.shared
+    sending, release = threading.Event(), threading.Event()
+
+    class HeldAdds:
+        def add_usage(self, rows: list[Any]) -> None:
+            sending.set()
+            assert release.wait(10)
+            real.add_usage(rows)
+
+        def usage_buckets(self, wanted: Any, *, adding: Any = ()) -> Any:
+            return real.usage_buckets(wanted, adding=adding)
+
+    monkeypatch.setattr(usage_counters, "FLUSH_AFTER_S", 0.0)
+    counters = QuotaCounters(lambda: 1_800_000_000_000, shared=HeldAdds())
+    for _ in range(3):
+        counters.add(T, W, P, "captures")
+    assert sending.wait(10)  # the flusher holds the three adds, its round trip not committed
+    seen: dict[str, Any] = {}
+    reader = threading.Thread(target=lambda: seen.update(counters.usage(T, W, P)))
+    reader.start()
+    time.sleep(0.3)  # the read, begun, would have answered by now had it not waited
+    release.set()
+    reader.join(10)
+    assert seen["principal"]["minute"]["captures"] == 3
+
+
 # -- group commit per scope (PostgresEngine._member) --------------------------------------------------------------------
 # The batched writes of one scope on one core share a transaction and a COMMIT, and a member that
 # fails takes nothing of the others with it; through the store kernel as the services use it.
