@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from tools.bench.__main__ import main
@@ -38,7 +37,6 @@ def test_peer_preload_is_the_servers_jsonl_format(tmp_path: Path) -> None:
 
 
 def test_tiny_benchmark_end_to_end(tmp_path: Path) -> None:
-    started = time.monotonic()
     out = tmp_path / "results"
     assert main(["--sizes", "40", "--clients", "1,2", "--runs", "1", "--duration", "0.2", "--other-scopes", "1",
                  "--semantic-max", "0", "--profile-calls", "3", "--no-peer", "--no-progress",
@@ -59,7 +57,6 @@ def test_tiny_benchmark_end_to_end(tmp_path: Path) -> None:
     assert set(doc["scanner"]) >= {"dotenv_TOKEN", "cookie_sid", "every_keyword", "prose"}
     point = doc["scanner"]["dotenv_TOKEN"]["4096"]
     assert point["n"] == 2 and point["bytes"] == 4096 and 0 < point["p50_ms"] <= point["p99_ms"]
-    assert time.monotonic() - started < 60
 
 
 def test_scanner_shapes_have_their_sizes() -> None:
