@@ -26,8 +26,9 @@ from collections.abc import Iterator
 import hypothesis
 import hypothesis.core
 import pytest
-from core_engines import DUCKDB, ENGINES, EngineStores
-from pg_cluster import Database, PgCluster, PostgresMissing, start_cluster
+
+from tests.support.core_engines import DUCKDB, ENGINES, EngineStores
+from tests.support.pg_cluster import Database, PgCluster, PostgresMissing, start_cluster
 
 hypothesis.settings.register_profile("engram", database=None, print_blob=True)
 hypothesis.settings.load_profile("engram")

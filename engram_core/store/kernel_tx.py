@@ -46,7 +46,7 @@ class KernelTx(ProjectionMaintenance, EngineTxDelegation):
         self._latest = latest
         self._inserted: dict[str, RecordRow] = {}  # records this transaction inserted (index_record needs them)
 
-    # Raw SQL for tests that read tables straight through a store transaction (tests/core_engines.py
+    # Raw SQL for tests that read tables straight through a store transaction (tests/support/core_engines.py
     # ``rows``, tests/search/test_projections.py): the engine transaction's own statement runners
     # (None where it has no such one). Not part of ``Tx``, and no other engine member is reachable;
     # to go once those tests read through ``store.engine.read()``.

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from admin_support import Env, start_env
-from core_engines import EngineStores
 
 from engram_core.clock import FixedClock
+from tests.support.admin_support import Env, start_env
+from tests.support.core_engines import EngineStores
 
 
 @pytest.fixture

@@ -7,10 +7,10 @@ import json
 import duckdb
 import grpc
 import pytest
-from admin_support import TENANT, WORKSPACE, code_of, new_event_id, start_env
 
 from engram_core.api import admin_pb2
 from engram_core.store.chain import scope_chain
+from tests.support.admin_support import TENANT, WORKSPACE, code_of, new_event_id, start_env
 
 SECRET_TEXT = "the forgotten decision about caching tiers"
 

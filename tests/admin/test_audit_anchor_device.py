@@ -16,8 +16,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from admin_support import TENANT, WORKSPACE, Env, code_of
-from core_engines import EngineStores, SqlSession
 
 from engram_core.api import admin_pb2
 from engram_core.clock import SystemClock
@@ -26,6 +24,8 @@ from engram_core.shared_secrets import META_PREFIX, fingerprint
 from engram_core.signing import ANCHOR_DOMAIN, CoreSigner
 from engram_core.store.audit_device import check_device_file
 from engram_core.store.chain import GENESIS, audit_digest_of, scope_chain
+from tests.support.admin_support import TENANT, WORKSPACE, Env, code_of
+from tests.support.core_engines import EngineStores, SqlSession
 
 ENGRAM = str(Path(sys.executable).with_name("engram"))
 AUDIT_COLUMNS = ("chain", "seq", "at_ms", "audit_id", "tenant", "workspace", "principal", "agent_id", "operation",

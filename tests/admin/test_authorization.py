@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from admin_support import TENANT, WORKSPACE, code_of, new_event_id
 
 from engram_core.api import admin_pb2
+from tests.support.admin_support import TENANT, WORKSPACE, code_of, new_event_id
 
 
 def test_agent_bound_context_is_refused_for_reads_and_changes(env):

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from admin_support import TENANT, WORKSPACE, capture_args, code_of, start_env
 
 from engram_core.api import admin_pb2, memory_pb2
 from engram_core.hostkeys import load_private_key_file, public_pem
+from tests.support.admin_support import TENANT, WORKSPACE, capture_args, code_of, start_env
 
 
 def signing_public_pem_of(data_dir: str) -> str:

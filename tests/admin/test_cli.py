@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from admin_support import TENANT, WORKSPACE, start_env
 
 from engram_core.clock import SystemClock
+from tests.support.admin_support import TENANT, WORKSPACE, start_env
 
 ENGRAM = str(Path(sys.executable).with_name("engram"))
 

@@ -17,8 +17,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from admin_support import PURPOSE, TENANT, WORKSPACE, Env, code_of
-from core_engines import EngineStores
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -27,6 +25,8 @@ from engram_core.clock import SystemClock
 from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, HOST_CALL, TOOLS_LIST_CALL, make_context
 from engram_core.hostkeys import key_id, public_pem
 from engram_core.rpc.convert import value_to_message
+from tests.support.admin_support import PURPOSE, TENANT, WORKSPACE, Env, code_of
+from tests.support.core_engines import EngineStores
 
 OTHER = "globex"
 ENGRAM = str(Path(sys.executable).with_name("engram"))

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from admin_support import TENANT, WORKSPACE, code_of, start_env
-from test_backup_restore import _backup, _restore, signing_public_pem_of
 
 from engram_core.api import admin_pb2
+from tests.admin.test_backup_restore import _backup, _restore, signing_public_pem_of
+from tests.support.admin_support import TENANT, WORKSPACE, code_of, start_env
 
 DAY_MS = 86_400_000
 

@@ -6,11 +6,11 @@ import json
 
 import grpc
 import pytest
-from admin_support import TENANT, WORKSPACE, code_of
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from engram_core.api import admin_pb2
 from engram_core.hostkeys import key_id, public_pem
+from tests.support.admin_support import TENANT, WORKSPACE, code_of
 
 
 def _bodies(env) -> dict[str, bytes]:

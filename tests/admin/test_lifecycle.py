@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from admin_support import TENANT, WORKSPACE, code_of, new_event_id
 
 from engram_core.api import admin_pb2
 from engram_core.validation import format_instant
+from tests.support.admin_support import TENANT, WORKSPACE, code_of, new_event_id
 
 
 def _journal(env) -> list[dict]:

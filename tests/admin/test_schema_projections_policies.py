@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from admin_support import TENANT, WORKSPACE, code_of, start_env
 
 from engram_core.api import admin_pb2
 from engram_core.errors import EngramError
+from tests.support.admin_support import TENANT, WORKSPACE, code_of, start_env
 
 
 def test_migrate_reports_a_ledger_that_matches_the_code(env):

@@ -7,7 +7,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from console_support import (
+
+from engram_core.app.composition import start_core
+from tests.support.console_support import (
     OTHER,
     TENANT,
     WORKSPACE,
@@ -17,8 +19,6 @@ from console_support import (
     policies_copy,
     start_console,
 )
-
-from engram_core.app.composition import start_core
 
 
 def _held_for_review(data: dict) -> None:

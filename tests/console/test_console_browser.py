@@ -11,7 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-from console_support import (
+from selenium.common.exceptions import NoAlertPresentException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.expected_conditions import staleness_of
+from selenium.webdriver.support.wait import WebDriverWait
+
+from engram_core.api import admin_pb2
+from tests.support.console_support import (
     OTHER,
     TENANT,
     WORKSPACE,
@@ -24,12 +30,6 @@ from console_support import (
     start_console,
     start_console_toml,
 )
-from selenium.common.exceptions import NoAlertPresentException
-from selenium.webdriver.common.by import By
-from selenium.webdriver.support.expected_conditions import staleness_of
-from selenium.webdriver.support.wait import WebDriverWait
-
-from engram_core.api import admin_pb2
 
 SCOPE = f"/s/{TENANT}/{WORKSPACE}"
 SCRIPT = "<script>alert('reason')</script>"
@@ -334,10 +334,8 @@ def test_sign_in_with_openid_connect(world: World, browser, shots: Path) -> None
     """A team's sign-in: authorization code + PKCE at the tests' real OpenID provider (public
     client mcp-client), roles from the policy data for that issuer's subjects: alice reviews
     acme/main (and her decision is audited under her), bob holds nothing."""
-    import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "oauth"))
-    from idp_support import PASSWORDS, PUBLIC_CLIENT, start_idp
+    from tests.support.idp_support import PASSWORDS, PUBLIC_CLIENT, start_idp
 
     idp = start_idp(world.root, resources={})
     port = free_port()

@@ -6,19 +6,15 @@ from __future__ import annotations
 
 import ssl
 import subprocess
-import sys
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from console_support import ENGRAM, ConsoleProc, free_port, wait_ready
-
 from engram_core.hostkeys import load_or_create_private_key
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "transport"))
-from tls_support import Authority  # noqa: E402
+from tests.support.console_support import ENGRAM, ConsoleProc, free_port, wait_ready
+from tests.support.tls_support import Authority
 
 
 def _request(url: str, ctx: ssl.SSLContext, *, cookie: str = "", form: dict[str, str] | None = None

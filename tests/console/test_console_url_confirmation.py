@@ -25,7 +25,6 @@ from urllib.parse import urlsplit
 import anyio
 import mcp_types as types
 import pytest
-from console_support import OTHER, TENANT, WORKSPACE, World, chrome, http, start_console
 from mcp import Client
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters
@@ -36,6 +35,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from engram_core.api import admin_pb2
 from engram_core.console.core_client import Actor, CoreClient, CoreError
 from engram_core.tools import FORGET_TOOL
+from tests.support.console_support import OTHER, TENANT, WORKSPACE, World, chrome, http, start_console
 
 pytestmark = pytest.mark.anyio
 REPO = Path(__file__).resolve().parents[2]

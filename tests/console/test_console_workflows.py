@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from console_support import (
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.expected_conditions import staleness_of
+from selenium.webdriver.support.ui import Select
+from selenium.webdriver.support.wait import WebDriverWait
+
+from engram_core.api import admin_pb2
+from tests.support.console_support import (
     OTHER,
     TENANT,
     WORKSPACE,
@@ -29,15 +34,7 @@ from console_support import (
     policies_copy,
     start_console_toml,
 )
-from selenium.webdriver.common.by import By
-from selenium.webdriver.support.expected_conditions import staleness_of
-from selenium.webdriver.support.ui import Select
-from selenium.webdriver.support.wait import WebDriverWait
-
-from engram_core.api import admin_pb2
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "policy"))
-from policy_support import serve  # noqa: E402
+from tests.support.policy_support import serve
 
 SCOPE = f"/s/{TENANT}/{WORKSPACE}"
 TOKEN = "local-token-for-the-console-workflow-tests-0123"

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from core_engines import EngineStores
-from core_support import Client, activate
 
 from engram_core.app.composition import RunningCore
+from tests.support.core_engines import EngineStores
+from tests.support.core_support import Client, activate
 
 
 @pytest.fixture(scope="module")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import copy
 
 import pytest
-from core_engines import one
-from core_support import PURPOSE, Client, capture_args
 from google.protobuf import json_format
 
 from engram_core.errors import Code
 from engram_core.validation import validate_arguments
+from tests.support.core_engines import one
+from tests.support.core_support import PURPOSE, Client, capture_args
 
 BASE = capture_args("Validation base text.", key="bad-input-key-00001")
 

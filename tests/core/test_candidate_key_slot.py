@@ -8,13 +8,13 @@ import time
 from pathlib import Path
 
 import duckdb
-from core_engines import one, rows
-from core_support import Client
 
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.crypto.sealing import seal
 from engram_core.store.duckdb import open_duckdb_store
 from engram_core.store.duckdb.migrations import LEDGER_DDL, MIGRATIONS
+from tests.support.core_engines import one, rows
+from tests.support.core_support import Client
 
 
 def _slot_rows(ana: Client, candidate_id: str) -> tuple[int | None, list[int]]:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from core_engines import one
-from core_support import Client, capture_args
-
 from engram_core.errors import Code
+from tests.support.core_engines import one
+from tests.support.core_support import Client, capture_args
 
 
 def test_sixteen_concurrent_identical_captures_make_one_candidate(ana: Client) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from core_support import Client, Failed, now_ms
 
 from engram_core.api import admin_pb2, host_pb2
 from engram_core.errors import Code
@@ -17,6 +16,7 @@ from engram_core.hostkeys import load_private_key_file, public_pem
 from engram_core.operation import operation_digest
 from engram_core.rpc.server import RunningCore
 from engram_core.rpc.status import code_from_rpc_error
+from tests.support.core_support import Client, Failed, now_ms
 
 FORGET = "engram_memory_forget"
 

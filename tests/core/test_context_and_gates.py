@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from core_support import PURPOSE, Client, capture_args, now_ms
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from engram_core.errors import Code
 from engram_core.hostctx import make_context, make_grant
+from tests.support.core_support import PURPOSE, Client, capture_args, now_ms
 
 
 def _search(c: Client, **kw) -> Code:

@@ -10,8 +10,6 @@ import collections
 
 import grpc
 import pytest
-from core_engines import EngineStores
-from core_support import PURPOSE, Client, activate, capture_args, now_ms
 
 from engram_core.api import context_pb2, host_pb2, memory_pb2, memory_pb2_grpc
 from engram_core.app.composition import RunningCore
@@ -20,6 +18,8 @@ from engram_core.errors import Code, EngramError
 from engram_core.hostctx import CLOCK_SKEW_MS, CONTEXT_METADATA_KEY, sign_context
 from engram_core.rpc.convert import message_to_value, value_to_message
 from engram_core.rpc.status import code_from_rpc_error
+from tests.support.core_engines import EngineStores
+from tests.support.core_support import PURPOSE, Client, activate, capture_args, now_ms
 
 
 class _Recorder(grpc.UnaryUnaryClientInterceptor):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from core_engines import EngineStores, one
-from core_support import PURPOSE, Client, capture_args, now_ms
 
 from engram_core.errors import Code
+from tests.support.core_engines import EngineStores, one
+from tests.support.core_support import PURPOSE, Client, capture_args, now_ms
 
 
 def test_capture_admit_search_get_happy_path(ana: Client) -> None:
@@ -189,7 +189,7 @@ def test_search_is_deterministic(ana: Client) -> None:
 
 
 def test_semantic_channel_unavailable_is_an_error_not_a_fallback(stores: EngineStores, tmp_path) -> None:
-    from core_support import activate
+    from tests.support.core_support import activate
 
     running = stores.start_core(tmp_path / "lexical-only", semantic=False)
     try:

@@ -8,12 +8,12 @@ import threading
 import time
 
 import pytest
-from core_engines import EngineStores, rows
-from core_support import Client, Failed, activate, capture_args
-from crash_harness import Acked, CoreProcess, run_workload
 
 from engram_core.errors import Code
 from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
+from tests.support.core_engines import EngineStores, rows
+from tests.support.core_support import Client, Failed, activate, capture_args
+from tests.support.crash_harness import Acked, CoreProcess, run_workload
 
 KILL_POINTS = 3
 

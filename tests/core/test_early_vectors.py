@@ -7,8 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from core_engines import EngineStores
-from core_support import Client, activate, capture_args
+
+from tests.support.core_engines import EngineStores
+from tests.support.core_support import Client, activate, capture_args
 
 
 def test_the_early_vector_is_the_records_own_and_goes_with_its_candidate(stores: EngineStores, tmp_path: Path) -> None:

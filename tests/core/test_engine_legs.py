@@ -2,7 +2,7 @@
 (issue 28), and nothing lets a PostgreSQL leg go
 missing unnoticed: a test that starts a core other than through the engine fixtures (which
 would run on DuckDB only) fails here, and a run without PostgreSQL fails its legs, never skips
-them (tests/conftest.py, tests/core_engines.py)."""
+them (tests/conftest.py, tests/support/core_engines.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 SUITES = ("core", "mcp", "reliability", "admin", "ops", "search")
+# The helpers of those suites (tests/support holds every suite's helpers).
+SUITE_HELPERS = ("core_support", "governance_support", "mcp_helpers", "core_support_fuzz", "reliability_crash",
+                 "reliability_support", "admin_support", "ops_support", "search_support")
 
 # Files that start a core on the embedded store on purpose, each with why: they are about the
 # one-machine experience itself, which is DuckDB (`engram init`, `engram serve --data`).
@@ -30,14 +33,15 @@ _BARE_START = re.compile(r"(?<![\w.])(?:start_core|open_core)\(|\"serve\",\s*\"-
 
 def test_every_core_of_the_core_level_suites_comes_from_the_engine_fixtures() -> None:
     bare = []
-    for suite in SUITES:
-        for path in sorted((TESTS / suite).glob("*.py")):
-            rel = f"{suite}/{path.name}"
-            if rel in EMBEDDED_ON_PURPOSE or path.name == "crash_harness.py":  # its default is DuckDB's
-                continue
-            for n, line in enumerate(path.read_text().splitlines(), 1):
-                if _BARE_START.search(line) and not line.lstrip().startswith("#"):
-                    bare.append(f"{rel}:{n}: {line.strip()}")
+    files = [(suite, path) for suite in SUITES for path in sorted((TESTS / suite).glob("*.py"))]
+    files += [("support", TESTS / "support" / f"{name}.py") for name in SUITE_HELPERS]
+    for suite, path in files:
+        rel = f"{suite}/{path.name}"
+        if rel in EMBEDDED_ON_PURPOSE:
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if _BARE_START.search(line) and not line.lstrip().startswith("#"):
+                bare.append(f"{rel}:{n}: {line.strip()}")
     assert not bare, ("start these cores through the stores/module_stores fixtures (stores.start_core, "
                       "stores.serve_args), or mark the test duckdb_only with its reason:\n" + "\n".join(bare))
 

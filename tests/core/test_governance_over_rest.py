@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
-
-from core_engines import EngineStores
-from core_support import Client, activate, capture_args, now_ms
-from governance_support import Host
 
 from engram_core.app.composition import default_policies_dir
 from engram_core.errors import Code
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "policy"))
-from opa_rest_server import OpaRestTestServer  # noqa: E402
+from tests.support.core_engines import EngineStores
+from tests.support.core_support import Client, activate, capture_args, now_ms
+from tests.support.governance_support import Host
+from tests.support.opa_rest_server import OpaRestTestServer
 
 
 def test_reconciliation_and_rate_limits_over_the_rest_backend(stores: EngineStores, tmp_path: Path) -> None:

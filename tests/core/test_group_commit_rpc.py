@@ -8,12 +8,12 @@ import threading
 from pathlib import Path
 
 import pytest
-from core_engines import EngineStores
-from core_support import Client, activate, capture_args
 
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.services.maintenance import check_audit, check_journal
 from engram_core.store.duckdb import open_duckdb_store
+from tests.support.core_engines import EngineStores
+from tests.support.core_support import Client, activate, capture_args
 
 CLIENTS = 12
 PAIRS = 4

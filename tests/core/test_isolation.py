@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import grpc
-from core_support import PURPOSE, Client
+
+from tests.support.core_support import PURPOSE, Client
 
 
 def _detail(c: Client, op: str, args: dict, **kw) -> tuple:

@@ -11,13 +11,13 @@ import json
 import time
 
 import grpc
-from core_support import Client, now_ms
 
 from engram_core.api import host_pb2
 from engram_core.errors import Code
 from engram_core.hostctx import CONTEXT_METADATA_KEY
 from engram_core.operation import operation_digest
 from engram_core.rpc.status import code_from_rpc_error
+from tests.support.core_support import Client, now_ms
 
 FORGET = "engram_memory_forget"
 

@@ -8,11 +8,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from core_engines import EngineStores
-from core_support import Client, activate, capture_args, now_ms
 
 from engram_core.app.composition import RunningCore, default_policies_dir
 from engram_core.errors import Code
+from tests.support.core_engines import EngineStores
+from tests.support.core_support import Client, activate, capture_args, now_ms
 
 Edit = Callable[[dict], None]
 

@@ -7,13 +7,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from core_engines import EngineStores
-from core_support import Client, activate
-
 from engram_core.app.composition import default_policies_dir
 from engram_core.errors import Code
 from engram_core.policy.embedded import EmbeddedPolicyEngine
 from engram_core.policy.port import ADMISSION
+from tests.support.core_engines import EngineStores
+from tests.support.core_support import Client, activate
 
 
 class ReloadAfterAdmissionDecision(EmbeddedPolicyEngine):

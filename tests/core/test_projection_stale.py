@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core_engines import EngineStores
-from core_support import Client
-from governance_support import Host, start_with_bundle
-
 from engram_core.api import admin_pb2
 from engram_core.errors import Code
+from tests.support.core_engines import EngineStores
+from tests.support.core_support import Client
+from tests.support.governance_support import Host, start_with_bundle
 
 
 def test_invalidated_projections_are_stale_until_rebuilt_even_after_restart(tmp_path: Path, stores: EngineStores) -> None:

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import grpc
 import pytest
-from core_engines import EngineStores
-from core_support import Client, Failed, capture_args
-from governance_support import start_with_bundle
 
 from engram_core.clock import FixedClock
 from engram_core.errors import Code
 from engram_core.services.quotas import QuotaCounters
+from tests.support.core_engines import EngineStores
+from tests.support.core_support import Client, Failed, capture_args
+from tests.support.governance_support import start_with_bundle
 
 TINY = {"principal": {"minute": {"captures": 3, "searches": 5}}, "scope": {"minute": {"captures": 5}}}
 

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from core_support import Client, capture_args, now_ms
-from governance_support import Host, consent, start_with_bundle
 
 from engram_core.errors import Code
 from engram_core.rpc.server import RunningCore
+from tests.support.core_support import Client, capture_args, now_ms
+from tests.support.governance_support import Host, consent, start_with_bundle
 
 FAMILY = {"family_refs": ["family:store-choice"]}
 

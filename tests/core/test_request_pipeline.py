@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import rfc8785
-from core_support import Client, capture_args
 
 from engram_core import canonical as canonical_module
 from engram_core import validation as validation_module
@@ -25,6 +24,7 @@ from engram_core.hostctx import verify_context
 from engram_core.operation import operation_digest
 from engram_core.schema_examples import TOOL_EXAMPLES
 from engram_core.services.pipeline import prepare, request_digest_of
+from tests.support.core_support import Client, capture_args
 
 
 class Serializations:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 
 import grpc
-from core_support import PURPOSE, Client, now_ms
 
 from engram_core.api import admin_pb2, host_pb2
 from engram_core.errors import Code
 from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, HOST_CALL, make_context
 from engram_core.rpc.server import RunningCore
 from engram_core.rpc.status import code_from_rpc_error
+from tests.support.core_support import PURPOSE, Client, now_ms
 
 
 def _revoke(ana: Client) -> int:

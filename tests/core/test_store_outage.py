@@ -9,10 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpc
-from core_engines import POSTGRESQL, EngineStores
-from core_support import Client, activate
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from pg_cluster import PgCluster, wait_until
+
+from tests.support.core_engines import POSTGRESQL, EngineStores
+from tests.support.core_support import Client, activate
+from tests.support.pg_cluster import PgCluster, wait_until
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 

@@ -15,8 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from core_engines import EngineStores
-from mcp_helpers import WORKSPACE, Core, activate
+
+from tests.support.core_engines import EngineStores
+from tests.support.mcp_helpers import WORKSPACE, Core, activate
 
 
 @pytest.fixture

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from core_engines import EngineStores
-from mcp_helpers import ENGRAM, REPO, WORKSPACE, Core, activate, binding_for, write_config
 
 from engram_core.install_hints import SEMANTIC_INSTALL
+from tests.support.core_engines import EngineStores
+from tests.support.mcp_helpers import ENGRAM, REPO, WORKSPACE, Core, activate, binding_for, write_config
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,8 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.stdio import stdio_client as stdio_client_transport
 from mcp.shared.exceptions import MCPError
-from mcp_helpers import ENGRAM, REPO, capture_args, free_port, stdio_client, unique, value_of
+
+from tests.support.mcp_helpers import ENGRAM, REPO, capture_args, free_port, stdio_client, unique, value_of
 
 
 @dataclass

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import mcp_types as types
 import pytest
-from core_engines import EngineStores
-from mcp_helpers import (
+
+from tests.support.core_engines import EngineStores
+from tests.support.mcp_helpers import (
     WORKSPACE,
     Core,
     activate,

@@ -12,11 +12,15 @@ from pathlib import Path
 
 import anyio
 import pytest
-from core_engines import EngineStores
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mcp.shared.exceptions import MCPError
-from mcp_helpers import (
+
+from adapters.mcp.envelope import TEMPORARILY_UNAVAILABLE, TEMPORARILY_UNAVAILABLE_CODE
+from engram_core.errors import MESSAGES, Code
+from engram_core.schemas import TOOL_NAMES
+from tests.support.core_engines import EngineStores
+from tests.support.mcp_helpers import (
     PURPOSE,
     WORKSPACE,
     Core,
@@ -27,10 +31,6 @@ from mcp_helpers import (
     stdio_client,
     write_config,
 )
-
-from adapters.mcp.envelope import TEMPORARILY_UNAVAILABLE, TEMPORARILY_UNAVAILABLE_CODE
-from engram_core.errors import MESSAGES, Code
-from engram_core.schemas import TOOL_NAMES
 
 pytestmark = pytest.mark.anyio
 

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from core_engines import EngineStores
-from mcp_helpers import (
+
+from engram_core.canonical import with_receipt_digest
+from tests.support.core_engines import EngineStores
+from tests.support.mcp_helpers import (
     PURPOSE,
     WORKSPACE,
     Core,
@@ -29,8 +31,6 @@ from mcp_helpers import (
     value_of,
     write_config,
 )
-
-from engram_core.canonical import with_receipt_digest
 
 pytestmark = pytest.mark.anyio
 

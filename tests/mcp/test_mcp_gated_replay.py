@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import mcp_types as types
 import pytest
-from mcp_helpers import (
+
+from tests.support.mcp_helpers import (
     PURPOSE,
     adapter_client,
     approve,

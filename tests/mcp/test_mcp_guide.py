@@ -18,7 +18,15 @@ from typing import Any
 
 import pytest
 from mcp.shared.exceptions import MCPError
-from mcp_helpers import (
+
+from adapters.mcp.envelope import (
+    TEMPORARILY_UNAVAILABLE,
+    TEMPORARILY_UNAVAILABLE_CODE,
+    TRUSTED_CONTEXT_UNAVAILABLE,
+)
+from adapters.mcp.guidance import EVIDENCE_NOT_INSTRUCTION, GUIDE_RESOURCE_URI
+from engram_core.schema_examples import EXAMPLE_ID_NOTES, TOOL_EXAMPLES
+from tests.support.mcp_helpers import (
     PURPOSE,
     adapter_client,
     approve,
@@ -29,14 +37,6 @@ from mcp_helpers import (
     unique,
     write_config,
 )
-
-from adapters.mcp.envelope import (
-    TEMPORARILY_UNAVAILABLE,
-    TEMPORARILY_UNAVAILABLE_CODE,
-    TRUSTED_CONTEXT_UNAVAILABLE,
-)
-from adapters.mcp.guidance import EVIDENCE_NOT_INSTRUCTION, GUIDE_RESOURCE_URI
-from engram_core.schema_examples import EXAMPLE_ID_NOTES, TOOL_EXAMPLES
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,12 @@ import time
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mcp.shared.exceptions import MCPError
-from mcp_helpers import (
+
+from adapters.mcp.binding import encode_context_header
+from engram_core.hostctx import TOOLS_LIST_CALL, make_context
+from engram_core.hostkeys import load_private_key_file
+from engram_core.schemas import TOOL_NAMES
+from tests.support.mcp_helpers import (
     PURPOSE,
     WORKSPACE,
     approve,
@@ -26,11 +31,6 @@ from mcp_helpers import (
     value_of,
     write_config,
 )
-
-from adapters.mcp.binding import encode_context_header
-from engram_core.hostctx import TOOLS_LIST_CALL, make_context
-from engram_core.hostkeys import load_private_key_file
-from engram_core.schemas import TOOL_NAMES
 
 pytestmark = pytest.mark.anyio
 MODES = ["auto", "legacy"]

@@ -16,7 +16,9 @@ import subprocess
 
 import httpx2 as httpx
 import pytest
-from mcp_helpers import (
+
+from engram_core.schemas import TOOL_NAMES
+from tests.support.mcp_helpers import (
     ENGRAM,
     REPO,
     approve,
@@ -33,8 +35,6 @@ from mcp_helpers import (
     value_of,
     write_config,
 )
-
-from engram_core.schemas import TOOL_NAMES
 
 pytestmark = pytest.mark.anyio
 

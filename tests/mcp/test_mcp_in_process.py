@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 from mcp.shared.exceptions import MCPError
-from mcp_helpers import (
+
+from tests.support.mcp_helpers import (
     adapter_client,
     approve,
     audit_rows,

@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp_helpers import (
+
+from engram_core.errors import REFUSALS, Code
+from tests.support.mcp_helpers import (
     PURPOSE,
     adapter_client,
     audit_rows,
@@ -20,8 +22,6 @@ from mcp_helpers import (
     unique,
     write_config,
 )
-
-from engram_core.errors import REFUSALS, Code
 
 pytestmark = pytest.mark.anyio
 

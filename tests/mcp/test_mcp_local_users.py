@@ -29,7 +29,8 @@ import mcp_types as types
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from mcp_helpers import (
+
+from tests.support.mcp_helpers import (
     ENGRAM,
     bearer,
     capture_args,
@@ -43,7 +44,7 @@ from mcp_helpers import (
 )
 
 pytestmark = pytest.mark.anyio
-PROBE = Path(__file__).with_name("local_user_probe.py")
+PROBE = Path(__file__).resolve().parents[1] / "support" / "local_user_probe.py"
 PURPOSE = "purpose:default"  # what `engram init` binds
 
 

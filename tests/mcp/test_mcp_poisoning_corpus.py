@@ -1,4 +1,4 @@
-"""Issue 59's rates on our own corpus (tests/mcp/poisoning_corpus.py), through the MCP tools
+"""Issue 59's rates on our own corpus (tests/support/poisoning_corpus.py), through the MCP tools
 with the shipped bundle: a real core (semantic channel off), the real adapter (built as
 `engram mcp` builds it, served in the test process), the SDK's own client. Capture then
 request_admission; "held" means the outcome is not accepted (the agent sees only the contract's outcome).
@@ -21,8 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from core_engines import EngineStores
-from mcp_helpers import (
+
+from engram_core.api import admin_pb2
+from engram_core.policy.decisionlog.config import parse_decision_log
+from engram_core.policy.serving import PolicySettings, build_serving_policy
+from tests.support.core_engines import EngineStores
+from tests.support.mcp_helpers import (
     WORKSPACE,
     Core,
     activate,
@@ -35,11 +39,7 @@ from mcp_helpers import (
     value_of,
     write_config,
 )
-from poisoning_corpus import DUPLICATES, LEGITIMATE, NEAR_MISSES, POISONED
-
-from engram_core.api import admin_pb2
-from engram_core.policy.decisionlog.config import parse_decision_log
-from engram_core.policy.serving import PolicySettings, build_serving_policy
+from tests.support.poisoning_corpus import DUPLICATES, LEGITIMATE, NEAR_MISSES, POISONED
 
 pytestmark = pytest.mark.anyio
 DAY_MS = 86_400_000

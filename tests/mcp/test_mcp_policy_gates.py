@@ -8,8 +8,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from core_engines import EngineStores
-from mcp_helpers import (
+
+from tests.support.core_engines import EngineStores
+from tests.support.mcp_helpers import (
     WORKSPACE,
     Core,
     activate,

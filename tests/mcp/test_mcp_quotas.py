@@ -7,8 +7,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from core_engines import EngineStores
-from mcp_helpers import (
+
+from tests.support.core_engines import EngineStores
+from tests.support.mcp_helpers import (
     PURPOSE,
     WORKSPACE,
     Core,

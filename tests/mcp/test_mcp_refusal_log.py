@@ -11,7 +11,8 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.stdio import stdio_client as stdio_transport
-from mcp_helpers import ENGRAM, PURPOSE, REPO, binding_for, envelope_of, write_config
+
+from tests.support.mcp_helpers import ENGRAM, PURPOSE, REPO, binding_for, envelope_of, write_config
 
 pytestmark = pytest.mark.anyio
 

@@ -16,7 +16,14 @@ from typing import Any
 import grpc
 import mcp_types as types
 import pytest
-from mcp_helpers import (
+
+from engram_core.api import host_pb2, host_pb2_grpc, memory_pb2, memory_pb2_grpc
+from engram_core.errors import REFUSALS, Code
+from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
+from engram_core.hostkeys import load_private_key_file
+from engram_core.rpc.convert import value_to_message
+from engram_core.rpc.status import error_from_rpc_error
+from tests.support.mcp_helpers import (
     PURPOSE,
     activate,
     adapter_client,
@@ -36,13 +43,6 @@ from mcp_helpers import (
     value_of,
     write_config,
 )
-
-from engram_core.api import host_pb2, host_pb2_grpc, memory_pb2, memory_pb2_grpc
-from engram_core.errors import REFUSALS, Code
-from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
-from engram_core.hostkeys import load_private_key_file
-from engram_core.rpc.convert import value_to_message
-from engram_core.rpc.status import error_from_rpc_error
 
 pytestmark = pytest.mark.anyio
 

@@ -10,7 +10,13 @@ import subprocess
 
 import grpc
 import pytest
-from mcp_helpers import (
+
+from engram_core.api import admin_pb2, admin_pb2_grpc, memory_pb2, memory_pb2_grpc
+from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
+from engram_core.hostkeys import load_private_key_file
+from engram_core.rpc.status import code_from_rpc_error
+from engram_core.schemas import TOOL_NAMES
+from tests.support.mcp_helpers import (
     ENGRAM,
     PURPOSE,
     WORKSPACE,
@@ -24,12 +30,6 @@ from mcp_helpers import (
     value_of,
     write_config,
 )
-
-from engram_core.api import admin_pb2, admin_pb2_grpc, memory_pb2, memory_pb2_grpc
-from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
-from engram_core.hostkeys import load_private_key_file
-from engram_core.rpc.status import code_from_rpc_error
-from engram_core.schemas import TOOL_NAMES
 
 pytestmark = pytest.mark.anyio
 

@@ -16,10 +16,10 @@ from typing import Any
 import jsonschema
 import pytest
 from mcp.shared.exceptions import MCPError
-from mcp_helpers import PURPOSE, adapter_client, approve, binding_for, envelope_of, write_config
 
 from engram_core.schemas import ENFORCED_SCHEMAS, INPUT_SCHEMAS
 from engram_core.validation import _BYTE_BOUNDS
+from tests.support.mcp_helpers import PURPOSE, adapter_client, approve, binding_for, envelope_of, write_config
 
 pytestmark = pytest.mark.anyio
 

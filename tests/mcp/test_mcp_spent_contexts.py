@@ -19,7 +19,12 @@ from typing import Any
 
 import grpc
 import pytest
-from mcp_helpers import (
+
+from engram_core.api import context_pb2, memory_pb2
+from engram_core.errors import Code
+from engram_core.hostctx import CONTEXT_METADATA_KEY
+from engram_core.rpc.status import code_from_rpc_error
+from tests.support.mcp_helpers import (
     PURPOSE,
     Core,
     adapter_client,
@@ -31,11 +36,6 @@ from mcp_helpers import (
     value_of,
     write_config,
 )
-
-from engram_core.api import context_pb2, memory_pb2
-from engram_core.errors import Code
-from engram_core.hostctx import CONTEXT_METADATA_KEY
-from engram_core.rpc.status import code_from_rpc_error
 
 pytestmark = pytest.mark.anyio
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from mcp_helpers import ENGRAM, REPO, binding_for, write_config
+
+from tests.support.mcp_helpers import ENGRAM, REPO, binding_for, write_config
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -9,11 +9,15 @@ from pathlib import Path
 
 import mcp_types as types
 import pytest
-from core_engines import EngineStores
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mcp.shared.exceptions import MCPError
-from mcp_helpers import (
+
+from engram_core.errors import REFUSALS, Code
+from engram_core.observability.logs import CALL_LOGGER
+from engram_core.schemas import INPUT_SCHEMAS, TOOL_NAMES, output_schema
+from tests.support.core_engines import EngineStores
+from tests.support.mcp_helpers import (
     PURPOSE,
     WORKSPACE,
     Core,
@@ -33,10 +37,6 @@ from mcp_helpers import (
     value_of,
     write_config,
 )
-
-from engram_core.errors import REFUSALS, Code
-from engram_core.observability.logs import CALL_LOGGER
-from engram_core.schemas import INPUT_SCHEMAS, TOOL_NAMES, output_schema
 
 pytestmark = pytest.mark.anyio
 

@@ -26,7 +26,7 @@ from adapters.mcp.stdio import _LoopLines
 
 pytestmark = pytest.mark.anyio
 REPO = Path(__file__).resolve().parents[2]
-PROBE = str(Path(__file__).with_name("stdio_probe_server.py"))
+PROBE = str(Path(__file__).resolve().parents[1] / "support" / "stdio_probe_server.py")
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 # Line endings of every kind, invalid UTF-8, multi-byte characters (split across reads when the

@@ -8,7 +8,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from mcp_helpers import (
+
+from engram_core.errors import REFUSALS, Code
+from tests.support.mcp_helpers import (
     bearer,
     binding_for,
     capture_args,
@@ -21,8 +23,6 @@ from mcp_helpers import (
     unique,
     write_config,
 )
-
-from engram_core.errors import REFUSALS, Code
 
 pytestmark = pytest.mark.anyio
 

@@ -5,16 +5,14 @@ naming the provider (what an operator adds to data.json, docs/operations.md)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mcp"))
-
-from idp_support import (  # noqa: E402
+from engram_core.app.composition import start_core  # noqa: E402
+from tests.support.idp_support import (
     INTROSPECTING_CLIENT,
     INTROSPECTION_SECRET,
     SCOPES,
@@ -22,7 +20,7 @@ from idp_support import (  # noqa: E402
     binding_bundle,
     start_idp,
 )
-from mcp_helpers import (  # noqa: E402
+from tests.support.mcp_helpers import (
     WORKSPACE,
     Core,
     HttpAdapter,
@@ -32,8 +30,6 @@ from mcp_helpers import (  # noqa: E402
     stop,
     write_config,
 )
-
-from engram_core.app.composition import start_core  # noqa: E402
 
 INTROSPECTION_ENV = "ENGRAM_TEST_INTROSPECTION_SECRET"
 

@@ -10,8 +10,11 @@ from typing import Any
 import httpx2
 import mcp_types as types
 import pytest
-from idp_support import Person, oauth_client
-from mcp_helpers import (
+
+from adapters.mcp.confirmation import CONFIRM_KEY
+from engram_core.schemas import TOOL_NAMES
+from tests.support.idp_support import Person, oauth_client
+from tests.support.mcp_helpers import (
     PURPOSE,
     approve,
     audit_rows,
@@ -21,9 +24,6 @@ from mcp_helpers import (
     unique,
     value_of,
 )
-
-from adapters.mcp.confirmation import CONFIRM_KEY
-from engram_core.schemas import TOOL_NAMES
 
 pytestmark = pytest.mark.anyio
 ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}

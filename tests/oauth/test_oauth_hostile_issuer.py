@@ -28,8 +28,6 @@ from urllib.parse import parse_qs
 
 import httpx2
 import pytest
-from idp_support import SCOPES, binding_bundle, new_key
-from mcp_helpers import free_port, start_http_adapter, stop, write_config
 
 from adapters.mcp.oauth.caller_binding import CallerBindings
 from adapters.mcp.oauth.fetch import MAX_DOCUMENT_BYTES
@@ -38,6 +36,8 @@ from adapters.mcp.oauth.resource_server import ResourceServer, build_resource_se
 from adapters.mcp.oauth.settings import parse_oauth
 from adapters.mcp.oauth.verifier import AuthorizationServerUnavailable
 from engram_core.app.composition import start_core
+from tests.support.idp_support import SCOPES, binding_bundle, new_key
+from tests.support.mcp_helpers import free_port, start_http_adapter, stop, write_config
 
 pytestmark = pytest.mark.anyio
 RESOURCE = "http://127.0.0.1:9/mcp"  # the in-process resource server is never reached over HTTP

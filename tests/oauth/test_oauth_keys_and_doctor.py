@@ -16,10 +16,18 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from idp_support import PUBLIC_CLIENT, SCOPES, Person, binding_bundle, new_key, oauth_client, start_idp
-from mcp_helpers import ENGRAM, REPO, free_port, start_http_adapter, stop, write_config
 
 from engram_core.schemas import TOOL_NAMES
+from tests.support.idp_support import (
+    PUBLIC_CLIENT,
+    SCOPES,
+    Person,
+    binding_bundle,
+    new_key,
+    oauth_client,
+    start_idp,
+)
+from tests.support.mcp_helpers import ENGRAM, REPO, free_port, start_http_adapter, stop, write_config
 
 pytestmark = pytest.mark.anyio
 COOLDOWN_S = 2

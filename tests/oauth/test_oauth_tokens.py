@@ -19,7 +19,10 @@ from typing import Any
 import httpx2
 import jwt
 import pytest
-from idp_support import (
+from mcp.shared.exceptions import MCPError
+
+from engram_core.schemas import TOOL_NAMES
+from tests.support.idp_support import (
     PUBLIC_CLIENT,
     SCOPES,
     SHORT_LIVED_CLIENT,
@@ -27,10 +30,7 @@ from idp_support import (
     new_key,
     oauth_client,
 )
-from mcp.shared.exceptions import MCPError
-from mcp_helpers import PURPOSE, approve, capture_args, error_code, token, unique, value_of
-
-from engram_core.schemas import TOOL_NAMES
+from tests.support.mcp_helpers import PURPOSE, approve, capture_args, error_code, token, unique, value_of
 
 pytestmark = pytest.mark.anyio
 ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}

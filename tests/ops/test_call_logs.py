@@ -10,12 +10,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-from core_support import Client, activate, now_ms
-from ops_support import serve
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
 from engram_core.cli.channel import admin_metadata
 from engram_core.errors import Code
+from tests.support.core_support import Client, activate, now_ms
+from tests.support.ops_support import serve
 
 # Distinctive words that must never reach a log line.
 SECRET_TEXT = "Quokkas guard the lighthouse ledger with zebrawood keys 7731"
@@ -139,7 +139,7 @@ def test_text_format_is_the_default_and_names_scope_and_outcome(tmp_path: Path, 
 
 
 def _capture_args() -> dict:
-    from core_support import capture_args
+    from tests.support.core_support import capture_args
 
     args = capture_args(SECRET_TEXT, t=now_ms() - 60_000)
     args["payload"]["citations"][0]["locator"]["value"] = "adr-7-secret-locator"

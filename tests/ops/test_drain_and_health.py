@@ -12,14 +12,14 @@ import time
 from pathlib import Path
 
 import grpc
-from core_support import Client, Failed, activate, capture_args
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from ops_support import serve
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
 from engram_core.cli.channel import admin_metadata
 from engram_core.rpc.server import LIVENESS_SERVICE
 from engram_core.store.audit_spool import SPOOL_NAME
+from tests.support.core_support import Client, Failed, activate, capture_args
+from tests.support.ops_support import serve
 
 WORKERS = 6
 DRAIN_S = 20.0

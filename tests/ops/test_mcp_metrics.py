@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 from mcp.shared.exceptions import MCPError
-from mcp_helpers import (
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.mcp_helpers import (
     ENGRAM,
     PURPOSE,
     REPO,
@@ -32,7 +34,6 @@ from mcp_helpers import (
     value_of,
     write_config,
 )
-from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.anyio
 QUERY = "cormorant lantern protocol"

@@ -10,11 +10,11 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
-from core_support import Client, activate
-from ops_support import serve
 from prometheus_client.parser import text_string_to_metric_families
 
 from engram_core.errors import Code
+from tests.support.core_support import Client, activate
+from tests.support.ops_support import serve
 
 
 def scrape(address: str) -> tuple[str, dict[str, list]]:

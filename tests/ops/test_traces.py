@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 from mcp import Client
-from mcp_helpers import (
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from adapters.mcp.config import load_host_config
+from adapters.mcp.main import build_adapter
+from engram_core.hostkeys import load_private_key_file
+from engram_core.observability import tracing
+from tests.support.mcp_helpers import (
     PURPOSE,
     WORKSPACE,
     Core,
@@ -23,13 +30,6 @@ from mcp_helpers import (
     value_of,
     write_config,
 )
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
-
-from adapters.mcp.config import load_host_config
-from adapters.mcp.main import build_adapter
-from engram_core.hostkeys import load_private_key_file
-from engram_core.observability import tracing
 
 pytestmark = pytest.mark.anyio
 SECRET_TEXT = "Pelicans audit the granite vault with tangerine passphrase 90417"
@@ -169,10 +169,11 @@ def test_engram_serve_exports_over_otlp_configured_by_environment(tmp_path: Path
     from concurrent import futures
 
     import grpc
-    from core_support import Client
-    from core_support import activate as activate_core
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-    from ops_support import serve
+
+    from tests.support.core_support import Client
+    from tests.support.core_support import activate as activate_core
+    from tests.support.ops_support import serve
 
     received: list = []
 

@@ -7,7 +7,6 @@ real tarballs and changes them mid-run."""
 from __future__ import annotations
 
 import io
-import sys
 import tarfile
 import time
 import urllib.request
@@ -15,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from policy_support import REPO, BundleServer, copy_bundle, engram, serve, write_keys
 
 from engram_core.app.composition import start_core
 from engram_core.errors import Code
@@ -24,9 +22,8 @@ from engram_core.policy.port import ADMISSION
 from engram_core.policy.pull import BundlePuller, HttpBundleSource
 from engram_core.policy.signing import BundleVerifier
 from engram_core.policy.sources import SourceUnavailable
-
-sys.path.insert(0, str(REPO / "tests" / "core"))
-from core_support import Client, activate  # noqa: E402
+from tests.support.core_support import Client, activate
+from tests.support.policy_support import BundleServer, copy_bundle, engram, serve, write_keys
 
 
 def _archive(tmp: Path, revision: str, key: Path | None, name: str | None = None) -> bytes:

@@ -18,7 +18,6 @@ from typing import Any
 
 import jwt
 import pytest
-from policy_support import BundleServer, copy_bundle, engram, serve, write_keys
 
 from engram_core.cli.policy import tarball_members, write_tarball
 from engram_core.policy.bundle import read_bundle
@@ -27,6 +26,7 @@ from engram_core.policy.ordering import PULLED_FILE, STATE_FILE, RollbackGuard
 from engram_core.policy.port import AUTHZ, BundleRefused
 from engram_core.policy.signing import BundleVerifier, file_digest, load_signing_key, sign_files
 from engram_core.policy.sources import DiskSource
+from tests.support.policy_support import BundleServer, copy_bundle, engram, serve, write_keys
 
 # Signing times (JWT iat, seconds) far enough apart that no test depends on the clock.
 T1, T2, T3 = 1_760_000_000, 1_760_086_400, 1_760_172_800

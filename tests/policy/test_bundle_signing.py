@@ -13,12 +13,12 @@ from pathlib import Path
 
 import jwt
 import pytest
-from policy_support import copy_bundle, engram, write_keys
 
 from engram_core.policy.bundle import BundleError, read_bundle, read_bundle_archive
 from engram_core.policy.embedded import EmbeddedPolicyEngine
 from engram_core.policy.port import AUTHZ, BundleRefused
 from engram_core.policy.signing import BundleVerifier, file_digest, load_signing_key, sign_files
+from tests.support.policy_support import copy_bundle, engram, write_keys
 
 
 def test_structured_files_are_hashed_in_opas_canonical_form():

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from policy_support import REPO, LogCollector, copy_bundle
 
 from engram_core.app.composition import start_core
 from engram_core.policy.decisionlog.config import DecisionLogConfig, from_toml, parse_decision_log
@@ -22,9 +20,8 @@ from engram_core.policy.decisionlog.sinks import FileSink, HttpSink
 from engram_core.policy.embedded import EmbeddedPolicyEngine
 from engram_core.policy.port import AUTHZ, DECISION_PATHS, Decision
 from engram_core.policy.serving import PolicySettings, build_serving_policy
-
-sys.path.insert(0, str(REPO / "tests" / "core"))
-from core_support import Client, activate  # noqa: E402
+from tests.support.core_support import Client, activate
+from tests.support.policy_support import REPO, LogCollector, copy_bundle
 
 SECRET_TEXT = "We chose DuckDB for the ledger because it is embedded and fast."
 KEY = Pseudonymizer(b"k" * 32)
@@ -256,7 +253,7 @@ def test_the_toml_section_configures_everything_and_refuses_unknown_keys(tmp_pat
 
 
 def test_with_an_opa_server_the_mask_is_asked_over_its_query_api(tmp_path):
-    from opa_rest_server import OpaRestTestServer
+    from tests.support.opa_rest_server import OpaRestTestServer
 
     log_file = tmp_path / "decisions.jsonl"
     with OpaRestTestServer(REPO / "policies") as opa:

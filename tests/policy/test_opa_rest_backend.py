@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 
 import pytest
-from opa_rest_server import OpaRestTestServer
 
 from engram_core.errors import Code, EngramError
 from engram_core.policy.embedded import EmbeddedPolicyEngine
 from engram_core.policy.opa_rest import OpaRestPolicyEngine
 from engram_core.policy.port import AUTHZ
+from tests.support.opa_rest_server import OpaRestTestServer
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
 REVISION = json.loads((POLICIES / ".manifest").read_text())["revision"]

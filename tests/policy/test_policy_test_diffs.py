@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import re
 
-from policy_support import REPO, add_capture_rule, copy_bundle, engram
-
 from engram_core.policy.bundle import read_bundle
 from engram_core.policy.testing import UNDEFINED, run
+from tests.support.policy_support import REPO, add_capture_rule, copy_bundle, engram
 
 FIXTURES = REPO / "tests" / "policy" / "fixtures"
 

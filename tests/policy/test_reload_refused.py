@@ -10,10 +10,10 @@ import time
 import urllib.request
 
 import pytest
-from policy_support import copy_bundle, engram, serve
 
 from engram_core.policy.embedded import EmbeddedPolicyEngine
 from engram_core.policy.port import RETENTION, BundleRefused
+from tests.support.policy_support import copy_bundle, engram, serve
 
 BROKEN = "package engram.retention\n\nimport data.engram.lib\n\ndecision := {\n"
 

@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from policy_support import MULTI_COMPONENT_RULE, REPO, add_capture_rule, copy_bundle, engram, serve
 
-sys.path.insert(0, str(REPO / "tests" / "mcp"))
-from mcp_helpers import (  # noqa: E402
+from tests.support.mcp_helpers import (
     Core,
     activate,
     binding_for,
@@ -25,6 +22,13 @@ from mcp_helpers import (  # noqa: E402
     unique,
     value_of,
     write_config,
+)
+from tests.support.policy_support import (
+    MULTI_COMPONENT_RULE,
+    add_capture_rule,
+    copy_bundle,
+    engram,
+    serve,
 )
 
 PURPOSE = "purpose:engineering-notes"

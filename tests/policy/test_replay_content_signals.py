@@ -8,16 +8,13 @@ operator's log line."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from policy_support import REPO, copy_bundle, engram, serve
 
-sys.path.insert(0, str(REPO / "tests" / "mcp"))
-from mcp_helpers import (  # noqa: E402
+from tests.support.mcp_helpers import (
     Core,
     activate,
     binding_for,
@@ -27,6 +24,7 @@ from mcp_helpers import (  # noqa: E402
     value_of,
     write_config,
 )
+from tests.support.policy_support import copy_bundle, engram, serve
 
 ORIGINAL = "The nightly backup job copies the orders database to cold storage."
 RESTATED = "Each night a copy of the orders database is saved to a cold store."  # lexical 0.625

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import duckdb
 import pytest
-from core_engines import EngineStores
-from core_support import Client, capture_args
-from reliability_crash import HostAdmin, activate_scope, domain_state
 
 from engram_core.errors import Code
 from engram_core.store.duckdb import engine as duckdb_engine
+from tests.support.core_engines import EngineStores
+from tests.support.core_support import Client, capture_args
+from tests.support.reliability_crash import HostAdmin, activate_scope, domain_state
 
 pytestmark = pytest.mark.duckdb_only(
     reason="injects duckdb.IOException into the DuckDB engine's audit insert (and its batch) and reads the "

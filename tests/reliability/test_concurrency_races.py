@@ -15,12 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from core_engines import EngineStores, rows
-from core_support import Client, Failed, capture_args
-from reliability_crash import HostAdmin, activate_scope
-from reliability_support import scaled
 
 from engram_core.errors import Code
+from tests.support.core_engines import EngineStores, rows
+from tests.support.core_support import Client, Failed, capture_args
+from tests.support.reliability_crash import HostAdmin, activate_scope
+from tests.support.reliability_support import scaled
 
 RACERS = 8
 ROUNDS = scaled(4, 40)

@@ -22,10 +22,11 @@ import threading
 import time
 
 import pytest
-from core_engines import EngineStores
-from core_support import Client
-from crash_harness import CoreProcess
-from reliability_crash import (
+
+from tests.support.core_engines import EngineStores
+from tests.support.core_support import Client
+from tests.support.crash_harness import CoreProcess
+from tests.support.reliability_crash import (
     HostAdmin,
     Ledger,
     SubprocessCore,
@@ -35,7 +36,7 @@ from reliability_crash import (
     verify_file,
     workload,
 )
-from reliability_support import SOAK, scaled
+from tests.support.reliability_support import SOAK, scaled
 
 KILL_POINTS = int(os.environ.get("ENGRAM_KILL_POINTS", 0)) or scaled(15, 200)
 WORKERS = 3

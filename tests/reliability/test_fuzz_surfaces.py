@@ -28,11 +28,9 @@ from typing import Any
 
 import grpc
 import pytest
-from core_engines import EngineStores, one
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
-from reliability_support import SOAK, deep, derive_cases, draw_pool, mutated, scaled
 
 from engram_core.api import memory_pb2, memory_pb2_grpc
 from engram_core.errors import Code, EngramError
@@ -43,6 +41,8 @@ from engram_core.rpc.convert import message_to_value, value_to_message
 from engram_core.rpc.status import code_from_rpc_error
 from engram_core.schemas import INPUT_SCHEMAS
 from engram_core.validation import validate_arguments
+from tests.support.core_engines import EngineStores, one
+from tests.support.reliability_support import SOAK, deep, derive_cases, draw_pool, mutated, scaled
 
 PURPOSE = "purpose:fuzz"
 SCHEMA_CODES = {Code.INVALID_SCHEMA, Code.INVALID_DIGEST}
@@ -294,7 +294,7 @@ def test_validator_is_total_and_precise(pool) -> None:
 @pytest.fixture(scope="module")
 def fuzz_core(module_stores: EngineStores, tmp_path_factory):
     running = module_stores.start_core(tmp_path_factory.mktemp("fuzz"))
-    from core_support_fuzz import activate_scope
+    from tests.support.core_support_fuzz import activate_scope
 
     activate_scope(running)
     yield running
@@ -490,8 +490,9 @@ def _rss(pid: int) -> int:
 @pytest.fixture(scope="module")
 def mcp_session(fuzz_core, tmp_path_factory):
     from anyio.from_thread import start_blocking_portal
-    from core_support_fuzz import activate_scope
-    from mcp_helpers import Core, binding_for, stdio_client, write_config
+
+    from tests.support.core_support_fuzz import activate_scope
+    from tests.support.mcp_helpers import Core, binding_for, stdio_client, write_config
 
     activate_scope(fuzz_core, "fuzzmcp", "ws-main")
     config = write_config(tmp_path_factory.mktemp("mcpcfg") / "fuzz.toml", address=fuzz_core.address,
@@ -503,7 +504,8 @@ def mcp_session(fuzz_core, tmp_path_factory):
 
 def test_mcp_surface_answers_envelopes_or_protocol_errors(fuzz_core, mcp_session, pool) -> None:
     from mcp.shared.exceptions import MCPError
-    from mcp_helpers import envelope_of
+
+    from tests.support.mcp_helpers import envelope_of
 
     portal, client = mcp_session
     tally = Tally("mcp")
@@ -557,7 +559,7 @@ def test_mcp_deeply_nested_arguments_get_an_envelope(mcp_session) -> None:
     """Regression (found by this fuzzing): arguments nested past the SDK stdio transport's JSON
     parser limit (200 levels; the SDK client sends up to ~254) were dropped without an answer, so
     the client waited forever. They are malformed arguments: an INVALID_SCHEMA envelope (SPEC §3)."""
-    from mcp_helpers import envelope_of
+    from tests.support.mcp_helpers import envelope_of
 
     portal, client = mcp_session
     for depth in (150, 199, 200, 250):
@@ -578,8 +580,8 @@ def test_empty_family_refs_are_not_malformed(fuzz_core, mcp_session) -> None:
     """Regression (found by this fuzzing): `"reconciliation": {"family_refs": []}` is schema-valid,
     but the empty list did not survive protobuf (proto3 cannot tell it from an absent field), so
     the core answered INVALID_SCHEMA on both surfaces."""
-    from core_support import Client, capture_args
-    from mcp_helpers import envelope_of
+    from tests.support.core_support import Client, capture_args
+    from tests.support.mcp_helpers import envelope_of
 
     args = capture_args("Empty family refs are a valid reconciliation.", purpose_ref=PURPOSE,
                         reconciliation={"family_refs": []})

@@ -10,11 +10,11 @@ import statistics
 import time
 
 import pytest
-from core_engines import EngineStores
-from core_support import Client, Failed
-from reliability_crash import activate_scope, domain_state
 
 from engram_core.errors import Code
+from tests.support.core_engines import EngineStores
+from tests.support.core_support import Client, Failed
+from tests.support.reliability_crash import activate_scope, domain_state
 
 NEVER_RECORD = "mem_" + "a" * 52
 NEVER_CANDIDATE = "cand_" + "b" * 26
@@ -93,7 +93,7 @@ def test_other_principal_same_key_is_its_own_key(world) -> None:
     """Idempotency keys are per principal (SPEC §7): another principal reusing a key neither
     replays nor conflicts with the first principal's outcome (that would reveal the key exists)."""
     running, owner, targets = world
-    from core_support import capture_args
+    from tests.support.core_support import capture_args
 
     key = "iso-shared-idempotency-key-01"
     first = owner.call("capture", capture_args("Principal isolation first capture.", key=key))

@@ -1,6 +1,6 @@
 """Policy engine failure modes fail closed with no side effect (issue 7 item 5, SPEC §9, §12).
 
-An OPA-REST-compatible server (tests/policy/opa_rest_server.py, extended here
+An OPA-REST-compatible server (tests/support/opa_rest_server.py, extended here
 with malformed answers) is switched, under a running core, to: HTTP errors,
 answers past the deadline, undefined decisions (no ``result``), malformed
 decisions; and a core is started against an engine that is down. Every
@@ -12,25 +12,21 @@ undefined admission decision after a reload changes nothing either.
 from __future__ import annotations
 
 import shutil
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from core_engines import EngineStores
-from core_support import Client
-from crash_harness import free_port
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from reliability_crash import domain_state
 
 from engram_core.api import admin_pb2, host_pb2
 from engram_core.app.composition import default_policies_dir
 from engram_core.errors import Code
-
-sys.path.append(str(Path(__file__).resolve().parent.parent / "policy"))
-from opa_rest_server import OpaRestTestServer  # noqa: E402
+from tests.support.core_engines import EngineStores
+from tests.support.core_support import Client
+from tests.support.crash_harness import free_port
+from tests.support.opa_rest_server import OpaRestTestServer
+from tests.support.reliability_crash import domain_state
 
 
 class KnobServer(OpaRestTestServer):
@@ -83,7 +79,7 @@ def opa_core(stores: EngineStores, tmp_path):
     server = KnobServer(default_policies_dir(), delay_s=2.5)
     server.__enter__()
     running = stores.start_core(tmp_path / "data", opa_url=server.url, semantic=False)
-    from reliability_crash import activate_scope
+    from tests.support.reliability_crash import activate_scope
 
     activate_scope(running)
     yield server, running
@@ -112,7 +108,7 @@ def test_opa_failure_fails_closed_with_no_side_effect_and_not_serving(opa_core, 
 def test_engine_down_at_start_is_not_serving_and_changes_nothing(stores: EngineStores, tmp_path) -> None:
     with KnobServer(default_policies_dir()) as server:
         running = stores.start_core(tmp_path / "data", opa_url=server.url, semantic=False)
-        from reliability_crash import activate_scope
+        from tests.support.reliability_crash import activate_scope
 
         activate_scope(running)
         c = Client(running)
@@ -135,7 +131,7 @@ def test_embedded_undefined_admission_decision_changes_nothing(stores: EngineSto
     shutil.copytree(default_policies_dir(), bundle)
     running = stores.start_core(tmp_path / "data", policies_dir=bundle, semantic=False)
     try:
-        from reliability_crash import activate_scope
+        from tests.support.reliability_crash import activate_scope
 
         activate_scope(running)
         c = Client(running)
@@ -144,7 +140,7 @@ def test_embedded_undefined_admission_decision_changes_nothing(stores: EngineSto
         rego.write_text(rego.read_text().replace("decision :=", "renamed_decision :=")
                         .replace("decision =", "renamed_decision =").replace("decision if", "renamed_decision if"))
         (bundle / "engram" / "admission" / "admission_test.rego").unlink()
-        from reliability_crash import HostAdmin
+        from tests.support.reliability_crash import HostAdmin
 
         host = HostAdmin(running)
         host.call("ReloadPolicies", admin_pb2.ScopeRequest())

@@ -11,9 +11,6 @@ from __future__ import annotations
 import errno
 
 import pytest
-from core_engines import EngineStores
-from core_support import Client, activate
-from crash_harness import CoreProcess
 
 from engram_core.errors import Code, EngramError
 from engram_core.services.maintenance import check_audit
@@ -23,6 +20,9 @@ from engram_core.store.chain import scope_chain
 from engram_core.store.duckdb import open_duckdb_store
 from engram_core.store.kernel import StoreKernel
 from engram_core.store.port import AuditRow
+from tests.support.core_engines import EngineStores
+from tests.support.core_support import Client, activate
+from tests.support.crash_harness import CoreProcess
 
 pytestmark = pytest.mark.duckdb_only(reason="the audit spool is the DuckDB store's; PostgreSQL has none")
 

@@ -21,14 +21,14 @@ import string
 from pathlib import Path
 
 import pytest
-from core_engines import EngineStores
-from core_support import Client, capture_args, now_ms
-from reliability_crash import HostAdmin, activate_scope, domain_state
 
 from engram_core.api import admin_pb2
 from engram_core.crypto.sealing import unseal
 from engram_core.errors import Code
 from engram_core.secrets_scan import scan
+from tests.support.core_engines import EngineStores
+from tests.support.core_support import Client, capture_args, now_ms
+from tests.support.reliability_crash import HostAdmin, activate_scope, domain_state
 
 _rng = random.Random(7)
 
@@ -258,7 +258,7 @@ def test_nothing_content_derived_outlives_a_candidate_in_its_facts(stores: Engin
     plain column, which older candidates filled, is emptied by forget, withdraw and rejection in
     their own transaction): once its key is destroyed nothing of them can be read, and the family
     refs of a withdrawn candidate are in no file of the data directory."""
-    from governance_support import Host, consent, start_with_bundle
+    from tests.support.governance_support import Host, consent, start_with_bundle
 
     gone, withdrawn, kept = (f"family:zq{_r(16, string.ascii_lowercase)}" for _ in range(3))
     running = start_with_bundle(tmp_path, stores, edit=consent(gone, withdrawn, kept))
@@ -313,7 +313,8 @@ def test_plain_facts_an_older_store_wrote_are_emptied_by_forget_withdraw_and_rej
     sizes in the plain `candidates.facts` column. Forget, withdraw and rejection empty it in their
     own transaction (the engine's `scrub_candidate_facts`), so none of it outlives the content."""
     import duckdb
-    from governance_support import Host, consent, start_with_bundle
+
+    from tests.support.governance_support import Host, consent, start_with_bundle
 
     families = [f"family:zq{_r(16, string.ascii_lowercase)}" for _ in range(3)]
     running = start_with_bundle(tmp_path, stores, edit=consent(*families))

@@ -19,11 +19,11 @@ import string
 from pathlib import Path
 
 import pytest
-from core_engines import EngineStores
-from core_support import Client, Failed, capture_args
-from reliability_crash import HostAdmin, activate_scope, domain_state
 
 from engram_core.errors import Code
+from tests.support.core_engines import EngineStores
+from tests.support.core_support import Client, Failed, capture_args
+from tests.support.reliability_crash import HostAdmin, activate_scope, domain_state
 
 _rng = random.Random()
 AWS_KEY_ID = "AKIA" + "".join(_rng.choice(string.ascii_uppercase + "234567") for _ in range(16))

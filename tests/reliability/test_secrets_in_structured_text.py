@@ -22,12 +22,12 @@ import string
 from pathlib import Path
 
 import pytest
-from core_engines import EngineStores
-from core_support import Client, Failed, capture_args
-from reliability_crash import activate_scope, domain_state
 
 from engram_core.errors import Code
 from engram_core.rpc.status import error_from_rpc_error
+from tests.support.core_engines import EngineStores
+from tests.support.core_support import Client, Failed, capture_args
+from tests.support.reliability_crash import activate_scope, domain_state
 
 _rng = random.Random()
 ALNUM = string.ascii_letters + string.digits

@@ -10,13 +10,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from core_support import Client, activate
-from mcp_helpers import ENGRAM, REPO
-from pg_cluster import Database
-from replicas import serve_store
 
 from engram_core.app.composition import start_core
 from engram_core.errors import Code
+from tests.support.core_support import Client, activate
+from tests.support.mcp_helpers import ENGRAM, REPO
+from tests.support.pg_cluster import Database
+from tests.support.replicas import serve_store
 
 
 def _admin(address: str, host_key: Path, *argv: str) -> subprocess.CompletedProcess[str]:

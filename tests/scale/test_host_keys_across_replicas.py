@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from core_support import PURPOSE, Client, Failed, now_ms
-from pg_cluster import Database
-from replicas import Replica, serve_store
 
 from engram_core.api import admin_pb2, host_pb2
 from engram_core.errors import Code
 from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
 from engram_core.hostkeys import create_private_key_file, key_id, load_private_key_file, public_pem
+from tests.support.core_support import PURPOSE, Client, Failed, now_ms
+from tests.support.pg_cluster import Database
+from tests.support.replicas import Replica, serve_store
 
 
 def _operator(replica: Replica) -> tuple[Any, bytes]:

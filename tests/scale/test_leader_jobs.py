@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pg_cluster import Database
-from replicas import serve_store
 
 from engram_core.app.composition import RunningCore, start_core
 from engram_core.clock import FixedClock
 from engram_core.crypto.keyvault import KekRing
 from engram_core.services.key_schedule import DAY_MS, KeySchedule
 from engram_core.services.keyring import KeyRingScheduler
+from tests.support.pg_cluster import Database
+from tests.support.replicas import serve_store
 
 INTERVAL_S = 2  # the replicas' --key-rotation-interval (checked every 0.5 s)
 LEADS = "this core leads job key-ring"

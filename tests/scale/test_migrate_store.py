@@ -12,16 +12,16 @@ import os
 import subprocess
 from pathlib import Path
 
-from core_support import Client, activate
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from mcp_helpers import ENGRAM, REPO, admin_json
-from pg_cluster import Database
-from replicas import serve_store
 
 from engram_core.api import admin_pb2
 from engram_core.app.composition import start_core
 from engram_core.errors import Code
 from engram_core.hostkeys import key_id, public_pem
+from tests.support.core_support import Client, activate
+from tests.support.mcp_helpers import ENGRAM, REPO, admin_json
+from tests.support.pg_cluster import Database
+from tests.support.replicas import serve_store
 
 
 def _engram(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:

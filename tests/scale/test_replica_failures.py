@@ -24,13 +24,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from core_support import Client, Failed, activate, capture_args
-from mcp_helpers import admin_json
-from pg_cluster import Database, PgCluster
-from replicas import Replica, serve_store
 
 from engram_core.api import admin_pb2
 from engram_core.errors import RETRIABLE
+from tests.support.core_support import Client, Failed, activate, capture_args
+from tests.support.mcp_helpers import admin_json
+from tests.support.pg_cluster import Database, PgCluster
+from tests.support.replicas import Replica, serve_store
 
 SOAK = os.environ.get("ENGRAM_SOAK") == "1"
 WRITERS, OPS, ROUNDS = 4, 6, 1  # CI

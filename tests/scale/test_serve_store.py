@@ -8,12 +8,12 @@ import subprocess
 from pathlib import Path
 
 import psycopg
-from core_support import Client, activate
-from mcp_helpers import ENGRAM, REPO
-from pg_cluster import Database
-from replicas import serve_store
 
 from engram_core.errors import Code
+from tests.support.core_support import Client, activate
+from tests.support.mcp_helpers import ENGRAM, REPO
+from tests.support.pg_cluster import Database
+from tests.support.replicas import serve_store
 
 
 def test_serve_store_serves_a_round_trip_on_postgresql(pg_database: Database, tmp_path: Path) -> None:

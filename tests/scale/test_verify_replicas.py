@@ -11,10 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from core_support import Client, activate
-from mcp_helpers import ENGRAM, REPO
-from pg_cluster import Database
-from replicas import Replica, replica_pair
+
+from tests.support.core_support import Client, activate
+from tests.support.mcp_helpers import ENGRAM, REPO
+from tests.support.pg_cluster import Database
+from tests.support.replicas import Replica, replica_pair
 
 
 def _admin(replica: Replica, *argv: str) -> subprocess.CompletedProcess[str]:

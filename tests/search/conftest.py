@@ -8,12 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from core_engines import EngineStores
-from search_support import Client, activate
 
 from engram_core.app.composition import RunningCore
 from engram_core.clock import FixedClock
 from engram_core.embedding.onnx_minilm import try_load_local_embedder
+from tests.support.core_engines import EngineStores
+from tests.support.search_support import Client, activate
 
 
 @pytest.fixture(scope="session")

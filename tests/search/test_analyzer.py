@@ -7,14 +7,13 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from core_engines import EngineStores
-from search_support import Client, activate
-
 from engram_core.app.composition import RunningCore
 from engram_core.services.lexical import ANALYZER_ID, analyze, query_terms, tokenize
 from engram_core.services.maintenance import ANALYZER_META
 from engram_core.store.projection import Projection, seal_projection
 from engram_core.store.search_index import FIELD_CODE
+from tests.support.core_engines import EngineStores
+from tests.support.search_support import Client, activate
 
 
 def test_analyzer_drops_stop_and_question_words_and_stems() -> None:

@@ -3,10 +3,9 @@ not expired (from expires_at on), and final revalidation after ranking."""
 
 from __future__ import annotations
 
-from search_support import SEMANTIC, Client
-
 from engram_core.errors import Code
 from engram_core.validation import format_instant
+from tests.support.search_support import SEMANTIC, Client
 
 
 def test_expires_at_exactly_now_is_ineligible(clocked) -> None:
@@ -39,7 +38,7 @@ def test_valid_time_bounds(clocked) -> None:
 
 
 def test_out_of_scope_records_never_appear(core) -> None:
-    from search_support import activate
+    from tests.support.search_support import activate
 
     activate(core, "acme", "delta")
     mine, theirs = Client(core), Client(core, workspace="delta")

@@ -11,12 +11,12 @@ from typing import Any
 import duckdb
 import numpy as np
 import pytest
-from search_support import SEMANTIC, Client, activate
 
 from engram_core.clock import FixedClock
 from engram_core.store import search_index
 from engram_core.store.duckdb import engine as duckdb_store
 from engram_core.store.search_index import IndexBuilder
+from tests.support.search_support import SEMANTIC, Client, activate
 
 QUERIES = ["pintail rollout canary", "pintail checklist", "rollback of the pintail canary", "eider migration plan",
            "how do we release the pintail service safely"]

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from search_support import Client, activate
 
 from engram_core.app.composition import RunningCore
 from engram_core.clock import FixedClock
+from tests.support.search_support import Client, activate
 
 HOUR = 3_600_000
 DAY = 24 * HOUR

@@ -8,9 +8,9 @@ records captured live in one session: test_live_neighbours.py."""
 from __future__ import annotations
 
 import pytest
-from search_support import SEMANTIC, Client, activate
 
 from engram_core.rpc.server import RunningCore
+from tests.support.search_support import SEMANTIC, Client, activate
 
 DAY = 86_400_000
 

@@ -8,11 +8,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from core_engines import EngineStores
-from search_support import Client, activate
 
 from engram_core.app.composition import RunningCore, default_policies_dir
 from engram_core.errors import Code
+from tests.support.core_engines import EngineStores
+from tests.support.search_support import Client, activate
 
 NARROW = "purpose:audit-narrow"
 NARROW_FIELDS = ["/payload_digest", "/record_id", "/state"]

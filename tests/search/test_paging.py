@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from search_support import PURPOSE, SEMANTIC, Client, activate
 
 from engram_core.errors import Code
 from engram_core.rpc.server import RunningCore
 from engram_core.services.paging import MAX_PINS
+from tests.support.search_support import PURPOSE, SEMANTIC, Client, activate
 
 
 @pytest.mark.parametrize("channels", [{}, {"capability_policy": SEMANTIC}], ids=["lexical", "semantic"])
@@ -88,7 +88,7 @@ def test_cursor_bound_to_query_parameters_and_profile(ana: Client, cursor: str, 
 
 
 def test_cursor_bound_to_principal_and_scope(core: RunningCore, cursor: str) -> None:
-    from search_support import activate
+    from tests.support.search_support import activate
 
     activate(core, "acme", "gamma")
     for other in (Client(core, principal="user:bob"), Client(core, workspace="gamma")):
@@ -108,7 +108,7 @@ def test_expired_pin_is_stale_page(clocked) -> None:
 
 
 def test_cursor_from_a_restarted_core_is_stale_page(tmp_path, stores) -> None:
-    from search_support import activate
+    from tests.support.search_support import activate
 
     running = stores.start_core(tmp_path / "d", semantic=False)
     activate(running)

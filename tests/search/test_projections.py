@@ -4,8 +4,6 @@ transactions, hashed terms only, nothing for candidates that were never accepted
 from __future__ import annotations
 
 import pytest
-from core_engines import one, rows
-from search_support import Client
 
 from engram_core.rpc.server import RunningCore
 from engram_core.services.lexical import analyze
@@ -13,6 +11,8 @@ from engram_core.store.duckdb import record_sql as duckdb_records
 from engram_core.store.postgres import engine as postgres_records
 from engram_core.store.projection import Projection, open_projection
 from engram_core.store.search_index import FIELDS
+from tests.support.core_engines import one, rows
+from tests.support.search_support import Client
 
 
 def _rows(core: RunningCore, sql: str, params: list) -> list[tuple]:

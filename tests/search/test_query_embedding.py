@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from search_support import SEMANTIC, Client, activate
 
 from engram_core.rpc.server import RunningCore
 from engram_core.services.ranking import semantic_v4
 from engram_core.services.reading import embedding_text
+from tests.support.search_support import SEMANTIC, Client, activate
 
 DAY = 86_400_000
 

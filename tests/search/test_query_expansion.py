@@ -7,13 +7,13 @@ the first did), and leaves a scope without the relatives exactly as version 4 ra
 from __future__ import annotations
 
 import pytest
-from search_support import Client, activate
 
 from engram_core.rpc.server import RunningCore
 from engram_core.services.paging import Binding
 from engram_core.services.ranking import OFFLINE_LEXICAL_V4, OFFLINE_LEXICAL_V5
 from engram_core.store.page_pins import Pin, pin_from_json, pin_to_json
 from engram_core.store.port import LexicalStats
+from tests.support.search_support import Client, activate
 
 DAY = 86_400_000
 QUESTION = "What did Caroline cook?"

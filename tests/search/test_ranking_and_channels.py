@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from search_support import SEMANTIC, Client, activate
 
 from engram_core.errors import Code
 from engram_core.rpc.server import RunningCore
@@ -14,6 +13,7 @@ from engram_core.services.ranking import (
     OFFLINE_LEXICAL_V4,
     OFFLINE_LEXICAL_V5,
 )
+from tests.support.search_support import SEMANTIC, Client, activate
 
 RECEIPT_FIELDS = {"request_digest", "authorization_receipt_digest", "profile", "profile_version",
                   "profile_config_digest", "valid_as_of", "system_as_of", "candidate_count", "ordered_ids_digest",

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from search_support import SEMANTIC, Client, activate
 
 from engram_core.embedding import model as semantic_model
 from engram_core.embedding.model import DERIVED_FILE, DERIVED_SHA256, derived_model, sha256_of
 from engram_core.embedding.onnx_minilm import load_local_embedder
 from engram_core.services.maintenance import VECTOR_MODEL_META
+from tests.support.search_support import SEMANTIC, Client, activate
 
 TEXTS = ["Pintail rollout uses a canary in one region first.",
          "Decision: the eider migration keeps dual writes for a week, then cuts over.\nContext: the data team "

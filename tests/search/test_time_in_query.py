@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-from search_support import SEMANTIC, Client, activate
-
 from engram_core.rpc.server import RunningCore
 from engram_core.services.timeq import parse_time, proximity
+from tests.support.search_support import SEMANTIC, Client, activate
 
 DAY = 86_400_000
 NOW = int(dt.datetime(2026, 11, 30, 12, tzinfo=dt.UTC).timestamp() * 1000)

@@ -1,5 +1,5 @@
 """What the PostgreSQL engine guarantees beyond the conformance suite, on a real cluster
-(tests/pg_cluster.py): migrations under the advisory lock, the ledger refusing a newer database,
+(tests/support/pg_cluster.py): migrations under the advisory lock, the ledger refusing a newer database,
 the scope lock (and that without it the guarantee breaks), round trips under the lock counted on
 the wire, one effect per idempotency key across processes, commit outcomes, and surviving a
 database restart, and group commit per scope (a failed member undone alone)."""
@@ -17,10 +17,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from pg_cluster import Database, PgCluster, wait_until
-from pg_race import idempotent_effects
-from pg_wire import RoundTripProxy
-from store_targets import PostgresTarget
 
 from engram_core.errors import Code, EngramError
 from engram_core.services.maintenance import check_journal
@@ -30,6 +26,10 @@ from engram_core.store.port import IdempotencyRow
 from engram_core.store.postgres import engine as engine_module
 from engram_core.store.postgres.engine import PostgresEngine, PostgresEngineTx
 from engram_core.store.postgres.migrations import MIGRATIONS, Migration
+from tests.support.pg_cluster import Database, PgCluster, wait_until
+from tests.support.pg_race import idempotent_effects
+from tests.support.pg_wire import RoundTripProxy
+from tests.support.store_targets import PostgresTarget
 
 P = "user:ana"
 
@@ -296,12 +296,9 @@ def test_each_mutation_holds_its_scope_lock_for_at_most_three_round_trips(tmp_pa
     """Capture, admission, withdrawal and forget as the services make them, through a core: each
     write transaction's round trips from its first statement (which takes the scope lock) to
     its COMMIT, as the engine counts them (the proxied tests above check that count on the wire)."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
-    from core_support import Client, activate
 
     from engram_core.app.composition import start_core
+    from tests.support.core_support import Client, activate
 
     counted: list[int] = []
 

@@ -30,13 +30,10 @@ import base64
 import json
 import secrets
 import struct
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pg_cluster import Database, PgCluster, wal_stream
-from store_targets import PostgresTarget
 
 from engram_core.api import admin_pb2
 from engram_core.canonical import canonical_json, digest
@@ -50,13 +47,10 @@ from engram_core.store.projection import Projection, encode
 from engram_core.store.search_index import FIELD_CODE
 
 # Two real cores, as tests/scale runs them: its helpers and the core and MCP ones they use.
-_TESTS = Path(__file__).resolve().parent.parent
-for _sub in ("core", "mcp", "scale"):
-    if str(_TESTS / _sub) not in sys.path:
-        sys.path.append(str(_TESTS / _sub))
-
-from core_support import Client, activate, now_ms  # noqa: E402 - found through the path set above
-from replicas import replica_pair  # noqa: E402
+from tests.support.core_support import Client, activate, now_ms
+from tests.support.pg_cluster import Database, PgCluster, wal_stream
+from tests.support.replicas import replica_pair
+from tests.support.store_targets import PostgresTarget
 
 
 def _files(root: Path) -> bytes:

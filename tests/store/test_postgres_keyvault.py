@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pg_cluster import Database, wait_until
-from pg_wire import RoundTripProxy
-from store_targets import PostgresTarget
 
 from engram_core.crypto.keyvault import KekRing, WrappedKey
 from engram_core.errors import Code, EngramError
 from engram_core.store.postgres.engine import PostgresEngine
 from engram_core.store.postgres.keyvault import PgKeyVault
+from tests.support.pg_cluster import Database, wait_until
+from tests.support.pg_wire import RoundTripProxy
+from tests.support.store_targets import PostgresTarget
 
 
 @pytest.fixture

@@ -19,27 +19,22 @@ import os
 import re
 import secrets
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 import pytest
-from pg_cluster import PgCluster
 
 from engram_core.errors import Code, EngramError
 from engram_core.store.postgres.engine import PostgresEngine
 from engram_core.store.postgres.migrations import MIGRATIONS, Migration
+from tests.support.core_support import Client, activate
+from tests.support.mcp_helpers import ENGRAM, REPO
+from tests.support.pg_cluster import PgCluster
+from tests.support.replicas import serve_store
 
 _TESTS = Path(__file__).resolve().parents[1]
-for _sub in ("core", "mcp", "scale"):
-    if str(_TESTS / _sub) not in sys.path:
-        sys.path.append(str(_TESTS / _sub))
-
-from core_support import Client, activate  # noqa: E402 - found through the path set above
-from mcp_helpers import ENGRAM, REPO  # noqa: E402
-from replicas import serve_store  # noqa: E402
 
 MIGRATE_LINE = "run `engram admin migrate --store URL` as the role that owns the schema"
 

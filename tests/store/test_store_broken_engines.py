@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from store_targets import DuckDBTarget
 
 from engram_core.store.conformance import validate
 from engram_core.store.conformance.checks_rows import (
@@ -20,6 +19,7 @@ from engram_core.store.conformance.checks_rows import (
 from engram_core.store.duckdb.engine import DuckDBEngine, DuckDBEngineTx
 from engram_core.store.key_digests import KeyDigests
 from engram_core.store.port import ScopeRow
+from tests.support.store_targets import DuckDBTarget
 
 
 class _ForgetfulDigests(DuckDBEngine):

@@ -2,7 +2,7 @@
 (``engram_core/store/conformance``), on every engine. An engine is ready when it passes this file
 unchanged.
 
-PostgreSQL runs on the session's own test cluster (tests/pg_cluster.py), a fresh database per
+PostgreSQL runs on the session's own test cluster (tests/support/pg_cluster.py), a fresh database per
 check; a missing PostgreSQL fails the run (tools/setup installs it), it never skips."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from store_targets import DuckDBTarget, MemoryTarget, PostgresTarget
 
 from engram_core.store.conformance import CHECKS, check_name, validate
+from tests.support.store_targets import DuckDBTarget, MemoryTarget, PostgresTarget
 
 # name -> (the test's request, a directory of its own) -> target
 ENGINES: dict[str, Callable[[pytest.FixtureRequest, Path], Any]] = {

@@ -3,16 +3,12 @@ The MCP helpers are shared with tests/mcp."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mcp"))
-
-from serve_support import Served, serve  # noqa: E402
-from tls_support import Authority, Issued  # noqa: E402
+from tests.support.serve_support import Served, serve
+from tests.support.tls_support import Authority, Issued
 
 
 @pytest.fixture(scope="module")

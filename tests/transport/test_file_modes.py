@@ -9,7 +9,7 @@ import os
 import stat
 from pathlib import Path
 
-from serve_support import admin, serve
+from tests.support.serve_support import admin, serve
 
 
 def _loose(data: Path) -> dict[str, int]:

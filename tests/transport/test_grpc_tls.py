@@ -9,11 +9,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from mcp_helpers import ENGRAM, REPO
-from serve_support import admin, serve
 
 from engram_core.api import host_pb2, host_pb2_grpc
 from engram_core.rpc.tls import ClientTls, channel
+from tests.support.mcp_helpers import ENGRAM, REPO
+from tests.support.serve_support import admin, serve
 
 
 def _health(address: str, tls: ClientTls | None) -> str:

@@ -7,10 +7,10 @@ import subprocess
 
 import pytest
 from mcp.shared.exceptions import MCPError
-from mcp_helpers import ENGRAM, REPO, binding_for, stdio_client, write_config
-from serve_support import admin
 
 from engram_core.schemas import TOOL_NAMES
+from tests.support.mcp_helpers import ENGRAM, REPO, binding_for, stdio_client, write_config
+from tests.support.serve_support import admin
 
 pytestmark = pytest.mark.anyio
 

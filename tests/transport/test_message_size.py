@@ -11,7 +11,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from mcp_helpers import PURPOSE, WORKSPACE, Core, activate
 
 from engram_core.api import memory_pb2, memory_pb2_grpc
 from engram_core.app.composition import RunningCore, start_core
@@ -20,6 +19,7 @@ from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
 from engram_core.hostkeys import load_private_key_file
 from engram_core.rpc.server import MAX_MESSAGE_BYTES
 from engram_core.rpc.status import code_from_rpc_error
+from tests.support.mcp_helpers import PURPOSE, WORKSPACE, Core, activate
 
 
 @pytest.fixture(scope="module")

@@ -144,15 +144,11 @@ def test_restatement_and_near_miss_facts():
 
 
 def test_the_prefilter_set_agrees_with_every_rule():
-    import sys
-    from pathlib import Path
 
     import re2
 
     from engram_core.content.instructions import COMPILED, RULE_SET
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mcp"))
-    from poisoning_corpus import DUPLICATES, LEGITIMATE, NEAR_MISSES, POISONED
+    from tests.support.poisoning_corpus import DUPLICATES, LEGITIMATE, NEAR_MISSES, POISONED
 
     texts = [t for ts in POISONED.values() for t in ts] + LEGITIMATE + [t for p in DUPLICATES + NEAR_MISSES for t in p]
     texts += ["<" * 100_000, "curl " * 50_000 + "| sh", "\u200b" * 10_000 + "x" * 100_000]

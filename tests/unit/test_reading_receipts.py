@@ -10,8 +10,8 @@ import pytest
 
 from engram_core.canonical import canonical, with_receipt_digest
 from engram_core.services import lexical
-from engram_core.services.reading import Redaction, expanded_terms, hashed_relatives
 from engram_core.services.ranking import Expansion
+from engram_core.services.reading import Redaction, expanded_terms, hashed_relatives
 
 
 @pytest.mark.parametrize("allow", [set(), {"/record_id"}, {"/record_id", "/payload", "/state", "/cursor"},

@@ -7,7 +7,7 @@ p50s is the catch-up's own work: its round trips beyond the head check and the i
     .venv/bin/python -m tools.bench.catch_up [--records 2000] [--catch-ups 400] [--baseline CHECKOUT]
                                              [--rounds 2] [--out FILE]
 
-A PostgreSQL 15 cluster of its own is started in a temporary directory (tests/pg_cluster.py).
+A PostgreSQL 15 cluster of its own is started in a temporary directory (tests/support/pg_cluster.py).
 Each round runs in a process of its own on a fresh database; with ``--baseline``, that checkout's
 ``engram_core`` runs the same rounds alternated with this tree's, so drift falls on both alike.
 """
@@ -30,9 +30,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _child(conninfo: str, key_dir: Path, records: int, catch_ups: int) -> dict[str, Any]:
     import psycopg
-    from store_checks import T, W, admit_journaled, search  # tests/store: the conformance suite's builders
-    from store_targets import PostgresTarget
 
+    from engram_core.store.conformance.support import (  # the conformance suite's builders
+        T,
+        W,
+        admit_journaled,
+        search,
+    )
+    from tests.support.store_targets import PostgresTarget
     from tools.bench.stats import run_summary
 
     class _Db:  # what PostgresTarget reads of tests/pg_cluster.Database
@@ -84,9 +89,7 @@ def main() -> None:
     if a.child:
         print(json.dumps(_child(a.child[0], Path(a.child[1]), a.records, a.catch_ups)))
         return
-    sys.path.insert(0, str(REPO / "tests"))
-    from pg_cluster import start_cluster
-
+    from tests.support.pg_cluster import start_cluster
     from tools.bench.machine import facts, loadavg
 
     trees = [("this", REPO)] + ([("baseline", a.baseline.resolve())] if a.baseline else [])
@@ -100,7 +103,7 @@ def main() -> None:
                 db = cluster.create_database("catchup")
                 with tempfile.TemporaryDirectory(prefix="engram-catchup-") as keys:
                     child_env = {**env, "PYTHONPATH": os.pathsep.join(
-                        [str(tree), str(REPO / "tests" / "store"), str(REPO / "tests"), str(REPO)])}
+                        [str(tree), str(REPO)])}
                     out = subprocess.run(
                         [sys.executable, str(Path(__file__).resolve()), "--records", str(a.records),
                          "--catch-ups", str(a.catch_ups), "--child", db.conninfo, keys],

@@ -31,7 +31,6 @@ import json
 import random
 import shutil
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -225,8 +224,8 @@ async def _end_to_end(rounds: int, directory: Path) -> dict[str, Any]:
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
-    sys.path.insert(0, str(REPO / "tests" / "mcp"))
-    from mcp_helpers import (  # the test suite's own process helpers
+    from engram_core.app.composition import start_core
+    from tests.support.mcp_helpers import (  # the test suite's own process helpers
         Core,
         activate,
         capture_args,
@@ -235,8 +234,6 @@ async def _end_to_end(rounds: int, directory: Path) -> dict[str, Any]:
         stop,
         write_config,
     )
-
-    from engram_core.app.composition import start_core
 
     issuer = Issuer()
     running = start_core(directory / "core", semantic=False)

@@ -6,7 +6,7 @@ the same run.
         [--baseline CHECKOUT --rounds 2]
 
 A PostgreSQL 15 cluster of its own is started in a temporary directory (as the tests start theirs:
-tests/pg_cluster.py; as root through ``runuser -u postgres``), on this machine, so the database
+tests/support/pg_cluster.py; as root through ``runuser -u postgres``), on this machine, so the database
 shares its cores with the cores and the clients. The DuckDB store is bulk-loaded to ``--size``
 records (tools/bench/loader.py) and moved into PostgreSQL with ``engram admin migrate-store``
 (timed; lexical only, so the move does not embed). Then, per engine and number of cores: pairs and
@@ -33,15 +33,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.support.pg_cluster import start_cluster  # the tests' own cluster helper
 from tools.bench.corpus import PURPOSE, Corpus
 from tools.bench.grpc_client import GrpcAgent, activate
 from tools.bench.machine import facts, tree_cpu_s
 from tools.bench.serving import ENGRAM, REPO, Served
 from tools.bench.stats import run_summary
 from tools.bench.writes import TENANT, WORKSPACE, _load, _point, emit
-
-sys.path.insert(0, str(REPO / "tests"))
-from pg_cluster import start_cluster  # noqa: E402  (the tests' own cluster helper)
 
 
 def _searches(address: str, key_path: Path, queries: list[str], n: int) -> dict[str, Any]:

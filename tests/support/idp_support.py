@@ -34,7 +34,7 @@ from mcp.shared.auth import (
     OAuthToken,
 )
 
-IDP_DIR = Path(__file__).resolve().parent / "idp"
+IDP_DIR = Path(__file__).resolve().parents[1] / "oauth" / "idp"  # node_modules: tools/setup --tests
 SCOPES = "engram:read engram:write engram:forget"
 PUBLIC_CLIENT = "mcp-client"
 SHORT_LIVED_CLIENT = "mcp-client-short"  # its access tokens live SHORT_TTL_S: expiry and refresh

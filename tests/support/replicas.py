@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mcp_helpers import ENGRAM, REPO
+from tests.support.mcp_helpers import ENGRAM, REPO
 
 
 @dataclass

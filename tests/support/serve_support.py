@@ -7,7 +7,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from mcp_helpers import ENGRAM, REPO
+from tests.support.mcp_helpers import ENGRAM, REPO
 
 
 @dataclass

@@ -4,7 +4,7 @@ acknowledged mutation survived and nothing is half-applied (SPEC §7).
 
 Used by tests/core/test_crash_safety.py (a few kill points) and by the
 reliability suite with more points, on each engine: the process is `engram serve --data DIR`
-or `engram serve --store URL --key-dir DIR` (tests/core_engines.py), killed and restarted over
+or `engram serve --store URL --key-dir DIR` (tests/support/core_engines.py), killed and restarted over
 the same store and key directory.
 """
 

@@ -1,6 +1,6 @@
 """Crash soak pieces: a mixed workload against a subprocess core that records what
 was acknowledged and what was in flight, and checks read straight from the store (on either
-engine: tests/core_engines.py).
+engine: tests/support/core_engines.py).
 
 The workload runs in a few threads, each on its own records (so lifecycle
 errors between workers cannot happen and any non-transport error is a bug):
@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from core_engines import EngineStores, one, rows
-from core_support import Client, Failed, capture_args
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
 from engram_core.canonical import digest
@@ -32,6 +30,8 @@ from engram_core.hostkeys import load_private_key_file
 from engram_core.rpc.status import code_from_rpc_error
 from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
 from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, WITHDRAW_TOOL
+from tests.support.core_engines import EngineStores, one, rows
+from tests.support.core_support import Client, Failed, capture_args
 
 TENANT, WORKSPACE = "acme", "alpha"
 # What a client may see when the server dies under it.
@@ -302,7 +302,7 @@ def verify_file(stores: EngineStores, data_dir: Path, ledger: Ledger) -> dict[st
 
 def activate_scope(core: Any, tenant: str = TENANT, workspace: str = WORKSPACE, attempts: int = 20) -> None:
     """Activate a scope, retrying the retriable POLICY_UNAVAILABLE of a cold, loaded machine."""
-    from core_support import activate
+    from tests.support.core_support import activate
 
     for attempt in range(attempts):
         try:

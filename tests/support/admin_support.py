@@ -1,5 +1,5 @@
 """Helpers for the maintenance API tests: a real core over gRPC on tmp_path, its store on the
-test's engine leg (``stores``: tests/core_engines.py).
+test's engine leg (``stores``: tests/support/core_engines.py).
 
 Agents capture and admit through MemoryService exactly as the adapter would;
 hosts call AdminService with signed host contexts. A settable clock lets the
@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from core_engines import EngineStores
 
 from engram_core.api import admin_pb2, admin_pb2_grpc, memory_pb2, memory_pb2_grpc
 from engram_core.app.composition import RunningCore
@@ -23,6 +22,7 @@ from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
 from engram_core.hostkeys import load_private_key_file
 from engram_core.rpc.convert import message_to_value, value_to_message
 from engram_core.rpc.status import code_from_rpc_error
+from tests.support.core_engines import EngineStores
 
 TENANT, WORKSPACE, PURPOSE = "acme", "main", "purpose:eng"
 

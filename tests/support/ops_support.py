@@ -1,5 +1,5 @@
 """`engram serve` in a subprocess with its stderr (the log) kept in a file, as an operator runs it,
-its store on the test's engine leg (``stores``: tests/core_engines.py)."""
+its store on the test's engine leg (``stores``: tests/support/core_engines.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from core_engines import EngineStores
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.support.core_engines import EngineStores
 
 ENGRAM = str(Path(sys.executable).with_name("engram"))
 

@@ -2,7 +2,7 @@
 (``start_core``) or as an ``engram serve`` process, keeps its store on the leg's engine.
 
 ``duckdb``: the store is the DuckDB file in the core's data directory, as ``engram serve --data``.
-``postgresql``: a fresh database of the session's cluster (tests/pg_cluster.py) per data
+``postgresql``: a fresh database of the session's cluster (tests/support/pg_cluster.py) per data
 directory, the data directory being the core's key directory, as ``engram serve --store URL
 --key-dir DIR``. It is a copy of the session's migrated template (schema only: what a core's first
 open would migrate into an empty database), or, for a test about migrating at open, an empty one
@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pg_cluster import Database, PgCluster, wal_stream
+from tests.support.pg_cluster import Database, PgCluster, wal_stream
 
 DUCKDB, POSTGRESQL = "duckdb", "postgresql"
 ENGINES = (DUCKDB, POSTGRESQL)

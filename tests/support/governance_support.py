@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from core_engines import EngineStores
-from core_support import activate, now_ms
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
 from engram_core.app.composition import RunningCore, default_policies_dir
 from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
 from engram_core.hostkeys import load_private_key_file
+from tests.support.core_engines import EngineStores
+from tests.support.core_support import activate, now_ms
 
 
 def start_with_bundle(tmp_path: Path, stores: EngineStores, *, edit: Callable[[dict], None] | None = None,
