@@ -2,7 +2,7 @@
 
 A projection stores each field's postings under its code, so the codes are part of the stored
 format: shared by the services that derive postings (``services/lexical.py``, maintenance's
-re-analysis) and the index that ranks them (``search_index.py``). Append only: a code once
+re-analysis) and the index that ranks them (``store/search_index/``). Append only: a code once
 written names its field for good.
 """
 

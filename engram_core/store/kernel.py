@@ -16,7 +16,7 @@ Services see the kernel as the ``Store`` port (``port.py``); under it an engine
 - **Key durability around COMMIT**: data keys created unsynced are synced before the
   transaction naming them commits (beside the engine's own statements), destroyed keys are
   zeroed only after it committed.
-- **The search index** (``search_index.py``), fed after each COMMIT with the transaction's
+- **The search index** (``store/search_index/``), fed after each COMMIT with the transaction's
   committed changes (``changes.py``) under one publish lock, together with the committed scope
   rows searches pin. An engine whose database others also write (``sole_writer`` False) is
   asked for the scope head instead, and the index catches up from the journal when it is

@@ -96,7 +96,7 @@ def test_the_vector_sketch_changes_no_answer(tmp_path: Path, stores, monkeypatch
     records admitted after a search built it and one forgotten, every page of every search equals
     what a restarted core answers without a sketch."""
     clock = FixedClock(time.time_ns() // 1_000_000)
-    monkeypatch.setattr(search_index, "SKETCH_FROM", 0)
+    monkeypatch.setattr(search_index.tuning, "SKETCH_FROM", 0)
     running, ana, t = _first_core(tmp_path, stores, clock)
     try:
         ids = [_remember(ana, TEXTS[i], t) for i in (0, 3, 4)]
@@ -109,7 +109,7 @@ def test_the_vector_sketch_changes_no_answer(tmp_path: Path, stores, monkeypatch
         assert ids[1] not in str(sketched) and ids[5] in str(sketched)
     finally:
         running.stop()
-    monkeypatch.setattr(search_index, "SKETCH_FROM", 10**9)
+    monkeypatch.setattr(search_index.tuning, "SKETCH_FROM", 10**9)
     running = stores.start_core(tmp_path / "data", clock=clock, semantic=True)
     try:
         with running.core.store.search_index(("acme", "alpha")) as index:
@@ -125,7 +125,7 @@ def test_a_core_without_the_semantic_channel_builds_no_sketch_at_open(tmp_path: 
     channel leaves it unbuilt when it loads a scope (0.5 s per 100k vectors), one that does
     builds it then, and the lexical answers are the same either way."""
     clock = FixedClock(time.time_ns() // 1_000_000)
-    monkeypatch.setattr(search_index, "SKETCH_FROM", 0)
+    monkeypatch.setattr(search_index.tuning, "SKETCH_FROM", 0)
     running, ana, t = _first_core(tmp_path, stores, clock)
     try:
         for text in TEXTS:

@@ -106,8 +106,8 @@ def _ranked(index: SearchIndex, query: list[int], weights: dict[int, float], lim
 def test_top_k_equals_exhaustive_scoring_ties_included(seed: int, n: int, vocabulary: int, copies: int, limit: int,
                                                         merge_at: int) -> None:
     rnd = random.Random(seed)
-    saved = search_index.MERGE_AT
-    search_index.MERGE_AT = merge_at  # some postings merged, some still in the append buffer
+    saved = search_index.tuning.MERGE_AT
+    search_index.tuning.MERGE_AT = merge_at  # some postings merged, some still in the append buffer
     try:
         index = SearchIndex()
         records = _corpus(rnd, n, vocabulary, copies)
@@ -130,7 +130,7 @@ def test_top_k_equals_exhaustive_scoring_ties_included(seed: int, n: int, vocabu
                     if total:
                         assert (page.best_bm25, page.own_best_bm25) == (best, best)
     finally:
-        search_index.MERGE_AT = saved
+        search_index.tuning.MERGE_AT = saved
 
 
 def test_copies_of_one_record_are_ordered_by_record_id() -> None:

@@ -145,12 +145,12 @@ def test_fewer_live_documents_than_the_span_lend_each_other(lend_path: str | Non
         index.apply([_indexed(meta, [Posting(term, "primary", 1, 1)])])
     if forgotten:
         index.apply([RecordUnindexed("t", "w", "rec_2")])
-    saved = search_index.LEND_PATH
-    search_index.LEND_PATH = lend_path
+    saved = search_index.tuning.LEND_PATH
+    search_index.tuning.LEND_PATH = lend_path
     try:
         page = _rank(index, [1], 100, neighbours=(3, 0.5, 86_400_000, 0))
     finally:
-        search_index.LEND_PATH = saved
+        search_index.tuning.LEND_PATH = saved
     assert [r[0] for r in page.rows] == ["rec_0", "rec_1"]  # rec_1 matches nothing: its neighbour lends
 
 
@@ -162,9 +162,9 @@ def test_rank_matches_direct_bm25f(seed: int, n: int, query: list[int], merge_at
                                    neighbours: tuple[int, float, int, int] | None, lend_path: str | None,
                                    qweights: dict[int, float]) -> None:
     rnd = random.Random(seed)
-    saved = search_index.MERGE_AT, search_index.LEND_PATH
-    search_index.MERGE_AT = merge_at  # small: most records pass through a merge
-    search_index.LEND_PATH = lend_path  # each of the lending's ways gives the direct answer
+    saved = search_index.tuning.MERGE_AT, search_index.tuning.LEND_PATH
+    search_index.tuning.MERGE_AT = merge_at  # small: most records pass through a merge
+    search_index.tuning.LEND_PATH = lend_path  # each of the lending's ways gives the direct answer
     try:
         index = SearchIndex()
         records = {}
@@ -188,7 +188,7 @@ def test_rank_matches_direct_bm25f(seed: int, n: int, query: list[int], merge_at
                                                     if (n := sum(any(p.term == t for p in ps)
                                                                  for _, ps in records.values()))}
     finally:
-        search_index.MERGE_AT, search_index.LEND_PATH = saved
+        search_index.tuning.MERGE_AT, search_index.tuning.LEND_PATH = saved
 
 
 @settings(max_examples=60, deadline=None)
@@ -210,15 +210,15 @@ def test_a_first_page_scored_from_the_best_raw_bm25s_is_the_whole_ranking_s_firs
     window = (NOW - 400 * 86_400_000, NOW - 300 * 86_400_000) if windowed else None
 
     def ranked(limit: int, prune_from: int) -> object:
-        saved = search_index.PRUNE_FROM
-        search_index.PRUNE_FROM = prune_from
+        saved = search_index.tuning.PRUNE_FROM
+        search_index.tuning.PRUNE_FROM = prune_from
         try:
             stats = index.stats("t", "w", [1])
             return index.rank("t", "w", stats, WEIGHTS, k1=K1, b=B, now_ms=NOW, half_life_ms=HALF_LIFE,
                               lexical_weight=LW, max_accepted_cursor=n + 1, best_bm25=None, after=None, limit=limit,
                               window=window, neighbours=neighbours)
         finally:
-            search_index.PRUNE_FROM = saved
+            search_index.tuning.PRUNE_FROM = saved
 
     for limit in (1, 2, 3, 7, 11):
         assert ranked(limit, 1) == ranked(limit, 10**9)
@@ -233,10 +233,10 @@ def test_first_page_bound_holds_at_its_edge(seed: int, limit: int, lexical_weigh
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    n = int(rng.integers(limit * search_index.PRUNE_FROM + 1, 400))
+    n = int(rng.integers(limit * search_index.tuning.PRUNE_FROM + 1, 400))
     best = 7.0
     # A few hits at or just above a floor (about a page of them), the rest just below one.
-    floors = np.array([best * f for f in search_index.PRUNE_FRACTIONS])
+    floors = np.array([best * f for f in search_index.tuning.PRUNE_FRACTIONS])
     raw = rng.choice(floors, n) * (1 - rng.choice([1e-3, 1e-9, 0.02, 0.3], n))
     above = rng.choice(n, min(n, int(rng.integers(limit, 2 * limit + 1))), replace=False)
     raw[above] = rng.choice(floors, len(above)) * (1 + rng.choice([0.0, 1e-9, 1e-3], len(above)))
@@ -246,13 +246,13 @@ def test_first_page_bound_holds_at_its_edge(seed: int, limit: int, lexical_weigh
     record_ids = [f"rec_{i:04d}" for i in range(n)]
 
     def scored(at):
-        return search_index._score(raw[at], best, recency[at], lexical_weight), vt[at]
+        return search_index.lexical_score(raw[at], best, recency[at], lexical_weight), vt[at]
 
-    everything = search_index._top(np.arange(n), *scored(np.arange(n)), record_ids, limit)
-    found = search_index._first_page(raw, best, limit, lexical_weight, scored)
+    everything = search_index.top(np.arange(n), *scored(np.arange(n)), record_ids, limit)
+    found = search_index.first_page(raw, best, limit, lexical_weight, scored)
     if found is not None:
         at, score, v = found
-        assert search_index._top(at, score, v, record_ids, limit) == everything
+        assert search_index.top(at, score, v, record_ids, limit) == everything
 
 
 def test_first_page_bound_is_strict_a_hit_below_the_floor_may_tie_and_win_on_valid_time() -> None:
@@ -262,8 +262,8 @@ def test_first_page_bound_is_strict_a_hit_below_the_floor_may_tie_and_win_on_val
     import numpy as np
 
     best, lw, limit = 7.0, 0.85, 2
-    floor = best * search_index.PRUNE_FRACTIONS[0]
-    n = limit * search_index.PRUNE_FROM + 5
+    floor = best * search_index.tuning.PRUNE_FRACTIONS[0]
+    n = limit * search_index.tuning.PRUNE_FROM + 5
     raw = np.full(n, best * 0.1)
     raw[0], raw[1], raw[2] = best, floor, floor * (1 - 1e-10)
     recency = np.ones(n)
@@ -272,14 +272,14 @@ def test_first_page_bound_is_strict_a_hit_below_the_floor_may_tie_and_win_on_val
     record_ids = [f"rec_{i:04d}" for i in range(n)]
 
     def scored(at):
-        return search_index._score(raw[at], best, recency[at], lw), vt[at]
+        return search_index.lexical_score(raw[at], best, recency[at], lw), vt[at]
 
     score = scored(np.arange(n))[0]
     assert score[1] == score[2]  # the tie this test is about
-    everything = search_index._top(np.arange(n), score, vt, record_ids, limit)
+    everything = search_index.top(np.arange(n), score, vt, record_ids, limit)
     assert [r[0] for r in everything] == ["rec_0000", "rec_0002"]
-    found = search_index._first_page(raw, best, limit, lw, scored)
-    assert found is None or search_index._top(found[0], found[1], found[2], record_ids, limit) == everything
+    found = search_index.first_page(raw, best, limit, lw, scored)
+    assert found is None or search_index.top(found[0], found[1], found[2], record_ids, limit) == everything
 
 
 def _check_ranking(index: SearchIndex, query: list[int], max_cursor: int, neighbours, total, rows, best,
@@ -288,15 +288,15 @@ def _check_ranking(index: SearchIndex, query: list[int], max_cursor: int, neighb
     assert page.total == total
     assert [r[0] for r in page.rows] == [r[0] for r in rows]
     # Small first pages, scored from the best raw BM25s first wherever the hits outnumber the page.
-    saved = search_index.PRUNE_FROM
-    search_index.PRUNE_FROM = 1
+    saved = search_index.tuning.PRUNE_FROM
+    search_index.tuning.PRUNE_FROM = 1
     try:
         for limit in (1, 2, 3, 5):
             first = _rank(index, query, max_cursor, limit=limit, neighbours=neighbours, qweights=qweights)
             assert first.total == total
             assert first.rows == page.rows[:limit]
     finally:
-        search_index.PRUNE_FROM = saved
+        search_index.tuning.PRUNE_FROM = saved
     assert all(math.isclose(a[1], b[1], abs_tol=2e-9) for a, b in zip(page.rows, rows, strict=True))
     if rows:
         assert math.isclose(page.best_bm25, best, rel_tol=1e-12)
@@ -392,14 +392,14 @@ class _Sketched:
         self.kernel = kernel
 
     def __enter__(self) -> None:
-        self.saved = search_index.SKETCH_FROM, vector_sketch.BLOCK, vector_sketch._product_session()
+        self.saved = search_index.tuning.SKETCH_FROM, vector_sketch.BLOCK, vector_sketch._product_session()
         if self.kernel is not None:
-            search_index.SKETCH_FROM, vector_sketch.BLOCK = 0, 16
+            search_index.tuning.SKETCH_FROM, vector_sketch.BLOCK = 0, 16
         if self.kernel == "int16 pairs":
             vector_sketch._session = _Int16Sums()
 
     def __exit__(self, *exc: object) -> None:
-        search_index.SKETCH_FROM, vector_sketch.BLOCK, vector_sketch._session = self.saved
+        search_index.tuning.SKETCH_FROM, vector_sketch.BLOCK, vector_sketch._session = self.saved
 
 
 @settings(max_examples=40, deadline=None)
@@ -449,13 +449,13 @@ def _nearest_matches_a_direct_scan(seed: int, n: int, min_similarity: float,
             for i, rid in enumerate(order)}
     expected = [(rid, sims[rid], key[rid]) for rid in rows if eligible[rid] and round(key[rid], 9) >= min_similarity]
     expected.sort(key=lambda r: (-round(r[2], 9), r[0]))
-    saved = search_index.LEND_PATH
-    search_index.LEND_PATH = lend_path
+    saved = search_index.tuning.LEND_PATH
+    search_index.tuning.LEND_PATH = lend_path
     try:
         got = index.nearest("t", "w", "m", q.tolist(), now_ms=NOW, max_accepted_cursor=max_cursor,
                             min_similarity=min_similarity, limit=7, neighbours=neighbours)
     finally:
-        search_index.LEND_PATH = saved
+        search_index.tuning.LEND_PATH = saved
     assert [r[0] for r in got] == [r[0] for r in expected[:7]]
     # Rows carry each record's own similarity, whatever ordered them.
     assert all(math.isclose(a[1], b[1], abs_tol=1e-6) for a, b in zip(got, expected, strict=False))
@@ -472,7 +472,7 @@ def _float64_nearest(index: SearchIndex, model: str, query: list[float], *, min_
     matrix, present = scope.vectors[model]
     cols = scope.columns
     n = min(cols.n, len(matrix))
-    sims = np.round(search_index._similarities(matrix[:n], np.asarray(query, dtype=np.float64)), 9)
+    sims = np.round(search_index.similarities(matrix[:n], np.asarray(query, dtype=np.float64)), 9)
     ok = present[:n] & cols.eligible(now_ms=NOW, max_cursor=10**9)[:n]
     key = sims
     if neighbours is not None:
@@ -558,7 +558,7 @@ def test_the_sketch_bounds_its_error_however_its_rows_came(seed: int, n: int, di
         for doc in rng.permutation(n).tolist():
             grown.put(doc, matrix[doc])
         for query in (rng.standard_normal(dims), np.zeros(dims), rng.standard_normal(dims) * 1e6):
-            exact = search_index._similarities(matrix, query)
+            exact = search_index.similarities(matrix, query)
             approx, bound = whole.similarities(query, n + 3)  # rows past the sketch's are zero
             assert np.all(np.abs(approx[:n] - exact) <= bound) and not approx[n:].any()
             again, bound_again = grown.similarities(query, n)
@@ -662,8 +662,8 @@ def test_term_contributions_kept_between_searches_follow_every_change(seed: int,
     """Ranking keeps each term's contributions between searches; admissions, forgets and merges
     in between must show in the next search exactly as in a direct computation."""
     rnd = random.Random(seed)
-    saved = search_index.MERGE_AT
-    search_index.MERGE_AT = rnd.choice([3, 1_000_000])
+    saved = search_index.tuning.MERGE_AT
+    search_index.tuning.MERGE_AT = rnd.choice([3, 1_000_000])
     try:
         index = SearchIndex()
         corpus = _corpus(rnd, n)
@@ -685,7 +685,7 @@ def test_term_contributions_kept_between_searches_follow_every_change(seed: int,
             assert page.total == total and [r[0] for r in page.rows] == [r[0] for r in rows]
             assert all(math.isclose(a[1], b[1], abs_tol=2e-9) for a, b in zip(page.rows, rows, strict=True))
     finally:
-        search_index.MERGE_AT = saved
+        search_index.tuning.MERGE_AT = saved
 
 
 def test_a_new_posting_shows_in_the_next_search_even_when_the_statistics_stay_the_same() -> None:
@@ -704,7 +704,7 @@ def test_a_new_posting_shows_in_the_next_search_even_when_the_statistics_stay_th
     assert [r[0] for r in _rank(index, [7], 100).rows] == ["rec_1", "rec_3"]
 
 
-def _direct_mask(cols: search_index._Columns, now: int, cursor: int) -> list[bool]:
+def _direct_mask(cols: search_index.Columns, now: int, cursor: int) -> list[bool]:
     n = cols.n
     return [bool(cols.live[d] and cols.current[d] and cols.accepted[d] <= cursor and cols.changed[d] <= cursor
                  and cols.valid_t[d] <= now and cols.valid_end[d] >= now and cols.expires[d] > now) for d in range(n)]

@@ -27,7 +27,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _module_of(tree: Path) -> Any:
-    spec = importlib.util.spec_from_file_location("_other_search_index", tree / "engram_core/store/search_index.py")
+    single = tree / "engram_core/store/search_index.py"  # before issue 62 made it a package
+    package = tree / "engram_core/store/search_index"
+    spec = (importlib.util.spec_from_file_location("_other_search_index", single) if single.exists() else
+            importlib.util.spec_from_file_location("_other_search_index", package / "__init__.py",
+                                                   submodule_search_locations=[str(package)]))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
@@ -61,8 +65,8 @@ def measure(data: Path, tree: Path, *, reps: int, rounds: int, queries: int) -> 
     records = _records_of(data)
     # Both rankings keep their term contributions in the one index (this one's keyed by IDF too):
     # room for both, so that neither evicts the other's and each is timed in its steady state.
-    budget = this.CONTRIBUTION_BYTES
-    this.CONTRIBUTION_BYTES = 4 * budget
+    budget = this.tuning.CONTRIBUTION_BYTES
+    this.tuning.CONTRIBUTION_BYTES = 4 * budget
     try:
         this.SearchIndex.rank = spy  # type: ignore[method-assign]
         for shape in SHAPES:
@@ -107,7 +111,7 @@ def measure(data: Path, tree: Path, *, reps: int, rounds: int, queries: int) -> 
                   f" (quartiles {out['shapes'][shape]['ratio_quartiles']})", file=sys.stderr, flush=True)
     finally:
         this.SearchIndex.rank = rank  # type: ignore[method-assign]
-        this.CONTRIBUTION_BYTES = budget
+        this.tuning.CONTRIBUTION_BYTES = budget
         core.close()
     return out
 

@@ -1,6 +1,6 @@
 """Offline sweep of the lexical channel's choices on both retrieval corpora, without the core.
 
-Re-implements the core's lexical scoring (engram_core/store/search_index.py: per-field BM25 with
+Re-implements the core's lexical scoring (engram_core/store/search_index/: per-field BM25 with
 field weights, IDF ``ln(1 + (N - df + 0.5)/(df + 0.5))``, normalized to the best hit, then
 ``lexical_weight * bm25 + (1 - lexical_weight) * recency``) over the same fields the core indexes,
 so that analyzers (stop words, stemming, question words), k1/b, field weights and the recency
