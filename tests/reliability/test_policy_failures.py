@@ -23,7 +23,7 @@ from engram_core.api import admin_pb2, host_pb2
 from engram_core.app.composition import default_policies_dir
 from engram_core.errors import Code
 from tests.support.core_engines import EngineStores
-from tests.support.core_support import Client
+from tests.support.core_support import Client, capture_args
 from tests.support.crash_harness import free_port
 from tests.support.opa_rest_server import OpaRestTestServer
 from tests.support.reliability_crash import domain_state
@@ -60,7 +60,7 @@ def wait_health(c: Client, want: str, timeout: float = 10) -> None:
 
 def every_operation_fails_closed(c: Client, cid: str, rid: str) -> None:
     ops: list[tuple[str, dict[str, Any], bool]] = [
-        ("capture", __import__("core_support").capture_args("Policy down capture of the wren."), False),
+        ("capture", capture_args("Policy down capture of the wren."), False),
         ("request_admission", {"candidate_id": cid, "idempotency_key": "pol-adm-key-xxxxxxxxxxxxxx"}, False),
         ("withdraw", {"candidate_id": cid, "idempotency_key": "pol-wd-key-xxxxxxxxxxxxxxx", "reason_ref": "r:x"}, True),
         ("forget", {"record_id": rid, "idempotency_key": "pol-fg-key-xxxxxxxxxxxxxxx", "reason_ref": "r:x"}, True),
