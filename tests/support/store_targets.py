@@ -20,12 +20,13 @@ from typing import Any
 
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.store.conformance.memory_target import MemoryTarget
+from engram_core.store.conformance.stores import OpenedStores
 from engram_core.store.kernel import StoreKernel
 
 __all__ = ["DuckDBTarget", "MemoryTarget", "PostgresTarget"]
 
 
-class DuckDBTarget:
+class DuckDBTarget(OpenedStores):
     """One DuckDB file: one store at a time (the fence refuses a second, in any process)."""
 
     name = "duckdb"
@@ -37,7 +38,7 @@ class DuckDBTarget:
         self.data_dir = root / "data"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._engine_class = engine_class
-        self._open: list[StoreKernel] = []
+        super().__init__()
 
     def open(self) -> StoreKernel:
         from engram_core.store.duckdb.engine import DuckDBEngine
@@ -45,19 +46,8 @@ class DuckDBTarget:
         vault = FileKeyVault(self.data_dir)
         engine = (self._engine_class or DuckDBEngine)(self.data_dir, keys=vault)
         store = StoreKernel(engine, vault, spool_dir=self.data_dir)
-        store.vault = vault  # type: ignore[attr-defined]  # the checks destroy and inspect keys
-        self._open.append(store)
-        return store
+        return self.keep(store, vault)
 
-    def reopen(self, store: StoreKernel) -> StoreKernel:
-        self.close(store)
-        return self.open()
-
-    def close(self, store: StoreKernel) -> None:
-        if store in self._open:
-            self._open.remove(store)
-        store.close()
-        store.vault.close()  # type: ignore[attr-defined]
 
     def run_process(self, body: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Run ``body`` (Python, with ``store`` opened on this target's database) in a process of its own."""
@@ -76,15 +66,8 @@ class DuckDBTarget:
         ])
         return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout)
 
-    def close_all(self) -> None:
-        for store in list(self._open):
-            try:
-                self.close(store)
-            except Exception:  # noqa: BLE001 - a check may have closed it already
-                pass
 
-
-class PostgresTarget:
+class PostgresTarget(OpenedStores):
     """One PostgreSQL database (a fresh one of the session's test cluster): any number of stores
     at once, each a core of its own (its own pool, key vault and writer chain), and processes of
     their own, over the same database and the same KEK ring (a key directory they all mount)."""
@@ -101,7 +84,7 @@ class PostgresTarget:
         self.key_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._engine_class = engine_class
         self._pool_size = pool_size
-        self._open: list[StoreKernel] = []
+        super().__init__()
 
     def open(self) -> StoreKernel:
         from engram_core.store.postgres.engine import PostgresEngine
@@ -110,19 +93,8 @@ class PostgresTarget:
         engine = (self._engine_class or PostgresEngine)(self.database.conninfo, pool_size=self._pool_size)
         vault = PgKeyVault(self.database.conninfo, self.key_dir, pool_size=2)
         store = StoreKernel(engine, vault, spool_dir=None)
-        store.vault = vault  # type: ignore[attr-defined]  # the checks destroy and inspect keys
-        self._open.append(store)
-        return store
+        return self.keep(store, vault)
 
-    def reopen(self, store: StoreKernel) -> StoreKernel:
-        self.close(store)
-        return self.open()
-
-    def close(self, store: StoreKernel) -> None:
-        if store in self._open:
-            self._open.remove(store)
-        store.close()
-        store.vault.close()  # type: ignore[attr-defined]
 
     def run_process(self, body: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Run ``body`` (Python, with ``store`` opened on this target's database) in a process of its
@@ -147,9 +119,3 @@ class PostgresTarget:
         return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,
                               env=env)
 
-    def close_all(self) -> None:
-        for store in list(self._open):
-            try:
-                self.close(store)
-            except Exception:  # noqa: BLE001 - a check may have closed it already
-                pass
