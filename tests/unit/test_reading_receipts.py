@@ -12,6 +12,7 @@ from engram_core.canonical import canonical, with_receipt_digest
 from engram_core.services import lexical
 from engram_core.services.ranking import Expansion
 from engram_core.services.reading import Redaction, expanded_terms, hashed_relatives
+from tools.bench.read_parts import plain_expansion  # the construction before, which the benchmark times too
 
 
 @pytest.mark.parametrize("allow", [set(), {"/record_id"}, {"/record_id", "/payload", "/state", "/cursor"},
@@ -27,19 +28,6 @@ def test_a_redaction_receipt_is_the_plain_receipts_digest(allow: set[str]) -> No
         assert red.receipt(record_id) == plain
 
 
-def _plain_expansion(expansion: Expansion, relatives, text: str, terms: list[int]) -> dict[int, float]:
-    """The expansion as one Python step per related term (the construction before issue 63)."""
-    own = set(terms)
-    out: dict[int, float] = {}
-    for word, term in lexical.query_words(text):
-        if term is None or not word.isalpha():
-            continue
-        for related, hashed in relatives(expansion, word):
-            if related != term and hashed not in own:
-                out[hashed] = expansion.weight
-    return out
-
-
 def test_the_expansion_gathers_the_same_terms_in_the_same_order() -> None:
     hasher = lexical.TermHasher(b"k" * 32)
     relatives = hashed_relatives(hasher)
@@ -52,5 +40,5 @@ def test_the_expansion_gathers_the_same_terms_in_the_same_order() -> None:
     for query in queries:
         terms = hasher.query_terms(query)
         got = expanded_terms(Expansion(), relatives, query, terms)
-        want = _plain_expansion(Expansion(), relatives, query, terms)
+        want = plain_expansion(Expansion(), relatives, query, terms)
         assert list(got.items()) == list(want.items()), query
