@@ -7,10 +7,10 @@ import pytest
 
 from engram_core.rpc.server import RunningCore
 from engram_core.services.lexical import analyze
-from engram_core.store.duckdb import record_sql as duckdb_records
-from engram_core.store.postgres import engine as postgres_records
+from engram_core.store.postgres.engine import PostgresEngine
 from engram_core.store.projection import Projection, open_projection
 from engram_core.store.search_index import FIELDS
+from engram_core.store.sql.codecs import RECORD_COLS, record_of
 from tests.support.core_engines import one, rows
 from tests.support.search_support import Client
 
@@ -21,18 +21,18 @@ def _rows(core: RunningCore, sql: str, params: list) -> list[tuple]:
 
 
 def _is_postgresql(core: RunningCore) -> bool:
-    return isinstance(core.core.store.engine, postgres_records.PostgresEngine)
+    return isinstance(core.core.store.engine, PostgresEngine)
 
 
 def _opened(core: RunningCore, tenant: str = "acme", workspace: str = "alpha") -> dict[str, Projection]:
-    """Every sealed projection of the scope, opened with its record's data key."""
-    records = postgres_records if _is_postgresql(core) else duckdb_records
+    """Every sealed projection of the scope, opened with its record's data key (both engines read
+    records through the one codec)."""
     with core.core.store.read() as tx:
-        found = rows(tx, f"SELECT p.sealed, {records.RECORD_COLS} FROM records JOIN (SELECT record_id, sealed FROM "
+        found = rows(tx, f"SELECT p.sealed, {RECORD_COLS} FROM records JOIN (SELECT record_id, sealed FROM "
                          "projections WHERE tenant = ? AND workspace = ?) p USING (record_id)", [tenant, workspace])
     store = core.core.store
     return {rec.record_id: open_projection(store.data_key(rec), rec.record_id, bytes(sealed))
-            for sealed, rec in ((row[0], records.record_of(row[1:])) for row in found)}
+            for sealed, rec in ((row[0], record_of(row[1:])) for row in found)}
 
 
 def _docs(core: RunningCore) -> int:

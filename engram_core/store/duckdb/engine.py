@@ -34,7 +34,6 @@ from engram_core.store.audit_spool import SPOOL_NAME
 from engram_core.store.chain import GENESIS, chain_of
 from engram_core.store.duckdb.group_commit import MAX_MEMBERS, Batch
 from engram_core.store.duckdb.migrations import LEDGER_DDL, MIGRATIONS
-from engram_core.store.duckdb.record_sql import RECORD_COLS, RECORD_COLS_BEFORE_12, record_of
 from engram_core.store.duckdb.tx import SCHEMA_VERSION, DuckDBEngineTx
 from engram_core.store.engine import (
     CommitHooks,
@@ -53,7 +52,7 @@ from engram_core.store.port import (
 from engram_core.store.projection import DataKeys, Projection, seal_projection
 from engram_core.store.search_index import FIELD_CODE
 from engram_core.store.shared_state import SOLE_WRITER_STATE
-from engram_core.store.sql.codecs import SCOPE_COLS, audit_values, scope_of
+from engram_core.store.sql.codecs import RECORD_COLS, SCOPE_COLS, audit_values, record_of, scope_of
 from engram_core.store.sql.hooks import HeldHooks
 from engram_core.store.sql.ledger import pending_migrations
 
@@ -64,6 +63,9 @@ OPEN_CHUNK = 4096  # rows / projections fetched per round trip when the index is
 # record, 3 GB at a million). Afterwards the table blocks the build cached are evicted.
 BUILD_CACHE_BYTES = 256 << 20
 CACHE_AFTER_BUILD = 32 << 20  # of table blocks the build read, at most this much stays cached
+# The records' columns from migration 3 to 11: what a migration step before 12 may read
+# (``record_of`` fills the later ones with None).
+RECORD_COLS_BEFORE_12 = RECORD_COLS.removesuffix(", session, captured_at_ms")
 log = logging.getLogger(__name__)
 def _connect(path: Path) -> duckdb.DuckDBPyConnection:
     # One DuckDB worker thread: the store runs point reads and one-to-64-row writes, for which

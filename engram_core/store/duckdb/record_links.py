@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from engram_core.store.duckdb.record_sql import RECORD_COLS, RECORD_WIDTH, record_of
 from engram_core.store.port import RecordRow
+from engram_core.store.sql.codecs import RECORD_COLS, RECORD_WIDTH, record_of
 
 
 class _Linked(Protocol):
