@@ -46,22 +46,6 @@ class KernelTx(ProjectionMaintenance, EngineTxDelegation):
         self._latest = latest
         self._inserted: dict[str, RecordRow] = {}  # records this transaction inserted (index_record needs them)
 
-    # Raw SQL for tests that read tables straight through a store transaction (tests/support/core_engines.py
-    # ``rows``, tests/search/test_projections.py): the engine transaction's own statement runners
-    # (None where it has no such one). Not part of ``Tx``, and no other engine member is reachable;
-    # to go once those tests read through ``store.engine.read()``.
-    @property
-    def _all(self) -> Any:
-        return getattr(self._etx, "_all", None)
-
-    @property
-    def _one(self) -> Any:
-        return getattr(self._etx, "_one", None)
-
-    @property
-    def _query(self) -> Any:
-        return getattr(self._etx, "_query", None)
-
     @property
     def destroyed_slots(self) -> list[int]:
         return self._effects.destroyed_slots

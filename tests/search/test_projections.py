@@ -90,7 +90,7 @@ def test_pending_candidates_have_no_projection(core: RunningCore) -> None:
     ana = Client(core)
     ana.capture_only("Merganser unadmitted text.")
     with core.core.store.read() as tx:
-        n = tx._one("SELECT count(*) FROM projections p LEFT JOIN records r USING (record_id) WHERE r.record_id IS NULL")
+        n = one(tx, "SELECT count(*) FROM projections p LEFT JOIN records r USING (record_id) WHERE r.record_id IS NULL")
     assert n[0] == 0
 
 

@@ -914,8 +914,8 @@ def test_a_cores_sessions_keep_generic_plans_for_the_statements_they_prepare(tar
     """What the plans above are checked under is what the core runs with: planning the catch-up's
     statement per call cost 0.3 ms of a 0.6 ms read with nothing new (2026-12-05)."""
     store = target.open()
-    conn = store.engine._getconn()
+    conn = store.engine.getconn()
     try:
         assert conn.execute("SHOW plan_cache_mode").fetchone() == ("force_generic_plan",)
     finally:
-        store.engine._putconn(conn)
+        store.engine.putconn(conn)

@@ -228,10 +228,11 @@ class SqlSession:
 
 
 def _run(tx: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-    duck = getattr(tx, "_all", None)
+    etx = getattr(tx, "_etx", tx)  # a store transaction runs on its engine's (the kernel adds no SQL)
+    duck = getattr(etx, "_all", None)
     if duck is not None:
         return list(duck(sql, list(params)))
-    return list(tx._query(sql.replace("?", "%s"), list(params)))  # psycopg's placeholders
+    return list(etx._query(sql.replace("?", "%s"), list(params)))  # psycopg's placeholders
 
 
 def rows(tx: Any, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:

@@ -17,6 +17,7 @@ from engram_core.crypto.sealing import seal
 from engram_core.store.duckdb import open_duckdb_store
 from engram_core.store.duckdb.migrations import LEDGER_DDL, MIGRATIONS
 from engram_core.store.projection import Projection, decode, encode, open_projection, seal_projection
+from tests.support.core_engines import rows
 
 
 def test_codec_round_trips_postings_and_vector() -> None:
@@ -79,9 +80,9 @@ def test_migration_seals_a_legacy_store_and_leaves_no_plain_rows_in_the_file(tmp
         assert [row["version"] for row in store.migration_ledger()][-1] == MIGRATIONS[-1].version
         with store.read() as tx:
             assert tx.postings_count(rid) == 3 and tx.vector_count(rid) == 1
-            tables = {r[0] for r in tx._all("SELECT table_name FROM information_schema.tables")}
+            tables = {r[0] for r in rows(tx, "SELECT table_name FROM information_schema.tables")}
             assert not tables & {"postings", "vectors", "field_stats"}
-            assert not tx._all("SELECT 1 FROM store_meta WHERE k = 'compact_pending'")
+            assert not rows(tx, "SELECT 1 FROM store_meta WHERE k = 'compact_pending'")
         with store.search_index() as index:
             assert index.indexed_postings("acme", "alpha", rid) == 3
     finally:
@@ -106,7 +107,7 @@ def test_a_crash_before_the_rewrite_finishes_it_at_the_next_open(tmp_path: Path)
     store = open_duckdb_store(tmp_path, keys=vault)
     try:
         with store.read() as tx:
-            assert not tx._all("SELECT 1 FROM store_meta WHERE k = 'compact_pending'")
+            assert not rows(tx, "SELECT 1 FROM store_meta WHERE k = 'compact_pending'")
             assert tx.postings_count(rid) == 3
     finally:
         store.close()

@@ -265,7 +265,6 @@ class PostgresEngine(HeldHooks):
     def putconn(self, conn: psycopg.Connection) -> None:
         self._pool.put(conn)
 
-    _getconn, _putconn = getconn, putconn  # (tests borrow a connection of the pool by these names)
 
     def discard(self, conn: psycopg.Connection) -> None:
         self._pool.discard(conn)
