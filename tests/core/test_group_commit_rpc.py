@@ -27,14 +27,14 @@ def test_concurrent_pairs_share_commits_and_every_acknowledged_one_is_durable(st
     activate(running)
     store = running.core.store
     batches: list[int] = []
-    observe = store.engine.on_commit
+    observe = store.engine.observers.on_commit
 
     def record(seconds: float, transactions: int = 1) -> None:
         batches.append(transactions)
         if observe is not None:
             observe(seconds, transactions)
 
-    store.engine.on_commit = record
+    store.engine.observers.on_commit = record
     acknowledged: dict[str, str] = {}  # record id -> candidate id
     replays: list[tuple[str, str]] = []
     errors: list[BaseException] = []

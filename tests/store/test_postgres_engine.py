@@ -661,7 +661,7 @@ def _members(store: Any, bodies: list[Callable[[Any], None]]) -> tuple[list[Base
     others are queued behind it, so that they make one batch. Each one's error (or None), and
     the transactions each COMMIT carried."""
     commits: list[int] = []
-    store.engine.on_commit = lambda seconds, transactions: commits.append(transactions)
+    store.engine.observers.on_commit = lambda seconds, transactions: commits.append(transactions)
     go = threading.Event()
     errors: list[BaseException | None] = [None] * len(bodies)
 

@@ -31,7 +31,7 @@ T, W = "acme", "alpha"
 def store(tmp_path: Path):
     s = open_duckdb_store(tmp_path, keys=FileKeyVault(tmp_path))
     commits: list[int] = []
-    s.engine.on_commit = lambda _seconds, transactions: commits.append(transactions)
+    s.engine.observers.on_commit = lambda _seconds, transactions: commits.append(transactions)
     s.commits = commits  # type: ignore[attr-defined]
     yield s
     if s.is_open():
