@@ -8,6 +8,7 @@ queued on the writer lock, so they join one batch in order."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -15,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from engram_core.contract.errors import Code, EngramError
 from engram_core.crypto.keyvault import FileKeyVault
-from engram_core.errors import Code, EngramError
 from engram_core.services.maintenance import check_audit
 from engram_core.store.chain import scope_chain
 from engram_core.store.duckdb import open_duckdb_store
@@ -335,8 +336,9 @@ def test_a_failing_member_commits_the_batch_even_with_writers_queued(store: Duck
     queued or not: left open while writers queued, the batch made such retries fail against it
     again and again (a livelock seen under load: five admissions into one family, 250
     POLICY_STALE, one admitted)."""
-    release, first_done, failed = threading.Event(), threading.Event(), threading.Event()
+    release, first_done = threading.Event(), threading.Event()
     seen_first_done: list[bool] = []
+    threads: list[threading.Thread] = []
 
     def first() -> None:
         with store.write(batched=True) as tx:  # holds the writer lock until released
@@ -344,30 +346,32 @@ def test_a_failing_member_commits_the_batch_even_with_writers_queued(store: Duck
             assert release.wait(20)
         first_done.set()
 
-    def failing() -> None:
-        try:
-            with store.write(batched=True):
-                raise EngramError(Code.POLICY_STALE, "decided on what the batch changed")
-        except EngramError:
-            failed.set()
-
     def queued_after() -> None:
         with store.write(batched=True) as tx:
-            assert failed.wait(10)
-            # Still holding the writer lock: the first member must get its answer meanwhile (if
-            # the batch stayed open behind this writer it never would: the wait is for a loaded
-            # machine's scheduler, 2 s was too short for one).
+            # Holding the writer lock: the first member must have its answer meanwhile (if the
+            # batch stayed open behind this writer it never would; the wait is for a loaded
+            # machine's scheduler).
             seen_first_done.append(first_done.wait(15))
             _event(tx, "after")
 
-    threads = [threading.Thread(target=first)]
+    def failing() -> None:
+        # The only writer waiting when the first member lets go, so it is the next to hold the
+        # lock (the writer lock is not FIFO: two waiters could be served in either order); it
+        # queues the next writer itself and fails only once that writer waits.
+        with contextlib.suppress(EngramError), store.write(batched=True):
+            threads.append(threading.Thread(target=queued_after))
+            threads[-1].start()
+            _wait_for(lambda: store.engine._waiting >= 1)
+            raise EngramError(Code.POLICY_STALE, "decided on what the batch changed")
+
+    threads.append(threading.Thread(target=first))
     threads[0].start()
     _wait_for(lambda: store.engine._waiting == 0 and store.engine._batch is not None)  # the first member is in
-    for queued, fn in enumerate((failing, queued_after), start=1):
-        threads.append(threading.Thread(target=fn))
-        threads[-1].start()
-        _wait_for(lambda n=queued: store.engine._waiting >= n)
+    failer = threading.Thread(target=failing)
+    failer.start()
+    _wait_for(lambda: store.engine._waiting >= 1)
     release.set()
+    failer.join(20)
     for t in threads:
         t.join(20)
     assert seen_first_done == [True]
