@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: 
 from agent import DAY_MS, PURPOSE, Agent, now_ms  # noqa: E402
 
 from engram_core.app.composition import RunningCore, start_core  # noqa: E402
-from engram_core.canonical import canonical_json  # noqa: E402
+from engram_core.contract.canonical import canonical_json  # noqa: E402
 from engram_core.crypto.sealing import seal  # noqa: E402
 from engram_core.services.core import record_id_of  # noqa: E402
 from engram_core.services.lexical import record_fields  # noqa: E402

@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from adapters.mcp.config import Binding, HostConfig
 from adapters.mcp.envelope import new_audit_id
 from engram_core.api import context_pb2
-from engram_core.hostctx import HOST_CALL, TOOLS_LIST_CALL, make_context
+from engram_core.trust.hostctx import HOST_CALL, TOOLS_LIST_CALL, make_context
 
 if TYPE_CHECKING:
     from mcp.server.auth.provider import AccessToken

@@ -39,8 +39,8 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from adapters.mcp.oauth.settings import OAuthConfigError, OAuthSettings, parse_oauth
-from engram_core.hostkeys import load_private_key_file
 from engram_core.rpc.tls import ClientTls
+from engram_core.trust.hostkeys import load_private_key_file
 
 DEFAULT_DEADLINE_MS = 10_000
 DEFAULT_CONFIRMATION_TIMEOUT_MS = 120_000

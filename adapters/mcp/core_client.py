@@ -15,13 +15,20 @@ import grpc
 from google.protobuf.message import Message
 
 from engram_core.api import host_pb2, host_pb2_grpc, memory_pb2, memory_pb2_grpc
-from engram_core.errors import Code, EngramError
-from engram_core.hostctx import CONFIRMATION_METADATA_KEY, CONTEXT_METADATA_KEY
+from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.tools import (
+    ADMISSION_TOOL,
+    CAPTURE_TOOL,
+    FORGET_TOOL,
+    GET_TOOL,
+    SEARCH_TOOL,
+    WITHDRAW_TOOL,
+)
 from engram_core.observability import tracing
 from engram_core.rpc.convert import message_of, message_to_value
 from engram_core.rpc.status import error_from_rpc_error
 from engram_core.rpc.tls import ClientTls, aio_channel
-from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GET_TOOL, SEARCH_TOOL, WITHDRAW_TOOL
+from engram_core.trust.hostctx import CONFIRMATION_METADATA_KEY, CONTEXT_METADATA_KEY
 
 # tool -> (MemoryService method, request message)
 _TOOL_RPC: dict[str, tuple[str, type[Message]]] = {

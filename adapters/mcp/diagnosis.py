@@ -22,12 +22,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from adapters.mcp.binding import CallContext, ContextSource
 from adapters.mcp.config import Binding, ConfigError, HostConfig, load_host_config
 from engram_core.api import host_pb2, host_pb2_grpc
-from engram_core.errors import Code
-from engram_core.hostctx import CONTEXT_METADATA_KEY
-from engram_core.hostkeys import key_id
+from engram_core.contract.errors import Code
 from engram_core.install_hints import SEMANTIC_INSTALL
 from engram_core.rpc.status import code_from_rpc_error
 from engram_core.rpc.tls import channel as core_channel
+from engram_core.trust.hostctx import CONTEXT_METADATA_KEY
+from engram_core.trust.hostkeys import key_id
 
 PROBE_TIMEOUT_S = 3.0
 

@@ -16,7 +16,7 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from pydantic_core import to_json
 
-from engram_core.errors import Code, EngramError, error_body
+from engram_core.contract.errors import Code, EngramError, error_body
 
 REDACTION_CLASS = "high"
 OUTPUT_SCHEMA_VERSION = 1
@@ -59,7 +59,7 @@ def success(value: dict[str, Any], *, audit_id: str) -> types.CallToolResult:
 
 def failure(code: Code, *, audit_id: str, reason_class: str | None = None) -> types.CallToolResult:
     """The failure envelope: the code's constant message, or the catalogue's message for the
-    reason class (``engram_core.errors.REFUSALS``); never anything taken from input."""
+    reason class (``engram_core.contract.errors.REFUSALS``); never anything taken from input."""
     if code is Code.TRUSTED_CONTEXT_UNAVAILABLE:
         # SPEC §2: a protocol refusal, never an envelope.
         raise trusted_context_unavailable()

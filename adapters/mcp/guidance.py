@@ -19,8 +19,13 @@ from adapters.mcp.envelope import (
     TRUSTED_CONTEXT_UNAVAILABLE,
     UNKNOWN_TOOL,
 )
-from engram_core.schema_examples import CAPTURE_EXAMPLES, EXAMPLE_ID_NOTES, EXAMPLE_PURPOSE, TOOL_EXAMPLES
-from engram_core.tools import CAPTURE_TOOL, TOOL_NAMES
+from engram_core.contract.schema_examples import (
+    CAPTURE_EXAMPLES,
+    EXAMPLE_ID_NOTES,
+    EXAMPLE_PURPOSE,
+    TOOL_EXAMPLES,
+)
+from engram_core.contract.tools import CAPTURE_TOOL, TOOL_NAMES
 
 GUIDE_PROMPT_NAME = "engram_memory_guide"
 GUIDE_RESOURCE_URI = "engram://guide"

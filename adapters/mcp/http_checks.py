@@ -76,7 +76,7 @@ def _oauth_findings(settings: OAuthSettings, emit: Emit) -> None:
 def _binding_findings(settings: OAuthSettings, emit: Emit) -> None:
     from adapters.mcp.oauth.caller_binding import BindingUnavailable, CallerBindings
     from adapters.mcp.oauth.resource_server import policy_engine
-    from engram_core.errors import EngramError
+    from engram_core.contract.errors import EngramError
     from engram_core.policy.port import BINDING
 
     try:

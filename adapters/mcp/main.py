@@ -110,7 +110,7 @@ def mcp_main(args: argparse.Namespace, *, embedded_core: EmbeddedCoreFactory | N
     if listen is not None and config.http.oauth is not None:
         from adapters.mcp.oauth.caller_binding import CallerBindings
         from adapters.mcp.oauth.resource_server import policy_engine
-        from engram_core.errors import EngramError
+        from engram_core.contract.errors import EngramError
 
         try:
             callers = CallerBindings(policy_engine(config.http.oauth), cache_s=config.http.oauth.binding_cache_s)
@@ -121,7 +121,7 @@ def mcp_main(args: argparse.Namespace, *, embedded_core: EmbeddedCoreFactory | N
     signing_key = config.signing_key
     address = config.core_address
     if config.embedded_data_dir is not None:
-        from engram_core.hostkeys import load_private_key_file
+        from engram_core.trust.hostkeys import load_private_key_file
 
         if embedded_core is None:
             return _fail("[core] embedded = true needs a core to start; run it with `engram mcp`")

@@ -14,10 +14,10 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
 from adapters.mcp import envelope
+from engram_core.contract.tools import TOOL_NAMES
 from engram_core.observability import tracing
 from engram_core.observability.logs import log_with_fields
 from engram_core.observability.metrics import AdapterMetrics
-from engram_core.tools import TOOL_NAMES
 
 log = logging.getLogger("engram.mcp.call")
 

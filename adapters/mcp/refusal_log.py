@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from adapters.mcp.binding import CallContext
-from engram_core.errors import EngramError
+from engram_core.contract.errors import EngramError
 from engram_core.observability.logs import log_with_fields
 
 refusal_log = logging.getLogger("engram.mcp.refusal")

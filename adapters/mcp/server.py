@@ -45,12 +45,11 @@ from adapters.mcp.core_client import CoreClient
 from adapters.mcp.guidance import GUIDE_PROMPT_NAME, GUIDE_RESOURCE_URI, TOOL_DESCRIPTIONS, TOOL_TITLES, guide
 from adapters.mcp.refusal_log import log_call_refusal, log_list_refusal
 from adapters.mcp.url_confirmation import UrlConfirmations
-from engram_core.errors import Code, EngramError
-from engram_core.hostctx import HOST_CALL, TOOLS_LIST_CALL, make_grant
-from engram_core.operation import operation_digest, target_of
-from engram_core.schema_examples import EXAMPLE_PURPOSE
-from engram_core.schemas import INPUT_SCHEMAS, output_schema
-from engram_core.tools import (
+from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.operation import operation_digest, target_of
+from engram_core.contract.schema_examples import EXAMPLE_PURPOSE
+from engram_core.contract.schemas import INPUT_SCHEMAS, output_schema
+from engram_core.contract.tools import (
     ADMISSION_TOOL,
     CAPTURE_TOOL,
     CONFIRMED_ON_POLICY,
@@ -62,7 +61,8 @@ from engram_core.tools import (
     TOOL_NAMES,
     WITHDRAW_TOOL,
 )
-from engram_core.validation import validate_arguments
+from engram_core.contract.validation import validate_arguments
+from engram_core.trust.hostctx import HOST_CALL, TOOLS_LIST_CALL, make_grant
 
 logger = logging.getLogger("engram.mcp")
 # The host-bound field a protocol refusal's reason is about, said in the error's data (issue 60 item 1).

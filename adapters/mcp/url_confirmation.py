@@ -42,8 +42,8 @@ from adapters.mcp.confirmation import (
     confirmation_message,
 )
 from adapters.mcp.core_client import CoreClient
-from engram_core.errors import Code, EngramError
-from engram_core.tools import GATED_TOOLS
+from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.tools import GATED_TOOLS
 
 _T = TypeVar("_T")
 # Runs one gRPC call under a freshly signed host-call context of the MCP call's binding (following a

@@ -16,25 +16,18 @@ from typing import Any, NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from engram_core import secrets_scan
 from engram_core.app.engines import VAULTS, StoreConfig, open_key_source, open_store
 from engram_core.clock import Clock
+from engram_core.contract.errors import Code, EngramError
 from engram_core.crypto.keyvault import FileKeyVault, KeyVault
 from engram_core.embedding.port import Embedder
-from engram_core.errors import Code, EngramError
-from engram_core.hostkeys import (
-    TrustedHostKeys,
-    key_id,
-    load_or_create_private_key,
-    load_public_pem,
-    public_pem,
-)
 from engram_core.observability.metrics import CoreMetrics
 from engram_core.policy import OPA_BINDINGS_HINT
 from engram_core.policy import default_bundle_dir as default_policies_dir
 from engram_core.policy.port import PolicyEngine
 from engram_core.rpc.server import RunningCore, Services, serve
 from engram_core.rpc.tls import ServerTls
+from engram_core.secret_scan import scan as secrets_scan
 from engram_core.services.admin import AdminServiceCore
 from engram_core.services.backup import BackupService
 from engram_core.services.core import Core
@@ -42,10 +35,17 @@ from engram_core.services.host import HostServiceCore
 from engram_core.services.keyring import KeySchedule
 from engram_core.services.maintenance import MaintenanceService, reanalyze_lexical, reembed_vectors
 from engram_core.services.memory import MemoryService
-from engram_core.shared_secrets import check_shared_secrets
-from engram_core.signing import CoreSigners
 from engram_core.store.file_modes import make_private
 from engram_core.store.port import Store
+from engram_core.trust.hostkeys import (
+    TrustedHostKeys,
+    key_id,
+    load_or_create_private_key,
+    load_public_pem,
+    public_pem,
+)
+from engram_core.trust.shared_secrets import check_shared_secrets
+from engram_core.trust.signing import CoreSigners
 
 log = logging.getLogger("engram.core")
 

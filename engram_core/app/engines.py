@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from engram_core.contract.errors import Code, EngramError
 from engram_core.crypto.keyvault import KeyVault, open_key_directory
-from engram_core.errors import Code, EngramError
 from engram_core.store.port import Store
 
 DEFAULT_ENGINE = "duckdb"

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engram_core.errors import EngramError
+from engram_core.contract.errors import EngramError
 from engram_core.observability import calls, tracing
 from engram_core.observability.calls import DecisionFact
 from engram_core.observability.logs import log_event

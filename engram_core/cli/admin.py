@@ -508,8 +508,8 @@ def _record_digest_of(args: argparse.Namespace) -> str:
 def _attest(args: argparse.Namespace) -> int:
     """Host verifier attestation (HostService.Attest): signed with --verifier-key, or earned."""
     from engram_core.api import host_pb2, host_pb2_grpc
-    from engram_core.hostkeys import load_private_key_file, public_pem
     from engram_core.services.attestation import sign_attestation
+    from engram_core.trust.hostkeys import load_private_key_file, public_pem
 
     pem, signature = "", b""
     if args.trust_class == "signed":

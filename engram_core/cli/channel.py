@@ -18,8 +18,8 @@ def admin_metadata(host_key_path: str, *, tenant: str = "_host", workspace: str 
                    scopes: tuple[str, ...] = ("read", "maintain"), epoch: int = 0,
                    call: str = "admin") -> list[tuple[str, bytes]]:
     """A host context for one call: ``call`` "admin" for AdminService, "host" for HostService."""
-    from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
-    from engram_core.hostkeys import load_private_key_file
+    from engram_core.trust.hostctx import CONTEXT_METADATA_KEY, make_context
+    from engram_core.trust.hostkeys import load_private_key_file
 
     key = load_private_key_file(host_key_path)
     ctx = make_context(key, call=call, tenant=tenant or "_host", workspace=workspace or "_admin",

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 from engram_core.cli.init import read_first_serve_scope
-from engram_core.hostctx import ADMIN_CALL, make_context, verify_context
-from engram_core.hostkeys import load_private_key_file
 from engram_core.services.admin import AdminServiceCore
 from engram_core.services.core import Core
+from engram_core.trust.hostctx import ADMIN_CALL, make_context, verify_context
+from engram_core.trust.hostkeys import load_private_key_file
 
 FIRST_SERVE_PRINCIPAL = "host:engram-init"
 

@@ -221,7 +221,7 @@ def http_instructions(engram: str, host_config: Path, token_file: Path | None, t
 
 
 def run_init(args: argparse.Namespace) -> int:
-    from engram_core.hostkeys import load_or_create_private_key
+    from engram_core.trust.hostkeys import load_or_create_private_key
 
     data_dir = Path(args.dir).expanduser().resolve()
     host_config = Path(args.host_config).expanduser().resolve() if args.host_config else \

@@ -35,7 +35,7 @@ def _fail(message: str, code: int) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from engram_core.app.engines import migrate_schema
-    from engram_core.errors import EngramError
+    from engram_core.contract.errors import EngramError
 
     try:
         value = migrate_schema(args.store)

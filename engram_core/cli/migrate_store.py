@@ -48,7 +48,7 @@ def _fail(message: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from engram_core.app.engines import StoreConfig
-    from engram_core.errors import EngramError
+    from engram_core.contract.errors import EngramError
 
     source, key_dir = Path(args.source), Path(args.key_dir)
     if not (source / "engram.duckdb").is_file() or not (source / "store.kek").is_file():

@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from engram_core.errors import EngramError
+from engram_core.contract.errors import EngramError
 from engram_core.policy.serving import PolicySettings, build_serving_policy
 from engram_core.rpc.tls import ServerTls, plaintext_refusal
 from engram_core.store.file_modes import private_umask

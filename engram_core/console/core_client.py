@@ -18,13 +18,13 @@ from typing import Any
 import grpc
 
 from engram_core.api import admin_pb2, admin_pb2_grpc, host_pb2, host_pb2_grpc, memory_pb2, memory_pb2_grpc
-from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, HOST_CALL, make_context
-from engram_core.hostkeys import load_private_key_file
+from engram_core.contract.tools import GET_TOOL, SEARCH_TOOL
 from engram_core.rpc.convert import message_to_value, value_to_message
 from engram_core.rpc.status import error_from_rpc_error
 from engram_core.rpc.tls import ClientTls
 from engram_core.rpc.tls import channel as tls_channel
-from engram_core.tools import GET_TOOL, SEARCH_TOOL
+from engram_core.trust.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, HOST_CALL, make_context
+from engram_core.trust.hostkeys import load_private_key_file
 
 READ = ("read",)
 MAINTAIN = ("read", "maintain")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engram_core.errors import EngramError
+from engram_core.contract.errors import EngramError
 from engram_core.policy.embedded import EmbeddedPolicyEngine
 
 CONSOLE = "engram/console/decision"

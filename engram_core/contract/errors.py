@@ -204,7 +204,7 @@ REFUSALS: dict[Code, dict[str, str]] = {
 }
 
 # Reason codes a host may record for a refusal it decided itself (HostService.RecordRefusal; issue
-# 26.7), by code: the validation reasons (engram_core.validation names each by its INVALID_SCHEMA
+# 26.7), by code: the validation reasons (engram_core.contract.validation names each by its INVALID_SCHEMA
 # class) and the MCP adapter's own confirmation and purpose reasons. Anything else is refused, so
 # the audit table holds catalogue values only, never a string the caller chose. A host refusal
 # with new reasons adds them here.

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engram_core.canonical import digest
-from engram_core.tools import TARGET_FIELD
+from engram_core.contract.canonical import digest
+from engram_core.contract.tools import TARGET_FIELD
 
 
 def target_of(tool: str, arguments: Mapping[str, Any]) -> str:

@@ -22,7 +22,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GET_TOOL, SEARCH_TOOL, WITHDRAW_TOOL
+from engram_core.contract.tools import (
+    ADMISSION_TOOL,
+    CAPTURE_TOOL,
+    FORGET_TOOL,
+    GET_TOOL,
+    SEARCH_TOOL,
+    WITHDRAW_TOOL,
+)
 
 EXAMPLE_PURPOSE = "purpose:engineering-notes"
 # Valid shapes (cand_ + base32; mem_ + 52 base32 characters) spelling out what they stand for.

@@ -1,6 +1,6 @@
 """The one source of the six tools' closed JSON Schemas (SPEC §4–5).
 
-The core validates every request against these (``engram_core.validation``)
+The core validates every request against these (``engram_core.contract.validation``)
 and the MCP adapter publishes them as ``inputSchema``/``outputSchema``.
 
 JSON Schema counts code points, the contract counts UTF-8 bytes: the published
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engram_core.tools import (
+from engram_core.contract.tools import (
     ADMISSION_TOOL,
     CAPTURE_TOOL,
     FORGET_TOOL,
@@ -36,7 +36,7 @@ CURSOR_PATTERN = r"^(0|[1-9][0-9]{0,19})$"
 # Matches a string holding at least one non-ASCII character (unanchored search, linear).
 _NON_ASCII = "[^\\x00-\\x7f]"
 
-__all__ = ["TOOL_NAMES"]  # the tool list, with the schemas it names (engram_core.tools)
+__all__ = ["TOOL_NAMES"]  # the tool list, with the schemas it names (engram_core.contract.tools)
 
 
 def _d(schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -64,7 +64,7 @@ def _cursor(description: str) -> dict[str, Any]:
 # ``$ref``, and the worked examples and long explanations live in the agent guide
 # (``engram://guide``, adapters/mcp/guidance.py). Every bound, enum, pattern, required list and
 # ``additionalProperties: false`` stays: ``enforced`` inlines the references, and that is the
-# schema the core validates against (engram_core.validation), the same as before they were shared.
+# schema the core validates against (engram_core.contract.validation), the same as before they were shared.
 
 # Shared definitions: name -> schema. A property that is one of them is {"$ref", "description"}.
 DEFS: dict[str, dict[str, Any]] = {
@@ -178,7 +178,7 @@ def _tool(properties: dict[str, Any], required: list[str], description: str) -> 
 def enforced(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` with every ``$ref`` replaced by the definition it names (the property's own
     description kept) and no ``$defs``: what each published input schema says, in the shape the
-    core's validators and walkers expect (engram_core.validation)."""
+    core's validators and walkers expect (engram_core.contract.validation)."""
     defs = schema.get("$defs", {})
 
     def inline(node: Any) -> Any:
@@ -348,9 +348,9 @@ INPUT_SCHEMAS: dict[str, dict[str, Any]] = {
 
 
 def _with_examples() -> None:
-    """Publish the examples a first call copies (engram_core.schema_examples.SCHEMA_EXAMPLES):
+    """Publish the examples a first call copies (engram_core.contract.schema_examples.SCHEMA_EXAMPLES):
     capture's one complete, compact example and search's; the rest are in the guide."""
-    from engram_core.schema_examples import SCHEMA_EXAMPLES
+    from engram_core.contract.schema_examples import SCHEMA_EXAMPLES
 
     for tool, examples in SCHEMA_EXAMPLES.items():
         INPUT_SCHEMAS[tool]["examples"] = examples

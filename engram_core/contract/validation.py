@@ -5,7 +5,7 @@ once), then what JSON Schema cannot say: exact UTF-8 byte bounds, NFC, real
 instants, t_end ≥ t, sorted family refs, and the capture cross-references.
 Failures raise ``EngramError(INVALID_SCHEMA)`` or ``INVALID_DIGEST`` (a digest
 field with the wrong format) with a reason class (the constant message the caller
-sees, ``engram_core.errors.REFUSALS``) and a JSON pointer for logs and the audit
+sees, ``engram_core.contract.errors.REFUSALS``) and a JSON pointer for logs and the audit
 row. The pointer names only properties the schemas define and array indices, never
 a name the caller made up: the parent object of an unknown field, not the field.
 The first failure found is reported; the order above decides which.
@@ -23,11 +23,11 @@ from typing import Any
 import fastjsonschema
 import jsonschema
 
-from engram_core.canonical import SAFE_INTEGER, Canonical, canonical_object
-from engram_core.errors import Code, EngramError
+from engram_core.contract.canonical import SAFE_INTEGER, Canonical, canonical_object
+from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.schemas import ENFORCED_SCHEMAS, MAX_ARGUMENT_BYTES
+from engram_core.contract.tools import CAPTURE_TOOL
 from engram_core.observability.tracing import traced
-from engram_core.schemas import ENFORCED_SCHEMAS, MAX_ARGUMENT_BYTES
-from engram_core.tools import CAPTURE_TOOL
 
 # The published input schemas with their shared definitions ($defs) inlined: the walkers below
 # read properties and items directly, and the bounds are exactly the published ones.
@@ -78,7 +78,7 @@ _BYTE_BOUNDS: dict[str, tuple[int, int]] = {
 }
 _MAX_DEPTH = 16
 # The refusal class of a length failure, per field, so the message names the bound broken
-# (engram_core.errors.REFUSALS). Ids have one exact shape: a wrong length is a wrong format.
+# (engram_core.contract.errors.REFUSALS). Ids have one exact shape: a wrong length is a wrong format.
 _LENGTH_CLASSES: dict[str, str] = {
     "query": "query_length",
     "text": "text_length",

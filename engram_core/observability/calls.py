@@ -34,7 +34,7 @@ class CallObservation:
     host_principal: bool = False
     code: str = ""  # "" while the call has not failed
     reasons: set[str] = field(default_factory=set)
-    reason_class: str = ""  # the refusal's class (engram_core.errors.REFUSALS), if any
+    reason_class: str = ""  # the refusal's class (engram_core.contract.errors.REFUSALS), if any
     pointer: str = ""  # JSON pointer of a schema failure (schema names and indices only)
     decisions: list[DecisionFact] = field(default_factory=list)
 

@@ -40,8 +40,8 @@ from typing import Any
 import re2
 from opa_bindings.engine import OpaEngine, OpaError
 
-from engram_core.canonical import digest
-from engram_core.errors import Code, EngramError
+from engram_core.contract.canonical import digest
+from engram_core.contract.errors import Code, EngramError
 from engram_core.policy.bundle import MANIFEST, Bundle, BundleError, build_engine
 from engram_core.policy.ordering import RollbackGuard, Ticket
 from engram_core.policy.port import DECISION_PATHS, LOG_MASK, LOG_PATH_MASK, BundleRefused, Decision

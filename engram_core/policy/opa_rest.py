@@ -23,8 +23,8 @@ from opa_client import OpaClient
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection
 
-from engram_core.canonical import digest
-from engram_core.errors import Code, EngramError
+from engram_core.contract.canonical import digest
+from engram_core.contract.errors import Code, EngramError
 from engram_core.policy.port import AUTHZ, LOG_MASK, LOG_PATH_MASK, Decision
 from engram_core.policy.shapes import shape_error
 

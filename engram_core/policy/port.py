@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 
 # Decision paths under data. (slash form, as in OPA's REST Data API)
 AUTHZ = "engram/authz/decision"

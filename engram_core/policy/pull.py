@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import requests
 
-from engram_core.errors import EngramError
+from engram_core.contract.errors import EngramError
 from engram_core.observability.logs import log_event
 from engram_core.policy.bundle import MAX_BUNDLE_BYTES, Bundle, read_bundle_archive
 from engram_core.policy.sources import SourceUnavailable

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from engram_core.errors import EngramError
+from engram_core.contract.errors import EngramError
 from engram_core.policy.bundle import Bundle, BundleError
 from engram_core.policy.decisionlog.mask import PSEUDONYM_PREFIX, MaskError, Pseudonymizer, apply_mask
 from engram_core.policy.port import BundleRefused, Decision

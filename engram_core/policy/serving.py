@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engram_core.errors import EngramError
+from engram_core.contract.errors import EngramError
 from engram_core.observability.logs import log_event
 from engram_core.policy import OPA_BINDINGS_HINT, default_bundle_dir
 from engram_core.policy.decisionlog.config import DecisionLogConfig, open_decision_logger

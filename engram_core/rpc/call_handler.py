@@ -13,9 +13,13 @@ from typing import Any
 import grpc
 
 from engram_core.api import admin_pb2
-from engram_core.canonical import canonical_json
-from engram_core.errors import Code, EngramError
-from engram_core.hostctx import (
+from engram_core.contract.canonical import canonical_json
+from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.tools import GATED_TOOLS, TOOL_NAMES
+from engram_core.observability import calls as observed_calls
+from engram_core.rpc.status import OPERATOR_DETAIL_CODES, abort
+from engram_core.services.core import Core
+from engram_core.trust.hostctx import (
     ADMIN_CALL,
     CONTEXT_METADATA_KEY,
     HOST_CALL,
@@ -23,10 +27,6 @@ from engram_core.hostctx import (
     BoundContext,
     verify_context,
 )
-from engram_core.observability import calls as observed_calls
-from engram_core.rpc.status import OPERATOR_DETAIL_CODES, abort
-from engram_core.services.core import Core
-from engram_core.tools import GATED_TOOLS, TOOL_NAMES
 
 log = logging.getLogger("engram.core")
 

@@ -15,7 +15,7 @@ import grpc
 from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 from engram_core.rpc.call_handler import ANY_CALLS
 from engram_core.rpc.status import abort
 

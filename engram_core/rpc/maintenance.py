@@ -7,7 +7,7 @@ are canonical JSON documents (``AdminResult.json``); backups stream as chunks.
 from __future__ import annotations
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 from engram_core.observability import calls as observed_calls
 from engram_core.rpc.call_handler import ADMIN_CALLS, CallHandler, json_result
 from engram_core.services.admin import AdminServiceCore

@@ -19,11 +19,19 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from engram_core.api import admin_pb2, host_pb2, host_pb2_grpc, memory_pb2, memory_pb2_grpc
-from engram_core.canonical import canonical_json
-from engram_core.errors import Code, EngramError
-from engram_core.hostctx import CONFIRMATION_METADATA_KEY, BoundContext
+from engram_core.contract.canonical import canonical_json
+from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.operation import target_of
+from engram_core.contract.tools import (
+    ADMISSION_TOOL,
+    CAPTURE_TOOL,
+    FORGET_TOOL,
+    GATED_TOOLS,
+    GET_TOOL,
+    SEARCH_TOOL,
+    WITHDRAW_TOOL,
+)
 from engram_core.observability.metrics import CoreMetrics
-from engram_core.operation import target_of
 from engram_core.rpc.call_handler import (
     GATED_CHECK_CALLS,
     HOST_CALLS,
@@ -45,15 +53,7 @@ from engram_core.services.keyring import KeyRingScheduler
 from engram_core.services.maintenance import MaintenanceService
 from engram_core.services.memory import MemoryService
 from engram_core.services.pending_confirmations import CLAIM, DECIDE, LIST, PARK, PendingConfirmations
-from engram_core.tools import (
-    ADMISSION_TOOL,
-    CAPTURE_TOOL,
-    FORGET_TOOL,
-    GATED_TOOLS,
-    GET_TOOL,
-    SEARCH_TOOL,
-    WITHDRAW_TOOL,
-)
+from engram_core.trust.hostctx import CONFIRMATION_METADATA_KEY, BoundContext
 
 log = logging.getLogger("engram.core")
 TOOL_OF_METHOD = {

@@ -3,7 +3,7 @@
 Codes travel as ``google.rpc.Status`` with an ``ErrorInfo`` detail
 (``reason`` = the contract code, ``domain`` = ``engram``, ``metadata["class"]`` = the
 refusal's reason class when it has one) and the constant message of that code and class
-(``engram_core.errors.REFUSALS``), mapped to the nearest gRPC status code.
+(``engram_core.contract.errors.REFUSALS``), mapped to the nearest gRPC status code.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from engram_core.errors import Code, EngramError, known_class
+from engram_core.contract.errors import Code, EngramError, known_class
 from engram_core.observability.calls import note_error
 
 DOMAIN = "engram"

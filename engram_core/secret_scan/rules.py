@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from engram_core.secret_slots import CODE_IDENTIFIERS, CODE_NAMES, CODE_NONE, CODE_PATHS
+from engram_core.secret_scan.slots import CODE_IDENTIFIERS, CODE_NAMES, CODE_NONE, CODE_PATHS
 
 
 class Slot(NamedTuple):

@@ -9,21 +9,21 @@ policy decides what a finding means (``policies/engram/capture`` for memory cont
   pattern (a bare 40-character AWS secret key) is vectorised over the text with numpy.
   Counting stops at ``MAX_COUNT`` matches per rule, so no text makes Python loop per match.
   Linear is not enough: RE2's NFA is 50-100 times slower than its DFA, so nothing here may
-  send a long text to it (``engram_core.secret_spans``, issue 57.8): a slot's content is
+  send a long text to it (``engram_core.secret_scan.spans``, issue 57.8): a slot's content is
   located in its match with byte methods rather than a submatch, and the rules whose DFA
   states multiply on a crafted soup of their words find their starts with numpy first.
 * **Normalised input.** Text is scanned after NFKC folding onto ASCII, after folding
   look-alike letters of other scripts onto the ASCII they imitate (Unicode's confusables
-  skeleton, UTS #39: ``engram_core.confusables``), and after removing invisible characters
+  skeleton, UTS #39: ``engram_core.secret_scan.confusables``), and after removing invisible characters
   (Unicode format characters, category Cf, the other default ignorable code points, the
   line and paragraph separators U+2028/U+2029 and the control characters that are not
   whitespace), so a token split by a zero-width space or a line separator, written in
   full-width letters, or with a Cyrillic ``р`` in ``ghр_`` is still found. Only mappings
   whose result is ASCII are applied (credentials are ASCII), which bounds the folded text at
   4/3 of the input's UTF-8 size; a full NFKC can expand 18-fold (U+FDFA).
-* **Rules from a maintained set.** ``engram_core.secret_rules`` (derived from gitleaks and
+* **Rules from a maintained set.** ``engram_core.secret_scan.rules`` (derived from gitleaks and
   detect-secrets, with their licences). A rule that finds a credential by its slot (a name
-  and an assignment) does not count a slot that holds no secret (``engram_core.secret_slots``:
+  and an assignment) does not count a slot that holds no secret (``engram_core.secret_scan.slots``:
   a placeholder, or unquoted code); judging a slot is the one per-match step in Python, and
   it stops at ``SLOT_BUDGET`` candidates per rule (past that at least one finding is
   reported: fail closed).
@@ -41,10 +41,10 @@ from typing import NamedTuple
 import numpy as np
 import re2
 
-from engram_core import secret_spans
-from engram_core.confusables import ascii_lookalike
-from engram_core.secret_rules import RULES, Rule
-from engram_core.secret_slots import holds_no_secret
+from engram_core.secret_scan import spans as secret_spans
+from engram_core.secret_scan.confusables import ascii_lookalike
+from engram_core.secret_scan.rules import RULES, Rule
+from engram_core.secret_scan.slots import holds_no_secret
 
 # Matches counted per rule and scan; the count saturates there (one is enough to refuse).
 MAX_COUNT = 32

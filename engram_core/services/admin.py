@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from engram_core.errors import Code, EngramError
-from engram_core.hostctx import BoundContext
+from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.tools import TOOL_NAMES
 from engram_core.services.core import CallRecord, Core
-from engram_core.tools import TOOL_NAMES
+from engram_core.trust.hostctx import BoundContext
 
 
 def target_facts(tenant: str = "", workspace: str = "") -> dict[str, Any]:

@@ -24,13 +24,13 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from engram_core.canonical import digest, with_receipt_digest
-from engram_core.errors import Code, EngramError
-from engram_core.hostctx import BoundContext
-from engram_core.hostkeys import key_id, load_public_pem
+from engram_core.contract.canonical import digest, with_receipt_digest
+from engram_core.contract.errors import Code, EngramError
 from engram_core.services.core import CallRecord, Core
 from engram_core.services.pipeline import stored_outcome
 from engram_core.store.port import IdempotencyRow
+from engram_core.trust.hostctx import BoundContext
+from engram_core.trust.hostkeys import key_id, load_public_pem
 
 ATTEST_OPERATION = "host.attest"
 ATTESTATION_DOMAIN = b"engram/attestation/v1\x00"

@@ -6,7 +6,7 @@ journal, admitted records (control row + *sealed* body), the tombstone ledger,
 key-destruction ledger, trusted host keys and the audit log, then a manifest
 with counts, a digest over every preceding byte, ``manifest_digest``
 (``backup-manifest`` domain) and the signature of the core that made it over
-that digest (its ``DIR/backup.key``, engram_core/signing.py). Restore verifies
+that digest (its ``DIR/backup.key``, engram_core/trust/signing.py). Restore verifies
 everything, then the signature against the backup keys the operator names (and
 the restoring core's own); trusted host keys in a backup are restored only when
 the operator asks. Candidates — pending, rejected or withdrawn
@@ -31,21 +31,21 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from engram_core.canonical import canonical_json, digest
+from engram_core.contract.canonical import canonical_json, digest
+from engram_core.contract.errors import Code, EngramError
 from engram_core.crypto.keyvault import KeyVault
 from engram_core.crypto.sealing import seal, unseal
-from engram_core.errors import Code, EngramError
-from engram_core.hostctx import BoundContext
-from engram_core.hostkeys import key_id, load_public_pem, public_pem
 from engram_core.services.admin import target_facts
 from engram_core.services.core import CallRecord, Core, new_id, record_id_of
 from engram_core.services.lexical import record_fields
 from engram_core.services.maintenance import check_audit, check_journal, event_doc
 from engram_core.services.memory import MemoryService
 from engram_core.services.reconciliation import payload_links, write_links
-from engram_core.signing import BACKUP_DOMAIN, CoreSigner, public_keys_from_pems, verify_signature
 from engram_core.store.chain import LEGACY_CHAIN, chain_heads
 from engram_core.store.port import Event, HostKeyRow, RecordRow, ScopeRow, Tx
+from engram_core.trust.hostctx import BoundContext
+from engram_core.trust.hostkeys import key_id, load_public_pem, public_pem
+from engram_core.trust.signing import BACKUP_DOMAIN, CoreSigner, public_keys_from_pems, verify_signature
 
 # v2: signed manifests; v3: a head per audit chain, no engine schema version (any engine restores it).
 FORMAT = "engram-backup/v3"

@@ -25,12 +25,12 @@ from cryptography.exceptions import InvalidTag
 
 from engram_core.content import instructions
 from engram_core.content.provenance import provenance
+from engram_core.contract.validation import parse_instant
 from engram_core.crypto.sealing import unseal
 from engram_core.services import content_similarity as similarity
 from engram_core.services.ranking import Profile
 from engram_core.services.reading import in_effect
 from engram_core.store.port import Tx
-from engram_core.validation import parse_instant
 
 SIMILAR_LIMIT = 3  # records opened per channel (lexical, semantic)
 QUERY_TERMS = 128  # the candidate's distinct terms asked of the index, at most

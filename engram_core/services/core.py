@@ -16,23 +16,23 @@ from pathlib import Path
 from types import EllipsisType
 from typing import Any
 
-from engram_core.canonical import digest, with_receipt_digest
 from engram_core.clock import Clock, SystemClock
-from engram_core.context_nonces import ContextNonceLedger
+from engram_core.contract.canonical import digest, with_receipt_digest
+from engram_core.contract.errors import Code, EngramError, class_of_reasons
+from engram_core.contract.validation import format_instant
 from engram_core.crypto.keyvault import KeyVault, record_data_keys
 from engram_core.embedding.port import Embedder
-from engram_core.errors import Code, EngramError, class_of_reasons
-from engram_core.hostctx import CLOCK_SKEW_MS, MAX_CONTEXT_TTL_MS, BoundContext
-from engram_core.hostkeys import HostKeyBinding, TrustedHostKeys
 from engram_core.policy.port import AUTHZ, Decision, PolicyEngine
-from engram_core.secrets_scan import scan
+from engram_core.secret_scan.scan import scan
 from engram_core.services.host_trust import SharedHostTrust
 from engram_core.services.key_schedule import KeySchedule
 from engram_core.services.lexical import TermHasher
 from engram_core.services.projection_status import ProjectionStatus
 from engram_core.services.quotas import TOOL_METRIC, RateLimited
 from engram_core.store.port import AuditRow, RecordRow, ScopeRow, SharedPin, Store, Tx
-from engram_core.validation import format_instant
+from engram_core.trust.context_nonces import ContextNonceLedger
+from engram_core.trust.hostctx import CLOCK_SKEW_MS, MAX_CONTEXT_TTL_MS, BoundContext
+from engram_core.trust.hostkeys import HostKeyBinding, TrustedHostKeys
 
 # Longer than a loaded 2-core machine needs for an embedded decision (~0.5 ms idle),
 # well inside any sensible call deadline; a later answer is discarded (fail closed).
@@ -320,7 +320,7 @@ class Core:
 
 def denied(code: Code, detail: str, decisions: list[Decision]) -> EngramError:
     """A refusal a policy decided: its reason codes (for logs and audit) pick the class the
-    caller is told (``engram_core.errors.POLICY_REASON_CLASSES``)."""
+    caller is told (``engram_core.contract.errors.POLICY_REASON_CLASSES``)."""
     summaries = [d.summary() for d in decisions]
     reasons = tuple(sorted({r for s in summaries for r in s["reason_codes"] if r}))
     error = EngramError(code, detail, reason_class=class_of_reasons(reasons), reasons=reasons)

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from engram_core.hostctx import BoundContext
 from engram_core.services.core import CallRecord
 from engram_core.store.port import RecordRow, Tx
+from engram_core.trust.hostctx import BoundContext
 
 MAKE_INELIGIBLE = "make-ineligible"
 _ELIGIBLE_BEFORE = ("accepted_current", "accepted_disputed", "historical")

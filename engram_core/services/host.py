@@ -6,12 +6,12 @@ import json
 from typing import Any
 
 from engram_core import __version__
-from engram_core.errors import HOST_REFUSAL_REASONS, REFUSALS, RETRIABLE, Code, EngramError
-from engram_core.hostctx import GRANT_EXECUTION_WINDOW_MS, BoundContext, make_grant
+from engram_core.contract.errors import HOST_REFUSAL_REASONS, REFUSALS, RETRIABLE, Code, EngramError
+from engram_core.contract.tools import TOOL_NAMES
+from engram_core.contract.validation import rebuild_pointer
 from engram_core.policy.port import AUTHZ, TOOLS
 from engram_core.services.core import POLICY_TIMEOUT_S, CallRecord, Core, context_facts, require_current_epoch
-from engram_core.tools import TOOL_NAMES
-from engram_core.validation import rebuild_pointer
+from engram_core.trust.hostctx import GRANT_EXECUTION_WINDOW_MS, BoundContext, make_grant
 
 MAX_APPROVAL_AGE_MS = GRANT_EXECUTION_WINDOW_MS
 # store_meta key: when the last signed anchor was made and at which audit row (maintenance.anchor).

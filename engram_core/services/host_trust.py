@@ -28,10 +28,10 @@ import dataclasses
 import logging
 import threading
 
-from engram_core.errors import Code, EngramError
-from engram_core.hostctx import BoundContext
-from engram_core.hostkeys import HostKeyBinding, TrustedHostKeys, key_id, load_public_pem
+from engram_core.contract.errors import Code, EngramError
 from engram_core.store.port import Store
+from engram_core.trust.hostctx import BoundContext
+from engram_core.trust.hostkeys import HostKeyBinding, TrustedHostKeys, key_id, load_public_pem
 
 log = logging.getLogger("engram.hostkeys")
 _UNLOADED = -1  # no version yet: the first version read reloads the copy (it was loaded before any was read)

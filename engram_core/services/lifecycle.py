@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 
 CANDIDATE_TERMINAL = frozenset({"rejected", "withdrawn", "accepted"})
 RECORD_TERMINAL = frozenset({"tombstoned"})

@@ -17,7 +17,7 @@ from typing import Any
 
 from cryptography.exceptions import InvalidTag
 
-from engram_core.canonical import (
+from engram_core.contract.canonical import (
     Canonical,
     canonical,
     canonical_json,
@@ -25,11 +25,12 @@ from engram_core.canonical import (
     digest,
     with_receipt_digest,
 )
+from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GATED_TOOLS, WITHDRAW_TOOL
+from engram_core.contract.validation import parse_instant
 from engram_core.crypto.sealing import seal, unseal
-from engram_core.errors import Code, EngramError
-from engram_core.hostctx import BoundContext, verify_grant
 from engram_core.policy.port import ADMISSION, CAPTURE
-from engram_core.secrets_scan import scan
+from engram_core.secret_scan.scan import scan
 from engram_core.services import lifecycle
 from engram_core.services.content_signals import ContentSignals, capture_facts, future_vector
 from engram_core.services.core import (
@@ -56,8 +57,7 @@ from engram_core.services.pipeline import (
 from engram_core.services.reading import ReadService
 from engram_core.services.reconciliation import Reconciler, payload_links, write_links
 from engram_core.store.port import CandidateRow, IdempotencyRow, RecordRow, Tx
-from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GATED_TOOLS, WITHDRAW_TOOL
-from engram_core.validation import parse_instant
+from engram_core.trust.hostctx import BoundContext, verify_grant
 
 
 def _string_fields(value: Any, skip: frozenset[str] = frozenset()) -> list[str]:

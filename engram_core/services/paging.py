@@ -26,8 +26,8 @@ import hmac
 import json
 from typing import Any
 
-from engram_core.canonical import canonical_json
-from engram_core.errors import Code, EngramError
+from engram_core.contract.canonical import canonical_json
+from engram_core.contract.errors import Code, EngramError
 from engram_core.store.page_pins import MAX_PINS, PAGE_PIN_TTL_MS, Binding, Pin, PinStore
 
 __all__ = ["MAX_PINS", "PAGE_PIN_TTL_MS", "Binding", "CursorCodec", "Pin", "PinStore"]

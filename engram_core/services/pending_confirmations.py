@@ -28,11 +28,11 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from engram_core.errors import Code, EngramError
-from engram_core.hostctx import GRANT_EXECUTION_WINDOW_MS, MAX_GRANT_TTL_MS, BoundContext
-from engram_core.operation import operation_digest
+from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.operation import operation_digest
+from engram_core.contract.tools import GATED_TOOLS, TARGET_FIELD
 from engram_core.services.core import CallRecord, Core
-from engram_core.tools import GATED_TOOLS, TARGET_FIELD
+from engram_core.trust.hostctx import GRANT_EXECUTION_WINDOW_MS, MAX_GRANT_TTL_MS, BoundContext
 
 PARK = "host.park_confirmation"
 CLAIM = "host.claim_confirmation"

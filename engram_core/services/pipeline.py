@@ -17,13 +17,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from engram_core.canonical import Canonical, digest, with_receipt_digest
-from engram_core.errors import Code, EngramError
-from engram_core.hostctx import BoundContext
-from engram_core.operation import target_of
+from engram_core.contract.canonical import Canonical, digest, with_receipt_digest
+from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.operation import target_of
+from engram_core.contract.validation import canonical_arguments
 from engram_core.services.core import CallRecord, Core
 from engram_core.store.port import Tx
-from engram_core.validation import canonical_arguments
+from engram_core.trust.hostctx import BoundContext
 
 T = TypeVar("T")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import threading
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 from engram_core.store.port import Store, Tx
 
 _PREFIX = "projections_stale:"

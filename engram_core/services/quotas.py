@@ -16,7 +16,7 @@ shared by every core of a store several share.
 
 from __future__ import annotations
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 from engram_core.store.usage_counters import METRICS, WINDOWS_MS, QuotaCounters
 
 __all__ = ["METRICS", "TOOL_METRIC", "WINDOWS_MS", "QuotaCounters", "RateLimited"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engram_core.canonical import digest
+from engram_core.contract.canonical import digest
 from engram_core.services.lexical import ANALYZER_ID
 from engram_core.services.timeq import PARSER_ID
 

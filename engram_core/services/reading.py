@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
-from engram_core.canonical import (
+from engram_core.contract.canonical import (
     Canonical,
     canonical,
     canonical_json,
@@ -20,9 +20,10 @@ from engram_core.canonical import (
     digest_bytes,
     with_receipt_digest,
 )
+from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.tools import GET_TOOL, SEARCH_TOOL
+from engram_core.contract.validation import validate_arguments
 from engram_core.crypto.sealing import unseal
-from engram_core.errors import Code, EngramError
-from engram_core.hostctx import BoundContext
 from engram_core.observability.tracing import traced
 from engram_core.policy.port import REDACTION, Decision
 from engram_core.services import lexical, thesaurus
@@ -39,8 +40,7 @@ from engram_core.services.ranking import (
 )
 from engram_core.services.timeq import TimeWindow, parse_time, proximity
 from engram_core.store.port import LexicalStats, RecordRow, ScopeRow, SharedPin, Tx
-from engram_core.tools import GET_TOOL, SEARCH_TOOL
-from engram_core.validation import validate_arguments
+from engram_core.trust.hostctx import BoundContext
 
 DEFAULT_LIMIT = 10
 DEFAULT_PACKET = 65_536

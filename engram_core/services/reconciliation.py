@@ -16,14 +16,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from engram_core.errors import Code, EngramError
-from engram_core.hostctx import BoundContext
+from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.validation import parse_instant
 from engram_core.policy.port import RECONCILIATION, Decision
 from engram_core.services import lifecycle
 from engram_core.services.core import CallRecord, Core, context_facts
 from engram_core.services.reading import in_effect
 from engram_core.store.port import RecordRow, Tx
-from engram_core.validation import parse_instant
+from engram_core.trust.hostctx import BoundContext
 
 # Members are the records a newcomer could replace: current, disputed or not.
 MEMBER_STATES = ("accepted_current", "accepted_disputed")

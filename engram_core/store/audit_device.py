@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import parse_qs
 
-from engram_core.canonical import canonical_json
-from engram_core.errors import Code, EngramError
+from engram_core.contract.canonical import canonical_json
+from engram_core.contract.errors import Code, EngramError
 from engram_core.store.chain import GENESIS, LEGACY_CHAIN, audit_digest_of
 from engram_core.store.file_modes import narrow_to_owner
 

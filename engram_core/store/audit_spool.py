@@ -26,8 +26,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from engram_core.canonical import canonical_json
-from engram_core.errors import Code, EngramError
+from engram_core.contract.canonical import canonical_json
+from engram_core.contract.errors import Code, EngramError
 
 SPOOL_NAME = "audit.spool"
 

@@ -29,7 +29,7 @@ import secrets
 from collections.abc import Iterable
 from typing import Any
 
-from engram_core.canonical import digest
+from engram_core.contract.canonical import digest
 from engram_core.store.port import AuditRow
 
 GENESIS = "sha256:" + "0" * 64

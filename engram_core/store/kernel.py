@@ -40,8 +40,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engram_core.contract.errors import Code, EngramError
 from engram_core.crypto.keyvault import KeyVault, WrappedKey, record_data_keys
-from engram_core.errors import Code, EngramError
 from engram_core.store.audit_spool import AuditSpool
 from engram_core.store.chain import audit_doc, chain_heads, new_writer_chain, scope_chain
 from engram_core.store.changes import (

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 from engram_core.store.changes import (
     Posting,
     RecordIndexed,

@@ -30,7 +30,7 @@ import hashlib
 import heapq
 import threading
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 
 DEFAULT_CAPACITY = 100_000  # live nonces per signing key and lane
 MAINTENANCE_LANE, CALLS_LANE = "maintenance", "calls"

@@ -14,9 +14,9 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from engram_core.api import context_pb2
-from engram_core.context_nonces import CALLS_LANE, MAINTENANCE_LANE, ContextNonceLedger
-from engram_core.errors import Code, EngramError
-from engram_core.hostkeys import HostKeyBinding, TrustedHostKeys, key_id
+from engram_core.contract.errors import Code, EngramError
+from engram_core.trust.context_nonces import CALLS_LANE, MAINTENANCE_LANE, ContextNonceLedger
+from engram_core.trust.hostkeys import HostKeyBinding, TrustedHostKeys, key_id
 
 CONTEXT_METADATA_KEY = "engram-host-context-bin"
 CONFIRMATION_METADATA_KEY = "engram-confirmation-bin"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 from engram_core.store.port import Store
 
 SHARED_KEY_FILES = ("index.key", "page.key", "confirmation.key", "backup.key", "anchor.key")

@@ -22,7 +22,7 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from engram_core.hostkeys import key_id, load_or_create_private_key, load_public_pem, public_pem
+from engram_core.trust.hostkeys import key_id, load_or_create_private_key, load_public_pem, public_pem
 
 BACKUP_KEY_FILE = "backup.key"
 ANCHOR_KEY_FILE = "anchor.key"

@@ -19,11 +19,11 @@ import pytest
 
 from engram_core.api import admin_pb2
 from engram_core.clock import SystemClock
-from engram_core.hostkeys import create_private_key_file
-from engram_core.shared_secrets import META_PREFIX, fingerprint
-from engram_core.signing import ANCHOR_DOMAIN, CoreSigner
 from engram_core.store.audit_device import check_device_file
 from engram_core.store.chain import GENESIS, audit_digest_of, scope_chain
+from engram_core.trust.hostkeys import create_private_key_file
+from engram_core.trust.shared_secrets import META_PREFIX, fingerprint
+from engram_core.trust.signing import ANCHOR_DOMAIN, CoreSigner
 from tests.support.admin_support import TENANT, WORKSPACE, Env, code_of
 from tests.support.core_engines import EngineStores, SqlSession
 

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from engram_core.api import admin_pb2, memory_pb2
-from engram_core.hostkeys import load_private_key_file, public_pem
+from engram_core.trust.hostkeys import load_private_key_file, public_pem
 from tests.support.admin_support import TENANT, WORKSPACE, capture_args, code_of, start_env
 
 

@@ -20,11 +20,11 @@ import grpc
 import pytest
 
 from engram_core.api import admin_pb2
-from engram_core.canonical import canonical_json, digest
 from engram_core.clock import SystemClock
-from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
-from engram_core.hostkeys import create_private_key_file, key_id, public_pem
-from engram_core.signing import BACKUP_DOMAIN, CoreSigner
+from engram_core.contract.canonical import canonical_json, digest
+from engram_core.trust.hostctx import CONTEXT_METADATA_KEY, make_context
+from engram_core.trust.hostkeys import create_private_key_file, key_id, public_pem
+from engram_core.trust.signing import BACKUP_DOMAIN, CoreSigner
 from tests.support.admin_support import TENANT, WORKSPACE, code_of, start_env
 
 ENGRAM = str(Path(sys.executable).with_name("engram"))

@@ -22,9 +22,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from engram_core.api import admin_pb2, host_pb2, host_pb2_grpc, memory_pb2
 from engram_core.clock import SystemClock
-from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, HOST_CALL, TOOLS_LIST_CALL, make_context
-from engram_core.hostkeys import key_id, public_pem
 from engram_core.rpc.convert import value_to_message
+from engram_core.trust.hostctx import (
+    ADMIN_CALL,
+    CONTEXT_METADATA_KEY,
+    HOST_CALL,
+    TOOLS_LIST_CALL,
+    make_context,
+)
+from engram_core.trust.hostkeys import key_id, public_pem
 from tests.support.admin_support import PURPOSE, TENANT, WORKSPACE, Env, code_of
 from tests.support.core_engines import EngineStores
 
@@ -274,7 +280,7 @@ def test_cli_binds_lists_and_refuses_an_unbound_trust(live: Env, tmp_path: Path)
 def test_doctor_says_the_key_serves_other_tenants(live: Env, tmp_path: Path) -> None:
     """A host TOML whose key the core trusts for globex only, bound to acme: doctor names the
     binding, not a scope that is not active."""
-    from engram_core.hostkeys import create_private_key_file
+    from engram_core.trust.hostkeys import create_private_key_file
 
     live.activate(OTHER, WORKSPACE)
     key_path = tmp_path / "globex-host.key"

@@ -9,7 +9,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from engram_core.api import admin_pb2
-from engram_core.hostkeys import key_id, public_pem
+from engram_core.trust.hostkeys import key_id, public_pem
 from tests.support.admin_support import TENANT, WORKSPACE, code_of
 
 

@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from engram_core.api import admin_pb2
-from engram_core.validation import format_instant
+from engram_core.contract.validation import format_instant
 from tests.support.admin_support import TENANT, WORKSPACE, code_of, new_event_id
 
 

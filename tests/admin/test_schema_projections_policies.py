@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from engram_core.api import admin_pb2
-from engram_core.errors import EngramError
+from engram_core.contract.errors import EngramError
 from tests.support.admin_support import TENANT, WORKSPACE, code_of, start_env
 
 

@@ -11,8 +11,8 @@ from tools.bench.peer import preload
 
 
 def test_the_broad_corpus_names_six_common_words_and_its_queries_have_their_shapes() -> None:
-    from engram_core.tools import CAPTURE_TOOL
-    from engram_core.validation import validate_arguments
+    from engram_core.contract.tools import CAPTURE_TOOL
+    from engram_core.contract.validation import validate_arguments
 
     corpus = BroadCorpus()
     decision, _ = corpus.text(SALT, 3)

@@ -21,8 +21,8 @@ def test_percentiles_and_medians_across_runs() -> None:
 
 
 def test_corpus_is_deterministic_and_valid_for_capture() -> None:
-    from engram_core.tools import CAPTURE_TOOL
-    from engram_core.validation import validate_arguments
+    from engram_core.contract.tools import CAPTURE_TOOL
+    from engram_core.contract.validation import validate_arguments
 
     a, b = Corpus(), Corpus()
     assert a.capture_args("s", 3) == b.capture_args("s", 3) and a.queries(5) == b.queries(5)

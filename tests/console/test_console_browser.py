@@ -305,7 +305,7 @@ def test_a_console_key_bound_to_one_tenant(world: World, browser, shots: Path) -
     the scope alone (keys)."""
     from cryptography.hazmat.primitives import serialization
 
-    from engram_core.hostkeys import load_or_create_private_key
+    from engram_core.trust.hostkeys import load_or_create_private_key
 
     key_path = world.root / "team-console.key"
     key = load_or_create_private_key(key_path)

@@ -10,7 +10,7 @@ import pytest
 from engram_core.cli import main
 from engram_core.console.app import allowed_hosts
 from engram_core.console.settings import ConsoleSettings
-from engram_core.hostkeys import load_or_create_private_key
+from engram_core.trust.hostkeys import load_or_create_private_key
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from engram_core.hostkeys import load_or_create_private_key
+from engram_core.trust.hostkeys import load_or_create_private_key
 from tests.support.console_support import ENGRAM, ConsoleProc, free_port, wait_ready
 from tests.support.tls_support import Authority
 

@@ -34,7 +34,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from engram_core.api import admin_pb2
 from engram_core.console.core_client import Actor, CoreClient, CoreError
-from engram_core.tools import FORGET_TOOL
+from engram_core.contract.tools import FORGET_TOOL
 from tests.support.console_support import OTHER, TENANT, WORKSPACE, World, chrome, http, start_console
 
 pytestmark = pytest.mark.anyio

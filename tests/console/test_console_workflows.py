@@ -267,8 +267,8 @@ def test_a_forget_an_agent_asked_for_waits_on_the_confirmations_pages(served: Se
     import grpc
 
     from engram_core.api import host_pb2, host_pb2_grpc
-    from engram_core.hostctx import CONTEXT_METADATA_KEY, HOST_CALL, make_context
-    from engram_core.operation import operation_digest
+    from engram_core.contract.operation import operation_digest
+    from engram_core.trust.hostctx import CONTEXT_METADATA_KEY, HOST_CALL, make_context
 
     record = _accept(served, "decision: the staging bucket is deleted after each release")
     args = {"record_id": record, "reason_ref": "reason:user-asked"}

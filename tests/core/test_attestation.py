@@ -14,12 +14,12 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from engram_core.api import host_pb2, host_pb2_grpc
-from engram_core.errors import Code
-from engram_core.hostctx import CONTEXT_METADATA_KEY
-from engram_core.hostkeys import key_id, public_pem
+from engram_core.contract.errors import Code
 from engram_core.rpc.server import RunningCore
 from engram_core.rpc.status import code_from_rpc_error
 from engram_core.services.attestation import sign_attestation
+from engram_core.trust.hostctx import CONTEXT_METADATA_KEY
+from engram_core.trust.hostkeys import key_id, public_pem
 from tests.support.core_engines import EngineStores
 from tests.support.core_support import Client, capture_args, now_ms
 from tests.support.governance_support import Host, new_event_id, start_with_bundle

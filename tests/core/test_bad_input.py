@@ -7,8 +7,8 @@ import copy
 import pytest
 from google.protobuf import json_format
 
-from engram_core.errors import Code
-from engram_core.validation import validate_arguments
+from engram_core.contract.errors import Code
+from engram_core.contract.validation import validate_arguments
 from tests.support.core_engines import one
 from tests.support.core_support import PURPOSE, Client, capture_args
 
@@ -105,9 +105,9 @@ def _raw_capture_with_unknown_field(ana: Client) -> Code:
     import grpc
 
     from engram_core.api import memory_pb2
-    from engram_core.hostctx import CONTEXT_METADATA_KEY
     from engram_core.rpc.convert import value_to_message
     from engram_core.rpc.status import code_from_rpc_error
+    from engram_core.trust.hostctx import CONTEXT_METADATA_KEY
 
     raw = value_to_message(BASE, memory_pb2.CaptureRequest()).SerializeToString() + b"\xa8\x06\x01"
     call = ana.channel.unary_unary("/engram.v1.MemoryService/Capture", request_serializer=None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from tests.support.core_engines import one
 from tests.support.core_support import Client, capture_args
 
@@ -78,10 +78,10 @@ def test_admission_that_lost_the_race_to_withdraw_is_already_terminal_not_blob_m
     envelope was unsealed: the answer is the lifecycle's, deterministically."""
     import pytest
 
-    from engram_core.errors import EngramError
-    from engram_core.hostctx import verify_context
+    from engram_core.contract.errors import EngramError
     from engram_core.services.core import CallRecord
     from engram_core.services.memory import MemoryService
+    from engram_core.trust.hostctx import verify_context
 
     cap = ana.capture("Race, made deterministic: the stale plover candidate.")
     core = ana.core.core

@@ -10,12 +10,12 @@ import grpc
 import pytest
 
 from engram_core.api import admin_pb2, host_pb2
-from engram_core.errors import Code
-from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context, make_grant
-from engram_core.hostkeys import load_private_key_file, public_pem
-from engram_core.operation import operation_digest
+from engram_core.contract.errors import Code
+from engram_core.contract.operation import operation_digest
 from engram_core.rpc.server import RunningCore
 from engram_core.rpc.status import code_from_rpc_error
+from engram_core.trust.hostctx import CONTEXT_METADATA_KEY, make_context, make_grant
+from engram_core.trust.hostkeys import load_private_key_file, public_pem
 from tests.support.core_support import Client, Failed, now_ms
 
 FORGET = "engram_memory_forget"

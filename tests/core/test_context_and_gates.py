@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from engram_core.errors import Code
-from engram_core.hostctx import make_context, make_grant
+from engram_core.contract.errors import Code
+from engram_core.trust.hostctx import make_context, make_grant
 from tests.support.core_support import PURPOSE, Client, capture_args, now_ms
 
 
@@ -61,8 +61,8 @@ def test_memory_off_unless_host_enabled_and_scope_activated(core) -> None:
 
 def test_agent_context_cannot_use_admin(ana: Client) -> None:
     from engram_core.api import admin_pb2
-    from engram_core.hostctx import CONTEXT_METADATA_KEY
     from engram_core.rpc.status import code_from_rpc_error
+    from engram_core.trust.hostctx import CONTEXT_METADATA_KEY
 
     try:
         ana.admin.Activate(admin_pb2.ActivateRequest(tenant="acme", workspace="x"),
@@ -104,7 +104,7 @@ def test_confirmation_that_does_not_verify_is_gate_failed(ana: Client, mutation:
 
 def test_forged_grant_signature_is_gate_failed(ana: Client) -> None:
     args = _forget_setup(ana, "Gate: the forged signature case for the mink job.")
-    from engram_core.operation import operation_digest
+    from engram_core.contract.operation import operation_digest
 
     forged = make_grant(Ed25519PrivateKey.generate(), tenant="acme", workspace="alpha", principal="user:ana",
                         tool="engram_memory_forget", target=args["record_id"],
@@ -136,7 +136,7 @@ def test_grant_is_single_use(ana: Client) -> None:
 
 
 def test_model_written_confirmation_is_invalid_schema(ana: Client) -> None:
-    from engram_core.validation import validate_arguments
+    from engram_core.contract.validation import validate_arguments
 
     with pytest.raises(Exception) as exc:
         validate_arguments("engram_memory_forget", {"record_id": "mem_" + "a" * 52, "idempotency_key": "k" * 16,

@@ -13,11 +13,11 @@ import pytest
 
 from engram_core.api import context_pb2, host_pb2, memory_pb2, memory_pb2_grpc
 from engram_core.app.composition import RunningCore
-from engram_core.context_nonces import ContextNonceLedger
-from engram_core.errors import Code, EngramError
-from engram_core.hostctx import CLOCK_SKEW_MS, CONTEXT_METADATA_KEY, sign_context
+from engram_core.contract.errors import Code, EngramError
 from engram_core.rpc.convert import message_to_value, value_to_message
 from engram_core.rpc.status import code_from_rpc_error
+from engram_core.trust.context_nonces import ContextNonceLedger
+from engram_core.trust.hostctx import CLOCK_SKEW_MS, CONTEXT_METADATA_KEY, sign_context
 from tests.support.core_engines import EngineStores
 from tests.support.core_support import PURPOSE, Client, activate, capture_args, now_ms
 
@@ -115,7 +115,7 @@ def test_adapter_and_cli_sign_a_fresh_short_context_per_call(core: RunningCore) 
     from adapters.mcp.binding import CONTEXT_TTL_MS, ContextSource
     from adapters.mcp.config import Binding, HostConfig
     from engram_core.cli.channel import admin_metadata
-    from engram_core.hostkeys import load_private_key_file
+    from engram_core.trust.hostkeys import load_private_key_file
 
     key = load_private_key_file(core.host_key_path)
     nonces = collections.Counter()
@@ -230,9 +230,9 @@ def test_one_keys_flood_fills_its_own_lane_only_and_is_audited(fresh_core: Runni
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from engram_core.api import admin_pb2, host_pb2_grpc
-    from engram_core.context_nonces import ContextNonceLedger
-    from engram_core.hostctx import make_context
-    from engram_core.hostkeys import key_id, public_pem
+    from engram_core.trust.context_nonces import ContextNonceLedger
+    from engram_core.trust.hostctx import make_context
+    from engram_core.trust.hostkeys import key_id, public_pem
 
     core = fresh_core.core
     core.context_nonces = ContextNonceLedger(started_at_ms=now_ms() - 60_000, skew_ms=0, capacity=20)

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from tests.support.core_engines import EngineStores, one
 from tests.support.core_support import PURPOSE, Client, capture_args, now_ms
 

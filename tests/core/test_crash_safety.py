@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
 from tests.support.core_engines import EngineStores, rows
 from tests.support.core_support import Client, Failed, activate, capture_args

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from engram_core.api import admin_pb2
+from engram_core.contract.validation import format_instant
 from engram_core.rpc.server import RunningCore
-from engram_core.validation import format_instant
 from tests.support.core_engines import EngineStores
 from tests.support.core_support import Client, capture_args, now_ms
 from tests.support.governance_support import Host, consent, start_with_bundle

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from engram_core.app.composition import default_policies_dir
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from tests.support.core_engines import EngineStores
 from tests.support.core_support import Client, activate, capture_args, now_ms
 from tests.support.governance_support import Host

@@ -13,10 +13,10 @@ import time
 import grpc
 
 from engram_core.api import host_pb2
-from engram_core.errors import Code
-from engram_core.hostctx import CONTEXT_METADATA_KEY
-from engram_core.operation import operation_digest
+from engram_core.contract.errors import Code
+from engram_core.contract.operation import operation_digest
 from engram_core.rpc.status import code_from_rpc_error
+from engram_core.trust.hostctx import CONTEXT_METADATA_KEY
 from tests.support.core_support import Client, now_ms
 
 FORGET = "engram_memory_forget"

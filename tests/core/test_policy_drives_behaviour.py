@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engram_core.app.composition import RunningCore, default_policies_dir
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from tests.support.core_engines import EngineStores
 from tests.support.core_support import Client, activate, capture_args, now_ms
 
@@ -56,7 +56,7 @@ def test_changing_the_tool_grant_changes_the_tool_list(core_with) -> None:
 
 
 def test_lowering_the_expiry_cap_refuses_longer_expiry(core_with) -> None:
-    from engram_core.validation import format_instant
+    from engram_core.contract.validation import format_instant
 
     core = core_with(lambda c: _tenant(c).update(expiry_cap_ms=60_000))
     c = Client(core)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from engram_core.app.composition import default_policies_dir
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from engram_core.policy.embedded import EmbeddedPolicyEngine
 from engram_core.policy.port import ADMISSION
 from tests.support.core_engines import EngineStores

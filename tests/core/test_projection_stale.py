@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engram_core.api import admin_pb2
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from tests.support.core_engines import EngineStores
 from tests.support.core_support import Client
 from tests.support.governance_support import Host, start_with_bundle

@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from engram_core.clock import FixedClock
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from engram_core.services.quotas import QuotaCounters
 from tests.support.core_engines import EngineStores
 from tests.support.core_support import Client, Failed, capture_args
@@ -84,8 +84,8 @@ def test_counters_slide_with_the_injected_clock() -> None:
 
 def _check(c: Client, tool: str, target: str, key: str) -> str:
     from engram_core.api import host_pb2
-    from engram_core.hostctx import CONTEXT_METADATA_KEY
     from engram_core.rpc.status import code_from_rpc_error
+    from engram_core.trust.hostctx import CONTEXT_METADATA_KEY
 
     try:
         return c.host.CheckGated(host_pb2.CheckGatedRequest(tool=tool, target=target, idempotency_key=key,

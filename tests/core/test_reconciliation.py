@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from engram_core.rpc.server import RunningCore
 from tests.support.core_support import Client, capture_args, now_ms
 from tests.support.governance_support import Host, consent, start_with_bundle

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 import rfc8785
 
-from engram_core import canonical as canonical_module
-from engram_core import validation as validation_module
-from engram_core.canonical import digest
-from engram_core.hostctx import verify_context
-from engram_core.operation import operation_digest
-from engram_core.schema_examples import TOOL_EXAMPLES
+from engram_core.contract import canonical as canonical_module
+from engram_core.contract import validation as validation_module
+from engram_core.contract.canonical import digest
+from engram_core.contract.operation import operation_digest
+from engram_core.contract.schema_examples import TOOL_EXAMPLES
 from engram_core.services.pipeline import prepare, request_digest_of
+from engram_core.trust.hostctx import verify_context
 from tests.support.core_support import Client, capture_args
 
 

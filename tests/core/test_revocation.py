@@ -9,10 +9,10 @@ import json
 import grpc
 
 from engram_core.api import admin_pb2, host_pb2
-from engram_core.errors import Code
-from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, HOST_CALL, make_context
+from engram_core.contract.errors import Code
 from engram_core.rpc.server import RunningCore
 from engram_core.rpc.status import code_from_rpc_error
+from engram_core.trust.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, HOST_CALL, make_context
 from tests.support.core_support import PURPOSE, Client, now_ms
 
 

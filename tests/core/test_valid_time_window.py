@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from engram_core.rpc.server import RunningCore
 from tests.support.core_engines import EngineStores
 from tests.support.core_support import Client, Failed, capture_args, now_ms

@@ -23,9 +23,9 @@ import jsonschema
 import pytest
 
 from adapters.mcp.guidance import GUIDE_RESOURCE_URI
-from engram_core.schema_examples import CAPTURE_EXAMPLES
-from engram_core.schemas import ENFORCED_SCHEMAS, enforced, output_schema
-from engram_core.tools import CAPTURE_TOOL, SEARCH_TOOL, TOOL_NAMES
+from engram_core.contract.schema_examples import CAPTURE_EXAMPLES
+from engram_core.contract.schemas import ENFORCED_SCHEMAS, enforced, output_schema
+from engram_core.contract.tools import CAPTURE_TOOL, SEARCH_TOOL, TOOL_NAMES
 from tests.support.mcp_helpers import PURPOSE, adapter_client, binding_for, unique, value_of, write_config
 
 pytestmark = pytest.mark.anyio

@@ -17,8 +17,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mcp.shared.exceptions import MCPError
 
 from adapters.mcp.envelope import TEMPORARILY_UNAVAILABLE, TEMPORARILY_UNAVAILABLE_CODE
-from engram_core.errors import MESSAGES, Code
-from engram_core.schemas import TOOL_NAMES
+from engram_core.contract.errors import MESSAGES, Code
+from engram_core.contract.schemas import TOOL_NAMES
 from tests.support.core_engines import EngineStores
 from tests.support.mcp_helpers import (
     PURPOSE,

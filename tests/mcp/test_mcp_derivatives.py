@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from engram_core.canonical import with_receipt_digest
+from engram_core.contract.canonical import with_receipt_digest
 from tests.support.core_engines import EngineStores
 from tests.support.mcp_helpers import (
     PURPOSE,

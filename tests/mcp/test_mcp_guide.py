@@ -25,7 +25,7 @@ from adapters.mcp.envelope import (
     TRUSTED_CONTEXT_UNAVAILABLE,
 )
 from adapters.mcp.guidance import EVIDENCE_NOT_INSTRUCTION, GUIDE_RESOURCE_URI
-from engram_core.schema_examples import EXAMPLE_ID_NOTES, TOOL_EXAMPLES
+from engram_core.contract.schema_examples import EXAMPLE_ID_NOTES, TOOL_EXAMPLES
 from tests.support.mcp_helpers import (
     PURPOSE,
     adapter_client,

@@ -17,7 +17,7 @@ import subprocess
 import httpx2 as httpx
 import pytest
 
-from engram_core.schemas import TOOL_NAMES
+from engram_core.contract.schemas import TOOL_NAMES
 from tests.support.mcp_helpers import (
     ENGRAM,
     REPO,

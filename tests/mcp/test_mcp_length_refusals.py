@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from engram_core.errors import REFUSALS, Code
+from engram_core.contract.errors import REFUSALS, Code
 from tests.support.mcp_helpers import (
     PURPOSE,
     adapter_client,

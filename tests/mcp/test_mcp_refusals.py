@@ -18,11 +18,11 @@ import mcp_types as types
 import pytest
 
 from engram_core.api import host_pb2, host_pb2_grpc, memory_pb2, memory_pb2_grpc
-from engram_core.errors import REFUSALS, Code
-from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
-from engram_core.hostkeys import load_private_key_file
+from engram_core.contract.errors import REFUSALS, Code
 from engram_core.rpc.convert import value_to_message
 from engram_core.rpc.status import error_from_rpc_error
+from engram_core.trust.hostctx import CONTEXT_METADATA_KEY, make_context
+from engram_core.trust.hostkeys import load_private_key_file
 from tests.support.mcp_helpers import (
     PURPOSE,
     activate,

@@ -12,10 +12,10 @@ import grpc
 import pytest
 
 from engram_core.api import admin_pb2, admin_pb2_grpc, memory_pb2, memory_pb2_grpc
-from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
-from engram_core.hostkeys import load_private_key_file
+from engram_core.contract.schemas import TOOL_NAMES
 from engram_core.rpc.status import code_from_rpc_error
-from engram_core.schemas import TOOL_NAMES
+from engram_core.trust.hostctx import CONTEXT_METADATA_KEY, make_context
+from engram_core.trust.hostkeys import load_private_key_file
 from tests.support.mcp_helpers import (
     ENGRAM,
     PURPOSE,

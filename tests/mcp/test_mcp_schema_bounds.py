@@ -17,8 +17,8 @@ import jsonschema
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from engram_core.schemas import ENFORCED_SCHEMAS, INPUT_SCHEMAS
-from engram_core.validation import _BYTE_BOUNDS
+from engram_core.contract.schemas import ENFORCED_SCHEMAS, INPUT_SCHEMAS
+from engram_core.contract.validation import _BYTE_BOUNDS
 from tests.support.mcp_helpers import PURPOSE, adapter_client, approve, binding_for, envelope_of, write_config
 
 pytestmark = pytest.mark.anyio

@@ -15,9 +15,14 @@ import jsonschema
 import pytest
 
 from adapters.mcp.guidance import guide
-from engram_core.schema_examples import CAPTURE_EXAMPLES, EXAMPLE_PURPOSE, SCHEMA_EXAMPLES, TOOL_EXAMPLES
-from engram_core.schemas import INPUT_SCHEMAS, TOOL_NAMES, output_schema
-from engram_core.validation import validate_arguments
+from engram_core.contract.schema_examples import (
+    CAPTURE_EXAMPLES,
+    EXAMPLE_PURPOSE,
+    SCHEMA_EXAMPLES,
+    TOOL_EXAMPLES,
+)
+from engram_core.contract.schemas import INPUT_SCHEMAS, TOOL_NAMES, output_schema
+from engram_core.contract.validation import validate_arguments
 from tests.support.mcp_helpers import adapter_client, approve, binding_for, value_of, write_config
 
 pytestmark = pytest.mark.anyio

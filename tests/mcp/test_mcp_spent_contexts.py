@@ -21,9 +21,9 @@ import grpc
 import pytest
 
 from engram_core.api import context_pb2, memory_pb2
-from engram_core.errors import Code
-from engram_core.hostctx import CONTEXT_METADATA_KEY
+from engram_core.contract.errors import Code
 from engram_core.rpc.status import code_from_rpc_error
+from engram_core.trust.hostctx import CONTEXT_METADATA_KEY
 from tests.support.mcp_helpers import (
     PURPOSE,
     Core,

@@ -46,7 +46,7 @@ def test_missing_config_and_missing_key_file_fail_at_startup(tmp_path):
 
 def test_stdio_without_binding_fails_at_startup(tmp_path):
     key = tmp_path / "host.key"
-    from engram_core.hostkeys import create_private_key_file
+    from engram_core.trust.hostkeys import create_private_key_file
 
     create_private_key_file(key)
     config = write_config(tmp_path / "host.toml", address="127.0.0.1:1", signing_key=key)

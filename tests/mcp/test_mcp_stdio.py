@@ -13,9 +13,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mcp.shared.exceptions import MCPError
 
-from engram_core.errors import REFUSALS, Code
+from engram_core.contract.errors import REFUSALS, Code
+from engram_core.contract.schemas import INPUT_SCHEMAS, TOOL_NAMES, output_schema
 from engram_core.observability.logs import CALL_LOGGER
-from engram_core.schemas import INPUT_SCHEMAS, TOOL_NAMES, output_schema
 from tests.support.core_engines import EngineStores
 from tests.support.mcp_helpers import (
     PURPOSE,

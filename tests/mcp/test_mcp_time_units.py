@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from engram_core.errors import REFUSALS, Code
+from engram_core.contract.errors import REFUSALS, Code
 from tests.support.mcp_helpers import (
     bearer,
     binding_for,

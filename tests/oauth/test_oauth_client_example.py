@@ -13,7 +13,7 @@ from urllib.parse import urljoin, urlsplit
 import httpx2
 import pytest
 
-from engram_core.schemas import TOOL_NAMES
+from engram_core.contract.schemas import TOOL_NAMES
 from tests.support.idp_support import PASSWORDS, PUBLIC_CLIENT
 from tools.mcp_oauth_client import CALLBACK_PATH, connect
 

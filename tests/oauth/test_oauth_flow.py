@@ -12,7 +12,7 @@ import mcp_types as types
 import pytest
 
 from adapters.mcp.confirmation import CONFIRM_KEY
-from engram_core.schemas import TOOL_NAMES
+from engram_core.contract.schemas import TOOL_NAMES
 from tests.support.idp_support import Person, oauth_client
 from tests.support.mcp_helpers import (
     PURPOSE,

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from engram_core.schemas import TOOL_NAMES
+from engram_core.contract.schemas import TOOL_NAMES
 from tests.support.idp_support import (
     PUBLIC_CLIENT,
     SCOPES,

@@ -21,7 +21,7 @@ import jwt
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from engram_core.schemas import TOOL_NAMES
+from engram_core.contract.schemas import TOOL_NAMES
 from tests.support.idp_support import (
     PUBLIC_CLIENT,
     SCOPES,

@@ -13,7 +13,7 @@ import pytest
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
 from engram_core.cli.channel import admin_metadata
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from tests.support.core_support import Client, activate, now_ms
 from tests.support.ops_support import serve
 

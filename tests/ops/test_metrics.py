@@ -12,7 +12,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from tests.support.core_support import Client, activate
 from tests.support.ops_support import serve
 

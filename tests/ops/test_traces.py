@@ -16,8 +16,8 @@ from opentelemetry.trace import SpanKind
 
 from adapters.mcp.config import load_host_config
 from adapters.mcp.main import build_adapter
-from engram_core.hostkeys import load_private_key_file
 from engram_core.observability import tracing
+from engram_core.trust.hostkeys import load_private_key_file
 from tests.support.mcp_helpers import (
     PURPOSE,
     WORKSPACE,

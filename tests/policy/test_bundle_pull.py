@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from engram_core.app.composition import start_core
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from engram_core.policy.embedded import EmbeddedPolicyEngine
 from engram_core.policy.port import ADMISSION
 from engram_core.policy.pull import BundlePuller, HttpBundleSource

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 from engram_core.policy.embedded import EmbeddedPolicyEngine
 from engram_core.policy.port import AUTHZ, DECISION_PATHS, REDACTION, RETENTION
 

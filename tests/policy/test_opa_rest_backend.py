@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 from engram_core.policy.embedded import EmbeddedPolicyEngine
 from engram_core.policy.opa_rest import OpaRestPolicyEngine
 from engram_core.policy.port import AUTHZ

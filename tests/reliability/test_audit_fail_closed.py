@@ -9,7 +9,7 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from engram_core.store.duckdb import engine as duckdb_engine
 from tests.support.core_engines import EngineStores
 from tests.support.core_support import Client, capture_args

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from tests.support.core_engines import EngineStores, rows
 from tests.support.core_support import Client, Failed, capture_args
 from tests.support.reliability_crash import HostAdmin, activate_scope
@@ -172,11 +172,11 @@ def test_same_key_admission_that_finds_the_key_destroyed_replays(core) -> None:
     then another racer with the same idempotency key admitted it and destroyed the candidate's
     key before this one unsealed the envelope. Its answer is the replay of the winner's outcome
     (SPEC §7), not ILLEGAL_TRANSITION."""
-    from engram_core.hostctx import verify_context
+    from engram_core.contract.tools import ADMISSION_TOOL
     from engram_core.services.core import CallRecord
     from engram_core.services.memory import MemoryService
     from engram_core.services.pipeline import prepare
-    from engram_core.tools import ADMISSION_TOOL
+    from engram_core.trust.hostctx import verify_context
 
     ana = Client(core)
     cid = ana.capture("Race, made deterministic: the same-key puffin admission.")["candidate_id"]
@@ -199,9 +199,9 @@ def test_same_key_winner_committing_between_the_pre_checks_replays(core, tool, m
     pre-checks (target, then stored outcome, each on the latest committed state:
     ``pipeline.gated_precondition``). The loser's answer is the winner's outcome replayed
     (SPEC §7), never the lifecycle's refusal of it."""
-    from engram_core.hostctx import verify_context
     from engram_core.services import pipeline
     from engram_core.services.memory import MemoryService
+    from engram_core.trust.hostctx import verify_context
 
     ana = Client(core)
     if tool == "forget":

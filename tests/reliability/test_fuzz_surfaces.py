@@ -33,14 +33,19 @@ from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 
 from engram_core.api import memory_pb2, memory_pb2_grpc
-from engram_core.errors import Code, EngramError
-from engram_core.hostctx import CONFIRMATION_METADATA_KEY, CONTEXT_METADATA_KEY, make_context, make_grant
-from engram_core.hostkeys import load_private_key_file
-from engram_core.operation import operation_digest, target_of
+from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.operation import operation_digest, target_of
+from engram_core.contract.schemas import INPUT_SCHEMAS
+from engram_core.contract.validation import validate_arguments
 from engram_core.rpc.convert import message_to_value, value_to_message
 from engram_core.rpc.status import code_from_rpc_error
-from engram_core.schemas import INPUT_SCHEMAS
-from engram_core.validation import validate_arguments
+from engram_core.trust.hostctx import (
+    CONFIRMATION_METADATA_KEY,
+    CONTEXT_METADATA_KEY,
+    make_context,
+    make_grant,
+)
+from engram_core.trust.hostkeys import load_private_key_file
 from tests.support.core_engines import EngineStores, one
 from tests.support.reliability_support import SOAK, deep, derive_cases, draw_pool, mutated, scaled
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from tests.support.core_engines import EngineStores
 from tests.support.core_support import Client, Failed
 from tests.support.reliability_crash import activate_scope, domain_state

@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engram_core.api import admin_pb2, host_pb2
 from engram_core.app.composition import default_policies_dir
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from tests.support.core_engines import EngineStores
 from tests.support.core_support import Client, capture_args
 from tests.support.crash_harness import free_port

@@ -12,7 +12,7 @@ import errno
 
 import pytest
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 from engram_core.services.maintenance import check_audit
 from engram_core.store import audit_spool
 from engram_core.store import kernel as store_kernel

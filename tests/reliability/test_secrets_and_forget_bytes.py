@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from engram_core.api import admin_pb2
+from engram_core.contract.errors import Code
 from engram_core.crypto.sealing import unseal
-from engram_core.errors import Code
-from engram_core.secrets_scan import scan
+from engram_core.secret_scan.scan import scan
 from tests.support.core_engines import EngineStores
 from tests.support.core_support import Client, capture_args, now_ms
 from tests.support.reliability_crash import HostAdmin, activate_scope, domain_state

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from tests.support.core_engines import EngineStores
 from tests.support.core_support import Client, Failed, capture_args
 from tests.support.reliability_crash import HostAdmin, activate_scope, domain_state

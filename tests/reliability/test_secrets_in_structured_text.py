@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from engram_core.rpc.status import error_from_rpc_error
 from tests.support.core_engines import EngineStores
 from tests.support.core_support import Client, Failed, capture_args

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from engram_core.app.composition import start_core
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from tests.support.core_support import Client, activate
 from tests.support.mcp_helpers import ENGRAM, REPO
 from tests.support.pg_cluster import Database

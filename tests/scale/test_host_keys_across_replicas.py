@@ -12,9 +12,9 @@ from typing import Any
 import grpc
 
 from engram_core.api import admin_pb2, host_pb2
-from engram_core.errors import Code
-from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
-from engram_core.hostkeys import create_private_key_file, key_id, load_private_key_file, public_pem
+from engram_core.contract.errors import Code
+from engram_core.trust.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
+from engram_core.trust.hostkeys import create_private_key_file, key_id, load_private_key_file, public_pem
 from tests.support.core_support import PURPOSE, Client, Failed, now_ms
 from tests.support.pg_cluster import Database
 from tests.support.replicas import Replica, serve_store

@@ -12,8 +12,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from engram_core.app.composition import RunningCore, start_core
-from engram_core.canonical import with_receipt_digest
-from engram_core.errors import Code
+from engram_core.contract.canonical import with_receipt_digest
+from engram_core.contract.errors import Code
 from engram_core.observability.metrics import CoreMetrics
 from tests.support.core_support import Client, activate
 from tests.support.pg_cluster import Database

@@ -16,8 +16,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from engram_core.api import admin_pb2
 from engram_core.app.composition import start_core
-from engram_core.errors import Code
-from engram_core.hostkeys import key_id, public_pem
+from engram_core.contract.errors import Code
+from engram_core.trust.hostkeys import key_id, public_pem
 from tests.support.core_support import Client, activate
 from tests.support.mcp_helpers import ENGRAM, REPO, admin_json
 from tests.support.pg_cluster import Database

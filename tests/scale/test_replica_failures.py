@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from engram_core.api import admin_pb2
-from engram_core.errors import RETRIABLE
+from engram_core.contract.errors import RETRIABLE
 from tests.support.core_support import Client, Failed, activate, capture_args
 from tests.support.mcp_helpers import admin_json
 from tests.support.pg_cluster import Database, PgCluster

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psycopg
 
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from tests.support.core_support import Client, activate
 from tests.support.mcp_helpers import ENGRAM, REPO
 from tests.support.pg_cluster import Database

@@ -11,8 +11,8 @@ import threading
 from typing import Any
 
 from engram_core.api import admin_pb2
-from engram_core.errors import Code
-from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
+from engram_core.contract.errors import Code
+from engram_core.trust.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
 from tests.support.core_support import PURPOSE, Client, Failed, activate, capture_args, now_ms
 from tests.support.pg_cluster import Database
 from tests.support.replicas import Replica

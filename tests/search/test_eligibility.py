@@ -3,8 +3,8 @@ not expired (from expires_at on), and final revalidation after ranking."""
 
 from __future__ import annotations
 
-from engram_core.errors import Code
-from engram_core.validation import format_instant
+from engram_core.contract.errors import Code
+from engram_core.contract.validation import format_instant
 from tests.support.search_support import SEMANTIC, Client
 
 
@@ -81,7 +81,7 @@ def test_revalidation_drops_without_refilling(core) -> None:
 
     saved, reading.eligible = reading.eligible, flaky
     try:
-        from engram_core.hostctx import verify_context
+        from engram_core.trust.hostctx import verify_context
 
         ctx = verify_context(ana.context("search"), core.core.trusted, now_ms=core.core.now_ms())
         res = svc.search(ctx, {"query": "shag colony", "purpose_ref": ana.purpose_ref, "limit": 2})

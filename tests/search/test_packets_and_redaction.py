@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engram_core.app.composition import RunningCore, default_policies_dir
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from tests.support.core_engines import EngineStores
 from tests.support.search_support import Client, activate
 

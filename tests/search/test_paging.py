@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engram_core.errors import Code
+from engram_core.contract.errors import Code
 from engram_core.rpc.server import RunningCore
 from engram_core.services.paging import MAX_PINS
 from tests.support.search_support import PURPOSE, SEMANTIC, Client, activate

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 from engram_core.services.maintenance import check_journal
 from engram_core.store.chain import scope_chain
 from engram_core.store.conformance.support import T, W, audit_row, candidate, event

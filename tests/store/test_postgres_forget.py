@@ -36,15 +36,15 @@ from typing import Any
 import numpy as np
 
 from engram_core.api import admin_pb2
-from engram_core.canonical import canonical_json, digest
+from engram_core.contract.canonical import canonical_json, digest
 from engram_core.crypto.sealing import seal
-from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
 from engram_core.services.lexical import TermHasher
 from engram_core.store.conformance.support import T, W, search
 from engram_core.store.page_pins import Binding, Pin, PinRef, open_pin, pin_to_json
 from engram_core.store.port import CandidateRow, LexicalStats, RecordRow
 from engram_core.store.projection import Projection, encode
 from engram_core.store.search_index import FIELD_CODE
+from engram_core.trust.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
 
 # Two real cores, as tests/scale runs them: its helpers and the core and MCP ones they use.
 from tests.support.core_support import Client, activate, now_ms

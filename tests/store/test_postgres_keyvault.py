@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from engram_core.contract.errors import Code, EngramError
 from engram_core.crypto.keyvault import KekRing, WrappedKey
-from engram_core.errors import Code, EngramError
 from engram_core.store.postgres.engine import PostgresEngine
 from engram_core.store.postgres.keyvault import PgKeyVault
 from tests.support.pg_cluster import Database, wait_until

@@ -26,7 +26,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 from engram_core.store.postgres.engine import PostgresEngine
 from engram_core.store.postgres.migrations import MIGRATIONS, Migration
 from tests.support.core_support import Client, activate

@@ -52,7 +52,7 @@ def test_a_store_refuses_to_open_with_other_key_files(tmp_path: Path) -> None:
     import secrets
 
     from engram_core.app.composition import open_core
-    from engram_core.errors import Code, EngramError
+    from engram_core.contract.errors import Code, EngramError
 
     data = tmp_path / "data"
     core, _, _ = open_core(data, semantic=False)
@@ -82,7 +82,7 @@ def test_a_postgresql_core_with_other_key_files_refuses_to_start(pg_database: An
     import shutil
 
     from engram_core.app.composition import open_core
-    from engram_core.errors import Code, EngramError
+    from engram_core.contract.errors import Code, EngramError
 
     first_dir, second_dir = tmp_path / "keys-a", tmp_path / "keys-b"
     first, _, _ = open_core(first_dir, semantic=False, store_url=pg_database.conninfo)

@@ -18,10 +18,10 @@ import grpc
 from engram_core.api import admin_pb2, admin_pb2_grpc, memory_pb2, memory_pb2_grpc
 from engram_core.app.composition import RunningCore
 from engram_core.clock import FixedClock
-from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
-from engram_core.hostkeys import load_private_key_file
 from engram_core.rpc.convert import message_to_value, value_to_message
 from engram_core.rpc.status import code_from_rpc_error
+from engram_core.trust.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
+from engram_core.trust.hostkeys import load_private_key_file
 from tests.support.core_engines import EngineStores
 
 TENANT, WORKSPACE, PURPOSE = "acme", "main", "purpose:eng"

@@ -24,10 +24,10 @@ from typing import Any
 import grpc
 
 from engram_core.api import admin_pb2, admin_pb2_grpc, memory_pb2, memory_pb2_grpc
-from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
-from engram_core.hostkeys import load_private_key_file
 from engram_core.policy import default_bundle_dir
 from engram_core.rpc.convert import message_to_value, value_to_message
+from engram_core.trust.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
+from engram_core.trust.hostkeys import load_private_key_file
 
 PURPOSE = "purpose:eng"
 TENANT, WORKSPACE, OTHER = "acme", "main", "globex"

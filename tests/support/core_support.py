@@ -10,8 +10,20 @@ from typing import Any
 import grpc
 
 from engram_core.api import admin_pb2, admin_pb2_grpc, host_pb2, host_pb2_grpc, memory_pb2, memory_pb2_grpc
-from engram_core.errors import Code
-from engram_core.hostctx import (
+from engram_core.contract.errors import Code
+from engram_core.contract.operation import operation_digest
+from engram_core.contract.tools import (
+    ADMISSION_TOOL,
+    CAPTURE_TOOL,
+    FORGET_TOOL,
+    GET_TOOL,
+    SEARCH_TOOL,
+    WITHDRAW_TOOL,
+)
+from engram_core.rpc.convert import message_to_value, value_to_message
+from engram_core.rpc.server import RunningCore
+from engram_core.rpc.status import code_from_rpc_error
+from engram_core.trust.hostctx import (
     ADMIN_CALL,
     CONFIRMATION_METADATA_KEY,
     CONTEXT_METADATA_KEY,
@@ -20,12 +32,7 @@ from engram_core.hostctx import (
     make_context,
     make_grant,
 )
-from engram_core.hostkeys import load_private_key_file
-from engram_core.operation import operation_digest
-from engram_core.rpc.convert import message_to_value, value_to_message
-from engram_core.rpc.server import RunningCore
-from engram_core.rpc.status import code_from_rpc_error
-from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GET_TOOL, SEARCH_TOOL, WITHDRAW_TOOL
+from engram_core.trust.hostkeys import load_private_key_file
 
 PURPOSE = "purpose:engineering-notes"
 

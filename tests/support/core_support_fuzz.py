@@ -7,8 +7,8 @@ import time
 import grpc
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
-from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
-from engram_core.hostkeys import load_private_key_file
+from engram_core.trust.hostctx import CONTEXT_METADATA_KEY, make_context
+from engram_core.trust.hostkeys import load_private_key_file
 
 
 def activate_scope(core, tenant: str = "fuzz", workspace: str = "w") -> None:

@@ -14,8 +14,8 @@ import grpc
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
 from engram_core.app.composition import RunningCore, default_policies_dir
-from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
-from engram_core.hostkeys import load_private_key_file
+from engram_core.trust.hostctx import CONTEXT_METADATA_KEY, make_context
+from engram_core.trust.hostkeys import load_private_key_file
 from tests.support.core_engines import EngineStores
 from tests.support.core_support import activate, now_ms
 

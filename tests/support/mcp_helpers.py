@@ -23,8 +23,8 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
-from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, TOOLS_LIST_CALL, make_context
-from engram_core.hostkeys import load_private_key_file
+from engram_core.trust.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, TOOLS_LIST_CALL, make_context
+from engram_core.trust.hostkeys import load_private_key_file
 
 REPO = Path(__file__).resolve().parents[2]
 # ENGRAM_MCP_TEST_COMMAND runs the subprocess tests (stdio_client, start_http_adapter, the CLI)

@@ -23,13 +23,13 @@ from typing import Any
 import grpc
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
-from engram_core.canonical import digest
-from engram_core.errors import Code
-from engram_core.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
-from engram_core.hostkeys import load_private_key_file
+from engram_core.contract.canonical import digest
+from engram_core.contract.errors import Code
+from engram_core.contract.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, WITHDRAW_TOOL
 from engram_core.rpc.status import code_from_rpc_error
 from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
-from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, WITHDRAW_TOOL
+from engram_core.trust.hostctx import ADMIN_CALL, CONTEXT_METADATA_KEY, make_context
+from engram_core.trust.hostkeys import load_private_key_file
 from tests.support.core_engines import EngineStores, one, rows
 from tests.support.core_support import Client, Failed, capture_args
 

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from engram_core.schemas import TOOL_NAMES
+from engram_core.contract.schemas import TOOL_NAMES
 from tests.support.mcp_helpers import ENGRAM, REPO, binding_for, stdio_client, write_config
 from tests.support.serve_support import admin
 

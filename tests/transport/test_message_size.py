@@ -14,11 +14,11 @@ import pytest
 
 from engram_core.api import memory_pb2, memory_pb2_grpc
 from engram_core.app.composition import RunningCore, start_core
-from engram_core.errors import RETRIABLE, Code
-from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
-from engram_core.hostkeys import load_private_key_file
+from engram_core.contract.errors import RETRIABLE, Code
 from engram_core.rpc.server import MAX_MESSAGE_BYTES
 from engram_core.rpc.status import code_from_rpc_error
+from engram_core.trust.hostctx import CONTEXT_METADATA_KEY, make_context
+from engram_core.trust.hostkeys import load_private_key_file
 from tests.support.mcp_helpers import PURPOSE, WORKSPACE, Core, activate
 
 

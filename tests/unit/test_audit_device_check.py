@@ -4,7 +4,7 @@ chains still reads); the last ones interleave several."""
 
 from __future__ import annotations
 
-from engram_core.canonical import canonical_json
+from engram_core.contract.canonical import canonical_json
 from engram_core.store.audit_device import check_device, check_devices
 from engram_core.store.chain import GENESIS, LEGACY_CHAIN, audit_doc, scope_chain
 from engram_core.store.port import AuditRow

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engram_core.canonical import canonical_json
-from engram_core.errors import EngramError
-from engram_core.schema_examples import TOOL_EXAMPLES
-from engram_core.schemas import MAX_ARGUMENT_BYTES
-from engram_core.validation import canonical_arguments, validate_arguments
+from engram_core.contract.canonical import canonical_json
+from engram_core.contract.errors import EngramError
+from engram_core.contract.schema_examples import TOOL_EXAMPLES
+from engram_core.contract.schemas import MAX_ARGUMENT_BYTES
+from engram_core.contract.validation import canonical_arguments, validate_arguments
 
 EXAMPLES = [(tool, example) for tool, examples in TOOL_EXAMPLES.items() for example in examples]
 
@@ -109,7 +109,7 @@ def test_a_request_far_over_the_bound_is_refused_without_walking_all_of_it(monke
     """The one-pass walk gives up as soon as the arguments are certainly too large (it counts a
     lower bound of the bytes it wrote), so four million tiny items cost no more nodes than a
     request as large as allowed; the refusal is still the size bound's, as before."""
-    from engram_core import validation
+    from engram_core.contract import validation
 
     tool, example = next((t, e) for t, e in EXAMPLES if t == "engram_memory_capture")
     args = copy.deepcopy(example)
@@ -133,7 +133,7 @@ def test_the_explanation_of_a_refusal_sees_lists_cut_where_the_schema_bounds_the
     460 kB request). Each list is now cut to one item past its schema's maxItems (so it is still
     too long) and a list the schema has no array for (never looked into) to one item; the
     refusal is the same."""
-    from engram_core import validation
+    from engram_core.contract import validation
 
     tool, example = next((t, e) for t, e in EXAMPLES if t == "engram_memory_capture")
     args = copy.deepcopy(example)

@@ -9,7 +9,7 @@ import rfc8785
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engram_core.canonical import canonical_json
+from engram_core.contract.canonical import canonical_json
 
 KEYS = st.one_of(st.text(max_size=8), st.sampled_from(["a", "b", "\U0001f600", "\ue000", "é", "A", "_", "\x00"]))
 SCALARS = st.one_of(
@@ -58,7 +58,7 @@ def test_edges(value: Any) -> None:
 def _spliced(value: Any, depth: int) -> Any:
     """``value`` with its members (``depth`` levels down) replaced by Canonicals of themselves,
     and the whole again: what the request pipeline hands to ``digest`` and ``seal``."""
-    from engram_core.canonical import canonical
+    from engram_core.contract.canonical import canonical
 
     if isinstance(value, dict):
         return {k: canonical(v, depth=depth) for k, v in value.items()}
@@ -70,7 +70,7 @@ def _spliced(value: Any, depth: int) -> Any:
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(VALUES, st.integers(min_value=0, max_value=3))
 def test_a_canonical_spliced_anywhere_writes_the_same_bytes(value: Any, depth: int) -> None:
-    from engram_core.canonical import canonical
+    from engram_core.contract.canonical import canonical
 
     plain = _fast(value)
     if not isinstance(plain, bytes):
@@ -84,7 +84,7 @@ def test_a_canonical_spliced_anywhere_writes_the_same_bytes(value: Any, depth: i
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(KEYS, VALUES, max_size=6), st.dictionaries(KEYS, VALUES, max_size=3))
 def test_an_object_composed_from_members_is_the_object(members: dict[str, Any], changes: dict[str, Any]) -> None:
-    from engram_core.canonical import canonical, canonical_object
+    from engram_core.contract.canonical import canonical, canonical_object
 
     merged = {**members, **changes}
     plain = _fast(merged)

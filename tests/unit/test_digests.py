@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from engram_core.canonical import DIGEST_KINDS, canonical_json, digest, with_receipt_digest
+from engram_core.contract.canonical import DIGEST_KINDS, canonical_json, digest, with_receipt_digest
 from engram_core.services.core import record_id_of
 
 VALUE = {"b": [1, 2.5, "é"], "a": {"z": None, "y": True}, "n": 9007199254740991}

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engram_core.errors import EngramError
-from engram_core.validation import format_instant, parse_instant
+from engram_core.contract.errors import EngramError
+from engram_core.contract.validation import format_instant, parse_instant
 
 LAST = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 

@@ -332,14 +332,14 @@ def test_module_and_package_cycles_and_upward_imports_are_seen() -> None:
         "adapters.mcp.main": "from engram_core.rpc import server\nfrom engram_core.app.composition import start_core\n",
         "engram_core.rpc.first_serve": "from engram_core.cli.init import read\n",
         "engram_core.app.composition": "from engram_core.rpc.server import serve\n",
-        "engram_core.errors": "from engram_core.services.core import Core\n",  # a shared module reaching up
+        "engram_core.contract.errors": "from engram_core.services.core import Core\n",  # a shared module reaching up
     })
     graph = edges(modules)
     assert {frozenset(c) for c in cycles(graph)} == {
         frozenset({"engram_core.rpc.server", "engram_core.rpc.maintenance"})}
     assert upward_imports(graph) == [
         ("adapters.mcp.main", "engram_core.app.composition"),
-        ("engram_core.errors", "engram_core.services.core"),
+        ("engram_core.contract.errors", "engram_core.services.core"),
         ("engram_core.rpc.first_serve", "engram_core.cli.init"),
     ]
     assert {frozenset(c) for c in cycles(package_graph(graph))} == {

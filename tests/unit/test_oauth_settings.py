@@ -17,7 +17,7 @@ ISSUER = 'issuer = "https://idp.example.com/realms/acme"'
 def _config(tmp_path: Path, oauth: str, *, before: str = "") -> Path:
     key = tmp_path / "host.key"
     if not key.exists():
-        from engram_core.hostkeys import load_or_create_private_key
+        from engram_core.trust.hostkeys import load_or_create_private_key
 
         load_or_create_private_key(key)
     path = tmp_path / "host.toml"
@@ -85,7 +85,7 @@ def test_a_token_file_others_can_read_is_refused_by_http_only(tmp_path: Path) ->
     token.write_text("a-token-that-is-long-enough\n")
     token.chmod(0o644)
     key = tmp_path / "host.key"
-    from engram_core.hostkeys import load_or_create_private_key
+    from engram_core.trust.hostkeys import load_or_create_private_key
 
     load_or_create_private_key(key)
     path = tmp_path / "host.toml"

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from engram_core.canonical import canonical, with_receipt_digest
+from engram_core.contract.canonical import canonical, with_receipt_digest
 from engram_core.services import lexical
 from engram_core.services.ranking import Expansion
 from engram_core.services.reading import Redaction, expanded_terms, hashed_relatives

@@ -1,5 +1,5 @@
 """A refusal for a bound or a format names its field and the bound (issue 60 item 3): the message
-comes from the constant catalogue (engram_core.errors.REFUSALS) and never echoes the input."""
+comes from the constant catalogue (engram_core.contract.errors.REFUSALS) and never echoes the input."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from engram_core.errors import Code, EngramError, refusal_message
-from engram_core.schema_examples import (
+from engram_core.contract.errors import Code, EngramError, refusal_message
+from engram_core.contract.schema_examples import (
     EXAMPLE_CANDIDATE_ID,
     EXAMPLE_PURPOSE,
     EXAMPLE_RECORD_ID,
     SCHEMA_CAPTURE_EXAMPLE,
 )
-from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, GET_TOOL, SEARCH_TOOL
-from engram_core.validation import canonical_arguments
+from engram_core.contract.tools import ADMISSION_TOOL, CAPTURE_TOOL, GET_TOOL, SEARCH_TOOL
+from engram_core.contract.validation import canonical_arguments
 
 KEY = "refusal-messages-key-0001"
 

@@ -1,6 +1,6 @@
 """Credentials found by their slot (issue 26 item 4): a name and an assignment in structured
 text, ``curl -u``, a Go MySQL DSN, and what in a slot holds no secret
-(engram_core/secret_slots.py, the slot rules of engram_core/secret_rules.py).
+(engram_core/secret_scan/slots.py, the slot rules of engram_core/secret_scan/rules.py).
 
 Every form the second adversarial review got past the scanner is here by name; a slot that
 holds a placeholder or (unquoted) code is not a finding, and one such slot does not hide a
@@ -15,7 +15,8 @@ import string
 import numpy as np
 import pytest
 
-from engram_core.secret_slots import (
+from engram_core.secret_scan.scan import MAX_COUNT, SLOT_BUDGET, scan
+from engram_core.secret_scan.slots import (
     CODE_IDENTIFIERS,
     CODE_NAMES,
     CODE_NONE,
@@ -23,7 +24,6 @@ from engram_core.secret_slots import (
     holds_no_secret,
     is_placeholder,
 )
-from engram_core.secrets_scan import MAX_COUNT, SLOT_BUDGET, scan
 
 _rng = random.Random(26)
 ALNUM = string.ascii_letters + string.digits
@@ -200,7 +200,7 @@ def test_the_slot_pattern_matches_what_the_counted_pattern_matched() -> None:
     """The judged groups come from the counted pattern with groups added: on every match of
     every slot rule, over the forms above, the slot pattern matches the same bytes and exactly
     one group holds the content (otherwise the match would count unjudged)."""
-    from engram_core import secrets_scan
+    from engram_core.secret_scan import scan as secrets_scan
 
     texts = [t for t, _ in (*STRUCTURED.values(), *OTHER_SLOTS.values())] + HOLDS_NO_SECRET
     data = b"\n".join(secrets_scan.normalize(t) for t in texts)

@@ -12,9 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engram_core import secret_spans, secrets_scan
-from engram_core.secret_slots import holds_no_secret
-from engram_core.secrets_scan import MAX_COUNT, SLOT_BUDGET, normalize, scan
+from engram_core.secret_scan import scan as secrets_scan
+from engram_core.secret_scan import spans as secret_spans
+from engram_core.secret_scan.scan import MAX_COUNT, SLOT_BUDGET, normalize, scan
+from engram_core.secret_scan.slots import holds_no_secret
 
 _BY_RULE = {c.rule.rule: c for c in secrets_scan._COMPILED}
 _SLOT_RULES = [r for r, c in _BY_RULE.items() if c.slot is not None]

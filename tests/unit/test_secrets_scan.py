@@ -1,4 +1,4 @@
-"""The secret scanner on its own (engram_core/secrets_scan.py, SPEC §13; issue 13 findings 1, 6).
+"""The secret scanner on its own (engram_core/secret_scan/scan.py, SPEC §13; issue 13 findings 1, 6).
 
 Every rule has a positive example; the shapes the adversarial review found missing are
 here by name (PGP blocks, Slack webhooks, Discord bot tokens, Google OAuth secrets, Twilio
@@ -23,9 +23,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from engram_core.canonical import digest
-from engram_core.secret_rules import RULES
-from engram_core.secrets_scan import MAX_COUNT, normalize, scan
+from engram_core.contract.canonical import digest
+from engram_core.secret_scan.rules import RULES
+from engram_core.secret_scan.scan import MAX_COUNT, normalize, scan
 from engram_core.services.core import new_id, record_id_of
 
 _rng = random.Random(13)
@@ -394,7 +394,7 @@ def test_no_rule_multiplies_automaton_states() -> None:
     random positions. The two rules that did (``[MNO][…]{23,25}…`` and ``[a-z][…]{1,20}://…``)
     took 0.7 s and 0.25 s of CPU per MiB on runs like these; every rule now takes a few ms.
     Bound 0.1 s per MiB of CPU."""
-    from engram_core import secrets_scan
+    from engram_core.secret_scan import scan as secrets_scan
 
     rng = random.Random(7)
     checked = 0

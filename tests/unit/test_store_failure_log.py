@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 import pytest
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 from engram_core.rpc.call_handler import CallHandler
 
 

@@ -1,4 +1,4 @@
-"""Tool names come from one place (engram_core/tools.py), and that place says what SPEC §5 says.
+"""Tool names come from one place (engram_core/contract/tools.py), and that place says what SPEC §5 says.
 
 The literal names below are the contract's: the tests that drive the MCP tools by name spell
 them out on purpose (they are the public interface scripts outside the project call), and this
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from engram_core import tools
+from engram_core.contract import tools
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT_NAMES = ("engram_memory_search", "engram_memory_get", "engram_memory_capture",
@@ -43,18 +43,18 @@ def test_the_constants_are_the_contracts_names_in_tools_list_order() -> None:
 def test_the_checker_finds_a_spelled_out_name() -> None:
     source = 'X = "engram_memory_forget"\ndef f():\n    return {"engram_memory_get": 1}\nY = f"engram_memory_{1}"\n'
     assert literal_tool_names(source) == [(1, "engram_memory_forget"), (3, "engram_memory_get")]
-    assert literal_tool_names('"""engram_memory_forget in prose"""\nfrom engram_core.tools import FORGET_TOOL\n') == []
+    assert literal_tool_names('"""engram_memory_forget in prose"""\nfrom engram_core.contract.tools import FORGET_TOOL\n') == []
 
 
 def _product_files() -> list[Path]:
     files = [p for base in ("engram_core", "adapters") for p in sorted((ROOT / base).rglob("*.py"))
              if "_gen" not in p.parts]
-    return [p for p in files if p.relative_to(ROOT).as_posix() not in ("engram_core/tools.py", PROSE, LEAD_OWNED)]
+    return [p for p in files if p.relative_to(ROOT).as_posix() not in ("engram_core/contract/tools.py", PROSE, LEAD_OWNED)]
 
 
 @pytest.mark.parametrize("path", _product_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_product_code_names_tools_through_the_constants(path: Path) -> None:
-    assert literal_tool_names(path.read_text(encoding="utf-8")) == [], "import the name from engram_core.tools"
+    assert literal_tool_names(path.read_text(encoding="utf-8")) == [], "import the name from engram_core.contract.tools"
 
 
 def test_the_guide_and_the_quota_table_name_exactly_the_tools() -> None:

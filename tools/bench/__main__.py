@@ -29,7 +29,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GET_TOOL, SEARCH_TOOL
+from engram_core.contract.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GET_TOOL, SEARCH_TOOL
 from tools.bench import machine
 from tools.bench.corpus import PURPOSE, Corpus
 from tools.bench.loader import Progress, activate_scope, load_scope

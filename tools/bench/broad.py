@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engram_core.tools import SEARCH_TOOL
+from engram_core.contract.tools import SEARCH_TOOL
 from tools.bench import machine
 from tools.bench.broad_corpus import SHAPES, TENANT, WORKSPACE, BroadCorpus, load
 from tools.bench.corpus import PURPOSE

@@ -37,10 +37,10 @@ def worker(data: Path, *, rounds: int, shapes: list[str], profile: bool, records
 
     from engram_core.api import memory_pb2
     from engram_core.app.composition import open_core
-    from engram_core.hostctx import make_context, verify_context
-    from engram_core.hostkeys import load_private_key_file
     from engram_core.rpc.convert import message_of, message_to_value, value_to_message
     from engram_core.services.memory import MemoryService
+    from engram_core.trust.hostctx import make_context, verify_context
+    from engram_core.trust.hostkeys import load_private_key_file
     from tools.bench.broad_corpus import TENANT, WORKSPACE, BroadCorpus
     from tools.bench.corpus import PURPOSE
     from tools.bench.stats import percentile

@@ -41,10 +41,10 @@ def _module_of(tree: Path) -> Any:
 
 def measure(data: Path, tree: Path, *, reps: int, rounds: int, queries: int) -> dict[str, Any]:
     from engram_core.app.composition import open_core
-    from engram_core.hostctx import make_context, verify_context
-    from engram_core.hostkeys import load_private_key_file
     from engram_core.services.memory import MemoryService
     from engram_core.store import search_index as this
+    from engram_core.trust.hostctx import make_context, verify_context
+    from engram_core.trust.hostkeys import load_private_key_file
     from tools.bench.broad_corpus import SHAPES, TENANT, WORKSPACE, BroadCorpus
     from tools.bench.broad_inprocess import _records_of
     from tools.bench.corpus import PURPOSE

@@ -48,9 +48,9 @@ def _hold(address: str, key_path: str, n: int) -> None:
     import grpc
 
     from engram_core.api import memory_pb2, memory_pb2_grpc
-    from engram_core.hostctx import CONTEXT_METADATA_KEY, make_context
-    from engram_core.hostkeys import load_private_key_file
     from engram_core.rpc.convert import message_to_value, value_to_message
+    from engram_core.trust.hostctx import CONTEXT_METADATA_KEY, make_context
+    from engram_core.trust.hostkeys import load_private_key_file
     from tools.bench.corpus import PURPOSE, Corpus
 
     key = load_private_key_file(key_path)

@@ -9,11 +9,16 @@ from typing import Any
 import grpc
 
 from engram_core.api import admin_pb2, admin_pb2_grpc, memory_pb2, memory_pb2_grpc
-from engram_core.hostctx import CONFIRMATION_METADATA_KEY, CONTEXT_METADATA_KEY, make_context, make_grant
-from engram_core.hostkeys import load_private_key_file
-from engram_core.operation import operation_digest
+from engram_core.contract.operation import operation_digest
+from engram_core.contract.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GET_TOOL, SEARCH_TOOL
 from engram_core.rpc.convert import message_to_value, value_to_message
-from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GET_TOOL, SEARCH_TOOL
+from engram_core.trust.hostctx import (
+    CONFIRMATION_METADATA_KEY,
+    CONTEXT_METADATA_KEY,
+    make_context,
+    make_grant,
+)
+from engram_core.trust.hostkeys import load_private_key_file
 from tools.bench.corpus import PURPOSE
 
 _RPC = {

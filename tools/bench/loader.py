@@ -22,7 +22,9 @@ import sys
 import time
 from typing import Any
 
-from engram_core.canonical import canonical_json, digest
+from engram_core.contract.canonical import canonical_json, digest
+from engram_core.contract.tools import CAPTURE_TOOL, TOOL_NAMES
+from engram_core.contract.validation import validate_arguments
 from engram_core.crypto.sealing import seal
 from engram_core.services.core import Core, new_id, record_id_of
 from engram_core.services.lexical import record_fields
@@ -31,8 +33,6 @@ from engram_core.store.chain import event_digest_of
 from engram_core.store.engine import TxEffects
 from engram_core.store.fields import FIELD_CODE
 from engram_core.store.projection import Projection, seal_projection
-from engram_core.tools import CAPTURE_TOOL, TOOL_NAMES
-from engram_core.validation import validate_arguments
 from tools.bench.corpus import Corpus
 
 PRINCIPAL = "agent:bench-loader"

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engram_core.tools import ADMISSION_TOOL, CAPTURE_TOOL, SEARCH_TOOL
+from engram_core.contract.tools import ADMISSION_TOOL, CAPTURE_TOOL, SEARCH_TOOL
 from tools.bench import machine
 from tools.bench.corpus import PURPOSE, Corpus
 from tools.bench.report import print_and_save

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from engram_core.app.composition import open_core
-from engram_core.hostctx import make_context, verify_context
-from engram_core.hostkeys import load_private_key_file
 from engram_core.services.memory import MemoryService
+from engram_core.trust.hostctx import make_context, verify_context
+from engram_core.trust.hostkeys import load_private_key_file
 from tools.bench.broad_corpus import TENANT, WORKSPACE, BroadCorpus
 from tools.bench.corpus import PURPOSE
 

@@ -18,15 +18,15 @@ from typing import Any
 
 from engram_core.api import memory_pb2
 from engram_core.app.composition import open_core
-from engram_core.hostctx import verify_context
+from engram_core.contract.tools import FORGET_TOOL
 from engram_core.rpc.convert import message_of, message_to_value, value_to_message
 from engram_core.services.memory import MemoryService
-from engram_core.tools import FORGET_TOOL
+from engram_core.trust.hostctx import verify_context
 from tools.bench.corpus import Corpus
 from tools.bench.grpc_client import GrpcAgent
 
 CATEGORIES = [
-    ("validation", ("engram_core/validation.py", "engram_core/schemas.py", "fastjsonschema", "secrets_scan.py",
+    ("validation", ("engram_core/contract/validation.py", "engram_core/contract/schemas.py", "fastjsonschema", "secrets_scan.py",
                     "<fastjsonschema")),
     ("policy", ("engram_core/policy/", "opa_bindings")),
     ("crypto", ("engram_core/crypto/", "cryptography", "hostctx.py", "hostkeys.py", "sealing.py")),
@@ -89,8 +89,8 @@ def profile(data_dir: Path, *, tenant: str, workspace: str, record_ids: list[str
         return message_to_value(message_of(result, response_cls))  # as MemoryServicer answers, and the client reads
 
     def grant_for(op_tool: str, args: dict[str, Any]) -> bytes:
-        from engram_core.hostctx import make_grant
-        from engram_core.operation import operation_digest
+        from engram_core.contract.operation import operation_digest
+        from engram_core.trust.hostctx import make_grant
         from tools.bench.grpc_client import now_ms
 
         return make_grant(agent.key, tenant=tenant, workspace=workspace, principal=agent.principal, tool=op_tool,

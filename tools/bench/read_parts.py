@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from engram_core.canonical import canonical, with_receipt_digest
+from engram_core.contract.canonical import canonical, with_receipt_digest
 from engram_core.services import lexical
 from engram_core.services.ranking import OFFLINE_LEXICAL_V5, Expansion
 from engram_core.services.reading import Redaction, expanded_terms, hashed_relatives, related_others

@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engram_core.secret_rules import RULES
-from engram_core.secrets_scan import module_ready, scan
+from engram_core.secret_scan.rules import RULES
+from engram_core.secret_scan.scan import module_ready, scan
 from tools.bench import machine
 from tools.bench.corpus import Corpus
 from tools.bench.stats import percentile

@@ -39,10 +39,10 @@ def worker(data: Path, *, rounds: int, semantic: bool) -> dict[str, Any]:
     import engram_core
     from engram_core.api import memory_pb2
     from engram_core.app.composition import open_core
-    from engram_core.hostctx import make_context, verify_context
-    from engram_core.hostkeys import load_private_key_file
     from engram_core.rpc.convert import message_of, message_to_value, value_to_message
     from engram_core.services.memory import MemoryService
+    from engram_core.trust.hostctx import make_context, verify_context
+    from engram_core.trust.hostkeys import load_private_key_file
 
     core, host_key_path, _ = open_core(data)
     memory = MemoryService(core)

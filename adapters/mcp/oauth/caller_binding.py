@@ -27,9 +27,9 @@ import anyio
 from mcp.server.auth.provider import AccessToken
 
 from adapters.mcp.config import Binding
-from engram_core.errors import EngramError
+from engram_core.contract.errors import EngramError
+from engram_core.contract.schemas import TOOL_NAMES
 from engram_core.policy.port import BINDING, BINDING_SCOPES, PolicyEngine
-from engram_core.schemas import TOOL_NAMES
 
 logger = logging.getLogger("engram.mcp.binding")
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from engram_core import __version__
-from engram_core.errors import EngramError
+from engram_core.contract.errors import EngramError
 from engram_core.observability import calls
 from engram_core.observability.logs import log_event
 from engram_core.policy.decisionlog.mask import (

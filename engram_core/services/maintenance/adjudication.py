@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from engram_core.errors import Code, EngramError
-from engram_core.hostctx import BoundContext
+from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.tools import ADMISSION_TOOL
 from engram_core.services import lifecycle
 from engram_core.services.maintenance.base import EVENT_ID, HostOps, checked_ref, facts_of, sizes_of
 from engram_core.services.pipeline import (
@@ -14,7 +14,7 @@ from engram_core.services.pipeline import (
     gated_precondition,
     request_digest_of,
 )
-from engram_core.tools import ADMISSION_TOOL
+from engram_core.trust.hostctx import BoundContext
 
 
 class AdjudicationOps(HostOps):

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engram_core.canonical import digest
-from engram_core.errors import Code, EngramError
-from engram_core.hostctx import BoundContext
+from engram_core.contract.canonical import digest
+from engram_core.contract.errors import Code, EngramError
 from engram_core.services.host import LAST_ANCHOR_META
 from engram_core.services.maintenance.base import HostOps, event_doc, log
-from engram_core.signing import ANCHOR_DOMAIN, public_keys_from_pems, verify_signature
 from engram_core.store.chain import GENESIS, LEGACY_CHAIN, by_chain, check_audit, event_digest_of, scope_chain
 from engram_core.store.port import Event, ScopeRow
+from engram_core.trust.hostctx import BoundContext
+from engram_core.trust.signing import ANCHOR_DOMAIN, public_keys_from_pems, verify_signature
 
 ANCHOR_FORMAT = "engram-anchor/v2"  # v2: a head per audit chain (v1, one audit head, still verifies)
 ANCHOR_FORMATS = ("engram-anchor/v1", ANCHOR_FORMAT)

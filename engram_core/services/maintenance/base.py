@@ -11,14 +11,14 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from engram_core.contract.errors import Code, EngramError
 from engram_core.crypto.sealing import unseal
-from engram_core.errors import Code, EngramError
-from engram_core.hostctx import BoundContext
 from engram_core.services.admin import target_facts
 from engram_core.services.core import CallRecord, Core
 from engram_core.services.memory import MemoryService, candidate_facts
-from engram_core.signing import CoreSigners
 from engram_core.store.port import CandidateRow, Event, RecordRow, Tx
+from engram_core.trust.hostctx import BoundContext
+from engram_core.trust.signing import CoreSigners
 
 log = logging.getLogger("engram.maintenance")
 _CURSOR = re.compile(r"^(0|[1-9][0-9]{0,19})$")

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from engram_core.errors import Code, EngramError
-from engram_core.hostctx import BoundContext
-from engram_core.hostkeys import key_id, load_public_pem, public_pem
+from engram_core.contract.errors import Code, EngramError
 from engram_core.services import keyring
 from engram_core.services.maintenance.base import HostOps, checked_ref
 from engram_core.store.port import HostKeyRow
+from engram_core.trust.hostctx import BoundContext
+from engram_core.trust.hostkeys import key_id, load_public_pem, public_pem
 
 # The maintenance scopes of SPEC §12 a host key may be bound to (what each permits is the policy's).
 MAINTENANCE_SCOPES = ("read", "maintain")

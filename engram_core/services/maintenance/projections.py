@@ -9,8 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from engram_core.canonical import digest, with_receipt_digest
-from engram_core.hostctx import BoundContext
+from engram_core.contract.canonical import digest, with_receipt_digest
 from engram_core.policy.port import BundleRefused
 from engram_core.services.core import CallRecord, Core, new_id
 from engram_core.services.lexical import ANALYZER_ID, record_fields
@@ -20,6 +19,7 @@ from engram_core.services.reconciliation import payload_links, write_links
 from engram_core.store.fields import FIELD_CODE
 from engram_core.store.port import RecordRow, Tx
 from engram_core.store.projection import Projection
+from engram_core.trust.hostctx import BoundContext
 
 INDEXED_STATES = ("accepted_current", "accepted_disputed", "historical", "expired", "trust_invalid")
 ANALYZER_META = "lexical_analyzer"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engram_core.errors import Code, EngramError
-from engram_core.hostctx import BoundContext
+from engram_core.contract.errors import Code, EngramError
 from engram_core.services.maintenance.base import (
     HostOps,
     checked_ref,
@@ -16,6 +15,7 @@ from engram_core.services.maintenance.base import (
     record_meta,
     sizes_of,
 )
+from engram_core.trust.hostctx import BoundContext
 
 
 class ReadOps(HostOps):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from engram_core.canonical import digest
-from engram_core.errors import Code, EngramError
-from engram_core.hostctx import BoundContext
+from engram_core.contract.canonical import digest
+from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.tools import FORGET_TOOL, WITHDRAW_TOOL
 from engram_core.policy.port import RETENTION
 from engram_core.services import lifecycle
 from engram_core.services.core import CallRecord, context_facts, new_id
@@ -21,7 +21,7 @@ from engram_core.services.pipeline import (
     transaction_receipt_digest,
 )
 from engram_core.store.port import IdempotencyRow, RecordRow
-from engram_core.tools import FORGET_TOOL, WITHDRAW_TOOL
+from engram_core.trust.hostctx import BoundContext
 
 TRANSITION_TOOL = "admin.transition"
 RECORD_OPS = frozenset({"dispute", "resolve_dispute", "supersede", "mark_non_current", "rewind", "trust_invalidate"})

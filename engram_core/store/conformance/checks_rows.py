@@ -9,7 +9,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.tools import CAPTURE_TOOL, FORGET_TOOL
 from engram_core.store.chain import check_audit, scope_chain
 from engram_core.store.conformance.support import (
     OTHER,
@@ -30,7 +31,6 @@ from engram_core.store.port import (
     HostKeyRow,
     IdempotencyRow,
 )
-from engram_core.tools import CAPTURE_TOOL, FORGET_TOOL
 
 
 def check_journal_cursors_stay_dense_under_racing_writers(target: Any) -> None:

@@ -10,9 +10,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from engram_core.contract.tools import SEARCH_TOOL
 from engram_core.store.chain import GENESIS, event_digest_of
 from engram_core.store.port import AuditRow, CandidateRow, Event, RecordRow, ScopeRow
-from engram_core.tools import SEARCH_TOOL
 
 T, W = "acme", "alpha"
 OTHER = ("globex", "beta")

@@ -28,7 +28,7 @@ from typing import Any
 
 import duckdb
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 from engram_core.observability import tracing
 from engram_core.store.audit_spool import SPOOL_NAME
 from engram_core.store.chain import GENESIS, chain_of

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import duckdb
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 from engram_core.store.chain import GENESIS, chain_of
 from engram_core.store.duckdb.group_commit import Batch, Member, Pending, statement_of, tables_of
 from engram_core.store.duckdb.migrations import MIGRATIONS

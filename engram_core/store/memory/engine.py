@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import astuple
 from typing import Any
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 from engram_core.store.engine import (
     CommitHooks,
     EngineCapabilities,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 from engram_core.store.chain import GENESIS, LEGACY_CHAIN
 from engram_core.store.memory.tables import Scope, Tables, frozen_doc
 from engram_core.store.port import (

@@ -99,8 +99,8 @@ from typing import Any
 
 import psycopg
 
+from engram_core.contract.errors import Code, EngramError
 from engram_core.crypto.keyvault import WrappedKey
-from engram_core.errors import Code, EngramError
 from engram_core.observability import tracing
 from engram_core.store.engine import CommitHooks, EngineCapabilities, ScopeChanges, StoreObservers, TxEffects
 from engram_core.store.port import (

@@ -52,8 +52,8 @@ from typing import Any
 import psycopg
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from engram_core.contract.errors import Code, EngramError
 from engram_core.crypto.keyvault import GenerationState, KekRing, WrappedKey
-from engram_core.errors import Code, EngramError
 from engram_core.store.postgres.migrations import RING_LOCK
 from engram_core.store.postgres.pool import Pool, failure
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 from engram_core.store.sql.ledger import pending_migrations as check_ledger
 
 # Identifiers compare and sort by code point (DuckDB's VARCHAR order) in any database.

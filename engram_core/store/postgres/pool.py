@@ -22,7 +22,7 @@ import psycopg
 from psycopg import conninfo as pg_conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 
 IDLE_CHECK_S = 5.0
 

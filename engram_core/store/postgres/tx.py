@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import psycopg
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 from engram_core.store.chain import GENESIS, chain_of, scope_chain
 from engram_core.store.port import (
     CandidateRow,

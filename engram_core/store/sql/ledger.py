@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol, TypeVar
 
-from engram_core.errors import Code, EngramError
+from engram_core.contract.errors import Code, EngramError
 
 
 class Versioned(Protocol):
