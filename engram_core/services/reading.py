@@ -318,7 +318,7 @@ class ReadService:
             kept = [(i, r) for i, r in enumerate(rows) if r[0] in recs and eligible(recs[r[0]], now)]
             shown, cap = self._redaction(redaction, call)
             max_bytes = min(args.get("max_packet_bytes", DEFAULT_PACKET), cap)
-            packets = []
+            packets: list[dict[str, Any]] = []
             payloads: list[Canonical | None] = []
             # Every hit's key at once: one read of a vault in the database instead of one per hit.
             keys = self.core.data_keys([recs[rid] for _, (rid, _s, _v) in kept])
@@ -398,7 +398,8 @@ class ReadService:
             pin.best_bm25, pin.candidate_count = page.best_bm25, page.total
             pin.relevance = query_relevance(profile, pin.lexical_stats, terms, page.own_best_bm25 if page.rows else 0.0)
             return page.rows
-        assert profile.fusion is not None and profile.model_id is not None
+        # A semantic profile is installed only with an embedder (``ReadService.__init__``).
+        assert profile.fusion is not None and profile.model_id is not None and self.core.embedder is not None
         query_vector = self.core.embedder.embed(embedding_text(profile, self.core.hasher, query, pin.lexical_stats))
         lexical = self._lexical(tx, ctx, profile, pin, best_bm25=None, after=None, limit=profile.fusion.depth,
                                 lexical_weight=1.0)
