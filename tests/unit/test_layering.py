@@ -41,6 +41,11 @@ LAYERS: dict[str, int] = {
     "engram_core.policy": 5,
     "engram_core.crypto": 5,
     "engram_core.embedding": 5,
+    # The contract (tool catalogue, schemas, errors, canonical JSON), what a core trusts of a
+    # caller (host contexts and keys) and the secret scanner: shared by every layer above.
+    "engram_core.contract": 5,
+    "engram_core.trust": 5,
+    "engram_core.secret_scan": 5,
     # Logs, metrics and spans: below everything that logs (the ports' observers, which wrap the
     # ports, are the composition root's: engram_core/app/observed_ports.py).
     "engram_core.observability": 6,
