@@ -22,9 +22,9 @@ from engram_core.contract.errors import Code, EngramError
 from engram_core.crypto.keyvault import FileKeyVault, KeyVault
 from engram_core.embedding.port import Embedder
 from engram_core.observability.metrics import CoreMetrics
-from engram_core.policy import OPA_BINDINGS_HINT
 from engram_core.policy import default_bundle_dir as default_policies_dir
 from engram_core.policy.port import PolicyEngine
+from engram_core.policy.serving import PolicySettings, build_serving_policy
 from engram_core.rpc.server import RunningCore, Services, serve
 from engram_core.rpc.tls import ServerTls
 from engram_core.secret_scan import scan as secrets_scan
@@ -61,38 +61,14 @@ class OpenedCore(NamedTuple):
     confirmation_key: Ed25519PrivateKey  # DIR/confirmation.key: signs IssueConfirmation grants only
 
 
-def build_policy(policies_dir: Path | None, opa_url: str | None) -> PolicyEngine:
-    """The policy backend, loaded. A bundle that fails to load leaves the core
-    up but NOT_SERVING, every decision failing closed (SPEC §9, §12)."""
-    engine: PolicyEngine
-    if opa_url:
-        from engram_core.policy.opa_rest import OpaRestPolicyEngine
-
-        engine = OpaRestPolicyEngine(opa_url)
-    else:
-        try:
-            from engram_core.policy.embedded import EmbeddedPolicyEngine
-        except ModuleNotFoundError as exc:
-            if exc.name != "opa_bindings":
-                raise
-            raise EngramError(Code.POLICY_UNAVAILABLE, OPA_BINDINGS_HINT) from None
-
-        engine = EmbeddedPolicyEngine(policies_dir or default_policies_dir())
-    try:
-        engine.reload()
-    except EngramError as exc:
-        log.error("policy bundle not active: %s", exc.detail)
-        return engine
-    # Warm every decision path once (OPA prepares each query on first use) so the
-    # first real call does not pay for it; every path answers {} with a denial.
-    from engram_core.policy.port import DECISION_PATHS
-
-    for path in DECISION_PATHS:
-        try:
-            engine.decide(path, {}, timeout_s=30)
-        except EngramError:
-            pass
-    return engine
+def build_policy(data_dir: Path, policies_dir: Path | None, opa_url: str | None) -> PolicyEngine:
+    """The policy engine of a core that ``engram serve`` did not configure (tests, tools,
+    ``engram mcp``'s embedded core, ``engram migrate-store``): the one builder ``serve`` uses
+    (``build_serving_policy``) over the bundle directory or the OPA, so every core runs what
+    ``serve`` runs. Its errors are ``serve``'s: ValueError for settings that cannot work (the
+    OPA bindings not installed), and a bundle that fails to load leaves the core up but
+    NOT_SERVING, every decision failing closed (SPEC §9, §12)."""
+    return build_serving_policy(PolicySettings(policies=policies_dir, opa_url=opa_url), data_dir).engine
 
 
 def build_embedder(semantic: bool | None) -> Embedder | None:
@@ -178,7 +154,9 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
               index_max_records: int = 0) -> OpenedCore:
     """Open (creating on first run) the data directory and the store its configuration names.
 
-    ``policy`` overrides the backend (tests, embedding); ``audit_devices`` are ``--audit-device``
+    ``policy``: the engine ``engram serve`` built (``build_serving_policy``, with its bundle
+    server, signing and decision log); otherwise the same builder makes one over
+    ``policies_dir`` or ``opa_url`` (``build_policy``). ``audit_devices`` are ``--audit-device``
     specs (engram_core/store/audit_device.py); ``store_url`` selects another engine than the
     data directory's DuckDB file (``engines.StoreConfig``); ``load_index`` False leaves the
     search index to the server, which builds it after it listens."""
@@ -186,12 +164,20 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
     config = StoreConfig.from_options(data_dir, store_url, index_max_records=index_max_records,
                                       vector_search=embedder is not None)
     make_private(data_dir)  # keys and the store: owner only, also in a directory that already existed
-    devices = _open_audit_devices(data_dir, audit_devices or [])
-    keys = _local_keys(data_dir, extra_trusted_pems or [])
-    vault = build_vault(config)
-    store = open_store(config, vault=vault, load_index=load_index, audit_devices=devices)
-    _trust_stored_keys(store, keys.trusted, keys.host_public)
-    core = Core(data_dir=data_dir, store=store, vault=vault, policy=policy or build_policy(policies_dir, opa_url),
+    # Before the store opens, as ``engram serve`` builds it: settings that cannot work refuse the
+    # start with nothing opened.
+    engine = policy if policy is not None else build_policy(data_dir, policies_dir, opa_url)
+    try:
+        devices = _open_audit_devices(data_dir, audit_devices or [])
+        keys = _local_keys(data_dir, extra_trusted_pems or [])
+        vault = build_vault(config)
+        store = open_store(config, vault=vault, load_index=load_index, audit_devices=devices)
+        _trust_stored_keys(store, keys.trusted, keys.host_public)
+    except BaseException:
+        if policy is None:
+            engine.close()  # built here: the caller's own is the caller's to close
+        raise
+    core = Core(data_dir=data_dir, store=store, vault=vault, policy=engine,
                 trusted=keys.trusted, clock=clock, embedder=embedder, key_schedule=key_schedule,
                 open_key_dir=open_key_source)
     try:

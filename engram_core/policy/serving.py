@@ -1,8 +1,10 @@
 """The policy engine ``engram serve`` runs: which backend, where its bundle comes from (a
 directory or archive, or a bundle server), whether bundles must be signed, and whether
-decisions are logged. Built before the core opens and handed to it as its ``policy``; the
-bundle puller starts once the core is serving, so its reloads go through the core's
-observed engine (logged and counted like SIGHUP and ``engram admin reload-policies``)."""
+decisions are logged. Every core's engine is built here (``build_serving_policy``): ``serve``'s
+with all its settings, any other core's with a bundle directory or an OPA only. Built before
+the core opens and handed to it as its ``policy``; the bundle puller starts once the core is
+serving, so its reloads go through the core's observed engine (logged and counted like SIGHUP
+and ``engram admin reload-policies``)."""
 
 from __future__ import annotations
 
@@ -80,9 +82,14 @@ class ServingPolicy:
 
 
 def build_serving_policy(settings: PolicySettings, data_dir: Path) -> ServingPolicy:
-    """Build and load the backend. A bundle that cannot be had or is refused leaves the core up
-    but NOT_SERVING (every decision fails closed); the reason is logged and kept in
-    ``refused`` for the start-up summary. ValueError for settings that cannot work."""
+    """Build and load the backend: the one policy-engine builder, for ``engram serve`` and for
+    every other core (``composition.build_policy``: tests, tools, ``engram mcp``'s embedded core).
+
+    Errors, the same for every caller: ValueError for settings that cannot work (conflicting
+    flags, an unreadable verification key, the embedded engine's OPA bindings not installed),
+    raised before anything is loaded. A bundle that cannot be had or is refused is no error:
+    the core comes up NOT_SERVING (every decision fails closed), the reason logged and kept in
+    ``refused`` or ``unavailable`` for the start-up summary."""
     if settings.opa_url and (settings.bundle_url or settings.verification_key):
         raise ValueError("--opa-url asks an OPA server, which owns its bundle: --bundle-url and "
                          "--bundle-verification-key configure the embedded engine (configure OPA's own "
