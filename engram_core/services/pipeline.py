@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from engram_core.contract.canonical import Canonical, digest, with_receipt_digest
+from engram_core.contract.canonical import Canonical, with_receipt_digest
 from engram_core.contract.errors import Code, EngramError
-from engram_core.contract.operation import target_of
+from engram_core.contract.operation import operation_digest, request_digest, target_of
 from engram_core.contract.validation import canonical_arguments
 from engram_core.services.core import CallRecord, Core
 from engram_core.store.port import Tx
@@ -66,22 +66,14 @@ def prepare(ctx: BoundContext, tool: str, arguments: Any) -> PreparedCall:
     """Validate ``arguments`` against ``tool``'s closed schema (INVALID_SCHEMA, INVALID_DIGEST)
     and compute, from one canonical walk, everything the call's steps use."""
     body = canonical_arguments(tool, arguments)
-    target = target_of(tool, arguments)
-    unkeyed = {k: m for k, m in (body.members or {}).items() if k != "idempotency_key"}
+    # The digests splice the members' canonical texts: the same digests as of the raw arguments
+    # (the adapter's), without serializing them again.
     return PreparedCall(
-        tool=tool, arguments=arguments, body=body, target=target,
-        request_digest=digest("request", {"tool": tool, "target": target, "arguments": unkeyed}),
-        operation_digest=digest("operation", {
-            "tool": tool, "target": target, "scope": {"tenant": ctx.tenant, "workspace": ctx.workspace},
-            "principal": ctx.principal, "arguments": unkeyed}),
+        tool=tool, arguments=arguments, body=body, target=target_of(tool, arguments),
+        request_digest=request_digest(tool, body),
+        operation_digest=operation_digest(tool=tool, tenant=ctx.tenant, workspace=ctx.workspace,
+                                          principal=ctx.principal, arguments=body),
     )
-
-
-def request_digest_of(tool: str, arguments: Mapping[str, Any]) -> str:
-    """The request digest of arguments that were not prepared (the host paths' own documents):
-    the same digest ``prepare`` computes (docs/digests.md, kind ``request``)."""
-    return digest("request", {"tool": tool, "target": target_of(tool, arguments),
-                              "arguments": {k: v for k, v in arguments.items() if k != "idempotency_key"}})
 
 
 def stored_outcome(tx: Tx, ctx: BoundContext, *, tool: str, target: str, key: str,

@@ -20,9 +20,9 @@ import rfc8785
 from engram_core.contract import canonical as canonical_module
 from engram_core.contract import validation as validation_module
 from engram_core.contract.canonical import digest
-from engram_core.contract.operation import operation_digest
+from engram_core.contract.operation import operation_digest, request_digest
 from engram_core.contract.schema_examples import TOOL_EXAMPLES
-from engram_core.services.pipeline import prepare, request_digest_of
+from engram_core.services.pipeline import prepare
 from engram_core.trust.hostctx import verify_context
 from tests.support.core_support import Client, capture_args
 
@@ -128,7 +128,7 @@ def test_a_prepared_call_has_the_digests_of_its_arguments(ana: Client, tool: str
     for example in TOOL_EXAMPLES[tool]:
         prepared = prepare(ctx, tool, example)
         assert prepared.body.data == canonical_module.canonical_json(example)
-        assert prepared.request_digest == request_digest_of(tool, example)
+        assert prepared.request_digest == request_digest(tool, example)
         assert prepared.operation_digest == operation_digest(tool=tool, tenant=ctx.tenant, workspace=ctx.workspace,
                                                              principal=ctx.principal, arguments=example)
 

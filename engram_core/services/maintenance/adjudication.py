@@ -6,14 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.operation import request_digest
 from engram_core.contract.tools import ADMISSION_TOOL
 from engram_core.services import lifecycle
 from engram_core.services.maintenance.base import EVENT_ID, HostOps, checked_ref, facts_of, sizes_of
-from engram_core.services.pipeline import (
-    Guard,
-    gated_precondition,
-    request_digest_of,
-)
+from engram_core.services.pipeline import Guard, gated_precondition
 from engram_core.trust.hostctx import BoundContext
 
 
@@ -59,7 +56,7 @@ class AdjudicationOps(HostOps):
         if not EVENT_ID.match(event_id):
             raise EngramError(Code.INVALID_SCHEMA, "event_id")
         args = {"candidate_id": candidate_id, "idempotency_key": event_id, "decision": decision, "reason_ref": reason}
-        guard = Guard(ADMISSION_TOOL, candidate_id, event_id, request_digest_of(ADMISSION_TOOL, args))
+        guard = Guard(ADMISSION_TOOL, candidate_id, event_id, request_digest(ADMISSION_TOOL, args))
 
         def adjudicable(state: str) -> None:
             lifecycle.check_candidate(decision, state)

@@ -7,6 +7,7 @@ from typing import Any
 
 from engram_core.contract.canonical import digest
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.operation import request_digest
 from engram_core.contract.tools import FORGET_TOOL, WITHDRAW_TOOL
 from engram_core.policy.port import RETENTION
 from engram_core.services import lifecycle
@@ -16,7 +17,6 @@ from engram_core.services.maintenance.base import EVENT_ID, HostOps, checked_ref
 from engram_core.services.pipeline import (
     Guard,
     gated_precondition,
-    request_digest_of,
     stored_outcome,
     transaction_receipt_digest,
 )
@@ -55,7 +55,7 @@ class TransitionOps(HostOps):
 
     def _tombstone(self, tctx: BoundContext, call: CallRecord, record_id: str, event_id: str, reason: str) -> dict[str, Any]:
         args = {"record_id": record_id, "idempotency_key": event_id, "reason_ref": reason, "by": "host"}
-        guard = Guard(FORGET_TOOL, record_id, event_id, request_digest_of(FORGET_TOOL, args))
+        guard = Guard(FORGET_TOOL, record_id, event_id, request_digest(FORGET_TOOL, args))
         standing = gated_precondition(self.core, tctx, guard, what="record",
                                       lookup=lambda tx: tx.record(tctx.tenant, tctx.workspace, record_id),
                                       check_state=lambda state: lifecycle.check_record("tombstone", state))
@@ -68,7 +68,7 @@ class TransitionOps(HostOps):
     def _candidate_end(self, tctx: BoundContext, call: CallRecord, op: str, candidate_id: str, event_id: str,
                        reason: str) -> dict[str, Any]:
         args = {"candidate_id": candidate_id, "idempotency_key": event_id, "reason_ref": reason, "operation": op}
-        guard = Guard(WITHDRAW_TOOL, candidate_id, event_id, request_digest_of(WITHDRAW_TOOL, args))
+        guard = Guard(WITHDRAW_TOOL, candidate_id, event_id, request_digest(WITHDRAW_TOOL, args))
         standing = gated_precondition(self.core, tctx, guard, what="candidate",
                                       lookup=lambda tx: tx.candidate(tctx.tenant, tctx.workspace, candidate_id),
                                       check_state=lambda state: lifecycle.check_candidate(op, state))
