@@ -91,14 +91,14 @@ def build_backup(tx: Tx, *, created_at: str, signer: CoreSigner,
             put("event", event_doc(e))
         for rec in tx.scope_records(s.tenant, s.workspace):
             owners.add(f"record:{rec.record_id}")
-            item = asdict(rec)
-            item.pop("key_slot")  # a slot of this store's vault: restore seals under new keys
-            item["sealed_body"] = base64.b64encode(rec.sealed_body).decode() if rec.sealed_body is not None else ""
+            doc = asdict(rec)
+            doc.pop("key_slot")  # a slot of this store's vault: restore seals under new keys
+            doc["sealed_body"] = base64.b64encode(rec.sealed_body).decode() if rec.sealed_body is not None else ""
             if rec.state != "tombstoned":
                 owner = f"record:{rec.record_id}"
                 slot = tx.data_key_slot(owner)
-                item["key_ref"] = {"owner": owner, "ref": slot if slot is not None else -1}
-            put("record", {k: v for k, v in item.items() if v is not None})
+                doc["key_ref"] = {"owner": owner, "ref": slot if slot is not None else -1}
+            put("record", {k: v for k, v in doc.items() if v is not None})
     for row in tx.tombstone_rows():
         if scope is None or (row["tenant"], row["workspace"]) == scope:
             put("tombstone", row)
@@ -115,7 +115,7 @@ def build_backup(tx: Tx, *, created_at: str, signer: CoreSigner,
     for row in audit:
         put("audit", row)
     body = b"".join(lines)
-    manifest = {"format": FORMAT, "counts": counts, "pins": pins, "audit_head": head,
+    manifest: dict[str, Any] = {"format": FORMAT, "counts": counts, "pins": pins, "audit_head": head,
                 "items_sha256": hashlib.sha256(body).hexdigest(), "bytes": len(body)}
     if scope is not None:
         manifest["scope"] = {"tenant": scope[0], "workspace": scope[1]}
@@ -221,7 +221,7 @@ class ParsedBackup:
 
 
 def _record_row(r: dict[str, Any]) -> RecordRow:
-    fields = {k: r.get(k) for k in RecordRow.__dataclass_fields__ if k != "key_slot"}
+    fields: dict[str, Any] = {k: r.get(k) for k in RecordRow.__dataclass_fields__ if k != "key_slot"}
     fields["sealed_body"] = base64.b64decode(r["sealed_body"], validate=True) if r.get("sealed_body") else None
     return RecordRow(**fields)
 

@@ -46,7 +46,8 @@ def _components(effective: dict[str, Any]) -> list[tuple[str, str]]:
 
 def capture_facts(payload: dict[str, Any]) -> dict[str, Any]:
     """The content facts of a payload known at capture."""
-    primary = next((c for c in payload["components"] if c["component_id"] == payload["primary_component_id"]), {})
+    primary: dict[str, Any] = next(
+        (c for c in payload["components"] if c["component_id"] == payload["primary_component_id"]), {})
     return {"primary_kind": str(primary.get("kind", "")), "instructions": instructions.scan(_components(payload)),
             "provenance": provenance(payload)}
 
@@ -87,11 +88,10 @@ class ContentSignals:
             page = tx.rank_lexical(tenant, workspace, stats, self.profile.weights, k1=self.profile.k1, b=self.profile.b,
                                    now_ms=now, half_life_ms=self.profile.half_life_ms, lexical_weight=1.0,
                                    max_accepted_cursor=cursor, best_bm25=None, after=None, limit=SIMILAR_LIMIT)
-            for row in page.rows[:SIMILAR_LIMIT]:
-                found.setdefault(row[0], None)
+            for hit in page.rows[:SIMILAR_LIMIT]:
+                found.setdefault(hit[0], None)
         embedder = getattr(self.core, "embedder", None)
-        query = vector() if embedder is not None else None
-        if query is not None:
+        if embedder is not None and (query := vector()) is not None:
             for rid, sim, _ in tx.rank_vectors(tenant, workspace, embedder.model_id, query, now_ms=now,
                                                max_accepted_cursor=cursor, min_similarity=MIN_SEMANTIC,
                                                limit=SIMILAR_LIMIT):

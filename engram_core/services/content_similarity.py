@@ -139,7 +139,8 @@ def profile(effective: dict[str, Any]) -> TextProfile:
     joined = "\n".join(texts)
     words = tuple(tokenize(joined))
     surface, distinct = _surface_and_distinct(joined)
-    primary = next((c for c in effective["components"] if c["component_id"] == effective.get("primary_component_id")), {})
+    primary: dict[str, Any] = next(
+        (c for c in effective["components"] if c["component_id"] == effective.get("primary_component_id")), {})
     return TextProfile(
         terms=frozenset(analyze(joined)),
         distinct=frozenset(distinct),

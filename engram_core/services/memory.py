@@ -167,17 +167,18 @@ class MemoryService(ReadService):
                      "reason_ref": args.get("reason_ref", "")}
         prepared = prepare(ctx, tool, tool_args)
         self.core.authorize(ctx, tool, CallRecord(), stored_strings=stored_strings(tool_args))
+        # Only the replay matters here: the standing's target is a candidate or a record.
         if tool == WITHDRAW_TOOL:
-            standing = gated_precondition(
+            replay = gated_precondition(
                 self.core, ctx, prepared.guard, what="candidate",
                 lookup=lambda tx: tx.candidate(ctx.tenant, ctx.workspace, tool_args[field]),
-                check_state=lambda state: lifecycle.check_candidate("withdraw", state))
+                check_state=lambda state: lifecycle.check_candidate("withdraw", state)).replay
         else:
-            standing = gated_precondition(
+            replay = gated_precondition(
                 self.core, ctx, prepared.guard, what="record",
                 lookup=lambda tx: tx.record(ctx.tenant, ctx.workspace, tool_args[field]),
-                check_state=lambda state: lifecycle.check_record("tombstone", state))
-        return {"status": "replay" if standing.replay is not None else "ready"}
+                check_state=lambda state: lifecycle.check_record("tombstone", state)).replay
+        return {"status": "replay" if replay is not None else "ready"}
 
     def _recheck(self, tx: Tx, ctx: BoundContext, guard: Guard | None, call: CallRecord, grant_id: str | None,
                  target: Any, check_state: Any) -> Any:
@@ -426,8 +427,10 @@ class MemoryService(ReadService):
             body = seal(record_key, canonical_json(effective), kind="record", owner=record_id)
             fields = record_fields(effective, self.core.hasher)
             # Before taking the write lock: the local model takes milliseconds per record, and
-            # inside the transaction it would serialize every other write behind it.
-            vector = (self.core.embedder.model_id, embedding.result()) if embedding is not None else None
+            # inside the transaction it would serialize every other write behind it. (An
+            # embedding was started only with an embedder.)
+            embedder = self.core.embedder
+            vector = (embedder.model_id, embedding.result()) if embedding is not None and embedder is not None else None
         try:
             with self.core.store.write(batched=True, scope=(ctx.tenant, ctx.workspace)) as tx:
                 standing_read = ([lambda: tx.payload_standing(ctx.tenant, ctx.workspace, cand.payload_digest)]

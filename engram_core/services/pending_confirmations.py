@@ -94,8 +94,10 @@ class PendingConfirmations:
         _ref(target, "target")
         _ref(reason_ref, "reason_ref")
         # The page shows tool, target and reason: they must be exactly what the digest binds.
+        target_field = TARGET_FIELD[tool]
+        assert target_field is not None  # every gated tool has a target
         expected = operation_digest(tool=tool, tenant=ctx.tenant, workspace=ctx.workspace, principal=ctx.principal,
-                                    arguments={TARGET_FIELD[tool]: target, "reason_ref": reason_ref})
+                                    arguments={target_field: target, "reason_ref": reason_ref})
         if digest != expected:
             raise EngramError(Code.INVALID_DIGEST, "operation digest does not bind these fields")
         now = self.core.now_ms()

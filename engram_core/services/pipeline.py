@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from engram_core.contract.canonical import Canonical, with_receipt_digest
 from engram_core.contract.errors import Code, EngramError
@@ -25,7 +25,15 @@ from engram_core.services.core import CallRecord, Core
 from engram_core.store.port import Tx
 from engram_core.trust.hostctx import BoundContext
 
-T = TypeVar("T")
+
+class _Stateful(Protocol):
+    """A lifecycle target: a candidate or a record row."""
+
+    @property
+    def state(self) -> str: ...
+
+
+T = TypeVar("T", bound=_Stateful)
 
 
 @dataclass(frozen=True)
@@ -141,7 +149,7 @@ def gated_precondition(core: Core, ctx: BoundContext, guard: Guard, *, lookup: C
         require_grant(grant)
     if target is None:
         raise EngramError(Code.NOT_FOUND, what)
-    check_state(target.state)  # type: ignore[attr-defined]
+    check_state(target.state)
     return Standing(replay=None, target=target)
 
 

@@ -40,7 +40,8 @@ class PayloadLinks:
 
 
 def payload_links(effective: dict[str, Any]) -> PayloadLinks:
-    primary = next((c for c in effective["components"] if c["component_id"] == effective["primary_component_id"]), {})
+    primary: dict[str, Any] = next(
+        (c for c in effective["components"] if c["component_id"] == effective["primary_component_id"]), {})
     sources = sorted({c["source_ref"] for c in effective["citations"] if _RECORD_ID.match(c["source_ref"])})
     return PayloadLinks(family_refs=list(effective.get("reconciliation", {}).get("family_refs", [])),
                         primary_kind=str(primary.get("kind", "")), source_refs=sources)

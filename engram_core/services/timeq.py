@@ -97,22 +97,22 @@ def _window(kind: str, m: re.Match[str], now: dt.datetime) -> TimeWindow | None:
             day -= dt.timedelta(days=1)
         return TimeWindow(_ms(day), _ms(day + dt.timedelta(days=1)) - 1)
     if kind == "season":
-        which, season, year = (m.group(1) or "").lower(), m.group(2).lower(), m.group(3)
+        which, season, named_year = (m.group(1) or "").lower(), m.group(2).lower(), m.group(3)
         first = _SEASONS[season]
-        if year:
-            return _months(int(year), first, 3)
+        if named_year:
+            return _months(int(named_year), first, 3)
         # the most recent such season that has begun; "last" means the one before if we are in it
         start_year = now.year if _month_start(now.year, first) <= now else now.year - 1
         if which == "last" and _month_start(start_year, first + 3) > now:
             start_year -= 1
         return _months(start_year, first, 3)
     if kind == "month":
-        which, name, year = (m.group(1) or "").lower(), m.group(2).lower(), m.group(3)
-        if name in ("may", "march") and not which and not year:  # far more often a verb
+        which, name, named_year = (m.group(1) or "").lower(), m.group(2).lower(), m.group(3)
+        if name in ("may", "march") and not which and not named_year:  # far more often a verb
             return None
         month = _MONTHS[name]
-        if year:
-            return _months(int(year), month, 1)
+        if named_year:
+            return _months(int(named_year), month, 1)
         y = now.year if _month_start(now.year, month) <= now else now.year - 1
         if which == "last" and y == now.year and month == now.month:
             y -= 1

@@ -215,6 +215,13 @@ class Tx(Protocol):
     destroyed_slots: list[int]
     key_destruction_outcome: str
 
+    @property
+    def keys_zeroed(self) -> bool:
+        """After the commit: every data key this transaction destroyed is gone from the live
+        vault (its slot zeroed), whatever older KEK generations still wrap. A forget answers its
+        projection invalidation "complete" on it: what the body and projection were sealed under
+        is gone."""
+
     def read_ahead(self, *reads: Callable[[], object]) -> None:
         """A hint: ``reads`` (calls of this transaction's read methods, e.g. ``lambda:
         tx.candidate(t, w, cid)``) are about to be made. An engine that reads over a network may
