@@ -1,44 +1,57 @@
 """Capture + admission pairs in process, the core alone (issue 63): p50, CPU per pair, and with
 ``--profile SORT`` a cProfile listing.
 
-    .venv/bin/python -m tools.bench.pair_inprocess --data DIR [--pairs 40] [--profile tottime]
+    .venv/bin/python -m tools.bench.pair_inprocess --data DIR [--pairs 40] [--tree CHECKOUT --runs 4]
+                                                   [--profile tottime]
 
-``DIR``: a data directory ``tools.bench.broad_corpus.load`` made; the pairs are written into it
-(use a copy). Each pair signs and verifies a fresh host context per call, as the servicer
-receives it, and the admission must accept.
+``DIR``: a data directory ``tools.bench.broad_corpus.load`` made; every run writes its pairs into
+a fresh copy of it (``DIR`` itself is never written). Each pair signs and verifies a fresh host
+context per call, as the servicer receives it, and the admission must accept. Each run is a
+process of its own; with ``--tree`` another checkout's core (its stubs built) runs too, the two
+alternated run by run, and the report gives the ratio of each alternated pair of runs (the
+machine's speed moves between runs, a ratio within a pair of neighbouring runs far less).
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
+import json
 import os
-import pstats
+import shutil
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from engram_core.app.composition import open_core
-from engram_core.services.memory import MemoryService
-from engram_core.trust.hostctx import make_context, verify_context
-from engram_core.trust.hostkeys import load_private_key_file
-from tools.bench.broad_corpus import TENANT, WORKSPACE, BroadCorpus
-from tools.bench.corpus import PURPOSE
+REPO = Path(__file__).resolve().parents[2]
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench.pair_inprocess", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, required=True)
-    ap.add_argument("--pairs", type=int, default=40)
-    ap.add_argument("--profile", default=None, help="a pstats sort key: print the profile")
-    args = ap.parse_args(argv)
-    core, host_key_path, _ = open_core(args.data, semantic=False)
+def worker(data: Path, *, pairs: int, profile: str | None) -> dict[str, Any]:
+    # Run as a script: engram_core from the checkout PYTHONPATH names (imported before this
+    # checkout goes first on the path, or --tree would measure this checkout's core twice);
+    # these tools from this one.
+    import engram_core
+
+    sys.path.insert(0, str(REPO))
+    import cProfile
+    import pstats
+
+    from engram_core.app.composition import open_core
+    from engram_core.services.memory import MemoryService
+    from engram_core.trust.hostctx import make_context, verify_context
+    from engram_core.trust.hostkeys import load_private_key_file
+    from tools.bench.broad_corpus import TENANT, WORKSPACE, BroadCorpus
+    from tools.bench.corpus import PURPOSE
+
+    core, host_key_path, _ = open_core(data, semantic=False)
     memory = MemoryService(core)
     key = load_private_key_file(host_key_path)
     corpus = BroadCorpus()
 
-    def ctx(call: str):
+    def ctx(call: str) -> Any:
         signed = make_context(key, call=call, tenant=TENANT, workspace=WORKSPACE, principal="user:bench",
                               agent_id="agent-bench", session="bench", purpose_ref=PURPOSE,
                               now_ms=time.time_ns() // 1_000_000, memory_enabled=True)
@@ -54,13 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         assert out["outcome"].get("record_id"), out
 
     lat, cpu = [], []
-    prof = cProfile.Profile() if args.profile else None
+    prof = cProfile.Profile() if profile else None
     try:
         for i in range(5):  # warm-up
             pair(i)
         if prof:
             prof.enable()
-        for i in range(5, 5 + args.pairs):
+        for i in range(5, 5 + pairs):
             started, cpu0 = time.perf_counter(), time.process_time()
             pair(i)
             lat.append((time.perf_counter() - started) * 1000)
@@ -69,10 +82,66 @@ def main(argv: list[str] | None = None) -> int:
             prof.disable()
     finally:
         core.close()
-    print(f"pairs {len(lat)}  p50 {statistics.median(lat):.3f} ms  CPU p50 {statistics.median(cpu):.3f} ms"
-          f"  (load {os.getloadavg()[0]:.2f})")
     if prof:
-        pstats.Stats(prof).sort_stats(args.profile).print_stats(40)
+        pstats.Stats(prof, stream=sys.stderr).sort_stats(profile).print_stats(40)
+    return {"code": str(Path(engram_core.__file__).resolve().parents[1]), "pairs": len(lat),
+            "p50_ms": round(statistics.median(lat), 3), "cpu_p50_ms": round(statistics.median(cpu), 3),
+            "cpu_mean_ms": round(statistics.fmean(cpu), 3), "loadavg": os.getloadavg()[0]}
+
+
+def run(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One run of ``tree``'s core in a process of its own, on a fresh copy of the data."""
+    with tempfile.TemporaryDirectory(prefix="pair-inprocess-") as tmp:
+        data = Path(tmp) / "data"
+        shutil.copytree(args.data, data)
+        env = {**os.environ, "PYTHONPATH": str(tree), "ENGRAM_SEMANTIC": "off"}
+        argv = [sys.executable, __file__, "--worker", "--data", str(data), "--pairs", str(args.pairs)]
+        if args.profile:
+            argv += ["--profile", args.profile]
+        out = subprocess.run(argv, env=env, cwd=tree, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"worker for {tree} failed: {out.stderr[-3000:]}")
+    if args.profile:
+        print(out.stderr, flush=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.bench.pair_inprocess", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--pairs", type=int, default=40)
+    ap.add_argument("--tree", type=Path, help="another checkout, measured alternately with this one")
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--profile", default=None, help="a pstats sort key: print the profile")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.data, pairs=args.pairs, profile=args.profile)))
+        return 0
+    trees = {"before": args.tree.resolve(), "this": REPO} if args.tree else {"this": REPO}
+    report: dict[str, Any] = {"data": str(args.data), "pairs": args.pairs, "runs": {name: [] for name in trees}}
+    for i in range(args.runs):
+        for name, tree in trees.items():
+            figures = run(tree, args)
+            report["runs"][name].append(figures)
+            print(f"run {i + 1} {name:6} pairs {figures['pairs']}  p50 {figures['p50_ms']:.3f} ms  "
+                  f"CPU p50 {figures['cpu_p50_ms']:.3f} ms  (load {figures['loadavg']:.2f})", flush=True)
+    summary: dict[str, Any] = {name: {k: round(statistics.median(r[k] for r in runs), 3)
+                                      for k in ("p50_ms", "cpu_p50_ms", "cpu_mean_ms")}
+                               for name, runs in report["runs"].items()}
+    if "before" in summary:
+        # A ratio per alternated pair of runs, then their median and range.
+        for k in ("p50_ms", "cpu_p50_ms"):
+            ratios = [b[k] / t[k] for b, t in zip(report["runs"]["before"], report["runs"]["this"], strict=True)]
+            summary[f"before_over_this_{k}"] = {"median": round(statistics.median(ratios), 2),
+                                                "min": round(min(ratios), 2), "max": round(max(ratios), 2)}
+    report["summary"] = summary
+    print(json.dumps(summary, indent=1))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 
