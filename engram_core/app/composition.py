@@ -202,8 +202,8 @@ def build_services(opened: OpenedCore, metrics: CoreMetrics | None = None) -> Se
     observe_core(core, memory, metrics)
     signers = CoreSigners.load(core.data_dir)
     return Services(memory=memory, host=HostServiceCore(core, opened.confirmation_key),
-                    admin=AdminServiceCore(core), maintenance=MaintenanceService(core, memory, signers),
-                    backups=BackupService(core, memory, signers.backup))
+                    admin=AdminServiceCore(core), maintenance=MaintenanceService(core, memory.mutations, signers),
+                    backups=BackupService(core, memory.mutations, signers.backup))
 
 
 def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Path | None = None,

@@ -189,4 +189,4 @@ def observe_core(core: Any, memory: Any, metrics: CoreMetrics | None) -> None:
         core.embedder = ObservedEmbedder(core.embedder, metrics)
     observe_store(core.store, metrics)
     if metrics is not None:
-        metrics.watch(core, getattr(memory, "pins", None))
+        metrics.watch(core, memory.reading.pins)

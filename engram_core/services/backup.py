@@ -39,7 +39,7 @@ from engram_core.services.admin import target_facts
 from engram_core.services.core import CallRecord, Core, new_id, record_id_of
 from engram_core.services.lexical import record_fields
 from engram_core.services.maintenance import check_audit, check_journal, event_doc
-from engram_core.services.memory import MemoryService
+from engram_core.services.mutations import Mutations
 from engram_core.services.reconciliation import payload_links, write_links
 from engram_core.store.chain import LEGACY_CHAIN, chain_heads
 from engram_core.store.port import Event, HostKeyRow, RecordRow, ScopeRow, Tx
@@ -243,9 +243,9 @@ def _host_key_row(k: dict[str, Any], at_ms: int) -> HostKeyRow:
 
 
 class BackupService:
-    def __init__(self, core: Core, memory: MemoryService, signer: CoreSigner) -> None:
+    def __init__(self, core: Core, mutations: Mutations, signer: CoreSigner) -> None:
         self.core = core
-        self.memory = memory
+        self.mutations = mutations  # a restore embeds its records as admissions do
         self.signer = signer
 
     def backup(self, ctx: BoundContext, tenant: str, workspace: str = "") -> bytes:
@@ -380,7 +380,7 @@ class BackupService:
                     tx.insert_record(RecordRow(**{**asdict(rec), "sealed_body": sealed, "key_slot": slot}))
                     tx.put_data_key(f"record:{rec.record_id}", slot, now)
                     tx.index_record(rec.tenant, rec.workspace, rec.record_id, record_fields(payload, self.core.hasher),
-                                    self.memory.embed_record(payload))
+                                    self.mutations.embed_record(payload))
                     write_links(tx, rec.tenant, rec.workspace, rec.record_id, payload_links(payload))
                 else:
                     tx.insert_record(rec)

@@ -92,5 +92,5 @@ def test_admission_that_lost_the_race_to_withdraw_is_already_terminal_not_blob_m
     ana.call("withdraw", w, grant=True)
     ctx = verify_context(ana.context(), core.trusted, now_ms=core.now_ms())
     with pytest.raises(EngramError) as err:
-        MemoryService(core).admit(ctx, stale, CallRecord(), guard=None)
+        MemoryService(core).mutations.admit(ctx, stale, CallRecord(), guard=None)
     assert err.value.code == Code.ALREADY_TERMINAL

@@ -20,9 +20,9 @@ def test_the_early_vector_is_the_records_own_and_goes_with_its_candidate(stores:
         c = Client(running)
         text = "We pinned the queue consumer to one partition because ordering matters."
         cap = c.capture(text)
-        assert cap["candidate_id"] in running.memory._early_vectors
+        assert cap["candidate_id"] in running.memory.mutations._early_vectors
         rid = c.admit(cap["candidate_id"])["outcome"]["record_id"]
-        assert cap["candidate_id"] not in running.memory._early_vectors
+        assert cap["candidate_id"] not in running.memory.mutations._early_vectors
         with running.core.store.read() as tx:
             projection = tx.projection(rid)
         assert projection is not None and projection.vector is not None
@@ -30,10 +30,10 @@ def test_the_early_vector_is_the_records_own_and_goes_with_its_candidate(stores:
         assert float(np.dot(alone, projection.vector)) > 0.9999
 
         gone = c.capture("A candidate the agent takes back before anyone decides it.")
-        assert gone["candidate_id"] in running.memory._early_vectors
+        assert gone["candidate_id"] in running.memory.mutations._early_vectors
         c.call("withdraw", {"candidate_id": gone["candidate_id"], "idempotency_key": "withdraw-early-0001",
                             "reason_ref": "reason:changed-mind"}, grant=True)
-        assert gone["candidate_id"] not in running.memory._early_vectors
+        assert gone["candidate_id"] not in running.memory.mutations._early_vectors
     finally:
         running.stop()
 
@@ -53,6 +53,6 @@ def test_captures_that_do_not_commit_keep_no_vector(stores: EngineStores, tmp_pa
             outs = list(pool.map(lambda _: c.call("capture", args), range(8)))
         ids = {o["candidate_id"] for o in outs}
         assert len(ids) == 1 and sorted(o["status"] for o in outs).count("committed_pending") == 1
-        assert list(running.memory._early_vectors) == list(ids)
+        assert list(running.memory.mutations._early_vectors) == list(ids)
     finally:
         running.stop()

@@ -188,7 +188,7 @@ def test_same_key_admission_that_finds_the_key_destroyed_replays(core) -> None:
     assert won["replayed"] is False and won["outcome"]["status"] == "accepted"
     memory = MemoryService(core.core)
     ctx = verify_context(ana.context(), core.core.trusted, now_ms=core.core.now_ms())
-    late = memory.admit(ctx, stale, CallRecord(), guard=prepare(ctx, ADMISSION_TOOL, adm).guard)
+    late = memory.mutations.admit(ctx, stale, CallRecord(), guard=prepare(ctx, ADMISSION_TOOL, adm).guard)
     assert late == {**won, "replayed": True}
 
 

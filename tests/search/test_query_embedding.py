@@ -54,7 +54,7 @@ def test_the_answer_in_other_words_is_found_once_the_name_is_left_out(core: Runn
 
 def test_version_4_stays_selectable_with_its_own_digest(core: RunningCore, chat: dict[str, str]) -> None:
     assert core.memory is not None
-    v5 = core.memory.profiles["semantic"]
+    v5 = core.memory.reading.profiles["semantic"]
     v4 = semantic_v4(v5.model_id or "", needs_network=v5.needs_network)
     assert v4.config_digest() != v5.config_digest()
     assert v5.config()["semantic"]["query_embedding"]["share"] == "0.35"
@@ -62,11 +62,11 @@ def test_version_4_stays_selectable_with_its_own_digest(core: RunningCore, chat:
     # The same search with version 4 (the whole question embedded): a cursor or receipt of one
     # version never passes for the other, and the name made every turn of Caroline's alike.
     ana = Client(core, workspace="chat-v5")
-    core.memory.profiles["semantic"] = v4
+    core.memory.reading.profiles["semantic"] = v4
     try:
         res = ana.search("What did Caroline cook?", capability_policy=SEMANTIC)
     finally:
-        core.memory.profiles["semantic"] = v5
+        core.memory.reading.profiles["semantic"] = v5
     assert res["rank_receipt"]["profile"] == "semantic_v4"
     assert res["rank_receipt"]["profile_config_digest"] == v4.config_digest()
     ids = [p["record"]["record_id"] for p in res["records"]]
@@ -84,7 +84,7 @@ def test_only_the_scope_s_common_words_leave_the_embedding(core: RunningCore, ch
                  "Deploys go out on Tuesdays.", "The staging database is refreshed on Mondays."):
         other.remember(text, t=t)
     assert core.memory is not None
-    profile = core.memory.profiles["semantic"]
+    profile = core.memory.reading.profiles["semantic"]
     hasher = core.core.hasher
     query = "What did Caroline cook?"
     with core.core.store.read() as tx:

@@ -35,12 +35,12 @@ def chat(lexical_core: RunningCore) -> dict[str, str]:
 
 def _with_profile(core: RunningCore, profile, query: str, workspace: str = "expansion") -> dict:  # type: ignore[no-untyped-def]
     assert core.memory is not None
-    saved = core.memory.profiles["lexical"]
-    core.memory.profiles["lexical"] = profile
+    saved = core.memory.reading.profiles["lexical"]
+    core.memory.reading.profiles["lexical"] = profile
     try:
         return Client(core, workspace=workspace).search(query)
     finally:
-        core.memory.profiles["lexical"] = saved
+        core.memory.reading.profiles["lexical"] = saved
 
 
 def test_the_answer_in_related_words_is_found(lexical_core: RunningCore, chat: dict[str, str]) -> None:

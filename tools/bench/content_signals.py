@@ -80,7 +80,7 @@ def bench_admission(records: int, rounds: int, work: Path) -> dict[str, Any]:
         load_scope(core, corpus, TENANT, WORKSPACE, records, embed=False)
         loaded_s = time.perf_counter() - t0
         memory = MemoryService(core)
-        signals = memory.content_signals
+        signals = memory.mutations.content_signals
         salt = f"{TENANT}.{WORKSPACE}"
 
         def effective(i: int) -> dict[str, Any]:

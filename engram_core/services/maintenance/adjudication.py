@@ -69,5 +69,5 @@ class AdjudicationOps(HostOps):
         if standing.replay is not None:
             return {**standing.replay, "replayed": True}
         assert standing.target is not None
-        return self.memory.admit(tctx, standing.target, call, guard=guard, forced=decision, reason_ref=reason,
-                                 event_id=event_id, audit_operation="admin.adjudicate")
+        return self.mutations.admit(tctx, standing.target, call, guard=guard, forced=decision, reason_ref=reason,
+                                    event_id=event_id, audit_operation="admin.adjudicate")

@@ -15,7 +15,7 @@ from engram_core.contract.errors import Code, EngramError
 from engram_core.crypto.sealing import unseal
 from engram_core.services.admin import target_facts
 from engram_core.services.core import CallRecord, Core
-from engram_core.services.memory import MemoryService, candidate_facts
+from engram_core.services.mutations import Mutations, candidate_facts
 from engram_core.store.port import CandidateRow, Event, RecordRow, Tx
 from engram_core.trust.hostctx import BoundContext
 from engram_core.trust.signing import CoreSigners
@@ -26,12 +26,12 @@ EVENT_ID = re.compile(r"^[A-Za-z0-9_.:/-]{16,256}$")
 
 
 class HostOps:
-    """The core, the agent-facing memory service (host transitions share its mutations) and the
+    """The core, the mutations hosts perform as agents do (``mutations.Mutations``) and the
     core's signers, and the steps every operation takes."""
 
-    def __init__(self, core: Core, memory: MemoryService, signers: CoreSigners) -> None:
+    def __init__(self, core: Core, mutations: Mutations, signers: CoreSigners) -> None:
         self.core = core
-        self.memory = memory
+        self.mutations = mutations
         self.signers = signers
 
     # -- shared steps ----------------------------------------------------------------------

@@ -14,7 +14,7 @@ from engram_core.policy.port import BundleRefused
 from engram_core.services.core import CallRecord, Core, new_id
 from engram_core.services.lexical import ANALYZER_ID, record_fields
 from engram_core.services.maintenance.base import HostOps, log, open_body
-from engram_core.services.memory import record_text
+from engram_core.services.mutations import record_text
 from engram_core.services.reconciliation import payload_links, write_links
 from engram_core.store.fields import FIELD_CODE
 from engram_core.store.port import RecordRow, Tx
@@ -67,7 +67,7 @@ class ProjectionOps(HostOps):
                     unreadable.append(rec.record_id)
                     continue
                 tx.index_record(tenant, workspace, rec.record_id, record_fields(payload, self.core.hasher),
-                                self.memory.embed_record(payload))
+                                self.mutations.embed_record(payload))
                 write_links(tx, tenant, workspace, rec.record_id, payload_links(payload))  # records admitted before links
                 indexed.append(rec.record_id)
             counts = tx.projection_counts(tenant, workspace)

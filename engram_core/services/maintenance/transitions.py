@@ -61,9 +61,9 @@ class TransitionOps(HostOps):
                                       check_state=lambda state: lifecycle.check_record("tombstone", state))
         if standing.replay is not None:
             return {**standing.replay, "replayed": True}
-        # MemoryService.tombstone: body key shredded, projections dropped, ledger, journal, audit — one transaction.
-        return self.memory.tombstone(tctx, record_id, call, guard=guard, grant_id=None, reason_ref=reason,
-                                     event_id=event_id, audit_operation="admin.tombstone")
+        # Mutations.tombstone: body key shredded, projections dropped, ledger, journal, audit — one transaction.
+        return self.mutations.tombstone(tctx, record_id, call, guard=guard, grant_id=None, reason_ref=reason,
+                                        event_id=event_id, audit_operation="admin.tombstone")
 
     def _candidate_end(self, tctx: BoundContext, call: CallRecord, op: str, candidate_id: str, event_id: str,
                        reason: str) -> dict[str, Any]:
@@ -75,9 +75,9 @@ class TransitionOps(HostOps):
         if standing.replay is not None:
             return {**standing.replay, "replayed": True}
         assert standing.target is not None
-        return self.memory.withdraw_candidate(tctx, standing.target, call, guard=guard, grant_id=None,
-                                              reason_ref=reason, operation=op, to_state=CANDIDATE_OPS[op],
-                                              event_id=event_id, audit_operation=f"admin.{op}")
+        return self.mutations.withdraw_candidate(tctx, standing.target, call, guard=guard, grant_id=None,
+                                                 reason_ref=reason, operation=op, to_state=CANDIDATE_OPS[op],
+                                                 event_id=event_id, audit_operation=f"admin.{op}")
 
     def _record_transition(self, tctx: BoundContext, call: CallRecord, op: str, target: str, successor: str,
                            to_state: str, reason: str, event_id: str) -> dict[str, Any]:
