@@ -451,7 +451,9 @@ class DuckDBEngine(HeldHooks):
             return
         try:
             token = hooks.before_flush(batch.effects)  # the key vault's fdatasync runs meanwhile
-            batch.flush(con)
+            # The rows now, beside the fdatasync; the updates and deletes that must follow rows of
+            # their tables wait to share the audit rows' statement (group_commit.statements_of).
+            batch.flush(con, hold_overlaps=True)
             hooks.prepare(batch.effects, _BatchAudit(self, batch), token)
             batch.flush(con)
         except BaseException as exc:
