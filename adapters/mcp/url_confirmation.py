@@ -14,7 +14,7 @@ send its user to a web page. For a withdraw or forget the adapter then:
    signed in to the console with a role that may confirm can approve it there, with the form's CSRF
    token; the claim succeeds once, for the same binding and operation, within 30 s of the approval;
 4. on approval sends ``notifications/elicitation/complete`` (2025-11-25) and signs the same
-   single-use grant a form approval yields (``EngramMcp._invoke``); the core checks it unchanged.
+   single-use grant a form approval yields (``ToolCallPipeline._invoke``); the core checks it unchanged.
 
 The client's own answer to the URL elicitation only says whether the user agreed to open the page:
 "accept" never approves anything by itself. Declined, cancelled, denied, expired, timed out, or an
