@@ -18,7 +18,11 @@ from engram_core.store.search_index.columns import Columns, RecordMeta
 from engram_core.store.vector_sketch import VectorSketch
 from engram_core.store.vector_sketch import available as sketch_available
 
-__all__ = ["Postings", "Scope"]
+__all__ = ["Layer", "Postings", "Scope", "add_layers"]
+
+# A term's contributions to add to the documents' BM25 sums: (documents, values), added posting
+# by posting in order, or (values of every document,) for a layer that holds a large share of them.
+Layer = tuple[np.ndarray, ...]
 
 
 @dataclass
@@ -93,11 +97,11 @@ class Scope:
         self.vectors: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # model -> (rows by doc, row present)
         self.vector_norms: dict[str, float] = {}  # model -> bound on its rows' norms (``vector_norm``)
         self.sketches: dict[str, VectorSketch] = {}  # model -> its rows' int8 sketch (``sketch``)
-        # Per query term, scoring parameters and weighted IDF: (documents, BM25F contribution
-        # times the IDF) of its postings. Common terms recur across searches and their
-        # arithmetic was most of ranking; any change to the scope's postings or statistics
-        # empties it.
-        self.contributions: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
+        # Per query term, scoring parameters and weighted IDF: the BM25F contributions times the
+        # IDF of its postings (``contribution``), least recently used first. Common terms recur
+        # across searches and their arithmetic was most of ranking; any change to the scope's
+        # postings or statistics empties it.
+        self.contributions: dict[tuple[Any, ...], list[Layer]] = {}
         self.contribution_bytes = 0
 
     def put_vector(self, record_id: str, model: str, vector: Any) -> None:
@@ -222,17 +226,20 @@ class Scope:
         self.contributions, self.contribution_bytes = {}, 0
 
     def contribution(self, term: int, weight: np.ndarray, inv_avg: np.ndarray, k1: float,
-                     b: float, idf: float = 1.0) -> tuple[np.ndarray, np.ndarray] | None:
-        """(documents, weight * (k1 + 1) * tf / (tf + k1 * (1 - b + b * len / avg)) * idf) of the
-        term's postings, kept while the scope does not change (bounded by tuning.CONTRIBUTION_BYTES).
+                     b: float, idf: float = 1.0) -> list[Layer] | None:
+        """The term's BM25F contributions, weight * (k1 + 1) * tf / (tf + k1 * (1 - b + b * len /
+        avg)) * idf per posting, as layers to add to the documents' sums in order (``add_layers``),
+        kept while the scope does not change (bounded by tuning.CONTRIBUTION_BYTES).
 
         With the term's weighted IDF: multiplying each posting by it was a third of ranking a
         capture's whole text as the query (50 terms, 1.3M postings at 100k records); the
         products are the ones ``rank`` made from the unweighted contributions, and a term keeps
         its IDF until the scope changes, which empties the cache."""
         key = (term, k1, b, weight.tobytes(), inv_avg.tobytes(), idf)
-        hit = self.contributions.get(key)
+        kept = self.contributions
+        hit = kept.pop(key, None)
         if hit is not None:
+            kept[key] = hit  # the most recently used last: evicted last
             return hit
         rows = self.term_rows(term)
         if rows is None:
@@ -241,12 +248,15 @@ class Scope:
         fld = fld.astype(np.intp)
         # float64 arrays first: a Python scalar times a float32 array would stay float32 (NEP 50).
         norm = k1 * (1 - b + (inv_avg[fld] * flen) * b)
-        value = (doc, (weight[fld] * (k1 + 1)) * tf / (norm + tf) * idf)
-        size = value[0].nbytes + value[1].nbytes
-        if self.contribution_bytes + size > tuning.CONTRIBUTION_BYTES:
-            self.forget_contributions()
+        value = _layers(doc, (weight[fld] * (k1 + 1)) * tf / (norm + tf) * idf, self.columns.n)
+        size = _nbytes(value)
         if size <= tuning.CONTRIBUTION_BYTES:
-            self.contributions[key] = value
+            # The least recently used terms make room: a query's rare terms come and go, the
+            # common ones (most of its postings) stay, where emptying the whole cache when it
+            # was full recomputed them for every long query in turn.
+            while kept and self.contribution_bytes + size > tuning.CONTRIBUTION_BYTES:
+                self.contribution_bytes -= _nbytes(kept.pop(next(iter(kept))))
+            kept[key] = value
             self.contribution_bytes += size
         return value
 
@@ -279,3 +289,57 @@ class Scope:
         if len(parts) == 1:
             return parts[0]
         return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))
+
+
+def _layers(doc: np.ndarray, value: np.ndarray, n: int) -> list[Layer]:
+    """A term's postings (``doc``, ``value``) as layers that ``add_layers`` adds to the same sums,
+    bit for bit, as adding each posting in order: layer k holds each document's k-th posting
+    (a document has one per field it has the term in), so a document's postings are still
+    added one after another in their order. A layer with at least 1/``tuning.DENSE_FROM`` of
+    the scope's documents is kept dense (zero elsewhere: adding 0.0 leaves a sum as it is),
+    and added with one pass over the sums instead of one scattered update per posting: a
+    capture's whole text as the query names words every record has (~100k postings each at
+    100k records)."""
+    if len(doc) * tuning.DENSE_FROM < n:
+        return [(doc, value)]
+    if not (doc[1:] >= doc[:-1]).all():
+        # (A term's rows are in document order, the append buffer's after the merged ones';
+        # should they not be, a stable sort keeps each document's own in order.)
+        order = np.argsort(doc, kind="stable")
+        doc, value = doc[order], value[order]
+    again = doc[1:] == doc[:-1]  # a row after its document's first
+    if not again.any():
+        return [_layer(doc, value, n)]
+    places = np.arange(len(doc))
+    first = np.empty(len(doc), dtype=bool)
+    first[0], first[1:] = True, ~again
+    rank = places - np.maximum.accumulate(np.where(first, places, 0))
+    layers = []
+    for k in range(int(rank.max()) + 1):
+        at = np.flatnonzero(rank == k)
+        layers.append(_layer(doc[at], value[at], n))
+    return layers
+
+
+def _layer(doc: np.ndarray, value: np.ndarray, n: int) -> Layer:
+    """Postings of distinct documents, dense if they are 1/``tuning.DENSE_FROM`` of them or more."""
+    if len(doc) * tuning.DENSE_FROM < n:
+        return (doc, value)
+    dense = np.zeros(n)
+    dense[doc] = value
+    return (dense,)
+
+
+def _nbytes(layers: list[Layer]) -> int:
+    return sum(part.nbytes for layer in layers for part in layer)
+
+
+def add_layers(sums: np.ndarray, layers: list[Layer]) -> None:
+    """Add a term's layers (``Scope.contribution``) to ``sums``, in order."""
+    for layer in layers:
+        if len(layer) == 1:
+            np.add(sums, layer[0], out=sums)
+        else:
+            # ``np.add.at`` is unbuffered: a document's postings add up in order, to the same
+            # sums as ``np.bincount`` over all terms' postings end to end.
+            np.add.at(sums, layer[0], layer[1])
