@@ -34,7 +34,7 @@ SPOOL_NAME = "audit.spool"
 
 class AuditSpool:
     """Append-only file of audit row documents not yet in the ``audit`` table. Not thread-safe:
-    the store calls it under its write lock."""
+    the store calls it under its audit lock, one batch of rows at a time."""
 
     def __init__(self, data_dir: Path) -> None:
         self.path = data_dir / SPOOL_NAME
@@ -68,19 +68,24 @@ class AuditSpool:
 
     def append(self, doc: dict[str, Any]) -> None:
         """Append one row durably, or raise STORE_UNAVAILABLE having appended nothing."""
+        self.append_many([doc])
+
+    def append_many(self, docs: list[dict[str, Any]]) -> None:
+        """Append rows durably with one write and one ``fdatasync`` (the store's group commit of
+        concurrent reads' rows), or raise STORE_UNAVAILABLE having appended none of them."""
         if self._broken:
             raise EngramError(Code.STORE_UNAVAILABLE, "audit spool unusable since a failed append")
-        line = canonical_json(doc) + b"\n"
+        lines = b"".join(canonical_json(doc) + b"\n" for doc in docs)
         try:
-            written = os.write(self._fd, line)
-            if written != len(line):
+            written = os.write(self._fd, lines)
+            if written != len(lines):
                 raise OSError("short write")
             os.fdatasync(self._fd)
         except OSError as exc:
             self._undo()
             raise EngramError(Code.STORE_UNAVAILABLE, f"audit write failed: {type(exc).__name__}") from None
-        self._size += len(line)
-        self.pending.append(doc)
+        self._size += len(lines)
+        self.pending.extend(docs)
 
     def _undo(self) -> None:
         """Cut a failed append off; if even that fails, refuse every later append (fail closed)."""

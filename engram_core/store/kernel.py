@@ -108,6 +108,10 @@ class StoreKernel:
         # from taking its place in the chain until it is durable.
         self._audit_lock = threading.RLock()
         self._writer_head: tuple[int, str] = (0, "sha256:" + "0" * 64)
+        # Spooled rows waiting for the audit lock (``_append_spooled``); the lock taken first
+        # appends them all.
+        self._queue_lock = threading.Lock()
+        self._queue: list[_Queued] = []
         self._devices: Any = None
         self._spool = AuditSpool(spool_dir) if spool_dir is not None and capabilities.spools_audit else None
         # Rows a previous process acknowledged but did not move in (it did not close cleanly).
@@ -169,28 +173,89 @@ class StoreKernel:
             for pin in page_pins:
                 shelf.put_page_pin(pin.pin_id, pin.tenant, pin.workspace, pin.pin, pin.expires_at_ms)
             page_pins = ()
+        if self._spool is not None:
+            return self._append_spooled(row)
         with self._audit_lock:
             doc = audit_doc(row, self.writer_chain, self._writer_head)
             if self._devices:
                 self._devices.write_rows([doc])  # STORE_UNAVAILABLE when no device took it: nothing written
             try:
-                if self._spool is not None:
-                    self._spool.append(doc)
-                else:
-                    with self.engine.write(effects=TxEffects(spooled_audit=[doc])) as etx:
-                        for pin in page_pins:
-                            etx.put_page_pin(pin)
+                with self.engine.write(effects=TxEffects(spooled_audit=[doc])) as etx:
+                    for pin in page_pins:
+                        etx.put_page_pin(pin)
             except EngramError:
                 if self._devices:
                     self._devices.abort(self.writer_chain, [doc["seq"]])
                 raise
             self._writer_head = (doc["seq"], doc["row_digest"])
-            due = self._spool is not None and len(self._spool.pending) >= SPOOL_BATCH and not self._move_scheduled
+        return doc["row_digest"]
+
+    def _append_spooled(self, row: AuditRow) -> str:
+        """Group commit of the reads' rows: a row is queued, then its caller waits for the audit
+        lock; whoever takes the lock first appends every row queued by then, in queue order, with
+        one write and one ``fdatasync``, so the reads that arrive while a sync runs share the
+        next one. A caller still returns only once its own row is durable (docs/reliability.md,
+        "Audit rows of reads")."""
+        spool = self._spool
+        assert spool is not None
+        queued = _Queued(row)
+        with self._queue_lock:
+            self._queue.append(queued)
+        with self._audit_lock:
+            if not queued.done:  # no caller before this one took it: this one leads
+                with self._queue_lock:
+                    batch, self._queue = self._queue, []
+                self._append_batch(spool, batch)
+            due = len(spool.pending) >= SPOOL_BATCH and not self._move_scheduled
             if due:
                 self._move_scheduled = True
         if due:
             self._mover.submit(self._move_spool_quietly)
-        return doc["row_digest"]
+        if queued.error is not None:
+            raise queued.error
+        assert queued.digest is not None
+        return queued.digest
+
+    def _append_batch(self, spool: AuditSpool, batch: list[_Queued]) -> None:
+        """Chain, write and sync ``batch`` under the audit lock, setting each member's outcome.
+        A row that cannot be chained fails alone; a failed device write, spool write or sync
+        fails every other row of the batch (none acknowledged) and leaves the chain's head."""
+        head = self._writer_head
+        docs: list[dict[str, Any]] = []
+        members: list[_Queued] = []
+        for queued in batch:
+            try:
+                doc = audit_doc(queued.row, self.writer_chain, head)
+            except Exception as exc:  # not canonical JSON: its caller's own error, as before grouping
+                queued.finish(error=exc)
+                continue
+            head = (doc["seq"], doc["row_digest"])
+            docs.append(doc)
+            members.append(queued)
+        if not docs:
+            return
+        try:
+            if self._devices:
+                self._devices.write_rows(docs)  # STORE_UNAVAILABLE when no device took them: nothing written
+            try:
+                spool.append_many(docs)
+            except EngramError:
+                if self._devices:
+                    self._devices.abort(self.writer_chain, [d["seq"] for d in docs])
+                raise
+        except BaseException as exc:
+            # Each caller raises an error of its own (one instance raised in several threads
+            # would share its traceback).
+            code, detail = ((exc.code, exc.detail) if isinstance(exc, EngramError)
+                            else (Code.STORE_UNAVAILABLE, f"audit write failed: {type(exc).__name__}"))
+            for queued in members:
+                queued.finish(error=EngramError(code, detail))
+            if not isinstance(exc, EngramError):
+                raise
+            return
+        self._writer_head = head
+        for queued, doc in zip(members, docs, strict=True):
+            queued.finish(digest=doc["row_digest"])
 
     def _move_spool_quietly(self) -> None:
         try:
@@ -647,6 +712,21 @@ class StoreKernel:
 
 # Journal operations after which a replica reloads the scope's index rather than single records.
 SCOPE_WIDE_OPERATIONS = frozenset({"invalidate_projections", "rebuild_projections"})
+
+
+class _Queued:
+    """A spooled row waiting for its batch: its outcome once the batch is durable or failed."""
+
+    __slots__ = ("row", "done", "digest", "error")
+
+    def __init__(self, row: AuditRow) -> None:
+        self.row = row
+        self.done = False
+        self.digest: str | None = None
+        self.error: Exception | None = None
+
+    def finish(self, *, digest: str | None = None, error: Exception | None = None) -> None:
+        self.digest, self.error, self.done = digest, error, True
 
 
 def _postings_of(projection: Projection) -> tuple[Posting, ...]:
