@@ -1,6 +1,6 @@
 """The core alone on the shapes of issue 63 (broad, long, narrow searches), in process.
 
-    .venv/bin/python -m tools.bench.broad_inprocess --data DIR [--tree CHECKOUT] [--runs 4] [--profile]
+    .venv/bin/python -m tools.bench.broad_inprocess --data DIR [--tree CHECKOUT] [--runs 4] [--profile] [--clients N]
 
 ``DIR`` is a data directory ``tools.bench.broad`` loaded (``--keep-data``, or
 ``tools.bench.broad_corpus.load``). Each run is a fresh process doing the servicer's per-call
@@ -8,6 +8,8 @@ steps (verify the signed context, request proto -> JSON, the read service's sear
 JSON -> proto) for every shape; with ``--tree`` another checkout's core is measured too, each
 run alternated with this one's, so a before/after is a ratio within one run. ``--profile`` adds
 a cProfile breakdown per shape (tools.bench.profiling's categories) and the ranking's own share.
+``--clients N`` searches from N threads at once (the reads' audit rows group-commit): each
+shape's throughput (``per_s``) beside the latencies.
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def worker(data: Path, *, rounds: int, shapes: list[str], profile: bool, records: int) -> dict[str, Any]:
+def worker(data: Path, *, rounds: int, shapes: list[str], profile: bool, records: int,
+           clients: int = 1) -> dict[str, Any]:
     # Run as a script: engram_core from the checkout PYTHONPATH names (imported before this
     # checkout goes first on the path, or --tree would measure this checkout's core twice); these
     # tools from this one.
@@ -67,15 +71,27 @@ def worker(data: Path, *, rounds: int, shapes: list[str], profile: bool, records
             first = None
             for q in queries[:8]:  # warm-up: the thesaurus's and the index's first touches
                 first = first or search(q)
-            lat = []
-            for _ in range(rounds):
-                for q in queries:
+            lat: list[float] = []
+            started = time.perf_counter()
+            if clients == 1:
+                for _ in range(rounds):
+                    for q in queries:
+                        t = time.perf_counter()
+                        search(q)
+                        lat.append((time.perf_counter() - t) * 1000)
+            else:  # concurrent searchers, as a server's threads serve several agents
+                def timed(q: str) -> float:
                     t = time.perf_counter()
                     search(q)
-                    lat.append((time.perf_counter() - t) * 1000)
+                    return (time.perf_counter() - t) * 1000
+
+                with ThreadPoolExecutor(clients) as pool:
+                    lat = list(pool.map(timed, [q for _ in range(rounds) for q in queries]))
+            wall = time.perf_counter() - started
             lat.sort()
             fig: dict[str, Any] = {"p50_ms": round(percentile(lat, 50), 3), "p90_ms": round(percentile(lat, 90), 3),
                                    "mean_ms": round(sum(lat) / len(lat), 3), "searches": len(lat),
+                                   "per_s": round(len(lat) / wall, 1), "clients": clients,
                                    "candidates_first_query": (first or {}).get("rank_receipt", {}).get(
                                        "candidate_count")}
             if profile:
@@ -97,7 +113,8 @@ def worker(data: Path, *, rounds: int, shapes: list[str], profile: bool, records
 def run(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(tree), "ENGRAM_SEMANTIC": "off"}
     argv = [sys.executable, __file__, "--worker", "--data", str(args.data), "--rounds", str(args.rounds),
-            "--shapes", args.shapes, "--records", str(args.records)] + (["--profile"] if args.profile else [])
+            "--shapes", args.shapes, "--records", str(args.records), "--clients", str(args.clients)]
+    argv += ["--profile"] if args.profile else []
     out = subprocess.run(argv, env=env, cwd=tree, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"worker for {tree} failed: {out.stderr[-3000:]}")
@@ -114,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5, help="passes over each shape's 40 queries")
     ap.add_argument("--shapes", default=",".join(("broad", "long", "narrow")))
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--clients", type=int, default=1, help="concurrent searchers (threads of one core)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -121,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         args.records = _records_of(args.data)
     if args.worker:
         print(json.dumps(worker(args.data, rounds=args.rounds, shapes=args.shapes.split(","), profile=args.profile,
-                                records=args.records)))
+                                records=args.records, clients=args.clients)))
         return 0
     trees = {"before": args.tree.resolve(), "this": REPO} if args.tree else {"this": REPO}
     report: dict[str, Any] = {"data": str(args.data), "records": args.records, "rounds": args.rounds,
@@ -130,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, tree in trees.items():
             figures = run(tree, args)
             report["runs"][name].append(figures)
-            print(f"run {i + 1} {name:6} " + "  ".join(f"{s} p50 {f['p50_ms']:7.3f} ms" for s, f in
-                                                       figures["shapes"].items())
+            print(f"run {i + 1} {name:6} " + "  ".join(f"{s} p50 {f['p50_ms']:7.3f} ms {f['per_s']:6.1f}/s"
+                                                       for s, f in figures["shapes"].items())
                   + f"  (load {figures['loadavg']:.2f})", flush=True)
     summary: dict[str, Any] = {}
     for name, runs in report["runs"].items():
@@ -141,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         # A ratio per run (the runs alternate: each pair shares the machine's state), then their median.
         summary["before_over_this"] = {
             s: round(statistics.median(b["shapes"][s]["p50_ms"] / t["shapes"][s]["p50_ms"] for b, t in
+                                       zip(report["runs"]["before"], report["runs"]["this"], strict=True)), 2)
+            for s in summary["this"]}
+        summary["this_over_before_per_s"] = {
+            s: round(statistics.median(t["shapes"][s]["per_s"] / b["shapes"][s]["per_s"] for b, t in
                                        zip(report["runs"]["before"], report["runs"]["this"], strict=True)), 2)
             for s in summary["this"]}
     report["median_p50_ms"] = summary
