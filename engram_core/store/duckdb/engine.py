@@ -32,6 +32,7 @@ from engram_core.contract.errors import Code, EngramError
 from engram_core.observability import tracing
 from engram_core.store.audit_spool import SPOOL_NAME
 from engram_core.store.chain import GENESIS, chain_of
+from engram_core.store.duckdb.candidate_cache import CommittedCandidates
 from engram_core.store.duckdb.group_commit import MAX_MEMBERS, Batch
 from engram_core.store.duckdb.migrations import LEDGER_DDL, MIGRATIONS
 from engram_core.store.duckdb.tx import SCHEMA_VERSION, DuckDBEngineTx
@@ -45,6 +46,7 @@ from engram_core.store.engine import (
 )
 from engram_core.store.key_digests import KeyDigests
 from engram_core.store.port import (
+    CandidateRow,
     RecordRow,
     ScopeRow,
     iter_chunks,
@@ -136,6 +138,7 @@ class DuckDBEngine(HeldHooks):
         self._copies_lock = threading.Lock()
         self._scopes: dict[tuple[str, str], ScopeRow] | None = None
         self._heads: dict[str, tuple[int, str]] | None = None
+        self._candidates = CommittedCandidates()  # under the writer lock only
         if migrate:
             self._load_copies()
 
@@ -239,6 +242,7 @@ class DuckDBEngine(HeldHooks):
     def migrate(self) -> list[int]:
         """Re-verify the ledger and apply pending migrations, serialized with writers."""
         with self._exclusive():
+            self._candidates.clear()
             return self.check_migrations(apply=True)
 
     def schema_version(self) -> int:
@@ -305,7 +309,12 @@ class DuckDBEngine(HeldHooks):
             if self._heads is not None:
                 self._heads.update(heads)
 
+    def committed_candidate(self, candidate_id: str) -> CandidateRow | None:
+        """A candidate as committed, when the writer has a copy (candidate_cache.py)."""
+        return self._candidates.get(candidate_id)
+
     def _stale(self) -> None:
+        self._candidates.clear()
         with self._copies_lock:
             self._scopes = self._heads = None
 
@@ -313,6 +322,7 @@ class DuckDBEngine(HeldHooks):
         """Re-read the committed copies and negative-lookup digests (after writes that bypassed
         the engine's transactions, e.g. a bulk loader)."""
         with self._exclusive():
+            self._candidates.clear()
             self._load_key_digests()
             self._load_copies()
 
@@ -379,6 +389,8 @@ class DuckDBEngine(HeldHooks):
                 hooks.rolled_back([effects])
                 raise self._refusal(exc) from None
             self._commit(con)
+            if tx.wrote_candidates:
+                self._candidates.clear()
             self._committed(tx.scope_changes, tx.audit_heads_changed)
             hooks.committed([effects], tx.scope_changes)
 
@@ -466,6 +478,10 @@ class DuckDBEngine(HeldHooks):
         except EngramError as exc:
             batch.fail(exc)
             return
+        if batch.candidates_by_sql:
+            self._candidates.clear()
+        else:
+            self._candidates.committed(batch.new_candidates, batch.candidate_changes)
         self._committed(batch.scope_changes, batch.audit_heads)
         hooks.committed(batch.effects, batch.scope_changes)
         batch.done.set()

@@ -246,6 +246,12 @@ class Batch:
         self.effects: list[TxEffects] = []  # each member's, in the order they joined
         self.scope_changes: dict[tuple[str, str], ScopeRow] = {}
         self.audit_heads: dict[str, tuple[int, str]] = {}  # chains the batch's audit rows extend
+        # What its members did to candidates, kept past the flush for the engine's committed copy
+        # (candidate_cache.py): new rows, state changes in order, and whether SQL touched any.
+        self.new_candidates: dict[str, CandidateRow] = {}
+        self.candidate_changes: list[tuple[str, str, str | None, bool]] = []
+        self.changed_candidates: set[str] = set()
+        self.candidates_by_sql = False
         self.done = threading.Event()
         self.error: BaseException | None = None
 
@@ -253,8 +259,12 @@ class Batch:
     def apply(self, con: duckdb.DuckDBPyConnection, op: tuple[Any, ...]) -> None:
         """Apply one prepared write to the batch: rows wait, statements run now (after the
         pending rows of the tables they name, so they see them)."""
+        if op[0] == "candidate_state":
+            self.candidate_changes.append(op[1:])
+            self.changed_candidates.add(op[1])
         if op[0] == "sql":
             _, sql, params, tables = op
+            self.candidates_by_sql = self.candidates_by_sql or "candidates" in tables
             self.flush(con, tables)
             con.execute(sql, params)
             return
@@ -271,6 +281,7 @@ class Batch:
         dst.idempotency.update(src.idempotency)
         dst.confirmations |= src.confirmations
         dst.candidates.update(src.candidates)
+        self.new_candidates.update(src.candidates)
         dst.data_keys.update(src.data_keys)
         for k, v in src.current_payloads.items():
             dst.current_payloads.setdefault(k, v)
@@ -317,6 +328,11 @@ class Batch:
             p.scope_heads.clear()
         for sql, params in statements_of(parts):
             con.execute(sql, params)
+
+    def changed_candidate(self, candidate_id: str) -> bool:
+        """Whether this batch wrote or may have changed the candidate (then the database, not the
+        engine's committed copy, has it as the batch sees it)."""
+        return self.candidates_by_sql or candidate_id in self.new_candidates or candidate_id in self.changed_candidates
 
     def fail(self, error: BaseException) -> None:
         self.error = error

@@ -68,6 +68,7 @@ class Committed(Protocol):
     used_grants: KeyDigests
 
     def committed_scopes(self) -> dict[tuple[str, str], ScopeRow] | None: ...
+    def committed_candidate(self, candidate_id: str) -> CandidateRow | None: ...
     def audit_head(self, chain: str) -> tuple[int, str]: ...
 
 
@@ -91,6 +92,8 @@ class DuckDBEngineTx(SqlRows, RecordLinks, TrustClasses):
         self._member = Member() if batch is not None else None
         self.scope_changes: dict[tuple[str, str], ScopeRow] = {}
         self.audit_heads_changed: dict[str, tuple[int, str]] = {}
+        # A transaction of its own that wrote candidates: the engine drops its committed copies.
+        self.wrote_candidates = False
 
     def read_ahead(self, *reads: Callable[[], object]) -> None:
         """Nothing to do: a read here is a local call (``port.Tx.read_ahead``)."""
@@ -147,6 +150,8 @@ class DuckDBEngineTx(SqlRows, RecordLinks, TrustClasses):
         batch when this member is promoted, else held until the member joins."""
         member = self._member
         if member is None:
+            self.wrote_candidates = self.wrote_candidates or op[0] == "candidate_state" or "candidates" in (
+                op[3] if op[0] == "sql" else (op[1],))
             self._con.execute(*statement_of(op))
         elif member.promoted:
             self._batch.apply(self._con, op)  # type: ignore[union-attr]
@@ -318,6 +323,8 @@ class DuckDBEngineTx(SqlRows, RecordLinks, TrustClasses):
         else:  # the database's row, or a batch's, with the batch's then the member's pending changes
             batch, own = self._batch.pending, member.pending  # type: ignore[union-attr]
             found = batch.candidates.get(candidate_id) or own.candidates.get(candidate_id)
+            if found is None and not self._batch.changed_candidate(candidate_id):  # type: ignore[union-attr]
+                found = self._store.committed_candidate(candidate_id)  # as committed, and the batch left it so
             if found is None:
                 row = self._one(f"SELECT {CANDIDATE_COLS} FROM candidates WHERE candidate_id = ?", [candidate_id],
                                 overlaid=_CANDIDATES)
