@@ -20,7 +20,7 @@ TOML with these sections (names are a public interface):
     [core]     tls_ca, tls_cert, tls_key, tls_server_name   # gRPC over TLS (mTLS with cert+key)
 
 Over HTTP a file without ``[binding]`` binds each request from the
-``X-Engram-Host-Context`` header instead (see ``adapters.mcp.binding``), or, with
+``X-Engram-Host-Context`` header instead (see ``adapters.mcp.host_context``), or, with
 ``[http.oauth]``, from the caller's access token as the binding policy decides.
 Anything unreadable fails at startup with a :class:`ConfigError` whose message
 names the problem but never prints key material.
@@ -58,8 +58,10 @@ class ConfigError(Exception):
 
 
 @dataclass(frozen=True)
-class Binding:
-    """The host-bound identity of one agent (SPEC §2). Never taken from arguments."""
+class AgentBinding:
+    """The host-bound identity of one agent (SPEC §2): the scope, principal, session and purpose
+    its calls are bound to, from a ``[binding]`` section, a context header or the binding policy.
+    Never taken from arguments."""
 
     tenant: str
     workspace: str
@@ -108,7 +110,7 @@ class HostConfig:
     signing_key_path: Path | None
     memory_enabled: bool
     confirmation_timeout_ms: int
-    binding: Binding | None  # None: bind per request from the HTTP header
+    binding: AgentBinding | None  # None: bind per request from the HTTP header
     http: HttpSettings = HttpSettings()
     core_tls: ClientTls | None = None  # [core] tls_*: reach the core over TLS
     console_url: str = ""  # [host] console_url: where URL-mode elicitation sends a person to confirm
@@ -203,13 +205,13 @@ def load_host_config(path: Path | str) -> HostConfig:
         raise ConfigError("missing signing_key in [host]")
     key = _load_key(key_path) if key_path is not None else None
 
-    binding: Binding | None = None
+    binding: AgentBinding | None = None
     if "binding" in doc:
         table = _table(doc, "binding", required=True)
         unknown = sorted(set(table) - set(BINDING_FIELDS))
         if unknown:
             raise ConfigError(f"unknown keys in [binding]: {', '.join(unknown)}")
-        binding = Binding(**{name: _string(table, "binding", name, default="") for name in BINDING_FIELDS})
+        binding = AgentBinding(**{name: _string(table, "binding", name, default="") for name in BINDING_FIELDS})
 
     http = _http_settings(_table(doc, "http", required=False), base)
     if http.oauth is not None and binding is not None:

@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from adapters.mcp.config import Binding
+from adapters.mcp.config import AgentBinding
 from engram_core.contract.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, WITHDRAW_TOOL
 
 CONFIRM_KEY = "engram_confirmation"  # the key of our input request in InputRequiredResult
@@ -49,7 +49,7 @@ _ACTION_TEXT = {
 }
 
 
-def confirmation_message(tool: str, target: str, arguments: dict[str, Any], binding: Binding) -> str:
+def confirmation_message(tool: str, target: str, arguments: dict[str, Any], binding: AgentBinding) -> str:
     """What the human is asked: the operation, its target, the reason ref, who asks."""
     lines = [
         "An agent asks to " + _ACTION_TEXT[tool].format(target=target),

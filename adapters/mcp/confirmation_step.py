@@ -31,7 +31,6 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from adapters.mcp.binding import CallContext, now_ms
 from adapters.mcp.confirmation import (
     CONFIRM_KEY,
     REQUESTED_SCHEMA,
@@ -43,6 +42,7 @@ from adapters.mcp.confirmation import (
     encode_state,
 )
 from adapters.mcp.core_client import CoreClient
+from adapters.mcp.host_context import CallContext, now_ms
 from adapters.mcp.url_confirmation import HostCall, UrlConfirmations
 from engram_core.contract.errors import EngramError
 from engram_core.contract.operation import operation_digest, target_of

@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from adapters.mcp.binding import CallContext, ContextSource
-from adapters.mcp.config import Binding, ConfigError, HostConfig, load_host_config
+from adapters.mcp.config import AgentBinding, ConfigError, HostConfig, load_host_config
+from adapters.mcp.host_context import CallContext, ContextSource
 from engram_core.api import host_pb2, host_pb2_grpc
 from engram_core.contract.errors import Code
 from engram_core.install_hints import SEMANTIC_INSTALL
@@ -175,7 +175,7 @@ def _audit_protection(report: Report, health: host_pb2.HealthResponse) -> None:
                     "engram admin ... anchor --out FILE on a schedule (docs/admin.md, Anchors and audit devices)")
 
 
-def _check_purpose(report: Report, binding: Binding, config_path: str) -> None:
+def _check_purpose(report: Report, binding: AgentBinding, config_path: str) -> None:
     """The purpose every search, get and capture must carry (SPEC §2). An agent that sends another
     sees only -32603, so the operator needs to see here which one the adapter binds."""
     if binding.purpose_ref:

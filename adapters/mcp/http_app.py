@@ -36,7 +36,7 @@ from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from adapters.mcp.oauth.caller_binding import BindingUnavailable, CallerBindings
+from adapters.mcp.oauth.caller_binding import CallerBindings, CallerBindingUnavailable
 from adapters.mcp.oauth.verifier import AuthorizationServerUnavailable
 
 logger = logging.getLogger("engram.mcp.http")
@@ -150,7 +150,7 @@ class ScopeChallenge:
             return await self.app(scope, receive, send)
         try:
             caller = await self._callers.aresolve(user.access_token)
-        except BindingUnavailable:
+        except CallerBindingUnavailable:
             return await self.app(scope, receive, send)  # the handler refuses (-32603)
         if not caller.step_up:
             return await self.app(scope, receive, send)

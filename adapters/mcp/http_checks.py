@@ -70,11 +70,11 @@ def _oauth_findings(settings: OAuthSettings, emit: Emit) -> None:
                      "set introspection_endpoint in [http.oauth]")
 
     anyio.run(probe)
-    _binding_findings(settings, emit)
+    _binding_policy_findings(settings, emit)
 
 
-def _binding_findings(settings: OAuthSettings, emit: Emit) -> None:
-    from adapters.mcp.oauth.caller_binding import BindingUnavailable, CallerBindings
+def _binding_policy_findings(settings: OAuthSettings, emit: Emit) -> None:
+    from adapters.mcp.oauth.caller_binding import CallerBindings, CallerBindingUnavailable
     from adapters.mcp.oauth.resource_server import policy_engine
     from engram_core.contract.errors import EngramError
     from engram_core.policy.port import BINDING
@@ -87,7 +87,7 @@ def _binding_findings(settings: OAuthSettings, emit: Emit) -> None:
     try:
         try:
             scopes = settings.scopes_supported or CallerBindings(engine, cache_s=0).scopes_supported()
-        except BindingUnavailable as exc:
+        except CallerBindingUnavailable as exc:
             emit("FAIL", f"the binding policy does not answer: {exc}", "engram policy check on the bundle")
             return
         probe = {"issuer": settings.issuer, "subject": "engram-doctor", "client_id": "engram-doctor",

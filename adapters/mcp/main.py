@@ -19,9 +19,9 @@ from typing import Any, Protocol
 import anyio
 from prometheus_client import CollectorRegistry
 
-from adapters.mcp.binding import ContextSource
 from adapters.mcp.config import ConfigError, HostConfig, load_host_config
 from adapters.mcp.core_client import CoreClient
+from adapters.mcp.host_context import ContextSource
 from adapters.mcp.observability import ToolCallObserver
 from adapters.mcp.server import EngramMcp
 from engram_core.observability import tracing

@@ -2,7 +2,7 @@
 
 Its steps, in order:
 
-1. **bind** the call's host context (``adapters.mcp.binding``); an unknown tool, or one the
+1. **bind** the call's host context (``adapters.mcp.host_context``); an unknown tool, or one the
    caller's token does not open, is unknown before anything is asked;
 2. **grants**: whether the policy grants the tool, from the tool list the core gives the binding.
    Asked first, except for a call that may go straight (search and get always; capture and
@@ -38,10 +38,10 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from adapters.mcp import envelope
-from adapters.mcp.binding import CallContext, ContextSource, ContextUnavailable, now_ms
-from adapters.mcp.config import Binding
+from adapters.mcp.config import AgentBinding
 from adapters.mcp.confirmation_step import Approved, ConfirmationStep, CoreRefused, GateRefused
 from adapters.mcp.core_client import CoreClient
+from adapters.mcp.host_context import CallContext, ContextSource, ContextUnavailable, now_ms
 from adapters.mcp.refusal_log import log_call_refusal, log_unaudited, time_unit_hint
 from engram_core.contract.errors import Code, EngramError
 from engram_core.contract.operation import target_of
@@ -132,7 +132,7 @@ class ToolCallPipeline:
         # The last tool list the core gave each binding: the tools it may call straight (granted,
         # not gated behind a confirmation). Only a hint to skip asking again: the core authorizes
         # every call itself, and any failure asks for the list afresh (:class:`_GrantCheck`).
-        self._straight_tools: dict[Binding, frozenset[str]] = {}
+        self._straight_tools: dict[AgentBinding, frozenset[str]] = {}
 
     # ---- the steps -------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from adapters.mcp.binding import CallContext
+from adapters.mcp.host_context import CallContext
 from engram_core.contract.errors import EngramError
 from engram_core.contract.tools import CAPTURE_TOOL
 from engram_core.observability.logs import log_with_fields

@@ -21,11 +21,11 @@ from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from mcp.shared.exceptions import MCPError
 
 from adapters.mcp import envelope
-from adapters.mcp.binding import ContextSource, ContextUnavailable
 from adapters.mcp.confirmation import ConfirmationLedger, InMemoryConfirmationLedger
 from adapters.mcp.confirmation_step import ConfirmationStep
 from adapters.mcp.core_client import CoreClient
 from adapters.mcp.guidance import GUIDE_PROMPT_NAME, GUIDE_RESOURCE_URI, TOOL_DESCRIPTIONS, TOOL_TITLES, guide
+from adapters.mcp.host_context import ContextSource, ContextUnavailable
 from adapters.mcp.pipeline import ToolCallPipeline, access_token, request_headers
 from adapters.mcp.refusal_log import log_list_refusal
 from engram_core.contract.errors import EngramError

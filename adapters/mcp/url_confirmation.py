@@ -34,7 +34,6 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from adapters.mcp.binding import CallContext, now_ms
 from adapters.mcp.confirmation import (
     CONFIRM_KEY,
     ConfirmationLedger,
@@ -42,6 +41,7 @@ from adapters.mcp.confirmation import (
     confirmation_message,
 )
 from adapters.mcp.core_client import CoreClient
+from adapters.mcp.host_context import CallContext, now_ms
 from engram_core.contract.errors import Code, EngramError
 from engram_core.contract.tools import GATED_TOOLS
 

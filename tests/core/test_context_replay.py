@@ -112,8 +112,8 @@ SIGNED_BEFORE_START_MS = CLOCK_SKEW_MS + 1_000
 
 def test_adapter_and_cli_sign_a_fresh_short_context_per_call(core: RunningCore) -> None:
     """The legitimate signers: each call its own nonce, and the adapter's lifetime is short."""
-    from adapters.mcp.binding import CONTEXT_TTL_MS, ContextSource
-    from adapters.mcp.config import Binding, HostConfig
+    from adapters.mcp.config import AgentBinding, HostConfig
+    from adapters.mcp.host_context import CONTEXT_TTL_MS, ContextSource
     from engram_core.cli.channel import admin_metadata
     from engram_core.trust.hostkeys import load_private_key_file
 
@@ -124,8 +124,8 @@ def test_adapter_and_cli_sign_a_fresh_short_context_per_call(core: RunningCore) 
         nonces[_body(raw).nonce] += 1
     config = HostConfig(core_address=core.address, embedded_data_dir=None, deadline_ms=10_000, signing_key=key,
                         signing_key_path=core.host_key_path, memory_enabled=True, confirmation_timeout_ms=60_000,
-                        binding=Binding(tenant="acme", workspace="alpha", principal="user:ana", agent_id="a",
-                                        session="s", purpose_ref=PURPOSE))
+                        binding=AgentBinding(tenant="acme", workspace="alpha", principal="user:ana", agent_id="a",
+                                             session="s", purpose_ref=PURPOSE))
     call = ContextSource(config, key).for_request(None)
     bodies = [_body(call.signed()) for _ in range(3)]
     nonces.update(b.nonce for b in bodies)

@@ -10,7 +10,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mcp.shared.exceptions import MCPError
 
-from adapters.mcp.binding import encode_context_header
+from adapters.mcp.host_context import encode_context_header
 from engram_core.contract.schemas import TOOL_NAMES
 from engram_core.trust.hostctx import TOOLS_LIST_CALL, make_context
 from engram_core.trust.hostkeys import load_private_key_file

@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 from mcp.server.auth.provider import AccessToken
 
-from adapters.mcp.config import Binding
+from adapters.mcp.config import AgentBinding
 from engram_core.contract.errors import EngramError
 from engram_core.contract.schemas import TOOL_NAMES
 from engram_core.policy.port import BINDING, BINDING_SCOPES, PolicyEngine
@@ -41,7 +41,7 @@ _MAX_LIST_ITEMS = 64
 _MAX_FIELD_BYTES = 512  # a binding field beyond this is refused (an opaque ref's bound, SPEC §4)
 
 
-class BindingUnavailable(Exception):
+class CallerBindingUnavailable(Exception):
     """The binding policy gave no usable answer for this caller (nothing is cached)."""
 
 
@@ -49,7 +49,7 @@ class BindingUnavailable(Exception):
 class CallerBinding:
     """What the binding policy decided for one access token."""
 
-    binding: Binding | None  # None: no rule binds this caller (memory off)
+    binding: AgentBinding | None  # None: no rule binds this caller (memory off)
     tools: frozenset[str] = frozenset()
     step_up: Mapping[str, str] = field(default_factory=dict)  # tool -> the scope that would grant it
     decision_id: str = ""
@@ -90,14 +90,14 @@ def policy_input(token: AccessToken, *, now_ms: int) -> dict[str, Any]:
     }
 
 
-def _binding_of(result: Mapping[str, Any], session: str) -> Binding | None:
+def _agent_binding_of(result: Mapping[str, Any], session: str) -> AgentBinding | None:
     fields = result.get("binding")
     if not result.get("allow") or not isinstance(fields, Mapping):
         return None
     values = {name: fields.get(name, "") for name in ("tenant", "workspace", "principal", "agent_id", "purpose_ref")}
     if not all(isinstance(v, str) and len(v.encode()) <= _MAX_FIELD_BYTES for v in values.values()):
         return None
-    binding = Binding(session=session, **values)
+    binding = AgentBinding(session=session, **values)
     return binding if binding.complete else None
 
 
@@ -125,7 +125,7 @@ class CallerBindings:
 
     def resolve(self, token: AccessToken) -> CallerBinding:
         """The caller's binding (sync: at most one policy evaluation, ~0.5 ms). Raises
-        BindingUnavailable when the policy engine gives no usable answer."""
+        CallerBindingUnavailable when the policy engine gives no usable answer."""
         hit = self.cached(token)
         if hit is not None:
             return hit
@@ -135,10 +135,10 @@ class CallerBindings:
                                            timeout_s=POLICY_TIMEOUT_S)
         except EngramError as exc:
             logger.warning("binding policy unavailable: %s", exc.detail)
-            raise BindingUnavailable(exc.detail) from None
+            raise CallerBindingUnavailable(exc.detail) from None
         result = decision.result
         # The session is the client's (an MCP client is an agent platform): one per token's client and subject.
-        binding = _binding_of(result, session=f"oauth:{token.client_id}")
+        binding = _agent_binding_of(result, session=f"oauth:{token.client_id}")
         tools = frozenset(result.get("tools", ())) & frozenset(TOOL_NAMES) if binding else frozenset()
         step_up = {t: s for t, s in dict(result.get("step_up", {})).items() if t in TOOL_NAMES} if binding else {}
         resolved = CallerBinding(
@@ -176,9 +176,9 @@ class CallerBindings:
         return await anyio.to_thread.run_sync(self.resolve, token)
 
     def scopes_supported(self) -> list[str]:
-        """Every scope the policy maps tools to (``engram/binding/scopes``); raises BindingUnavailable."""
+        """Every scope the policy maps tools to (``engram/binding/scopes``); raises CallerBindingUnavailable."""
         try:
             decision = self._engine.decide(BINDING_SCOPES, {}, timeout_s=30)
         except EngramError as exc:
-            raise BindingUnavailable(exc.detail) from None
+            raise CallerBindingUnavailable(exc.detail) from None
         return [s for s in decision.result.get("scopes", []) if isinstance(s, str) and s]

@@ -24,7 +24,7 @@ Three sources, chosen by the host configuration, never by the agent:
 Every way the result is a :class:`CallContext`; a missing or unusable one is
 the protocol refusal -32603. Its ``asker`` names who authenticated the request
 (the access token's client, issuer and subject), so a confirmation is accepted only
-from the one who was asked (``adapters.mcp.server``).
+from the one who was asked (``adapters.mcp.confirmation_step``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from adapters.mcp.config import Binding, HostConfig
+from adapters.mcp.config import AgentBinding, HostConfig
 from adapters.mcp.envelope import new_audit_id
 from engram_core.api import context_pb2
 from engram_core.trust.hostctx import HOST_CALL, TOOLS_LIST_CALL, make_context
@@ -66,7 +66,7 @@ class ContextUnavailable(Exception):
 class CallContext:
     """The host context of one MCP call and what the adapter may read from it."""
 
-    binding: Binding
+    binding: AgentBinding
     audit_id: str
     memory_enabled: bool
     # A signed context for one gRPC call: freshly signed each time (file binding), or
@@ -174,23 +174,23 @@ class ContextSource:
         return self._from_header(headers, call, token)
 
     def _token_bound(self, token: AccessToken | None, call: str) -> CallContext:
-        from adapters.mcp.oauth.caller_binding import BindingUnavailable
+        from adapters.mcp.oauth.caller_binding import CallerBindingUnavailable
 
         if token is None or self._callers is None:
             raise ContextUnavailable("no access token")
         try:
             caller = self._callers.resolve(token)
-        except BindingUnavailable:
+        except CallerBindingUnavailable:
             raise ContextUnavailable("binding policy unavailable") from None
         if caller.binding is None:
             # SPEC §2, memory off by default: a caller no rule binds sees no tool and reaches no scope.
-            return CallContext(binding=Binding("", "", ""), audit_id=new_audit_id(), memory_enabled=False,
+            return CallContext(binding=AgentBinding("", "", ""), audit_id=new_audit_id(), memory_enabled=False,
                                _signer=_unsigned, resignable=False, _epoch=lambda: 0, tools=frozenset(),
                                asker=asker_of(token), call=call)
         return self._signed_for(caller.binding, call, tools=caller.tools, asker=asker_of(token),
                                 credential_ref=f"oauth-binding:{caller.decision_id}")
 
-    def _signed_for(self, binding: Binding, call: str, *, asker: str, tools: frozenset[str] | None = None,
+    def _signed_for(self, binding: AgentBinding, call: str, *, asker: str, tools: frozenset[str] | None = None,
                     credential_ref: str = "") -> CallContext:
         if not binding.complete or self._key is None:
             raise ContextUnavailable("incomplete binding")
@@ -253,7 +253,7 @@ class ContextSource:
             ctx = context_pb2.HostContext.FromString(envelope.body)
         except (binascii.Error, ValueError, Exception):  # any decode/parse failure
             raise ContextUnavailable("undecodable context header") from None
-        binding = Binding(
+        binding = AgentBinding(
             tenant=ctx.tenant,
             workspace=ctx.workspace,
             principal=ctx.principal,
