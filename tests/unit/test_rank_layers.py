@@ -14,9 +14,9 @@ from engram_core.store.search_index.postings import _layers, add_layers
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(0, 2**32), st.integers(1, 300), st.integers(1, 600), st.sampled_from([1, 2, 8, 10**9]),
+@given(st.integers(0, 2**32), st.integers(1, 300), st.integers(1, 600), st.sampled_from([0.0, 0.01, 0.5, 2 / 3, 2.0]),
        st.booleans(), st.booleans())
-def test_layers_add_up_to_the_postings_added_in_order(seed: int, n: int, rows: int, dense_from: int,
+def test_layers_add_up_to_the_postings_added_in_order(seed: int, n: int, rows: int, dense_share: float,
                                                       in_order: bool, prior: bool) -> None:
     rng = np.random.default_rng(seed)
     doc = rng.integers(0, n, rows).astype(np.int32)
@@ -27,12 +27,12 @@ def test_layers_add_up_to_the_postings_added_in_order(seed: int, n: int, rows: i
     start = rng.random(n) * 3 if prior else np.zeros(n)  # the terms before this one
     expected = start.copy()
     np.add.at(expected, doc, value)
-    saved = tuning.DENSE_FROM
-    tuning.DENSE_FROM = dense_from
+    saved = tuning.DENSE_SHARE
+    tuning.DENSE_SHARE = dense_share
     try:
         layers = _layers(doc, value, n)
     finally:
-        tuning.DENSE_FROM = saved
+        tuning.DENSE_SHARE = saved
     sums = start.copy()
     add_layers(sums, layers)
     assert np.array_equal(sums, expected)

@@ -4,8 +4,9 @@
 
 Opens ``DIR`` (loaded by ``tools.bench.broad``) with this checkout's core, runs one search per
 query of each shape (broad, long, narrow) to capture the arguments ``SearchIndex.rank`` gets,
-then times ``rank`` of this checkout's ``engram_core/store/search_index.py`` and of
-``CHECKOUT``'s (loaded as a separate module, called on the same index object) alternately
+then times ``rank`` of this checkout's ``engram_core/store/search_index`` and of
+``CHECKOUT``'s (loaded as a separate package, ``_other_search_index``, its own modules importing
+each other; called on an index of its classes over the same scopes' arrays) alternately
 call by call (``--rounds`` times ``--reps`` pairs per query), and checks that both return the same page (rows,
 scores, hit count, best BM25). On a machine whose speed moves within a minute this separates
 what a ranking change does from everything else a search does. Prints per shape the median
@@ -15,6 +16,8 @@ milliseconds of each and the median and quartiles of the pairs' ratios (other / 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.abc
 import importlib.util
 import json
 import statistics
@@ -26,17 +29,59 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 
 
+class _OtherPackage(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports ``_other_search_index.*`` from another checkout's ``store/search_index/`` with its
+    own imports of its package turned to that name: its modules import each other absolutely
+    (``engram_core.store.search_index.postings``), which would otherwise load this checkout's."""
+
+    def __init__(self, package: Path) -> None:
+        self.package = package
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != _OTHER and not fullname.startswith(_OTHER + "."):
+            return None
+        name = fullname[len(_OTHER) + 1:]
+        file = self.package / "__init__.py" if not name else self.package / f"{name}.py"
+        return importlib.util.spec_from_file_location(
+            fullname, file, loader=self, submodule_search_locations=[str(self.package)] if not name else None)
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: Any) -> None:
+        source = Path(module.__spec__.origin).read_text().replace("engram_core.store.search_index", _OTHER)
+        exec(compile(source, module.__spec__.origin, "exec"), module.__dict__)
+
+
+_OTHER = "_other_search_index"
+
+
 def _module_of(tree: Path) -> Any:
     single = tree / "engram_core/store/search_index.py"  # before issue 62 made it a package
-    package = tree / "engram_core/store/search_index"
-    spec = (importlib.util.spec_from_file_location("_other_search_index", single) if single.exists() else
-            importlib.util.spec_from_file_location("_other_search_index", package / "__init__.py",
-                                                   submodule_search_locations=[str(package)]))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    if single.exists():
+        spec = importlib.util.spec_from_file_location(_OTHER, single)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up
+        spec.loader.exec_module(module)
+        return module
+    sys.meta_path.insert(0, _OtherPackage(tree / "engram_core/store/search_index"))
+    return importlib.import_module(_OTHER)
+
+
+def _other_index(other: Any, index: Any) -> Any:
+    """An index of ``other``'s classes over ``index``'s scopes: each scope's arrays shared (ranking
+    only reads them), its kept term contributions its own, so each ranking is timed with its own
+    ``Scope`` methods (a package's scope code is in ``postings.py``) and its own cache."""
+    if not hasattr(other, "postings"):  # a single module: its rank is timed on this index's scopes
+        return index
+    scopes = {}
+    for key, scope in index._scopes.items():
+        twin = other.postings.Scope.__new__(other.postings.Scope)
+        twin.__dict__.update(scope.__dict__)
+        twin.forget_contributions()
+        scopes[key] = twin
+    return other.SearchIndex(scopes, dict(index._scope_of))
 
 
 def measure(data: Path, tree: Path, *, reps: int, rounds: int, queries: int) -> dict[str, Any]:
@@ -63,10 +108,11 @@ def measure(data: Path, tree: Path, *, reps: int, rounds: int, queries: int) -> 
     out: dict[str, Any] = {"data": str(data), "other": str(tree), "reps": reps, "rounds": rounds, "shapes": {}}
     corpus = BroadCorpus()
     records = _records_of(data)
-    # Both rankings keep their term contributions in the one index (this one's keyed by IDF too):
-    # room for both, so that neither evicts the other's and each is timed in its steady state.
+    # A package's rankings keep their term contributions apart (``_other_index``), each within
+    # its own checkout's budget; a single module's share this index's scopes: room for both there.
     budget = this.tuning.CONTRIBUTION_BYTES
-    this.tuning.CONTRIBUTION_BYTES = 4 * budget
+    if not hasattr(other, "postings"):
+        this.tuning.CONTRIBUTION_BYTES = 4 * budget
     try:
         this.SearchIndex.rank = spy  # type: ignore[method-assign]
         for shape in SHAPES:
@@ -77,9 +123,9 @@ def measure(data: Path, tree: Path, *, reps: int, rounds: int, queries: int) -> 
                                       purpose_ref=PURPOSE, now_ms=time.time_ns() // 1_000_000, memory_enabled=True)
                 memory.search(verify_context(signed, core.trusted, now_ms=core.now_ms()),
                               {"query": q, "purpose_ref": PURPOSE, "limit": 10})
-            calls = list(captured)
-            for index, args, kwargs in calls:  # the same page from both, and warm caches
-                a, b = rank(index, *args, **kwargs), other.SearchIndex.rank(index, *args, **kwargs)
+            calls = [(index, _other_index(other, index), args, kwargs) for index, args, kwargs in captured]
+            for index, twin, args, kwargs in calls:  # the same page from both, and warm caches
+                a, b = rank(index, *args, **kwargs), other.SearchIndex.rank(twin, *args, **kwargs)
                 if (a.total, a.rows, a.best_bm25, a.own_best_bm25) != (b.total, b.rows, b.best_bm25, b.own_best_bm25):
                     raise SystemExit(f"{shape}: the two rankings differ: {a} != {b}")
             # Pairs of one call each, alternated, the order flipped every round: both share the
@@ -87,12 +133,13 @@ def measure(data: Path, tree: Path, *, reps: int, rounds: int, queries: int) -> 
             times: dict[str, list[float]] = {"this": [], "other": []}
             ratios: list[float] = []
             for r in range(rounds):
-                for index, args, kwargs in calls:
+                for index, twin, args, kwargs in calls:
                     for _ in range(reps):
                         pair = {}
-                        for name, fn in (("other", other.SearchIndex.rank), ("this", rank))[:: 1 if r % 2 else -1]:
+                        for name, fn, on in (("other", other.SearchIndex.rank, twin),
+                                             ("this", rank, index))[:: 1 if r % 2 else -1]:
                             t = time.perf_counter()
-                            fn(index, *args, **kwargs)
+                            fn(on, *args, **kwargs)
                             pair[name] = (time.perf_counter() - t) * 1000
                         times["other"].append(pair["other"])
                         times["this"].append(pair["this"])
@@ -104,7 +151,7 @@ def measure(data: Path, tree: Path, *, reps: int, rounds: int, queries: int) -> 
                 "other_over_this": round(statistics.median(ratios), 3),
                 "ratio_quartiles": [round(x, 3) for x in q],
                 "pairs": len(ratios),
-                "hits_first_query": calls[0][0].rank(*calls[0][1], **calls[0][2]).total,
+                "hits_first_query": calls[0][0].rank(*calls[0][2], **calls[0][3]).total,
             }
             print(f"{shape:7} this {out['shapes'][shape]['this_ms']:8.3f} ms  other "
                   f"{out['shapes'][shape]['other_ms']:8.3f} ms  other/this {out['shapes'][shape]['other_over_this']}"

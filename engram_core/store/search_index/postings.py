@@ -295,12 +295,12 @@ def _layers(doc: np.ndarray, value: np.ndarray, n: int) -> list[Layer]:
     """A term's postings (``doc``, ``value``) as layers that ``add_layers`` adds to the same sums,
     bit for bit, as adding each posting in order: layer k holds each document's k-th posting
     (a document has one per field it has the term in), so a document's postings are still
-    added one after another in their order. A layer with at least 1/``tuning.DENSE_FROM`` of
-    the scope's documents is kept dense (zero elsewhere: adding 0.0 leaves a sum as it is),
-    and added with one pass over the sums instead of one scattered update per posting: a
-    capture's whole text as the query names words every record has (~100k postings each at
-    100k records)."""
-    if len(doc) * tuning.DENSE_FROM < n:
+    added one after another in their order. A layer with ``tuning.DENSE_SHARE`` of the scope's
+    documents or more is kept dense (zero elsewhere: adding 0.0 leaves a sum as it is) and
+    added with one pass over the sums instead of one scattered update per posting: a capture's
+    whole text as the query names words every record has (~100k postings each at 100k records,
+    most of the query's postings)."""
+    if len(doc) < tuning.DENSE_SHARE * n:
         return [(doc, value)]
     if not (doc[1:] >= doc[:-1]).all():
         # (A term's rows are in document order, the append buffer's after the merged ones';
@@ -322,8 +322,8 @@ def _layers(doc: np.ndarray, value: np.ndarray, n: int) -> list[Layer]:
 
 
 def _layer(doc: np.ndarray, value: np.ndarray, n: int) -> Layer:
-    """Postings of distinct documents, dense if they are 1/``tuning.DENSE_FROM`` of them or more."""
-    if len(doc) * tuning.DENSE_FROM < n:
+    """Postings of distinct documents, dense if they are ``tuning.DENSE_SHARE`` of them or more."""
+    if len(doc) < tuning.DENSE_SHARE * n:
         return (doc, value)
     dense = np.zeros(n)
     dense[doc] = value
