@@ -108,10 +108,10 @@ class StoreKernel:
         # from taking its place in the chain until it is durable.
         self._audit_lock = threading.RLock()
         self._writer_head: tuple[int, str] = (0, "sha256:" + "0" * 64)
-        # Spooled rows waiting for the audit lock (``_append_spooled``); the lock taken first
-        # appends them all.
-        self._queue_lock = threading.Lock()
+        # Spooled rows waiting for a batch (``_append_spooled``), and whose turn it is to lead one.
+        self._turn = threading.Condition(threading.Lock())
         self._queue: list[_Queued] = []
+        self._leading = False
         self._devices: Any = None
         self._spool = AuditSpool(spool_dir) if spool_dir is not None and capabilities.spools_audit else None
         # Rows a previous process acknowledged but did not move in (it did not close cleanly).
@@ -191,26 +191,39 @@ class StoreKernel:
         return doc["row_digest"]
 
     def _append_spooled(self, row: AuditRow) -> str:
-        """Group commit of the reads' rows: a row is queued, then its caller waits for the audit
-        lock; whoever takes the lock first appends every row queued by then, in queue order, with
-        one write and one ``fdatasync``, so the reads that arrive while a sync runs share the
-        next one. A caller still returns only once its own row is durable (docs/reliability.md,
-        "Audit rows of reads")."""
+        """Group commit of the reads' rows: a row is queued; while another caller leads a batch
+        the others wait for their turn, and the first whose row is not yet done leads the next:
+        it appends every row queued by then, chained in queue order, with one write and one
+        ``fdatasync``. So the reads that arrive while a sync runs share the next one, and each
+        returns only once its own row is durable (docs/reliability.md, "Audit rows of reads")."""
         spool = self._spool
         assert spool is not None
         queued = _Queued(row)
-        with self._queue_lock:
+        with self._turn:
             self._queue.append(queued)
-        with self._audit_lock:
-            if not queued.done:  # no caller before this one took it: this one leads
-                with self._queue_lock:
-                    batch, self._queue = self._queue, []
-                self._append_batch(spool, batch)
-            due = len(spool.pending) >= SPOOL_BATCH and not self._move_scheduled
+            while self._leading and not queued.done:
+                self._turn.wait()
+            batch = None
+            if not queued.done:
+                self._leading = True
+                batch, self._queue = self._queue, []
+        if batch is not None:
+            due = False
+            try:
+                with self._audit_lock:
+                    self._append_batch(spool, batch)
+                    due = len(spool.pending) >= SPOOL_BATCH and not self._move_scheduled
+                    if due:
+                        self._move_scheduled = True
+            finally:
+                for member in batch:
+                    if not member.done:  # (only if the batch was cut short by an interrupt)
+                        member.finish(error=EngramError(Code.STORE_UNAVAILABLE, "audit write interrupted"))
+                with self._turn:
+                    self._leading = False
+                    self._turn.notify_all()
             if due:
-                self._move_scheduled = True
-        if due:
-            self._mover.submit(self._move_spool_quietly)
+                self._mover.submit(self._move_spool_quietly)
         if queued.error is not None:
             raise queued.error
         assert queued.digest is not None
