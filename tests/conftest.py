@@ -22,11 +22,13 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 
 import hypothesis
 import hypothesis.core
 import pytest
 
+from tests.support import file_costs
 from tests.support.core_engines import DUCKDB, ENGINES, EngineStores
 from tests.support.pg_cluster import Database, PgCluster, PostgresMissing, start_cluster
 
@@ -38,6 +40,34 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "duckdb_only(reason): a test about the DuckDB engine itself: no PostgreSQL leg (say why)")
     _hypothesis_seed(config)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The most expensive files first (``tests/support/file_costs.py``): under ``--dist loadfile``
+    xdist hands files out in this order, and a long file started last would hold the run's end."""
+    items[:] = file_costs.order(items, file_costs.load())
+
+
+_recorder: file_costs.Recorder | None = None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # ENGRAM_TEST_COSTS=PATH records this run's cost per file (the order above comes from such a
+    # record). Under xdist the controller records: every worker's reports arrive there.
+    global _recorder
+    path = os.environ.get("ENGRAM_TEST_COSTS")
+    if path and not hasattr(session.config, "workerinput"):
+        _recorder = file_costs.Recorder(Path(path))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _recorder is not None:
+        _recorder.add(report.nodeid, report.duration)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _recorder is not None:
+        _recorder.write()
 
 
 def _hypothesis_seed(config: pytest.Config) -> int | str:
