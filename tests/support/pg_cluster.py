@@ -3,6 +3,8 @@
 The session starts one cluster (``initdb`` + ``pg_ctl`` of the OS package, which ``tools/setup``
 installs) in a temporary directory, listening on a free loopback port and on a unix socket in
 that directory, with ``fsync`` on (the tests prove durability, so the cluster must give it).
+The directory is under ``TMPDIR``, which ``tools/test`` puts in RAM when it can: the server still
+fsyncs, the medium returns at once (docs/testing.md, "Where the time goes").
 Each test gets a database of its own. The tests never use a cluster they did not start, and a
 missing PostgreSQL is a failure, never a skip.
 
