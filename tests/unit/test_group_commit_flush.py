@@ -61,10 +61,8 @@ def _capture_shape(batch: Batch, cid: str, cursor: int) -> None:
 def test_a_captures_writes_to_five_tables_are_one_statement(con: Counted) -> None:
     batch = Batch()
     _capture_shape(batch, "c1", 1)
-    con.execute("BEGIN TRANSACTION")
-    con.sent.clear()
     batch.flush(con)  # type: ignore[arg-type]
-    assert len(con.sent) == 1
+    assert len(con.sent) == 1 and con.sent[0].startswith("BEGIN TRANSACTION; WITH ")  # the batch's transaction too
     con.execute("COMMIT")
     c = con.con
     assert c.execute("SELECT count(*) FROM journal").fetchone() == (1,)
@@ -81,8 +79,6 @@ def test_an_update_or_delete_sees_the_row_inserted_in_the_same_flush(con: Counte
     # The same batch admits it: its state changes and its key goes, after the rows are in.
     batch.pending.set_candidate_state("c1", "admitted", '{"why": 1}', True)
     batch.pending.note(("delete", "data_keys", "owner", "candidate:c1"))
-    con.execute("BEGIN TRANSACTION")
-    con.sent.clear()
     batch.flush(con)  # type: ignore[arg-type]
     assert len(con.sent) == 2  # the rows, then what must see them
     con.execute("COMMIT")
@@ -96,8 +92,6 @@ def test_held_updates_wait_for_the_next_flush_and_share_its_statement(con: Count
     batch = Batch()
     _capture_shape(batch, "c1", 1)
     batch.pending.note(("delete", "data_keys", "owner", "candidate:c1"))
-    con.execute("BEGIN TRANSACTION")
-    con.sent.clear()
     batch.flush(con, hold_overlaps=True)  # type: ignore[arg-type]
     assert len(con.sent) == 1
     assert batch.pending.deletes and "candidate:c1" in batch.pending.dropped_keys  # still pending, still seen
@@ -122,7 +116,6 @@ def test_many_rows_of_one_table_and_many_scope_heads_all_land(con: Counted) -> N
     batch.pending.note(("head", T, "beta", 9, "d9"))
     for cid in ("c1", "c2"):
         batch.pending.add_row("candidates", "INSERT", f" ({CANDIDATE_COLS})", candidate_values(_candidate(cid)))
-    con.execute("BEGIN TRANSACTION")
     batch.flush(con)  # type: ignore[arg-type]
     batch.pending.set_candidate_state("c1", "admitted", None, False)
     batch.pending.set_candidate_state("c2", "rejected", None, True)
@@ -134,3 +127,21 @@ def test_many_rows_of_one_table_and_many_scope_heads_all_land(con: Counted) -> N
         (W, 5), ("beta", 9)]
     assert c.execute("SELECT candidate_id, state, sealed_envelope IS NULL FROM candidates ORDER BY 1").fetchall() == [
         ("c1", "admitted", False), ("c2", "rejected", True)]
+
+
+def test_a_batch_begins_its_transaction_with_its_first_write_and_one_that_wrote_nothing_commits_nothing(
+        tmp_path: Path) -> None:
+    store = open_duckdb_store(tmp_path, keys=FileKeyVault(tmp_path))
+    commits: list[int] = []
+    store.engine.observers.on_commit = lambda _seconds, members: commits.append(members)
+    try:
+        with store.write(batched=True) as tx:
+            assert tx.candidate(T, W, "c1") is None  # a read before any write: the committed state
+        assert commits == []
+        with store.write(batched=True) as tx:
+            tx.insert_candidate(_candidate("c1"))
+        assert commits == [1]
+        with store.read() as tx:
+            assert tx.candidate(T, W, "c1") == _candidate("c1")
+    finally:
+        store.close()

@@ -398,8 +398,7 @@ class DuckDBEngine(HeldHooks):
         with self._locked():
             batch = self._batch
             if batch is None:
-                self._con.execute("BEGIN TRANSACTION")
-                batch = self._batch = Batch()
+                batch = self._batch = Batch()  # its transaction begins with its first write
             tx = self.tx_class(self._con, self, writing=True, batch=batch)
             self._local.writing = True
             try:
@@ -458,7 +457,8 @@ class DuckDBEngine(HeldHooks):
         assert hooks is not None
         con = self._con
         if batch.members == 0:
-            _rollback(con)
+            if batch.begun:
+                _rollback(con)
             batch.done.set()
             return
         try:
@@ -474,7 +474,8 @@ class DuckDBEngine(HeldHooks):
             batch.fail(self._refusal(exc))
             return
         try:
-            self._commit(con, batch.members)
+            if batch.begun:  # else its members wrote nothing: nothing to commit
+                self._commit(con, batch.members)
         except EngramError as exc:
             batch.fail(exc)
             return

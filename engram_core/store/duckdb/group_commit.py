@@ -254,6 +254,17 @@ class Batch:
         self.candidates_by_sql = False
         self.done = threading.Event()
         self.error: BaseException | None = None
+        # Its DuckDB transaction begins with its first write, in that statement's call (one
+        # statement fewer a batch); until then members read the latest committed state, which
+        # the writer lock keeps still.
+        self.begun = False
+
+    def execute(self, con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | tuple) -> None:
+        """A write of the batch's, the transaction begun in the same call when it is the first."""
+        if not self.begun:
+            self.begun = True  # first: a failed first statement leaves a transaction to roll back
+            sql = "BEGIN TRANSACTION; " + sql  # parameters bind to the last statement of a call
+        con.execute(sql, params)
 
     # -- joining -----------------------------------------------------------------------------
     def apply(self, con: duckdb.DuckDBPyConnection, op: tuple[Any, ...]) -> None:
@@ -266,7 +277,7 @@ class Batch:
             _, sql, params, tables = op
             self.candidates_by_sql = self.candidates_by_sql or "candidates" in tables
             self.flush(con, tables)
-            con.execute(sql, params)
+            self.execute(con, sql, params)
             return
         if op[0] == "row" and any(t == op[1] for t, _ in self.pending.deletes):
             self.flush(con, {op[1]})  # a row after a delete of its table: keep their order
@@ -327,7 +338,7 @@ class Batch:
             parts.append(_scope_heads_part(p.scope_heads))
             p.scope_heads.clear()
         for sql, params in statements_of(parts):
-            con.execute(sql, params)
+            self.execute(con, sql, params)
 
     def changed_candidate(self, candidate_id: str) -> bool:
         """Whether this batch wrote or may have changed the candidate (then the database, not the
