@@ -231,7 +231,7 @@ def wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path, ssl_context: 
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
                 raise RuntimeError(f"engram console did not start: {log.read_text(errors='replace')}") from None
-            time.sleep(0.2)
+            time.sleep(0.05)  # as the suite's other readiness polls: each start waits on this
 
 
 def openid_authorize(console_url: str, issuer: str, login: str, password: str, next_page: str = "") -> tuple[str, str]:
