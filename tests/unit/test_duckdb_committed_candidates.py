@@ -107,3 +107,19 @@ def test_a_member_reads_what_an_earlier_member_of_its_batch_changed_even_once_fl
         return c.state, c.decision, c.sealed_envelope
 
     assert _batch(store, [admit, look])[1] == ("admitted", {"why": "ok"}, None)
+
+
+def test_a_latest_reader_reads_the_copy_and_a_snapshot_reader_its_snapshot(store: StoreKernel) -> None:
+    with store.write(batched=True) as tx:
+        tx.insert_candidate(_row("c1"))
+    with store.read() as snap:
+        assert snap.candidate(T, W, "c1").state == "pending"  # type: ignore[union-attr]
+        with store.write(batched=True) as tx:
+            tx.set_candidate_state("c1", "admitted", drop_envelope=True)
+        assert snap.candidate(T, W, "c1").state == "pending"  # type: ignore[union-attr]  # its snapshot
+        with store.read(snapshot=False) as latest:
+            c = latest.candidate(T, W, "c1")
+            assert (c.state, c.sealed_envelope) == ("admitted", None)  # type: ignore[union-attr]
+            assert latest.candidate("other", W, "c1") is None
+    with store.read() as fresh:
+        assert fresh.candidate(T, W, "c1") == store.engine.committed_candidate("c1")

@@ -2,10 +2,12 @@
 candidate its capture wrote a moment before, and this copy saves that query (a cache that
 only ever saves a query, as the engine contract allows a sole writer).
 
-Used only under the writer lock, by write transactions: a candidate a batch's members changed
-(or may have changed through SQL) is read from the database, never from here, until the batch
-commits and its changes are applied. Rows hold what the table holds (the envelope sealed), and
-the copy is bounded by rows and by envelope bytes."""
+Written under the writer lock, after each COMMIT and before its writers are answered. Read by
+write transactions, for a candidate their batch neither wrote nor changed (or may have changed
+through SQL: else the database, as the batch sees it), and by readers of the latest committed
+state (``read(snapshot=False)``; never a snapshot's reader, to which a newer row would be wrong).
+Rows hold what the table holds (the envelope sealed), bounded by rows and by envelope bytes; a
+reader racing a change misses the row at worst and reads the table."""
 
 from __future__ import annotations
 
@@ -36,13 +38,15 @@ class CommittedCandidates:
                   changes: list[tuple[str, str, str | None, bool]]) -> None:
         """Apply what a transaction committed: its new candidates, then its state changes in
         order ((id, state, decision JSON or None, drop the envelope), as the UPDATE applied them)."""
-        for row in inserted.values():
-            self._put(row)
+        final = dict(inserted)  # each row put once, as committed: a reader never sees a step between
         for candidate_id, state, decision, drop in changes:
-            held = self._rows.get(candidate_id)
+            held = final.get(candidate_id) or self._rows.get(candidate_id)
             if held is not None:
-                self._put(replace(held, state=state, decision=json.loads(decision) if decision else held.decision,
-                                  sealed_envelope=None if drop else held.sealed_envelope))
+                final[candidate_id] = replace(held, state=state,
+                                              decision=json.loads(decision) if decision else held.decision,
+                                              sealed_envelope=None if drop else held.sealed_envelope)
+        for row in final.values():
+            self._put(row)
 
     def _put(self, row: CandidateRow) -> None:
         old = self._rows.pop(row.candidate_id, None)

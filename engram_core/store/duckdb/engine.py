@@ -602,7 +602,7 @@ class DuckDBEngine(HeldHooks):
             cur = self._con.cursor()
             self._local.cursor = cur
         if not snapshot:
-            yield self.tx_class(cur, self)
+            yield self.tx_class(cur, self, latest=True)
             return
         cur.execute("BEGIN TRANSACTION")
         try:

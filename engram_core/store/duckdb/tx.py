@@ -81,9 +81,12 @@ class DuckDBEngineTx(SqlRows, RecordLinks, TrustClasses):
                         "unnest($2::BLOB[]) AS sealed) u WHERE projections.record_id = u.record_id")
 
     def __init__(self, con: duckdb.DuckDBPyConnection, engine: Committed, *, writing: bool = False,
-                 batch: Batch | None = None) -> None:
+                 batch: Batch | None = None, latest: bool = False) -> None:
         self._con = con
         self._store = engine
+        # A reader whose every statement reads the latest committed state (``read(snapshot=False)``):
+        # the writer's committed copies answer it as well (never a snapshot reader's: they may be newer).
+        self._latest = latest
         # A writer (the only one: the engine's write lock) reads scope rows and audit chain heads
         # from the engine's committed copies plus its own changes, published after COMMIT.
         self._writing = writing
@@ -318,8 +321,10 @@ class DuckDBEngineTx(SqlRows, RecordLinks, TrustClasses):
     def candidate(self, tenant: str, workspace: str, candidate_id: str) -> CandidateRow | None:
         member = self._member
         if member is None or "candidates" in member.sql_tables:
-            row = self._one(f"SELECT {CANDIDATE_COLS} FROM candidates WHERE candidate_id = ?", [candidate_id])
-            found = candidate_of(row) if row else None
+            found = self._store.committed_candidate(candidate_id) if member is None and self._latest else None
+            if found is None:
+                row = self._one(f"SELECT {CANDIDATE_COLS} FROM candidates WHERE candidate_id = ?", [candidate_id])
+                found = candidate_of(row) if row else None
         else:  # the database's row, or a batch's, with the batch's then the member's pending changes
             batch, own = self._batch.pending, member.pending  # type: ignore[union-attr]
             found = batch.candidates.get(candidate_id) or own.candidates.get(candidate_id)
