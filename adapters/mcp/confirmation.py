@@ -123,6 +123,19 @@ class InMemoryConfirmationLedger:
         return pending
 
 
+def consume_matching(ledger: ConfirmationLedger, nonce: str, state_digest: str, *, tool: str, digest: str,
+                     binding: AgentBinding, asker: str, now_ms: int) -> bool:
+    """Take a 2026-07-28 retry's nonce: True only when it named a live, unused confirmation of this
+    exact operation (tool, digest, scope and principal) and its state carries the same digest. Only
+    the authenticated caller who was asked can answer (the ledger keeps the nonce for them): another
+    token of the same principal, or none, cannot finish it."""
+    pending = ledger.consume(nonce, now_ms=now_ms, asker=asker)
+    return (pending is not None and pending.tool == tool and pending.operation_digest == digest
+            and state_digest == digest
+            and pending.scope_principal == (binding.tenant, binding.workspace, binding.principal)
+            and pending.asker == asker)
+
+
 def encode_state(nonce: str, operation_digest: str) -> str:
     """Plaintext request state; the SDK boundary seals it before it leaves."""
     return json.dumps({"v": 1, "nonce": nonce, "op": operation_digest}, separators=(",", ":"))

@@ -38,6 +38,7 @@ from adapters.mcp.confirmation import (
     PendingConfirmation,
     approved,
     confirmation_message,
+    consume_matching,
     decode_state,
     encode_state,
 )
@@ -186,18 +187,8 @@ class ConfirmationStep:
         if decoded is None:
             return invalid
         nonce, state_digest = decoded
-        pending = self._ledger.consume(nonce, now_ms=now_ms(), asker=call.asker)
-        b = call.binding
-        if (
-            pending is None
-            or pending.tool != name
-            or pending.operation_digest != digest
-            or state_digest != digest
-            or pending.scope_principal != (b.tenant, b.workspace, b.principal)
-            # Only the authenticated caller who was asked can answer (the ledger keeps the nonce
-            # for them): another token of the same principal, or none, cannot finish it.
-            or pending.asker != call.asker
-        ):
+        if not consume_matching(self._ledger, nonce, state_digest, tool=name, digest=digest, binding=call.binding,
+                                asker=call.asker, now_ms=now_ms()):
             return invalid
         response = (params.input_responses or {}).get(CONFIRM_KEY)
         action = getattr(response, "action", None)

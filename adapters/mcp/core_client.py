@@ -93,6 +93,16 @@ class CoreClient:
             return EngramError(error.code, f"{detail}: no core answers at {self._address}")
         return error
 
+    async def _call(self, stub: Any, method: str, request: Message, context: bytes, grant: bytes | None = None,
+                    timeout: float | None = None) -> Any:
+        """One RPC under the signed context (and grant) and the deadline; a failure is the contract
+        error, detailed "<method> failed"."""
+        try:
+            return await getattr(stub, method)(request, metadata=_metadata(context, grant),
+                                               timeout=self._timeout if timeout is None else timeout)
+        except grpc.RpcError as err:
+            raise self._error(err, f"{method} failed") from None
+
     async def close(self) -> None:
         if self._channel is not None:
             await self._channel.close()
@@ -103,23 +113,13 @@ class CoreClient:
         """The tools the policy grants this binding (drives tools/list), and those of them
         the policy gates behind a human confirmation."""
         _, host = self._stubs()
-        try:
-            reply = await host.ListCapabilities(
-                host_pb2.ListCapabilitiesRequest(), metadata=_metadata(context, None), timeout=self._timeout
-            )
-        except grpc.RpcError as err:
-            raise self._error(err, "ListCapabilities failed") from None
+        reply = await self._call(host, "ListCapabilities", host_pb2.ListCapabilitiesRequest(), context)
         return list(reply.tools), list(reply.confirmation_required)
 
     async def authorization_epoch(self, host_context: bytes) -> int:
         """The bound scope's current authorization epoch (asked with a host-principal context)."""
         _, host = self._stubs()
-        try:
-            reply = await host.AuthorizationEpoch(
-                host_pb2.AuthorizationEpochRequest(), metadata=_metadata(host_context, None), timeout=self._timeout
-            )
-        except grpc.RpcError as err:
-            raise self._error(err, "AuthorizationEpoch failed") from None
+        reply = await self._call(host, "AuthorizationEpoch", host_pb2.AuthorizationEpochRequest(), host_context)
         return int(reply.authorization_epoch)
 
     async def invoke(
@@ -133,13 +133,7 @@ class CoreClient:
         except Exception:
             # Validated arguments always convert; anything else is our schema drifting.
             raise EngramError(Code.INVALID_SCHEMA, "arguments do not convert") from None
-        try:
-            reply = await getattr(memory, method)(
-                request, metadata=_metadata(context, grant), timeout=self._timeout
-            )
-        except grpc.RpcError as err:
-            raise self._error(err, f"{method} failed") from None
-        return message_to_value(reply)
+        return message_to_value(await self._call(memory, method, request, context, grant))
 
     async def check_gated(self, tool: str, arguments: dict[str, Any], *, context: bytes) -> str:
         """Before a human is asked to confirm a withdraw or forget: "ready" when the target
@@ -150,11 +144,7 @@ class CoreClient:
         request = host_pb2.CheckGatedRequest(
             tool=tool, target=str(arguments.get("record_id") or arguments.get("candidate_id") or ""),
             idempotency_key=arguments["idempotency_key"], reason_ref=arguments["reason_ref"])
-        try:
-            reply = await host.CheckGated(request, metadata=_metadata(context, None), timeout=self._timeout)
-        except grpc.RpcError as err:
-            raise self._error(err, "CheckGated failed") from None
-        return reply.status
+        return (await self._call(host, "CheckGated", request, context)).status
 
     async def record_refusal(self, *, context: bytes, operation: str, error: EngramError, target: str = "") -> None:
         """Have the core write the audit row of a refusal the adapter decided (same context,
@@ -163,10 +153,7 @@ class CoreClient:
         request = host_pb2.RecordRefusalRequest(
             operation=operation, code=error.code.value, reason_class=error.reason_class or "",
             reason_codes=list(error.reasons), pointer=error.pointer, target=target)
-        try:
-            await host.RecordRefusal(request, metadata=_metadata(context, None), timeout=self._timeout)
-        except grpc.RpcError as err:
-            raise self._error(err, "RecordRefusal failed") from None
+        await self._call(host, "RecordRefusal", request, context)
 
     async def park_confirmation(self, *, context: bytes, tool: str, target: str, reason_ref: str,
                                 operation_digest: str, ttl_ms: int) -> tuple[str, int]:
@@ -175,10 +162,7 @@ class CoreClient:
         _, host = self._stubs()
         request = host_pb2.ParkConfirmationRequest(tool=tool, target=target, reason_ref=reason_ref,
                                                    operation_digest=operation_digest, ttl_ms=ttl_ms)
-        try:
-            reply = await host.ParkConfirmation(request, metadata=_metadata(context, None), timeout=self._timeout)
-        except grpc.RpcError as err:
-            raise self._error(err, "ParkConfirmation failed") from None
+        reply = await self._call(host, "ParkConfirmation", request, context)
         return reply.confirmation_id, int(reply.expires_at_ms)
 
     async def claim_confirmation(self, *, context: bytes, confirmation_id: str, tool: str, target: str,
@@ -188,9 +172,6 @@ class CoreClient:
         _, host = self._stubs()
         request = host_pb2.ClaimConfirmationRequest(confirmation_id=confirmation_id, tool=tool, target=target,
                                                     operation_digest=operation_digest, wait_ms=wait_ms)
-        try:
-            reply = await host.ClaimConfirmation(request, metadata=_metadata(context, None),
-                                                 timeout=self._timeout + wait_ms / 1000)
-        except grpc.RpcError as err:
-            raise self._error(err, "ClaimConfirmation failed") from None
+        # The long poll's wait is on top of the deadline.
+        reply = await self._call(host, "ClaimConfirmation", request, context, timeout=self._timeout + wait_ms / 1000)
         return reply.status

@@ -199,22 +199,9 @@ class ContextSource:
         scope = (binding.tenant, binding.workspace)
 
         def sign(for_call: str) -> bytes:
-            return make_context(
-                key,
-                call=for_call,
-                tenant=binding.tenant,
-                workspace=binding.workspace,
-                principal=binding.principal,
-                agent_id=binding.agent_id,
-                session=binding.session,
-                purpose_ref=binding.purpose_ref,
-                audit_id=audit_id,
-                now_ms=now_ms(),
-                ttl_ms=CONTEXT_TTL_MS,
-                memory_enabled=self._config.memory_enabled,
-                authorization_epoch=self._epochs.get(scope, 0),
-                credential_ref=credential_ref,
-            )
+            return self._make(key, binding, for_call, audit_id, agent_id=binding.agent_id,
+                              purpose_ref=binding.purpose_ref, authorization_epoch=self._epochs.get(scope, 0),
+                              credential_ref=credential_ref)
 
         return CallContext(binding=binding, audit_id=audit_id, memory_enabled=self._config.memory_enabled,
                            _signer=sign, resignable=True, _epoch=lambda: self._epochs.get(scope, 0),
@@ -226,21 +213,19 @@ class ContextSource:
         the host there; it never turns a fronting host's agent context into one."""
         if not call.resignable or self._key is None:
             raise ContextUnavailable("not the signing host")
-        b = call.binding
-        return make_context(
-            self._key,
-            call=HOST_CALL,
-            tenant=b.tenant,
-            workspace=b.workspace,
-            principal=b.principal,
-            agent_id=HOST_AGENT_ID,
-            session=b.session,
-            audit_id=call.audit_id,
-            now_ms=now_ms(),
-            ttl_ms=CONTEXT_TTL_MS,
-            memory_enabled=self._config.memory_enabled,
-            host_principal=True,
-        )
+        return self._make(self._key, call.binding, HOST_CALL, call.audit_id, agent_id=HOST_AGENT_ID,
+                          host_principal=True)
+
+    def _make(self, key: Ed25519PrivateKey, binding: AgentBinding, call: str, audit_id: str, *, agent_id: str,
+              purpose_ref: str = "", authorization_epoch: int = 0, credential_ref: str = "",
+              host_principal: bool = False) -> bytes:
+        """A context signed now for ``call`` in the binding's scope, principal and session, living
+        ``CONTEXT_TTL_MS``."""
+        return make_context(key, call=call, tenant=binding.tenant, workspace=binding.workspace,
+                            principal=binding.principal, agent_id=agent_id, session=binding.session,
+                            purpose_ref=purpose_ref, audit_id=audit_id, now_ms=now_ms(), ttl_ms=CONTEXT_TTL_MS,
+                            memory_enabled=self._config.memory_enabled, host_principal=host_principal,
+                            authorization_epoch=authorization_epoch, credential_ref=credential_ref)
 
     def _from_header(self, headers: Mapping[str, str] | None, call: str,
                      token: AccessToken | None = None) -> CallContext:

@@ -45,6 +45,7 @@ SERVER_NAME = "engram"
 SERVER_VERSION = "0.1.0"
 
 _STATE_TTL_S = 300.0  # SPEC §8: a confirmation lives at most 300 s
+_GUIDE_TITLE = "How to use Engram memory"  # the guide's title as prompt and as resource
 
 _ANNOTATIONS = {
     SEARCH_TOOL: types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
@@ -160,43 +161,23 @@ class EngramMcp:
     async def list_prompts(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListPromptsResult:
-        return types.ListPromptsResult(
-            prompts=[
-                types.Prompt(
-                    name=GUIDE_PROMPT_NAME,
-                    title="How to use Engram memory",
-                    description="When to use memory, the discipline, and how to read results and errors.",
-                )
-            ]
-        )
+        return types.ListPromptsResult(prompts=[types.Prompt(
+            name=GUIDE_PROMPT_NAME, title=_GUIDE_TITLE,
+            description="When to use memory, the discipline, and how to read results and errors.")])
 
     async def get_prompt(
         self, ctx: ServerRequestContext[Any, Any], params: types.GetPromptRequestParams
     ) -> types.GetPromptResult:
         if params.name != GUIDE_PROMPT_NAME:
             raise MCPError(code=types.INVALID_PARAMS, message="Unknown prompt")
-        return types.GetPromptResult(
-            description="How to use Engram memory",
-            messages=[
-                types.PromptMessage(
-                    role="user", content=types.TextContent(type="text", text=self._guide_for(ctx))
-                )
-            ],
-        )
+        return types.GetPromptResult(description=_GUIDE_TITLE, messages=[
+            types.PromptMessage(role="user", content=types.TextContent(type="text", text=self._guide_for(ctx)))])
 
     async def list_resources(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
-        return types.ListResourcesResult(
-            resources=[
-                types.Resource(
-                    uri=GUIDE_RESOURCE_URI,
-                    name="engram-guide",
-                    title="How to use Engram memory",
-                    mime_type="text/markdown",
-                )
-            ]
-        )
+        return types.ListResourcesResult(resources=[types.Resource(
+            uri=GUIDE_RESOURCE_URI, name="engram-guide", title=_GUIDE_TITLE, mime_type="text/markdown")])
 
     async def list_resource_templates(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None

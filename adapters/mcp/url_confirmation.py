@@ -39,6 +39,7 @@ from adapters.mcp.confirmation import (
     ConfirmationLedger,
     PendingConfirmation,
     confirmation_message,
+    consume_matching,
 )
 from adapters.mcp.core_client import CoreClient
 from adapters.mcp.host_context import CallContext, now_ms
@@ -157,10 +158,8 @@ class UrlConfirmations:
         if decoded is None:
             return _INVALID
         nonce, state_digest, confirmation_id, expires_at = decoded
-        pending = self._ledger.consume(nonce, now_ms=now_ms(), asker=call.asker)
-        b = call.binding
-        if (pending is None or pending.tool != name or pending.operation_digest != digest or state_digest != digest
-                or pending.scope_principal != (b.tenant, b.workspace, b.principal) or pending.asker != call.asker):
+        if not consume_matching(self._ledger, nonce, state_digest, tool=name, digest=digest, binding=call.binding,
+                                asker=call.asker, now_ms=now_ms()):
             return _INVALID
         response = (params.input_responses or {}).get(CONFIRM_KEY)
         if getattr(response, "action", None) != "accept":
