@@ -73,6 +73,11 @@ class Recorder:
         self.tests.setdefault(f, set()).add(nodeid)
 
     def write(self) -> None:
-        files = {f: {"seconds": round(s, 2), "tests": len(self.tests[f])}
-                 for f, s in sorted(self.seconds.items(), key=lambda kv: -kv[1])}
-        self.path.write_text(json.dumps({"files": files}, indent=1) + "\n")
+        write({f: {"seconds": round(s, 2), "tests": len(self.tests[f])} for f, s in self.seconds.items()}, self.path)
+
+
+def write(files: dict[str, dict[str, float]], path: Path = RECORD) -> None:
+    """A record, one file a line, most expensive first (a diff of two records reads as one)."""
+    ranked = sorted(files.items(), key=lambda kv: -kv[1]["seconds"])
+    lines = [f" {json.dumps(f)}: {json.dumps(v)}" for f, v in ranked]
+    path.write_text('{"files": {\n' + ",\n".join(lines) + "\n}}\n")
