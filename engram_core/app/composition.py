@@ -20,6 +20,7 @@ from engram_core.app.engines import VAULTS, StoreConfig, open_key_source, open_s
 from engram_core.clock import Clock
 from engram_core.contract.errors import Code, EngramError
 from engram_core.crypto.keyvault import FileKeyVault, KeyVault
+from engram_core.crypto.secret_files import load_or_create_secret
 from engram_core.embedding.port import Embedder
 from engram_core.observability.metrics import CoreMetrics
 from engram_core.policy import default_bundle_dir as default_policies_dir
@@ -33,6 +34,7 @@ from engram_core.services.backup import BackupService
 from engram_core.services.core import Core
 from engram_core.services.host import HostServiceCore
 from engram_core.services.keyring import KeySchedule
+from engram_core.services.lexical import TermHasher
 from engram_core.services.maintenance import MaintenanceService, reanalyze_lexical, reembed_vectors
 from engram_core.services.memory import MemoryService
 from engram_core.store.file_modes import make_private
@@ -178,6 +180,8 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
             engine.close()  # built here: the caller's own is the caller's to close
         raise
     core = Core(data_dir=data_dir, store=store, vault=vault, policy=engine,
+                hasher=TermHasher(load_or_create_secret(data_dir / "index.key")),
+                page_key=load_or_create_secret(data_dir / "page.key"),
                 trusted=keys.trusted, clock=clock, embedder=embedder, key_schedule=key_schedule,
                 open_key_dir=open_key_source)
     try:

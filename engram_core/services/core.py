@@ -105,6 +105,8 @@ class Core:
         clock: Clock | None = None,
         embedder: Embedder | None = None,
         key_schedule: KeySchedule | None = None,
+        hasher: TermHasher,
+        page_key: bytes,
         open_key_dir: Callable[[Path, str | None], KeyVault | None] | None = None,
     ) -> None:
         self.data_dir = data_dir
@@ -131,8 +133,10 @@ class Core:
         self.context_nonces = ContextNonceLedger(started_at_ms=started, skew_ms=CLOCK_SKEW_MS)
         horizon = MAX_CONTEXT_TTL_MS + CLOCK_SKEW_MS
         self.context_nonces.seed([(ref, at + horizon) for ref, at in store.recent_context_nonces(started - horizon)])
-        self.hasher = TermHasher.from_dir(data_dir)
-        self.page_key = _load_or_create_secret(data_dir / "page.key")
+        # The keyed term hashes and the cursors' HMAC key: DIR/index.key and DIR/page.key, read
+        # by the composition root (engram_core/app/composition.py).
+        self.hasher = hasher
+        self.page_key = page_key
         # Scopes whose projections an operator invalidated and has not rebuilt (PROJECTION_STALE).
         self.projections = ProjectionStatus(store)
         # Finish crypto-shredding interrupted by a crash and clear key slots of
@@ -326,13 +330,3 @@ def denied(code: Code, detail: str, decisions: list[Decision]) -> EngramError:
     error = EngramError(code, detail, reason_class=class_of_reasons(reasons), reasons=reasons)
     error.decisions = summaries
     return error
-
-
-def _load_or_create_secret(path: Path) -> bytes:
-    import os
-
-    if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(secrets.token_bytes(32))
-    return path.read_bytes()

@@ -15,12 +15,10 @@ me"). Stored postings were made by the analyzer of their time: the store records
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import threading
 import unicodedata
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 ANALYZER_ID = "nfkc-casefold-unicode-words-stop-en-v2-snowball-english-pystemmer-3.1.0"
@@ -92,15 +90,6 @@ def query_words(text: str) -> list[tuple[str, str | None]]:
 class TermHasher:
     def __init__(self, key: bytes) -> None:
         self._key = key
-
-    @classmethod
-    def from_dir(cls, data_dir: Path) -> TermHasher:
-        path = data_dir / "index.key"
-        if not path.exists():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(os.urandom(32))
-        return cls(path.read_bytes())
 
     def term(self, token: str) -> int:
         h = hashlib.blake2b(token.encode(), key=self._key, digest_size=8).digest()

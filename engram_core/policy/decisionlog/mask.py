@@ -20,10 +20,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
-import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from engram_core.crypto.secret_files import load_or_create_secret
 
 PSEUDONYM_PREFIX = "masked:"
 _DOCUMENTS = ("input", "result")
@@ -60,14 +61,8 @@ class Pseudonymizer:
     def from_file(cls, path: Path, *, create: bool = False) -> Pseudonymizer:
         """Read the key file; with ``create``, make it (32 random bytes, mode 0600) if absent."""
         path = Path(path)
-        if create and not path.exists():
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:
-                pass
-            else:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(os.urandom(32))
+        if create:
+            return cls(load_or_create_secret(path))
         return cls(path.read_bytes())
 
 
