@@ -492,7 +492,16 @@ async def test_core_deadline_comes_back_as_a_retriable_envelope(stores: EngineSt
             deadline_ms=300,
         )
         async with stdio_client(config) as client:
-            await client.list_tools()  # the output schemas, fetched while the core answers
+            # The output schemas, fetched while the core answers. On a loaded machine the first
+            # call (a fresh channel to the core) can miss 300 ms itself and comes back as the
+            # retriable "temporarily unavailable" this test is not about: it is asked again.
+            for attempt in range(20):
+                try:
+                    await client.list_tools()
+                    break
+                except MCPError:
+                    if attempt == 19:
+                        raise
             held, release = threading.Event(), threading.Event()
 
             def hold_the_store() -> None:
