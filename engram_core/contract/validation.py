@@ -436,11 +436,7 @@ def canonical_arguments(tool: str, args: Any) -> Canonical:
     compact JSON ``validate_arguments`` measures have the same length. Anything the walk refuses
     goes to ``validate_arguments``, which answers with the same refusal, in the same order, as
     always."""
-    validator = _VALIDATORS.get(tool)
-    if validator is None:
-        raise _fail("unknown tool", "wrong_shape")
-    if not isinstance(args, dict):
-        raise _fail("arguments must be an object", "wrong_type")
+    validator = _validator_of(tool, args)
     try:
         body = _checked(args, None, 0, 2, [MAX_ARGUMENT_BYTES])
         size = len(body.data)
@@ -452,14 +448,20 @@ def canonical_arguments(tool: str, args: Any) -> Canonical:
     return body
 
 
-@traced("engram.validate")
-def validate_arguments(tool: str, args: Any) -> dict[str, Any]:
-    """Validate one tool's arguments; returns them unchanged (never normalized)."""
+def _validator_of(tool: str, args: Any) -> Any:
+    """The tool's schema validator; the first two refusals every surface gives, in this order."""
     validator = _VALIDATORS.get(tool)
     if validator is None:
         raise _fail("unknown tool", "wrong_shape")
     if not isinstance(args, dict):
         raise _fail("arguments must be an object", "wrong_type")
+    return validator
+
+
+@traced("engram.validate")
+def validate_arguments(tool: str, args: Any) -> dict[str, Any]:
+    """Validate one tool's arguments; returns them unchanged (never normalized)."""
+    validator = _validator_of(tool, args)
     try:
         size = len(json.dumps(args, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
     except (UnicodeEncodeError, ValueError, TypeError, RecursionError):

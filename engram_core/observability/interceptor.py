@@ -74,8 +74,7 @@ class ObservingInterceptor(grpc.ServerInterceptor):
                 response = behavior(request, context)
                 return response
             except BaseException:
-                if not obs.code:
-                    obs.code = _grpc_code(context)
+                _failed(obs, context)
                 raise
             finally:
                 calls.end(token)
@@ -89,8 +88,7 @@ class ObservingInterceptor(grpc.ServerInterceptor):
             try:
                 yield from behavior(request, context)
             except BaseException:
-                if not obs.code:
-                    obs.code = _grpc_code(context)
+                _failed(obs, context)
                 raise
             finally:
                 calls.end(token)
@@ -130,3 +128,9 @@ def _log_admin_event(obs: calls.CallObservation, name: str, keys: tuple[str, ...
         if k in value and isinstance(value[k], int | str | list):
             fields[k] = value[k]
     log_event(name, logging.INFO, **fields)
+
+
+def _failed(obs: calls.CallObservation, context: grpc.ServicerContext) -> None:
+    """A call that raised: its status is the one the servicer set, unless one is known already."""
+    if not obs.code:
+        obs.code = _grpc_code(context)
