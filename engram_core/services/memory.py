@@ -11,6 +11,8 @@ this service and the host's maintenance both call. Errors are EngramError only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from engram_core.contract.canonical import (
@@ -39,13 +41,14 @@ from engram_core.services.core import (
 from engram_core.services.mutations import Mutations, Replayed
 from engram_core.services.pipeline import (
     PreparedCall,
+    Standing,
     gated_precondition,
     prepare,
     require_grant,
     transaction_receipt_digest,
 )
 from engram_core.services.reading import ReadService
-from engram_core.store.port import CandidateRow
+from engram_core.store.port import CandidateRow, Tx
 from engram_core.trust.hostctx import BoundContext, verify_grant
 
 
@@ -91,6 +94,25 @@ def _shape_facts(payload: dict[str, Any], evidence: dict[str, Any], *, payload_b
     }
 
 
+@dataclass(frozen=True)
+class _GatedTarget:
+    """What withdraw and forget act on: the argument naming it, how it is read in the caller's
+    scope and which transitions its state allows (one description for the calls and CheckGated)."""
+
+    field: str
+    what: str  # names the target in a refusal's detail
+    read: Callable[[Tx, str, str, str], Any]  # (tx, tenant, workspace, id)
+    check_state: Callable[[str], object]
+
+
+_GATED_TARGETS = {
+    WITHDRAW_TOOL: _GatedTarget("candidate_id", "candidate", lambda tx, t, w, i: tx.candidate(t, w, i),
+                                lambda state: lifecycle.check_candidate("withdraw", state)),
+    FORGET_TOOL: _GatedTarget("record_id", "record", lambda tx, t, w, i: tx.record(t, w, i),
+                              lambda state: lifecycle.check_record("tombstone", state)),
+}
+
+
 class MemoryService:
     """The agents' tool calls on one core: reads through the reading service it holds, mutations
     through the ones it shares with the host's maintenance."""
@@ -131,22 +153,12 @@ class MemoryService:
         tool = args.get("tool")
         if tool not in GATED_TOOLS:
             raise EngramError(Code.INVALID_SCHEMA, "not a gated tool", reason_class="value_not_allowed")
-        field = "candidate_id" if tool == WITHDRAW_TOOL else "record_id"
-        tool_args = {field: args.get("target", ""), "idempotency_key": args.get("idempotency_key", ""),
+        gated = _GATED_TARGETS[tool]
+        tool_args = {gated.field: args.get("target", ""), "idempotency_key": args.get("idempotency_key", ""),
                      "reason_ref": args.get("reason_ref", "")}
         prepared = prepare(ctx, tool, tool_args)
         self.core.authorize(ctx, tool, CallRecord(), stored_strings=stored_strings(tool_args))
-        # Only the replay matters here: the standing's target is a candidate or a record.
-        if tool == WITHDRAW_TOOL:
-            replay = gated_precondition(
-                self.core, ctx, prepared.guard, what="candidate",
-                lookup=lambda tx: tx.candidate(ctx.tenant, ctx.workspace, tool_args[field]),
-                check_state=lambda state: lifecycle.check_candidate("withdraw", state)).replay
-        else:
-            replay = gated_precondition(
-                self.core, ctx, prepared.guard, what="record",
-                lookup=lambda tx: tx.record(ctx.tenant, ctx.workspace, tool_args[field]),
-                check_state=lambda state: lifecycle.check_record("tombstone", state)).replay
+        replay = self._gated_standing(ctx, tool, tool_args, prepared, grant=None, grant_required=False).replay
         return {"status": "replay" if replay is not None else "ready"}
 
     # -- capture ---------------------------------------------------------------------------
@@ -279,40 +291,40 @@ class MemoryService:
             grant_obj = self._verify_grant(ctx, prepared, require_grant(grant))
         return self.mutations.admit(ctx, cand, call, guard=prepared.guard, grant_id=grant_obj.grant_id if grant_obj else None)
 
-    # -- withdraw ------------------------------------------------------------------------------
+    # -- withdraw and forget ------------------------------------------------------------------
     def withdraw(self, ctx: BoundContext, args: dict[str, Any], grant: bytes | None) -> dict[str, Any]:
         call = CallRecord()
-        started = self._start_gated(
-            ctx, WITHDRAW_TOOL, args, grant, call, what="candidate",
-            lookup=lambda tx: tx.candidate(ctx.tenant, ctx.workspace, args["candidate_id"]),
-            check_state=lambda state: lifecycle.check_candidate("withdraw", state))
+        started = self._start_gated(ctx, WITHDRAW_TOOL, args, grant, call)
         if isinstance(started, dict):
             return started
         cand, guard, grant_id = started
         return self.mutations.withdraw_candidate(ctx, cand, call, guard=guard, grant_id=grant_id, reason_ref=args["reason_ref"])
 
+    def forget(self, ctx: BoundContext, args: dict[str, Any], grant: bytes | None) -> dict[str, Any]:
+        call = CallRecord()
+        started = self._start_gated(ctx, FORGET_TOOL, args, grant, call)
+        if isinstance(started, dict):
+            return started
+        rec, guard, grant_id = started
+        return self.mutations.tombstone(ctx, rec.record_id, call, guard=guard, grant_id=grant_id, reason_ref=args["reason_ref"])
+
     def _start_gated(self, ctx: BoundContext, tool: str, args: dict[str, Any], grant: bytes | None,
-                     call: CallRecord, *, what: str, lookup: Any, check_state: Any) -> Any:
+                     call: CallRecord) -> Any:
         """What withdraw and forget share before their write: the call prepared once, authorized,
         then the one gated precondition (a replay answers its stored outcome, no grant needed),
         then the grant verified. Returns the replayed answer, or (target, guard, grant id)."""
         prepared = prepare(ctx, tool, args)
         self.core.authorize(ctx, tool, call, stored_strings=stored_strings(args))
-        standing = gated_precondition(self.core, ctx, prepared.guard, grant=grant, grant_required=True, what=what,
-                                      lookup=lookup, check_state=check_state)
+        standing = self._gated_standing(ctx, tool, args, prepared, grant=grant, grant_required=True)
         if standing.replay is not None:
             return {**standing.replay, "replayed": True}
         assert standing.target is not None and grant is not None
         return standing.target, prepared.guard, self._verify_grant(ctx, prepared, grant).grant_id
 
-    # -- forget ----------------------------------------------------------------------------------
-    def forget(self, ctx: BoundContext, args: dict[str, Any], grant: bytes | None) -> dict[str, Any]:
-        call = CallRecord()
-        started = self._start_gated(
-            ctx, FORGET_TOOL, args, grant, call, what="record",
-            lookup=lambda tx: tx.record(ctx.tenant, ctx.workspace, args["record_id"]),
-            check_state=lambda state: lifecycle.check_record("tombstone", state))
-        if isinstance(started, dict):
-            return started
-        rec, guard, grant_id = started
-        return self.mutations.tombstone(ctx, rec.record_id, call, guard=guard, grant_id=grant_id, reason_ref=args["reason_ref"])
+    def _gated_standing(self, ctx: BoundContext, tool: str, args: dict[str, Any], prepared: PreparedCall, *,
+                        grant: bytes | None, grant_required: bool) -> Standing[Any]:
+        gated = _GATED_TARGETS[tool]
+        return gated_precondition(
+            self.core, ctx, prepared.guard, grant=grant, grant_required=grant_required, what=gated.what,
+            lookup=lambda tx: gated.read(tx, ctx.tenant, ctx.workspace, args[gated.field]),
+            check_state=gated.check_state)
