@@ -320,24 +320,26 @@ class ToolCallPipeline:
         context and audit id (HostService.RecordRefusal), so the envelope's auditId names a real
         row. If the row cannot be written the answer is STORE_UNAVAILABLE (retriable), never an
         auditId that points nowhere."""
+        if not await self._audited(call, name, exc, target):
+            return envelope.failure(Code.STORE_UNAVAILABLE, audit_id=call.audit_id)
+        return envelope.refusal(exc, audit_id=call.audit_id)
+
+    async def _audited(self, call: CallContext, name: str, exc: EngramError, target: str = "") -> bool:
+        """Log an adapter refusal and record it with the core under the call's audit id; False
+        (and a warning) when the row could not be written."""
         log_call_refusal("adapter", call, name, exc)
         try:
             await self._core.record_refusal(context=call.signed_for(HOST_CALL), operation=name, error=exc,
                                             target=target)
         except EngramError as failed:
             log_unaudited(name, call, failed)
-            return envelope.failure(Code.STORE_UNAVAILABLE, audit_id=call.audit_id)
-        return envelope.refusal(exc, audit_id=call.audit_id)
+            return False
+        return True
 
     async def _protocol_refusal(self, call: CallContext, name: str, reason: str) -> MCPError:
         """-32603 for a call whose context is valid but not for this request (purpose mismatch):
         recorded like any refusal; the agent sees only the protocol error (SPEC §2)."""
-        exc = EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, reason.lower(), reasons=(reason,))
-        log_call_refusal("adapter", call, name, exc)
-        try:
-            await self._core.record_refusal(context=call.signed_for(HOST_CALL), operation=name, error=exc)
-        except EngramError as failed:
-            log_unaudited(name, call, failed)
+        await self._audited(call, name, EngramError(Code.TRUSTED_CONTEXT_UNAVAILABLE, reason.lower(), reasons=(reason,)))
         return envelope.trusted_context_unavailable(_MISMATCHED.get(reason))
 
     # ---- the SDK boundary's confirmation failures ------------------------------------
