@@ -66,11 +66,7 @@ class AuditSpool:
                 os.fsync(f.fileno())
         return rows
 
-    def append(self, doc: dict[str, Any]) -> None:
-        """Append one row durably, or raise STORE_UNAVAILABLE having appended nothing."""
-        self.append_many([doc])
-
-    def append_many(self, docs: list[dict[str, Any]]) -> None:
+    def append(self, docs: list[dict[str, Any]]) -> None:
         """Append rows durably with one write and one ``fdatasync`` (the store's group commit of
         concurrent reads' rows), or raise STORE_UNAVAILABLE having appended none of them."""
         if self._broken:

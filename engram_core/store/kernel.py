@@ -251,7 +251,7 @@ class StoreKernel:
             if self._devices:
                 self._devices.write_rows(docs)  # STORE_UNAVAILABLE when no device took them: nothing written
             try:
-                spool.append_many(docs)
+                spool.append(docs)
             except EngramError:
                 if self._devices:
                     self._devices.abort(self.writer_chain, [d["seq"] for d in docs])
