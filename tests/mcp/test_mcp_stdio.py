@@ -1,5 +1,11 @@
-"""The adapter over stdio (`engram mcp --host-config FILE`) against a real core,
-driven by the SDK's own client in both protocol versions (SPEC §2, §3, §5, §8)."""
+"""The adapter `engram mcp --host-config FILE` runs for stdio, against a real core, driven by
+the SDK's own client in both protocol versions (SPEC §2, §3, §5, §8).
+
+Discovery, every tool's happy path with a forget confirmed by elicitation, and the embedded core
+go through a real `engram mcp` process over stdio; the other tests drive the same adapter in this
+process (``adapter_client``: built from the same host config, served over the SDK's memory
+streams), which ``test_mcp_in_process.py`` shows behaves as the process does, so that the suite
+does not start an adapter process per test (issue 58)."""
 
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from tests.support.mcp_helpers import (
     WORKSPACE,
     Core,
     activate,
+    adapter_client,
     approve,
     binding_for,
     cancel,
@@ -113,7 +120,7 @@ async def test_tools_list_shows_the_six_granted_tools_with_closed_schemas(acme, 
 
 
 async def test_guide_is_served_as_prompt_and_resource(acme):
-    async with stdio_client(acme) as client:
+    async with adapter_client(acme) as client:
         prompts = await client.list_prompts()
         assert [p.name for p in prompts.prompts] == ["engram_memory_guide"]
         prompt = await client.get_prompt("engram_memory_guide")
@@ -131,7 +138,7 @@ async def test_memory_not_enabled_by_host_lists_nothing_and_calls_are_unknown_to
         memory_enabled=False,
         binding=binding_for("acme"),
     )
-    async with stdio_client(config) as client:
+    async with adapter_client(config) as client:
         assert (await client.list_tools()).tools == []
         with pytest.raises(MCPError) as err:
             await client.call_tool("engram_memory_search", {"query": "x", "purpose_ref": PURPOSE})
@@ -145,7 +152,7 @@ async def test_scope_not_activated_lists_nothing_and_calls_are_unknown_tools(cor
         signing_key=core.host_key_path,
         binding=binding_for("initech"),
     )
-    async with stdio_client(config) as client:
+    async with adapter_client(config) as client:
         assert (await client.list_tools()).tools == []
         with pytest.raises(MCPError) as err:
             await client.call_tool(
@@ -161,7 +168,7 @@ async def test_a_read_tool_not_granted_is_unknown_whatever_its_arguments(core, c
     activate(core, "umbrella", WORKSPACE, tools=["engram_memory_capture", "engram_memory_search"])
     config = write_config(cfg_dir / "umbrella.toml", address=core.address, signing_key=core.host_key_path,
                           binding=binding_for("umbrella"))
-    async with stdio_client(config) as client:
+    async with adapter_client(config) as client:
         listed = {t.name for t in (await client.list_tools()).tools}
         assert listed == {"engram_memory_capture", "engram_memory_search"}
         for args in ({"record_id": "mem_" + "a" * 52, "purpose_ref": PURPOSE},
@@ -186,7 +193,7 @@ async def test_writes_go_straight_once_listed_and_follow_a_changed_grant(core, c
     config = write_config(cfg_dir / "pelican.toml", address=core.address, signing_key=core.host_key_path,
                           binding=binding_for("pelican"))
     caplog.set_level(logging.INFO, logger=CALL_LOGGER.name)
-    async with stdio_client(config) as client:
+    async with adapter_client(config) as client:
         assert {t.name for t in (await client.list_tools()).tools} == set(everything)
         captured = envelope_of(await client.call_tool(
             "engram_memory_capture", capture_args(unique("straight-cap"), "Pelican straight capture")))
@@ -218,7 +225,7 @@ async def test_writes_go_straight_once_listed_and_follow_a_changed_grant(core, c
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_unknown_tool_is_32602_and_purpose_mismatch_is_32603(acme, mode):
-    async with stdio_client(acme, mode=mode) as client:
+    async with adapter_client(acme, mode=mode) as client:
         with pytest.raises(MCPError) as err:
             await client.call_tool("engram_memory_admin_activate", {})
         assert (err.value.code, err.value.message) == (-32602, "Unknown tool")
@@ -240,7 +247,7 @@ async def test_incomplete_binding_is_32603(core, cfg_dir):
         signing_key=core.host_key_path,
         binding={**binding_for("acme"), "tenant": ""},
     )
-    async with stdio_client(config) as client:
+    async with adapter_client(config) as client:
         for call in (
             client.list_tools(),
             client.call_tool("engram_memory_search", {"query": "x", "purpose_ref": PURPOSE}),
@@ -260,7 +267,7 @@ async def test_context_signed_by_an_untrusted_key_is_32603(core, cfg_dir):
     config = write_config(
         cfg_dir / "rogue.toml", address=core.address, signing_key=rogue, binding=binding_for("acme")
     )
-    async with stdio_client(config) as client:
+    async with adapter_client(config) as client:
         for call in (
             client.list_tools(),
             client.call_tool("engram_memory_search", {"query": "x", "purpose_ref": PURPOSE}),
@@ -278,7 +285,7 @@ async def test_unreachable_core_is_an_error_envelope_never_an_empty_success(cfg_
         binding=binding_for("acme"),
         deadline_ms=2000,
     )
-    async with stdio_client(config) as client:
+    async with adapter_client(config) as client:
         with pytest.raises(MCPError) as err:
             await client.list_tools()
         # transient, so the retriable signal, not -32603's "stop" (issue 31 item 1)
@@ -294,7 +301,7 @@ async def test_unreachable_core_is_an_error_envelope_never_an_empty_success(cfg_
 @pytest.mark.parametrize("mode", MODES)
 async def test_extra_field_and_null_are_invalid_schema_and_reach_nothing(acme, mode):
     word = token("never-stored")
-    async with stdio_client(acme, mode=mode, elicitation=approve) as client:
+    async with adapter_client(acme, mode=mode, elicitation=approve) as client:
         bad = [
             ("engram_memory_search", {"query": "x", "purpose_ref": PURPOSE, "tenant": "globex"}),
             ("engram_memory_search", {"query": "x", "purpose_ref": PURPOSE, "limit": None}),
@@ -356,7 +363,7 @@ async def test_every_tool_happy_path_and_forget_with_approval(acme, mode):
 @pytest.mark.parametrize("answer", [decline, cancel], ids=["decline", "cancel"])
 async def test_forget_declined_or_cancelled_is_gate_failed_and_record_stays(acme, mode, answer):
     word = token("quokka")
-    async with stdio_client(acme, mode=mode, elicitation=answer) as client:
+    async with adapter_client(acme, mode=mode, elicitation=answer) as client:
         record_id = await _admitted_record(client, f"Keep {word}")
         assert error_code(await client.call_tool("engram_memory_forget", _forget(record_id))) == "gate_failed"
         assert _first(await _search_ids(client, word)) == record_id
@@ -365,7 +372,7 @@ async def test_forget_declined_or_cancelled_is_gate_failed_and_record_stays(acme
 @pytest.mark.parametrize("mode", MODES)
 async def test_client_without_elicitation_gets_gate_failed(acme, mode):
     word = token("tapir")
-    async with stdio_client(acme, mode=mode) as client:  # declares no elicitation capability
+    async with adapter_client(acme, mode=mode) as client:  # declares no elicitation capability
         record_id = await _admitted_record(client, f"Keep {word}")
         assert error_code(await client.call_tool("engram_memory_forget", _forget(record_id))) == "gate_failed"
         assert _first(await _search_ids(client, word)) == record_id
@@ -374,7 +381,7 @@ async def test_client_without_elicitation_gets_gate_failed(acme, mode):
 async def test_idempotency_replay_conflict_and_forgotten_content(acme):
     word = token("narwhal")
     text = f"The narwhal decision {word}"
-    async with stdio_client(acme, elicitation=approve) as client:
+    async with adapter_client(acme, elicitation=approve) as client:
         key = unique("cap-key")
         first = value_of(await client.call_tool("engram_memory_capture", capture_args(key, text)))
         replay = value_of(await client.call_tool("engram_memory_capture", capture_args(key, text)))
@@ -412,9 +419,9 @@ async def test_idempotency_replay_conflict_and_forgotten_content(acme):
 
 async def test_two_tenants_sharing_a_core_cannot_see_each_other(acme, globex):
     word = token("axolotl")
-    async with stdio_client(acme) as a:
+    async with adapter_client(acme) as a:
         record_id = await _admitted_record(a, f"Acme only {word}")
-    async with stdio_client(globex) as g:
+    async with adapter_client(globex) as g:
         assert await _search_ids(g, word) == []
         assert (
             error_code(
@@ -429,7 +436,7 @@ async def test_two_tenants_sharing_a_core_cannot_see_each_other(acme, globex):
 
 async def test_request_state_is_single_use_and_tamper_proof(acme):
     word = token("pangolin")
-    async with stdio_client(acme, elicitation=approve) as client:
+    async with adapter_client(acme, elicitation=approve) as client:
         record_id = await _admitted_record(client, f"Keep {word}")
         args = _forget(record_id)
         first = await client.session.call_tool("engram_memory_forget", args, allow_input_required=True)
@@ -491,7 +498,7 @@ async def test_core_deadline_comes_back_as_a_retriable_envelope(stores: EngineSt
             binding=binding_for("acme"),
             deadline_ms=300,
         )
-        async with stdio_client(config) as client:
+        async with adapter_client(config) as client:
             # The output schemas, fetched while the core answers. On a loaded machine the first
             # call (a fresh channel to the core) can miss 300 ms itself and comes back as the
             # retriable "temporarily unavailable" this test is not about: it is asked again.
