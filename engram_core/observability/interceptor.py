@@ -12,6 +12,7 @@ import json
 import logging
 import re
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import grpc
@@ -43,6 +44,12 @@ def operation_name(method: str) -> str | None:
     return f"{prefix}.{_CAMEL.sub('_', name).lower()}" if prefix and name else None
 
 
+class _Call:
+    """What a unary call answered, for the admin events its log line may name."""
+
+    response: Any = None
+
+
 class ObservingInterceptor(grpc.ServerInterceptor):
     def __init__(self, metrics: CoreMetrics | None = None) -> None:
         self._metrics = metrics
@@ -68,33 +75,34 @@ class ObservingInterceptor(grpc.ServerInterceptor):
 
     def _unary(self, op: str, behavior: Callable) -> Callable:
         def observed(request: Any, context: grpc.ServicerContext) -> Any:
-            obs, token = calls.begin(op)
-            response = None
-            try:
-                response = behavior(request, context)
-                return response
-            except BaseException:
-                _failed(obs, context)
-                raise
-            finally:
-                calls.end(token)
-                self._finish(obs, response)
+            with self._observed(op, context) as call:
+                call.response = behavior(request, context)
+                return call.response
 
         return observed
 
     def _streaming(self, op: str, behavior: Callable) -> Callable:
         def observed(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-            obs, token = calls.begin(op)
-            try:
+            with self._observed(op, context):
                 yield from behavior(request, context)
-            except BaseException:
-                _failed(obs, context)
-                raise
-            finally:
-                calls.end(token)
-                self._finish(obs, None)
 
         return observed
+
+    @contextmanager
+    def _observed(self, op: str, context: grpc.ServicerContext) -> Iterator[_Call]:
+        """One call's observation, the same for unary and streaming calls: opened, failed with
+        the status the servicer set when the call raises (a streaming call's cancellation too),
+        and finished whichever way it ends."""
+        obs, token = calls.begin(op)
+        call = _Call()
+        try:
+            yield call
+        except BaseException:
+            _failed(obs, context)
+            raise
+        finally:
+            calls.end(token)
+            self._finish(obs, call.response)
 
     def _finish(self, obs: calls.CallObservation, response: Any) -> None:
         seconds = obs.seconds()

@@ -41,48 +41,44 @@ class CoreMetrics:
         self.registry = registry or CollectorRegistry()
         self.tenant_labels = tenant_labels
         r = self.registry
+
+        def histogram(name: str, documentation: str, labels: tuple[str, ...] = (),
+                      buckets: tuple[float, ...] = LATENCY_BUCKETS) -> Histogram:
+            """One of the core's timings: prefixed, in this registry, latency buckets unless told."""
+            return Histogram(f"{prefix}_{name}", documentation, labels, buckets=buckets, registry=r)
+
         labels = ["operation", "code", "scope_class"] + (["tenant", "workspace"] if tenant_labels else [])
         self.calls = Counter(f"{prefix}_calls", "Calls answered, by operation, outcome code and scope class",
                              labels, registry=r)
-        self.call_seconds = Histogram(f"{prefix}_call_duration_seconds", "Call latency by operation",
-                                      ["operation"], buckets=LATENCY_BUCKETS, registry=r)
+        self.call_seconds = histogram("call_duration_seconds", "Call latency by operation", ("operation",))
         self.decisions = Counter(f"{prefix}_policy_decisions", "Policy decisions by family, bundle revision and outcome",
                                  ["family", "revision", "outcome"], registry=r)
-        self.decision_seconds = Histogram(
-            f"{prefix}_policy_decision_duration_seconds",
-            "Latency of one policy engine evaluation (decisions asked together share one)",
-            ["family", "revision"], buckets=LATENCY_BUCKETS, registry=r)
+        self.decision_seconds = histogram(
+            "policy_decision_duration_seconds",
+            "Latency of one policy engine evaluation (decisions asked together share one)", ("family", "revision"))
         self.bundle_loaded = Counter("bundle_loaded_counter", "Policy bundle loads that activated (OPA's name)",
                                      ["name"], registry=r)
         self.bundle_failed = Counter("bundle_failed_load_counter", "Policy bundle loads that failed (OPA's name)",
                                      ["name", "code"], registry=r)
-        self.commit_seconds = Histogram(
-            f"{prefix}_store_commit_duration_seconds",
-            "Latency of one store COMMIT (one per group-commit batch)",
-            buckets=LATENCY_BUCKETS, registry=r)
-        self.commit_batch = Histogram(
-            f"{prefix}_store_commit_batch_transactions",
-            "Write transactions made durable by one COMMIT (group commit batch size)",
-            buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+        self.commit_seconds = histogram("store_commit_duration_seconds",
+                                        "Latency of one store COMMIT (one per group-commit batch)")
+        self.commit_batch = histogram("store_commit_batch_transactions",
+                                      "Write transactions made durable by one COMMIT (group commit batch size)",
+                                      buckets=(1, 2, 4, 8, 16, 32, 64, 128))
         # PostgreSQL: a write transaction's scope lock (its scope row, FOR UPDATE), the bound on
         # how fast one scope's writes go: waited for, then held until COMMIT returned.
-        self.scope_lock_wait_seconds = Histogram(
-            f"{prefix}_store_scope_lock_wait_duration_seconds",
-            "Time a write transaction waited for its first scope lock (the round trip that took it)",
-            buckets=LOCK_BUCKETS, registry=r)
-        self.scope_lock_hold_seconds = Histogram(
-            f"{prefix}_store_scope_lock_hold_duration_seconds",
-            "Time a write transaction held its scope lock, until COMMIT or ROLLBACK returned",
-            buckets=LOCK_BUCKETS, registry=r)
-        self.embed_seconds = Histogram(f"{prefix}_semantic_embed_duration_seconds",
-                                       "Latency of the local embedding model, per call", ["kind"],
-                                       buckets=LATENCY_BUCKETS, registry=r)
-        self.index_rebuild_seconds = Histogram(f"{prefix}_search_index_rebuild_duration_seconds",
-                                               "Time to build the in-memory search index from the store",
-                                               buckets=LATENCY_BUCKETS, registry=r)
-        self.scope_load_seconds = Histogram(f"{prefix}_search_index_scope_load_duration_seconds",
-                                            "What a scope's cold first read costs: loading its index (--store)",
-                                            buckets=LATENCY_BUCKETS, registry=r)
+        self.scope_lock_wait_seconds = histogram(
+            "store_scope_lock_wait_duration_seconds",
+            "Time a write transaction waited for its first scope lock (the round trip that took it)", buckets=LOCK_BUCKETS)
+        self.scope_lock_hold_seconds = histogram(
+            "store_scope_lock_hold_duration_seconds",
+            "Time a write transaction held its scope lock, until COMMIT or ROLLBACK returned", buckets=LOCK_BUCKETS)
+        self.embed_seconds = histogram("semantic_embed_duration_seconds",
+                                       "Latency of the local embedding model, per call", ("kind",))
+        self.index_rebuild_seconds = histogram("search_index_rebuild_duration_seconds",
+                                               "Time to build the in-memory search index from the store")
+        self.scope_load_seconds = histogram("search_index_scope_load_duration_seconds",
+                                            "What a scope's cold first read costs: loading its index (--store)")
         self.last_activation_ns = 0
         self.active_revision = ""
 
