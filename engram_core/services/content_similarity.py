@@ -45,26 +45,36 @@ first second third fourth fifth sixth seventh eighth ninth tenth half quarter do
 monday tuesday wednesday thursday friday saturday sunday january february march april june july august
 september october november december daily weekly monthly yearly hourly nightly quarterly annually
 """.split())
-# Words that flip a statement: a text with one and its counterpart without is a different decision.
-_POLARITY = {
-    "not": "neg", "no": "neg", "never": "neg", "nor": "neg", "without": "neg", "cannot": "neg", "don": "neg",
-    "doesn": "neg", "didn": "neg", "isn": "neg", "aren": "neg", "won": "neg", "shouldn": "neg", "mustn": "neg",
-    "enable": "on", "enabled": "on", "enables": "on", "disable": "off", "disabled": "off", "disables": "off",
-    "allow": "allow", "allowed": "allow", "allows": "allow", "permit": "allow", "permitted": "allow",
-    "deny": "deny", "denied": "deny", "denies": "deny", "block": "deny", "blocked": "deny", "forbid": "deny",
-    "forbidden": "deny", "prohibit": "deny", "prohibited": "deny", "reject": "deny", "rejected": "deny",
-    "accept": "allow", "accepted": "allow", "on": "on", "off": "off", "true": "on", "false": "off",
-    "yes": "on", "sync": "sync", "synchronous": "sync", "async": "async",
-    "asynchronous": "async", "increase": "up", "increased": "up", "raise": "up", "raised": "up",
-    "decrease": "down", "decreased": "down", "lower": "down", "lowered": "down", "reduce": "down",
-    "reduced": "down", "add": "add", "added": "add", "remove": "remove", "removed": "remove", "drop": "remove",
-    "dropped": "remove", "include": "add", "included": "add", "exclude": "remove", "excluded": "remove",
-    "before": "before", "after": "after", "min": "min", "minimum": "min", "max": "max", "maximum": "max",
-    "public": "public", "private": "private", "required": "required", "optional": "optional",
-    "mandatory": "required", "keep": "keep", "kept": "keep", "delete": "remove", "deleted": "remove",
-    "start": "start", "stop": "stop", "stopped": "stop", "open": "open", "close": "close", "closed": "close",
-    "upper": "up", "higher": "up", "more": "up", "less": "down", "fewer": "down", "above": "up", "below": "down",
-}
+# Words that flip a statement, after the sense each carries: a text with one and its
+# counterpart without is a different decision.
+_POLARITY_SENSES = """
+neg: not no never nor without cannot don doesn didn isn aren won shouldn mustn
+on: enable enabled enables on true yes
+off: disable disabled disables off false
+allow: allow allowed allows permit permitted accept accepted
+deny: deny denied denies block blocked forbid forbidden prohibit prohibited reject rejected
+sync: sync synchronous
+async: async asynchronous
+up: increase increased raise raised upper higher more above
+down: decrease decreased lower lowered reduce reduced less fewer below
+add: add added include included
+remove: remove removed drop dropped exclude excluded delete deleted
+before: before
+after: after
+min: min minimum
+max: max maximum
+public: public
+private: private
+required: required mandatory
+optional: optional
+keep: keep kept
+start: start
+stop: stop stopped
+open: open
+close: close closed
+"""
+_POLARITY = {word: sense for sense, words in (line.split(":") for line in _POLARITY_SENSES.strip().splitlines())
+             for word in words.split()}
 _OPPOSITES = (("on", "off"), ("allow", "deny"), ("sync", "async"), ("up", "down"), ("add", "remove"),
               ("before", "after"), ("min", "max"), ("public", "private"), ("required", "optional"),
               ("start", "stop"), ("open", "close"), ("keep", "remove"))
