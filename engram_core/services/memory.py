@@ -40,6 +40,7 @@ from engram_core.services.core import (
 )
 from engram_core.services.mutations import Mutations, Replayed
 from engram_core.services.pipeline import (
+    Guard,
     PreparedCall,
     Standing,
     gated_precondition,
@@ -103,13 +104,21 @@ class _GatedTarget:
     what: str  # names the target in a refusal's detail
     read: Callable[[Tx, str, str, str], Any]  # (tx, tenant, workspace, id)
     check_state: Callable[[str], object]
+    # The write once the target stands: (mutations, ctx, target, call, guard, grant id, reason_ref).
+    write: Callable[[Mutations, BoundContext, Any, CallRecord, Guard | None, str | None, str], dict[str, Any]]
 
 
 _GATED_TARGETS = {
-    WITHDRAW_TOOL: _GatedTarget("candidate_id", "candidate", lambda tx, t, w, i: tx.candidate(t, w, i),
-                                lambda state: lifecycle.check_candidate("withdraw", state)),
-    FORGET_TOOL: _GatedTarget("record_id", "record", lambda tx, t, w, i: tx.record(t, w, i),
-                              lambda state: lifecycle.check_record("tombstone", state)),
+    WITHDRAW_TOOL: _GatedTarget(
+        "candidate_id", "candidate", lambda tx, t, w, i: tx.candidate(t, w, i),
+        lambda state: lifecycle.check_candidate("withdraw", state),
+        lambda m, ctx, cand, call, guard, grant_id, reason: m.withdraw_candidate(
+            ctx, cand, call, guard=guard, grant_id=grant_id, reason_ref=reason)),
+    FORGET_TOOL: _GatedTarget(
+        "record_id", "record", lambda tx, t, w, i: tx.record(t, w, i),
+        lambda state: lifecycle.check_record("tombstone", state),
+        lambda m, ctx, rec, call, guard, grant_id, reason: m.tombstone(
+            ctx, rec.record_id, call, guard=guard, grant_id=grant_id, reason_ref=reason)),
 }
 
 
@@ -293,33 +302,25 @@ class MemoryService:
 
     # -- withdraw and forget ------------------------------------------------------------------
     def withdraw(self, ctx: BoundContext, args: dict[str, Any], grant: bytes | None) -> dict[str, Any]:
-        call = CallRecord()
-        started = self._start_gated(ctx, WITHDRAW_TOOL, args, grant, call)
-        if isinstance(started, dict):
-            return started
-        cand, guard, grant_id = started
-        return self.mutations.withdraw_candidate(ctx, cand, call, guard=guard, grant_id=grant_id, reason_ref=args["reason_ref"])
+        return self._gated_write(ctx, WITHDRAW_TOOL, args, grant)
 
     def forget(self, ctx: BoundContext, args: dict[str, Any], grant: bytes | None) -> dict[str, Any]:
-        call = CallRecord()
-        started = self._start_gated(ctx, FORGET_TOOL, args, grant, call)
-        if isinstance(started, dict):
-            return started
-        rec, guard, grant_id = started
-        return self.mutations.tombstone(ctx, rec.record_id, call, guard=guard, grant_id=grant_id, reason_ref=args["reason_ref"])
+        return self._gated_write(ctx, FORGET_TOOL, args, grant)
 
-    def _start_gated(self, ctx: BoundContext, tool: str, args: dict[str, Any], grant: bytes | None,
-                     call: CallRecord) -> Any:
-        """What withdraw and forget share before their write: the call prepared once, authorized,
-        then the one gated precondition (a replay answers its stored outcome, no grant needed),
-        then the grant verified. Returns the replayed answer, or (target, guard, grant id)."""
+    def _gated_write(self, ctx: BoundContext, tool: str, args: dict[str, Any], grant: bytes | None) -> dict[str, Any]:
+        """Withdraw and forget: the call prepared once, authorized, then the one gated precondition
+        (a replay answers its stored outcome, no grant needed), the grant verified, and the
+        target's write."""
+        call = CallRecord()
         prepared = prepare(ctx, tool, args)
         self.core.authorize(ctx, tool, call, stored_strings=stored_strings(args))
         standing = self._gated_standing(ctx, tool, args, prepared, grant=grant, grant_required=True)
         if standing.replay is not None:
             return {**standing.replay, "replayed": True}
         assert standing.target is not None and grant is not None
-        return standing.target, prepared.guard, self._verify_grant(ctx, prepared, grant).grant_id
+        grant_id = self._verify_grant(ctx, prepared, grant).grant_id
+        return _GATED_TARGETS[tool].write(self.mutations, ctx, standing.target, call, prepared.guard, grant_id,
+                                          args["reason_ref"])
 
     def _gated_standing(self, ctx: BoundContext, tool: str, args: dict[str, Any], prepared: PreparedCall, *,
                         grant: bytes | None, grant_required: bool) -> Standing[Any]:
