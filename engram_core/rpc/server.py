@@ -290,35 +290,82 @@ HEALTH_SERVICES = ("engram.v1.MemoryService", "engram.v1.HostService", "engram.v
 # Liveness: SERVING while the process runs with its store open (restart it if not). Readiness
 # is "" and each engram service: the store open, the bundle active and the search index built.
 LIVENESS_SERVICE = "liveness"
+HEALTH_INTERVAL_S = 1.0
+# How long readiness waits for the store to answer its check before it says NOT_SERVING. The
+# check reads the store, and a PostgreSQL server that is gone holds that read for the pool's
+# whole timeout (``pool_timeout_s``, 30 s) before it fails: an orchestrator would keep sending
+# calls to a core that cannot answer them for as long. Ordinary calls keep the pool's timeout
+# (a store that is only slow for a moment should not fail them); the check left waiting runs on,
+# and the next starts once it has its answer, so a store that comes back is SERVING again as
+# soon as that check gets a connection.
+READINESS_PROBE_TIMEOUT_S = 3.0
 
 
-def _health_update(running: RunningCore, host: HostServiceCore) -> None:
-    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+def _readiness(running: RunningCore, host: HostServiceCore) -> bool | None:
+    """Whether the core is ready (None: stopping or its store closed, nothing to say). Reads the
+    store, so it may wait for it (see READINESS_PROBE_TIMEOUT_S)."""
     store = running.core.store
     if running.stopping or not store.is_open():
-        return  # stopping: RunningCore.stop set everything NOT_SERVING
-    ready = host.health()["status"] == "SERVING" and store.index_ready()
+        return None  # stopping: RunningCore.stop set everything NOT_SERVING
+    return host.health()["status"] == "SERVING" and store.index_ready()
+
+
+def _report(running: RunningCore, ready: bool | None) -> None:
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    if ready is None or running.stopping:
+        return
     running.health.set(LIVENESS_SERVICE, serving)
     for svc in ("", *HEALTH_SERVICES):
         running.health.set(svc, serving if ready else not_serving)
 
 
+def _not_ready(running: RunningCore, why: str) -> None:
+    """Readiness NOT_SERVING: the store did not answer (a PostgreSQL server restarting or gone,
+    or the store closing under stop). Liveness stays: the process and its store are still open."""
+    if running.stopping:
+        return
+    log.warning("store did not answer the health check: %s", why)
+    for svc in ("", *HEALTH_SERVICES):
+        running.health.set(svc, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+
+def _health_update(running: RunningCore, host: HostServiceCore) -> None:
+    _report(running, _readiness(running, host))
+
+
+def _probe(running: RunningCore, host: HostServiceCore) -> futures.Future[bool | None]:
+    """``_readiness`` on a thread of its own, so that its caller can stop waiting for it."""
+    answer: futures.Future[bool | None] = futures.Future()
+
+    def check() -> None:
+        try:
+            answer.set_result(_readiness(running, host))
+        except BaseException as exc:  # handed to the watcher, which decides what it means
+            answer.set_exception(exc)
+
+    threading.Thread(target=check, name="engram-health-probe", daemon=True).start()
+    return answer
+
+
 def _watch_health(running: RunningCore, host: HostServiceCore) -> None:
-    """Standard gRPC health, readiness and liveness (see LIVENESS_SERVICE), checked every second."""
+    """Standard gRPC health, readiness and liveness (see LIVENESS_SERVICE), checked every second;
+    a check the store has not answered within READINESS_PROBE_TIMEOUT_S is NOT_SERVING."""
     _health_update(running, host)
 
     def loop() -> None:
         while running.core.store.is_open():
+            answer = _probe(running, host)
             try:
-                _health_update(running, host)
+                try:
+                    ready = answer.result(timeout=READINESS_PROBE_TIMEOUT_S)
+                except futures.TimeoutError:
+                    _not_ready(running, f"no answer within {READINESS_PROBE_TIMEOUT_S:g} s")
+                    ready = answer.result()  # one check at a time: its answer, whenever it comes, is the next
+                _report(running, ready)
             except EngramError as exc:
-                # The store did not answer (a PostgreSQL server restarting, or the store closing
-                # under stop): not ready until it answers again. The watcher must outlive it, or
-                # readiness keeps its last value for the life of the process.
-                if not running.stopping:
-                    log.warning("store did not answer the health check: %s", exc.code.value)
-                    for svc in ("", *HEALTH_SERVICES):
-                        running.health.set(svc, health_pb2.HealthCheckResponse.NOT_SERVING)
-            threading.Event().wait(1.0)
+                # The watcher must outlive a store error, or readiness keeps its last value for
+                # the life of the process.
+                _not_ready(running, exc.code.value)
+            threading.Event().wait(HEALTH_INTERVAL_S)
 
     threading.Thread(target=loop, name="engram-health", daemon=True).start()
