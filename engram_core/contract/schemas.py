@@ -156,10 +156,14 @@ def _inlined(node: Any, names: set[str]) -> Any:
     return node
 
 
-def _tool(properties: dict[str, Any], required: list[str], description: str) -> dict[str, Any]:
-    """A tool's closed input schema with the shared definitions it names more than once (and
-    theirs) under ``$defs``; one named once is written in place, where it costs less."""
-    schema = _obj(properties, required, description)
+_CLOSED = "Closed: no extra fields, no nulls."
+
+
+def _tool(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
+    """A tool's input schema, closed as every tool's is, each property required unless
+    ``required`` names fewer; with the shared definitions it names more than once (and theirs)
+    under ``$defs``, one named once written in place, where it costs less."""
+    schema = _obj(properties, list(properties) if required is None else required, _CLOSED)
     while True:
         uses = _uses(schema)
         kept = set(uses)
@@ -285,7 +289,12 @@ EVIDENCE = _obj(
     "What backs it.",
 )
 
-_CLOSED = "Closed: no extra fields, no nulls."
+
+def _reason(example: str) -> dict[str, Any]:
+    """Why a withdrawal or forget is asked, in the words the human confirming it reads."""
+    return _ref(f"Why, e.g. \"{example}\"; shown to the human.")
+
+
 _RECORD_FROM = "From search (records[].record.record_id) or an accepted admission (outcome.record_id)."
 _CANDIDATE_FROM = "The candidate_id capture returned."
 
@@ -310,40 +319,22 @@ INPUT_SCHEMAS: dict[str, dict[str, Any]] = {
                             "description": "The last page's next_page_cursor; same query."},
         },
         ["query", "purpose_ref"],
-        _CLOSED,
     ),
     GET_TOOL: _tool(
         {"record_id": _record_id(_RECORD_FROM),
          "purpose_ref": PURPOSE_REF,
          "max_packet_bytes": MAX_PACKET_BYTES},
         ["record_id", "purpose_ref"],
-        _CLOSED,
     ),
-    CAPTURE_TOOL: _tool(
-        {"idempotency_key": _idempotency_key("capture"), "payload": PAYLOAD, "evidence": EVIDENCE},
-        ["idempotency_key", "payload", "evidence"],
-        _CLOSED,
-    ),
-    ADMISSION_TOOL: _tool(
-        {"candidate_id": _candidate_id(_CANDIDATE_FROM),
-         "idempotency_key": _idempotency_key("request")},
-        ["candidate_id", "idempotency_key"],
-        _CLOSED,
-    ),
-    WITHDRAW_TOOL: _tool(
-        {"candidate_id": _candidate_id(_CANDIDATE_FROM),
-         "idempotency_key": _idempotency_key("withdrawal"),
-         "reason_ref": _ref("Why, e.g. \"reason:captured-by-mistake\"; shown to the human.")},
-        ["candidate_id", "idempotency_key", "reason_ref"],
-        _CLOSED,
-    ),
-    FORGET_TOOL: _tool(
-        {"record_id": _record_id(_RECORD_FROM),
-         "idempotency_key": _idempotency_key("forget"),
-         "reason_ref": _ref("Why, e.g. \"reason:superseded-by-adr-0012\"; shown to the human.")},
-        ["record_id", "idempotency_key", "reason_ref"],
-        _CLOSED,
-    ),
+    CAPTURE_TOOL: _tool({"idempotency_key": _idempotency_key("capture"), "payload": PAYLOAD, "evidence": EVIDENCE}),
+    ADMISSION_TOOL: _tool({"candidate_id": _candidate_id(_CANDIDATE_FROM),
+                           "idempotency_key": _idempotency_key("request")}),
+    WITHDRAW_TOOL: _tool({"candidate_id": _candidate_id(_CANDIDATE_FROM),
+                          "idempotency_key": _idempotency_key("withdrawal"),
+                          "reason_ref": _reason("reason:captured-by-mistake")}),
+    FORGET_TOOL: _tool({"record_id": _record_id(_RECORD_FROM),
+                        "idempotency_key": _idempotency_key("forget"),
+                        "reason_ref": _reason("reason:superseded-by-adr-0012")}),
 }
 
 
