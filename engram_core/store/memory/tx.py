@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from engram_core.contract.errors import Code, EngramError
 from engram_core.store.chain import GENESIS, LEGACY_CHAIN
@@ -29,9 +29,25 @@ from engram_core.store.port import (
 
 SCHEMA_VERSION = 1  # what this engine writes (a backup names it; a restore requires the same)
 
+K = TypeVar("K")
+V = TypeVar("V")
+R = TypeVar("R", CandidateRow, RecordRow)
+
 
 def _duplicate(what: str) -> EngramError:
     return EngramError(Code.STORE_UNAVAILABLE, f"duplicate key: {what}")
+
+
+def _insert_new(table: dict[K, V], key: K, row: V, what: str) -> None:
+    """An insert of a key the table must not hold yet (a database's unique key)."""
+    if key in table:
+        raise _duplicate(what)
+    table[key] = row
+
+
+def _in_scope(row: R | None, tenant: str, workspace: str) -> R | None:
+    """``row`` if it is of the scope asked: ids are unique across scopes, but a caller sees its own."""
+    return row if row is not None and (row.tenant, row.workspace) == (tenant, workspace) else None
 
 
 class MemoryEngineTx:
@@ -114,10 +130,7 @@ class MemoryEngineTx:
 
     def idempotency_put(self, tenant: str, workspace: str, principal: str, key: str, row: IdempotencyRow,
                         at_ms: int) -> None:
-        table = self._write().idempotency
-        if (tenant, workspace, principal, key) in table:
-            raise _duplicate("idempotency key")
-        table[(tenant, workspace, principal, key)] = row
+        _insert_new(self._write().idempotency, (tenant, workspace, principal, key), row, "idempotency key")
 
     def use_confirmation(self, grant_id: str, tenant: str, workspace: str, at_ms: int) -> bool:
         if grant_id in self._t.confirmations:
@@ -127,11 +140,9 @@ class MemoryEngineTx:
 
     def add_tombstone(self, tenant: str, workspace: str, payload_digest: str, record_id: str, cursor: int,
                       at_ms: int) -> None:
-        key = (tenant, workspace, payload_digest, record_id)
-        if key in self._t.tombstones:
-            raise _duplicate("tombstone")
-        self._write().tombstones[key] = {"tenant": tenant, "workspace": workspace, "payload_digest": payload_digest,
-                                         "record_id": record_id, "cursor": cursor, "at_ms": at_ms}
+        _insert_new(self._write().tombstones, (tenant, workspace, payload_digest, record_id),
+                    {"tenant": tenant, "workspace": workspace, "payload_digest": payload_digest,
+                     "record_id": record_id, "cursor": cursor, "at_ms": at_ms}, "tombstone")
 
     def tombstoned(self, tenant: str, workspace: str, payload_digest: str) -> bool:
         return any(k[:3] == (tenant, workspace, payload_digest) for k in self._t.tombstones)
@@ -143,13 +154,10 @@ class MemoryEngineTx:
 
     # -- candidates and records ------------------------------------------------------------------
     def insert_candidate(self, row: CandidateRow) -> None:
-        if row.candidate_id in self._t.candidates:
-            raise _duplicate("candidate")
-        self._write().candidates[row.candidate_id] = row
+        _insert_new(self._write().candidates, row.candidate_id, row, "candidate")
 
     def candidate(self, tenant: str, workspace: str, candidate_id: str) -> CandidateRow | None:
-        found = self._t.candidates.get(candidate_id)
-        return found if found is not None and (found.tenant, found.workspace) == (tenant, workspace) else None
+        return _in_scope(self._t.candidates.get(candidate_id), tenant, workspace)
 
     def candidates_in_state(self, tenant: str, workspace: str, state: str) -> list[CandidateRow]:
         return sorted((c for c in self._t.candidates.values()
@@ -175,13 +183,10 @@ class MemoryEngineTx:
         self._candidate_changed(candidate_id, facts={})
 
     def insert_record(self, row: RecordRow) -> None:
-        if row.record_id in self._t.records:
-            raise _duplicate("record")
-        self._write().records[row.record_id] = row
+        _insert_new(self._write().records, row.record_id, row, "record")
 
     def record(self, tenant: str, workspace: str, record_id: str) -> RecordRow | None:
-        found = self._t.records.get(record_id)
-        return found if found is not None and (found.tenant, found.workspace) == (tenant, workspace) else None
+        return _in_scope(self._t.records.get(record_id), tenant, workspace)
 
     def records(self, tenant: str, workspace: str, record_ids: list[str]) -> dict[str, RecordRow]:
         return {rid: r for rid in record_ids if (r := self.record(tenant, workspace, rid)) is not None}
@@ -251,9 +256,7 @@ class MemoryEngineTx:
 
     # -- the data-key ledger ---------------------------------------------------------------------------
     def put_data_key(self, owner: str, slot: int, at_ms: int) -> None:
-        if owner in self._t.data_keys:
-            raise _duplicate("data key")
-        self._write().data_keys[owner] = (slot, at_ms)
+        _insert_new(self._write().data_keys, owner, (slot, at_ms), "data key")
 
     def data_key_slot(self, owner: str) -> int | None:
         found = self._t.data_keys.get(owner)
@@ -266,9 +269,7 @@ class MemoryEngineTx:
             return None
         t = self._write()
         del t.data_keys[owner]
-        if owner in t.destructions:
-            raise _duplicate("key destruction")
-        t.destructions[owner] = KeyDestruction(owner, at_ms, reason, generation)
+        _insert_new(t.destructions, owner, KeyDestruction(owner, at_ms, reason, generation), "key destruction")
         return found[0]
 
     def live_key_slots(self) -> dict[int, str]:
