@@ -38,6 +38,7 @@ from engram_core.services.lexical import TermHasher
 from engram_core.services.maintenance import MaintenanceService, reanalyze_lexical, reembed_vectors
 from engram_core.services.memory import MemoryService
 from engram_core.store.file_modes import make_private
+from engram_core.store.page_pins import MAX_PINS
 from engram_core.store.port import Store
 from engram_core.trust.hostkeys import (
     TrustedHostKeys,
@@ -153,7 +154,7 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
               semantic: bool | None = None, policy: PolicyEngine | None = None,
               audit_devices: list[str] | None = None, load_index: bool = True,
               store_url: str | None = None, key_schedule: KeySchedule | None = None,
-              index_max_records: int = 0) -> OpenedCore:
+              index_max_records: int = 0, page_pin_capacity: int = MAX_PINS) -> OpenedCore:
     """Open (creating on first run) the data directory and the store its configuration names.
 
     ``policy``: the engine ``engram serve`` built (``build_serving_policy``, with its bundle
@@ -161,7 +162,8 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
     ``policies_dir`` or ``opa_url`` (``build_policy``). ``audit_devices`` are ``--audit-device``
     specs (engram_core/store/audit_device.py); ``store_url`` selects another engine than the
     data directory's DuckDB file (``engines.StoreConfig``); ``load_index`` False leaves the
-    search index to the server, which builds it after it listens."""
+    search index to the server, which builds it after it listens. ``page_pin_capacity``: the
+    most search pins the core keeps in memory (``store/page_pins.py``; tests fill a smaller one)."""
     embedder = build_embedder(semantic)
     config = StoreConfig.from_options(data_dir, store_url, index_max_records=index_max_records,
                                       vector_search=embedder is not None)
@@ -183,7 +185,7 @@ def open_core(data_dir: Path, *, policies_dir: Path | None = None, opa_url: str 
                 hasher=TermHasher(load_or_create_secret(data_dir / "index.key")),
                 page_key=load_or_create_secret(data_dir / "page.key"),
                 trusted=keys.trusted, clock=clock, embedder=embedder, key_schedule=key_schedule,
-                open_key_dir=open_key_source)
+                open_key_dir=open_key_source, page_pin_capacity=page_pin_capacity)
     try:
         CoreSigners.load(data_dir)  # the backup and anchor keys exist before their fingerprints are checked
         check_shared_secrets(store, data_dir, vault.ring.ring_id)  # a store opened with other key files refuses
@@ -215,7 +217,8 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
                max_workers: int = 16, semantic: bool | None = None, policy: PolicyEngine | None = None,
                audit_devices: list[str] | None = None, metrics: CoreMetrics | None = None,
                tls: ServerTls | None = None, store_url: str | None = None,
-               key_schedule: KeySchedule | None = None, index_max_records: int = 0) -> RunningCore:
+               key_schedule: KeySchedule | None = None, index_max_records: int = 0,
+               page_pin_capacity: int = MAX_PINS) -> RunningCore:
     """Open the core and serve it. The search index is built after the server listens: until
     it is, the health of the engram services is NOT_SERVING (readiness) while ``liveness``
     is SERVING; a call that comes early waits for the index instead of failing.
@@ -226,7 +229,7 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
     opened = open_core(
         data_dir, policies_dir=policies_dir, opa_url=opa_url, extra_trusted_pems=extra_trusted_pems, clock=clock,
         semantic=semantic, policy=policy, audit_devices=audit_devices, load_index=False, store_url=store_url,
-        index_max_records=index_max_records,
+        index_max_records=index_max_records, page_pin_capacity=page_pin_capacity,
         key_schedule=key_schedule)
     try:
         services = build_services(opened, metrics)

@@ -29,6 +29,7 @@ from engram_core.services.key_schedule import KeySchedule
 from engram_core.services.lexical import TermHasher
 from engram_core.services.projection_status import ProjectionStatus
 from engram_core.services.quotas import TOOL_METRIC, RateLimited
+from engram_core.store.page_pins import MAX_PINS
 from engram_core.store.port import AuditRow, RecordRow, ScopeRow, SharedPin, Store, Tx
 from engram_core.trust.context_nonces import ContextNonceLedger
 from engram_core.trust.hostctx import CLOCK_SKEW_MS, MAX_CONTEXT_TTL_MS, BoundContext
@@ -108,6 +109,7 @@ class Core:
         hasher: TermHasher,
         page_key: bytes,
         open_key_dir: Callable[[Path, str | None], KeyVault | None] | None = None,
+        page_pin_capacity: int = MAX_PINS,
     ) -> None:
         self.data_dir = data_dir
         # The semantic channel's local model (SPEC §11), or None: then lexical_and_semantic
@@ -137,6 +139,9 @@ class Core:
         # by the composition root (engram_core/app/composition.py).
         self.hasher = hasher
         self.page_key = page_key
+        # The most search pins (paged searches' snapshots) kept in memory: the composition root's
+        # to set (a test proves what happens beyond it with tens of searches, not thousands).
+        self.page_pin_capacity = page_pin_capacity
         # Scopes whose projections an operator invalidated and has not rebuilt (PROJECTION_STALE).
         self.projections = ProjectionStatus(store)
         # Finish crypto-shredding interrupted by a crash and clear key slots of

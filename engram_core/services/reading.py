@@ -144,7 +144,7 @@ class ReadService:
             semantic = semantic_v6 if expanded else semantic_v5
             self.profiles["semantic"] = semantic(embedder.model_id,
                                                  needs_network=getattr(embedder, "needs_network", True))
-        self.pins = core.store.page_pins(core.now_ms)
+        self.pins = core.store.page_pins(core.now_ms, capacity=core.page_pin_capacity)
         # A word's related terms, hashed with this core's key (``expanded_terms``).
         self._hashed_relatives = functools.lru_cache(maxsize=65_536)(self._relatives_of)
         self._term = functools.lru_cache(maxsize=65_536)(core.hasher.term)  # a query term's hash

@@ -60,7 +60,7 @@ from engram_core.store.engine import (
 )
 from engram_core.store.index_residency import IndexResidency, ResidencyStats
 from engram_core.store.kernel_tx import KernelTx
-from engram_core.store.page_pins import PinStore
+from engram_core.store.page_pins import MAX_PINS, PinStore
 from engram_core.store.port import (
     AuditRow,
     ContextClaim,
@@ -321,10 +321,10 @@ class StoreKernel:
         with self.engine.shared.leader_lease(job) as held:
             yield held
 
-    def page_pins(self, now_ms: Callable[[], int]) -> PinStore:
-        """Where search pins are kept: this process's memory, and the database too when other
-        cores share it (a cursor from one core pages on another)."""
-        return PinStore(now_ms=now_ms, shelf=self.engine.shared.pin_shelf())
+    def page_pins(self, now_ms: Callable[[], int], *, capacity: int = MAX_PINS) -> PinStore:
+        """Where search pins are kept: this process's memory, at most ``capacity`` of them, and the
+        database too when other cores share it (a cursor from one core pages on another)."""
+        return PinStore(now_ms=now_ms, capacity=capacity, shelf=self.engine.shared.pin_shelf())
 
     def usage_counters(self, now_ms: Callable[[], int]) -> QuotaCounters:
         """The usage counters quotas are decided on: in memory for the sole writer, the database's

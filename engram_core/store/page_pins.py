@@ -38,7 +38,9 @@ from engram_core.store.port import LexicalStats, SharedPin
 
 PAGE_PIN_TTL_MS = 15 * 60_000
 MAX_PINS_PER_SCOPE = 1_024  # one scope's open cursors; its own least recently used go first
-MAX_PINS = 4_096  # all scopes together (the memory bound); beyond it the largest scope gives one up
+# All scopes together (the memory bound); beyond it the largest scope gives one up. A core's
+# default: its composition root may pass another (``start_core(page_pin_capacity=...)``).
+MAX_PINS = 4_096
 PIN_KEY_BYTES = 32  # AES-256: each pin's own key, carried only in its reference
 _SEALED_KIND = "page-pin"
 

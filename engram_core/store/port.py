@@ -482,9 +482,9 @@ class Store(Protocol):
     # called where one core is the only writer.
     on_scope_refresh: Callable[[str, str], None] | None
 
-    def page_pins(self, now_ms: Callable[[], int]) -> Any:
+    def page_pins(self, now_ms: Callable[[], int], *, capacity: int = ...) -> Any:
         """Where search pins are kept (``store/page_pins.py`` ``PinStore``): shared by every core
-        of a store several share."""
+        of a store several share. ``capacity``: pins kept in memory at most (``MAX_PINS``)."""
         ...
 
     def usage_counters(self, now_ms: Callable[[], int]) -> Any:
