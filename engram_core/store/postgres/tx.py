@@ -423,6 +423,15 @@ class PostgresEngineTx(SqlRows):
             f"WHERE x.{id_col} = %s FOR UPDATE OF s", [value]))
         self._seen.add(value)
 
+    def _by_id(self, sql: str, row_id: str, tenant: str, workspace: str) -> tuple[Any, ...] | None:
+        """A candidate's or record's row by its id, read through its scope: found, its id is one a
+        later write naming only the id needs no scope lock for (``_guard_id``)."""
+        self._touch(tenant, workspace)
+        row = self._one(sql, [row_id, tenant, workspace])
+        if row is not None:
+            self._seen.add(row_id)
+        return row
+
     # -- scopes and the journal ----------------------------------------------------------------------------------------
     def scope(self, tenant: str, workspace: str) -> ScopeRow | None:
         if self._writing:
@@ -545,12 +554,8 @@ class PostgresEngineTx(SqlRows):
         self._write("UPDATE candidates SET facts = '{}' WHERE candidate_id = %s", [candidate_id])
 
     def candidate(self, tenant: str, workspace: str, candidate_id: str) -> CandidateRow | None:
-        self._touch(tenant, workspace)
-        row = self._one(CANDIDATE_BY_ID, [candidate_id, tenant, workspace])
-        if row is None:
-            return None
-        self._seen.add(candidate_id)
-        return candidate_of(row)
+        row = self._by_id(CANDIDATE_BY_ID, candidate_id, tenant, workspace)
+        return candidate_of(row) if row is not None else None
 
     def candidates_in_state(self, tenant: str, workspace: str, state: str) -> list[CandidateRow]:
         self._touch(tenant, workspace)
@@ -579,12 +584,8 @@ class PostgresEngineTx(SqlRows):
         self._write(f"INSERT INTO records ({RECORD_COLS}) VALUES ({', '.join(['%s'] * RECORD_WIDTH)})", record_values(row))
 
     def record(self, tenant: str, workspace: str, record_id: str) -> RecordRow | None:
-        self._touch(tenant, workspace)
-        row = self._one(RECORD_BY_ID, [record_id, tenant, workspace])
-        if row is None:
-            return None
-        self._seen.add(record_id)
-        return record_of(row)
+        row = self._by_id(RECORD_BY_ID, record_id, tenant, workspace)
+        return record_of(row) if row is not None else None
 
     def records(self, tenant: str, workspace: str, record_ids: list[str]) -> dict[str, RecordRow]:
         if not record_ids:
