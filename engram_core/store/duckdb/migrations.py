@@ -27,6 +27,18 @@ class Migration:
         return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
+def _key_slot_column(table: str, id_col: str, owner: str) -> str:
+    """Rows of ``table`` name their data key's slot, filled from the data_keys ledger (owner
+    ``<owner>:<id>``). A row's slot never changes (slots are never reused, and unwrapping is bound
+    to the owner), so the row can name it. data_keys stays the ledger of live keys: a destroyed
+    key's slot is zeroed in the vault and its data_keys row deleted, so the number alone opens
+    nothing."""
+    return f"""
+ALTER TABLE {table} ADD COLUMN key_slot BIGINT;
+UPDATE {table} SET key_slot = k.slot FROM data_keys k WHERE k.owner = '{owner}:' || {table}.{id_col};
+"""
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         1,
@@ -126,14 +138,8 @@ INSERT INTO term_stats SELECT tenant, workspace, term, count(DISTINCT record_id)
     Migration(
         3,
         "records carry their data key's slot",
-        # Reading a record body needed a second lookup (data_keys by owner) per read; a record's
-        # slot never changes (slots are never reused, and unwrapping is bound to the owner), so
-        # the record row can name it. data_keys stays the ledger of live keys: a forgotten
-        # record's slot is zeroed in the vault and its data_keys row deleted as before.
-        """
-ALTER TABLE records ADD COLUMN key_slot BIGINT;
-UPDATE records SET key_slot = k.slot FROM data_keys k WHERE k.owner = 'record:' || records.record_id;
-""",
+        # Reading a record body needed a second lookup (data_keys by owner) per read.
+        _key_slot_column("records", "record_id", "record"),
     ),
     Migration(
         4,
@@ -195,12 +201,7 @@ CREATE INDEX tombstones_payload ON tombstones (payload_digest);
         "candidates carry their data key's slot",
         # As migration 3 for records: an admission opened its candidate's envelope after a lookup
         # of the slot in data_keys by owner (one more statement per admission and withdrawal).
-        # A candidate's slot never changes; data_keys stays the ledger of live keys, and a
-        # destroyed key's slot is zeroed in the vault, so the number alone opens nothing.
-        """
-ALTER TABLE candidates ADD COLUMN key_slot BIGINT;
-UPDATE candidates SET key_slot = k.slot FROM data_keys k WHERE k.owner = 'candidate:' || candidates.candidate_id;
-""",
+        _key_slot_column("candidates", "candidate_id", "candidate"),
     ),
     Migration(
         9,
