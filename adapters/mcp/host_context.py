@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from adapters.mcp.config import AgentBinding, HostConfig
+from adapters.mcp.config import BINDING_FIELDS, AgentBinding, HostConfig
 from adapters.mcp.envelope import new_audit_id
 from engram_core.api import context_pb2
 from engram_core.trust.hostctx import HOST_CALL, TOOLS_LIST_CALL, make_context
@@ -238,14 +238,7 @@ class ContextSource:
             ctx = context_pb2.HostContext.FromString(envelope.body)
         except (binascii.Error, ValueError, Exception):  # any decode/parse failure
             raise ContextUnavailable("undecodable context header") from None
-        binding = AgentBinding(
-            tenant=ctx.tenant,
-            workspace=ctx.workspace,
-            principal=ctx.principal,
-            agent_id=ctx.agent_id,
-            session=ctx.session,
-            purpose_ref=ctx.purpose_ref,
-        )
+        binding = AgentBinding(**{name: getattr(ctx, name) for name in BINDING_FIELDS})
         # The audit id must be known to the adapter to be the envelope's auditId,
         # and the host (not the agent) must have opted in to memory.
         if not binding.complete or not ctx.audit_id or not envelope.signature:
