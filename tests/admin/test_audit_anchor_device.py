@@ -5,6 +5,10 @@ database with a client), delete the forget's audit row and everything after it, 
 principal, recompute the chain (or cut the journal back and move the scope head). Plain ``engram admin verify`` cannot see that: every link recomputes. What sees
 it: an anchor the operator exported earlier (signed heads, kept outside the data directory) and
 an audit device that received every row before its call answered.
+
+`engram admin` and `engram doctor` run through the console script's function in this process
+(``tests/support/engram_cli.py``) except where a call says ``process=True``: at least one of each
+command, and `engram serve` itself, still run as the operator runs them, as processes.
 """
 
 from __future__ import annotations
@@ -26,15 +30,20 @@ from engram_core.trust.shared_secrets import META_PREFIX, fingerprint
 from engram_core.trust.signing import ANCHOR_DOMAIN, CoreSigner
 from tests.support.admin_support import TENANT, WORKSPACE, Env, code_of
 from tests.support.core_engines import EngineStores, SqlSession
+from tests.support.engram_cli import run_engram
 
 ENGRAM = str(Path(sys.executable).with_name("engram"))
 AUDIT_COLUMNS = ("chain", "seq", "at_ms", "audit_id", "tenant", "workspace", "principal", "agent_id", "operation",
                  "outcome", "target_digest", "decisions", "prev_digest", "row_digest", "context_nonce")
 
 
-def admin(env: Env, *argv: str, json_out: bool = True) -> subprocess.CompletedProcess:
-    cmd = [ENGRAM, "admin", "--core", env.running.address, "--host-key", str(env.running.host_key_path)]
-    return subprocess.run([*cmd, *(["--json"] if json_out else []), *argv], capture_output=True, text=True, timeout=60)
+def admin(env: Env, *argv: str, json_out: bool = True, process: bool = False) -> subprocess.CompletedProcess:
+    """`engram admin` against ``env``'s core: in this process, or (``process``) as the console script."""
+    cmd = ["admin", "--core", env.running.address, "--host-key", str(env.running.host_key_path),
+           *(["--json"] if json_out else []), *argv]
+    if process:
+        return subprocess.run([ENGRAM, *cmd], capture_output=True, text=True, timeout=60)
+    return run_engram(*cmd)
 
 
 def _start(stores: EngineStores, data_dir: Path, devices: list[str] | None = None, *, activate: bool = False) -> Env:
@@ -108,7 +117,7 @@ def test_rewritten_audit_log_fails_verify_against_anchor(tmp_path, stores):
         _forget_scenario(env)
         keys = tmp_path / "operator"
         assert admin(env, "signing-keys", "--out-dir", str(keys)).returncode == 0
-        made = admin(env, "anchor", "--out", str(keys / "anchor.json"), json_out=False)
+        made = admin(env, "anchor", "--out", str(keys / "anchor.json"), json_out=False, process=True)
         assert made.returncode == 0, made.stderr
         assert "signed by anchor key" in made.stdout
         ok = admin(env, "verify", "--anchor", str(keys / "anchor.json"), "--anchor-key", str(keys / "anchor.pub"),
@@ -128,7 +137,7 @@ def test_rewritten_audit_log_fails_verify_against_anchor(tmp_path, stores):
         assert "cut back" in plain.stdout and "--anchor FILE" in plain.stdout and "--device FILE" in plain.stdout
         assert json.loads(admin(env, "verify").stdout)["limits"] != []
         anchored = ["--anchor", str(keys / "anchor.json"), "--anchor-key", str(keys / "anchor.pub")]
-        res = admin(env, "verify", *anchored)
+        res = admin(env, "verify", *anchored, process=True)
         assert res.returncode == 1 and json.loads(res.stdout)["code"] == "JOURNAL_CORRUPT"
         report = json.loads(admin(env, "verify", "--report", *anchored).stdout)
         assert report["ok"] is False
@@ -208,7 +217,7 @@ def test_every_acknowledged_call_is_on_the_device_and_a_rewrite_shows(tmp_path, 
         assert {d["operation"] for d in on_device} >= {"admin.activate", "engram_memory_capture", "engram_memory_search",
                                                   "engram_memory_get", "admin.tombstone"}
         assert oct(device.stat().st_mode & 0o777) == "0o600"
-        ok = admin(env, "verify", "--device", str(device), json_out=False)
+        ok = admin(env, "verify", "--device", str(device), json_out=False, process=True)
         assert ok.returncode == 0 and "device lines" in ok.stdout, ok.stdout + ok.stderr
     finally:
         env.stop()
@@ -250,7 +259,7 @@ def test_calls_fail_closed_when_no_device_accepts(tmp_path, stores):
         env.stop()
 
 
-def _doctor(env: Env, tmp_path: Path) -> str:
+def _doctor(env: Env, tmp_path: Path, *, process: bool = False) -> str:
     config = tmp_path / "host.toml"
     config.write_text(f'''[core]
 address = "{env.running.address}"
@@ -267,7 +276,11 @@ agent_id = "a"
 session = "s"
 purpose_ref = "purpose:eng"
 ''')
-    res = subprocess.run([ENGRAM, "doctor", "--host-config", str(config)], capture_output=True, text=True, timeout=60)
+    if process:
+        res = subprocess.run([ENGRAM, "doctor", "--host-config", str(config)], capture_output=True, text=True,
+                             timeout=60)
+    else:
+        res = run_engram("doctor", "--host-config", str(config))
     assert res.returncode == 0, res.stdout + res.stderr
     return res.stdout
 
@@ -277,7 +290,7 @@ def test_doctor_warns_when_nothing_outside_the_data_directory_keeps_the_audit_lo
     last anchor, and warns when there is neither."""
     env = _start(stores, tmp_path / "core", activate=True)
     try:
-        out = _doctor(env, tmp_path)
+        out = _doctor(env, tmp_path, process=True)
         assert "warn  neither an audit device nor a signed anchor" in out and "--audit-device" in out
         assert admin(env, "anchor", "--out", str(tmp_path / "anchor.json")).returncode == 0
         out = _doctor(env, tmp_path)
@@ -411,12 +424,14 @@ def _serve(stores: EngineStores, data: Path, *extra: str) -> tuple[subprocess.Po
     return proc, first.split("listening on ", 1)[1].split()[0]
 
 
-def _cli(address: str, data: Path, *argv: str) -> subprocess.CompletedProcess:
+def _cli(address: str, data: Path, *argv: str, process: bool = False) -> subprocess.CompletedProcess:
     import os
 
-    return subprocess.run([ENGRAM, "admin", "--core", address, "--host-key", str(data / "host.key"), *argv],
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "ENGRAM_AUDIT_PAGE_ROWS": "2"})  # rows fetched over many pages
+    cmd = ["admin", "--core", address, "--host-key", str(data / "host.key"), *argv]
+    paged = {"ENGRAM_AUDIT_PAGE_ROWS": "2"}  # rows fetched over many pages
+    if process:
+        return subprocess.run([ENGRAM, *cmd], capture_output=True, text=True, timeout=60, env={**os.environ, **paged})
+    return run_engram(*cmd, env=paged)
 
 
 def test_engram_serve_audit_device_across_restarts(tmp_path, stores):
@@ -440,7 +455,7 @@ def test_engram_serve_audit_device_across_restarts(tmp_path, stores):
     rewrite_audit(stores, data, drop_from_operation="admin.activate")
     proc, address = _serve(stores, data, "--audit-device", f"file:{device}")
     try:
-        res = _cli(address, data, "--json", "verify", "--device", str(device))
+        res = _cli(address, data, "--json", "verify", "--device", str(device), process=True)
         assert res.returncode == 1, res.stdout
         lost = [p for p in json.loads(res.stdout)["device"]["problems"] if p["problem"] == "device_lost_at_restart"]
         # Every row cut, named at the reopen: each chain's from its first row.
