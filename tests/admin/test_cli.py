@@ -1,4 +1,10 @@
-"""`engram admin …` as operators run it: the console script against a real core."""
+"""`engram admin …` as operators run it: the console script against a real core.
+
+Each test runs its first command, and the ones whose exit status or stderr it is about (an
+error, a usage error, progress), as `engram` processes (``process=True``); the rest go through
+the console script's own function in this process (``tests/support/engram_cli.py``): the same
+parser, command, output and exit status, without an interpreter start per command.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import pytest
 
 from engram_core.clock import SystemClock
 from tests.support.admin_support import TENANT, WORKSPACE, start_env
+from tests.support.engram_cli import run_engram
 
 ENGRAM = str(Path(sys.executable).with_name("engram"))
 
@@ -24,16 +31,19 @@ def live(tmp_path, stores):
         env.stop()
 
 
-def admin(env, *argv: str, json_out: bool = True) -> subprocess.CompletedProcess:
-    cmd = [ENGRAM, "admin", "--core", env.running.address, "--host-key", str(env.running.host_key_path)]
+def admin(env, *argv: str, json_out: bool = True, process: bool = False) -> subprocess.CompletedProcess:
+    """`engram admin` against ``env``'s core: in this process, or (``process``) as the console script."""
+    cmd = ["admin", "--core", env.running.address, "--host-key", str(env.running.host_key_path)]
     if json_out:
         cmd.append("--json")
-    return subprocess.run([*cmd, *argv], capture_output=True, text=True, timeout=60)
+    if process:
+        return subprocess.run([ENGRAM, *cmd, *argv], capture_output=True, text=True, timeout=60)
+    return run_engram(*cmd, *argv)
 
 
 def test_cli_lifecycle_history_verify_and_errors(live):
     scope = ["--tenant", TENANT, "--workspace", WORKSPACE]
-    assert admin(live, "activate", *scope).returncode == 0
+    assert admin(live, "activate", *scope, process=True).returncode == 0
     rid = live.record("cli managed record")
     out = admin(live, "dispute", rid, *scope, "--event-id", "evt_cli_dispute_0001")
     assert out.returncode == 0, out.stderr
@@ -44,7 +54,7 @@ def test_cli_lifecycle_history_verify_and_errors(live):
     assert human.returncode == 0 and "accepted_disputed" in human.stdout and "dispute" in human.stdout
     bad = admin(live, "mark-non-current", rid, *scope, "--event-id", "short")
     assert bad.returncode == 1 and json.loads(bad.stdout)["code"] == "INVALID_SCHEMA"
-    illegal = admin(live, "dispute", rid, *scope, json_out=False)
+    illegal = admin(live, "dispute", rid, *scope, json_out=False, process=True)
     assert illegal.returncode == 1 and "ILLEGAL_TRANSITION" in illegal.stderr
     verify = admin(live, "verify", json_out=False)
     assert verify.returncode == 0 and "all chains intact" in verify.stdout
@@ -57,7 +67,7 @@ def test_cli_backup_restore_with_progress(live, tmp_path):
     scope = ["--tenant", TENANT, "--workspace", WORKSPACE]
     admin(live, "activate", *scope)
     rid = live.record("cli backed up record")
-    out = admin(live, "backup", "--out", str(tmp_path / "b.jsonl"), json_out=False)
+    out = admin(live, "backup", "--out", str(tmp_path / "b.jsonl"), json_out=False, process=True)
     assert out.returncode == 0, out.stderr
     assert "backup" in out.stderr and "manifest sha256:" in out.stdout
     rotated = admin(live, "rotate-keys", json_out=False)
@@ -66,7 +76,7 @@ def test_cli_backup_restore_with_progress(live, tmp_path):
     target = start_env(live.stores, tmp_path / "target", SystemClock(), activate=False)  # type: ignore[arg-type]
     try:
         res = admin(target, "restore", "--in", str(tmp_path / "b.jsonl"), *live.restore_key_args(),
-                    "--trust-backup-key", str(tmp_path / "keys" / "backup.pub"))
+                    "--trust-backup-key", str(tmp_path / "keys" / "backup.pub"), process=True)
         assert res.returncode == 0, res.stderr
         assert json.loads(res.stdout)["records_restored"] == 1 and "restore sent" in res.stderr
         assert target.get(rid)["record"]["record_id"] == rid
@@ -82,7 +92,7 @@ def test_inspect_with_a_record_id_says_which_command_reads_records(live):
     scope = ["--tenant", TENANT, "--workspace", WORKSPACE]
     assert admin(live, "activate", *scope).returncode == 0
     rid = live.record("a record an operator tries to inspect")
-    out = admin(live, "inspect", rid, *scope, json_out=False)
+    out = admin(live, "inspect", rid, *scope, json_out=False, process=True)
     assert out.returncode == 2 and "is a record id" in out.stderr and "--record" in out.stderr
 
 
@@ -91,7 +101,7 @@ def test_key_status_counts_generations_by_state_and_names_each_date(live):
     retired)" counted one), and each date says what it is: the retained generation's date is when
     it will retire, not when it did."""
     assert admin(live, "rotate-keys").returncode == 0
-    out = admin(live, "key-status", json_out=False)
+    out = admin(live, "key-status", json_out=False, process=True)
     assert out.returncode == 0, out.stderr
     first, *generations = out.stdout.splitlines()
     assert first.startswith("active KEK generation 2; 2 generation(s): 1 active, 1 retained;"), first
