@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from engram_core.contract.errors import EngramError
@@ -18,6 +18,7 @@ from engram_core.observability.calls import DecisionFact
 from engram_core.observability.logs import log_event
 from engram_core.observability.metrics import CoreMetrics
 from engram_core.policy.port import BundleRefused, Decision
+from engram_core.policy.wrapper import PolicyEngineWrapper
 
 _MAX_OUTCOME = 32  # label values come from policy answers: keep them short
 REFUSED = "REFUSED"  # a reload that read a bundle and would not activate it (logs and metrics)
@@ -46,17 +47,14 @@ def _fact(d: Decision, seconds: float) -> DecisionFact:
     return DecisionFact(family_of(d.path), d.revision, outcome_of(d), reasons, seconds)
 
 
-class ObservedPolicyEngine:
+class ObservedPolicyEngine(PolicyEngineWrapper):
     """A PolicyEngine that reports each evaluation; the answers are the wrapped engine's."""
 
     def __init__(self, inner: Any, metrics: CoreMetrics | None) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._metrics = metrics
         if metrics is not None and inner.active():
             metrics.observe_bundle_load(revision=inner.revision())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
     def _observe(self, paths: Sequence[str], started: float, decisions: list[Decision] | None) -> None:
         seconds = time.perf_counter() - started
@@ -75,35 +73,18 @@ class ObservedPolicyEngine:
         tracing.set_attributes(**{"engram.policy.family": families, "engram.policy.revision": revision,
                                   "engram.policy.outcome": ",".join(f.outcome for f in facts)})
 
-    def decide(self, path: str, input: Mapping[str, Any], *, timeout_s: float | None = None) -> Decision:
-        with tracing.span("engram.policy.decide"):
-            started = time.perf_counter()
-            try:
-                d = self._inner.decide(path, input, timeout_s=timeout_s)
-            except EngramError:
-                self._observe([path], started, None)
-                raise
-            self._observe([path], started, [d])
-            return d
-
-    def decide_all(self, requests: Sequence[tuple[str, Mapping[str, Any]]], *,
-                   timeout_s: float | None = None) -> list[Decision]:
+    def _around(self, requests: Sequence[tuple[str, Mapping[str, Any]]],
+                evaluate: Callable[[], list[Decision]]) -> list[Decision]:
         paths = [p for p, _ in requests]
         with tracing.span("engram.policy.decide"):
             started = time.perf_counter()
             try:
-                ds = self._inner.decide_all(requests, timeout_s=timeout_s)
+                ds = evaluate()
             except EngramError:
                 self._observe(paths, started, None)
                 raise
             self._observe(paths, started, ds)
             return ds
-
-    def revision(self) -> str:
-        return self._inner.revision()
-
-    def active(self) -> bool:
-        return self._inner.active()
 
     def reload(self) -> str:
         previous = self._inner.revision()
@@ -127,9 +108,6 @@ class ObservedPolicyEngine:
             self._metrics.observe_bundle_load(revision=revision)
         log_event("policy_reload", outcome="OK", revision=revision, previous_revision=previous)
         return revision
-
-    def close(self) -> None:
-        self._inner.close()
 
 
 class ObservedEmbedder:

@@ -36,6 +36,7 @@ from engram_core.policy.decisionlog.mask import (
 )
 from engram_core.policy.decisionlog.sinks import Sink
 from engram_core.policy.port import Decision
+from engram_core.policy.wrapper import PolicyEngineWrapper
 
 log = logging.getLogger("engram.decision_log")
 BUNDLE_NAME = "engram"
@@ -220,30 +221,18 @@ def _audit_id() -> str:
     return obs.audit_id if obs is not None else ""
 
 
-class LoggedPolicyEngine:
+class LoggedPolicyEngine(PolicyEngineWrapper):
     """A PolicyEngine that hands every decision it answers (and every one it fails) to a
     DecisionLogger; the answers are the wrapped engine's, unchanged."""
 
     def __init__(self, inner: Any, logger: DecisionLogger) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self.logger = logger
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def decide(self, path: str, input: Mapping[str, Any], *, timeout_s: float | None = None) -> Decision:
+    def _around(self, requests: Sequence[tuple[str, Mapping[str, Any]]],
+                evaluate: Callable[[], list[Decision]]) -> list[Decision]:
         try:
-            d = self._inner.decide(path, input, timeout_s=timeout_s)
-        except EngramError as exc:
-            self.logger.record_failure(path, input, exc, self._inner.revision())
-            raise
-        self.logger.record(d, input)
-        return d
-
-    def decide_all(self, requests: Sequence[tuple[str, Mapping[str, Any]]], *,
-                   timeout_s: float | None = None) -> list[Decision]:
-        try:
-            ds = self._inner.decide_all(requests, timeout_s=timeout_s)
+            ds = evaluate()
         except EngramError as exc:
             revision = self._inner.revision()
             for path, input in requests:
@@ -252,15 +241,6 @@ class LoggedPolicyEngine:
         for d, (_, input) in zip(ds, requests, strict=True):
             self.logger.record(d, input)
         return ds
-
-    def revision(self) -> str:
-        return self._inner.revision()
-
-    def active(self) -> bool:
-        return self._inner.active()
-
-    def reload(self) -> str:
-        return self._inner.reload()
 
     def close(self) -> None:
         try:
