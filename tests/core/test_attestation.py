@@ -1,4 +1,7 @@
-"""Host verifiers for trust over gRPC and `engram admin attest` (SPEC §5 Trust, §12; issue 18)."""
+"""Host verifiers for trust over gRPC and `engram admin attest` (SPEC §5 Trust, §12; issue 18).
+
+The tests share one core per engine (``module_core``): each attests records it remembered
+itself, and counts the attestations it caused from what was there when it began."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from engram_core.trust.hostctx import CONTEXT_METADATA_KEY
 from engram_core.trust.hostkeys import key_id, public_pem
 from tests.support.core_engines import EngineStores
 from tests.support.core_support import Client, capture_args, now_ms
+from tests.support.engram_cli import run_engram
 from tests.support.governance_support import Host, new_event_id, start_with_bundle
 
 VERIFIER = Ed25519PrivateKey.generate()
@@ -33,13 +37,23 @@ def _edit(cfg: dict) -> None:
                                consented_families=["family:db"], adjudication_trust_classes=[])
 
 
-@pytest.fixture
-def env(tmp_path: Path, stores: EngineStores) -> Iterator[tuple[RunningCore, Client, Host]]:
-    core = start_with_bundle(tmp_path, stores, edit=_edit)
+@pytest.fixture(scope="module")
+def module_core(tmp_path_factory: pytest.TempPathFactory, module_stores: EngineStores) -> Iterator[RunningCore]:
+    core = start_with_bundle(tmp_path_factory.mktemp("attest"), module_stores, edit=_edit)
     try:
-        yield core, Client(core), Host(core)
+        yield core
     finally:
         core.stop()
+
+
+@pytest.fixture
+def env(module_core: RunningCore) -> Iterator[tuple[RunningCore, Client, Host]]:
+    c, host = Client(module_core), Host(module_core)
+    try:
+        yield module_core, c, host
+    finally:
+        c.channel.close()
+        host.channel.close()
 
 
 def _digest(record_id: str) -> str:
@@ -72,9 +86,15 @@ def _attest_events(core: RunningCore) -> list:
         return [e for e in tx.events("acme", "alpha", 0, None) if e.operation == "attest"]
 
 
+def _attest_audit_rows(core: RunningCore) -> int:
+    with core.core.store.read() as tx:
+        return [row["operation"] for row in tx.audit_rows("acme", "alpha", 0, None)].count("host.attest")
+
+
 def test_signed_attestation_is_verified_journaled_idempotent_and_visible(env) -> None:
     core, c, host = env
     rid = c.remember("Deploys are gated on the canary error rate.")
+    audited_before = _attest_audit_rows(core)
     event_id = new_event_id()
     out = _attest(host, rid, "signed", key=VERIFIER, event_id=event_id)
     r = out["receipt"]
@@ -83,18 +103,18 @@ def test_signed_attestation_is_verified_journaled_idempotent_and_visible(env) ->
     assert c.get(rid)["record"]["trust_class"] == "signed"
     again = _attest(host, rid, "signed", key=VERIFIER, event_id=event_id)
     assert again == {**out, "replayed": True}
-    events = _attest_events(core)
+    events = [e for e in _attest_events(core) if e.target == rid]
     assert len(events) == 1 and events[0].body["verifier_key_id"] == r["verifier_key_id"]
     # The same event id for another attestation is a conflict, not a second effect.
     assert _code(lambda: _attest(host, rid, "earned", event_id=event_id)) == Code.DIGEST_CONFLICT
-    with core.core.store.read() as tx:
-        assert [row["operation"] for row in tx.audit_rows("acme", "alpha", 0, None)].count("host.attest") == 1
+    assert _attest_audit_rows(core) - audited_before == 1
 
 
 def test_forged_misdirected_or_untrusted_signatures_change_nothing(env) -> None:
     core, c, host = env
     rid = c.remember("Backups run nightly at two.")
     other = c.remember("Restores are tested monthly.")
+    attested_before = len(_attest_events(core))
     # A signature by another key presented with the trusted verifier's public key.
     assert _code(lambda: _attest(host, rid, "signed", key=STRANGER, pem_of=VERIFIER)) == Code.UNAUTHORIZED
     # A genuine verifier signature over another record's digest.
@@ -106,7 +126,7 @@ def test_forged_misdirected_or_untrusted_signatures_change_nothing(env) -> None:
     assert _code(lambda: _attest(host, rid, "asserted")) == Code.INVALID_SCHEMA
     assert _code(lambda: _attest(host, rid, "earned", key=VERIFIER)) == Code.INVALID_SCHEMA
     assert _code(lambda: _attest(host, "mem_" + "a" * 52, "earned")) == Code.NOT_FOUND
-    assert c.get(rid)["record"]["trust_class"] == "asserted" and _attest_events(core) == []
+    assert c.get(rid)["record"]["trust_class"] == "asserted" and len(_attest_events(core)) == attested_before
 
 
 def test_agents_cannot_attest(env) -> None:
@@ -167,13 +187,15 @@ def test_engram_admin_attest_signs_with_a_verifier_key_file(env, tmp_path) -> No
                                                 serialization.NoEncryption()))
     key_file.chmod(0o600)
     engram = str(Path(sys.executable).with_name("engram"))
-    base = [engram, "admin", "--core", core.address, "--host-key", str(core.host_key_path), "--json", "attest",
+    base = ["admin", "--core", core.address, "--host-key", str(core.host_key_path), "--json", "attest",
             "--tenant", "acme", "--workspace", "alpha"]
-    for target in (rid, cand["candidate_id"]):
-        out = subprocess.run([*base, target, "--trust-class", "signed", "--verifier-key", str(key_file)],
-                             capture_output=True, text=True, timeout=60)
+    # The record as the console script (a process); the candidate and the refusal through its
+    # function in this process (tests/support/engram_cli.py).
+    signed = [rid, "--trust-class", "signed", "--verifier-key", str(key_file)]
+    for out in (subprocess.run([engram, *base, *signed], capture_output=True, text=True, timeout=60),
+                run_engram(*base, cand["candidate_id"], "--trust-class", "signed", "--verifier-key", str(key_file))):
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["receipt"]["trust_class"] == "signed"
     assert c.get(rid)["record"]["trust_class"] == "signed"
-    out = subprocess.run([*base, rid, "--trust-class", "signed"], capture_output=True, text=True, timeout=60)
+    out = run_engram(*base, rid, "--trust-class", "signed")
     assert out.returncode == 2 and "--verifier-key" in out.stderr
