@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,12 +68,20 @@ TOOL_OF_METHOD = {
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
 
+def _tool_method(op: str, response_cls: type, *, grant: bool) -> Callable[..., Any]:
+    """The MemoryService method of the tool call ``op`` (``MemoryServicer._call``)."""
+    def method(self: MemoryServicer, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._call(request, context, op, response_cls, grant)
+
+    return method
+
+
 class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer, CallHandler):
     def __init__(self, core: Core, memory: MemoryService) -> None:
         CallHandler.__init__(self, core)
         self.memory = memory
 
-    def _call(self, request, context, op: str, response_cls, gated: bool):
+    def _call(self, request, context, op: str, response_cls, grant: bool):
         tool = TOOL_OF_METHOD[op]
         args: dict[str, Any] = {}
 
@@ -84,28 +93,18 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer, CallHandler):
                                   reasons=("unknown_field",))
             args.update(message_to_value(request))
             fn = getattr(self.memory, op)
-            result = fn(ctx, args, metadata_value(context, CONFIRMATION_METADATA_KEY)) if gated else fn(ctx, args)
+            result = fn(ctx, args, metadata_value(context, CONFIRMATION_METADATA_KEY)) if grant else fn(ctx, args)
             return message_of(result, response_cls)
 
         return self.audited(context, tool, go, lambda: target_of(tool, args), calls=frozenset({tool}))
 
-    def Search(self, request, context):
-        return self._call(request, context, "search", memory_pb2.SearchResponse, False)
-
-    def Get(self, request, context):
-        return self._call(request, context, "get", memory_pb2.GetResponse, False)
-
-    def Capture(self, request, context):
-        return self._call(request, context, "capture", memory_pb2.CaptureResponse, True)
-
-    def RequestAdmission(self, request, context):
-        return self._call(request, context, "request_admission", memory_pb2.RequestAdmissionResponse, True)
-
-    def Withdraw(self, request, context):
-        return self._call(request, context, "withdraw", memory_pb2.WithdrawResponse, True)
-
-    def Forget(self, request, context):
-        return self._call(request, context, "forget", memory_pb2.ForgetResponse, True)
+    # One method per tool, each the one tool call above (the writes carry a confirmation grant).
+    Search = _tool_method("search", memory_pb2.SearchResponse, grant=False)
+    Get = _tool_method("get", memory_pb2.GetResponse, grant=False)
+    Capture = _tool_method("capture", memory_pb2.CaptureResponse, grant=True)
+    RequestAdmission = _tool_method("request_admission", memory_pb2.RequestAdmissionResponse, grant=True)
+    Withdraw = _tool_method("withdraw", memory_pb2.WithdrawResponse, grant=True)
+    Forget = _tool_method("forget", memory_pb2.ForgetResponse, grant=True)
 
 
 class HostServicer(host_pb2_grpc.HostServiceServicer, CallHandler):
