@@ -11,7 +11,7 @@ discarded (fail closed). It bounds the evaluation, from the moment an engine is
 free, not the wait for one: a busy core queues its decisions (sixteen concurrent
 captures on a loaded 2-core machine waited over a second), and that wait is the
 call's deadline's business, not a sign of a runaway policy; it is bounded by
-``LEASE_WAIT_S``.
+``compiled.LEASE_WAIT_S``.
 
 Bundles come from a source (``sources.py``: a directory or archive on disk, or a bundle
 server) and, with a verifier, must carry a valid signature (and, with a guard, be signed no
@@ -28,12 +28,10 @@ input to the engine is most of a decision's cost; a second call would pay it aga
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +41,7 @@ from opa_bindings.engine import OpaEngine, OpaError
 from engram_core.contract.canonical import digest
 from engram_core.contract.errors import Code, EngramError
 from engram_core.policy.bundle import MANIFEST, Bundle, BundleError, build_engine
+from engram_core.policy.compiled import REGISTRY, CompiledBundle
 from engram_core.policy.ordering import RollbackGuard, Ticket
 from engram_core.policy.port import DECISION_PATHS, LOG_MASK, LOG_PATH_MASK, BundleRefused, Decision
 from engram_core.policy.shapes import shape_error
@@ -50,26 +49,24 @@ from engram_core.policy.signing import BundleVerifier
 from engram_core.policy.sources import BundleSource, DiskSource, SourceUnavailable
 
 ENGINES = max(2, min(4, os.cpu_count() or 1))  # engines per bundle; more would only wait for a core
-LEASE_WAIT_S = 30.0  # the longest a decision waits for a free engine (see the module docstring)
 _PATH = re2.compile(r"^[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*$")
 _MASK_REF = "data." + LOG_MASK.replace("/", ".")
 _PATH_MASK_QUERY = f"x := [m | m := data.{LOG_PATH_MASK.replace('/', '.')}(input.path)]"
 
 
 class _Active:
-    """One bundle revision and its engines, all compiled from it when it was loaded (~15 ms
-    each): a decision takes whichever is free, or waits for one."""
+    """One bundle revision and the engines compiled from its content (``compiled.py``: shared
+    with any other activation of the same content in this process)."""
 
-    def __init__(self, engines: list[OpaEngine], revision: str, *, has_mask: bool = False,
+    def __init__(self, compiled: CompiledBundle, revision: str, *, has_mask: bool = False,
                  path_masks: dict[str, Any] | None = None) -> None:
         self.revision = revision
+        self.compiled = compiled
         self.has_mask = has_mask  # the bundle defines mask(event), asked with each decision
         # path_mask(path)'s answer per decision path (None: the bundle defines none), kept for
         # the bundle's life: the same list object every time, so the logger parses it once.
         self.path_masks = path_masks
-        self._free: queue.SimpleQueue[OpaEngine] = queue.SimpleQueue()
-        for engine in engines:
-            self._free.put(engine)
+        self.lease = compiled.lease
 
     def path_mask(self, path: str) -> Any:
         if self.path_masks is None:
@@ -79,24 +76,8 @@ class _Active:
                 self.path_masks[path] = _path_mask(engine, path)
         return self.path_masks[path]
 
-    @contextmanager
-    def lease(self) -> Iterator[OpaEngine]:
-        try:
-            engine = self._free.get(timeout=LEASE_WAIT_S)
-        except queue.Empty:
-            raise _unavailable(f"no policy engine free within {LEASE_WAIT_S:.0f}s") from None
-        try:
-            yield engine
-        finally:
-            self._free.put(engine)
-
     def close(self) -> None:
-        """Close the engines not in use; one in use is released with its last reference."""
-        while True:
-            try:
-                self._free.get_nowait().close()
-            except queue.Empty:
-                return
+        REGISTRY.release(self.compiled)
 
 
 def _unavailable(detail: str) -> EngramError:
@@ -307,20 +288,29 @@ class EmbeddedPolicyEngine:
             try:
                 bundle = source.load()
                 ticket = self._check(bundle)
-                engines = [build_engine(bundle) for _ in range(ENGINES)]
+                compiled = REGISTRY.acquire(bundle, lambda: _build_engines(bundle))
             except SourceUnavailable as exc:
                 raise _unavailable(f"policy bundle not loaded: {source.describe()}: {exc}") from exc
             except BundleError as exc:
                 raise BundleRefused(exc.problem(), previous) from exc
             if ticket is not None and self._guard is not None:
                 self._guard.accepted(bundle, ticket)  # before it answers: a restart resumes from here
-            has_mask = self._log_mask and _defines(engines[0], f'{_MASK_REF}({{"path": "", "input": {{}}, "result": {{}}}})')
-            path_masks = None
-            if self._log_mask and _defines(engines[0], f'data.{LOG_PATH_MASK.replace("/", ".")}("")'):
-                path_masks = {path: _path_mask(engines[0], path) for path in DECISION_PATHS}
-            # The previous bundle's engines are not closed here: a decision in flight
-            # may still hold one; they are released when the last reference goes.
-            self._active = _Active(engines, bundle.revision, has_mask=has_mask, path_masks=path_masks)
+            has_mask = path_masks = None
+            try:
+                if self._log_mask:
+                    with compiled.lease() as engine:
+                        has_mask = _defines(engine, f'{_MASK_REF}({{"path": "", "input": {{}}, "result": {{}}}})')
+                        if _defines(engine, f'data.{LOG_PATH_MASK.replace("/", ".")}("")'):
+                            path_masks = {path: _path_mask(engine, path) for path in DECISION_PATHS}
+            except BaseException:
+                REGISTRY.release(compiled)
+                raise
+            # The previous bundle's engines are released, not closed, here: a decision in flight
+            # may still hold one (compiled.py closes them once no activation holds them).
+            previous_active, self._active = self._active, _Active(
+                compiled, bundle.revision, has_mask=bool(has_mask), path_masks=path_masks)
+            if previous_active is not None:
+                previous_active.close()
             return bundle.revision
 
     def _check(self, bundle: Bundle) -> Ticket | None:
@@ -343,6 +333,18 @@ class EmbeddedPolicyEngine:
         close = getattr(self._source, "close", None)
         if close is not None:
             close()
+
+
+def _build_engines(bundle: Bundle) -> list[OpaEngine]:
+    engines: list[OpaEngine] = []
+    try:
+        for _ in range(ENGINES):
+            engines.append(build_engine(bundle))
+    except BaseException:
+        for engine in engines:
+            engine.close()
+        raise
+    return engines
 
 
 def _with_mask(d: Decision, log_mask: Any) -> Decision:
