@@ -123,11 +123,15 @@ def _files_contain(blobs: dict[str, bytes], needle: bytes) -> list[str]:
 
 
 def _needles(secret: str) -> list[bytes]:
-    """The secret and its longest random-looking run (what a partial copy would still hold)."""
+    """The last 16 bytes of the secret's longest random-looking run: what a partial copy would
+    still hold, and what a whole copy holds too (the run is part of the secret), so the secret
+    itself needs no search of its own: each search reads every file (on PostgreSQL tens of MB of
+    WAL)."""
     import re
 
     run = max(re.findall(r"[A-Za-z0-9+/]{12,}", secret), key=len)
-    return [secret.encode(), run[-16:].encode()]
+    assert run[-16:].encode() in secret.encode()
+    return [run[-16:].encode()]
 
 
 FIELDS = ["text", "source_ref", "locator_value", "type_ref", "evidence_ref", "attestation", "component_id"]
@@ -169,6 +173,10 @@ def test_secrets_in_every_field_are_refused_and_stored_nowhere(core, module_stor
     for name, secret in SECRETS.items():  # WAL and file before the checkpoint
         for needle in _needles(secret):
             assert not _files_contain(blobs, needle), (name, "before checkpoint")
+    if module_stores.is_postgresql:
+        # The store's checkpoint is a no-op there, and blobs() has read the files after the
+        # server's CHECKPOINT, with the WAL: the pass after would read what the pass before read.
+        return
     core.core.store.checkpoint()
     blobs = module_stores.blobs(data_dir)
     for name, secret in SECRETS.items():
