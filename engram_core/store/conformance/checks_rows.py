@@ -20,6 +20,7 @@ from engram_core.store.conformance.support import (
     audit_row,
     candidate,
     check_journal,
+    each,
     event,
     race,
     record,
@@ -35,16 +36,13 @@ from engram_core.store.port import (
 
 def check_journal_cursors_stay_dense_under_racing_writers(target: Any) -> None:
     store = target.open()
-    stores = writers(target, store, 4)
 
-    def appends(k: int) -> Callable[[], None]:
-        def go() -> None:
-            for n in range(25):
-                with stores[k].write(batched=bool(n % 2)) as tx:
-                    event(tx, f"w{k}-{n}")
-        return go
+    def appends(writer: Any, k: int) -> None:
+        for n in range(25):
+            with writer.write(batched=bool(n % 2)) as tx:
+                event(tx, f"w{k}-{n}")
 
-    assert race([appends(k) for k in range(4)]) == []
+    assert race(each(writers(target, store, 4), appends)) == []
     with store.read() as tx:
         scope = tx.scope(T, W)
         events = tx.events(T, W, 0, None)
@@ -84,21 +82,18 @@ def check_an_idempotency_key_is_any_text_nul_included(target: Any) -> None:
 
 def check_one_effect_per_idempotency_key_under_racing_writers(target: Any) -> None:
     store = target.open()
-    stores = writers(target, store, 6)
     effects: list[str] = []
     row = IdempotencyRow(CAPTURE_TOOL, "cand_x", "sha256:" + "0" * 64, {"status": "committed_pending"})
 
-    def attempt(k: int) -> Callable[[], None]:
-        def go() -> None:
-            with stores[k].write(batched=True) as tx:
-                if tx.idempotency_get(T, W, "user:ana", "key-raced-0001") is not None:
-                    return  # a replay: no second effect
-                event(tx, f"effect-{k}")
-                tx.idempotency_put(T, W, "user:ana", "key-raced-0001", row, 1)
-            effects.append(f"effect-{k}")
-        return go
+    def attempt(writer: Any, k: int) -> None:
+        with writer.write(batched=True) as tx:
+            if tx.idempotency_get(T, W, "user:ana", "key-raced-0001") is not None:
+                return  # a replay: no second effect
+            event(tx, f"effect-{k}")
+            tx.idempotency_put(T, W, "user:ana", "key-raced-0001", row, 1)
+        effects.append(f"effect-{k}")
 
-    assert race([attempt(k) for k in range(6)]) == []
+    assert race(each(writers(target, store, 6), attempt)) == []
     with store.read() as tx:
         events = tx.events(T, W, 0, None)
         assert tx.idempotency_get(T, W, "user:ana", "key-raced-0001") == row
@@ -127,17 +122,14 @@ def check_a_key_written_is_found_again_after_reopening(target: Any) -> None:
 
 def check_a_grant_is_used_once_under_racing_writers(target: Any) -> None:
     store = target.open()
-    stores = writers(target, store, 6)
     won: list[int] = []
 
-    def use(k: int) -> Callable[[], None]:
-        def go() -> None:
-            with stores[k].write(batched=True) as tx:
-                if tx.use_confirmation("grant-raced", T, W, 1):
-                    won.append(k)
-        return go
+    def use(writer: Any, k: int) -> None:
+        with writer.write(batched=True) as tx:
+            if tx.use_confirmation("grant-raced", T, W, 1):
+                won.append(k)
 
-    assert race([use(k) for k in range(6)]) == []
+    assert race(each(writers(target, store, 6), use)) == []
     assert len(won) == 1
 
 
@@ -236,22 +228,18 @@ def check_audit_chains_stay_dense_under_racing_writers_and_readers(target: Any) 
     store = target.open()
     stores = writers(target, store, 3)
 
-    def mutations(k: int) -> Callable[[], None]:
-        def go() -> None:
-            for n in range(15):
-                with stores[k].write(batched=True) as tx:
-                    event(tx, f"a{k}-{n}", tenant=T if n % 2 else OTHER[0], workspace=W if n % 2 else OTHER[1])
-                    tx.append_audit(audit_row(1000 * k + n, tenant=T if n % 2 else OTHER[0],
-                                              workspace=W if n % 2 else OTHER[1]))
-        return go
+    def mutations(writer: Any, k: int) -> None:
+        for n in range(15):
+            tenant, workspace = (T, W) if n % 2 else OTHER
+            with writer.write(batched=True) as tx:
+                event(tx, f"a{k}-{n}", tenant=tenant, workspace=workspace)
+                tx.append_audit(audit_row(1000 * k + n, tenant=tenant, workspace=workspace))
 
-    def reads(k: int) -> Callable[[], None]:
-        def go() -> None:
-            for n in range(40):
-                stores[k].append_audit(audit_row(100_000 + 1000 * k + n))
-        return go
+    def reads(writer: Any, k: int) -> None:
+        for n in range(40):
+            writer.append_audit(audit_row(100_000 + 1000 * k + n))
 
-    assert race([mutations(k) for k in range(3)] + [reads(k) for k in range(3)]) == []
+    assert race(each(stores, mutations) + each(stores, reads)) == []
     with store.read() as tx:
         rows = tx.audit_rows(None, None, 0, None)
         heads = tx.audit_heads()

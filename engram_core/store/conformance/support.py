@@ -4,6 +4,7 @@ threads, waiting, and a journal's own check of its hash chain (the same rules
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import Counter
@@ -133,6 +134,11 @@ def race(workers: list[Callable[[], None]]) -> list[BaseException]:
     for t in threads:
         t.join(120)
     return errors
+
+
+def each(stores: list[Any], work: Callable[[Any, int], None]) -> list[Callable[[], None]]:
+    """One worker per store for ``race``: ``work(store, k)``, ``k`` the store's place in ``stores``."""
+    return [functools.partial(work, s, k) for k, s in enumerate(stores)]
 
 
 def writers(target: Any, store: Any, n: int) -> list[Any]:
