@@ -28,12 +28,18 @@ import hypothesis
 import hypothesis.core
 import pytest
 
+import engram_core.policy.compiled as policy_compiled
 from tests.support import file_costs
 from tests.support.core_engines import DUCKDB, ENGINES, EngineStores
 from tests.support.pg_cluster import Database, PgCluster, PostgresMissing, start_cluster
 
 hypothesis.settings.register_profile("engram", database=None, print_blob=True)
 hypothesis.settings.load_profile("engram")
+
+# A test process opens hundreds of cores over a few bundles in turn (the bundled one, and
+# per-test variants of it, each on both engines): keep a few contents' compiled engines
+# beyond the last one, instead of compiling each again when a test comes back to it.
+policy_compiled.REGISTRY.keep_unheld = 4
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -11,7 +11,8 @@ content under a new revision) shares them instead: each activation holds a refer
 leases whichever engine is free.
 
 Kept: every content some activation holds, and the content activated last even once nobody
-holds it (a core closed and the next one opened over the same bundle, as tests do). Dropped: a
+holds it (a core closed and the next one opened over the same bundle, as tests do), and, where
+the process asks for it (``keep_unheld``), a few more released ones. Dropped: a
 content nobody holds once another has been activated since, so a server that reloads to new
 content keeps one bundle's engines, as before. A dropped content's engines are not closed here:
 a decision that read the active bundle just before a reload may still be about to lease one;
@@ -24,6 +25,7 @@ import hashlib
 import json
 import queue
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -82,6 +84,11 @@ class _Registry:
         self._lock = threading.Lock()
         self._held: dict[str, CompiledBundle] = {}
         self._last: CompiledBundle | None = None
+        # Contents nobody holds, kept beyond the last activated one, most recently released
+        # last. 0 by default: a server keeps only what it serves. A process that opens many
+        # cores over a few bundles in turn (the test suite: tests/conftest.py) keeps a few.
+        self.keep_unheld = 0
+        self._unheld: OrderedDict[str, CompiledBundle] = OrderedDict()
 
     def acquire(self, bundle: Bundle, build: Callable[[], list[OpaEngine]]) -> CompiledBundle:
         """The shared engines for the bundle's content, built by ``build`` if none are kept;
@@ -102,12 +109,16 @@ class _Registry:
 
     def _kept(self, key: str) -> CompiledBundle | None:
         last = self._last
-        return self._held.get(key) or (last if last is not None and last.key == key else None)
+        return (self._held.get(key) or self._unheld.get(key)
+                or (last if last is not None and last.key == key else None))
 
     def _hold(self, compiled: CompiledBundle) -> CompiledBundle:
         compiled.holders += 1
+        self._unheld.pop(compiled.key, None)
         self._held[compiled.key] = compiled
-        self._last = compiled  # the one it replaced, if nobody holds it, goes with its references
+        previous, self._last = self._last, compiled
+        if previous is not None and previous is not compiled and previous.holders == 0:
+            self._keep_released(previous)  # no longer kept as the last one
         return compiled
 
     def release(self, compiled: CompiledBundle) -> None:
@@ -115,7 +126,17 @@ class _Registry:
             compiled.holders -= 1
             if compiled.holders > 0:
                 return
-            self._held.pop(compiled.key, None)  # still kept while it is the last activated
+            self._held.pop(compiled.key, None)
+            if compiled is not self._last:  # the last activated is kept anyway
+                self._keep_released(compiled)
+
+    def _keep_released(self, compiled: CompiledBundle) -> None:
+        """Keep a content nobody holds among the ``keep_unheld`` most recent, or drop it: its
+        engines then close with their last reference."""
+        if self.keep_unheld > 0:
+            self._unheld[compiled.key] = compiled
+            while len(self._unheld) > self.keep_unheld:
+                self._unheld.popitem(last=False)
 
 
 REGISTRY = _Registry()

@@ -107,3 +107,20 @@ def test_activations_racing_on_one_content_all_answer(tmp_path):
     finally:
         for e in engines:
             e.close()
+
+
+def test_a_released_content_is_kept_only_while_last_or_within_keep_unheld(tmp_path, monkeypatch):
+    """A server keeps only what it serves (``keep_unheld`` 0: a content released and then
+    replaced by another is compiled again); the test suite keeps a few (tests/conftest.py)."""
+    built = _counting_builds(monkeypatch)
+    a = _bundle(tmp_path, "a", revision="a")
+    (a / "engram" / "zz_keep_a.rego").write_text("package engram.zz_keep_a\n\nx := 1\n")
+    b = _bundle(tmp_path, "b", revision="b")
+    (b / "engram" / "zz_keep_b.rego").write_text("package engram.zz_keep_b\n\nx := 1\n")
+    for keep, compiled_again in ((0, True), (1, False)):
+        monkeypatch.setattr(embedded.REGISTRY, "keep_unheld", keep)
+        _loaded(a).close()
+        _loaded(b).close()
+        before = len(built)
+        _loaded(a).close()
+        assert (len(built) > before) is compiled_again, keep
