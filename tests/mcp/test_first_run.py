@@ -1,6 +1,13 @@
 """A new user's first five minutes, as the README and `engram init` tell them: init, serve,
 doctor, register the adapter, capture, admit, search; and each misconfiguration a newcomer
-hits explains itself in one line (issue: from clone to a first remembered fact)."""
+hits explains itself in one line (issue: from clone to a first remembered fact).
+
+Every command runs as the newcomer runs it, a process, except where a test only needs what a
+command decides, not how the process shows it: an `engram admin` call that sets up a state,
+a doctor run after a test's first (``tests/support/engram_cli.py``: the console script's function
+in this process), and the adapter's start-up line for the misconfigurations after the first
+(``startup_line``, what `engram mcp` prints first).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.stdio import stdio_client as stdio_client_transport
 from mcp.shared.exceptions import MCPError
 
+from tests.support.engram_cli import run_engram
 from tests.support.mcp_helpers import ENGRAM, REPO, capture_args, free_port, stdio_client, unique, value_of
 
 
@@ -109,25 +117,34 @@ def test_a_scope_the_operator_deactivated_stays_deactivated_at_the_next_serve(tm
     assert _engram("init", "--core", address, cwd=tmp_path).returncode == 0
     serve = _start_serve(tmp_path / "engram-data", address, tmp_path)
     try:
-        off = _engram("admin", "--core", address, "--host-key", "engram-data/host.key", "deactivate",
-                      "--tenant", "local", "--workspace", "default", cwd=tmp_path)
+        off = run_engram("admin", "--core", address, "--host-key", str(tmp_path / "engram-data" / "host.key"),
+                         "deactivate", "--tenant", "local", "--workspace", "default")
         assert off.returncode == 0, off.stderr
     finally:
         serve.terminate()
         serve.wait(timeout=30)
     serve = _start_serve(tmp_path / "engram-data", address, tmp_path)
     try:
-        doctor = _engram("doctor", "--host-config", "host.toml", cwd=tmp_path)
+        doctor = run_engram("doctor", "--host-config", str(tmp_path / "host.toml"))
         assert doctor.returncode == 1 and "the scope is not active" in doctor.stdout
     finally:
         serve.terminate()
         serve.wait(timeout=30)
 
 
-def _adapter_startup_line(config: Path) -> str:
-    proc = subprocess.run([ENGRAM, "mcp", "--host-config", str(config)], cwd=REPO, input="", capture_output=True,
-                          text=True, timeout=60)
-    return proc.stderr
+def _adapter_startup_line(config: Path, *, process: bool = False) -> str:
+    """What `engram mcp` says at start (``process``: its stderr, the process run on an empty stdin);
+    else the line it prints first (``startup_line``) for the config, computed in this process."""
+    if process:
+        proc = subprocess.run([ENGRAM, "mcp", "--host-config", str(config)], cwd=REPO, input="", capture_output=True,
+                              text=True, timeout=60)
+        return proc.stderr
+    from adapters.mcp.config import load_host_config
+    from adapters.mcp.diagnosis import startup_line
+
+    loaded = load_host_config(config)
+    assert loaded.core_address is not None and loaded.signing_key is not None
+    return startup_line(loaded, str(config), loaded.core_address, loaded.signing_key)
 
 
 def test_adapter_says_at_start_why_it_lists_no_tools(first_run: FirstRun, tmp_path: Path) -> None:
@@ -146,7 +163,7 @@ def test_adapter_says_at_start_why_it_lists_no_tools(first_run: FirstRun, tmp_pa
     down.write_text(base.replace(first_run.address, f"127.0.0.1:{free_port()}"))
     assert "no core answers at" in _adapter_startup_line(down)
 
-    ok = _adapter_startup_line(first_run.host_config)
+    ok = _adapter_startup_line(first_run.host_config, process=True)
     assert "local/default as agent:" in ok and "engram_memory_capture" in ok
 
 
@@ -155,7 +172,7 @@ def test_doctor_names_the_fix_for_an_inactive_scope(first_run: FirstRun, tmp_pat
     inactive.write_text(first_run.host_config.read_text()
                         .replace('signing_key = "engram-data/host.key"', f'signing_key = "{first_run.data / "host.key"}"')
                         .replace('workspace = "default"', 'workspace = "beta"'))
-    result = _engram("doctor", "--host-config", str(inactive), cwd=tmp_path)
+    result = run_engram("doctor", "--host-config", str(inactive))
     assert result.returncode == 1
     assert "FAIL" in result.stdout and "activate --tenant local --workspace beta" in result.stdout
 
