@@ -52,9 +52,9 @@ def test_readiness_follows_a_postgresql_outage_and_recovers_without_a_restart(
             noticed = time.monotonic() - stopped
         finally:
             pg_cluster.resume()
-        # The pool retries its connections with a growing back-off (1 s, 2 s, 4 s, ...): the
-        # outage is a few seconds, so one retry comes within a few seconds of the server's start.
-        assert wait_until(lambda: _readiness(running.address) == SERVING, timeout=20), \
+        # The pool retries a connection 1, 3, 7, 15, 31 s after losing it (a doubling back-off):
+        # with the server back within 16 s of its stop, the retry at 31 s at the latest finds it.
+        assert wait_until(lambda: _readiness(running.address) == SERVING, timeout=30), \
             f"readiness did not come back with the store (NOT_SERVING after {noticed:.1f} s)"
         assert ana.get(rid)["record"]["record_id"] == rid
         assert [r["record"]["record_id"] for r in ana.search("godwit")["records"]] == [rid]
