@@ -30,7 +30,7 @@ from engram_core.crypto.sealing import unseal
 from engram_core.services import content_similarity as similarity
 from engram_core.services.ranking import Profile
 from engram_core.services.reading import in_effect
-from engram_core.store.port import Tx
+from engram_core.store.port import LexicalQuery, Tx
 
 SIMILAR_LIMIT = 3  # records opened per channel (lexical, semantic)
 QUERY_TERMS = 128  # the candidate's distinct terms asked of the index, at most
@@ -85,9 +85,10 @@ class ContentSignals:
             # common terms (most of a scope's documents) are what a long query would cost.
             rare = sorted((n, t) for t, n in stats.df.items() if n > 0)[:RARE_TERMS]
             stats = dataclasses.replace(stats, df={t: n for n, t in rare})
-            page = tx.rank_lexical(tenant, workspace, stats, self.profile.weights, k1=self.profile.k1, b=self.profile.b,
-                                   now_ms=now, half_life_ms=self.profile.half_life_ms, lexical_weight=1.0,
-                                   max_accepted_cursor=cursor, best_bm25=None, after=None, limit=SIMILAR_LIMIT)
+            page = tx.rank_lexical(tenant, workspace, LexicalQuery(
+                stats, self.profile.weights, k1=self.profile.k1, b=self.profile.b, now_ms=now,
+                half_life_ms=self.profile.half_life_ms, lexical_weight=1.0, max_accepted_cursor=cursor,
+                best_bm25=None, after=None, limit=SIMILAR_LIMIT))
             for hit in page.rows[:SIMILAR_LIMIT]:
                 found.setdefault(hit[0], None)
         embedder = getattr(self.core, "embedder", None)

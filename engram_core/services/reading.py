@@ -39,7 +39,7 @@ from engram_core.services.ranking import (
     semantic_v6,
 )
 from engram_core.services.timeq import TimeWindow, parse_time, proximity
-from engram_core.store.port import LexicalStats, RecordRow, ScopeRow, SharedPin, Tx
+from engram_core.store.port import LexicalQuery, LexicalStats, RecordRow, ScopeRow, SharedPin, Tx
 from engram_core.trust.hostctx import BoundContext
 
 DEFAULT_LIMIT = 10
@@ -451,12 +451,12 @@ class ReadService:
         assert pin.lexical_stats is not None
         if lexical_weight is None:
             lexical_weight = profile.lexical_weight if pin.window is None else 1 - profile.time_weight
-        return tx.rank_lexical(
-            ctx.tenant, ctx.workspace, pin.lexical_stats, profile.weights, k1=profile.k1, b=profile.b,
+        return tx.rank_lexical(ctx.tenant, ctx.workspace, LexicalQuery(
+            pin.lexical_stats, profile.weights, k1=profile.k1, b=profile.b,
             now_ms=pin.valid_as_of, half_life_ms=profile.half_life_ms, lexical_weight=lexical_weight,
             max_accepted_cursor=pin.system_as_of, best_bm25=best_bm25, after=after, limit=limit, window=pin.window,
             neighbours=profile.neighbours.args() if profile.neighbours else None,
-        )
+        ))
 
 
 def _spliced(packet: dict[str, Any], payload: Canonical | None, redaction: Redaction) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from engram_core.store.chain import event_digest_of
 from engram_core.store.changes import RecordRowChanged, RecordStateChanged
 from engram_core.store.engine import EngineCapabilities, EngineTx, TxEffects
 from engram_core.store.kernel_projections import ProjectionMaintenance
-from engram_core.store.port import AuditRow, Event, LexicalPage, LexicalStats, RecordRow
+from engram_core.store.port import AuditRow, Event, LexicalPage, LexicalQuery, LexicalStats, RecordRow
 from engram_core.store.search_index import SearchIndex
 from engram_core.store.tx_delegation import EngineTxDelegation
 
@@ -166,17 +166,10 @@ class KernelTx(ProjectionMaintenance, EngineTxDelegation):
         with self._kernel.search_index((tenant, workspace)) as index:
             return index.stats(tenant, workspace, terms)
 
-    def rank_lexical(
-        self, tenant: str, workspace: str, stats: LexicalStats, weights: dict[str, float], *, k1: float, b: float,
-        now_ms: int, half_life_ms: int, lexical_weight: float, max_accepted_cursor: int,
-        best_bm25: float | None, after: tuple[float, int, str] | None, limit: int,
-        window: tuple[int, int] | None = None, neighbours: tuple[int, float, int, int] | None = None,
-    ) -> LexicalPage:
+    def rank_lexical(self, tenant: str, workspace: str, query: LexicalQuery) -> LexicalPage:
         """BM25F ranking of the scope's eligible records (see ``SearchIndex.rank``)."""
         with self._kernel.search_index((tenant, workspace)) as index:
-            return index.rank(tenant, workspace, stats, weights, k1=k1, b=b, now_ms=now_ms, half_life_ms=half_life_ms,
-                              lexical_weight=lexical_weight, max_accepted_cursor=max_accepted_cursor,
-                              best_bm25=best_bm25, after=after, limit=limit, window=window, neighbours=neighbours)
+            return index.rank(tenant, workspace, query)
 
     def rank_vectors(
         self, tenant: str, workspace: str, model: str, vector: list[float], *, now_ms: int,

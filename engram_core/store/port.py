@@ -142,6 +142,31 @@ class LexicalStats:
 
 
 @dataclass(frozen=True)
+class LexicalQuery:
+    """One BM25F ranking of a scope's records (``SearchIndex.rank``, through ``Tx.rank_lexical``):
+    the pinned statistics, the profile's field weights and BM25 parameters, the instant and the
+    journal cursor eligibility is read at, and the page. ``best_bm25`` None: normalize to this
+    snapshot's best hit and report it (a first page); later pages pass the pinned value and
+    ``after``, the previous page's last (score, valid_t, record_id). ``window``: a valid-time
+    window the query named, closeness to which replaces recency. ``neighbours`` (span, weight,
+    within_ms, session_ms): what each record's best eligible neighbour lends its BM25."""
+
+    stats: LexicalStats
+    weights: dict[str, float]
+    k1: float
+    b: float
+    now_ms: int
+    half_life_ms: int
+    lexical_weight: float
+    max_accepted_cursor: int
+    best_bm25: float | None
+    after: tuple[float, int, str] | None
+    limit: int
+    window: tuple[int, int] | None = None
+    neighbours: tuple[int, float, int, int] | None = None
+
+
+@dataclass(frozen=True)
 class LexicalPage:
     """One page of lexical ranking: eligible candidate count, (record_id, score, valid_t) rows,
     and the best BM25 of the snapshot the scores are normalized to (with what neighbours lend);
@@ -362,13 +387,8 @@ class Tx(Protocol):
     def lexical_stats(self, tenant: str, workspace: str, terms: list[int]) -> LexicalStats:
         """BM25 statistics of ``terms`` in the scope (search pins them with its first page)."""
         ...
-    def rank_lexical(
-        self, tenant: str, workspace: str, stats: LexicalStats, weights: dict[str, float], *, k1: float, b: float,
-        now_ms: int, half_life_ms: int, lexical_weight: float, max_accepted_cursor: int,
-        best_bm25: float | None, after: tuple[float, int, str] | None, limit: int,
-        window: tuple[int, int] | None = None, neighbours: tuple[int, float, int, int] | None = None,
-    ) -> LexicalPage:
-        """BM25F ranking of the scope's records eligible at ``now_ms`` (``SearchIndex.rank``)."""
+    def rank_lexical(self, tenant: str, workspace: str, query: LexicalQuery) -> LexicalPage:
+        """BM25F ranking of the scope's records eligible at ``query.now_ms`` (``SearchIndex.rank``)."""
         ...
     def rank_vectors(
         self, tenant: str, workspace: str, model: str, vector: list[float], *, now_ms: int,

@@ -7,6 +7,7 @@ import pytest
 
 from engram_core.rpc.server import RunningCore
 from engram_core.services.lexical import analyze
+from engram_core.store.port import LexicalQuery
 from engram_core.store.postgres.engine import PostgresEngine
 from engram_core.store.projection import Projection, open_projection
 from engram_core.store.search_index import FIELDS
@@ -144,9 +145,9 @@ def test_index_kept_by_commits_ranks_as_one_rebuilt_from_the_database(core: Runn
     def ranked() -> tuple:
         with core.core.store.read() as tx:
             stats = tx.lexical_stats("acme", "alpha", query)
-            page = tx.rank_lexical("acme", "alpha", stats, {"primary": 3.0, "context": 1.0}, k1=1.2, b=0.75,
-                                   now_ms=now, half_life_ms=86_400_000, lexical_weight=0.85,
-                                   max_accepted_cursor=2**62, best_bm25=None, after=None, limit=50)
+            page = tx.rank_lexical("acme", "alpha", LexicalQuery(
+                stats, {"primary": 3.0, "context": 1.0}, k1=1.2, b=0.75, now_ms=now, half_life_ms=86_400_000,
+                lexical_weight=0.85, max_accepted_cursor=2**62, best_bm25=None, after=None, limit=50))
             near = []
             if core.core.embedder is not None:
                 near = tx.rank_vectors("acme", "alpha", core.core.embedder.model_id,

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from engram_core.store import search_index
 from engram_core.store.changes import RecordIndexed, RecordUnindexed
-from engram_core.store.port import RecordRow
+from engram_core.store.port import LexicalQuery, RecordRow
 from engram_core.store.search_index import FIELD_CODE, FIELDS, Posting, RecordMeta, SearchIndex
 
 WEIGHTS = {"primary": 3.0, "decision": 2.0, "evidence": 1.5, "context": 1.0, "citations": 0.5}
@@ -96,8 +96,9 @@ def _ranked(index: SearchIndex, query: list[int], weights: dict[int, float], lim
 
     stats = index.stats("t", "w", query)
     stats = dataclasses.replace(stats, weights={t: w for t, w in weights.items() if t in stats.df})
-    return index.rank("t", "w", stats, WEIGHTS, k1=K1, b=B, now_ms=NOW, half_life_ms=HALF_LIFE, lexical_weight=LW,
-                      max_accepted_cursor=10**9, best_bm25=None, after=None, limit=limit)
+    return index.rank("t", "w", LexicalQuery(stats, WEIGHTS, k1=K1, b=B, now_ms=NOW, half_life_ms=HALF_LIFE,
+                                             lexical_weight=LW, max_accepted_cursor=10**9, best_bm25=None,
+                                             after=None, limit=limit))
 
 
 @settings(max_examples=80, deadline=None)

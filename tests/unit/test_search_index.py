@@ -21,7 +21,7 @@ from engram_core.store.changes import (
     ScopeProjectionsDropped,
     VectorIndexed,
 )
-from engram_core.store.port import RecordRow
+from engram_core.store.port import LexicalQuery, RecordRow
 from engram_core.store.search_index import FIELDS, Posting, RecordMeta, SearchIndex
 
 if TYPE_CHECKING:
@@ -125,8 +125,9 @@ def _rank(index: SearchIndex, query: list[int], max_cursor: int, *, after=None, 
     stats = index.stats("t", "w", query)
     if qweights:
         stats = dataclasses.replace(stats, weights={t: w for t, w in qweights.items() if t in stats.df})
-    return index.rank("t", "w", stats, WEIGHTS, k1=K1, b=B, now_ms=NOW, half_life_ms=HALF_LIFE, lexical_weight=LW,
-                      max_accepted_cursor=max_cursor, best_bm25=best, after=after, limit=limit, neighbours=neighbours)
+    return index.rank("t", "w", LexicalQuery(stats, WEIGHTS, k1=K1, b=B, now_ms=NOW, half_life_ms=HALF_LIFE,
+                                             lexical_weight=LW, max_accepted_cursor=max_cursor, best_bm25=best,
+                                             after=after, limit=limit, neighbours=neighbours))
 
 
 NEIGHBOURS = st.one_of(st.none(), st.tuples(st.integers(1, 3), st.sampled_from([0.5, 1.0]),
@@ -214,9 +215,9 @@ def test_a_first_page_scored_from_the_best_raw_bm25s_is_the_whole_ranking_s_firs
         search_index.tuning.PRUNE_FROM = prune_from
         try:
             stats = index.stats("t", "w", [1])
-            return index.rank("t", "w", stats, WEIGHTS, k1=K1, b=B, now_ms=NOW, half_life_ms=HALF_LIFE,
-                              lexical_weight=LW, max_accepted_cursor=n + 1, best_bm25=None, after=None, limit=limit,
-                              window=window, neighbours=neighbours)
+            return index.rank("t", "w", LexicalQuery(stats, WEIGHTS, k1=K1, b=B, now_ms=NOW, half_life_ms=HALF_LIFE,
+                                                     lexical_weight=LW, max_accepted_cursor=n + 1, best_bm25=None,
+                                                     after=None, limit=limit, window=window, neighbours=neighbours))
         finally:
             search_index.tuning.PRUNE_FROM = saved
 

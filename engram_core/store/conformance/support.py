@@ -13,7 +13,7 @@ from typing import Any
 
 from engram_core.contract.tools import SEARCH_TOOL
 from engram_core.store.chain import GENESIS, event_digest_of
-from engram_core.store.port import AuditRow, CandidateRow, Event, RecordRow, ScopeRow
+from engram_core.store.port import AuditRow, CandidateRow, Event, LexicalQuery, RecordRow, ScopeRow
 
 T, W = "acme", "alpha"
 OTHER = ("globex", "beta")
@@ -111,8 +111,9 @@ def admit_journaled(store: Any, rid: str, terms: list[int], *, event_id: str, at
 def search(store: Any, terms: list[int], *, tenant: str = T, workspace: str = W) -> list[str]:
     with store.read(snapshot=False) as tx:
         stats = tx.lexical_stats(tenant, workspace, terms)
-        page = tx.rank_lexical(tenant, workspace, stats, WEIGHTS, k1=1.2, b=0.75, now_ms=10, half_life_ms=1000,
-                               lexical_weight=0.85, max_accepted_cursor=2**62, best_bm25=None, after=None, limit=50)
+        page = tx.rank_lexical(tenant, workspace, LexicalQuery(
+            stats, WEIGHTS, k1=1.2, b=0.75, now_ms=10, half_life_ms=1000, lexical_weight=0.85,
+            max_accepted_cursor=2**62, best_bm25=None, after=None, limit=50))
     return [r[0] for r in page.rows]
 
 

@@ -19,7 +19,7 @@ from engram_core.store.changes import (
     VectorIndexed,
 )
 from engram_core.store.fields import FIELD_CODE, FIELDS
-from engram_core.store.port import LexicalPage, LexicalStats, RecordRow
+from engram_core.store.port import LexicalPage, LexicalQuery, LexicalStats, RecordRow
 from engram_core.store.search_index.columns import RecordMeta
 from engram_core.store.search_index.postings import Scope, add_layers
 from engram_core.store.search_index.ranking import first_page, lexical_score, top
@@ -141,32 +141,26 @@ class SearchIndex:
         df = {t: n for t, n in zip(unique, scope.dfs(unique), strict=True) if n > 0}
         return LexicalStats(docs=scope.docs, avg_len=avg, df=df)
 
-    def rank(
-        self, tenant: str, workspace: str, stats: LexicalStats, weights: dict[str, float], *, k1: float, b: float,
-        now_ms: int, half_life_ms: int, lexical_weight: float, max_accepted_cursor: int,
-        best_bm25: float | None, after: tuple[float, int, str] | None, limit: int,
-        window: tuple[int, int] | None = None, neighbours: tuple[int, float, int, int] | None = None,
-    ) -> LexicalPage:
-        """BM25F-style ranking (SPEC §11) of records eligible at ``now_ms``, with pinned statistics.
+    def rank(self, tenant: str, workspace: str, query: LexicalQuery) -> LexicalPage:
+        """BM25F-style ranking (SPEC §11) of records eligible at ``query.now_ms``, with pinned
+        statistics (``LexicalQuery`` says what each part of the query means).
 
         Scores are ``lexical_weight * bm25 / best_bm25 + (1 - lexical_weight) * recency``,
         rounded to 1e-9 so that the same inputs give the same order on every page; rows are
         ordered by score desc, valid_t desc, record_id asc, strictly after ``after`` when
-        paging. ``best_bm25`` None means: normalize to this snapshot's best eligible hit and
-        report it (first page); later pages pass the pinned value. Records accepted, or
-        changed state, after ``max_accepted_cursor`` are not candidates. ``window`` (a valid-time
-        window the query named) replaces recency by closeness to it (``timeq.proximity``).
-        ``neighbours`` (span, weight, within_ms, session_ms): each eligible record's BM25 gains
-        ``weight`` times its best eligible neighbour's (``Columns.lend``), so the neighbours of
-        matches are candidates too.
+        paging. Records accepted, or changed state, after ``max_accepted_cursor`` are not
+        candidates. ``window`` replaces recency by closeness to it (``timeq.proximity``);
+        ``neighbours`` make the neighbours of matches candidates too (``Columns.lend``).
         """
+        stats, best_bm25, after, limit = query.stats, query.best_bm25, query.after, query.limit
+        now_ms, window, neighbours, lexical_weight = query.now_ms, query.window, query.neighbours, query.lexical_weight
         scope = self._scopes.get((tenant, workspace))
         # A term's weight in the query (1, or the thesaurus's for a related term) times its IDF.
         idf = [(t, stats.weights.get(t, 1.0) * math.log(1 + (stats.docs - n + 0.5) / (n + 0.5)))
                for t, n in sorted(stats.df.items()) if n > 0]
         weight = np.zeros(len(FIELDS))
         inv_avg = np.zeros(len(FIELDS))
-        for name, w in weights.items():
+        for name, w in query.weights.items():
             avg = stats.avg_len.get(name)
             if avg and name in FIELD_CODE:
                 weight[FIELD_CODE[name]], inv_avg[FIELD_CODE[name]] = w, 1.0 / avg
@@ -174,7 +168,7 @@ class SearchIndex:
             return LexicalPage(0, [], best_bm25 or 0.0)
         cols = scope.columns
         terms = [layers for term, term_idf in idf
-                 if (layers := scope.contribution(term, weight, inv_avg, k1, b, term_idf)) is not None]
+                 if (layers := scope.contribution(term, weight, inv_avg, query.k1, query.b, term_idf)) is not None]
         if not terms:
             return LexicalPage(0, [], best_bm25 or 0.0)
         # Each term's contributions added in place, in term order (``add_layers``): a document's
@@ -183,7 +177,7 @@ class SearchIndex:
         bm25 = np.zeros(cols.n)
         for layers in terms:
             add_layers(bm25, layers)
-        eligible = cols.eligible(now_ms=now_ms, max_cursor=max_accepted_cursor)
+        eligible = cols.eligible(now_ms=now_ms, max_cursor=query.max_accepted_cursor)
         own = bm25
         if neighbours is not None:
             bm25 = cols.lend(bm25, eligible, *neighbours)
@@ -199,7 +193,7 @@ class SearchIndex:
             """The scores and valid times of the hits ``at`` selects."""
             vt = cols.valid_t[hit[at]]
             if window is None:
-                recency = np.exp2(np.maximum(now_ms - vt, 0) / -float(half_life_ms))  # 0.5 ** age; np.power is 5x slower
+                recency = np.exp2(np.maximum(now_ms - vt, 0) / -float(query.half_life_ms))  # 0.5 ** age; np.power is 5x slower
             else:  # the query named a time (services/timeq.py): closeness to its window instead of recency
                 start, end = window
                 scale = float(max(end - start, 7 * 86_400_000))
