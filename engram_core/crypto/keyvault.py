@@ -159,13 +159,26 @@ class KeyVault(Protocol):
 
 
 class KeyedRecord(Protocol):
-    """What ``record_data_keys`` reads of a record row: its id and the ref its key is at."""
+    """What ``record_data_key(s)`` read of a record row: its id and the ref its key is at."""
 
     @property
     def record_id(self) -> str: ...
 
     @property
     def key_slot(self) -> int | None: ...
+
+
+class OpensDataKeys(Protocol):
+    """A vault as ``record_data_key`` uses it: the store's view (``projection.DataKeys``) will do."""
+
+    def data_key(self, ref: int, owner: str, /) -> bytes | None: ...
+
+
+def record_data_key(vault: OpensDataKeys, record: KeyedRecord) -> bytes | None:
+    """The live data key of one record; None when it names no ref or its key is destroyed."""
+    if record.key_slot is None:
+        return None
+    return vault.data_key(int(record.key_slot), f"record:{record.record_id}")
 
 
 def record_data_keys(vault: KeyVault, records: Iterable[KeyedRecord], *,

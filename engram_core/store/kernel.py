@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engram_core.contract.errors import Code, EngramError
-from engram_core.crypto.keyvault import KeyVault, WrappedKey, record_data_keys
+from engram_core.crypto.keyvault import KeyVault, WrappedKey, record_data_key, record_data_keys
 from engram_core.store.audit_spool import AuditSpool
 from engram_core.store.chain import audit_doc, chain_heads, new_writer_chain, scope_chain
 from engram_core.store.changes import (
@@ -654,9 +654,7 @@ class StoreKernel:
     def _record_key(self, rec: RecordRow) -> bytes | None:
         if self._keys is None:
             raise EngramError(Code.STORE_UNAVAILABLE, "search projections need the key vault")
-        if rec.key_slot is None:
-            return None
-        return self._keys.data_key(int(rec.key_slot), f"record:{rec.record_id}")
+        return record_data_key(self._keys, rec)
 
     def _record_keys(self, recs: list[RecordRow], *, stored: Mapping[int, WrappedKey] | None = None) -> dict[str, bytes]:
         """The data keys of many records at once, by record id (one vault read where it is remote,

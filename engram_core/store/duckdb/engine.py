@@ -29,6 +29,7 @@ from typing import Any
 import duckdb
 
 from engram_core.contract.errors import Code, EngramError
+from engram_core.crypto.keyvault import record_data_key
 from engram_core.observability import tracing
 from engram_core.store.audit_spool import SPOOL_NAME
 from engram_core.store.chain import GENESIS, chain_of
@@ -235,9 +236,7 @@ class DuckDBEngine(HeldHooks):
         """Migration 6 only: the record's data key from the vault the engine was opened with."""
         if self._keys is None:
             raise EngramError(Code.STORE_UNAVAILABLE, "migration 6 needs the key vault")
-        if rec.key_slot is None:
-            return None
-        return self._keys.data_key(int(rec.key_slot), f"record:{rec.record_id}")
+        return record_data_key(self._keys, rec)
 
     def migrate(self) -> list[int]:
         """Re-verify the ledger and apply pending migrations, serialized with writers."""
