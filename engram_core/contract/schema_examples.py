@@ -66,6 +66,10 @@ def _citation(cid: str, source_ref: str, scheme: str, value: str, digest_hex: st
     return citation
 
 
+def _component(component_id: str, kind: str, text: str, *citation_ids: str) -> dict[str, Any]:
+    return {"component_id": component_id, "kind": kind, "text": text, "citation_ids": list(citation_ids)}
+
+
 def _capture(key: str, *, t: int, event_type: str, primary: str, components: list[dict[str, Any]],
              citations: list[dict[str, Any]], evidence_ref: str, evidence_digest_hex: str) -> dict[str, Any]:
     cited = sorted({cid for comp in components for cid in comp["citation_ids"]})
@@ -100,15 +104,15 @@ CAPTURE_EXAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
             event_type="event:decision-made",
             primary="decision",
             components=[
-                {"component_id": "decision", "kind": "decision",
-                 "text": "The store is one DuckDB file written by exactly one core process; other "
-                         "processes talk to that core over gRPC.",
-                 "citation_ids": ["adr-0007"]},
-                {"component_id": "reason", "kind": "context",
-                 "text": "Reason: DuckDB allows one writer per file, and a single writer keeps the "
-                         "journal and the audit chain in one order. PostgreSQL was considered and "
-                         "deferred until several cores must share a store.",
-                 "citation_ids": ["adr-0007"]},
+                _component("decision", "decision",
+                           "The store is one DuckDB file written by exactly one core process; other "
+                           "processes talk to that core over gRPC.",
+                           "adr-0007"),
+                _component("reason", "context",
+                           "Reason: DuckDB allows one writer per file, and a single writer keeps the "
+                           "journal and the audit chain in one order. PostgreSQL was considered and "
+                           "deferred until several cores must share a store.",
+                           "adr-0007"),
             ],
             citations=[_citation("adr-0007", "repo:engram/docs/adr/0007-duckdb-single-writer.md", "path",
                                  "docs/adr/0007-duckdb-single-writer.md",
@@ -127,10 +131,10 @@ CAPTURE_EXAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
             event_type="event:fact-verified",
             primary="fact",
             components=[
-                {"component_id": "fact", "kind": "evidence",
-                 "text": "The core refuses gRPC messages larger than 8 MiB (MAX_MESSAGE_BYTES in "
-                         "engram_core/rpc/server.py).",
-                 "citation_ids": ["server-py"]},
+                _component("fact", "evidence",
+                           "The core refuses gRPC messages larger than 8 MiB (MAX_MESSAGE_BYTES in "
+                           "engram_core/rpc/server.py).",
+                           "server-py"),
             ],
             citations=[_citation("server-py", "repo:engram@abee8eb", "path", "engram_core/rpc/server.py",
                                  "2ab5356a60a8952b0417de35a30876e94ef75220b65f1f06e9d264c484d48f8e",
@@ -148,17 +152,17 @@ CAPTURE_EXAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
             event_type="event:problem-fixed",
             primary="fix",
             components=[
-                {"component_id": "symptom", "kind": "context",
-                 "text": "Problem: the crash test failed with NOT_FOUND now and then. A forget killed "
-                         "in flight may have committed although its reply was lost.",
-                 "citation_ids": ["issue-15"]},
-                {"component_id": "fix", "kind": "decision",
-                 "text": "Fix: the harness treats an unacknowledged forget as possibly done and accepts "
-                         "either outcome for that record.",
-                 "citation_ids": ["issue-15", "crash-test"]},
-                {"component_id": "verified", "kind": "evidence",
-                 "text": "Verified: the crash test passed 50 runs in a row after the change.",
-                 "citation_ids": ["crash-test"]},
+                _component("symptom", "context",
+                           "Problem: the crash test failed with NOT_FOUND now and then. A forget killed "
+                           "in flight may have committed although its reply was lost.",
+                           "issue-15"),
+                _component("fix", "decision",
+                           "Fix: the harness treats an unacknowledged forget as possibly done and accepts "
+                           "either outcome for that record.",
+                           "issue-15", "crash-test"),
+                _component("verified", "evidence",
+                           "Verified: the crash test passed 50 runs in a row after the change.",
+                           "crash-test"),
             ],
             citations=[
                 _citation("issue-15", "tracker:engram/issues/15", "issue", "15",
@@ -180,13 +184,13 @@ CAPTURE_EXAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
             event_type="event:convention-adopted",
             primary="rule",
             components=[
-                {"component_id": "rule", "kind": "decision",
-                 "text": "Convention: a test is named after the behaviour it proves, for example "
-                         "test_forget_removes_postings_in_same_transaction.",
-                 "citation_ids": ["style"]},
-                {"component_id": "applies", "kind": "context",
-                 "text": "Applies to every test under tests/; test files mirror the package tree.",
-                 "citation_ids": ["style"]},
+                _component("rule", "decision",
+                           "Convention: a test is named after the behaviour it proves, for example "
+                           "test_forget_removes_postings_in_same_transaction.",
+                           "style"),
+                _component("applies", "context",
+                           "Applies to every test under tests/; test files mirror the package tree.",
+                           "style"),
             ],
             citations=[_citation("style", "repo:engram/STYLE.md", "path", "STYLE.md",
                                  "a9b19ccf73804266933b0f0982056b16d07441283428ccd959f9116d352a635a")],
@@ -203,14 +207,14 @@ CAPTURE_EXAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
             event_type="event:hand-off",
             primary="state",
             components=[
-                {"component_id": "state", "kind": "context",
-                 "text": "Hand-off: store v2 is designed (issue 14) but not started; the Store port is "
-                         "the only seam it needs.",
-                 "citation_ids": ["issue-14"]},
-                {"component_id": "next", "kind": "decision",
-                 "text": "Next: the storage owner implements PostgreSQL behind the Store port; "
-                         "nothing else changes.",
-                 "citation_ids": ["issue-14"]},
+                _component("state", "context",
+                           "Hand-off: store v2 is designed (issue 14) but not started; the Store port is "
+                           "the only seam it needs.",
+                           "issue-14"),
+                _component("next", "decision",
+                           "Next: the storage owner implements PostgreSQL behind the Store port; "
+                           "nothing else changes.",
+                           "issue-14"),
             ],
             citations=[_citation("issue-14", "tracker:engram/issues/14", "issue", "14",
                                  "4a6b8c0d2e4f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9")],
@@ -259,8 +263,7 @@ SCHEMA_CAPTURE_EXAMPLE: dict[str, Any] = _capture(
     t=_T0,
     event_type="event:decision-made",
     primary="d",
-    components=[{"component_id": "d", "kind": "decision", "text": "The store is one DuckDB file with one writer.",
-                 "citation_ids": ["adr"]}],
+    components=[_component("d", "decision", "The store is one DuckDB file with one writer.", "adr")],
     citations=[_citation("adr", "repo:engram", "path", "docs/adr/0007.md",
                          "367b2ee17dcac6bb6a53a3ef0c2b60a016ea705eed3b6da7e5845e03020c4a7e")],
     evidence_ref="evidence:adr-0007",
