@@ -75,9 +75,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IssuerWorld]:
         activate(core, "globex", WORKSPACE)
         jwt_url = f"http://127.0.0.1:{free_port()}/mcp"
         idp = start_idp(directory, resources={jwt_url: {"scope": SCOPES, "format": "jwt"}})
+        bundle = binding_bundle(directory, idp.issuer)
         write_config(directory / "jwt.toml", address=core.address, signing_key=core.host_key_path,
-                     extra=f'[http.oauth]\nissuer = "{idp.issuer}"\npolicies = "{binding_bundle(directory, idp.issuer)}"'
-                           "\nclock_skew_s = 5")
+                     extra=f'[http.oauth]\nissuer = "{idp.issuer}"\npolicies = "{bundle}"\nclock_skew_s = 5')
         yield IssuerWorld(core=core, idp=idp, directory=directory)
     finally:
         if idp is not None:

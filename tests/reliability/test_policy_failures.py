@@ -62,7 +62,7 @@ def health(c: Client) -> tuple[str, int]:
     return ours, std
 
 
-def wait_health(c: Client, want: str, timeout: float = 15) -> None:
+def wait_health(c: Client, want: str, timeout: float = 10) -> None:
     std_want = health_pb2.HealthCheckResponse.SERVING if want == "SERVING" else health_pb2.HealthCheckResponse.NOT_SERVING
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -101,7 +101,8 @@ def every_operation_fails_closed(c: Client, cid: str, rid: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def module_opa_core(module_stores: EngineStores, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KnobServer, Any]]:
+def module_opa_core(module_stores: EngineStores,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KnobServer, Any]]:
     from tests.support.reliability_crash import activate_scope
 
     with KnobServer(default_policies_dir(), delay_s=2.5) as server:
