@@ -4,14 +4,15 @@ leaves every value it does not handle to ParseDict (same result or same error)."
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
 from google.protobuf import json_format
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis_jsonschema import from_schema
 
-from engram_core.api import memory_pb2
+from engram_core.api import host_pb2, memory_pb2
 from engram_core.contract.schemas import INPUT_SCHEMAS
 from engram_core.rpc.convert import value_to_message
 
@@ -110,3 +111,75 @@ def test_validated_arguments_by_constructor_match_the_direct_fill(tool: str) -> 
 def test_a_response_the_constructor_refuses_is_converted_as_before() -> None:
     value = {"records": [{"rank": 1.0, "score": 1}], "rank_receipt": {"candidate_count": 0}}  # a float rank
     assert _by_constructor(value, memory_pb2.SearchResponse) == _fast(value, memory_pb2.SearchResponse)
+
+
+def _listfields_walk(msg: Any) -> dict[str, Any]:
+    """message_to_value as it was: a walk over ListFields, the lists SPEC §5 requires added at
+    the end in declaration order. The generated converters must give the same keys in the same
+    order (the adapter's text block and structuredContent keep it)."""
+    out: dict[str, Any] = {}
+    for field, value in msg.ListFields():
+        if field.type == field.TYPE_MESSAGE:
+            out[field.name] = [_listfields_walk(v) for v in value] if field.is_repeated else _listfields_walk(value)
+        else:
+            out[field.name] = list(value) if field.is_repeated else value
+    for field in msg.DESCRIPTOR.fields:
+        if field.is_repeated and field.name in ("records", "redacted_fields", "family_refs") and field.name not in out:
+            out[field.name] = []
+    return out
+
+
+def _converted(value: Any, cls: Any) -> Any:
+    """The message of a drawn value. Where a schema is open (extra members) and the message closed,
+    the extras are dropped: most drawn replies have some, and the message is what is compared."""
+    try:
+        return json_format.ParseDict(value, cls(), ignore_unknown_fields=True)
+    except json_format.ParseError:  # rare: a drawn value the message cannot hold at all
+        assume(False)
+
+
+def _same_value(msg: Any) -> None:
+    from engram_core.rpc.convert import message_to_value
+
+    # JSON text compares key order, and tells -0.0 from 0.0 and 1 from 1.0 and True.
+    assert json.dumps(message_to_value(msg)) == json.dumps(_listfields_walk(msg))
+
+
+@pytest.mark.parametrize("tool", sorted(RESPONSES))
+def test_message_to_value_matches_the_listfields_walk_on_responses(tool: str) -> None:
+    """What the adapter turns into structuredContent: every reply a tool's output schema allows."""
+    from engram_core.contract.schemas import OUTPUT_VALUES
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(from_schema(OUTPUT_VALUES[tool]))
+    def check(value: Any) -> None:
+        _same_value(_converted(value, RESPONSES[tool]))
+
+    check()
+
+
+@pytest.mark.parametrize("tool", sorted(REQUESTS))
+def test_message_to_value_matches_the_listfields_walk_on_requests(tool: str) -> None:
+    """What the core turns into arguments: every request the input schema allows."""
+    @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(from_schema(copy.deepcopy(INPUT_SCHEMAS[tool])))
+    def check(value: Any) -> None:
+        _same_value(_converted(value, REQUESTS[tool]))
+
+    check()
+
+
+@pytest.mark.parametrize("msg", [
+    memory_pb2.SearchResponse(),  # the required empty list, added
+    memory_pb2.SearchResponse(records=[memory_pb2.RecordPacket(score=-0.0), memory_pb2.RecordPacket(score=0.0, rank=0)]),
+    memory_pb2.SearchResponse(rank_receipt={}),  # an empty sub-message keeps its presence
+    host_pb2.HealthResponse(),  # fields without presence: none listed at zero
+    host_pb2.HealthResponse(status="ok", store_open=True, audit_devices=3, last_anchor_at_ms=-1),
+    host_pb2.AuthorizationEpochResponse(authorization_epoch=2**63 + 1),
+    host_pb2.IssueConfirmationResponse(signed_grant=b"\x00", grant_id="g"),
+])
+def test_message_to_value_matches_the_listfields_walk_on_edges(msg: Any) -> None:
+    from engram_core.rpc.convert import message_to_value
+
+    # repr: bytes are not JSON, and it too shows key order, -0.0, and 1 against 1.0 and True.
+    assert repr(message_to_value(msg)) == repr(_listfields_walk(msg))
