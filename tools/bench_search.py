@@ -40,6 +40,7 @@ from agent import DAY_MS, PURPOSE, Agent, now_ms  # noqa: E402
 
 from engram_core.app.composition import RunningCore, start_core  # noqa: E402
 from engram_core.contract.canonical import canonical_json  # noqa: E402
+from engram_core.contract.scope import Scope
 from engram_core.crypto.sealing import seal  # noqa: E402
 from engram_core.services.core import record_id_of  # noqa: E402
 from engram_core.services.lexical import record_fields  # noqa: E402
@@ -85,7 +86,7 @@ def bulk_load(running: RunningCore, n: int, *, distinct: int, batch: int, seed: 
             vectors += core.embedder.embed_batch(pool[i:i + 64])
     t0 = time.perf_counter()
     with core.store.read() as tx:
-        cursor = tx.scope(TENANT, WORKSPACE).last_cursor  # type: ignore[union-attr]
+        cursor = tx.scope(Scope(TENANT, WORKSPACE)).last_cursor  # type: ignore[union-attr]
     now = now_ms()
     session_start = 0
     for start in range(0, n, batch):
@@ -118,8 +119,8 @@ def bulk_load(running: RunningCore, n: int, *, distinct: int, batch: int, seed: 
                     captured_at_ms=eff["valid_time"]["t"] if session else now))
                 tx.put_data_key(f"record:{rid}", slot, now)
                 vector = (core.embedder.model_id, vectors[k]) if vectors is not None else None  # type: ignore[union-attr]
-                tx.index_record(TENANT, WORKSPACE, rid, fields, vector)
-            head = tx.scope(TENANT, WORKSPACE).last_event_digest  # type: ignore[union-attr]
+                tx.index_record(Scope(TENANT, WORKSPACE), rid, fields, vector)
+            head = tx.scope(Scope(TENANT, WORKSPACE)).last_event_digest  # type: ignore[union-attr]
         # Moving the journal head past raw rows is the engine's, not the store port's (issue 62).
         with core.store.engine.write(effects=TxEffects()) as etx:  # type: ignore[attr-defined]
             etx.set_scope_head(TENANT, WORKSPACE, cursor, head)

@@ -26,12 +26,12 @@ def activate_first_scope(core: Core, data_dir: Path, host_key_path: Path) -> str
     if scope is None:
         return None
     with core.store.read() as tx:
-        if tx.scope(scope.tenant, scope.workspace) is not None:
+        if tx.scope(scope) is not None:
             return None
     signed = make_context(load_private_key_file(host_key_path), call=ADMIN_CALL, tenant="_host", workspace="_admin",
                           principal=FIRST_SERVE_PRINCIPAL, agent_id="engram-serve", session="first-serve",
                           now_ms=time.time_ns() // 1_000_000, host_principal=True,
                           maintenance_scopes=("read", "maintain"), memory_enabled=False)
     ctx = verify_context(signed, core.trusted, now_ms=core.now_ms())
-    AdminServiceCore(core).activate(ctx, scope.tenant, scope.workspace, [], activated=True)
-    return f"{scope.tenant}/{scope.workspace}"
+    AdminServiceCore(core).activate(ctx, scope, [], activated=True)
+    return str(scope)

@@ -21,8 +21,9 @@ import secrets
 import shlex
 import sys
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
+
+from engram_core.contract.scope import Scope
 
 INIT_FILE = "init.toml"
 DEFAULT_CORE = "127.0.0.1:50051"
@@ -34,16 +35,9 @@ DEFAULT_HTTP_LISTEN = "127.0.0.1:8765"  # what the printed `engram mcp --http` l
 _NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-@dataclass(frozen=True)
-class FirstServeScope:
-    """The scope `engram serve` activates on its first start on a data directory."""
-
-    tenant: str
-    workspace: str
-
-
-def read_first_serve_scope(data_dir: Path) -> FirstServeScope | None:
-    """The scope named by ``DIR/init.toml``, or None when DIR was not made by `engram init`."""
+def read_first_serve_scope(data_dir: Path) -> Scope | None:
+    """The scope `engram serve` activates on its first start on DIR, named by ``DIR/init.toml``;
+    None when DIR was not made by `engram init`."""
     path = data_dir / INIT_FILE
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -57,7 +51,7 @@ def read_first_serve_scope(data_dir: Path) -> FirstServeScope | None:
     tenant, workspace = table.get("activate_tenant"), table.get("activate_workspace")
     if not (isinstance(tenant, str) and tenant and isinstance(workspace, str) and workspace):
         raise ValueError(f"{path}: [first_serve] needs activate_tenant and activate_workspace")
-    return FirstServeScope(tenant, workspace)
+    return Scope(tenant, workspace)
 
 
 def _named(host_config: Path) -> tuple[str | None, Path | None]:
@@ -249,9 +243,9 @@ def run_init(args: argparse.Namespace) -> int:
         # Cores over a shared store may be running already: a first-serve activation would wait for
         # a restart, so the operator activates the scope now (a step below), and DIR, the shared key
         # directory, gets no init.toml.
-        scope = scope or FirstServeScope(args.tenant, args.workspace)
+        scope = scope or Scope(args.tenant, args.workspace)
     elif scope is None:
-        scope = FirstServeScope(args.tenant, args.workspace)
+        scope = Scope(args.tenant, args.workspace)
         init_file.write_text(
             "# Written by `engram init`: the scope the first `engram serve` on this directory activates.\n"
             "[first_serve]\n"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.observability import calls as observed_calls
 from engram_core.rpc.call_handler import ADMIN_CALLS, CallHandler, json_result
 from engram_core.services.admin import AdminServiceCore
@@ -37,11 +38,11 @@ class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, CallHandler):
     # -- activation (SPEC §2: memory off by default) ---------------------------------------
     def Activate(self, request, context):
         return self._json(context, lambda ctx: self.admin.activate(
-            ctx, request.tenant, request.workspace, list(request.tools), activated=True))
+            ctx, Scope(request.tenant, request.workspace), list(request.tools), activated=True))
 
     def Deactivate(self, request, context):
         return self._json(context, lambda ctx: self.admin.activate(
-            ctx, request.tenant, request.workspace, list(request.tools), activated=False))
+            ctx, Scope(request.tenant, request.workspace), list(request.tools), activated=False))
 
     # -- lifecycle and adjudication ---------------------------------------------------------
     def Transition(self, request, context):
@@ -51,10 +52,10 @@ class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, CallHandler):
             "reason_ref": request.reason_ref, "event_id": request.event_id}))
 
     def ExpireSweep(self, request, context):
-        return self._json(context, lambda ctx: self.svc.expire_sweep(ctx, request.tenant, request.workspace))
+        return self._json(context, lambda ctx: self.svc.expire_sweep(ctx, Scope(request.tenant, request.workspace)))
 
     def ListAdjudication(self, request, context):
-        return self._json(context, lambda ctx: self.svc.list_adjudication(ctx, request.tenant, request.workspace))
+        return self._json(context, lambda ctx: self.svc.list_adjudication(ctx, Scope(request.tenant, request.workspace)))
 
     def Adjudicate(self, request, context):
         return self._json(context, lambda ctx: self.svc.adjudicate(ctx, {
@@ -64,19 +65,19 @@ class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, CallHandler):
     # -- reads ------------------------------------------------------------------------------
     def History(self, request, context):
         return self._json(context, lambda ctx: self.svc.history(
-            ctx, request.tenant, request.workspace, request.record_id, request.disputed_only))
+            ctx, Scope(request.tenant, request.workspace), request.record_id, request.disputed_only))
 
     def InspectCandidate(self, request, context):
         return self._json(context, lambda ctx: self.svc.inspect_candidate(
-            ctx, request.tenant, request.workspace, request.candidate_id))
+            ctx, Scope(request.tenant, request.workspace), request.candidate_id))
 
     def Export(self, request, context):
         return self._json(context, lambda ctx: self.svc.export(
-            ctx, request.tenant, request.workspace, request.what, request.from_cursor, request.to_cursor))
+            ctx, Scope(request.tenant, request.workspace), request.what, request.from_cursor, request.to_cursor))
 
     def Verify(self, request, context):
         return self._json(context, lambda ctx: self.svc.verify(
-            ctx, request.tenant, request.workspace, report_only=request.report_only,
+            ctx, Scope(request.tenant, request.workspace), report_only=request.report_only,
             anchor_json=request.anchor_json, anchor_key_pems=tuple(request.anchor_key_pem)))
 
     # -- keys and authorization -------------------------------------------------------------
@@ -87,10 +88,10 @@ class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, CallHandler):
         return self._json(context, lambda ctx: self.svc.retire_keys(ctx, now=request.now))
 
     def KeyStatus(self, request, context):
-        return self._json(context, lambda ctx: self.svc.key_status(ctx, request.tenant, request.workspace))
+        return self._json(context, lambda ctx: self.svc.key_status(ctx, Scope(request.tenant, request.workspace)))
 
     def Revoke(self, request, context):
-        return self._json(context, lambda ctx: self.svc.revoke(ctx, request.tenant, request.workspace))
+        return self._json(context, lambda ctx: self.svc.revoke(ctx, Scope(request.tenant, request.workspace)))
 
     def TrustHostKey(self, request, context):
         return self._json(context, lambda ctx: self.svc.trust_host_key(
@@ -134,10 +135,10 @@ class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, CallHandler):
         return self._json(context, self.svc.migrate)
 
     def InvalidateProjections(self, request, context):
-        return self._json(context, lambda ctx: self.svc.invalidate_projections(ctx, request.tenant, request.workspace))
+        return self._json(context, lambda ctx: self.svc.invalidate_projections(ctx, Scope(request.tenant, request.workspace)))
 
     def RebuildProjections(self, request, context):
-        return self._json(context, lambda ctx: self.svc.rebuild_projections(ctx, request.tenant, request.workspace))
+        return self._json(context, lambda ctx: self.svc.rebuild_projections(ctx, Scope(request.tenant, request.workspace)))
 
     def ReloadPolicies(self, request, context):
         return self._json(context, self.svc.reload_policies)
@@ -147,4 +148,4 @@ class MaintenanceServicer(admin_pb2_grpc.AdminServiceServicer, CallHandler):
         return self._json(context, self.svc.signing_keys)
 
     def Anchor(self, request, context):
-        return self._json(context, lambda ctx: self.svc.anchor(ctx, request.tenant, request.workspace))
+        return self._json(context, lambda ctx: self.svc.anchor(ctx, Scope(request.tenant, request.workspace)))

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from engram_core.contract.canonical import digest, with_receipt_digest
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.services.core import CallRecord, Core
 from engram_core.services.pipeline import stored_outcome
 from engram_core.store.port import IdempotencyRow
@@ -103,8 +104,8 @@ class AttestationService:
             if prior is not None:
                 return {**prior, "replayed": True}
             self.core.check_revision(call)
-            rec = tx.record(tenant, workspace, target) if target.startswith("mem_") else None
-            cand = None if rec is not None else tx.candidate(tenant, workspace, target)
+            rec = tx.record(Scope(tenant, workspace), target) if target.startswith("mem_") else None
+            cand = None if rec is not None else tx.candidate(Scope(tenant, workspace), target)
             row = rec or cand
             if row is None:
                 raise EngramError(Code.NOT_FOUND, "target")
@@ -123,7 +124,7 @@ class AttestationService:
                                     "decisions": call.summaries(), "audit_id": tctx.audit_id}
             if verifier is not None:
                 body.update(verifier_key_id=verifier_key_id, signature=base64.b64encode(signature).decode())
-            event = tx.append_event(tenant, workspace, event_id=event_id, operation="attest", target=target,
+            event = tx.append_event(Scope(tenant, workspace), event_id=event_id, operation="attest", target=target,
                                     from_state=row.state, to_state=row.state, at_ms=now, body=body)
             if rec is not None:
                 tx.set_record_trust_class(target, trust_class)
@@ -138,7 +139,7 @@ class AttestationService:
                 "at": self.core.instant(now),
             })
             outcome = {"receipt": receipt}
-            tx.idempotency_put(tenant, workspace, tctx.principal, event_id,
+            tx.idempotency_put(Scope(tenant, workspace), tctx.principal, event_id,
                                IdempotencyRow(ATTEST_OPERATION, target, request_digest, outcome), now)
             tx.append_audit(self.core.audit_row(tctx, ATTEST_OPERATION, trust_class, target, call))
         return {**outcome, "replayed": False}

@@ -33,6 +33,7 @@ from typing import Any
 
 from engram_core.contract.canonical import canonical_json, digest
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.crypto.keyvault import KeyVault
 from engram_core.crypto.sealing import seal, unseal
 from engram_core.services.admin import target_facts
@@ -60,7 +61,7 @@ def _invalid(detail: str) -> EngramError:
 
 # -- taking a backup ------------------------------------------------------------------------
 def build_backup(tx: Tx, *, created_at: str, signer: CoreSigner,
-                 scope: tuple[str, str] | None = None) -> bytes:
+                 scope: Scope | None = None) -> bytes:
     """Serialize one consistent snapshot (the caller holds the read transaction).
 
     The whole store, or one ``(tenant, workspace)`` scope. A scope backup carries
@@ -75,21 +76,21 @@ def build_backup(tx: Tx, *, created_at: str, signer: CoreSigner,
         counts[kind] = counts.get(kind, 0) + 1
         lines.append(canonical_json({"kind": kind, **item}) + b"\n")
 
-    audit = tx.audit_rows(None, None, 0, None) if scope is None else []
+    audit = tx.audit_rows(None, 0, None) if scope is None else []
     head = {chain: [seq, d] for chain, (seq, d) in sorted(chain_heads(audit).items())}
     put("header", {"format": FORMAT, "created_at": created_at, "audit_head": head})
     pins = []
     owners: set[str] = set()
     for s in tx.scopes():
-        if scope is not None and (s.tenant, s.workspace) != scope:
+        if scope is not None and Scope(s.tenant, s.workspace) != scope:
             continue
         put("scope", {"tenant": s.tenant, "workspace": s.workspace, "activated": s.activated, "tools": list(s.tools),
                       "authorization_epoch": s.authorization_epoch, "last_cursor": str(s.last_cursor),
                       "last_event_digest": s.last_event_digest})
         pins.append({"tenant": s.tenant, "workspace": s.workspace, "cursor": str(s.last_cursor)})
-        for e in tx.events(s.tenant, s.workspace, 0, None):
+        for e in tx.events(Scope(s.tenant, s.workspace), 0, None):
             put("event", event_doc(e))
-        for rec in tx.scope_records(s.tenant, s.workspace):
+        for rec in tx.scope_records(Scope(s.tenant, s.workspace)):
             owners.add(f"record:{rec.record_id}")
             doc = asdict(rec)
             doc.pop("key_slot")  # a slot of this store's vault: restore seals under new keys
@@ -100,7 +101,7 @@ def build_backup(tx: Tx, *, created_at: str, signer: CoreSigner,
                 doc["key_ref"] = {"owner": owner, "ref": slot if slot is not None else -1}
             put("record", {k: v for k, v in doc.items() if v is not None})
     for row in tx.tombstone_rows():
-        if scope is None or (row["tenant"], row["workspace"]) == scope:
+        if scope is None or Scope(row["tenant"], row["workspace"]) == scope:
             put("tombstone", row)
     for d in tx.key_destructions():
         if scope is None or d.owner in owners:
@@ -118,7 +119,7 @@ def build_backup(tx: Tx, *, created_at: str, signer: CoreSigner,
     manifest: dict[str, Any] = {"format": FORMAT, "counts": counts, "pins": pins, "audit_head": head,
                 "items_sha256": hashlib.sha256(body).hexdigest(), "bytes": len(body)}
     if scope is not None:
-        manifest["scope"] = {"tenant": scope[0], "workspace": scope[1]}
+        manifest["scope"] = {"tenant": scope.tenant, "workspace": scope.workspace}
     manifest["manifest_digest"] = digest("backup-manifest", manifest)
     manifest["signature"] = signer.sign(manifest["manifest_digest"])
     return body + canonical_json({"kind": "manifest", **manifest}) + b"\n"
@@ -250,12 +251,12 @@ class BackupService:
 
     def backup(self, ctx: BoundContext, tenant: str, workspace: str = "") -> bytes:
         call = CallRecord()
-        self.core.authorize(ctx, "admin.backup", call, facts=target_facts(tenant, workspace))
+        self.core.authorize(ctx, "admin.backup", call, facts=target_facts(Scope(tenant, workspace)))
         if bool(tenant) != bool(workspace):
             raise EngramError(Code.INVALID_SCHEMA, "a scope backup names both tenant and workspace")
-        scope = (tenant, workspace) if tenant else None
+        scope = Scope(tenant, workspace) if tenant else None
         with self.core.store.read() as tx:
-            if scope is not None and tx.scope(*scope) is None:
+            if scope is not None and tx.scope(scope) is None:
                 raise EngramError(Code.NOT_FOUND, "scope")
             data = build_backup(tx, created_at=self.core.instant(), signer=self.signer, scope=scope)
         manifest = json.loads(data.rstrip(b"\n").rsplit(b"\n", 1)[-1])
@@ -379,13 +380,13 @@ class BackupService:
                     slot, sealed, payload = bodies[rec.record_id]
                     tx.insert_record(RecordRow(**{**asdict(rec), "sealed_body": sealed, "key_slot": slot}))
                     tx.put_data_key(f"record:{rec.record_id}", slot, now)
-                    tx.index_record(rec.tenant, rec.workspace, rec.record_id, record_fields(payload, self.core.hasher),
+                    tx.index_record(Scope(rec.tenant, rec.workspace), rec.record_id, record_fields(payload, self.core.hasher),
                                     self.mutations.embed_record(payload))
-                    write_links(tx, rec.tenant, rec.workspace, rec.record_id, payload_links(payload))
+                    write_links(tx, Scope(rec.tenant, rec.workspace), rec.record_id, payload_links(payload))
                 else:
                     tx.insert_record(rec)
             for t in parsed.tombstones:
-                tx.add_tombstone(t["tenant"], t["workspace"], t["payload_digest"], t["record_id"], int(t["cursor"]),
+                tx.add_tombstone(Scope(t["tenant"], t["workspace"]), t["payload_digest"], t["record_id"], int(t["cursor"]),
                                  int(t["at_ms"]))
             for d in parsed.key_destructions:
                 # The generation that wrapped it at the source; this vault's active one when the
@@ -402,12 +403,12 @@ class BackupService:
             for rec in lost:
                 # The key was destroyed after the backup (forget): record that fact, never the body.
                 event = tx.append_event(
-                    rec.tenant, rec.workspace, event_id=new_id("evt_"), operation="tombstone", target=rec.record_id,
+                    Scope(rec.tenant, rec.workspace), event_id=new_id("evt_"), operation="tombstone", target=rec.record_id,
                     from_state=rec.state, to_state="tombstoned", at_ms=now,
                     body={"reason_ref": "restore:data-key-destroyed", "decisions": call.summaries(),
                           "audit_id": ctx.audit_id})
                 tx.set_record_state(rec.record_id, "tombstoned", state_cursor=event.cursor, drop_body=True)
-                tx.add_tombstone(rec.tenant, rec.workspace, rec.payload_digest, rec.record_id, event.cursor, now)
+                tx.add_tombstone(Scope(rec.tenant, rec.workspace), rec.payload_digest, rec.record_id, event.cursor, now)
                 tx.restore_key_destruction(f"record:{rec.record_id}", now, "destroyed before restore",
                                            self.core.vault.active_generation())
                 shredded.append(rec.record_id)

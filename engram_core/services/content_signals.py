@@ -25,6 +25,7 @@ from cryptography.exceptions import InvalidTag
 
 from engram_core.content import instructions
 from engram_core.content.provenance import provenance
+from engram_core.contract.scope import Scope
 from engram_core.contract.validation import parse_instant
 from engram_core.crypto.sealing import unseal
 from engram_core.services import content_similarity as similarity
@@ -59,7 +60,7 @@ class ContentSignals:
         self.core = core
         self.profile = lexical_profile
 
-    def admission_facts(self, tx: Tx, tenant: str, workspace: str, effective: dict[str, Any], *, now: int,
+    def admission_facts(self, tx: Tx, scope: Scope, effective: dict[str, Any], *, now: int,
                         vector: Callable[[], list[float] | None]) -> dict[str, Any]:
         """The candidate's content facts at admission. ``vector``: the candidate's record vector
         when the semantic channel is served (None otherwise)."""
@@ -70,22 +71,22 @@ class ContentSignals:
         facts["eligible_now"] = in_effect(vt["t"], vt.get("t_end"), parse_instant(expires) if expires else None, now)
         mine = similarity.profile(effective)
         facts["text_terms"] = len(mine.terms)
-        facts["similar"] = self.similar(tx, tenant, workspace, mine, now=now, vector=vector)
+        facts["similar"] = self.similar(tx, scope, mine, now=now, vector=vector)
         return facts
 
-    def similar(self, tx: Tx, tenant: str, workspace: str, mine: similarity.TextProfile, *, now: int,
+    def similar(self, tx: Tx, scope: Scope, mine: similarity.TextProfile, *, now: int,
                 vector: Callable[[], list[float] | None]) -> list[dict[str, Any]]:
         # The profile holds the components' analyzed terms already (the text is analyzed once).
         terms = sorted({self.core.hasher.term(t) for t in mine.terms})[:QUERY_TERMS]
         cursor = ALL_COMMITTED  # every record the index holds (no read of the scope's cursor)
         found: dict[str, float | None] = {}
         if terms:
-            stats = tx.lexical_stats(tenant, workspace, terms)
+            stats = tx.lexical_stats(scope, terms)
             # Ranked by its rarest terms only: a restatement shares them, and the postings of
             # common terms (most of a scope's documents) are what a long query would cost.
             rare = sorted((n, t) for t, n in stats.df.items() if n > 0)[:RARE_TERMS]
             stats = dataclasses.replace(stats, df={t: n for n, t in rare})
-            page = tx.rank_lexical(tenant, workspace, LexicalQuery(
+            page = tx.rank_lexical(scope, LexicalQuery(
                 stats, self.profile.weights, k1=self.profile.k1, b=self.profile.b, now_ms=now,
                 half_life_ms=self.profile.half_life_ms, lexical_weight=1.0, max_accepted_cursor=cursor,
                 best_bm25=None, after=None, limit=SIMILAR_LIMIT))
@@ -93,13 +94,13 @@ class ContentSignals:
                 found.setdefault(hit[0], None)
         embedder = getattr(self.core, "embedder", None)
         if embedder is not None and (query := vector()) is not None:
-            for rid, sim, _ in tx.rank_vectors(tenant, workspace, embedder.model_id, query, now_ms=now,
+            for rid, sim, _ in tx.rank_vectors(scope, embedder.model_id, query, now_ms=now,
                                                max_accepted_cursor=cursor, min_similarity=MIN_SEMANTIC,
                                                limit=SIMILAR_LIMIT):
                 found[rid] = round(float(sim), 3)
         if not found:
             return []
-        rows = tx.records(tenant, workspace, sorted(found))
+        rows = tx.records(scope, sorted(found))
         keys = self.core.data_keys(list(rows.values()))
         out = []
         for rid, row in rows.items():

@@ -218,8 +218,8 @@ class Core:
         scanner's findings over them (SPEC §13) and decides.
         ``epoch_bound`` False only for the one question that reads the epoch itself."""
         if scope is ...:
-            scope = (self.store.latest_scope(ctx.tenant, ctx.workspace) if tx is None
-                     else tx.scope(ctx.tenant, ctx.workspace))
+            scope = (self.store.latest_scope(ctx.scope) if tx is None
+                     else tx.scope(ctx.scope))
         return self._admitted(ctx, self.decide(AUTHZ, {**self._authz_input(ctx, operation, scope, stored_strings,
                                                                             epoch_bound),
                                                        **(facts or {})}, call), operation)

@@ -32,12 +32,12 @@ def apply_derivative_rule(tx: Tx, ctx: BoundContext, source: RecordRow, *, cause
         src = queue.pop(0)
         if src.derivative_rule != MAKE_INELIGIBLE:
             continue
-        for d in tx.derivatives(ctx.tenant, ctx.workspace, src.record_id):
+        for d in tx.derivatives(ctx.scope, src.record_id):
             if d.record_id in seen or d.state not in _ELIGIBLE_BEFORE:
                 continue
             seen.add(d.record_id)
             event = tx.append_event(
-                ctx.tenant, ctx.workspace, event_id=f"{cause_event_id}/derivative/{len(changed) + 1}",
+                ctx.scope, event_id=f"{cause_event_id}/derivative/{len(changed) + 1}",
                 operation="trust_invalidate", target=d.record_id, from_state=d.state, to_state="trust_invalid",
                 at_ms=now, body={"reason_ref": "derivative_rule:make-ineligible", "source": src.record_id,
                                  "cause": cause, "decisions": call.summaries(), "audit_id": ctx.audit_id,

@@ -47,7 +47,7 @@ class HostServiceCore:
     def list_capabilities(self, ctx: BoundContext) -> dict[str, Any]:
         call = CallRecord()
         with self.core.store.read() as tx:
-            scope = tx.scope(ctx.tenant, ctx.workspace)
+            scope = tx.scope(ctx.scope)
         require_current_epoch(ctx.authorization_epoch, scope, "context epoch older than scope epoch")
         facts = {"context": context_facts(ctx),
                  "scope": {"activated": bool(scope and scope.activated), "tools": list(scope.tools) if scope else []},
@@ -75,7 +75,7 @@ class HostServiceCore:
         to sign with after a revoke (any key holder can sign any epoch; revoke cuts off
         contexts and grants already signed, not keys — untrust a key for that)."""
         call = CallRecord()
-        scope = self.core.store.latest_scope(ctx.tenant, ctx.workspace)
+        scope = self.core.store.latest_scope(ctx.scope)
         self.core.authorize(ctx, "host.authorization_epoch", call, scope=scope, epoch_bound=False)
         self.core.audit_standalone(ctx, "host.authorization_epoch", "ok", "", call)
         return {"authorization_epoch": scope.authorization_epoch if scope else 0}
@@ -89,7 +89,7 @@ class HostServiceCore:
         if not tool or not operation_digest or approved_at_ms > now + 5_000 or now - approved_at_ms > MAX_APPROVAL_AGE_MS:
             raise EngramError(Code.GATE_FAILED, "approval not recent")
         with self.core.store.read() as tx:
-            scope = tx.scope(ctx.tenant, ctx.workspace)
+            scope = tx.scope(ctx.scope)
         raw = make_grant(
             self._confirmation_key, tenant=ctx.tenant, workspace=ctx.workspace, principal=ctx.principal,
             tool=tool, target=target, operation_digest=operation_digest, approved_at_ms=approved_at_ms,

@@ -23,6 +23,7 @@ from engram_core.contract.canonical import (
     digest,
 )
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.contract.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, GATED_TOOLS, WITHDRAW_TOOL
 from engram_core.contract.validation import parse_instant
 from engram_core.crypto.sealing import seal
@@ -110,12 +111,12 @@ class _GatedTarget:
 
 _GATED_TARGETS = {
     WITHDRAW_TOOL: _GatedTarget(
-        "candidate_id", "candidate", lambda tx, t, w, i: tx.candidate(t, w, i),
+        "candidate_id", "candidate", lambda tx, t, w, i: tx.candidate(Scope(t, w), i),
         lambda state: lifecycle.check_candidate("withdraw", state),
         lambda m, ctx, cand, call, guard, grant_id, reason: m.withdraw_candidate(
             ctx, cand, call, guard=guard, grant_id=grant_id, reason_ref=reason)),
     FORGET_TOOL: _GatedTarget(
-        "record_id", "record", lambda tx, t, w, i: tx.record(t, w, i),
+        "record_id", "record", lambda tx, t, w, i: tx.record(Scope(t, w), i),
         lambda state: lifecycle.check_record("tombstone", state),
         lambda m, ctx, rec, call, guard, grant_id, reason: m.tombstone(
             ctx, rec.record_id, call, guard=guard, grant_id=grant_id, reason_ref=reason)),
@@ -150,7 +151,7 @@ class MemoryService:
         except EngramError as exc:
             raise EngramError(exc.code, exc.detail, reason_class="confirmation_invalid",
                               reasons=("GRANT_INVALID",)) from None
-        require_current_epoch(parsed.authorization_epoch, self.core.store.latest_scope(ctx.tenant, ctx.workspace),
+        require_current_epoch(parsed.authorization_epoch, self.core.store.latest_scope(ctx.scope),
                               "grant issued before revocation")
         return parsed
 
@@ -191,7 +192,7 @@ class MemoryService:
         # The capture decision is asked with the authorization (one engine call) and counts only
         # once the authorization allowed the call and it is not a replay.
         authz, decision = self.core.authorize_with(
-            ctx, CAPTURE_TOOL, call, self.core.store.latest_scope(ctx.tenant, ctx.workspace), CAPTURE,
+            ctx, CAPTURE_TOOL, call, self.core.store.latest_scope(ctx.scope), CAPTURE,
             {"context": context_facts(ctx), "now_ms": now, "retention": requested, "family_refs": family_refs,
              "findings": findings, **facts, **capture_facts(payload),
              # Payload times (epoch ms), which the policy bounds to the host's window (issue 26.5).
@@ -237,7 +238,7 @@ class MemoryService:
                                              "facts": sealed_facts}),
                         kind="candidate", owner=candidate_id)
         try:
-            with self.core.store.write(batched=True, scope=(ctx.tenant, ctx.workspace)) as tx:
+            with self.core.store.write(batched=True, scope=ctx.scope) as tx:
                 prior = self.mutations.replay(tx, ctx, prepared.guard)
                 if prior is not None:
                     raise Replayed(prior)
@@ -245,7 +246,7 @@ class MemoryService:
                 if grant_obj is not None:
                     self.mutations.consume_grant(tx, ctx, grant_obj.grant_id)
                 event = tx.append_event(
-                    ctx.tenant, ctx.workspace, event_id=new_id("evt_"), operation="capture", target=candidate_id,
+                    ctx.scope, event_id=new_id("evt_"), operation="capture", target=candidate_id,
                     from_state="", to_state="pending", at_ms=now,
                     body={"payload_digest": payload_digest, "record_digest": record_digest,
                           "decisions": call.summaries(), "audit_id": ctx.audit_id},
@@ -289,7 +290,7 @@ class MemoryService:
         prepared = prepare(ctx, ADMISSION_TOOL, args)
         authz = self.core.authorize(ctx, ADMISSION_TOOL, call, stored_strings=stored_strings(args))
         with self.core.store.read(snapshot=False) as tx:  # both checked again in the write transaction
-            cand = tx.candidate(ctx.tenant, ctx.workspace, args["candidate_id"])  # first: see gated_precondition
+            cand = tx.candidate(ctx.scope, args["candidate_id"])  # first: see gated_precondition
             prior = self.mutations.replay(tx, ctx, prepared.guard)
         if prior is not None:
             return {**prior, "replayed": True}

@@ -77,7 +77,7 @@ class Mutations:
         return guarded_outcome(tx, ctx, guard)
 
     def remember(self, tx: Tx, ctx: BoundContext, guard: Guard, outcome: dict[str, Any]) -> None:
-        tx.idempotency_put(ctx.tenant, ctx.workspace, ctx.principal, guard.key,
+        tx.idempotency_put(ctx.scope, ctx.principal, guard.key,
                            IdempotencyRow(guard.tool, guard.target, guard.request_digest, outcome), self.core.now_ms())
 
     def recheck(self, tx: Tx, ctx: BoundContext, guard: Guard | None, call: CallRecord, grant_id: str | None,
@@ -105,7 +105,7 @@ class Mutations:
         tx.read_ahead(*reads, *([lambda: self.replay(tx, ctx, guard)] if guard is not None else []))
 
     def consume_grant(self, tx: Tx, ctx: BoundContext, grant_id: str) -> None:
-        if not tx.use_confirmation(grant_id, ctx.tenant, ctx.workspace, self.core.now_ms()):
+        if not tx.use_confirmation(grant_id, ctx.scope, self.core.now_ms()):
             raise EngramError(Code.GATE_FAILED, "confirmation already used", reason_class="confirmation_invalid",
                               reasons=("GRANT_USED",))
 
@@ -146,8 +146,8 @@ class Mutations:
         # releases the GIL): wasted only when the admission does not accept.
         embedding = self.take_early(cand.candidate_id) or self.start_embedding(effective)
         with self.core.store.read(snapshot=False) as tx:
-            duplicate_of, tombstoned = tx.payload_standing(ctx.tenant, ctx.workspace, cand.payload_digest)
-            content = (self.content_signals.admission_facts(tx, ctx.tenant, ctx.workspace, effective, now=now,
+            duplicate_of, tombstoned = tx.payload_standing(ctx.scope, cand.payload_digest)
+            content = (self.content_signals.admission_facts(tx, ctx.scope, effective, now=now,
                                                             vector=future_vector(embedding))
                        if forced is None else {})
         if forced is None:
@@ -202,13 +202,13 @@ class Mutations:
             embedder = self.core.embedder
             vector = (embedder.model_id, embedding.result()) if embedding is not None and embedder is not None else None
         try:
-            with self.core.store.write(batched=True, scope=(ctx.tenant, ctx.workspace)) as tx:
-                standing_read = ([lambda: tx.payload_standing(ctx.tenant, ctx.workspace, cand.payload_digest)]
+            with self.core.store.write(batched=True, scope=ctx.scope) as tx:
+                standing_read = ([lambda: tx.payload_standing(ctx.scope, cand.payload_digest)]
                                  if forced is None and status in ("accepted", "duplicate_exact") else [])  # _recheck_duplicate's
-                self.read_ahead(tx, ctx, guard, lambda: tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id),
+                self.read_ahead(tx, ctx, guard, lambda: tx.candidate(ctx.scope, cand.candidate_id),
                                 *standing_read)
                 current = self.recheck(tx, ctx, guard, call, grant_id,
-                                       tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id),
+                                       tx.candidate(ctx.scope, cand.candidate_id),
                                        lambda state: lifecycle.check_candidate("accept", state))
                 self._recheck_duplicate(tx, ctx, cand, status, duplicate_of, forced)
                 # Every check before the first write: a batched transaction that fails after it
@@ -222,7 +222,7 @@ class Mutations:
                 to_state = {"accepted": "accepted", "rejected": "rejected", "pending_adjudication": "pending_adjudication",
                             "duplicate_exact": "rejected"}[status]
                 event = tx.append_event(
-                    ctx.tenant, ctx.workspace, event_id=event_id or new_id("evt_"),
+                    ctx.scope, event_id=event_id or new_id("evt_"),
                     operation={"accepted": "accept", "rejected": "reject", "pending_adjudication": "adjudication_required",
                                "duplicate_exact": "reject"}[status],
                     target=cand.candidate_id, from_state=current.state,
@@ -250,8 +250,8 @@ class Mutations:
                         session=cand.session, captured_at_ms=cand.captured_at_ms,
                     ))
                     tx.put_data_key(f"record:{record_id}", record_slot, now)  # type: ignore[arg-type]
-                    tx.index_record(ctx.tenant, ctx.workspace, record_id, fields, vector)
-                    write_links(tx, ctx.tenant, ctx.workspace, record_id, links)
+                    tx.index_record(ctx.scope, record_id, fields, vector)
+                    write_links(tx, ctx.scope, record_id, links)
                     if plan is not None:
                         reconciled = self.reconciler.apply(tx, ctx, plan, members, record_id=record_id,
                                                            event_id=event.event_id, now=now, call=call)
@@ -294,7 +294,7 @@ class Mutations:
         the duplicated record gone from current, is POLICY_STALE: the retry decides again."""
         if forced is not None or status not in ("accepted", "duplicate_exact"):
             return
-        now_of, _ = tx.payload_standing(ctx.tenant, ctx.workspace, cand.payload_digest)
+        now_of, _ = tx.payload_standing(ctx.scope, cand.payload_digest)
         if status == "accepted" and now_of is not None:
             raise EngramError(Code.POLICY_STALE, "equal content admitted meanwhile")
         if status == "duplicate_exact" and now_of is None:
@@ -313,12 +313,12 @@ class Mutations:
             outcome["record_id"] = record_id_of(cand.record_digest)
         elif isinstance(decision.get("record_id"), str):
             outcome["record_id"] = decision["record_id"]  # the current record it duplicated
-        with self.core.store.write(batched=True, scope=(ctx.tenant, ctx.workspace)) as tx:
+        with self.core.store.write(batched=True, scope=ctx.scope) as tx:
             if guard is not None:
                 prior = self.replay(tx, ctx, guard)
                 if prior is not None:
                     return {**prior, "replayed": True}
-            scope = tx.scope(ctx.tenant, ctx.workspace)
+            scope = tx.scope(ctx.scope)
             outcome.update({
                 "cursor": str(scope.last_cursor if scope else 0),
                 "decision_receipt_digest": decision.get("receipt", digest("receipt", {"candidate_id": cand.candidate_id})),
@@ -368,7 +368,7 @@ class Mutations:
         otherwise the lifecycle's refusal (ALREADY_TERMINAL, ...), not BLOB_MISSING. None: neither
         applies (the caller re-raises). The candidate is read first: see ``gated_precondition``."""
         with self.core.store.read(snapshot=False) as tx:
-            fresh = tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id)
+            fresh = tx.candidate(ctx.scope, cand.candidate_id)
             prior = self.replay(tx, ctx, guard) if guard is not None else None
         if prior is not None:
             return {**prior, "replayed": True}
@@ -387,13 +387,13 @@ class Mutations:
         authz_digest = self.core.decision_receipt(call.decisions[0])["receipt_digest"]
         self.take_early(cand.candidate_id)  # its content goes: so does a vector computed early
         try:
-            with self.core.store.write(batched=True, scope=(ctx.tenant, ctx.workspace)) as tx:
-                self.read_ahead(tx, ctx, guard, lambda: tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id))
+            with self.core.store.write(batched=True, scope=ctx.scope) as tx:
+                self.read_ahead(tx, ctx, guard, lambda: tx.candidate(ctx.scope, cand.candidate_id))
                 current = self.recheck(tx, ctx, guard, call, grant_id,
-                                       tx.candidate(ctx.tenant, ctx.workspace, cand.candidate_id),
+                                       tx.candidate(ctx.scope, cand.candidate_id),
                                        lambda state: lifecycle.check_candidate(operation, state))
                 event = tx.append_event(
-                    ctx.tenant, ctx.workspace, event_id=event_id or new_id("evt_"), operation=operation,
+                    ctx.scope, event_id=event_id or new_id("evt_"), operation=operation,
                     target=cand.candidate_id,
                     from_state=current.state, to_state=to_state, at_ms=now,
                     body={"reason_ref": reason_ref, "decisions": call.summaries(), "audit_id": ctx.audit_id},
@@ -425,25 +425,25 @@ class Mutations:
         now = self.core.now_ms()
         authz_digest = self.core.decision_receipt(call.decisions[0])["receipt_digest"]
         try:
-            with self.core.store.write(batched=True, scope=(ctx.tenant, ctx.workspace)) as tx:
+            with self.core.store.write(batched=True, scope=ctx.scope) as tx:
                 # The derivatives too: what the forget writes before it reads them (its own event,
                 # record, key and tombstone rows) does not change the derivatives' rows. And the
                 # projection, which a core whose index does not hold the record counts postings in.
-                self.read_ahead(tx, ctx, guard, lambda: tx.record(ctx.tenant, ctx.workspace, record_id),
-                                lambda: tx.derivatives(ctx.tenant, ctx.workspace, record_id),
+                self.read_ahead(tx, ctx, guard, lambda: tx.record(ctx.scope, record_id),
+                                lambda: tx.derivatives(ctx.scope, record_id),
                                 lambda: tx.projection(record_id))
                 rec = self.recheck(tx, ctx, guard, call, grant_id,
-                                   tx.record(ctx.tenant, ctx.workspace, record_id),
+                                   tx.record(ctx.scope, record_id),
                                    lambda state: lifecycle.check_record("tombstone", state))
                 event = tx.append_event(
-                    ctx.tenant, ctx.workspace, event_id=event_id or new_id("evt_"), operation="tombstone",
+                    ctx.scope, event_id=event_id or new_id("evt_"), operation="tombstone",
                     target=record_id,
                     from_state=rec.state, to_state="tombstoned", at_ms=now,
                     body={"reason_ref": reason_ref, "decisions": call.summaries(), "audit_id": ctx.audit_id},
                 )
                 tx.set_record_state(record_id, "tombstoned", state_cursor=event.cursor, drop_body=True)
-                removed = tx.unindex_record(ctx.tenant, ctx.workspace, record_id)
-                tx.add_tombstone(ctx.tenant, ctx.workspace, rec.payload_digest, record_id, event.cursor, now)
+                removed = tx.unindex_record(ctx.scope, record_id)
+                tx.add_tombstone(ctx.scope, rec.payload_digest, record_id, event.cursor, now)
                 tx.drop_data_key(f"record:{record_id}", now, "tombstone", slot=rec.key_slot)
                 derivatives = apply_derivative_rule(tx, ctx, rec, cause="tombstone", cause_event_id=event.event_id,
                                                     now=now, call=call)

@@ -89,7 +89,7 @@ def stored_outcome(tx: Tx, ctx: BoundContext, *, tool: str, target: str, key: st
     """The mutation guard (SPEC §7): the stored outcome for this key of this principal, None
     when the key is new, DIGEST_CONFLICT when it was used for another tool, target or content.
     Agent idempotency keys and host event ids share it."""
-    row = tx.idempotency_get(ctx.tenant, ctx.workspace, ctx.principal, key)
+    row = tx.idempotency_get(ctx.scope, ctx.principal, key)
     if row is None:
         return None
     if row.tool != tool or row.target != target or row.request_digest != request_digest:

@@ -22,13 +22,14 @@ import json
 import threading
 
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.store.port import Store, Tx
 
 _PREFIX = "projections_stale:"
 
 
-def _key(tenant: str, workspace: str) -> str:
-    return _PREFIX + json.dumps([tenant, workspace])
+def _key(scope: Scope) -> str:
+    return _PREFIX + json.dumps([scope.tenant, scope.workspace])
 
 
 class ProjectionStatus:
@@ -36,24 +37,24 @@ class ProjectionStatus:
         self._lock = threading.Lock()
         with store.read() as tx:
             marks = tx.meta_with_prefix(_PREFIX)
-        self._stale = {tuple(json.loads(k[len(_PREFIX):])) for k, v in marks.items() if v == "1"}
+        self._stale = {Scope(*json.loads(k[len(_PREFIX):])) for k, v in marks.items() if v == "1"}
         self._store = store
         store.on_scope_refresh = self._refresh
 
-    def _refresh(self, tenant: str, workspace: str) -> None:
+    def _refresh(self, scope: Scope) -> None:
         with self._store.read(snapshot=False) as tx:
-            stale = tx.meta(_key(tenant, workspace)) == "1"
-        self.published(tenant, workspace, stale=stale)
+            stale = tx.meta(_key(scope)) == "1"
+        self.published(scope, stale=stale)
 
-    def check(self, tenant: str, workspace: str) -> None:
+    def check(self, scope: Scope) -> None:
         """PROJECTION_STALE when the scope's projections were invalidated and not rebuilt."""
-        if (tenant, workspace) in self._stale:
+        if scope in self._stale:
             raise EngramError(Code.PROJECTION_STALE, "projections invalidated, not rebuilt")
 
-    def mark(self, tx: Tx, tenant: str, workspace: str, *, stale: bool) -> None:
+    def mark(self, tx: Tx, scope: Scope, *, stale: bool) -> None:
         """Record the scope's status in the caller's transaction; ``published`` after it commits."""
-        tx.set_meta(_key(tenant, workspace), "1" if stale else "0")
+        tx.set_meta(_key(scope), "1" if stale else "0")
 
-    def published(self, tenant: str, workspace: str, *, stale: bool) -> None:
+    def published(self, scope: Scope, *, stale: bool) -> None:
         with self._lock:
-            (self._stale.add if stale else self._stale.discard)((tenant, workspace))
+            (self._stale.add if stale else self._stale.discard)(scope)

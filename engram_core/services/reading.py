@@ -21,6 +21,7 @@ from engram_core.contract.canonical import (
     with_receipt_digest,
 )
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.contract.tools import GET_TOOL, SEARCH_TOOL
 from engram_core.contract.validation import validate_arguments
 from engram_core.crypto.sealing import unseal
@@ -192,7 +193,7 @@ class ReadService:
         except EngramError as exc:
             if exc.code is not Code.BLOB_MISSING:
                 raise
-            again = tx.record(rec.tenant, rec.workspace, rec.record_id)
+            again = tx.record(Scope(rec.tenant, rec.workspace), rec.record_id)
             if again is not None and eligible(again, now):
                 raise
             return None
@@ -218,11 +219,11 @@ class ReadService:
         validate_arguments(GET_TOOL, args)
         self.bind_purpose(ctx, args["purpose_ref"])
         # A get reads the record's row and body, not the search index: the row alone serves.
-        scope = self.core.store.latest_scope(ctx.tenant, ctx.workspace)
+        scope = self.core.store.latest_scope(ctx.scope)
         authz, redaction = self._authorize_and_redaction(ctx, GET_TOOL, call, scope)
         now = self.core.now_ms()
         with self.core.store.read(snapshot=False) as tx:  # one statement: no snapshot to hold
-            rec = tx.record(ctx.tenant, ctx.workspace, args["record_id"])
+            rec = tx.record(ctx.scope, args["record_id"])
         if rec is None or not eligible(rec, now):
             self._audit_read(ctx, GET_TOOL, "NOT_FOUND", args["record_id"], call)
             raise EngramError(Code.NOT_FOUND, "record", audited=True)
@@ -283,9 +284,9 @@ class ReadService:
         # transaction would only add statements (SPEC §11: revalidate after ranking).
         shared_pins: list[SharedPin] = []
         with self.core.store.read(snapshot=False) as tx:
-            scope = self.core.store.committed_scope(ctx.tenant, ctx.workspace)  # pins the search
+            scope = self.core.store.committed_scope(ctx.scope)  # pins the search
             authz, redaction = self._authorize_and_redaction(ctx, SEARCH_TOOL, call, scope)
-            self.core.projections.check(ctx.tenant, ctx.workspace)  # never an empty page for dropped ones
+            self.core.projections.check(ctx.scope)  # never an empty page for dropped ones
             profile = self._profile_for(args)
             limit = args.get("limit", DEFAULT_LIMIT)
             params = {k: args[k] for k in ("limit", "max_packet_bytes", "capability_policy") if k in args}
@@ -304,7 +305,7 @@ class ReadService:
                           valid_as_of=valid_as_of, candidate_count=0, created_ms=self.core.now_ms(),
                           window=(window.start_ms, window.end_ms) if window else None)
                 rows = self._first_rows(tx, ctx, profile, pin, text, limit=limit + 1)
-            recs = tx.records(ctx.tenant, ctx.workspace, [r[0] for r in rows[:limit]])
+            recs = tx.records(ctx.scope, [r[0] for r in rows[:limit]])
             more = len(rows) > limit
             if more and not pin_id:
                 # Only searches with a next page keep a pin; a shared one is written with the
@@ -403,7 +404,7 @@ class ReadService:
         query_vector = self.core.embedder.embed(embedding_text(profile, self.core.hasher, query, pin.lexical_stats))
         lexical = self._lexical(tx, ctx, profile, pin, best_bm25=None, after=None, limit=profile.fusion.depth,
                                 lexical_weight=1.0)
-        vector = tx.rank_vectors(ctx.tenant, ctx.workspace, profile.model_id, query_vector, now_ms=pin.valid_as_of,
+        vector = tx.rank_vectors(ctx.scope, profile.model_id, query_vector, now_ms=pin.valid_as_of,
                                  max_accepted_cursor=pin.system_as_of,
                                  min_similarity=profile.fusion.min_similarity, limit=profile.fusion.depth,
                                  neighbours=profile.neighbours.args() if profile.neighbours else None)
@@ -425,10 +426,10 @@ class ReadService:
         """The scope's statistics of the query's terms and, with an ``Expansion``, of its words'
         (``lexical.query_words``) related terms (``expanded_terms``) the scope has, with their weights."""
         if profile.expansion is None:
-            return tx.lexical_stats(ctx.tenant, ctx.workspace, terms)
+            return tx.lexical_stats(ctx.scope, terms)
         expansion = profile.expansion
         related = expanded_terms(expansion, self._hashed_relatives, words, terms, others=self._related_others)
-        stats = tx.lexical_stats(ctx.tenant, ctx.workspace, [*terms, *related])
+        stats = tx.lexical_stats(ctx.scope, [*terms, *related])
         common = expansion.max_share * stats.docs
         weights = {t: w for t, w in related.items() if 0 < stats.df.get(t, 0) <= common}
         if len(weights) == len(related.keys() & stats.df.keys()):
@@ -451,7 +452,7 @@ class ReadService:
         assert pin.lexical_stats is not None
         if lexical_weight is None:
             lexical_weight = profile.lexical_weight if pin.window is None else 1 - profile.time_weight
-        return tx.rank_lexical(ctx.tenant, ctx.workspace, LexicalQuery(
+        return tx.rank_lexical(ctx.scope, LexicalQuery(
             pin.lexical_stats, profile.weights, k1=profile.k1, b=profile.b,
             now_ms=pin.valid_as_of, half_life_ms=profile.half_life_ms, lexical_weight=lexical_weight,
             max_accepted_cursor=pin.system_as_of, best_bm25=best_bm25, after=after, limit=limit, window=pin.window,

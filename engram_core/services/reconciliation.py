@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.contract.validation import parse_instant
 from engram_core.policy.port import RECONCILIATION, Decision
 from engram_core.services import lifecycle
@@ -47,10 +48,10 @@ def payload_links(effective: dict[str, Any]) -> PayloadLinks:
                         primary_kind=str(primary.get("kind", "")), source_refs=sources)
 
 
-def write_links(tx: Tx, tenant: str, workspace: str, record_id: str, links: PayloadLinks) -> None:
+def write_links(tx: Tx, scope: Scope, record_id: str, links: PayloadLinks) -> None:
     """Record the newcomer's families and its sources (those that are records of this scope)."""
-    known = tx.records(tenant, workspace, [s for s in links.source_refs if s != record_id]) if links.source_refs else {}
-    tx.add_record_links(tenant, workspace, record_id, family_refs=links.family_refs, primary_kind=links.primary_kind,
+    known = tx.records(scope, [s for s in links.source_refs if s != record_id]) if links.source_refs else {}
+    tx.add_record_links(scope, record_id, family_refs=links.family_refs, primary_kind=links.primary_kind,
                         source_ids=sorted(sid for sid, row in known.items() if row.state != "tombstoned"))
 
 
@@ -83,7 +84,7 @@ class Reconciler:
         if not links.family_refs:
             return None
         with self.core.store.read(snapshot=False) as tx:  # checked again in the write transaction
-            members = [m for m in tx.family_members(ctx.tenant, ctx.workspace, links.family_refs, MEMBER_STATES)
+            members = [m for m in tx.family_members(ctx.scope, links.family_refs, MEMBER_STATES)
                        if m[0].record_id != record_id]
         vt = effective["valid_time"]
         expires = effective.get("retention", {}).get("expires_at")
@@ -118,7 +119,7 @@ class Reconciler:
                            family_refs: list[str]) -> dict[str, RecordRow]:
         """Inside the admission's transaction, before it writes: the family's current members,
         which must be those the decision saw (else POLICY_STALE, and the retry decides again)."""
-        current = {rec.record_id: rec for rec, _, _ in tx.family_members(ctx.tenant, ctx.workspace, family_refs,
+        current = {rec.record_id: rec for rec, _, _ in tx.family_members(ctx.scope, family_refs,
                                                                           MEMBER_STATES)
                    if rec.record_id != record_id}
         if {rid: rec.state for rid, rec in current.items()} != plan.seen:
@@ -139,7 +140,7 @@ class Reconciler:
             body: dict[str, Any] = {"reason_ref": "reconciliation", "decisions": [plan.decision.summary()],
                                     "audit_id": ctx.audit_id}
             body["successor" if operation == "supersede" else "disputed_by"] = record_id
-            event = tx.append_event(ctx.tenant, ctx.workspace, event_id=f"{event_id}/reconcile/{n}",
+            event = tx.append_event(ctx.scope, event_id=f"{event_id}/reconcile/{n}",
                                     operation=operation, target=member_id, from_state=rec.state, to_state=to_state,
                                     at_ms=now, body=body)
             tx.set_record_state(member_id, to_state, state_cursor=event.cursor,

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.crypto.keyvault import KeyVault, WrappedKey, record_data_key, record_data_keys
 from engram_core.store.audit_spool import AuditSpool
 from engram_core.store.chain import audit_doc, chain_heads, new_writer_chain, scope_chain
@@ -129,7 +130,7 @@ class StoreKernel:
         self._applied: dict[tuple[str, str], int] = {}
         # Scopes loaded on first use (None: every scope is loaded at open).
         self._residency = IndexResidency(index_max_records) if capabilities.lazy_scopes else None
-        self.on_scope_refresh: Callable[[str, str], None] | None = None  # Store.on_scope_refresh
+        self.on_scope_refresh: Callable[[Scope], None] | None = None  # Store.on_scope_refresh
         self._sketch_vectors = sketch_vectors
         self._stale = True
         self._open = True
@@ -141,10 +142,11 @@ class StoreKernel:
 
     # -- transactions ------------------------------------------------------------------------------
     @contextmanager
-    def write(self, *, batched: bool = False, scope: tuple[str, str] | None = None) -> Iterator[KernelTx]:
+    def write(self, *, batched: bool = False, scope: Scope | None = None) -> Iterator[KernelTx]:
         self._require_open()
         effects = TxEffects()
-        with self.engine.write(batched=batched, effects=effects, scope=scope) as etx:
+        lane = (scope.tenant, scope.workspace) if scope is not None else None
+        with self.engine.write(batched=batched, effects=effects, scope=lane) as etx:
             yield KernelTx(self, etx, effects)
 
     @contextmanager
@@ -437,56 +439,57 @@ class StoreKernel:
 
     # -- the search index ---------------------------------------------------------------------------------
     @contextmanager
-    def search_index(self, scope: tuple[str, str] | None = None) -> Iterator[SearchIndex]:
+    def search_index(self, scope: Scope | None = None) -> Iterator[SearchIndex]:
         """The in-memory search index (rebuilt from the engine first if it may be behind), with
         ``scope``'s part loaded when scopes are loaded on first use."""
+        key = (scope.tenant, scope.workspace) if scope is not None else None
         for _ in range(8):
-            if scope is not None and self._residency is not None:
+            if scope is not None and key is not None and self._residency is not None:
                 with self._publish:
-                    loaded = scope in self._residency and not self._stale
+                    loaded = key in self._residency and not self._stale
                 if not loaded:
-                    self._load_scope(*scope)
+                    self._load_scope(scope)
             with self._publish:
                 if self._stale:
                     self._reload()
-                if scope is None or self._residency is None or scope in self._residency:
-                    if scope is not None and self._residency is not None:
-                        self._residency.touch(scope)
+                if key is None or self._residency is None or key in self._residency:
+                    if key is not None and self._residency is not None:
+                        self._residency.touch(key)
                     yield self._index
                     return
             # Evicted by another scope's load between the two: load it again.
         raise EngramError(Code.STORE_UNAVAILABLE, "the search index budget is too small for the scopes in use")
 
-    def indexed_postings(self, tenant: str, workspace: str, record_id: str) -> int | None:
+    def indexed_postings(self, scope: Scope, record_id: str) -> int | None:
         """How many postings the search index holds for a record; None when it does not hold it
         here, without loading its scope: a write that asks under its scope lock (a forget's
         coverage count) must not wait for a whole scope's load there, which stalled every core's
         writes to the scope for seconds at 100k records."""
-        scope = (tenant, workspace)
+        key = (scope.tenant, scope.workspace)
         if self._residency is not None:
             with self._publish:
-                if self._stale or scope not in self._residency:
+                if self._stale or key not in self._residency:
                     return None
-                self._residency.touch(scope)
-                return self._index.indexed_postings(tenant, workspace, record_id)
+                self._residency.touch(key)
+                return self._index.indexed_postings(scope.tenant, scope.workspace, record_id)
         with self.search_index(scope) as index:
-            return index.indexed_postings(tenant, workspace, record_id)
+            return index.indexed_postings(scope.tenant, scope.workspace, record_id)
 
     def _loaded_or_unknown(self, change: Any) -> bool:
         scope = _scope_of_change(change)
         assert self._residency is not None
         return scope is None or scope in self._residency
 
-    def _load_scope(self, tenant: str, workspace: str) -> int:
+    def _load_scope(self, scope: Scope) -> int:
         """Load one scope's index from its sealed projections at one snapshot (outside the
         publish lock: other scopes' reads go on), then evict what the budget no longer holds."""
-        key = (tenant, workspace)
+        key = (scope.tenant, scope.workspace)
         started = time.perf_counter()
         builder = IndexBuilder(sketch_vectors=self._sketch_vectors)
         with self.engine.read(snapshot=True) as etx:
-            row = etx.scope(tenant, workspace)
+            row = etx.scope(scope.tenant, scope.workspace)
             head = row.last_cursor if row is not None else 0
-            blobs = etx.scope_projection_blobs(tenant, workspace) if row is not None else []
+            blobs = etx.scope_projection_blobs(scope.tenant, scope.workspace) if row is not None else []
         for rec, _ in blobs:
             builder.add_row(rec)
         keys = self._record_keys([rec for rec, _ in blobs])
@@ -501,9 +504,9 @@ class StoreKernel:
                 self._reload()
             assert self._residency is not None
             if key not in self._residency:  # else another read loaded it meanwhile: keep that one
-                self._index.replace_scope(tenant, workspace, built)
+                self._index.replace_scope(scope.tenant, scope.workspace, built)
                 self._applied[key] = head
-                self._residency.loaded(key, self._index.scope_documents(tenant, workspace))
+                self._residency.loaded(key, self._index.scope_documents(scope.tenant, scope.workspace))
                 evicted = self._residency.victims(keep=key)
                 for victim in evicted:
                     self._index.drop_scope(*victim)
@@ -511,7 +514,7 @@ class StoreKernel:
         if self.observers.on_scope_load is not None:
             self.observers.on_scope_load(time.perf_counter() - started, len(blobs))
         if self.on_scope_refresh is not None:
-            self.on_scope_refresh(tenant, workspace)
+            self.on_scope_refresh(scope)
         if evicted and self.observers.on_scope_evict is not None:
             self.observers.on_scope_evict(len(evicted))
         return len(blobs)
@@ -523,80 +526,80 @@ class StoreKernel:
         with self._publish:
             return self._residency.stats()
 
-    def committed_scope(self, tenant: str, workspace: str) -> ScopeRow | None:
+    def committed_scope(self, scope: Scope) -> ScopeRow | None:
         """The scope row as of the last commit whose changes the search index holds: the index is
         at least as new as this row, so its ``last_cursor`` can pin a search. Where other cores
         write the same database, the row is read from it and the index caught up to its head
         first (``catch_up``): a read here sees what any core acknowledged before it."""
         if not self.capabilities.sole_writer:
-            return self.catch_up(tenant, workspace)
+            return self.catch_up(scope)
         with self._publish:
             if self._stale:
                 self._reload()
-            return self._scopes.get((tenant, workspace)) if self._scopes is not None else None
+            return self._scopes.get((scope.tenant, scope.workspace)) if self._scopes is not None else None
 
-    def latest_scope(self, tenant: str, workspace: str) -> ScopeRow | None:
+    def latest_scope(self, scope: Scope) -> ScopeRow | None:
         """The scope row as last committed by any core, without bringing the index to it: a
         write's authorization reads the row alone, so a write on a core another core writes
         beside costs one round trip here instead of a catch-up (a second round trip, the new
         records' keys and indexing them) on every call; reads catch up, several writes at once."""
         if self.capabilities.sole_writer:
-            return self.committed_scope(tenant, workspace)
-        return self.engine.scope_now(tenant, workspace)
+            return self.committed_scope(scope)
+        return self.engine.scope_now(scope.tenant, scope.workspace)
 
-    def catch_up(self, tenant: str, workspace: str) -> ScopeRow | None:
+    def catch_up(self, scope: Scope) -> ScopeRow | None:
         """The scope row as last committed by any core, with the scope's part of the search
         index brought to its head first: the records the events since the index's cursor named
         are indexed as they are in the same snapshot as the row (``Engine.changes_since``: one
         round trip, the one a read with nothing new makes too); an event that rebuilt or dropped
         the scope's projections reloads the scope. A scope not loaded here yet is loaded whole."""
-        key = (tenant, workspace)
+        key = (scope.tenant, scope.workspace)
         with self._publish:
             if self._stale:
                 self._reload()
             known = self._applied.get(key)
         if known is None and self._residency is not None:
-            row = self.engine.scope_now(tenant, workspace)
+            row = self.engine.scope_now(scope.tenant, scope.workspace)
             if row is not None:
-                self._load_scope(tenant, workspace)  # the whole scope, at a head no older than ``row``
+                self._load_scope(scope)  # the whole scope, at a head no older than ``row``
             return row
         applied = known or 0
-        found = self.engine.changes_since(tenant, workspace, applied)
+        found = self.engine.changes_since(scope.tenant, scope.workspace, applied)
         if not found.events:
             return found.row
         if any(e.operation in SCOPE_WIDE_OPERATIONS for e in found.events):
             with self.engine.read(snapshot=True) as etx:
-                events = etx.events(tenant, workspace, applied + 1, None)
-                rows = {r.record_id: r for r in etx.scope_records(tenant, workspace)}
+                events = etx.events(scope.tenant, scope.workspace, applied + 1, None)
+                rows = {r.record_id: r for r in etx.scope_records(scope.tenant, scope.workspace)}
                 touched = list(rows)
                 blobs = {rid: b[0] for rid in touched if rid in rows and (b := etx.projection_blob(rid)) is not None}
-            self._index_caught_up(tenant, workspace, touched, rows, blobs, events, applied, dropped=True)
+            self._index_caught_up(scope, touched, rows, blobs, events, applied, dropped=True)
             return found.row
         touched = list(dict.fromkeys(rid for e in found.events for rid in records_of_event(e)))
-        self._index_caught_up(tenant, workspace, touched, found.rows, found.blobs, found.events, applied,
+        self._index_caught_up(scope, touched, found.rows, found.blobs, found.events, applied,
                               dropped=False, keys=found.keys)
         return found.row
 
-    def _index_caught_up(self, tenant: str, workspace: str, touched: list[str], rows: dict[str, RecordRow],
+    def _index_caught_up(self, scope: Scope, touched: list[str], rows: dict[str, RecordRow],
                          blobs: dict[str, bytes], events: list[Event], applied: int, *, dropped: bool,
                          keys: Mapping[int, WrappedKey] | None = None) -> None:
         """Index ``touched`` records as read (``rows``, ``blobs``: one snapshot that also held
         ``events``; ``keys``: their wrapped data keys where the engine read them too);
         ``dropped``: the scope's projections are replaced by these."""
-        changes: list[Any] = [ScopeProjectionsDropped(tenant, workspace)] if dropped else []
+        changes: list[Any] = [ScopeProjectionsDropped(scope.tenant, scope.workspace)] if dropped else []
         data_keys = self._record_keys([rows[rid] for rid in touched if rid in rows and rid in blobs], stored=keys)
         for rid in touched:
             row, blob = rows.get(rid), blobs.get(rid)
             key_bytes = data_keys.get(rid) if row is not None and blob is not None else None
             if row is None or blob is None or key_bytes is None:
-                changes.append(RecordUnindexed(tenant, workspace, rid))
+                changes.append(RecordUnindexed(scope.tenant, scope.workspace, rid))
                 continue
             projection = open_projection(key_bytes, rid, blob)
             changes.append(RecordIndexed(row, _postings_of(projection)))
             if projection.vector is not None:
-                changes.append(VectorIndexed(tenant, workspace, rid, projection.model, projection.vector))
+                changes.append(VectorIndexed(scope.tenant, scope.workspace, rid, projection.model, projection.vector))
         reached = max((e.cursor for e in events), default=applied)
-        key = (tenant, workspace)
+        key = (scope.tenant, scope.workspace)
         with self._publish:
             if dropped and reached <= self._applied.get(key, 0):
                 return  # another read's catch-up put a snapshot at least as new in meanwhile: keep that one
@@ -605,7 +608,7 @@ class StoreKernel:
             self._index.apply(changes)
             self._applied[key] = max(self._applied.get(key, 0), reached)
         if dropped and self.on_scope_refresh is not None:  # a scope-wide change another core made
-            self.on_scope_refresh(tenant, workspace)
+            self.on_scope_refresh(scope)
 
     def index_ready(self) -> bool:
         """The search index is built and current (readiness)."""

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.store.changes import (
     Posting,
     RecordIndexed,
@@ -29,7 +30,7 @@ class _Kernel(Protocol):
     """What these members use of ``kernel.StoreKernel``."""
 
     def data_key(self, rec: RecordRow) -> bytes: ...
-    def indexed_postings(self, tenant: str, workspace: str, record_id: str) -> int | None: ...
+    def indexed_postings(self, scope: Scope, record_id: str) -> int | None: ...
 
 
 class ProjectionMaintenance:
@@ -40,7 +41,7 @@ class ProjectionMaintenance:
     _effects: TxEffects
     _inserted: dict[str, RecordRow]
 
-    def index_record(self, tenant: str, workspace: str, record_id: str, fields: dict[str, Counter[int]],
+    def index_record(self, scope: Scope, record_id: str, fields: dict[str, Counter[int]],
                      vector: tuple[str, list[float]] | None = None) -> None:
         """The search projection of one accepted record (after ``insert_record``, in the same
         transaction): postings and the vector (model id, values), stored as one blob sealed under
@@ -49,29 +50,29 @@ class ProjectionMaintenance:
         if inserted is not None and inserted.state == "accepted_current":
             r = inserted
         else:  # a record inserted earlier (rebuild, restore), or whose state changed since
-            found = self._etx.records(tenant, workspace, [record_id]).get(record_id)
+            found = self._etx.records(scope.tenant, scope.workspace, [record_id]).get(record_id)
             if found is None:
                 raise EngramError(Code.STORE_UNAVAILABLE, "index_record before insert_record")
             r = found
         projection = Projection.of({FIELD_CODE[name]: counts for name, counts in fields.items()},
                                    *(vector if vector is not None else ("", None)))
         sealed = seal_projection(self._kernel.data_key(r), record_id, projection)
-        self._etx.put_projection(tenant, workspace, record_id, sealed, new=inserted is not None)
+        self._etx.put_projection(scope.tenant, scope.workspace, record_id, sealed, new=inserted is not None)
         postings = tuple(Posting(term, name, tf, sum(counts.values()))
                          for name, counts in fields.items() for term, tf in counts.items())
         self._effects.changes.append(RecordIndexed(r, postings))
         if vector is not None:
-            self._effects.changes.append(VectorIndexed(tenant, workspace, record_id, vector[0], vector[1]))
+            self._effects.changes.append(VectorIndexed(scope.tenant, scope.workspace, record_id, vector[0], vector[1]))
 
-    def unindex_record(self, tenant: str, workspace: str, record_id: str) -> int:
+    def unindex_record(self, scope: Scope, record_id: str) -> int:
         """Delete the record's sealed projection; returns how many postings it held (as the
         committed index counts them, or, where this core's index does not hold the record, as
         its sealed projection does)."""
-        removed = self._kernel.indexed_postings(tenant, workspace, record_id)
+        removed = self._kernel.indexed_postings(scope, record_id)
         if removed is None:
             removed = self.postings_count(record_id)
         self._etx.delete_projection(record_id)
-        self._effects.changes.append(RecordUnindexed(tenant, workspace, record_id))
+        self._effects.changes.append(RecordUnindexed(scope.tenant, scope.workspace, record_id))
         return removed
 
     def projection(self, record_id: str) -> Projection | None:
@@ -90,36 +91,36 @@ class ProjectionMaintenance:
         projection = self.projection(record_id)
         return int(projection is not None and projection.vector is not None)
 
-    def _scope_projections(self, tenant: str, workspace: str) -> Iterator[tuple[RecordRow, bytes, Projection]]:
+    def _scope_projections(self, scope: Scope) -> Iterator[tuple[RecordRow, bytes, Projection]]:
         """Every sealed projection of a scope with its record row and data key, opened (maintenance)."""
-        for rec, sealed in self._etx.scope_projection_blobs(tenant, workspace):
+        for rec, sealed in self._etx.scope_projection_blobs(scope.tenant, scope.workspace):
             key = self._kernel.data_key(rec)
             yield rec, key, open_projection(key, rec.record_id, sealed)
 
-    def reseal_projections(self, tenant: str, workspace: str,
+    def reseal_projections(self, scope: Scope,
                            rewrite: Callable[[RecordRow, Projection], Projection | None]) -> int:
         """Replace the projection of every record in a scope with ``rewrite(record, projection)``
         (None: leave it). The search index is not told: the caller reloads it after the commit."""
         resealed = []
-        for rec, key, old in self._scope_projections(tenant, workspace):
+        for rec, key, old in self._scope_projections(scope):
             projection = rewrite(rec, old)
             if projection is not None:
                 resealed.append((rec.record_id, seal_projection(key, rec.record_id, projection)))
         self._etx.update_projection_blobs(resealed)
         return len(resealed)
 
-    def projection_counts(self, tenant: str, workspace: str) -> dict[str, int]:
+    def projection_counts(self, scope: Scope) -> dict[str, int]:
         """Postings and vectors in the scope's sealed projections (opened: maintenance only)."""
         counts = {"projections": 0, "postings": 0, "vectors": 0}
-        for _, _, projection in self._scope_projections(tenant, workspace):
+        for _, _, projection in self._scope_projections(scope):
             counts["projections"] += 1
             counts["postings"] += projection.postings
             counts["vectors"] += int(projection.vector is not None)
         return counts
 
-    def drop_projections(self, tenant: str, workspace: str) -> dict[str, int]:
+    def drop_projections(self, scope: Scope) -> dict[str, int]:
         """Delete the sealed projections of one scope; returns what they held (postings, vectors)."""
-        counts = self.projection_counts(tenant, workspace)
-        self._etx.drop_scope_projections(tenant, workspace)
-        self._effects.changes.append(ScopeProjectionsDropped(tenant, workspace))
+        counts = self.projection_counts(scope)
+        self._etx.drop_scope_projections(scope.tenant, scope.workspace)
+        self._effects.changes.append(ScopeProjectionsDropped(scope.tenant, scope.workspace))
         return counts

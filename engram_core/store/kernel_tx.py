@@ -8,6 +8,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from engram_core.contract.scope import Scope
 from engram_core.store.chain import event_digest_of
 from engram_core.store.changes import RecordRowChanged, RecordStateChanged
 from engram_core.store.engine import EngineCapabilities, EngineTx, TxEffects
@@ -22,11 +23,11 @@ class Kernel(Protocol):
 
     @property
     def capabilities(self) -> EngineCapabilities: ...
-    def search_index(self, scope: tuple[str, str] | None = None) -> AbstractContextManager[SearchIndex]: ...
+    def search_index(self, scope: Scope | None = None) -> AbstractContextManager[SearchIndex]: ...
     def spooled_audit_heads(self) -> dict[str, tuple[int, str]]: ...
     def key_generation_of(self, slot: int) -> int | None: ...
     def data_key(self, rec: RecordRow) -> bytes: ...
-    def indexed_postings(self, tenant: str, workspace: str, record_id: str) -> int | None: ...
+    def indexed_postings(self, scope: Scope, record_id: str) -> int | None: ...
 
 
 class KernelTx(ProjectionMaintenance, EngineTxDelegation):
@@ -70,18 +71,19 @@ class KernelTx(ProjectionMaintenance, EngineTxDelegation):
 
     # -- the journal ------------------------------------------------------------------------------------------
     def append_event(
-        self, tenant: str, workspace: str, *, event_id: str, operation: str, target: str,
+        self, scope: Scope, *, event_id: str, operation: str, target: str,
         from_state: str, to_state: str, at_ms: int, body: dict[str, Any],
     ) -> Event:
-        scope = self._etx.scope_for_update(tenant, workspace)
-        cursor = scope.last_cursor + 1
+        tenant, workspace = scope.tenant, scope.workspace
+        head = self._etx.scope_for_update(tenant, workspace)
+        cursor = head.last_cursor + 1
         doc = {
             "tenant": tenant, "workspace": workspace, "cursor": str(cursor), "event_id": event_id,
             "operation": operation, "target": target, "from_state": from_state, "to_state": to_state,
-            "at_ms": at_ms, "body": body, "prev_digest": scope.last_event_digest,
+            "at_ms": at_ms, "body": body, "prev_digest": head.last_event_digest,
         }
         event = Event(tenant, workspace, cursor, event_id, operation, target, from_state, to_state, at_ms, body,
-                      scope.last_event_digest, event_digest_of(doc))
+                      head.last_event_digest, event_digest_of(doc))
         self._etx.insert_event(event)
         self._effects.appended_cursors.append((tenant, workspace, cursor))
         return event
@@ -128,23 +130,23 @@ class KernelTx(ProjectionMaintenance, EngineTxDelegation):
         self._etx.insert_record(row)
         self._inserted[row.record_id] = row
 
-    def record(self, tenant: str, workspace: str, record_id: str) -> RecordRow | None:
+    def record(self, scope: Scope, record_id: str) -> RecordRow | None:
         if self._latest:  # the committed copy where the index holds one (a forget's first look)
-            return self.records(tenant, workspace, [record_id]).get(record_id)
-        return self._etx.record(tenant, workspace, record_id)
+            return self.records(scope, [record_id]).get(record_id)
+        return self._etx.record(scope.tenant, scope.workspace, record_id)
 
-    def records(self, tenant: str, workspace: str, record_ids: list[str]) -> dict[str, RecordRow]:
+    def records(self, scope: Scope, record_ids: list[str]) -> dict[str, RecordRow]:
         """These records' rows in the scope. A reader without a snapshot gets the latest committed
         rows, from the search index's copy where it holds one (published with each commit)."""
         if not record_ids:
             return {}
         if not self._latest or not self._kernel.capabilities.sole_writer:
-            return self._etx.records(tenant, workspace, record_ids)
+            return self._etx.records(scope.tenant, scope.workspace, record_ids)
         with self._kernel.search_index() as index:
-            found = index.rows(tenant, workspace, record_ids)
+            found = index.rows(scope.tenant, scope.workspace, record_ids)
         missing = [rid for rid in record_ids if rid not in found]
         if missing:
-            found.update(self._etx.records(tenant, workspace, missing))
+            found.update(self._etx.records(scope.tenant, scope.workspace, missing))
         return found
 
     def set_record_state(self, record_id: str, state: str, *, state_cursor: int, successor_id: str | None = None,
@@ -160,24 +162,24 @@ class KernelTx(ProjectionMaintenance, EngineTxDelegation):
         self._effects.changes.append(RecordRowChanged(record_id))  # the index's copy shows the old class
 
     # -- ranking (the search index) ----------------------------------------------------------------------------------------
-    def lexical_stats(self, tenant: str, workspace: str, terms: list[int]) -> LexicalStats:
+    def lexical_stats(self, scope: Scope, terms: list[int]) -> LexicalStats:
         """Corpus statistics BM25 needs for ``terms`` in one scope. Search pins them with the first
         page, so later pages score every record as the first page did (SPEC §5)."""
-        with self._kernel.search_index((tenant, workspace)) as index:
-            return index.stats(tenant, workspace, terms)
+        with self._kernel.search_index(scope) as index:
+            return index.stats(scope.tenant, scope.workspace, terms)
 
-    def rank_lexical(self, tenant: str, workspace: str, query: LexicalQuery) -> LexicalPage:
+    def rank_lexical(self, scope: Scope, query: LexicalQuery) -> LexicalPage:
         """BM25F ranking of the scope's eligible records (see ``SearchIndex.rank``)."""
-        with self._kernel.search_index((tenant, workspace)) as index:
-            return index.rank(tenant, workspace, query)
+        with self._kernel.search_index(scope) as index:
+            return index.rank(scope.tenant, scope.workspace, query)
 
     def rank_vectors(
-        self, tenant: str, workspace: str, model: str, vector: list[float], *, now_ms: int,
+        self, scope: Scope, model: str, vector: list[float], *, now_ms: int,
         max_accepted_cursor: int, min_similarity: float, limit: int,
         neighbours: tuple[int, float, int, int] | None = None,
     ) -> list[tuple[str, float, int]]:
         """Nearest eligible records by cosine similarity (see ``SearchIndex.nearest``)."""
-        with self._kernel.search_index((tenant, workspace)) as index:
-            return index.nearest(tenant, workspace, model, vector, now_ms=now_ms,
+        with self._kernel.search_index(scope) as index:
+            return index.nearest(scope.tenant, scope.workspace, model, vector, now_ms=now_ms,
                                  max_accepted_cursor=max_accepted_cursor, min_similarity=min_similarity, limit=limit,
                                  neighbours=neighbours)

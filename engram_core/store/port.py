@@ -22,6 +22,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from engram_core.contract.scope import Scope
 from engram_core.store.projection import Projection
 
 if TYPE_CHECKING:
@@ -258,48 +259,48 @@ class Tx(Protocol):
         ...
 
     # scopes and cursors
-    def scope(self, tenant: str, workspace: str) -> ScopeRow | None:
+    def scope(self, scope: Scope) -> ScopeRow | None:
         """The scope row (activation, tools, authorization epoch, journal head) as this transaction sees it, or None."""
         ...
-    def set_activation(self, tenant: str, workspace: str, *, activated: bool, tools: tuple[str, ...]) -> ScopeRow:
+    def set_activation(self, scope: Scope, *, activated: bool, tools: tuple[str, ...]) -> ScopeRow:
         """Turn memory on or off for a scope and set its tools (creating the scope row); the new row."""
         ...
-    def bump_epoch(self, tenant: str, workspace: str) -> int:
+    def bump_epoch(self, scope: Scope) -> int:
         """Raise the scope's authorization epoch (revocation); the new epoch. Contexts and grants of older epochs are refused from the commit on."""
         ...
     def append_event(
-        self, tenant: str, workspace: str, *, event_id: str, operation: str, target: str,
+        self, scope: Scope, *, event_id: str, operation: str, target: str,
         from_state: str, to_state: str, at_ms: int, body: dict[str, Any],
     ) -> Event:
         """Append a journal event at the scope's next cursor, chained to the previous event's digest (the store computes both under its hold on the scope: cursors stay dense under concurrent writers anywhere); the event as stored."""
         ...
-    def events(self, tenant: str, workspace: str, from_cursor: int, to_cursor: int | None) -> list[Event]:
+    def events(self, scope: Scope, from_cursor: int, to_cursor: int | None) -> list[Event]:
         """The scope's events with ``from_cursor <= cursor <= to_cursor`` (None: to the head), by cursor."""
         ...
     def scopes(self) -> list[ScopeRow]:
         """Every scope row, by tenant and workspace."""
         ...
-    def event_by_id(self, tenant: str, workspace: str, event_id: str) -> Event | None:
+    def event_by_id(self, scope: Scope, event_id: str) -> Event | None:
         """The scope's event with this id, or None."""
         ...
     # idempotency and confirmations
-    def idempotency_get(self, tenant: str, workspace: str, principal: str, key: str) -> IdempotencyRow | None:
+    def idempotency_get(self, scope: Scope, principal: str, key: str) -> IdempotencyRow | None:
         """The stored outcome of this key for this principal in the scope, or None. In a write transaction exact at its commit (the scope is held); elsewhere the latest committed."""
         ...
-    def idempotency_put(self, tenant: str, workspace: str, principal: str, key: str, row: IdempotencyRow, at_ms: int) -> None:
+    def idempotency_put(self, scope: Scope, principal: str, key: str, row: IdempotencyRow, at_ms: int) -> None:
         """Record a key's outcome in the effect's transaction. A second put of one key never commits (the engine's unique key); callers ``idempotency_get`` first in the same write transaction."""
         ...
-    def use_confirmation(self, grant_id: str, tenant: str, workspace: str, at_ms: int) -> bool:
+    def use_confirmation(self, grant_id: str, scope: Scope, at_ms: int) -> bool:
         """Spend a confirmation grant: False (nothing written) when it was spent before, by any transaction that committed or by this one."""
         ...
     # candidates
     def insert_candidate(self, row: CandidateRow) -> None:
         """Store a new pending candidate (control row and sealed envelope)."""
         ...
-    def candidate(self, tenant: str, workspace: str, candidate_id: str) -> CandidateRow | None:
+    def candidate(self, scope: Scope, candidate_id: str) -> CandidateRow | None:
         """The candidate if it is in this scope (another scope's reads as unknown: None)."""
         ...
-    def candidates_in_state(self, tenant: str, workspace: str, state: str) -> list[CandidateRow]:
+    def candidates_in_state(self, scope: Scope, state: str) -> list[CandidateRow]:
         """The scope's candidates in ``state``, by capture cursor."""
         ...
     def set_candidate_state(self, candidate_id: str, state: str, *, decision: dict[str, Any] | None = None, drop_envelope: bool = False) -> None:
@@ -335,13 +336,13 @@ class Tx(Protocol):
     def insert_record(self, row: RecordRow) -> None:
         """Store an admitted record (control row and sealed body)."""
         ...
-    def record(self, tenant: str, workspace: str, record_id: str) -> RecordRow | None:
+    def record(self, scope: Scope, record_id: str) -> RecordRow | None:
         """The record if it is in this scope (another scope's reads as unknown: None). Without a snapshot, the latest committed row."""
         ...
-    def records(self, tenant: str, workspace: str, record_ids: list[str]) -> dict[str, RecordRow]:
+    def records(self, scope: Scope, record_ids: list[str]) -> dict[str, RecordRow]:
         """These records' rows in the scope (ids of other scopes are left out)."""
         ...
-    def scope_records(self, tenant: str, workspace: str, states: tuple[str, ...] | None = None) -> list[RecordRow]:
+    def scope_records(self, scope: Scope, states: tuple[str, ...] | None = None) -> list[RecordRow]:
         """The scope's records (optionally only those in ``states``), by admission cursor."""
         ...
     def set_record_state(self, record_id: str, state: str, *, state_cursor: int, successor_id: str | None = None,
@@ -351,47 +352,47 @@ class Tx(Protocol):
     def set_record_trust_class(self, record_id: str, trust_class: str) -> None:
         """A host verifier's attestation (or its revocation) of a record."""
         ...
-    def payload_standing(self, tenant: str, workspace: str, payload_digest: str) -> tuple[str | None, bool]:
+    def payload_standing(self, scope: Scope, payload_digest: str) -> tuple[str | None, bool]:
         """(the earliest-admitted current record with this payload or None, whether this payload was forgotten in the scope)."""
         ...
     # record links: reconciliation families and derivative sources (identifiers and labels only)
-    def add_record_links(self, tenant: str, workspace: str, record_id: str, *, family_refs: list[str],
+    def add_record_links(self, scope: Scope, record_id: str, *, family_refs: list[str],
                          primary_kind: str, source_ids: list[str]) -> None:
         """The record's reconciliation families (with its primary component's kind) and its derivative sources: identifiers and labels only."""
         ...
     def drop_record_links(self, record_id: str) -> None:
         """A tombstoned record names no family and derives from nothing any more."""
         ...
-    def family_members(self, tenant: str, workspace: str, family_refs: list[str],
+    def family_members(self, scope: Scope, family_refs: list[str],
                        states: tuple[str, ...]) -> list[tuple[RecordRow, str, list[str]]]:
         """Records in ``states`` sharing a family with ``family_refs``: (row, primary kind, shared family refs sorted), by record id."""
         ...
-    def derivatives(self, tenant: str, workspace: str, source_id: str) -> list[RecordRow]:
+    def derivatives(self, scope: Scope, source_id: str) -> list[RecordRow]:
         """Records of the scope whose citations name ``source_id`` as their source, by record id."""
         ...
     # tombstone ledger
-    def add_tombstone(self, tenant: str, workspace: str, payload_digest: str, record_id: str, cursor: int, at_ms: int) -> None:
+    def add_tombstone(self, scope: Scope, payload_digest: str, record_id: str, cursor: int, at_ms: int) -> None:
         """Ledger a forgotten payload (forgotten-content protection, SPEC §5)."""
         ...
-    def tombstoned(self, tenant: str, workspace: str, payload_digest: str) -> bool:
+    def tombstoned(self, scope: Scope, payload_digest: str) -> bool:
         """Whether this payload was forgotten in the scope."""
         ...
     # projections
-    def index_record(self, tenant: str, workspace: str, record_id: str, fields: dict[str, Counter[int]],
+    def index_record(self, scope: Scope, record_id: str, fields: dict[str, Counter[int]],
                      vector: tuple[str, list[float]] | None = None) -> None:
         """The search projection of an accepted record (after ``insert_record`` in the same transaction): postings and vector sealed under the record's data key before the engine sees them; searches see them once this commits."""
         ...
-    def unindex_record(self, tenant: str, workspace: str, record_id: str) -> int:
+    def unindex_record(self, scope: Scope, record_id: str) -> int:
         """Delete the record's sealed projection (forget); how many postings it held: the search index's count, or, where this process's index does not hold the record (its scope not loaded here, or behind another core's writes), the sealed projection's. Never loads a scope."""
         ...
-    def lexical_stats(self, tenant: str, workspace: str, terms: list[int]) -> LexicalStats:
+    def lexical_stats(self, scope: Scope, terms: list[int]) -> LexicalStats:
         """BM25 statistics of ``terms`` in the scope (search pins them with its first page)."""
         ...
-    def rank_lexical(self, tenant: str, workspace: str, query: LexicalQuery) -> LexicalPage:
+    def rank_lexical(self, scope: Scope, query: LexicalQuery) -> LexicalPage:
         """BM25F ranking of the scope's records eligible at ``query.now_ms`` (``SearchIndex.rank``)."""
         ...
     def rank_vectors(
-        self, tenant: str, workspace: str, model: str, vector: list[float], *, now_ms: int,
+        self, scope: Scope, model: str, vector: list[float], *, now_ms: int,
         max_accepted_cursor: int, min_similarity: float, limit: int,
         neighbours: tuple[int, float, int, int] | None = None,
     ) -> list[tuple[str, float, int]]:
@@ -401,7 +402,7 @@ class Tx(Protocol):
     def append_audit(self, row: AuditRow) -> str:
         """The transaction's audit row: it takes its place in its scope's audit chain when the transaction commits (and goes to the audit devices just before); returns ""."""
         ...
-    def audit_rows(self, tenant: str | None, workspace: str | None, from_seq: int, to_seq: int | None) -> list[dict[str, Any]]:
+    def audit_rows(self, scope: Scope | None, from_seq: int, to_seq: int | None) -> list[dict[str, Any]]:
         """Audit documents (optionally only those about one scope), ordered by chain then seq;
         ``from_seq``/``to_seq`` bound each chain's seq."""
         ...
@@ -434,17 +435,17 @@ class Tx(Protocol):
         """Every metadata entry whose key starts with ``prefix``."""
         ...
     # maintenance (SPEC §12): projections, backup and restore
-    def drop_projections(self, tenant: str, workspace: str) -> dict[str, int]:
+    def drop_projections(self, scope: Scope) -> dict[str, int]:
         """Delete every sealed projection of a scope (invalidation); what they held."""
         ...
     def projection(self, record_id: str) -> Projection | None:
         """The record's search projection opened with its data key, or None."""
         ...
-    def reseal_projections(self, tenant: str, workspace: str,
+    def reseal_projections(self, scope: Scope,
                            rewrite: Callable[[RecordRow, Projection], Projection | None]) -> int:
         """Replace each projection of a scope with ``rewrite(record, projection)`` (None: keep it); how many changed. The caller reloads the search index after the commit."""
         ...
-    def projection_counts(self, tenant: str, workspace: str) -> dict[str, int]:
+    def projection_counts(self, scope: Scope) -> dict[str, int]:
         """Projections, postings and vectors the scope's sealed projections hold (opens them: maintenance only)."""
         ...
     def is_empty(self) -> bool:
@@ -474,12 +475,12 @@ class Tx(Protocol):
 
 
 class Store(Protocol):
-    def write(self, *, batched: bool = False, scope: tuple[str, str] | None = None) -> AbstractContextManager[Tx]:
+    def write(self, *, batched: bool = False, scope: Scope | None = None) -> AbstractContextManager[Tx]:
         """A serialized read-write transaction; durable when the ``with`` block exits normally.
         ``batched``: the engine may commit it together with other batched transactions (group
         commit); what it wrote becomes visible to others and durable together with them, and a
         failure of the shared commit is raised from the ``with`` of every member. ``scope``: the
-        one (tenant, workspace) a batched transaction writes, which an engine may batch by
+        one scope a batched transaction writes, which an engine may batch by
         (PostgreSQL: the transactions of one scope queue on its lock anyway)."""
         ...
 
@@ -500,7 +501,7 @@ class Store(Protocol):
     # another core made (the scope's index loaded afresh, or caught up past an invalidation or a
     # rebuild of its projections), so that the service reads that scope's state again. Never
     # called where one core is the only writer.
-    on_scope_refresh: Callable[[str, str], None] | None
+    on_scope_refresh: Callable[[Scope], None] | None
 
     def page_pins(self, now_ms: Callable[[], int], *, capacity: int = ...) -> Any:
         """Where search pins are kept (``store/page_pins.py`` ``PinStore``): shared by every core
@@ -560,14 +561,14 @@ class Store(Protocol):
         process's, not a thread's: a job runs its ticks on one thread of its own."""
         ...
 
-    def committed_scope(self, tenant: str, workspace: str) -> ScopeRow | None:
+    def committed_scope(self, scope: Scope) -> ScopeRow | None:
         """The scope row as of the last commit whose changes the search index holds, for a read
         that answers from the index (a search): the index is brought to the row's head first
         where other processes write the store, so the read sees every mutation any core
         acknowledged before it began. Costs a round trip there, and more when there is news."""
         ...
 
-    def latest_scope(self, tenant: str, workspace: str) -> ScopeRow | None:
+    def latest_scope(self, scope: Scope) -> ScopeRow | None:
         """The scope row as last committed by any core, for a decision that reads the row alone
         (a write's authorization: activation, tools and the revocation epoch) and not the index.
         Never older than ``committed_scope`` would answer; the search index may be behind it

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from engram_core.contract.scope import Scope
 from engram_core.store.engine import EngineTx
 from engram_core.store.port import (
     CandidateRow,
@@ -35,41 +36,41 @@ class EngineTxDelegation:
     def read_ahead(self, *reads: Callable[[], object]) -> None:
         self._etx.read_ahead(*reads)
 
-    def scope(self, tenant: str, workspace: str) -> ScopeRow | None:
-        return self._etx.scope(tenant, workspace)
+    def scope(self, scope: Scope) -> ScopeRow | None:
+        return self._etx.scope(scope.tenant, scope.workspace)
 
-    def set_activation(self, tenant: str, workspace: str, *, activated: bool, tools: tuple[str, ...]) -> ScopeRow:
-        return self._etx.set_activation(tenant, workspace, activated=activated, tools=tools)
+    def set_activation(self, scope: Scope, *, activated: bool, tools: tuple[str, ...]) -> ScopeRow:
+        return self._etx.set_activation(scope.tenant, scope.workspace, activated=activated, tools=tools)
 
-    def bump_epoch(self, tenant: str, workspace: str) -> int:
-        return self._etx.bump_epoch(tenant, workspace)
+    def bump_epoch(self, scope: Scope) -> int:
+        return self._etx.bump_epoch(scope.tenant, scope.workspace)
 
-    def events(self, tenant: str, workspace: str, from_cursor: int, to_cursor: int | None) -> list[Event]:
-        return self._etx.events(tenant, workspace, from_cursor, to_cursor)
+    def events(self, scope: Scope, from_cursor: int, to_cursor: int | None) -> list[Event]:
+        return self._etx.events(scope.tenant, scope.workspace, from_cursor, to_cursor)
 
     def scopes(self) -> list[ScopeRow]:
         return self._etx.scopes()
 
-    def event_by_id(self, tenant: str, workspace: str, event_id: str) -> Event | None:
-        return self._etx.event_by_id(tenant, workspace, event_id)
+    def event_by_id(self, scope: Scope, event_id: str) -> Event | None:
+        return self._etx.event_by_id(scope.tenant, scope.workspace, event_id)
 
-    def idempotency_get(self, tenant: str, workspace: str, principal: str, key: str) -> IdempotencyRow | None:
-        return self._etx.idempotency_get(tenant, workspace, principal, key)
+    def idempotency_get(self, scope: Scope, principal: str, key: str) -> IdempotencyRow | None:
+        return self._etx.idempotency_get(scope.tenant, scope.workspace, principal, key)
 
-    def idempotency_put(self, tenant: str, workspace: str, principal: str, key: str, row: IdempotencyRow, at_ms: int) -> None:
-        self._etx.idempotency_put(tenant, workspace, principal, key, row, at_ms)
+    def idempotency_put(self, scope: Scope, principal: str, key: str, row: IdempotencyRow, at_ms: int) -> None:
+        self._etx.idempotency_put(scope.tenant, scope.workspace, principal, key, row, at_ms)
 
-    def use_confirmation(self, grant_id: str, tenant: str, workspace: str, at_ms: int) -> bool:
-        return self._etx.use_confirmation(grant_id, tenant, workspace, at_ms)
+    def use_confirmation(self, grant_id: str, scope: Scope, at_ms: int) -> bool:
+        return self._etx.use_confirmation(grant_id, scope.tenant, scope.workspace, at_ms)
 
     def insert_candidate(self, row: CandidateRow) -> None:
         self._etx.insert_candidate(row)
 
-    def candidate(self, tenant: str, workspace: str, candidate_id: str) -> CandidateRow | None:
-        return self._etx.candidate(tenant, workspace, candidate_id)
+    def candidate(self, scope: Scope, candidate_id: str) -> CandidateRow | None:
+        return self._etx.candidate(scope.tenant, scope.workspace, candidate_id)
 
-    def candidates_in_state(self, tenant: str, workspace: str, state: str) -> list[CandidateRow]:
-        return self._etx.candidates_in_state(tenant, workspace, state)
+    def candidates_in_state(self, scope: Scope, state: str) -> list[CandidateRow]:
+        return self._etx.candidates_in_state(scope.tenant, scope.workspace, state)
 
     def set_candidate_state(self, candidate_id: str, state: str, *, decision: dict[str, Any] | None=None, drop_envelope: bool=False) -> None:
         self._etx.set_candidate_state(candidate_id, state, decision=decision, drop_envelope=drop_envelope)
@@ -89,32 +90,34 @@ class EngineTxDelegation:
     def key_destruction(self, owner: str) -> KeyDestruction | None:
         return self._etx.key_destruction(owner)
 
-    def scope_records(self, tenant: str, workspace: str, states: tuple[str, ...] | None=None) -> list[RecordRow]:
-        return self._etx.scope_records(tenant, workspace, states)
+    def scope_records(self, scope: Scope, states: tuple[str, ...] | None=None) -> list[RecordRow]:
+        return self._etx.scope_records(scope.tenant, scope.workspace, states)
 
-    def payload_standing(self, tenant: str, workspace: str, payload_digest: str) -> tuple[str | None, bool]:
-        return self._etx.payload_standing(tenant, workspace, payload_digest)
+    def payload_standing(self, scope: Scope, payload_digest: str) -> tuple[str | None, bool]:
+        return self._etx.payload_standing(scope.tenant, scope.workspace, payload_digest)
 
-    def add_record_links(self, tenant: str, workspace: str, record_id: str, *, family_refs: list[str], primary_kind: str, source_ids: list[str]) -> None:
-        self._etx.add_record_links(tenant, workspace, record_id, family_refs=family_refs, primary_kind=primary_kind, source_ids=source_ids)
+    def add_record_links(self, scope: Scope, record_id: str, *, family_refs: list[str], primary_kind: str, source_ids: list[str]) -> None:
+        self._etx.add_record_links(scope.tenant, scope.workspace, record_id, family_refs=family_refs, primary_kind=primary_kind, source_ids=source_ids)
 
     def drop_record_links(self, record_id: str) -> None:
         self._etx.drop_record_links(record_id)
 
-    def family_members(self, tenant: str, workspace: str, family_refs: list[str], states: tuple[str, ...]) -> list[tuple[RecordRow, str, list[str]]]:
-        return self._etx.family_members(tenant, workspace, family_refs, states)
+    def family_members(self, scope: Scope, family_refs: list[str], states: tuple[str, ...]) -> list[tuple[RecordRow, str, list[str]]]:
+        return self._etx.family_members(scope.tenant, scope.workspace, family_refs, states)
 
-    def derivatives(self, tenant: str, workspace: str, source_id: str) -> list[RecordRow]:
-        return self._etx.derivatives(tenant, workspace, source_id)
+    def derivatives(self, scope: Scope, source_id: str) -> list[RecordRow]:
+        return self._etx.derivatives(scope.tenant, scope.workspace, source_id)
 
-    def add_tombstone(self, tenant: str, workspace: str, payload_digest: str, record_id: str, cursor: int, at_ms: int) -> None:
-        self._etx.add_tombstone(tenant, workspace, payload_digest, record_id, cursor, at_ms)
+    def add_tombstone(self, scope: Scope, payload_digest: str, record_id: str, cursor: int, at_ms: int) -> None:
+        self._etx.add_tombstone(scope.tenant, scope.workspace, payload_digest, record_id, cursor, at_ms)
 
-    def tombstoned(self, tenant: str, workspace: str, payload_digest: str) -> bool:
-        return self._etx.tombstoned(tenant, workspace, payload_digest)
+    def tombstoned(self, scope: Scope, payload_digest: str) -> bool:
+        return self._etx.tombstoned(scope.tenant, scope.workspace, payload_digest)
 
-    def audit_rows(self, tenant: str | None, workspace: str | None, from_seq: int, to_seq: int | None) -> list[dict[str, Any]]:
-        return self._etx.audit_rows(tenant, workspace, from_seq, to_seq)
+    def audit_rows(self, scope: Scope | None, from_seq: int, to_seq: int | None) -> list[dict[str, Any]]:
+        if scope is None:
+            return self._etx.audit_rows(None, None, from_seq, to_seq)
+        return self._etx.audit_rows(scope.tenant, scope.workspace, from_seq, to_seq)
 
     def trusted_host_keys(self) -> list[tuple[str, str]]:
         return self._etx.trusted_host_keys()

@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from engram_core.api import context_pb2
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.trust.context_nonces import CALLS_LANE, MAINTENANCE_LANE, ContextNonceLedger
 from engram_core.trust.hostkeys import HostKeyBinding, TrustedHostKeys, key_id
 
@@ -72,8 +73,8 @@ class BoundContext:
         return MAINTENANCE_LANE if self.host_principal and self.maintenance_scopes else CALLS_LANE
 
     @property
-    def scope(self) -> tuple[str, str]:
-        return (self.tenant, self.workspace)
+    def scope(self) -> Scope:
+        return Scope(self.tenant, self.workspace)
 
 
 def _sign(domain: bytes, body: bytes, key: Ed25519PrivateKey) -> bytes:

@@ -23,6 +23,7 @@ import pytest
 
 from engram_core.api import admin_pb2
 from engram_core.clock import SystemClock
+from engram_core.contract.scope import Scope
 from engram_core.store.audit_device import check_device_file
 from engram_core.store.chain import GENESIS, audit_digest_of, scope_chain
 from engram_core.trust.hostkeys import create_private_key_file
@@ -246,7 +247,7 @@ def test_calls_fail_closed_when_no_device_accepts(tmp_path, stores):
             env.admin("KeyStatus", admin_pb2.ScopeRequest(), scopes=("read",))  # a read: spooled row
         assert code_of(err.value) == "STORE_UNAVAILABLE"
         with env.core.store.read() as tx:
-            assert tx.scope(TENANT, WORKSPACE) is None and tx.audit_heads() == {}
+            assert tx.scope(Scope(TENANT, WORKSPACE)) is None and tx.audit_heads() == {}
     finally:
         env.stop()
     # One device failing of two: the other one takes the rows and calls go through.
@@ -408,7 +409,7 @@ def test_unix_socket_device_receives_every_row_and_its_loss_fails_closed(tmp_pat
             env.activate(workspace="other")
         assert code_of(err.value) == "STORE_UNAVAILABLE"
         with env.core.store.read() as tx:
-            assert tx.scope(TENANT, "other") is None
+            assert tx.scope(Scope(TENANT, "other")) is None
     finally:
         env.stop()
 

@@ -22,6 +22,7 @@ import pytest
 from engram_core.api import admin_pb2
 from engram_core.clock import SystemClock
 from engram_core.contract.canonical import canonical_json, digest
+from engram_core.contract.scope import Scope
 from engram_core.trust.hostctx import CONTEXT_METADATA_KEY, make_context
 from engram_core.trust.hostkeys import create_private_key_file, key_id, public_pem
 from engram_core.trust.signing import BACKUP_DOMAIN, CoreSigner
@@ -120,7 +121,7 @@ def test_forged_trusted_host_key_line_is_refused(tmp_path, source, target):
 
 def _scope_exists(env) -> bool:
     with env.core.store.read() as tx:
-        return tx.scope(TENANT, WORKSPACE) is not None
+        return tx.scope(Scope(TENANT, WORKSPACE)) is not None
 
 
 def test_backup_of_another_core_needs_its_key_named(tmp_path, source, target):

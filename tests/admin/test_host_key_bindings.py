@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from engram_core.api import admin_pb2, host_pb2, host_pb2_grpc, memory_pb2
 from engram_core.clock import SystemClock
+from engram_core.contract.scope import Scope
 from engram_core.rpc.convert import value_to_message
 from engram_core.trust.hostctx import (
     ADMIN_CALL,
@@ -133,7 +134,7 @@ def test_another_tenants_key_cannot_act_for_a_tenant_on_the_agent_path(two_tenan
                                      timeout=30).tools) == 6
     assert env.get(rid)["record"]["record_id"] == rid
     with env.core.store.read() as tx:
-        assert [c.candidate_id for c in tx.candidates_in_state(TENANT, WORKSPACE, "pending")] == []
+        assert [c.candidate_id for c in tx.candidates_in_state(Scope(TENANT, WORKSPACE), "pending")] == []
 
 
 def test_another_tenants_key_cannot_maintain_or_attest_a_tenant(two_tenants) -> None:
@@ -171,7 +172,7 @@ def test_another_tenants_key_cannot_maintain_or_attest_a_tenant(two_tenants) -> 
     assert env.admin("History", admin_pb2.HistoryRequest(tenant=OTHER, workspace=WORKSPACE),
                      md=_host_md(env, globex))["records"] == []
     with env.core.store.read() as tx:
-        rows = tx.audit_rows(None, None, 0, None)
+        rows = tx.audit_rows(None, 0, None)
     refusals = [r for r in rows if r["principal"] == "host:globex" and r["outcome"] == "UNAUTHORIZED"]
     assert refusals and all("HOST_KEY_NOT_BOUND" in r["decisions"][0]["reason_codes"] for r in refusals)
 

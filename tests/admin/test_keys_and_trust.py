@@ -9,13 +9,14 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from engram_core.api import admin_pb2
+from engram_core.contract.scope import Scope
 from engram_core.trust.hostkeys import key_id, public_pem
 from tests.support.admin_support import TENANT, WORKSPACE, code_of
 
 
 def _bodies(env) -> dict[str, bytes]:
     with env.core.store.read() as tx:
-        return {r.record_id: r.sealed_body for r in tx.scope_records(TENANT, WORKSPACE)}
+        return {r.record_id: r.sealed_body for r in tx.scope_records(Scope(TENANT, WORKSPACE))}
 
 
 def test_rotation_rewraps_every_data_key_and_touches_no_body(env):

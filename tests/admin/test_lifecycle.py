@@ -6,6 +6,7 @@ import grpc
 import pytest
 
 from engram_core.api import admin_pb2
+from engram_core.contract.scope import Scope
 from engram_core.contract.validation import format_instant
 from tests.support.admin_support import TENANT, WORKSPACE, code_of, new_event_id
 
@@ -107,7 +108,7 @@ def test_host_tombstone_shreds_key_and_removes_postings(env):
     assert env.transition("tombstone", rid, event_id=eid)["replayed"] is True
     with env.core.store.read() as tx:
         assert tx.postings_count(rid) == 0
-        assert tx.record(TENANT, WORKSPACE, rid).sealed_body is None
+        assert tx.record(Scope(TENANT, WORKSPACE), rid).sealed_body is None
     status = env.admin("KeyStatus", env.scope_req())
     assert {r["record_id"]: r["key"] for r in status["scope"]["records"]}[rid] == "destroyed"
     with pytest.raises(grpc.RpcError) as err:

@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from engram_core.api import host_pb2, host_pb2_grpc
 from engram_core.contract.errors import Code
+from engram_core.contract.scope import Scope
 from engram_core.rpc.server import RunningCore
 from engram_core.rpc.status import code_from_rpc_error
 from engram_core.services.attestation import sign_attestation
@@ -83,12 +84,12 @@ def _code(fn) -> Code:
 
 def _attest_events(core: RunningCore) -> list:
     with core.core.store.read() as tx:
-        return [e for e in tx.events("acme", "alpha", 0, None) if e.operation == "attest"]
+        return [e for e in tx.events(Scope("acme", "alpha"), 0, None) if e.operation == "attest"]
 
 
 def _attest_audit_rows(core: RunningCore) -> int:
     with core.core.store.read() as tx:
-        return [row["operation"] for row in tx.audit_rows("acme", "alpha", 0, None)].count("host.attest")
+        return [row["operation"] for row in tx.audit_rows(Scope("acme", "alpha"), 0, None)].count("host.attest")
 
 
 def test_signed_attestation_is_verified_journaled_idempotent_and_visible(env) -> None:
@@ -161,7 +162,7 @@ def test_earned_candidate_is_seen_by_admission_and_reconciliation(env) -> None:
     rid = c.admit(cand["candidate_id"])["outcome"]["record_id"]
     assert c.get(rid)["record"]["trust_class"] == "earned"
     with core.core.store.read() as tx:
-        events = tx.events("acme", "alpha", 0, None)
+        events = tx.events(Scope("acme", "alpha"), 0, None)
     admission = [d for e in events if e.operation == "accept" and e.target == cand["candidate_id"]
                  for d in e.body["decisions"] if d["path"] == "engram/admission/decision"]
     assert len(admission) == 1

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import duckdb
 
+from engram_core.contract.scope import Scope
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.crypto.sealing import seal
 from engram_core.store.duckdb import open_duckdb_store
@@ -66,7 +67,7 @@ def test_migration_8_gives_the_live_candidates_of_an_older_store_their_slots(tmp
         applied = [row["version"] for row in store.migration_ledger()]
         assert 8 in applied and applied[-1] == MIGRATIONS[-1].version  # 8 and every later one
         with store.read() as tx:
-            live, gone = tx.candidate("acme", "alpha", "cand_live"), tx.candidate("acme", "alpha", "cand_gone")
+            live, gone = tx.candidate(Scope("acme", "alpha"), "cand_live"), tx.candidate(Scope("acme", "alpha"), "cand_gone")
         assert live is not None and live.key_slot == live_slot
         assert gone is not None and gone.key_slot is None  # no live key: nothing to name
     finally:

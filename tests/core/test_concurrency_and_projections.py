@@ -5,6 +5,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 from engram_core.contract.errors import Code
+from engram_core.contract.scope import Scope
 from tests.support.core_engines import one
 from tests.support.core_support import Client, capture_args
 
@@ -86,7 +87,7 @@ def test_admission_that_lost_the_race_to_withdraw_is_already_terminal_not_blob_m
     cap = ana.capture("Race, made deterministic: the stale plover candidate.")
     core = ana.core.core
     with core.store.read() as tx:
-        stale = tx.candidate("acme", "alpha", cap["candidate_id"])
+        stale = tx.candidate(Scope("acme", "alpha"), cap["candidate_id"])
     assert stale is not None and stale.state == "pending"
     w = {"candidate_id": cap["candidate_id"], "idempotency_key": "stale-withdraw-0001", "reason_ref": "r:x"}
     ana.call("withdraw", w, grant=True)

@@ -266,7 +266,7 @@ def test_one_keys_flood_fills_its_own_lane_only_and_is_audited(fresh_core: Runni
     ana.admin.UntrustHostKey(admin_pb2.HostKeyRequest(key_id=rogue_id), metadata=md, timeout=10)
     # The refused calls are in the audit log, under their own audit ids.
     with core.store.read() as tx:
-        refused = [r for r in tx.audit_rows(None, None, 0, None) if r["audit_id"].startswith("aud_flood_")
+        refused = [r for r in tx.audit_rows(None, 0, None) if r["audit_id"].startswith("aud_flood_")
                    and r["outcome"] == "RATE_LIMITED"]
     assert len(refused) == 5
     assert all("NONCE_LEDGER_FULL" in json.dumps(r["decisions"]) for r in refused)
@@ -306,7 +306,7 @@ def test_a_context_shown_to_record_refusal_cannot_act_afterwards(ana: Client) ->
     # The refusal's row names the claim, so a restart seeds it (Attack 4 in docs/security.md).
     audit_id = _body(capture_ctx).audit_id
     with ana.core.core.store.read() as tx:
-        rows = [r for r in tx.audit_rows(None, None, 0, None) if r["audit_id"] == audit_id]
+        rows = [r for r in tx.audit_rows(None, 0, None) if r["audit_id"] == audit_id]
     assert rows and all(r["context_nonce"] for r in rows)
 
 

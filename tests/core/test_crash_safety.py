@@ -10,6 +10,7 @@ import time
 import pytest
 
 from engram_core.contract.errors import Code
+from engram_core.contract.scope import Scope
 from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
 from tests.support.core_engines import EngineStores, rows
 from tests.support.core_support import Client, Failed, activate, capture_args
@@ -32,7 +33,7 @@ def verify_store(stores: EngineStores, data_dir) -> None:
         with store.read() as tx:
             for scope in tx.scopes():
                 prev = GENESIS
-                for e in tx.events(scope.tenant, scope.workspace, 1, None):
+                for e in tx.events(Scope(scope.tenant, scope.workspace), 1, None):
                     doc = {"tenant": e.tenant, "workspace": e.workspace, "cursor": str(e.cursor),
                            "event_id": e.event_id, "operation": e.operation, "target": e.target,
                            "from_state": e.from_state, "to_state": e.to_state, "at_ms": e.at_ms, "body": e.body,
@@ -41,7 +42,7 @@ def verify_store(stores: EngineStores, data_dir) -> None:
                     prev = e.event_digest
                 assert prev == scope.last_event_digest
             prev: dict[str, str] = {}  # each audit chain on its own
-            for row in tx.audit_rows(None, None, 0, None):
+            for row in tx.audit_rows(None, 0, None):
                 chain = row.get("chain", "")
                 assert row["prev_digest"] == prev.get(chain, GENESIS) and audit_digest_of(row) == row["row_digest"]
                 prev[chain] = row["row_digest"]

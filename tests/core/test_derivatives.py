@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from engram_core.api import admin_pb2
+from engram_core.contract.scope import Scope
 from engram_core.contract.validation import format_instant
 from engram_core.rpc.server import RunningCore
 from tests.support.core_engines import EngineStores
@@ -75,8 +76,8 @@ def test_a_citation_naming_a_record_of_another_tenant_links_nothing(env) -> None
     foreign = _remember(other, "Globex uses Kafka for events.")
     mine = _remember(c, "Acme cites an id it cannot see.", source=foreign)
     with core.core.store.read() as tx:
-        assert tx.derivatives("globex", "alpha", foreign) == []
-        assert tx.derivatives("acme", "alpha", foreign) == []
+        assert tx.derivatives(Scope("globex", "alpha"), foreign) == []
+        assert tx.derivatives(Scope("acme", "alpha"), foreign) == []
     host.transition("trust_invalidate", foreign, tenant="globex")
     assert host.state(mine) == "accepted_current"
 
@@ -97,8 +98,8 @@ def test_links_written_before_a_restart_still_reach_their_derivatives(tmp_path: 
     try:
         host = Host(core)
         with core.core.store.read() as tx:
-            assert [r.record_id for r in tx.derivatives("acme", "alpha", source)] == [derived]
-            assert tx.derivatives("acme", "alpha", lone) == []
+            assert [r.record_id for r in tx.derivatives(Scope("acme", "alpha"), source)] == [derived]
+            assert tx.derivatives(Scope("acme", "alpha"), lone) == []
         out = host.transition("trust_invalidate", source)["receipt"]
         assert [(d["record_id"], d["to_state"]) for d in out["derivatives"]] == [(derived, "trust_invalid")]
         assert host.state(derived) == "trust_invalid"

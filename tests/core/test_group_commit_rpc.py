@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from engram_core.contract.scope import Scope
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.services.maintenance import check_audit, check_journal
 from engram_core.store.duckdb import open_duckdb_store
@@ -71,12 +72,12 @@ def test_concurrent_pairs_share_commits_and_every_acknowledged_one_is_durable(st
     reopened = open_duckdb_store(data, keys=FileKeyVault(data))
     try:
         with reopened.read() as tx:
-            rows = tx.records("acme", "alpha", list(acknowledged))
+            rows = tx.records(Scope("acme", "alpha"), list(acknowledged))
             assert set(rows) == set(acknowledged)
             assert all(rows[rid].state == "accepted_current" for rid in rows)
-            scope = tx.scope("acme", "alpha")
-            events = tx.events("acme", "alpha", 1, None)
-            audit = tx.audit_rows(None, None, 1, None)
+            scope = tx.scope(Scope("acme", "alpha"))
+            events = tx.events(Scope("acme", "alpha"), 1, None)
+            audit = tx.audit_rows(None, 1, None)
             heads = tx.audit_heads()
         assert scope is not None and scope.last_cursor == len(events) == CLIENTS * PAIRS * 2
         assert check_journal(scope, events) == []

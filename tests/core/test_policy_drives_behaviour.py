@@ -97,7 +97,7 @@ def test_policy_reload_changes_behaviour_and_receipts_carry_revision(core_with, 
     cap2 = c.capture("Reload: second admission under revision two.")
     assert c.admit(cap2["candidate_id"])["outcome"]["status"] == "pending_adjudication"
     with core.core.store.read() as tx:
-        rows = tx.audit_rows(None, None, 0, None)
+        rows = tx.audit_rows(None, 0, None)
     revisions = {d["revision"] for r in rows for d in r["decisions"]}
     assert {"engram-policies-1", "engram-policies-test-2"} <= revisions
 

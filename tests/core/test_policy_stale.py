@@ -9,6 +9,7 @@ from typing import Any
 
 from engram_core.app.composition import default_policies_dir
 from engram_core.contract.errors import Code
+from engram_core.contract.scope import Scope
 from engram_core.policy.embedded import EmbeddedPolicyEngine
 from engram_core.policy.port import ADMISSION
 from tests.support.core_engines import EngineStores
@@ -44,7 +45,7 @@ def test_reload_between_decision_and_commit_is_policy_stale(stores: EngineStores
         args = {"candidate_id": cap["candidate_id"], "idempotency_key": "stale-admission-01"}
         assert c.fails("request_admission", args) == Code.POLICY_STALE
         with running.core.store.read() as tx:
-            assert tx.candidate("acme", "alpha", cap["candidate_id"]).state == "pending"
+            assert tx.candidate(Scope("acme", "alpha"), cap["candidate_id"]).state == "pending"
         retry = c.call("request_admission", args)
         assert retry["outcome"]["status"] == "accepted" and retry["replayed"] is False
     finally:

@@ -9,6 +9,7 @@ import pytest
 
 from engram_core.clock import FixedClock
 from engram_core.contract.errors import Code
+from engram_core.contract.scope import Scope
 from engram_core.services.quotas import QuotaCounters
 from tests.support.core_engines import EngineStores
 from tests.support.core_support import Client, Failed, capture_args
@@ -49,7 +50,7 @@ def test_flooding_principal_is_rate_limited_others_are_not(tmp_path: Path, store
         # The refusal changed nothing and did not count: still refused, nothing stored.
         assert ana.fails("capture", capture_args("Still too many.")) == Code.RATE_LIMITED
         with core.core.store.read() as tx:
-            assert len([c for c in tx.candidates_in_state("acme", "alpha", "pending") if c.principal == "user:ana"]) == 3
+            assert len([c for c in tx.candidates_in_state(Scope("acme", "alpha"), "pending") if c.principal == "user:ana"]) == 3
         # Another principal of the same tenant and scope, and another tenant, go on.
         assert bo.capture("Bo is not flooding.")["status"] == "committed_pending"
         assert globex.capture("Globex is elsewhere.")["status"] == "committed_pending"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from engram_core.contract.errors import Code
+from engram_core.contract.scope import Scope
 from engram_core.rpc.server import RunningCore
 from tests.support.core_support import Client, capture_args, now_ms
 from tests.support.governance_support import Host, consent, start_with_bundle
@@ -53,7 +54,7 @@ def test_newer_decision_supersedes_the_older_member_in_the_admission_transaction
     assert [r["record"]["record_id"] for r in c.search("SQLite")["records"]] == [new["record_id"]]
     # The journal event names the reconciliation decision (path and revision), never text.
     with core.core.store.read() as tx:
-        ev = [e for e in tx.events("acme", "alpha", 0, None) if e.operation == "supersede"][0]
+        ev = [e for e in tx.events(Scope("acme", "alpha"), 0, None) if e.operation == "supersede"][0]
     assert ev.body["decisions"][0]["path"] == "engram/reconciliation/decision"
     assert "SQLite" not in str(ev.body)
 
@@ -133,8 +134,8 @@ def test_an_answer_about_other_records_fails_closed_and_changes_nothing(started,
     assert c.fails("request_admission", {"candidate_id": cap["candidate_id"],
                                          "idempotency_key": "adm-broken-policy-0001"}) == Code.POLICY_UNAVAILABLE
     with core.core.store.read() as tx:
-        assert tx.candidate("acme", "alpha", cap["candidate_id"]).state == "pending"
-        assert tx.scope_records("acme", "alpha") == []
+        assert tx.candidate(Scope("acme", "alpha"), cap["candidate_id"]).state == "pending"
+        assert tx.scope_records(Scope("acme", "alpha")) == []
 
 
 def test_members_changed_after_the_decision_is_policy_stale(started, stores, tmp_path, monkeypatch) -> None:
@@ -193,7 +194,7 @@ def test_concurrent_newcomers_leave_exactly_one_current_decision(started, stores
         t.join()
     assert len(outcomes) == 6
     with core.core.store.read() as tx:
-        current = [r.record_id for r in tx.scope_records("acme", "alpha", ("accepted_current", "accepted_disputed"))]
+        current = [r.record_id for r in tx.scope_records(Scope("acme", "alpha"), ("accepted_current", "accepted_disputed"))]
     assert current == [outcomes[5]["record_id"]]  # the newest valid time wins, alone
     for i in range(5):
         assert outcomes[i]["status"] in ("accepted", "pending_adjudication")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from engram_core.contract.errors import Code
+from engram_core.contract.scope import Scope
 from engram_core.rpc.server import RunningCore
 from tests.support.core_engines import EngineStores
 from tests.support.core_support import Client, Failed, capture_args, now_ms
@@ -57,7 +58,7 @@ def _current(c: Client, rid: str, word: str) -> None:
 def _audit_reasons(core: RunningCore, principal: str) -> list[str]:
     """The reason codes of each refused call's audit row, one entry per row."""
     with core.core.store.read() as tx:
-        rows = tx.audit_rows("acme", "alpha", 0, None)
+        rows = tx.audit_rows(Scope("acme", "alpha"), 0, None)
     return [code for r in rows if r["principal"] == principal and r["outcome"] == "UNAUTHORIZED"
             for code in sorted({c for d in r["decisions"] for c in d.get("reason_codes", [])})]
 
@@ -103,6 +104,6 @@ def test_times_outside_the_window_are_refused_with_the_policy_reason(scope) -> N
     assert _audit_reasons(core, "user:ana").count("TIME_BEFORE_FLOOR") == 2
     assert "TIME_BEYOND_HORIZON" in _audit_reasons(core, "user:ana")
     with core.core.store.read() as tx:
-        assert tx.candidates_in_state("acme", "alpha", "pending") == []
+        assert tx.candidates_in_state(Scope("acme", "alpha"), "pending") == []
     # Inside the window: accepted.
     assert ana.call("capture", capture_args("Dated correctly.", t=now_ms() - 60_000))["status"] == "committed_pending"

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from engram_core.contract.canonical import with_receipt_digest
+from engram_core.contract.scope import Scope
 from tests.support.core_engines import EngineStores
 from tests.support.mcp_helpers import (
     PURPOSE,
@@ -90,7 +91,7 @@ async def _search_ids(client, word: str) -> list[str]:
 
 def _state(running, record_id: str) -> str:
     with running.core.store.read() as tx:
-        return tx.record("acme", WORKSPACE, record_id).state
+        return tx.record(Scope("acme", WORKSPACE), record_id).state
 
 
 def _expected_coverage(running, record_id: str, cursor: str, rule: str, derivatives: list[dict[str, Any]],
@@ -126,7 +127,7 @@ async def test_forgetting_a_make_ineligible_source_makes_its_derivatives_ineligi
         assert _state(running, unrelated) == "accepted_current"
         tomb = int(forgot["receipt"]["cursor"])
         with running.core.store.read() as tx:
-            events = [e for e in tx.events("acme", WORKSPACE, tomb + 1, None)]
+            events = [e for e in tx.events(Scope("acme", WORKSPACE), tomb + 1, None)]
         # Same transaction: the derivatives' events directly follow the tombstone event.
         assert [(e.cursor, e.operation, e.target, e.body["source"]) for e in events] == [
             (tomb + 1, "trust_invalidate", derived, source), (tomb + 2, "trust_invalidate", derived2, derived)]

@@ -162,7 +162,7 @@ def test_a_pull_between_decision_and_commit_is_policy_stale_and_receipts_name_th
             retry = client.call("request_admission", args)
             assert retry["outcome"]["status"] == "accepted"
             with running.core.store.read() as tx:
-                rows = tx.audit_rows(None, None, 0, None)
+                rows = tx.audit_rows(None, 0, None)
         finally:
             running.stop()
     admitted = [r for r in rows if r["operation"] == "engram_memory_request_admission" and r["outcome"] == "accepted"]

@@ -80,7 +80,7 @@ def test_every_decision_of_a_real_workload_is_logged_joined_to_its_audit_row_and
         client.get(record_id)
         refused = client.fails("capture", {"idempotency_key": "k" * 16, "payload": {}, "evidence": {}})
         with running.core.store.read() as tx:
-            audit = tx.audit_rows(None, None, 0, None)
+            audit = tx.audit_rows(None, 0, None)
         revision = running.core.policy.revision()
     finally:
         running.stop()  # closes the engine: the logger flushes

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from engram_core.contract.errors import Code
+from engram_core.contract.scope import Scope
 from tests.support.core_engines import EngineStores, rows
 from tests.support.core_support import Client, Failed, capture_args
 from tests.support.reliability_crash import HostAdmin, activate_scope
@@ -181,7 +182,7 @@ def test_same_key_admission_that_finds_the_key_destroyed_replays(core) -> None:
     ana = Client(core)
     cid = ana.capture("Race, made deterministic: the same-key puffin admission.")["candidate_id"]
     with core.core.store.read() as tx:
-        stale = tx.candidate(ana.tenant, ana.workspace, cid)
+        stale = tx.candidate(Scope(ana.tenant, ana.workspace), cid)
     assert stale is not None and stale.state == "pending"
     adm = {"candidate_id": cid, "idempotency_key": "same-key-stale-admission-0001"}
     won = ana.call("request_admission", adm)

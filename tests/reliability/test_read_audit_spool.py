@@ -41,7 +41,7 @@ def _row(i: int) -> AuditRow:
 
 def _table(store: StoreKernel) -> list[dict]:
     with store.read() as tx:  # a snapshot: the spool is moved first
-        return tx.audit_rows(None, None, 0, None)
+        return tx.audit_rows(None, 0, None)
 
 
 def _heads(store: StoreKernel) -> dict[str, tuple[int, str]]:

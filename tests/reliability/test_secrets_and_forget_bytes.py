@@ -24,6 +24,7 @@ import pytest
 
 from engram_core.api import admin_pb2
 from engram_core.contract.errors import Code
+from engram_core.contract.scope import Scope
 from engram_core.crypto.sealing import unseal
 from engram_core.secret_scan.scan import scan
 from tests.support.core_engines import EngineStores
@@ -302,7 +303,7 @@ def test_nothing_content_derived_outlives_a_candidate_in_its_facts(stores: Engin
         duplicate = c.call("capture", current)["candidate_id"]
         assert c.admit(duplicate)["outcome"]["status"] == "duplicate_exact"
         with running.core.store.read() as tx:
-            assert tx.candidate("acme", "alpha", pending).facts == {}  # never in plain
+            assert tx.candidate(Scope("acme", "alpha"), pending).facts == {}  # never in plain
         host = Host(running)
         inspect = admin_pb2.InspectRequest(tenant="acme", workspace="alpha", candidate_id=pending)
         view = host.call("InspectCandidate", inspect)  # a host still sees them while it is pending
@@ -314,7 +315,7 @@ def test_nothing_content_derived_outlives_a_candidate_in_its_facts(stores: Engin
                             "reason_ref": "r:drill"}, grant=True)
         with running.core.store.read() as tx:
             for cid in (forgotten["candidate_id"], pending, duplicate):
-                assert tx.candidate("acme", "alpha", cid).facts == {}, cid
+                assert tx.candidate(Scope("acme", "alpha"), cid).facts == {}, cid
         for cid in (forgotten["candidate_id"], pending, duplicate):
             view = host.call("InspectCandidate", admin_pb2.InspectRequest(tenant="acme", workspace="alpha",
                                                                           candidate_id=cid))
@@ -363,7 +364,7 @@ def test_plain_facts_an_older_store_wrote_are_emptied_by_forget_withdraw_and_rej
     try:
         c, host = Client(running), Host(running)
         with running.core.store.read() as tx:
-            assert all(tx.candidate("acme", "alpha", cid).facts for cid in captured)
+            assert all(tx.candidate(Scope("acme", "alpha"), cid).facts for cid in captured)
         c.call("forget", {"record_id": rid, "idempotency_key": f"forget-old-{_r(10)}", "reason_ref": "r:drill"},
                grant=True)
         c.call("withdraw", {"candidate_id": withdrawn, "idempotency_key": f"withdraw-old-{_r(10)}",
@@ -373,7 +374,7 @@ def test_plain_facts_an_older_store_wrote_are_emptied_by_forget_withdraw_and_rej
                                                             reason_ref="r:drill"))
         with running.core.store.read() as tx:
             for cid in captured:
-                assert tx.candidate("acme", "alpha", cid).facts == {}, cid
+                assert tx.candidate(Scope("acme", "alpha"), cid).facts == {}, cid
         c.channel.close()
         host.channel.close()
     finally:

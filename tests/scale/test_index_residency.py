@@ -14,6 +14,7 @@ from prometheus_client import generate_latest
 from engram_core.app.composition import RunningCore, start_core
 from engram_core.contract.canonical import with_receipt_digest
 from engram_core.contract.errors import Code
+from engram_core.contract.scope import Scope
 from engram_core.observability.metrics import CoreMetrics
 from tests.support.core_support import Client, activate
 from tests.support.pg_cluster import Database
@@ -109,7 +110,7 @@ def test_a_forget_on_a_core_that_has_not_loaded_the_scope_neither_loads_it_nor_m
 
     def forget_counted(rid: str, key: str) -> None:
         with store.read() as tx:
-            rec = tx.record("acme", "alpha", rid)
+            rec = tx.record(Scope("acme", "alpha"), rid)
             postings = tx.postings_count(rid)
         assert rec is not None and postings > 0
         out = Client(budgeted).call("forget", {"record_id": rid, "idempotency_key": key, "reason_ref": "r:x"},

@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 from engram_core.app.composition import RunningCore
+from engram_core.contract.scope import Scope
 from engram_core.services.lexical import ANALYZER_ID, analyze, query_terms, tokenize
 from engram_core.services.maintenance import ANALYZER_META
 from engram_core.store.projection import Projection, seal_projection
@@ -61,7 +62,7 @@ def test_postings_of_an_older_analyzer_are_rederived_at_start(tmp_path: Path, st
     v1 = Counter(hasher.term(t) for t in tokenize("Melanie adopted puppies; the shelter called them the twins."))
     with stores.open_store(data) as store:
         with store.read() as tx:
-            rec = tx.record("acme", "alpha", rid)
+            rec = tx.record(Scope("acme", "alpha"), rid)
         assert rec is not None
         key = store.data_key(rec)
     sealed = seal_projection(key, rid, Projection.of({FIELD_CODE["primary"]: v1}))

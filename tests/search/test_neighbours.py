@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from engram_core.contract.scope import Scope
 from engram_core.rpc.server import RunningCore
 from tests.support.search_support import SEMANTIC, Client, activate
 
@@ -97,9 +98,9 @@ def test_semantic_profile_lends_in_both_lists(core: RunningCore) -> None:
     with core.core.store.read() as tx:
         model = core.core.embedder.model_id
         vector = core.core.embedder.embed(query)
-        cursor = core.core.store.committed_scope("acme", "chat-semantic").last_cursor
+        cursor = core.core.store.committed_scope(Scope("acme", "chat-semantic")).last_cursor
         args = dict(now_ms=ana.clock.now_ms(), max_accepted_cursor=cursor, min_similarity=0.2, limit=100)
-        plain = [r[0] for r in tx.rank_vectors("acme", "chat-semantic", model, vector, **args)]
-        lent = tx.rank_vectors("acme", "chat-semantic", model, vector, neighbours=(3, 0.5, 0, 0), **args)
+        plain = [r[0] for r in tx.rank_vectors(Scope("acme", "chat-semantic"), model, vector, **args)]
+        lent = tx.rank_vectors(Scope("acme", "chat-semantic"), model, vector, neighbours=(3, 0.5, 0, 0), **args)
     assert beside not in plain and beside in [r[0] for r in lent]
     assert dict((r[0], r[1]) for r in lent)[beside] < 0.2  # rows carry the record's own similarity

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from engram_core.contract.scope import Scope
 from engram_core.rpc.server import RunningCore
 from engram_core.services.lexical import analyze
 from engram_core.store.port import LexicalQuery
@@ -38,7 +39,7 @@ def _opened(core: RunningCore, tenant: str = "acme", workspace: str = "alpha") -
 
 def _docs(core: RunningCore) -> int:
     with core.core.store.read() as tx:
-        return tx.lexical_stats("acme", "alpha", []).docs
+        return tx.lexical_stats(Scope("acme", "alpha"), []).docs
 
 
 def test_admission_indexes_postings_stats_and_vector_in_one_go(core: RunningCore) -> None:
@@ -106,7 +107,7 @@ def test_document_frequencies_track_postings_through_admission_and_forget(core: 
 
     def df() -> dict[int, int]:
         with core.core.store.read() as tx:
-            return tx.lexical_stats("acme", "alpha", [gadwall, garganey]).df
+            return tx.lexical_stats(Scope("acme", "alpha"), [gadwall, garganey]).df
 
     def counted(term: int) -> int:
         return sum(any(term in codes[0] for codes in p.fields.values()) for p in _opened(core).values())
@@ -115,7 +116,7 @@ def test_document_frequencies_track_postings_through_admission_and_forget(core: 
         """Fields whose average length in the index differs from the one the projections give."""
         projections = _opened(core).values()
         with core.core.store.read() as tx:
-            avg = tx.lexical_stats("acme", "alpha", []).avg_len
+            avg = tx.lexical_stats(Scope("acme", "alpha"), []).avg_len
         wrong = []
         for code, name in enumerate(FIELDS):
             lengths = [int(p.fields[code][1].sum()) for p in projections if code in p.fields]
@@ -144,13 +145,13 @@ def test_index_kept_by_commits_ranks_as_one_rebuilt_from_the_database(core: Runn
 
     def ranked() -> tuple:
         with core.core.store.read() as tx:
-            stats = tx.lexical_stats("acme", "alpha", query)
-            page = tx.rank_lexical("acme", "alpha", LexicalQuery(
+            stats = tx.lexical_stats(Scope("acme", "alpha"), query)
+            page = tx.rank_lexical(Scope("acme", "alpha"), LexicalQuery(
                 stats, {"primary": 3.0, "context": 1.0}, k1=1.2, b=0.75, now_ms=now, half_life_ms=86_400_000,
                 lexical_weight=0.85, max_accepted_cursor=2**62, best_bm25=None, after=None, limit=50))
             near = []
             if core.core.embedder is not None:
-                near = tx.rank_vectors("acme", "alpha", core.core.embedder.model_id,
+                near = tx.rank_vectors(Scope("acme", "alpha"), core.core.embedder.model_id,
                                        core.core.embedder.embed("merganser canary checklist"), now_ms=now,
                                        max_accepted_cursor=2**62, min_similarity=-1.0, limit=50)
         return stats, page.total, [(rid, score) for rid, score, _ in page.rows], page.best_bm25, near
@@ -174,7 +175,7 @@ def test_search_reads_a_record_from_the_index_copy_only_while_it_equals_the_data
 
     def from_db() -> dict:
         with store.engine.read(snapshot=False) as tx:  # the engine's rows, not the kernel's copy
-            return tx.records("acme", "alpha", ids)
+            return tx.records(Scope("acme", "alpha"), ids)
 
     assert held() == from_db() and set(held()) == set(ids)
     ana.forget(ids[1])
@@ -182,16 +183,16 @@ def test_search_reads_a_record_from_the_index_copy_only_while_it_equals_the_data
         tx.set_record_state(ids[2], "disputed", state_cursor=2**40)
     assert set(held()) == {ids[0]} and held()[ids[0]] == from_db()[ids[0]]
     with store.read(snapshot=False) as tx:
-        rows = tx.records("acme", "alpha", ids)
+        rows = tx.records(Scope("acme", "alpha"), ids)
         assert rows == from_db()
         assert rows[ids[2]].state == "disputed" and rows[ids[1]].sealed_body is None
-        assert tx.records("acme", "beta", ids) == {}  # another scope's ids are unknown here
+        assert tx.records(Scope("acme", "beta"), ids) == {}  # another scope's ids are unknown here
     store.reload_indexes()  # as at open: the copy is loaded with the postings, from the same rows
     ana.ids("goldeneye")  # (PostgreSQL loads a scope's index at its first read)
     assert set(held()) == {ids[0], ids[2]} and held() == {k: v for k, v in from_db().items() if k in held()}
     # A writer reads its own transaction, never the committed copy.
     with pytest.raises(RuntimeError), store.write() as tx:
         tx.set_record_state(ids[0], "disputed", state_cursor=2**41)
-        assert tx.records("acme", "alpha", [ids[0]])[ids[0]].state == "disputed"
+        assert tx.records(Scope("acme", "alpha"), [ids[0]])[ids[0]].state == "disputed"
         raise RuntimeError("roll back")
     assert held()[ids[0]].state == "accepted_current"

@@ -10,6 +10,7 @@ import dataclasses
 
 import pytest
 
+from engram_core.contract.scope import Scope
 from engram_core.rpc.server import RunningCore
 from engram_core.services.ranking import semantic_v4
 from engram_core.services.reading import embedding_text
@@ -88,9 +89,9 @@ def test_only_the_scope_s_common_words_leave_the_embedding(core: RunningCore, ch
     hasher = core.core.hasher
     query = "What did Caroline cook?"
     with core.core.store.read() as tx:
-        chat_stats = tx.lexical_stats("acme", "chat-v5", hasher.query_terms(query))
-        notes_stats = tx.lexical_stats("acme", "notes-v5", hasher.query_terms(query))
-        only_name = tx.lexical_stats("acme", "chat-v5", hasher.query_terms("Caroline?"))
+        chat_stats = tx.lexical_stats(Scope("acme", "chat-v5"), hasher.query_terms(query))
+        notes_stats = tx.lexical_stats(Scope("acme", "notes-v5"), hasher.query_terms(query))
+        only_name = tx.lexical_stats(Scope("acme", "chat-v5"), hasher.query_terms("Caroline?"))
     assert embedding_text(profile, hasher, query, chat_stats) == "what did cook"
     assert embedding_text(profile, hasher, query, notes_stats) == query  # 1 of 4 notes: not common
     assert embedding_text(profile, hasher, "Caroline?", only_name) == "Caroline?"

@@ -11,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from engram_core.contract.scope import Scope
 from engram_core.embedding import model as semantic_model
 from engram_core.embedding.model import DERIVED_FILE, DERIVED_SHA256, derived_model, sha256_of
 from engram_core.embedding.onnx_minilm import load_local_embedder
@@ -83,7 +84,7 @@ def test_vectors_of_an_older_model_are_re_embedded_when_the_store_opens(tmp_path
     core, _, _ = stores.open_core(data, semantic=False)
     try:
         with core.store.write() as tx:
-            older = tx.reseal_projections("acme", "alpha", lambda rec, old: dataclasses.replace(
+            older = tx.reseal_projections(Scope("acme", "alpha"), lambda rec, old: dataclasses.replace(
                 old, model="all-MiniLM-L6-v2-onnx-int8@older", vector=old.vector[::-1].copy()))
             tx.set_meta(VECTOR_MODEL_META, "all-MiniLM-L6-v2-onnx-int8@older")  # (that release kept none)
         assert older == len(TEXTS)

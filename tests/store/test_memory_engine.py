@@ -8,6 +8,7 @@ from pathlib import Path
 
 from engram_core.app.composition import open_core
 from engram_core.app.engines import StoreConfig
+from engram_core.contract.scope import Scope
 
 
 def test_a_memory_store_url_opens_the_in_memory_engine_and_keeps_nothing_past_the_core(tmp_path: Path) -> None:
@@ -17,15 +18,15 @@ def test_a_memory_store_url_opens_the_in_memory_engine_and_keeps_nothing_past_th
         assert core.store.describe()["engine"] == "memory"
         assert core.store.capabilities.sole_writer and not core.store.capabilities.spools_audit
         with core.store.write() as tx:
-            tx.set_activation("acme", "alpha", activated=True, tools=("engram_memory_search",))
+            tx.set_activation(Scope("acme", "alpha"), activated=True, tools=("engram_memory_search",))
         with core.store.read() as tx:
-            row = tx.scope("acme", "alpha")
+            row = tx.scope(Scope("acme", "alpha"))
         assert row is not None and row.activated and row.tools == ("engram_memory_search",)
     finally:
         core.close()
     again, _, _ = open_core(tmp_path / "data", semantic=False, store_url="memory://")
     try:
         with again.store.read() as tx:
-            assert tx.scope("acme", "alpha") is None
+            assert tx.scope(Scope("acme", "alpha")) is None
     finally:
         again.close()

@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.services.maintenance import check_journal
 from engram_core.store.chain import scope_chain
 from engram_core.store.conformance.support import T, W, audit_row, candidate, event
@@ -171,7 +172,7 @@ def test_a_second_writer_of_a_scope_waits_for_the_first_to_commit(target: Postgr
     assert second_writer_waits(target)
     store = target.open()
     with store.read() as tx:
-        scope, events = tx.scope(T, W), tx.events(T, W, 0, None)
+        scope, events = tx.scope(Scope(T, W)), tx.events(Scope(T, W), 0, None)
     assert [e.target for e in events] == ["setup", "a", "b"] and check_journal(scope, events) == []  # type: ignore[arg-type]
 
 
@@ -193,7 +194,7 @@ def test_writers_of_different_scopes_do_not_wait_for_each_other(target: Postgres
         with b.write() as other:
             assert event(other, "b", tenant="globex", workspace="beta") == 1
         with b.read() as snap:
-            assert [e.target for e in snap.events("globex", "beta", 0, None)] == ["b"]
+            assert [e.target for e in snap.events(Scope("globex", "beta"), 0, None)] == ["b"]
 
 
 # -- round trips under the scope lock ---------------------------------------------------------------------------------
@@ -228,13 +229,13 @@ def capture_shaped(store: Any, n: int, *, grant: bool) -> tuple[int, int]:
     vault_wire.reset()
     key = f"key-rt-{n:04d}"
     with store.write(batched=True) as tx:
-        assert tx.idempotency_get(T, W, P, key) is None
+        assert tx.idempotency_get(Scope(T, W), P, key) is None
         if grant:
-            assert tx.use_confirmation(f"grant-rt-{n}", T, W, 1)
+            assert tx.use_confirmation(f"grant-rt-{n}", Scope(T, W), 1)
         cursor = event(tx, f"cand_rt{n}")
         tx.insert_candidate(candidate(f"cand_rt{n}", cursor=cursor))
         tx.put_data_key(f"candidate:cand_rt{n}", slot, 1)
-        tx.idempotency_put(T, W, P, key, IdempotencyRow("engram_memory_capture", f"cand_rt{n}", "sha256:" + "0" * 64,
+        tx.idempotency_put(Scope(T, W), P, key, IdempotencyRow("engram_memory_capture", f"cand_rt{n}", "sha256:" + "0" * 64,
                                                         {"status": "committed_pending"}), 1)
         tx.append_audit(audit_row(n))
     return engine_wire.round_trips, vault_wire.round_trips
@@ -251,7 +252,7 @@ def test_a_capture_holds_its_scope_lock_for_at_most_three_round_trips(proxied: A
     # As the engine's docstring counts them: [lock + replay check], [grant], [writes + COMMIT].
     assert engine == [2, 3, 2, 3, 2, 3], engine
     with store.read() as tx:
-        events = tx.events(T, W, 0, None)
+        events = tx.events(Scope(T, W), 0, None)
         heads = tx.audit_heads()
     assert [e.cursor for e in events] == list(range(1, 7)) and heads[scope_chain(T, W)][0] == 6
 
@@ -262,7 +263,7 @@ def test_the_round_trip_count_sees_a_statement_that_waits_for_its_answer(proxied
     engine_wire.reset()
     with store.write() as tx:
         for n in range(4):
-            tx.idempotency_get(T, W, P, f"key-probe-{n}")
+            tx.idempotency_get(Scope(T, W), P, f"key-probe-{n}")
         event(tx, "probe")
     assert engine_wire.round_trips == 5
 
@@ -271,19 +272,19 @@ def test_reads_ahead_go_with_the_scope_lock_in_one_round_trip_and_answer_as_the_
     store, engine_wire, _ = proxied
     with store.write() as tx:
         event(tx, "ahead-0")
-        tx.idempotency_put(T, W, P, "key-ahead-1", IdempotencyRow("engram_memory_capture", "c", "sha256:" + "1" * 64,
+        tx.idempotency_put(Scope(T, W), P, "key-ahead-1", IdempotencyRow("engram_memory_capture", "c", "sha256:" + "1" * 64,
                                                                  {"status": "x"}), 1)
     engine_wire.reset()
     with store.write() as tx:
         keys = [f"key-ahead-{n}" for n in range(4)]
-        tx.read_ahead(*[lambda k=k: tx.idempotency_get(T, W, P, k) for k in keys], lambda: tx.scope(T, W))
+        tx.read_ahead(*[lambda k=k: tx.idempotency_get(Scope(T, W), P, k) for k in keys], lambda: tx.scope(Scope(T, W)))
         assert engine_wire.round_trips == 1  # the lock and the five reads
-        got = [tx.idempotency_get(T, W, P, k) for k in keys]
-        scope = tx.scope(T, W)
+        got = [tx.idempotency_get(Scope(T, W), P, k) for k in keys]
+        scope = tx.scope(Scope(T, W))
         assert engine_wire.round_trips == 1  # answered from what came back
         assert [g is not None for g in got] == [False, True, False, False] and got[1].outcome == {"status": "x"}
         assert scope is not None and scope.last_cursor == 1
-        assert tx.idempotency_get(T, W, P, keys[1]) is not None  # asked again: read again
+        assert tx.idempotency_get(Scope(T, W), P, keys[1]) is not None  # asked again: read again
         assert engine_wire.round_trips == 2
         event(tx, "ahead-1")
     assert engine_wire.round_trips == 3  # with the COMMIT
@@ -452,8 +453,8 @@ def test_two_cores_sending_the_same_key_at_once_have_one_effect_every_time(targe
         assert (a[n] == "effect") == (b[n] == "replay:core-a")
     store = target.open()
     with store.read() as tx:
-        events = tx.events(T, W, 0, None)
-        scope = tx.scope(T, W)
+        events = tx.events(Scope(T, W), 0, None)
+        scope = tx.scope(Scope(T, W))
     assert Counter(e.target for e in events) == {f"key-race-{n:04d}": 1 for n in range(rounds)}
     assert check_journal(scope, events) == []  # type: ignore[arg-type]
     # Both cores won some rounds: the race was a race, not one core always first.
@@ -467,12 +468,12 @@ def test_a_statement_refused_at_commit_is_a_definite_rollback(target: PostgresTa
     with pytest.raises(EngramError) as refused:
         with store.write() as tx:
             event(tx, "doomed")
-            tx.idempotency_put(T, W, P, "key-twice", row, 1)
-            tx.idempotency_put(T, W, P, "key-twice", row, 1)  # the primary key refuses it, at COMMIT
+            tx.idempotency_put(Scope(T, W), P, "key-twice", row, 1)
+            tx.idempotency_put(Scope(T, W), P, "key-twice", row, 1)  # the primary key refuses it, at COMMIT
     assert refused.value.code == Code.STORE_UNAVAILABLE
     with store.read() as tx:
-        assert tx.events(T, W, 0, None) == [] and tx.idempotency_get(T, W, P, "key-twice") is None
-        assert tx.scope(T, W) is None  # the scope row it created to lock is gone with it
+        assert tx.events(Scope(T, W), 0, None) == [] and tx.idempotency_get(Scope(T, W), P, "key-twice") is None
+        assert tx.scope(Scope(T, W)) is None  # the scope row it created to lock is gone with it
     with store.write() as tx:
         assert event(tx, "next") == 1
 
@@ -507,20 +508,20 @@ def test_a_connection_lost_during_commit_is_an_unknown_outcome_that_a_retry_sett
     killer.start()
     with pytest.raises(EngramError) as unknown:
         with store.write() as tx:
-            if tx.idempotency_get(T, W, P, "key-lost") is None:
+            if tx.idempotency_get(Scope(T, W), P, "key-lost") is None:
                 event(tx, "lost")
-                tx.idempotency_put(T, W, P, "key-lost", row, 1)
+                tx.idempotency_put(Scope(T, W), P, "key-lost", row, 1)
     killer.join(60)
     assert unknown.value.code == Code.MUTATION_OUTCOME_UNKNOWN
     with target.database.connect() as con:
         con.execute("DROP TRIGGER slow_commit ON journal")
     # The retry with the same key decides: here the commit never happened, so it takes effect once.
     with store.write() as tx:
-        assert tx.idempotency_get(T, W, P, "key-lost") is None
+        assert tx.idempotency_get(Scope(T, W), P, "key-lost") is None
         assert event(tx, "retried") == 1
-        tx.idempotency_put(T, W, P, "key-lost", row, 1)
+        tx.idempotency_put(Scope(T, W), P, "key-lost", row, 1)
     with store.read() as tx:
-        assert [e.target for e in tx.events(T, W, 0, None)] == ["retried"]
+        assert [e.target for e in tx.events(Scope(T, W), 0, None)] == ["retried"]
 
 
 def test_the_cores_carry_on_after_the_database_restarts(target: PostgresTarget, pg_cluster: PgCluster) -> None:
@@ -534,8 +535,8 @@ def test_the_cores_carry_on_after_the_database_restarts(target: PostgresTarget, 
     with store.write() as tx:
         event(tx, "after")
     with store.read() as tx:
-        assert [e.target for e in tx.events(T, W, 0, None)] == ["before", "after"]
-        assert len(tx.audit_rows(None, None, 0, None)) == 1
+        assert [e.target for e in tx.events(Scope(T, W), 0, None)] == ["before", "after"]
+        assert len(tx.audit_rows(None, 0, None)) == 1
 
 
 def test_a_scope_only_looked_at_is_not_created(target: PostgresTarget) -> None:
@@ -543,11 +544,11 @@ def test_a_scope_only_looked_at_is_not_created(target: PostgresTarget) -> None:
     (as on DuckDB) a scope exists once something was written to it."""
     store = target.open()
     with store.write() as tx:
-        assert tx.scope(T, W) is None
-        assert tx.idempotency_get(T, W, P, "key-none") is None
+        assert tx.scope(Scope(T, W)) is None
+        assert tx.idempotency_get(Scope(T, W), P, "key-none") is None
         tx.set_meta("looked", "yes")
     with store.read() as tx:
-        assert tx.scope(T, W) is None and tx.scopes() == [] and tx.meta("looked") == "yes"
+        assert tx.scope(Scope(T, W)) is None and tx.scopes() == [] and tx.meta("looked") == "yes"
     with pg_database_connect(target) as con:
         assert con.execute("SELECT count(*) FROM scopes").fetchone()[0] == 0  # type: ignore[index]
 
@@ -667,7 +668,7 @@ def _members(store: Any, bodies: list[Callable[[Any], None]]) -> tuple[list[Base
 
     def member(i: int) -> None:
         try:
-            with store.write(batched=True, scope=(T, W)) as tx:
+            with store.write(batched=True, scope=Scope(T, W)) as tx:
                 if i == 0:
                     assert go.wait(30)
                 bodies[i](tx)
@@ -689,12 +690,12 @@ def _members(store: Any, bodies: list[Callable[[Any], None]]) -> tuple[list[Base
 
 def _journal_verifies(store: Any) -> None:
     with store.read() as tx:
-        scope, events = tx.scope(T, W), tx.events(T, W, 0, None)
+        scope, events = tx.scope(Scope(T, W)), tx.events(Scope(T, W), 0, None)
     assert scope is not None and check_journal(scope, events) == []
 
 
 def _idem(tx: Any, key: str) -> None:
-    tx.idempotency_put(T, W, P, key, IdempotencyRow("engram_memory_capture", key, "sha256:" + "0" * 64,
+    tx.idempotency_put(Scope(T, W), P, key, IdempotencyRow("engram_memory_capture", key, "sha256:" + "0" * 64,
                                                     {"status": "committed_pending"}), 1)
 
 
@@ -704,10 +705,10 @@ def test_the_writes_of_one_scope_share_one_commit_and_keep_the_journal_dense(tar
     assert errors == [None] * 8
     assert commits == [8]  # one COMMIT for the eight
     with store.read() as tx:
-        events = tx.events(T, W, 0, None)
+        events = tx.events(Scope(T, W), 0, None)
         assert sorted(e.target for e in events) == [f"m{n}" for n in range(8)]
         assert [e.cursor for e in events] == list(range(1, 9))
-        assert all(tx.idempotency_get(T, W, P, f"k{n}") is not None for n in range(8))
+        assert all(tx.idempotency_get(Scope(T, W), P, f"k{n}") is not None for n in range(8))
     _journal_verifies(store)
     with store.write() as tx:  # and the scope's next write follows on
         assert event(tx, "after") == 9
@@ -719,13 +720,13 @@ def test_a_member_that_fails_is_undone_alone(target: PostgresTarget) -> None:
     def fails_after_writing(tx: Any) -> None:
         event(tx, "doomed")
         _idem(tx, "k-doomed")
-        tx.idempotency_get(T, W, P, "k-doomed")  # its writes reach the server before it fails
+        tx.idempotency_get(Scope(T, W), P, "k-doomed")  # its writes reach the server before it fails
         raise EngramError(Code.POLICY_STALE, "changed meanwhile")
 
     def refused_by_the_database(tx: Any) -> None:
         event(tx, "refused")
         _idem(tx, "k0")  # the first member's key: the primary key refuses it
-        tx.idempotency_get(T, W, P, "k-probe")
+        tx.idempotency_get(Scope(T, W), P, "k-probe")
 
     bodies: list[Callable[[Any], None]] = [
         lambda tx: (event(tx, "m0"), _idem(tx, "k0")),
@@ -740,10 +741,10 @@ def test_a_member_that_fails_is_undone_alone(target: PostgresTarget) -> None:
     assert errors[3].code == Code.STORE_UNAVAILABLE  # type: ignore[union-attr]
     assert commits == [3]
     with store.read() as tx:
-        events = tx.events(T, W, 0, None)
+        events = tx.events(Scope(T, W), 0, None)
         # (members queued behind the first take their turns in any order)
         assert sorted(e.target for e in events) == ["m0", "m2", "m4"] and [e.cursor for e in events] == [1, 2, 3]
-        assert tx.idempotency_get(T, W, P, "k-doomed") is None
+        assert tx.idempotency_get(Scope(T, W), P, "k-doomed") is None
     _journal_verifies(store)
 
 
@@ -758,7 +759,7 @@ def test_a_first_member_that_fails_leaves_the_batch_to_the_next(target: Postgres
     assert errors[0] is not None and errors[1:] == [None, None]
     assert sum(commits) == 2  # the next member opened a batch of its own
     with store.read() as tx:
-        assert sorted(e.target for e in tx.events(T, W, 0, None)) == ["second", "third"]
+        assert sorted(e.target for e in tx.events(Scope(T, W), 0, None)) == ["second", "third"]
 
 
 def test_a_batch_whose_commit_is_refused_answers_every_member(target: PostgresTarget) -> None:
@@ -773,7 +774,7 @@ def test_a_batch_whose_commit_is_refused_answers_every_member(target: PostgresTa
     assert commits == []
     assert all(isinstance(e, EngramError) and e.code == Code.STORE_UNAVAILABLE for e in errors)
     with store.read() as tx:
-        assert tx.events(T, W, 0, None) == []
+        assert tx.events(Scope(T, W), 0, None) == []
     with store.write() as tx:
         assert event(tx, "next") == 1
 
@@ -784,7 +785,7 @@ def test_writes_of_another_scope_do_not_wait_for_a_batch(target: PostgresTarget)
     release = threading.Event()
 
     def holder() -> None:
-        with store.write(batched=True, scope=(T, W)) as tx:
+        with store.write(batched=True, scope=Scope(T, W)) as tx:
             event(tx, "held")
             inside.set()
             assert release.wait(30)
@@ -794,15 +795,15 @@ def test_writes_of_another_scope_do_not_wait_for_a_batch(target: PostgresTarget)
     try:
         assert inside.wait(10)
         started = time.monotonic()
-        with store.write(batched=True, scope=(T, "other")) as tx:
+        with store.write(batched=True, scope=Scope(T, "other")) as tx:
             event(tx, "elsewhere", workspace="other")
         assert time.monotonic() - started < 5
     finally:
         release.set()
         t.join(30)
     with store.read() as tx:
-        assert [e.target for e in tx.events(T, W, 0, None)] == ["held"]
-        assert [e.target for e in tx.events(T, "other", 0, None)] == ["elsewhere"]
+        assert [e.target for e in tx.events(Scope(T, W), 0, None)] == ["held"]
+        assert [e.target for e in tx.events(Scope(T, "other"), 0, None)] == ["elsewhere"]
 
 
 # -- plans -------------------------------------------------------------------------------------------------------

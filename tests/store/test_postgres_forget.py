@@ -37,6 +37,7 @@ import numpy as np
 
 from engram_core.api import admin_pb2
 from engram_core.contract.canonical import canonical_json, digest
+from engram_core.contract.scope import Scope
 from engram_core.crypto.sealing import seal
 from engram_core.services.lexical import TermHasher
 from engram_core.store.conformance.support import T, W, search
@@ -92,7 +93,7 @@ def test_a_forgotten_record_leaves_nothing_readable_in_heap_wal_or_dump(
         cand_slot, cand_key = vault.new_data_key("candidate:cand_forget", durable=False)
         envelope = seal(cand_key, canonical_json({"payload": payload}), kind="candidate", owner="cand_forget")
         with store.write() as tx:
-            ev = tx.append_event(T, W, event_id="evt_capture", operation="capture", target="cand_forget",
+            ev = tx.append_event(Scope(T, W), event_id="evt_capture", operation="capture", target="cand_forget",
                                  from_state="", to_state="pending", at_ms=1, body={})
             tx.insert_candidate(CandidateRow("cand_forget", T, W, "user:ana", "agent", "s1", "pending",
                                              "sha256:" + "a" * 64, "sha256:" + "b" * 64, "asserted", {"n": 1},
@@ -104,13 +105,13 @@ def test_a_forgotten_record_leaves_nothing_readable_in_heap_wal_or_dump(
         rec_slot, rec_key = vault.new_data_key("record:mem_forget", durable=False)
         body = seal(rec_key, canonical_json(payload), kind="record", owner="mem_forget")
         with store.write() as tx:
-            ev = tx.append_event(T, W, event_id="evt_accept", operation="accept", target="cand_forget",
+            ev = tx.append_event(Scope(T, W), event_id="evt_accept", operation="accept", target="cand_forget",
                                  from_state="pending", to_state="accepted_current", at_ms=2, body={})
             tx.insert_record(RecordRow("mem_forget", T, W, "cand_forget", "sha256:" + "b" * 64, "sha256:" + "a" * 64,
                                        "accepted_current", "asserted", "user:ana", "agent", 1, None, None,
                                        "make-ineligible", 2, ev.cursor, ev.cursor, None, body, key_slot=rec_slot))
             tx.put_data_key("record:mem_forget", rec_slot, 2)
-            tx.index_record(T, W, "mem_forget", fields, ("test-model-64", vector))
+            tx.index_record(Scope(T, W), "mem_forget", fields, ("test-model-64", vector))
             tx.set_candidate_state("cand_forget", "accepted", decision={"status": "accepted"}, drop_envelope=True)
             tx.drop_data_key("candidate:cand_forget", 2, "accepted", slot=cand_slot)
         term = next(iter(fields["primary"]))
@@ -127,14 +128,14 @@ def test_a_forgotten_record_leaves_nothing_readable_in_heap_wal_or_dump(
 
         # Forget.
         with store.write() as tx:
-            rec = tx.record(T, W, "mem_forget")
+            rec = tx.record(Scope(T, W), "mem_forget")
             assert rec is not None
-            ev = tx.append_event(T, W, event_id="evt_forget", operation="forget", target="mem_forget",
+            ev = tx.append_event(Scope(T, W), event_id="evt_forget", operation="forget", target="mem_forget",
                                  from_state="accepted_current", to_state="tombstoned", at_ms=3, body={})
             tx.set_record_state("mem_forget", "tombstoned", state_cursor=ev.cursor, drop_body=True)
-            tx.unindex_record(T, W, "mem_forget")
+            tx.unindex_record(Scope(T, W), "mem_forget")
             tx.drop_record_links("mem_forget")
-            tx.add_tombstone(T, W, rec.payload_digest, "mem_forget", ev.cursor, 3)
+            tx.add_tombstone(Scope(T, W), rec.payload_digest, "mem_forget", ev.cursor, 3)
             tx.drop_data_key("record:mem_forget", 3, "tombstone", slot=rec_slot)
         assert tx.keys_zeroed and tx.key_destruction_outcome == "pending"  # generation 1 still in the ring
         assert search(store, [term]) == [] and vault.data_key(rec_slot, "record:mem_forget") is None

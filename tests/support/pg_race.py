@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from engram_core.contract.scope import Scope
 from engram_core.store.port import IdempotencyRow
 
 T, W, P = "acme", "alpha", "user:ana"
@@ -33,11 +34,11 @@ def idempotent_effects(conninfo: str, key_dir: str, passfile: str, name: str, ro
                                  {"status": "committed_pending", "by": name})
             barrier.wait(60)
             with store.write(batched=True) as tx:
-                prior = tx.idempotency_get(T, W, P, key)
+                prior = tx.idempotency_get(Scope(T, W), P, key)
                 if prior is None:
-                    tx.append_event(T, W, event_id=f"evt_{key}_{name}", operation="capture", target=key,
+                    tx.append_event(Scope(T, W), event_id=f"evt_{key}_{name}", operation="capture", target=key,
                                     from_state="", to_state="pending", at_ms=n, body={"by": name})
-                    tx.idempotency_put(T, W, P, key, row, n)
+                    tx.idempotency_put(Scope(T, W), P, key, row, n)
             outcome.append("effect" if prior is None else "replay:" + str(prior.outcome["by"]))
     finally:
         store.close()

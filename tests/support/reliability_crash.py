@@ -25,6 +25,7 @@ import grpc
 from engram_core.api import admin_pb2, admin_pb2_grpc
 from engram_core.contract.canonical import digest
 from engram_core.contract.errors import Code
+from engram_core.contract.scope import Scope
 from engram_core.contract.tools import ADMISSION_TOOL, CAPTURE_TOOL, FORGET_TOOL, WITHDRAW_TOOL
 from engram_core.rpc.status import code_from_rpc_error
 from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
@@ -241,7 +242,7 @@ def verify_file(stores: EngineStores, data_dir: Path, ledger: Ledger) -> dict[st
             for scope in tx.scopes():
                 prev = GENESIS
                 last = 0
-                for e in tx.events(scope.tenant, scope.workspace, 1, None):
+                for e in tx.events(Scope(scope.tenant, scope.workspace), 1, None):
                     doc = {"tenant": e.tenant, "workspace": e.workspace, "cursor": str(e.cursor),
                            "event_id": e.event_id, "operation": e.operation, "target": e.target,
                            "from_state": e.from_state, "to_state": e.to_state, "at_ms": e.at_ms, "body": e.body,
@@ -256,7 +257,7 @@ def verify_file(stores: EngineStores, data_dir: Path, ledger: Ledger) -> dict[st
             audited: set[tuple[str, str]] = set()
             audit_ids: set[str] = set()
             n_audit = 0
-            for row in tx.audit_rows(None, None, 0, None):
+            for row in tx.audit_rows(None, 0, None):
                 chain = row.get("chain", "")
                 assert row["prev_digest"] == chain_prev.get(chain, GENESIS)
                 assert audit_digest_of(row) == row["row_digest"]

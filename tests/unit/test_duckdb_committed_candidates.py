@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from engram_core.contract.scope import Scope
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.store.duckdb import open_duckdb_store
 from engram_core.store.duckdb.candidate_cache import CommittedCandidates
@@ -31,12 +32,12 @@ def _row(cid: str, envelope: bytes = b"sealed") -> CandidateRow:
 
 def _read(store: StoreKernel, cid: str, *, batched: bool = True) -> CandidateRow | None:
     with store.write(batched=batched) as tx:
-        return tx.candidate(T, W, cid)
+        return tx.candidate(Scope(T, W), cid)
 
 
 def _from_table(store: StoreKernel, cid: str) -> CandidateRow | None:
     with store.read() as tx:
-        return tx.candidate(T, W, cid)
+        return tx.candidate(Scope(T, W), cid)
 
 
 def test_a_write_reads_a_committed_candidate_as_the_table_holds_it(store: StoreKernel) -> None:
@@ -50,7 +51,7 @@ def test_a_write_reads_a_committed_candidate_as_the_table_holds_it(store: StoreK
     assert copy == _from_table(store, "c1") == _read(store, "c1")
     assert _read(store, "c1") is not None and _read(store, "c1").tenant == T  # type: ignore[union-attr]
     with store.write(batched=True) as tx:
-        assert tx.candidate("other", W, "c1") is None  # the scope is checked as for a row read
+        assert tx.candidate(Scope("other", W), "c1") is None  # the scope is checked as for a row read
 
 
 def test_a_batch_that_fails_leaves_the_copy_as_committed(store: StoreKernel) -> None:
@@ -69,7 +70,7 @@ def test_a_candidate_changed_through_sql_is_read_from_the_table(store: StoreKern
         tx.insert_candidate(_row("c1"))
     with store.write(batched=True) as tx:
         tx.set_candidate_trust_class("c1", "signed")
-        assert tx.candidate(T, W, "c1").trust_class == "signed"  # type: ignore[union-attr]
+        assert tx.candidate(Scope(T, W), "c1").trust_class == "signed"  # type: ignore[union-attr]
     assert store.engine.committed_candidate("c1") is None
     assert _read(store, "c1").trust_class == "signed"  # type: ignore[union-attr]
     with store.write(batched=True) as tx:  # read once more: the copy holds it again only after a write
@@ -102,8 +103,8 @@ def test_a_member_reads_what_an_earlier_member_of_its_batch_changed_even_once_fl
         tx.set_candidate_state("c1", "admitted", decision={"why": "ok"}, drop_envelope=True)
 
     def look(tx) -> tuple[object, ...]:  # type: ignore[no-untyped-def]
-        tx.candidates_in_state(T, W, "admitted")  # a query of the table: the batch's changes flushed first
-        c = tx.candidate(T, W, "c1")
+        tx.candidates_in_state(Scope(T, W), "admitted")  # a query of the table: the batch's changes flushed first
+        c = tx.candidate(Scope(T, W), "c1")
         return c.state, c.decision, c.sealed_envelope
 
     assert _batch(store, [admit, look])[1] == ("admitted", {"why": "ok"}, None)
@@ -113,13 +114,13 @@ def test_a_latest_reader_reads_the_copy_and_a_snapshot_reader_its_snapshot(store
     with store.write(batched=True) as tx:
         tx.insert_candidate(_row("c1"))
     with store.read() as snap:
-        assert snap.candidate(T, W, "c1").state == "pending"  # type: ignore[union-attr]
+        assert snap.candidate(Scope(T, W), "c1").state == "pending"  # type: ignore[union-attr]
         with store.write(batched=True) as tx:
             tx.set_candidate_state("c1", "admitted", drop_envelope=True)
-        assert snap.candidate(T, W, "c1").state == "pending"  # type: ignore[union-attr]  # its snapshot
+        assert snap.candidate(Scope(T, W), "c1").state == "pending"  # type: ignore[union-attr]  # its snapshot
         with store.read(snapshot=False) as latest:
-            c = latest.candidate(T, W, "c1")
+            c = latest.candidate(Scope(T, W), "c1")
             assert (c.state, c.sealed_envelope) == ("admitted", None)  # type: ignore[union-attr]
-            assert latest.candidate("other", W, "c1") is None
+            assert latest.candidate(Scope("other", W), "c1") is None
     with store.read() as fresh:
-        assert fresh.candidate(T, W, "c1") == store.engine.committed_candidate("c1")
+        assert fresh.candidate(Scope(T, W), "c1") == store.engine.committed_candidate("c1")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.services.maintenance import check_audit
 from engram_core.store.chain import scope_chain
@@ -40,7 +41,7 @@ def store(tmp_path: Path):
 
 
 def _event(tx: DuckDBTx, target: str) -> int:
-    return tx.append_event(T, W, event_id=f"evt_{target}", operation="capture", target=target, from_state="",
+    return tx.append_event(Scope(T, W), event_id=f"evt_{target}", operation="capture", target=target, from_state="",
                            to_state="pending", at_ms=1, body={}).cursor
 
 
@@ -74,7 +75,7 @@ def _batch(store: DuckDBStore, bodies: list[Callable[[DuckDBTx], object]]) -> li
 
 def _journal(store: DuckDBStore) -> list[str]:
     with store.read() as tx:
-        return [e.target for e in tx.events(T, W, 1, None)]
+        return [e.target for e in tx.events(Scope(T, W), 1, None)]
 
 
 def test_members_share_one_commit_and_survive_a_reopen(store: DuckDBStore, tmp_path: Path) -> None:
@@ -85,10 +86,10 @@ def test_members_share_one_commit_and_survive_a_reopen(store: DuckDBStore, tmp_p
     reopened = open_duckdb_store(tmp_path, keys=FileKeyVault(tmp_path))
     try:
         with reopened.read() as tx:
-            events = tx.events(T, W, 1, None)
+            events = tx.events(Scope(T, W), 1, None)
             assert [e.target for e in events] == ["c0", "c1", "c2", "c3", "c4"]
             assert all(e.prev_digest == p.event_digest for p, e in zip(events, events[1:], strict=False))
-            assert tx.scope(T, W).last_cursor == 5  # type: ignore[union-attr]
+            assert tx.scope(Scope(T, W)).last_cursor == 5  # type: ignore[union-attr]
     finally:
         reopened.close()
 
@@ -128,19 +129,19 @@ def test_members_read_what_earlier_members_of_their_batch_wrote(store: DuckDBSto
     row = IdempotencyRow("engram_memory_capture", "cand_1", "sha256:" + "0" * 64, {"status": "committed_pending"})
 
     def first(tx: DuckDBTx) -> None:
-        tx.idempotency_put(T, W, "agent", "key-1", row, 1)
+        tx.idempotency_put(Scope(T, W), "agent", "key-1", row, 1)
         tx.put_data_key("candidate:cand_1", 3, 1)
-        assert tx.use_confirmation("grant-1", T, W, 1)
+        assert tx.use_confirmation("grant-1", Scope(T, W), 1)
 
     def second(tx: DuckDBTx) -> tuple[object, ...]:
-        return (tx.idempotency_get(T, W, "agent", "key-1"), tx.data_key_slot("candidate:cand_1"),
-                tx.use_confirmation("grant-1", T, W, 1), tx.drop_data_key("candidate:cand_1", 2, "accepted"),
+        return (tx.idempotency_get(Scope(T, W), "agent", "key-1"), tx.data_key_slot("candidate:cand_1"),
+                tx.use_confirmation("grant-1", Scope(T, W), 1), tx.drop_data_key("candidate:cand_1", 2, "accepted"),
                 tx.data_key_slot("candidate:cand_1"))
 
     results = _batch(store, [first, second])
     assert results[1] == (row, 3, False, 3, None)  # a grant is spent once, even within one batch
     with store.read() as tx:
-        assert tx.idempotency_get(T, W, "agent", "key-1") == row
+        assert tx.idempotency_get(Scope(T, W), "agent", "key-1") == row
         assert tx.data_key_slot("candidate:cand_1") is None
         assert tx.key_destruction("candidate:cand_1").at_ms == 2
 
@@ -148,7 +149,7 @@ def test_members_read_what_earlier_members_of_their_batch_wrote(store: DuckDBSto
 def test_a_promoted_member_that_fails_takes_its_batch_down_retriably(store: DuckDBStore) -> None:
     def promoted_then_fails(tx: DuckDBTx) -> None:
         _event(tx, "p")
-        tx.events(T, W, 1, None)  # reads the journal it has a pending row in: its writes go in now
+        tx.events(Scope(T, W), 1, None)  # reads the journal it has a pending row in: its writes go in now
         raise EngramError(Code.POLICY_STALE, "too late")
 
     results = _batch(store, [lambda tx: _event(tx, "a"), promoted_then_fails])
@@ -209,19 +210,19 @@ def test_candidate_changes_within_a_batch_read_as_they_will_commit(store: DuckDB
         tx.insert_candidate(row)
 
     def accept(tx: DuckDBTx) -> str:
-        assert tx.candidate(T, W, "cand_1").state == "pending"  # type: ignore[union-attr]
+        assert tx.candidate(Scope(T, W), "cand_1").state == "pending"  # type: ignore[union-attr]
         tx.set_candidate_state("cand_1", "accepted", decision={"status": "accepted"}, drop_envelope=True)
-        return tx.candidate(T, W, "cand_1").state  # type: ignore[union-attr]
+        return tx.candidate(Scope(T, W), "cand_1").state  # type: ignore[union-attr]
 
     def look(tx: DuckDBTx) -> tuple[object, ...]:
-        c = tx.candidate(T, W, "cand_1")
-        return c.state, c.decision, c.sealed_envelope, tx.candidate("other", W, "cand_1")  # type: ignore[union-attr]
+        c = tx.candidate(Scope(T, W), "cand_1")
+        return c.state, c.decision, c.sealed_envelope, tx.candidate(Scope("other", W), "cand_1")  # type: ignore[union-attr]
 
     results = _batch(store, [insert, accept, look])
     assert results[1] == "accepted"
     assert results[2] == ("accepted", {"status": "accepted"}, None, None)  # another tenant sees nothing
     with store.read() as tx:
-        c = tx.candidate(T, W, "cand_1")
+        c = tx.candidate(Scope(T, W), "cand_1")
         assert (c.state, c.decision, c.sealed_envelope) == ("accepted", {"status": "accepted"}, None)  # type: ignore[union-attr]
 
 
@@ -282,7 +283,7 @@ def test_a_reads_audit_row_does_not_wait_for_the_writers_and_the_chain_stays_who
     writer.join(10)
     reader.join(10)
     with store.read() as tx:  # a snapshot moves the spool into the table first
-        rows = tx.audit_rows(None, None, 1, None)
+        rows = tx.audit_rows(None, 1, None)
         heads = tx.audit_heads()
     # The read's row is on this process's writer chain, the mutation's on its scope's chain.
     chains = {r["audit_id"]: r["chain"] for r in rows}
@@ -320,7 +321,7 @@ def test_concurrent_reads_and_group_commits_keep_every_audit_chain_dense(store: 
     reopened = open_duckdb_store(tmp_path, keys=FileKeyVault(tmp_path))
     try:
         with reopened.read() as tx:
-            rows = tx.audit_rows(None, None, 1, None)
+            rows = tx.audit_rows(None, 1, None)
             heads = tx.audit_heads()
         assert len(rows) == 2 * 300 + 4 * 40
         assert check_audit(rows, heads) == []

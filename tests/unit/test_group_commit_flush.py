@@ -10,6 +10,7 @@ from typing import Any
 import duckdb
 import pytest
 
+from engram_core.contract.scope import Scope
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.store.chain import GENESIS
 from engram_core.store.duckdb import open_duckdb_store
@@ -136,12 +137,12 @@ def test_a_batch_begins_its_transaction_with_its_first_write_and_one_that_wrote_
     store.engine.observers.on_commit = lambda _seconds, members: commits.append(members)
     try:
         with store.write(batched=True) as tx:
-            assert tx.candidate(T, W, "c1") is None  # a read before any write: the committed state
+            assert tx.candidate(Scope(T, W), "c1") is None  # a read before any write: the committed state
         assert commits == []
         with store.write(batched=True) as tx:
             tx.insert_candidate(_candidate("c1"))
         assert commits == [1]
         with store.read() as tx:
-            assert tx.candidate(T, W, "c1") == _candidate("c1")
+            assert tx.candidate(Scope(T, W), "c1") == _candidate("c1")
     finally:
         store.close()

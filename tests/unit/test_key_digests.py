@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from engram_core.contract.scope import Scope
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.store import key_digests
 from engram_core.store.duckdb import open_duckdb_store
@@ -51,18 +52,18 @@ def test_a_reopened_store_finds_every_key_and_payload_it_holds(tmp_path: Path) -
     row = IdempotencyRow("engram_memory_capture", "cand_1", "sha256:" + "0" * 64, {"status": "committed_pending"})
     with store.write(batched=True) as tx:
         for k in KEYS:
-            tx.idempotency_put("acme", "alpha", "user:ana", k, row, 1)
-        tx.add_tombstone("acme", "alpha", "sha256:" + "5" * 64, "mem_x", 1, 1)
+            tx.idempotency_put(Scope("acme", "alpha"), "user:ana", k, row, 1)
+        tx.add_tombstone(Scope("acme", "alpha"), "sha256:" + "5" * 64, "mem_x", 1, 1)
     store.close()
     reopened = open_duckdb_store(tmp_path, keys=FileKeyVault(tmp_path))
     try:
         for k in KEYS:  # the digests now come from DuckDB: they must agree with Python's
             assert reopened.engine.idempotency_keys.may_contain("acme", "alpha", "user:ana", k)
         with reopened.read() as tx:
-            assert all(tx.idempotency_get("acme", "alpha", "user:ana", k) == row for k in KEYS)
-            assert tx.idempotency_get("acme", "alpha", "user:bob", KEYS[0]) is None
-            assert tx.payload_standing("acme", "alpha", "sha256:" + "5" * 64) == (None, True)
-            assert tx.payload_standing("acme", "beta", "sha256:" + "5" * 64) == (None, False)
+            assert all(tx.idempotency_get(Scope("acme", "alpha"), "user:ana", k) == row for k in KEYS)
+            assert tx.idempotency_get(Scope("acme", "alpha"), "user:bob", KEYS[0]) is None
+            assert tx.payload_standing(Scope("acme", "alpha"), "sha256:" + "5" * 64) == (None, True)
+            assert tx.payload_standing(Scope("acme", "beta"), "sha256:" + "5" * 64) == (None, False)
     finally:
         reopened.close()
 
@@ -74,17 +75,17 @@ def test_a_used_confirmation_stays_used_across_a_reopen(tmp_path: Path) -> None:
     grants = ["grant_" + k for k in KEYS]
     store = open_duckdb_store(tmp_path, keys=FileKeyVault(tmp_path))
     with store.write(batched=True) as tx:
-        assert all(tx.use_confirmation(g, "acme", "alpha", 1) for g in grants)
+        assert all(tx.use_confirmation(g, Scope("acme", "alpha"), 1) for g in grants)
     with store.write() as tx:
-        assert not any(tx.use_confirmation(g, "acme", "alpha", 2) for g in grants)  # same process
+        assert not any(tx.use_confirmation(g, Scope("acme", "alpha"), 2) for g in grants)  # same process
     store.close()
     reopened = open_duckdb_store(tmp_path, keys=FileKeyVault(tmp_path))
     try:
         assert all(reopened.engine.used_grants.may_contain(g) for g in grants)
         with reopened.write(batched=True) as tx:
-            assert not any(tx.use_confirmation(g, "acme", "alpha", 3) for g in grants)
-            assert tx.use_confirmation("grant_fresh_after_reopen", "acme", "alpha", 3)
+            assert not any(tx.use_confirmation(g, Scope("acme", "alpha"), 3) for g in grants)
+            assert tx.use_confirmation("grant_fresh_after_reopen", Scope("acme", "alpha"), 3)
         with reopened.write() as tx:
-            assert not tx.use_confirmation("grant_fresh_after_reopen", "acme", "alpha", 4)
+            assert not tx.use_confirmation("grant_fresh_after_reopen", Scope("acme", "alpha"), 4)
     finally:
         reopened.close()

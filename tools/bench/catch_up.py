@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engram_core.contract.scope import Scope
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -52,7 +54,7 @@ def _child(conninfo: str, key_dir: Path, records: int, catch_ups: int) -> dict[s
             admit_journaled(writer, f"mem_load{i:07d}", [i % 97, 1000 + i % 13], event_id=f"evt_load{i:07d}")
         with psycopg.connect(conninfo, autocommit=True) as con:
             con.execute("ANALYZE")  # as autovacuum would have by now, and a restore does
-        reader.committed_scope(T, W)  # loads the scope: what follows is catch-ups only
+        reader.committed_scope(Scope(T, W))  # loads the scope: what follows is catch-ups only
         kinds: dict[str, list[float]] = {"other": [], "own": [], "none": []}
         searched: dict[str, list[float]] = {"other": [], "own": [], "none": []}
         for i in range(catch_ups):
@@ -61,7 +63,7 @@ def _child(conninfo: str, key_dir: Path, records: int, catch_ups: int) -> dict[s
                 admit_journaled(writer if kind == "other" else reader, f"mem_new{i:07d}",
                                 [i % 97, 2000 + i % 11], event_id=f"evt_new{i:07d}")
             t = time.perf_counter()
-            row = reader.committed_scope(T, W)
+            row = reader.committed_scope(Scope(T, W))
             caught = time.perf_counter()
             search(reader, [i % 97, 1000 + i % 13])
             kinds[kind].append(caught - t)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from engram_core.content.instructions import scan
+from engram_core.contract.scope import Scope
 from tools.bench.corpus import Corpus
 from tools.bench.stats import percentile
 
@@ -94,7 +95,7 @@ def bench_admission(records: int, rounds: int, work: Path) -> dict[str, Any]:
             for eff in payloads:
                 t = time.perf_counter()
                 with core.store.read(snapshot=False) as tx:
-                    facts = signals.admission_facts(tx, TENANT, WORKSPACE, eff, now=core.now_ms(), vector=lambda: None)
+                    facts = signals.admission_facts(tx, Scope(TENANT, WORKSPACE), eff, now=core.now_ms(), vector=lambda: None)
                 lat.append((time.perf_counter() - t) * 1000)
                 similar += len(facts["similar"])
             lat.sort()

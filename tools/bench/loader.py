@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from engram_core.contract.canonical import canonical_json, digest
+from engram_core.contract.scope import Scope
 from engram_core.contract.tools import CAPTURE_TOOL, TOOL_NAMES
 from engram_core.contract.validation import validate_arguments
 from engram_core.crypto.sealing import seal
@@ -82,7 +83,7 @@ class Progress:
 def activate_scope(core: Core, tenant: str, workspace: str) -> None:
     """What AdminService.Activate with no tool list does: every tool on."""
     with core.store.write() as tx:
-        tx.set_activation(tenant, workspace, activated=True, tools=tuple(sorted(TOOL_NAMES)))
+        tx.set_activation(Scope(tenant, workspace), activated=True, tools=tuple(sorted(TOOL_NAMES)))
 
 
 def _new_slots(core: Core, owners_keys: list[tuple[str, bytes]]) -> list[int]:
@@ -143,7 +144,7 @@ def load_scope(core: Core, corpus: Corpus, tenant: str, workspace: str, n: int, 
         # past them (``set_scope_head``) is the engine's, not the store port's (issue 62).
         with core.store.engine.write(effects=TxEffects()) as tx:  # type: ignore[attr-defined]
             con = tx._con  # noqa: SLF001
-            scope = tx.scope(tenant, workspace)
+            scope = tx.scope(Scope(tenant, workspace))
             cursor, prev = scope.last_cursor, scope.last_event_digest
             journal: list[list[Any]] = [[] for _ in range(12)]
             records: list[list[Any]] = [[] for _ in range(20)]

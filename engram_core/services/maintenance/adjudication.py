@@ -7,6 +7,7 @@ from typing import Any
 
 from engram_core.contract.errors import Code, EngramError
 from engram_core.contract.operation import request_digest
+from engram_core.contract.scope import Scope
 from engram_core.contract.tools import ADMISSION_TOOL
 from engram_core.services import lifecycle
 from engram_core.services.maintenance.base import EVENT_ID, HostOps, checked_ref, facts_of, sizes_of
@@ -16,17 +17,17 @@ from engram_core.trust.hostctx import BoundContext
 
 class AdjudicationOps(HostOps):
     # -- adjudication ------------------------------------------------------------------------
-    def list_adjudication(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
-        call = self.authorize(ctx, "list_adjudication", target=(tenant, workspace))
-        tctx = self.target_ctx(ctx, tenant, workspace)
+    def list_adjudication(self, ctx: BoundContext, scope: Scope) -> dict[str, Any]:
+        call = self.authorize(ctx, "list_adjudication", target=scope)
+        tctx = self.target_ctx(ctx, scope)
         with self.core.store.read() as tx:
-            cands = tx.candidates_in_state(tenant, workspace, "pending_adjudication")
+            cands = tx.candidates_in_state(scope, "pending_adjudication")
             reasons: dict[str, set[str]] = {}
             # A candidate's admission events follow its capture: read the journal from the oldest
             # pending capture on, not from the scope's first event (the console's review queue at
             # 100k records in a scope, issue 61).
             first = min((c.cursor for c in cands), default=None)
-            for e in tx.events(tenant, workspace, first, None) if first is not None else ():
+            for e in tx.events(scope, first, None) if first is not None else ():
                 if e.operation == "adjudication_required":
                     codes = reasons.setdefault(e.target, set())
                     for d in e.body.get("decisions", []):
@@ -34,19 +35,19 @@ class AdjudicationOps(HostOps):
             items = []
             for c in cands:
                 codes = reasons.get(c.candidate_id, set())
-                if tx.tombstoned(tenant, workspace, c.payload_digest):
+                if tx.tombstoned(scope, c.payload_digest):
                     codes = codes | {"FORGOTTEN_CONTENT"}  # SPEC §5 core invariant, not a policy reason
                 items.append({"candidate_id": c.candidate_id, "payload_digest": c.payload_digest,
                               "record_digest": c.record_digest, "trust_class": c.trust_class,
                               "captured_at": self.core.instant(c.captured_at_ms), "cursor": str(c.cursor),
                               "sizes": sizes_of(facts_of(self.core, tx, c)), "reasons": sorted(codes)})
         self._audit(tctx, "list_adjudication", "ok", "", call)
-        return {"tenant": tenant, "workspace": workspace, "candidates": items}
+        return {"tenant": scope.tenant, "workspace": scope.workspace, "candidates": items}
 
     def adjudicate(self, ctx: BoundContext, req: dict[str, Any]) -> dict[str, Any]:
         call = self.authorize(ctx, "adjudicate", [v for v in req.values() if isinstance(v, str)],
-                              target=(req.get("tenant", ""), req.get("workspace", "")))
-        tctx = self.target_ctx(ctx, req.get("tenant", ""), req.get("workspace", ""))
+                              target=Scope(req.get("tenant", ""), req.get("workspace", "")))
+        tctx = self.target_ctx(ctx, Scope(req.get("tenant", ""), req.get("workspace", "")))
         decision = req.get("decision", "")
         if decision not in ("accept", "reject"):
             raise EngramError(Code.INVALID_SCHEMA, "decision")
@@ -65,7 +66,7 @@ class AdjudicationOps(HostOps):
 
         # The same precondition as a withdraw: stored outcome, target, lifecycle.
         standing = gated_precondition(self.core, tctx, guard, what="candidate", check_state=adjudicable,
-                                      lookup=lambda tx: tx.candidate(tctx.tenant, tctx.workspace, candidate_id))
+                                      lookup=lambda tx: tx.candidate(tctx.scope, candidate_id))
         if standing.replay is not None:
             return {**standing.replay, "replayed": True}
         assert standing.target is not None

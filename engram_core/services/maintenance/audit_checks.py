@@ -8,6 +8,7 @@ from typing import Any
 
 from engram_core.contract.canonical import digest
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.services.host import LAST_ANCHOR_META
 from engram_core.services.maintenance.base import HostOps, event_doc, log
 from engram_core.store.chain import GENESIS, LEGACY_CHAIN, by_chain, check_audit, event_digest_of, scope_chain
@@ -20,7 +21,7 @@ ANCHOR_FORMATS = ("engram-anchor/v1", ANCHOR_FORMAT)
 
 
 class AuditOps(HostOps):
-    def verify(self, ctx: BoundContext, tenant: str, workspace: str, *, report_only: bool, anchor_json: str = "",
+    def verify(self, ctx: BoundContext, scope: Scope, *, report_only: bool, anchor_json: str = "",
                anchor_key_pems: tuple[str, ...] = ()) -> dict[str, Any]:
         """Recompute every journal and audit digest and link (SPEC §6, §10); JOURNAL_CORRUPT if any differ.
 
@@ -33,19 +34,19 @@ class AuditOps(HostOps):
         call = self.authorize(ctx, "verify")
         anchor = self._parse_anchor(anchor_json, anchor_key_pems) if anchor_json else None
         with self.core.store.read() as tx:
-            scopes = [tx.scope(tenant, workspace)] if tenant else tx.scopes()
-            if tenant and scopes[0] is None:
+            scopes = [tx.scope(scope)] if scope.tenant else tx.scopes()
+            if scope.tenant and scopes[0] is None:
                 raise EngramError(Code.NOT_FOUND, "scope")
             scope_reports = []
             heads: dict[tuple[str, str], dict[int, str]] = {}
             for s in scopes:
-                events = tx.events(s.tenant, s.workspace, 0, None)  # type: ignore[union-attr]
+                events = tx.events(Scope(s.tenant, s.workspace), 0, None)  # type: ignore[union-attr]
                 problems = check_journal(s, events)  # type: ignore[arg-type]
                 heads[(s.tenant, s.workspace)] = {e.cursor: e.event_digest for e in events}  # type: ignore[union-attr]
                 scope_reports.append({"tenant": s.tenant, "workspace": s.workspace,  # type: ignore[union-attr]
                                       "head_cursor": str(s.last_cursor), "ok": not problems,  # type: ignore[union-attr]
                                       "problems": problems})
-            rows = tx.audit_rows(None, None, 0, None)
+            rows = tx.audit_rows(None, 0, None)
             stored_heads = tx.audit_heads()
         audit_problems = check_audit(rows, stored_heads)
         chains = by_chain(rows)
@@ -54,12 +55,12 @@ class AuditOps(HostOps):
                                   "audit": {"rows": len(rows), "chains": len(chains), "ok": not audit_problems,
                                             "problems": audit_problems}}
         if anchor is not None:
-            scope = (tenant, workspace) if tenant else None
             digests = {c: {int(r["seq"]): r["row_digest"] for r in rs} for c, rs in chains.items()}
-            report["anchor"] = check_anchor(anchor, heads, digests, scope)
+            report["anchor"] = check_anchor(anchor, heads, digests,
+                                            (scope.tenant, scope.workspace) if scope.tenant else None)
             report["ok"] = ok = ok and report["anchor"]["ok"]
         outcome = "ok" if ok else Code.JOURNAL_CORRUPT.value
-        self._audit(ctx, "verify", outcome, tenant and f"{tenant}/{workspace}", call)
+        self._audit(ctx, "verify", outcome, scope.tenant and str(scope), call)
         if not ok:
             log.warning("verification failed: %s", json.dumps(report, sort_keys=True))
             if not report_only:
@@ -88,28 +89,28 @@ class AuditOps(HostOps):
             ANCHOR_DOMAIN, claimed, doc.get("signature"), keys)
         return {**doc, "verified_by": verified or None}
 
-    def anchor(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
+    def anchor(self, ctx: BoundContext, scope: Scope) -> dict[str, Any]:
         """The current journal heads (all scopes, or the named one) and audit head, signed."""
         # A scope's anchor signs that scope's journal and audit chain only: a key serving its tenant
         # may ask for it; the whole store's (every chain) needs a key serving every tenant.
-        call = self.authorize(ctx, "anchor", target=(tenant, workspace))
-        if bool(tenant) != bool(workspace):
+        call = self.authorize(ctx, "anchor", target=scope)
+        if bool(scope.tenant) != bool(scope.workspace):
             raise EngramError(Code.INVALID_SCHEMA, "a scope anchor names both tenant and workspace")
         with self.core.store.read() as tx:
-            scopes = [tx.scope(tenant, workspace)] if tenant else tx.scopes()
-            if tenant and scopes[0] is None:
+            scopes = [tx.scope(scope)] if scope.tenant else tx.scopes()
+            if scope.tenant and scopes[0] is None:
                 raise EngramError(Code.NOT_FOUND, "scope")
             audit_heads = tx.audit_heads()
-        if tenant:
-            audit_heads = {c: h for c, h in audit_heads.items() if c == scope_chain(tenant, workspace)}
+        if scope.tenant:
+            audit_heads = {c: h for c, h in audit_heads.items() if c == scope_chain(scope.tenant, scope.workspace)}
         body: dict[str, Any] = {
             "format": ANCHOR_FORMAT, "created_at": self.core.instant(),
             "audit_chains": [{"chain": c, "seq": str(seq), "digest": d} for c, (seq, d) in sorted(audit_heads.items())],
             "journals": [{"tenant": s.tenant, "workspace": s.workspace, "cursor": str(s.last_cursor),  # type: ignore[union-attr]
                           "digest": s.last_event_digest} for s in scopes],  # type: ignore[union-attr]
         }
-        if tenant:
-            body["scope"] = {"tenant": tenant, "workspace": workspace}
+        if scope.tenant:
+            body["scope"] = {"tenant": scope.tenant, "workspace": scope.workspace}
         anchor_digest = digest("anchor", body)
         doc = {**body, "anchor_digest": anchor_digest, "signature": self.signers.anchor.sign(anchor_digest)}
         with self.core.store.write() as tx:  # what `engram doctor` reads (HostService.Health)

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.crypto.sealing import unseal
 from engram_core.services.admin import target_facts
 from engram_core.services.core import CallRecord, Core
@@ -36,21 +37,21 @@ class HostOps:
 
     # -- shared steps ----------------------------------------------------------------------
     def authorize(self, ctx: BoundContext, op: str, stored: Iterable[str] = (), *,
-                  target: tuple[str, str] = ("", "")) -> CallRecord:
+                  target: Scope | None = None) -> CallRecord:
         """``stored``: the request's free strings the operation may store (event ids, reason
         refs, scope names); the authz policy sees the secret scanner's findings over them.
-        ``target``: the (tenant, workspace) the request acts on; ("", "") for the whole store
+        ``target``: the scope the request acts on; None (or no tenant) for the whole store
         (the policy then asks for a host key that serves every tenant)."""
         call = CallRecord()
-        self.core.authorize(ctx, f"admin.{op}", call, stored_strings=stored, facts=target_facts(*target))
+        self.core.authorize(ctx, f"admin.{op}", call, stored_strings=stored, facts=target_facts(target))
         return call
 
     @staticmethod
-    def target_ctx(ctx: BoundContext, tenant: str, workspace: str) -> BoundContext:
+    def target_ctx(ctx: BoundContext, scope: Scope) -> BoundContext:
         """The host context re-bound to the scope it acts on (identity and audit id unchanged)."""
-        checked_ref(tenant, "tenant")
-        checked_ref(workspace, "workspace")
-        return dataclasses.replace(ctx, tenant=tenant, workspace=workspace)
+        checked_ref(scope.tenant, "tenant")
+        checked_ref(scope.workspace, "workspace")
+        return dataclasses.replace(ctx, tenant=scope.tenant, workspace=scope.workspace)
 
     def _audit(self, ctx: BoundContext, op: str, outcome: str, target: str, call: CallRecord) -> None:
         self.core.audit_standalone(ctx, f"admin.{op}", outcome, target, call)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.services import keyring
 from engram_core.services.maintenance.base import HostOps, checked_ref
 from engram_core.store.port import HostKeyRow
@@ -54,10 +55,10 @@ class KeyOps(HostOps):
             out.append(entry)
         return out
 
-    def key_status(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
+    def key_status(self, ctx: BoundContext, scope: Scope) -> dict[str, Any]:
         """The vault's generations, and per record of a scope: its key live, or destroyed and
         whether that destruction is complete (every generation that wrapped it retired) or pending."""
-        call = self.authorize(ctx, "key_status", target=(tenant, workspace))
+        call = self.authorize(ctx, "key_status", target=scope)
         vault = self.core.vault
         schedule = self.core.key_schedule
         out: dict[str, Any] = {"vault": vault.status(), "generations": self._generations(),
@@ -68,10 +69,10 @@ class KeyOps(HostOps):
             out["live_data_keys"] = len(tx.live_key_slots())
             out["destroyed_data_keys"] = len(destructions)
             out["destructions_pending"] = sum(1 for d in destructions if not vault.destruction_complete(d.generation))
-            if tenant:
-                self.target_ctx(ctx, tenant, workspace)
+            if scope.tenant:
+                self.target_ctx(ctx, scope)
                 records = []
-                for rec in tx.scope_records(tenant, workspace):
+                for rec in tx.scope_records(scope):
                     owner = f"record:{rec.record_id}"
                     slot = tx.data_key_slot(owner)
                     destroyed = tx.key_destruction(owner)
@@ -84,18 +85,18 @@ class KeyOps(HostOps):
                         entry["destroyed_at"] = self.core.instant(destroyed.at_ms)
                         entry["destruction"] = "complete" if vault.destruction_complete(destroyed.generation) else "pending"
                     records.append(entry)
-                out["scope"] = {"tenant": tenant, "workspace": workspace, "records": records}
-        self._audit(ctx, "key_status", "ok", tenant and f"{tenant}/{workspace}", call)
+                out["scope"] = {"tenant": scope.tenant, "workspace": scope.workspace, "records": records}
+        self._audit(ctx, "key_status", "ok", scope.tenant and str(scope), call)
         return out
 
-    def revoke(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
+    def revoke(self, ctx: BoundContext, scope: Scope) -> dict[str, Any]:
         """Bump the scope's authorization epoch: older contexts and grants are refused from now on."""
-        call = self.authorize(ctx, "revoke", [tenant, workspace], target=(tenant, workspace))
-        tctx = self.target_ctx(ctx, tenant, workspace)
+        call = self.authorize(ctx, "revoke", [scope.tenant, scope.workspace], target=scope)
+        tctx = self.target_ctx(ctx, scope)
         with self.core.store.write() as tx:
-            epoch = tx.bump_epoch(tenant, workspace)
-            tx.append_audit(self.core.audit_row(tctx, "admin.revoke", "ok", f"{tenant}/{workspace}", call))
-        return {"tenant": tenant, "workspace": workspace, "authorization_epoch": epoch}
+            epoch = tx.bump_epoch(scope)
+            tx.append_audit(self.core.audit_row(tctx, "admin.revoke", "ok", str(scope), call))
+        return {"tenant": scope.tenant, "workspace": scope.workspace, "authorization_epoch": epoch}
 
     def trust_host_key(self, ctx: BoundContext, pem: str, kid: str, *, tenants: Sequence[str] = (),
                        all_tenants: bool = False, maintenance_scopes: Sequence[str] = ()) -> dict[str, Any]:

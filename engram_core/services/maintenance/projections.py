@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from engram_core.contract.canonical import digest, with_receipt_digest
+from engram_core.contract.scope import Scope
 from engram_core.policy.port import BundleRefused
 from engram_core.services.core import CallRecord, Core, new_id
 from engram_core.services.lexical import ANALYZER_ID, record_fields
@@ -36,54 +37,54 @@ class ProjectionOps(HostOps):
         return {"applied": applied, "ledger": self.core.store.migration_ledger(),
                 "code": self.core.store.migration_code()}
 
-    def invalidate_projections(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
-        call = self.authorize(ctx, "invalidate_projections", target=(tenant, workspace))
-        tctx = self.target_ctx(ctx, tenant, workspace)
+    def invalidate_projections(self, ctx: BoundContext, scope: Scope) -> dict[str, Any]:
+        call = self.authorize(ctx, "invalidate_projections", target=scope)
+        tctx = self.target_ctx(ctx, scope)
         with self.core.store.write() as tx:
-            removed = tx.drop_projections(tenant, workspace)
-            self.core.projections.mark(tx, tenant, workspace, stale=True)  # searches: PROJECTION_STALE
+            removed = tx.drop_projections(scope)
+            self.core.projections.mark(tx, scope, stale=True)  # searches: PROJECTION_STALE
             # Journaled: the other cores of a shared store reload the scope's index when they see it.
-            tx.append_event(tenant, workspace, event_id=new_id("evt_"), operation="invalidate_projections",
-                            target=f"projections:{tenant}/{workspace}", from_state="projections_current",
+            tx.append_event(scope, event_id=new_id("evt_"), operation="invalidate_projections",
+                            target=f"projections:{scope}", from_state="projections_current",
                             to_state="projections_stale", at_ms=self.core.now_ms(),
                             body={"removed": removed, "decisions": call.summaries(), "audit_id": ctx.audit_id})
-            scope = tx.scope(tenant, workspace)
-            tx.append_audit(self.core.audit_row(tctx, "admin.invalidate_projections", "ok", f"{tenant}/{workspace}", call))
-        self.core.projections.published(tenant, workspace, stale=True)
-        return with_receipt_digest({"kind": "projection-invalidation", "tenant": tenant, "workspace": workspace,
-                                    "removed": removed, "cursor": str(scope.last_cursor if scope else 0),
+            head = tx.scope(scope)
+            tx.append_audit(self.core.audit_row(tctx, "admin.invalidate_projections", "ok", str(scope), call))
+        self.core.projections.published(scope, stale=True)
+        return with_receipt_digest({"kind": "projection-invalidation", "tenant": scope.tenant, "workspace": scope.workspace,
+                                    "removed": removed, "cursor": str(head.last_cursor if head else 0),
                                     "at": self.core.instant()})
 
-    def rebuild_projections(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
+    def rebuild_projections(self, ctx: BoundContext, scope: Scope) -> dict[str, Any]:
         """Re-derive postings (and vectors) from the sealed bodies of every non-tombstoned record."""
-        call = self.authorize(ctx, "rebuild_projections", target=(tenant, workspace))
-        tctx = self.target_ctx(ctx, tenant, workspace)
+        call = self.authorize(ctx, "rebuild_projections", target=scope)
+        tctx = self.target_ctx(ctx, scope)
         indexed, unreadable = [], []
         with self.core.store.write() as tx:  # writer lock: no admission slips between drop and re-index
-            removed = tx.drop_projections(tenant, workspace)
-            for rec in tx.scope_records(tenant, workspace, INDEXED_STATES):
+            removed = tx.drop_projections(scope)
+            for rec in tx.scope_records(scope, INDEXED_STATES):
                 payload = open_body(self.core, tx, rec)
                 if payload is None:
                     unreadable.append(rec.record_id)
                     continue
-                tx.index_record(tenant, workspace, rec.record_id, record_fields(payload, self.core.hasher),
+                tx.index_record(scope, rec.record_id, record_fields(payload, self.core.hasher),
                                 self.mutations.embed_record(payload))
-                write_links(tx, tenant, workspace, rec.record_id, payload_links(payload))  # records admitted before links
+                write_links(tx, scope, rec.record_id, payload_links(payload))  # records admitted before links
                 indexed.append(rec.record_id)
-            counts = tx.projection_counts(tenant, workspace)
-            self.core.projections.mark(tx, tenant, workspace, stale=False)
-            tx.append_event(tenant, workspace, event_id=new_id("evt_"), operation="rebuild_projections",
-                            target=f"projections:{tenant}/{workspace}", from_state="projections_stale",
+            counts = tx.projection_counts(scope)
+            self.core.projections.mark(tx, scope, stale=False)
+            tx.append_event(scope, event_id=new_id("evt_"), operation="rebuild_projections",
+                            target=f"projections:{scope}", from_state="projections_stale",
                             to_state="projections_current", at_ms=self.core.now_ms(),
                             body={"records_indexed": len(indexed), "decisions": call.summaries(),
                                   "audit_id": ctx.audit_id})
-            scope = tx.scope(tenant, workspace)
-            tx.append_audit(self.core.audit_row(tctx, "admin.rebuild_projections", "ok", f"{tenant}/{workspace}", call))
-        self.core.projections.published(tenant, workspace, stale=False)
+            head = tx.scope(scope)
+            tx.append_audit(self.core.audit_row(tctx, "admin.rebuild_projections", "ok", str(scope), call))
+        self.core.projections.published(scope, stale=False)
         return with_receipt_digest({
-            "kind": "projection-rebuild", "tenant": tenant, "workspace": workspace, "removed": removed,
+            "kind": "projection-rebuild", "tenant": scope.tenant, "workspace": scope.workspace, "removed": removed,
             "records_indexed": len(indexed), "unreadable": unreadable, "counts": counts,
-            "ordered_ids_digest": digest("ordered-ids", indexed), "cursor": str(scope.last_cursor if scope else 0),
+            "ordered_ids_digest": digest("ordered-ids", indexed), "cursor": str(head.last_cursor if head else 0),
             "at": self.core.instant(),
         })
 
@@ -119,7 +120,7 @@ def _rederive_projections(core: Core, meta_key: str, current: str,
     with core.store.write() as tx:
         rewrite = rewrite_of(tx)
         for scope in tx.scopes():
-            rewritten += tx.reseal_projections(scope.tenant, scope.workspace, rewrite)
+            rewritten += tx.reseal_projections(Scope(scope.tenant, scope.workspace), rewrite)
         tx.set_meta(meta_key, current)
     if rewritten:
         core.store.reload_indexes()  # a copy built before held the old projections

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.services.maintenance.base import (
     HostOps,
     checked_ref,
@@ -20,39 +21,39 @@ from engram_core.trust.hostctx import BoundContext
 
 class ReadOps(HostOps):
     # -- reads -----------------------------------------------------------------------------------
-    def history(self, ctx: BoundContext, tenant: str, workspace: str, record_id: str, disputed_only: bool) -> dict[str, Any]:
-        call = self.authorize(ctx, "history", target=(tenant, workspace))
-        tctx = self.target_ctx(ctx, tenant, workspace)
+    def history(self, ctx: BoundContext, scope: Scope, record_id: str, disputed_only: bool) -> dict[str, Any]:
+        call = self.authorize(ctx, "history", target=scope)
+        tctx = self.target_ctx(ctx, scope)
         with self.core.store.read() as tx:
             if record_id:
-                rec = tx.record(tenant, workspace, record_id)
+                rec = tx.record(scope, record_id)
                 if rec is None:
                     raise EngramError(Code.NOT_FOUND, "record")
                 recs = [rec]
                 targets = {rec.record_id, rec.candidate_id}
                 # A record's history includes what it caused elsewhere (derivative rule, reconciliation).
-                events = [event_summary(e) for e in tx.events(tenant, workspace, 0, None)
+                events = [event_summary(e) for e in tx.events(scope, 0, None)
                           if e.target in targets or rec.record_id in (e.body.get("source"), e.body.get("successor"),
                                                                       e.body.get("disputed_by"))]
             else:
-                recs = tx.scope_records(tenant, workspace, ("accepted_disputed",) if disputed_only else None)
+                recs = tx.scope_records(scope, ("accepted_disputed",) if disputed_only else None)
                 events = None
-        out: dict[str, Any] = {"tenant": tenant, "workspace": workspace,
+        out: dict[str, Any] = {"tenant": scope.tenant, "workspace": scope.workspace,
                                "records": [record_meta(self.core, r) for r in recs]}
         if events is not None:
             out["events"] = events
         self._audit(tctx, "history", "ok", record_id, call)
         return out
 
-    def inspect_candidate(self, ctx: BoundContext, tenant: str, workspace: str, candidate_id: str) -> dict[str, Any]:
+    def inspect_candidate(self, ctx: BoundContext, scope: Scope, candidate_id: str) -> dict[str, Any]:
         """A candidate's structure for hosts: control fields, sizes, findings — structurally no body."""
-        call = self.authorize(ctx, "inspect_candidate", target=(tenant, workspace))
-        tctx = self.target_ctx(ctx, tenant, workspace)
+        call = self.authorize(ctx, "inspect_candidate", target=scope)
+        tctx = self.target_ctx(ctx, scope)
         with self.core.store.read() as tx:
-            c = tx.candidate(tenant, workspace, checked_ref(candidate_id, "candidate_id"))
+            c = tx.candidate(scope, checked_ref(candidate_id, "candidate_id"))
             # Nothing names a candidate before its capture: read the journal from there, not from
             # the scope's first event (the console's candidate page at 100k records, issue 61).
-            events = [event_summary(e) for e in tx.events(tenant, workspace, c.cursor, None)
+            events = [event_summary(e) for e in tx.events(scope, c.cursor, None)
                       if e.target == candidate_id] if c else []
             facts = facts_of(self.core, tx, c) if c is not None else {}
         if c is None:
@@ -70,21 +71,21 @@ class ReadOps(HostOps):
         self._audit(tctx, "inspect_candidate", "ok", candidate_id, call)
         return view
 
-    def export(self, ctx: BoundContext, tenant: str, workspace: str, what: str, from_cursor: str,
+    def export(self, ctx: BoundContext, scope: Scope, what: str, from_cursor: str,
                to_cursor: str) -> dict[str, Any]:
-        call = self.authorize(ctx, "export", target=(tenant, workspace))
+        call = self.authorize(ctx, "export", target=scope)
         lo, hi = parse_cursor(from_cursor, 0), parse_cursor(to_cursor, None)
         if what == "journal":
-            tctx = self.target_ctx(ctx, tenant, workspace)
+            tctx = self.target_ctx(ctx, scope)
             with self.core.store.read() as tx:
-                items: list[dict[str, Any]] = [event_doc(e) for e in tx.events(tenant, workspace, lo or 0, hi)]
+                items: list[dict[str, Any]] = [event_doc(e) for e in tx.events(scope, lo or 0, hi)]
         elif what == "audit":
-            tctx = self.target_ctx(ctx, tenant, workspace) if tenant else ctx
+            tctx = self.target_ctx(ctx, scope) if scope.tenant else ctx
             with self.core.store.read() as tx:
-                items = tx.audit_rows(tenant or None, workspace or None, lo or 0, hi)
+                items = tx.audit_rows(scope if scope.tenant else None, lo or 0, hi)
             for row in items:
                 row["seq"] = str(row["seq"])
         else:
             raise EngramError(Code.INVALID_SCHEMA, "what must be journal or audit")
         self._audit(tctx, "export", "ok", what, call)
-        return {"what": what, "tenant": tenant, "workspace": workspace, "count": len(items), "items": items}
+        return {"what": what, "tenant": scope.tenant, "workspace": scope.workspace, "count": len(items), "items": items}

@@ -8,6 +8,7 @@ from typing import Any
 from engram_core.contract.canonical import digest
 from engram_core.contract.errors import Code, EngramError
 from engram_core.contract.operation import request_digest
+from engram_core.contract.scope import Scope
 from engram_core.contract.tools import FORGET_TOOL, WITHDRAW_TOOL
 from engram_core.policy.port import RETENTION
 from engram_core.services import lifecycle
@@ -34,11 +35,11 @@ class TransitionOps(HostOps):
     # -- lifecycle (SPEC §6) ------------------------------------------------------------------
     def transition(self, ctx: BoundContext, req: dict[str, Any]) -> dict[str, Any]:
         call = self.authorize(ctx, "transition", [v for v in req.values() if isinstance(v, str)],
-                              target=(req.get("tenant", ""), req.get("workspace", "")))
+                              target=Scope(req.get("tenant", ""), req.get("workspace", "")))
         op = req.get("operation", "")
         if op not in TRANSITION_OPS:
             raise EngramError(Code.INVALID_SCHEMA, "unknown operation")
-        tctx = self.target_ctx(ctx, req.get("tenant", ""), req.get("workspace", ""))
+        tctx = self.target_ctx(ctx, Scope(req.get("tenant", ""), req.get("workspace", "")))
         target = checked_ref(req.get("target", ""), "target")
         event_id = req.get("event_id", "")
         if not EVENT_ID.match(event_id):
@@ -57,7 +58,7 @@ class TransitionOps(HostOps):
         args = {"record_id": record_id, "idempotency_key": event_id, "reason_ref": reason, "by": "host"}
         guard = Guard(FORGET_TOOL, record_id, event_id, request_digest(FORGET_TOOL, args))
         standing = gated_precondition(self.core, tctx, guard, what="record",
-                                      lookup=lambda tx: tx.record(tctx.tenant, tctx.workspace, record_id),
+                                      lookup=lambda tx: tx.record(tctx.scope, record_id),
                                       check_state=lambda state: lifecycle.check_record("tombstone", state))
         if standing.replay is not None:
             return {**standing.replay, "replayed": True}
@@ -70,7 +71,7 @@ class TransitionOps(HostOps):
         args = {"candidate_id": candidate_id, "idempotency_key": event_id, "reason_ref": reason, "operation": op}
         guard = Guard(WITHDRAW_TOOL, candidate_id, event_id, request_digest(WITHDRAW_TOOL, args))
         standing = gated_precondition(self.core, tctx, guard, what="candidate",
-                                      lookup=lambda tx: tx.candidate(tctx.tenant, tctx.workspace, candidate_id),
+                                      lookup=lambda tx: tx.candidate(tctx.scope, candidate_id),
                                       check_state=lambda state: lifecycle.check_candidate(op, state))
         if standing.replay is not None:
             return {**standing.replay, "replayed": True}
@@ -92,7 +93,7 @@ class TransitionOps(HostOps):
             if prior is not None:
                 return {**prior, "replayed": True}
             self.core.check_revision(call)
-            rec = tx.record(t, w, target)
+            rec = tx.record(Scope(t, w), target)
             if rec is None:
                 raise EngramError(Code.NOT_FOUND, "record")
             # Every check happens before the first cursor is allocated (SPEC §6).
@@ -101,7 +102,7 @@ class TransitionOps(HostOps):
             if op in ("supersede", "rewind"):
                 if not successor or successor == target:
                     raise EngramError(Code.INVALID_SCHEMA, f"{op} names a successor other than the target")
-                succ = tx.record(t, w, successor)
+                succ = tx.record(Scope(t, w), successor)
                 if succ is None:
                     raise EngramError(Code.NOT_FOUND, "successor")
                 if succ.state != "accepted_current":
@@ -112,7 +113,7 @@ class TransitionOps(HostOps):
             revoked = op == "trust_invalidate" and rec.trust_class != "asserted"
             if revoked:
                 body["trust_class_revoked"] = rec.trust_class  # a host attestation is taken back
-            event = tx.append_event(t, w, event_id=event_id, operation=op, target=target, from_state=rec.state,
+            event = tx.append_event(Scope(t, w), event_id=event_id, operation=op, target=target, from_state=rec.state,
                                     to_state=new_state, at_ms=now, body=body)
             tx.set_record_state(target, new_state, state_cursor=event.cursor,
                                 successor_id=successor if op == "supersede" else ("" if op == "rewind" else None))
@@ -135,7 +136,7 @@ class TransitionOps(HostOps):
             if op == "rewind" and succ is not None:
                 # The successor steps back in the same transaction: never two current versions.
                 demoted = tx.append_event(
-                    t, w, event_id=f"{event_id}/successor", operation="mark_non_current", target=successor,
+                    Scope(t, w), event_id=f"{event_id}/successor", operation="mark_non_current", target=successor,
                     from_state=succ.state, to_state="historical", at_ms=now,
                     body={**body, "rewound": target},
                 )
@@ -143,21 +144,21 @@ class TransitionOps(HostOps):
                 receipt["successor_event"] = {"cursor": str(demoted.cursor), "event_digest": demoted.event_digest,
                                               "from_state": succ.state, "to_state": "historical"}
             outcome = {"receipt": receipt}
-            tx.idempotency_put(t, w, tctx.principal, event_id, IdempotencyRow(TRANSITION_TOOL, target, rd, outcome), now)
+            tx.idempotency_put(Scope(t, w), tctx.principal, event_id, IdempotencyRow(TRANSITION_TOOL, target, rd, outcome), now)
             tx.append_audit(self.core.audit_row(tctx, f"admin.{op}", new_state, target, call))
         return {**outcome, "replayed": False}
 
-    def expire_sweep(self, ctx: BoundContext, tenant: str, workspace: str) -> dict[str, Any]:
+    def expire_sweep(self, ctx: BoundContext, scope: Scope) -> dict[str, Any]:
         """Expire records whose ``expires_at`` passed, as the retention policy decides (SPEC §6)."""
-        authz = self.authorize(ctx, "expire_sweep", target=(tenant, workspace))
+        authz = self.authorize(ctx, "expire_sweep", target=scope)
         now = self.core.now_ms()
         with self.core.store.read() as tx:
-            scopes = [(tenant, workspace)] if tenant else [(s.tenant, s.workspace) for s in tx.scopes()]
+            scopes = [scope] if scope.tenant else [Scope(s.tenant, s.workspace) for s in tx.scopes()]
         report = []
-        for t, w in scopes:
-            tctx = self.target_ctx(ctx, t, w)
+        for each in scopes:
+            tctx = self.target_ctx(ctx, each)
             with self.core.store.read() as tx:
-                recs = [r for r in tx.scope_records(t, w, EXPIRABLE) if r.expires_at_ms is not None]
+                recs = [r for r in tx.scope_records(each, EXPIRABLE) if r.expires_at_ms is not None]
             due: list[tuple[RecordRow, CallRecord]] = []
             for rec in recs:
                 call = CallRecord([*authz.decisions])
@@ -171,10 +172,10 @@ class TransitionOps(HostOps):
             for rec, call in due:
                 with self.core.store.write() as tx:
                     self.core.check_revision(call)
-                    current = tx.record(t, w, rec.record_id)
+                    current = tx.record(each, rec.record_id)
                     if current is None or current.state not in EXPIRABLE:
                         continue  # moved on since the decision; nothing to do
-                    event = tx.append_event(t, w, event_id=new_id("evt_"), operation="expire", target=rec.record_id,
+                    event = tx.append_event(each, event_id=new_id("evt_"), operation="expire", target=rec.record_id,
                                             from_state=current.state, to_state="expired", at_ms=now,
                                             body={"reason_ref": "retention:expires_at", "decisions": call.summaries(),
                                                   "audit_id": tctx.audit_id})
@@ -184,6 +185,6 @@ class TransitionOps(HostOps):
                     tx.append_audit(self.core.audit_row(tctx, "admin.expire", "expired", rec.record_id, call))
                 expired.append({"record_id": rec.record_id, "from_state": current.state, "cursor": str(event.cursor),
                                 "event_digest": event.event_digest, "derivatives": derivatives})
-            report.append({"tenant": t, "workspace": w, "examined": len(recs), "expired": expired})
-        self._audit(ctx, "expire_sweep", "ok", tenant and f"{tenant}/{workspace}", authz)
+            report.append({"tenant": each.tenant, "workspace": each.workspace, "examined": len(recs), "expired": expired})
+        self._audit(ctx, "expire_sweep", "ok", scope.tenant and str(scope), authz)
         return {"now": self.core.instant(now), "scopes": report}

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.store.chain import check_audit
 from engram_core.store.conformance.support import (
     OTHER,
@@ -49,9 +50,10 @@ def check_a_second_process_writes_safely_or_is_fenced_off(target: Any) -> None:
     with store.write() as tx:
         event(tx, "main-0")
     body = """
+        from engram_core.contract.scope import Scope
         for n in range(20):
             with store.write() as tx:
-                tx.append_event("acme", "alpha", event_id=f"evt_proc_{n}", operation="capture", target=f"proc-{n}",
+                tx.append_event(Scope("acme", "alpha"), event_id=f"evt_proc_{n}", operation="capture", target=f"proc-{n}",
                                 from_state="", to_state="pending", at_ms=1, body={})
         print("wrote")
     """
@@ -63,7 +65,7 @@ def check_a_second_process_writes_safely_or_is_fenced_off(target: Any) -> None:
         assert done.returncode == 0 and "wrote" in done.stdout, done.stderr[-2000:]
         store = target.open()
         with store.read() as tx:
-            assert [e.cursor for e in tx.events(T, W, 0, None)] == list(range(1, 22))
+            assert [e.cursor for e in tx.events(Scope(T, W), 0, None)] == list(range(1, 22))
         return
     result: dict[str, Any] = {}
     t = threading.Thread(target=lambda: result.setdefault("done", target.run_process(body)))
@@ -74,8 +76,8 @@ def check_a_second_process_writes_safely_or_is_fenced_off(target: Any) -> None:
     t.join(180)
     assert result["done"].returncode == 0, result["done"].stderr[-2000:]
     with store.read() as tx:
-        scope = tx.scope(T, W)
-        events = tx.events(T, W, 0, None)
+        scope = tx.scope(Scope(T, W))
+        events = tx.events(Scope(T, W), 0, None)
     assert [e.cursor for e in events] == list(range(1, 42)) and check_journal(scope, events) == []  # type: ignore[arg-type]
 
 
@@ -89,8 +91,8 @@ def check_records_keep_their_capture_session_and_instant(target: Any) -> None:
         admit_row(store, row, [1])
     store = target.reopen(store)
     with store.read() as tx:
-        rows = tx.records(T, W, ["mem_live", "mem_old"])
-        scoped = {r.record_id: r for r in tx.scope_records(T, W)}
+        rows = tx.records(Scope(T, W), ["mem_live", "mem_old"])
+        scoped = {r.record_id: r for r in tx.scope_records(Scope(T, W))}
     assert (rows["mem_live"].session, rows["mem_live"].captured_at_ms) == ("sess_1", 1_800_000_000_123)
     assert (rows["mem_old"].session, rows["mem_old"].captured_at_ms) == (None, None)
     assert scoped == rows
@@ -110,7 +112,7 @@ def check_audit_rows_keep_the_context_nonce_their_call_claimed(target: Any) -> N
     assert found == [("k1:lane0:n1", 1_800_000_000_001), ("k1:lane0:n2", 1_800_000_000_002)]
     assert store.recent_context_nonces(1_800_000_000_002) == [("k1:lane0:n2", 1_800_000_000_002)]
     with store.read() as tx:
-        rows = tx.audit_rows(None, None, 0, None)
+        rows = tx.audit_rows(None, 0, None)
         heads = tx.audit_heads()
     assert check_audit(rows, heads) == []
     assert sorted(r.get("context_nonce", "") for r in rows) == ["", "k1:lane0:n1", "k1:lane0:n2"]
@@ -229,14 +231,14 @@ def check_a_read_sees_what_another_core_committed(target: Any) -> None:
     a, b = target.open(), target.open()
     search(a, [5])  # a's index built before b writes
     admit_journaled(b, "mem_other", [5, 6], event_id="evt_adm")
-    assert a.committed_scope(T, W) is not None
+    assert a.committed_scope(Scope(T, W)) is not None
     assert search(a, [5]) == ["mem_other"]
     with b.write() as tx:
-        tx.unindex_record(T, W, "mem_other")
+        tx.unindex_record(Scope(T, W), "mem_other")
         tx.set_record_state("mem_other", "forgotten", state_cursor=4, drop_body=True)
-        tx.append_event(T, W, event_id="evt_fgt", operation="forget", target="mem_other",
+        tx.append_event(Scope(T, W), event_id="evt_fgt", operation="forget", target="mem_other",
                         from_state="accepted_current", to_state="forgotten", at_ms=3, body={})
-    assert a.committed_scope(T, W) is not None
+    assert a.committed_scope(Scope(T, W)) is not None
     assert search(a, [5]) == []
 
 
@@ -250,15 +252,15 @@ def check_latest_scope_is_the_row_any_core_committed(target: Any) -> None:
     search(a, [5])
     admit_journaled(b, "mem_other", [5, 6], event_id="evt_adm")
     with b.write() as tx:
-        epoch = tx.bump_epoch(T, W)
-        head = tx.scope(T, W).last_cursor
-    seen = a.latest_scope(T, W)
+        epoch = tx.bump_epoch(Scope(T, W))
+        head = tx.scope(Scope(T, W)).last_cursor
+    seen = a.latest_scope(Scope(T, W))
     assert seen is not None and seen.authorization_epoch == epoch and seen.last_cursor == head
     admit_journaled(a, "mem_own", [5], event_id="evt_adm_own", at_ms=3)  # a's index still behind b's events
-    row = a.committed_scope(T, W)
+    row = a.committed_scope(Scope(T, W))
     assert row is not None and row.authorization_epoch == epoch and row.last_cursor == head + 2
     assert sorted(search(a, [5])) == ["mem_other", "mem_own"]
-    assert a.latest_scope("nobody", "nowhere") is None
+    assert a.latest_scope(Scope("nobody", "nowhere")) is None
 
 
 def check_changes_since_a_cursor_name_the_records_they_touched(target: Any) -> None:
@@ -269,10 +271,10 @@ def check_changes_since_a_cursor_name_the_records_they_touched(target: Any) -> N
     admit(store, "mem_one", [5])
     with store.write() as tx:
         first = event(tx, "cand_one")
-        tx.append_event(T, W, event_id="evt_adm", operation="admit", target="cand_one", from_state="pending",
+        tx.append_event(Scope(T, W), event_id="evt_adm", operation="admit", target="cand_one", from_state="pending",
                         to_state="accepted", at_ms=2, body={"record_id": "mem_one"})
         event(tx, "mem_gone")  # names a record that does not exist: no row
-        event(tx, "cand_other", tenant=OTHER[0], workspace=OTHER[1])
+        event(tx, "cand_other", tenant=OTHER.tenant, workspace=OTHER.workspace)
     found = store.engine.changes_since(T, W, first - 1)
     assert found.row is not None and found.row.last_cursor == first + 2
     assert [e.cursor for e in found.events] == [first, first + 1, first + 2]

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.contract.tools import CAPTURE_TOOL, FORGET_TOOL
 from engram_core.store.chain import check_audit, scope_chain
 from engram_core.store.conformance.support import (
@@ -44,8 +45,8 @@ def check_journal_cursors_stay_dense_under_racing_writers(target: Any) -> None:
 
     assert race(each(writers(target, store, 4), appends)) == []
     with store.read() as tx:
-        scope = tx.scope(T, W)
-        events = tx.events(T, W, 0, None)
+        scope = tx.scope(Scope(T, W))
+        events = tx.events(Scope(T, W), 0, None)
     assert [e.cursor for e in events] == list(range(1, 101))
     assert scope is not None and scope.last_cursor == 100 and check_journal(scope, events) == []
 
@@ -62,7 +63,7 @@ def check_the_scope_head_is_read_from_storage_not_remembered(target: Any) -> Non
     with store.write() as tx:
         assert event(tx, "third") == 3
     with store.read() as tx:
-        assert [e.target for e in tx.events(T, W, 0, None)] == ["first", "second", "third"]
+        assert [e.target for e in tx.events(Scope(T, W), 0, None)] == ["first", "second", "third"]
 
 
 def check_an_idempotency_key_is_any_text_nul_included(target: Any) -> None:
@@ -74,10 +75,10 @@ def check_an_idempotency_key_is_any_text_nul_included(target: Any) -> None:
             for n, k in enumerate(keys)}
     with store.write() as tx:
         for k, row in rows.items():
-            tx.idempotency_put(T, W, "user:ana", k, row, 1)
+            tx.idempotency_put(Scope(T, W), "user:ana", k, row, 1)
     with store.read() as tx:
-        assert {k: tx.idempotency_get(T, W, "user:ana", k) for k in keys} == rows
-        assert tx.idempotency_get(T, W, "user:ana", "key-with-\x00-nul-absent") is None
+        assert {k: tx.idempotency_get(Scope(T, W), "user:ana", k) for k in keys} == rows
+        assert tx.idempotency_get(Scope(T, W), "user:ana", "key-with-\x00-nul-absent") is None
 
 
 def check_one_effect_per_idempotency_key_under_racing_writers(target: Any) -> None:
@@ -87,16 +88,16 @@ def check_one_effect_per_idempotency_key_under_racing_writers(target: Any) -> No
 
     def attempt(writer: Any, k: int) -> None:
         with writer.write(batched=True) as tx:
-            if tx.idempotency_get(T, W, "user:ana", "key-raced-0001") is not None:
+            if tx.idempotency_get(Scope(T, W), "user:ana", "key-raced-0001") is not None:
                 return  # a replay: no second effect
             event(tx, f"effect-{k}")
-            tx.idempotency_put(T, W, "user:ana", "key-raced-0001", row, 1)
+            tx.idempotency_put(Scope(T, W), "user:ana", "key-raced-0001", row, 1)
         effects.append(f"effect-{k}")
 
     assert race(each(writers(target, store, 6), attempt)) == []
     with store.read() as tx:
-        events = tx.events(T, W, 0, None)
-        assert tx.idempotency_get(T, W, "user:ana", "key-raced-0001") == row
+        events = tx.events(Scope(T, W), 0, None)
+        assert tx.idempotency_get(Scope(T, W), "user:ana", "key-raced-0001") == row
     assert len(effects) == 1 and [e.target for e in events] == effects
 
 
@@ -107,17 +108,17 @@ def check_a_key_written_is_found_again_after_reopening(target: Any) -> None:
     row = IdempotencyRow(FORGET_TOOL, "mem_x", "sha256:" + "1" * 64, {"receipt": {}})
     with store.write() as tx:
         for i in range(20):
-            tx.idempotency_put(T, W, "user:ana", f"key-reopened-{i:04d}", row, 1)
-        assert tx.use_confirmation("grant-reopened", T, W, 1)
-        tx.add_tombstone(T, W, "sha256:" + "e" * 64, "mem_gone", 1, 1)
+            tx.idempotency_put(Scope(T, W), "user:ana", f"key-reopened-{i:04d}", row, 1)
+        assert tx.use_confirmation("grant-reopened", Scope(T, W), 1)
+        tx.add_tombstone(Scope(T, W), "sha256:" + "e" * 64, "mem_gone", 1, 1)
     with store.read() as tx:
-        assert all(tx.idempotency_get(T, W, "user:ana", f"key-reopened-{i:04d}") == row for i in range(20))
+        assert all(tx.idempotency_get(Scope(T, W), "user:ana", f"key-reopened-{i:04d}") == row for i in range(20))
     store = target.reopen(store)
     with store.write() as tx:
-        assert all(tx.idempotency_get(T, W, "user:ana", f"key-reopened-{i:04d}") == row for i in range(20))
-        assert not tx.use_confirmation("grant-reopened", T, W, 2)
-        assert tx.payload_standing(T, W, "sha256:" + "e" * 64) == (None, True)
-        assert tx.idempotency_get(T, W, "user:ana", "key-never-written") is None
+        assert all(tx.idempotency_get(Scope(T, W), "user:ana", f"key-reopened-{i:04d}") == row for i in range(20))
+        assert not tx.use_confirmation("grant-reopened", Scope(T, W), 2)
+        assert tx.payload_standing(Scope(T, W), "sha256:" + "e" * 64) == (None, True)
+        assert tx.idempotency_get(Scope(T, W), "user:ana", "key-never-written") is None
 
 
 def check_a_grant_is_used_once_under_racing_writers(target: Any) -> None:
@@ -126,7 +127,7 @@ def check_a_grant_is_used_once_under_racing_writers(target: Any) -> None:
 
     def use(writer: Any, k: int) -> None:
         with writer.write(batched=True) as tx:
-            if tx.use_confirmation("grant-raced", T, W, 1):
+            if tx.use_confirmation("grant-raced", Scope(T, W), 1):
                 won.append(k)
 
     assert race(each(writers(target, store, 6), use)) == []
@@ -141,11 +142,11 @@ def check_rows_of_another_scope_are_unknown(target: Any) -> None:
         tx.insert_candidate(candidate("cand_scoped"))
         tx.insert_record(rec)
     with store.read() as tx:
-        assert tx.candidate(T, W, "cand_scoped") is not None and tx.record(T, W, "mem_scoped") is not None
-        assert tx.candidate(*OTHER, "cand_scoped") is None and tx.record(*OTHER, "mem_scoped") is None
-        assert tx.records(*OTHER, ["mem_scoped"]) == {} and tx.scope_records(*OTHER) == []
+        assert tx.candidate(Scope(T, W), "cand_scoped") is not None and tx.record(Scope(T, W), "mem_scoped") is not None
+        assert tx.candidate(OTHER, "cand_scoped") is None and tx.record(OTHER, "mem_scoped") is None
+        assert tx.records(OTHER, ["mem_scoped"]) == {} and tx.scope_records(OTHER) == []
     with store.read(snapshot=False) as tx:
-        assert tx.record(*OTHER, "mem_scoped") is None
+        assert tx.record(OTHER, "mem_scoped") is None
 
 
 def check_a_snapshot_sees_one_state_and_a_latest_read_sees_each_commit(target: Any) -> None:
@@ -153,7 +154,7 @@ def check_a_snapshot_sees_one_state_and_a_latest_read_sees_each_commit(target: A
     with store.write() as tx:
         event(tx, "before")
     with store.read() as snap:
-        assert [e.target for e in snap.events(T, W, 0, None)] == ["before"]
+        assert [e.target for e in snap.events(Scope(T, W), 0, None)] == ["before"]
         done = threading.Event()
 
         def commit_later() -> None:
@@ -165,9 +166,9 @@ def check_a_snapshot_sees_one_state_and_a_latest_read_sees_each_commit(target: A
         t.start()
         assert done.wait(30)
         t.join()
-        assert [e.target for e in snap.events(T, W, 0, None)] == ["before"]  # still its own state
+        assert [e.target for e in snap.events(Scope(T, W), 0, None)] == ["before"]  # still its own state
     with store.read(snapshot=False) as latest:
-        assert [e.target for e in latest.events(T, W, 0, None)] == ["before", "after"]
+        assert [e.target for e in latest.events(Scope(T, W), 0, None)] == ["before", "after"]
 
 
 def check_a_failed_transaction_leaves_nothing(target: Any) -> None:
@@ -182,9 +183,9 @@ def check_a_failed_transaction_leaves_nothing(target: Any) -> None:
         except EngramError:
             pass
     with store.read() as tx:
-        assert tx.events(T, W, 0, None) == [] and tx.candidate(T, W, "cand_doomed_False") is None
-        assert tx.candidate(T, W, "cand_doomed_True") is None
-        assert tx.audit_rows(None, None, 0, None) == []
+        assert tx.events(Scope(T, W), 0, None) == [] and tx.candidate(Scope(T, W), "cand_doomed_False") is None
+        assert tx.candidate(Scope(T, W), "cand_doomed_True") is None
+        assert tx.audit_rows(None, 0, None) == []
     with store.write() as tx:
         assert event(tx, "next") == 1  # no cursor was spent
 
@@ -198,7 +199,7 @@ def check_committed_projections_are_searchable_and_a_forget_removes_them(target:
         assert tx.postings_count("mem_forgotten") == 2
     with store.write() as tx:
         tx.set_record_state("mem_forgotten", "tombstoned", state_cursor=2, drop_body=True)
-        assert tx.unindex_record(T, W, "mem_forgotten") == 2
+        assert tx.unindex_record(Scope(T, W), "mem_forgotten") == 2
         slot = tx.drop_data_key("record:mem_forgotten", 2, "tombstone")
     assert tx.keys_zeroed and slot is not None
     assert search(store, [11]) == ["mem_kept"] and search(store, [13]) == []
@@ -209,7 +210,7 @@ def check_committed_projections_are_searchable_and_a_forget_removes_them(target:
     assert store.vault.data_key(slot, "record:mem_forgotten") is None
     store = target.reopen(store)  # and so it stays for a store opened afterwards
     assert search(store, [11]) == ["mem_kept"] and search(store, [13]) == []
-    assert search(store, [12]) == ["mem_kept"] and search(store, [11], tenant=OTHER[0], workspace=OTHER[1]) == []
+    assert search(store, [12]) == ["mem_kept"] and search(store, [11], tenant=OTHER.tenant, workspace=OTHER.workspace) == []
 
 
 def check_a_state_change_shows_in_search_after_its_commit(target: Any) -> None:
@@ -221,7 +222,7 @@ def check_a_state_change_shows_in_search_after_its_commit(target: Any) -> None:
         assert search(store, [21]) == ["mem_state"]  # not before its commit
     assert search(store, [21]) == []
     with store.read(snapshot=False) as tx:
-        assert tx.record(T, W, "mem_state").state == "historical"  # type: ignore[union-attr]
+        assert tx.record(Scope(T, W), "mem_state").state == "historical"  # type: ignore[union-attr]
 
 
 def check_audit_chains_stay_dense_under_racing_writers_and_readers(target: Any) -> None:
@@ -230,7 +231,7 @@ def check_audit_chains_stay_dense_under_racing_writers_and_readers(target: Any) 
 
     def mutations(writer: Any, k: int) -> None:
         for n in range(15):
-            tenant, workspace = (T, W) if n % 2 else OTHER
+            tenant, workspace = (T, W) if n % 2 else (OTHER.tenant, OTHER.workspace)
             with writer.write(batched=True) as tx:
                 event(tx, f"a{k}-{n}", tenant=tenant, workspace=workspace)
                 tx.append_audit(audit_row(1000 * k + n, tenant=tenant, workspace=workspace))
@@ -241,12 +242,12 @@ def check_audit_chains_stay_dense_under_racing_writers_and_readers(target: Any) 
 
     assert race(each(stores, mutations) + each(stores, reads)) == []
     with store.read() as tx:
-        rows = tx.audit_rows(None, None, 0, None)
+        rows = tx.audit_rows(None, 0, None)
         heads = tx.audit_heads()
     assert len(rows) == 3 * 15 + 3 * 40
     assert check_audit(rows, heads) == []
     per_chain = Counter(r["chain"] for r in rows)
-    assert per_chain[scope_chain(T, W)] + per_chain[scope_chain(*OTHER)] == 45
+    assert per_chain[scope_chain(T, W)] + per_chain[scope_chain(OTHER.tenant, OTHER.workspace)] == 45
     assert {c for c in per_chain if c.startswith("writer:")} == {s.writer_chain for s in set(stores)}
 
 
@@ -255,12 +256,12 @@ def check_spooled_rows_moved_twice_are_stored_once(target: Any) -> None:
     for n in range(3):
         store.append_audit(audit_row(n))
     with store.read() as tx:
-        rows = tx.audit_rows(None, None, 0, None)
+        rows = tx.audit_rows(None, 0, None)
     # The same documents again, as a move that a crash cut short repeats.
     with store.engine.write(effects=TxEffects(spooled_audit=rows)):
         pass
     with store.read() as tx:
-        assert tx.audit_rows(None, None, 0, None) == rows
+        assert tx.audit_rows(None, 0, None) == rows
 
 
 def check_the_data_key_ledger(target: Any) -> None:
@@ -287,24 +288,24 @@ def check_payload_standing_tombstones_and_families(target: Any) -> None:
     with store.write() as tx:
         tx.insert_record(a)
         tx.insert_record(b)
-        tx.add_record_links(T, W, "mem_fam_a", family_refs=["fam:queue"], primary_kind="decision", source_ids=[])
-        tx.add_record_links(T, W, "mem_fam_b", family_refs=["fam:queue", "fam:other"], primary_kind="decision",
+        tx.add_record_links(Scope(T, W), "mem_fam_a", family_refs=["fam:queue"], primary_kind="decision", source_ids=[])
+        tx.add_record_links(Scope(T, W), "mem_fam_b", family_refs=["fam:queue", "fam:other"], primary_kind="decision",
                             source_ids=["mem_fam_a"])
-        tx.add_tombstone(T, W, "sha256:" + "3" * 64, "mem_fam_c", 1, 1)
+        tx.add_tombstone(Scope(T, W), "sha256:" + "3" * 64, "mem_fam_c", 1, 1)
     with store.read() as tx:
-        assert tx.payload_standing(T, W, a.payload_digest) == ("mem_fam_a", False)
-        assert tx.payload_standing(T, W, "sha256:" + "3" * 64) == (None, True)
-        assert tx.payload_standing(*OTHER, a.payload_digest) == (None, False)
-        members = tx.family_members(T, W, ["fam:queue"], ("accepted_current",))
+        assert tx.payload_standing(Scope(T, W), a.payload_digest) == ("mem_fam_a", False)
+        assert tx.payload_standing(Scope(T, W), "sha256:" + "3" * 64) == (None, True)
+        assert tx.payload_standing(OTHER, a.payload_digest) == (None, False)
+        members = tx.family_members(Scope(T, W), ["fam:queue"], ("accepted_current",))
         assert [(m[0].record_id, m[1], m[2]) for m in members] == [
             ("mem_fam_a", "decision", ["fam:queue"]), ("mem_fam_b", "decision", ["fam:queue"])]
-        assert [r.record_id for r in tx.derivatives(T, W, "mem_fam_a")] == ["mem_fam_b"]
-        assert tx.family_members(*OTHER, ["fam:queue"], ("accepted_current",)) == []
+        assert [r.record_id for r in tx.derivatives(Scope(T, W), "mem_fam_a")] == ["mem_fam_b"]
+        assert tx.family_members(OTHER, ["fam:queue"], ("accepted_current",)) == []
     with store.write() as tx:
         tx.drop_record_links("mem_fam_b")
     with store.read() as tx:
-        assert [m[0].record_id for m in tx.family_members(T, W, ["fam:queue"], ("accepted_current",))] == ["mem_fam_a"]
-        assert tx.derivatives(T, W, "mem_fam_a") == []
+        assert [m[0].record_id for m in tx.family_members(Scope(T, W), ["fam:queue"], ("accepted_current",))] == ["mem_fam_a"]
+        assert tx.derivatives(Scope(T, W), "mem_fam_a") == []
 
 
 def check_metadata_trusted_keys_and_emptiness(target: Any) -> None:
@@ -365,7 +366,7 @@ def check_scrubbed_candidate_facts_are_empty_and_the_rest_stays(target: Any) -> 
         tx.set_candidate_state("cand_scrub", "withdrawn", drop_envelope=True)
         tx.scrub_candidate_facts("cand_scrub")
     with store.read() as tx:
-        scrubbed, kept = tx.candidate(T, W, "cand_scrub"), tx.candidate(T, W, "cand_kept")
+        scrubbed, kept = tx.candidate(Scope(T, W), "cand_scrub"), tx.candidate(Scope(T, W), "cand_kept")
     assert scrubbed is not None and kept is not None
     assert (scrubbed.facts, scrubbed.state, scrubbed.sealed_envelope) == ({}, "withdrawn", None)
     assert (scrubbed.payload_digest, scrubbed.trust_class, scrubbed.cursor) == ("sha256:" + "a" * 64, "asserted", 1)

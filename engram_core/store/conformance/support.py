@@ -11,12 +11,13 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from engram_core.contract.scope import Scope
 from engram_core.contract.tools import SEARCH_TOOL
 from engram_core.store.chain import GENESIS, event_digest_of
 from engram_core.store.port import AuditRow, CandidateRow, Event, LexicalQuery, RecordRow, ScopeRow
 
 T, W = "acme", "alpha"
-OTHER = ("globex", "beta")
+OTHER = Scope("globex", "beta")
 WEIGHTS = {"primary": 3.0, "decision": 2.0, "evidence": 1.5, "context": 1.0, "citations": 0.5}
 
 
@@ -53,7 +54,7 @@ def check_journal(scope: ScopeRow, events: list[Event]) -> list[dict[str, Any]]:
 
 # -- small builders ---------------------------------------------------------------------------------------
 def event(tx: Any, target: str, *, tenant: str = T, workspace: str = W, at_ms: int = 1) -> int:
-    return tx.append_event(tenant, workspace, event_id=f"evt_{target}", operation="capture", target=target,
+    return tx.append_event(Scope(tenant, workspace), event_id=f"evt_{target}", operation="capture", target=target,
                            from_state="", to_state="pending", at_ms=at_ms, body={"n": target}).cursor
 
 
@@ -87,14 +88,14 @@ def admit(store: Any, rid: str, terms: list[int], **kw: Any) -> None:
     with store.write() as tx:
         tx.insert_record(row)
         tx.put_data_key(f"record:{rid}", row.key_slot, 1)
-        tx.index_record(row.tenant, row.workspace, rid, {"primary": Counter(terms)})
+        tx.index_record(Scope(row.tenant, row.workspace), rid, {"primary": Counter(terms)})
 
 
 def admit_row(store: Any, row: RecordRow, terms: list[int]) -> None:
     with store.write() as tx:
         tx.insert_record(row)
         tx.put_data_key(f"record:{row.record_id}", row.key_slot, 1)
-        tx.index_record(row.tenant, row.workspace, row.record_id, {"primary": Counter(terms)})
+        tx.index_record(Scope(row.tenant, row.workspace), row.record_id, {"primary": Counter(terms)})
 
 
 def admit_journaled(store: Any, rid: str, terms: list[int], *, event_id: str, at_ms: int = 2) -> None:
@@ -104,14 +105,14 @@ def admit_journaled(store: Any, rid: str, terms: list[int], *, event_id: str, at
         event(tx, rid)
     admit(store, rid, terms)
     with store.write() as tx:
-        tx.append_event(T, W, event_id=event_id, operation="admit", target=rid, from_state="",
+        tx.append_event(Scope(T, W), event_id=event_id, operation="admit", target=rid, from_state="",
                         to_state="accepted_current", at_ms=at_ms, body={"record_id": rid})
 
 
 def search(store: Any, terms: list[int], *, tenant: str = T, workspace: str = W) -> list[str]:
     with store.read(snapshot=False) as tx:
-        stats = tx.lexical_stats(tenant, workspace, terms)
-        page = tx.rank_lexical(tenant, workspace, LexicalQuery(
+        stats = tx.lexical_stats(Scope(tenant, workspace), terms)
+        page = tx.rank_lexical(Scope(tenant, workspace), LexicalQuery(
             stats, WEIGHTS, k1=1.2, b=0.75, now_ms=10, half_life_ms=1000, lexical_weight=0.85,
             max_accepted_cursor=2**62, best_bm25=None, after=None, limit=50))
     return [r[0] for r in page.rows]
