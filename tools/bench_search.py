@@ -123,7 +123,7 @@ def bulk_load(running: RunningCore, n: int, *, distinct: int, batch: int, seed: 
             head = tx.scope(Scope(TENANT, WORKSPACE)).last_event_digest  # type: ignore[union-attr]
         # Moving the journal head past raw rows is the engine's, not the store port's (issue 62).
         with core.store.engine.write(effects=TxEffects()) as etx:  # type: ignore[attr-defined]
-            etx.set_scope_head(TENANT, WORKSPACE, cursor, head)
+            etx.set_scope_head(Scope(TENANT, WORKSPACE), cursor, head)
         print(f"  loaded {min(n, start + batch)}/{n} ({time.perf_counter() - t0:.0f} s)", flush=True)
     core.store.checkpoint()
     return time.perf_counter() - t0

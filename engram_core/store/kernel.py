@@ -145,8 +145,7 @@ class StoreKernel:
     def write(self, *, batched: bool = False, scope: Scope | None = None) -> Iterator[KernelTx]:
         self._require_open()
         effects = TxEffects()
-        lane = (scope.tenant, scope.workspace) if scope is not None else None
-        with self.engine.write(batched=batched, effects=effects, scope=lane) as etx:
+        with self.engine.write(batched=batched, effects=effects, scope=scope) as etx:
             yield KernelTx(self, etx, effects)
 
     @contextmanager
@@ -487,9 +486,9 @@ class StoreKernel:
         started = time.perf_counter()
         builder = IndexBuilder(sketch_vectors=self._sketch_vectors)
         with self.engine.read(snapshot=True) as etx:
-            row = etx.scope(scope.tenant, scope.workspace)
+            row = etx.scope(scope)
             head = row.last_cursor if row is not None else 0
-            blobs = etx.scope_projection_blobs(scope.tenant, scope.workspace) if row is not None else []
+            blobs = etx.scope_projection_blobs(scope) if row is not None else []
         for rec, _ in blobs:
             builder.add_row(rec)
         keys = self._record_keys([rec for rec, _ in blobs])
@@ -545,7 +544,7 @@ class StoreKernel:
         records' keys and indexing them) on every call; reads catch up, several writes at once."""
         if self.capabilities.sole_writer:
             return self.committed_scope(scope)
-        return self.engine.scope_now(scope.tenant, scope.workspace)
+        return self.engine.scope_now(scope)
 
     def catch_up(self, scope: Scope) -> ScopeRow | None:
         """The scope row as last committed by any core, with the scope's part of the search
@@ -559,18 +558,18 @@ class StoreKernel:
                 self._reload()
             known = self._applied.get(key)
         if known is None and self._residency is not None:
-            row = self.engine.scope_now(scope.tenant, scope.workspace)
+            row = self.engine.scope_now(scope)
             if row is not None:
                 self._load_scope(scope)  # the whole scope, at a head no older than ``row``
             return row
         applied = known or 0
-        found = self.engine.changes_since(scope.tenant, scope.workspace, applied)
+        found = self.engine.changes_since(scope, applied)
         if not found.events:
             return found.row
         if any(e.operation in SCOPE_WIDE_OPERATIONS for e in found.events):
             with self.engine.read(snapshot=True) as etx:
-                events = etx.events(scope.tenant, scope.workspace, applied + 1, None)
-                rows = {r.record_id: r for r in etx.scope_records(scope.tenant, scope.workspace)}
+                events = etx.events(scope, applied + 1, None)
+                rows = {r.record_id: r for r in etx.scope_records(scope)}
                 touched = list(rows)
                 blobs = {rid: b[0] for rid in touched if rid in rows and (b := etx.projection_blob(rid)) is not None}
             self._index_caught_up(scope, touched, rows, blobs, events, applied, dropped=True)

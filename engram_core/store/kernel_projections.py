@@ -50,14 +50,14 @@ class ProjectionMaintenance:
         if inserted is not None and inserted.state == "accepted_current":
             r = inserted
         else:  # a record inserted earlier (rebuild, restore), or whose state changed since
-            found = self._etx.records(scope.tenant, scope.workspace, [record_id]).get(record_id)
+            found = self._etx.records(scope, [record_id]).get(record_id)
             if found is None:
                 raise EngramError(Code.STORE_UNAVAILABLE, "index_record before insert_record")
             r = found
         projection = Projection.of({FIELD_CODE[name]: counts for name, counts in fields.items()},
                                    *(vector if vector is not None else ("", None)))
         sealed = seal_projection(self._kernel.data_key(r), record_id, projection)
-        self._etx.put_projection(scope.tenant, scope.workspace, record_id, sealed, new=inserted is not None)
+        self._etx.put_projection(scope, record_id, sealed, new=inserted is not None)
         postings = tuple(Posting(term, name, tf, sum(counts.values()))
                          for name, counts in fields.items() for term, tf in counts.items())
         self._effects.changes.append(RecordIndexed(r, postings))
@@ -93,7 +93,7 @@ class ProjectionMaintenance:
 
     def _scope_projections(self, scope: Scope) -> Iterator[tuple[RecordRow, bytes, Projection]]:
         """Every sealed projection of a scope with its record row and data key, opened (maintenance)."""
-        for rec, sealed in self._etx.scope_projection_blobs(scope.tenant, scope.workspace):
+        for rec, sealed in self._etx.scope_projection_blobs(scope):
             key = self._kernel.data_key(rec)
             yield rec, key, open_projection(key, rec.record_id, sealed)
 
@@ -121,6 +121,6 @@ class ProjectionMaintenance:
     def drop_projections(self, scope: Scope) -> dict[str, int]:
         """Delete the sealed projections of one scope; returns what they held (postings, vectors)."""
         counts = self.projection_counts(scope)
-        self._etx.drop_scope_projections(scope.tenant, scope.workspace)
+        self._etx.drop_scope_projections(scope)
         self._effects.changes.append(ScopeProjectionsDropped(scope.tenant, scope.workspace))
         return counts

@@ -75,7 +75,7 @@ class KernelTx(ProjectionMaintenance, EngineTxDelegation):
         from_state: str, to_state: str, at_ms: int, body: dict[str, Any],
     ) -> Event:
         tenant, workspace = scope.tenant, scope.workspace
-        head = self._etx.scope_for_update(tenant, workspace)
+        head = self._etx.scope_for_update(scope)
         cursor = head.last_cursor + 1
         doc = {
             "tenant": tenant, "workspace": workspace, "cursor": str(cursor), "event_id": event_id,
@@ -133,7 +133,7 @@ class KernelTx(ProjectionMaintenance, EngineTxDelegation):
     def record(self, scope: Scope, record_id: str) -> RecordRow | None:
         if self._latest:  # the committed copy where the index holds one (a forget's first look)
             return self.records(scope, [record_id]).get(record_id)
-        return self._etx.record(scope.tenant, scope.workspace, record_id)
+        return self._etx.record(scope, record_id)
 
     def records(self, scope: Scope, record_ids: list[str]) -> dict[str, RecordRow]:
         """These records' rows in the scope. A reader without a snapshot gets the latest committed
@@ -141,12 +141,12 @@ class KernelTx(ProjectionMaintenance, EngineTxDelegation):
         if not record_ids:
             return {}
         if not self._latest or not self._kernel.capabilities.sole_writer:
-            return self._etx.records(scope.tenant, scope.workspace, record_ids)
+            return self._etx.records(scope, record_ids)
         with self._kernel.search_index() as index:
             found = index.rows(scope.tenant, scope.workspace, record_ids)
         missing = [rid for rid in record_ids if rid not in found]
         if missing:
-            found.update(self._etx.records(scope.tenant, scope.workspace, missing))
+            found.update(self._etx.records(scope, missing))
         return found
 
     def set_record_state(self, record_id: str, state: str, *, state_cursor: int, successor_id: str | None = None,

@@ -37,40 +37,40 @@ class EngineTxDelegation:
         self._etx.read_ahead(*reads)
 
     def scope(self, scope: Scope) -> ScopeRow | None:
-        return self._etx.scope(scope.tenant, scope.workspace)
+        return self._etx.scope(scope)
 
     def set_activation(self, scope: Scope, *, activated: bool, tools: tuple[str, ...]) -> ScopeRow:
-        return self._etx.set_activation(scope.tenant, scope.workspace, activated=activated, tools=tools)
+        return self._etx.set_activation(scope, activated=activated, tools=tools)
 
     def bump_epoch(self, scope: Scope) -> int:
-        return self._etx.bump_epoch(scope.tenant, scope.workspace)
+        return self._etx.bump_epoch(scope)
 
     def events(self, scope: Scope, from_cursor: int, to_cursor: int | None) -> list[Event]:
-        return self._etx.events(scope.tenant, scope.workspace, from_cursor, to_cursor)
+        return self._etx.events(scope, from_cursor, to_cursor)
 
     def scopes(self) -> list[ScopeRow]:
         return self._etx.scopes()
 
     def event_by_id(self, scope: Scope, event_id: str) -> Event | None:
-        return self._etx.event_by_id(scope.tenant, scope.workspace, event_id)
+        return self._etx.event_by_id(scope, event_id)
 
     def idempotency_get(self, scope: Scope, principal: str, key: str) -> IdempotencyRow | None:
-        return self._etx.idempotency_get(scope.tenant, scope.workspace, principal, key)
+        return self._etx.idempotency_get(scope, principal, key)
 
     def idempotency_put(self, scope: Scope, principal: str, key: str, row: IdempotencyRow, at_ms: int) -> None:
-        self._etx.idempotency_put(scope.tenant, scope.workspace, principal, key, row, at_ms)
+        self._etx.idempotency_put(scope, principal, key, row, at_ms)
 
     def use_confirmation(self, grant_id: str, scope: Scope, at_ms: int) -> bool:
-        return self._etx.use_confirmation(grant_id, scope.tenant, scope.workspace, at_ms)
+        return self._etx.use_confirmation(grant_id, scope, at_ms)
 
     def insert_candidate(self, row: CandidateRow) -> None:
         self._etx.insert_candidate(row)
 
     def candidate(self, scope: Scope, candidate_id: str) -> CandidateRow | None:
-        return self._etx.candidate(scope.tenant, scope.workspace, candidate_id)
+        return self._etx.candidate(scope, candidate_id)
 
     def candidates_in_state(self, scope: Scope, state: str) -> list[CandidateRow]:
-        return self._etx.candidates_in_state(scope.tenant, scope.workspace, state)
+        return self._etx.candidates_in_state(scope, state)
 
     def set_candidate_state(self, candidate_id: str, state: str, *, decision: dict[str, Any] | None=None, drop_envelope: bool=False) -> None:
         self._etx.set_candidate_state(candidate_id, state, decision=decision, drop_envelope=drop_envelope)
@@ -91,33 +91,31 @@ class EngineTxDelegation:
         return self._etx.key_destruction(owner)
 
     def scope_records(self, scope: Scope, states: tuple[str, ...] | None=None) -> list[RecordRow]:
-        return self._etx.scope_records(scope.tenant, scope.workspace, states)
+        return self._etx.scope_records(scope, states)
 
     def payload_standing(self, scope: Scope, payload_digest: str) -> tuple[str | None, bool]:
-        return self._etx.payload_standing(scope.tenant, scope.workspace, payload_digest)
+        return self._etx.payload_standing(scope, payload_digest)
 
     def add_record_links(self, scope: Scope, record_id: str, *, family_refs: list[str], primary_kind: str, source_ids: list[str]) -> None:
-        self._etx.add_record_links(scope.tenant, scope.workspace, record_id, family_refs=family_refs, primary_kind=primary_kind, source_ids=source_ids)
+        self._etx.add_record_links(scope, record_id, family_refs=family_refs, primary_kind=primary_kind, source_ids=source_ids)
 
     def drop_record_links(self, record_id: str) -> None:
         self._etx.drop_record_links(record_id)
 
     def family_members(self, scope: Scope, family_refs: list[str], states: tuple[str, ...]) -> list[tuple[RecordRow, str, list[str]]]:
-        return self._etx.family_members(scope.tenant, scope.workspace, family_refs, states)
+        return self._etx.family_members(scope, family_refs, states)
 
     def derivatives(self, scope: Scope, source_id: str) -> list[RecordRow]:
-        return self._etx.derivatives(scope.tenant, scope.workspace, source_id)
+        return self._etx.derivatives(scope, source_id)
 
     def add_tombstone(self, scope: Scope, payload_digest: str, record_id: str, cursor: int, at_ms: int) -> None:
-        self._etx.add_tombstone(scope.tenant, scope.workspace, payload_digest, record_id, cursor, at_ms)
+        self._etx.add_tombstone(scope, payload_digest, record_id, cursor, at_ms)
 
     def tombstoned(self, scope: Scope, payload_digest: str) -> bool:
-        return self._etx.tombstoned(scope.tenant, scope.workspace, payload_digest)
+        return self._etx.tombstoned(scope, payload_digest)
 
     def audit_rows(self, scope: Scope | None, from_seq: int, to_seq: int | None) -> list[dict[str, Any]]:
-        if scope is None:
-            return self._etx.audit_rows(None, None, from_seq, to_seq)
-        return self._etx.audit_rows(scope.tenant, scope.workspace, from_seq, to_seq)
+        return self._etx.audit_rows(scope, from_seq, to_seq)
 
     def trusted_host_keys(self) -> list[tuple[str, str]]:
         return self._etx.trusted_host_keys()

@@ -114,8 +114,8 @@ class _UnlockedTx(PostgresEngineTx):
     """The engine with its scope lock taken out (the scope row read without FOR UPDATE): what the
     lock test must catch."""
 
-    def _touch(self, tenant: str, workspace: str) -> Any:
-        lock = super()._touch(tenant, workspace)
+    def _touch(self, scope: Scope) -> Any:
+        lock = super()._touch(scope)
         for st in self._pending:
             st.sql = st.sql.replace(" FOR UPDATE", "")
         return lock
@@ -653,7 +653,7 @@ def test_a_read_waits_for_the_adds_its_flusher_is_still_sending(
 # The batched writes of one scope on one core share a transaction and a COMMIT, and a member that
 # fails takes nothing of the others with it; through the store kernel as the services use it.
 def _queued(store: Any, n: int) -> bool:
-    lane = store.engine._lanes.get((T, W))
+    lane = store.engine._lanes.get(Scope(T, W))
     return lane is not None and lane.queued == n
 
 
@@ -677,7 +677,7 @@ def _members(store: Any, bodies: list[Callable[[Any], None]]) -> tuple[list[Base
 
     first = threading.Thread(target=member, args=(0,))
     first.start()
-    assert wait_until(lambda: _queued(store, 0) and store.engine._lanes[(T, W)].busy, 10)
+    assert wait_until(lambda: _queued(store, 0) and store.engine._lanes[Scope(T, W)].busy, 10)
     others = [threading.Thread(target=member, args=(i,)) for i in range(1, len(bodies))]
     for t in others:
         t.start()

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from engram_core.contract.scope import Scope
 from engram_core.store.conformance import validate
 from engram_core.store.conformance.checks_rows import (
     check_a_key_written_is_found_again_after_reopening,
@@ -37,10 +38,10 @@ class _RememberedCursorTx(DuckDBEngineTx):
     """A cursor taken from memory: the scope head as it was when the engine opened, never the
     committed one."""
 
-    def scope_for_update(self, tenant: str, workspace: str) -> ScopeRow:
-        remembered = self._store.opened_heads.get((tenant, workspace))
+    def scope_for_update(self, scope: Scope) -> ScopeRow:
+        remembered = self._store.opened_heads.get(scope)
         if remembered is None:
-            remembered = self._store.opened_heads[(tenant, workspace)] = super().scope_for_update(tenant, workspace)
+            remembered = self._store.opened_heads[scope] = super().scope_for_update(scope)
         return remembered
 
 
@@ -48,7 +49,7 @@ class _RememberedCursor(DuckDBEngine):
     tx_class = _RememberedCursorTx
 
     def __init__(self, *args: Any, **kw: Any) -> None:
-        self.opened_heads: dict[tuple[str, str], ScopeRow] = {}
+        self.opened_heads: dict[Scope, ScopeRow] = {}
         super().__init__(*args, **kw)
 
 

@@ -175,7 +175,7 @@ def load_scope(core: Core, corpus: Corpus, tenant: str, workspace: str, n: int, 
                 "unnest($4::VARCHAR[]), unnest($5::VARCHAR[]), unnest($6::VARCHAR[]), unnest($7::VARCHAR[]), "
                 "unnest($8::VARCHAR[]), unnest($9::BIGINT[]), unnest($10::VARCHAR[]), unnest($11::VARCHAR[]), "
                 "unnest($12::VARCHAR[])", journal)
-            tx.set_scope_head(tenant, workspace, cursor, prev)
+            tx.set_scope_head(Scope(tenant, workspace), cursor, prev)
             con.execute(
                 "INSERT INTO records (record_id, tenant, workspace, candidate_id, record_digest, payload_digest, "
                 "state, trust_class, principal, agent_id, valid_t, valid_t_end, expires_at_ms, derivative_rule, "

@@ -275,7 +275,7 @@ def check_changes_since_a_cursor_name_the_records_they_touched(target: Any) -> N
                         to_state="accepted", at_ms=2, body={"record_id": "mem_one"})
         event(tx, "mem_gone")  # names a record that does not exist: no row
         event(tx, "cand_other", tenant=OTHER.tenant, workspace=OTHER.workspace)
-    found = store.engine.changes_since(T, W, first - 1)
+    found = store.engine.changes_since(Scope(T, W), first - 1)
     assert found.row is not None and found.row.last_cursor == first + 2
     assert [e.cursor for e in found.events] == [first, first + 1, first + 2]
     assert set(found.rows) == {"mem_one"} and found.rows["mem_one"].tenant == T
@@ -287,12 +287,12 @@ def check_changes_since_a_cursor_name_the_records_they_touched(target: Any) -> N
     if found.keys:
         assert store.vault.data_keys([(slot, "record:mem_one")], stored=found.keys) == \
             {slot: store.vault.data_key(slot, "record:mem_one")}
-    later = store.engine.changes_since(T, W, first + 1)
+    later = store.engine.changes_since(Scope(T, W), first + 1)
     assert [e.target for e in later.events] == ["mem_gone"] and later.rows == {} and later.blobs == {} \
         and later.keys == {}
-    quiet = store.engine.changes_since(T, W, first + 2)
+    quiet = store.engine.changes_since(Scope(T, W), first + 2)
     assert quiet.row == found.row and quiet.events == [] and quiet.rows == {}
-    assert store.engine.changes_since("nobody", "nowhere", 0).row is None
+    assert store.engine.changes_since(Scope("nobody", "nowhere"), 0).row is None
 
 
 CORE_CHECKS: list[Callable[[Any], None]] = [

@@ -29,6 +29,7 @@ from typing import Any
 import duckdb
 
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.crypto.keyvault import record_data_key
 from engram_core.observability import tracing
 from engram_core.store.audit_spool import SPOOL_NAME
@@ -281,16 +282,16 @@ class DuckDBEngine(HeldHooks):
         """The writer's view of committed scope rows; None (read the database) when stale."""
         return self._scopes
 
-    def scope_now(self, tenant: str, workspace: str) -> ScopeRow | None:
+    def scope_now(self, scope: Scope) -> ScopeRow | None:
         scopes = self._scopes
         if scopes is not None:
-            return scopes.get((tenant, workspace))
+            return scopes.get((scope.tenant, scope.workspace))
         with self.read(snapshot=False) as tx:
-            return tx.scope(tenant, workspace)
+            return tx.scope(scope)
 
-    def changes_since(self, tenant: str, workspace: str, after: int) -> ScopeChanges:
+    def changes_since(self, scope: Scope, after: int) -> ScopeChanges:
         with self.read(snapshot=True) as tx:
-            return read_changes_since(tx, tenant, workspace, after)
+            return read_changes_since(tx, scope, after)
 
     def audit_head(self, chain: str) -> tuple[int, str]:
         """A chain's committed head ((0, GENESIS) for a chain with no row yet)."""
@@ -356,7 +357,7 @@ class DuckDBEngine(HeldHooks):
 
     @contextmanager
     def write(self, *, batched: bool = False, effects: TxEffects | None = None,
-              scope: tuple[str, str] | None = None) -> Iterator[DuckDBEngineTx]:
+              scope: Scope | None = None) -> Iterator[DuckDBEngineTx]:
         """A read-write transaction. ``batched``: a member of a group commit (group_commit.py),
         for the mutations agents make at rate; otherwise a transaction of its own. ``scope`` is
         not needed: one writer batches every scope's members."""

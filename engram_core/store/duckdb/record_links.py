@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from engram_core.contract.scope import Scope
 from engram_core.store.port import RecordRow
 from engram_core.store.sql.codecs import RECORD_COLS, RECORD_WIDTH, record_of
 
@@ -36,14 +37,14 @@ class RecordLinks:
 
     def _insert(self, table: str, values: list[Any], *, verb: str = "INSERT", cols: str = "") -> None: ...
 
-    def add_record_links(self, tenant: str, workspace: str, record_id: str, *, family_refs: list[str],
+    def add_record_links(self, scope: Scope, record_id: str, *, family_refs: list[str],
                          primary_kind: str, source_ids: list[str]) -> None:
         if family_refs or source_ids:
             self._store.linked_ids.update([record_id, *source_ids])  # before the rows can commit
         for ref in family_refs:
-            self._insert("record_families", [tenant, workspace, ref, record_id, primary_kind], verb="INSERT OR IGNORE")
+            self._insert("record_families", [scope.tenant, scope.workspace, ref, record_id, primary_kind], verb="INSERT OR IGNORE")
         for source in source_ids:
-            self._insert("record_sources", [tenant, workspace, source, record_id], verb="INSERT OR IGNORE")
+            self._insert("record_sources", [scope.tenant, scope.workspace, source, record_id], verb="INSERT OR IGNORE")
 
     def drop_record_links(self, record_id: str) -> None:
         """A tombstoned record names no family and derives from nothing any more."""
@@ -52,7 +53,7 @@ class RecordLinks:
         self._exec("DELETE FROM record_families WHERE record_id = ?", [record_id])
         self._exec("DELETE FROM record_sources WHERE record_id = ? OR source_id = ?", [record_id, record_id])
 
-    def family_members(self, tenant: str, workspace: str, family_refs: list[str],
+    def family_members(self, scope: Scope, family_refs: list[str],
                        states: tuple[str, ...]) -> list[tuple[RecordRow, str, list[str]]]:
         """Records in ``states`` sharing a family with ``family_refs``: (row, primary kind, shared
         family refs sorted), ordered by record id."""
@@ -64,19 +65,19 @@ class RecordLinks:
             "WHERE f.tenant = ? AND f.workspace = ? AND f.family_ref IN (SELECT unnest(?::VARCHAR[])) "
             "AND r.state IN (SELECT unnest(?::VARCHAR[])) "
             "GROUP BY ALL ORDER BY r.record_id",
-            [tenant, workspace, list(family_refs), list(states)],
+            [scope.tenant, scope.workspace, list(family_refs), list(states)],
         )
         return [(record_of(r), r[RECORD_WIDTH], list(r[RECORD_WIDTH + 1])) for r in rows
-                if r[1] == tenant and r[2] == workspace]
+                if r[1] == scope.tenant and r[2] == scope.workspace]
 
-    def derivatives(self, tenant: str, workspace: str, source_id: str) -> list[RecordRow]:
+    def derivatives(self, scope: Scope, source_id: str) -> list[RecordRow]:
         """Records of the scope whose citations name ``source_id`` as their source, by record id."""
         if source_id not in self._store.linked_ids:
             return []
         # The links first, alone: almost always none, and the join with records costs ~3 ms even then.
         linked = [r[0] for r in self._all(
             "SELECT record_id FROM record_sources WHERE tenant = ? AND workspace = ? AND source_id = ?",
-            [tenant, workspace, source_id])]
+            [scope.tenant, scope.workspace, source_id])]
         if not linked:
             return []
         rows = self._all(
@@ -84,4 +85,4 @@ class RecordLinks:
             "WHERE r.record_id IN (SELECT unnest(?::VARCHAR[])) ORDER BY r.record_id",
             [linked],
         )
-        return [record_of(r) for r in rows if r[1] == tenant and r[2] == workspace]
+        return [record_of(r) for r in rows if r[1] == scope.tenant and r[2] == scope.workspace]

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import duckdb
 
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.store.chain import GENESIS, chain_of
 from engram_core.store.duckdb.group_commit import Batch, Member, Pending, statement_of, tables_of
 from engram_core.store.duckdb.migrations import MIGRATIONS
@@ -189,8 +190,8 @@ class DuckDBEngineTx(SqlRows, RecordLinks, TrustClasses):
         return [self._member.pending, self._batch.pending]  # type: ignore[union-attr]
 
     # -- scopes, cursors, journal ------------------------------------------
-    def scope(self, tenant: str, workspace: str) -> ScopeRow | None:
-        key = (tenant, workspace)
+    def scope(self, scope: Scope) -> ScopeRow | None:
+        key = (scope.tenant, scope.workspace)
         if self._writing:
             if key in self.scope_changes:
                 return self.scope_changes[key]
@@ -199,72 +200,72 @@ class DuckDBEngineTx(SqlRows, RecordLinks, TrustClasses):
             committed = self._store.committed_scopes()
             if committed is not None:
                 return committed.get(key)
-        return self._scope_from_db(tenant, workspace)
+        return self._scope_from_db(scope)
 
-    def _scope_from_db(self, tenant: str, workspace: str) -> ScopeRow | None:
-        row = self._one(f"SELECT {SCOPE_COLS} FROM scopes WHERE tenant = ? AND workspace = ?", [tenant, workspace])
+    def _scope_from_db(self, scope: Scope) -> ScopeRow | None:
+        row = self._one(f"SELECT {SCOPE_COLS} FROM scopes WHERE tenant = ? AND workspace = ?", [scope.tenant, scope.workspace])
         return scope_of(row) if row is not None else None
 
     def _changed(self, row: ScopeRow) -> ScopeRow:
         self.scope_changes[(row.tenant, row.workspace)] = row
         return row
 
-    def scope_for_update(self, tenant: str, workspace: str) -> ScopeRow:
+    def scope_for_update(self, scope: Scope) -> ScopeRow:
         # The writer lock already makes every scope this transaction's until it commits.
-        row = self.scope(tenant, workspace)
+        row = self.scope(scope)
         if row is None:
-            self._exec("INSERT INTO scopes VALUES (?, ?, false, '[]', 0, 0, ?)", [tenant, workspace, GENESIS])
-            row = self._changed(ScopeRow(tenant, workspace, False, (), 0, 0, GENESIS))
+            self._exec("INSERT INTO scopes VALUES (?, ?, false, '[]', 0, 0, ?)", [scope.tenant, scope.workspace, GENESIS])
+            row = self._changed(ScopeRow(scope.tenant, scope.workspace, False, (), 0, 0, GENESIS))
         return row
 
-    def set_activation(self, tenant: str, workspace: str, *, activated: bool, tools: tuple[str, ...]) -> ScopeRow:
-        row = self.scope_for_update(tenant, workspace)
+    def set_activation(self, scope: Scope, *, activated: bool, tools: tuple[str, ...]) -> ScopeRow:
+        row = self.scope_for_update(scope)
         self._exec(
             "UPDATE scopes SET activated = ?, tools = ? WHERE tenant = ? AND workspace = ?",
-            [activated, json.dumps(sorted(tools)), tenant, workspace],
+            [activated, json.dumps(sorted(tools)), scope.tenant, scope.workspace],
         )
         return self._changed(replace(row, activated=activated, tools=tuple(sorted(tools))))
 
-    def bump_epoch(self, tenant: str, workspace: str) -> int:
-        row = self.scope_for_update(tenant, workspace)
+    def bump_epoch(self, scope: Scope) -> int:
+        row = self.scope_for_update(scope)
         self._exec(
             "UPDATE scopes SET authorization_epoch = authorization_epoch + 1 WHERE tenant = ? AND workspace = ?",
-            [tenant, workspace],
+            [scope.tenant, scope.workspace],
         )
         return self._changed(replace(row, authorization_epoch=row.authorization_epoch + 1)).authorization_epoch
 
     def insert_event(self, e: Event) -> None:
-        scope = self.scope_for_update(e.tenant, e.workspace)
+        scope = self.scope_for_update(Scope(e.tenant, e.workspace))
         if e.cursor != scope.last_cursor + 1 or e.prev_digest != scope.last_event_digest:
             raise EngramError(Code.STORE_UNAVAILABLE, "journal event does not follow the scope head")
         self._insert("journal", event_values(e))
         self._write(("head", e.tenant, e.workspace, e.cursor, e.event_digest))
         self._changed(replace(scope, last_cursor=e.cursor, last_event_digest=e.event_digest))
 
-    def set_scope_head(self, tenant: str, workspace: str, cursor: int, event_digest: str) -> None:
+    def set_scope_head(self, scope: Scope, cursor: int, event_digest: str) -> None:
         """Move the scope's journal head past events a bulk loader inserted itself (tools/bench)."""
-        row = self.scope_for_update(tenant, workspace)
-        self._write(("head", tenant, workspace, cursor, event_digest))
+        row = self.scope_for_update(scope)
+        self._write(("head", scope.tenant, scope.workspace, cursor, event_digest))
         self._changed(replace(row, last_cursor=cursor, last_event_digest=event_digest))
 
-    def events(self, tenant: str, workspace: str, from_cursor: int, to_cursor: int | None) -> list[Event]:
+    def events(self, scope: Scope, from_cursor: int, to_cursor: int | None) -> list[Event]:
         rows = self._all(
             f"SELECT {EVENT_COLS} FROM journal WHERE tenant = ? AND workspace = ? AND cursor >= ? AND cursor <= ? "
-            "ORDER BY cursor", [tenant, workspace, from_cursor, to_cursor if to_cursor is not None else 2**63])
+            "ORDER BY cursor", [scope.tenant, scope.workspace, from_cursor, to_cursor if to_cursor is not None else 2**63])
         return [event_of(r) for r in rows]
 
-    def event_by_id(self, tenant: str, workspace: str, event_id: str) -> Event | None:
+    def event_by_id(self, scope: Scope, event_id: str) -> Event | None:
         row = self._one(
             "SELECT cursor FROM journal WHERE tenant = ? AND workspace = ? AND event_id = ?",
-            [tenant, workspace, event_id],
+            [scope.tenant, scope.workspace, event_id],
         )
         if row is None:
             return None
-        return self.events(tenant, workspace, int(row[0]), int(row[0]))[0]
+        return self.events(scope, int(row[0]), int(row[0]))[0]
 
     def scopes(self) -> list[ScopeRow]:
         rows = self._all("SELECT tenant, workspace FROM scopes ORDER BY tenant, workspace")
-        return [self.scope(t, w) for t, w in rows]  # type: ignore[misc]
+        return [self.scope(Scope(t, w)) for t, w in rows]  # type: ignore[misc]
 
     def restore_scope(self, row: ScopeRow) -> None:
         self._exec("INSERT INTO scopes VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -277,35 +278,35 @@ class DuckDBEngineTx(SqlRows, RecordLinks, TrustClasses):
         self._exec("INSERT INTO journal VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", event_values(e))
 
     # -- idempotency and confirmations ---------------------------------------
-    def idempotency_get(self, tenant: str, workspace: str, principal: str, key: str) -> IdempotencyRow | None:
+    def idempotency_get(self, scope: Scope, principal: str, key: str) -> IdempotencyRow | None:
         for pending in self._pendings():
-            found = pending.idempotency.get((tenant, workspace, principal, key))
+            found = pending.idempotency.get((scope.tenant, scope.workspace, principal, key))
             if found is not None:
                 return found
-        if not self._store.idempotency_keys.may_contain(tenant, workspace, principal, key):
+        if not self._store.idempotency_keys.may_contain(scope.tenant, scope.workspace, principal, key):
             return None  # never written: no read needed (key_digests.py)
         row = self._one(
             "SELECT tool, target, request_digest, outcome FROM idempotency "
             "WHERE tenant = ? AND workspace = ? AND principal = ? AND key = ?",
-            [tenant, workspace, principal, key], overlaid=_IDEMPOTENCY,
+            [scope.tenant, scope.workspace, principal, key], overlaid=_IDEMPOTENCY,
         )
         return IdempotencyRow(row[0], row[1], row[2], json.loads(row[3])) if row else None
 
-    def idempotency_put(self, tenant: str, workspace: str, principal: str, key: str, row: IdempotencyRow, at_ms: int) -> None:
-        self._store.idempotency_keys.add(tenant, workspace, principal, key)  # before the row can commit
-        self._insert("idempotency", [tenant, workspace, principal, key, row.tool, row.target, row.request_digest,
+    def idempotency_put(self, scope: Scope, principal: str, key: str, row: IdempotencyRow, at_ms: int) -> None:
+        self._store.idempotency_keys.add(scope.tenant, scope.workspace, principal, key)  # before the row can commit
+        self._insert("idempotency", [scope.tenant, scope.workspace, principal, key, row.tool, row.target, row.request_digest,
                                      json.dumps(row.outcome, sort_keys=True), at_ms])
         if self._member is not None:
-            self._member.pending.idempotency[(tenant, workspace, principal, key)] = row
+            self._member.pending.idempotency[(scope.tenant, scope.workspace, principal, key)] = row
 
-    def use_confirmation(self, grant_id: str, tenant: str, workspace: str, at_ms: int) -> bool:
+    def use_confirmation(self, grant_id: str, scope: Scope, at_ms: int) -> bool:
         if any(grant_id in p.confirmations for p in self._pendings()):
             return False
         if self._store.used_grants.may_contain(grant_id) and self._one(
                 "SELECT 1 FROM used_confirmations WHERE grant_id = ?", [grant_id], overlaid=_CONFIRMATIONS):
             return False
         self._store.used_grants.add(grant_id)  # before the row can commit
-        self._insert("used_confirmations", [grant_id, tenant, workspace, at_ms])
+        self._insert("used_confirmations", [grant_id, scope.tenant, scope.workspace, at_ms])
         if self._member is not None:
             self._member.pending.confirmations.add(grant_id)
         return True
@@ -318,7 +319,7 @@ class DuckDBEngineTx(SqlRows, RecordLinks, TrustClasses):
         if self._member is not None:
             self._member.pending.candidates[row.candidate_id] = row
 
-    def candidate(self, tenant: str, workspace: str, candidate_id: str) -> CandidateRow | None:
+    def candidate(self, scope: Scope, candidate_id: str) -> CandidateRow | None:
         member = self._member
         if member is None or "candidates" in member.sql_tables:
             found = self._store.committed_candidate(candidate_id) if member is None and self._latest else None
@@ -342,13 +343,13 @@ class DuckDBEngineTx(SqlRows, RecordLinks, TrustClasses):
                                     decision=json.loads(decision) if decision else found.decision,
                                     sealed_envelope=None if drop else found.sealed_envelope)
         # The scope is checked here, not in SQL (see ``record``).
-        return found if found is not None and found.tenant == tenant and found.workspace == workspace else None
+        return found if found is not None and found.tenant == scope.tenant and found.workspace == scope.workspace else None
 
-    def candidates_in_state(self, tenant: str, workspace: str, state: str) -> list[CandidateRow]:
+    def candidates_in_state(self, scope: Scope, state: str) -> list[CandidateRow]:
         rows = self._all(
             f"SELECT {CANDIDATE_COLS} FROM candidates WHERE tenant = ? AND workspace = ? AND state = ? "
             "ORDER BY cursor",
-            [tenant, workspace, state],
+            [scope.tenant, scope.workspace, state],
         )
         return [candidate_of(r) for r in rows]
 
@@ -401,25 +402,25 @@ class DuckDBEngineTx(SqlRows, RecordLinks, TrustClasses):
             self._member.pending.current_payloads.setdefault(
                 (row.tenant, row.workspace, row.payload_digest), (row.accepted_cursor, row.record_id))
 
-    def record(self, tenant: str, workspace: str, record_id: str) -> RecordRow | None:
+    def record(self, scope: Scope, record_id: str) -> RecordRow | None:
         row = self._one(f"SELECT {RECORD_COLS} FROM records WHERE record_id = ?", [record_id])
         # The scope is checked here, not in SQL: with several scopes in the table, DuckDB plans
         # `record_id = ? AND tenant = ? AND workspace = ?` an order of magnitude slower (11 vs
         # 1.4 ms at 100k records) than the id alone.
-        return record_of(row) if row and row[1] == tenant and row[2] == workspace else None
+        return record_of(row) if row and row[1] == scope.tenant and row[2] == scope.workspace else None
 
-    def records(self, tenant: str, workspace: str, record_ids: list[str]) -> dict[str, RecordRow]:
+    def records(self, scope: Scope, record_ids: list[str]) -> dict[str, RecordRow]:
         # Ids only in SQL, the scope checked here (see ``record``): with several scopes in the
         # table, adding `tenant = ? AND workspace = ?` made fetching 10 records 31 ms instead of 2.7.
         if not record_ids:
             return {}
         rows = [r for chunk in iter_chunks(record_ids, 1000) for r in self._all(
             f"SELECT {RECORD_COLS} FROM records WHERE record_id IN ({', '.join('?' * len(chunk))})", chunk)]
-        return {r[0]: record_of(r) for r in rows if r[1] == tenant and r[2] == workspace}
+        return {r[0]: record_of(r) for r in rows if r[1] == scope.tenant and r[2] == scope.workspace}
 
-    def scope_records(self, tenant: str, workspace: str, states: tuple[str, ...] | None = None) -> list[RecordRow]:
+    def scope_records(self, scope: Scope, states: tuple[str, ...] | None = None) -> list[RecordRow]:
         sql = f"SELECT {RECORD_COLS} FROM records WHERE tenant = ? AND workspace = ?"
-        params: list[Any] = [tenant, workspace]
+        params: list[Any] = [scope.tenant, scope.workspace]
         if states is not None:
             sql += " AND state IN (SELECT unnest(?::VARCHAR[]))"
             params.append(list(states))
@@ -436,7 +437,7 @@ class DuckDBEngineTx(SqlRows, RecordLinks, TrustClasses):
             [state, state_cursor, successor_id, successor_id, record_id],
         )
 
-    def payload_standing(self, tenant: str, workspace: str, payload_digest: str) -> tuple[str | None, bool]:
+    def payload_standing(self, scope: Scope, payload_digest: str) -> tuple[str | None, bool]:
         """(the id of a current record with this payload (the earliest admitted) or None, the
         payload was forgotten here): one statement."""
         overlay = not (self._member is not None and {"records", "tombstones"} & self._member.sql_tables)
@@ -448,13 +449,13 @@ class DuckDBEngineTx(SqlRows, RecordLinks, TrustClasses):
             "WHERE payload_digest = $1 UNION ALL "
             "SELECT tenant, workspace, '', 0, record_id, true FROM tombstones WHERE payload_digest = $1",
             [payload_digest], overlaid=_STANDING if overlay else frozenset(),
-        ) if self._store.payload_keys.may_contain(tenant, workspace, payload_digest) else []
-        mine = [r for r in rows if r[0] == tenant and r[1] == workspace]
+        ) if self._store.payload_keys.may_contain(scope.tenant, scope.workspace, payload_digest) else []
+        mine = [r for r in rows if r[0] == scope.tenant and r[1] == scope.workspace]
         current = min(((int(r[3]), r[4]) for r in mine if not r[5] and r[2] == "accepted_current"),
                       default=(0, None))[1]
         tombstoned = any(r[5] for r in mine)
         if overlay:
-            key = (tenant, workspace, payload_digest)
+            key = (scope.tenant, scope.workspace, payload_digest)
             for pending in self._pendings():
                 if current is None and key in pending.current_payloads:
                     current = pending.current_payloads[key][1]
@@ -462,20 +463,20 @@ class DuckDBEngineTx(SqlRows, RecordLinks, TrustClasses):
         return current, tombstoned
 
     # -- tombstone ledger ---------------------------------------------------------
-    def add_tombstone(self, tenant: str, workspace: str, payload_digest: str, record_id: str, cursor: int, at_ms: int) -> None:
-        self._store.payload_keys.add(tenant, workspace, payload_digest)  # before the row can commit
-        self._insert("tombstones", [tenant, workspace, payload_digest, record_id, cursor, at_ms])
+    def add_tombstone(self, scope: Scope, payload_digest: str, record_id: str, cursor: int, at_ms: int) -> None:
+        self._store.payload_keys.add(scope.tenant, scope.workspace, payload_digest)  # before the row can commit
+        self._insert("tombstones", [scope.tenant, scope.workspace, payload_digest, record_id, cursor, at_ms])
         if self._member is not None:
-            self._member.pending.tombstones.add((tenant, workspace, payload_digest))
+            self._member.pending.tombstones.add((scope.tenant, scope.workspace, payload_digest))
 
-    def tombstoned(self, tenant: str, workspace: str, payload_digest: str) -> bool:
-        return self._one(TOMBSTONED, [tenant, workspace, payload_digest]) is not None
+    def tombstoned(self, scope: Scope, payload_digest: str) -> bool:
+        return self._one(TOMBSTONED, [scope.tenant, scope.workspace, payload_digest]) is not None
 
     # -- sealed projections (opaque blobs) ------------------------------------------------------
-    def put_projection(self, tenant: str, workspace: str, record_id: str, sealed: bytes, *, new: bool) -> None:
+    def put_projection(self, scope: Scope, record_id: str, sealed: bytes, *, new: bool) -> None:
         # A record inserted by this transaction has no projection yet: a plain INSERT (~0.6 ms
         # cheaper than INSERT OR REPLACE, which a re-index of an older record needs).
-        self._insert("projections", [record_id, tenant, workspace, sealed],
+        self._insert("projections", [record_id, scope.tenant, scope.workspace, sealed],
                      verb="INSERT" if new else "INSERT OR REPLACE")
 
     def delete_projection(self, record_id: str) -> None:
@@ -487,13 +488,13 @@ class DuckDBEngineTx(SqlRows, RecordLinks, TrustClasses):
                           "FROM projections p JOIN records r USING (record_id) WHERE p.record_id = ?", [record_id])
         return (bytes(found[0]), record_of(found[1:])) if found is not None else None
 
-    def scope_projection_blobs(self, tenant: str, workspace: str) -> list[tuple[RecordRow, bytes]]:
+    def scope_projection_blobs(self, scope: Scope) -> list[tuple[RecordRow, bytes]]:
         return [(record_of(found[1:]), bytes(found[0])) for found in self._all(
             f"SELECT p.sealed, {_RECORD_COLS_R} FROM projections p JOIN records r USING (record_id) "
-            "WHERE p.tenant = ? AND p.workspace = ?", [tenant, workspace])]
+            "WHERE p.tenant = ? AND p.workspace = ?", [scope.tenant, scope.workspace])]
 
-    def drop_scope_projections(self, tenant: str, workspace: str) -> None:
-        self._exec("DELETE FROM projections WHERE tenant = ? AND workspace = ?", [tenant, workspace])
+    def drop_scope_projections(self, scope: Scope) -> None:
+        self._exec("DELETE FROM projections WHERE tenant = ? AND workspace = ?", [scope.tenant, scope.workspace])
 
     # -- audit rows --------------------------------------------------------------------------------
     def audit_heads(self, chains: list[str]) -> dict[str, tuple[int, str]]:

@@ -26,6 +26,7 @@ from dataclasses import astuple
 from typing import Any
 
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.store.engine import (
     CommitHooks,
     EngineCapabilities,
@@ -100,7 +101,7 @@ class MemoryEngine:
 
     @contextmanager
     def write(self, *, batched: bool = False, effects: TxEffects,
-              scope: tuple[str, str] | None = None) -> Iterator[MemoryEngineTx]:
+              scope: Scope | None = None) -> Iterator[MemoryEngineTx]:
         """A write transaction, committed alone (``batched`` changes nothing: a commit costs nothing)."""
         self._require_open()
         if self.in_write():
@@ -143,12 +144,12 @@ class MemoryEngine:
         self._require_open()
         yield _IndexScan(self.database.tables)
 
-    def scope_now(self, tenant: str, workspace: str) -> ScopeRow | None:
-        return self.database.tables.scopes.get((tenant, workspace))
+    def scope_now(self, scope: Scope) -> ScopeRow | None:
+        return self.database.tables.scopes.get((scope.tenant, scope.workspace))
 
-    def changes_since(self, tenant: str, workspace: str, after: int) -> ScopeChanges:
+    def changes_since(self, scope: Scope, after: int) -> ScopeChanges:
         with self.read(snapshot=True) as tx:
-            return read_changes_since(tx, tenant, workspace, after)
+            return read_changes_since(tx, scope, after)
 
     # -- the store as a whole -------------------------------------------------------------------------
     def migrate(self) -> list[int]:

@@ -22,13 +22,13 @@ from engram_core.store.port import (
     ScopeRow,
 )
 
-Scope = tuple[str, str]
+ScopeKey = tuple[str, str]  # (tenant, workspace): the tables' key of a scope
 
 
 @dataclass
 class Tables:
-    scopes: dict[Scope, ScopeRow] = field(default_factory=dict)
-    journal: dict[Scope, list[Event]] = field(default_factory=dict)  # by cursor
+    scopes: dict[ScopeKey, ScopeRow] = field(default_factory=dict)
+    journal: dict[ScopeKey, list[Event]] = field(default_factory=dict)  # by cursor
     idempotency: dict[tuple[str, str, str, str], IdempotencyRow] = field(default_factory=dict)
     confirmations: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # grant -> (tenant, workspace, at)
     candidates: dict[str, CandidateRow] = field(default_factory=dict)

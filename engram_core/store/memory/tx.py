@@ -14,8 +14,9 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.store.chain import GENESIS, LEGACY_CHAIN
-from engram_core.store.memory.tables import Scope, Tables, frozen_doc
+from engram_core.store.memory.tables import ScopeKey, Tables, frozen_doc
 from engram_core.store.port import (
     CandidateRow,
     Event,
@@ -45,9 +46,9 @@ def _insert_new(table: dict[K, V], key: K, row: V, what: str) -> None:
     table[key] = row
 
 
-def _in_scope(row: R | None, tenant: str, workspace: str) -> R | None:
+def _in_scope(row: R | None, scope: Scope) -> R | None:
     """``row`` if it is of the scope asked: ids are unique across scopes, but a caller sees its own."""
-    return row if row is not None and (row.tenant, row.workspace) == (tenant, workspace) else None
+    return row if row is not None and (row.tenant, row.workspace) == (scope.tenant, scope.workspace) else None
 
 
 class MemoryEngineTx:
@@ -56,7 +57,7 @@ class MemoryEngineTx:
     def __init__(self, tables: Callable[[], Tables], *, writing: bool = False) -> None:
         self._tables = tables  # the tables this transaction reads (and, writing, changes)
         self.writing = writing
-        self.scope_changes: dict[Scope, ScopeRow] = {}  # scope rows this transaction wrote
+        self.scope_changes: dict[ScopeKey, ScopeRow] = {}  # scope rows this transaction wrote
 
     @property
     def _t(self) -> Tables:
@@ -71,46 +72,46 @@ class MemoryEngineTx:
         """Nothing to do: a read here is a local call."""
 
     # -- scopes and the journal ----------------------------------------------------------------
-    def scope(self, tenant: str, workspace: str) -> ScopeRow | None:
-        return self._t.scopes.get((tenant, workspace))
+    def scope(self, scope: Scope) -> ScopeRow | None:
+        return self._t.scopes.get((scope.tenant, scope.workspace))
 
     def _changed(self, row: ScopeRow) -> ScopeRow:
         self._write().scopes[(row.tenant, row.workspace)] = row
         self.scope_changes[(row.tenant, row.workspace)] = row
         return row
 
-    def scope_for_update(self, tenant: str, workspace: str) -> ScopeRow:
-        row = self.scope(tenant, workspace)
-        return row if row is not None else self._changed(ScopeRow(tenant, workspace, False, (), 0, 0, GENESIS))
+    def scope_for_update(self, scope: Scope) -> ScopeRow:
+        row = self.scope(scope)
+        return row if row is not None else self._changed(ScopeRow(scope.tenant, scope.workspace, False, (), 0, 0, GENESIS))
 
     def scopes(self) -> list[ScopeRow]:
         return [row for _, row in sorted(self._t.scopes.items())]
 
-    def set_activation(self, tenant: str, workspace: str, *, activated: bool, tools: tuple[str, ...]) -> ScopeRow:
-        row = self.scope_for_update(tenant, workspace)
+    def set_activation(self, scope: Scope, *, activated: bool, tools: tuple[str, ...]) -> ScopeRow:
+        row = self.scope_for_update(scope)
         return self._changed(replace(row, activated=activated, tools=tuple(sorted(tools))))
 
-    def bump_epoch(self, tenant: str, workspace: str) -> int:
-        row = self.scope_for_update(tenant, workspace)
+    def bump_epoch(self, scope: Scope) -> int:
+        row = self.scope_for_update(scope)
         return self._changed(replace(row, authorization_epoch=row.authorization_epoch + 1)).authorization_epoch
 
     def insert_event(self, event: Event) -> None:
-        scope = self.scope_for_update(event.tenant, event.workspace)
+        scope = self.scope_for_update(Scope(event.tenant, event.workspace))
         if event.cursor != scope.last_cursor + 1 or event.prev_digest != scope.last_event_digest:
             raise EngramError(Code.STORE_UNAVAILABLE, "journal event does not follow the scope head")
         self._write().journal.setdefault((event.tenant, event.workspace), []).append(event)
         self._changed(replace(scope, last_cursor=event.cursor, last_event_digest=event.event_digest))
 
-    def set_scope_head(self, tenant: str, workspace: str, cursor: int, event_digest: str) -> None:
-        row = self.scope_for_update(tenant, workspace)
+    def set_scope_head(self, scope: Scope, cursor: int, event_digest: str) -> None:
+        row = self.scope_for_update(scope)
         self._changed(replace(row, last_cursor=cursor, last_event_digest=event_digest))
 
-    def events(self, tenant: str, workspace: str, from_cursor: int, to_cursor: int | None) -> list[Event]:
+    def events(self, scope: Scope, from_cursor: int, to_cursor: int | None) -> list[Event]:
         top = to_cursor if to_cursor is not None else 2**63
-        return [e for e in self._t.journal.get((tenant, workspace), []) if from_cursor <= e.cursor <= top]
+        return [e for e in self._t.journal.get((scope.tenant, scope.workspace), []) if from_cursor <= e.cursor <= top]
 
-    def event_by_id(self, tenant: str, workspace: str, event_id: str) -> Event | None:
-        return next((e for e in self._t.journal.get((tenant, workspace), []) if e.event_id == event_id), None)
+    def event_by_id(self, scope: Scope, event_id: str) -> Event | None:
+        return next((e for e in self._t.journal.get((scope.tenant, scope.workspace), []) if e.event_id == event_id), None)
 
     def restore_scope(self, row: ScopeRow) -> None:
         if (row.tenant, row.workspace) in self._t.scopes:
@@ -125,27 +126,27 @@ class MemoryEngineTx:
         journal.sort(key=lambda x: x.cursor)
 
     # -- idempotency, confirmations, tombstones ----------------------------------------------------
-    def idempotency_get(self, tenant: str, workspace: str, principal: str, key: str) -> IdempotencyRow | None:
-        return self._t.idempotency.get((tenant, workspace, principal, key))
+    def idempotency_get(self, scope: Scope, principal: str, key: str) -> IdempotencyRow | None:
+        return self._t.idempotency.get((scope.tenant, scope.workspace, principal, key))
 
-    def idempotency_put(self, tenant: str, workspace: str, principal: str, key: str, row: IdempotencyRow,
+    def idempotency_put(self, scope: Scope, principal: str, key: str, row: IdempotencyRow,
                         at_ms: int) -> None:
-        _insert_new(self._write().idempotency, (tenant, workspace, principal, key), row, "idempotency key")
+        _insert_new(self._write().idempotency, (scope.tenant, scope.workspace, principal, key), row, "idempotency key")
 
-    def use_confirmation(self, grant_id: str, tenant: str, workspace: str, at_ms: int) -> bool:
+    def use_confirmation(self, grant_id: str, scope: Scope, at_ms: int) -> bool:
         if grant_id in self._t.confirmations:
             return False
-        self._write().confirmations[grant_id] = (tenant, workspace, at_ms)
+        self._write().confirmations[grant_id] = (scope.tenant, scope.workspace, at_ms)
         return True
 
-    def add_tombstone(self, tenant: str, workspace: str, payload_digest: str, record_id: str, cursor: int,
+    def add_tombstone(self, scope: Scope, payload_digest: str, record_id: str, cursor: int,
                       at_ms: int) -> None:
-        _insert_new(self._write().tombstones, (tenant, workspace, payload_digest, record_id),
-                    {"tenant": tenant, "workspace": workspace, "payload_digest": payload_digest,
+        _insert_new(self._write().tombstones, (scope.tenant, scope.workspace, payload_digest, record_id),
+                    {"tenant": scope.tenant, "workspace": scope.workspace, "payload_digest": payload_digest,
                      "record_id": record_id, "cursor": cursor, "at_ms": at_ms}, "tombstone")
 
-    def tombstoned(self, tenant: str, workspace: str, payload_digest: str) -> bool:
-        return any(k[:3] == (tenant, workspace, payload_digest) for k in self._t.tombstones)
+    def tombstoned(self, scope: Scope, payload_digest: str) -> bool:
+        return any(k[:3] == (scope.tenant, scope.workspace, payload_digest) for k in self._t.tombstones)
 
     def tombstone_rows(self) -> list[dict[str, Any]]:
         rows = sorted(self._t.tombstones.values(),
@@ -156,12 +157,12 @@ class MemoryEngineTx:
     def insert_candidate(self, row: CandidateRow) -> None:
         _insert_new(self._write().candidates, row.candidate_id, row, "candidate")
 
-    def candidate(self, tenant: str, workspace: str, candidate_id: str) -> CandidateRow | None:
-        return _in_scope(self._t.candidates.get(candidate_id), tenant, workspace)
+    def candidate(self, scope: Scope, candidate_id: str) -> CandidateRow | None:
+        return _in_scope(self._t.candidates.get(candidate_id), scope)
 
-    def candidates_in_state(self, tenant: str, workspace: str, state: str) -> list[CandidateRow]:
+    def candidates_in_state(self, scope: Scope, state: str) -> list[CandidateRow]:
         return sorted((c for c in self._t.candidates.values()
-                       if (c.tenant, c.workspace, c.state) == (tenant, workspace, state)), key=lambda c: c.cursor)
+                       if (c.tenant, c.workspace, c.state) == (scope.tenant, scope.workspace, state)), key=lambda c: c.cursor)
 
     def _candidate_changed(self, candidate_id: str, **changes: Any) -> None:
         found = self._t.candidates.get(candidate_id)
@@ -185,14 +186,14 @@ class MemoryEngineTx:
     def insert_record(self, row: RecordRow) -> None:
         _insert_new(self._write().records, row.record_id, row, "record")
 
-    def record(self, tenant: str, workspace: str, record_id: str) -> RecordRow | None:
-        return _in_scope(self._t.records.get(record_id), tenant, workspace)
+    def record(self, scope: Scope, record_id: str) -> RecordRow | None:
+        return _in_scope(self._t.records.get(record_id), scope)
 
-    def records(self, tenant: str, workspace: str, record_ids: list[str]) -> dict[str, RecordRow]:
-        return {rid: r for rid in record_ids if (r := self.record(tenant, workspace, rid)) is not None}
+    def records(self, scope: Scope, record_ids: list[str]) -> dict[str, RecordRow]:
+        return {rid: r for rid in record_ids if (r := self.record(scope, rid)) is not None}
 
-    def scope_records(self, tenant: str, workspace: str, states: tuple[str, ...] | None = None) -> list[RecordRow]:
-        return sorted((r for r in self._t.records.values() if (r.tenant, r.workspace) == (tenant, workspace)
+    def scope_records(self, scope: Scope, states: tuple[str, ...] | None = None) -> list[RecordRow]:
+        return sorted((r for r in self._t.records.values() if (r.tenant, r.workspace) == (scope.tenant, scope.workspace)
                        and (states is None or r.state in states)), key=lambda r: r.accepted_cursor)
 
     def _record_changed(self, record_id: str, **changes: Any) -> None:
@@ -212,20 +213,20 @@ class MemoryEngineTx:
     def set_record_trust_class(self, record_id: str, trust_class: str) -> None:
         self._record_changed(record_id, trust_class=trust_class)
 
-    def payload_standing(self, tenant: str, workspace: str, payload_digest: str) -> tuple[str | None, bool]:
+    def payload_standing(self, scope: Scope, payload_digest: str) -> tuple[str | None, bool]:
         current = min(((r.accepted_cursor, r.record_id) for r in self._t.records.values()
                        if (r.tenant, r.workspace, r.payload_digest, r.state)
-                       == (tenant, workspace, payload_digest, "accepted_current")), default=(0, None))[1]
-        return current, self.tombstoned(tenant, workspace, payload_digest)
+                       == (scope.tenant, scope.workspace, payload_digest, "accepted_current")), default=(0, None))[1]
+        return current, self.tombstoned(scope, payload_digest)
 
     # -- record links --------------------------------------------------------------------------------
-    def add_record_links(self, tenant: str, workspace: str, record_id: str, *, family_refs: list[str],
+    def add_record_links(self, scope: Scope, record_id: str, *, family_refs: list[str],
                          primary_kind: str, source_ids: list[str]) -> None:
         t = self._write() if family_refs or source_ids else self._t
         for ref in family_refs:
-            t.families.setdefault((tenant, workspace, ref, record_id), primary_kind)
+            t.families.setdefault((scope.tenant, scope.workspace, ref, record_id), primary_kind)
         for source in source_ids:
-            t.sources.add((tenant, workspace, source, record_id))
+            t.sources.add((scope.tenant, scope.workspace, source, record_id))
 
     def drop_record_links(self, record_id: str) -> None:
         t = self._t
@@ -237,22 +238,22 @@ class MemoryEngineTx:
                 del w.families[k]
             w.sources.difference_update(sources)
 
-    def family_members(self, tenant: str, workspace: str, family_refs: list[str],
+    def family_members(self, scope: Scope, family_refs: list[str],
                        states: tuple[str, ...]) -> list[tuple[RecordRow, str, list[str]]]:
         found: dict[str, tuple[str, list[str]]] = {}
         for (t, w, ref, rid), kind in self._t.families.items():
-            if (t, w) == (tenant, workspace) and ref in family_refs:
+            if (t, w) == (scope.tenant, scope.workspace) and ref in family_refs:
                 found.setdefault(rid, (kind, []))[1].append(ref)
         out = []
         for rid in sorted(found):
-            rec = self.record(tenant, workspace, rid)
+            rec = self.record(scope, rid)
             if rec is not None and rec.state in states:
                 out.append((rec, found[rid][0], sorted(found[rid][1])))
         return out
 
-    def derivatives(self, tenant: str, workspace: str, source_id: str) -> list[RecordRow]:
-        linked = sorted({rid for t, w, source, rid in self._t.sources if (t, w, source) == (tenant, workspace, source_id)})
-        return [r for rid in linked if (r := self.record(tenant, workspace, rid)) is not None]
+    def derivatives(self, scope: Scope, source_id: str) -> list[RecordRow]:
+        linked = sorted({rid for t, w, source, rid in self._t.sources if (t, w, source) == (scope.tenant, scope.workspace, source_id)})
+        return [r for rid in linked if (r := self.record(scope, rid)) is not None]
 
     # -- the data-key ledger ---------------------------------------------------------------------------
     def put_data_key(self, owner: str, slot: int, at_ms: int) -> None:
@@ -286,10 +287,10 @@ class MemoryEngineTx:
             self._write().destructions[owner] = KeyDestruction(owner, at_ms, reason, generation)
 
     # -- sealed projections --------------------------------------------------------------------------------
-    def put_projection(self, tenant: str, workspace: str, record_id: str, sealed: bytes, *, new: bool) -> None:
+    def put_projection(self, scope: Scope, record_id: str, sealed: bytes, *, new: bool) -> None:
         if new and record_id in self._t.projections:
             raise _duplicate("projection")
-        self._write().projections[record_id] = (tenant, workspace, bytes(sealed))
+        self._write().projections[record_id] = (scope.tenant, scope.workspace, bytes(sealed))
 
     def delete_projection(self, record_id: str) -> None:
         if record_id in self._t.projections:
@@ -299,10 +300,10 @@ class MemoryEngineTx:
         found, rec = self._t.projections.get(record_id), self._t.records.get(record_id)
         return (found[2], rec) if found is not None and rec is not None else None
 
-    def scope_projection_blobs(self, tenant: str, workspace: str) -> list[tuple[RecordRow, bytes]]:
+    def scope_projection_blobs(self, scope: Scope) -> list[tuple[RecordRow, bytes]]:
         t = self._t
         return [(t.records[rid], sealed) for rid, (tw, ww, sealed) in t.projections.items()
-                if (tw, ww) == (tenant, workspace) and rid in t.records]
+                if (tw, ww) == (scope.tenant, scope.workspace) and rid in t.records]
 
     def update_projection_blobs(self, blobs: list[tuple[str, bytes]]) -> None:
         for rid, sealed in blobs:
@@ -310,8 +311,8 @@ class MemoryEngineTx:
             if found is not None:
                 self._write().projections[rid] = (found[0], found[1], bytes(sealed))
 
-    def drop_scope_projections(self, tenant: str, workspace: str) -> None:
-        gone = [rid for rid, (t, w, _) in self._t.projections.items() if (t, w) == (tenant, workspace)]
+    def drop_scope_projections(self, scope: Scope) -> None:
+        gone = [rid for rid, (t, w, _) in self._t.projections.items() if (t, w) == (scope.tenant, scope.workspace)]
         for rid in gone:
             del self._write().projections[rid]
 
@@ -332,12 +333,12 @@ class MemoryEngineTx:
                 raise _duplicate("audit row")
             chain[seq] = frozen_doc(doc)
 
-    def audit_rows(self, tenant: str | None, workspace: str | None, from_seq: int,
+    def audit_rows(self, scope: Scope | None, from_seq: int,
                    to_seq: int | None) -> list[dict[str, Any]]:
         top = to_seq if to_seq is not None else 2**63
         return [frozen_doc(d) for _, rows in sorted(self._t.audit.items()) for seq, d in sorted(rows.items())
-                if from_seq <= seq <= top and (tenant is None or (d.get("tenant"), d.get("workspace"))
-                                               == (tenant, workspace))]
+                if from_seq <= seq <= top and (scope is None or (d.get("tenant"), d.get("workspace"))
+                                               == (scope.tenant, scope.workspace))]
 
     def all_audit_heads(self) -> dict[str, tuple[int, str]]:
         out = {}

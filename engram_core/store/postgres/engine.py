@@ -100,6 +100,7 @@ from typing import Any
 import psycopg
 
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.crypto.keyvault import WrappedKey
 from engram_core.observability import tracing
 from engram_core.store.engine import CommitHooks, EngineCapabilities, ScopeChanges, StoreObservers, TxEffects
@@ -195,7 +196,7 @@ class _Lane:
     """One scope's batched writers on this core: one at a time is ``busy``; ``queued`` wait for
     their turn on ``turns`` (a condition on the engine's lanes lock)."""
 
-    scope: tuple[str, str]
+    scope: Scope
     turns: threading.Condition
     busy: bool = False
     queued: int = 0
@@ -233,7 +234,7 @@ class PostgresEngine(HeldHooks):
         # COMMIT or ROLLBACK returned), once per write transaction that locked a scope.
         self.observers = StoreObservers()
         self.shared = PgSharedState(self)  # nonce claims, trust version, leases, pins, usage
-        self._lanes: dict[tuple[str, str], _Lane] = {}  # group commit, per scope (``_member``)
+        self._lanes: dict[Scope, _Lane] = {}  # group commit, per scope (``_member``)
         self._lanes_lock = threading.Lock()
         self._lock_timeout_s = lock_timeout_s
         self._local = threading.local()
@@ -334,7 +335,7 @@ class PostgresEngine(HeldHooks):
 
     @contextmanager
     def write(self, *, batched: bool = False, effects: TxEffects | None = None,
-              scope: tuple[str, str] | None = None) -> Iterator[PostgresEngineTx]:
+              scope: Scope | None = None) -> Iterator[PostgresEngineTx]:
         """A read-write transaction. ``batched`` with its ``scope``: a member of that scope's batch
         on this core (group commit, below); otherwise a transaction of its own."""
         self._require_open()
@@ -403,7 +404,7 @@ class PostgresEngine(HeldHooks):
     # commits for all. A member that fails is rolled back to its savepoint and answered alone;
     # the others go on. Nothing is acknowledged before the batch's COMMIT returned; a COMMIT that
     # fails answers every member alike (refused, or MUTATION_OUTCOME_UNKNOWN).
-    def _turn(self, scope: tuple[str, str]) -> _Lane:
+    def _turn(self, scope: Scope) -> _Lane:
         """Wait for this core's turn to write ``scope`` (STORE_UNAVAILABLE after the lock timeout)."""
         with self._lanes_lock:
             lane = self._lanes.get(scope)
@@ -446,7 +447,7 @@ class PostgresEngine(HeldHooks):
         elif lane.batch is None:
             del self._lanes[lane.scope]
 
-    def _member(self, scope: tuple[str, str], effects: TxEffects) -> Iterator[PostgresEngineTx]:
+    def _member(self, scope: Scope, effects: TxEffects) -> Iterator[PostgresEngineTx]:
         hooks = self._hooks
         assert hooks is not None, "the store kernel sets the commit hooks"
         lane = self._turn(scope)
@@ -555,11 +556,11 @@ class PostgresEngine(HeldHooks):
             raise
         self.putconn(conn)
 
-    def scope_now(self, tenant: str, workspace: str) -> ScopeRow | None:
+    def scope_now(self, scope: Scope) -> ScopeRow | None:
         with self.read(snapshot=False) as tx:
-            return tx.scope(tenant, workspace)
+            return tx.scope(scope)
 
-    def changes_since(self, tenant: str, workspace: str, after: int) -> ScopeChanges:
+    def changes_since(self, scope: Scope, after: int) -> ScopeChanges:
         """The scope row, the journal after ``after``, and the rows, sealed projections and
         wrapped data keys of the records those events name, in one round trip of two statements
         (the second reads each event with its records). Each statement sees the latest commit, so
@@ -569,17 +570,17 @@ class PostgresEngine(HeldHooks):
         the other were five before that.)"""
         with self.read(snapshot=False) as tx:
             try:
-                scope: list[list[tuple[Any, ...]]] = []
+                head: list[list[tuple[Any, ...]]] = []
                 journal: list[list[tuple[Any, ...]]] = []
                 tx.send([Statement(f"SELECT {SCOPE_COLS} FROM scopes WHERE tenant = %s AND workspace = %s",
-                                     [tenant, workspace], on_rows=scope.append),
-                          Statement(EVENTS_WITH_RECORDS, [tenant, workspace, after + 1, MAX_BIGINT],
+                                     [scope.tenant, scope.workspace], on_rows=head.append),
+                          Statement(EVENTS_WITH_RECORDS, [scope.tenant, scope.workspace, after + 1, MAX_BIGINT],
                                      on_rows=journal.append)])
             except psycopg.Error as exc:
                 raise tx.store_error(exc) from None
-        if not scope[0]:
+        if not head[0]:
             return ScopeChanges(None, [], {}, {})
-        row = scope_of(scope[0][0])
+        row = scope_of(head[0][0])
         events: list[Event] = []
         rows: dict[str, RecordRow] = {}
         blobs: dict[str, bytes] = {}
@@ -588,7 +589,7 @@ class PostgresEngine(HeldHooks):
             if not events or events[-1].cursor != int(r[2]):
                 events.append(event_of(r))
             found = r[EVENT_WIDTH:]
-            if found[0] is None or found[1] != tenant or found[2] != workspace:
+            if found[0] is None or found[1] != scope.tenant or found[2] != scope.workspace:
                 continue  # the event names no record (or none of this scope's)
             rec = rows[found[0]] = record_of(found)
             if found[RECORD_WIDTH] is not None:

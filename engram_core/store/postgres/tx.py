@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import psycopg
 
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.store.chain import GENESIS, chain_of, scope_chain
 from engram_core.store.port import (
     CandidateRow,
@@ -364,12 +365,12 @@ class PostgresEngineTx(SqlRows):
         return {k: lock.row for k, lock in self._scopes.items() if lock.row is not None and lock.materialized}
 
     # -- scope locks -------------------------------------------------------------------------------------------------
-    def _touch(self, tenant: str, workspace: str) -> ScopeLock | None:
+    def _touch(self, scope: Scope) -> ScopeLock | None:
         """In a write transaction: lock the scope with the next round trip (it goes before anything
         queued after this), once. Elsewhere: nothing."""
         if not self._writing:
             return None
-        key = (tenant, workspace)
+        key = (scope.tenant, scope.workspace)
         lock = self._scopes.get(key)
         if lock is not None:
             return lock
@@ -384,25 +385,25 @@ class PostgresEngineTx(SqlRows):
 
         def head(rows: list[tuple[Any, ...]]) -> None:
             if rows:
-                self._heads[scope_chain(tenant, workspace)] = (int(rows[0][0]), rows[0][1])
+                self._heads[scope_chain(scope.tenant, scope.workspace)] = (int(rows[0][0]), rows[0][1])
 
         self._pending += [
             Statement("INSERT INTO scopes VALUES (%s, %s, false, '[]', 0, 0, %s) ON CONFLICT DO NOTHING RETURNING true",
-                       [tenant, workspace, GENESIS], on_rows=inserted),
+                       [scope.tenant, scope.workspace, GENESIS], on_rows=inserted),
             Statement(f"SELECT {SCOPE_COLS} FROM scopes WHERE tenant = %s AND workspace = %s FOR UPDATE",
-                       [tenant, workspace], on_rows=locked),
+                       [scope.tenant, scope.workspace], on_rows=locked),
             # The head of the scope's audit chain, which this transaction's audit rows will extend
             # (created with the chain: the first audit row of a scope costs no round trip either).
             Statement("INSERT INTO audit_heads VALUES (%s, 0, %s) ON CONFLICT DO NOTHING",
-                       [scope_chain(tenant, workspace), GENESIS]),
+                       [scope_chain(scope.tenant, scope.workspace), GENESIS]),
             Statement("SELECT seq, row_digest FROM audit_heads WHERE chain = %s FOR UPDATE",
-                       [scope_chain(tenant, workspace)], on_rows=head),
+                       [scope_chain(scope.tenant, scope.workspace)], on_rows=head),
         ]
         return lock
 
-    def _lock(self, tenant: str, workspace: str) -> ScopeLock:
+    def _lock(self, scope: Scope) -> ScopeLock:
         """The scope locked and its row known (a round trip if it was not yet)."""
-        lock = self._touch(tenant, workspace)
+        lock = self._touch(scope)
         if lock is None:
             raise EngramError(Code.STORE_UNAVAILABLE, "a scope change outside a write transaction")
         if not lock.known and self._recording is None:  # read ahead: the lock goes with the reads
@@ -423,35 +424,35 @@ class PostgresEngineTx(SqlRows):
             f"WHERE x.{id_col} = %s FOR UPDATE OF s", [value]))
         self._seen.add(value)
 
-    def _by_id(self, sql: str, row_id: str, tenant: str, workspace: str) -> tuple[Any, ...] | None:
+    def _by_id(self, sql: str, row_id: str, scope: Scope) -> tuple[Any, ...] | None:
         """A candidate's or record's row by its id, read through its scope: found, its id is one a
         later write naming only the id needs no scope lock for (``_guard_id``)."""
-        self._touch(tenant, workspace)
-        row = self._one(sql, [row_id, tenant, workspace])
+        self._touch(scope)
+        row = self._one(sql, [row_id, scope.tenant, scope.workspace])
         if row is not None:
             self._seen.add(row_id)
         return row
 
     # -- scopes and the journal ----------------------------------------------------------------------------------------
-    def scope(self, tenant: str, workspace: str) -> ScopeRow | None:
+    def scope(self, scope: Scope) -> ScopeRow | None:
         if self._writing:
-            lock = self._lock(tenant, workspace)
+            lock = self._lock(scope)
             return lock.row if lock.materialized or not lock.created else None
-        row = self._one(f"SELECT {SCOPE_COLS} FROM scopes WHERE tenant = %s AND workspace = %s", [tenant, workspace])
+        row = self._one(f"SELECT {SCOPE_COLS} FROM scopes WHERE tenant = %s AND workspace = %s", [scope.tenant, scope.workspace])
         return scope_of(row) if row else None
 
-    def scope_for_update(self, tenant: str, workspace: str) -> ScopeRow:
+    def scope_for_update(self, scope: Scope) -> ScopeRow:
         if not self._writing:
             raise EngramError(Code.STORE_UNAVAILABLE, "scope_for_update outside a write transaction")
         if self._recording is not None:
             raise WritesAhead("read_ahead is for reads: this call changes the scope")
-        lock = self._lock(tenant, workspace)
+        lock = self._lock(scope)
         lock.materialized = True
         assert lock.row is not None
         return lock.row
 
-    def _change(self, tenant: str, workspace: str, **changes: Any) -> ScopeRow:
-        lock = self._lock(tenant, workspace)
+    def _change(self, scope: Scope, **changes: Any) -> ScopeRow:
+        lock = self._lock(scope)
         assert lock.row is not None
         lock.row = replace(lock.row, **changes)
         lock.materialized = lock.dirty = True
@@ -468,84 +469,84 @@ class PostgresEngineTx(SqlRows):
                 rows[key] = lock.row
         return [rows[k] for k in sorted(rows)]
 
-    def set_activation(self, tenant: str, workspace: str, *, activated: bool, tools: tuple[str, ...]) -> ScopeRow:
-        return self._change(tenant, workspace, activated=activated, tools=tuple(sorted(tools)))
+    def set_activation(self, scope: Scope, *, activated: bool, tools: tuple[str, ...]) -> ScopeRow:
+        return self._change(scope, activated=activated, tools=tuple(sorted(tools)))
 
-    def bump_epoch(self, tenant: str, workspace: str) -> int:
-        row = self._lock(tenant, workspace).row
+    def bump_epoch(self, scope: Scope) -> int:
+        row = self._lock(scope).row
         assert row is not None
-        return self._change(tenant, workspace, authorization_epoch=row.authorization_epoch + 1).authorization_epoch
+        return self._change(scope, authorization_epoch=row.authorization_epoch + 1).authorization_epoch
 
     def insert_event(self, e: Event) -> None:
-        scope = self.scope_for_update(e.tenant, e.workspace)
+        scope = self.scope_for_update(Scope(e.tenant, e.workspace))
         if e.cursor != scope.last_cursor + 1 or e.prev_digest != scope.last_event_digest:
             raise EngramError(Code.STORE_UNAVAILABLE, "journal event does not follow the scope head")
         self._write(_INSERT_EVENT, event_values(e))
-        self._change(e.tenant, e.workspace, last_cursor=e.cursor, last_event_digest=e.event_digest)
+        self._change(Scope(e.tenant, e.workspace), last_cursor=e.cursor, last_event_digest=e.event_digest)
 
-    def set_scope_head(self, tenant: str, workspace: str, cursor: int, event_digest: str) -> None:
-        self._change(tenant, workspace, last_cursor=cursor, last_event_digest=event_digest)
+    def set_scope_head(self, scope: Scope, cursor: int, event_digest: str) -> None:
+        self._change(scope, last_cursor=cursor, last_event_digest=event_digest)
 
-    def events(self, tenant: str, workspace: str, from_cursor: int, to_cursor: int | None) -> list[Event]:
-        self._touch(tenant, workspace)
+    def events(self, scope: Scope, from_cursor: int, to_cursor: int | None) -> list[Event]:
+        self._touch(scope)
         rows = self._query(EVENTS_BETWEEN,
-                           [tenant, workspace, from_cursor, to_cursor if to_cursor is not None else MAX_BIGINT])
+                           [scope.tenant, scope.workspace, from_cursor, to_cursor if to_cursor is not None else MAX_BIGINT])
         return [event_of(r) for r in rows]
 
-    def event_by_id(self, tenant: str, workspace: str, event_id: str) -> Event | None:
-        self._touch(tenant, workspace)
-        row = self._one(EVENT_BY_ID, [tenant, workspace, event_id])
+    def event_by_id(self, scope: Scope, event_id: str) -> Event | None:
+        self._touch(scope)
+        row = self._one(EVENT_BY_ID, [scope.tenant, scope.workspace, event_id])
         return event_of(row) if row else None
 
     def restore_scope(self, row: ScopeRow) -> None:
-        lock = self._lock(row.tenant, row.workspace)
+        lock = self._lock(Scope(row.tenant, row.workspace))
         if not lock.created or lock.materialized:
             raise EngramError(Code.STORE_UNAVAILABLE, "restore of a scope the store already holds")
         lock.row = replace(row, tools=tuple(sorted(row.tools)))
         lock.materialized = lock.dirty = True
 
     def restore_event(self, e: Event) -> None:
-        self._touch(e.tenant, e.workspace)
+        self._touch(Scope(e.tenant, e.workspace))
         self._write(_INSERT_EVENT, event_values(e))
 
     # -- idempotency, confirmations, tombstones -------------------------------------------------------------------------
     # (text_key: an idempotency key is any NFC text of 16-256 bytes, NUL included, which a
     # PostgreSQL text column cannot hold.)
-    def idempotency_get(self, tenant: str, workspace: str, principal: str, key: str) -> IdempotencyRow | None:
-        self._touch(tenant, workspace)
+    def idempotency_get(self, scope: Scope, principal: str, key: str) -> IdempotencyRow | None:
+        self._touch(scope)
         row = self._one("SELECT tool, target, request_digest, outcome FROM idempotency "
                         "WHERE tenant = %s AND workspace = %s AND principal = %s AND key = %s",
-                        [tenant, workspace, principal, text_key(key)])
+                        [scope.tenant, scope.workspace, principal, text_key(key)])
         return IdempotencyRow(row[0], row[1], row[2], json.loads(row[3])) if row else None
 
-    def idempotency_put(self, tenant: str, workspace: str, principal: str, key: str, row: IdempotencyRow,
+    def idempotency_put(self, scope: Scope, principal: str, key: str, row: IdempotencyRow,
                         at_ms: int) -> None:
-        self._touch(tenant, workspace)
+        self._touch(scope)
         # A plain INSERT: the primary key refuses a second outcome for one key (it never commits).
         self._write("INSERT INTO idempotency VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                    [tenant, workspace, principal, text_key(key), row.tool, row.target, row.request_digest,
+                    [scope.tenant, scope.workspace, principal, text_key(key), row.tool, row.target, row.request_digest,
                      json.dumps(row.outcome, sort_keys=True), at_ms])
 
-    def use_confirmation(self, grant_id: str, tenant: str, workspace: str, at_ms: int) -> bool:
-        self._touch(tenant, workspace)
+    def use_confirmation(self, grant_id: str, scope: Scope, at_ms: int) -> bool:
+        self._touch(scope)
         # Insert-if-absent decides, not a read before it: a grant is used once across every core.
         return bool(self._query("INSERT INTO used_confirmations VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING "
-                                "RETURNING true", [grant_id, tenant, workspace, at_ms]))
+                                "RETURNING true", [grant_id, scope.tenant, scope.workspace, at_ms]))
 
-    def add_tombstone(self, tenant: str, workspace: str, payload_digest: str, record_id: str, cursor: int,
+    def add_tombstone(self, scope: Scope, payload_digest: str, record_id: str, cursor: int,
                       at_ms: int) -> None:
-        self._touch(tenant, workspace)
+        self._touch(scope)
         self._write("INSERT INTO tombstones VALUES (%s, %s, %s, %s, %s, %s)",
-                    [tenant, workspace, payload_digest, record_id, cursor, at_ms])
+                    [scope.tenant, scope.workspace, payload_digest, record_id, cursor, at_ms])
 
-    def tombstoned(self, tenant: str, workspace: str, payload_digest: str) -> bool:
-        self._touch(tenant, workspace)
+    def tombstoned(self, scope: Scope, payload_digest: str) -> bool:
+        self._touch(scope)
         return self._one("SELECT 1 FROM tombstones WHERE tenant = %s AND workspace = %s AND payload_digest = %s "
-                         "LIMIT 1", [tenant, workspace, payload_digest]) is not None
+                         "LIMIT 1", [scope.tenant, scope.workspace, payload_digest]) is not None
 
     # -- candidates ------------------------------------------------------------------------------------------------------
     def insert_candidate(self, row: CandidateRow) -> None:
-        self._touch(row.tenant, row.workspace)
+        self._touch(Scope(row.tenant, row.workspace))
         self._seen.add(row.candidate_id)
         self._write(f"INSERT INTO candidates ({CANDIDATE_COLS}) VALUES ({', '.join(['%s'] * CANDIDATE_WIDTH)})",
                     candidate_values(row))
@@ -553,15 +554,15 @@ class PostgresEngineTx(SqlRows):
     def scrub_candidate_facts(self, candidate_id: str) -> None:
         self._write("UPDATE candidates SET facts = '{}' WHERE candidate_id = %s", [candidate_id])
 
-    def candidate(self, tenant: str, workspace: str, candidate_id: str) -> CandidateRow | None:
-        row = self._by_id(CANDIDATE_BY_ID, candidate_id, tenant, workspace)
+    def candidate(self, scope: Scope, candidate_id: str) -> CandidateRow | None:
+        row = self._by_id(CANDIDATE_BY_ID, candidate_id, scope)
         return candidate_of(row) if row is not None else None
 
-    def candidates_in_state(self, tenant: str, workspace: str, state: str) -> list[CandidateRow]:
-        self._touch(tenant, workspace)
+    def candidates_in_state(self, scope: Scope, state: str) -> list[CandidateRow]:
+        self._touch(scope)
         rows = [candidate_of(r) for r in self._query(
             f"SELECT {CANDIDATE_COLS} FROM candidates WHERE tenant = %s AND workspace = %s AND state = %s "
-            "ORDER BY cursor, candidate_id", [tenant, workspace, state])]
+            "ORDER BY cursor, candidate_id", [scope.tenant, scope.workspace, state])]
         self._seen.update(c.candidate_id for c in rows)
         return rows
 
@@ -579,29 +580,29 @@ class PostgresEngineTx(SqlRows):
 
     # -- records -----------------------------------------------------------------------------------------------------------
     def insert_record(self, row: RecordRow) -> None:
-        self._touch(row.tenant, row.workspace)
+        self._touch(Scope(row.tenant, row.workspace))
         self._seen.add(row.record_id)
         self._write(f"INSERT INTO records ({RECORD_COLS}) VALUES ({', '.join(['%s'] * RECORD_WIDTH)})", record_values(row))
 
-    def record(self, tenant: str, workspace: str, record_id: str) -> RecordRow | None:
-        row = self._by_id(RECORD_BY_ID, record_id, tenant, workspace)
+    def record(self, scope: Scope, record_id: str) -> RecordRow | None:
+        row = self._by_id(RECORD_BY_ID, record_id, scope)
         return record_of(row) if row is not None else None
 
-    def records(self, tenant: str, workspace: str, record_ids: list[str]) -> dict[str, RecordRow]:
+    def records(self, scope: Scope, record_ids: list[str]) -> dict[str, RecordRow]:
         if not record_ids:
             return {}
-        self._touch(tenant, workspace)
+        self._touch(scope)
         out = {}
         for chunk in iter_chunks(record_ids, 1000):
-            for r in self._query(RECORDS_BY_ID, [chunk, tenant, workspace]):
+            for r in self._query(RECORDS_BY_ID, [chunk, scope.tenant, scope.workspace]):
                 out[r[0]] = record_of(r)
         self._seen.update(out)
         return out
 
-    def scope_records(self, tenant: str, workspace: str, states: tuple[str, ...] | None = None) -> list[RecordRow]:
-        self._touch(tenant, workspace)
+    def scope_records(self, scope: Scope, states: tuple[str, ...] | None = None) -> list[RecordRow]:
+        self._touch(scope)
         sql = f"SELECT {RECORD_COLS} FROM records WHERE tenant = %s AND workspace = %s"
-        params: list[Any] = [tenant, workspace]
+        params: list[Any] = [scope.tenant, scope.workspace]
         if states is not None:
             sql += " AND state = ANY(%s)"
             params.append(list(states))
@@ -623,42 +624,42 @@ class PostgresEngineTx(SqlRows):
         self._guard_id("records", "record_id", record_id)
         self._write("UPDATE records SET trust_class = %s WHERE record_id = %s", [trust_class, record_id])
 
-    def payload_standing(self, tenant: str, workspace: str, payload_digest: str) -> tuple[str | None, bool]:
-        self._touch(tenant, workspace)
-        rows = self._query(PAYLOAD_STANDING, [tenant, workspace, payload_digest] * 2)
+    def payload_standing(self, scope: Scope, payload_digest: str) -> tuple[str | None, bool]:
+        self._touch(scope)
+        rows = self._query(PAYLOAD_STANDING, [scope.tenant, scope.workspace, payload_digest] * 2)
         current = min(((int(r[1]), r[2]) for r in rows if not r[3] and r[0] == "accepted_current"),
                       default=(0, None))[1]
         return current, any(r[3] for r in rows)
 
     # -- record links -------------------------------------------------------------------------------------------------------
-    def add_record_links(self, tenant: str, workspace: str, record_id: str, *, family_refs: list[str],
+    def add_record_links(self, scope: Scope, record_id: str, *, family_refs: list[str],
                          primary_kind: str, source_ids: list[str]) -> None:
-        self._touch(tenant, workspace)
+        self._touch(scope)
         if family_refs:
             self._write("INSERT INTO record_families VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                        [[tenant, workspace, ref, record_id, primary_kind] for ref in family_refs], many=True)
+                        [[scope.tenant, scope.workspace, ref, record_id, primary_kind] for ref in family_refs], many=True)
         if source_ids:
             self._write("INSERT INTO record_sources VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                        [[tenant, workspace, source, record_id] for source in source_ids], many=True)
+                        [[scope.tenant, scope.workspace, source, record_id] for source in source_ids], many=True)
 
     def drop_record_links(self, record_id: str) -> None:
         self._guard_id("records", "record_id", record_id)
         self._write("DELETE FROM record_families WHERE record_id = %s", [record_id])
         self._write("DELETE FROM record_sources WHERE record_id = %s OR source_id = %s", [record_id, record_id])
 
-    def family_members(self, tenant: str, workspace: str, family_refs: list[str],
+    def family_members(self, scope: Scope, family_refs: list[str],
                        states: tuple[str, ...]) -> list[tuple[RecordRow, str, list[str]]]:
         if not family_refs:
             return []
-        self._touch(tenant, workspace)
-        rows = self._query(FAMILY_MEMBERS, [tenant, workspace, list(family_refs), list(states), tenant, workspace])
+        self._touch(scope)
+        rows = self._query(FAMILY_MEMBERS, [scope.tenant, scope.workspace, list(family_refs), list(states), scope.tenant, scope.workspace])
         out = [(record_of(r), r[RECORD_WIDTH], list(r[RECORD_WIDTH + 1])) for r in rows]
         self._seen.update(m[0].record_id for m in out)
         return out
 
-    def derivatives(self, tenant: str, workspace: str, source_id: str) -> list[RecordRow]:
-        self._touch(tenant, workspace)
-        rows = [record_of(r) for r in self._query(DERIVATIVES, [tenant, workspace, source_id, tenant, workspace])]
+    def derivatives(self, scope: Scope, source_id: str) -> list[RecordRow]:
+        self._touch(scope)
+        rows = [record_of(r) for r in self._query(DERIVATIVES, [scope.tenant, scope.workspace, source_id, scope.tenant, scope.workspace])]
         self._seen.update(r.record_id for r in rows)
         return rows
 
@@ -689,14 +690,14 @@ class PostgresEngineTx(SqlRows):
         return slot
 
     # -- sealed projections ---------------------------------------------------------------------------------------------------
-    def put_projection(self, tenant: str, workspace: str, record_id: str, sealed: bytes, *, new: bool) -> None:
-        self._touch(tenant, workspace)
+    def put_projection(self, scope: Scope, record_id: str, sealed: bytes, *, new: bool) -> None:
+        self._touch(scope)
         if new:
-            self._write("INSERT INTO projections VALUES (%s, %s, %s, %s)", [record_id, tenant, workspace, sealed])
+            self._write("INSERT INTO projections VALUES (%s, %s, %s, %s)", [record_id, scope.tenant, scope.workspace, sealed])
         else:
             self._write("INSERT INTO projections VALUES (%s, %s, %s, %s) ON CONFLICT (record_id) DO UPDATE SET "
                         "tenant = EXCLUDED.tenant, workspace = EXCLUDED.workspace, sealed = EXCLUDED.sealed",
-                        [record_id, tenant, workspace, sealed])
+                        [record_id, scope.tenant, scope.workspace, sealed])
 
     def delete_projection(self, record_id: str) -> None:
         self._guard_id("records", "record_id", record_id)
@@ -707,15 +708,15 @@ class PostgresEngineTx(SqlRows):
                           "ON r.record_id = p.record_id WHERE p.record_id = %s", [record_id])
         return (found[0], record_of(found[1:])) if found is not None else None
 
-    def scope_projection_blobs(self, tenant: str, workspace: str) -> list[tuple[RecordRow, bytes]]:
-        self._touch(tenant, workspace)
+    def scope_projection_blobs(self, scope: Scope) -> list[tuple[RecordRow, bytes]]:
+        self._touch(scope)
         return [(record_of(found[1:]), found[0]) for found in self._query(
             f"SELECT p.sealed, {RECORD_COLS_R} FROM projections p JOIN records r ON r.record_id = p.record_id "
-            "WHERE p.tenant = %s AND p.workspace = %s ORDER BY r.doc", [tenant, workspace])]
+            "WHERE p.tenant = %s AND p.workspace = %s ORDER BY r.doc", [scope.tenant, scope.workspace])]
 
-    def drop_scope_projections(self, tenant: str, workspace: str) -> None:
-        self._touch(tenant, workspace)
-        self._write("DELETE FROM projections WHERE tenant = %s AND workspace = %s", [tenant, workspace])
+    def drop_scope_projections(self, scope: Scope) -> None:
+        self._touch(scope)
+        self._write("DELETE FROM projections WHERE tenant = %s AND workspace = %s", [scope.tenant, scope.workspace])
 
     # -- audit rows ---------------------------------------------------------------------------------------------------------
     def audit_heads(self, chains: list[str]) -> dict[str, tuple[int, str]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from engram_core.contract.scope import Scope
 from engram_core.store.port import HostKeyRow, KeyDestruction, iter_chunks
 from engram_core.store.sql.codecs import (
     AUDIT_KEYS,
@@ -87,14 +88,14 @@ class SqlRows:
             self._sql_exec(self.update_blobs_sql, [[r for r, _ in chunk], [b for _, b in chunk]])
 
     # -- audit rows ------------------------------------------------------------------------------
-    def audit_rows(self, tenant: str | None, workspace: str | None, from_seq: int,
+    def audit_rows(self, scope: Scope | None, from_seq: int,
                    to_seq: int | None) -> list[dict[str, Any]]:
         # Audit rows are only ever appended: reading them needs no scope lock.
         params: list[Any] = [from_seq, to_seq if to_seq is not None else self.dialect.max_seq]
         sql = AUDIT_ROWS
-        if tenant is not None:
+        if scope is not None:
             sql = AUDIT_ROWS_OF_SCOPE
-            params += [tenant, workspace]
+            params += [scope.tenant, scope.workspace]
         return [audit_doc(r) for r in self._sql_all(self.dialect(sql + " ORDER BY chain, seq"), params)]
 
     def recent_context_nonces(self, since_ms: int) -> list[tuple[str, int]]:
