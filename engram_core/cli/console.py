@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     core = CoreClient(s.core, s.host_key, core_tls)
     roles = RoleOracle(Path(s.policies) if s.policies else default_bundle_dir())
     app = build_app(s, core, roles)
-    print(f"engram console: serving {', '.join(f'{t}/{w}' for t, w in s.scopes)} at {s.base_url()}/", file=sys.stderr)
+    print(f"engram console: serving {', '.join(str(scope) for scope in s.scopes)} at {s.base_url()}/", file=sys.stderr)
     try:
         uvicorn.run(app, host=host.strip("[]"), port=int(port), log_level="warning",
                     ssl_certfile=s.tls_cert or None, ssl_keyfile=s.tls_key or None, server_header=False)

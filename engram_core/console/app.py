@@ -46,6 +46,7 @@ from engram_core.console.auth import (
 from engram_core.console.core_client import Actor, CoreClient, CoreError
 from engram_core.console.roles import NOTHING, Grant, RoleOracle
 from engram_core.console.settings import ConsoleSettings
+from engram_core.contract.scope import Scope
 from engram_core.policy.bundle import BundleError
 from engram_core.rpc.tls import is_loopback_listen, split_listen
 
@@ -128,11 +129,10 @@ class Console:
     def session_of(self, request: Request) -> Session | None:
         return self.sessions.get(request.cookies.get(self.cookie))
 
-    def grant(self, session: Session, tenant: str, workspace: str) -> Grant:
-        if (tenant, workspace) not in self.settings.scopes:
+    def grant(self, session: Session, scope: Scope) -> Grant:
+        if scope not in self.settings.scopes:
             return NOTHING  # a scope the console does not serve is nobody's
-        return self.roles.grant(subject=session.subject, issuer=session.issuer, claims=session.claims,
-                                tenant=tenant, workspace=workspace)
+        return self.roles.grant(subject=session.subject, issuer=session.issuer, claims=session.claims, scope=scope)
 
     @staticmethod
     def actor(session: Session) -> Actor:
@@ -259,10 +259,10 @@ async def home(request: Request) -> Response:
     if session is None:
         return _signin_redirect()
     scopes = []
-    for tenant, workspace in c.settings.scopes:
-        g = await run_in_threadpool(c.grant, session, tenant, workspace)
+    for served in c.settings.scopes:
+        g = await run_in_threadpool(c.grant, session, served)
         if g.actions:
-            scopes.append({"tenant": tenant, "workspace": workspace, "grant": g})
+            scopes.append({"tenant": served.tenant, "workspace": served.workspace, "grant": g})
     return c.page("home.html", session=session, scopes=scopes)
 
 
@@ -276,7 +276,7 @@ def _scoped(action: str):
             if session is None:
                 return _signin_to_return(request)
             tenant, workspace = request.path_params["tenant"], request.path_params["workspace"]
-            g = await run_in_threadpool(c.grant, session, tenant, workspace)
+            g = await run_in_threadpool(c.grant, session, Scope(tenant, workspace))
             if not g.may(action):
                 return c.not_found(session)
             scope = {"tenant": tenant, "workspace": workspace}
@@ -294,7 +294,7 @@ def _scoped(action: str):
 
 @_scoped("review.view")
 async def review(request: Request, c: Console, session: Session, g: Grant, scope: dict[str, str]) -> Response:
-    items = await run_in_threadpool(c.core.adjudication_list, c.actor(session), scope["tenant"], scope["workspace"])
+    items = await run_in_threadpool(c.core.adjudication_list, c.actor(session), Scope(scope["tenant"], scope["workspace"]))
     return c.page("review.html", session=session, scope=scope, grant=g, items=items, tab="review",
                   decided=request.query_params.get("decided", ""),
                   decided_id=request.query_params.get("candidate", ""))
@@ -302,7 +302,7 @@ async def review(request: Request, c: Console, session: Session, g: Grant, scope
 
 @_scoped("review.view")
 async def candidate(request: Request, c: Console, session: Session, g: Grant, scope: dict[str, str]) -> Response:
-    view = await run_in_threadpool(c.core.inspect, c.actor(session), scope["tenant"], scope["workspace"],
+    view = await run_in_threadpool(c.core.inspect, c.actor(session), Scope(scope["tenant"], scope["workspace"]),
                                    request.path_params["candidate"])
     return c.page("candidate.html", session=session, scope=scope, grant=g, c=view, tab="review")
 
@@ -317,7 +317,7 @@ async def decide(request: Request, c: Console, session: Session, g: Grant, scope
     if decision not in ("accept", "reject") or not reason or len(reason.encode()) > 512:
         return c.page("error.html", 400, session=session, scope=scope, grant=g, title="Not sent",
                       message="Choose accept or reject and give a reason (1 to 512 bytes).")
-    outcome = await run_in_threadpool(c.core.adjudicate, c.actor(session), scope["tenant"], scope["workspace"],
+    outcome = await run_in_threadpool(c.core.adjudicate, c.actor(session), Scope(scope["tenant"], scope["workspace"]),
                                       request.path_params["candidate"], decision, reason)
     url = request.url_for("review", tenant=scope["tenant"], workspace=scope["workspace"]).path
     query = urlencode({"decided": outcome.get("status", ""), "candidate": request.path_params["candidate"]})
@@ -336,7 +336,7 @@ async def _verified(request: Request, c: Console, session: Session, scope: dict[
     if cached is not None and request.query_params.get("verify") != "1" and not again:
         return cached
     try:
-        report: dict[str, Any] | None = await run_in_threadpool(c.core.verify, c.actor(session), *key)
+        report: dict[str, Any] | None = await run_in_threadpool(c.core.verify, c.actor(session), Scope(*key))
         refusal = ""
     except CoreError as err:
         # A console key bound to some tenants only may not read the whole store (HOST_KEY_NOT_BOUND).
@@ -355,7 +355,7 @@ async def _audit_window(request: Request, c: Console, session: Session, scope: d
     tenant, workspace = scope["tenant"], scope["workspace"]
     facts = {"report": report, "refusal": refusal, "verified_at": verified_at}
     if report is None:  # no head known: the scope's whole timeline, newest AUDIT_WINDOW shown
-        rows = await run_in_threadpool(c.core.audit, actor, tenant, workspace, 1, 0)
+        rows = await run_in_threadpool(c.core.audit, actor, Scope(tenant, workspace), 1, 0)
         rows.sort(key=lambda r: (int(r["at_ms"]), int(r["seq"])), reverse=True)
         return {**facts, "rows": rows[:AUDIT_WINDOW], "older": None, "newer": None}  # one page: all there is
     # No chain's sequence number exceeded the row count at the verification; a newest page read
@@ -365,11 +365,11 @@ async def _audit_window(request: Request, c: Console, session: Session, scope: d
     before = int(raw) if raw.isdigit() and 1 <= int(raw) <= head else 0  # 0: the newest page
     if before:
         low = max(1, before - AUDIT_WINDOW)
-        rows = await run_in_threadpool(c.core.audit, actor, tenant, workspace, low, before - 1)
+        rows = await run_in_threadpool(c.core.audit, actor, Scope(tenant, workspace), low, before - 1)
     else:
         low = max(1, head + 1 - AUDIT_WINDOW)
         try:
-            rows = await run_in_threadpool(c.core.audit, actor, tenant, workspace, low, 0)
+            rows = await run_in_threadpool(c.core.audit, actor, Scope(tenant, workspace), low, 0)
         except CoreError as err:
             if err.code != TOO_LARGE:
                 raise
@@ -381,7 +381,7 @@ async def _audit_window(request: Request, c: Console, session: Session, scope: d
             facts = {"report": report, "refusal": refusal, "verified_at": verified_at}
             head = max(int(report["audit"]["rows"]), c.seen.get((tenant, workspace, "audit"), 0))
             low = max(1, head + 1 - AUDIT_WINDOW)
-            rows = await run_in_threadpool(c.core.audit, actor, tenant, workspace, low, 0)
+            rows = await run_in_threadpool(c.core.audit, actor, Scope(tenant, workspace), low, 0)
         # Every read is audited, so many rows may have come since: the page shows the newest
         # AUDIT_WINDOW sequence numbers, the rest are Older, and the next newest page reads from here.
         top = max((int(r["seq"]) for r in rows), default=head)
@@ -447,7 +447,7 @@ async def policy_replay(request: Request, c: Console, session: Session, g: Grant
     try:
         report = await run_in_threadpool(
             replaying.run, candidates_dir=c.settings.replay_candidates, name=name, logs=c.settings.replay_logs,
-            key_file=c.settings.replay_pseudonym_key, tenant=scope["tenant"], workspace=scope["workspace"],
+            key_file=c.settings.replay_pseudonym_key, scope=Scope(scope["tenant"], scope["workspace"]),
             window=window)
     except replaying.ReplayBusy as exc:
         return c.page("error.html", 429, session=session, scope=scope, grant=g, title="Busy", message=str(exc))
@@ -477,7 +477,7 @@ async def memory(request: Request, c: Console, session: Session, g: Grant, scope
     values: dict[str, Any] = {"query": query, "state": state, "states": MEMORY_STATES, "results": [],
                               "next_page": "", "older": None, "newer": None}
     if query:
-        found = await run_in_threadpool(c.core.search, c.actor(session), scope["tenant"], scope["workspace"],
+        found = await run_in_threadpool(c.core.search, c.actor(session), Scope(scope["tenant"], scope["workspace"]),
                                         g.memory_purpose, query[:1000], request.query_params.get("page", ""))
         values.update(results=found.get("records", []), next_page=found.get("next_page_cursor", ""))
     else:
@@ -500,14 +500,14 @@ async def _browse(request: Request, c: Console, session: Session, g: Grant, scop
     raw = request.query_params.get("before", "")
     before = int(raw) if raw.isdigit() and int(raw) >= 1 else 0
     if head is None:  # no head known (the key may not verify): the scope's whole journal, windowed here
-        events = await run_in_threadpool(c.core.journal, actor, tenant, workspace, 1, 0)
+        events = await run_in_threadpool(c.core.journal, actor, Scope(tenant, workspace), 1, 0)
         events = [e for e in events if not before or int(e["cursor"]) < before]
     elif before:
         low = max(1, before - MEMORY_WINDOW)
-        events = await run_in_threadpool(c.core.journal, actor, tenant, workspace, low, before - 1)
+        events = await run_in_threadpool(c.core.journal, actor, Scope(tenant, workspace), low, before - 1)
     else:
         try:
-            events = await run_in_threadpool(c.core.journal, actor, tenant, workspace,
+            events = await run_in_threadpool(c.core.journal, actor, Scope(tenant, workspace),
                                              max(1, head + 1 - MEMORY_WINDOW), 0)
         except CoreError as err:
             if err.code != TOO_LARGE:
@@ -517,7 +517,7 @@ async def _browse(request: Request, c: Console, session: Session, g: Grant, scop
                          if s.get("tenant") == tenant and s.get("workspace") == workspace), None)
             if head is None:
                 raise
-            events = await run_in_threadpool(c.core.journal, actor, tenant, workspace,
+            events = await run_in_threadpool(c.core.journal, actor, Scope(tenant, workspace),
                                              max(1, head + 1 - MEMORY_WINDOW), 0)
     # Newest first, one window: the newest page read from the last verified head on may hold more
     # (events written since that verification); the rest are on the next pages.
@@ -533,7 +533,7 @@ async def _browse(request: Request, c: Console, session: Session, g: Grant, scop
 
     def read(rid: str, logged: str) -> dict[str, Any]:
         try:
-            return c.core.get(actor, tenant, workspace, g.memory_purpose, rid)
+            return c.core.get(actor, Scope(tenant, workspace), g.memory_purpose, rid)
         except CoreError as err:
             if err.code != "NOT_FOUND":
                 raise
@@ -559,11 +559,11 @@ async def keys(request: Request, c: Console, session: Session, g: Grant, scope: 
     # record's key, O(records)). A console key bound to some tenants may not ask store-wide: then
     # the scope's own report, whose destroyed records are listed below the generations.
     try:
-        report = await run_in_threadpool(c.core.key_status, c.actor(session), "", "")
+        report = await run_in_threadpool(c.core.key_status, c.actor(session), Scope("", ""))
     except CoreError as err:
         if err.code != "UNAUTHORIZED":
             raise
-        report = await run_in_threadpool(c.core.key_status, c.actor(session), scope["tenant"], scope["workspace"])
+        report = await run_in_threadpool(c.core.key_status, c.actor(session), Scope(scope["tenant"], scope["workspace"]))
     destroyed = [r for r in report.get("scope", {}).get("records", []) if r.get("key") == "destroyed"]
     return c.page("keys.html", session=session, scope=scope, grant=g, status=report, destroyed=destroyed, tab="keys")
 
@@ -571,10 +571,10 @@ async def keys(request: Request, c: Console, session: Session, g: Grant, scope: 
 # -- confirmations (issue 61): a person approves an agent's withdraw or forget in the browser ------------
 async def _confirming_scopes(c: Console, session: Session, action: str) -> list[tuple[dict[str, str], Grant]]:
     out = []
-    for tenant, workspace in c.settings.scopes:
-        g = await run_in_threadpool(c.grant, session, tenant, workspace)
+    for served in c.settings.scopes:
+        g = await run_in_threadpool(c.grant, session, served)
         if g.may(action):
-            out.append(({"tenant": tenant, "workspace": workspace}, g))
+            out.append(({"tenant": served.tenant, "workspace": served.workspace}, g))
     return out
 
 
@@ -587,8 +587,8 @@ async def confirmations(request: Request) -> Response:
     pending, refused = [], []
     for scope, g in await _confirming_scopes(c, session, "confirm.view"):
         try:
-            items = await run_in_threadpool(c.core.confirmations, c.actor(session), scope["tenant"],
-                                            scope["workspace"])
+            items = await run_in_threadpool(c.core.confirmations, c.actor(session), Scope(scope["tenant"],
+                                            scope["workspace"]))
         except CoreError as err:  # e.g. a console key the core does not let serve this tenant
             refused.append({**scope, "code": err.code})
             continue
@@ -605,8 +605,8 @@ async def _find_confirmation(c: Console, session: Session, cid: str, action: str
         return None
     for scope, g in await _confirming_scopes(c, session, action):
         try:
-            found = await run_in_threadpool(c.core.confirmations, c.actor(session), scope["tenant"],
-                                            scope["workspace"], cid)
+            found = await run_in_threadpool(c.core.confirmations, c.actor(session), Scope(scope["tenant"],
+                                            scope["workspace"]), cid)
         except CoreError as err:
             if err.code in ("NOT_FOUND", "UNAUTHORIZED"):  # not there, or not this console key's to see
                 continue
@@ -655,8 +655,8 @@ async def confirmation_decide(request: Request) -> Response:
         return c.not_found(session)
     _, scope, g = found
     try:
-        outcome = await run_in_threadpool(c.core.decide_confirmation, c.actor(session), scope["tenant"],
-                                          scope["workspace"], cid, decision == "approve")
+        outcome = await run_in_threadpool(c.core.decide_confirmation, c.actor(session), Scope(scope["tenant"],
+                                          scope["workspace"]), cid, decision == "approve")
     except CoreError as err:
         if err.code == "NOT_FOUND":
             return c.not_found(session)

@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 
 from engram_core.api import admin_pb2, admin_pb2_grpc, host_pb2, host_pb2_grpc, memory_pb2, memory_pb2_grpc
+from engram_core.contract.scope import Scope
 from engram_core.contract.tools import GET_TOOL, SEARCH_TOOL
 from engram_core.rpc.convert import message_to_value, value_to_message
 from engram_core.rpc.status import error_from_rpc_error
@@ -58,7 +59,7 @@ class CoreClient:
         self._stub = admin_pb2_grpc.AdminServiceStub(self._channel)
         self._memory_stub = memory_pb2_grpc.MemoryServiceStub(self._channel)
         self._host = host_pb2_grpc.HostServiceStub(self._channel)
-        self._epochs: dict[tuple[str, str], int] = {}  # each scope's authorization epoch, as last learned
+        self._epochs: dict[Scope, int] = {}  # each scope's authorization epoch, as last learned
         self._timeout_s = timeout_s
 
     def close(self) -> None:
@@ -78,51 +79,51 @@ class CoreClient:
             raise CoreError(error.code.value, error.message) from None
         return json.loads(result.json)
 
-    def _memory(self, actor: Actor, tenant: str, workspace: str, tool: str, rpc: str, request: Any,
+    def _memory(self, actor: Actor, scope: Scope, tool: str, rpc: str, request: Any,
                 purpose_ref: str) -> dict[str, Any]:
         """One MemoryService call as the person, under their purpose: the core's authorization,
         redaction (per purpose) and audit apply exactly as to an agent's call. A scope whose
         authorization epoch moved on (`engram admin revoke`) is asked for its epoch once, as the
         MCP adapter does, and the call signed again under it."""
         for attempt in (0, 1):
-            ctx = make_context(self._key, call=tool, tenant=tenant, workspace=workspace,
+            ctx = make_context(self._key, call=tool, tenant=scope.tenant, workspace=scope.workspace,
                                principal=actor.principal, agent_id=AGENT_ID, session=actor.session,
                                purpose_ref=purpose_ref, now_ms=time.time_ns() // 1_000_000,
-                               authorization_epoch=self._epochs.get((tenant, workspace), 0))
+                               authorization_epoch=self._epochs.get(scope, 0))
             try:
                 resp = getattr(self._memory_stub, rpc)(request, metadata=[(CONTEXT_METADATA_KEY, ctx)],
                                                        timeout=self._timeout_s)
             except grpc.RpcError as err:
                 error = error_from_rpc_error(err)
                 if error.code.value == "AUTHORIZATION_REVOKED" and attempt == 0:
-                    self._epochs[(tenant, workspace)] = self._authorization_epoch(actor, tenant, workspace)
+                    self._epochs[scope] = self._authorization_epoch(actor, scope)
                     continue
                 raise CoreError(error.code.value, error.message) from None
             return message_to_value(resp)
         raise AssertionError("unreachable")
 
-    def search(self, actor: Actor, tenant: str, workspace: str, purpose_ref: str, query: str,
+    def search(self, actor: Actor, scope: Scope, purpose_ref: str, query: str,
                page_cursor: str = "") -> dict[str, Any]:
         """A search as the person, under the purpose the console policy gave them."""
         args: dict[str, Any] = {"query": query, "purpose_ref": purpose_ref, "limit": 20}
         if page_cursor:
             args["page_cursor"] = page_cursor
-        return self._memory(actor, tenant, workspace, SEARCH_TOOL, "Search",
+        return self._memory(actor, scope, SEARCH_TOOL, "Search",
                             value_to_message(args, memory_pb2.SearchRequest()), purpose_ref)
 
-    def get(self, actor: Actor, tenant: str, workspace: str, purpose_ref: str, record_id: str) -> dict[str, Any]:
+    def get(self, actor: Actor, scope: Scope, purpose_ref: str, record_id: str) -> dict[str, Any]:
         """One record as the person reads it under their purpose (NOT_FOUND unless readable now)."""
         request = value_to_message({"record_id": record_id, "purpose_ref": purpose_ref}, memory_pb2.GetRequest())
-        return self._memory(actor, tenant, workspace, GET_TOOL, "Get", request, purpose_ref)
+        return self._memory(actor, scope, GET_TOOL, "Get", request, purpose_ref)
 
-    def journal(self, actor: Actor, tenant: str, workspace: str, from_cursor: int, to_cursor: int) -> list[dict[str, Any]]:
+    def journal(self, actor: Actor, scope: Scope, from_cursor: int, to_cursor: int) -> list[dict[str, Any]]:
         """The scope's journal events with cursors in [from_cursor, to_cursor] (to_cursor 0: no bound)."""
-        req = admin_pb2.ExportRequest(tenant=tenant, workspace=workspace, what="journal", from_cursor=str(from_cursor),
+        req = admin_pb2.ExportRequest(tenant=scope.tenant, workspace=scope.workspace, what="journal", from_cursor=str(from_cursor),
                                       to_cursor=str(to_cursor) if to_cursor else "")
         return self._call(actor, "Export", req, READ)["items"]
 
-    def _authorization_epoch(self, actor: Actor, tenant: str, workspace: str) -> int:
-        ctx = make_context(self._key, call=HOST_CALL, tenant=tenant, workspace=workspace, principal=actor.principal,
+    def _authorization_epoch(self, actor: Actor, scope: Scope) -> int:
+        ctx = make_context(self._key, call=HOST_CALL, tenant=scope.tenant, workspace=scope.workspace, principal=actor.principal,
                            agent_id=AGENT_ID, session=actor.session, now_ms=time.time_ns() // 1_000_000,
                            host_principal=True)
         try:
@@ -134,37 +135,37 @@ class CoreClient:
         return int(reply.authorization_epoch)
 
     # -- the calls the pages make ----------------------------------------------------------------
-    def adjudication_list(self, actor: Actor, tenant: str, workspace: str) -> list[dict[str, Any]]:
-        req = admin_pb2.ScopeRequest(tenant=tenant, workspace=workspace)
+    def adjudication_list(self, actor: Actor, scope: Scope) -> list[dict[str, Any]]:
+        req = admin_pb2.ScopeRequest(tenant=scope.tenant, workspace=scope.workspace)
         return self._call(actor, "ListAdjudication", req, READ)["candidates"]
 
-    def inspect(self, actor: Actor, tenant: str, workspace: str, candidate_id: str) -> dict[str, Any]:
-        req = admin_pb2.InspectRequest(tenant=tenant, workspace=workspace, candidate_id=candidate_id)
+    def inspect(self, actor: Actor, scope: Scope, candidate_id: str) -> dict[str, Any]:
+        req = admin_pb2.InspectRequest(tenant=scope.tenant, workspace=scope.workspace, candidate_id=candidate_id)
         return self._call(actor, "InspectCandidate", req, READ)
 
-    def adjudicate(self, actor: Actor, tenant: str, workspace: str, candidate_id: str, decision: str,
+    def adjudicate(self, actor: Actor, scope: Scope, candidate_id: str, decision: str,
                    reason: str) -> dict[str, Any]:
         """Accept or reject a held candidate; the event id is fresh, so a form sent twice acts once
         at most (the second finds the candidate no longer pending)."""
-        req = admin_pb2.AdjudicateRequest(tenant=tenant, workspace=workspace, candidate_id=candidate_id,
+        req = admin_pb2.AdjudicateRequest(tenant=scope.tenant, workspace=scope.workspace, candidate_id=candidate_id,
                                           decision=decision, reason_ref=reason,
                                           event_id="evt_console_" + secrets.token_hex(12))
         return self._call(actor, "Adjudicate", req, MAINTAIN)["outcome"]
 
-    def audit(self, actor: Actor, tenant: str, workspace: str, from_seq: int, to_seq: int) -> list[dict[str, Any]]:
+    def audit(self, actor: Actor, scope: Scope, from_seq: int, to_seq: int) -> list[dict[str, Any]]:
         """The scope's audit rows with sequence numbers in [from_seq, to_seq] (to_seq 0: no bound)."""
-        req = admin_pb2.ExportRequest(tenant=tenant, workspace=workspace, what="audit", from_cursor=str(from_seq),
+        req = admin_pb2.ExportRequest(tenant=scope.tenant, workspace=scope.workspace, what="audit", from_cursor=str(from_seq),
                                       to_cursor=str(to_seq) if to_seq else "")
         return self._call(actor, "Export", req, READ)["items"]
 
-    def verify(self, actor: Actor, tenant: str, workspace: str) -> dict[str, Any]:
-        req = admin_pb2.ScopeRequest(tenant=tenant, workspace=workspace, report_only=True)
+    def verify(self, actor: Actor, scope: Scope) -> dict[str, Any]:
+        req = admin_pb2.ScopeRequest(tenant=scope.tenant, workspace=scope.workspace, report_only=True)
         return self._call(actor, "Verify", req, READ)
 
     # -- confirmations in the browser (issue 61): host calls bound to the scope, naming the person --
-    def _confirmations(self, actor: Actor, tenant: str, workspace: str, rpc: str, request: Any,
+    def _confirmations(self, actor: Actor, scope: Scope, rpc: str, request: Any,
                        scopes: tuple[str, ...]) -> list[dict[str, Any]]:
-        ctx = make_context(self._key, call=HOST_CALL, tenant=tenant, workspace=workspace, principal=actor.principal,
+        ctx = make_context(self._key, call=HOST_CALL, tenant=scope.tenant, workspace=scope.workspace, principal=actor.principal,
                            agent_id=AGENT_ID, session=actor.session, now_ms=time.time_ns() // 1_000_000,
                            host_principal=True, maintenance_scopes=scopes, memory_enabled=False)
         try:
@@ -174,17 +175,17 @@ class CoreClient:
             raise CoreError(error.code.value, error.message) from None
         return json.loads(reply.json)["confirmations"]
 
-    def confirmations(self, actor: Actor, tenant: str, workspace: str, confirmation_id: str = "") -> list[dict[str, Any]]:
+    def confirmations(self, actor: Actor, scope: Scope, confirmation_id: str = "") -> list[dict[str, Any]]:
         """The scope's pending confirmations, or the one named (NOT_FOUND if it is not this scope's)."""
-        return self._confirmations(actor, tenant, workspace, "ListConfirmations",
+        return self._confirmations(actor, scope, "ListConfirmations",
                                    host_pb2.ListConfirmationsRequest(confirmation_id=confirmation_id), READ)
 
-    def decide_confirmation(self, actor: Actor, tenant: str, workspace: str, confirmation_id: str,
+    def decide_confirmation(self, actor: Actor, scope: Scope, confirmation_id: str,
                             approve: bool) -> dict[str, Any]:
         """The person's approval or denial, audited by the core under the person's principal."""
-        return self._confirmations(actor, tenant, workspace, "DecideConfirmation", host_pb2.DecideConfirmationRequest(
+        return self._confirmations(actor, scope, "DecideConfirmation", host_pb2.DecideConfirmationRequest(
             confirmation_id=confirmation_id, approve=approve), MAINTAIN)[0]
 
-    def key_status(self, actor: Actor, tenant: str, workspace: str) -> dict[str, Any]:
-        req = admin_pb2.ScopeRequest(tenant=tenant, workspace=workspace)
+    def key_status(self, actor: Actor, scope: Scope) -> dict[str, Any]:
+        req = admin_pb2.ScopeRequest(tenant=scope.tenant, workspace=scope.workspace)
         return self._call(actor, "KeyStatus", req, READ)

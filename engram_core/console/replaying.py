@@ -25,6 +25,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from engram_core.contract.scope import Scope
 from engram_core.policy import replay as policy_replay
 from engram_core.policy.decisionlog.mask import Pseudonymizer
 
@@ -70,13 +71,13 @@ def candidate_path(directory: str, name: str) -> Path:
     return Path(directory).resolve() / name
 
 
-def _scope_names(tenant: str, workspace: str, key: Pseudonymizer) -> tuple[set[str], set[str]]:
-    return {tenant, key(tenant)}, {workspace, key(workspace)}
+def _scope_names(scope: Scope, key: Pseudonymizer) -> tuple[set[str], set[str]]:
+    return {scope.tenant, key(scope.tenant)}, {scope.workspace, key(scope.workspace)}
 
 
-def scope_events(logs: list[str], tenant: str, workspace: str, key: Pseudonymizer, out: Path) -> tuple[int, int]:
+def scope_events(logs: list[str], scope: Scope, key: Pseudonymizer, out: Path) -> tuple[int, int]:
     """Write this scope's events of ``logs`` to ``out`` (JSON lines); (events read, events kept)."""
-    tenants, workspaces = _scope_names(tenant, workspace, key)
+    tenants, workspaces = _scope_names(scope, key)
     read = kept = 0
     with out.open("w", encoding="utf-8") as f:
         for event in policy_replay.read_events([Path(p) for p in logs]):
@@ -90,7 +91,7 @@ def scope_events(logs: list[str], tenant: str, workspace: str, key: Pseudonymize
     return read, kept
 
 
-def run(*, candidates_dir: str, name: str, logs: list[str], key_file: str, tenant: str, workspace: str,
+def run(*, candidates_dir: str, name: str, logs: list[str], key_file: str, scope: Scope,
         window: str) -> dict[str, Any]:
     """``engram policy replay``'s report for this scope's logged decisions under the candidate
     ``name``, plus ``log_events`` (every event the logs hold) and ``scope_events`` (this scope's)."""
@@ -104,7 +105,7 @@ def run(*, candidates_dir: str, name: str, logs: list[str], key_file: str, tenan
         key = Pseudonymizer.from_file(key_path)
         with tempfile.TemporaryDirectory(prefix="engram-console-replay-") as tmp:
             scoped = Path(tmp) / "scope.jsonl"
-            read, kept = scope_events(logs, tenant, workspace, key, scoped)
+            read, kept = scope_events(logs, scope, key, scoped)
             report = policy_replay.replay(bundle, [scoped], since=WINDOWS[window], keys=[key_path], examples=3)
     finally:
         _running.release()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engram_core.contract.errors import EngramError
+from engram_core.contract.scope import Scope
 from engram_core.policy.embedded import EmbeddedPolicyEngine
 
 CONSOLE = "engram/console/decision"
@@ -47,9 +48,9 @@ class RoleOracle:
         self._engine = EmbeddedPolicyEngine(bundle_dir)
         self._engine.reload()  # a bundle that does not load stops the console at start, not at sign-in
 
-    def grant(self, *, subject: str, issuer: str, claims: Mapping[str, Any], tenant: str, workspace: str) -> Grant:
-        policy_input = {"subject": subject, "issuer": issuer, "claims": dict(claims), "tenant": tenant,
-                        "workspace": workspace}
+    def grant(self, *, subject: str, issuer: str, claims: Mapping[str, Any], scope: Scope) -> Grant:
+        policy_input = {"subject": subject, "issuer": issuer, "claims": dict(claims), "tenant": scope.tenant,
+                        "workspace": scope.workspace}
         try:
             result = self._engine.decide(CONSOLE, policy_input, timeout_s=5).result
         except EngramError as exc:

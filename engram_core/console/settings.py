@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from engram_core.console.auth import Provider
+from engram_core.contract.scope import Scope
 
 
 class ConsoleConfigError(ValueError):
@@ -25,7 +26,7 @@ class ConsoleSettings:
     tls_key: str = ""
     insecure: bool = False
     token_file: str = ""              # the local token (`engram init` writes <host>.token)
-    scopes: list[tuple[str, str]] = field(default_factory=list)  # the tenant/workspace pairs served
+    scopes: list[Scope] = field(default_factory=list)  # the scopes served
     policies: str = ""                # the bundle holding engram/console (default: the bundled one)
     providers: list[Provider] = field(default_factory=list)
     # The Policy page's replay of a candidate bundle ([console.replay], docs/console.md): candidate
@@ -63,11 +64,11 @@ class ConsoleSettings:
                                      "(the log's names are pseudonyms: without the key no scope can be told apart)")
 
 
-def parse_scope(text: str) -> tuple[str, str]:
+def parse_scope(text: str) -> Scope:
     tenant, sep, workspace = text.partition("/")
     if not sep or not tenant or not workspace or "/" in workspace:
         raise ConsoleConfigError(f"scope {text!r} is not TENANT/WORKSPACE")
-    return tenant, workspace
+    return Scope(tenant, workspace)
 
 
 def _str(table: dict[str, Any], key: str) -> str:

@@ -168,7 +168,7 @@ class Core:
         # Where the usage counts are the store's, the claim's round trip reads them too (one
         # round trip fewer for every call the quotas decide on); host and admin calls, which
         # the quotas do not decide on, read nothing.
-        usage = (self.quotas.begin_read(ctx.tenant, ctx.workspace, ctx.principal)
+        usage = (self.quotas.begin_read(ctx.scope, ctx.principal)
                  if self.quotas.shared and ctx.call in TOOL_METRIC else None)
         try:
             claim = self.store.claim_context(ref, ctx.expires_at_ms, usage=usage)
@@ -247,7 +247,7 @@ class Core:
         }
         if operation in TOOL_METRIC:
             out["usage"] = (ctx.usage if ctx.usage is not None
-                            else self.quotas.usage(ctx.tenant, ctx.workspace, ctx.principal))
+                            else self.quotas.usage(ctx.scope, ctx.principal))
         return out
 
     def _admitted(self, ctx: BoundContext, d: Decision, operation: str) -> Decision:
@@ -257,7 +257,7 @@ class Core:
             raise RateLimited(d.result["retry_after_ms"], f"quota for {operation}")
         self._allowed(d, operation)
         if operation in TOOL_METRIC:
-            self.quotas.add(ctx.tenant, ctx.workspace, ctx.principal, TOOL_METRIC[operation])
+            self.quotas.add(ctx.scope, ctx.principal, TOOL_METRIC[operation])
         return d
 
     @staticmethod

@@ -271,7 +271,7 @@ class MemoryService:
         except BaseException:
             self.core.vault.destroy(slot)
             raise
-        self.core.quotas.add(ctx.tenant, ctx.workspace, ctx.principal, "bytes_stored", facts["payload_bytes"])
+        self.core.quotas.add(ctx.scope, ctx.principal, "bytes_stored", facts["payload_bytes"])
         self.mutations.keep_early(candidate_id, early)
         return outcome
 

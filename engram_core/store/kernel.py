@@ -172,7 +172,7 @@ class StoreKernel:
             raise ValueError("page pins are shared only where other cores write the store")
         if page_pins and shelf is not None and self._spool is not None:
             for pin in page_pins:
-                shelf.put_page_pin(pin.pin_id, pin.tenant, pin.workspace, pin.pin, pin.expires_at_ms)
+                shelf.put_page_pin(pin.pin_id, Scope(pin.tenant, pin.workspace), pin.pin, pin.expires_at_ms)
             page_pins = ()
         if self._spool is not None:
             return self._append_spooled(row)
@@ -404,7 +404,7 @@ class StoreKernel:
                         if self._applied.get((t, w), 0) == cursors[0] - 1:  # no other core's event between
                             self._applied[(t, w)] = cursors[-1]
                         if self._residency is not None:
-                            self._residency.resized((t, w), self._index.scope_documents(t, w))
+                            self._residency.resized((t, w), self._index.scope_documents(Scope(t, w)))
                 except Exception:
                     log.exception("search index change not applied; rebuilding before the next search")
                     self._stale = True
@@ -470,9 +470,9 @@ class StoreKernel:
                 if self._stale or key not in self._residency:
                     return None
                 self._residency.touch(key)
-                return self._index.indexed_postings(scope.tenant, scope.workspace, record_id)
+                return self._index.indexed_postings(scope, record_id)
         with self.search_index(scope) as index:
-            return index.indexed_postings(scope.tenant, scope.workspace, record_id)
+            return index.indexed_postings(scope, record_id)
 
     def _loaded_or_unknown(self, change: Any) -> bool:
         scope = _scope_of_change(change)
@@ -503,12 +503,12 @@ class StoreKernel:
                 self._reload()
             assert self._residency is not None
             if key not in self._residency:  # else another read loaded it meanwhile: keep that one
-                self._index.replace_scope(scope.tenant, scope.workspace, built)
+                self._index.replace_scope(scope, built)
                 self._applied[key] = head
-                self._residency.loaded(key, self._index.scope_documents(scope.tenant, scope.workspace))
+                self._residency.loaded(key, self._index.scope_documents(scope))
                 evicted = self._residency.victims(keep=key)
                 for victim in evicted:
-                    self._index.drop_scope(*victim)
+                    self._index.drop_scope(Scope(*victim))
                     self._applied.pop(victim, None)
         if self.observers.on_scope_load is not None:
             self.observers.on_scope_load(time.perf_counter() - started, len(blobs))
@@ -764,7 +764,7 @@ def _older_than_indexed(index: SearchIndex, change: Any) -> bool:
         return False
     if isinstance(change, VectorIndexed):
         return False
-    held = index.state_cursor_of(change.row.tenant, change.row.workspace, change.row.record_id)
+    held = index.state_cursor_of(Scope(change.row.tenant, change.row.workspace), change.row.record_id)
     return held is not None and held > change.row.state_cursor
 
 

@@ -143,7 +143,7 @@ class KernelTx(ProjectionMaintenance, EngineTxDelegation):
         if not self._latest or not self._kernel.capabilities.sole_writer:
             return self._etx.records(scope, record_ids)
         with self._kernel.search_index() as index:
-            found = index.rows(scope.tenant, scope.workspace, record_ids)
+            found = index.rows(scope, record_ids)
         missing = [rid for rid in record_ids if rid not in found]
         if missing:
             found.update(self._etx.records(scope, missing))
@@ -166,12 +166,12 @@ class KernelTx(ProjectionMaintenance, EngineTxDelegation):
         """Corpus statistics BM25 needs for ``terms`` in one scope. Search pins them with the first
         page, so later pages score every record as the first page did (SPEC §5)."""
         with self._kernel.search_index(scope) as index:
-            return index.stats(scope.tenant, scope.workspace, terms)
+            return index.stats(scope, terms)
 
     def rank_lexical(self, scope: Scope, query: LexicalQuery) -> LexicalPage:
         """BM25F ranking of the scope's eligible records (see ``SearchIndex.rank``)."""
         with self._kernel.search_index(scope) as index:
-            return index.rank(scope.tenant, scope.workspace, query)
+            return index.rank(scope, query)
 
     def rank_vectors(
         self, scope: Scope, model: str, vector: list[float], *, now_ms: int,
@@ -180,6 +180,6 @@ class KernelTx(ProjectionMaintenance, EngineTxDelegation):
     ) -> list[tuple[str, float, int]]:
         """Nearest eligible records by cosine similarity (see ``SearchIndex.nearest``)."""
         with self._kernel.search_index(scope) as index:
-            return index.nearest(scope.tenant, scope.workspace, model, vector, now_ms=now_ms,
+            return index.nearest(scope, model, vector, now_ms=now_ms,
                                  max_accepted_cursor=max_accepted_cursor, min_similarity=min_similarity, limit=limit,
                                  neighbours=neighbours)

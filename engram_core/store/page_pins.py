@@ -33,6 +33,7 @@ from typing import Protocol
 
 from cryptography.exceptions import InvalidTag
 
+from engram_core.contract.scope import Scope
 from engram_core.crypto.sealing import seal, unseal
 from engram_core.store.port import LexicalStats, SharedPin
 
@@ -76,7 +77,6 @@ class Pin:
     ordered: list[tuple[str, float, int]] = field(default_factory=list)  # semantic: (record_id, score, valid_t)
 
 
-Scope = tuple[str, str]  # (tenant, workspace)
 
 
 class PinStore:
@@ -111,14 +111,13 @@ class PinStore:
         appended there for the caller to write with its audit row
         (``Store.append_audit(page_pins=...)``) before it answers: no round trip of its own."""
         ref = PinRef(secrets.token_urlsafe(12), secrets.token_bytes(PIN_KEY_BYTES))
-        scope = (pin.binding.tenant, pin.binding.workspace)
+        scope = Scope(pin.binding.tenant, pin.binding.workspace)
         if self._shelf is not None:
-            shared = SharedPin(ref.pin_id, *scope, seal_pin(ref, pin), pin.created_ms + self._ttl_ms)
+            shared = SharedPin(ref.pin_id, scope.tenant, scope.workspace, seal_pin(ref, pin), pin.created_ms + self._ttl_ms)
             if hold is not None:
                 hold.append(shared)
             else:
-                self._shelf.put_page_pin(shared.pin_id, shared.tenant, shared.workspace, shared.pin,
-                                         shared.expires_at_ms)
+                self._shelf.put_page_pin(shared.pin_id, scope, shared.pin, shared.expires_at_ms)
         with self._lock:
             pins = self._scopes.setdefault(scope, OrderedDict())
             pins[ref.pin_id] = pin
@@ -233,7 +232,7 @@ def pin_from_json(raw: bytes) -> Pin:
 class PinShelf(Protocol):
     """Where pins are kept besides this process's memory (a store several cores share)."""
 
-    def put_page_pin(self, pin_id: str, tenant: str, workspace: str, pin: bytes, expires_at_ms: int) -> None:
+    def put_page_pin(self, pin_id: str, scope: Scope, pin: bytes, expires_at_ms: int) -> None:
         """Keep ``pin`` (sealed: ``seal_pin``) until ``expires_at_ms``."""
 
     def page_pin(self, pin_id: str, now_ms: int) -> bytes | None: ...

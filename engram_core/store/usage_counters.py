@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from engram_core.contract.scope import Scope
+
 WINDOWS_MS: dict[str, int] = {"minute": 60_000, "hour": 3_600_000}
 BUCKETS = 60
 METRICS = ("captures", "admissions", "searches", "gets", "withdrawals", "forgets", "bytes_stored")
@@ -57,8 +59,7 @@ class UsageRead:
     """A read of shared counts for one call, made ready to ride on another statement of the store
     (``Store.claim_context``): the buckets wanted, and the held-back adds sent with it."""
 
-    tenant: str
-    workspace: str
+    scope: Scope
     principal: str
     now_ms: int
     wanted: list[tuple[str, str, int]]  # (subject, window, floor)
@@ -154,25 +155,26 @@ class QuotaCounters:
                 self._shared.add_usage(rows)
 
     @staticmethod
-    def _keys(tenant: str, workspace: str, principal: str) -> dict[str, tuple[str, ...]]:
-        return {"principal": ("principal", tenant, workspace, principal), "scope": ("scope", tenant, workspace)}
+    def _keys(scope: Scope, principal: str) -> dict[str, tuple[str, ...]]:
+        return {"principal": ("principal", scope.tenant, scope.workspace, principal),
+                "scope": ("scope", scope.tenant, scope.workspace)}
 
     @property
     def shared(self) -> bool:
         """The counts are the store's (several cores), not this process's."""
         return self._shared is not None
 
-    def begin_read(self, tenant: str, workspace: str, principal: str) -> UsageRead:
+    def begin_read(self, scope: Scope, principal: str) -> UsageRead:
         """A shared read of ``usage``'s counts, taking the held-back adds with it: hand it to the
         store with the statement it rides on, then to ``finish_read`` with what that answered, or
         to ``abandon_read`` when the statement failed (the adds are kept for the next read)."""
         now = self._now()
-        keys = self._keys(tenant, workspace, principal)
+        keys = self._keys(scope, principal)
         floors = {name: now - (ms // BUCKETS) * BUCKETS for name, ms in WINDOWS_MS.items()}
         wanted = [(_subject(key), name, floor) for key in keys.values() for name, floor in floors.items()]
         with self._sending:  # a flush in flight lands first; the rest rides with this read
             adding = self._take_pending()
-        return UsageRead(tenant, workspace, principal, now, wanted, adding)
+        return UsageRead(scope, principal, now, wanted, adding)
 
     def abandon_read(self, read: UsageRead) -> None:
         self._requeue(read.adding)
@@ -186,15 +188,15 @@ class QuotaCounters:
             if (subject, window) in floor_of and start > floor_of[(subject, window)]:
                 found.setdefault((subject, window), []).append((start, metric, amount))
         out: dict[str, object] = {"windows": {name: {"ms": ms} for name, ms in WINDOWS_MS.items()}}
-        for subject, key in self._keys(read.tenant, read.workspace, read.principal).items():
+        for subject, key in self._keys(read.scope, read.principal).items():
             out[subject] = {name: self._shared_window(found.get((_subject(key), name), []), name, read.now_ms)
                             for name in WINDOWS_MS}
         return out
 
-    def usage(self, tenant: str, workspace: str, principal: str) -> dict[str, object]:
+    def usage(self, scope: Scope, principal: str) -> dict[str, object]:
         """``input.usage`` for the authz policy."""
         if self._shared is not None:
-            read = self.begin_read(tenant, workspace, principal)
+            read = self.begin_read(scope, principal)
             try:
                 found = self._shared.usage_buckets(read.wanted, adding=read.adding)
             except BaseException:
@@ -204,7 +206,7 @@ class QuotaCounters:
         now = self._now()
         out: dict[str, object] = {"windows": {name: {"ms": ms} for name, ms in WINDOWS_MS.items()}}
         with self._lock:
-            for subject, key in self._keys(tenant, workspace, principal).items():
+            for subject, key in self._keys(scope, principal).items():
                 entry = self._subjects.get(key)
                 out[subject] = {name: (entry[0][name].usage(now) if entry else {**dict.fromkeys(METRICS, 0),
                                                                                  "retry_after_ms": 0})
@@ -218,11 +220,11 @@ class QuotaCounters:
             window.add(start, metric, total)
         return window.usage(now)
 
-    def add(self, tenant: str, workspace: str, principal: str, metric: str, amount: int = 1) -> None:
+    def add(self, scope: Scope, principal: str, metric: str, amount: int = 1) -> None:
         now = self._now()
         if self._shared is not None:
             rows = [(_subject(key), name, now - now % (ms // BUCKETS), metric, amount)
-                    for key in self._keys(tenant, workspace, principal).values() for name, ms in WINDOWS_MS.items()]
+                    for key in self._keys(scope, principal).values() for name, ms in WINDOWS_MS.items()]
             with self._lock:
                 self._pending += rows
                 if self._flusher is None:
@@ -231,7 +233,7 @@ class QuotaCounters:
             self._wake.set()
             return
         with self._lock:
-            for key in self._keys(tenant, workspace, principal).values():
+            for key in self._keys(scope, principal).values():
                 entry = self._subjects.get(key)
                 if entry is None:
                     entry = self._subjects[key] = ({n: _Window.new(ms) for n, ms in WINDOWS_MS.items()}, [now])

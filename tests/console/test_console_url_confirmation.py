@@ -34,6 +34,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from engram_core.api import admin_pb2
 from engram_core.console.core_client import Actor, CoreClient, CoreError
+from engram_core.contract.scope import Scope
 from engram_core.contract.tools import FORGET_TOOL
 from tests.support.console_support import OTHER, TENANT, WORKSPACE, World, chrome, http, start_console
 
@@ -308,12 +309,12 @@ async def test_another_tenants_person_cannot_see_or_approve(world: World, tmp_pa
         checked["post"] = person.send("POST", path, {"csrf": csrf, "decision": "approve"})[0]
         cid = path.rsplit("/", 1)[1]
         try:
-            core.decide_confirmation(Actor("local:owner", "s"), OTHER, WORKSPACE, cid, True)
+            core.decide_confirmation(Actor("local:owner", "s"), Scope(OTHER, WORKSPACE), cid, True)
             checked["core"] = "decided"
         except CoreError as err:
             checked["core"] = err.code
         try:
-            core.confirmations(Actor("local:owner", "s"), OTHER, WORKSPACE, cid)
+            core.confirmations(Actor("local:owner", "s"), Scope(OTHER, WORKSPACE), cid)
             checked["core_get"] = "found"
         except CoreError as err:
             checked["core_get"] = err.code

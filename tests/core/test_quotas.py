@@ -67,20 +67,20 @@ def test_flooding_principal_is_rate_limited_others_are_not(tmp_path: Path, store
 def test_counters_slide_with_the_injected_clock() -> None:
     clock = FixedClock(1_700_000_000_000)
     q = QuotaCounters(clock.now_ms)
-    q.add("t", "w", "p", "captures")
+    q.add(Scope("t", "w"), "p", "captures")
     clock.advance(30_000)
-    q.add("t", "w", "p", "captures")
-    q.add("t", "w", "other", "bytes_stored", 500)
-    u = q.usage("t", "w", "p")
+    q.add(Scope("t", "w"), "p", "captures")
+    q.add(Scope("t", "w"), "other", "bytes_stored", 500)
+    u = q.usage(Scope("t", "w"), "p")
     assert u["principal"]["minute"]["captures"] == 2 and u["principal"]["hour"]["captures"] == 2
     assert u["scope"]["minute"]["bytes_stored"] == 500 and u["principal"]["minute"]["bytes_stored"] == 0
     assert u["principal"]["minute"]["retry_after_ms"] == 30_000  # the first capture leaves the minute then
     clock.advance(30_000)
-    u = q.usage("t", "w", "p")
+    u = q.usage(Scope("t", "w"), "p")
     assert u["principal"]["minute"]["captures"] == 1 and u["principal"]["hour"]["captures"] == 2
-    assert q.usage("t", "other-w", "p")["principal"]["minute"]["captures"] == 0
+    assert q.usage(Scope("t", "other-w"), "p")["principal"]["minute"]["captures"] == 0
     clock.advance(3_600_000)
-    assert q.usage("t", "w", "p")["principal"]["hour"]["captures"] == 0
+    assert q.usage(Scope("t", "w"), "p")["principal"]["hour"]["captures"] == 0
 
 
 def _check(c: Client, tool: str, target: str, key: str) -> str:

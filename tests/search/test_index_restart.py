@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from engram_core.clock import FixedClock
+from engram_core.contract.scope import Scope
 from engram_core.store import search_index
 from engram_core.store.duckdb import engine as duckdb_store
 from engram_core.store.search_index import IndexBuilder
@@ -103,7 +104,7 @@ def test_the_vector_sketch_changes_no_answer(tmp_path: Path, stores, monkeypatch
         ana.search(QUERIES[0], limit=3, capability_policy=SEMANTIC)  # builds the sketch
         ids += [_remember(ana, TEXTS[i], t) for i in (2, 5, 6)]
         ana.forget(ids[1])
-        with running.core.store.search_index(("acme", "alpha")) as index:
+        with running.core.store.search_index(Scope("acme", "alpha")) as index:
             assert index._scopes[("acme", "alpha")].sketches  # the searches below read it
         sketched = _answers(ana)
         assert ids[1] not in str(sketched) and ids[5] in str(sketched)
@@ -112,7 +113,7 @@ def test_the_vector_sketch_changes_no_answer(tmp_path: Path, stores, monkeypatch
     monkeypatch.setattr(search_index.tuning, "SKETCH_FROM", 10**9)
     running = stores.start_core(tmp_path / "data", clock=clock, semantic=True)
     try:
-        with running.core.store.search_index(("acme", "alpha")) as index:
+        with running.core.store.search_index(Scope("acme", "alpha")) as index:
             assert not index._scopes[("acme", "alpha")].sketches
         assert _answers(Client(running, clock=clock)) == sketched
     finally:
@@ -136,7 +137,7 @@ def test_a_core_without_the_semantic_channel_builds_no_sketch_at_open(tmp_path: 
     for semantic in (False, True):
         running = stores.start_core(tmp_path / "data", clock=clock, semantic=semantic)
         try:
-            with running.core.store.search_index(("acme", "alpha")) as index:
+            with running.core.store.search_index(Scope("acme", "alpha")) as index:
                 scope = index._scopes[("acme", "alpha")]
                 assert scope.vectors  # the vectors are loaded either way
                 assert bool(scope.sketches) == semantic
@@ -166,11 +167,11 @@ def test_the_builder_indexes_only_records_whose_projection_opened() -> None:
         builder.add_projection(rid, encode(Projection.of({0: {11: 2, 12: 1}}, "m", vector.tolist())))
     index = builder.finish()
     assert index.document_count() == 2
-    assert set(index.rows("acme", "alpha", ["rec_a", "rec_b", "rec_c"])) == {"rec_a", "rec_c"}
-    near = index.nearest("acme", "alpha", "m", [0.5] * 4, now_ms=10, max_accepted_cursor=10, min_similarity=-1.0,
+    assert set(index.rows(Scope("acme", "alpha"), ["rec_a", "rec_b", "rec_c"])) == {"rec_a", "rec_c"}
+    near = index.nearest(Scope("acme", "alpha"), "m", [0.5] * 4, now_ms=10, max_accepted_cursor=10, min_similarity=-1.0,
                          limit=10)
     assert [r[0] for r in near] == ["rec_a", "rec_c"] and near[0][1] == 1.0
-    stats = index.stats("acme", "alpha", [11, 12])
+    stats = index.stats(Scope("acme", "alpha"), [11, 12])
     assert stats.docs == 2 and stats.df == {11: 2, 12: 2}
     matrix, _ = index._scopes[("acme", "alpha")].vectors["m"]
     assert matrix.dtype == np.float32  # 4 bytes a value, not 8

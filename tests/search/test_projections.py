@@ -49,7 +49,7 @@ def test_admission_indexes_postings_stats_and_vector_in_one_go(core: RunningCore
     with core.core.store.read() as tx:
         assert tx.postings_count(rid) > 0 and tx.vector_count(rid) == 1
     assert _docs(core) == before + 1
-    assert _opened(core)[rid].postings == core.core.store._index.indexed_postings("acme", "alpha", rid)
+    assert _opened(core)[rid].postings == core.core.store._index.indexed_postings(Scope("acme", "alpha"), rid)
 
 
 def test_forget_removes_postings_and_vector_in_same_transaction(core: RunningCore) -> None:
@@ -171,7 +171,7 @@ def test_search_reads_a_record_from_the_index_copy_only_while_it_equals_the_data
 
     def held() -> dict:
         with store.search_index() as index:
-            return index.rows("acme", "alpha", ids)
+            return index.rows(Scope("acme", "alpha"), ids)
 
     def from_db() -> dict:
         with store.engine.read(snapshot=False) as tx:  # the engine's rows, not the kernel's copy

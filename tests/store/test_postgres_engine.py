@@ -352,17 +352,17 @@ def test_a_context_claim_carries_the_calls_quota_read_and_held_back_adds(proxied
     counters, other_core = store.usage_counters(lambda: now[0]), store.usage_counters(lambda: now[0])
     store.claim_context("k1:lane0:qwarm", 1_800_000_060_000)  # the pool's connection made, outside the count
     for _ in range(3):
-        counters.add(T, W, P, "searches")
-    counters.add(T, W, "someone-else", "captures")
+        counters.add(Scope(T, W), P, "searches")
+    counters.add(Scope(T, W), "someone-else", "captures")
     engine_wire.reset()
-    read = counters.begin_read(T, W, P)
+    read = counters.begin_read(Scope(T, W), P)
     claim = store.claim_context("k1:lane0:quota", 1_800_000_060_000, usage=read)
     assert engine_wire.round_trips == 1
     assert claim.claimed and claim.usage is not None
     usage = counters.finish_read(read, claim.usage)
     assert usage["principal"]["minute"]["searches"] == 3 and usage["scope"]["minute"]["captures"] == 1
-    assert usage == other_core.usage(T, W, P)  # the adds reached the database with the claim
-    replay = store.claim_context("k1:lane0:quota", 1_800_000_060_000, usage=other_core.begin_read(T, W, P))
+    assert usage == other_core.usage(Scope(T, W), P)  # the adds reached the database with the claim
+    replay = store.claim_context("k1:lane0:quota", 1_800_000_060_000, usage=other_core.begin_read(Scope(T, W), P))
     assert not replay.claimed and replay.usage is not None
 
 
@@ -373,8 +373,8 @@ def test_a_claims_quota_adds_commit_in_a_transaction_of_their_own(proxied: Any, 
     store, _, _ = proxied
     now = [1_800_000_000_000]
     counters = store.usage_counters(lambda: now[0])
-    counters.add(T, W, P, "searches")
-    claim = store.claim_context("k1:lane0:apart", 1_800_000_060_000, usage=counters.begin_read(T, W, P))
+    counters.add(Scope(T, W), P, "searches")
+    claim = store.claim_context("k1:lane0:apart", 1_800_000_060_000, usage=counters.begin_read(Scope(T, W), P))
     assert claim.claimed
     with pg_database.connect() as con:
         claim_tx = con.execute("SELECT xmin::text FROM context_nonce_claims WHERE ref = %s",
@@ -593,20 +593,20 @@ def test_usage_counts_are_one_count_across_cores_and_a_cores_adds_ride_on_its_ne
     try:
         a = QuotaCounters(lambda: now[0], shared=store.engine.shared)
         b = QuotaCounters(lambda: now[0], shared=other.shared)
-        a.usage(T, W, P)  # the connection made, outside the count
+        a.usage(Scope(T, W), P)  # the connection made, outside the count
         for _ in range(3):
-            a.add(T, W, P, "searches")
+            a.add(Scope(T, W), P, "searches")
         engine_wire.reset()
-        seen = a.usage(T, W, P)
+        seen = a.usage(Scope(T, W), P)
         assert engine_wire.round_trips == 1  # the three adds and the read, one statement
         assert seen["principal"]["minute"]["searches"] == 3 and seen["scope"]["hour"]["searches"] == 3  # type: ignore[index]
-        assert b.usage(T, W, P)["principal"]["minute"]["searches"] == 3  # type: ignore[index]
+        assert b.usage(Scope(T, W), P)["principal"]["minute"]["searches"] == 3  # type: ignore[index]
         monkeypatch.setattr(usage_counters, "FLUSH_AFTER_S", FLUSH_AFTER_S)  # B's flusher starts with its add
-        b.add(T, W, "user:bo", "gets")  # B's add, no read of B's after it: its flusher sends it
-        assert wait_until(lambda: a.usage(T, W, P)["scope"]["minute"]["gets"] == 1, timeout=10 * FLUSH_AFTER_S + 5)  # type: ignore[index]
-        assert a.usage(T, W, P)["principal"]["minute"]["gets"] == 0  # type: ignore[index]  (bo's, not ana's)
+        b.add(Scope(T, W), "user:bo", "gets")  # B's add, no read of B's after it: its flusher sends it
+        assert wait_until(lambda: a.usage(Scope(T, W), P)["scope"]["minute"]["gets"] == 1, timeout=10 * FLUSH_AFTER_S + 5)  # type: ignore[index]
+        assert a.usage(Scope(T, W), P)["principal"]["minute"]["gets"] == 0  # type: ignore[index]  (bo's, not ana's)
         now[0] += 61_000  # the minute window moves past them; the hour keeps them
-        later = b.usage(T, W, P)
+        later = b.usage(Scope(T, W), P)
         assert later["principal"]["minute"]["searches"] == 0 and later["principal"]["hour"]["searches"] == 3  # type: ignore[index]
     finally:
         other.close()
@@ -638,10 +638,10 @@ def test_a_read_waits_for_the_adds_its_flusher_is_still_sending(
     monkeypatch.setattr(usage_counters, "FLUSH_AFTER_S", 0.0)
     counters = QuotaCounters(lambda: 1_800_000_000_000, shared=HeldAdds())
     for _ in range(3):
-        counters.add(T, W, P, "captures")
+        counters.add(Scope(T, W), P, "captures")
     assert sending.wait(10)  # the flusher holds the three adds, its round trip not committed
     seen: dict[str, Any] = {}
-    reader = threading.Thread(target=lambda: seen.update(counters.usage(T, W, P)))
+    reader = threading.Thread(target=lambda: seen.update(counters.usage(Scope(T, W), P)))
     reader.start()
     time.sleep(0.3)  # the read, begun, would have answered by now had it not waited
     release.set()

@@ -18,6 +18,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engram_core.contract.scope import Scope
 from engram_core.store import search_index
 from engram_core.store.changes import RecordIndexed, RecordUnindexed
 from engram_core.store.port import LexicalQuery, RecordRow
@@ -59,7 +60,7 @@ def _exhaustive(index: SearchIndex, query: list[int], weights: dict[int, float],
                 ) -> tuple[int, list[tuple[str, float, int]], float]:
     """Every posting of every query term scored and every hit ordered (see the module's text)."""
     scope = index._scopes[("t", "w")]  # noqa: SLF001 - the reference reads the postings themselves
-    stats = index.stats("t", "w", query)
+    stats = index.stats(Scope("t", "w"), query)
     weight, inv_avg = np.zeros(len(FIELDS)), np.zeros(len(FIELDS))
     for name, w in WEIGHTS.items():
         avg = stats.avg_len.get(name)
@@ -94,9 +95,9 @@ def _exhaustive(index: SearchIndex, query: list[int], weights: dict[int, float],
 def _ranked(index: SearchIndex, query: list[int], weights: dict[int, float], limit: int):
     import dataclasses
 
-    stats = index.stats("t", "w", query)
+    stats = index.stats(Scope("t", "w"), query)
     stats = dataclasses.replace(stats, weights={t: w for t, w in weights.items() if t in stats.df})
-    return index.rank("t", "w", LexicalQuery(stats, WEIGHTS, k1=K1, b=B, now_ms=NOW, half_life_ms=HALF_LIFE,
+    return index.rank(Scope("t", "w"), LexicalQuery(stats, WEIGHTS, k1=K1, b=B, now_ms=NOW, half_life_ms=HALF_LIFE,
                                              lexical_weight=LW, max_accepted_cursor=10**9, best_bm25=None,
                                              after=None, limit=limit))
 

@@ -12,6 +12,7 @@ import duckdb
 import numpy as np
 import pytest
 
+from engram_core.contract.scope import Scope
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.crypto.sealing import seal
 from engram_core.store.duckdb import open_duckdb_store
@@ -84,7 +85,7 @@ def test_migration_seals_a_legacy_store_and_leaves_no_plain_rows_in_the_file(tmp
             assert not tables & {"postings", "vectors", "field_stats"}
             assert not rows(tx, "SELECT 1 FROM store_meta WHERE k = 'compact_pending'")
         with store.search_index() as index:
-            assert index.indexed_postings("acme", "alpha", rid) == 3
+            assert index.indexed_postings(Scope("acme", "alpha"), rid) == 3
     finally:
         store.close()
     files = [p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()]

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from engram_core.contract.scope import Scope
 from engram_core.store import search_index, vector_sketch
 from engram_core.store.changes import (
     RecordIndexed,
@@ -122,10 +123,10 @@ def _reference(records: dict[str, tuple[RecordMeta, list[Posting]]], query: list
 
 def _rank(index: SearchIndex, query: list[int], max_cursor: int, *, after=None, best=None, limit=1000,
           neighbours=None, qweights=None):
-    stats = index.stats("t", "w", query)
+    stats = index.stats(Scope("t", "w"), query)
     if qweights:
         stats = dataclasses.replace(stats, weights={t: w for t, w in qweights.items() if t in stats.df})
-    return index.rank("t", "w", LexicalQuery(stats, WEIGHTS, k1=K1, b=B, now_ms=NOW, half_life_ms=HALF_LIFE,
+    return index.rank(Scope("t", "w"), LexicalQuery(stats, WEIGHTS, k1=K1, b=B, now_ms=NOW, half_life_ms=HALF_LIFE,
                                              lexical_weight=LW, max_accepted_cursor=max_cursor, best_bm25=best,
                                              after=after, limit=limit, neighbours=neighbours))
 
@@ -185,7 +186,7 @@ def test_rank_matches_direct_bm25f(seed: int, n: int, query: list[int], merge_at
         _check_ranking(index, query, max_cursor, neighbours, total, rows, best, own, qweights)
         # Statistics looked up together are each term's own (query terms absent, below and above).
         unique = sorted({*query, -5, 99})
-        assert index.stats("t", "w", unique).df == {t: n for t in unique
+        assert index.stats(Scope("t", "w"), unique).df == {t: n for t in unique
                                                     if (n := sum(any(p.term == t for p in ps)
                                                                  for _, ps in records.values()))}
     finally:
@@ -214,8 +215,8 @@ def test_a_first_page_scored_from_the_best_raw_bm25s_is_the_whole_ranking_s_firs
         saved = search_index.tuning.PRUNE_FROM
         search_index.tuning.PRUNE_FROM = prune_from
         try:
-            stats = index.stats("t", "w", [1])
-            return index.rank("t", "w", LexicalQuery(stats, WEIGHTS, k1=K1, b=B, now_ms=NOW, half_life_ms=HALF_LIFE,
+            stats = index.stats(Scope("t", "w"), [1])
+            return index.rank(Scope("t", "w"), LexicalQuery(stats, WEIGHTS, k1=K1, b=B, now_ms=NOW, half_life_ms=HALF_LIFE,
                                                      lexical_weight=LW, max_accepted_cursor=n + 1, best_bm25=None,
                                                      after=None, limit=limit, window=window, neighbours=neighbours))
         finally:
@@ -349,13 +350,13 @@ def test_stats_track_adds_and_removals_like_the_database() -> None:
     b = RecordMeta("rec_b", True, 2, 2, NOW, None, None)
     index.apply([_indexed(a, [Posting(1, "primary", 2, 3), Posting(2, "primary", 1, 3)]),
                  _indexed(b, [Posting(1, "context", 1, 1)])])
-    stats = index.stats("t", "w", [1, 2, 3])
+    stats = index.stats(Scope("t", "w"), [1, 2, 3])
     assert (stats.docs, stats.df, stats.avg_len) == (2, {1: 2, 2: 1}, {"primary": 3.0, "context": 1.0})
     index.apply([RecordUnindexed("t", "w", "rec_a")])
-    stats = index.stats("t", "w", [1, 2])
+    stats = index.stats(Scope("t", "w"), [1, 2])
     assert (stats.docs, stats.df, stats.avg_len) == (1, {1: 1}, {"context": 1.0})
     index.apply([ScopeProjectionsDropped("t", "w")])
-    assert index.stats("t", "w", [1]).docs == 0
+    assert index.stats(Scope("t", "w"), [1]).docs == 0
 
 
 class _Int16Sums:
@@ -453,14 +454,14 @@ def _nearest_matches_a_direct_scan(seed: int, n: int, min_similarity: float,
     saved = search_index.tuning.LEND_PATH
     search_index.tuning.LEND_PATH = lend_path
     try:
-        got = index.nearest("t", "w", "m", q.tolist(), now_ms=NOW, max_accepted_cursor=max_cursor,
+        got = index.nearest(Scope("t", "w"), "m", q.tolist(), now_ms=NOW, max_accepted_cursor=max_cursor,
                             min_similarity=min_similarity, limit=7, neighbours=neighbours)
     finally:
         search_index.tuning.LEND_PATH = saved
     assert [r[0] for r in got] == [r[0] for r in expected[:7]]
     # Rows carry each record's own similarity, whatever ordered them.
     assert all(math.isclose(a[1], b[1], abs_tol=1e-6) for a, b in zip(got, expected, strict=False))
-    assert index.nearest("t", "w", "other-model", q.tolist(), now_ms=NOW, max_accepted_cursor=max_cursor,
+    assert index.nearest(Scope("t", "w"), "other-model", q.tolist(), now_ms=NOW, max_accepted_cursor=max_cursor,
                          min_similarity=-1.0, limit=7) == []
 
 
@@ -506,7 +507,7 @@ def test_nearest_is_the_float64_answer_among_near_ties(seed: int, limit: int,
     with _Sketched(kernel):
         for i in range(300):
             if i == 150 and kernel is not None:
-                index.nearest("t", "w", "m", direction.tolist(), now_ms=NOW, max_accepted_cursor=10**9,
+                index.nearest(Scope("t", "w"), "m", direction.tolist(), now_ms=NOW, max_accepted_cursor=10**9,
                               min_similarity=-1.0, limit=1)
                 assert "m" in index._scopes[("t", "w")].sketches
             _near_tie_row(index, rng, direction, i)
@@ -532,7 +533,7 @@ def _nearest_is_the_float64_answer(index: SearchIndex, rng: np.random.Generator,
     exact = _float64_nearest(index, "m", query, min_similarity=-1.0, limit=300, neighbours=neighbours)
     # Thresholds on a similarity some row has, and between two nearly equal ones.
     for min_similarity in (-1.0, exact[len(exact) // 2][1], exact[3][1] - 1e-9, 0.9999):
-        got = index.nearest("t", "w", "m", query, now_ms=NOW, max_accepted_cursor=10**9,
+        got = index.nearest(Scope("t", "w"), "m", query, now_ms=NOW, max_accepted_cursor=10**9,
                             min_similarity=min_similarity, limit=limit, neighbours=neighbours)
         assert got == _float64_nearest(index, "m", query, min_similarity=min_similarity, limit=limit,
                                        neighbours=neighbours)
@@ -602,7 +603,7 @@ def test_a_forgotten_records_vector_leaves_the_index(kernel: str | None) -> None
             index.apply([_indexed(meta, [Posting(1, "primary", 1, 1)]),
                          VectorIndexed("t", "w", meta.record_id, "m", (v / np.linalg.norm(v)).tolist())])
         query = rng.standard_normal(384)
-        before = index.nearest("t", "w", "m", query.tolist(), now_ms=NOW, max_accepted_cursor=10**9,
+        before = index.nearest(Scope("t", "w"), "m", query.tolist(), now_ms=NOW, max_accepted_cursor=10**9,
                                min_similarity=-1.0, limit=40)
         scope = index._scopes[("t", "w")]
         assert ("m" in scope.sketches) is sketched
@@ -613,7 +614,7 @@ def test_a_forgotten_records_vector_leaves_the_index(kernel: str | None) -> None
         if sketched:
             approx, _ = scope.sketches["m"].similarities(query, doc + 1)
             assert approx[doc] == 0.0
-        after = index.nearest("t", "w", "m", query.tolist(), now_ms=NOW, max_accepted_cursor=10**9,
+        after = index.nearest(Scope("t", "w"), "m", query.tolist(), now_ms=NOW, max_accepted_cursor=10**9,
                               min_similarity=-1.0, limit=40)
         assert after == [r for r in before if r[0] != "rec_07"]
 

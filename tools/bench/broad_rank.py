@@ -72,12 +72,13 @@ def _module_of(tree: Path) -> Any:
 def _other_index(other: Any, index: Any) -> Any:
     """An index of ``other``'s classes over ``index``'s scopes: each scope's arrays shared (ranking
     only reads them), its kept term contributions its own, so each ranking is timed with its own
-    ``Scope`` methods (a package's scope code is in ``postings.py``) and its own cache."""
+    ``ScopeIndex`` methods (a package's scope code is in ``postings.py``) and its own cache."""
     if not hasattr(other, "postings"):  # a single module: its rank is timed on this index's scopes
         return index
     scopes = {}
     for key, scope in index._scopes.items():
-        twin = other.postings.Scope.__new__(other.postings.Scope)
+        kind = getattr(other.postings, "ScopeIndex", None) or other.postings.Scope  # named Scope before 2026-12-07
+        twin = kind.__new__(kind)
         twin.__dict__.update(scope.__dict__)
         twin.forget_contributions()
         scopes[key] = twin

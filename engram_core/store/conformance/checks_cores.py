@@ -136,15 +136,15 @@ def check_what_cores_share_is_shared(target: Any) -> None:
     assert pins_b.get(pin_id) == pin
     counters_a = a.usage_counters(lambda: now[0])
     counters_b = b.usage_counters(lambda: now[0]) if target.several_writers else counters_a
-    counters_a.add(T, W, "user:ana", "searches", 2)
-    counters_b.add(T, W, "user:ana", "searches", 1)
+    counters_a.add(Scope(T, W), "user:ana", "searches", 2)
+    counters_b.add(Scope(T, W), "user:ana", "searches", 1)
     # A core reads its own adds at once, another core's within FLUSH_AFTER_S (they ride on that
     # core's next read of the counts, or are sent on their own by then).
-    assert counters_a.usage(T, W, "user:ana")["principal"]["minute"]["searches"] >= 2  # type: ignore[index]
-    assert wait_until(lambda: counters_b.usage(T, W, "user:ana")["scope"]["hour"]["searches"] == 3, 5)  # type: ignore[index]
-    assert wait_until(lambda: counters_a.usage(T, W, "user:ana")["principal"]["minute"]["searches"] == 3, 5)  # type: ignore[index]
+    assert counters_a.usage(Scope(T, W), "user:ana")["principal"]["minute"]["searches"] >= 2  # type: ignore[index]
+    assert wait_until(lambda: counters_b.usage(Scope(T, W), "user:ana")["scope"]["hour"]["searches"] == 3, 5)  # type: ignore[index]
+    assert wait_until(lambda: counters_a.usage(Scope(T, W), "user:ana")["principal"]["minute"]["searches"] == 3, 5)  # type: ignore[index]
     now[0] += 61 * 60_000  # past the longest window
-    assert counters_a.usage(T, W, "user:ana")["principal"]["hour"]["searches"] == 0  # type: ignore[index]
+    assert counters_a.usage(Scope(T, W), "user:ana")["principal"]["hour"]["searches"] == 0  # type: ignore[index]
 
 
 class _Abandoned(Exception):

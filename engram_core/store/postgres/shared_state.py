@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engram_core.contract.errors import Code, EngramError
+from engram_core.contract.scope import Scope
 from engram_core.store.postgres.leases import LeaderLeases
 
 if TYPE_CHECKING:
@@ -140,10 +141,10 @@ class PgSharedState:
             raise EngramError(Code.STORE_UNAVAILABLE, "store closed")
         yield self._engine.leases.hold(job)
 
-    def put_page_pin(self, pin_id: str, tenant: str, workspace: str, pin: bytes, expires_at_ms: int) -> None:
+    def put_page_pin(self, pin_id: str, scope: Scope, pin: bytes, expires_at_ms: int) -> None:
         """A search pin where every core reads it (``page_pins.PinShelf``)."""
         self._autocommit("INSERT INTO page_pins VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING true",
-                         [pin_id, tenant, workspace, pin, expires_at_ms], durable=False)
+                         [pin_id, scope.tenant, scope.workspace, pin, expires_at_ms], durable=False)
 
     def page_pin(self, pin_id: str, now_ms: int) -> bytes | None:
         """The pin, unless it expired by ``now_ms`` (expired pins are swept now and then)."""

@@ -14,7 +14,7 @@ index is therefore never older than its database snapshot; it may be newer, whic
 cursors absorb (records accepted or changed after ``system_as_of`` are not candidates, and a
 record forgotten after the pin is gone from the index, as SPEC §5 paging requires).
 
-What it holds, per scope (``postings.Scope``):
+What it holds, per scope (``postings.ScopeIndex``):
 
 - **Postings** in CSR form (sorted term keys, offsets) plus a small append buffer merged once it
   grows (``postings.py``); forgotten records are masked until the next merge drops their postings.

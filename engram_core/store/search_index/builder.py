@@ -15,7 +15,7 @@ from engram_core.store.fields import FIELDS
 from engram_core.store.port import RecordRow
 from engram_core.store.projection import split
 from engram_core.store.search_index.index import SearchIndex
-from engram_core.store.search_index.postings import Postings, Scope
+from engram_core.store.search_index.postings import Postings, ScopeIndex
 
 __all__ = ["IndexBuilder"]
 
@@ -26,7 +26,7 @@ class _Loading:
     into their float32 matrix."""
 
     def __init__(self) -> None:
-        self.scope = Scope()
+        self.scope = ScopeIndex()
         self.codes = bytearray()  # u8 field code per (record, field) segment
         self.counts = array("I")  # postings per segment
         self.segment_docs = array("i")  # the document of each segment
@@ -54,7 +54,7 @@ class _Loading:
             found[0][doc] = vector
             found[1][doc] = True
 
-    def finish(self, *, sketch: bool = True) -> Scope:
+    def finish(self, *, sketch: bool = True) -> ScopeIndex:
         scope = self.scope
         counts = np.frombuffer(self.counts, dtype=np.uint32).astype(np.int64)
         if counts.sum():
@@ -99,7 +99,7 @@ class IndexBuilder:
 
     def __init__(self, *, sketch_vectors: bool = True) -> None:
         # The index's maps, filled as rows come and handed to it whole by ``finish``.
-        self._scopes: dict[tuple[str, str], Scope] = {}
+        self._scopes: dict[tuple[str, str], ScopeIndex] = {}
         self._scope_of: dict[str, tuple[str, str]] = {}
         self._sketch_vectors = sketch_vectors
         self._loading: dict[tuple[str, str], _Loading] = {}

@@ -1,4 +1,4 @@
-"""``SearchIndex``: every scope's index (``postings.Scope``) by (tenant, workspace), the committed
+"""``SearchIndex``: every scope's index (``postings.ScopeIndex``) by (tenant, workspace), the committed
 changes it follows, and its reads: the rows it holds, lexical statistics, BM25F ranking
 (``rank``, scored by ``ranking.py``) and the nearest vectors (``nearest``, ``vectors.py``)."""
 
@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from engram_core.contract.scope import Scope
 from engram_core.store.changes import (
     Change,
     RecordIndexed,
@@ -21,7 +22,7 @@ from engram_core.store.changes import (
 from engram_core.store.fields import FIELD_CODE, FIELDS
 from engram_core.store.port import LexicalPage, LexicalQuery, LexicalStats, RecordRow
 from engram_core.store.search_index.columns import RecordMeta
-from engram_core.store.search_index.postings import Scope, add_layers
+from engram_core.store.search_index.postings import ScopeIndex, add_layers
 from engram_core.store.search_index.ranking import first_page, lexical_score, top
 from engram_core.store.search_index.vectors import candidates, float32_error, semantic_keys, similarities
 
@@ -32,37 +33,37 @@ class SearchIndex:
     """All scopes' lexical and vector projections in memory. Not thread-safe by itself:
     ``DuckDBStore`` holds its publish lock around every change and every read."""
 
-    def __init__(self, scopes: dict[tuple[str, str], Scope] | None = None,
+    def __init__(self, scopes: dict[tuple[str, str], ScopeIndex] | None = None,
                  scope_of: dict[str, tuple[str, str]] | None = None) -> None:
         """Empty, or holding the scopes ``IndexBuilder`` built and which scope holds each record."""
-        self._scopes: dict[tuple[str, str], Scope] = {} if scopes is None else scopes
+        self._scopes: dict[tuple[str, str], ScopeIndex] = {} if scopes is None else scopes
         self._scope_of: dict[str, tuple[str, str]] = {} if scope_of is None else scope_of
 
     def document_count(self) -> int:
         """Records indexed across all scopes (the metrics' index size)."""
-        return sum(scope.docs for scope in self._scopes.values())
+        return sum(held.docs for held in self._scopes.values())
 
-    def scope_documents(self, tenant: str, workspace: str) -> int:
+    def scope_documents(self, scope: Scope) -> int:
         """Records indexed in one scope."""
-        scope = self._scopes.get((tenant, workspace))
-        return scope.docs if scope is not None else 0
+        held = self._scopes.get((scope.tenant, scope.workspace))
+        return held.docs if held is not None else 0
 
-    def replace_scope(self, tenant: str, workspace: str, built: SearchIndex) -> None:
+    def replace_scope(self, scope: Scope, built: SearchIndex) -> None:
         """Hold ``built``'s index of the scope instead of this one's (a scope loaded on first use)."""
-        self.drop_scope(tenant, workspace)
-        scope = built._scopes.get((tenant, workspace))
-        if scope is not None:
-            self._scopes[(tenant, workspace)] = scope
-            for record_id in scope.local:
-                self._scope_of[record_id] = (tenant, workspace)
+        self.drop_scope(scope)
+        held = built._scopes.get((scope.tenant, scope.workspace))
+        if held is not None:
+            self._scopes[(scope.tenant, scope.workspace)] = held
+            for record_id in held.local:
+                self._scope_of[record_id] = (scope.tenant, scope.workspace)
 
-    def drop_scope(self, tenant: str, workspace: str) -> None:
+    def drop_scope(self, scope: Scope) -> None:
         """Forget the scope's index (evicted, or about to be replaced)."""
-        self.apply([ScopeProjectionsDropped(tenant, workspace)])
+        self.apply([ScopeProjectionsDropped(scope.tenant, scope.workspace)])
 
     def vector_models(self) -> set[str]:
         """The models whose vectors some scope holds (start-up: vectors of an older model)."""
-        return {model for scope in self._scopes.values() for model in scope.vectors}
+        return {model for held in self._scopes.values() for model in held.vectors}
 
     # -- changes (applied by the store kernel after each commit) -------------------
     def apply(self, changes: Iterable[Change]) -> None:
@@ -70,10 +71,10 @@ class SearchIndex:
         for change in changes:
             if isinstance(change, RecordIndexed):
                 key = (change.row.tenant, change.row.workspace)
-                scope = self._scopes.get(key)
-                if scope is None:  # (not setdefault: a scope's arrays are made only for a new one)
-                    scope = self._scopes[key] = Scope()
-                scope.add(RecordMeta.of(change.row), change.postings)
+                held = self._scopes.get(key)
+                if held is None:  # (not setdefault: a scope's arrays are made only for a new one)
+                    held = self._scopes[key] = ScopeIndex()
+                held.add(RecordMeta.of(change.row), change.postings)
                 self._scope_of[change.row.record_id] = key
             elif isinstance(change, RecordStateChanged):
                 key = self._scope_of.get(change.record_id)
@@ -86,14 +87,14 @@ class SearchIndex:
                 if key is not None:
                     self._scopes[key].evict_row(change.record_id)
             elif isinstance(change, RecordUnindexed):
-                scope = self._scopes.get((change.tenant, change.workspace))
-                if scope is not None:
-                    scope.remove(change.record_id)
+                held = self._scopes.get((change.tenant, change.workspace))
+                if held is not None:
+                    held.remove(change.record_id)
                 self._scope_of.pop(change.record_id, None)
             elif isinstance(change, VectorIndexed):
-                scope = self._scopes.get((change.tenant, change.workspace))
-                if scope is not None:
-                    scope.put_vector(change.record_id, change.model, change.vector)
+                held = self._scopes.get((change.tenant, change.workspace))
+                if held is not None:
+                    held.put_vector(change.record_id, change.model, change.vector)
             elif isinstance(change, ScopeProjectionsDropped):
                 dropped = self._scopes.pop((change.tenant, change.workspace), None)
                 for record_id in dropped.local if dropped else ():
@@ -101,47 +102,47 @@ class SearchIndex:
             else:
                 raise ValueError(f"unknown committed change {change!r}")
 
-    def state_cursor_of(self, tenant: str, workspace: str, record_id: str) -> int | None:
+    def state_cursor_of(self, scope: Scope, record_id: str) -> int | None:
         """The state cursor the index holds for a record (None: not indexed)."""
-        scope = self._scopes.get((tenant, workspace))
-        doc = scope.local.get(record_id) if scope is not None else None
-        return int(scope.columns.changed[doc]) if scope is not None and doc is not None else None
+        held = self._scopes.get((scope.tenant, scope.workspace))
+        doc = held.local.get(record_id) if held is not None else None
+        return int(held.columns.changed[doc]) if held is not None and doc is not None else None
 
-    def indexed_postings(self, tenant: str, workspace: str, record_id: str) -> int | None:
+    def indexed_postings(self, scope: Scope, record_id: str) -> int | None:
         """How many postings the index holds for one record; None when it does not hold the record."""
-        scope = self._scopes.get((tenant, workspace))
-        doc = scope.local.get(record_id) if scope is not None else None
-        if scope is None or doc is None:
+        held = self._scopes.get((scope.tenant, scope.workspace))
+        doc = held.local.get(record_id) if held is not None else None
+        if held is None or doc is None:
             return None
-        rows = scope.terms_of.get(doc)
-        return len(rows) if rows is not None else len(scope.rows_of(doc))
+        rows = held.terms_of.get(doc)
+        return len(rows) if rows is not None else len(held.rows_of(doc))
 
     # -- reads ----------------------------------------------------------------------
-    def rows(self, tenant: str, workspace: str, record_ids: list[str]) -> dict[str, RecordRow]:
+    def rows(self, scope: Scope, record_ids: list[str]) -> dict[str, RecordRow]:
         """The committed rows the index holds for these records of the scope (not those whose
         row changed since it was indexed: their state or body is read from the database)."""
-        scope = self._scopes.get((tenant, workspace))
-        if scope is None:
+        held = self._scopes.get((scope.tenant, scope.workspace))
+        if held is None:
             return {}
         found = {}
         for rid in record_ids:
-            doc = scope.local.get(rid)
-            row = scope.columns.rows[doc] if doc is not None else None
+            doc = held.local.get(rid)
+            row = held.columns.rows[doc] if doc is not None else None
             if row is not None:
                 found[rid] = row
         return found
 
-    def stats(self, tenant: str, workspace: str, terms: list[int]) -> LexicalStats:
-        scope = self._scopes.get((tenant, workspace))
-        if scope is None:
+    def stats(self, scope: Scope, terms: list[int]) -> LexicalStats:
+        held = self._scopes.get((scope.tenant, scope.workspace))
+        if held is None:
             return LexicalStats(docs=0, avg_len={}, df={})
-        avg = {FIELDS[c]: scope.field_len[c] / max(scope.field_docs[c], 1)
-               for c in range(len(FIELDS)) if scope.field_docs[c] > 0}
+        avg = {FIELDS[c]: held.field_len[c] / max(held.field_docs[c], 1)
+               for c in range(len(FIELDS)) if held.field_docs[c] > 0}
         unique = sorted(set(terms))
-        df = {t: n for t, n in zip(unique, scope.dfs(unique), strict=True) if n > 0}
-        return LexicalStats(docs=scope.docs, avg_len=avg, df=df)
+        df = {t: n for t, n in zip(unique, held.dfs(unique), strict=True) if n > 0}
+        return LexicalStats(docs=held.docs, avg_len=avg, df=df)
 
-    def rank(self, tenant: str, workspace: str, query: LexicalQuery) -> LexicalPage:
+    def rank(self, scope: Scope, query: LexicalQuery) -> LexicalPage:
         """BM25F-style ranking (SPEC §11) of records eligible at ``query.now_ms``, with pinned
         statistics (``LexicalQuery`` says what each part of the query means).
 
@@ -154,7 +155,7 @@ class SearchIndex:
         """
         stats, best_bm25, after, limit = query.stats, query.best_bm25, query.after, query.limit
         now_ms, window, neighbours, lexical_weight = query.now_ms, query.window, query.neighbours, query.lexical_weight
-        scope = self._scopes.get((tenant, workspace))
+        held = self._scopes.get((scope.tenant, scope.workspace))
         # A term's weight in the query (1, or the thesaurus's for a related term) times its IDF.
         idf = [(t, stats.weights.get(t, 1.0) * math.log(1 + (stats.docs - n + 0.5) / (n + 0.5)))
                for t, n in sorted(stats.df.items()) if n > 0]
@@ -164,11 +165,11 @@ class SearchIndex:
             avg = stats.avg_len.get(name)
             if avg and name in FIELD_CODE:
                 weight[FIELD_CODE[name]], inv_avg[FIELD_CODE[name]] = w, 1.0 / avg
-        if scope is None or not idf or not weight.any():
+        if held is None or not idf or not weight.any():
             return LexicalPage(0, [], best_bm25 or 0.0)
-        cols = scope.columns
+        cols = held.columns
         terms = [layers for term, term_idf in idf
-                 if (layers := scope.contribution(term, weight, inv_avg, query.k1, query.b, term_idf)) is not None]
+                 if (layers := held.contribution(term, weight, inv_avg, query.k1, query.b, term_idf)) is not None]
         if not terms:
             return LexicalPage(0, [], best_bm25 or 0.0)
         # Each term's contributions added in place, in term order (``add_layers``): a document's
@@ -217,7 +218,7 @@ class SearchIndex:
         return LexicalPage(total, rows_out, best, own_best)
 
 
-    def nearest(self, tenant: str, workspace: str, model: str, vector: list[float], *, now_ms: int,
+    def nearest(self, scope: Scope, model: str, vector: list[float], *, now_ms: int,
                 max_accepted_cursor: int, min_similarity: float, limit: int,
                 neighbours: tuple[int, float, int, int] | None = None) -> list[tuple[str, float, int]]:
         """Eligible records by cosine similarity (vectors are unit length), at least
@@ -225,11 +226,11 @@ class SearchIndex:
         ``neighbours`` (span, weight, within_ms, session_ms): records are ordered and thresholded by their
         similarity (at least 0) plus ``weight`` times their best eligible neighbour's
         (``Columns.lend``); rows still carry their own similarity."""
-        scope = self._scopes.get((tenant, workspace))
-        if scope is None or model not in scope.vectors or limit <= 0:
+        held = self._scopes.get((scope.tenant, scope.workspace))
+        if held is None or model not in held.vectors or limit <= 0:
             return []
-        matrix, present = scope.vectors[model]
-        cols = scope.columns
+        matrix, present = held.vectors[model]
+        cols = held.columns
         n = min(cols.n, len(matrix))
         query = np.asarray(vector, dtype=np.float64)
         ok = present[:n] & cols.eligible(now_ms=now_ms, max_cursor=max_accepted_cursor)[:n]
@@ -239,12 +240,12 @@ class SearchIndex:
         # (``candidates``). The first pass reads the int8 sketch at scale (``vector_sketch``:
         # ~1 ms at 100k records), else the float32 rows (BLAS's product: ~5 ms at 100k, against
         # ~30 ms for converting the rows to float64 first).
-        sketch = scope.sketch(model, n)
+        sketch = held.sketch(model, n)
         if sketch is not None:
             approx, err = sketch.similarities(query, n)
         else:
             approx = (matrix[:n] @ query.astype(np.float32)).astype(np.float64)
-            err = float32_error(matrix.shape[1], scope.vector_norm(model), float(np.linalg.norm(query)))
+            err = float32_error(matrix.shape[1], held.vector_norm(model), float(np.linalg.norm(query)))
         if neighbours is None:
             slack = err + 1e-9  # the float64 similarities are rounded to 1e-9, the first pass's are not
         else:  # key = own + weight * a neighbour's: each off by at most err, both rounded

@@ -1,5 +1,5 @@
 """One scope's lexical postings in CSR form (``Postings``: sorted term keys, offsets) and the scope
-itself (``Scope``): those postings plus a small append buffer merged once it grows, the field
+itself (``ScopeIndex``): those postings plus a small append buffer merged once it grows, the field
 statistics, each query term's BM25F contributions kept between searches, the per-record columns
 (``columns.py``) and each model's vector matrix with its int8 sketch (``vector_sketch.py``)."""
 
@@ -18,7 +18,7 @@ from engram_core.store.search_index.columns import Columns, RecordMeta
 from engram_core.store.vector_sketch import VectorSketch
 from engram_core.store.vector_sketch import available as sketch_available
 
-__all__ = ["Layer", "Postings", "Scope", "add_layers"]
+__all__ = ["Layer", "Postings", "ScopeIndex", "add_layers"]
 
 # A term's contributions to add to the documents' BM25 sums: (documents, values), added posting
 # by posting in order, or (values of every document,) for a layer that holds a large share of them.
@@ -82,7 +82,7 @@ class Postings:
         return np.where(self.terms[at] == terms, self.df[at], 0)
 
 
-class Scope:
+class ScopeIndex:
     def __init__(self) -> None:
         self.columns = Columns()
         self.local: dict[str, int] = {}
@@ -335,7 +335,7 @@ def _nbytes(layers: list[Layer]) -> int:
 
 
 def add_layers(sums: np.ndarray, layers: list[Layer]) -> None:
-    """Add a term's layers (``Scope.contribution``) to ``sums``, in order."""
+    """Add a term's layers (``ScopeIndex.contribution``) to ``sums``, in order."""
     for layer in layers:
         if len(layer) == 1:
             np.add(sums, layer[0], out=sums)
