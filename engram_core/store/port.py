@@ -250,7 +250,7 @@ class Tx(Protocol):
 
     def read_ahead(self, *reads: Callable[[], object]) -> None:
         """A hint: ``reads`` (calls of this transaction's read methods, e.g. ``lambda:
-        tx.candidate(t, w, cid)``) are about to be made. An engine that reads over a network may
+        tx.candidate(scope, cid)``) are about to be made. An engine that reads over a network may
         send them now, together with whatever it holds back (its scope lock: one round trip for
         all), and answer each of those calls, once, with what it got. The answer is the one the
         call would have had at this point of the transaction, so a caller reads ahead only what
