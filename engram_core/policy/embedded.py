@@ -293,10 +293,10 @@ class EmbeddedPolicyEngine:
                 raise _unavailable(f"policy bundle not loaded: {source.describe()}: {exc}") from exc
             except BundleError as exc:
                 raise BundleRefused(exc.problem(), previous) from exc
-            if ticket is not None and self._guard is not None:
-                self._guard.accepted(bundle, ticket)  # before it answers: a restart resumes from here
             has_mask = path_masks = None
-            try:
+            try:  # until it is active, this activation's hold is released on any failure
+                if ticket is not None and self._guard is not None:
+                    self._guard.accepted(bundle, ticket)  # before it answers: a restart resumes from here
                 if self._log_mask:
                     with compiled.lease() as engine:
                         has_mask = _defines(engine, f'{_MASK_REF}({{"path": "", "input": {{}}, "result": {{}}}})')
@@ -305,8 +305,8 @@ class EmbeddedPolicyEngine:
             except BaseException:
                 REGISTRY.release(compiled)
                 raise
-            # The previous bundle's engines are released, not closed, here: a decision in flight
-            # may still hold one (compiled.py closes them once no activation holds them).
+            # The previous bundle's engines are released, not closed: a decision in flight may
+            # still hold one; each closes with its last reference (compiled.py).
             previous_active, self._active = self._active, _Active(
                 compiled, bundle.revision, has_mask=bool(has_mask), path_masks=path_masks)
             if previous_active is not None:

@@ -77,8 +77,6 @@ class Pin:
     ordered: list[tuple[str, float, int]] = field(default_factory=list)  # semantic: (record_id, score, valid_t)
 
 
-
-
 class PinStore:
     """In-memory pins kept per scope; not durable by design.
 
