@@ -44,7 +44,7 @@ def _oauth_findings(settings: OAuthSettings, emit: Emit) -> None:
     async def probe() -> None:
         async with httpx2.AsyncClient() as http:
             try:
-                metadata = await fetch_issuer_metadata(http, settings.issuer)
+                metadata = await fetch_issuer_metadata(http, settings.issuer, deadline_s=settings.fetch_deadline_s)
             except FetchFailed as exc:
                 emit("FAIL", f"OAuth issuer {settings.issuer} publishes no usable metadata: {exc}",
                      "check issuer in [http.oauth] (it must equal the provider's own `issuer`) and that it is reachable")
@@ -54,8 +54,8 @@ def _oauth_findings(settings: OAuthSettings, emit: Emit) -> None:
                 emit("FAIL", f"OAuth issuer {settings.issuer} names no jwks_uri", "set jwks_uri in [http.oauth]")
             else:
                 try:
-                    keys = [k for k in (await fetch_json(http, jwks_uri)).get("keys", []) if isinstance(k, dict)
-                            and k.get("use", "sig") == "sig"]
+                    document = await fetch_json(http, jwks_uri, deadline_s=settings.fetch_deadline_s)
+                    keys = [k for k in document.get("keys", []) if isinstance(k, dict) and k.get("use", "sig") == "sig"]
                 except FetchFailed as exc:
                     emit("FAIL", f"OAuth key set unavailable: {exc}", "check jwks_uri (or the issuer's metadata)")
                     keys = None

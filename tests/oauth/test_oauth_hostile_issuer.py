@@ -10,7 +10,11 @@ and verifier) in-process, and, for the timing of the 503, real ``engram mcp --ht
   working through the flood, and a dead token repeated is asked about once;
 - a 64 MiB key set, metadata document or introspection answer is abandoned after about 1 MiB;
 - a key set, metadata or introspection answer dripped a byte a second is a 503 within seconds for
-  the first caller and for a second one arriving while the first waits (clients give up at ~16 s).
+  the first caller and for a second one arriving while the first waits (clients give up at ~16 s);
+- the deadlines that bound those waits are the configured ones (``fetch_deadline_s``,
+  ``check_deadline_s``): the adapters here run with 1 s and 1.5 s instead of the default 5 s and
+  8 s, so the 503 comes before either default could have ended the wait, and the verifier ends a
+  check at its own deadline while a fetch would still be allowed to go on.
 """
 
 from __future__ import annotations
@@ -30,11 +34,12 @@ import httpx2
 import pytest
 
 from adapters.mcp.oauth.caller_binding import CallerBindings
-from adapters.mcp.oauth.fetch import MAX_DOCUMENT_BYTES
+from adapters.mcp.oauth.fetch import MAX_DOCUMENT_BYTES, fetch_json
 from adapters.mcp.oauth.introspection import BURST_S
+from adapters.mcp.oauth.jwks import JwksCache
 from adapters.mcp.oauth.resource_server import ResourceServer, build_resource_server, policy_engine
-from adapters.mcp.oauth.settings import parse_oauth
-from adapters.mcp.oauth.verifier import AuthorizationServerUnavailable
+from adapters.mcp.oauth.settings import DEFAULT_FETCH_DEADLINE_S, parse_oauth
+from adapters.mcp.oauth.verifier import AuthorizationServerUnavailable, OAuthTokenVerifier
 from engram_core.app.composition import start_core
 from tests.support.idp_support import SCOPES, binding_bundle, new_key
 from tests.support.mcp_helpers import free_port, start_http_adapter, stop, write_config
@@ -46,7 +51,12 @@ HUGE_BYTES = 64 * 1024 * 1024
 CHUNK = 64 * 1024
 DRIP_BODY = json.dumps({"keys": [], "active": False, "pad": " " * 40}).encode()  # ~70 s at a byte a second
 CLIENT_GIVES_UP_S = 16.0
-PROMPT_503_S = 11.0  # the adapter's check deadline (8 s) and a loaded machine's slack, well under 16 s
+# The adapters' deadlines here, short so a test does not wait out the defaults (5 s, 8 s).
+FETCH_S = 1.0
+CHECK_S = 1.5
+# The check deadline and a loaded machine's slack: still before the default fetch deadline, so an
+# adapter that ignored the configured ones would be late.
+PROMPT_503_S = CHECK_S + 3.0
 ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 PING = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
     "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "probe", "version": "1"}}}
@@ -152,7 +162,8 @@ class _Handler(BaseHTTPRequestHandler):
 @pytest.fixture
 def issuer() -> Iterator[HostileIssuer]:
     server = HostileIssuer()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # shutdown() waits for the serve loop's next poll: 0.5 s by default, each test.
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield server
@@ -243,6 +254,44 @@ async def test_a_huge_document_is_abandoned_after_about_the_limit(issuer, monkey
     assert sent < answers * (MAX_DOCUMENT_BYTES + 12 * 1024 * 1024) < answers * HUGE_BYTES, sent
 
 
+@pytest.mark.parametrize("case", ["jwks", "metadata", "introspection"])
+async def test_the_configured_fetch_deadline_ends_a_dripped_fetch(issuer, monkeypatch, case: str) -> None:
+    """Each of the adapter's three fetches (key set, discovery, introspection) ends at
+    ``fetch_deadline_s``, well inside a check deadline that would otherwise have ended it."""
+    fetch_s, check_s = 0.5, 5.0
+    deadlines = {"fetch_deadline_s": fetch_s, "check_deadline_s": check_s}
+    if case == "introspection":
+        table, token = _introspecting(issuer, **deadlines), "drip-" + uuid.uuid4().hex
+    elif case == "metadata":
+        table, token = {"issuer": issuer.base + "/drip", **deadlines}, _jwt(issuer.base + "/drip", RESOURCE)
+    else:
+        table = {"issuer": issuer.base, "jwks_uri": issuer.base + "/jwks/drip", **deadlines}
+        token = _jwt(issuer.base, RESOURCE)
+    rs = _resource_server(monkeypatch, table)
+    try:
+        started = time.monotonic()
+        with pytest.raises(AuthorizationServerUnavailable, match=f"within {fetch_s:g} s"):
+            await rs.verifier.verify_token(token)
+        assert time.monotonic() - started < fetch_s + 2.0 < check_s
+    finally:
+        await rs.http.aclose()
+
+
+async def test_the_check_deadline_ends_a_check_whatever_its_fetch_may_take(issuer) -> None:
+    """The verifier's own deadline, not the fetch's, ends a check that waits longer than it: here
+    a key-set fetch allowed 30 s against a key set dripped a byte a second."""
+    async with httpx2.AsyncClient() as http:
+        async def dripped_key_set() -> dict:
+            return await fetch_json(http, issuer.base + "/jwks/drip", deadline_s=30.0)
+
+        verifier = OAuthTokenVerifier(issuer=issuer.base, resource=RESOURCE, algorithms=("ES256",), clock_skew_s=0,
+                                      jwks=JwksCache(dripped_key_set, max_age_s=300), check_deadline_s=0.5)
+        started = time.monotonic()
+        with pytest.raises(AuthorizationServerUnavailable, match="within 0.5 s"):
+            await verifier.verify_token(_jwt(issuer.base, RESOURCE))
+        assert time.monotonic() - started < 2.5
+
+
 # End to end: real adapters, real HTTP callers, the 503 and how soon it comes.
 
 
@@ -256,7 +305,7 @@ def core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]
 
 
 def _two_callers(url: str, token: str) -> list[tuple[int, float, str]]:
-    """Two requests with ``token``: the second a second after the first, while the first waits.
+    """Two requests with ``token``: the second half a fetch deadline after the first, while the first waits.
     (status, seconds until the answer, Retry-After) of each; a hang shows as the client giving up."""
 
     def call(delay: float) -> tuple[int, float, str]:
@@ -270,7 +319,7 @@ def _two_callers(url: str, token: str) -> list[tuple[int, float, str]]:
         return response.status_code, time.monotonic() - started, response.headers.get("retry-after", "")
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return list(pool.map(call, [0.0, 1.0]))
+        return list(pool.map(call, [0.0, FETCH_S / 2]))
 
 
 @pytest.mark.parametrize("case", ["jwks", "metadata", "introspection"])
@@ -279,7 +328,8 @@ def test_a_slow_issuer_is_a_prompt_503_for_the_first_and_a_waiting_caller(
     port = free_port()
     url = f"http://127.0.0.1:{port}/mcp"
     name = issuer.base + ("/drip" if case == "metadata" else "")
-    lines = [f'issuer = "{name}"', f'policies = "{binding_bundle(tmp_path, name)}"']
+    lines = [f'issuer = "{name}"', f'policies = "{binding_bundle(tmp_path, name)}"',
+             f"fetch_deadline_s = {FETCH_S}", f"check_deadline_s = {CHECK_S}"]
     if case == "jwks":
         lines.append(f'jwks_uri = "{issuer.base}/jwks/drip"')
     if case == "introspection":
@@ -290,6 +340,7 @@ def test_a_slow_issuer_is_a_prompt_503_for_the_first_and_a_waiting_caller(
     adapter = start_http_adapter(config, port=port, env={SECRET_ENV: "hostile-test-secret"})
     try:
         token = "drip-" + uuid.uuid4().hex if case == "introspection" else _jwt(name, url)
+        assert PROMPT_503_S < DEFAULT_FETCH_DEADLINE_S
         for status, seconds, retry_after in _two_callers(url, token):
             assert (status, retry_after) == (503, "5") and seconds < PROMPT_503_S, (status, seconds)
     finally:

@@ -32,6 +32,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert oauth.algorithms == DEFAULT_ALGORITHMS and "none" not in oauth.algorithms
     assert (oauth.clock_skew_s, oauth.jwks_max_age_s, oauth.jwks_refresh_cooldown_s) == (30, 300, 30)
     assert (oauth.introspection_cache_s, oauth.introspection_budget_per_s) == (30, 5)
+    assert (oauth.fetch_deadline_s, oauth.check_deadline_s) == (5.0, 8.0)
     assert oauth.resource is None and oauth.introspection_client is None and oauth.policies is None
 
 
@@ -45,6 +46,15 @@ def test_relative_policies_resolve_beside_the_config_and_the_secret_comes_from_t
     assert "s3cr3t" not in repr(oauth)
 
 
+def test_the_issuer_deadlines_are_configurable(tmp_path: Path) -> None:
+    """Whole seconds or fractions; equal deadlines are allowed (a check waits out at most one fetch).
+    That the assembled adapter keeps to them: tests/oauth/test_oauth_hostile_issuer.py."""
+    oauth = load_host_config(_config(tmp_path, ISSUER + "\nfetch_deadline_s = 1\ncheck_deadline_s = 1.5")).http.oauth
+    assert oauth is not None and (oauth.fetch_deadline_s, oauth.check_deadline_s) == (1.0, 1.5)
+    oauth = load_host_config(_config(tmp_path, ISSUER + "\nfetch_deadline_s = 8")).http.oauth
+    assert oauth is not None and (oauth.fetch_deadline_s, oauth.check_deadline_s) == (8.0, 8.0)
+
+
 @pytest.mark.parametrize(("oauth", "message"), [
     ('issuer = "http://idp.example.com"', "must use https://"),
     ('issuer = "ftp://idp.example.com"', "absolute https:// URL"),
@@ -56,6 +66,14 @@ def test_relative_policies_resolve_beside_the_config_and_the_secret_comes_from_t
     (ISSUER + "\nclock_skew_s = 3600", "clock_skew_s"),
     (ISSUER + "\nclock_skew_s = true", "clock_skew_s"),
     (ISSUER + "\nintrospection_budget_per_s = 0", "introspection_budget_per_s"),
+    (ISSUER + "\nfetch_deadline_s = 0", "fetch_deadline_s in [http.oauth] must be a number of seconds above 0"),
+    (ISSUER + "\ncheck_deadline_s = -1.5", "check_deadline_s in [http.oauth] must be a number of seconds above 0"),
+    (ISSUER + "\ncheck_deadline_s = 61", "at most 60"),
+    (ISSUER + '\nfetch_deadline_s = "5"', "fetch_deadline_s in [http.oauth] must be a number of seconds"),
+    (ISSUER + "\nfetch_deadline_s = true", "fetch_deadline_s in [http.oauth] must be a number of seconds"),
+    (ISSUER + "\nfetch_deadline_s = nan", "fetch_deadline_s in [http.oauth] must be a number of seconds"),
+    (ISSUER + "\nfetch_deadline_s = 9", "check_deadline_s (8 s) in [http.oauth] must be at least fetch_deadline_s (9 s)"),
+    (ISSUER + "\nfetch_deadline_s = 2\ncheck_deadline_s = 1.5", "must be at least fetch_deadline_s (2 s)"),
     (ISSUER + '\nintrospection_client_id = "x"', "go together"),
     (ISSUER + '\nintrospection_endpoint = "https://idp.example.com/introspect"', "needs introspection_client_id"),
     (ISSUER + '\nintrospection_client_id = "x"\nintrospection_secret_env = "ENGRAM_TEST_NO_SUCH_SECRET"',

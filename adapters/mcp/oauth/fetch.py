@@ -11,8 +11,8 @@ The issuer is not trusted to be quick or small (issue 57):
   not 64. httpx2 decompresses in bounded pieces, and the limit counts decompressed bytes.
 - Time: httpx's ``timeout`` bounds each phase (connect, each read), not the request: a body
   dripped a byte a second never trips it. Every request here therefore runs under one wall-clock
-  deadline for connect, send and the whole body (``FETCH_DEADLINE_S``); discovery's candidate URLs
-  share one such deadline between them.
+  deadline for connect, send and the whole body (``fetch_deadline_s`` of ``[http.oauth]``, 5 s by
+  default); discovery's candidate URLs share one such deadline between them.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 import httpx2
 
-from adapters.mcp.oauth.settings import OAuthConfigError, checked_url
+from adapters.mcp.oauth.settings import DEFAULT_FETCH_DEADLINE_S, OAuthConfigError, checked_url
 
 FETCH_TIMEOUT_S = 5.0   # httpx's per-phase timeout (connect, each read)
-FETCH_DEADLINE_S = 5.0  # the wall clock for one whole request, or for the whole of discovery
+FETCH_DEADLINE_S = DEFAULT_FETCH_DEADLINE_S  # the wall clock for one whole request, or for the whole of discovery
 MAX_DOCUMENT_BYTES = 1_048_576
 
 
@@ -44,14 +44,14 @@ def deadline_in(seconds: float = FETCH_DEADLINE_S) -> float:
 
 
 @asynccontextmanager
-async def _within(deadline: float, url: str) -> AsyncIterator[None]:
+async def _within(deadline: float, seconds: float, url: str) -> AsyncIterator[None]:
     # fail_after raises TimeoutError only when its own deadline passed: a cancellation from outside
     # (the caller gave up) still propagates as one.
     try:
         with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
             yield
     except TimeoutError:
-        raise FetchFailed(f"{url}: no complete answer within {FETCH_DEADLINE_S:g} s") from None
+        raise FetchFailed(f"{url}: no complete answer within {seconds:g} s") from None
 
 
 async def _bounded_body(response: httpx2.Response, url: str) -> bytes:
@@ -68,12 +68,13 @@ async def _bounded_body(response: httpx2.Response, url: str) -> bytes:
     return b"".join(parts)
 
 
-async def request_json(http: httpx2.AsyncClient, method: str, url: str, *, deadline: float | None = None,
-                       **kwargs: Any) -> tuple[int, Any]:
-    """(status, parsed JSON body) of one request, within ``deadline`` (default: ``FETCH_DEADLINE_S``
-    from now) and ``MAX_DOCUMENT_BYTES``. The body of an answer other than 200 is not read; its
-    document is None. Raises FetchFailed (transport error, deadline, size, not JSON)."""
-    async with _within(deadline_in() if deadline is None else deadline, url):
+async def request_json(http: httpx2.AsyncClient, method: str, url: str, *, deadline_s: float = FETCH_DEADLINE_S,
+                       deadline: float | None = None, **kwargs: Any) -> tuple[int, Any]:
+    """(status, parsed JSON body) of one request, within ``deadline`` (an absolute one several
+    requests share, ``deadline_s`` long; default: ``deadline_s`` from now) and ``MAX_DOCUMENT_BYTES``.
+    The body of an answer other than 200 is not read; its document is None. Raises FetchFailed
+    (transport error, deadline, size, not JSON)."""
+    async with _within(deadline_in(deadline_s) if deadline is None else deadline, deadline_s, url):
         try:
             async with http.stream(method, url, timeout=FETCH_TIMEOUT_S, follow_redirects=False,
                                    headers={"Accept": "application/json"},
@@ -89,8 +90,9 @@ async def request_json(http: httpx2.AsyncClient, method: str, url: str, *, deadl
         raise FetchFailed(f"{url}: not JSON") from None
 
 
-async def fetch_json(http: httpx2.AsyncClient, url: str, *, deadline: float | None = None) -> dict[str, Any]:
-    status, document = await request_json(http, "GET", url, deadline=deadline)
+async def fetch_json(http: httpx2.AsyncClient, url: str, *, deadline_s: float = FETCH_DEADLINE_S,
+                     deadline: float | None = None) -> dict[str, Any]:
+    status, document = await request_json(http, "GET", url, deadline_s=deadline_s, deadline=deadline)
     if status != 200:
         raise FetchFailed(f"{url}: HTTP {status}")
     if not isinstance(document, dict):
@@ -117,15 +119,16 @@ def metadata_urls(issuer: str) -> list[str]:
     return list(dict.fromkeys(urls))
 
 
-async def fetch_issuer_metadata(http: httpx2.AsyncClient, issuer: str) -> IssuerMetadata:
+async def fetch_issuer_metadata(http: httpx2.AsyncClient, issuer: str, *,
+                                deadline_s: float = FETCH_DEADLINE_S) -> IssuerMetadata:
     """The issuer's metadata; its ``issuer`` must be the configured one exactly (RFC 8414 §3.3,
     so a metadata document cannot redirect the adapter to another issuer's keys). All candidate
-    URLs together get one ``FETCH_DEADLINE_S``."""
+    URLs together get one ``deadline_s``."""
     failures = []
-    deadline = deadline_in()
+    deadline = deadline_in(deadline_s)
     for url in metadata_urls(issuer):
         try:
-            document = await fetch_json(http, url, deadline=deadline)
+            document = await fetch_json(http, url, deadline_s=deadline_s, deadline=deadline)
         except FetchFailed as exc:
             failures.append(str(exc))
             continue

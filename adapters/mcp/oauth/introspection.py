@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx2
 
-from adapters.mcp.oauth.fetch import FetchFailed, request_json
+from adapters.mcp.oauth.fetch import FETCH_DEADLINE_S, FetchFailed, request_json
 from adapters.mcp.oauth.settings import DEFAULT_INTROSPECTION_BUDGET_PER_S, IntrospectionClient
 
 _CACHE_ENTRIES = 4096
@@ -69,13 +69,14 @@ def _remember(table: OrderedDict[str, Any], key: str, value: Any) -> None:
 
 class Introspector:
     def __init__(self, http: httpx2.AsyncClient, *, endpoint: Callable[[], Any], client: IntrospectionClient,
-                 cache_s: int, budget: IntrospectionBudget | None = None,
+                 cache_s: int, budget: IntrospectionBudget | None = None, deadline_s: float = FETCH_DEADLINE_S,
                  clock: Callable[[], float] = time.time) -> None:
         self._http = http
         self._endpoint = endpoint  # async () -> URL (configured, or from the issuer's metadata)
         self._client = client
         self._cache_s = cache_s
         self._budget = budget or IntrospectionBudget(DEFAULT_INTROSPECTION_BUDGET_PER_S)
+        self._deadline_s = deadline_s
         self._clock = clock
         self._answers: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()  # active, until
         self._inactive: OrderedDict[str, float] = OrderedDict()  # digest -> remembered until
@@ -118,7 +119,7 @@ class Introspector:
         try:
             status, document = await request_json(
                 self._http, "POST", url, data={"token": token, "token_type_hint": "access_token"},
-                auth=httpx2.BasicAuth(self._client.client_id, self._client.secret))
+                auth=httpx2.BasicAuth(self._client.client_id, self._client.secret), deadline_s=self._deadline_s)
         except FetchFailed as exc:
             raise IntrospectionUnavailable(str(exc)) from None
         if status != 200:

@@ -10,9 +10,9 @@
   outage of the issuer does not sign everyone out, a long one stops accepting its keys.
 - A key the issuer removed is gone at the next fetch: rotation retires keys as well as adding them.
 - One fetch at a time: a request that finds the set stale waits on the fetch already under way
-  rather than making its own. The fetch is bounded by ``fetch.FETCH_DEADLINE_S`` of wall clock
-  (and the verifier's ``CHECK_DEADLINE_S`` bounds the wait): a slow issuer yields a prompt 503 to
-  the first request and to those waiting behind it, not a hang (issue 57).
+  rather than making its own. The fetch is bounded by ``fetch_deadline_s`` of wall clock (and the
+  verifier's ``check_deadline_s`` bounds the wait; both in ``[http.oauth]``): a slow issuer yields
+  a prompt 503 to the first request and to those waiting behind it, not a hang (issue 57).
 
 Keys are parsed by PyJWT (``PyJWK``); a key is used only for the one algorithm it is bound to
 (its ``alg``, or the token's when the JWK names none and its type fits), never for HMAC.

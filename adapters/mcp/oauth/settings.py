@@ -14,6 +14,8 @@
     introspection_cache_s = 30                      # how long an introspection answer is reused, 0..300
     introspection_budget_per_s = 5                  # introspections of not-yet-known tokens a second, 1..1000
     binding_cache_s = 60                            # how long a binding decision is reused, 0..600
+    fetch_deadline_s = 5                            # seconds for one request to the issuer (all of it), 0 < s <= 60
+    check_deadline_s = 8                            # seconds for one token check, fetch_deadline_s..60
     scopes_supported = ["engram:read", ...]         # published metadata; default: what the policy maps
     policies = "DIR"                                # the bundle deciding engram/binding (default: bundled)
     # opa_url = "http://127.0.0.1:8181"             # or ask an OPA server
@@ -42,11 +44,18 @@ DEFAULT_JWKS_REFRESH_COOLDOWN_S = 30
 DEFAULT_INTROSPECTION_CACHE_S = 30
 DEFAULT_INTROSPECTION_BUDGET_PER_S = 5
 DEFAULT_BINDING_CACHE_S = 60
+# A slow issuer is a prompt 503, not a hang (issue 57): one request to it (or the whole of
+# discovery) gets fetch_deadline_s, one token check, waits on other callers' fetches included,
+# check_deadline_s, well inside a client's ~16 s at the defaults.
+DEFAULT_FETCH_DEADLINE_S = 5.0
+DEFAULT_CHECK_DEADLINE_S = 8.0
+MAX_DEADLINE_S = 60.0
 
 OAUTH_FIELDS = (
     "issuer", "resource", "jwks_uri", "algorithms", "clock_skew_s", "jwks_max_age_s", "jwks_refresh_cooldown_s",
     "introspection_endpoint", "introspection_client_id", "introspection_secret_env", "introspection_cache_s",
-    "introspection_budget_per_s", "binding_cache_s", "scopes_supported", "policies", "opa_url",
+    "introspection_budget_per_s", "binding_cache_s", "fetch_deadline_s", "check_deadline_s", "scopes_supported",
+    "policies", "opa_url",
 )
 
 
@@ -79,6 +88,8 @@ class OAuthSettings:
     introspection_cache_s: int = DEFAULT_INTROSPECTION_CACHE_S
     introspection_budget_per_s: int = DEFAULT_INTROSPECTION_BUDGET_PER_S
     binding_cache_s: int = DEFAULT_BINDING_CACHE_S
+    fetch_deadline_s: float = DEFAULT_FETCH_DEADLINE_S
+    check_deadline_s: float = DEFAULT_CHECK_DEADLINE_S
     scopes_supported: tuple[str, ...] | None = None
     policies: Path | None = None
     opa_url: str | None = None
@@ -110,6 +121,14 @@ def _int(table: dict[str, Any], key: str, default: int, low: int, high: int) -> 
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise OAuthConfigError(f"{key} in [http.oauth] must be an integer in {low}..{high}")
     return value
+
+
+def _seconds(table: dict[str, Any], key: str, default: float) -> float:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_DEADLINE_S:
+        raise OAuthConfigError(f"{key} in [http.oauth] must be a number of seconds above 0 and at most "
+                               f"{MAX_DEADLINE_S:g}")
+    return float(value)
 
 
 def _string(table: dict[str, Any], key: str) -> str | None:
@@ -149,6 +168,13 @@ def parse_oauth(table: dict[str, Any], base: Path) -> OAuthSettings:
         raise OAuthConfigError("[http.oauth] takes either policies or opa_url, not both")
     policies = _string(table, "policies")
     opa_url = _string(table, "opa_url")
+    fetch_deadline_s = _seconds(table, "fetch_deadline_s", DEFAULT_FETCH_DEADLINE_S)
+    check_deadline_s = _seconds(table, "check_deadline_s", DEFAULT_CHECK_DEADLINE_S)
+    if check_deadline_s < fetch_deadline_s:
+        # A check may have to wait out one whole fetch: a shorter check would cut every slow fetch
+        # short, and the fetch deadline would never be the one that ends it.
+        raise OAuthConfigError(f"check_deadline_s ({check_deadline_s:g} s) in [http.oauth] must be at least "
+                               f"fetch_deadline_s ({fetch_deadline_s:g} s)")
     return OAuthSettings(
         issuer=issuer,
         resource=urls.get("resource"),
@@ -163,6 +189,8 @@ def parse_oauth(table: dict[str, Any], base: Path) -> OAuthSettings:
         introspection_budget_per_s=_int(table, "introspection_budget_per_s", DEFAULT_INTROSPECTION_BUDGET_PER_S,
                                         1, 1000),
         binding_cache_s=_int(table, "binding_cache_s", DEFAULT_BINDING_CACHE_S, 0, 600),
+        fetch_deadline_s=fetch_deadline_s,
+        check_deadline_s=check_deadline_s,
         scopes_supported=_strings(table, "scopes_supported"),
         policies=(Path(policies).expanduser() if Path(policies).expanduser().is_absolute()
                   else base / Path(policies).expanduser()) if policies else None,

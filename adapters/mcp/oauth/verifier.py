@@ -26,10 +26,11 @@ A token that is not a JWS goes to introspection when one is configured. A refuse
 endpoint cannot be reached at all the request fails with :class:`AuthorizationServerUnavailable`
 (503), so an outage is not mistaken for a bad token.
 
-A check that needs the issuer ends within ``CHECK_DEADLINE_S`` of wall clock, whatever the issuer
-does (issue 57): each fetch has its own deadline (``fetch.py``), but a check may wait for another
-caller's fetch (the key set's and the metadata's locks) and then make its own, and a client gives
-up after ~16 s. Past the deadline the request is the retriable 503, never a hang.
+A check that needs the issuer ends within ``check_deadline_s`` of wall clock (``[http.oauth]``,
+``CHECK_DEADLINE_S`` = 8 s by default), whatever the issuer does (issue 57): each fetch has its own
+deadline (``fetch.py``), but a check may wait for another caller's fetch (the key set's and the
+metadata's locks) and then make its own, and a client gives up after ~16 s. Past the deadline the
+request is the retriable 503, never a hang.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from mcp.server.auth.provider import AccessToken
 from adapters.mcp.oauth.fetch import FetchFailed
 from adapters.mcp.oauth.introspection import IntrospectionUnavailable, Introspector
 from adapters.mcp.oauth.jwks import JwksCache, KeySetUnavailable
+from adapters.mcp.oauth.settings import DEFAULT_CHECK_DEADLINE_S
 
 logger = logging.getLogger("engram.mcp.oauth")
 
@@ -56,7 +58,7 @@ _JWS_SHAPE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*")
 _ACCESS_TOKEN_TYPES = frozenset({"at+jwt", "application/at+jwt", "jwt", "application/jwt"})
 MAX_TOKEN_CHARS = 16_384
 VERIFIED_CACHE_ENTRIES = 4096
-CHECK_DEADLINE_S = 8.0
+CHECK_DEADLINE_S = DEFAULT_CHECK_DEADLINE_S
 
 
 class AuthorizationServerUnavailable(Exception):
@@ -103,7 +105,7 @@ class OAuthTokenVerifier:
 
     def __init__(self, *, issuer: str, resource: str, algorithms: tuple[str, ...], clock_skew_s: int,
                  jwks: JwksCache, introspector: Introspector | None = None, max_age_s: float = 300.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 check_deadline_s: float = CHECK_DEADLINE_S, clock: Callable[[], float] = time.time) -> None:
         self._issuer = issuer
         self._resource = resource
         # RFC 8707 resources compare as given; a trailing slash is the one spelling difference forgiven.
@@ -114,6 +116,7 @@ class OAuthTokenVerifier:
         self._introspector = introspector
         self._clock = clock
         self._max_age_s = max_age_s
+        self._check_deadline_s = check_deadline_s
         # token digest -> (the verified token, the key id that verified it, remembered until)
         self._verified: OrderedDict[str, tuple[AccessToken, str | None, float]] = OrderedDict()
 
@@ -123,9 +126,9 @@ class OAuthTokenVerifier:
         is_jws = _JWS_SHAPE.fullmatch(token) is not None
         if not is_jws and self._introspector is None:
             return self._refused("not_a_jwt")
-        with anyio.move_on_after(CHECK_DEADLINE_S):
+        with anyio.move_on_after(self._check_deadline_s):
             return await (self._verify_jwt(token) if is_jws else self._verify_introspected(token))
-        raise AuthorizationServerUnavailable(f"the issuer did not answer within {CHECK_DEADLINE_S:g} s")
+        raise AuthorizationServerUnavailable(f"the issuer did not answer within {self._check_deadline_s:g} s")
 
     def _refused(self, reason: str) -> None:
         logger.info("access token refused: reason=%s", reason)  # never the token, never its claims
