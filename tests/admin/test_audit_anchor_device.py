@@ -288,10 +288,12 @@ purpose_ref = "purpose:eng"
 
 def test_doctor_warns_when_nothing_outside_the_data_directory_keeps_the_audit_log(tmp_path, stores):
     """Issue 26 "Also": the doctor asks the core (HostService.Health) for its audit devices and
-    last anchor, and warns when there is neither."""
+    last anchor, and warns when there is neither. The doctor runs as the console script's process
+    on the DuckDB leg (~2.5 s of imports) and in this process on the PostgreSQL one: it only talks
+    to the core over gRPC, and what it is told is the core's, whichever engine."""
     env = _start(stores, tmp_path / "core", activate=True)
     try:
-        out = _doctor(env, tmp_path, process=True)
+        out = _doctor(env, tmp_path, process=not stores.is_postgresql)
         assert "warn  neither an audit device nor a signed anchor" in out and "--audit-device" in out
         assert admin(env, "anchor", "--out", str(tmp_path / "anchor.json")).returncode == 0
         out = _doctor(env, tmp_path)
@@ -436,31 +438,43 @@ def _cli(address: str, data: Path, *argv: str, process: bool = False) -> subproc
 
 
 def test_engram_serve_audit_device_across_restarts(tmp_path, stores):
+    """One device file across three starts of one store: a core in this process (as ``engram
+    serve`` builds its core, ``start_core``), then `engram serve --audit-device` itself as the
+    operator runs it, then, after rows were cut while it was stopped, a core in this process
+    again. (Each start was an `engram serve` process once, ~3 s apiece; the flag itself and the
+    process are what the middle one checks, and test_serve_refuses_a_device_it_cannot_open.)"""
     data, device = tmp_path / "core", tmp_path / "outside" / "audit.log"
     device.parent.mkdir()
-    for run in range(2):
-        proc, address = _serve(stores, data, "--audit-device", f"file:{device}")
-        try:
-            done = _cli(address, data, "activate", "--tenant", TENANT, "--workspace", f"w{run}")
-            assert done.returncode == 0, done.stderr
-            res = _cli(address, data, "verify", "--device", str(device))
-            assert res.returncode == 0 and "device lines" in res.stdout, res.stdout + res.stderr
-            report = json.loads(_cli(address, data, "--json", "verify", "--device", str(device)).stdout)
-            assert report["device"]["rows"] >= report["audit"]["rows"] >= 3  # every row, over many pages
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
+
+    def activate_and_verify(address: str, run: int) -> None:
+        done = _cli(address, data, "activate", "--tenant", TENANT, "--workspace", f"w{run}")
+        assert done.returncode == 0, done.stderr
+        res = _cli(address, data, "verify", "--device", str(device))
+        assert res.returncode == 0 and "device lines" in res.stdout, res.stdout + res.stderr
+        report = json.loads(_cli(address, data, "--json", "verify", "--device", str(device)).stdout)
+        assert report["device"]["rows"] >= report["audit"]["rows"] >= 3  # every row, over many pages
+
+    env = _start(stores, data, [f"file:{device}"])
+    try:
+        activate_and_verify(env.running.address, 0)
+    finally:
+        env.stop()
+    proc, address = _serve(stores, data, "--audit-device", f"file:{device}")
+    try:
+        activate_and_verify(address, 1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
     kinds = [json.loads(line)["kind"] for line in device.read_text().splitlines()]
     assert kinds.count("open") == 2 and kinds.count("audit") >= 4  # two activations, two verifies
     # Rows cut from the store while it was stopped: seen across pages on the next start.
     rewrite_audit(stores, data, drop_from_operation="admin.activate")
-    proc, address = _serve(stores, data, "--audit-device", f"file:{device}")
+    env = _start(stores, data, [f"file:{device}"])
     try:
-        res = _cli(address, data, "--json", "verify", "--device", str(device), process=True)
+        res = _cli(env.running.address, data, "--json", "verify", "--device", str(device), process=True)
         assert res.returncode == 1, res.stdout
         lost = [p for p in json.loads(res.stdout)["device"]["problems"] if p["problem"] == "device_lost_at_restart"]
         # Every row cut, named at the reopen: each chain's from its first row.
         assert lost and {p["seq"] for p in lost} == {"1"} and sum(p["count"] for p in lost) >= 4
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        env.stop()
