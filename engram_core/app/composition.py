@@ -218,14 +218,15 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
                audit_devices: list[str] | None = None, metrics: CoreMetrics | None = None,
                tls: ServerTls | None = None, store_url: str | None = None,
                key_schedule: KeySchedule | None = None, index_max_records: int = 0,
-               page_pin_capacity: int = MAX_PINS) -> RunningCore:
+               page_pin_capacity: int = MAX_PINS, health_interval_s: float | None = None) -> RunningCore:
     """Open the core and serve it. The search index is built after the server listens: until
     it is, the health of the engram services is NOT_SERVING (readiness) while ``liveness``
     is SERVING; a call that comes early waits for the index instead of failing.
 
     ``tls``: serve over TLS (mutual with a client CA). Whether plaintext may listen on
     ``listen`` is the caller's rule (``engram serve`` refuses a non-loopback address without
-    TLS unless told ``--insecure``)."""
+    TLS unless told ``--insecure``). ``health_interval_s``: how often standard health is checked
+    (``rpc/server.py``, a second by default; not an operator option)."""
     opened = open_core(
         data_dir, policies_dir=policies_dir, opa_url=opa_url, extra_trusted_pems=extra_trusted_pems, clock=clock,
         semantic=semantic, policy=policy, audit_devices=audit_devices, load_index=False, store_url=store_url,
@@ -237,4 +238,4 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
         opened.core.close()
         raise
     return serve(opened.core, services, host_key_path=opened.host_key_path, listen=listen, max_workers=max_workers,
-                 metrics=metrics, tls=tls)
+                 metrics=metrics, tls=tls, health_interval_s=health_interval_s)

@@ -234,10 +234,13 @@ class Services:
 
 
 def serve(core: Core, services: Services, *, host_key_path: Path, listen: str = "127.0.0.1:0", max_workers: int = 16,
-          metrics: CoreMetrics | None = None, tls: ServerTls | None = None) -> RunningCore:
+          metrics: CoreMetrics | None = None, tls: ServerTls | None = None,
+          health_interval_s: float | None = None) -> RunningCore:
     """Serve ``core`` on ``listen`` (port 0: any free port) and start building its search index.
 
-    ``tls``: serve over TLS (mutual with a client CA). On failure to listen the core is closed."""
+    ``tls``: serve over TLS (mutual with a client CA). On failure to listen the core is closed.
+    ``health_interval_s``: how often standard health is checked (default ``HEALTH_INTERVAL_S``;
+    tests of health transitions check more often rather than wait out the second)."""
     from engram_core.observability.wiring import server_interceptors
 
     server = grpc.server(
@@ -270,7 +273,7 @@ def serve(core: Core, services: Services, *, host_key_path: Path, listen: str = 
     running = RunningCore(server=server, core=core, port=port, address=f"{listen.rsplit(':', 1)[0]}:{port}",
                           host_key_path=host_key_path, health=health_servicer, memory=services.memory,
                           keyring=KeyRingScheduler(core, core.key_schedule).start())
-    _watch_health(running, services.host)
+    _watch_health(running, services.host, HEALTH_INTERVAL_S if health_interval_s is None else health_interval_s)
     threading.Thread(target=_build_index, args=(running, services.host), name="engram-index", daemon=True).start()
     return running
 
@@ -346,9 +349,10 @@ def _probe(running: RunningCore, host: HostServiceCore) -> futures.Future[bool |
     return answer
 
 
-def _watch_health(running: RunningCore, host: HostServiceCore) -> None:
-    """Standard gRPC health, readiness and liveness (see LIVENESS_SERVICE), checked every second;
-    a check the store has not answered within READINESS_PROBE_TIMEOUT_S is NOT_SERVING."""
+def _watch_health(running: RunningCore, host: HostServiceCore, interval_s: float) -> None:
+    """Standard gRPC health, readiness and liveness (see LIVENESS_SERVICE), checked every
+    ``interval_s`` (a second); a check the store has not answered within READINESS_PROBE_TIMEOUT_S
+    is NOT_SERVING."""
     _health_update(running, host)
 
     def loop() -> None:
@@ -365,6 +369,6 @@ def _watch_health(running: RunningCore, host: HostServiceCore) -> None:
                 # The watcher must outlive a store error, or readiness keeps its last value for
                 # the life of the process.
                 _not_ready(running, exc.code.value)
-            threading.Event().wait(HEALTH_INTERVAL_S)
+            threading.Event().wait(interval_s)
 
     threading.Thread(target=loop, name="engram-health", daemon=True).start()
