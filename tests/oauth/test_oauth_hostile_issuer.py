@@ -24,8 +24,9 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs
@@ -42,7 +43,7 @@ from adapters.mcp.oauth.settings import DEFAULT_FETCH_DEADLINE_S, parse_oauth
 from adapters.mcp.oauth.verifier import AuthorizationServerUnavailable, OAuthTokenVerifier
 from engram_core.app.composition import start_core
 from tests.support.idp_support import SCOPES, binding_bundle, new_key
-from tests.support.mcp_helpers import free_port, start_http_adapter, stop, write_config
+from tests.support.mcp_helpers import HttpAdapter, free_port, start_http_adapter, stop, write_config
 
 pytestmark = pytest.mark.anyio
 RESOURCE = "http://127.0.0.1:9/mcp"  # the in-process resource server is never reached over HTTP
@@ -159,8 +160,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.record(f"{what}#count", 1)
 
 
-@pytest.fixture
-def issuer() -> Iterator[HostileIssuer]:
+@contextmanager
+def _serving() -> Iterator[HostileIssuer]:
     server = HostileIssuer()
     # shutdown() waits for the serve loop's next poll: 0.5 s by default, each test.
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -171,6 +172,12 @@ def issuer() -> Iterator[HostileIssuer]:
         server.stopping.set()
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def issuer() -> Iterator[HostileIssuer]:
+    with _serving() as server:
+        yield server
 
 
 def _resource_server(monkeypatch: pytest.MonkeyPatch, table: dict) -> ResourceServer:
@@ -322,26 +329,46 @@ def _two_callers(url: str, token: str) -> list[tuple[int, float, str]]:
         return list(pool.map(call, [0.0, FETCH_S / 2]))
 
 
+@pytest.fixture(scope="module")
+def slow_adapters(core: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory
+                  ) -> Iterator[Callable[[str], tuple[str, str]]]:
+    """``engram mcp --http`` processes in front of one dripping issuer, started when first asked
+    for, as (URL, issuer): ``discovery``'s issuer drips its metadata (a JWT: the metadata case) and
+    its introspection endpoint, configured, drips its answers (an opaque token: the introspection
+    case); ``keys``' configured key set drips (a JWT: the jwks case). Two adapter starts for the
+    three cases instead of three: each start is ~2 s of imports."""
+    directory = tmp_path_factory.mktemp("slow-adapters")
+    started: dict[str, tuple[HttpAdapter, str]] = {}
+    with _serving() as issuer:
+        def adapter(kind: str) -> tuple[str, str]:
+            if kind not in started:
+                name = issuer.base + ("/drip" if kind == "discovery" else "")
+                lines = [f'issuer = "{name}"', f'policies = "{binding_bundle(directory / kind, name)}"',
+                         f"fetch_deadline_s = {FETCH_S}", f"check_deadline_s = {CHECK_S}"]
+                if kind == "keys":
+                    lines.append(f'jwks_uri = "{issuer.base}/jwks/drip"')
+                else:
+                    lines += [f'introspection_endpoint = "{issuer.base}/introspect"',
+                              'introspection_client_id = "engram-mcp"', f'introspection_secret_env = "{SECRET_ENV}"']
+                config = write_config(directory / f"{kind}.toml", address=core[0], signing_key=core[1],
+                                      extra="[http.oauth]\n" + "\n".join(lines))
+                port = free_port()
+                started[kind] = (start_http_adapter(config, port=port, env={SECRET_ENV: "hostile-test-secret"}),
+                                 name)
+            running, name = started[kind]
+            return running.url, name
+
+        try:
+            yield adapter
+        finally:
+            for running, _ in started.values():
+                stop(running)
+
+
 @pytest.mark.parametrize("case", ["jwks", "metadata", "introspection"])
-def test_a_slow_issuer_is_a_prompt_503_for_the_first_and_a_waiting_caller(
-        issuer, core, tmp_path: Path, monkeypatch, case: str) -> None:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/mcp"
-    name = issuer.base + ("/drip" if case == "metadata" else "")
-    lines = [f'issuer = "{name}"', f'policies = "{binding_bundle(tmp_path, name)}"',
-             f"fetch_deadline_s = {FETCH_S}", f"check_deadline_s = {CHECK_S}"]
-    if case == "jwks":
-        lines.append(f'jwks_uri = "{issuer.base}/jwks/drip"')
-    if case == "introspection":
-        lines += [f'introspection_endpoint = "{issuer.base}/introspect"', 'introspection_client_id = "engram-mcp"',
-                  f'introspection_secret_env = "{SECRET_ENV}"']
-    config = write_config(tmp_path / "hostile.toml", address=core[0], signing_key=core[1],
-                          extra="[http.oauth]\n" + "\n".join(lines))
-    adapter = start_http_adapter(config, port=port, env={SECRET_ENV: "hostile-test-secret"})
-    try:
-        token = "drip-" + uuid.uuid4().hex if case == "introspection" else _jwt(name, url)
-        assert PROMPT_503_S < DEFAULT_FETCH_DEADLINE_S
-        for status, seconds, retry_after in _two_callers(url, token):
-            assert (status, retry_after) == (503, "5") and seconds < PROMPT_503_S, (status, seconds)
-    finally:
-        stop(adapter)
+def test_a_slow_issuer_is_a_prompt_503_for_the_first_and_a_waiting_caller(slow_adapters, case: str) -> None:
+    url, name = slow_adapters("keys" if case == "jwks" else "discovery")
+    token = "drip-" + uuid.uuid4().hex if case == "introspection" else _jwt(name, url)
+    assert PROMPT_503_S < DEFAULT_FETCH_DEADLINE_S
+    for status, seconds, retry_after in _two_callers(url, token):
+        assert (status, retry_after) == (503, "5") and seconds < PROMPT_503_S, (status, seconds)
