@@ -3,18 +3,16 @@ leaves every value it does not handle to ParseDict (same result or same error)."
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
 import pytest
 from google.protobuf import json_format
 from hypothesis import HealthCheck, assume, given, settings
-from hypothesis_jsonschema import from_schema
 
 from engram_core.api import host_pb2, memory_pb2
-from engram_core.contract.schemas import INPUT_SCHEMAS
 from engram_core.rpc.convert import value_to_message
+from tests.support.schema_values import arguments, outputs
 
 
 def _reference(value: Any, cls: Any) -> Any:
@@ -33,10 +31,10 @@ def _fast(value: Any, cls: Any) -> Any:
 
 # Drawing a capture from its schema is slow when the machine is busy (seen at load 14 on 2 cores):
 # how long a draw takes is not what this test checks, so the too-slow health check is off.
+# The values come from tests/support/schema_values.py: the schema's values, its strategy built
+# once per process (hypothesis-jsonschema's own rebuilt its members on every draw).
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-# A copy: hypothesis-jsonschema resolves $refs in place, which would rewrite the published
-# INPUT_SCHEMAS (the adapter lists them) for every test collected after this one.
-@given(from_schema(copy.deepcopy(INPUT_SCHEMAS["engram_memory_capture"])))
+@given(arguments("engram_memory_capture"))
 def test_capture_requests_match_parsedict(value: Any) -> None:
     assert _fast(value, memory_pb2.CaptureRequest) == _reference(value, memory_pb2.CaptureRequest)
 
@@ -81,10 +79,8 @@ def _by_constructor(value: Any, cls: Any) -> Any:
 @pytest.mark.parametrize("tool", sorted(RESPONSES))
 def test_responses_by_constructor_match_the_direct_fill(tool: str) -> None:
     """Every value a tool's output schema allows converts to the same message either way."""
-    from engram_core.contract.schemas import OUTPUT_VALUES
-
     @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(from_schema(OUTPUT_VALUES[tool]))
+    @given(outputs(tool))
     def check(value: Any) -> None:
         assert _by_constructor(value, RESPONSES[tool]) == _fast(value, RESPONSES[tool])
 
@@ -101,7 +97,7 @@ REQUESTS = {"engram_memory_search": memory_pb2.SearchRequest, "engram_memory_get
 def test_validated_arguments_by_constructor_match_the_direct_fill(tool: str) -> None:
     """What the adapter sends: arguments its closed schema allows convert alike either way."""
     @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(from_schema(copy.deepcopy(INPUT_SCHEMAS[tool])))
+    @given(arguments(tool))
     def check(value: Any) -> None:
         assert _by_constructor(value, REQUESTS[tool]) == _fast(value, REQUESTS[tool])
 
@@ -150,10 +146,8 @@ def test_message_to_value_matches_the_listfields_walk_on_responses(tool: str) ->
     """What the adapter turns into structuredContent: every reply a tool's output schema allows.
     Fewer examples than the constructor's property above: the converters are generated per
     message type, so a value's shape, not its number, is what finds a difference."""
-    from engram_core.contract.schemas import OUTPUT_VALUES
-
     @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(from_schema(OUTPUT_VALUES[tool]))
+    @given(outputs(tool))
     def check(value: Any) -> None:
         _same_value(_converted(value, RESPONSES[tool]))
 
@@ -164,7 +158,7 @@ def test_message_to_value_matches_the_listfields_walk_on_responses(tool: str) ->
 def test_message_to_value_matches_the_listfields_walk_on_requests(tool: str) -> None:
     """What the core turns into arguments: every request the input schema allows."""
     @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(from_schema(copy.deepcopy(INPUT_SCHEMAS[tool])))
+    @given(arguments(tool))
     def check(value: Any) -> None:
         _same_value(_converted(value, REQUESTS[tool]))
 
