@@ -2,18 +2,19 @@
 surface and the MCP surface (`engram mcp` over stdio, SDK client, envelopes or the
 contract's protocol errors only; bounded memory and latency) (issue 7 item 3).
 
-Cases: a pool of hypothesis-jsonschema examples per tool (valid, and mutated by
-hypothesis with ``reliability_support.mutated``), each run once as drawn, then pool
-examples with 1–3 cheap seeded hostile mutations (``reliability_support.mutate``:
-the same hostile values plus dropped keys, wrong types, string and number edits).
-Drawing a capture example costs ~0.1–0.2 s, a derived case microseconds, which is
-what makes ENGRAM_SOAK=1 (≥100k cases on the validator and gRPC surfaces) feasible.
+Cases: a pool of examples per tool drawn from its input schema (``schema_values``:
+valid, and mutated by hypothesis with ``reliability_support.mutated``), each run once
+as drawn, then pool examples with 1–3 cheap seeded hostile mutations
+(``reliability_support.mutate``: the same hostile values plus dropped keys, wrong
+types, string and number edits). Drawing a capture example costs ~15 ms (arrays of at
+most ``schema_values.MAX_ITEMS`` items: the size bounds are the mutations' part), a
+derived case microseconds, which is what makes ENGRAM_SOAK=1 (≥100k cases on the
+validator and gRPC surfaces) feasible.
 ENGRAM_SOAK_SEED=S reproduces a run (the seed is printed with -s);
 ENGRAM_FUZZ_CASES=N overrides the number of cases per surface."""
 
 from __future__ import annotations
 
-import copy
 import gc
 import json
 import os
@@ -30,7 +31,6 @@ import grpc
 import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
-from hypothesis_jsonschema import from_schema
 
 from engram_core.api import memory_pb2, memory_pb2_grpc
 from engram_core.contract.errors import Code, EngramError
@@ -48,6 +48,7 @@ from engram_core.trust.hostctx import (
 from engram_core.trust.hostkeys import load_private_key_file
 from tests.support.core_engines import EngineStores, one
 from tests.support.reliability_support import SOAK, deep, derive_cases, draw_pool, mutated, scaled
+from tests.support.schema_values import arguments
 
 PURPOSE = "purpose:fuzz"
 SCHEMA_CODES = {Code.INVALID_SCHEMA, Code.INVALID_DIGEST}
@@ -112,7 +113,7 @@ def _in_window(t: int) -> int:
 def _resolved(args: dict[str, Any]) -> dict[str, Any]:
     """A schema-valid capture made to pass the checks JSON Schema cannot express (cross-references
     resolve, ids unique, t_end ≥ t, real instants, sorted family refs), so valid captures reach the
-    store instead of all failing on INVALID_SCHEMA (hypothesis-jsonschema never draws such a one)."""
+    store instead of all failing on INVALID_SCHEMA (no schema-driven generator draws such a one)."""
     payload = dict(args["payload"])
     citations = list({c["citation_id"]: c for c in payload["citations"]}.values())
     citations = [{**c, "observed_at": "2026-11-30T12:00:00.000Z"} if "observed_at" in c else c for c in citations]
@@ -161,9 +162,7 @@ def _prepared(tool: str, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tool_strategy(tool: str) -> st.SearchStrategy[Any]:
-    # A copy: hypothesis-jsonschema resolves $refs in place, which would rewrite the published
-    # INPUT_SCHEMAS (the adapter lists them) for every test collected after this one.
-    base = from_schema(copy.deepcopy(INPUT_SCHEMAS[tool])).map(lambda a, t=tool: _prepared(t, a))
+    base = arguments(tool).map(lambda a, t=tool: _prepared(t, a))
     return st.one_of(base, mutated(base))
 
 
@@ -205,7 +204,7 @@ def pool() -> dict[str, list[Any]]:
     started = time.perf_counter()
     drawn = {tool: draw_pool(_tool_strategy(tool), POOL[tool], SEED + i) for i, tool in enumerate(sorted(INPUT_SCHEMAS))}
     sizes = ", ".join(f"{tool.removeprefix('engram_memory_')} {len(v)}" for tool, v in drawn.items())
-    print(f"\nfuzz seed {SEED}; hypothesis-jsonschema pool: {sizes} ({time.perf_counter() - started:.0f} s)")
+    print(f"\nfuzz seed {SEED}; schema pool: {sizes} ({time.perf_counter() - started:.0f} s)")
     return drawn
 
 
@@ -420,9 +419,15 @@ def test_raw_garbage_bytes_never_internal(fuzz_core) -> None:
 class TracedMemory:
     """Python memory of this process (the in-process core, the gRPC server, the SDK client) traced
     with tracemalloc and read at quiet points (between cases, after a collection), so a case's own
-    transient payload (up to ~2 MB of JSON, tens of MB as objects) is not mistaken for growth."""
+    transient payload (up to ~2 MB of JSON, tens of MB as objects) is not mistaken for growth.
+
+    The objects alive before tracing starts are frozen (``gc.freeze``): a reading's collection then
+    walks only what was allocated since, which is all tracemalloc counts, instead of the whole
+    heap of cores, engines and libraries (0.1-0.4 s a reading, a quarter of the MCP loop)."""
 
     def __init__(self) -> None:
+        gc.collect()  # garbage from before must not be frozen with the rest
+        gc.freeze()
         tracemalloc.start()
         self.readings: list[int] = []
 
@@ -437,6 +442,7 @@ class TracedMemory:
     def stop(self) -> None:
         self.peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
+        gc.unfreeze()
 
     def __str__(self) -> str:
         first, last = self.readings[0], self.readings[-1]
