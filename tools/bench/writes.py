@@ -118,7 +118,6 @@ def _point(server: Any, key_path: Path, clients: int, duration: float, phase: st
     lat: dict[str, list[float]] = {"pair": [], "capture": [], "request_admission": [], "forget": [], "search": []}
     errors = [0]
     error_samples: list[str] = []  # what the first few failed calls answered
-    stop = time.monotonic() + duration
     lock = threading.Lock()
     todo = list(admitted) if phase == "forget" else []
     # Every point writes memories of its own: a key used by an earlier point would be answered
@@ -171,6 +170,9 @@ def _point(server: Any, key_path: Path, clients: int, duration: float, phase: st
     db0 = database_cpu() if database_cpu is not None else 0.0
     mine0, (busy0, all0) = time.process_time(), machine_busy_s()
     began = time.perf_counter()
+    # The window opens now, after the metrics scrape: a short --duration (the smoke's) would
+    # otherwise lose part of itself, or all of it on a loaded machine, to the scrape.
+    stop = time.monotonic() + duration
     threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
     if searcher:
         # Its own process, as another agent's would be: a thread here would wait for this
