@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def worker(data: Path, *, rounds: int, shapes: list[str], profile: bool, records: int,
-           clients: int = 1) -> dict[str, Any]:
+           clients: int = 1, queries_per_shape: int = 40) -> dict[str, Any]:
     # Run as a script: engram_core from the checkout PYTHONPATH names (imported before this
     # checkout goes first on the path, or --tree would measure this checkout's core twice); these
     # tools from this one.
@@ -67,7 +67,7 @@ def worker(data: Path, *, rounds: int, shapes: list[str], profile: bool, records
     out: dict[str, Any] = {"code": str(Path(engram_core.__file__).resolve().parents[1]), "shapes": {}}
     try:
         for shape in shapes:
-            queries = corpus.shape_queries(shape, 40, records)
+            queries = corpus.shape_queries(shape, queries_per_shape, records)
             first = None
             for q in queries[:8]:  # warm-up: the thesaurus's and the index's first touches
                 first = first or search(q)
@@ -113,7 +113,8 @@ def worker(data: Path, *, rounds: int, shapes: list[str], profile: bool, records
 def run(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(tree), "ENGRAM_SEMANTIC": "off"}
     argv = [sys.executable, __file__, "--worker", "--data", str(args.data), "--rounds", str(args.rounds),
-            "--shapes", args.shapes, "--records", str(args.records), "--clients", str(args.clients)]
+            "--shapes", args.shapes, "--records", str(args.records), "--clients", str(args.clients),
+            "--queries", str(args.queries)]
     argv += ["--profile"] if args.profile else []
     out = subprocess.run(argv, env=env, cwd=tree, capture_output=True, text=True, check=False)
     if out.returncode != 0:
@@ -128,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=int, default=None, help="records loaded (default: the scope's count)")
     ap.add_argument("--tree", type=Path, help="another checkout, measured alternately with this one")
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=5, help="passes over each shape's 40 queries")
+    ap.add_argument("--rounds", type=int, default=5, help="passes over each shape's queries")
+    ap.add_argument("--queries", type=int, default=40,
+                    help="queries per shape (default 40; fewer only for a smoke, the figures get noisy)")
     ap.add_argument("--shapes", default=",".join(("broad", "long", "narrow")))
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--clients", type=int, default=1, help="concurrent searchers (threads of one core)")
@@ -139,11 +142,11 @@ def main(argv: list[str] | None = None) -> int:
         args.records = _records_of(args.data)
     if args.worker:
         print(json.dumps(worker(args.data, rounds=args.rounds, shapes=args.shapes.split(","), profile=args.profile,
-                                records=args.records, clients=args.clients)))
+                                records=args.records, clients=args.clients, queries_per_shape=args.queries)))
         return 0
     trees = {"before": args.tree.resolve(), "this": REPO} if args.tree else {"this": REPO}
     report: dict[str, Any] = {"data": str(args.data), "records": args.records, "rounds": args.rounds,
-                              "runs": {name: [] for name in trees}}
+                              "queries": args.queries, "runs": {name: [] for name in trees}}
     for i in range(args.runs):
         for name, tree in trees.items():
             figures = run(tree, args)
