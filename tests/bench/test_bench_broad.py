@@ -4,10 +4,22 @@ rot (nothing here is timed: the figures are only checked to exist). No npm: the 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
+
+import pytest
 
 from tools.bench.broad_corpus import SALT, SHAPES, WORDS, BroadCorpus, load
 from tools.bench.peer import preload
+
+
+@pytest.fixture(scope="module")
+def broad_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """40 records of the broad corpus, loaded once; each test serves or opens a copy of its own
+    (a core's searches write audit rows)."""
+    data = tmp_path_factory.mktemp("broad-store") / "data"
+    load(data, 40, progress=False)
+    return data
 
 
 def test_the_broad_corpus_names_six_common_words_and_its_queries_have_their_shapes() -> None:
@@ -32,11 +44,15 @@ def test_the_peer_holds_the_scope_s_texts(tmp_path: Path) -> None:
     assert rows[1]["observations"] == [" ".join(BroadCorpus().text(SALT, 1))]
 
 
-def test_tiny_broad_benchmark_over_grpc_and_mcp(tmp_path: Path) -> None:
+def test_tiny_broad_benchmark_over_grpc_and_mcp(broad_store: Path, tmp_path: Path) -> None:
+    """tools.bench.broad on a copy of the module's store (--data names a loaded directory: the
+    tool serves it as it is), one measured round per shape."""
     from tools.bench.broad import main
 
+    data = tmp_path / "data"
+    shutil.copytree(broad_store, data)
     out = tmp_path / "broad.json"
-    assert main(["--records", "40", "--rounds", "3", "--warmup", "1", "--no-peer", "--data", str(tmp_path / "data"),
+    assert main(["--records", "40", "--rounds", "1", "--warmup", "1", "--no-peer", "--data", str(data),
                  "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert set(doc["shapes"]) == set(SHAPES)
@@ -50,19 +66,22 @@ def test_tiny_broad_benchmark_over_grpc_and_mcp(tmp_path: Path) -> None:
         "first_query_candidates"]
 
 
-def test_tiny_in_process_and_rank_comparisons_with_this_checkout_as_the_other(tmp_path: Path) -> None:
+def test_tiny_in_process_and_rank_comparisons_with_this_checkout_as_the_other(broad_store: Path,
+                                                                             tmp_path: Path) -> None:
+    """broad_inprocess (4 queries a shape, one run of each tree) and broad_rank on a copy of the
+    module's store."""
     from tools.bench import broad_inprocess, broad_rank
     from tools.bench.broad_inprocess import REPO
 
     data = tmp_path / "data"
-    load(data, 40, progress=False)
+    shutil.copytree(broad_store, data)
     out = tmp_path / "inproc.json"
     assert broad_inprocess.main(["--data", str(data), "--tree", str(REPO), "--runs", "1", "--rounds", "1",
-                                 "--profile", "--out", str(out)]) == 0
+                                 "--queries", "4", "--profile", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     for name in ("before", "this"):
         shapes = doc["runs"][name][0]["shapes"]
-        assert set(shapes) == set(SHAPES) and all(f["p50_ms"] > 0 for f in shapes.values())
+        assert set(shapes) == set(SHAPES) and all(f["p50_ms"] > 0 and f["searches"] == 4 for f in shapes.values())
     assert abs(sum(doc["runs"]["this"][0]["shapes"]["long"]["profile"]["share"].values()) - 1) < 0.01
     assert set(doc["median_p50_ms"]["before_over_this"]) == set(SHAPES)
     ranked = tmp_path / "rank.json"
