@@ -43,7 +43,7 @@ from engram_core.contract.tools import ADMISSION_TOOL, CAPTURE_TOOL, SEARCH_TOOL
 from tools.bench import machine
 from tools.bench.corpus import PURPOSE, Corpus
 from tools.bench.report import print_and_save
-from tools.bench.serving import Served, run_in_tree, stop_all
+from tools.bench.serving import Served, run_in_tree
 from tools.bench.stats import percentile
 
 TENANT, WORKSPACE = "bench", "main"
@@ -103,19 +103,15 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
         shutil.rmtree(copy, ignore_errors=True)
         pristine = as_loaded(data)
         shutil.copytree(pristine if pristine.exists() else data, copy)
-    cores: dict[str, Served] = {}
+    served = Served(data, semantic=semantic)
+    cores = {"mcp": served, "grpc": served}
+    if copy is not None:
+        cores["mcp_baseline"] = cores["grpc_baseline"] = Served(copy, semantic=semantic, tree=baseline)
+    else:
+        cores["mcp_baseline"] = served
+    # Before the run: the facts carry the load average at their start, and cores are not yet busy.
+    facts, load_before = machine.facts(), machine.loadavg()
     try:
-        # Both cores start before either is waited for: each is its own process, and nothing is
-        # measured until both listen.
-        served = Served(data, semantic=semantic, wait=False)
-        cores.update(mcp=served, grpc=served, mcp_baseline=served)
-        if copy is not None:
-            cores["mcp_baseline"] = cores["grpc_baseline"] = Served(copy, semantic=semantic, tree=baseline,
-                                                                    wait=False)
-        for core in {id(c): c for c in cores.values()}.values():
-            core.listening()
-        # Before the run: the facts carry the load average at their start, and cores are not yet busy.
-        facts, load_before = machine.facts(), machine.loadavg()
         agents = {name: GrpcAgent(core.address, core.key_path, tenant=TENANT, workspace=WORKSPACE)
                   for name, core in cores.items() if name.startswith("grpc")}
         async with contextlib.AsyncExitStack() as stack:
@@ -189,7 +185,8 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
         for agent in agents.values():
             agent.close()
     finally:
-        stop_all({id(c): c for c in cores.values()}.values())
+        for core in {id(c): c for c in cores.values()}.values():
+            core.stop()
     out: dict[str, Any] = {"machine": facts, "records": a.records, "rounds": a.rounds,
                            "semantic": a.semantic, "calls": "capture, admission" if a.writes else "search",
                            "loadavg_before": load_before,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,13 +23,11 @@ class Served:
     """``engram serve`` on a data directory, in its own process (the clients do not share its GIL)."""
 
     def __init__(self, data_dir: Path, semantic: bool, *, metrics: bool = False, tree: Path | None = None,
-                 store: str | None = None, wait: bool = True) -> None:
+                 store: str | None = None) -> None:
         """``metrics``: serve the Prometheus endpoint too, its URL in ``metrics_url``. ``tree``:
         another checkout of this repository (its generated stubs included) whose core to run,
         for a before/after in one run; by default this checkout's ``engram``. ``store``: a
-        PostgreSQL store (``--store``) with ``data_dir`` its key directory. ``wait=False``:
-        return once the process is started; ``listening()`` then waits for it (two cores
-        started together start in the time of one on two CPUs)."""
+        PostgreSQL store (``--store``) with ``data_dir`` its key directory."""
         env = {**os.environ, "ENGRAM_SEMANTIC": "on" if semantic else "off"}
         cli = [ENGRAM]
         if tree is not None:
@@ -50,23 +47,14 @@ class Served:
                                      cwd=tree or REPO)
         if self.log_path:
             stderr.close()  # type: ignore[union-attr]  # the child holds it
-        self.key_path = self.host_key_path = data_dir / "host.key"
-        self.address = self.metrics_url = ""
-        self._metrics = metrics
-        if wait:
-            self.listening()
-
-    def listening(self) -> None:
-        """Until the core listens (its address, and its metrics URL, read from its first lines);
-        stops it and raises if it exits or says something else first."""
-        if self.address:
-            return
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if "listening on" not in line:
             self.stop()
             raise RuntimeError(f"engram serve did not start: {line!r}")
         self.address = line.split("listening on ", 1)[1].split()[0]
-        if self._metrics:  # the start-up summary, the next line, names it
+        self.key_path = self.host_key_path = data_dir / "host.key"
+        self.metrics_url = ""
+        if metrics:  # the start-up summary, the next line, names it
             opened = self.proc.stdout.readline() if self.proc.stdout else ""
             if "metrics http://" not in opened:
                 self.stop()
@@ -81,14 +69,3 @@ class Served:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-
-
-def stop_all(servers: Iterable[Served]) -> None:
-    """Stop several cores at once: each is sent SIGTERM before any is waited for, so their
-    drains overlap (a second SIGTERM, from ``stop``, only sets the same stop event again)."""
-    servers = list(servers)
-    for server in servers:
-        if server.proc.poll() is None:
-            server.proc.terminate()
-    for server in servers:
-        server.stop()
