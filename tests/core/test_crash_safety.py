@@ -1,5 +1,6 @@
 """SIGKILL mid-workload loses no acknowledged write and leaves no half-applied one (SPEC §7), on
-each engine: the core is killed and restarted over the same store and key directory."""
+each engine: the core is killed and restarted over the same store and key directory (each
+`engram serve` forked from a process that has imported Engram once: tests/support/forked_core.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from engram_core.store.chain import GENESIS, audit_digest_of, event_digest_of
 from tests.support.core_engines import EngineStores, rows
 from tests.support.core_support import Client, Failed, activate, capture_args
 from tests.support.crash_harness import Acked, CoreProcess, run_workload
+from tests.support.forked_core import ForkedCoreProcess
 
 KILL_POINTS = 3
 
@@ -66,7 +68,7 @@ def verify_store(stores: EngineStores, data_dir) -> None:
 def test_sigkill_mid_workload_loses_nothing_acknowledged(stores: EngineStores, tmp_path) -> None:
     rng = random.Random(20261130)
     data = tmp_path / "data"
-    proc = CoreProcess(data, stores)
+    proc = ForkedCoreProcess(data, stores)
     acked = Acked()
     try:
         for point in range(KILL_POINTS):
@@ -111,4 +113,4 @@ def test_sigkill_mid_workload_loses_nothing_acknowledged(stores: EngineStores, t
             assert client.get(rid)["record"]["record_id"] == rid
         client.channel.close()
     finally:
-        proc.stop()
+        proc.close()

@@ -1,0 +1,82 @@
+"""``CoreProcess`` (tests/support/crash_harness.py) whose `engram serve` starts are forked from a
+process that has imported Engram already (tests/support/forked_serve.py): the same store, the
+same command line, environment, log per start, readiness poll, SIGKILL and SIGTERM, without the
+~1 s of imports per start."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from engram_core.api import host_pb2, host_pb2_grpc
+from tests.support.crash_harness import ENGRAM, CoreProcess
+from tests.support.forked_serve import ServeForker
+
+# The readiness poll's channel retries a refused connection every 20 ms (crash_harness's
+# PROMPT_RECONNECT: 50-100 ms): a forked start is ready in well under a second.
+PROMPT_RECONNECT = [("grpc.initial_reconnect_backoff_ms", 20), ("grpc.min_reconnect_backoff_ms", 20),
+                    ("grpc.max_reconnect_backoff_ms", 20)]
+
+_forker: ServeForker | None = None
+_forker_lock = threading.Lock()
+
+
+def shared_forker() -> ServeForker:
+    """The test process's one forker, started on first use: its imports (the cost of an exec'd
+    start) are paid once per test process, not once per test or engine leg. It ends with the test
+    process (at exit, or when its stdin, a pipe from this process, closes)."""
+    global _forker
+    with _forker_lock:
+        if _forker is None or not _forker.alive():
+            _forker = ServeForker({"ENGRAM_SEMANTIC": "off", **os.environ})
+            atexit.register(_forker.close)
+        return _forker
+
+
+class ForkedCoreProcess(CoreProcess):
+    """Call ``close`` when done (or use it as a context manager): it stops the core."""
+
+    def __init__(self, data_dir: Path, stores: Any) -> None:
+        super().__init__(data_dir, stores)
+        self.forker = shared_forker()
+
+    def _env(self) -> dict[str, str]:
+        return self.stores.process_env() if self.stores else dict(os.environ)
+
+    def start(self, timeout: float = 120) -> None:
+        """As ``CoreProcess.start`` (see there), the process forked."""
+        where = self.stores.serve_args(self.data_dir) if self.stores else ["--data", str(self.data_dir)]
+        self.starts += 1
+        self.log = self.data_dir.parent / f"core-{self.port}-start-{self.starts:03d}.log"
+        proc = self.forker.spawn(["serve", *where, "--listen", self.address], self._env(), self.log, argv0=ENGRAM)
+        self.proc = proc  # type: ignore[assignment]  # what CoreProcess uses of a Popen
+        started = time.monotonic()
+        deadline = started + timeout
+        with grpc.insecure_channel(self.address, options=PROMPT_RECONNECT) as ch:
+            stub = host_pb2_grpc.HostServiceStub(ch)
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"core exited with {proc.returncode}:\n{self._log_tail()}")
+                try:
+                    if stub.Health(host_pb2.HealthRequest(), timeout=1).status == "SERVING":
+                        return
+                except grpc.RpcError:
+                    time.sleep(0.02)
+        raise RuntimeError(f"core did not become healthy in {time.monotonic() - started:.0f} s (start "
+                           f"{self.starts}):\n{self._log_tail()}")
+
+    def close(self) -> None:
+        """Stop the core (SIGTERM, as ``stop``); the forker stays for the next test."""
+        self.stop()
+
+    def __enter__(self) -> ForkedCoreProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
