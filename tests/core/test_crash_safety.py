@@ -79,7 +79,7 @@ def test_sigkill_mid_workload_loses_nothing_acknowledged(stores: EngineStores, t
             stop = threading.Event()
             worker = threading.Thread(target=run_workload, args=(client, acked, stop, rng, capture_args))
             worker.start()
-            time.sleep(rng.uniform(0.3, 1.5))
+            time.sleep(rng.uniform(0.3, 1.0))  # a kill mid-workload, a few mutations into it
             proc.kill()
             stop.set()
             worker.join(timeout=30)

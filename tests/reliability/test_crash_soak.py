@@ -11,7 +11,7 @@ its journal event and audit row); then every acknowledged mutation is retried
 with its idempotency key and must return its original outcome.
 
 CI: 10 kill points per engine (each a restart, a retry of what was in flight and a kill
-mid-workload: the seeded workload acknowledges every kind of mutation within them, hundreds of
+mid-workload: the seeded workload acknowledges every kind of mutation within them, over a hundred
 calls, which the end of the test asserts). ENGRAM_SOAK=1: 200; ENGRAM_KILL_POINTS=N any other.
 
 Each `engram serve` is forked from a process that has imported Engram once
@@ -45,8 +45,27 @@ from tests.support.reliability_crash import (
 from tests.support.reliability_support import SOAK, scaled
 
 KILL_POINTS = int(os.environ.get("ENGRAM_KILL_POINTS", 0)) or scaled(10, 200)
+# When a cycle's kill comes: once the workload has had a drawn number of calls acknowledged in
+# the cycle, and a drawn 0-100 ms more, so that it falls at a random point of the calls the three
+# clients have in flight. None acknowledged: the kill lands among a fresh start's first calls
+# (the index built on its thread, the in-flight retries just answered); more: in steady mixed
+# writes and reads. Counting calls rather than waiting a drawn time keeps a run's work, and the
+# kinds of mutation it acknowledges (which the end asserts), the same on a loaded machine as on a
+# quiet one; CI's ~18 a cycle on average (~180 a run) acknowledge every kind, the soak size's ~75
+# as many as its former 0.1-1.2 s did.
+CALLS_BEFORE_KILL = scaled(36, 150)
 WORKERS = 3
 SEED = int(os.environ.get("ENGRAM_SOAK_SEED", "20261207"))
+
+
+def _until_acknowledged(ledger: Ledger, threads: list[threading.Thread], calls: int, timeout: float = 120) -> None:
+    """Until ``calls`` more mutations and reads are acknowledged (or every worker has stopped:
+    an unexpected error, which the end of the test reports)."""
+    target = len(ledger.acked) + len(ledger.reads) + calls
+    deadline = time.monotonic() + timeout
+    while len(ledger.acked) + len(ledger.reads) < target and any(t.is_alive() for t in threads):
+        assert time.monotonic() < deadline, f"the workload did not reach {calls} acknowledged calls in {timeout:g} s"
+        time.sleep(0.005)
 
 
 @pytest.mark.timeout(3600 if SOAK else 600)
@@ -78,7 +97,8 @@ def test_random_sigkills_lose_nothing_acknowledged_and_leave_nothing_half_applie
                        for i, c in enumerate(clients)]
             for t in threads:
                 t.start()
-            time.sleep(rng.uniform(0.1, 1.2))
+            _until_acknowledged(ledger, threads, rng.randint(0, CALLS_BEFORE_KILL))
+            time.sleep(rng.uniform(0, 0.1))
             proc.kill()
             for t in threads:
                 t.join(timeout=30)
