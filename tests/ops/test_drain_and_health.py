@@ -1,6 +1,10 @@
 """Lifecycle: SIGTERM under load drains within the deadline, loses no acknowledged call and
 closes the store cleanly (the next start replays no audit spool); readiness and liveness are
-separate gRPC health services; start-up says what it opened."""
+separate gRPC health services; start-up says what it opened.
+
+One `engram serve` per engine over a fresh store (``fresh_served``) serves two tests: what it
+printed at start is the start-up test's, and the drain test then loads it and SIGTERMs it (the
+start-up test only reads the line it printed, so the order of the two does not matter)."""
 
 from __future__ import annotations
 
@@ -9,26 +13,42 @@ import secrets
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
 from engram_core.cli.channel import admin_metadata
+from engram_core.rpc import server as rpc_server
 from engram_core.rpc.server import LIVENESS_SERVICE
 from engram_core.store.audit_spool import SPOOL_NAME
+from tests.support.core_engines import EngineStores
 from tests.support.core_support import Client, Failed, activate, capture_args
-from tests.support.ops_support import serve
+from tests.support.ops_support import Served, serve
 
 WORKERS = 6
 DRAIN_S = 20.0
 
 
-def test_sigterm_under_load_loses_no_acknowledged_call_and_needs_no_replay(tmp_path: Path, stores) -> None:
-    data = tmp_path / "data"
-    served = serve(stores, data, "--drain-seconds", str(DRAIN_S))
-    served.wait_ready()
+@pytest.fixture(scope="module")
+def fresh_served(module_stores: EngineStores, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """`engram serve --drain-seconds 20` over a fresh store, ready (see the module's docstring)."""
+    served = serve(module_stores, tmp_path_factory.mktemp("served") / "data", "--drain-seconds", str(DRAIN_S))
+    try:
+        served.wait_ready()
+        yield served
+    finally:
+        served.stop()
+
+
+def test_sigterm_under_load_loses_no_acknowledged_call_and_needs_no_replay(fresh_served: Served,
+                                                                           module_stores: EngineStores) -> None:
+    served, stores = fresh_served, module_stores
+    data = served.data_dir
+    assert served.proc.poll() is None, "the fresh core is gone before the drain test"
     activate(served)
     acked_captures: list[tuple[dict, str]] = []  # (arguments, candidate id)
     acked_reads: list[str] = []  # audit ids of acknowledged searches
@@ -99,16 +119,13 @@ def test_sigterm_under_load_loses_no_acknowledged_call_and_needs_no_replay(tmp_p
         assert not missing, f"{len(missing)} acknowledged reads have no audit row"
     finally:
         assert again.stop() == 0
-    events = [json.loads(line) for line in (tmp_path / "restart.log").read_text().splitlines() if line.startswith("{")]
+    events = [json.loads(line) for line in (data.parent / "restart.log").read_text().splitlines() if line.startswith("{")]
     assert not [e for e in events if e.get("event") == "audit_spool_replayed"]
 
 
-def test_start_up_prints_what_it_opened(tmp_path: Path, stores) -> None:
-    served = serve(stores, tmp_path / "data")
-    try:
-        served.wait_ready()
-    finally:
-        served.stop()
+def test_start_up_prints_what_it_opened(fresh_served: Served) -> None:
+    """What the fresh core printed when it started (it became ready: ``fresh_served``)."""
+    served = fresh_served
     opened = served.opened
     for part in ("store ", "schema_version ", "records 0", "scopes 0", "policy_revision engram-policies-",
                  f"listen {served.address}", "tls off", "metrics off", "tracing off", "audit_spool_replayed_rows 0"):
@@ -127,8 +144,12 @@ def _until(address: str, service: str, status: int, timeout: float = 10) -> None
         time.sleep(0.05)
 
 
-def test_readiness_waits_for_the_search_index_while_liveness_serves(tmp_path: Path, stores) -> None:
+def test_readiness_waits_for_the_search_index_while_liveness_serves(tmp_path: Path, stores,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    # The watcher's period (1 s in the product) is not what is tested here: each change below
+    # would wait out up to a period before it shows.
+    monkeypatch.setattr(rpc_server, "HEALTH_INTERVAL_S", 0.05)
     running = stores.start_core(tmp_path / "data")
     try:
         activate(running)
