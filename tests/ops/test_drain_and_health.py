@@ -22,7 +22,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engram_core.api import admin_pb2, admin_pb2_grpc
 from engram_core.cli.channel import admin_metadata
-from engram_core.rpc import server as rpc_server
 from engram_core.rpc.server import LIVENESS_SERVICE
 from engram_core.store.audit_spool import SPOOL_NAME
 from tests.support.core_engines import EngineStores
@@ -144,13 +143,11 @@ def _until(address: str, service: str, status: int, timeout: float = 10) -> None
         time.sleep(0.05)
 
 
-def test_readiness_waits_for_the_search_index_while_liveness_serves(tmp_path: Path, stores,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_readiness_waits_for_the_search_index_while_liveness_serves(tmp_path: Path, stores) -> None:
     serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
     # The watcher's period (1 s in the product) is not what is tested here: each change below
     # would wait out up to a period before it shows.
-    monkeypatch.setattr(rpc_server, "HEALTH_INTERVAL_S", 0.05)
-    running = stores.start_core(tmp_path / "data")
+    running = stores.start_core(tmp_path / "data", health_interval_s=0.05)
     try:
         activate(running)
         for service in ("", "engram.v1.MemoryService", LIVENESS_SERVICE):
