@@ -60,17 +60,14 @@ class CoreProcess:
         speed bound: a start is seconds (the policy bundle compiled, the model loaded, the
         journal replayed), and at soak size on a loaded 2-core machine, niced, one took over 30."""
         where = self.stores.serve_args(self.data_dir) if self.stores else ["--data", str(self.data_dir)]
-        env = self.stores.process_env() if self.stores else None
         self.starts += 1
         # A file, not a pipe nobody reads (a full pipe would stop the core mid-write), kept per
         # start so that a start that fails says why.
         self.log = self.data_dir.parent / f"core-{self.port}-start-{self.starts:03d}.log"
-        with self.log.open("w") as out:
-            self.proc = subprocess.Popen([ENGRAM, "serve", *where, "--listen", self.address],
-                                         stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
+        self.proc = self._spawn(["serve", *where, "--listen", self.address])
         started = time.monotonic()
         deadline = started + timeout
-        with grpc.insecure_channel(self.address, options=PROMPT_RECONNECT) as ch:
+        with grpc.insecure_channel(self.address, options=self.reconnect) as ch:
             stub = host_pb2_grpc.HostServiceStub(ch)
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
@@ -79,9 +76,21 @@ class CoreProcess:
                     if stub.Health(host_pb2.HealthRequest(), timeout=1).status == "SERVING":
                         return
                 except grpc.RpcError:
-                    time.sleep(0.05)
+                    time.sleep(self.poll_s)
         raise RuntimeError(f"core did not become healthy in {time.monotonic() - started:.0f} s (start "
                            f"{self.starts}):\n{self._log_tail()}")
+
+    # How the readiness poll retries: an exec'd start takes seconds, a forked one (forked_core.py)
+    # well under one.
+    reconnect = PROMPT_RECONNECT
+    poll_s = 0.05
+
+    def _spawn(self, argv: list[str]) -> subprocess.Popen:
+        """`engram ARGV...`, its stdout and stderr in ``self.log``."""
+        env = self.stores.process_env() if self.stores else None
+        assert self.log is not None
+        with self.log.open("w") as out:
+            return subprocess.Popen([ENGRAM, *argv], stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
 
     def _log_tail(self, lines: int = 40) -> str:
         text = self.log.read_text(errors="replace") if self.log is not None and self.log.exists() else ""

@@ -8,13 +8,9 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
-import grpc
-
-from engram_core.api import host_pb2, host_pb2_grpc
 from tests.support.crash_harness import ENGRAM, CoreProcess
 from tests.support.forked_serve import ServeForker
 
@@ -49,27 +45,12 @@ class ForkedCoreProcess(CoreProcess):
     def _env(self) -> dict[str, str]:
         return self.stores.process_env() if self.stores else dict(os.environ)
 
-    def start(self, timeout: float = 120) -> None:
-        """As ``CoreProcess.start`` (see there), the process forked."""
-        where = self.stores.serve_args(self.data_dir) if self.stores else ["--data", str(self.data_dir)]
-        self.starts += 1
-        self.log = self.data_dir.parent / f"core-{self.port}-start-{self.starts:03d}.log"
-        proc = self.forker.spawn(["serve", *where, "--listen", self.address], self._env(), self.log, argv0=ENGRAM)
-        self.proc = proc  # type: ignore[assignment]  # what CoreProcess uses of a Popen
-        started = time.monotonic()
-        deadline = started + timeout
-        with grpc.insecure_channel(self.address, options=PROMPT_RECONNECT) as ch:
-            stub = host_pb2_grpc.HostServiceStub(ch)
-            while time.monotonic() < deadline:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"core exited with {proc.returncode}:\n{self._log_tail()}")
-                try:
-                    if stub.Health(host_pb2.HealthRequest(), timeout=1).status == "SERVING":
-                        return
-                except grpc.RpcError:
-                    time.sleep(0.02)
-        raise RuntimeError(f"core did not become healthy in {time.monotonic() - started:.0f} s (start "
-                           f"{self.starts}):\n{self._log_tail()}")
+    reconnect = PROMPT_RECONNECT
+    poll_s = 0.02
+
+    def _spawn(self, argv: list[str]) -> Any:  # a ForkedProcess: what CoreProcess uses of a Popen
+        assert self.log is not None
+        return self.forker.spawn(argv, self._env(), self.log, argv0=ENGRAM)
 
     def close(self) -> None:
         """Stop the core (SIGTERM, as ``stop``); the forker stays for the next test."""
