@@ -85,12 +85,15 @@ class CoreProcess:
     reconnect = PROMPT_RECONNECT
     poll_s = 0.05
 
+    def _env(self) -> dict[str, str]:
+        """The started core's environment (the engine's, or this process's)."""
+        return self.stores.process_env() if self.stores else dict(os.environ)
+
     def _spawn(self, argv: list[str]) -> subprocess.Popen:
         """`engram ARGV...`, its stdout and stderr in ``self.log``."""
-        env = self.stores.process_env() if self.stores else None
         assert self.log is not None
         with self.log.open("w") as out:
-            return subprocess.Popen([ENGRAM, *argv], stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
+            return subprocess.Popen([ENGRAM, *argv], stdout=out, stderr=subprocess.STDOUT, text=True, env=self._env())
 
     def _log_tail(self, lines: int = 40) -> str:
         text = self.log.read_text(errors="replace") if self.log is not None and self.log.exists() else ""

@@ -30,7 +30,7 @@ def shared_forker() -> ServeForker:
     global _forker
     with _forker_lock:
         if _forker is None or not _forker.alive():
-            _forker = ServeForker({"ENGRAM_SEMANTIC": "off", **os.environ})
+            _forker = ServeForker(dict(os.environ))  # each child gets its start's own environment
             atexit.register(_forker.close)
         return _forker
 
@@ -41,9 +41,6 @@ class ForkedCoreProcess(CoreProcess):
     def __init__(self, data_dir: Path, stores: Any) -> None:
         super().__init__(data_dir, stores)
         self.forker = shared_forker()
-
-    def _env(self) -> dict[str, str]:
-        return self.stores.process_env() if self.stores else dict(os.environ)
 
     reconnect = PROMPT_RECONNECT
     poll_s = 0.02
