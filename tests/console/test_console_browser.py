@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.wait import WebDriverWait
 
 from engram_core.api import admin_pb2
@@ -29,6 +28,7 @@ from tests.support.console_support import (
     policies_copy,
     start_console,
     start_console_toml,
+    submit,
 )
 
 SCOPE = f"/s/{TENANT}/{WORKSPACE}"
@@ -50,21 +50,11 @@ def _sign_in(browser, url: str, token: str) -> None:
     browser.get(url + "/signin")
     field = browser.find_element(By.ID, "token")
     field.send_keys(token)
-    _submit(browser, browser.find_element(By.ID, "signin"))
+    submit(browser, browser.find_element(By.ID, "signin"))
 
 
 def _cookie_header(browser, world: World) -> str:
     return "; ".join(f"{c['name']}={c['value']}" for c in browser.get_cookies())
-
-
-def _submit(browser, button) -> None:
-    """Press a form's button and wait for the page it brings (the old page's elements go stale),
-    so nothing is read from the page being left."""
-    button.click()
-    WebDriverWait(browser, 30).until(staleness_of(button))
-    # The driver's own probe (DevTools, not page script: the page's CSP allows none): the new
-    # page fully loaded before anything is looked up in it.
-    WebDriverWait(browser, 30).until(lambda b: b.execute_script("return document.readyState") == "complete")
 
 
 def _after_continue(browser):
@@ -107,10 +97,10 @@ def test_review_queue_accept_and_reject(world: World, browser, shots: Path) -> N
 
     accept, reject, keep = (c for c, _ in held)
     browser.find_element(By.ID, f"reason-{accept}").send_keys("reviewed: matches ADR 7")
-    _submit(browser, browser.find_element(By.CSS_SELECTOR, f"form[action$='/{accept}/decide'] button.accept"))
+    submit(browser, browser.find_element(By.CSS_SELECTOR, f"form[action$='/{accept}/decide'] button.accept"))
     assert browser.find_element(By.ID, "decided").text == "Decided: accepted."
     browser.find_element(By.ID, f"reason-{reject}").send_keys(SCRIPT)
-    _submit(browser, browser.find_element(By.CSS_SELECTOR, f"form[action$='/{reject}/decide'] button.reject"))
+    submit(browser, browser.find_element(By.CSS_SELECTOR, f"form[action$='/{reject}/decide'] button.reject"))
     assert browser.find_element(By.ID, "decided").text == "Decided: rejected."
     listed = [a.text for a in browser.find_elements(By.CSS_SELECTOR, "#queue a.cid")]
     assert listed == [keep]
@@ -160,7 +150,7 @@ def test_audit_pages_cover_the_timeline(world: World, browser) -> None:
             older = browser.find_elements(By.LINK_TEXT, "Older")
             if not older:
                 break
-            _submit(browser, older[0])
+            submit(browser, older[0])
         assert browser.find_elements(By.LINK_TEXT, "Newer")
         rows = world.hand.admin("Export", admin_pb2.ExportRequest(tenant=TENANT, workspace=WORKSPACE, what="audit",
                                                                    to_cursor=str(head)))["items"]
@@ -203,7 +193,7 @@ def test_memory_page_searches_as_the_person(world: World, browser, shots: Path) 
         event_id="evt_test_" + cand[-12:]))
     browser.get(world.console.url + SCOPE + "/memory")
     browser.find_element(By.ID, "q").send_keys("saffron")
-    _submit(browser, browser.find_element(By.ID, "search"))
+    submit(browser, browser.find_element(By.ID, "search"))
     content = browser.find_element(By.CSS_SELECTOR, "#results td.content").text
     assert markup in content  # shown as text, never as markup
     assert browser.find_elements(By.CSS_SELECTOR, "#results img") == []
@@ -291,7 +281,7 @@ def test_sign_out_ends_the_session(world: World, browser) -> None:
     _sign_in(browser, world.console.url, world.token)
     browser.get(world.console.url + SCOPE + "/review")
     old = browser.get_cookie("engram_console")["value"]
-    _submit(browser, browser.find_element(By.CSS_SELECTOR, "form.signout button"))
+    submit(browser, browser.find_element(By.CSS_SELECTOR, "form.signout button"))
     assert browser.current_url.endswith("/signin") and browser.get_cookie("engram_console") is None
     status, headers, _ = http("GET", world.console.url + SCOPE + "/review", cookie=f"engram_console={old}")
     # The old cookie is worth nothing now: sign in, then back to the page asked for.
@@ -383,7 +373,7 @@ def test_sign_in_with_openid_connect(world: World, browser, shots: Path) -> None
             assert status == "pending_adjudication"
             browser.get(team.url + SCOPE + "/review")
             browser.find_element(By.ID, f"reason-{keep}").send_keys("alice reviewed it")
-            _submit(browser, browser.find_element(By.CSS_SELECTOR, f"form[action$='/{keep}/decide'] button.accept"))
+            submit(browser, browser.find_element(By.CSS_SELECTOR, f"form[action$='/{keep}/decide'] button.accept"))
             assert browser.find_element(By.ID, "decided").text == "Decided: accepted."
             rows = world.hand.admin("Export", admin_pb2.ExportRequest(tenant=TENANT, workspace=WORKSPACE,
                                                                        what="audit"))["items"]

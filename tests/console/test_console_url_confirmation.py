@@ -29,14 +29,12 @@ from mcp import Client
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.expected_conditions import staleness_of
-from selenium.webdriver.support.ui import WebDriverWait
 
 from engram_core.api import admin_pb2
 from engram_core.console.core_client import Actor, CoreClient, CoreError
 from engram_core.contract.scope import Scope
 from engram_core.contract.tools import FORGET_TOOL
-from tests.support.console_support import OTHER, TENANT, WORKSPACE, World, chrome, http, start_console
+from tests.support.console_support import OTHER, TENANT, WORKSPACE, World, chrome, http, start_console, submit
 
 pytestmark = pytest.mark.anyio
 REPO = Path(__file__).resolve().parents[2]
@@ -117,18 +115,12 @@ def _audit(world: World) -> list[dict[str, Any]]:
                                                               from_cursor="1"))["items"]
 
 
-def _submit(browser, button) -> None:
-    button.click()
-    WebDriverWait(browser, 30).until(staleness_of(button))
-    WebDriverWait(browser, 30).until(lambda b: b.execute_script("return document.readyState") == "complete")
-
-
 def _open_signed_in(browser, url: str, token: str) -> None:
     """Open ``url`` as a person: a browser not signed in is sent to sign in, and back to it."""
     browser.get(url)
     if urlsplit(browser.current_url).path == "/signin":
         browser.find_element(By.ID, "token").send_keys(token)
-        _submit(browser, browser.find_element(By.ID, "signin"))
+        submit(browser, browser.find_element(By.ID, "signin"))
     assert urlsplit(browser.current_url).path == urlsplit(url).path, browser.current_url
 
 
@@ -142,12 +134,12 @@ def _browser_answers(browser, world: World, record_id: str, decision: str, seen:
         browser.get(world.console.url + "/confirmations")
         link = browser.find_element(By.CSS_SELECTOR, f"#pending a[href='{urlsplit(url).path}']")
         assert record_id in browser.find_element(By.ID, "pending").text
-        _submit(browser, link)
+        submit(browser, link)
         page = {k: browser.find_element(By.ID, k).text for k in ("target", "reason", "agent", "tool", "scope", "state")}
         seen["page"] = page
         seen["csrf"] = browser.find_element(By.CSS_SELECTOR, "form.decide input[name=csrf]").get_attribute("value")
         seen["cookie"] = "; ".join(f"{c['name']}={c['value']}" for c in browser.get_cookies())
-        _submit(browser, browser.find_element(By.ID, decision))
+        submit(browser, browser.find_element(By.ID, decision))
         seen["done"] = browser.find_element(By.ID, "done").text
 
     async def answer(context: Any, params: Any) -> types.ElicitResult:

@@ -17,9 +17,7 @@ from pathlib import Path
 
 import pytest
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import Select
-from selenium.webdriver.support.wait import WebDriverWait
 
 from engram_core.api import admin_pb2
 from tests.support.console_support import (
@@ -33,6 +31,7 @@ from tests.support.console_support import (
     http,
     policies_copy,
     start_console_toml,
+    submit,
 )
 from tests.support.policy_support import serve
 
@@ -99,16 +98,10 @@ def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
         yield mp
 
 
-def _submit(browser, button) -> None:
-    button.click()
-    WebDriverWait(browser, 60).until(staleness_of(button))
-    WebDriverWait(browser, 60).until(lambda b: b.execute_script("return document.readyState") == "complete")
-
-
 def _sign_in(browser, url: str) -> None:
     browser.get(url + "/signin")
     browser.find_element(By.ID, "token").send_keys(TOKEN)
-    _submit(browser, browser.find_element(By.ID, "signin"))
+    submit(browser, browser.find_element(By.ID, "signin"), 60)
 
 
 def _logged(log: Path, path: str, outcome_key: str, outcome: str, n: int) -> list[dict]:
@@ -146,7 +139,7 @@ def test_a_candidate_that_flips_a_decision_shows_the_transition(served: Served, 
     assert options == ["lenient"], browser.find_element(By.ID, "replay-section").text
     Select(browser.find_element(By.ID, "candidate")).select_by_value("lenient")
     Select(browser.find_element(By.ID, "window")).select_by_value("24h")
-    _submit(browser, browser.find_element(By.ID, "run-replay"))
+    submit(browser, browser.find_element(By.ID, "run-replay"), 60)
     assert browser.find_element(By.TAG_NAME, "h1").text == "Replay of lenient"
     rows = {(tr.find_element(By.CSS_SELECTOR, "td.path").text, tr.find_element(By.CSS_SELECTOR, "td.label").text):
             tr for tr in browser.find_elements(By.CSS_SELECTOR, "#transitions tr.transition")}
@@ -231,7 +224,7 @@ def test_memory_browses_a_scope_newest_first_paged_and_by_state(served: Served, 
         older = browser.find_elements(By.ID, "older")
         if not older:
             break
-        _submit(browser, older[0])
+        submit(browser, older[0], 60)
     ours = [r for r in shown if r in records]
     assert ours == list(reversed(records)), shown  # every record once, newest first, over several pages
     assert markup in content[records[0]]
@@ -249,7 +242,7 @@ def test_memory_browses_a_scope_newest_first_paged_and_by_state(served: Served, 
     assert len(gets) >= len(shown) + 1  # every record of every page read, and the first page again
     # Withdrawn: none; accepted_current: only current records.
     Select(browser.find_element(By.ID, "state")).select_by_value("withdrawn")
-    _submit(browser, browser.find_element(By.ID, "filter"))
+    submit(browser, browser.find_element(By.ID, "filter"), 60)
     assert browser.find_elements(By.CSS_SELECTOR, "#results td.digest") == []
     assert "state=withdrawn" in browser.current_url
     browser.get(served.console.url + SCOPE + "/memory?state=accepted_current")
@@ -289,7 +282,7 @@ def test_a_forget_an_agent_asked_for_waits_on_the_confirmations_pages(served: Se
     assert record in page and "reason:user-asked" in page and "user:ana" in page
     assert browser.find_elements(By.CSS_SELECTOR, "button[value=approve]")
     doc_shot(browser, "confirmation")
-    _submit(browser, browser.find_element(By.CSS_SELECTOR, "button[value=deny]"))  # nobody waits for it here
+    submit(browser, browser.find_element(By.CSS_SELECTOR, "button[value=deny]"), 60)  # nobody waits for it here
     assert "denied" in browser.find_element(By.ID, "main").text.lower()
 
 
@@ -298,7 +291,7 @@ def test_sign_in_returns_to_the_page_that_sent_the_person(served: Served, browse
     browser.get(served.console.url + SCOPE + "/memory?state=accepted_current")
     assert "/signin?next=" in browser.current_url
     browser.find_element(By.ID, "token").send_keys(TOKEN)
-    _submit(browser, browser.find_element(By.ID, "signin"))
+    submit(browser, browser.find_element(By.ID, "signin"), 60)
     assert browser.current_url == served.console.url + SCOPE + "/memory?state=accepted_current"
     # A next that leaves the console is dropped: the sign-in goes to /.
     for bad in ("//evil.example/x", "https://evil.example/", "/\\evil.example"):
@@ -306,7 +299,7 @@ def test_sign_in_returns_to_the_page_that_sent_the_person(served: Served, browse
         browser.get(served.console.url + "/signin?" + __import__("urllib.parse").parse.urlencode({"next": bad}))
         assert not browser.find_elements(By.CSS_SELECTOR, "input[name=next]")
         browser.find_element(By.ID, "token").send_keys(TOKEN)
-        _submit(browser, browser.find_element(By.ID, "signin"))
+        submit(browser, browser.find_element(By.ID, "signin"), 60)
         assert browser.current_url == served.console.url + "/"
 
 

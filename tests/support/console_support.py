@@ -211,6 +211,34 @@ def chrome():
     return webdriver.Chrome(service=Service(executable_path=driver), options=options)
 
 
+def submit(browser, button, timeout_s: float = 30) -> None:
+    """Press a form's button and wait for the page it brings, fully loaded, so nothing is read
+    from the page being left.
+
+    Selenium's ``staleness_of`` asks the old button whether it is enabled and counts only
+    StaleElementReferenceException as gone. While the old document is being replaced,
+    chromedriver can instead answer "Node with given id does not belong to the document" (an
+    inspector error, seen in CI): the node is in no current document, which is the same fact."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    def left(_driver) -> bool:
+        try:
+            button.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as e:
+            if "does not belong to the document" in (e.msg or ""):
+                return True
+            raise
+        return False
+
+    button.click()
+    WebDriverWait(browser, timeout_s).until(left)
+    # The driver's own probe (DevTools, not page script: the console's CSP allows none).
+    WebDriverWait(browser, timeout_s).until(lambda b: b.execute_script("return document.readyState") == "complete")
+
+
 def start_console_toml(config: Path, log: Path) -> ConsoleProc:
     """`engram console --config FILE` (its [console] table names everything, the listen address too)."""
     import tomllib
