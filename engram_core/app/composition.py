@@ -26,7 +26,7 @@ from engram_core.observability.metrics import CoreMetrics
 from engram_core.policy import default_bundle_dir as default_policies_dir
 from engram_core.policy.port import PolicyEngine
 from engram_core.policy.serving import PolicySettings, build_serving_policy
-from engram_core.rpc.server import RunningCore, Services, serve
+from engram_core.rpc.server import HEALTH_INTERVAL_S, RunningCore, Services, serve
 from engram_core.rpc.tls import ServerTls
 from engram_core.secret_scan import scan as secrets_scan
 from engram_core.services.admin import AdminServiceCore
@@ -218,7 +218,7 @@ def start_core(data_dir: Path, *, listen: str = "127.0.0.1:0", policies_dir: Pat
                audit_devices: list[str] | None = None, metrics: CoreMetrics | None = None,
                tls: ServerTls | None = None, store_url: str | None = None,
                key_schedule: KeySchedule | None = None, index_max_records: int = 0,
-               page_pin_capacity: int = MAX_PINS, health_interval_s: float | None = None) -> RunningCore:
+               page_pin_capacity: int = MAX_PINS, health_interval_s: float = HEALTH_INTERVAL_S) -> RunningCore:
     """Open the core and serve it. The search index is built after the server listens: until
     it is, the health of the engram services is NOT_SERVING (readiness) while ``liveness``
     is SERVING; a call that comes early waits for the index instead of failing.

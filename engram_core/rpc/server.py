@@ -66,6 +66,7 @@ TOOL_OF_METHOD = {
     "forget": FORGET_TOOL,
 }
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+HEALTH_INTERVAL_S = 1.0  # how often standard health is checked (serve's default)
 
 
 def _tool_method(op: str, response_cls: type, *, grant: bool) -> Callable[..., Any]:
@@ -235,7 +236,7 @@ class Services:
 
 def serve(core: Core, services: Services, *, host_key_path: Path, listen: str = "127.0.0.1:0", max_workers: int = 16,
           metrics: CoreMetrics | None = None, tls: ServerTls | None = None,
-          health_interval_s: float | None = None) -> RunningCore:
+          health_interval_s: float = HEALTH_INTERVAL_S) -> RunningCore:
     """Serve ``core`` on ``listen`` (port 0: any free port) and start building its search index.
 
     ``tls``: serve over TLS (mutual with a client CA). On failure to listen the core is closed.
@@ -273,7 +274,7 @@ def serve(core: Core, services: Services, *, host_key_path: Path, listen: str = 
     running = RunningCore(server=server, core=core, port=port, address=f"{listen.rsplit(':', 1)[0]}:{port}",
                           host_key_path=host_key_path, health=health_servicer, memory=services.memory,
                           keyring=KeyRingScheduler(core, core.key_schedule).start())
-    _watch_health(running, services.host, HEALTH_INTERVAL_S if health_interval_s is None else health_interval_s)
+    _watch_health(running, services.host, health_interval_s)
     threading.Thread(target=_build_index, args=(running, services.host), name="engram-index", daemon=True).start()
     return running
 
@@ -292,7 +293,6 @@ HEALTH_SERVICES = ("engram.v1.MemoryService", "engram.v1.HostService", "engram.v
 # Liveness: SERVING while the process runs with its store open (restart it if not). Readiness
 # is "" and each engram service: the store open, the bundle active and the search index built.
 LIVENESS_SERVICE = "liveness"
-HEALTH_INTERVAL_S = 1.0
 # How long readiness waits for the store to answer its check before it says NOT_SERVING. The
 # check reads the store, and a PostgreSQL server that is gone holds that read for the pool's
 # whole timeout (``pool_timeout_s``, 30 s) before it fails: an orchestrator would keep sending

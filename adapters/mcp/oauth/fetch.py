@@ -30,7 +30,6 @@ import httpx2
 from adapters.mcp.oauth.settings import DEFAULT_FETCH_DEADLINE_S, OAuthConfigError, checked_url
 
 FETCH_TIMEOUT_S = 5.0   # httpx's per-phase timeout (connect, each read)
-FETCH_DEADLINE_S = DEFAULT_FETCH_DEADLINE_S  # the wall clock for one whole request, or for the whole of discovery
 MAX_DOCUMENT_BYTES = 1_048_576
 
 
@@ -38,7 +37,7 @@ class FetchFailed(Exception):
     """The authorization server did not answer with a usable document (the message names the URL)."""
 
 
-def deadline_in(seconds: float = FETCH_DEADLINE_S) -> float:
+def deadline_in(seconds: float = DEFAULT_FETCH_DEADLINE_S) -> float:
     """An absolute deadline on anyio's clock, for ``request_json``/``fetch_json``."""
     return anyio.current_time() + seconds
 
@@ -68,7 +67,7 @@ async def _bounded_body(response: httpx2.Response, url: str) -> bytes:
     return b"".join(parts)
 
 
-async def request_json(http: httpx2.AsyncClient, method: str, url: str, *, deadline_s: float = FETCH_DEADLINE_S,
+async def request_json(http: httpx2.AsyncClient, method: str, url: str, *, deadline_s: float = DEFAULT_FETCH_DEADLINE_S,
                        deadline: float | None = None, **kwargs: Any) -> tuple[int, Any]:
     """(status, parsed JSON body) of one request, within ``deadline`` (an absolute one several
     requests share, ``deadline_s`` long; default: ``deadline_s`` from now) and ``MAX_DOCUMENT_BYTES``.
@@ -90,7 +89,7 @@ async def request_json(http: httpx2.AsyncClient, method: str, url: str, *, deadl
         raise FetchFailed(f"{url}: not JSON") from None
 
 
-async def fetch_json(http: httpx2.AsyncClient, url: str, *, deadline_s: float = FETCH_DEADLINE_S,
+async def fetch_json(http: httpx2.AsyncClient, url: str, *, deadline_s: float = DEFAULT_FETCH_DEADLINE_S,
                      deadline: float | None = None) -> dict[str, Any]:
     status, document = await request_json(http, "GET", url, deadline_s=deadline_s, deadline=deadline)
     if status != 200:
@@ -120,7 +119,7 @@ def metadata_urls(issuer: str) -> list[str]:
 
 
 async def fetch_issuer_metadata(http: httpx2.AsyncClient, issuer: str, *,
-                                deadline_s: float = FETCH_DEADLINE_S) -> IssuerMetadata:
+                                deadline_s: float = DEFAULT_FETCH_DEADLINE_S) -> IssuerMetadata:
     """The issuer's metadata; its ``issuer`` must be the configured one exactly (RFC 8414 §3.3,
     so a metadata document cannot redirect the adapter to another issuer's keys). All candidate
     URLs together get one ``deadline_s``."""

@@ -28,8 +28,12 @@ from typing import Any
 
 import httpx2
 
-from adapters.mcp.oauth.fetch import FETCH_DEADLINE_S, FetchFailed, request_json
-from adapters.mcp.oauth.settings import DEFAULT_INTROSPECTION_BUDGET_PER_S, IntrospectionClient
+from adapters.mcp.oauth.fetch import FetchFailed, request_json
+from adapters.mcp.oauth.settings import (
+    DEFAULT_FETCH_DEADLINE_S,
+    DEFAULT_INTROSPECTION_BUDGET_PER_S,
+    IntrospectionClient,
+)
 
 _CACHE_ENTRIES = 4096
 INACTIVE_CACHE_S = 30.0
@@ -69,7 +73,7 @@ def _remember(table: OrderedDict[str, Any], key: str, value: Any) -> None:
 
 class Introspector:
     def __init__(self, http: httpx2.AsyncClient, *, endpoint: Callable[[], Any], client: IntrospectionClient,
-                 cache_s: int, budget: IntrospectionBudget | None = None, deadline_s: float = FETCH_DEADLINE_S,
+                 cache_s: int, budget: IntrospectionBudget | None = None, deadline_s: float = DEFAULT_FETCH_DEADLINE_S,
                  clock: Callable[[], float] = time.time) -> None:
         self._http = http
         self._endpoint = endpoint  # async () -> URL (configured, or from the issuer's metadata)

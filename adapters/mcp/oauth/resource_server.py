@@ -20,7 +20,6 @@ import httpx2
 from adapters.mcp.http_app import OAuthResource
 from adapters.mcp.oauth.caller_binding import CallerBindings
 from adapters.mcp.oauth.fetch import (
-    FETCH_DEADLINE_S,
     FetchFailed,
     IssuerMetadata,
     fetch_issuer_metadata,
@@ -28,7 +27,7 @@ from adapters.mcp.oauth.fetch import (
 )
 from adapters.mcp.oauth.introspection import IntrospectionBudget, Introspector
 from adapters.mcp.oauth.jwks import JwksCache
-from adapters.mcp.oauth.settings import OAuthSettings
+from adapters.mcp.oauth.settings import DEFAULT_FETCH_DEADLINE_S, OAuthSettings
 from adapters.mcp.oauth.verifier import OAuthTokenVerifier
 from engram_core.policy.port import PolicyEngine
 
@@ -38,7 +37,7 @@ RETRY_S = 30.0
 class IssuerDiscovery:
     """The issuer's metadata, fetched once on first use."""
 
-    def __init__(self, http: httpx2.AsyncClient, issuer: str, *, deadline_s: float = FETCH_DEADLINE_S,
+    def __init__(self, http: httpx2.AsyncClient, issuer: str, *, deadline_s: float = DEFAULT_FETCH_DEADLINE_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._http = http
         self._issuer = issuer

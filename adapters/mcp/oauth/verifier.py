@@ -27,10 +27,10 @@ endpoint cannot be reached at all the request fails with :class:`AuthorizationSe
 (503), so an outage is not mistaken for a bad token.
 
 A check that needs the issuer ends within ``check_deadline_s`` of wall clock (``[http.oauth]``,
-``CHECK_DEADLINE_S`` = 8 s by default), whatever the issuer does (issue 57): each fetch has its own
-deadline (``fetch.py``), but a check may wait for another caller's fetch (the key set's and the
-metadata's locks) and then make its own, and a client gives up after ~16 s. Past the deadline the
-request is the retriable 503, never a hang.
+8 s by default), whatever the issuer does (issue 57): each fetch has its own deadline
+(``fetch.py``), but a check may wait for another caller's fetch (the key set's and the metadata's
+locks) and then make its own, and a client gives up after ~16 s. Past the deadline the request is
+the retriable 503, never a hang.
 """
 
 from __future__ import annotations
@@ -58,7 +58,6 @@ _JWS_SHAPE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*")
 _ACCESS_TOKEN_TYPES = frozenset({"at+jwt", "application/at+jwt", "jwt", "application/jwt"})
 MAX_TOKEN_CHARS = 16_384
 VERIFIED_CACHE_ENTRIES = 4096
-CHECK_DEADLINE_S = DEFAULT_CHECK_DEADLINE_S
 
 
 class AuthorizationServerUnavailable(Exception):
@@ -105,7 +104,7 @@ class OAuthTokenVerifier:
 
     def __init__(self, *, issuer: str, resource: str, algorithms: tuple[str, ...], clock_skew_s: int,
                  jwks: JwksCache, introspector: Introspector | None = None, max_age_s: float = 300.0,
-                 check_deadline_s: float = CHECK_DEADLINE_S, clock: Callable[[], float] = time.time) -> None:
+                 check_deadline_s: float = DEFAULT_CHECK_DEADLINE_S, clock: Callable[[], float] = time.time) -> None:
         self._issuer = issuer
         self._resource = resource
         # RFC 8707 resources compare as given; a trailing slash is the one spelling difference forgiven.
