@@ -113,4 +113,4 @@ def test_sigkill_mid_workload_loses_nothing_acknowledged(stores: EngineStores, t
             assert client.get(rid)["record"]["record_id"] == rid
         client.channel.close()
     finally:
-        proc.close()
+        proc.stop()

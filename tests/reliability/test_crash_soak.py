@@ -126,4 +126,4 @@ def test_random_sigkills_lose_nothing_acknowledged_and_leave_nothing_half_applie
         record_property("crash_soak", summary)
         print(f"\ncrash soak: {summary}")
     finally:
-        proc.close()
+        proc.stop()

@@ -36,7 +36,7 @@ def shared_forker() -> ServeForker:
 
 
 class ForkedCoreProcess(CoreProcess):
-    """Call ``close`` when done (or use it as a context manager): it stops the core."""
+    """``stop`` ends the core (SIGTERM); the forker stays for the next test."""
 
     def __init__(self, data_dir: Path, stores: Any) -> None:
         super().__init__(data_dir, stores)
@@ -48,13 +48,3 @@ class ForkedCoreProcess(CoreProcess):
     def _spawn(self, argv: list[str]) -> Any:  # a ForkedProcess: what CoreProcess uses of a Popen
         assert self.log is not None
         return self.forker.spawn(argv, self._env(), self.log, argv0=ENGRAM)
-
-    def close(self) -> None:
-        """Stop the core (SIGTERM, as ``stop``); the forker stays for the next test."""
-        self.stop()
-
-    def __enter__(self) -> ForkedCoreProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
