@@ -198,7 +198,7 @@ class MemoryService:
              # Payload times (epoch ms), which the policy bounds to the host's window (issue 26.5).
              "valid_time": payload["valid_time"], "primary_event_at": payload["primary_event"]["at"]},
             stored_strings=stored_strings(args))
-        with self.core.store.read(snapshot=False) as tx:  # checked again in the write transaction
+        with self.core.store.read(snapshot=False, as_writer=True) as tx:  # checked again in the write transaction
             prior = self.mutations.replay(tx, ctx, prepared.guard)
         if prior is not None:
             return {**prior, "status": "duplicate_exact"}
@@ -289,7 +289,7 @@ class MemoryService:
         call = CallRecord()
         prepared = prepare(ctx, ADMISSION_TOOL, args)
         authz = self.core.authorize(ctx, ADMISSION_TOOL, call, stored_strings=stored_strings(args))
-        with self.core.store.read(snapshot=False) as tx:  # both checked again in the write transaction
+        with self.core.store.read(snapshot=False, as_writer=True) as tx:  # both checked again in the write transaction
             cand = tx.candidate(ctx.scope, args["candidate_id"])  # first: see gated_precondition
             prior = self.mutations.replay(tx, ctx, prepared.guard)
         if prior is not None:

@@ -145,7 +145,8 @@ class Mutations:
         # The record's vector is computed on the model's thread while this one decides (the model
         # releases the GIL): wasted only when the admission does not accept.
         embedding = self.take_early(cand.candidate_id) or self.start_embedding(effective)
-        with self.core.store.read(snapshot=False) as tx:
+        # As the writer sees it: a record admitted a moment ago is one to compare with.
+        with self.core.store.read(snapshot=False, as_writer=True) as tx:
             duplicate_of, tombstoned = tx.payload_standing(ctx.scope, cand.payload_digest)
             content = (self.content_signals.admission_facts(tx, ctx.scope, effective, now=now,
                                                             vector=future_vector(embedding))

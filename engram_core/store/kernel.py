@@ -149,13 +149,13 @@ class StoreKernel:
             yield KernelTx(self, etx, effects)
 
     @contextmanager
-    def read(self, *, snapshot: bool = True) -> Iterator[KernelTx]:
+    def read(self, *, snapshot: bool = True, as_writer: bool = False) -> Iterator[KernelTx]:
         self._require_open()
         if snapshot and self._spool is not None and self._spool.pending and not self.engine.in_write():
             # A snapshot sees every audit row acknowledged before it began (audit export,
             # verification and backup read the engine's rows).
             self._move_spool()
-        with self.engine.read(snapshot=snapshot) as etx:
+        with self.engine.read(snapshot=snapshot, as_writer=as_writer) as etx:
             yield KernelTx(self, etx, None, latest=not snapshot)
 
     # -- standalone audit rows (the writer chain) -----------------------------------------------------

@@ -484,9 +484,13 @@ class Store(Protocol):
         (PostgreSQL: the transactions of one scope queue on its lock anyway)."""
         ...
 
-    def read(self, *, snapshot: bool = True) -> AbstractContextManager[Tx]:
+    def read(self, *, snapshot: bool = True, as_writer: bool = False) -> AbstractContextManager[Tx]:
         """A consistent read-only snapshot, or (``snapshot=False``) statements that each read
-        the latest committed state."""
+        the latest committed state. ``as_writer`` (with ``snapshot=False``): the latest state as
+        the writer sees it, every acknowledged write included, for a write's checks made before
+        its transaction; an engine whose acknowledgement is its commit reads as without it
+        (DuckDB: writes acknowledged from its intent log, not yet committed, are read through
+        the writer's open batch instead of being committed first)."""
         ...
 
     def append_audit(self, row: AuditRow, *, page_pins: Sequence[SharedPin] = ()) -> str:

@@ -197,7 +197,7 @@ def test_building_the_index_leaves_no_table_blocks_cached_and_the_limit_as_it_wa
         store = running.core.store
         con = store.engine._con
         limit = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
-        con.execute("CHECKPOINT")  # the rows in table blocks, as in a store that was reopened
+        store.checkpoint()  # the rows in table blocks, as in a store that was reopened
         # What a scan of both tables leaves in DuckDB's cache, as the build used to.
         con.execute("SELECT count(*), sum(octet_length(sealed_body)) FROM records").fetchall()
         con.execute("SELECT count(*), sum(octet_length(sealed)) FROM projections").fetchall()

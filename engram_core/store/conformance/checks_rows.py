@@ -121,6 +121,34 @@ def check_a_key_written_is_found_again_after_reopening(target: Any) -> None:
         assert tx.idempotency_get(Scope(T, W), "user:ana", "key-never-written") is None
 
 
+def check_an_answered_batched_write_is_seen_by_every_kind_of_read(target: Any) -> None:
+    """A batched write's answer is its visibility: the writer's own checks before a transaction
+    (``read(snapshot=False, as_writer=True)``), a read of the latest state, a snapshot, and a
+    store opened afterwards all see it, however the engine made it durable (DuckDB: a lone
+    writer's batch answered from its intent log, committed later)."""
+    store = target.open()
+    row = IdempotencyRow(CAPTURE_TOOL, "cand_answered", "sha256:" + "2" * 64, {"status": "committed_pending"})
+    keys = [f"key-answered-{i:04d}" for i in range(3)]
+    for i, key in enumerate(keys):
+        with store.write(batched=True) as tx:
+            event(tx, f"answered-{i}")
+            tx.idempotency_put(Scope(T, W), "user:ana", key, row, 1)
+
+    def sees_all(tx: Any) -> None:
+        assert [tx.idempotency_get(Scope(T, W), "user:ana", k) for k in keys] == [row] * 3
+        assert [e.target for e in tx.events(Scope(T, W), 0, None)] == [f"answered-{i}" for i in range(3)]
+
+    with store.read(snapshot=False, as_writer=True) as tx:
+        sees_all(tx)
+    with store.read(snapshot=False) as tx:
+        sees_all(tx)
+    with store.read() as tx:
+        sees_all(tx)
+    store = target.reopen(store)
+    with store.read() as tx:
+        sees_all(tx)
+
+
 def check_a_grant_is_used_once_under_racing_writers(target: Any) -> None:
     store = target.open()
     won: list[int] = []
@@ -379,6 +407,7 @@ ROW_CHECKS: list[Callable[[Any], None]] = [
     check_one_effect_per_idempotency_key_under_racing_writers,
     check_an_idempotency_key_is_any_text_nul_included,
     check_a_key_written_is_found_again_after_reopening,
+    check_an_answered_batched_write_is_seen_by_every_kind_of_read,
     check_a_grant_is_used_once_under_racing_writers,
     check_rows_of_another_scope_are_unknown,
     check_a_snapshot_sees_one_state_and_a_latest_read_sees_each_commit,

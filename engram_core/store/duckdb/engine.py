@@ -20,7 +20,6 @@ import logging
 import os
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,13 +29,20 @@ import duckdb
 
 from engram_core.contract.errors import Code, EngramError
 from engram_core.contract.scope import Scope
-from engram_core.crypto.keyvault import record_data_key
 from engram_core.observability import tracing
 from engram_core.store.audit_spool import SPOOL_NAME
 from engram_core.store.chain import GENESIS, chain_of
+from engram_core.store.duckdb import answer_check
 from engram_core.store.duckdb.candidate_cache import CommittedCandidates
 from engram_core.store.duckdb.group_commit import MAX_MEMBERS, Batch
-from engram_core.store.duckdb.migrations import LEDGER_DDL, MIGRATIONS
+from engram_core.store.duckdb.intent_log import (
+    EPOCH_KEY,
+    INTENTS_NAME,
+    IntentLog,
+    IntentLogBroken,
+    Unloggable,
+)
+from engram_core.store.duckdb.migrating import Migrating, connect
 from engram_core.store.duckdb.tx import SCHEMA_VERSION, DuckDBEngineTx
 from engram_core.store.engine import (
     CommitHooks,
@@ -49,16 +55,12 @@ from engram_core.store.engine import (
 from engram_core.store.key_digests import KeyDigests
 from engram_core.store.port import (
     CandidateRow,
-    RecordRow,
     ScopeRow,
-    iter_chunks,
 )
-from engram_core.store.projection import DataKeys, Projection, seal_projection
-from engram_core.store.search_index import FIELD_CODE
+from engram_core.store.projection import DataKeys
 from engram_core.store.shared_state import SOLE_WRITER_STATE
-from engram_core.store.sql.codecs import RECORD_COLS, SCOPE_COLS, audit_values, record_of, scope_of
+from engram_core.store.sql.codecs import RECORD_COLS, SCOPE_COLS, audit_values, scope_of
 from engram_core.store.sql.hooks import HeldHooks
-from engram_core.store.sql.ledger import pending_migrations
 
 __all__ = ["SCHEMA_VERSION", "DuckDBEngine", "DuckDBEngineTx", "remove_store_files"]
 OPEN_CHUNK = 4096  # rows / projections fetched per round trip when the index is built
@@ -67,17 +69,10 @@ OPEN_CHUNK = 4096  # rows / projections fetched per round trip when the index is
 # record, 3 GB at a million). Afterwards the table blocks the build cached are evicted.
 BUILD_CACHE_BYTES = 256 << 20
 CACHE_AFTER_BUILD = 32 << 20  # of table blocks the build read, at most this much stays cached
-# The records' columns from migration 3 to 11: what a migration step before 12 may read
-# (``record_of`` fills the later ones with None).
-RECORD_COLS_BEFORE_12 = RECORD_COLS.removesuffix(", session, captured_at_ms")
+# Members acknowledged from the intent log that one open batch holds before DuckDB commits them
+# (bounds the batch's memory and the replay at open; 64 amortize DuckDB's per-statement costs).
+MAX_ACKED = 64
 log = logging.getLogger(__name__)
-def _connect(path: Path) -> duckdb.DuckDBPyConnection:
-    # One DuckDB worker thread: the store runs point reads and one-to-64-row writes, for which
-    # DuckDB's parallel pipelines are pure scheduling cost (a one-row INSERT 0.37 ms instead of
-    # 0.54-0.69 ms with two threads on this 2-core machine), and a second worker competes with
-    # the Python threads for the cores. The big scans (index build at open, compaction) are
-    # fetched and decoded in Python, which is their limit anyway.
-    return duckdb.connect(str(path), config={"threads": 1})
 
 
 def _rollback(con: duckdb.DuckDBPyConnection) -> None:
@@ -88,7 +83,7 @@ def _rollback(con: duckdb.DuckDBPyConnection) -> None:
         pass
 
 
-class DuckDBEngine(HeldHooks):
+class DuckDBEngine(Migrating, HeldHooks):
     """The DuckDB file engine (``engine.Engine``). ``open`` fences, migrates and loads its caches."""
 
     # The flock fence: no other process opens the file while this one has it. A standalone audit
@@ -117,7 +112,7 @@ class DuckDBEngine(HeldHooks):
             self._lock_file.close()
             raise EngramError(Code.FENCE_LOST, "another process holds the store") from None
         try:
-            self._con = _connect(self.path)
+            self._con = connect(self.path)
         except duckdb.Error as exc:
             self._lock_file.close()
             raise EngramError(Code.STORE_UNAVAILABLE, f"open failed: {type(exc).__name__}") from None
@@ -129,9 +124,18 @@ class DuckDBEngine(HeldHooks):
         self._waiting_lock = threading.Lock()
         self._local = threading.local()
         self._open = True
+        self._closed = False
         # DuckDB's memory limit as opened (the index build bounds it for a while: _bounded_cache).
         self._memory_limit = str(self._con.execute("SELECT current_setting('memory_limit')").fetchone()[0])  # type: ignore[index]
         self.migrations_applied_at_open = self.check_migrations(apply=migrate)
+        self._intents: IntentLog | None = None
+        self._epoch = 0
+        self._columns: dict[str, tuple[str, ...]] | None = None
+        if migrate:  # a store opened without migrating (a check) is read, never written
+            self._intents = IntentLog(data_dir / INTENTS_NAME)
+            self._replay_intents()
+            self._answers = answer_check.AnswerCheck(self._con)
+            self._columns = {t: spec.columns for t, spec in self._answers.schema.items()}
         if migrate and self._con.execute("SELECT 1 FROM store_meta WHERE k = 'compact_pending'").fetchall():
             self._compact()
         self._load_key_digests()
@@ -143,124 +147,6 @@ class DuckDBEngine(HeldHooks):
         self._candidates = CommittedCandidates()  # under the writer lock only
         if migrate:
             self._load_copies()
-
-    # -- migrations ------------------------------------------------------------------
-    def check_migrations(self, *, apply: bool) -> list[int]:
-        """Verify the ledger against the code; apply missing migrations when ``apply``."""
-        con = self._con
-        con.execute(LEDGER_DDL)
-        pending = pending_migrations({int(v): c for v, c in con.execute(
-            "SELECT version, checksum FROM schema_migrations ORDER BY version").fetchall()}, MIGRATIONS)
-        if pending and not apply:
-            raise EngramError(Code.MIGRATION_LEDGER_INVALID, "migrations pending")
-        applied = []
-        for m in pending:
-            con.execute("BEGIN TRANSACTION")
-            try:
-                con.execute(m.sql)
-                if m.step is not None:
-                    getattr(self, m.step)(con)
-                con.execute("INSERT INTO schema_migrations VALUES (?, ?, ?, ?)",
-                            [m.version, m.name, m.checksum, time.time_ns() // 1_000_000])
-                con.execute("COMMIT")
-            except Exception:
-                con.execute("ROLLBACK")
-                raise
-            applied.append(m.version)
-        return applied
-
-    def seal_legacy_projections(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Migration 6: each record's plain postings and vector become one sealed projection,
-        the plain tables go, and the file is rewritten once this commits (``_compact``)."""
-        by_record: dict[str, dict[int, Counter[int]]] = {}
-        for term, record_id, name, tf in con.execute("SELECT term, record_id, field, tf FROM postings").fetchall():
-            by_record.setdefault(record_id, {}).setdefault(FIELD_CODE[name], Counter())[int(term)] = int(tf)
-        vectors = {rid: (model, list(values)) for rid, model, values in
-                   con.execute("SELECT record_id, model, embedding FROM vectors").fetchall()}
-        # Migration 6 runs on the records table of its time: the columns before migration 12.
-        rows = con.execute(f"SELECT {RECORD_COLS_BEFORE_12} FROM records WHERE record_id IN "
-                           "(SELECT record_id FROM postings UNION SELECT record_id FROM vectors)").fetchall()
-        sealed = []
-        for found in rows:
-            rec = record_of(found)
-            key = self._record_key(rec)
-            if key is None:
-                continue  # its key is gone: the projection is unreadable anyway, like its body
-            model, vector = vectors.get(rec.record_id, ("", None))
-            projection = Projection.of(by_record.get(rec.record_id, {}), model, vector)
-            sealed.append((rec.record_id, rec.tenant, rec.workspace, seal_projection(key, rec.record_id, projection)))
-        for chunk in iter_chunks(sealed, 2048):
-            con.execute("INSERT INTO projections SELECT unnest($1::VARCHAR[]), unnest($2::VARCHAR[]), "
-                        "unnest($3::VARCHAR[]), unnest($4::BLOB[])", [list(c) for c in zip(*chunk, strict=True)])
-        con.execute("DROP TABLE postings; DROP TABLE vectors; DROP TABLE field_stats")
-        if rows:
-            con.execute("INSERT OR REPLACE INTO store_meta VALUES ('compact_pending', 'migration 6')")
-
-    def destructions_wrapped_by_active_generation(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Migration 10: destructions recorded before generations were tracked were wrapped by the
-        KEKs up to the one active now; recorded as wrapped by it (pending until it retires)."""
-        active = getattr(self._keys, "active_generation", None)
-        if active is not None:
-            con.execute("UPDATE key_destructions SET generation = ?", [int(active())])
-
-    def _compact(self) -> None:
-        """Rewrite the database into a fresh file and swap it in: DuckDB keeps freed pages (with
-        whatever rows they held) in its file, a copy carries only live data. Crash-safe: the
-        old file stays until the copy is complete and synced, and the pending mark is cleared
-        only in the new file."""
-        con = self._con
-        con.execute("CHECKPOINT")
-        fresh = self.path.with_name(self.path.name + ".compact")
-        fresh.unlink(missing_ok=True)
-        name = con.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
-        con.execute(f"ATTACH '{fresh}' AS engram_compact")
-        con.execute(f'COPY FROM DATABASE "{name}" TO engram_compact')
-        con.execute("DETACH engram_compact")
-        con.close()
-        fd = os.open(fresh, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(fresh, self.path)
-        Path(str(self.path) + ".wal").unlink(missing_ok=True)
-        dir_fd = os.open(self.data_dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-        self._con = _connect(self.path)
-        self._con.execute("DELETE FROM store_meta WHERE k = 'compact_pending'")
-        self._con.execute("CHECKPOINT")
-
-    def _record_key(self, rec: RecordRow) -> bytes | None:
-        """Migration 6 only: the record's data key from the vault the engine was opened with."""
-        if self._keys is None:
-            raise EngramError(Code.STORE_UNAVAILABLE, "migration 6 needs the key vault")
-        return record_data_key(self._keys, rec)
-
-    def migrate(self) -> list[int]:
-        """Re-verify the ledger and apply pending migrations, serialized with writers."""
-        with self._exclusive():
-            self._candidates.clear()
-            return self.check_migrations(apply=True)
-
-    def schema_version(self) -> int:
-        return SCHEMA_VERSION
-
-    def migration_code(self) -> list[dict[str, Any]]:
-        return [{"version": m.version, "name": m.name, "checksum": m.checksum} for m in MIGRATIONS]
-
-    def migration_ledger(self) -> list[dict[str, Any]]:
-        # On a cursor of its own: the store's connection belongs to the writer, and DuckDB refuses
-        # a statement on a connection busy in another thread (the writer's COMMIT then fails).
-        cur = self._con.cursor()
-        try:
-            rows = cur.execute(
-                "SELECT version, name, checksum, applied_at_ms FROM schema_migrations ORDER BY version").fetchall()
-        finally:
-            cur.close()
-        return [{"version": r[0], "name": r[1], "checksum": r[2], "applied_at_ms": r[3]} for r in rows]
 
     # -- the writer's committed copies ---------------------------------------------------------
     def _load_copies(self) -> None:
@@ -325,6 +211,8 @@ class DuckDBEngine(HeldHooks):
             self._candidates.clear()
             self._load_key_digests()
             self._load_copies()
+            if self._intents is not None:
+                self._answers.stale()
 
     def _require_open(self) -> None:
         if not self._open:
@@ -388,6 +276,8 @@ class DuckDBEngine(HeldHooks):
                 _rollback(con)
                 hooks.rolled_back([effects])
                 raise self._refusal(exc) from None
+            if self._intents is not None:  # what it wrote joins the answer check's digests
+                self._answers.noted(tx.direct_ops)
             self._commit(con)
             if tx.wrote_candidates:
                 self._candidates.clear()
@@ -398,7 +288,7 @@ class DuckDBEngine(HeldHooks):
         with self._locked():
             batch = self._batch
             if batch is None:
-                batch = self._batch = Batch()  # its transaction begins with its first write
+                batch = self._batch = Batch(self._columns)  # its transaction begins with its first write
             tx = self.tx_class(self._con, self, writing=True, batch=batch)
             self._local.writing = True
             try:
@@ -426,11 +316,12 @@ class DuckDBEngine(HeldHooks):
             batch.members += 1
             batch.effects.append(effects)
             batch.scope_changes.update(tx.scope_changes)
+            segment = batch.segment
             if self._waiting == 0 or batch.members >= MAX_MEMBERS:
-                self._settle()
-        batch.done.wait()
-        if batch.error is not None:
-            raise batch.error
+                self._ack_or_settle()
+        segment.done.wait()
+        if segment.error is not None:
+            raise segment.error
 
     @staticmethod
     def _refusal(exc: BaseException) -> BaseException:
@@ -440,44 +331,87 @@ class DuckDBEngine(HeldHooks):
         return EngramError(Code.STORE_UNAVAILABLE, f"write batch rolled back: {type(exc).__name__}")
 
     def _abandon(self, extra: list[TxEffects]) -> None:
-        """Roll the open batch back; its members are refused, retriably (under the writer lock)."""
+        """Roll the open batch back; its unanswered members are refused, retriably (under the
+        writer lock). Members answered from the intent log stay: the batch is rebuilt with them."""
         batch, self._batch = self._batch, None
         _rollback(self._con)
         self._hooks.rolled_back([*(batch.effects if batch is not None else []), *extra])  # type: ignore[union-attr]
         if batch is not None:
             batch.fail(EngramError(Code.STORE_UNAVAILABLE, "write batch rolled back: retry"))
+            self._rebuild(batch)
 
-    def _settle(self) -> None:
-        """Commit the open batch and answer its members (under the writer lock): their rows
-        flushed, the kernel's ``prepare`` (audit rows chained and written, the key vault synced
-        meanwhile, audit devices), COMMIT, then the kernel's ``committed``."""
-        batch, self._batch = self._batch, None
+    def _rebuild(self, batch: Batch) -> None:
+        """After a rollback: the open batch again as its logged segments left it (nothing if
+        none). A failure here stops the engine; reopening replays the log."""
+        if not batch.acked:
+            return
+        fresh = Batch(self._columns)
+        try:
+            for ops in batch.acked:
+                for op in ops:
+                    fresh.apply(self._con, op)
+            # Into the transaction now: the hot lookups (idempotency keys, candidates, data keys,
+            # payloads, tombstones) came with the members' joins, not with their writes, so the
+            # rebuilt batch has none and its readers must find the rows in the database.
+            fresh.flush(self._con)
+        except BaseException:
+            _rollback(self._con)
+            self._fail_stop("rebuilding the open batch after a rollback failed")
+            return
+        fresh.log_ops, fresh.candidate_changes, fresh.changed_candidates = [], [], set()
+        fresh.acked, fresh.acked_members = batch.acked, batch.acked_members
+        fresh.audit_heads, fresh.acked_heads = dict(batch.acked_heads), dict(batch.acked_heads)
+        fresh.candidates_by_sql = batch.candidates_by_sql
+        fresh.keys = batch.keys
+        self._batch = fresh
+
+    def _fail_stop(self, why: str) -> None:
+        """Writes acknowledged from the intent log are not in DuckDB and cannot be put there:
+        stop serving (reads would miss them); a restart replays the log."""
+        log.error("store stopped: %s; restart the core (the intent log is replayed at open)", why)
+        self._stale()
+        self._open = False
+
+    def _ack_or_settle(self) -> None:
+        """Answer the open batch's current members: from the intent log when their writes allow
+        it (``intent_log.py``), else by committing the batch."""
+        batch = self._batch
         assert batch is not None
+        if (self._intents is None or batch.acked_members + batch.members > MAX_ACKED
+                or any(op[0] == "sql" or (op[0] == "row" and op[1] == "tombstones") for op in batch.log_ops)):
+            # A forget commits before it is answered, and the log is emptied with it: its answer
+            # says the record's rows are gone, and a frame would keep a copy until the next COMMIT.
+            # A statement by condition (not by key) commits too: what it deletes or changes is not
+            # known here, so neither is what a later row of the batch may collide with.
+            self._settle()
+            return
         hooks = self._hooks
         assert hooks is not None
-        con = self._con
-        if batch.members == 0:
-            if batch.begun:
-                _rollback(con)
-            batch.done.set()
-            return
         try:
-            token = hooks.before_flush(batch.effects)  # the key vault's fdatasync runs meanwhile
-            # The rows now, beside the fdatasync; the updates and deletes that must follow rows of
-            # their tables wait to share the audit rows' statement (group_commit.statements_of).
-            batch.flush(con, hold_overlaps=True)
+            token = hooks.before_flush(batch.effects)  # the key vault's fdatasync, awaited in prepare
             hooks.prepare(batch.effects, _BatchAudit(self, batch), token)
-            batch.flush(con)
+            self._answers.check(batch.keys, batch.log_ops)
+            if batch.log_ops:  # members that wrote nothing have nothing to make durable
+                started = time.perf_counter()
+                self._intents.append(self._epoch, batch.log_ops)
+                if self.observers.on_commit is not None:  # the members' durability point: counted here
+                    self.observers.on_commit(time.perf_counter() - started, batch.members)
+        except Unloggable:
+            self._settle(prepared=True)  # the audit rows it prepared are in the batch
+            return
+        except IntentLogBroken:
+            self._batch = None
+            _rollback(self._con)
+            hooks.rolled_back(batch.effects)
+            batch.fail(EngramError(Code.STORE_UNAVAILABLE, "intent log unwritable"))
+            self._fail_stop("the intent log could not be written or cut back to its last frame")
+            return
         except BaseException as exc:
-            _rollback(con)
+            self._batch = None
+            _rollback(self._con)
             hooks.rolled_back(batch.effects)
             batch.fail(self._refusal(exc))
-            return
-        try:
-            if batch.begun:  # else its members wrote nothing: nothing to commit
-                self._commit(con, batch.members)
-        except EngramError as exc:
-            batch.fail(exc)
+            self._rebuild(batch)
             return
         if batch.candidates_by_sql:
             self._candidates.clear()
@@ -485,13 +419,113 @@ class DuckDBEngine(HeldHooks):
             self._candidates.committed(batch.new_candidates, batch.candidate_changes)
         self._committed(batch.scope_changes, batch.audit_heads)
         hooks.committed(batch.effects, batch.scope_changes)
-        batch.done.set()
+        batch.next_segment().done.set()
+
+    def _apply_acked(self) -> None:
+        """Commit the writes answered from the intent log, for a reader of the database."""
+        batch = self._batch
+        if batch is None or not batch.acked or self.in_write():
+            return
+        with self._locked():
+            if self._batch is not None and self._batch.acked:
+                self._settle()
+
+    def _replay_intents(self) -> None:
+        """At open: commit the frames DuckDB has not (a crash after their answer, before their
+        COMMIT), in order, then empty the log."""
+        assert self._intents is not None
+        row = self._con.execute("SELECT v FROM store_meta WHERE k = ?", [EPOCH_KEY]).fetchone()
+        applied = int(row[0]) if row else 0
+        frames = [ops for epoch, ops in self._intents.frames() if epoch > applied]
+        self._epoch = applied + 1
+        if frames:
+            batch = Batch()
+            try:
+                for ops in frames:
+                    for op in ops:
+                        batch.apply(self._con, op)
+                batch.flush(self._con)
+                batch.execute(self._con, "INSERT OR REPLACE INTO store_meta VALUES (?, ?)",
+                              [EPOCH_KEY, str(self._epoch)])
+                self._con.execute("COMMIT")
+            except Exception as exc:  # the frames stay for the next open; nothing is half-applied
+                _rollback(self._con)
+                self._con.close()
+                self._intents.close()
+                self._lock_file.close()
+                raise EngramError(Code.STORE_UNAVAILABLE, f"intent log replay failed: {type(exc).__name__}") from None
+            log.info("intent log: %d acknowledged write(s) committed at open", len(frames))
+            self._epoch += 1
+        self._intents.clear()
+
+    def _settle(self, *, prepared: bool = False, retry: bool = True) -> None:
+        """Commit the open batch and answer its members (under the writer lock): their rows
+        flushed, the kernel's ``prepare`` (audit rows chained and written, the key vault synced
+        meanwhile, audit devices), COMMIT, then the kernel's ``committed``. ``prepared``: the
+        kernel's ``prepare`` already ran for the current members. Members answered from the
+        intent log are committed with them; if the batch fails, those are committed alone
+        (``retry``), and if that fails too the engine stops."""
+        batch, self._batch = self._batch, None
+        assert batch is not None
+        hooks = self._hooks
+        assert hooks is not None
+        con = self._con
+        if batch.members == 0 and not batch.acked:
+            if batch.begun:
+                _rollback(con)
+            batch.segment.done.set()
+            return
+        try:
+            if batch.members and not prepared:
+                token = hooks.before_flush(batch.effects)  # the key vault's fdatasync runs meanwhile
+                # The rows now, beside the fdatasync; the updates and deletes that must follow rows
+                # of their tables wait to share the audit rows' statement (group_commit.statements_of).
+                batch.flush(con, hold_overlaps=True)
+                hooks.prepare(batch.effects, _BatchAudit(self, batch), token)
+            batch.flush(con)
+            if self._intents is not None:  # the members committed without a check: their keys
+                self._answers.noted(batch.log_ops)
+            if batch.acked:  # the log's frames of this epoch are in this COMMIT
+                batch.execute(con, "INSERT OR REPLACE INTO store_meta VALUES (?, ?)", [EPOCH_KEY, str(self._epoch)])
+        except BaseException as exc:
+            _rollback(con)
+            hooks.rolled_back(batch.effects)
+            batch.fail(self._refusal(exc))
+            if batch.acked:  # commit what was answered without the members that failed it
+                if not retry:
+                    self._fail_stop("committing writes answered from the intent log failed")
+                    return
+                self._rebuild(batch)
+                if self._batch is not None:
+                    self._settle(retry=False)
+            return
+        try:
+            if batch.begun:  # else its members wrote nothing: nothing to commit
+                self._commit(con, batch.members)  # the answered ones were counted at their frame
+        except EngramError as exc:
+            batch.fail(exc)
+            if batch.acked:
+                self._fail_stop("COMMIT of writes answered from the intent log failed")
+            return
+        if batch.acked:
+            self._epoch += 1
+            try:
+                self._intents.clear()  # type: ignore[union-attr]
+            except OSError:  # its frames are of a committed epoch: replay skips them
+                log.warning("intent log not emptied after its COMMIT")
+        if batch.candidates_by_sql:
+            self._candidates.clear()
+        else:
+            self._candidates.committed(batch.new_candidates, batch.candidate_changes)
+        self._committed(batch.scope_changes, batch.audit_heads)
+        hooks.committed(batch.effects, batch.scope_changes)
+        batch.segment.done.set()
 
     def _commit(self, con: duckdb.DuckDBPyConnection, transactions: int = 1) -> None:
         started = time.perf_counter()
         try:
             con.execute("COMMIT")
-            if self.observers.on_commit is not None:
+            if self.observers.on_commit is not None and transactions:
                 self.observers.on_commit(time.perf_counter() - started, transactions)
         except duckdb.Error as exc:
             # The commit may or may not have reached the WAL; the committed copies cannot know either.
@@ -537,6 +571,7 @@ class DuckDBEngine(HeldHooks):
         and projection at once: ~9 KB a record at its peak). DuckDB's block cache is bounded
         meanwhile (``_bounded_cache``)."""
         self._require_open()
+        self._apply_acked()
         cur = self._con.cursor()
         try:
             with self._bounded_cache():
@@ -592,11 +627,28 @@ class DuckDBEngine(HeldHooks):
                 ctl.close()
 
     @contextmanager
-    def read(self, *, snapshot: bool = True) -> Iterator[DuckDBEngineTx]:
+    def read(self, *, snapshot: bool = True, as_writer: bool = False) -> Iterator[DuckDBEngineTx]:
         """A reader on this thread's cursor: one consistent snapshot, or (``snapshot=False``)
         each statement on its own latest committed state, which saves the transaction's
-        statements where the caller revalidates what it reads (search)."""
+        statements where the caller revalidates what it reads (search). Writes answered from the
+        intent log are committed first: a read sees every write answered before it, or, with
+        ``as_writer`` (and ``snapshot=False``), are read where they are: through the open batch
+        on the writer's connection, under the writer lock (a write's checks before its
+        transaction; committing there would cost each mutation its own COMMIT again)."""
         self._require_open()
+        if as_writer and not snapshot and not self.in_write():
+            batch = self._batch
+            if batch is not None and batch.acked:
+                # Not counted as waiting (``_locked``): a member that joins meanwhile must answer
+                # itself, not leave its answer to this reader.
+                with self._write_lock:
+                    if self._batch is not None and self._batch.members:
+                        self._ack_or_settle()  # members left for a queued writer: never read unanswered
+                    batch = self._batch
+                    if batch is not None and batch.acked:
+                        yield self.tx_class(self._con, self, batch=batch, latest=True)
+                        return
+        self._apply_acked()
         cur = getattr(self._local, "cursor", None)
         if cur is None:
             cur = self._con.cursor()
@@ -641,15 +693,21 @@ class DuckDBEngine(HeldHooks):
 
     def close(self) -> None:
         """Close the file and release the fence (the kernel moved what it had to first)."""
-        if not self._open:
+        if self._closed:
             return
-        self._open = False
-        with self._exclusive():
+        self._closed = True
+        stopped, self._open = not self._open, False
+        with self._locked() if stopped else self._exclusive():
+            if stopped and self._batch is not None:
+                self._batch = None  # a stopped engine's open batch: its log replays at the next open
+                _rollback(self._con)
             try:
                 self._con.execute("CHECKPOINT")
             except duckdb.Error:
                 pass
             self._con.close()
+            if self._intents is not None:
+                self._intents.close()
         try:
             fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
         finally:
@@ -669,7 +727,9 @@ class _BatchAudit:
 
     def insert_audit(self, docs: list[dict[str, Any]], *, if_absent: bool = False) -> None:
         for doc in docs:
-            self._batch.pending.add_row("audit", "INSERT OR IGNORE" if if_absent else "INSERT", "", audit_values(doc))
+            op = ("row", "audit", "INSERT OR IGNORE" if if_absent else "INSERT", "", audit_values(doc))
+            self._batch.pending.note(op)
+            self._batch.log_ops.append(op)
             self._batch.audit_heads[chain_of(doc)] = (int(doc["seq"]), doc["row_digest"])
 
 
@@ -693,7 +753,7 @@ class _IndexScan:
 
 
 def remove_store_files(data_dir: Path) -> None:
-    for name in ("engram.duckdb", "engram.duckdb.wal", SPOOL_NAME):
+    for name in ("engram.duckdb", "engram.duckdb.wal", SPOOL_NAME, INTENTS_NAME):
         p = data_dir / name
         if p.exists():
             os.remove(p)

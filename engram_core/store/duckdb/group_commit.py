@@ -37,6 +37,7 @@ from typing import Any
 
 import duckdb
 
+from engram_core.store.duckdb.answer_check import BatchKeys
 from engram_core.store.engine import TxEffects
 from engram_core.store.port import CandidateRow, IdempotencyRow, ScopeRow
 
@@ -237,12 +238,32 @@ class Member:
         self.promoted = False  # its writes are in the shared transaction: its failure fails the batch
 
 
-class Batch:
-    """Members sharing one open DuckDB transaction, and what they hand the kernel at its COMMIT."""
+class Segment:
+    """The members a batch answers at once (at its COMMIT, or when their writes are in the
+    intent log: ``intent_log.py``), and how."""
 
     def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()
+
+
+class Batch:
+    """Members sharing one open DuckDB transaction, and what they hand the kernel at its COMMIT.
+
+    With an intent log, the batch outlives the answers to its members: each *segment* of
+    members is answered once its writes are logged (``acked`` keeps them, in order, for a
+    rollback to rebuild the batch from), and DuckDB commits them all later."""
+
+    def __init__(self, columns: dict[str, tuple[str, ...]] | None = None) -> None:
+        """``columns``: each table's columns in order (``answer_check.tables``), for a delete to
+        find the row it cancels (``_cancels``); without them every delete goes to the database."""
+        self.columns = columns
         self.pending = Pending()
-        self.members = 0
+        self.members = 0  # of the current segment
         self.effects: list[TxEffects] = []  # each member's, in the order they joined
         self.scope_changes: dict[tuple[str, str], ScopeRow] = {}
         self.audit_heads: dict[str, tuple[int, str]] = {}  # chains the batch's audit rows extend
@@ -252,12 +273,33 @@ class Batch:
         self.candidate_changes: list[tuple[str, str, str | None, bool]] = []
         self.changed_candidates: set[str] = set()
         self.candidates_by_sql = False
-        self.done = threading.Event()
-        self.error: BaseException | None = None
+        self.segment = Segment()
         # Its DuckDB transaction begins with its first write, in that statement's call (one
         # statement fewer a batch); until then members read the latest committed state, which
         # the writer lock keeps still.
         self.begun = False
+        # Every write applied since the last logged segment (the next frame), and the logged ones.
+        self.log_ops: list[tuple[Any, ...]] = []
+        self.acked: list[list[tuple[Any, ...]]] = []
+        self.acked_members = 0
+        self.acked_heads: dict[str, tuple[int, str]] = {}  # ``audit_heads`` as of the last log
+        self.keys = BatchKeys()  # the answered segments' primary keys (answer_check.py)
+
+    def next_segment(self) -> Segment:
+        """The current segment's writes are logged: remember them, start the next; the answered
+        segment is returned."""
+        answered, self.segment = self.segment, Segment()
+        self.acked.append(self.log_ops)
+        self.log_ops = []
+        self.acked_members += self.members
+        self.acked_heads = dict(self.audit_heads)
+        self.members = 0
+        self.effects = []
+        self.scope_changes = {}
+        self.new_candidates = {}
+        self.candidate_changes = []
+        self.changed_candidates = set()
+        return answered
 
     def execute(self, con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | tuple) -> None:
         """A write of the batch's, the transaction begun in the same call when it is the first."""
@@ -270,6 +312,7 @@ class Batch:
     def apply(self, con: duckdb.DuckDBPyConnection, op: tuple[Any, ...]) -> None:
         """Apply one prepared write to the batch: rows wait, statements run now (after the
         pending rows of the tables they name, so they see them)."""
+        self.log_ops.append(op)
         if op[0] == "candidate_state":
             self.candidate_changes.append(op[1:])
             self.changed_candidates.add(op[1])
@@ -279,9 +322,35 @@ class Batch:
             self.flush(con, tables)
             self.execute(con, sql, params)
             return
+        if op[0] == "delete" and self._cancels(op):
+            return
         if op[0] == "row" and any(t == op[1] for t, _ in self.pending.deletes):
             self.flush(con, {op[1]})  # a row after a delete of its table: keep their order
         self.pending.note(op)
+
+    def _cancels(self, op: tuple[Any, ...]) -> bool:
+        """A delete by key of a row this batch inserted and still holds: the row is dropped and
+        neither reaches the database (a plain INSERT of the key means the database has no such
+        row). An admission deletes the key its capture inserted; with the deletes pending, the
+        next capture's key row made the batch flush the table, two statements a pair."""
+        _, table, col, key = op
+        names = self.columns.get(table) if self.columns else None
+        if names is None:
+            return False
+        for (t, verb, cols), rows in self.pending.rows.items():
+            order = tuple(c.strip() for c in cols.strip("() ").split(",")) if cols else names
+            if t != table or verb != "INSERT" or col not in order:
+                continue
+            at = order.index(col)
+            for n, row in enumerate(rows):
+                if row[at] == key:
+                    del rows[n]
+                    if not rows:
+                        del self.pending.rows[(t, verb, cols)]
+                    if table == "data_keys":
+                        self.pending.data_keys.pop(key, None)
+                    return True
+        return False
 
     def join(self, con: duckdb.DuckDBPyConnection, member: Member) -> None:
         """Move a member's prepared writes and lookups into the batch."""
@@ -346,5 +415,4 @@ class Batch:
         return self.candidates_by_sql or candidate_id in self.new_candidates or candidate_id in self.changed_candidates
 
     def fail(self, error: BaseException) -> None:
-        self.error = error
-        self.done.set()
+        self.segment.fail(error)

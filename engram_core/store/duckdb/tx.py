@@ -98,6 +98,7 @@ class DuckDBEngineTx(SqlRows, RecordLinks, TrustClasses):
         self.audit_heads_changed: dict[str, tuple[int, str]] = {}
         # A transaction of its own that wrote candidates: the engine drops its committed copies.
         self.wrote_candidates = False
+        self.direct_ops: list[tuple[Any, ...]] = []  # its writes, run as they came (no batch)
 
     def read_ahead(self, *reads: Callable[[], object]) -> None:
         """Nothing to do: a read here is a local call (``port.Tx.read_ahead``)."""
@@ -157,6 +158,7 @@ class DuckDBEngineTx(SqlRows, RecordLinks, TrustClasses):
             self.wrote_candidates = self.wrote_candidates or op[0] == "candidate_state" or "candidates" in (
                 op[3] if op[0] == "sql" else (op[1],))
             self._con.execute(*statement_of(op))
+            self.direct_ops.append(op)
         elif member.promoted:
             self._batch.apply(self._con, op)  # type: ignore[union-attr]
         else:

@@ -131,7 +131,7 @@ class MemoryEngine:
                 self._local.writing = False
 
     @contextmanager
-    def read(self, *, snapshot: bool = True) -> Iterator[MemoryEngineTx]:
+    def read(self, *, snapshot: bool = True, as_writer: bool = False) -> Iterator[MemoryEngineTx]:
         self._require_open()
         if snapshot:
             held = self.database.tables

@@ -528,7 +528,7 @@ class PostgresEngine(HeldHooks):
         batch.done.set()
 
     @contextmanager
-    def read(self, *, snapshot: bool = True) -> Iterator[PostgresEngineTx]:
+    def read(self, *, snapshot: bool = True, as_writer: bool = False) -> Iterator[PostgresEngineTx]:
         """A reader: one REPEATABLE READ snapshot, or (``snapshot=False``) each statement on the
         latest committed state. Its connection is taken at its first statement."""
         self._require_open()
