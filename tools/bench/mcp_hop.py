@@ -21,7 +21,9 @@ the baseline serves in every run: a core refuses a store its migrations have not
 minus gRPC's, the machine's facts and load average, and CPU per call: the client's (this
 process), each adapter's and each core's (from /proc). With ``--writes`` each path has three
 timings: ``PATH`` (the capture), ``PATH:admission``, and ``PATH:pair`` (the two of one round
-together: a pair's own percentiles, not a sum of two medians).
+together: a pair's own percentiles, not a sum of two medians). ``--writes --peer`` adds the MCP
+reference memory server (``peer``: one ``create_entities`` per round, its file preloaded with N
+items) to the rounds, and each pair path's ``peer_write_over_this_p50``.
 """
 
 from __future__ import annotations
@@ -126,6 +128,16 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
                 clients[name] = await stack.enter_async_context(Client(params, elicitation_callback=approve))
                 await clients[name].list_tools()
             pids = {name: _adapter_pid(name, n) for n, name in enumerate(clients)}
+            if a.peer:  # the reference server's write, alternated with the pairs (its item: a capture's text)
+                from tools.bench.peer import install, preload
+
+                entry, _ = install()
+                memfile = data.parent / f"peer-{a.records}.jsonl"
+                preload(memfile, corpus, a.records)  # afresh: the peer's file grows with every run's writes
+                params = StdioServerParameters(command="node", args=[str(entry)],
+                                               env={**os.environ, "MEMORY_FILE_PATH": str(memfile)})
+                clients["peer"] = await stack.enter_async_context(Client(params))
+                await clients["peer"].list_tools()
             core_pids = {name: core.proc.pid for name, core in cores.items() if name.startswith("grpc")}
             paths = [*agents, *clients]
             wall: dict[str, list[float]] = {p: [] for p in paths}
@@ -138,12 +150,27 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
             salt = f"hop{time.time_ns():x}"
 
             async def call(path: str, op: str, args: dict[str, Any]) -> dict[str, Any]:
+                if path == "peer":
+                    _, etype, obs = corpus.peer_item(a.records + made[0])
+                    r = await clients["peer"].call_tool("create_entities", {"entities": [
+                        {"name": f"{salt}-{made[0]}", "entityType": etype, "observations": [obs]}]})
+                    if r.is_error:
+                        raise RuntimeError(str(r.content))
+                    return {}
                 if path in agents:
                     return agents[path].call(op, args)
                 return value_of(await clients[path].call_tool(TOOL_OF_OP[op], args))
 
             async def one(path: str, record: bool) -> None:
                 t0, c0 = time.perf_counter(), time.process_time()
+                if path == "peer":  # one write of the peer's: the pair's counterpart
+                    made[0] += 1
+                    await call(path, "create_entities", {})
+                    if record:
+                        wall[path].append(time.perf_counter() - t0)
+                        wall[f"{path}:pair"].append(time.perf_counter() - t0)
+                        client_cpu[path] += time.process_time() - c0
+                    return
                 if a.writes:  # a capture, then the admission of its candidate: two timings
                     made[0] += 1
                     cap = await call(path, "capture", corpus.capture_args(salt, made[0]))
@@ -193,6 +220,8 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
                            "loadavg_after": machine.loadavg(), "paths": {}}
     for path, xs in wall.items():
         base, _, leg = path.partition(":")
+        if base == "peer" and leg == "admission":
+            continue
         reference = "grpc_baseline" if base.endswith("baseline") and "grpc_baseline" in wall else "grpc"
         grpc = wall[f"{reference}:{leg}" if leg else reference]
         out["paths"][path] = {
@@ -205,6 +234,10 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
         core_of = base.replace("mcp", "grpc")
         if core_of in core_cpu:
             out["paths"][path]["core_cpu_ms_per_call"] = round(core_cpu[core_of], 2)
+    if "peer" in wall:  # the done-when of issue 63: a pair no slower than one peer write, same run
+        for path, fig in out["paths"].items():
+            if path.endswith(":pair") and not path.startswith("peer"):
+                fig["peer_write_over_this_p50"] = round(_ms(wall["peer"], 0.5) / fig["p50_ms"], 2)
     return out
 
 
@@ -235,12 +268,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline-core", action="store_true",
                    help="with --baseline: its core serves a copy of the data for its paths (grpc_baseline, mcp_baseline)")
     p.add_argument("--grpc-only", action="store_true", help="no MCP paths: the gRPC path(s) alone")
+    p.add_argument("--peer", action="store_true",
+                   help="with --writes: the reference memory server's create_entities too, alternated with the pairs "
+                        "(node and npm needed), and each pair path's p50 over the peer's")
     p.add_argument("--writes", action="store_true",
                    help="rounds of a capture and its admission per path instead of a search")
     p.add_argument("--semantic", choices=("on", "off"), default="on",
                    help="whether the cores serve the semantic channel (on: admissions embed their records)")
     p.add_argument("--out", default=None, help="write the result as JSON here too")
     a = p.parse_args(argv)
+    if a.peer and not a.writes:
+        p.error("--peer compares writes: give --writes")
     corpus = Corpus()
     with tempfile.TemporaryDirectory(prefix="engram-hop-") as tmp:
         data = Path(a.data) if a.data else Path(tmp) / "data"
