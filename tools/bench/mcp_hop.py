@@ -206,7 +206,7 @@ async def measure(a: argparse.Namespace, data: Path, corpus: Corpus) -> dict[str
             adapter_cpu = {name: (machine.process_cpu_s(pid) - adapter_cpu0[name]) / calls * 1000
                            for name, pid in pids.items() if pid}
             # A core serves its gRPC path and the MCP paths sent to it: CPU per call of all of them.
-            served_paths = {name: sum(1 for p in paths if cores[p] is cores[name]) for name in core_pids}
+            served_paths = {name: sum(1 for p in paths if cores.get(p) is cores[name]) for name in core_pids}
             core_cpu = {name: (machine.process_cpu_s(pid) - core_cpu0[name]) / (calls * served_paths[name]) * 1000
                         for name, pid in core_pids.items()}
         for agent in agents.values():
