@@ -413,13 +413,18 @@ class DuckDBEngine(Migrating, HeldHooks):
             batch.fail(self._refusal(exc))
             self._rebuild(batch)
             return
+        self._publish(batch)
+        batch.next_segment().done.set()
+
+    def _publish(self, batch: Batch) -> None:
+        """The current members' writes are durable (committed, or in the intent log): the
+        writer's copies take them, then the kernel's ``committed`` (searches see them)."""
         if batch.candidates_by_sql:
             self._candidates.clear()
         else:
             self._candidates.committed(batch.new_candidates, batch.candidate_changes)
         self._committed(batch.scope_changes, batch.audit_heads)
-        hooks.committed(batch.effects, batch.scope_changes)
-        batch.next_segment().done.set()
+        self._hooks.committed(batch.effects, batch.scope_changes)  # type: ignore[union-attr]
 
     def _apply_acked(self) -> None:
         """Commit the writes answered from the intent log, for a reader of the database."""
@@ -513,12 +518,7 @@ class DuckDBEngine(Migrating, HeldHooks):
                 self._intents.clear()  # type: ignore[union-attr]
             except OSError:  # its frames are of a committed epoch: replay skips them
                 log.warning("intent log not emptied after its COMMIT")
-        if batch.candidates_by_sql:
-            self._candidates.clear()
-        else:
-            self._candidates.committed(batch.new_candidates, batch.candidate_changes)
-        self._committed(batch.scope_changes, batch.audit_heads)
-        hooks.committed(batch.effects, batch.scope_changes)
+        self._publish(batch)
         batch.segment.done.set()
 
     def _commit(self, con: duckdb.DuckDBPyConnection, transactions: int = 1) -> None:
