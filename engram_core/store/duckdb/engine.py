@@ -4,9 +4,11 @@ One process writes (an exclusive ``flock`` on ``DIR/engram.lock`` is the fence; 
 own file lock backs it up), so the engine is its database's ``sole_writer``: its caches
 (committed scope rows, audit chain heads, negative-lookup digests) are exact. Writes are
 serialized by one writer lock and run in one DuckDB transaction each, or share one as
-members of a group commit (``group_commit.py``); reads use per-thread cursors. Commit is
-the durability point: DuckDB's WAL is flushed before ``COMMIT`` returns, and the kernel's
-``committed`` hook (which publishes to searches) runs only after it.
+members of a group commit (``group_commit.py``); reads use per-thread cursors. The
+durability point is ``COMMIT`` (DuckDB's WAL is flushed before it returns) or, for a batch a
+lone writer settles, its synced frame in the intent log (``intent_log.py``), DuckDB committing
+the batch later; the kernel's ``committed`` hook (which publishes to searches) runs only after
+that point, and a reader of the database commits what was answered before it reads.
 
 What is not persistence lives in the store kernel (``engram_core/store/kernel.py``): audit
 chaining, the audit spool and devices, projection sealing, key durability, the search index.

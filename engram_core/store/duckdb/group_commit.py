@@ -25,7 +25,10 @@ row is on a chain of its own (the writer's) and never waits for members.
 
 A batch that cannot commit answers every member alike: a definitive refusal
 when it was rolled back, MUTATION_OUTCOME_UNKNOWN when COMMIT itself failed.
-Nothing is acknowledged before the COMMIT returned.
+Nothing is acknowledged before the COMMIT returned, or before the members'
+writes are a synced frame of the intent log (``intent_log.py``; the batch then
+stays open for DuckDB to commit later, its answered *segments* kept for a
+rollback to rebuild it from).
 """
 
 from __future__ import annotations
