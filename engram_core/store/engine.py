@@ -278,6 +278,12 @@ class CommitHooks(Protocol):
         """COMMIT failed: whether it took effect is unknown; copies of committed state are stale."""
         ...
 
+    def index_current(self) -> bool:
+        """The search index holds every change published and no rebuild of it is running. Only
+        then may an engine answer a write before its database holds it (DuckDB's intent log): a
+        rebuild reads the database, and must find every write whose change it replaces."""
+        ...
+
 
 class EngineTx(Protocol):
     """Persistence inside one transaction. Rows are the frozen dataclasses of ``port.py``."""

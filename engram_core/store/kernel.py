@@ -133,6 +133,7 @@ class StoreKernel:
         self.on_scope_refresh: Callable[[Scope], None] | None = None  # Store.on_scope_refresh
         self._sketch_vectors = sketch_vectors
         self._stale = True
+        self._rebuilding = 0  # reload_indexes calls running (index_current)
         self._open = True
         if recover and self._spool is not None and self._spool.pending:
             self._move_spool()
@@ -427,6 +428,9 @@ class StoreKernel:
         with self._publish:
             self._stale, self._scopes = True, None
 
+    def index_current(self) -> bool:
+        return not self._stale and not self._rebuilding
+
     def spooled_audit_heads(self) -> dict[str, tuple[int, str]]:
         """Each chain's head among the spooled rows not yet moved into the engine (none: {})."""
         spool = self._spool
@@ -616,10 +620,19 @@ class StoreKernel:
     def reload_indexes(self, *, key_digests: bool = True) -> None:
         """Rebuild the search index and committed scope rows from the engine (after writes that
         bypassed the kernel); ``key_digests``: the engine's own caches too."""
-        if key_digests:
-            self.engine.reload()
-        with self._publish:
-            self._reload()
+        self._rebuilding += 1
+        try:
+            if key_digests:
+                self.engine.reload()
+            # Writes answered but not in the database yet (DuckDB's intent log) are committed
+            # first, outside the publish lock: their engine holds its writer lock while it
+            # publishes. None are answered that way again until the rebuild is done.
+            with self.engine.read():
+                pass
+            with self._publish:
+                self._reload()
+        finally:
+            self._rebuilding -= 1
 
     def _reload(self) -> None:
         started = time.perf_counter()

@@ -379,7 +379,9 @@ class DuckDBEngine(Migrating, HeldHooks):
         it (``intent_log.py``), else by committing the batch."""
         batch = self._batch
         assert batch is not None
-        if (self._intents is None or batch.acked_members + batch.members > MAX_ACKED
+        hooks = self._hooks
+        assert hooks is not None
+        if (self._intents is None or batch.acked_members + batch.members > MAX_ACKED or not hooks.index_current()
                 or any(op[0] == "sql" or (op[0] == "row" and op[1] == "tombstones") for op in batch.log_ops)):
             # A forget commits before it is answered, and the log is emptied with it: its answer
             # says the record's rows are gone, and a frame would keep a copy until the next COMMIT.
@@ -387,8 +389,6 @@ class DuckDBEngine(Migrating, HeldHooks):
             # known here, so neither is what a later row of the batch may collide with.
             self._settle()
             return
-        hooks = self._hooks
-        assert hooks is not None
         try:
             token = hooks.before_flush(batch.effects)  # the key vault's fdatasync, awaited in prepare
             hooks.prepare(batch.effects, _BatchAudit(self, batch), token)
@@ -416,7 +416,10 @@ class DuckDBEngine(Migrating, HeldHooks):
             self._rebuild(batch)
             return
         self._publish(batch)
-        batch.next_segment().done.set()
+        answered = batch.next_segment()
+        if not hooks.index_current():  # publishing failed: the index is rebuilt from the database,
+            self._settle()             # which must then hold what was answered
+        answered.done.set()
 
     def _publish(self, batch: Batch) -> None:
         """The current members' writes are durable (committed, or in the intent log): the
@@ -428,10 +431,23 @@ class DuckDBEngine(Migrating, HeldHooks):
         self._committed(batch.scope_changes, batch.audit_heads)
         self._hooks.committed(batch.effects, batch.scope_changes)  # type: ignore[union-attr]
 
-    def _apply_acked(self) -> None:
-        """Commit the writes answered from the intent log, for a reader of the database."""
+    def _apply_acked(self, *, wait: bool = True) -> None:
+        """Commit the writes answered from the intent log, for a reader of the database.
+        ``wait`` False: only if the writer lock is free now (the index build, which holds the
+        kernel's publish lock, which a writer holding the writer lock may be waiting for; none
+        is answered from the log while the index is not current: ``index_current``)."""
         batch = self._batch
         if batch is None or not batch.acked or self.in_write():
+            return
+        if not wait:
+            if not self._write_lock.acquire(blocking=False):
+                log.error("search index built while writes answered from the intent log wait for their COMMIT")
+                return
+            try:
+                if self._batch is not None and self._batch.acked:
+                    self._settle()
+            finally:
+                self._write_lock.release()
             return
         with self._locked():
             if self._batch is not None and self._batch.acked:
@@ -573,7 +589,7 @@ class DuckDBEngine(Migrating, HeldHooks):
         and projection at once: ~9 KB a record at its peak). DuckDB's block cache is bounded
         meanwhile (``_bounded_cache``)."""
         self._require_open()
-        self._apply_acked()
+        self._apply_acked(wait=False)
         cur = self._con.cursor()
         try:
             with self._bounded_cache():
