@@ -522,6 +522,10 @@ class Engine(Protocol):
 
     def read(self, *, snapshot: bool = True, as_writer: bool = False) -> AbstractContextManager[EngineTx]: ...
 
+    def commit_answered(self) -> None:
+        """Commit the writes answered before the database held them (DuckDB's intent log); an
+        engine that answers at COMMIT has none."""
+
     def in_write(self) -> bool:
         """This thread is inside a write transaction."""
         ...

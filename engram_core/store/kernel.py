@@ -627,8 +627,7 @@ class StoreKernel:
             # Writes answered but not in the database yet (DuckDB's intent log) are committed
             # first, outside the publish lock: their engine holds its writer lock while it
             # publishes. None are answered that way again until the rebuild is done.
-            with self.engine.read():
-                pass
+            self.engine.commit_answered()
             with self._publish:
                 self._reload()
         finally:

@@ -444,14 +444,23 @@ class DuckDBEngine(Migrating, HeldHooks):
                 log.error("search index built while writes answered from the intent log wait for their COMMIT")
                 return
             try:
-                if self._batch is not None and self._batch.acked:
-                    self._settle()
+                self._settle_for_reader()
             finally:
                 self._write_lock.release()
             return
         with self._locked():
-            if self._batch is not None and self._batch.acked:
-                self._settle()
+            self._settle_for_reader()
+
+    def _settle_for_reader(self) -> None:
+        """Under the writer lock: commit the open batch if it holds answered writes, or members
+        left unanswered because this reader was counted as a queued writer (``_locked``)."""
+        if self._batch is not None and (self._batch.acked or self._batch.members):
+            self._settle()
+
+    def commit_answered(self) -> None:
+        """Commit what was answered before the database holds it (the index build's first step)."""
+        if self._open:
+            self._apply_acked()
 
     def _replay_intents(self) -> None:
         """At open: commit the frames DuckDB has not (a crash after their answer, before their

@@ -130,6 +130,9 @@ class MemoryEngine:
             finally:
                 self._local.writing = False
 
+    def commit_answered(self) -> None:
+        """Nothing to do: every write is answered at its COMMIT."""
+
     @contextmanager
     def read(self, *, snapshot: bool = True, as_writer: bool = False) -> Iterator[MemoryEngineTx]:
         self._require_open()

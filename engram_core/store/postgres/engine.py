@@ -527,6 +527,9 @@ class PostgresEngine(HeldHooks):
         batch.error = EngramError(Code.STORE_UNAVAILABLE, f"write batch rolled back ({why}): retry")
         batch.done.set()
 
+    def commit_answered(self) -> None:
+        """Nothing to do: every write is answered at its COMMIT."""
+
     @contextmanager
     def read(self, *, snapshot: bool = True, as_writer: bool = False) -> Iterator[PostgresEngineTx]:
         """A reader: one REPEATABLE READ snapshot, or (``snapshot=False``) each statement on the
