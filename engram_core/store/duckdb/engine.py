@@ -663,23 +663,23 @@ class DuckDBEngine(Migrating, HeldHooks):
         on the writer's connection, under the writer lock (a write's checks before its
         transaction; committing there would cost each mutation its own COMMIT again)."""
         self._require_open()
-        if as_writer and not snapshot and not self.in_write():
-            batch = self._batch
-            if batch is not None and batch.acked:
-                # Not counted as waiting (``_locked``): a member that joins meanwhile must answer
-                # itself, not leave its answer to this reader.
-                with self._write_lock:
-                    if self._batch is not None and self._batch.members:
-                        self._ack_or_settle()  # members left for a queued writer: never read unanswered
-                    batch = self._batch
-                    if batch is not None and batch.acked:
-                        yield self.tx_class(self._con, self, batch=batch, latest=True)
-                        return
+        if as_writer and not snapshot and not self.in_write() and self._intents is not None:
+            # Under the writer lock for the whole read: no answer lands between what it reads
+            # from the committed copies and what it reads from the database (an admission racing
+            # its own retry once saw its candidate admitted and the idempotency row not there).
+            # Not counted as waiting (``_locked``): a member that joins meanwhile must answer
+            # itself, not leave its answer to this reader.
+            with self._write_lock:
+                if self._batch is not None and self._batch.members:
+                    self._ack_or_settle()  # members left for a queued writer: never read unanswered
+                batch = self._batch
+                if batch is not None and batch.acked:
+                    yield self.tx_class(self._con, self, batch=batch, latest=True)
+                else:
+                    yield self.tx_class(self._cursor(), self, latest=True)
+                return
         self._apply_acked()
-        cur = getattr(self._local, "cursor", None)
-        if cur is None:
-            cur = self._con.cursor()
-            self._local.cursor = cur
+        cur = self._cursor()
         if not snapshot:
             yield self.tx_class(cur, self, latest=True)
             return
@@ -691,6 +691,14 @@ class DuckDBEngine(Migrating, HeldHooks):
                 cur.execute("ROLLBACK")
             except duckdb.Error:
                 pass
+
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        """This thread's reading cursor."""
+        cur = getattr(self._local, "cursor", None)
+        if cur is None:
+            cur = self._con.cursor()
+            self._local.cursor = cur
+        return cur
 
     def describe(self) -> dict[str, Any]:
         with self.read() as tx:
