@@ -63,6 +63,7 @@ from engram_core.store.projection import DataKeys
 from engram_core.store.shared_state import SOLE_WRITER_STATE
 from engram_core.store.sql.codecs import RECORD_COLS, SCOPE_COLS, audit_values, scope_of
 from engram_core.store.sql.hooks import HeldHooks
+from engram_core.store.sql.rows import SET_META
 
 __all__ = ["SCHEMA_VERSION", "DuckDBEngine", "DuckDBEngineTx", "remove_store_files"]
 OPEN_CHUNK = 4096  # rows / projections fetched per round trip when the index is built
@@ -332,15 +333,17 @@ class DuckDBEngine(Migrating, HeldHooks):
             return exc
         return EngramError(Code.STORE_UNAVAILABLE, f"write batch rolled back: {type(exc).__name__}")
 
-    def _abandon(self, extra: list[TxEffects]) -> None:
-        """Roll the open batch back; its unanswered members are refused, retriably (under the
-        writer lock). Members answered from the intent log stay: the batch is rebuilt with them."""
+    def _abandon(self, extra: list[TxEffects], error: BaseException | None = None, *, rebuild: bool = True) -> None:
+        """Roll the open batch back; its unanswered members are refused with ``error`` (default:
+        retriably) (under the writer lock). Members answered from the intent log stay: the
+        batch is rebuilt with them (``rebuild``)."""
         batch, self._batch = self._batch, None
         _rollback(self._con)
         self._hooks.rolled_back([*(batch.effects if batch is not None else []), *extra])  # type: ignore[union-attr]
         if batch is not None:
-            batch.fail(EngramError(Code.STORE_UNAVAILABLE, "write batch rolled back: retry"))
-            self._rebuild(batch)
+            batch.fail(error or EngramError(Code.STORE_UNAVAILABLE, "write batch rolled back: retry"))
+            if rebuild:
+                self._rebuild(batch)
 
     def _rebuild(self, batch: Batch) -> None:
         """After a rollback: the open batch again as its logged segments left it (nothing if
@@ -349,9 +352,7 @@ class DuckDBEngine(Migrating, HeldHooks):
             return
         fresh = Batch(self._columns)
         try:
-            for ops in batch.acked:
-                for op in ops:
-                    fresh.apply(self._con, op)
+            fresh.replay(self._con, batch.acked)
             # Into the transaction now: the hot lookups (idempotency keys, candidates, data keys,
             # payloads, tombstones) came with the members' joins, not with their writes, so the
             # rebuilt batch has none and its readers must find the rows in the database.
@@ -402,18 +403,11 @@ class DuckDBEngine(Migrating, HeldHooks):
             self._settle(prepared=True)  # the audit rows it prepared are in the batch
             return
         except IntentLogBroken:
-            self._batch = None
-            _rollback(self._con)
-            hooks.rolled_back(batch.effects)
-            batch.fail(EngramError(Code.STORE_UNAVAILABLE, "intent log unwritable"))
+            self._abandon([], EngramError(Code.STORE_UNAVAILABLE, "intent log unwritable"), rebuild=False)
             self._fail_stop("the intent log could not be written or cut back to its last frame")
             return
         except BaseException as exc:
-            self._batch = None
-            _rollback(self._con)
-            hooks.rolled_back(batch.effects)
-            batch.fail(self._refusal(exc))
-            self._rebuild(batch)
+            self._abandon([], self._refusal(exc))
             return
         self._publish(batch)
         answered = batch.next_segment()
@@ -473,12 +467,9 @@ class DuckDBEngine(Migrating, HeldHooks):
         if frames:
             batch = Batch()
             try:
-                for ops in frames:
-                    for op in ops:
-                        batch.apply(self._con, op)
+                batch.replay(self._con, frames)
                 batch.flush(self._con)
-                batch.execute(self._con, "INSERT OR REPLACE INTO store_meta VALUES (?, ?)",
-                              [EPOCH_KEY, str(self._epoch)])
+                batch.execute(self._con, SET_META, [EPOCH_KEY, str(self._epoch)])
                 self._con.execute("COMMIT")
             except Exception as exc:  # the frames stay for the next open; nothing is half-applied
                 _rollback(self._con)
@@ -518,7 +509,7 @@ class DuckDBEngine(Migrating, HeldHooks):
             if self._intents is not None:  # the members committed without a check: their keys
                 self._answers.noted(batch.log_ops)
             if batch.acked:  # the log's frames of this epoch are in this COMMIT
-                batch.execute(con, "INSERT OR REPLACE INTO store_meta VALUES (?, ?)", [EPOCH_KEY, str(self._epoch)])
+                batch.execute(con, SET_META, [EPOCH_KEY, str(self._epoch)])
         except BaseException as exc:
             _rollback(con)
             hooks.rolled_back(batch.effects)

@@ -331,6 +331,12 @@ class Batch:
             self.flush(con, {op[1]})  # a row after a delete of its table: keep their order
         self.pending.note(op)
 
+    def replay(self, con: duckdb.DuckDBPyConnection, frames: list[list[tuple[Any, ...]]]) -> None:
+        """Apply logged segments' writes again, in order (at open, or after a rollback)."""
+        for ops in frames:
+            for op in ops:
+                self.apply(con, op)
+
     def _cancels(self, op: tuple[Any, ...]) -> bool:
         """A delete by key of a row this batch inserted and still holds: the row is dropped and
         neither reaches the database (a plain INSERT of the key means the database has no such
