@@ -46,14 +46,15 @@ def test_the_peer_holds_the_scope_s_texts(tmp_path: Path) -> None:
 
 def test_tiny_broad_benchmark_over_grpc_and_mcp(broad_store: Path, tmp_path: Path) -> None:
     """tools.bench.broad on a copy of the module's store (--data names a loaded directory: the
-    tool serves it as it is), one measured round per shape."""
+    tool serves it as it is), one measured round per shape, the MCP hop's floor beside (it
+    replays each shape's first MCP answer: the same candidate count)."""
     from tools.bench.broad import main
 
     data = tmp_path / "data"
     shutil.copytree(broad_store, data)
     out = tmp_path / "broad.json"
-    assert main(["--records", "40", "--rounds", "1", "--warmup", "1", "--no-peer", "--data", str(data),
-                 "--out", str(out)]) == 0
+    assert main(["--records", "40", "--rounds", "1", "--warmup", "1", "--no-peer", "--floor", "--data",
+                 str(data), "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert set(doc["shapes"]) == set(SHAPES)
     for shape in SHAPES:
@@ -62,6 +63,9 @@ def test_tiny_broad_benchmark_over_grpc_and_mcp(broad_store: Path, tmp_path: Pat
             assert 0 < fig["p50_ms"] <= fig["p90_ms"] and fig["first_query_candidates"] > 0, (shape, path, fig)
             assert fig["core_cpu_ms_per_call"] >= 0
         assert doc["shapes"][shape]["mcp"]["adapter_cpu_ms_per_call"] >= 0
+        floor = doc["shapes"][shape]["floor"]
+        assert floor["p50_ms"] > 0 and floor["floor_server_cpu_ms_per_call"] >= 0, (shape, floor)
+        assert floor["first_query_candidates"] == doc["shapes"][shape]["mcp"]["first_query_candidates"], shape
     assert doc["shapes"]["long"]["grpc"]["first_query_candidates"] >= doc["shapes"]["narrow"]["grpc"][
         "first_query_candidates"]
 

@@ -17,7 +17,9 @@ server's ``search_nodes``, the same SDK client, the same query). ``--baseline CH
 adapter, for a before/after in the same run. Prints per shape and path p50/p90/mean, the peer
 over Engram's MCP p50 ratio, and CPU per call of each process (client, adapter, core, peer, from
 /proc), and what the first search of each shape returned (Engram's candidate count, the peer's
-entity count). ``--py-spy PATH`` samples this checkout's core and adapter during each shape's
+entity count). ``--floor`` adds ``floor`` (tools.bench.mcp_floor): the same SDK server and
+transport replaying the shape's first MCP answer, no core behind it: the least this answer can
+cost through MCP here. ``--py-spy PATH`` samples this checkout's core and adapter during each shape's
 first ``--spy-seconds`` (py-spy is not a dependency: ``pip install --target DIR py-spy``), and
 reports the share of samples per leaf function and per category (self time, idle left out);
 the sampler's stops cost the sampled processes time and CPU, so take a run's timings and CPU
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -165,6 +168,15 @@ async def measure(a: argparse.Namespace, data: Path, work: Path) -> dict[str, An
                 clients["peer"] = await stack.enter_async_context(Client(params))
                 await clients["peer"].list_tools()
                 pids["peer"] = _child_pid(str(entry).encode())
+            floor_answer = work / "floor-answer.json"
+            if a.floor:
+                floor_answer.write_text("{}")
+                params = StdioServerParameters(command=sys.executable, cwd=str(REPO),
+                                               env={**os.environ, "PYTHONPATH": str(REPO)},
+                                               args=["-m", "tools.bench.mcp_floor", str(floor_answer)])
+                clients["floor"] = await stack.enter_async_context(Client(params))
+                await clients["floor"].list_tools()
+                pids["floor"] = _child_pid(str(floor_answer).encode())
             paths = [*agents, *clients]
             shapes: dict[str, Any] = {}
 
@@ -180,6 +192,9 @@ async def measure(a: argparse.Namespace, data: Path, work: Path) -> dict[str, An
 
             for shape in a.shapes:
                 queries = corpus.shape_queries(shape, 50, a.records)
+                if a.floor:  # the floor replays this shape's first real answer, byte for byte
+                    r = await clients["mcp"].call_tool(SEARCH_TOOL, {"query": queries[0], "purpose_ref": PURPOSE})
+                    floor_answer.write_text(json.dumps(r.structured_content))
                 first = {p: await call(p, queries[0]) for p in paths}
                 for _ in range(a.warmup):
                     for p in paths:
@@ -212,6 +227,9 @@ async def measure(a: argparse.Namespace, data: Path, work: Path) -> dict[str, An
                     if p == "peer":
                         fig["peer_cpu_ms_per_call"] = round(cpu.get("peer", float("nan")), 3)
                         fig["first_query_entities"] = len(first[p].get("entities", []))
+                    elif p == "floor":
+                        fig["floor_server_cpu_ms_per_call"] = round(cpu.get("floor", float("nan")), 3)
+                        fig["first_query_candidates"] = first[p].get("rank_receipt", {}).get("candidate_count")
                     else:
                         core = p.replace("mcp", "grpc")
                         # A core serves its gRPC path and its MCP path: two searches a round.
@@ -223,7 +241,7 @@ async def measure(a: argparse.Namespace, data: Path, work: Path) -> dict[str, An
                     out[p] = fig
                 if "peer" in out:
                     for p in out:
-                        if p.startswith("mcp") or p.startswith("grpc"):
+                        if p.startswith(("mcp", "grpc")) or p == "floor":
                             out[p]["peer_over_this_p50"] = round(out["peer"]["p50_ms"] / out[p]["p50_ms"], 2)
                 if "grpc_baseline" in out:
                     for p in ("grpc", "mcp"):
@@ -255,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default=None, help="data directory to load once and reuse (default: a temporary one)")
     p.add_argument("--baseline", default=None, help="another checkout: its core (on a copy of the data) and adapter")
     p.add_argument("--no-peer", action="store_true")
+    p.add_argument("--floor", action="store_true",
+                   help="add the MCP hop's floor (tools.bench.mcp_floor): each shape's first answer replayed")
     p.add_argument("--py-spy", default=None, help="py-spy's path: a sampling profile of this core and adapter per shape")
     p.add_argument("--spy-seconds", type=float, default=10, help="how long py-spy samples, from each shape's start")
     p.add_argument("--out", default=None)
