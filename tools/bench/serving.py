@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,6 +61,30 @@ class Served:
                 self.stop()
                 raise RuntimeError(f"engram serve did not report its metrics endpoint: {opened!r}")
             self.metrics_url = "http://" + opened.split("metrics http://", 1)[1].split()[0].rstrip(",")
+        self._wait_ready()
+
+    def _wait_ready(self, timeout_s: float = 600.0) -> None:
+        """Until readiness (gRPC health of MemoryService) says SERVING: the core listens before
+        its search index is built (seconds at 100k records), and a measurement started at
+        "listening" would count that build's CPU and wait in its first calls."""
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        deadline = time.monotonic() + timeout_s
+        request = health_pb2.HealthCheckRequest(service="engram.v1.MemoryService")
+        with grpc.insecure_channel(self.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"engram serve exited ({self.proc.returncode}) before it was ready")
+                try:
+                    if stub.Check(request, timeout=2).status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"engram serve was not ready within {timeout_s:.0f} s")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
