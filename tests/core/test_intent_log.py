@@ -19,6 +19,7 @@ from engram_core.contract.scope import Scope
 from engram_core.contract.tools import CAPTURE_TOOL
 from engram_core.crypto.keyvault import FileKeyVault
 from engram_core.services.maintenance import check_audit, check_journal
+from engram_core.store.duckdb import engine as duckdb_engine
 from engram_core.store.duckdb import open_duckdb_store
 from engram_core.store.duckdb.intent_log import EPOCH_KEY, INTENTS_NAME, IntentLog
 from engram_core.store.port import IdempotencyRow
@@ -43,6 +44,8 @@ from engram_core.trust.hostkeys import load_private_key_file
 from tests.support.core_support import PURPOSE, capture_args
 
 data, pairs, keep = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+import engram_core.store.duckdb.engine as duckdb_engine
+duckdb_engine.READS_HOLD_OFF_S = 0.0  # answered from the log even just after open's reads
 core, host_key, _ = open_core(data, semantic=False)
 memory, key = MemoryService(core), load_private_key_file(host_key)
 
@@ -70,6 +73,13 @@ if keep == "commit-then-restore":  # the log's bytes as they were, put back afte
 print(json.dumps(answered), flush=True)
 os._exit(0)
 """
+
+
+@pytest.fixture(autouse=True)
+def _log_even_after_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about what the log holds: every lone writer's batch is answered from it,
+    even right after a read (READS_HOLD_OFF_S has its own test below)."""
+    monkeypatch.setattr(duckdb_engine, "READS_HOLD_OFF_S", 0.0)
 
 
 def _die_after_pairs(data: Path, how: str = "crash") -> list[list[str]]:
@@ -239,3 +249,21 @@ def test_a_row_duckdb_would_refuse_is_refused_before_the_answer(stores: EngineSt
             assert tx.data_key_slot("record:once") == 9
     finally:
         store.close()
+
+
+def test_while_reads_arrive_a_lone_writer_commits_before_its_answer(fresh_core: Any) -> None:
+    """A read begun within the hold-off (READS_HOLD_OFF_S) makes the next batches commit before
+    they are answered, as without the log: the readers that follow find nothing to commit. With
+    no read within it, the log answers again."""
+    client = Client(fresh_core)
+    engine = fresh_core.core.store.engine
+    engine.reads_hold_off_s = 3600.0
+    with fresh_core.core.store.read(snapshot=False):
+        pass
+    rid = client.remember("The export job writes one file per tenant per day.")
+    assert engine._batch is None and engine._intents.size == 0  # committed before its answer
+    assert client.get(rid)["record"]["record_id"] == rid
+    engine.reads_hold_off_s = 0.0
+    client.remember("The import job reads the files in the order they were written.")
+    assert engine._batch is not None and engine._batch.acked_members == 2 and engine._intents.size > 0
+
