@@ -251,19 +251,20 @@ def test_a_row_duckdb_would_refuse_is_refused_before_the_answer(stores: EngineSt
         store.close()
 
 
-def test_while_reads_arrive_a_lone_writer_commits_before_its_answer(fresh_core: Any) -> None:
+def test_while_reads_arrive_a_lone_writer_commits_before_its_answer(fresh_core: Any,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A read begun within the hold-off (READS_HOLD_OFF_S) makes the next batches commit before
     they are answered, as without the log: the readers that follow find nothing to commit. With
     no read within it, the log answers again."""
     client = Client(fresh_core)
     engine = fresh_core.core.store.engine
-    engine.reads_hold_off_s = 3600.0
+    monkeypatch.setattr(duckdb_engine, "READS_HOLD_OFF_S", 3600.0)
     with fresh_core.core.store.read(snapshot=False):
         pass
     rid = client.remember("The export job writes one file per tenant per day.")
     assert engine._batch is None and engine._intents.size == 0  # committed before its answer
     assert client.get(rid)["record"]["record_id"] == rid
-    engine.reads_hold_off_s = 0.0
+    monkeypatch.setattr(duckdb_engine, "READS_HOLD_OFF_S", 0.0)
     client.remember("The import job reads the files in the order they were written.")
     assert engine._batch is not None and engine._batch.acked_members == 2 and engine._intents.size > 0
 

@@ -131,7 +131,6 @@ class DuckDBEngine(Migrating, HeldHooks):
         self._batch: Batch | None = None
         self._waiting = 0
         self._read_at = float("-inf")  # when the last reader of the database began (READS_HOLD_OFF_S)
-        self.reads_hold_off_s = READS_HOLD_OFF_S
         self._waiting_lock = threading.Lock()
         self._local = threading.local()
         self._open = True
@@ -391,7 +390,7 @@ class DuckDBEngine(Migrating, HeldHooks):
         hooks = self._hooks
         assert hooks is not None
         if (self._intents is None or batch.acked_members + batch.members > MAX_ACKED or not hooks.index_current()
-                or time.monotonic() - self._read_at < self.reads_hold_off_s
+                or time.monotonic() - self._read_at < READS_HOLD_OFF_S
                 or any(op[0] == "sql" or (op[0] == "row" and op[1] == "tombstones") for op in batch.log_ops)):
             # A forget commits before it is answered, and the log is emptied with it: its answer
             # says the record's rows are gone, and a frame would keep a copy until the next COMMIT.
