@@ -4,8 +4,9 @@
 
 One tool, ``engram_memory_search`` with Engram's own definition (input and output schemas),
 served by the same SDK server class over the same stdio transport as ``engram mcp``; each call
-answers the envelope in ANSWER.json (re-read when the file changes), wrapped as the adapter
-wraps every envelope (``adapters.mcp.envelope``: the text copy and ``structuredContent``). No
+answers the value of the envelope in ANSWER.json (re-read when the file changes) through the
+adapter's own ``adapters.mcp.envelope.success`` (the envelope, its text copy and
+``structuredContent``), as ``engram mcp`` answers a search. No
 core, no gRPC, no context, no policy: what is left is what the SDK on both ends and the
 contract's answer shape cost. The SDK client validates the answer against the output schema, as
 it does for Engram's. ``tools.bench.broad --floor`` runs it beside Engram and the peer, with
@@ -24,7 +25,7 @@ import anyio
 import mcp_types as types
 from mcp.server.lowlevel import Server
 
-from adapters.mcp.envelope import _result
+from adapters.mcp.envelope import success
 from adapters.mcp.server import tool_definition
 from adapters.mcp.stdio import stdio_server
 from engram_core.contract.tools import SEARCH_TOOL
@@ -52,7 +53,8 @@ def build(answer: _Answer) -> Server[Any]:
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         if params.name != SEARCH_TOOL:
             raise ValueError(params.name)
-        return _result(answer.envelope())
+        envelope = answer.envelope()
+        return success(envelope["output"]["value"], audit_id=envelope["auditId"])
 
     return Server("engram-floor", version="0", on_list_tools=list_tools, on_call_tool=call_tool)
 
